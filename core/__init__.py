@@ -1,0 +1,1 @@
+"""tunedeck's headless engine. Nothing under core/ imports textual (checked by import-linter)."""

@@ -1,0 +1,16 @@
+"""Backends turn a resolved RunSpec into a LaunchPlan (what torchrun runs, per node)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.plan import LaunchPlan
+from core.spec import RunSpec
+
+
+def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
+    if spec.backend == "builtin":
+        from core.backends.builtin import build_plan as builtin_plan
+
+        return builtin_plan(spec, run_dir, run_id)
+    raise ValueError(f"backend {spec.backend!r} is not available yet")

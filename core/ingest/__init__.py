@@ -1,0 +1,1 @@
+"""Incremental readers for files that runs append to (events, logs)."""

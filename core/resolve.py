@@ -1,0 +1,37 @@
+"""Turn a spec's "auto" values into concrete ones on this machine, once, at launch.
+
+The frozen spec.toml in the run directory holds the resolved values, so a run read back days
+later says exactly what it ran with (device, process count, port).
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+
+from core.spec import RunSpec
+from core.telemetry.gpus import visible_gpu_count
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def resolve(spec: RunSpec, gpu_count: int | None = None) -> RunSpec:
+    spec = copy.deepcopy(spec)
+    c = spec.cluster
+    gpus = visible_gpu_count(c.gpus) if gpu_count is None else gpu_count
+    if c.device == "auto":
+        c.device = "cuda" if gpus > 0 else "cpu"
+    if c.nproc_per_node == 0:
+        c.nproc_per_node = gpus if c.device == "cuda" else c.cpu_procs
+    if c.dist_backend == "auto":
+        c.dist_backend = "nccl" if c.device == "cuda" else "gloo"
+    if c.master_port == 0:
+        # single node: any free loopback port; multi-node users must pick one all nodes know
+        c.master_port = free_port() if c.nnodes == 1 else 29500
+    if spec.model.dtype == "auto" and c.device == "cpu":
+        spec.model.dtype = "float32"
+    return spec

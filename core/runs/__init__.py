@@ -1,0 +1,1 @@
+"""Runs: the run directory, the registry of runs, the per-node agent that owns a run."""

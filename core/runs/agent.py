@@ -1,0 +1,253 @@
+"""The per-node agent: owns one run from start to end, whether or not anyone is watching.
+
+Started detached by `tunedeck launch` (`python -m core.runs.agent RUN_DIR`). It
+  1. takes ownership (writes its pid into state.json),
+  2. prepares assets (builds the demo model on first use),
+  3. starts torchrun as its child in a new process group, output to files,
+  4. once a second: ingests rank events into run.db, records pids and progress in state.json,
+     and acts on stop requests (stop.json, or SIGTERM/SIGUSR1 to the agent),
+  5. when torchrun ends: final ingest, kills any leftover process of the run, records the
+     final status and exit code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from core.runs import procs
+from core.runs.state import read_json, write_json_atomic
+from core.runs.store import Store
+from core.spec import load_spec
+
+log = logging.getLogger("tunedeck.agent")
+
+TICK_S = 0.5
+
+
+class Agent:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.state_path = run_dir / "state.json"
+        self.state: dict[str, Any] = read_json(self.state_path, {})
+        self.spec = load_spec(run_dir / "spec.toml")
+        self.plan = read_json(run_dir / "plan.json", {})
+        self.node_rank = self.spec.cluster.node_rank
+        self.proc: subprocess.Popen | None = None
+        self.wake = False
+        self.stop_mode: str | None = None
+        self.stop_deadline: float | None = None
+        self.store: Store | None = None
+
+    # -- state --------------------------------------------------------------------------
+    def save(self, **changes: Any) -> None:
+        self.state.update(changes)
+        write_json_atomic(self.state_path, self.state)
+
+    # -- signals ------------------------------------------------------------------------
+    def _on_signal(self, signum, _frame) -> None:
+        if signum == signal.SIGUSR1:
+            self.wake = True  # the CLI wrote stop.json
+        else:  # SIGTERM / SIGHUP / SIGINT to the agent itself: stop the run gracefully
+            if self.stop_mode is None:
+                self.stop_mode = "graceful_pending"
+
+    def install_signals(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(s, self._on_signal)
+
+    # -- main ---------------------------------------------------------------------------
+    def run(self) -> int:
+        me = psutil.Process()
+        self.save(agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
+                  agent_create_time=me.create_time(), status="pending",
+                  message="preparing")
+        _become_subreaper()
+        self.install_signals()
+        try:
+            self.prepare()
+        except Exception as e:  # a failed preparation is a failed run, with the reason
+            log.exception("prepare failed")
+            self.save(status="failed", ended=time.time(), message=f"preparation failed: {e}")
+            return 1
+        if self.stop_mode or (self.run_dir / "stop.json").exists():
+            self.save(status="stopped", ended=time.time(), message="stopped before start")
+            return 0
+        self.store = Store(self.run_dir)
+        node = self.plan["nodes"][self.node_rank]
+        env = dict(os.environ)
+        env.update(self.spec.env)  # plan.json has secrets masked; take real values from spec
+        env.update({k: v for k, v in node["env"].items() if k not in self.spec.env})
+        out = open(self.run_dir / "logs" / f"torchrun-node{self.node_rank}.log", "ab")
+        try:
+            self.proc = subprocess.Popen(node["argv"], stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, cwd=node["cwd"], env=env,
+                                         start_new_session=True)
+        finally:
+            out.close()
+        self.save(status="running", started=time.time(), torchrun_pid=self.proc.pid,
+                  pgids=[self.proc.pid], message="")
+        log.info("torchrun pid %d: %s", self.proc.pid, " ".join(node["argv"]))
+        rc = self.supervise()
+        return self.finish(rc)
+
+    def prepare(self) -> None:
+        if self.spec.model.path.startswith("builtin:"):
+            self.save(message="building the demo model (first use only)")
+            from core.demo import ensure_tiny_model
+
+            ensure_tiny_model(self.spec.data.path)
+
+    def supervise(self) -> int:
+        assert self.proc is not None
+        last_progress = 0.0
+        while True:
+            rc = self.proc.poll()
+            self.ingest()
+            if rc is not None:
+                return rc
+            self.check_stop()
+            now = time.time()
+            if now - last_progress >= 1.0:
+                self.record_pids()
+                last_progress = now
+            self._sleep(TICK_S)
+
+    def _sleep(self, s: float) -> None:
+        end = time.monotonic() + s
+        while time.monotonic() < end and not self.wake:
+            time.sleep(0.05)
+        self.wake = False
+
+    def ingest(self) -> None:
+        assert self.store is not None
+        new = self.store.ingest()
+        steps = [e for e in new if e.get("kind") == "step" and e.get("rank", 0) == 0]
+        if steps:
+            e = steps[-1]
+            prog = dict(self.state.get("progress") or {})
+            prog.update(step=e.get("step"), loss=e.get("loss"), lr=e.get("lr"),
+                        tokens_per_s=e.get("tokens_per_s"), t=e.get("t"))
+            self.save(progress=prog)
+
+    def record_pids(self) -> None:
+        kids = [p for p in procs.descendants(self.proc.pid)] if self.proc else []
+        workers = [p.pid for p in kids if _ppid(p) == self.proc.pid]
+        pgids = {self.proc.pid}
+        for p in kids:
+            try:
+                pgids.add(os.getpgid(p.pid))
+            except OSError:
+                pass
+        pgids.discard(os.getpgrp())
+        if workers != self.state.get("worker_pids") or sorted(pgids) != self.state.get("pgids"):
+            self.save(worker_pids=workers, pgids=sorted(pgids))
+
+    # -- stopping -----------------------------------------------------------------------
+    def check_stop(self) -> None:
+        req = read_json(self.run_dir / "stop.json")
+        if self.stop_mode == "graceful_pending":
+            req = req or {"mode": "graceful"}
+        if req and self.stop_deadline is None:
+            mode = req.get("mode", "graceful")
+            grace = float(req.get("grace_s", self.spec.run.stop_grace_s))
+            self.stop_mode = mode
+            self.save(stop_requested=mode, message=f"{mode} stop requested")
+            if mode == "hard":
+                self.stop_deadline = time.monotonic()
+            else:
+                # SIGTERM to the rank processes themselves (not their groups, whose DataLoader
+                # workers would die mid-batch); the trainer finishes its step and checkpoints
+                self.record_pids()
+                procs.signal_pids(self.state.get("worker_pids", []), signal.SIGTERM)
+                self.stop_deadline = time.monotonic() + grace
+                log.info("graceful stop: SIGTERM to ranks %s, grace %.0fs",
+                         self.state.get("worker_pids"), grace)
+        elif req and req.get("mode") == "hard" and self.stop_mode != "hard":
+            self.stop_mode = "hard"
+            self.stop_deadline = time.monotonic()
+            self.save(stop_requested="hard", message="hard stop requested")
+        if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
+            log.info("stop: SIGKILL to the whole run")
+            self.kill_all()
+
+    def kill_all(self) -> list[int]:
+        roots = [self.proc.pid] if self.proc else []
+        return procs.kill_run(self.state["run_id"], pgids=self.state.get("pgids", []),
+                              roots=roots, exclude={os.getpid()})
+
+    def finish(self, rc: int) -> int:
+        # ranks orphaned by torchrun (it died first) or late DataLoader workers: none may stay
+        leftovers = self.kill_all()
+        _reap()
+        self.ingest()
+        if self.store:
+            self.store.close()
+        if self.stop_mode:
+            status, msg = "stopped", f"stopped ({self.stop_mode.replace('_pending', '')})"
+        elif rc == 0:
+            status, msg = "succeeded", "completed"
+        else:
+            status, msg = "failed", f"torchrun exited with code {rc}"
+        if leftovers:
+            msg += f"; could not kill pids {leftovers}"
+        self.save(status=status, exit_code=rc, ended=time.time(), message=msg,
+                  worker_pids=[])
+        log.info("run ended: %s (%s)", status, msg)
+        return 0
+
+
+def _ppid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None
+
+
+def _become_subreaper() -> None:
+    """Orphaned ranks re-parent to the agent instead of init, so it still sees and reaps them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0]).resolve()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s agent: %(message)s")
+    try:
+        return Agent(run_dir).run()
+    except Exception:
+        traceback.print_exc()
+        state = read_json(run_dir / "state.json", {})
+        state.update(status="failed", ended=time.time(),
+                     message="agent crashed: " + traceback.format_exc(limit=1).strip()[-300:])
+        write_json_atomic(run_dir / "state.json", state)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

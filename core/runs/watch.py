@@ -1,0 +1,106 @@
+"""RunWatcher: incremental view of one run for live displays.
+
+Each poll reads only what was appended since the last one (byte offsets into rank 0's event file
+and log files), so watching a week-long run costs the same per second as watching a new one.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.ingest.tail import read_new_json, read_new_lines, tail_lines
+from core.runs.registry import RunInfo, rank_log_files, read_run
+
+
+@dataclass
+class Snapshot:
+    run: RunInfo | None
+    steps: list[int]
+    losses: list[float]
+    last_step: dict[str, Any] | None
+    new_log_lines: list[str]
+    log_reset: bool
+    eta_s: float | None
+    tokens_per_s: float | None
+    checkpoints: list[str] = field(default_factory=list)
+
+
+class RunWatcher:
+    def __init__(self, run_dir: Path, rank: int = 0, log_lines: int = 200):
+        self.run_dir = run_dir
+        self.rank = rank
+        self.event_offset = 0
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.step_times: collections.deque[tuple[int, float]] = collections.deque(maxlen=50)
+        self.last_step: dict[str, Any] | None = None
+        self.checkpoints: list[str] = []
+        self.log_files: list[Path] = []
+        self.log_offsets: dict[Path, int] = {}
+        self.log_lines = log_lines
+
+    def poll(self) -> Snapshot:
+        run = read_run(self.run_dir)
+        self._read_events()
+        new_lines, reset = self._read_logs()
+        return Snapshot(run=run, steps=list(self.steps), losses=list(self.losses),
+                        last_step=self.last_step, new_log_lines=new_lines, log_reset=reset,
+                        eta_s=self._eta(run), tokens_per_s=self._tokens_per_s(),
+                        checkpoints=list(self.checkpoints))
+
+    def _read_events(self) -> None:
+        path = self.run_dir / "events" / f"rank{self.rank}.jsonl"
+        events, self.event_offset = read_new_json(path, self.event_offset)
+        for e in events:
+            kind = e.get("kind")
+            if kind == "step" and isinstance(e.get("step"), int):
+                step = e["step"]
+                # a restart may repeat steps: drop the tail the new attempt overwrites
+                while self.steps and self.steps[-1] >= step:
+                    self.steps.pop()
+                    self.losses.pop()
+                self.steps.append(step)
+                self.losses.append(float(e.get("loss") or 0.0))
+                self.last_step = e
+                if isinstance(e.get("t"), (int, float)):
+                    self.step_times.append((step, float(e["t"])))
+            elif kind == "checkpoint" and e.get("path"):
+                self.checkpoints.append(str(e["path"]))
+
+    def _read_logs(self) -> tuple[list[str], bool]:
+        files = rank_log_files(self.run_dir, self.rank)
+        reset = False
+        if files != self.log_files:  # first look, or a new attempt after a restart
+            self.log_files = files
+            reset = True
+            lines: list[str] = []
+            for p in files:
+                lines.extend(tail_lines(p, self.log_lines))
+                self.log_offsets[p] = p.stat().st_size if p.exists() else 0
+            return lines[-self.log_lines:], reset
+        out: list[str] = []
+        for p in files:
+            lines, self.log_offsets[p] = read_new_lines(p, self.log_offsets.get(p, 0))
+            out.extend(lines)
+        return out[-self.log_lines:], reset
+
+    def _eta(self, run: RunInfo | None) -> float | None:
+        if not run or run.status != "running" or len(self.step_times) < 2:
+            return None
+        (s0, t0), (s1, t1) = self.step_times[0], self.step_times[-1]
+        if s1 <= s0:
+            return None
+        per_step = (t1 - t0) / (s1 - s0)
+        remaining = max(run.max_steps - s1, 0)
+        # the last step may be a while ago if the run stalled: count that time as spent
+        return max(remaining * per_step - (time.time() - t1), 0.0)
+
+    def _tokens_per_s(self) -> float | None:
+        if not self.last_step:
+            return None
+        tps = self.last_step.get("tokens_per_s")
+        return float(tps) if isinstance(tps, (int, float)) else None

@@ -1,0 +1,1 @@
+"""Hardware facts and samples (NVML via nvidia-ml-py, host stats via psutil)."""

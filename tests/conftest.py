@@ -1,0 +1,68 @@
+"""Shared fixtures. Tests run real processes: torchrun, the agent, the CLI, tmux."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "presets" / "demo.toml"
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    """One demo-model cache for the whole session, so the tiny model is built once."""
+    path = Path(os.environ.get("TUNEDECK_TEST_CACHE") or tmp_path_factory.mktemp("cache"))
+    os.environ["TUNEDECK_CACHE"] = str(path)
+    return path
+
+
+@pytest.fixture
+def td_home(tmp_path, model_cache, monkeypatch) -> Path:
+    """A private registry for one test."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    return home
+
+
+def cli(*args: str, home: Path, check: bool = True, timeout: float = 300,
+        **kw) -> subprocess.CompletedProcess:
+    """Run the real `tunedeck` command line in a child process."""
+    env = dict(os.environ, TUNEDECK_HOME=str(home))
+    env.setdefault("TUNEDECK_CACHE", os.environ.get("TUNEDECK_CACHE", ""))
+    proc = subprocess.run([sys.executable, "-m", "tui", *args], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tunedeck {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def cli_json(*args: str, home: Path, **kw):
+    return json.loads(cli(*args, "--json", home=home, **kw).stdout)
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def finished_demo(tmp_path_factory, model_cache):
+    """One complete demo run (the preset as shipped), shared by read-only tests."""
+    home = tmp_path_factory.mktemp("demo-home")
+    proc = cli("launch", str(DEMO), "--wait", "--json", home=home, check=False, timeout=600)
+    assert proc.stdout.strip(), f"launch printed nothing:\n{proc.stderr}"
+    run_id = json.loads(proc.stdout)["run_id"]
+    return home, run_id, proc

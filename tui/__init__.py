@@ -1,0 +1,1 @@
+"""tunedeck's front ends: the Textual TUI and the command line."""

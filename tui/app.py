@@ -1,0 +1,40 @@
+"""The tunedeck TUI: a viewer of run directories. It never owns a run.
+
+All file and process I/O happens in thread workers that post messages; handlers on the UI thread
+only update widgets.
+"""
+
+from __future__ import annotations
+
+from textual.app import App
+from textual.binding import Binding
+
+from tui.screens.help import HelpScreen
+from tui.screens.runs import RunsScreen
+
+
+class TunedeckApp(App):
+    TITLE = "tunedeck"
+    CSS_PATH = "app.tcss"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Keys", key_display="?"),
+    ]
+
+    def __init__(self, open_run: str | None = None, readonly: bool = False,
+                 refresh_s: float = 1.0):
+        super().__init__()
+        self.open_run = open_run
+        self.readonly = readonly
+        self.refresh_s = refresh_s
+
+    def on_mount(self) -> None:
+        self.push_screen(RunsScreen())
+        if self.open_run:
+            from tui.screens.monitor import MonitorScreen
+
+            self.push_screen(MonitorScreen(self.open_run))
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.screen))

@@ -1,0 +1,271 @@
+"""`tunedeck` command line. Without a subcommand it opens the TUI.
+
+Only core (never torch, never textual) is imported at start, so `tunedeck ls` answers in a
+fraction of a second on a login node; textual is imported only to open the TUI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from core.paths import PRESETS_DIR, runs_root
+from core.runs.registry import RunNotFound, find_run, list_runs, log_tail, metrics, rank_log_files
+from core.runs.state import TERMINAL
+from core.spec import SpecError, load_spec
+from tui.format import fmt_age as _fmt_age
+from tui.format import fmt_loss as _fmt_loss
+
+EXIT_USAGE = 2
+
+
+def _print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+# -- subcommands -------------------------------------------------------------------------
+
+def cmd_launch(args) -> int:
+    from core.runs.launch import LaunchError, launch, prepare_run
+
+    try:
+        spec = load_spec(args.spec, args.set)
+    except SpecError as e:
+        print(f"tunedeck: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.name:
+        spec.name = args.name
+    if args.dry_run:
+        from core.backends import build_plan
+        from core.resolve import resolve
+
+        spec = resolve(spec)
+        plan = build_plan(spec, runs_root() / "<run-id>", "<run-id>")
+        print(plan.to_shell(spec.cluster.node_rank), end="")
+        print(f"# effective batch: {spec.effective_batch()} "
+              f"({spec.train.per_device_batch_size} per device x {spec.train.grad_accum} accum"
+              f" x {plan.world_size} ranks)")
+        return 0
+    try:
+        run_dir = launch(spec) if not args.prepare_only else prepare_run(spec)
+    except (LaunchError, OSError, ValueError) as e:
+        print(f"tunedeck: launch failed: {e}", file=sys.stderr)
+        return 1
+    run_id = run_dir.name
+    if args.json:
+        _print_json({"run_id": run_id, "run_dir": str(run_dir)})
+    else:
+        print(run_id)
+    if args.wait:
+        return _wait(run_id, quiet=args.json)
+    return 0
+
+
+def _wait(ref: str, quiet: bool = False) -> int:
+    last = None
+    while True:
+        run = find_run(ref)
+        line = f"{run.run_id}: {run.status} step {run.step}/{run.max_steps} loss {_fmt_loss(run.loss)}"
+        if line != last and not quiet:
+            print(line, file=sys.stderr)
+            last = line
+        if run.status in TERMINAL:
+            if run.message and not quiet:
+                print(f"{run.run_id}: {run.message}", file=sys.stderr)
+            return 0 if run.status == "succeeded" else 1
+        time.sleep(0.5)
+
+
+def cmd_ls(args) -> int:
+    runs = list_runs()
+    if args.json:
+        _print_json([r.to_json() for r in runs])
+        return 0
+    if not runs:
+        print(f"no runs under {runs_root()}")
+        return 0
+    now = time.time()
+    print(f"{'RUN':<40} {'STATUS':<10} {'STEP':>11} {'LOSS':>8} {'AGE':>5}")
+    for r in runs:
+        print(f"{r.run_id:<40} {r.status:<10} {f'{r.step}/{r.max_steps}':>11} "
+              f"{_fmt_loss(r.loss):>8} {_fmt_age(r.age_s(now)):>5}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    run = find_run(args.run)
+    if args.json:
+        _print_json(run.to_json())
+        return 0
+    print(f"run       {run.run_id}\nname      {run.name}\nstatus    {run.status}"
+          f"{' (' + run.message + ')' if run.message else ''}\n"
+          f"step      {run.step}/{run.max_steps}\nloss      {_fmt_loss(run.loss)}\n"
+          f"dir       {run.run_dir}")
+    if run.exit_code is not None:
+        print(f"exit code {run.exit_code}")
+    return 0
+
+
+def cmd_metrics(args) -> int:
+    run = find_run(args.run)
+    recs = metrics(run.run_dir)
+    if args.json:
+        _print_json(recs)
+        return 0
+    print(f"{'STEP':>6} {'LOSS':>9} {'LR':>10} {'GRAD':>8} {'TOK/S':>9}")
+    for r in recs:
+        print(f"{r['step']:>6} {_fmt_loss(r['loss']):>9} {r['learning_rate'] or 0:>10.3e} "
+              f"{r.get('grad_norm') or 0:>8.3f} {r.get('tokens_per_s') or 0:>9.0f}")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    run = find_run(args.run)
+    if not args.follow:
+        for line in log_tail(run.run_dir, args.rank, args.lines):
+            print(line)
+        return 0
+    from core.ingest.tail import follow
+
+    files: list[Path] = []
+    while not files:  # the rank may not have started yet
+        files = rank_log_files(run.run_dir, args.rank)
+        if files:
+            break
+        if find_run(run.run_id).status in TERMINAL:
+            print(f"rank {args.rank} wrote no logs", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+    for line in log_tail(run.run_dir, args.rank, args.lines):
+        print(line, flush=True)
+    try:
+        for line in follow(files, stop=lambda: find_run(run.run_id).status in TERMINAL):
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from core.runs.control import stop
+
+    run = find_run(args.run)
+    if run.status in TERMINAL:
+        print(f"{run.run_id} is already {run.status}")
+        return 0
+    print(f"stopping {run.run_id} ({'hard' if args.hard else 'graceful'})...", file=sys.stderr)
+    done = stop(run, hard=args.hard, grace_s=args.grace)
+    if args.json:
+        _print_json(done.to_json())
+    else:
+        print(f"{done.run_id}: {done.status} ({done.message})")
+    return 0 if done.status in TERMINAL else 1
+
+
+def cmd_tui(args) -> int:
+    if not sys.stdout.isatty() and not os.environ.get("TUNEDECK_FORCE_TUI"):
+        print("tunedeck: the TUI needs a terminal; try `tunedeck ls`", file=sys.stderr)
+        return EXIT_USAGE
+    from tui.app import TunedeckApp
+
+    TunedeckApp(open_run=getattr(args, "open_run", None), readonly=args.readonly).run()
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Launch the demo preset (unless one is already running) and open it in the TUI."""
+    from core.runs.launch import LaunchError, launch
+
+    active = [r for r in list_runs() if r.name == "demo" and r.active]
+    if active:
+        run_id = active[0].run_id
+    else:
+        try:
+            run_dir = launch(load_spec(PRESETS_DIR / "demo.toml", args.set))
+        except (SpecError, LaunchError) as e:
+            print(f"tunedeck: {e}", file=sys.stderr)
+            return 1
+        run_id = run_dir.name
+        print(f"launched {run_id}", file=sys.stderr)
+    if args.no_tui:
+        return _wait(run_id)
+    args.open_run = run_id
+    return cmd_tui(args)
+
+
+# -- parser ------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tunedeck",
+        description="Launch, watch and stop distributed fine-tuning runs. "
+                    f"Runs live under $TUNEDECK_HOME/runs (now {runs_root()}).")
+    p.add_argument("--readonly", action="store_true", help="TUI without stop actions")
+    sub = p.add_subparsers(dest="cmd")
+
+    s = sub.add_parser("launch", help="start a run from a spec/preset TOML")
+    s.add_argument("spec", help="spec file, e.g. presets/demo.toml")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key, e.g. --set train.max_steps=50 (repeatable)")
+    s.add_argument("--name", help="run name (default: the spec's)")
+    s.add_argument("--wait", action="store_true", help="block until the run ends; exit 0 only "
+                   "if it succeeded")
+    s.add_argument("--dry-run", action="store_true", help="print the launch script, start nothing")
+    s.add_argument("--prepare-only", action="store_true", help=argparse.SUPPRESS)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_launch)
+
+    s = sub.add_parser("ls", help="list runs")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ls)
+
+    for name, func, hlp in (("status", cmd_status, "show a run's status"),
+                            ("metrics", cmd_metrics, "per-step loss, lr, throughput")):
+        s = sub.add_parser(name, help=hlp)
+        s.add_argument("run", help="run id, unique prefix, or name")
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(func=func)
+
+    s = sub.add_parser("logs", help="print a rank's log")
+    s.add_argument("run")
+    s.add_argument("--rank", type=int, default=0)
+    s.add_argument("-n", "--lines", type=int, default=200)
+    s.add_argument("-f", "--follow", action="store_true")
+    s.set_defaults(func=cmd_logs)
+
+    s = sub.add_parser("stop", help="stop a run: graceful (checkpoint) then SIGKILL after grace")
+    s.add_argument("run")
+    s.add_argument("--hard", action="store_true", help="SIGKILL every process of the run now")
+    s.add_argument("--grace", type=float, help="seconds before a graceful stop escalates")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_stop)
+
+    s = sub.add_parser("demo", help="launch the CPU/GPU demo run and watch it in the TUI")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--no-tui", action="store_true", help="wait in the terminal instead")
+    s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("tui", help="open the TUI (the default)")
+    s.set_defaults(func=cmd_tui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func = getattr(args, "func", cmd_tui)
+    try:
+        return func(args)
+    except RunNotFound as e:
+        print(f"tunedeck: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
