@@ -58,7 +58,8 @@ def cmd_launch(args) -> int:
         return 1
     run_id = run_dir.name
     if args.json:
-        _print_json({"run_id": run_id, "run_dir": str(run_dir)})
+        # one line, so scripts can read it while --wait keeps the process running
+        print(json.dumps({"run_id": run_id, "run_dir": str(run_dir)}), flush=True)
     else:
         print(run_id)
     if args.wait:
@@ -155,8 +156,11 @@ def cmd_stop(args) -> int:
     from core.runs.control import stop
 
     run = find_run(args.run)
-    if run.status in TERMINAL:
-        print(f"{run.run_id} is already {run.status}")
+    if not run.needs_stop:
+        if args.json:
+            _print_json(run.to_json())
+        else:
+            print(f"{run.run_id} is already {run.status}")
         return 0
     print(f"stopping {run.run_id} ({'hard' if args.hard else 'graceful'})...", file=sys.stderr)
     done = stop(run, hard=args.hard, grace_s=args.grace)

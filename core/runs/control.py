@@ -53,7 +53,7 @@ def stop(run: RunInfo, hard: bool = False, grace_s: float | None = None,
          timeout_s: float | None = None) -> RunInfo:
     """Stop and wait until the agent has recorded the end. A graceful stop escalates to
     SIGKILL after the grace period by itself (the agent enforces it)."""
-    if run.status in TERMINAL:
+    if not run.needs_stop:
         return run
     request_stop(run, hard=hard, grace_s=grace_s)
     grace = grace_s if grace_s is not None else _grace(run)

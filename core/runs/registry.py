@@ -42,6 +42,12 @@ class RunInfo:
     def active(self) -> bool:
         return self.status not in TERMINAL
 
+    @property
+    def needs_stop(self) -> bool:
+        """Not ended as far as state.json records: its processes may still be alive even
+        when the agent is gone (then `status` already reads failed)."""
+        return self.state.get("status") not in TERMINAL
+
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - self.created
 

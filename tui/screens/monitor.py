@@ -137,7 +137,7 @@ class MonitorScreen(Screen):
             self.notify("read-only session: stopping is disabled", severity="warning")
             return
         run = self.snap.run if self.snap else None
-        if run is None or not run.active:
+        if run is None or not run.needs_stop:
             self.notify("this run is not running", severity="warning")
             return
         q = (f"Kill every process of {run.run_id} now (SIGKILL, no checkpoint)?" if hard else

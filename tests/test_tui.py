@@ -1,0 +1,131 @@
+"""The TUI driven by Textual's Pilot over a real finished demo run, and in tmux."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from textual.widgets import DataTable, Log, Static
+
+from tests.conftest import REPO, wait_for
+from tui.app import TunedeckApp
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import HelpScreen
+from tui.screens.monitor import MonitorScreen
+
+
+def _last_step_event(run_dir):
+    events = [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open()]
+    return [e for e in events if e["kind"] == "step"][-1]
+
+
+async def test_runs_list_then_monitor_shows_last_loss(finished_demo, monkeypatch):
+    home, run_id, _ = finished_demo
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    app = TunedeckApp(refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.screen.query_one("#runs-table", DataTable)
+        await _until(pilot, lambda: table.row_count == 1)
+        row = table.get_row_at(0)
+        assert row[0] == run_id and "succeeded" in str(row[2])
+        await pilot.press("enter")
+        await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
+                     and app.screen.loss_shown is not None)
+        screen = app.screen
+        last = _last_step_event(home / "runs" / run_id)
+        assert screen.loss_shown == last["loss"]
+        stats = str(screen.query_one("#monitor-stats", Static).render())
+        assert f"{last['loss']:.4f}" in stats
+        assert f"step {last['step']}/{last['step']}" in stats
+        await _until(pilot, lambda: screen.query_one("#rank-log", Log).line_count > 0)
+        assert any("step" in line for line in screen.query_one("#rank-log", Log).lines)
+        # ? shows the monitor's keys, s on a finished run does not offer a stop
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        help_text = str(app.screen.query_one("#help-text", Static).render())
+        assert "Stop" in help_text and "Quit" in help_text
+        await pilot.press("escape")
+        await pilot.press("s")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, MonitorScreen)
+        await pilot.press("q")
+    assert app.return_code in (0, None)
+
+
+async def test_monitor_stop_asks_for_confirmation(td_home, monkeypatch):
+    """A live run: `s` asks first; `n` leaves the run running; `y` stops it."""
+    from tests.conftest import DEMO, cli_json
+
+    run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000", home=td_home)[
+        "run_id"]
+    try:
+        wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= 2, 120, "steps")
+        app = TunedeckApp(open_run=run_id, refresh_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
+                         and app.screen.snap is not None)
+            await pilot.press("s")
+            await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await pilot.press("n")
+            await pilot.pause(0.5)
+            assert cli_json("status", run_id, home=td_home)["status"] == "running"
+            await pilot.press("s")
+            await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await pilot.press("y")
+            await _until(pilot, lambda: (td_home / "runs" / run_id / "stop.json").exists())
+        st = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
+                      == "stopped" and s, 60, "the stop")
+        assert st["stop_requested"] == "graceful"
+    finally:
+        cli_json("stop", run_id, "--hard", home=td_home)
+
+
+async def test_readonly_hides_stop(finished_demo, monkeypatch):
+    home, run_id, _ = finished_demo
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    app = TunedeckApp(open_run=run_id, readonly=True, refresh_s=0.2)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _until(pilot, lambda: isinstance(app.screen, MonitorScreen))
+        await pilot.press("s")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_tui_in_a_real_terminal(finished_demo):
+    home, run_id, _ = finished_demo
+    name = f"tdtui-{os.getpid()}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "110", "-y", "32",
+                    sys.executable, "-m", "tui"], cwd=REPO, check=True,
+                   env=dict(os.environ, TUNEDECK_HOME=str(home)))
+    try:
+        def screen():
+            return subprocess.run(["tmux", "capture-pane", "-p", "-t", name],
+                                  capture_output=True, text=True).stdout
+
+        wait_for(lambda: run_id in screen(), 30, "the runs list")
+        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+        last = _last_step_event(home / "runs" / run_id)
+        wait_for(lambda: f"loss {last['loss']:.4f}" in screen(), 30, "the monitor")
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
+        wait_for(lambda: subprocess.run(["tmux", "has-session", "-t", name],
+                                        capture_output=True).returncode != 0, 15, "quit")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+async def _until(pilot, pred, timeout: float = 30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")
