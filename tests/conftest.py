@@ -28,7 +28,18 @@ def td_home(tmp_path, model_cache, monkeypatch) -> Path:
     """A private registry for one test."""
     home = tmp_path / "home"
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
-    return home
+    yield home
+    _stop_leftovers(home)
+
+
+def _stop_leftovers(home: Path) -> None:
+    """A failed test must not leave ranks burning the CI machine's two cores."""
+    from core.runs.control import stop
+    from core.runs.registry import list_runs
+
+    for run in list_runs(home / "runs"):
+        if run.needs_stop:
+            stop(run, hard=True, timeout_s=30)
 
 
 def cli(*args: str, home: Path, check: bool = True, timeout: float = 300,
@@ -65,4 +76,5 @@ def finished_demo(tmp_path_factory, model_cache):
     proc = cli("launch", str(DEMO), "--wait", "--json", home=home, check=False, timeout=600)
     assert proc.stdout.strip(), f"launch printed nothing:\n{proc.stderr}"
     run_id = json.loads(proc.stdout)["run_id"]
-    return home, run_id, proc
+    yield home, run_id, proc
+    _stop_leftovers(home)

@@ -1,0 +1,7 @@
+"""The built-in trainer that torchrun runs: `python -m core.train --run-dir RUN_DIR`.
+
+Only this package imports torch/transformers/peft at module level, and nothing the CLI or TUI
+imports at start imports it. Modules: data (jsonl → labelled batches), model (model, LoRA,
+precision), trainer (DDP loop, graceful stop), checkpoint (folder layout), events (the metrics
+stream schema).
+"""

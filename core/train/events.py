@@ -1,0 +1,95 @@
+"""The metrics event stream the built-in trainer writes: `RUN_DIR/events/rank<r>.jsonl`.
+
+One JSON object per line, appended and flushed as it happens; every rank writes its own file.
+A torchrun restart appends to the same file, starting with a new `start` event. Every event has
+`t` (unix time, float seconds), `kind` and `rank`. Non-finite floats (a NaN loss) are written
+as null so every line is valid JSON.
+
+kind "start" — once per attempt, after the model is built:
+    world_size      int     ranks in the job
+    device          str     "cpu" or "cuda:<local rank>"
+    model           str     spec model.path as given (e.g. "builtin:tiny-qwen2")
+    method          str     "full" | "lora"
+    dtype           str     compute dtype: "float32" | "bfloat16" | "float16"
+    trainable_params int    parameters the optimizer updates
+    total_params    int     all parameters of the (wrapped) model
+    max_steps       int
+    restart         int     torchrun's restart count (TORCHELASTIC_RESTART_COUNT)
+    resumed_from    str     checkpoint folder; only present when the run resumed
+
+kind "step" — every optimizer step, every rank:
+    step            int     1-based optimizer step just finished
+    loss            float   token-weighted mean loss of this step over ALL ranks (all-reduced;
+                            identical in every rank's file)
+    lr              float   learning rate used for this step
+    grad_norm       float   gradient norm before clipping (same on every rank)
+    tokens          int     non-padding tokens this rank processed in the step (all micro-steps)
+    step_s          float   wall time of the step on this rank: from asking for its first batch
+                            to the end of its all-reduce (includes data_wait_s; checkpoint
+                            saves are not counted)
+    data_wait_s     float   time this rank blocked in next(dataloader) during the step
+    mem_gib         float   GPU: torch.cuda.max_memory_allocated; CPU: process RSS (GiB)
+    tokens_per_s    float   tokens / step_s for this rank
+
+kind "checkpoint" — rank 0 only, after a checkpoint folder is complete and visible:
+    step            int
+    path            str     absolute path of <output_dir>/checkpoint-<step>
+
+kind "end" — once per attempt, every rank:
+    step            int     last optimizer step finished (the same on every rank)
+    reason          str     "completed" (reached max_steps) | "stopped" (SIGTERM/SIGINT)
+                            | "failed" (exception; the process exits non-zero)
+    loss            float   loss of the last step (null if no step ran)
+    error           str     only with reason "failed": the exception, one line
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+KINDS = ("start", "step", "checkpoint", "end")
+END_REASONS = ("completed", "stopped", "failed")
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class EventWriter:
+    """Appends events of one rank; each line is flushed and written with one write call."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.rank = rank
+        self.path = Path(run_dir) / "events" / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        assert kind in KINDS, kind
+        event = {"t": time.time(), "kind": kind, "rank": self.rank}
+        event.update({k: _clean(v) for k, v in fields.items()})
+        self._f.write(json.dumps(event) + "\n")
+        self._f.flush()
+        return event
+
+    def sync(self) -> None:
+        """fsync at milestones (checkpoint, end) so a host crash keeps them."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """All events of one rank file (tests and small tools; the ingester tails instead)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
