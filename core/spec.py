@@ -40,6 +40,8 @@ class ModelSpec:
                     "builds a tiny random Qwen2 for demos and tests")
     dtype: str = opt("auto", help="Weights/compute dtype; auto = bf16 on GPUs that support it, "
                      "fp32 on CPU", choices=("auto", "float32", "bfloat16", "float16"))
+    attn_impl: str = opt("sdpa", help="Attention kernel", choices=("sdpa", "eager",
+                                                                   "flash_attention_2"))
 
 
 @dataclass
@@ -48,6 +50,17 @@ class DataSpec:
                     "paths are resolved from the spec file's folder")
     max_length: int = opt(128, help="Tokens per sample; longer samples are truncated", min=8)
     num_workers: int = opt(0, help="DataLoader worker processes per rank", min=0)
+    format: str = opt("auto", help="Row format; auto detects it from the first row",
+                      choices=("auto", "messages", "query_response", "alpaca", "self_cognition"))
+    val_split: float = opt(0.0, help="Fraction of rows held out for eval (0 = none)", min=0.0)
+    val_path: str = opt("", help="Separate eval file; overrides data.val_split")
+    truncation: str = opt("right", help="What to do with samples over max_length",
+                          choices=("right", "left", "drop"))
+    skip_bad_rows: bool = opt(False, help="Skip malformed rows (with a warning) instead of "
+                              "failing with file:line")
+    packing: bool = opt(False, help="Pack samples into full-length rows (padding-free)")
+    model_name: str = opt("", help="Self-cognition: the name the model should give itself")
+    model_author: str = opt("", help="Self-cognition: the author the model should name")
 
 
 @dataclass
@@ -58,6 +71,8 @@ class MethodSpec:
     lora_dropout: float = opt(0.0, help="Dropout on the LoRA branch", min=0.0)
     target_modules: list[str] = opt(help="Modules LoRA adapts; [\"all-linear\"] for every linear "
                                     "layer but the output head", factory=lambda: ["all-linear"])
+    quant_bits: int = opt(4, help="QLoRA: bits of the frozen base weights", choices=(4, 8))
+    merge_lora: bool = opt(False, help="Also save the base model with the adapter merged in")
 
 
 @dataclass
@@ -74,11 +89,29 @@ class TrainSpec:
     seed: int = opt(42, help="Seed for weights init, LoRA init and data order")
     save_steps: int = opt(0, help="Checkpoint every N steps; 0 = only at the end and on stop",
                           min=0)
+    save_total_limit: int = opt(0, help="Keep only the newest N checkpoints; 0 = keep all",
+                                min=0)
+    eval_steps: int = opt(0, help="Eval loss every N steps; 0 = never", min=0)
+    gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to "
+                                       "save memory")
+    resume_from: str = opt("", help="Checkpoint folder to resume from; \"auto\" = the newest "
+                           "in the output directory")
+    compile: bool = opt(False, help="torch.compile the model")
 
 
 @dataclass
 class ParallelSpec:
-    strategy: str = opt("ddp", help="How ranks share the work", choices=("ddp",))
+    strategy: str = opt("ddp", help="How ranks share the work",
+                        choices=("ddp", "fsdp2", "deepspeed", "megatron"))
+    cpu_offload: bool = opt(False, help="FSDP2: keep parameters and optimizer on the CPU")
+    zero_stage: int = opt(2, help="DeepSpeed ZeRO stage", choices=(0, 1, 2, 3))
+    zero_offload: str = opt("none", help="DeepSpeed offload target",
+                            choices=("none", "optimizer", "all"))
+    tp: int = opt(1, help="Megatron tensor-parallel size", min=1)
+    pp: int = opt(1, help="Megatron pipeline-parallel size", min=1)
+    cp: int = opt(1, help="Megatron context-parallel size", min=1)
+    ep: int = opt(1, help="Megatron expert-parallel size", min=1)
+    sequence_parallel: bool = opt(False, help="Megatron sequence parallel (needs tp > 1)")
 
 
 @dataclass
@@ -104,12 +137,36 @@ class RunPolicy:
     stop_grace_s: float = opt(60.0, help="Seconds a graceful stop waits before SIGKILL",
                               min=0.0)
     output_dir: str = opt("", help="Where checkpoints go; empty = <run dir>/output")
+    restart_pause_s: float = opt(5.0, help="Pause between a failure and the next attempt",
+                                 min=0.0)
+    telemetry_interval_s: float = opt(1.0, help="Seconds between telemetry samples", min=0.1)
+    dataloader_probe: bool = opt(True, help="Time DataLoader waits in ms-swift/HF/script ranks "
+                                 "(a small probe injected at launch)")
+
+
+@dataclass
+class SwiftSpec:
+    command: str = opt("sft", help="ms-swift entry point",
+                       choices=("sft", "pt", "rlhf", "megatron-sft", "megatron-pt"))
+    rlhf_type: str = opt("", help="rlhf: dpo, grpo, kto, orpo, simpo, cpo, ppo, gkd")
+    use_vllm: bool = opt(False, help="GRPO: generate with vLLM")
+    vllm_mode: str = opt("colocate", help="GRPO: vLLM beside training or a separate server",
+                         choices=("colocate", "server"))
+    extra_args: list[str] = opt(help="Flags passed to ms-swift unchanged", factory=list)
+
+
+@dataclass
+class ScriptSpec:
+    path: str = opt("", help="Training script (.py) run by each rank")
+    module: str = opt("", help="Or a module run as python -m MODULE")
+    args: list[str] = opt(help="Arguments after the script", factory=list)
 
 
 @dataclass
 class RunSpec:
     name: str = opt("run", help="A short name shown in the runs list")
-    backend: str = opt("builtin", help="What torchrun runs", choices=("builtin",))
+    backend: str = opt("builtin", help="What torchrun runs",
+                       choices=("builtin", "swift", "script"))
     model: ModelSpec = opt(help="The model", factory=ModelSpec)
     data: DataSpec = opt(help="The dataset", factory=DataSpec)
     method: MethodSpec = opt(help="Fine-tuning method", factory=MethodSpec)
@@ -117,6 +174,8 @@ class RunSpec:
     parallel: ParallelSpec = opt(help="Parallelism", factory=ParallelSpec)
     cluster: ClusterSpec = opt(help="Nodes, processes and rendezvous", factory=ClusterSpec)
     run: RunPolicy = opt(help="Restarts, stopping and outputs", factory=RunPolicy)
+    swift: SwiftSpec = opt(help="ms-swift backend options", factory=SwiftSpec)
+    script: ScriptSpec = opt(help="Custom script backend options", factory=ScriptSpec)
     env: dict[str, str] = opt(help="Extra environment for every rank (NCCL_*, CUDA_*, ...)",
                               factory=dict)
 
@@ -353,6 +412,13 @@ def _cross_checks(spec: RunSpec) -> list[str]:
     if spec.cluster.node_rank >= spec.cluster.nnodes:
         out.append(f"cluster.node_rank {spec.cluster.node_rank} must be < cluster.nnodes "
                    f"{spec.cluster.nnodes}")
+    if spec.backend == "builtin" and spec.parallel.strategy not in ("ddp", "fsdp2"):
+        out.append(f"parallel.strategy {spec.parallel.strategy} needs backend = \"swift\"; "
+                   f"the builtin trainer runs ddp or fsdp2")
+    if spec.backend == "script" and not (spec.script.path or spec.script.module):
+        out.append("script.path or script.module is required for backend = \"script\"")
+    if spec.parallel.sequence_parallel and spec.parallel.tp < 2:
+        out.append("parallel.sequence_parallel needs parallel.tp > 1")
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
     for k in spec.env:

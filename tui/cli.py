@@ -256,7 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tui", help="open the TUI (the default)")
     s.set_defaults(func=cmd_tui)
+
+    # More subcommands live in tui/commands/<name>.py, each with register(subparsers).
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(f"tui.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tui.commands.{name}":
+                raise
+            continue
+        mod.register(sub)
     return p
+
+
+COMMAND_MODULES = ("preflight", "estimate", "diagnose", "importexport")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,8 +37,7 @@ def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
         "TUNEDECK_RUN_DIR": str(run_dir),
         "PYTHONUNBUFFERED": "1",
         # the engine must be importable by the ranks even without an installed package
-        "PYTHONPATH": os.pathsep.join(p for p in (str(PACKAGE_ROOT),
-                                                  os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": with_package_root(os.environ.get("PYTHONPATH", "")),
     }
     if spec.cluster.device == "cpu":
         # torchrun sets this only for nproc>1; 2 threads per rank on 2 cores is 7x slower
@@ -48,3 +47,8 @@ def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = spec.cluster.gpus
     env.update(spec.env)
     return env
+
+
+def with_package_root(pythonpath: str) -> str:
+    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
+    return os.pathsep.join([str(PACKAGE_ROOT), *parts])

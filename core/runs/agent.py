@@ -48,6 +48,7 @@ class Agent:
         self.stop_mode: str | None = None
         self.stop_deadline: float | None = None
         self.store: Store | None = None
+        self.monitors: list = []
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
@@ -97,6 +98,7 @@ class Agent:
             out.close()
         self.save(status="running", started=time.time(), torchrun_pid=self.proc.pid,
                   pgids=[self.proc.pid], message="")
+        self.monitors = _make_monitors(self)
         log.info("torchrun pid %d: %s", self.proc.pid, " ".join(node["argv"]))
         rc = self.supervise()
         return self.finish(rc)
@@ -113,7 +115,7 @@ class Agent:
         last_progress = 0.0
         while True:
             rc = self.proc.poll()
-            self.ingest()
+            new = self.ingest()
             if rc is not None:
                 return rc
             self.check_stop()
@@ -121,6 +123,7 @@ class Agent:
             if now - last_progress >= 1.0:
                 self.record_pids()
                 last_progress = now
+            self.tick_monitors(now, new)
             self._sleep(TICK_S)
 
     def _sleep(self, s: float) -> None:
@@ -129,7 +132,16 @@ class Agent:
             time.sleep(0.05)
         self.wake = False
 
-    def ingest(self) -> None:
+    def tick_monitors(self, now: float, new_events: list[dict[str, Any]]) -> None:
+        """Telemetry samplers and live detectors; one failing never disturbs the run."""
+        for m in list(self.monitors):
+            try:
+                m.tick(now, new_events)
+            except Exception:
+                log.exception("monitor %s failed; disabled", type(m).__name__)
+                self.monitors.remove(m)
+
+    def ingest(self) -> list[dict[str, Any]]:
         assert self.store is not None
         new = self.store.ingest()
         steps = [e for e in new if e.get("kind") == "step" and e.get("rank", 0) == 0]
@@ -139,6 +151,7 @@ class Agent:
             prog.update(step=e.get("step"), loss=e.get("loss"), lr=e.get("lr"),
                         tokens_per_s=e.get("tokens_per_s"), t=e.get("t"))
             self.save(progress=prog)
+        return new
 
     def record_pids(self) -> None:
         kids = [p for p in procs.descendants(self.proc.pid)] if self.proc else []
@@ -190,7 +203,12 @@ class Agent:
         # ranks orphaned by torchrun (it died first) or late DataLoader workers: none may stay
         leftovers = self.kill_all()
         _reap()
-        self.ingest()
+        new = self.ingest()
+        for m in self.monitors:
+            try:
+                m.close(new)
+            except Exception:
+                log.exception("monitor %s failed at close", type(m).__name__)
         if self.store:
             self.store.close()
         if self.stop_mode:
@@ -205,6 +223,22 @@ class Agent:
                   worker_pids=[])
         log.info("run ended: %s (%s)", status, msg)
         return 0
+
+
+def _make_monitors(agent: Agent) -> list:
+    """Monitors are optional plug-ins (core/runs/monitors.py: make_monitors(agent) -> list of
+    objects with tick(now, new_events) and close(new_events))."""
+    try:
+        from core.runs.monitors import make_monitors
+    except ModuleNotFoundError as e:
+        if e.name != "core.runs.monitors":
+            raise
+        return []
+    try:
+        return make_monitors(agent)
+    except Exception:
+        log.exception("monitors could not start; the run goes on without them")
+        return []
 
 
 def _ppid(p: psutil.Process) -> int | None:

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from core.backends import build_plan
-from core.paths import PACKAGE_ROOT, runs_root
+from core.backends.torchrun import with_package_root
+from core.paths import runs_root
 from core.resolve import resolve
 from core.runs.state import new_state, read_json, write_json_atomic
 from core.spec import RunSpec
@@ -57,8 +58,7 @@ def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
     """Start the run's agent detached; returns its pid once it has taken ownership."""
     log = open(run_dir / "logs" / "agent.log", "ab")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = with_package_root(env.get("PYTHONPATH", ""))
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "core.runs.agent", str(run_dir)],
