@@ -25,6 +25,15 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_kind_rank_step ON events(kind, rank, step);
 CREATE TABLE IF NOT EXISTS offsets (file TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY,
+    t REAL,
+    category TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    rank INTEGER,
+    data TEXT NOT NULL,
+    UNIQUE(category, rank, data)
+);
 """
 
 
@@ -65,6 +74,16 @@ class Store:
                 self.offsets[key] = off
                 new.extend(events)
         return new
+
+    def save_finding(self, finding) -> bool:
+        """Store a Finding once; returns False if the same finding was stored before."""
+        data = json.dumps(finding.to_json(), sort_keys=True, separators=(",", ":"))
+        with self.db:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO findings(t, category, severity, rank, data) "
+                "VALUES (?,?,?,?,?)",
+                (finding.t, finding.category, finding.severity, finding.rank, data))
+        return cur.rowcount > 0
 
     def close(self) -> None:
         self.db.close()
@@ -129,3 +148,18 @@ def step_metrics(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 rec[k] = e[k]
         out.append(rec)
     return out
+
+
+def read_findings(run_dir: Path) -> list[dict[str, Any]]:
+    """Findings the agent stored for a run, oldest first."""
+    db_path = run_dir / "run.db"
+    if not db_path.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
+        try:
+            return [json.loads(d) for (d,) in db.execute("SELECT data FROM findings ORDER BY id")]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []

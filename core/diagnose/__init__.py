@@ -1,0 +1,1 @@
+"""Rules that turn log evidence and telemetry into findings (cause and fix)."""

@@ -1,0 +1,40 @@
+"""Finding: one thing tunedeck noticed about a run, with its evidence, cause and fix.
+
+Shared by the log-based rules (core/diagnose/) and the live detectors in the agent
+(starvation, stall, straggler). The agent stores findings in run.db's `findings` table
+(see core/runs/store.py: save_finding / read_findings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    category: str                 # e.g. "oom_gpu", "nccl_timeout", "dataloader_starvation"
+    severity: str                 # error | warning | info
+    summary: str                  # one line for the runs list / monitor
+    cause: str                    # what happened and why, in the user's terms
+    fix: str                      # what to do about it
+    rank: int | None = None
+    node: int | None = None
+    evidence: list[str] = field(default_factory=list)  # the log lines / numbers it rests on
+    t: float | None = None        # when it happened (first evidence), unix seconds
+    source: str = ""              # file (and line) the evidence came from
+    root_cause: bool = True       # False for consequences of an earlier failure
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Finding":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+    def key(self) -> tuple:
+        """Identity for de-duplication across polls."""
+        return (self.category, self.rank, self.node, self.summary)
