@@ -15,7 +15,8 @@ def torchrun_argv(spec: RunSpec, run_dir: Path, run_id: str, node_rank: int) -> 
     argv = [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(c.nnodes),
             "--nproc_per_node", str(c.nproc_per_node),
-            "--max_restarts", str(spec.run.max_restarts),
+            # restarts are the agent's job (pause between attempts, resume, history)
+            "--max_restarts", "0",
             # per-rank stdout/stderr files under logs/node<k>/<id>_*/attempt_<n>/<local_rank>/
             "--log_dir", str(run_dir / "logs" / f"node{node_rank}"),
             "--redirects", "3",

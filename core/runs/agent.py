@@ -85,10 +85,35 @@ class Agent:
             self.save(status="stopped", ended=time.time(), message="stopped before start")
             return 0
         self.store = Store(self.run_dir)
+        attempt, history = 0, []
+        while True:
+            self.start_torchrun(attempt)
+            if attempt == 0:
+                self.monitors = _make_monitors(self)
+            rc = self.supervise()
+            history.append({"attempt": attempt, "exit_code": rc, "ended": time.time()})
+            self.save(attempts=history)
+            if rc == 0 or self.stop_mode or attempt >= self.spec.run.max_restarts:
+                break
+            # A failed attempt: clear what is left of it, pause, start again. The trainer
+            # resumes from its newest checkpoint when TUNEDECK_ATTEMPT > 0.
+            self.kill_all()
+            _reap()
+            attempt += 1
+            pause = self.spec.run.restart_pause_s
+            self.save(attempt=attempt, message=f"attempt {attempt - 1} failed (exit code {rc});"
+                      f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s")
+            log.info("attempt %d failed with %d; restarting in %.1fs", attempt - 1, rc, pause)
+            if self.pause_unless_stopped(pause):
+                break
+        return self.finish(rc)
+
+    def start_torchrun(self, attempt: int) -> None:
         node = self.plan["nodes"][self.node_rank]
         env = dict(os.environ)
         env.update(self.spec.env)  # plan.json has secrets masked; take real values from spec
         env.update({k: v for k, v in node["env"].items() if k not in self.spec.env})
+        env["TUNEDECK_ATTEMPT"] = str(attempt)
         out = open(self.run_dir / "logs" / f"torchrun-node{self.node_rank}.log", "ab")
         try:
             self.proc = subprocess.Popen(node["argv"], stdin=subprocess.DEVNULL, stdout=out,
@@ -96,12 +121,22 @@ class Agent:
                                          start_new_session=True)
         finally:
             out.close()
-        self.save(status="running", started=time.time(), torchrun_pid=self.proc.pid,
-                  pgids=[self.proc.pid], message="")
-        self.monitors = _make_monitors(self)
-        log.info("torchrun pid %d: %s", self.proc.pid, " ".join(node["argv"]))
-        rc = self.supervise()
-        return self.finish(rc)
+        changes: dict[str, Any] = dict(status="running", torchrun_pid=self.proc.pid,
+                                       pgids=[self.proc.pid], worker_pids=[])
+        if attempt == 0:
+            changes.update(started=time.time(), message="")
+        self.save(**changes)
+        log.info("attempt %d: torchrun pid %d: %s", attempt, self.proc.pid, " ".join(node["argv"]))
+
+    def pause_unless_stopped(self, seconds: float) -> bool:
+        """Sleep before a restart; True if a stop was asked for meanwhile."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.stop_mode or (self.run_dir / "stop.json").exists():
+                self.stop_mode = self.stop_mode or "graceful"
+                return True
+            self._sleep(min(TICK_S, max(end - time.monotonic(), 0)))
+        return False
 
     def prepare(self) -> None:
         if self.spec.model.path.startswith("builtin:"):

@@ -122,8 +122,8 @@ def rank_log_files(run_dir: Path, rank: int = 0) -> list[Path]:
     spec_nproc = _nproc(run_dir)
     node, local = divmod(rank, spec_nproc) if spec_nproc else (0, rank)
     base = run_dir / "logs" / f"node{node}"
-    attempts = sorted(base.glob(f"*/attempt_*/{local}"),
-                      key=lambda p: int(p.parent.name.split("_")[-1]))
+    # one torchrun invocation per agent attempt, each in its own <id>_<random>/ folder
+    attempts = sorted(base.glob(f"*/attempt_*/{local}"), key=lambda p: p.stat().st_mtime)
     if not attempts:
         return []
     d = attempts[-1]

@@ -1,0 +1,38 @@
+"""The agent's restart policy with real torchrun: a failed attempt is retried after a pause."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.runs.launch import prepare_run, start_agent
+from core.runs.registry import read_run
+from core.spec import load_spec
+from tests.conftest import DEMO, REPO, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _run_script_instead(run_dir, script):
+    """Point the plan's torchrun at a test script instead of the built-in trainer."""
+    plan_path = run_dir / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    argv = plan["nodes"][0]["argv"]
+    i = argv.index("-m", argv.index("torch.distributed.run") + 1)
+    plan["nodes"][0]["argv"] = argv[:i] + [str(script)]
+    plan_path.write_text(json.dumps(plan))
+
+
+@pytest.mark.parametrize("max_restarts,expected", [(1, "succeeded"), (0, "failed")])
+def test_failed_attempt_is_restarted(td_home, max_restarts, expected):
+    spec = load_spec(DEMO, [f"run.max_restarts={max_restarts}", "run.restart_pause_s=0.5"])
+    run_dir = prepare_run(spec, td_home / "runs")
+    _run_script_instead(run_dir, REPO / "tests" / "scripts" / "flaky_rank.py")
+    start_agent(run_dir)
+    run = wait_for(lambda: (r := read_run(run_dir)) and not r.active and r, 120, "the end")
+    assert run.status == expected, run.message
+    attempts = run.state["attempts"]
+    assert [a["exit_code"] != 0 for a in attempts] == [True, False][: max_restarts + 1]
+    starts = [json.loads(x) for x in (run_dir / "events" / "rank1.jsonl").open()]
+    assert [e["attempt"] for e in starts] == list(range(max_restarts + 1))
