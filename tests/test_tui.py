@@ -129,3 +129,34 @@ async def _until(pilot, pred, timeout: float = 30.0):
             return
         await pilot.pause(0.05)
     raise AssertionError("condition not met in time")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_demo_command_launches_and_monitors_live(td_home):
+    """The README's main job: `tunedeck demo` starts the demo and shows it live to the end."""
+    name = f"tddemo-{os.getpid()}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "36",
+                    sys.executable, "-m", "tui", "demo", "--set", "train.max_steps=60"],
+                   cwd=REPO, check=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)))
+
+    def screen():
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", name],
+                              capture_output=True, text=True).stdout
+    try:
+        wait_for(lambda: "running" in screen() and "step " in screen(), 120, "a live monitor")
+        wait_for(lambda: "succeeded" in screen() and "step 60/60" in screen(), 180,
+                 "the end of the demo on screen")
+        assert "rank 0 log" in screen()
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    runs = list((td_home / "runs").iterdir())
+    assert len(runs) == 1
+
+
+def test_tui_refuses_without_a_terminal(td_home):
+    proc = subprocess.run([sys.executable, "-m", "tui"], cwd=REPO, capture_output=True,
+                          text=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "needs a terminal" in proc.stderr
