@@ -160,3 +160,28 @@ def test_tui_refuses_without_a_terminal(td_home):
                           text=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and "needs a terminal" in proc.stderr
+
+
+async def test_presets_screen_previews_and_launches(td_home):
+    """n → presets: the preview shows the exact command; l + y launches and opens the monitor."""
+    from tui.screens.presets import PresetsScreen
+
+    app = TunedeckApp(refresh_s=0.2)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("n")
+        await _until(pilot, lambda: isinstance(app.screen, PresetsScreen))
+        screen = app.screen
+        preview = screen.query_one("#preset-preview", Static)
+        await _until(pilot, lambda: "torch.distributed.run" in str(preview.render()))
+        text = str(preview.render())
+        assert "Effective batch" in text and "-m core.train" in text
+        table = screen.query_one("#presets-table", DataTable)
+        row = [table.get_row_at(i)[0] for i in range(table.row_count)].index("demo")
+        table.move_cursor(row=row)
+        await pilot.press("l")
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await _until(pilot, lambda: isinstance(app.screen, MonitorScreen), timeout=60)
+        run_id = app.screen.run_ref
+    st = wait_for(lambda: (td_home / "runs" / run_id / "state.json").exists(), 10, "state")
+    assert st

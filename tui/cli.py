@@ -41,15 +41,11 @@ def cmd_launch(args) -> int:
     if args.name:
         spec.name = args.name
     if args.dry_run:
-        from core.backends import build_plan
-        from core.resolve import resolve
+        from core.preview import preview
 
-        spec = resolve(spec)
-        plan = build_plan(spec, runs_root() / "<run-id>", "<run-id>")
-        print(plan.to_shell(spec.cluster.node_rank), end="")
-        print(f"# effective batch: {spec.effective_batch()} "
-              f"({spec.train.per_device_batch_size} per device x {spec.train.grad_accum} accum"
-              f" x {plan.world_size} ranks)")
+        p = preview(spec)
+        print(p.script, end="")
+        print(f"# {p.summary}")
         return 0
     try:
         run_dir = launch(spec) if not args.prepare_only else prepare_run(spec)

@@ -29,6 +29,7 @@ class RunsScreen(Screen):
             "the TUI closes; open one to watch it live.")
     BINDINGS = [
         Binding("enter", "open", "Monitor"),
+        Binding("n", "new_run", "New run"),
         Binding("r", "reload", "Refresh"),
         Binding("j", "cursor_down", "Down", show=False),
         Binding("k", "cursor_up", "Up", show=False),
@@ -45,8 +46,8 @@ class RunsScreen(Screen):
         table: DataTable = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         table.add_columns("RUN", "NAME", "STATUS", "STEP", "LOSS", "AGE")
         yield table
-        yield Static("No runs yet. Start one with `tunedeck launch presets/demo.toml`.",
-                     id="runs-empty")
+        yield Static("No runs yet. Press n to pick a preset, or run "
+                     "`tunedeck launch presets/demo.toml`.", id="runs-empty")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -94,6 +95,11 @@ class RunsScreen(Screen):
     @on(DataTable.RowSelected)
     def row_selected(self, _event: DataTable.RowSelected) -> None:
         self.action_open()
+
+    def action_new_run(self) -> None:
+        from tui.screens.presets import PresetsScreen
+
+        self.app.push_screen(PresetsScreen())
 
     def action_reload(self) -> None:
         self.load_runs()

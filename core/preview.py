@@ -1,0 +1,37 @@
+"""What a spec will do, before anything starts: the exact launch script and the batch math.
+
+Used by `tunedeck launch --dry-run` and the TUI's presets screen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.backends import build_plan
+from core.paths import runs_root
+from core.resolve import resolve
+from core.spec import RunSpec
+
+
+@dataclass
+class Preview:
+    spec: RunSpec          # resolved for this machine
+    script: str            # launch.sh for node 0 (secrets masked)
+    world_size: int
+    effective_batch: int
+    summary: str           # one paragraph for people
+
+
+def preview(spec: RunSpec, root: Path | None = None) -> Preview:
+    spec = resolve(spec)
+    plan = build_plan(spec, (root or runs_root()) / "<run-id>", "<run-id>")
+    t, c = spec.train, spec.cluster
+    eff = t.per_device_batch_size * t.grad_accum * plan.world_size
+    where = (f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), "
+             f"{c.dist_backend}")
+    summary = (f"{spec.name}: {spec.backend} backend, {spec.method.type} on {spec.model.path}; "
+               f"{where}; {spec.parallel.strategy}. Effective batch {eff} = "
+               f"{t.per_device_batch_size} per device x {t.grad_accum} accumulation x "
+               f"{plan.world_size} ranks; {t.max_steps} steps.")
+    return Preview(spec, plan.to_shell(c.node_rank), plan.world_size, eff, summary)
