@@ -1,0 +1,166 @@
+"""Which parallel strategy to use, and why: the rules users follow, checked against the memory
+estimate rather than guessed.
+
+* inference/serving: vLLM tensor parallel over the fewest GPUs that hold the weights plus KV
+  cache; never DDP (replicas do not make one request faster).
+* LoRA/QLoRA on little data that fits one GPU: one GPU (quick anyway; no NCCL to set up).
+* more data and the model fits one GPU: DDP over every GPU (near-linear speed-up).
+* full fine-tuning, or no fit under DDP: FSDP2 (built-in/HF) or ZeRO-3 (DeepSpeed), adding
+  gradient checkpointing and then CPU offload until it fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.estimate import (DEFAULT_MFU, GIB, MemoryInputs, ModelArch, estimate_memory,
+                           fmt_duration, throughput)
+
+MARGIN = 0.90            # plan to use at most 90 % of a GPU's memory
+SMALL_DATA_HOURS = 1.0   # one GPU finishes an epoch within this: no need for more
+CHARS_PER_TOKEN = 3.5
+
+
+@dataclass
+class Advice:
+    strategy: str                       # single-gpu | ddp | fsdp2 | zero3 | vllm-tp | none
+    gpus: int
+    gradient_checkpointing: bool = False
+    offload: bool = False
+    per_gpu_gib: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+    overrides: dict[str, object] = field(default_factory=dict)  # --set keys to apply it
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def dataset_tokens(path: str | Path, max_length: int) -> tuple[int, int]:
+    """(rows, approximate tokens) of a JSONL file, without a tokenizer: characters / 3.5,
+    capped at max_length per row."""
+    rows = tokens = 0
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    rows += 1
+                    tokens += min(int(len(line) / CHARS_PER_TOKEN), max_length)
+    except OSError:
+        return 0, 0
+    return rows, tokens
+
+
+def advise(base: MemoryInputs, *, gpus: int, gpu_mem_gib: float, data_tokens: int = 0,
+           epochs: float = 1.0, purpose: str = "train", peak_tflops: float = 989.0,
+           backend: str = "builtin") -> Advice:
+    """Recommend a strategy for `base` (its strategy/world size are ignored) on `gpus` GPUs of
+    `gpu_mem_gib` each."""
+    cap = gpu_mem_gib * MARGIN
+    arch = base.arch
+    if purpose == "inference":
+        return _inference(arch, gpus, gpu_mem_gib)
+
+    def est(**kw):
+        return estimate_memory(dataclasses.replace(base, **kw))
+
+    def hours(world: int, gc: bool) -> float:
+        tp = throughput(arch, seq_len=base.seq_len, method=base.method, world_size=world,
+                        tokens_per_step=max(data_tokens, 1), steps=1, peak=peak_tflops,
+                        mfu=DEFAULT_MFU, gradient_checkpointing=gc)
+        return tp.eta_s * epochs / 3600
+
+    sharded = "fsdp2" if backend == "builtin" else "deepspeed"
+    shard_name = "FSDP2" if sharded == "fsdp2" else "ZeRO-3"
+    shard_kw = {"strategy": sharded, "zero_stage": 3 if sharded == "deepspeed" else 0}
+    one = est(strategy="ddp", world_size=1, gradient_checkpointing=False)
+    one_gc = est(strategy="ddp", world_size=1, gradient_checkpointing=True)
+    t1 = hours(1, False)
+    size = f"{arch.total_params() / 1e9:.1f}B"
+    reasons: list[str] = []
+
+    if base.method != "full":
+        for gc, e in ((False, one), (True, one_gc)):
+            if e.per_gpu_gib > cap:
+                continue
+            why = (f"{base.method} on a {size} model needs {e.per_gpu_gib:.1f} GiB per GPU "
+                   f"(≤ {cap:.0f} of {gpu_mem_gib:.0f} GiB)"
+                   + (" with gradient checkpointing" if gc else ""))
+            if gpus <= 1 or (data_tokens and hours(1, gc) <= SMALL_DATA_HOURS):
+                reasons = [why, f"one GPU takes about {fmt_duration(hours(1, gc) * 3600)} per "
+                           "epoch: more GPUs would save little and add NCCL setup"]
+                return Advice("single-gpu", 1, gc, False, e.per_gpu_gib, reasons,
+                              {"parallel.strategy": "ddp", "cluster.nproc_per_node": 1,
+                               "train.gradient_checkpointing": gc})
+            reasons = [why, f"the data takes ~{fmt_duration(hours(1, gc) * 3600)} per epoch "
+                       f"on one GPU, ~{fmt_duration(hours(gpus, gc) * 3600)} with DDP on "
+                       f"{gpus}: replicas split the batches, almost linear"]
+            return Advice("ddp", gpus, gc, False, e.per_gpu_gib, reasons,
+                          {"parallel.strategy": "ddp", "cluster.nproc_per_node": gpus,
+                           "train.gradient_checkpointing": gc})
+        reasons.append(f"{base.method} does not fit one GPU even with gradient checkpointing "
+                       f"({one_gc.per_gpu_gib:.1f} GiB > {cap:.0f})")
+    else:
+        ddp = est(strategy="ddp", world_size=gpus, gradient_checkpointing=False)
+        if ddp.per_gpu_gib <= cap * 0.6:
+            reasons = [f"full fine-tuning of {size} fits each GPU with room to spare "
+                       f"({ddp.per_gpu_gib:.1f} GiB): replicas are fastest; sharding would only "
+                       "add communication", f"~{fmt_duration(hours(gpus, False) * 3600)} per "
+                       f"epoch on {gpus} GPU(s)"]
+            return Advice("ddp" if gpus > 1 else "single-gpu", gpus, False, False,
+                          ddp.per_gpu_gib, reasons, {"parallel.strategy": "ddp",
+                                                     "cluster.nproc_per_node": gpus})
+        reasons.append(f"full fine-tuning keeps weights, gradients and AdamW states for all "
+                       f"{size} parameters: {ddp.per_gpu_gib:.1f} GiB per GPU replicated")
+
+    if gpus > 1:
+        for gc in (False, True):
+            e = est(world_size=gpus, gradient_checkpointing=gc, offload="none", **shard_kw)
+            if e.per_gpu_gib <= cap:
+                reasons.append(f"{shard_name} shards them over {gpus} GPUs: "
+                               f"{e.per_gpu_gib:.1f} GiB each"
+                               + (" with gradient checkpointing" if gc else ""))
+                return Advice(sharded if sharded == "fsdp2" else "zero3", gpus, gc, False,
+                              e.per_gpu_gib, reasons, _shard_overrides(sharded, gpus, gc, False))
+    for gc in (False, True):
+        e = est(world_size=gpus, gradient_checkpointing=gc,
+                offload="all", **(shard_kw if gpus > 1 or sharded == "deepspeed"
+                                  else {"strategy": "fsdp2", "zero_stage": 0}))
+        if e.per_gpu_gib <= cap:
+            reasons.append(f"{shard_name} with CPU offload fits: {e.per_gpu_gib:.1f} GiB per GPU "
+                           f"+ {e.cpu_offload_bytes / GIB:.0f} GiB host RAM per rank (slower: "
+                           "every step moves states over PCIe)")
+            return Advice(sharded if sharded == "fsdp2" else "zero3", gpus, gc, True,
+                          e.per_gpu_gib, reasons, _shard_overrides(sharded, gpus, gc, True))
+    reasons.append("nothing fits: use QLoRA, a shorter data.max_length, a smaller "
+                   "per_device_batch_size, or more GPUs")
+    return Advice("none", gpus, True, True, one_gc.per_gpu_gib, reasons, {})
+
+
+def _shard_overrides(sharded: str, gpus: int, gc: bool, offload: bool) -> dict:
+    o: dict[str, object] = {"parallel.strategy": sharded, "cluster.nproc_per_node": gpus,
+                            "train.gradient_checkpointing": gc}
+    if sharded == "fsdp2":
+        o["parallel.cpu_offload"] = offload
+    else:
+        o["parallel.zero_stage"] = 3
+        o["parallel.zero_offload"] = "all" if offload else "none"
+    return o
+
+
+def _inference(arch: ModelArch, gpus: int, gpu_mem_gib: float) -> Advice:
+    weights = arch.total_params() * 2 / GIB
+    tp = 1
+    # vLLM wants weights plus room for the KV cache: at most half of each GPU for weights
+    while tp < gpus and weights / tp > gpu_mem_gib * 0.5:
+        tp *= 2
+    tp = min(tp, max(gpus, 1))
+    while arch.heads % tp and tp > 1:   # tensor parallel must divide the attention heads
+        tp //= 2
+    reasons = [f"serving: vLLM with tensor_parallel_size={tp} ({weights / tp:.1f} GiB of "
+               "weights per GPU, the rest for the KV cache)",
+               "not DDP: replicas do not make a single request faster; add data-parallel "
+               "vLLM replicas only for more throughput"]
+    return Advice("vllm-tp", tp, False, False, weights / tp, reasons,
+                  {"swift.use_vllm": True})

@@ -1,0 +1,74 @@
+"""Throughput and ETA from model FLOPs, a GPU's peak and an assumed utilisation (MFU).
+
+Training FLOPs per token: forward 2N plus attention; full fine-tuning runs backward for inputs
+and weights (3x forward), LoRA only for inputs (2x forward; the adapters are tiny).
+Gradient checkpointing recomputes the forward once more. Measured on H200 (ms-swift, 7B LoRA,
+no checkpointing): 10,958 tok/s per GPU ≈ 0.36 MFU by this count; 0.35 is the default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from core.estimate.arch import ModelArch
+
+DEFAULT_MFU = 0.35
+# Dense bf16 peak TFLOP/s (no sparsity), matched against the NVML name.
+PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("H20", 148.0),
+               ("B200", 2250.0), ("B100", 1750.0), ("GH200", 989.0), ("A100", 312.0),
+               ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0),
+               ("A10", 125.0), ("A6000", 155.0), ("4090", 165.0), ("3090", 71.0),
+               ("V100", 125.0), ("T4", 65.0))
+
+
+def peak_tflops(gpu_name: str) -> float | None:
+    name = gpu_name.upper()
+    for key, tf in PEAK_TFLOPS:
+        if key in name:
+            return tf
+    return None
+
+
+def flops_per_token(arch: ModelArch, seq_len: int, method: str,
+                    gradient_checkpointing: bool = False) -> float:
+    n = arch.total_params() - arch.embedding_params()  # the lookup costs no FLOPs
+    fwd = 2 * n + 4 * arch.layers * seq_len * arch.q_dim
+    mult = 3.0 if method == "full" else 2.0
+    if gradient_checkpointing:
+        mult += 1.0
+    return fwd * mult
+
+
+@dataclass
+class Throughput:
+    tokens_per_s_per_gpu: float
+    tokens_per_s: float
+    step_s: float
+    eta_s: float
+    mfu: float
+    peak_tflops: float
+
+    def to_json(self) -> dict:
+        return {k: round(v, 3) for k, v in asdict(self).items()}
+
+
+def throughput(arch: ModelArch, *, seq_len: int, method: str, world_size: int,
+               tokens_per_step: int, steps: int, peak: float, mfu: float = DEFAULT_MFU,
+               gradient_checkpointing: bool = False) -> Throughput:
+    """tokens_per_step: all ranks together (effective batch × seq_len)."""
+    fpt = flops_per_token(arch, seq_len, method, gradient_checkpointing)
+    per_gpu = peak * 1e12 * mfu / fpt
+    total = per_gpu * max(world_size, 1)
+    step_s = tokens_per_step / total
+    return Throughput(per_gpu, total, step_s, step_s * steps, mfu, peak)
+
+
+def fmt_duration(s: float) -> str:
+    s = int(s)
+    if s < 90:
+        return f"{s}s"
+    if s < 5400:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s / 86400:.1f}d"

@@ -1,0 +1,75 @@
+"""What a preflight check returns and what every check gets to look at."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from core.spec import RunSpec
+
+STATUSES = ("pass", "warn", "fail", "skip")
+
+
+@dataclass
+class CheckResult:
+    id: str
+    title: str
+    status: str          # pass | warn | fail | skip
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Context:
+    """The spec as written (`base`, before --set), with overrides (`spec`), and resolved for
+    this machine (`resolved`). GPU facts come from `gpu_probe` so a machine without GPUs can
+    still test the GPU logic with recorded facts."""
+
+    spec: RunSpec
+    resolved: RunSpec
+    base: RunSpec | None = None
+    spec_path: Path | None = None
+    gpu_probe: Callable[[], "object"] | None = None
+    cache: dict = field(default_factory=dict)
+
+    def memo(self, key: str, fn):
+        if key not in self.cache:
+            self.cache[key] = fn()
+        return self.cache[key]
+
+    @property
+    def gpus(self):
+        from core.preflight.gpu import probe_gpus
+
+        return self.memo("gpus", self.gpu_probe or probe_gpus)
+
+    @property
+    def estimate(self):
+        """Memory estimate of the resolved spec, or the error text when it cannot be made."""
+        def make():
+            from core.estimate import ArchError, estimate_spec
+
+            try:
+                facts = self.gpus
+                n = self.resolved.cluster.nproc_per_node
+                gpus = n if self.resolved.cluster.device == "cuda" else None
+                mem = min((g.memory_total_gib for g in facts.gpus), default=None)
+                name = facts.gpus[0].name if facts.gpus else ""
+                return estimate_spec(copy.deepcopy(self.spec), gpus=gpus, gpu_name=name,
+                                     gpu_mem_gib=mem)
+            except ArchError as e:
+                return str(e)
+        return self.memo("estimate", make)
+
+    def procs_per_node(self) -> int:
+        return max(self.resolved.cluster.nproc_per_node, 1)
+
+
+def result(id: str, title: str, status: str, detail: str, fix: str = "") -> CheckResult:
+    assert status in STATUSES, status
+    return CheckResult(id, title, status, detail, fix)

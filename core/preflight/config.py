@@ -1,0 +1,150 @@
+"""The spec against itself: memory fit, effective batch, backend versions, checkpointing."""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+from core.preflight.base import CheckResult, Context, result
+
+MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
+LONG_RUN_STEPS = 1000
+
+
+def check_gpu_memory(ctx: Context) -> CheckResult:
+    id, title = "mem.fit", "Estimated GPU memory vs capacity"
+    est = ctx.estimate
+    if isinstance(est, str):
+        return result(id, title, "warn", f"no estimate: {est}", "point model.path at a folder "
+                      "with config.json")
+    per = est.memory.per_gpu_gib
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in est.memory.breakdown.items() if v >= 0.05)
+    if ctx.resolved.cluster.device != "cuda":
+        return result(id, title, "skip", f"device cpu (≈{per:.2f} GiB per process: {parts})")
+    gs = ctx.gpus.gpus
+    if not gs:
+        return result(id, title, "skip", f"no GPU visible to compare with; estimate "
+                      f"{per:.1f} GiB per GPU ({parts})")
+    from core.preflight.gpu import chosen
+
+    cap = min(g.memory_total_gib for g in (chosen(ctx) or gs))
+    detail = f"≈{per:.1f} GiB per GPU of {cap:.0f} GiB ({parts})"
+    fix = ("enable train.gradient_checkpointing, lower per_device_batch_size / "
+           "data.max_length, or shard (`tunedeck estimate` suggests a strategy)")
+    if per > cap:
+        return result(id, title, "fail", detail + ": will not fit", fix)
+    if per > cap * MARGIN:
+        return result(id, title, "warn", detail + f": above {MARGIN:.0%}, the estimate's "
+                      "margin of error could OOM", fix)
+    return result(id, title, "pass", detail)
+
+
+def _eff(spec, procs: int) -> int:
+    t = spec.train
+    return t.per_device_batch_size * t.grad_accum * procs * spec.cluster.nnodes
+
+
+def check_effective_batch(ctx: Context) -> CheckResult:
+    id, title = "train.batch", "Effective batch size (vs the preset)"
+    procs = ctx.procs_per_node()
+    t = ctx.resolved.train
+    eff = _eff(ctx.resolved, procs)
+    detail = (f"{eff} = {t.per_device_batch_size} per device × {t.grad_accum} accumulation × "
+              f"{procs * ctx.resolved.cluster.nnodes} rank(s)")
+    base = ctx.base
+    if base is not None:
+        from core.resolve import resolve
+
+        rb = resolve(base, gpu_count=len(ctx.gpus.gpus))
+        beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))
+        if beff != eff:
+            return result(id, title, "warn", f"{detail}; the spec file gives {beff}",
+                          f"scale train.learning_rate by about {eff / beff:.2g}× (or keep the "
+                          "batch with train.grad_accum)")
+    return result(id, title, "pass", detail)
+
+
+# (distribution, minimal version, why), by what the spec uses
+def _requirements(spec) -> list[tuple[str, str, str]]:
+    req = []
+    if spec.backend == "builtin":
+        req += [("torch", "2.4", "FSDP2 fully_shard / DDP"), ("transformers", "4.45", "models"),
+                ("tokenizers", "0.19", "tokenizer")]
+        if spec.method.type != "full":
+            req.append(("peft", "0.10", "LoRA"))
+    if spec.backend == "swift":
+        req.append(("ms-swift", "3.0", "--tuner_type/--train_type flags"))
+        if spec.swift.use_vllm:
+            req.append(("vllm", "0.8", "swift.use_vllm"))
+    p = spec.parallel
+    if p.strategy == "fsdp2":
+        req.append(("torch", "2.4", "parallel.strategy fsdp2"))
+        if spec.backend != "builtin":
+            req.append(("accelerate", "1.6", "FSDP2 in HF Trainer"))
+    if p.strategy == "deepspeed":
+        req.append(("deepspeed", "0.14", f"ZeRO-{p.zero_stage}"
+                    + (" offload" if p.zero_offload != "none" else "")))
+    if p.strategy == "megatron":
+        req.append(("megatron-core", "0.12", "parallel.strategy megatron"))
+    if spec.method.type == "qlora":
+        req.append(("bitsandbytes", "0.43", f"QLoRA {spec.method.quant_bits}-bit"))
+    if spec.model.attn_impl == "flash_attention_2":
+        req.append(("flash-attn", "2.5", "model.attn_impl flash_attention_2"))
+    return req
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def check_backend(ctx: Context) -> CheckResult:
+    id, title = "env.backend", "Backend packages installed at versions that know the flags"
+    seen, ok, problems, wanted = set(), [], [], []
+    for dist, minimum, why in _requirements(ctx.spec):
+        if (dist, minimum) in seen:
+            continue
+        seen.add((dist, minimum))
+        try:
+            v = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{dist} not installed (needed for {why})")
+            wanted.append(f"'{dist}>={minimum}'")
+            continue
+        if _vtuple(v) < _vtuple(minimum):
+            problems.append(f"{dist} {v} < {minimum} (needed for {why})")
+            wanted.append(f"'{dist}>={minimum}'")
+        else:
+            ok.append(f"{dist} {v}")
+    detail = ", ".join(dict.fromkeys(ok))
+    if problems:
+        return result(id, title, "fail", "; ".join(problems) + (f"; ok: {detail}" if ok else ""),
+                      "pip install " + " ".join(dict.fromkeys(wanted)))
+    return result(id, title, "pass", detail or "nothing to check")
+
+
+def check_saving(ctx: Context) -> CheckResult:
+    id, title = "train.saving", "Checkpoint saving configured"
+    t = ctx.spec.train
+    if t.save_steps:
+        keep = f", keeping the newest {t.save_total_limit}" if t.save_total_limit else ""
+        if t.save_steps > t.max_steps:
+            return result(id, title, "warn", f"save_steps {t.save_steps} > max_steps "
+                          f"{t.max_steps}: only the final checkpoint", "lower train.save_steps")
+        return result(id, title, "pass", f"every {t.save_steps} steps{keep}")
+    est = ctx.estimate
+    long_run = t.max_steps >= LONG_RUN_STEPS
+    eta = ""
+    if not isinstance(est, str) and est.throughput:
+        long_run = long_run or est.throughput.eta_s > 3600
+        from core.estimate import fmt_duration
+
+        eta = f" (≈{fmt_duration(est.throughput.eta_s)})"
+    if long_run:
+        return result(id, title, "warn", f"save_steps = 0: {t.max_steps} steps{eta} with a "
+                      "checkpoint only at the end or on a graceful stop; a crash loses it all",
+                      f"set train.save_steps (e.g. {max(t.max_steps // 10, 1)})")
+    return result(id, title, "pass", f"short run ({t.max_steps} steps{eta}): checkpoint at the "
+                  "end and on stop")
+
+
+CHECKS = [check_gpu_memory, check_effective_batch, check_backend, check_saving]

@@ -1,0 +1,251 @@
+"""The run's inputs: dataset rows and the model folder (or hub id)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from core.preflight.base import CheckResult, Context, result
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_BAD_SHOWN = 5
+TOKENIZE_ROWS = 200
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model",
+                   "qwen.tiktoken")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _row_problem(obj, fmt: str) -> str | None:
+    if not isinstance(obj, dict):
+        return "expected a JSON object"
+    if fmt == "messages":
+        msgs = obj.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            return "\"messages\" must be a non-empty list"
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                return f"messages[{i}].role must be one of {', '.join(ROLES)}"
+            if not isinstance(m.get("content"), str):
+                return f"messages[{i}].content must be a string"
+        if not any(m["role"] == "assistant" for m in msgs):
+            return "no assistant message, nothing to learn from"
+    elif fmt in ("query_response", "self_cognition"):
+        for k in ("query", "response"):
+            if not isinstance(obj.get(k), str):
+                return f"\"{k}\" must be a string"
+    elif fmt == "alpaca":
+        for k in ("instruction", "output"):
+            if not isinstance(obj.get(k), str):
+                return f"\"{k}\" must be a string"
+    return None
+
+
+def _detect(obj) -> str:
+    if isinstance(obj, dict):
+        if "messages" in obj:
+            return "messages"
+        if "instruction" in obj:
+            return "alpaca"
+        if "query" in obj:
+            return "query_response"
+    return "messages"
+
+
+def _texts(obj, fmt: str) -> list[str]:
+    if fmt == "messages":
+        return [m["content"] for m in obj["messages"]]
+    if fmt == "alpaca":
+        return [obj["instruction"], obj.get("input") or "", obj["output"]]
+    return [obj.get("system") or "", obj["query"], obj["response"]]
+
+
+def scan_dataset(path: Path, fmt: str) -> dict:
+    """Rows, bad rows (file:line: why) and the first good rows' texts."""
+    rows, bad, samples, detected = 0, [], [], fmt if fmt != "auto" else ""
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                bad.append(f"{path}:{no}: not valid JSON: {e.msg} (column {e.colno})")
+                continue
+            detected = detected or _detect(obj)
+            why = _row_problem(obj, detected)
+            if why:
+                bad.append(f"{path}:{no}: {why}")
+                continue
+            rows += 1
+            if len(samples) < TOKENIZE_ROWS:
+                samples.append(_texts(obj, detected))
+    return {"rows": rows, "bad": bad, "samples": samples, "format": detected or "messages"}
+
+
+def _tokenizer_file(ctx: Context) -> Path | None:
+    """A tokenizer.json we can load with `tokenizers` alone (no torch, no transformers)."""
+    from core.demo import BUILDER_VERSION, BUILTIN_TINY
+    from core.estimate import hub_cache_dir
+    from core.paths import cache_dir
+
+    mp = ctx.spec.model.path
+    if mp == BUILTIN_TINY:
+        try:
+            # the demo model's cache folder is named by the data file's hash (see core.demo)
+            data = Path(ctx.spec.data.path).read_bytes()
+        except OSError:
+            return None
+        digest = hashlib.sha256(data + b"\0builder=" + BUILDER_VERSION.encode()).hexdigest()
+        folder = cache_dir() / "models" / f"tiny-qwen2-{digest[:16]}"
+    else:
+        folder = Path(mp).expanduser()
+        if not folder.is_dir():
+            folder = hub_cache_dir(mp) or folder
+    f = folder / "tokenizer.json"
+    return f if f.exists() else None
+
+
+def _token_stats(ctx: Context, samples: list[list[str]]) -> str:
+    tf = _tokenizer_file(ctx)
+    if tf is None:
+        return "tokenizer not available yet (built or downloaded at launch): no token sample"
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tf))
+    except Exception as e:  # noqa: BLE001 - any tokenizer failure only loses the sample
+        return f"could not load {tf}: {e}"
+    lens = [len(tok.encode("\n".join(t)).ids) for t in samples]
+    first = tok.encode("\n".join(samples[0]))
+    shown = " ".join(first.tokens[:12])
+    ml = ctx.spec.data.max_length
+    over = sum(n > ml for n in lens)
+    return (f"row 1 → {len(first.ids)} tokens [{shown}{' …' if len(first.ids) > 12 else ''}]; "
+            f"first {len(lens)} rows: mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens"
+            + (f", {over} over data.max_length {ml} ({ctx.spec.data.truncation})" if over else ""))
+
+
+def check_dataset(ctx: Context) -> CheckResult:
+    id, title = "data.rows", "Dataset readable and parseable"
+    d = ctx.spec.data
+    if not d.path:
+        return result(id, title, "skip", "no data.path (the backend brings its own dataset)")
+    paths = [Path(d.path).expanduser()] + ([Path(d.val_path).expanduser()] if d.val_path else [])
+    details, bad_all, fmt = [], [], d.format
+    first = None
+    for p in paths:
+        if not p.exists() and ctx.spec.backend == "swift" and "/" in str(d.path) \
+                and not str(d.path).startswith(("/", ".")):
+            return result(id, title, "skip", f"{d.path}: not a local file (ms-swift dataset id)")
+        try:
+            scan = scan_dataset(p, fmt)
+        except FileNotFoundError:
+            return result(id, title, "fail", f"{p}: no such file",
+                          "fix data.path (relative paths start at the spec file's folder)")
+        except UnicodeDecodeError as e:
+            return result(id, title, "fail", f"{p}: not UTF-8 text near byte {e.start}",
+                          "convert the file to UTF-8 JSONL")
+        except OSError as e:
+            return result(id, title, "fail", f"{p}: cannot read: {e.strerror}",
+                          "check the path and its permissions")
+        fmt = scan["format"]
+        first = first or scan
+        bad_all += scan["bad"]
+        details.append(f"{p.name}: {scan['rows']} rows ({scan['format']})")
+    if first and first["rows"] == 0:
+        return result(id, title, "fail", f"{paths[0]}: no usable rows"
+                      + (f"; {bad_all[0]}" if bad_all else ""), "check the file's format")
+    detail = "; ".join(details)
+    if bad_all:
+        listed = "\n".join(bad_all[:MAX_BAD_SHOWN])
+        more = f"\n… and {len(bad_all) - MAX_BAD_SHOWN} more" if len(bad_all) > MAX_BAD_SHOWN else ""
+        status = "warn" if d.skip_bad_rows else "fail"
+        return result(id, title, status, f"{detail}; {len(bad_all)} bad row(s):\n{listed}{more}",
+                      "fix or delete those lines" + ("" if d.skip_bad_rows else
+                                                     ", or set data.skip_bad_rows = true"))
+    return result(id, title, "pass", f"{detail}; {_token_stats(ctx, first['samples'])}")
+
+
+def _hub_reachable() -> bool:
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
+def check_model(ctx: Context) -> CheckResult:
+    from core.demo import BUILTIN_TINY
+    from core.estimate import hub_cache_dir
+
+    id, title = "model.files", "Model config, tokenizer and weights present"
+    mp = ctx.spec.model.path
+    if mp == BUILTIN_TINY:
+        return result(id, title, "pass", "built-in tiny Qwen2, built in code on first use")
+    if mp.startswith("builtin:"):
+        return result(id, title, "fail", f"model.path {mp!r}: unknown builtin model",
+                      f"use {BUILTIN_TINY} or a model folder")
+    p = Path(mp).expanduser()
+    if p.is_dir():
+        return _check_folder(id, title, p)
+    if p.exists():
+        return result(id, title, "fail", f"model.path {mp}: a file, not a model folder",
+                      "point model.path at the folder holding config.json")
+    looks_local = mp.startswith(("/", ".", "~")) or mp.count("/") != 1
+    if looks_local:
+        return result(id, title, "fail", f"model.path {mp}: no such folder",
+                      "fix model.path (relative paths start at the spec file's folder)")
+    cached = hub_cache_dir(mp)
+    if cached:
+        r = _check_folder(id, title, cached)
+        r.detail = f"hub id {mp} cached at {cached}; " + r.detail
+        return r
+    offline = any(os.environ.get(k, "") not in ("", "0") for k in
+                  ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if offline or not _hub_reachable():
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable from this node"
+        return result(id, title, "fail", f"hub id {mp} is not in the local cache and {why}",
+                      f"download it where there is network (huggingface-cli download {mp} "
+                      "--local-dir DIR) and set model.path to DIR")
+    return result(id, title, "warn", f"hub id {mp} is not cached: every node downloads it at "
+                  "launch", f"pre-download it (huggingface-cli download {mp})")
+
+
+def _check_folder(id: str, title: str, p: Path) -> CheckResult:
+    cfg = p / "config.json"
+    if not cfg.exists():
+        return result(id, title, "fail", f"{cfg}: missing", "a model folder needs config.json "
+                      "(save_pretrained writes it)")
+    try:
+        conf = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return result(id, title, "fail", f"{cfg}: unreadable: {e}", "re-download the model")
+    toks = [n for n in TOKENIZER_FILES if (p / n).exists()]
+    if not toks:
+        return result(id, title, "fail", f"{p}: no tokenizer ({', '.join(TOKENIZER_FILES)})",
+                      "copy the tokenizer files next to config.json")
+    index = next(iter(p.glob("*.index.json")), None)
+    if index:
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError) as e:
+            return result(id, title, "fail", f"{index}: unreadable: {e}", "re-download it")
+        missing = sorted(s for s in shards if not (p / s).exists())
+        if missing:
+            return result(id, title, "fail", f"{p}: {len(missing)} weight shard(s) missing: "
+                          + ", ".join(missing[:3]), "finish the download")
+    weights = [f for f in p.iterdir() if f.suffix in WEIGHT_SUFFIXES]
+    if not weights:
+        return result(id, title, "fail", f"{p}: no weights (*.safetensors / *.bin)",
+                      "finish the download or point model.path at the full folder")
+    size = sum(f.stat().st_size for f in weights) / 2**30
+    return result(id, title, "pass", f"{conf.get('model_type', '?')} config, {toks[0]}, "
+                  f"{len(weights)} weight file(s), {size:.1f} GiB")
+
+
+CHECKS = [check_dataset, check_model]

@@ -1,0 +1,126 @@
+"""Rendezvous port, master address and NCCL environment checks."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+from core.preflight.base import CheckResult, Context, result
+from core.resolve import free_port
+
+CONNECT_TIMEOUT_S = 2.0
+SYS_NET = Path("/sys/class/net")
+SYS_IB = Path("/sys/class/infiniband")
+
+
+def _is_master(ctx: Context) -> bool:
+    return ctx.spec.cluster.node_rank == 0
+
+
+def check_port(ctx: Context) -> CheckResult:
+    id, title = "net.port", "Rendezvous port free on this node"
+    c = ctx.spec.cluster
+    if c.master_port == 0:
+        return result(id, title, "pass", "master_port = 0: a free port is picked at launch")
+    if not _is_master(ctx):
+        return result(id, title, "skip", f"node_rank {c.node_rank}: node 0 listens on it")
+    host = c.master_addr if c.nnodes > 1 else "127.0.0.1"
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, c.master_port))
+    except OSError as e:
+        spare = free_port("127.0.0.1" if c.nnodes == 1 else "0.0.0.0")
+        if e.errno == errno.EADDRNOTAVAIL:
+            return result(id, title, "fail", f"master_addr {c.master_addr} is not an address "
+                          "of this node, but node_rank 0 must host the rendezvous",
+                          "run node 0 on the master host or fix cluster.master_addr")
+        return result(id, title, "fail", f"{host}:{c.master_port} is taken ({e.strerror}); "
+                      "torchrun would fail with EADDRINUSE", f"set cluster.master_port = "
+                      f"{spare} (free now) or 0 to pick one at launch")
+    finally:
+        s.close()
+    return result(id, title, "pass", f"{host}:{c.master_port} is free")
+
+
+def check_master(ctx: Context) -> CheckResult:
+    id, title = "net.master", "Master address resolvable and reachable"
+    c = ctx.spec.cluster
+    if c.nnodes <= 1:
+        return result(id, title, "skip", "single node: rendezvous on this node")
+    try:
+        infos = socket.getaddrinfo(c.master_addr, c.master_port or 29500,
+                                   type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return result(id, title, "fail", f"cannot resolve {c.master_addr!r}: {e.strerror}",
+                      "use the master's IP address or fix DNS / /etc/hosts")
+    addr = infos[0][4]
+    if _is_master(ctx):
+        return result(id, title, "pass", f"{c.master_addr} → {addr[0]} (this node hosts it; "
+                      "the other nodes must reach it)")
+    s = socket.socket(infos[0][0], socket.SOCK_STREAM)
+    s.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        s.connect(addr)
+        return result(id, title, "pass", f"{addr[0]}:{addr[1]} accepts connections")
+    except ConnectionRefusedError:
+        # the host answered (RST): reachable, nothing listens until node 0 launches
+        return result(id, title, "pass", f"{addr[0]} is reachable (port {addr[1]} not "
+                      "listening yet, as expected before node 0 starts)")
+    except (socket.timeout, TimeoutError):
+        return result(id, title, "fail", f"no answer from {addr[0]}:{addr[1]} within "
+                      f"{CONNECT_TIMEOUT_S:.0f}s", "open the port in the firewall between "
+                      "nodes, or check the address is on the nodes' shared network")
+    except OSError as e:
+        return result(id, title, "fail", f"cannot reach {addr[0]}:{addr[1]}: {e.strerror}",
+                      "check routing between the nodes")
+    finally:
+        s.close()
+
+
+def _nccl_env(ctx: Context) -> dict[str, str]:
+    return {k: v for k, v in {**os.environ, **ctx.spec.env}.items() if k.startswith("NCCL_")}
+
+
+def check_nccl_env(ctx: Context, sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB) -> CheckResult:
+    id, title = "net.nccl_env", "NCCL variables match this node"
+    env = _nccl_env(ctx)
+    if ctx.resolved.cluster.device != "cuda" and not env:
+        return result(id, title, "skip", "CPU run over gloo: NCCL not used")
+    problems, warns = [], []
+    ifname = env.get("NCCL_SOCKET_IFNAME", "")
+    if ifname:
+        have = sorted(p.name for p in sys_net.iterdir()) if sys_net.is_dir() else []
+        for item in ifname.split(","):
+            item = item.strip()
+            if not item or item.startswith("^"):
+                continue
+            exact = item.startswith("=")
+            name = item.lstrip("=")
+            if not any(h == name or (not exact and h.startswith(name)) for h in have):
+                problems.append(f"NCCL_SOCKET_IFNAME={ifname}: no interface {name!r} here "
+                                f"(have {', '.join(have) or 'none'})")
+    ib_devs = sorted(p.name for p in sys_ib.iterdir()) if sys_ib.is_dir() else []
+    ib_off = env.get("NCCL_IB_DISABLE", "0") not in ("0", "")
+    multi = ctx.spec.cluster.nnodes > 1
+    if ib_devs and ib_off and multi:
+        warns.append(f"NCCL_IB_DISABLE is set but InfiniBand devices exist "
+                     f"({', '.join(ib_devs)}): multi-node traffic falls back to TCP sockets")
+    if not ib_devs and not ib_off and multi:
+        warns.append("no InfiniBand device: NCCL will use TCP sockets between nodes (set "
+                     "NCCL_IB_DISABLE=1 to skip probing, and NCCL_SOCKET_IFNAME)")
+    if multi and not ifname:
+        warns.append("NCCL_SOCKET_IFNAME unset: NCCL guesses the interface between nodes")
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "no NCCL_* variables"
+    if problems:
+        return result(id, title, "fail", "; ".join(problems),
+                      "set env.NCCL_SOCKET_IFNAME to an interface listed above")
+    if warns:
+        return result(id, title, "warn", f"{shown}; " + "; ".join(warns),
+                      "set env.NCCL_SOCKET_IFNAME to the inter-node interface; keep IB enabled "
+                      "where it exists")
+    return result(id, title, "pass", shown + (f"; IB: {', '.join(ib_devs)}" if ib_devs else ""))
+
+
+CHECKS = [check_port, check_master, check_nccl_env]

@@ -1,0 +1,128 @@
+"""The memory estimator against H200 measurements, its monotonicity, the advisor and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from core.advisor import advise
+from core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory, load_arch
+from tests.conftest import REPO, cli
+
+Q7 = arch_from_config(QWEN25["7b"])
+
+
+def anchor(**kw) -> MemoryInputs:
+    """Qwen2.5-7B, LoRA r8 all-linear, batch 4 × 2048, bf16, SDPA, no checkpointing, 1 GPU."""
+    base = dict(method="lora", lora_rank=8, micro_batch=4, seq_len=2048)
+    return MemoryInputs(Q7, **{**base, **kw})
+
+
+def test_param_counts_match_pytorch():
+    assert Q7.total_params() == 7_615_616_512                 # printed by the H200 bench
+    assert Q7.lora_params(8, ["all-linear"]) == 20_185_088
+
+
+@pytest.mark.parametrize("kw,measured", [
+    (dict(lora_dropout=0.05), 92.8),          # ms-swift 4.6 memory(GiB), max reserved
+    (dict(lora_dropout=0.0), 83.7),           # plain loop, bf16 autocast
+    (dict(lora_dropout=0.0, autocast=False), 101.6),   # plain loop without autocast
+])
+def test_h200_calibration_points_within_15_percent(kw, measured):
+    est = estimate_memory(anchor(**kw))
+    assert abs(est.reserved_gib - measured) / measured < 0.15, (est.reserved_gib, measured)
+
+
+def test_dropout_and_autocast_deltas_match_measurements():
+    base = estimate_memory(anchor()).allocated_gib
+    drop = estimate_memory(anchor(lora_dropout=0.05)).allocated_gib
+    fp32 = estimate_memory(anchor(autocast=False)).allocated_gib
+    assert abs((drop - base) - 8.6) < 1.5      # measured 88.3 - 79.7 allocated
+    assert abs((fp32 - base) - 17.3) < 2.5     # measured 97.0 - 79.7 allocated
+
+
+def test_breakdown_sums_to_per_gpu():
+    for m in (anchor(), anchor(strategy="fsdp2", world_size=4, method="full"),
+              anchor(method="full", strategy="deepspeed", zero_stage=3, world_size=8)):
+        e = estimate_memory(m)
+        assert abs(sum(e.breakdown.values()) - e.per_gpu_gib) < 0.01
+
+
+def test_monotonic_properties():
+    full = anchor(method="full")
+    gc_on = estimate_memory(dataclasses.replace(full, gradient_checkpointing=True))
+    gc_off = estimate_memory(full)
+    assert gc_on.per_gpu_gib < gc_off.per_gpu_gib
+    # with little activation memory the optimizer step is the peak: checkpointing can't help
+    small = dataclasses.replace(full, micro_batch=1, seq_len=256)
+    assert estimate_memory(dataclasses.replace(small, gradient_checkpointing=True)).per_gpu_gib \
+        <= estimate_memory(small).per_gpu_gib
+    a_on = estimate_memory(anchor(gradient_checkpointing=True)).breakdown["activations"]
+    assert a_on < estimate_memory(anchor()).breakdown["activations"] / 5
+    z3 = [estimate_memory(dataclasses.replace(full, strategy="deepspeed", zero_stage=3,
+                                              world_size=w)) for w in (1, 2, 8)]
+    # the sharded part divides by world size (the gathered working set does not)
+    bf16 = Q7.total_params() * 2 / 2**30
+    w = [e.breakdown["weights"] for e in z3]
+    assert w[0] - w[1] == pytest.approx(bf16 / 2, rel=0.01)
+    assert w[0] - w[2] == pytest.approx(bf16 * 7 / 8, rel=0.01)
+    opt = [e.breakdown["optimizer_states"] for e in z3]
+    assert opt[2] == pytest.approx(opt[0] / 8, rel=0.01)
+    stages = [estimate_memory(dataclasses.replace(full, strategy="deepspeed", zero_stage=s,
+                                                  world_size=8)).per_gpu_gib for s in (0, 1, 2, 3)]
+    assert stages == sorted(stages, reverse=True)
+    fs = estimate_memory(dataclasses.replace(full, strategy="fsdp2", world_size=8))
+    off = estimate_memory(dataclasses.replace(full, strategy="fsdp2", world_size=8,
+                                              offload="all"))
+    assert off.per_gpu_gib < fs.per_gpu_gib and off.cpu_offload_bytes > 0
+    q = estimate_memory(anchor(method="qlora"))
+    assert q.breakdown["weights"] < estimate_memory(anchor()).breakdown["weights"] / 2.5
+    seqs = [estimate_memory(anchor(seq_len=s)).per_gpu_gib for s in (512, 1024, 2048)]
+    assert seqs == sorted(seqs)
+
+
+def test_load_arch_from_config_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25["1.5b"]))
+    assert load_arch(tmp_path).total_params() == 1_543_714_304
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="hidden_size"):
+        load_arch(tmp_path)
+
+
+def test_advisor_rules():
+    lora = anchor()
+    assert advise(lora, gpus=2, gpu_mem_gib=139.8, data_tokens=10**6).strategy == "single-gpu"
+    big = advise(lora, gpus=2, gpu_mem_gib=139.8, data_tokens=10**9)
+    assert big.strategy == "ddp" and big.gpus == 2
+    full = advise(dataclasses.replace(lora, method="full"), gpus=2, gpu_mem_gib=139.8,
+                  data_tokens=10**8)
+    assert full.strategy in ("fsdp2", "zero3")
+    tight = advise(dataclasses.replace(lora, method="full"), gpus=1, gpu_mem_gib=80,
+                   data_tokens=10**8)
+    assert tight.offload or tight.strategy == "none"
+    inf = advise(lora, gpus=8, gpu_mem_gib=24, purpose="inference")
+    assert inf.strategy == "vllm-tp" and inf.gpus >= 2 and "not DDP" in " ".join(inf.reasons)
+
+
+def test_cli_estimate_json(tmp_path, td_home):
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'[model]\npath = "{m}"\n[data]\npath = '
+                    f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\nmax_length = 2048\n'
+                    '[method]\nlora_rank = 8\nlora_dropout = 0.05\n[train]\n'
+                    'per_device_batch_size = 4\n')
+    out = json.loads(cli("estimate", str(spec), "--gpus", "1", "--gpu-mem", "139.8",
+                         "--gpu-name", "NVIDIA H200", "--json", home=td_home).stdout)
+    assert abs(out["reserved_gib"] - 92.8) / 92.8 < 0.15
+    assert set(out["breakdown"]) >= {"weights", "gradients", "optimizer_states", "activations",
+                                     "logits", "framework_overhead", "trainable_weights"}
+    assert out["advice"]["strategy"] and out["throughput"]["tokens_per_s_per_gpu"] > 1000
+    txt = cli("estimate", str(spec), "--gpus", "2", home=td_home).stdout
+    assert "per GPU" in txt and "advice:" in txt
+    bad = cli("estimate", str(spec), "--set", f"model.path={tmp_path}", home=td_home,
+              check=False)
+    assert bad.returncode == 2 and "config.json" in bad.stderr

@@ -1,0 +1,275 @@
+"""Each preflight check fails for its real reason on this machine, and passes once the cause
+is gone. GPU rules without a GPU run on recorded facts (GpuFacts), the same data NVML gives."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from core.preflight import make_context, run_checks
+from core.preflight.gpu import Gpu, GpuFacts, probe_gpus
+from core.spec import loads_spec
+from tests.conftest import REPO, cli
+
+DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
+GOOD_ROW = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}]}
+
+
+def write_spec(tmp: Path, extra: str = "", data: Path = DEMO_DATA) -> Path:
+    p = tmp / "spec.toml"
+    p.write_text(f'name = "t"\n[data]\npath = "{data}"\n[cluster]\ndevice = "cpu"\n{extra}\n')
+    return p
+
+
+def check(spec_path: Path, cid: str, overrides=(), gpu_probe=None):
+    ctx = make_context(spec_path, list(overrides), gpu_probe=gpu_probe)
+    return next(r for r in run_checks(ctx) if r.id == cid)
+
+
+def test_port_taken_fails_and_offers_a_free_one(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    spec = write_spec(tmp_path, f"master_port = {port}")
+    try:
+        r = check(spec, "net.port")
+        assert r.status == "fail" and str(port) in r.detail
+        offered = int(r.fix.split("master_port = ")[1].split()[0])
+        assert offered != port
+        with socket.socket() as t:  # the offered port really is free
+            t.bind(("127.0.0.1", offered))
+    finally:
+        s.close()
+    assert check(spec, "net.port").status == "pass"
+
+
+def test_broken_dataset_line_names_file_and_line(tmp_path):
+    data = tmp_path / "d.jsonl"
+    rows = [json.dumps(GOOD_ROW), '{"messages": [broken', json.dumps(GOOD_ROW),
+            json.dumps({"messages": [{"role": "user", "content": "no answer"}]})]
+    data.write_text("\n".join(rows) + "\n")
+    spec = write_spec(tmp_path, data=data)
+    r = check(spec, "data.rows")
+    assert r.status == "fail"
+    assert f"{data}:2: not valid JSON" in r.detail and f"{data}:4: no assistant" in r.detail
+    assert "2 rows" in r.detail
+    assert check(spec, "data.rows", ["data.skip_bad_rows=true"]).status == "warn"
+    data.write_text("\n".join([rows[0], rows[2]]) + "\n")
+    r = check(spec, "data.rows")
+    assert r.status == "pass" and "2 rows" in r.detail
+
+
+def test_dataset_shows_a_tokenised_sample_when_a_tokenizer_exists(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["hi hello there"] * 10, trainers.BpeTrainer(vocab_size=50))
+    mdir = _model_dir(tmp_path)
+    tok.save(str(mdir / "tokenizer.json"))
+    spec = write_spec(tmp_path, f'[model]\npath = "{mdir}"')
+    r = check(spec, "data.rows")
+    assert r.status == "pass" and "tokens [" in r.detail, r.detail
+
+
+def test_unwritable_output_dir_fails_even_for_root(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    spec = write_spec(tmp_path, f'[run]\noutput_dir = "{blocker}/out"')
+    r = check(spec, "host.output_dir")
+    assert r.status == "fail" and "is a file" in r.detail
+    # /proc refuses file creation to root as well
+    r = check(spec, "host.output_dir", ["run.output_dir=/proc/tunedeck-out"])
+    assert r.status == "fail" and "not writable" in r.detail
+    r = check(spec, "host.output_dir", [f"run.output_dir={tmp_path / 'out' / 'deep'}"])
+    assert r.status == "pass", r.detail
+    assert not (tmp_path / "out").exists()   # preflight creates nothing
+
+
+def _model_dir(tmp: Path) -> Path:
+    m = tmp / "model"
+    m.mkdir(exist_ok=True)
+    (m / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 100, "tie_word_embeddings": True}))
+    (m / "model.safetensors").write_bytes(b"\0" * 64)
+    return m
+
+
+def test_missing_model_file_fails_then_passes(tmp_path):
+    m = _model_dir(tmp_path)
+    spec = write_spec(tmp_path, f'[model]\npath = "{m}"')
+    r = check(spec, "model.files")
+    assert r.status == "fail" and "no tokenizer" in r.detail
+    (m / "tokenizer.json").write_text("{}")
+    (m / "model.safetensors").unlink()
+    r = check(spec, "model.files")
+    assert r.status == "fail" and "no weights" in r.detail
+    (m / "model.safetensors").write_bytes(b"\0" * 64)
+    (m / "config.json").rename(m / "config.bak")
+    assert "config.json: missing" in check(spec, "model.files").detail
+    (m / "config.bak").rename(m / "config.json")
+    assert check(spec, "model.files").status == "pass"
+
+
+def test_hub_id_not_cached_offline_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = write_spec(tmp_path, '[model]\npath = "someorg/some-model"')
+    r = check(spec, "model.files")
+    assert r.status == "fail" and "not in the local cache" in r.detail
+    snap = tmp_path / "hf" / "hub" / "models--someorg--some-model" / "snapshots" / "abc"
+    snap.parent.mkdir(parents=True)
+    _model_dir(tmp_path).rename(snap)
+    (snap / "tokenizer.json").write_text("{}")
+    assert check(spec, "model.files").status == "pass"
+
+
+@pytest.mark.skipif(bool(probe_gpus().gpus), reason="this machine has GPUs")
+def test_two_gpus_requested_where_none_exist(tmp_path):
+    spec = write_spec(tmp_path)
+    r = check(spec, "gpu.count", ["cluster.device=cuda", "cluster.nproc_per_node=2"])
+    assert r.status == "fail" and "asks for 2 GPU" in r.detail and "none are visible" in r.detail
+    assert check(spec, "gpu.count").status == "skip"      # device cpu: not applicable
+
+
+def test_nccl_socket_ifname_must_exist(tmp_path):
+    spec = write_spec(tmp_path)
+    r = check(spec, "net.nccl_env", ["env.NCCL_SOCKET_IFNAME=nosuchif9"])
+    assert r.status == "fail" and "nosuchif9" in r.detail
+    assert check(spec, "net.nccl_env", ["env.NCCL_SOCKET_IFNAME=lo"]).status == "pass"
+
+
+def test_workers_vs_cores_and_shm(tmp_path):
+    spec = write_spec(tmp_path)
+    r = check(spec, "host.cores", ["data.num_workers=64"])
+    assert r.status == "warn" and "num_workers" in r.fix
+    assert check(spec, "host.cores").status == "pass"
+    assert check(spec, "host.shm").status == "skip"
+
+
+def test_effective_batch_change_from_preset_warns(tmp_path):
+    spec = write_spec(tmp_path)
+    r = check(spec, "train.batch", ["train.grad_accum=4"])
+    assert r.status == "warn" and "spec file gives" in r.detail
+    assert check(spec, "train.batch").status == "pass"
+
+
+def test_backend_versions_and_saving(tmp_path):
+    spec = write_spec(tmp_path)
+    r = check(spec, "env.backend")
+    assert r.status == "pass" and "peft" in r.detail
+    r = check(spec, "env.backend", ["model.attn_impl=flash_attention_2"])
+    assert r.status == "fail" and "flash-attn not installed" in r.detail  # not in this venv
+    r = check(spec, "train.saving", ["train.max_steps=5000", "train.save_steps=0"])
+    assert r.status == "warn" and "save_steps" in r.fix
+
+
+# -- GPU rules on recorded facts (a 2×H200 box like shared/fixtures/h200/env.txt) ------------
+
+def h200s(n=2, **kw) -> GpuFacts:
+    f = GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
+                 driver="580.1", cuda_driver=(13, 0), **kw)
+    f.links = {(0, 1): ("NVLink", True)} if n == 2 else {}
+    return f
+
+
+def gpu_spec(tmp_path, extra=""):
+    return write_spec(tmp_path, extra).read_text().replace('device = "cpu"',
+                                                           'device = "cuda"')
+
+
+def ctx_for(tmp_path, facts, extra="", overrides=()):
+    p = tmp_path / "g.toml"
+    p.write_text(gpu_spec(tmp_path, extra))
+    return {r.id: r for r in run_checks(make_context(p, list(overrides),
+                                                     gpu_probe=lambda: facts))}
+
+
+def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)
+    rs = ctx_for(tmp_path, h200s())
+    assert rs["gpu.count"].status == "pass" and rs["gpu.uniform"].status == "pass"
+    assert rs["gpu.bf16"].status == "pass" and rs["gpu.interconnect"].status == "pass"
+    assert rs["mem.fit"].status == "pass"
+    rs = ctx_for(tmp_path, h200s(), overrides=["cluster.nproc_per_node=4"])
+    assert rs["gpu.count"].status == "fail"
+    mixed = h200s()
+    mixed.gpus[1] = Gpu(1, "Tesla V100-SXM2-32GB", 32.0, (7, 0))
+    rs = ctx_for(tmp_path, mixed, overrides=["model.dtype=bfloat16"])
+    assert rs["gpu.uniform"].status == "warn" and rs["gpu.bf16"].status == "fail"
+    nop2p = h200s()
+    nop2p.links = {(0, 1): ("across CPU sockets", False)}
+    rs = ctx_for(tmp_path, nop2p)
+    assert rs["gpu.interconnect"].status == "warn" and "NCCL_P2P_DISABLE" in \
+        rs["gpu.interconnect"].fix
+    rs = ctx_for(tmp_path, h200s(), overrides=["env.NCCL_P2P_DISABLE=1"])
+    assert rs["gpu.interconnect"].status == "warn" and "remove" in rs["gpu.interconnect"].fix
+    old = h200s()
+    old.cuda_driver = (11, 8)
+    assert ctx_for(tmp_path, old)["gpu.driver"].status in ("fail", "warn", "pass")
+
+
+def test_cli_exit_codes_and_json(tmp_path, td_home):
+    spec = write_spec(tmp_path)
+    p = cli("preflight", str(spec), "--json", home=td_home)
+    out = json.loads(p.stdout)
+    assert out["ok"] and out["summary"]["fail"] == 0
+    assert {c["id"] for c in out["checks"]} >= {"net.port", "data.rows", "model.files"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        p = cli("preflight", str(spec), "--set", f"cluster.master_port={s.getsockname()[1]}",
+                home=td_home, check=False)
+    assert p.returncode == 1 and "[FAIL] Rendezvous port" in p.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_launches_three_real_steps(tmp_path, td_home):
+    p = cli("preflight", str(REPO / "presets" / "demo.toml"), "--smoke", "--json",
+            home=td_home, check=False, timeout=600)
+    out = json.loads(p.stdout)
+    smoke = out["checks"][-1]
+    assert smoke["id"] == "smoke.run" and smoke["status"] == "pass", (smoke, p.stderr)
+    assert p.returncode == 0 and "3 steps" in smoke["detail"]
+
+
+async def test_preflight_screen_fills_live_and_reruns(tmp_path, td_home):
+    from textual.app import App
+    from textual.widgets import DataTable
+
+    from tui.screens.preflight import PreflightScreen
+
+    spec = write_spec(tmp_path)
+
+    class Host(App):
+        def on_mount(self):
+            self.push_screen(PreflightScreen(spec))
+
+    app = Host()
+    async with app.run_test() as pilot:
+        screen = app.screen
+
+        async def settled():
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if screen.sub_title:
+                    return
+            raise AssertionError("checks never finished")
+
+        await settled()
+        table = screen.query_one("#checks", DataTable)
+        assert table.row_count == len(screen.results) >= 15
+        assert "fail" not in screen.sub_title.split(", ")[2] or "0 failed" in screen.sub_title
+        screen.sub_title = ""
+        await pilot.press("r")
+        await settled()
+        assert table.row_count == len(screen.results)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, PreflightScreen)

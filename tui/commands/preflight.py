@@ -1,0 +1,64 @@
+"""`tunedeck preflight SPEC`: the checklist in the terminal; exit 1 when any check fails."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+
+
+def register(sub) -> None:
+    s = sub.add_parser("preflight", help="check a spec on this node before launching it")
+    s.add_argument("spec", help="spec file, e.g. presets/demo.toml")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key (repeatable)")
+    s.add_argument("--smoke", action="store_true", help=f"then launch the real run for a few "
+                   "steps and wait for it (only when no check failed)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_preflight)
+
+
+def cmd_preflight(args) -> int:
+    from core.preflight import make_context, run_checks, smoke_run, summary
+    from core.spec import SpecError
+
+    try:
+        ctx = make_context(args.spec, args.set)
+    except SpecError as e:
+        print(f"tunedeck: {e}", file=sys.stderr)
+        return 2
+    results = []
+    for r in run_checks(ctx):
+        results.append(r)
+        if not args.json:
+            _print(r)
+    failed = any(r.status == "fail" for r in results)
+    if args.smoke:
+        if failed:
+            print("tunedeck: smoke run skipped: fix the failed checks first", file=sys.stderr)
+        else:
+            r = smoke_run(ctx.spec, on_status=None if args.json else
+                          (lambda line: print(f"      {line}", file=sys.stderr)))
+            results.append(r)
+            if not args.json:
+                _print(r)
+            failed = r.status == "fail"
+    counts = summary(results)
+    if args.json:
+        json.dump({"ok": not failed, "summary": counts,
+                   "checks": [r.to_json() for r in results]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"\n{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+              f"{counts['skip']} skipped")
+    return 1 if failed else 0
+
+
+def _print(r) -> None:
+    print(f"[{MARK[r.status]}] {r.title}  ({r.id})")
+    for line in r.detail.splitlines():
+        print(f"       {line}")
+    if r.fix and r.status in ("warn", "fail"):
+        print(f"       fix: {r.fix}")
+    sys.stdout.flush()
