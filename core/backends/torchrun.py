@@ -40,6 +40,11 @@ def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
         # the engine must be importable by the ranks even without an installed package
         "PYTHONPATH": with_package_root(os.environ.get("PYTHONPATH", "")),
     }
+    if spec.backend != "builtin" and spec.run.dataloader_probe:
+        # the probe's sitecustomize must come first on the path to be imported at start-up
+        from core.probe import SITE_DIR
+
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), env["PYTHONPATH"]])
     if spec.cluster.device == "cpu":
         # torchrun sets this only for nproc>1; 2 threads per rank on 2 cores is 7x slower
         env["OMP_NUM_THREADS"] = "1"

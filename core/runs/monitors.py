@@ -1,0 +1,119 @@
+"""The agent's plug-ins: telemetry sampling, the probe reader and the live detectors.
+
+`make_monitors(agent)` is called once torchrun has started. Every monitor has
+tick(now, new_events) (~every 0.5 s, must stay well under 50 ms) and close(new_events).
+One monitor failing to start never stops the others, nor the run. A backend module with a
+`monitors(agent)` function (core/backends/<backend>.py) adds its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any
+
+from core.detect.stall import StallDetector
+from core.detect.starvation import StarvationDetector
+from core.detect.straggler import StragglerDetector
+from core.probe.reader import ProbeTail
+
+log = logging.getLogger("tunedeck.monitors")
+
+CHECK_EVERY_S = 1.0
+
+
+def _rank_pids(agent) -> list[int]:
+    return list(agent.state.get("worker_pids") or [])
+
+
+class TelemetryMonitor:
+    def __init__(self, agent):
+        from core.telemetry.fake import from_env
+        from core.telemetry.nvml import Nvml
+        from core.telemetry.sampler import TelemetrySampler
+        from core.telemetry.store import TelemetryStore
+
+        spec = agent.spec
+        self.sampler = TelemetrySampler(
+            TelemetryStore(agent.store.db), interval_s=spec.run.telemetry_interval_s,
+            rank_pids=lambda: _rank_pids(agent), out_dir=spec.run.output_dir or None,
+            nvml=Nvml(lib=from_env()))
+
+    def tick(self, now: float, new_events: list[dict]) -> None:
+        self.sampler.tick(now, new_events)
+
+    def close(self, new_events: list[dict]) -> None:
+        self.sampler.close(new_events)
+
+
+class DetectorMonitor:
+    """Feeds rank events and probe records to the detectors; stores what they find."""
+
+    def __init__(self, agent, telemetry=None):
+        self.agent = agent
+        spec = agent.spec
+        local_world = spec.cluster.nproc_per_node or None
+        self.probe = ProbeTail(agent.run_dir, agent.store.db)
+        self.pids: dict[int, int] = {}
+        floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
+        self.detectors = [
+            StarvationDetector(telemetry=telemetry, local_world=local_world),
+            StallDetector(floor_s=floor, pids=self.pids),
+            StragglerDetector(telemetry=telemetry, local_world=local_world),
+        ]
+        self.telemetry = telemetry
+        self.last_check = 0.0
+
+    def tick(self, now: float, new_events: list[dict]) -> None:
+        events = list(new_events) + self.probe.poll()
+        for d in self.detectors:
+            d.update(events)
+        if now - self.last_check < CHECK_EVERY_S:
+            return
+        self.last_check = now
+        if self.agent.stop_mode:  # a stop pauses steps on purpose: nothing to detect now
+            return
+        self._map_pids()
+        for d in self.detectors:
+            for f in d.check(now):
+                f.node = self.agent.node_rank
+                if self.agent.store.save_finding(f):
+                    log.warning("finding %s: %s", f.category, f.summary)
+
+    def _map_pids(self) -> None:
+        procs = getattr(self.telemetry, "procs", None)
+        for i, pid in enumerate(_rank_pids(self.agent)):
+            rank = procs.rank_of(pid) if procs is not None else None
+            self.pids[rank if rank is not None else i] = pid
+
+    def close(self, new_events: list[dict]) -> None:
+        events = list(new_events) + self.probe.poll()
+        for d in self.detectors:
+            d.update(events)
+
+
+def make_monitors(agent) -> list[Any]:
+    monitors: list[Any] = []
+    telemetry = None
+    try:
+        tm = TelemetryMonitor(agent)
+        monitors.append(tm)
+        telemetry = tm.sampler
+    except Exception:
+        log.exception("telemetry could not start; the run goes on without it")
+    try:
+        monitors.append(DetectorMonitor(agent, telemetry))
+    except Exception:
+        log.exception("live detectors could not start")
+    try:
+        mod = importlib.import_module(f"core.backends.{agent.spec.backend}")
+    except ImportError:
+        mod = None
+    hook = getattr(mod, "monitors", None)
+    if callable(hook):
+        try:
+            monitors.extend(hook(agent) or [])
+        except Exception:
+            log.exception("backend %s monitors could not start", agent.spec.backend)
+    return monitors

@@ -1,0 +1,219 @@
+"""Per-GPU samples through NVML (nvidia-ml-py, imported as `pynvml`), N/A-tolerant.
+
+`Nvml` initialises NVML on first use, never at import. Without a driver it settles into a
+clear "no NVIDIA driver" state (status "no_driver") instead of raising; a query the GPU does
+not support yields NA (None in stored samples) and is not asked again. Version-suffixed entry
+points (nvmlDeviceGetComputeRunningProcesses_v3 / _v2 / plain) are tried in turn, so old
+drivers without the newest symbol still report processes.
+
+`lib` may be any object with pynvml's interface (core/telemetry/fake.py for CI).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class _NA:
+    """A value NVML could not give (unsupported query, no permission, lost GPU)."""
+
+    _inst = None
+
+    def __new__(cls):
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __repr__(self) -> str:
+        return "N/A"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NA = _NA()
+
+# NVML return codes (nvml.h) we act on
+_NOT_SUPPORTED, _NO_PERMISSION = 3, 4
+_DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND, _FUNCTION_NOT_FOUND = 9, 12, 13
+_NO_DRIVER = (_DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND)
+
+# the metrics every GPU sample carries (None = N/A), in storage order
+GPU_METRICS = ("util", "mem_util", "mem_used_mib", "mem_total_mib", "power_w", "temp_c",
+               "sm_mhz", "mem_mhz", "pcie_rx_kbs", "pcie_tx_kbs", "nvlink_rx_kbs",
+               "nvlink_tx_kbs")
+
+_PROC_FUNCS = ("nvmlDeviceGetComputeRunningProcesses_v3",
+               "nvmlDeviceGetComputeRunningProcesses_v2",
+               "nvmlDeviceGetComputeRunningProcesses")
+# NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: cumulative KiB over all links
+_FI_NVLINK_TX, _FI_NVLINK_RX = 138, 139
+
+
+def _load_pynvml():
+    import pynvml
+
+    return pynvml
+
+
+class Nvml:
+    def __init__(self, lib: Any = None):
+        self._lib = lib
+        self.status = "uninitialised"     # ok | no_driver | error
+        self.message = ""
+        self.driver = ""
+        self._handles: list[Any] = []
+        self.names: list[str] = []
+        self.uuids: list[str] = []
+        self._unsupported: set[tuple[int, str]] = set()
+        self._proc_fn: str | None = None
+        self._nvlink_prev: dict[int, tuple[float, float, float]] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def init(self) -> bool:
+        """Initialise once; True when GPUs can be sampled."""
+        if self.status != "uninitialised":
+            return self.status == "ok"
+        try:
+            lib = self._lib or _load_pynvml()
+        except ImportError:
+            self.status, self.message = "no_driver", "nvidia-ml-py is not installed"
+            return False
+        self._lib = lib
+        try:
+            lib.nvmlInit()
+        except lib.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in _NO_DRIVER:
+                self.status = "no_driver"
+                self.message = f"no NVIDIA driver ({e})"
+            else:
+                self.status, self.message = "error", f"NVML failed to start: {e}"
+            return False
+        try:
+            n = lib.nvmlDeviceGetCount()
+            self._handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            self.names = [_text(lib.nvmlDeviceGetName(h)) for h in self._handles]
+            self.uuids = [_text(self._try(i, "uuid", lib.nvmlDeviceGetUUID, h) or "")
+                          for i, h in enumerate(self._handles)]
+            self.driver = _text(self._try(-1, "driver", lib.nvmlSystemGetDriverVersion) or "")
+        except lib.NVMLError as e:
+            self.status, self.message = "error", f"NVML device query failed: {e}"
+            return False
+        self.status = "ok"
+        return True
+
+    def close(self) -> None:
+        if self.status == "ok":
+            try:
+                self._lib.nvmlShutdown()
+            except Exception:
+                pass
+        self.status = "uninitialised"
+
+    @property
+    def count(self) -> int:
+        return len(self._handles)
+
+    # -- queries ----------------------------------------------------------------------------
+    def _try(self, gpu: int, what: str, fn, *args):
+        """One NVML query; NA when unsupported (and never asked again for that GPU)."""
+        if (gpu, what) in self._unsupported:
+            return NA
+        try:
+            return fn(*args)
+        except self._lib.NVMLError as e:
+            if getattr(e, "value", None) in (_NOT_SUPPORTED, _NO_PERMISSION,
+                                             _FUNCTION_NOT_FOUND):
+                self._unsupported.add((gpu, what))
+            return NA
+        except (AttributeError, TypeError):   # symbol missing in this nvidia-ml-py
+            self._unsupported.add((gpu, what))
+            return NA
+
+    def sample(self, now: float | None = None) -> list[dict[str, Any]]:
+        """One sample per GPU: {"gpu", "t", metric: value or None, "procs": [(pid, mib)]}."""
+        if not self.init():
+            return []
+        now = time.time() if now is None else now
+        lib = self._lib
+        out = []
+        for i, h in enumerate(self._handles):
+            s: dict[str, Any] = {"gpu": i, "t": now}
+            u = self._try(i, "util", lib.nvmlDeviceGetUtilizationRates, h)
+            s["util"] = _num(getattr(u, "gpu", NA))
+            s["mem_util"] = _num(getattr(u, "memory", NA))
+            m = self._try(i, "mem", lib.nvmlDeviceGetMemoryInfo, h)
+            s["mem_used_mib"] = _num(getattr(m, "used", NA), 1 / 2**20)
+            s["mem_total_mib"] = _num(getattr(m, "total", NA), 1 / 2**20)
+            s["power_w"] = _num(self._try(i, "power", lib.nvmlDeviceGetPowerUsage, h), 1e-3)
+            s["temp_c"] = _num(self._try(i, "temp", lib.nvmlDeviceGetTemperature, h,
+                                         getattr(lib, "NVML_TEMPERATURE_GPU", 0)))
+            s["sm_mhz"] = _num(self._try(i, "sm_clock", lib.nvmlDeviceGetClockInfo, h,
+                                         getattr(lib, "NVML_CLOCK_SM", 1)))
+            s["mem_mhz"] = _num(self._try(i, "mem_clock", lib.nvmlDeviceGetClockInfo, h,
+                                          getattr(lib, "NVML_CLOCK_MEM", 2)))
+            s["pcie_rx_kbs"] = _num(self._try(i, "pcie_rx", lib.nvmlDeviceGetPcieThroughput, h,
+                                              getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", 1)))
+            s["pcie_tx_kbs"] = _num(self._try(i, "pcie_tx", lib.nvmlDeviceGetPcieThroughput, h,
+                                              getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", 0)))
+            s["nvlink_rx_kbs"], s["nvlink_tx_kbs"] = self._nvlink(i, h, now)
+            s["procs"] = self._procs(i, h)
+            out.append(s)
+        return out
+
+    def _nvlink(self, i: int, h, now: float) -> tuple[float | None, float | None]:
+        """NVLink KiB/s from the cumulative data counters (None where there is no NVLink)."""
+        vals = self._try(i, "nvlink", self._lib.nvmlDeviceGetFieldValues, h,
+                         [_FI_NVLINK_TX, _FI_NVLINK_RX])
+        if vals is NA:
+            return None, None
+        try:
+            if any(v.nvmlReturn != 0 for v in vals):
+                self._unsupported.add((i, "nvlink"))
+                return None, None
+            tx, rx = float(vals[0].value.ullVal), float(vals[1].value.ullVal)
+        except (AttributeError, IndexError, TypeError):
+            self._unsupported.add((i, "nvlink"))
+            return None, None
+        prev = self._nvlink_prev.get(i)
+        self._nvlink_prev[i] = (now, tx, rx)
+        if prev is None or now <= prev[0] or tx < prev[1] or rx < prev[2]:
+            return None, None
+        dt = now - prev[0]
+        return round((rx - prev[2]) / dt, 1), round((tx - prev[1]) / dt, 1)
+
+    def _procs(self, i: int, h) -> list[tuple[int, float | None]]:
+        """(pid, MiB) of compute processes; tries the version-suffixed symbols in turn."""
+        names = [self._proc_fn] if self._proc_fn else list(_PROC_FUNCS)
+        for name in names:
+            fn = getattr(self._lib, name, None)
+            if fn is None:
+                continue
+            try:
+                procs = fn(h)
+            except self._lib.NVMLError as e:
+                if getattr(e, "value", None) == _FUNCTION_NOT_FOUND and not self._proc_fn:
+                    continue  # older driver: try the previous version of the call
+                return []
+            self._proc_fn = name
+            out = []
+            for p in procs:
+                mem = getattr(p, "usedGpuMemory", None)
+                out.append((int(p.pid), round(mem / 2**20, 1) if mem is not None else None))
+            return out
+        return []
+
+
+def _num(v: Any, scale: float = 1.0) -> float | None:
+    if v is NA or v is None:
+        return None
+    try:
+        return round(float(v) * scale, 1)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)

@@ -1,0 +1,98 @@
+"""The agent's telemetry monitor: one full sample (GPUs, run processes, host) per interval.
+
+Called from the agent's tick (~0.5 s); it does nothing between intervals, so NVML is touched
+only at run.telemetry_interval_s. A sample is a few hundred microseconds of NVML calls per GPU
+plus one psutil pass over the run's processes (bench/telemetry_cost.py measures it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable
+
+from core.telemetry.host import ProcessSampler, host_sample
+from core.telemetry.nvml import Nvml
+from core.telemetry.store import TelemetryStore
+
+
+class TelemetrySampler:
+    def __init__(self, tstore: TelemetryStore | None, interval_s: float = 1.0,
+                 rank_pids: Callable[[], list[int]] = list, out_dir: str | None = None,
+                 nvml: Nvml | None = None, keep_recent_s: float = 120.0):
+        self.tstore = tstore
+        self.interval_s = max(0.1, float(interval_s))
+        self.rank_pids = rank_pids
+        self.out_dir = out_dir
+        self.nvml = nvml or Nvml()
+        self.procs = ProcessSampler()
+        self.last_t = 0.0
+        self.samples = 0
+        # recent GPU utilisation and the pid → GPU map, for the live detectors
+        self.recent_util: dict[int, deque] = {}
+        self.keep_recent_s = keep_recent_s
+        self.gpu_of_rank: dict[int, int] = {}
+        self._status_saved = None
+
+    def tick(self, now: float, new_events: list[dict] | None = None) -> None:
+        if now - self.last_t < self.interval_s:
+            return
+        self.last_t = now
+        self.sample(now)
+
+    def close(self, new_events: list[dict] | None = None) -> None:
+        if self.tstore is not None:
+            self.tstore.flush_buckets()
+        self.nvml.close()
+
+    def sample(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        gpus = self.nvml.sample(now)
+        pids = list(self.rank_pids() or [])
+        ranks, rows = self.procs.sample(pids)
+        host = host_sample(self.out_dir)
+        rank_of_pid = {r["pid"]: r["rank"] for r in rows}
+        gpu_procs = []
+        for g in gpus:
+            for pid, mib in g.pop("procs", []):
+                rank = rank_of_pid.get(pid)
+                gpu_procs.append({"gpu": g["gpu"], "pid": pid, "mib": mib, "rank": rank})
+                if rank is not None and rank_of_pid and pid in rank_of_pid:
+                    self.gpu_of_rank[rank] = g["gpu"]
+            dq = self.recent_util.setdefault(g["gpu"], deque())
+            dq.append((now, g["util"]))
+            while dq and dq[0][0] < now - self.keep_recent_s:
+                dq.popleft()
+        status = {"nvml": self.nvml.status, "message": self.nvml.message,
+                  "driver": self.nvml.driver, "gpus": self.nvml.names,
+                  "interval_s": self.interval_s}
+        if self.tstore is not None:
+            st = self.tstore
+            st.add("gpu", now, [(g["gpu"], g) for g in gpus])
+            st.add("rank", now, [(r["rank"], r) for r in ranks])
+            st.add("host", now, [(0, host)])
+            if status != self._status_saved:
+                st.set_latest("status", now, status)
+                self._status_saved = status
+            st.set_latest("gpus", now, gpus)
+            st.set_latest("procs", now, {"ranks": ranks, "procs": rows, "gpu_procs": gpu_procs})
+            st.set_latest("host", now, host)
+            st.commit()
+        self.samples += 1
+        return {"gpus": gpus, "ranks": ranks, "procs": rows, "host": host,
+                "gpu_procs": gpu_procs, "status": status}
+
+    # -- for the detectors ----------------------------------------------------------------
+    def gpu_util(self, gpu: int, t0: float, t1: float) -> float | None:
+        """Mean GPU utilisation between t0 and t1 from the recent samples (None: no data)."""
+        vals = [u for t, u in self.recent_util.get(gpu, ()) if t0 <= t <= t1 and u is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def gpu_for_rank(self, rank: int, local_world: int | None = None) -> int | None:
+        """The GPU a rank holds memory on; without NVML process info, GPU == local rank."""
+        if rank in self.gpu_of_rank:
+            return self.gpu_of_rank[rank]
+        if not self.recent_util:
+            return None
+        g = rank % local_world if local_world else rank
+        return g if g in self.recent_util else None
