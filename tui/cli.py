@@ -109,14 +109,18 @@ def cmd_status(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    run = find_run(args.run)
-    recs = metrics(run.run_dir)
+    from core.ingest.metrics import records, to_json_safe
+
+    try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
+        recs = to_json_safe(records(args.run))
+    except FileNotFoundError as e:
+        raise RunNotFound(str(e)) from None
     if args.json:
         _print_json(recs)
         return 0
     print(f"{'STEP':>6} {'LOSS':>9} {'LR':>10} {'GRAD':>8} {'TOK/S':>9}")
     for r in recs:
-        print(f"{r['step']:>6} {_fmt_loss(r['loss']):>9} {r['learning_rate'] or 0:>10.3e} "
+        print(f"{r['step']:>6} {_fmt_loss(r.get('loss')):>9} {r.get('learning_rate') or 0:>10.3e} "
               f"{r.get('grad_norm') or 0:>8.3f} {r.get('tokens_per_s') or 0:>9.0f}")
     return 0
 
@@ -227,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, hlp in (("status", cmd_status, "show a run's status"),
                             ("metrics", cmd_metrics, "per-step loss, lr, throughput")):
         s = sub.add_parser(name, help=hlp)
-        s.add_argument("run", help="run id, unique prefix, or name")
+        s.add_argument("run", help="run id, unique prefix, or name (metrics: also a run "
+                       "directory or a log file)")
         s.add_argument("--json", action="store_true")
         s.set_defaults(func=func)
 

@@ -34,7 +34,9 @@ def read_new_lines(path: Path, offset: int, max_bytes: int = 16 * CHUNK) -> tupl
     if end < 0:
         return [], offset
     chunk = data[: end + 1]
-    lines = chunk.decode("utf-8", errors="replace").splitlines()
+    # split on \n only: a tqdm bar's \r updates belong to the line they end up on
+    lines = [ln.removesuffix("\r") for ln in
+             chunk.decode("utf-8", errors="replace").split("\n")[:-1]]
     return lines, offset + len(chunk)
 
 

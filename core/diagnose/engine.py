@@ -1,0 +1,365 @@
+"""From scanned evidence to findings, with one root cause.
+
+    diagnose_run(run_dir)   every file of a tunedeck run directory
+    diagnose_files(paths)   log files (or run directories) given by the user
+
+Ordering: the first failure in time is the root cause. Times come from the glog headers torch
+prints and from torchrun's failure report; a failure without its own time takes the time
+torchrun recorded for its rank. What follows (SIGTERMs torchrun sent to the other ranks, the
+abort after a watchdog timeout, peers that lost their connection) is kept as consequence
+(`root_cause=False`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Iterable
+
+from core.diagnose.finding import Finding
+from core.diagnose.loss import loss_findings
+from core.diagnose.rules import CONSEQUENCE_PATTERNS, flag_advice
+from core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
+from core.diagnose.sources import Source, run_sources, source_for_file
+from core.ingest.metrics import merge_by_step
+from core.ingest.parsers.torchrun import Failure
+
+MAX_EVIDENCE = 12
+GENERIC = ("rank_crashed", "worker_sigkill", "worker_sigabrt", "worker_segfault")
+_SIGNAL_CATEGORY = {"SIGKILL": "worker_sigkill", "SIGABRT": "worker_sigabrt",
+                    "SIGSEGV": "worker_segfault", "SIGBUS": "worker_segfault",
+                    "SIGTERM": "worker_sigterm"}
+_NCCL_SEQ = re.compile(r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)")
+
+
+class Diagnosis:
+    """Scanners for a set of sources; `poll()` reads what is new and rebuilds findings."""
+
+    def __init__(self, sources: list[Source]) -> None:
+        self.scanners = [FileScanner(s) for s in sources if s.kind != "error_json"]
+        self.error_files = {str(s.path): s for s in sources if s.kind == "error_json"}
+
+    def poll(self, final: bool = True) -> list[Finding]:
+        for sc in self.scanners:
+            sc.poll(final=final)
+        return build_findings(self.scanners, self.error_files)
+
+
+def diagnose_run(run_dir: str | Path) -> list[Finding]:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no such run directory: {run_dir}")
+    return Diagnosis(run_sources(run_dir)).poll()
+
+
+def diagnose_files(paths: Iterable[str | Path]) -> list[Finding]:
+    sources: list[Source] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            sources += run_sources(p)
+        elif p.is_file():
+            sources.append(source_for_file(p))
+        else:
+            raise FileNotFoundError(f"no such file or directory: {p}")
+    return Diagnosis(sources).poll()
+
+
+# -- building findings ----------------------------------------------------------------------
+
+def build_findings(scanners: list[FileScanner], error_files: dict[str, Source]) -> list[Finding]:
+    found: list[Finding] = []
+    by_key: dict[tuple, Finding] = {}
+    order: dict[int, int] = {}
+
+    def add(f: Finding, seq: int) -> Finding:
+        key = (f.category, f.rank, f.severity)
+        if f.category == "loss_anomaly":  # NaN, zero collapse and frozen norm are distinct
+            key += (f.summary.split(" ")[0],)
+        cur = by_key.get(key)
+        if cur is not None:
+            for e in f.evidence:
+                if len(cur.evidence) < MAX_EVIDENCE and e not in cur.evidence:
+                    cur.evidence.append(e)
+            if cur.t is None or (f.t is not None and f.t < cur.t):
+                cur.t = f.t
+            return cur
+        by_key[key] = f
+        order[id(f)] = seq
+        found.append(f)
+        return f
+
+    seq = 0
+    failures: list[tuple[FileScanner, Failure, list[str], int]] = []
+    for sc in scanners:
+        tb_at = {tb.end: tb for tb in sc.tracebacks}
+        tb_lines = {ln for tb in sc.tracebacks for ln in range(tb.start, tb.end + 1)}
+        explained: set[int] = set()
+        for hit in sc.hits:
+            seq += 1
+            f = _from_hit(sc, hit)
+            tb = _traceback_of(sc, hit)
+            if tb is not None:
+                explained.add(id(tb))
+                frames = [ln for ln in tb.lines[1:] if ln.strip() and ln != hit.text]
+                f.evidence = [f"{sc.ref(tb.start)}: Traceback (most recent call last):"] + \
+                    frames[-(MAX_EVIDENCE - 2):] + [f"{sc.ref(hit.lineno)}: {hit.text.strip()}"]
+            add(f, seq)
+        for tb in sc.tracebacks:
+            if id(tb) in explained:
+                continue
+            seq += 1
+            f = _from_traceback(sc, tb)
+            if f is not None:
+                add(f, seq)
+        for rep in sc.reports:
+            for fl in rep.failures:
+                failures.append((sc, fl, rep.lines, rep.first_line))
+        _ = tb_at, tb_lines
+
+    _apply_failures(failures, found, add, error_files, seq)
+    seq += 1000
+    for f in _nccl_findings(scanners):
+        seq += 1
+        add(f, seq)
+    recs = merge_by_step(sc.metrics.records() for sc in scanners
+                         if sc.metrics.by_step)
+    src = next((sc.name for sc in scanners if sc.metrics.by_step), "")
+    for f in loss_findings(recs, src):
+        seq += 1
+        add(f, seq)
+    enq: dict[int, int] = {}
+    for sc in scanners:
+        enq.update(sc.enqueued)
+    _name_stuck_rank(found, enq)
+    _mark_root_cause(found, failures, order)
+    rank_sev = {"error": 0, "warning": 1, "info": 2}
+    found.sort(key=lambda f: (not f.root_cause, rank_sev.get(f.severity, 3),
+                              f.t if f.t is not None else math.inf, order[id(f)]))
+    return found
+
+
+def _from_hit(sc: FileScanner, hit: Hit) -> Finding:
+    rule = hit.rule
+    summary, fix = rule.summary, rule.fix
+    if rule.category == "flag_error":
+        flags, advice = flag_advice(hit.text)
+        summary = f"flag rejected: {' '.join(flags) or hit.text.strip()[:80]}"
+        fix = (advice + ". " if advice else "") + rule.fix
+    elif rule.category == "oom_gpu":
+        m = re.search(r"Tried to allocate ([\d.]+ \w+)\. GPU (\d+)", hit.text)
+        if m:
+            summary = f"GPU out of memory on GPU {m[2]} (tried to allocate {m[1]})"
+    elif rule.category == "nccl_timeout":
+        m = _NCCL_SEQ.search(hit.text)
+        if m:
+            summary = (f"{m[2]} #{m[1]} timed out after {int(m[3]) / 1000:g} s")
+    elif rule.category == "port_in_use":
+        m = re.search(r"port: (\d+)", hit.text)
+        if m:
+            summary = f"rendezvous port {m[1]} already in use"
+    if hit.rank is not None:
+        summary += f" (rank {hit.rank})"
+    return Finding(category=rule.category, severity=rule.severity, summary=summary,
+                   cause=rule.cause, fix=fix, rank=hit.rank, node=sc.source.node,
+                   evidence=[f"{sc.ref(hit.lineno)}: {hit.text.strip()}"], t=hit.t,
+                   source=sc.ref(hit.lineno))
+
+
+def _traceback_of(sc: FileScanner, hit: Hit) -> Traceback | None:
+    for tb in sc.tracebacks:
+        if tb.rank == hit.rank and tb.start <= hit.lineno <= tb.end + 1:
+            return tb
+    return None
+
+
+def _from_traceback(sc: FileScanner, tb: Traceback) -> Finding | None:
+    exc = tb.exc_line
+    if not exc or "ChildFailedError" in exc or "SystemExit" in exc or "KeyboardInterrupt" in exc:
+        return None
+    consequence = bool(CONSEQUENCE_PATTERNS.search(exc))
+    who = f"rank {tb.rank}" if tb.rank is not None else "the program"
+    return Finding(
+        category="rank_crashed", severity="error",
+        summary=f"{who} crashed: {exc[:160]}",
+        cause=("The connection to another rank broke, usually because that rank died first."
+               if consequence else
+               f"An exception ended {who}; the traceback shows where."),
+        fix=("Look at the rank that failed first." if consequence else
+             "Fix the error at the innermost frame of the traceback (your script, data or "
+             "config); re-run a single rank to reproduce it quickly."),
+        rank=tb.rank, node=sc.source.node,
+        evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
+        [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
+        t=None, source=sc.ref(tb.start), root_cause=not consequence)
+
+
+def _apply_failures(failures, found: list[Finding], add, error_files, seq: int) -> None:
+    """torchrun's report: name the failing rank's finding, or make one from its exit."""
+    for sc, fl, rep_lines, first in failures:
+        seq += 1
+        if fl.rank is None:
+            continue
+        mine = [f for f in found if f.rank == fl.rank and f.severity == "error"]
+        for f in mine:
+            if f.t is None:
+                f.t = fl.time
+            if f.node is None:
+                f.node = sc.source.node
+        sig = fl.signal or ""
+        cat = _SIGNAL_CATEGORY.get(sig) if fl.exitcode is not None and fl.exitcode < 0 \
+            else "rank_crashed"
+        ev_head = f"{sc.ref(first)}: torchrun: rank {fl.rank} exitcode {fl.exitcode}" + \
+            (f" ({sig})" if sig else "") + (f" on {fl.host}" if fl.host else "")
+        evidence = [ev_head] + fl.traceback[:MAX_EVIDENCE - 1]
+        err = read_error_json(Path(fl.error_file)) if fl.error_file else None
+        if err and err["traceback"]:
+            evidence += [ln for ln in err["traceback"].splitlines() if ln.strip()][-3:]
+        specific = [f for f in mine if f.category not in GENERIC and f.root_cause]
+        if cat == "rank_crashed" and (specific or any(f.category == "rank_crashed" for f in mine)):
+            for f in mine[:1]:
+                if ev_head not in f.evidence:
+                    f.evidence.append(ev_head)
+            continue
+        if cat == "worker_sigabrt" and any(f.category == "nccl_timeout" for f in mine):
+            cat_f = _signal_finding(cat, fl, sc, evidence)
+            cat_f.root_cause = False
+            cat_f.cause += " It aborted itself after the collective timeout above."
+            add(cat_f, seq)
+            continue
+        add(_signal_finding(cat or "rank_crashed", fl, sc, evidence, err), seq)
+
+
+def _signal_finding(cat: str, fl: Failure, sc: FileScanner, evidence: list[str],
+                    err: dict | None = None) -> Finding:
+    texts = {
+        "worker_sigkill": ("rank {r} was killed (SIGKILL)",
+                           "Something killed the rank with SIGKILL: most often the kernel's "
+                           "OOM killer (host memory), or a scheduler/user kill.",
+                           "Check `dmesg | grep -i -E 'killed process|oom'` and the host "
+                           "memory graph; lower host memory use (fewer dataloader workers, "
+                           "lazy tokenization, smaller prefetch) or run fewer ranks per node."),
+        "worker_sigabrt": ("rank {r} aborted (SIGABRT)",
+                           "The rank aborted itself: a C++ exception or an assertion in "
+                           "torch/NCCL/CUDA (for example after a collective timeout).",
+                           "Read the rank's stderr just before the abort for the C++ error."),
+        "worker_segfault": ("rank {r} crashed with a segmentation fault",
+                            "Native code crashed (a CUDA extension, a mismatched library "
+                            "build, or corrupted memory).",
+                            "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
+                            "compiled extensions (flash-attn, bitsandbytes, deepspeed ops) "
+                            "match the installed torch/CUDA."),
+        "worker_sigterm": ("rank {r} was stopped by torchrun (SIGTERM)",
+                           "torchrun stops the other ranks once one fails.",
+                           "Nothing to fix here: see the root cause."),
+        "rank_crashed": ("rank {r} exited with code {c}",
+                         "The rank's program failed.",
+                         "Read the rank's stderr (tunedeck logs RUN --rank {r})."),
+    }
+    summary, cause, fix = texts.get(cat, texts["rank_crashed"])
+    if cat == "rank_crashed" and err and err.get("message"):
+        summary = "rank {r} crashed: " + err["message"][:160].replace("{", "(").replace("}", ")")
+    sev = "warning" if cat == "worker_sigterm" else "error"
+    return Finding(category=cat, severity=sev,
+                   summary=summary.format(r=fl.rank, c=fl.exitcode),
+                   cause=cause, fix=fix.format(r=fl.rank), rank=fl.rank,
+                   node=sc.source.node, evidence=evidence, t=fl.time,
+                   source=evidence[0].split(": torchrun")[0],
+                   root_cause=cat != "worker_sigterm")
+
+
+def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
+    out: list[Finding] = []
+    total = None
+    for sc in scanners:
+        if sc.nccl.lines:
+            total = sc if total is None else total
+    if total is None:
+        return out
+    from core.ingest.parsers.nccl import NcclSummary
+
+    s = NcclSummary()
+    for sc in scanners:  # fold every file's summary into one
+        n = sc.nccl
+        s.versions.update(n.versions)
+        s.interfaces |= n.interfaces
+        s.network = s.network or n.network
+        for k, v in n.transports.items():
+            s.transports[k] = s.transports.get(k, 0) + v
+        s.nranks = max(s.nranks or 0, n.nranks or 0) or None
+        s.nnodes = max(s.nnodes or 0, n.nnodes or 0) or None
+        s.channels = max(s.channels or 0, n.channels or 0) or None
+        s.ib_missing |= n.ib_missing
+        s.ib_devices |= n.ib_devices
+    src = total.name
+    if s.transports or s.versions:
+        out.append(Finding(category="nccl_transport", severity="info",
+                           summary=s.describe() or "NCCL initialised",
+                           cause="What NCCL chose when it set up its communicators.",
+                           fix="Nothing to do. P2P between GPUs of one node means NVLink or "
+                               "PCIe; Socket between nodes is much slower than IB/RoCE.",
+                           evidence=[f"{k}: {v} channel links" for k, v in s.transports.items()],
+                           source=src))
+    versions = set(s.versions.values())
+    if len(versions) > 1:
+        out.append(Finding(category="nccl_version_mismatch", severity="error",
+                           summary="ranks use different NCCL versions: " +
+                                   ", ".join(sorted(versions)),
+                           cause="Ranks loaded different NCCL libraries.",
+                           fix="Use the same torch/NCCL build on every node.",
+                           evidence=[f"pid {p}: NCCL {v}" for p, v in s.versions.items()],
+                           source=src))
+    if s.ib_missing and not s.ib_devices:
+        multi = (s.nnodes or 1) > 1
+        out.append(Finding(
+            category="ib_missing", severity="warning" if multi else "info",
+            summary="no InfiniBand device: NCCL uses TCP sockets between nodes" if multi else
+                    "no InfiniBand device (fine on one node)",
+            cause="NCCL found no IB/RoCE device (NET/IB : No device found).",
+            fix="On one node nothing to do. Across nodes, install the RDMA driver "
+                "(rdma-core / MOFED) and expose /dev/infiniband to the job, or expect "
+                "inter-node all-reduce at TCP speed.",
+            evidence=["NET/IB : No device found"], source=src))
+    return out
+
+
+def _mark_root_cause(found: list[Finding], failures, order: dict[int, int]) -> None:
+    """Exactly one error is the root cause: the earliest in time; the rest are consequences."""
+    torchrun_root = {fl.rank for _, fl, _, _ in failures if fl.root_cause}
+    errors = [f for f in found if f.severity == "error" and f.root_cause]
+    if not errors:
+        return
+
+    def key(f: Finding):
+        generic = f.category in GENERIC
+        return (f.t if f.t is not None else math.inf,
+                0 if f.rank in torchrun_root else 1, generic, order[id(f)])
+
+    errors.sort(key=key)
+    root = errors[0]
+    for f in errors[1:]:
+        if f.category == "flag_error" and root.category == "flag_error":
+            continue  # several rejected flags are all root causes
+        f.root_cause = False
+
+
+def _name_stuck_rank(found: list[Finding], last_enq: dict[int, int]) -> None:
+    """For a collective timeout, name the rank(s) that never enqueued the collective."""
+    timeouts = [f for f in found if f.category == "nccl_timeout"]
+    if not timeouts:
+        return
+    seq = None
+    for f in timeouts:
+        for e in f.evidence:
+            m = _NCCL_SEQ.search(e)
+            if m and seq is None:
+                seq = int(m[1])
+    if seq is None:
+        return
+    stuck = sorted(r for r, n in last_enq.items() if n < seq)
+    if stuck:
+        names = ", ".join(map(str, stuck))
+        for f in timeouts:
+            if f.rank not in stuck:
+                f.summary += f"; rank {names} never started it (stuck or on another code path)"
+                f.cause += f" Rank {names} last enqueued an earlier collective than #{seq}."

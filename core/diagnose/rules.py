@@ -1,0 +1,249 @@
+"""Log signatures → finding categories, each with the cause and the fix in the user's terms.
+
+A `Rule` matches one logical line (rank prefix already stripped). Rules are tried in order and
+the first match wins, so specific signatures come before general ones. `NOISE` lines are known
+to be harmless and never match a rule. Everything that needs more than one line (tracebacks,
+torchrun's failure report, NCCL summaries, metric records) lives in scan.py / engine.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    category: str
+    severity: str
+    pattern: re.Pattern
+    summary: str        # may use {m0} (the whole match) and named groups
+    cause: str
+    fix: str
+
+
+def _r(category, severity, pattern, summary, cause, fix, flags=0) -> Rule:
+    return Rule(category, severity, re.compile(pattern, flags), summary, cause, fix)
+
+
+OOM_GPU_FIX = ("Lower train.per_device_batch_size (keep the effective batch with grad_accum), "
+               "enable gradient checkpointing, shorten max_length, use LoRA/QLoRA, or shard "
+               "the model (FSDP2 / ZeRO-3). If the message shows much reserved-but-unallocated "
+               "memory, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+
+RULES: list[Rule] = [
+    _r("oom_gpu", "error",
+       r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory"
+       r"|NCCL WARN .*Cuda failure 'out of memory'",
+       "GPU out of memory",
+       "The process asked the GPU for more memory than was free.", OOM_GPU_FIX),
+    _r("oom_host", "error",
+       r"DefaultCPUAllocator: (?:can't allocate|not enough) memory|^MemoryError\b|"
+       r"std::bad_alloc|Cannot allocate memory|Out of memory: Killed process|oom-kill",
+       "host (CPU) out of memory",
+       "The machine ran out of RAM (or the process hit its memory limit).",
+       "Use fewer dataloader workers, stream or lazily tokenize the dataset, load the model "
+       "with low_cpu_mem_usage / in the compute dtype, or run fewer ranks per node."),
+    _r("nccl_timeout", "error",
+       r"Watchdog caught collective operation timeout|collective operation timeout"
+       r"|Timed out waiting \d+ms for (?:recv|send) operation|NCCL communicator was aborted"
+       r"|ncclTimeout|Gloo.*timed out",
+       "collective operation timed out",
+       "A collective (all-reduce, barrier, ...) did not complete on all ranks within the "
+       "process-group timeout: one rank never reached it (stuck in data loading, a hang, a "
+       "different code path) or the network between ranks stalled.",
+       "Look at what the rank named in the summary was doing (py-spy dump --pid <pid>). Make sure "
+       "every rank runs the same collectives in the same order (same number of batches per "
+       "rank, no rank-0-only work inside the loop); raise the timeout only for long "
+       "one-off work such as checkpointing or evaluation on one rank."),
+    _r("nccl_version_mismatch", "error",
+       r"NCCL version mismatch|ncclInvalidUsage.*version|incompatible NCCL versions?",
+       "NCCL versions differ between ranks",
+       "Ranks loaded different NCCL libraries, so they cannot talk to each other.",
+       "Use the same environment (torch build, nvidia-nccl-cu* wheel, LD_LIBRARY_PATH) "
+       "on every node."),
+    _r("nccl_network", "error",
+       r"NCCL WARN .*(?:Connection (?:closed|reset|refused)|Net ?: |NET/|socket|Socket)"
+       r"|NCCL error.*(?:remote process exited|network error|ncclRemoteError|ncclSystemError)"
+       r"|ncclRemoteError|unhandled system error.*NCCL",
+       "NCCL network error",
+       "NCCL lost or could not open a connection between ranks: a peer died, the network "
+       "interface is wrong or blocked by a firewall, or the link failed.",
+       "Check that the earliest failing rank did not crash first. Pin the interface with "
+       "NCCL_SOCKET_IFNAME=<iface> (the one the nodes reach each other on), open the ports "
+       "between nodes, and run with NCCL_DEBUG=INFO to see the transport."),
+    _r("port_in_use", "error",
+       r"EADDRINUSE|[Aa]ddress already in use",
+       "rendezvous port already in use",
+       "torchrun could not listen on the master port: another job (or a leftover process "
+       "from an earlier run) holds it.",
+       "Pick another port (cluster.master_port, or `auto`), or find the holder with "
+       "`ss -ltnp | grep <port>` and stop it."),
+    _r("rendezvous_unreachable", "error",
+       r"RendezvousTimeoutError|RendezvousClosedError|DistStoreError: Timed out after"
+       r"|The client socket has (?:failed to connect|timed out)|"
+       r"RendezvousConnectionError(?!.*failed to shutdown)|Connection refused.*(?:store|rendezvous)",
+       "rendezvous failed: nodes could not meet",
+       "Not every node joined the rendezvous in time: a node was not started, started too "
+       "late, cannot reach the master address/port, or used a different rdzv id or node count.",
+       "Start all nodes with the same --nnodes, rdzv id and endpoint; check that the master "
+       "address resolves and the port is open from every node (nc -zv <addr> <port>); "
+       "raise join_timeout if nodes start far apart."),
+    _r("cuda_illegal_memory_access", "error",
+       r"an illegal memory access was encountered|cudaErrorIllegalAddress"
+       r"|CUDA error: (?:device-side assert triggered|unspecified launch failure)",
+       "CUDA illegal memory access / device-side assert",
+       "A GPU kernel read or wrote out of bounds (often an index out of range, e.g. a token "
+       "id ≥ vocab size or a label outside the classes) or hit a driver/kernel bug.",
+       "Re-run with CUDA_LAUNCH_BLOCKING=1 to see the failing op; check token ids against the "
+       "vocab size and the tokenizer/model pairing; try without custom kernels "
+       "(flash-attn, liger) to rule them out."),
+    _r("dataloader_shm", "error",
+       r"insufficient shared memory|unable to write to file </torch_|No space left on device.*shm"
+       r"|killed by signal: Bus error|unable to (?:open|mmap) shared memory",
+       "DataLoader out of shared memory (/dev/shm)",
+       "DataLoader workers pass batches through /dev/shm, which is too small (Docker "
+       "defaults to 64 MB).",
+       "Run the container with --shm-size=16g (or --ipc=host), lower "
+       "dataloader_num_workers, or set the sharing strategy to file_system."),
+    _r("dataloader_worker_killed", "error",
+       r"DataLoader worker \(pid[^)]*\) (?:is killed by signal|exited unexpectedly)",
+       "a DataLoader worker died",
+       "A data-loading worker process was killed (usually the kernel's OOM killer, since "
+       "each worker holds a copy of the dataset) or crashed in the dataset code.",
+       "Check `dmesg | grep -i kill` for the OOM killer; lower dataloader_num_workers or "
+       "memory per worker (lazy tokenization); run with num_workers=0 to see a dataset "
+       "exception directly."),
+    _r("ddp_unused_parameters", "warning",
+       r"find_unused_parameters=True was specified in DDP constructor, but did not find any",
+       "DDP searches for unused parameters needlessly",
+       "find_unused_parameters=True makes DDP walk the graph every step, but every parameter "
+       "got a gradient.",
+       "Set find_unused_parameters=False (ms-swift/HF: --ddp_find_unused_parameters false)."),
+    _r("ddp_unused_parameters", "error",
+       r"Expected to have finished reduction in the prior iteration|"
+       r"parameters that were not used in producing (?:the )?loss",
+       "DDP: parameters received no gradient",
+       "Some trainable parameters did not take part in the loss, so DDP waited for their "
+       "gradients forever.",
+       "Freeze parameters you do not train, or set find_unused_parameters=True "
+       "(--ddp_find_unused_parameters true); with gradient checkpointing use "
+       "use_reentrant=False."),
+    _r("device_mismatch", "error",
+       r"Expected all tensors to be on the same device",
+       "tensors on different devices",
+       "An operation mixed tensors on different devices (CPU vs GPU, or two GPUs): often a "
+       "model loaded with device_map='auto' under torchrun, or inputs not moved to the "
+       "rank's device.",
+       "Do not use device_map='auto' with DDP/FSDP; move the batch to the model's device; "
+       "check LOCAL_RANK → torch.cuda.set_device."),
+    _r("fsdp_mixed_requires_grad", "warning",
+       r"has both parameters with requires_grad=True and False",
+       "FSDP unit mixes frozen and trainable parameters",
+       "An FSDP-wrapped module holds both frozen and trainable parameters (typical for LoRA), "
+       "so gradient memory is higher than expected.",
+       "Wrap LoRA layers in their own FSDP units (lambda auto-wrap policy), or use FSDP2 "
+       "(fully_shard), which handles mixed requires_grad."),
+    _r("fsdp_mixed_requires_grad", "error",
+       r"Must flatten tensors with uniform `?requires_grad`?",
+       "FSDP cannot flatten frozen and trainable parameters together",
+       "FSDP1 with use_orig_params=False needs every parameter of a unit to share "
+       "requires_grad; LoRA mixes them.",
+       "Set use_orig_params=True, wrap LoRA layers separately, or use FSDP2."),
+    _r("fsdp_mixed_dtype", "error",
+       r"Must flatten tensors with uniform dtype",
+       "FSDP unit mixes dtypes",
+       "Parameters of one FSDP unit have different dtypes (e.g. fp32 LoRA weights in a bf16 "
+       "model).",
+       "Cast the model to one dtype before wrapping and use MixedPrecision for compute, or "
+       "use FSDP2."),
+    _r("fp16_overflow", "error",
+       r"Current loss scale already at minimum|loss scale.*(?:reached|at) (?:the )?minimum",
+       "fp16 loss scale collapsed",
+       "Gradients overflow in fp16 at every step, so the loss scaler cannot go lower; "
+       "training cannot continue.",
+       "Train in bf16 (GPUs since Ampere), lower the learning rate, clip gradients, "
+       "check data for extreme values."),
+    _r("fp16_overflow", "warning",
+       r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step",
+       "fp16 gradient overflow, steps skipped",
+       "fp16 gradients overflowed and the step was skipped; a few at the start are normal "
+       "while the loss scaler calibrates.",
+       "If it keeps happening, train in bf16 or lower the learning rate."),
+    _r("too_many_open_files", "error",
+       r"Too many open files|EMFILE",
+       "too many open files",
+       "The process hit its open-file limit (DataLoader workers sharing tensors by file "
+       "descriptor, many dataset shards).",
+       "Raise the limit (ulimit -n 65536) or use "
+       "torch.multiprocessing.set_sharing_strategy('file_system')."),
+    _r("gpu_count_mismatch", "error",
+       r"invalid device ordinal|n_gpu: \d+, local_world_size|Duplicate GPU detected"
+       r"|CUDA_VISIBLE_DEVICES.*(?:fewer|not enough)",
+       "more ranks than visible GPUs",
+       "nproc_per_node is larger than the number of GPUs this node can see, so two ranks "
+       "share a GPU or a rank has none.",
+       "Set nproc_per_node to the number of GPUs in CUDA_VISIBLE_DEVICES (nvidia-smi -L)."),
+    _r("flag_error", "error",
+       r"remaining_argv: (?P<args>\[.*\])|error: unrecognized arguments: (?P<args2>.*)"
+       r"|Some specified arguments are not used by the HfArgumentParser: (?P<args3>\[.*\])"
+       r"|error: argument (?P<arg>--?[\w-]+): (?P<why>.*)"
+       r"|error: the following arguments are required: (?P<req>.*)",
+       "command line flag rejected",
+       "The training program does not accept a flag it was given.",
+       "Fix the flag (see the suggestion)."),
+]
+
+# Known-harmless lines: never errors (torchrun banner, c10d teardown after a good run).
+NOISE = re.compile(
+    r"Setting OMP_NUM_THREADS environment variable|node_rank is only used for static"
+    r"|failed to shutdown the rendezvous|recvValueWithTimeout failed|Connection was likely closed"
+    r"|Destroy COMPLETE|Closing env plugin")
+
+# One scan of the line decides whether any rule can match at all (most lines match none).
+ANY = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in RULES))
+
+# Flags users carry over from other versions → what to use instead.
+FLAG_RENAMES = {
+    "--train_type": ("--tuner_type", "ms-swift 4.x renamed --train_type to --tuner_type"),
+    "--tuner_type": ("--train_type", "ms-swift 3.x calls it --train_type"),
+    "--sft_type": ("--tuner_type", "a 2.x ms-swift name"),
+    "--model_id_or_path": ("--model", "a 2.x ms-swift name"),
+    "--lora_target_modules": ("--target_modules", "a 2.x ms-swift name"),
+    "--batch_size": ("--per_device_train_batch_size", "a 2.x ms-swift name"),
+    "--dtype": ("--torch_dtype", "a 2.x ms-swift name"),
+    "--dataset_test_ratio": ("--split_dataset_ratio", "a 2.x ms-swift name"),
+    "--use_flash_attn": ("--attn_impl flash_attn", "a 2.x ms-swift name"),
+    "--fsdp_transformer_layer_cls_to_wrap": ("--fsdp fsdp2", "removed in transformers 5"),
+}
+
+# Exception types of a traceback that a rule above already explains better.
+CONSEQUENCE_PATTERNS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crashing"
+    r"|Received a dump signal|Process group watchdog thread terminated|DistBackendError"
+    r"|Broken pipe|ProcessGroupGloo.*(?:closed|reset)")
+
+
+def match_line(text: str) -> tuple[Rule, re.Match] | None:
+    """The first rule matching this line, or None (noise never matches)."""
+    if not ANY.search(text) or NOISE.search(text):
+        return None
+    for rule in RULES:
+        m = rule.pattern.search(text)
+        if m:
+            return rule, m
+    return None
+
+
+def flag_advice(line: str) -> tuple[list[str], str]:
+    """The rejected flags on a flag-error line and a suggestion naming replacements."""
+    flags = re.findall(r"(--?[A-Za-z][\w-]*)", line.split(":", 1)[-1])
+    hints = []
+    for f in flags:
+        if f in FLAG_RENAMES:
+            new, why = FLAG_RENAMES[f]
+            hints.append(f"use {new} instead of {f} ({why})")
+    if not hints and flags:
+        hints.append(f"remove or correct {', '.join(dict.fromkeys(flags))}; run the program "
+                     "with --help to see the flags of the installed version")
+    return flags, "; ".join(hints)

@@ -1,0 +1,195 @@
+"""One file's evidence, gathered incrementally: rule hits, Python tracebacks, torchrun's
+failure reports, NCCL setup, metric records. `FileScanner.poll()` reads only what was appended
+since the last poll, so a live run can be re-diagnosed cheaply."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.diagnose.rules import Rule, match_line
+from core.diagnose.sources import Source
+from core.ingest.metrics import MetricsParser, TextTail
+from core.ingest.parsers.nccl import NcclSummary, parse_nccl
+from core.ingest.parsers.prefix import line_time, split_rank
+from core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
+
+MAX_TB_LINES = 80
+_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]")
+_LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
+
+
+@dataclass
+class Hit:
+    rule: Rule
+    rank: int | None
+    lineno: int
+    text: str
+    t: float | None
+    groups: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Traceback:
+    rank: int | None
+    start: int
+    end: int
+    lines: list[str]
+
+    @property
+    def exc_line(self) -> str:
+        for line in reversed(self.lines):
+            if line.strip() and not line.startswith((" ", "\t")):
+                return line.strip()
+        return ""
+
+
+class _TbState:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.start = 0
+        self.mode = "none"   # none | in | after_exc
+
+
+class FileScanner:
+    def __init__(self, source: Source, year: int | None = None) -> None:
+        self.source = source
+        self.tail = TextTail(source.path)
+        self.year = year
+        self.hits: list[Hit] = []
+        self.tracebacks: list[Traceback] = []
+        self.reports: list[ChildFailedReport] = []
+        self.torchrun_lines: list[tuple[int, dict[str, Any], float | None]] = []
+        self.nccl = NcclSummary()
+        self.nccl_ranks: dict[int, int] = {}     # pid → NCCL rank seen in comm lines
+        self.metrics = MetricsParser(source.rank)
+        self._tb: dict[int | None, _TbState] = {}
+        self._cfp = ChildFailedParser()
+        self._last_t: float | None = None
+        self.enqueued: dict[int, int] = {}       # rank → last enqueued collective (watchdog)
+
+    @property
+    def name(self) -> str:
+        return str(self.source.path)
+
+    def poll(self, final: bool = False) -> None:
+        lines = self.tail.read(final=final)
+        metric_lines = []
+        for lineno, raw in lines:
+            self._line(lineno, raw)
+            if raw[:1] == "{" or "|" in raw or "step" in raw:
+                metric_lines.append(raw)
+        if metric_lines:
+            self.metrics.feed(metric_lines)
+        if final:
+            for rank in list(self._tb):
+                self._tb_finish(rank, self.tail.lineno)
+
+    def _line(self, lineno: int, raw: str) -> None:
+        rank, text = split_rank(raw)
+        if rank is None:
+            rank = self.source.rank
+        if rank is None and "[Rank " in text:
+            m = _RANK_IN_TEXT.search(text)
+            rank = int(m.group(1)) if m else None
+        t = line_time(text, self.year) if text[:1] in "IWEF[" or "-" in text[:12] else None
+        if t is not None:
+            self._last_t = t
+        if "NCCL" in text:
+            rec = parse_nccl(text)
+            if rec is not None:
+                self.nccl.add(rec)
+                if rec["kind"] == "comm":
+                    self.nccl_ranks[rec["pid"]] = rec["rank"]
+                if rec["level"] == "INFO":
+                    return
+        report = self._cfp.feed(text, lineno)
+        if report is not None:
+            self.reports.append(report)
+        if self._cfp.in_report or report is not None:
+            return  # torchrun's report is read as a whole (engine._apply_failures)
+        if "nqueued" in text and rank is not None:
+            m = _LAST_ENQ.search(text)
+            if m:
+                self.enqueued[rank] = int(m.group(1))
+        if self._tb_feed(rank, lineno, text):
+            # inside a traceback: frames are evidence, but the exception line is also a hit
+            st = self._tb[rank]
+            if st.mode != "after_exc" or text != st.lines[-1]:
+                return
+        tl = parse_torchrun_line(text)
+        if tl is not None:
+            self.torchrun_lines.append((lineno, tl, t or self._last_t))
+            return
+        m = match_line(text)
+        if m is not None:
+            rule, match = m
+            self.hits.append(Hit(rule, rank, lineno, text, t or self._last_t,
+                                 {k: v for k, v in match.groupdict().items() if v}))
+
+    # -- Python tracebacks, one per rank stream --------------------------------------------
+
+    def _tb_feed(self, rank: int | None, lineno: int, text: str) -> bool:
+        st = self._tb.get(rank)
+        if st is None:
+            st = self._tb[rank] = _TbState()
+        if st.mode == "none":
+            if text.startswith("Traceback (most recent call last)"):
+                st.mode, st.start, st.lines = "in", lineno, [text]
+                return True
+            return False
+        if st.mode == "in":
+            if not text.strip() or text[:1] in " \t" or text.startswith("Traceback (most"):
+                st.lines.append(text)
+            else:
+                st.lines.append(text)   # the exception line
+                st.mode = "after_exc"
+            if len(st.lines) > MAX_TB_LINES:
+                del st.lines[1:len(st.lines) - MAX_TB_LINES + 10]
+            return True
+        # after the exception line: a chained exception continues the block
+        if not text.strip():
+            st.lines.append(text)
+            return True
+        if text.startswith(("The above exception", "During handling")) or \
+                text.startswith("Traceback (most"):
+            st.lines.append(text)
+            st.mode = "in"
+            return True
+        self._tb_finish(rank, lineno - 1)
+        return False
+
+    def _tb_finish(self, rank: int | None, end: int) -> None:
+        st = self._tb.get(rank)
+        if st is None or st.mode == "none":
+            return
+        lines = list(st.lines)
+        while lines and not lines[-1].strip():
+            lines.pop()
+        self.tracebacks.append(Traceback(rank, st.start, end, lines))
+        self._tb[rank] = _TbState()
+
+    def ref(self, lineno: int) -> str:
+        return f"{self.source.path}:{lineno}"
+
+
+def read_error_json(path: Path) -> dict[str, Any] | None:
+    """error.json as written by torch.distributed.elastic's @record: message + traceback."""
+    import json
+
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    msg = d.get("message")
+    if isinstance(msg, dict):
+        info = msg.get("extraInfo") or {}
+        ts = info.get("timestamp")
+        return {"message": str(msg.get("message", "")),
+                "traceback": str(info.get("py_callstack", "")),
+                "t": float(ts) if str(ts).isdigit() else None}
+    if isinstance(msg, str):
+        return {"message": msg, "traceback": "", "t": None}
+    return None

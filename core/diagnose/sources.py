@@ -1,0 +1,99 @@
+"""Which files of a run directory to read, and whose they are (rank, node, attempt).
+
+Layout (docs/run-directory.md): torchrun's own output in logs/torchrun-node<k>.log and each
+rank's output in logs/node<k>/<id>_<x>/attempt_<n>/<local_rank>/{stdout,stderr}.log, with the
+error.json a failing rank wrote next to them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Source:
+    path: Path
+    rank: int | None = None
+    node: int | None = None
+    attempt: int | None = None
+    kind: str = "log"          # log | torchrun | error_json | events | jsonl
+
+
+def _nproc(run_dir: Path, node_dir: Path) -> int:
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+        n = int(plan.get("nproc_per_node") or 0)
+        if n:
+            return n
+    except (OSError, ValueError, AttributeError):
+        pass
+    locals_ = [int(p.name) for p in node_dir.glob("*/attempt_*/*") if p.name.isdigit()]
+    return max(locals_) + 1 if locals_ else 1
+
+
+def _node_of(name: str) -> int | None:
+    tail = name[4:] if name.startswith("node") else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def rank_logs(run_dir: Path, latest_only: bool = False) -> list[Source]:
+    """stdout/stderr/error.json of every rank, ordered by (attempt, rank)."""
+    out: list[Source] = []
+    for node_dir in sorted((run_dir / "logs").glob("node*")):
+        node = _node_of(node_dir.name)
+        if node is None or not node_dir.is_dir():
+            continue
+        nproc = _nproc(run_dir, node_dir)
+        attempts = sorted(node_dir.glob("*/attempt_*"), key=lambda p: _attempt(p.name))
+        if latest_only and attempts:
+            last = _attempt(attempts[-1].name)
+            attempts = [a for a in attempts if _attempt(a.name) == last]
+        for att in attempts:
+            for local_dir in sorted((p for p in att.iterdir() if p.name.isdigit()),
+                                    key=lambda p: int(p.name)):
+                rank = node * nproc + int(local_dir.name)
+                for name, kind in (("stdout.log", "log"), ("stderr.log", "log"),
+                                   ("error.json", "error_json")):
+                    p = local_dir / name
+                    if p.exists():
+                        out.append(Source(p, rank, node, _attempt(att.name), kind))
+    out.sort(key=lambda s: (s.attempt or 0, s.rank or 0))
+    return out
+
+
+def _attempt(name: str) -> int:
+    tail = name.rpartition("_")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def run_sources(run_dir: Path) -> list[Source]:
+    """Everything diagnosis reads: torchrun logs, rank logs and error files, metric streams."""
+    out = [Source(p, None, _node_of(p.stem.rpartition("-")[2]), None, "torchrun")
+           for p in sorted((run_dir / "logs").glob("torchrun-node*.log"))]
+    out += rank_logs(run_dir)
+    # logs a user put next to the run (console captures of tools launched by hand)
+    out += [Source(p, None, None, None, "log") for p in sorted(run_dir.glob("*.log"))]
+    out += [Source(p, int(p.stem[4:]) if p.stem[4:].isdigit() else None, None, None, "events")
+            for p in sorted((run_dir / "events").glob("rank*.jsonl"))]
+    out += [Source(p, 0, None, None, "jsonl") for p in sorted(run_dir.rglob("logging.jsonl"))
+            if "logs" not in p.relative_to(run_dir).parts]
+    return out
+
+
+def source_for_file(path: Path) -> Source:
+    """A lone file given on the command line: guess its kind from the name."""
+    name = path.name
+    if name == "error.json":
+        kind = "error_json"
+    elif name.startswith("rank") and name.endswith(".jsonl"):
+        kind = "events"
+    elif name == "logging.jsonl":
+        kind = "jsonl"
+    elif name.startswith("torchrun-node"):
+        kind = "torchrun"
+    else:
+        kind = "log"
+    rank = int(name[4:-6]) if kind == "events" and name[4:-6].isdigit() else None
+    return Source(path, rank, None, None, kind)

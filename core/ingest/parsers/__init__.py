@@ -1,0 +1,49 @@
+"""Pure parsers for the text training jobs write, one module per format.
+
+Every parser takes one logical line (see `assemble.LineAssembler` for turning raw bytes with
+`\\r`-glued tqdm updates and hard-wrapped lines into logical lines) and returns a plain dict, or
+None when the line is not in its format. They keep no state except the block parsers
+(`torchrun.ChildFailedParser`), which take lines as they arrive, so a tailer can feed them
+whatever a poll read.
+
+`parse_metrics_line` tries the metric formats in the order that is cheapest to reject.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.ingest.parsers.assemble import LineAssembler
+from core.ingest.parsers.deepspeed import parse_deepspeed
+from core.ingest.parsers.pydict import parse_dict_line
+from core.ingest.parsers.torchtitan import parse_torchtitan
+from core.ingest.parsers.tqdm import parse_tqdm
+
+__all__ = ["LineAssembler", "parse_metrics_line", "parse_dict_line", "parse_tqdm",
+           "parse_torchtitan", "parse_deepspeed"]
+
+
+def parse_metrics_line(line: str) -> tuple[str, dict[str, Any]] | None:
+    """(format, raw fields) for a line carrying training metrics, else None.
+
+    format is one of "dict" (built-in events, ms-swift/HF Trainer dicts, logging.jsonl),
+    "tqdm", "torchtitan", "deepspeed".
+    """
+    s = line.lstrip()
+    if not s:
+        return None
+    if s[0] == "{":
+        d = parse_dict_line(s)
+        return ("dict", d) if d is not None else None
+    if "step" in s:
+        d = parse_torchtitan(s)
+        if d is not None:
+            return "torchtitan", d
+        d = parse_deepspeed(s)
+        if d is not None:
+            return "deepspeed", d
+    if "|" in s:
+        d = parse_tqdm(s)
+        if d is not None:
+            return "tqdm", d
+    return None

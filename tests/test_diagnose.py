@@ -1,0 +1,172 @@
+"""Diagnosis on real logs: the 2×H200 fault fixtures and CPU runs recorded here
+(tests/fixtures/cpu/, re-created by tests/fixtures/gen_faults.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from core.diagnose.engine import diagnose_files, diagnose_run
+from core.diagnose.finding import Finding
+
+H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
+CPU = Path(__file__).resolve().parent / "fixtures" / "cpu"
+GEN = Path(__file__).resolve().parent / "fixtures" / "gen_faults.py"
+
+
+@pytest.fixture
+def h200() -> Path:
+    if not H200.is_dir():
+        pytest.skip(f"the H200 fixtures are not here ({H200})")
+    return H200
+
+
+def roots(fs: list[Finding]) -> list[Finding]:
+    return [f for f in fs if f.severity == "error" and f.root_cause]
+
+
+def errors(fs: list[Finding]) -> list[Finding]:
+    return [f for f in fs if f.severity == "error"]
+
+
+def test_h200_gpu_oom_on_rank_1(h200):
+    fs = diagnose_files([h200 / "fault_oom.log"])
+    [root] = roots(fs)
+    assert (root.category, root.rank) == ("oom_gpu", 1)
+    assert "40.00 GiB" in root.summary and "expandable_segments" in root.fix
+    assert any("fault_oom.log:" in e and "OutOfMemoryError" in e for e in root.evidence)
+    assert len(errors(fs)) == 1  # torchrun's exit report is folded into the OOM finding
+
+
+def test_h200_nccl_timeout_names_the_stuck_rank(h200):
+    fs = diagnose_files([h200 / "fault_timeout.log"])
+    [root] = roots(fs)
+    assert (root.category, root.rank) == ("nccl_timeout", 0)
+    assert "rank 1 never started it" in root.summary and "ALLREDUCE" in root.summary
+    cons = {f.category: f for f in fs if not f.root_cause}
+    assert cons["worker_sigabrt"].rank == 0     # the abort after the watchdog: a consequence
+    assert cons["worker_sigterm"].rank == 1     # torchrun stopping the other rank
+    assert root.source.endswith("fault_timeout.log:7")
+
+
+def test_h200_crash_with_traceback(h200):
+    fs = diagnose_files([h200 / "fault_crash.log"])
+    [root] = roots(fs)
+    assert (root.category, root.rank) == ("rank_crashed", 1)
+    assert "ValueError: boom" in root.summary
+    ev = "\n".join(root.evidence)
+    assert "Traceback (most recent call last)" in ev and 'faults.py", line 26' in ev
+    assert [f.category for f in fs if not f.root_cause] == ["worker_sigterm"]
+
+
+def test_h200_rendezvous_timeout(h200):
+    [root] = roots(diagnose_files([h200 / "fault_rdzv_timeout.log"]))
+    assert root.category == "rendezvous_unreachable" and "join_timeout" in root.fix
+
+
+def test_h200_healthy_logs_have_no_errors(h200):
+    fs = diagnose_files([h200 / "ddp2_nccl_info.log"])
+    assert not [f for f in fs if f.severity != "info"]
+    transport = [f for f in fs if f.category == "nccl_transport"][0]
+    assert "P2P" in transport.summary and "2.28.9" in transport.summary
+    assert diagnose_files([h200 / "ddp2_starved.log"]) == []
+
+
+@pytest.mark.parametrize("name,category,rank", [
+    ("crash", "rank_crashed", 1),
+    ("sigkill", "worker_sigkill", 1),
+    ("loader_killed", "dataloader_worker_killed", 1),
+    ("port_in_use", "port_in_use", None),
+])
+def test_recorded_cpu_faults(name, category, rank):
+    fs = diagnose_run(CPU / name)
+    [root] = roots(fs)
+    assert (root.category, root.rank) == (category, rank)
+    assert root.node == 0 and root.evidence
+    # everything else that failed is marked as a consequence
+    assert all(not f.root_cause for f in errors(fs) if f is not root)
+
+
+def test_crash_fixture_reads_error_json_and_peer_loss_is_a_consequence():
+    fs = diagnose_run(CPU / "crash")
+    r0 = [f for f in fs if f.rank == 0 and f.category == "rank_crashed"]
+    assert r0 and not r0[0].root_cause and "Connection closed by peer" in r0[0].summary
+    root = roots(fs)[0]
+    assert any(".log:" in e for e in root.evidence)
+
+
+def test_swift_wrong_flag_suggests_tuner_type():
+    [root] = roots(diagnose_files([CPU / "swift_flag" / "console.log"]))
+    assert root.category == "flag_error" and "--train_type" in root.summary
+    assert "--tuner_type" in root.fix
+
+
+def test_healthy_runs_and_nan_loss():
+    assert errors(diagnose_run(CPU / "ok")) == []
+    assert diagnose_run(CPU / "two_node_ok") == []  # c10d/node_rank noise is not an error
+    [f] = diagnose_run(CPU / "nan")
+    assert f.category == "loss_anomaly" and "step 3" in f.summary
+
+
+def test_loss_collapse_and_frozen_grad_norm(tmp_path):
+    rows = [{"loss": 2.0 - i / 10 if i < 4 else 0.0, "grad_norm": 0.7,
+             "global_step/max_steps": f"{i}/12"} for i in range(1, 12)]
+    p = tmp_path / "logging.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cats = sorted(f.summary.split(" ")[0] + f.severity for f in diagnose_files([p]))
+    assert cats == ["grad" + "warning", "loss" + "warning"]
+
+
+def test_line_rules_on_known_signatures(tmp_path):
+    cases = {
+        "RuntimeError: Expected all tensors to be on the same device, but found at least two "
+        "devices, cuda:0 and cpu!": "device_mismatch",
+        "RuntimeError: CUDA error: an illegal memory access was encountered": "cuda_illegal_memory_access",
+        "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)":
+        "dataloader_shm",
+        "OSError: [Errno 24] Too many open files": "too_many_open_files",
+        "RuntimeError: CUDA error: invalid device ordinal": "gpu_count_mismatch",
+        "ValueError: Must flatten tensors with uniform dtype but got torch.float32 and "
+        "torch.bfloat16": "fsdp_mixed_dtype",
+        "RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one.": "ddp_unused_parameters",
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536": "fp16_overflow",
+        "gpu3:77:90 [3] NCCL WARN NET/Socket : Connection closed by remote peer "
+        "10.0.0.2<4242>": "nccl_network",
+        "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+        "123 bytes": "oom_host",
+        "train.py: error: unrecognized arguments: --lora_rnak 8": "flag_error",
+    }
+    for text, category in cases.items():
+        p = tmp_path / f"{category}.log"
+        p.write_text(f"W1130 10:00:00.000000 1 run.py:1] Setting OMP_NUM_THREADS environment "
+                     f"variable for each process to be 1 in default\n{text}\n")
+        fs = diagnose_files([p])
+        assert [f.category for f in fs] == [category], text
+
+
+def test_cli_json_on_files_and_unknown_run(tmp_path, h200):
+    proc = cli("diagnose", str(h200 / "fault_oom.log"), str(CPU / "swift_flag" / "console.log"),
+               "--json", home=tmp_path)
+    data = json.loads(proc.stdout)
+    assert {d["category"] for d in data} >= {"oom_gpu", "flag_error"}
+    assert set(data[0]) == {"category", "severity", "rank", "node", "summary", "cause", "fix",
+                            "evidence", "root_cause", "source"}
+    bad = cli("diagnose", "no-such-run", home=tmp_path, check=False)
+    assert bad.returncode == 1 and "no-such-run" in bad.stderr
+
+
+@pytest.mark.slow
+def test_generator_recreates_the_sigkill_fixture_live(tmp_path):
+    """Re-record one fixture from a real torchrun run and diagnose it the same way."""
+    import subprocess
+
+    subprocess.run([sys.executable, str(GEN), str(tmp_path), "sigkill"], check=True,
+                   timeout=240)
+    [root] = roots(diagnose_run(tmp_path / "sigkill"))
+    assert (root.category, root.rank) == ("worker_sigkill", 1)
+    assert "dmesg" in root.fix
