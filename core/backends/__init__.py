@@ -13,4 +13,12 @@ def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
         from core.backends.builtin import build_plan as builtin_plan
 
         return builtin_plan(spec, run_dir, run_id)
+    if spec.backend == "swift":
+        from core.backends.swift import build_plan as swift_plan
+
+        return swift_plan(spec, run_dir, run_id)
+    if spec.backend == "script":
+        from core.backends.script import build_plan as script_plan
+
+        return script_plan(spec, run_dir, run_id)
     raise ValueError(f"backend {spec.backend!r} is not available yet")

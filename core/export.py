@@ -1,0 +1,206 @@
+"""`tunedeck export SPEC --format ...`: what a spec runs, in the forms users need elsewhere.
+
+  sh     the launch script of one node (LaunchPlan.to_shell)
+  swift  the plain `NPROC_PER_NODE=.. swift sft ...` form (swift backend only)
+  nodes  one command per node, to paste into each node's shell
+  slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation
+  vllm   `vllm serve` for the trained result (LoRA adapter attached)
+
+Every form masks secrets (env values and secret-looking flag values).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from core import batch
+from core.paths import runs_root
+from core.plan import LaunchPlan, _wrap_argv
+from core.spec import SECRET_PATTERN, RunSpec, mask_env
+
+FORMATS = ("sh", "swift", "nodes", "slurm", "vllm")
+
+
+class ExportError(ValueError):
+    pass
+
+
+def export_run_dir(spec: RunSpec) -> Path:
+    return runs_root() / f"{spec.name}-export"
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    out, hide = [], False
+    for a in argv:
+        out.append("****" if hide else a)
+        hide = a.startswith("--") and bool(SECRET_PATTERN.search(a))
+    return out
+
+
+def _plan(spec: RunSpec) -> tuple[LaunchPlan, Path]:
+    from core.backends import build_plan
+
+    run_dir = export_run_dir(spec)
+    if not spec.run.output_dir:
+        spec.run.output_dir = str(run_dir / "output")
+    if spec.backend == "script":
+        from core.backends.script import build_plan as script_plan
+
+        return script_plan(spec, run_dir, run_dir.name, check_paths=False), run_dir
+    return build_plan(spec, run_dir, run_dir.name), run_dir
+
+
+def _env_lines(env: dict[str, str]) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in mask_env(env).items()]
+
+
+def export(spec: RunSpec, fmt: str) -> str:
+    """`spec` must be resolved (core.resolve.resolve)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
+    summary = f"# {batch.describe(spec)}\n"
+    if fmt == "vllm":
+        return vllm_command(spec)
+    if fmt == "swift":
+        if spec.backend != "swift":
+            raise ExportError(f"--format swift needs backend = \"swift\" (this spec runs "
+                              f"{spec.backend})")
+        from core.backends.swift import check_args, cli_form
+
+        _, run_dir = _plan(spec)  # validates the flags like a launch would
+        env, argv = cli_form(spec, spec.run.output_dir)
+        check_args(spec, argv[2:])
+        lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
+        if spec.cluster.nnodes > 1:
+            lines.append("# run on every node with its own NODE_RANK")
+        lines += _env_lines(env)
+        lines.append(_wrap_argv(mask_argv(argv)))
+        return "\n".join(lines) + "\n"
+    plan, _ = _plan(spec)
+    if fmt == "sh":
+        return plan.to_shell(spec.cluster.node_rank).replace(
+            "set -euo pipefail\n", "set -euo pipefail\n" + summary, 1)
+    if fmt == "nodes":
+        out = [summary.rstrip()]
+        for node in plan.nodes:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in mask_env(node.env).items())
+            out.append(f"\n# node {node.node_rank} of {plan.nnodes} ({node.host})")
+            out.append(f"cd {shlex.quote(node.cwd)} && env {env} \\\n  "
+                       + _wrap_argv(mask_argv(node.argv)))
+        return "\n".join(out) + "\n"
+    return slurm_script(spec, plan, summary)
+
+
+def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
+    c = spec.cluster
+    node = plan.nodes[0]
+    argv = list(node.argv)
+    # node-specific torchrun flags are filled in per task from Slurm's variables
+    drop_next = {"--node_rank", "--rdzv_endpoint", "--master_addr", "--master_port", "--log_dir"}
+    rest, skip = [], False
+    for a in argv[3:]:  # after `python -m torch.distributed.run`
+        if skip:
+            skip = False
+            continue
+        if a in drop_next:
+            skip = True
+            continue
+        rest.append(a)
+    log_base = shlex.quote(str(Path(node.cwd) / "logs"))
+    if c.nnodes > 1:
+        inner = ('exec "$0" -m torch.distributed.run --node_rank "$SLURM_NODEID" '
+                 '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" '
+                 f'--log_dir {log_base}/node"$SLURM_NODEID" "$@"')
+    else:
+        inner = ('exec "$0" -m torch.distributed.run --master_addr "$MASTER_ADDR" '
+                 f'--master_port "$MASTER_PORT" --log_dir {log_base}/node0 "$@"')
+    lines = ["#!/usr/bin/env bash",
+             f"#SBATCH --job-name={shlex.quote(spec.name)}",
+             f"#SBATCH --nodes={c.nnodes}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --cpus-per-task={max(4 * c.nproc_per_node, 4)}"]
+    if c.device != "cpu":
+        lines.append(f"#SBATCH --gpus-per-node={c.nproc_per_node}")
+    lines += ["#SBATCH --output=%x-%j.out", "set -euo pipefail", summary.rstrip(),
+              "# node 0 of the allocation is the rendezvous host",
+              'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              f"export MASTER_PORT={c.master_port or 29500}"]
+    lines += _env_lines({k: v for k, v in node.env.items()
+                         if k not in ("MASTER_ADDR", "MASTER_PORT")})
+    lines.append(f"mkdir -p {shlex.quote(node.cwd)} && cd {shlex.quote(node.cwd)}")
+    lines.append("srun --ntasks-per-node=1 bash -c " + shlex.quote(inner) + " \\\n  "
+                 + _wrap_argv(mask_argv([argv[0], *rest])))
+    return "\n".join(lines) + "\n"
+
+
+def vllm_command(spec: RunSpec) -> str:
+    """`vllm serve` for what the run produces: the base model with the LoRA adapter of the
+    last checkpoint attached, or the full checkpoint itself."""
+    c = spec.cluster
+    out_dir = spec.run.output_dir or str(export_run_dir(spec) / "output")
+    # one server on one node: tensor parallel over that node's GPUs (1 on CPU)
+    tp = c.nproc_per_node if c.device == "cuda" and c.nproc_per_node > 0 else 1
+    model = spec.model.path
+    if model.startswith("builtin:"):
+        from core.demo import ensure_tiny_model
+
+        model = str(ensure_tiny_model(spec.data.path))
+    step = spec.train.max_steps
+    # ms-swift nests checkpoints in a versioned v<N>-<time>/ folder; the others do not
+    ckpt_glob = (f"{out_dir}/v*-*/checkpoint-{step}" if spec.backend == "swift"
+                 else f"{out_dir}/checkpoint-{step}")
+    lines = ["#!/usr/bin/env bash", "set -euo pipefail",
+             f"# serve the result of {spec.name!r} with vLLM on one node",
+             f'CKPT=$(ls -d {_glob_quote(ckpt_glob)} | tail -n 1)']
+    argv = ["vllm", "serve"]
+    if spec.method.type in ("lora", "qlora"):
+        argv += [model, "--tensor-parallel-size", str(tp), "--enable-lora"]
+        word = f"{_safe_name(spec.name)}=" + "$CKPT"
+        tail = ["--lora-modules", word]
+        if spec.method.lora_rank > 16:  # vLLM's default max LoRA rank is 16
+            tail += ["--max-lora-rank", str(_lora_rank_bucket(spec.method.lora_rank))]
+    else:
+        argv, tail = ["vllm", "serve"], ["--tensor-parallel-size", str(tp)]
+        lines.append('test -f "$CKPT/config.json" || echo "warning: $CKPT holds no HF '
+                     'config.json (sharded FSDP/DeepSpeed state?); merge or convert it first" >&2')
+    if spec.backend == "script":
+        lines.append("# a custom script decides where it saves; adjust CKPT if needed")
+    parts = [shlex.quote(a) for a in argv]
+    if spec.method.type in ("lora", "qlora"):
+        parts += ["--lora-modules", f'"{_safe_name(spec.name)}=$CKPT"']
+        parts += [shlex.quote(a) for a in tail[2:]]
+    else:
+        parts += ['"$CKPT"'] + [shlex.quote(a) for a in tail]
+    lines.append(_join_pairs(parts))
+    return "\n".join(lines) + "\n"
+
+
+def _join_pairs(parts: list[str]) -> str:
+    """Already-quoted words, one `--flag value` per line."""
+    rows: list[str] = []
+    for w in parts:
+        if rows and not w.startswith("-") and (rows[-1].startswith("-") or len(rows) == 1) \
+                and " " not in rows[-1]:
+            rows[-1] += " " + w
+        else:
+            rows.append(w)
+    return " \\\n  ".join(rows)
+
+
+def _glob_quote(pattern: str) -> str:
+    """Quote a path for the shell but leave its `*` wildcards active."""
+    return "*".join(shlex.quote(p) if p else "" for p in pattern.split("*"))
+
+
+def _safe_name(name: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "adapter"
+
+
+def _lora_rank_bucket(r: int) -> int:
+    for b in (8, 16, 32, 64, 128, 256, 320, 512):
+        if r <= b:
+            return b
+    return r

@@ -1,0 +1,80 @@
+"""The script backend: a user's HF Trainer script under tunedeck's torchrun, its console
+parsed into step events."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO, cli, cli_json
+from core.backends.script import ConsoleMonitor, build_plan
+from core.resolve import resolve
+from core.spec import loads_spec
+
+HF_OUT = """\
+  0%|          | 0/3 [00:00<?, ?it/s] 33%|###3      | 1/3 [00:00<00:00,  5.91it/s]\
+   {'loss': '7.602', 'grad_norm': '1.835', 'learning_rate': '0.005', 'epoch': '0.01639'}
+{'loss': '7.175', 'grad_norm': '1.622', 'learning_rate': '0.003333', 'epoch': '0.03279'}
+{'eval_loss': '7.1', 'epoch': '0.03'}
+{'train_runtime': '0.5165', 'train_loss': '7.33', 'epoch': '0.04918'}
+"""
+
+
+def _read(run_dir):
+    return [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").read_text().splitlines()]
+
+
+def test_console_parsing(tmp_path):
+    m = ConsoleMonitor(tmp_path, 0, logging_steps=5)
+    m.parse(HF_OUT.replace("\r", "\n").splitlines())
+    ev = _read(tmp_path)
+    steps = [e for e in ev if e["kind"] == "step"]
+    assert [(e["step"], e["loss"]) for e in steps] == [(5, 7.602), (10, 7.175)]
+    assert steps[1]["lr"] == pytest.approx(0.003333) and steps[0]["grad_norm"] == 1.835
+    assert [e for e in ev if e["kind"] == "eval"][0]["loss"] == 7.1
+
+
+def test_tqdm_only_script(tmp_path):
+    m = ConsoleMonitor(tmp_path)
+    m.parse(["Loading weights: 100%|##########| 50/50 [00:00<00:00, 6347.89it/s]",
+             "epoch 0:  40%|####      | 4/10 [00:02<00:03,  2.00it/s, loss=1.25]",
+             "epoch 0:  50%|#####     | 5/10 [00:02<00:03,  2.00it/s, loss=1.2]"])
+    ev = _read(tmp_path)
+    assert [(e["step"], e["loss"], e["step_s"]) for e in ev] == [(4, 1.25, 0.5), (5, 1.2, 0.5)]
+
+
+def test_plan_runs_script_or_module(tmp_path):
+    spec = resolve(loads_spec('backend = "script"\n[script]\nmodule = "pkg.train"\n'
+                              'args = ["--x", "1"]\n[cluster]\ndevice = "cpu"\n'))
+    argv = build_plan(spec, tmp_path, "r").nodes[0].argv
+    assert argv[:3][1:] == ["-m", "torch.distributed.run"] and argv[-4:] == ["-m", "pkg.train",
+                                                                             "--x", "1"]
+    spec = resolve(loads_spec('backend = "script"\n[script]\npath = "/nonexistent.py"\n'))
+    with pytest.raises(ValueError, match="script.path"):
+        build_plan(spec, tmp_path, "r")
+
+
+@pytest.mark.slow
+def test_hf_trainer_script_loss_in_metrics(td_home, tmp_path):
+    script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
+    spec = tmp_path / "script.toml"
+    spec.write_text(f"""name = "hf-script"
+backend = "script"
+[script]
+path = "{script}"
+args = ["--max_steps", "3", "--logging_steps", "1",
+        "--data", "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"]
+[data]
+# the agent prepares the (default) built-in model from it; the script then finds it cached
+path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+[cluster]
+device = "cpu"
+cpu_procs = 2
+""")
+    proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    recs = cli_json("metrics", run_id, home=td_home)
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["loss"] > 0 for r in recs)

@@ -1,0 +1,124 @@
+"""The ms-swift backend: flags per version, refusal of flags that do not exist, every swift
+preset accepted by the installed ms-swift's own argument parser, and a real CPU run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, cli, cli_json
+from core.backends.swift import SwiftPlanError, build_plan, swift_args
+from core.resolve import resolve
+from core.spec import load_spec, loads_spec
+from core.swift import flags
+from core.swift.version import installed_version
+
+PRESETS = sorted((REPO / "presets").glob("*.toml"))
+SWIFT_PRESETS = [p for p in PRESETS if load_spec(p).backend == "swift"]
+needs_swift = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")
+
+
+def _spec(extra: str = "", **kw):
+    text = 'backend = "swift"\n[model]\npath = "Qwen/Qwen2.5-0.5B"\n[data]\npath = "d.jsonl"\n'
+    spec = loads_spec(text + extra, source="<test>")
+    return resolve(spec, gpu_count=kw.get("gpus", 2))
+
+
+def test_every_preset_loads():
+    assert len(PRESETS) >= 10
+    for p in PRESETS:
+        load_spec(p)  # raises SpecError naming file:line
+
+
+def test_flags_follow_the_spec():
+    a = swift_args(_spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 3\n'
+                         'zero_offload = "all"\n'), "/o")
+    assert a[a.index("--deepspeed") + 1] == "zero3_offload"
+    a = swift_args(_spec('[method]\ntype = "qlora"\n'), "/o")
+    assert a[a.index("--tuner_type") + 1] == "lora"
+    assert a[a.index("--quant_method") + 1] == "bnb" and a[a.index("--quant_bits") + 1] == "4"
+    a = swift_args(_spec('[parallel]\nstrategy = "fsdp2"\n'), "/o")
+    assert a[a.index("--fsdp") + 1] == "fsdp2" and "--ddp_find_unused_parameters" not in a
+    a = swift_args(_spec(), "/o")  # DDP LoRA on 2 GPUs
+    assert a[a.index("--ddp_find_unused_parameters") + 1] == "false"
+    assert a[a.index("--output_dir") + 1] == "/o" and a[a.index("--report_to") + 1] == "none"
+    a = swift_args(_spec('[parallel]\nstrategy = "megatron"\ntp = 2\nsequence_parallel = true\n'
+                         '[swift]\ncommand = "megatron-sft"\n[train]\ngrad_accum = 4\n'
+                         'per_device_batch_size = 2\n', gpus=8), "/o")
+    assert a[a.index("--tensor_model_parallel_size") + 1] == "2"
+    assert a[a.index("--sequence_parallel") + 1] == "true"
+    assert a[a.index("--global_batch_size") + 1] == str(2 * 4 * 4)  # micro x dp(8/2) x accum
+    a = swift_args(_spec('[swift]\ncommand = "rlhf"\nrlhf_type = "grpo"\nuse_vllm = true\n'
+                         'vllm_mode = "server"\n'), "/o")
+    assert a[a.index("--vllm_mode") + 1] == "server" and a[a.index("--use_vllm") + 1] == "true"
+    # ms-swift 3.x took --train_type
+    assert "--train_type" in swift_args(_spec(), "/o", version="3.12.6")
+    with pytest.raises(SwiftPlanError, match="zero_stage"):
+        swift_args(_spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 1\n'
+                         'zero_offload = "all"\n'), "/o")
+
+
+@needs_swift
+def test_backend_refuses_flags_that_do_not_exist(tmp_path):
+    spec = _spec('[swift]\nextra_args = ["--sp_size", "2", "--train_type", "lora"]\n')
+    with pytest.raises(SwiftPlanError) as e:
+        build_plan(spec, tmp_path, "r")
+    assert "--sequence_parallel_size" in str(e.value) and "--tuner_type" in str(e.value)
+    spec = _spec('[swift]\nextra_args = ["--deepspeed", "default-zero3"]\n')
+    with pytest.raises(SwiftPlanError, match="zero3"):
+        build_plan(spec, tmp_path, "r")
+
+
+@needs_swift
+def test_swift_presets_accepted_by_ms_swift_parser(model_cache):
+    jobs, names = [], []
+    for p in SWIFT_PRESETS:
+        spec = resolve(load_spec(p), gpu_count=8)
+        args = swift_args(spec, "/tmp/out")
+        assert flags.validate(spec.swift.command, args) == [], p.name
+        if spec.swift.command.startswith("megatron"):
+            # megatron-core is not installed here: its classes are read from ms-swift's source
+            assert "--tensor_model_parallel_size" in args
+            continue
+        jobs.append((spec.swift.command, args))
+        names.append(p.name)
+    # the check can fail: a blog flag must come back as remaining argv
+    jobs.append(("sft", ["--model", "m", "--train_type", "lora"]))
+    results = flags.parser_check(jobs)
+    for name, res in zip(names, results):
+        assert res["error"] is None and res["remaining"] == [], (name, res)
+    assert results[-1]["remaining"] == ["--train_type", "lora"]
+    assert len(names) >= 5
+
+
+@pytest.mark.slow
+@needs_swift
+def test_swift_cpu_run_shows_loss_in_metrics(td_home, tmp_path):
+    spec = tmp_path / "swift.toml"
+    spec.write_text(f"""name = "swift-cpu"
+backend = "swift"
+[model]
+path = "builtin:tiny-qwen2"
+[data]
+path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+max_length = 48
+[train]
+max_steps = 3
+per_device_batch_size = 2
+learning_rate = 5e-3
+[cluster]
+device = "cpu"
+cpu_procs = 2
+""")
+    proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
+    run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((td_home / "runs" / run_id / "plan.json").read_text())
+    argv = plan["nodes"][0]["argv"]
+    assert argv[argv.index("-m", 3) + 1] == "swift.cli.sft" and "--use_cpu" in argv
+    recs = cli_json("metrics", run_id, home=td_home)
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(isinstance(r["loss"], float) and r["loss"] > 0 for r in recs)
+    assert recs[0]["learning_rate"] > 0

@@ -1,0 +1,65 @@
+"""`tunedeck import 'COMMAND' [-o FILE]` and `tunedeck export SPEC --format ...`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def cmd_import(args) -> int:
+    from core.importer import ImportError_, import_command
+    from core.swift.flags import FlagTableError
+
+    try:
+        result = import_command(args.command)
+    except (ImportError_, FlagTableError) as e:
+        print(f"tunedeck import: {e}", file=sys.stderr)
+        return 2
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    text = result.to_toml()
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from core import batch
+    from core.export import ExportError, export
+    from core.resolve import resolve
+    from core.spec import SpecError, load_spec
+    from core.swift.flags import FlagTableError
+
+    try:
+        spec = resolve(load_spec(args.spec, args.set))
+        if args.world:
+            r = batch.rescale_grad_accum(spec, args.world)
+            print(f"# {r.note}", file=sys.stderr)
+            spec = r.spec
+        text = export(spec, args.format)
+    except (SpecError, ExportError, FlagTableError, ValueError) as e:
+        print(f"tunedeck export: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("import", help="turn a pasted swift/megatron/torchrun command into a "
+                       "spec file")
+    s.add_argument("command", help="the whole command line, quoted as one argument")
+    s.add_argument("-o", "--output", help="write the spec here (default: stdout)")
+    s.set_defaults(func=cmd_import)
+
+    s = sub.add_parser("export", help="print a spec as a launch script, swift command, "
+                       "per-node commands, Slurm script or vLLM serve command")
+    s.add_argument("spec", help="spec or preset TOML")
+    s.add_argument("--format", default="sh", choices=("sh", "swift", "nodes", "slurm", "vllm"))
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key (repeatable)")
+    s.add_argument("--world", type=int, metavar="N", help="export for N ranks, rescaling "
+                   "train.grad_accum so the effective batch stays the same")
+    s.set_defaults(func=cmd_export)
