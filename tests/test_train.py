@@ -95,7 +95,7 @@ def test_truncation(tiny_model):
 
 @pytest.mark.parametrize("line, problem", [
     ('{"messages": [', "not valid JSON"),
-    ('["a"]', 'object with a "messages" list'),
+    ('["a"]', 'expected a JSON object'),
     ('{"messages": []}', "non-empty list"),
     ('{"messages": [{"role": "bot", "content": "x"}]}', "messages[0].role"),
     ('{"messages": [{"role": "user", "content": 3}]}', "messages[0].content"),

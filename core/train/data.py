@@ -1,4 +1,4 @@
-"""Chat data: `{"messages": [...]}` per line → input ids with assistant-only labels.
+"""Rows → token ids with assistant-only labels, train/eval splits, batches that can resume.
 
 Labels are -100 everywhere except on assistant replies (their content and the end-of-turn
 token), so the model learns to answer, not to predict prompts. Spans are found by rendering the
@@ -6,68 +6,32 @@ conversation incrementally with the tokenizer's chat template: the text that ren
 i adds, minus the generation prompt that precedes it, is assistant i's reply. This holds for
 any template that renders a prefix of the conversation as a prefix of the text (ChatML and most
 others); we check that and fail loudly otherwise.
+
+Collators emit `targets` already shifted by one (targets[t] = the token after t, or -100), so
+the loss never predicts across a padding or a document boundary in a packed row.
 """
 
 from __future__ import annotations
 
-import json
+import random
+import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-ROLES = ("system", "user", "assistant", "tool")
+from core.train.formats import DataError, Rows, read_rows  # noqa: F401 (re-exported)
+
 IGNORE = -100
 
 
-class DataError(ValueError):
-    """A dataset line that cannot be used; the message starts with `file:line:`."""
+def read_conversations(path: str | Path, fmt: str = "auto", **kw):
+    """Validated conversations of one file (raises DataError with file:line)."""
+    return read_rows(path, fmt, **kw).conversations
 
 
-def read_conversations(path: str | Path) -> list[list[dict[str, str]]]:
-    """Parse and validate every line up front, so a bad line fails the run at start."""
-    path = Path(path)
-    out = []
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
-    with f:
-        for no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
-            out.append(_check(obj, where))
-    if not out:
-        raise DataError(f"{path}: no samples")
-    return out
-
-
-def _check(obj: Any, where: str) -> list[dict[str, str]]:
-    if not isinstance(obj, dict) or "messages" not in obj:
-        raise DataError(f"{where}: expected an object with a \"messages\" list")
-    msgs = obj["messages"]
-    if not isinstance(msgs, list) or not msgs:
-        raise DataError(f"{where}: \"messages\" must be a non-empty list")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise DataError(f"{where}: messages[{i}] must be an object")
-        if m.get("role") not in ROLES:
-            raise DataError(f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, "
-                            f"got {m.get('role')!r}")
-        if not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: messages[{i}].content must be a string")
-    if not any(m["role"] == "assistant" for m in msgs):
-        raise DataError(f"{where}: no assistant message, nothing to learn from")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
-
-
-def assistant_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tokenizer, messages) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of the assistant replies."""
     def render(msgs, gen=False) -> str:
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
@@ -88,32 +52,83 @@ def assistant_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str, lis
     return text, spans
 
 
-def encode(tokenizer, messages: list[dict[str, str]], max_length: int) -> dict[str, list[int]]:
+def encode(tokenizer, messages, max_length: int,
+           truncation: str = "right") -> dict[str, list[int]] | None:
+    """Token ids and labels; None when the sample is over max_length and truncation is drop.
+
+    right keeps the beginning (the usual choice); left keeps the end, i.e. the last replies of
+    a long conversation survive.
+    """
     text, spans = assistant_spans(tokenizer, messages)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
-                    truncation=True, max_length=max_length)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
     labels = [IGNORE] * len(ids)
     for j, (s, _e) in enumerate(enc["offset_mapping"]):
         if any(a <= s < b for a, b in spans):
             labels[j] = ids[j]
+    if len(ids) > max_length:
+        if truncation == "drop":
+            return None
+        sl = slice(len(ids) - max_length, None) if truncation == "left" else slice(0, max_length)
+        ids, labels = ids[sl], labels[sl]
     return {"input_ids": ids, "labels": labels}
 
 
-class ChatDataset(Dataset):
-    """Validated conversations, tokenized lazily (cheap here, and it parallelises with
-    DataLoader workers on large files)."""
+class TokenizedDataset(Dataset):
+    """Tokenized once, up front: lengths are needed for drop and packing, and every rank must
+    see the same sample list."""
 
-    def __init__(self, path: str | Path, tokenizer, max_length: int):
-        self.samples = read_conversations(path)
+    def __init__(self, conversations, tokenizer, max_length: int, truncation: str = "right"):
+        self.samples = []
+        self.dropped = 0
+        for conv in conversations:
+            enc = encode(tokenizer, conv, max_length, truncation)
+            if enc is None:
+                self.dropped += 1
+            else:
+                self.samples.append(enc)
         self.tokenizer = tokenizer
-        self.max_length = max_length
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> dict[str, list[int]]:
-        return encode(self.tokenizer, self.samples[i], self.max_length)
+        return self.samples[i]
+
+
+class PackedDataset(Dataset):
+    """Groups of samples whose total length fits max_length, each item a list of samples.
+
+    Grouped once, greedily in a seeded shuffled order (the same on every rank), so each epoch
+    shuffles packs rather than re-packing: the data position stays meaningful for resume.
+    """
+
+    def __init__(self, base: TokenizedDataset, max_length: int, seed: int):
+        order = list(range(len(base)))
+        random.Random(seed).shuffle(order)
+        self.packs: list[list[int]] = []
+        cur, n = [], 0
+        for i in order:
+            k = len(base.samples[i]["input_ids"])
+            if cur and n + k > max_length:
+                self.packs.append(cur)
+                cur, n = [], 0
+            cur.append(i)
+            n += k
+        if cur:
+            self.packs.append(cur)
+        self.base = base
+        self.tokenizer = base.tokenizer
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, i: int) -> list[dict[str, list[int]]]:
+        return [self.base.samples[j] for j in self.packs[i]]
+
+
+def _targets(labels: list[int]) -> list[int]:
+    return labels[1:] + [IGNORE]
 
 
 class Collator:
@@ -125,50 +140,151 @@ class Collator:
     def __call__(self, batch: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         n = max(len(b["input_ids"]) for b in batch)
         ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), n), IGNORE, dtype=torch.long)
+        targets = torch.full((len(batch), n), IGNORE, dtype=torch.long)
         mask = torch.zeros((len(batch), n), dtype=torch.long)
         for r, b in enumerate(batch):
             k = len(b["input_ids"])
             ids[r, :k] = torch.tensor(b["input_ids"])
-            labels[r, :k] = torch.tensor(b["labels"])
+            targets[r, :k] = torch.tensor(_targets(b["labels"]))
             mask[r, :k] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        lens = [len(b["input_ids"]) for b in batch]
+        return {"input_ids": ids, "targets": targets, "attention_mask": mask,
+                "doc_lens": torch.tensor(lens)}
 
 
-def make_loader(dataset: ChatDataset, *, batch_size: int, num_workers: int, seed: int,
-                rank: int, world_size: int, pin_memory: bool) -> DataLoader:
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=seed)
-    pad_id = dataset.tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = dataset.tokenizer.eos_token_id
+class FlatCollator:
+    """Padding-free: every sample of the batch (packs flattened) in ONE row, position_ids
+    restarting at 0 per document and no attention mask. transformers turns such position_ids
+    into document-boundary-aware attention: varlen with flash_attention_2, a block-diagonal
+    mask with sdpa/eager."""
+
+    def __call__(self, batch) -> dict[str, torch.Tensor]:
+        docs = [d for item in batch for d in (item if isinstance(item, list) else [item])]
+        ids, targets, pos = [], [], []
+        for d in docs:
+            ids += d["input_ids"]
+            targets += _targets(d["labels"])
+            pos += range(len(d["input_ids"]))
+        return {"input_ids": torch.tensor([ids]), "targets": torch.tensor([targets]),
+                "position_ids": torch.tensor([pos]),
+                "doc_lens": torch.tensor([len(d["input_ids"]) for d in docs])}
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch after its first `skip` samples (per rank)."""
+
+    skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        it = list(super().__iter__())
+        skip, self.skip = self.skip, 0  # only the epoch being resumed is cut short
+        return iter(it[skip:])
+
+
+def pad_id_of(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    return tokenizer.eos_token_id if pad is None else pad
+
+
+def make_loader(dataset: Dataset, *, batch_size: int, num_workers: int, seed: int,
+                rank: int, world_size: int, pin_memory: bool, flat: bool = False,
+                shuffle: bool = True) -> DataLoader:
+    # drop_last keeps every rank at the same number of batches per epoch.
+    sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                               seed=seed, drop_last=shuffle)
+    collate = FlatCollator() if flat else Collator(pad_id_of(dataset.tokenizer))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                      collate_fn=Collator(pad_id), pin_memory=pin_memory,
+                      collate_fn=collate, pin_memory=pin_memory,
                       persistent_workers=num_workers > 0)
 
 
 class Batches:
-    """Endless batches over epochs; `epoch` is the epoch the last batch came from.
+    """Endless batches over epochs, tracking the data position for an exact resume.
 
-    Starts at `epoch` (resume can pass the saved one); calls set_epoch so each epoch has its
-    own shuffle, identical on every rank.
+    `epoch` and `consumed` (batches taken from this epoch) describe what the trainer has
+    used so far; batches a DataLoader has prefetched but we have not taken do not count.
     """
 
-    def __init__(self, loader: DataLoader, epoch: int = 0):
+    def __init__(self, loader: DataLoader, epoch: int = 0, consumed: int = 0):
         self.loader = loader
         self.epoch = epoch
+        self.consumed = consumed
         self._it: Iterator | None = None
+        if len(loader) == 0:
+            raise DataError("fewer samples than ranks × per_device_batch_size: nothing to train")
 
     def __iter__(self) -> "Batches":
         return self
 
+    def prime(self) -> None:
+        """Start the epoch's iterator now. Starting one draws from torch's global RNG (the
+        DataLoader's base seed), so a resume primes BEFORE restoring the RNG state, just as
+        the uninterrupted run had started it before that state was saved."""
+        if self._it is None:
+            self.loader.sampler.set_epoch(self.epoch)
+            self.loader.sampler.skip = self.consumed * self.loader.batch_size
+            self._it = iter(self.loader)
+
     def __next__(self) -> dict[str, torch.Tensor]:
         while True:
-            if self._it is None:
-                self.loader.sampler.set_epoch(self.epoch)
-                self._it = iter(self.loader)
+            self.prime()
             try:
-                return next(self._it)
+                b = next(self._it)
+                self.consumed += 1
+                return b
             except StopIteration:
                 self._it = None
                 self.epoch += 1
+                self.consumed = 0
+
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches_in_epoch": self.consumed}
+
+
+def split_rows(convs: list, val_split: float, seed: int) -> tuple[list, list]:
+    """(train, eval): val_split < 1 is a fraction of rows, >= 1 a row count. Seeded, so every
+    rank and every attempt splits the same way."""
+    if val_split <= 0:
+        return convs, []
+    n = int(val_split) if val_split >= 1 else max(1, round(len(convs) * val_split))
+    if n >= len(convs):
+        raise DataError(f"data.val_split {val_split:g} leaves no training rows "
+                        f"({len(convs)} rows)")
+    order = list(range(len(convs)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n])
+    return ([c for i, c in enumerate(convs) if i not in held],
+            [c for i, c in enumerate(convs) if i in held])
+
+
+def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
+    """(train, eval or None) datasets for a DataSpec; warnings go to stderr on rank 0."""
+    names = {"model_name": data_spec.model_name, "model_author": data_spec.model_author}
+
+    def read(path: str):
+        rows = read_rows(path, data_spec.format, names=names,
+                         skip_bad_rows=data_spec.skip_bad_rows)
+        if rows.skipped and rank == 0:
+            shown = "\n  ".join(rows.skipped[:5])
+            more = f"\n  ... and {len(rows.skipped) - 5} more" if len(rows.skipped) > 5 else ""
+            print(f"warning: skipped {len(rows.skipped)} bad row(s) of {path} "
+                  f"(data.skip_bad_rows):\n  {shown}{more}", file=sys.stderr, flush=True)
+        return rows.conversations
+
+    train = read(data_spec.path)
+    if data_spec.val_path:
+        evals = read(data_spec.val_path)
+    else:
+        train, evals = split_rows(train, data_spec.val_split, seed)
+
+    def tok(convs):
+        ds = TokenizedDataset(convs, tokenizer, data_spec.max_length, data_spec.truncation)
+        if ds.dropped and rank == 0:
+            print(f"warning: dropped {ds.dropped} sample(s) over data.max_length "
+                  f"{data_spec.max_length} (data.truncation = drop)", file=sys.stderr, flush=True)
+        if len(ds) == 0:
+            raise DataError(f"{data_spec.path}: no sample fits data.max_length "
+                            f"{data_spec.max_length}")
+        return ds
+
+    return tok(train), (tok(evals) if evals else None)

@@ -14,7 +14,9 @@ kind "start" — once per attempt, after the model is built:
     trainable_params int    parameters the optimizer updates
     total_params    int     all parameters of the (wrapped) model
     max_steps       int
-    restart         int     torchrun's restart count (TORCHELASTIC_RESTART_COUNT)
+    strategy        str     "ddp" | "fsdp2"
+    restart         int     attempt number: max(TUNEDECK_ATTEMPT, TORCHELASTIC_RESTART_COUNT)
+    start_step      int     steps already done (0, or the resumed checkpoint's step)
     resumed_from    str     checkpoint folder; only present when the run resumed
 
 kind "step" — every optimizer step, every rank:
@@ -30,6 +32,14 @@ kind "step" — every optimizer step, every rank:
     data_wait_s     float   time this rank blocked in next(dataloader) during the step
     mem_gib         float   GPU: torch.cuda.max_memory_allocated; CPU: process RSS (GiB)
     tokens_per_s    float   tokens / step_s for this rank
+    epoch           int     epoch the step's last batch came from (0-based)
+    mfu             float   model FLOPs utilisation of this rank (see core.train.flops);
+                            null on CPU or a GPU without a known peak
+
+kind "eval" — every train.eval_steps steps when there is eval data, every rank:
+    step            int     the optimizer step just finished
+    eval_loss       float   token-weighted mean loss over the whole eval set, all ranks
+    eval_tokens     int     label tokens it was computed on (all ranks)
 
 kind "checkpoint" — rank 0 only, after a checkpoint folder is complete and visible:
     step            int
@@ -52,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-KINDS = ("start", "step", "checkpoint", "end")
+KINDS = ("start", "step", "eval", "checkpoint", "end")
 END_REASONS = ("completed", "stopped", "failed")
 
 

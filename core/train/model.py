@@ -45,18 +45,50 @@ def build_model(spec, path: Path, device: torch.device, dtype: torch.dtype):
     """The model to train, on `device`. Returns (model, method).
 
     Full fine-tuning keeps fp32 master weights and runs under autocast. LoRA loads the frozen
-    base in the compute dtype (half the memory) while peft keeps the adapters in fp32.
+    base in the compute dtype (half the memory) while peft keeps the adapters in fp32. QLoRA
+    loads the base quantized by bitsandbytes (GPU only).
     """
     from transformers import AutoModelForCausalLM
 
     method = spec.method.type
+    kw = {"attn_implementation": spec.model.attn_impl}
     if method == "qlora":
-        raise NotImplementedError("method.type qlora is not supported by the builtin trainer "
-                                  "yet; use lora, or the swift backend")
-    load_dtype = dtype if method == "lora" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=load_dtype)
+        kw["quantization_config"] = qlora_config(spec, dtype)
+        kw["device_map"] = {"": device}
+    load_dtype = dtype if method in ("lora", "qlora") else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=load_dtype, **kw)
+    if method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=spec.train.gradient_checkpointing)
+    return prepare(spec, model, device), method
+
+
+def qlora_config(spec, dtype: torch.dtype):
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise RuntimeError("method.type qlora needs bitsandbytes, which is not importable "
+                           "here (pip install bitsandbytes on a CUDA machine), or use "
+                           "method.type lora") from None
+    from transformers import BitsAndBytesConfig
+
+    if spec.method.quant_bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+
+
+def prepare(spec, model, device: torch.device):
+    """No KV cache, optional gradient checkpointing, LoRA adapters; moved to `device`.
+
+    Shared by the trainer and the benchmark (which builds its model from a config)."""
     model.config.use_cache = False  # no KV cache while training
-    if method == "lora":
+    if spec.train.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.method.type in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
         targets = spec.method.target_modules
@@ -65,7 +97,9 @@ def build_model(spec, path: Path, device: torch.device, dtype: torch.dtype):
             lora_dropout=spec.method.lora_dropout,
             target_modules="all-linear" if targets == ["all-linear"] else list(targets))
         model = get_peft_model(model, cfg)
-    return model.to(device), method
+    if spec.method.type == "qlora":
+        return model  # already placed by device_map; .to() is not allowed on 4-bit weights
+    return model.to(device)
 
 
 def count_params(model) -> tuple[int, int]:

@@ -1,35 +1,46 @@
-"""The built-in trainer: causal-LM fine-tuning (full or LoRA) under DDP, started by torchrun.
+"""The built-in trainer: causal-LM fine-tuning (full, LoRA, QLoRA) under DDP or FSDP2.
 
 Per optimizer step: fetch grad_accum micro-batches (timing the waits), forward/backward each
-(no_sync on all but the last), clip, step, then ONE all-reduce of
+(gradient sync only on the last), clip, step, then ONE all-reduce of
 [loss sum, label tokens, stop flag, grad norm]. That collective gives every rank the global
-loss and the same stop decision, so all ranks stop after the same step.
+loss and the same stop decision, so all ranks stop after the same step. It is also the step's
+only host sync (reading it back for the event); nothing else in the loop waits on the GPU.
+
+Resume restores model/adapter, optimizer, scheduler, every rank's RNG and the data position
+(epoch + batches taken in it), so the continued run sees exactly the batches the uninterrupted
+one would have. It happens with train.resume_from (a folder, or "auto" = newest complete
+checkpoint), and automatically on an agent or torchrun restart (TUNEDECK_ATTEMPT > 0,
+TORCHELASTIC_RESTART_COUNT > 0).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.spec import RunSpec, load_spec
-from core.train.checkpoint import write_checkpoint
-from core.train.data import IGNORE, Batches, ChatDataset, make_loader
+from core.train import checkpoint as ckpt
+from core.train.data import Batches, load_datasets, make_loader, PackedDataset
 from core.train.events import EventWriter
+from core.train.flops import mfu, peak_tflops, step_flops
 from core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
     resolve_model_path
+from core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, clip_grad_norm, \
+    decoder_layers, full_model_state, full_optimizer_state, grad_sync, load_model_state, \
+    load_optimizer_state, wrap
 
 GIB = 2 ** 30
+# Test hook: raise after this step on the last rank, first attempt only (exercises restarts).
+CRASH_ENV = "TUNEDECK_TEST_CRASH_AT_STEP"
 
 
 class StopFlag:
@@ -58,7 +69,6 @@ class StopFlag:
 class TrainState:
     """What a resume needs besides model/optimizer/scheduler state."""
     step: int = 0
-    epoch: int = 0
     loss: float | None = None
     resumed_from: str | None = None
 
@@ -69,6 +79,16 @@ class Dist:
     local_rank: int
     world_size: int
     device: torch.device
+
+
+def attempt() -> int:
+    """>0 when this process is a restart (by the tunedeck agent or by torchrun itself)."""
+    def num(name: str) -> int:
+        try:
+            return int(os.environ.get(name, "0") or 0)
+        except ValueError:
+            return 0
+    return max(num("TUNEDECK_ATTEMPT"), num("TORCHELASTIC_RESTART_COUNT"))
 
 
 def init_distributed(spec: RunSpec) -> Dist:
@@ -96,60 +116,169 @@ def init_distributed(spec: RunSpec) -> Dist:
     return Dist(rank, local_rank, world, device)
 
 
+def _peft_key(name: str) -> str:
+    """Parameter name in the training module → key in peft's adapter_model.safetensors."""
+    return re.sub(r"\.default(?=\.|$)", "", name.removeprefix("model."))
+
+
+def _bcast(obj, src_rank: int = 0):
+    box = [obj]
+    dist.broadcast_object_list(box, src=src_rank)
+    return box[0]
+
+
 class Trainer:
     def __init__(self, spec: RunSpec, run_dir: Path, d: Dist, events: EventWriter,
-                 stop: StopFlag, model_path: tuple[Path, bool]):
+                 stop: StopFlag, model_path: tuple[Path, bool] | None = None, *,
+                 model=None, tokenizer=None, datasets=None):
+        """model/tokenizer/datasets: given by the benchmark (a model built from a config,
+        synthetic data); otherwise loaded from the spec."""
         from transformers import get_scheduler, set_seed
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # bars fill rank logs with carriage returns
         self.spec, self.d, self.events, self.stop = spec, d, events, stop
+        self.model_path = model_path
         self.output_dir = Path(spec.run.output_dir or run_dir / "output").expanduser()
         self.state = TrainState()
+        self.save_at_end = True  # the benchmark turns it off (a 7B full checkpoint is ~90 GB)
         tr = spec.train
         set_seed(tr.seed)  # same LoRA init and dropout stream on every rank
 
-        path, builtin = model_path
-        self.tokenizer = load_tokenizer(path, builtin)
         self.dtype = compute_dtype(spec.model.dtype, d.device)
-        model, self.method = build_model(spec, path, d.device, self.dtype)
+        if model is None:
+            path, builtin = model_path
+            self.tokenizer = load_tokenizer(path, builtin)
+            model, self.method = build_model(spec, path, d.device, self.dtype)
+        else:
+            self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
-        self.ddp = DDP(model, device_ids=[d.local_rank] if d.device.type == "cuda" else None)
-        self.ddp.train()
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        if tr.compile:
+            for layer in decoder_layers(model):
+                layer.compile()  # per layer: one graph reused 28×, and FSDP2 units stay intact
+        self.loss_mod = CausalLMLoss(model, chunk=int(os.environ.get("TUNEDECK_LOSS_CHUNK", 0)))
+        self.strategy = spec.parallel.strategy
+        self.wrapped = wrap(self.loss_mod, self.strategy, d.device, d.world_size, self.dtype,
+                            cpu_offload=spec.parallel.cpu_offload)
+        self.wrapped.train()
+        self.trainable_names = {n for n, p in self.loss_mod.named_parameters()
+                                if p.requires_grad}
+        self.params = [p for p in self.loss_mod.parameters() if p.requires_grad]
 
         # No decay on biases and norms (1-d tensors), the usual AdamW practice.
         groups = [
             {"params": [p for p in self.params if p.ndim >= 2], "weight_decay": tr.weight_decay},
             {"params": [p for p in self.params if p.ndim < 2], "weight_decay": 0.0},
         ]
+        fused = d.device.type == "cuda" and not spec.parallel.cpu_offload
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]],
-                                           lr=tr.learning_rate,
-                                           fused=d.device.type == "cuda")
+                                           lr=tr.learning_rate, fused=fused)
         name = {"constant": "constant_with_warmup"}.get(tr.lr_scheduler, tr.lr_scheduler)
         self.scheduler = get_scheduler(name, self.optimizer, num_warmup_steps=tr.warmup_steps,
                                        num_training_steps=tr.max_steps)
         # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op).
-        self.scaler = torch.amp.GradScaler(d.device.type,
-                                           enabled=self.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.dtype == torch.float16)
 
-        dataset = ChatDataset(spec.data.path, self.tokenizer, spec.data.max_length)
-        loader = make_loader(dataset, batch_size=tr.per_device_batch_size,
-                             num_workers=spec.data.num_workers, seed=tr.seed, rank=d.rank,
-                             world_size=d.world_size, pin_memory=d.device.type == "cuda")
-        self.batches = Batches(loader, epoch=self.state.epoch)
+        if datasets is None:
+            datasets = load_datasets(spec.data, self.tokenizer, tr.seed, d.rank)
+        train_ds, eval_ds = datasets
+        self.flat = spec.data.packing
+        if self.flat:
+            train_ds = PackedDataset(train_ds, spec.data.max_length, tr.seed)
+        common = dict(num_workers=spec.data.num_workers, seed=tr.seed, rank=d.rank,
+                      world_size=d.world_size, pin_memory=d.device.type == "cuda",
+                      flat=self.flat)
+        self.batches = Batches(make_loader(train_ds, batch_size=tr.per_device_batch_size,
+                                           **common))
+        self.eval_loader = None
+        if eval_ds is not None:
+            self.eval_loader = make_loader(eval_ds, batch_size=tr.per_device_batch_size,
+                                           shuffle=False, **common)
 
-    # -- one optimizer step -------------------------------------------------------------
+        cfg = base_causal_lm(model).config
+        self.flop_shape = dict(
+            n_params=sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
+            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, full=self.method == "full")
+        self.peak = peak_tflops(torch.cuda.get_device_name(d.device)
+                                if d.device.type == "cuda" else None)
+        self.resume()
+
+    # -- resume ---------------------------------------------------------------------------
+    def resume_source(self) -> Path | None:
+        """Rank 0 decides (it reads the output folder); the others follow."""
+        want = self.spec.train.resume_from
+        if self.d.rank == 0:
+            path: Path | str | None = None
+            if want and want != "auto":
+                path = Path(want).expanduser()
+                if not (path / ckpt.STATE_FILE).exists():
+                    path = f"train.resume_from: {path} is not a complete checkpoint " \
+                           f"(no {ckpt.STATE_FILE})"
+            elif want == "auto" or attempt() > 0:
+                path = ckpt.latest_checkpoint(self.output_dir)
+            found = str(path) if path is not None else None
+        else:
+            found = None
+        found = _bcast(found)
+        if found and found.startswith("train.resume_from:"):
+            raise FileNotFoundError(found)
+        return Path(found) if found else None
+
+    def resume(self) -> None:
+        src = self.resume_source()
+        if src is None:
+            return
+        r0 = self.d.rank == 0
+        from safetensors.torch import load_file
+
+        meta = ckpt.read_state(src) if r0 else None
+        meta = _bcast(meta)
+        if self.method == "full":
+            sd = {"model." + k: v for k, v in load_file(src / "model.safetensors").items()} \
+                if r0 else {}
+        else:
+            by_peft = {_peft_key(n): n for n in self.trainable_names}
+            sd = {by_peft[k]: v for k, v in load_file(src / "adapter_model.safetensors").items()
+                  if k in by_peft} if r0 else {}
+        load_model_state(self.loss_mod, sd)
+        load_optimizer_state(self.loss_mod, self.optimizer,
+                             torch.load(src / "optimizer.pt", weights_only=False) if r0 else {})
+        self.scheduler.load_state_dict(_bcast(
+            torch.load(src / "scheduler.pt", weights_only=False) if r0 else None))
+        rng = torch.load(src / ckpt.RNG_FILE, weights_only=False) if r0 else None
+        same_world = meta.get("world_size") == self.d.world_size
+        batches = meta.get("batches_in_epoch", 0)
+        if not same_world:
+            # Same samples consumed, re-cut for the new world size; exact only if divisible.
+            batches = batches * meta["world_size"] // self.d.world_size
+            if r0:
+                print(f"warning: resuming {meta['world_size']} ranks' checkpoint on "
+                      f"{self.d.world_size}: RNG streams are not restored and the data "
+                      f"position is approximate", file=sys.stderr, flush=True)
+        self.batches.epoch, self.batches.consumed = meta.get("epoch", 0), batches
+        self.batches.prime()
+        mine = [None]
+        dist.scatter_object_list(mine, [rng[r] for r in range(self.d.world_size)]
+                                 if r0 and same_world else None, src=0)
+        if mine[0] is not None:
+            ckpt.set_rng_state(mine[0])
+        self.state.step, self.state.loss = meta["step"], meta.get("loss")
+        self.state.resumed_from = str(src.resolve())
+        if r0:
+            print(f"resumed from {src} at step {meta['step']} (epoch {self.batches.epoch}, "
+                  f"batch {batches})", flush=True)
+
+    # -- one optimizer step ---------------------------------------------------------------
     def _autocast(self):
         return torch.autocast(self.d.device.type, dtype=self.dtype,
                               enabled=self.dtype != torch.float32)
 
-    def _micro_loss(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Summed token loss of one micro-batch (normalised by the caller)."""
+    def _forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        dev = self.d.device
+        kw = {k: b[k].to(dev, non_blocking=True) for k in
+              ("input_ids", "targets", "attention_mask", "position_ids") if k in b}
         with self._autocast():
-            logits = self.ddp(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), b["labels"][:, 1:].flatten(),
-                               ignore_index=IGNORE, reduction="sum")
+            return self.wrapped(**kw)
 
     def step(self) -> dict:
         tr, dev = self.spec.train, self.d.device
@@ -160,21 +289,19 @@ class Trainer:
             tw = time.perf_counter()
             micro.append(next(self.batches))
             wait += time.perf_counter() - tw
-        # Normalise by label tokens of the whole step so each token weighs the same,
-        # whatever micro-batch it landed in.
-        n_labels = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in micro)
-        tokens = sum(int(b["attention_mask"].sum()) for b in micro)
+        # Counted on the CPU copies: no GPU sync. Normalise by label tokens of the whole step
+        # so each token weighs the same, whatever micro-batch it landed in.
+        n_labels = sum(int((b["targets"] != IGNORE).sum()) for b in micro)
+        doc_lens = [int(x) for b in micro for x in b["doc_lens"]]
         loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
         for i, b in enumerate(micro):
-            b = {k: v.to(dev, non_blocking=True) for k, v in b.items()}
-            last = i == len(micro) - 1
-            with nullcontext() if last else self.ddp.no_sync():
-                loss = self._micro_loss(b)
+            with grad_sync(self.wrapped, i == len(micro) - 1):
+                loss = self._forward(b)
                 self.scaler.scale(loss / max(n_labels, 1)).backward()
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)
         max_norm = tr.max_grad_norm if tr.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        grad_norm = clip_grad_norm(self.params, max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -187,12 +314,15 @@ class Trainer:
                                           dtype=torch.float64),
                              grad_norm.detach().to(torch.float64)])
         dist.all_reduce(stats)
-        s_loss, s_labels, s_stop, s_norm = stats.tolist()
+        s_loss, s_labels, s_stop, s_norm = stats.tolist()  # the step's one host sync
         step_s = time.perf_counter() - t0
+        tokens = sum(doc_lens)
         return {"loss": s_loss / max(s_labels, 1.0), "lr": lr,
                 "grad_norm": s_norm / self.d.world_size, "tokens": tokens,
                 "step_s": step_s, "data_wait_s": wait, "mem_gib": self._mem_gib(),
                 "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+                "mfu": mfu(step_flops(doc_lens=doc_lens, **self.flop_shape), step_s,
+                           self.peak),
                 "_stop": s_stop > 0}
 
     def _mem_gib(self) -> float:
@@ -200,53 +330,126 @@ class Trainer:
             return torch.cuda.max_memory_allocated(self.d.device) / GIB
         return psutil.Process().memory_info().rss / GIB
 
-    # -- checkpoints --------------------------------------------------------------------
+    # -- eval -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Loss over the whole eval set, token-weighted over all ranks."""
+        self.wrapped.eval()
+        dev = self.d.device
+        tot = torch.zeros(2, device=dev, dtype=torch.float64)
+        for b in self.eval_loader:
+            tot[0] += self._forward(b).to(torch.float64)
+            tot[1] += float((b["targets"] != IGNORE).sum())
+        self.wrapped.train()
+        dist.all_reduce(tot)
+        loss, n = tot.tolist()
+        return {"eval_loss": loss / max(n, 1.0), "eval_tokens": int(n)}
+
+    # -- checkpoints ----------------------------------------------------------------------
     def save(self) -> None:
-        st = self.state
+        st, tr = self.state, self.spec.train
+        # Collectives first, on every rank: full (unsharded) states land on rank 0's CPU.
+        model_sd = full_model_state(self.loss_mod, trainable_only=self.method != "full")
+        optim_sd = full_optimizer_state(self.loss_mod, self.optimizer)
+        rngs = [None] * self.d.world_size if self.d.rank == 0 else None
+        dist.gather_object(ckpt.rng_state(), rngs, dst=0)
         if self.d.rank == 0:
-            tr = self.spec.train
-            path = write_checkpoint(
-                self.output_dir, st.step, self.model, self.tokenizer, self.optimizer,
-                self.scheduler,
-                {"step": st.step, "epoch": self.batches.epoch, "seed": tr.seed, "loss": st.loss,
+            def write(tmp: Path) -> None:
+                self._write_weights(tmp, model_sd)
+                if self.tokenizer is not None:
+                    self.tokenizer.save_pretrained(tmp)
+                torch.save(optim_sd, tmp / "optimizer.pt")
+                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                torch.save(dict(enumerate(rngs)), tmp / ckpt.RNG_FILE)
+
+            path = ckpt.write_checkpoint(
+                self.output_dir, st.step, write,
+                {"step": st.step, **self.batches.position(), "seed": tr.seed, "loss": st.loss,
                  "max_steps": tr.max_steps, "world_size": self.d.world_size,
                  "per_device_batch_size": tr.per_device_batch_size,
                  "grad_accum": tr.grad_accum, "method": self.method,
-                 "model": self.spec.model.path})
+                 "strategy": self.strategy, "model": self.spec.model.path})
             self.events.emit("checkpoint", step=st.step, path=str(path.resolve()))
             self.events.sync()
+            ckpt.rotate(self.output_dir, tr.save_total_limit,
+                        protect=Path(st.resumed_from) if st.resumed_from else None)
         dist.barrier()
 
-    # -- the run ------------------------------------------------------------------------
+    def _write_weights(self, tmp: Path, sd: dict) -> None:
+        from safetensors.torch import save_file
+
+        lm = base_causal_lm(self.model)
+        if self.method == "full":
+            out = {k.removeprefix("model."): v for k, v in sd.items()}
+            if getattr(lm.config, "tie_word_embeddings", False):
+                out.pop("lm_head.weight", None)  # shared with the embeddings; saved once
+            save_file({k: v.contiguous() for k, v in out.items()}, tmp / "model.safetensors",
+                      metadata={"format": "pt"})
+            lm.config.save_pretrained(tmp)
+            if getattr(lm, "generation_config", None) is not None:
+                lm.generation_config.save_pretrained(tmp)
+            return
+        out = {_peft_key(k): v.contiguous() for k, v in sd.items() if k in self.trainable_names}
+        save_file(out, tmp / "adapter_model.safetensors", metadata={"format": "pt"})
+        self.model.peft_config["default"].save_pretrained(tmp)
+
+    def merge(self, path: Path) -> Path:
+        """Base model + adapter, merged, as a plain transformers folder: <ckpt>/merged/."""
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base_dir, _builtin = self.model_path
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=self.dtype)
+        merged = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+        tmp = path / ".merged.tmp"
+        merged.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        os.rename(tmp, path / "merged")
+        return path / "merged"
+
+    # -- the run --------------------------------------------------------------------------
     def run(self) -> str:
         spec, st = self.spec, self.state
         tr = spec.train
-        trainable, total = count_params(self.model)
+        trainable, total = count_params(self.loss_mod)
         start = dict(world_size=self.d.world_size, device=str(self.d.device),
-                     model=spec.model.path, method=self.method,
+                     model=spec.model.path, method=self.method, strategy=self.strategy,
                      dtype=str(self.dtype).removeprefix("torch."),
                      trainable_params=trainable, total_params=total, max_steps=tr.max_steps,
-                     restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+                     restart=attempt(), start_step=st.step)
         if st.resumed_from:
             start["resumed_from"] = st.resumed_from
         self.events.emit("start", **start)
         log_every = max(1, tr.max_steps // 50)
+        crash_at = int(os.environ.get(CRASH_ENV, "0") or 0)
         stopped = False
         while st.step < tr.max_steps:
             m = self.step()
             stopped = m.pop("_stop")
             st.step += 1
             st.loss = m["loss"]
-            self.events.emit("step", step=st.step, **m)
+            self.events.emit("step", step=st.step, epoch=self.batches.epoch, **m)
             if self.d.rank == 0 and (st.step % log_every == 0 or st.step in (1, tr.max_steps)
                                      or stopped):
                 print(f"step {st.step}/{tr.max_steps} loss {m['loss']:.4f} lr {m['lr']:.3g} "
                       f"grad_norm {m['grad_norm']:.3f} {m['step_s'] * 1000:.0f} ms", flush=True)
             if stopped:
                 break
+            if self.eval_loader is not None and tr.eval_steps and st.step % tr.eval_steps == 0:
+                self.events.emit("eval", step=st.step, **self.evaluate())
             if tr.save_steps and st.step % tr.save_steps == 0 and st.step < tr.max_steps:
                 self.save()
-        self.save()
+            if crash_at and st.step == crash_at and attempt() == 0 \
+                    and self.d.rank == self.d.world_size - 1:
+                raise RuntimeError(f"{CRASH_ENV}={crash_at}: injected failure after step "
+                                   f"{st.step}")
+        if self.save_at_end:
+            self.save()
+        final = ckpt.checkpoint_path(self.output_dir, st.step)
+        if (self.save_at_end and self.d.rank == 0 and spec.method.merge_lora and self.method != "full"
+                and self.model_path is not None):
+            print(f"merged model in {self.merge(final)}", flush=True)
+        dist.barrier()
         reason = "stopped" if stopped and st.step < tr.max_steps else "completed"
         self.events.emit("end", step=st.step, reason=reason, loss=st.loss)
         self.events.sync()
