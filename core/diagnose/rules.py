@@ -247,3 +247,58 @@ def flag_advice(line: str) -> tuple[list[str], str]:
         hints.append(f"remove or correct {', '.join(dict.fromkeys(flags))}; run the program "
                      "with --help to see the flags of the installed version")
     return flags, "; ".join(hints)
+
+
+# -- prefilter for the scanner's fast path (scan.FileScanner._chunk) ---------------------------
+# `TOKENS`: literals of which every line that can matter contains at least one. For the rules
+# they are derived from the rule regexes themselves (each alternative's longest literal run), so
+# a new rule cannot silently escape the prefilter: an alternative without a literal makes import
+# fail instead of missing lines. `TIME_HINT` finds lines that may carry a time stamp;
+# `NCCL_HEAD` / `NCCL_VIA` count plain NCCL INFO lines and their transports in bulk.
+
+import re._parser as _sre_parse  # noqa: E402  the stdlib's own regex parser, to read literals
+
+
+def branch_literals(pattern: str) -> list[str]:
+    """For each top-level alternative, its longest run of literal characters."""
+    items = list(_sre_parse.parse(pattern))
+    if len(items) == 1 and items[0][0] is _sre_parse.BRANCH:
+        branches = [list(b) for b in items[0][1][1]]
+    else:
+        branches = [items]
+    out = []
+    for br in branches:
+        best = cur = ""
+        for op, av in br:
+            if op is _sre_parse.LITERAL:
+                cur += chr(av)
+                best = max(best, cur, key=len)
+            else:
+                cur = ""
+        if len(best) < 3:
+            raise ValueError(f"rule pattern alternative without a literal: {pattern!r}")
+        out.append(best)
+    return out
+
+
+_RULE_LITERALS = {lit for r in RULES if not r.pattern.flags & re.IGNORECASE
+                  for lit in branch_literals(r.pattern.pattern)}
+if any(r.pattern.flags & re.IGNORECASE for r in RULES):
+    raise ValueError("case-insensitive rules need case-folded prefilter tokens")
+
+_OTHER = (
+    "Traceback (most", " FAILED", "=" * 20,          # tracebacks, torchrun's report
+    "nqueued", "exitcode", "closing signal",          # watchdog, torchrun lines
+    "\r", "|", "step", "\n{",                         # metrics and tqdm (scan.poll's filter)
+    "NCCL WARN", "NCCL ERROR", "NCCL TRACE",          # NCCL lines other than plain INFO
+    "NCCL version", "Bootstrap", "NET/", "Using network", "coll channels", "comm 0x",
+)
+TOKENS: tuple[bytes, ...] = tuple(sorted({t.encode() for t in (*_RULE_LITERALS, *_OTHER)}))
+
+# glog and ISO stamps both contain HH:MM:SS
+TIME_HINT = re.compile(rb":\d\d:\d\d")
+# a plain `host:pid:tid [dev] NCCL INFO` line (at most one per line: anchored at its start)
+NCCL_HEAD = re.compile(rb"(?m)^[^\s:\[\]]+:\d+:\d+ \[\d+\] NCCL INFO ")
+NCCL_VIA = re.compile(rb"NCCL INFO Channel \d+/\d+ : \d+\[[\w.]+\] -> \d+\[[\w.]+\]"
+                      rb"(?: \[\w+\])? via (\S+)")
+TIME_HINT_STR = re.compile(r":\d\d:\d\d")

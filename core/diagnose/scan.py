@@ -4,15 +4,16 @@ since the last poll, so a live run can be re-diagnosed cheaply."""
 
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.diagnose.rules import Rule, match_line
+from core.diagnose.rules import NCCL_HEAD, NCCL_VIA, TIME_HINT, TIME_HINT_STR, TOKENS, Rule, match_line
 from core.diagnose.sources import Source
 from core.ingest.metrics import MetricsParser, TextTail
-from core.ingest.parsers.nccl import NcclSummary, parse_nccl
+from core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
 from core.ingest.parsers.prefix import line_time, split_rank
 from core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
 
@@ -75,17 +76,110 @@ class FileScanner:
         return str(self.source.path)
 
     def poll(self, final: bool = False) -> None:
-        lines = self.tail.read(final=final)
-        metric_lines = []
-        for lineno, raw in lines:
-            self._line(lineno, raw)
-            if raw[:1] == "{" or "|" in raw or "step" in raw:
-                metric_lines.append(raw)
+        metric_lines: list[str] = []
+        for base, chunk in self.tail.chunks():
+            self._chunk(base, chunk, metric_lines)
+        if final:
+            for logical in self.tail.assembler.flush():
+                self._logical(self.tail.lineno, logical, metric_lines)
         if metric_lines:
             self.metrics.feed(metric_lines)
         if final:
             for rank in list(self._tb):
                 self._tb_finish(rank, self.tail.lineno)
+
+    # -- chunk-level fast path ---------------------------------------------------------------
+    # Most lines of a log change nothing but counters. Byte searches (C speed) find the few
+    # lines that can matter (a rule's literal, a traceback, torchrun's report, a time stamp, a
+    # metric, a non-trivial NCCL line); they go through `_line` one by one, in order. Lines in
+    # between are accounted for in bulk. While a multi-line block is open (traceback, torchrun
+    # report, wrapped dict) every line goes the slow way, so the state machines see it all.
+
+    def _chunk(self, base: int, chunk: bytes, metric_lines: list[str]) -> None:
+        # a piece after the last newline (an over-long line cut by the reader) is dropped, as
+        # the line-by-line path does
+        chunk = chunk[: chunk.rfind(b"\n") + 1]
+        n = len(chunk)
+        # next occurrence of each token, as a heap: only tokens behind `pos` are searched again
+        heap = [(at, tok) for tok in TOKENS if (at := chunk.find(tok)) >= 0]
+        heapq.heapify(heap)
+        time_at = -2
+        pos, lineno = 0, base
+        while pos < n:
+            if self._busy():
+                end = chunk.index(b"\n", pos)
+                lineno += 1
+                self._slow(lineno, chunk[pos:end], metric_lines)
+                pos = end + 1
+                continue
+            while heap and heap[0][0] < pos:
+                tok = heap[0][1]
+                at = chunk.find(tok, pos)
+                if at < 0:
+                    heapq.heappop(heap)
+                else:
+                    heapq.heapreplace(heap, (at, tok))
+            hit = heap[0][0] if heap else n
+            if time_at < pos and time_at != -1:
+                m = TIME_HINT.search(chunk, pos)
+                time_at = m.start() if m else -1
+            if 0 <= time_at < hit:
+                hit = time_at
+            if chunk.startswith(b"{", pos):
+                hit = pos
+            start = chunk.rfind(b"\n", pos, hit) + 1 if hit < n else n
+            if start == 0 and pos > 0:
+                start = pos
+            if start > pos:
+                lineno += self._bulk(chunk, pos, start, lineno, metric_lines)
+                pos = start
+                continue
+            end = chunk.index(b"\n", pos)
+            lineno += 1
+            self._slow(lineno, chunk[pos:end], metric_lines)
+            pos = end + 1
+
+    def _busy(self) -> bool:
+        if self.tail.assembler._open or self._cfp.in_report:
+            return True
+        for st in self._tb.values():
+            if st.mode != "none":
+                return True
+        return False
+
+    def _bulk(self, chunk: bytes, a: int, b: int, lineno: int, metric_lines) -> int:
+        """Lines [a, b) hold no token: only NCCL INFO counters can change. Returns lines read."""
+        lines = chunk.count(b"\n", a, b)
+        nccl = chunk.count(b"NCCL", a, b)
+        span = chunk[a:b]
+        ascii_ = span.isascii()
+        if not ascii_ and TIME_HINT_STR.search(span.decode("utf-8", errors="replace")):
+            nccl = -1   # str \d also matches non-ASCII digits: let line_time decide, per line
+        if nccl:
+            heads = len(NCCL_HEAD.findall(span)) if ascii_ else -2
+            vias = NCCL_VIA.findall(span) if heads == nccl else None
+            if vias is None or len(vias) != span.count(b" via "):
+                # something unusual about these NCCL lines: read them exactly, one by one
+                for i, raw in enumerate(span.split(b"\n")[:-1]):
+                    self._slow(lineno + i + 1, raw, metric_lines)
+                return lines
+            self.nccl.lines += heads
+            tr = self.nccl.transports
+            for v in vias:
+                name = transport_name(v.decode())
+                tr[name] = tr.get(name, 0) + 1
+        if lines > nccl:
+            self._cfp._prev = ""   # a plain line was the last one torchrun's parser saw
+        return lines
+
+    def _slow(self, lineno: int, raw: bytes, metric_lines: list[str]) -> None:
+        for logical in self.tail.assembler.feed_lines((raw.decode("utf-8", errors="replace"),)):
+            self._logical(lineno, logical, metric_lines)
+
+    def _logical(self, lineno: int, raw: str, metric_lines: list[str]) -> None:
+        self._line(lineno, raw)
+        if raw[:1] == "{" or "|" in raw or "step" in raw:
+            metric_lines.append(raw)
 
     def _line(self, lineno: int, raw: str) -> None:
         rank, text = split_rank(raw)

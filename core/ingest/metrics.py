@@ -40,13 +40,13 @@ class TextTail:
         self.lineno = 0          # physical lines consumed so far (for file:line evidence)
         self.assembler = LineAssembler()
 
-    def read(self, final: bool = False) -> list[tuple[int, str]]:
-        """(line number, logical line) pairs; `final` also returns an unterminated last line."""
-        out: list[tuple[int, str]] = []
+    def chunks(self):
+        """(line number before the chunk, bytes of complete lines) for what was appended;
+        advances offset and lineno as each chunk is handed out."""
         try:
             size = os.path.getsize(self.path)
         except OSError:
-            return out
+            return
         if size < self.offset:
             self.offset, self.lineno, self.assembler = 0, 0, LineAssembler()
         with open(self.path, "rb") as f:
@@ -63,12 +63,18 @@ class TextTail:
                 chunk = data[: end + 1]
                 self.offset += len(chunk)
                 f.seek(self.offset)
-                phys = chunk.decode("utf-8", errors="replace").split("\n")[:-1]
                 base = self.lineno
-                self.lineno += len(phys)
-                for i, line in enumerate(phys):
-                    for logical in self.assembler.feed_lines((line,)):
-                        out.append((base + i + 1, logical))
+                self.lineno += chunk.count(b"\n")
+                yield base, chunk
+
+    def read(self, final: bool = False) -> list[tuple[int, str]]:
+        """(line number, logical line) pairs; `final` also returns an unterminated last line."""
+        out: list[tuple[int, str]] = []
+        for base, chunk in self.chunks():
+            phys = chunk.decode("utf-8", errors="replace").split("\n")[:-1]
+            for i, line in enumerate(phys):
+                for logical in self.assembler.feed_lines((line,)):
+                    out.append((base + i + 1, logical))
         if final:
             out.extend((self.lineno, s) for s in self.assembler.flush())
         return out

@@ -1,0 +1,117 @@
+"""The scanner's chunk-level fast path must see exactly what the line-by-line path sees."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.diagnose.engine import build_findings
+from core.diagnose.scan import FileScanner
+from core.diagnose.sources import Source
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+class LineByLine(FileScanner):
+    """The reference: every logical line through `_line`, as before the fast path."""
+
+    def poll(self, final: bool = False) -> None:
+        metric_lines: list[str] = []
+        for lineno, raw in self.tail.read(final=final):
+            self._logical(lineno, raw, metric_lines)
+        if metric_lines:
+            self.metrics.feed(metric_lines)
+        if final:
+            for rank in list(self._tb):
+                self._tb_finish(rank, self.tail.lineno)
+
+
+def state(sc: FileScanner) -> dict:
+    n = sc.nccl
+    return {
+        "hits": [(h.rule.category, h.rank, h.lineno, h.text, h.t, h.groups) for h in sc.hits],
+        "tb": [(t.rank, t.start, t.end, t.lines) for t in sc.tracebacks],
+        "reports": [(r.script, r.first_line, r.last_line, r.lines,
+                     [f.to_json() for f in r.failures]) for r in sc.reports],
+        "torchrun": sc.torchrun_lines, "enqueued": sc.enqueued, "nccl_ranks": sc.nccl_ranks,
+        "nccl": (n.versions, n.interfaces, n.network, list(n.transports.items()), n.nranks,
+                 n.nnodes, n.channels, n.ib_missing, n.ib_devices, n.warnings, n.lines),
+        "metrics": repr(sc.metrics.records()), "lineno": sc.tail.lineno,
+        "findings": [f.to_json() for f in build_findings([sc], {})],
+    }
+
+
+def mixed_log(rng: random.Random, n: int) -> str:
+    import ingest_bench
+
+    nccl = ingest_bench.nccl_text(n, rng).splitlines()
+    extra = [
+        "gpu-node-07:800:800 [0] NCCL WARN NET/Socket : Connection closed by remote peer",
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1",
+        "Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+        "    main()", "RuntimeError: boom", "",
+        "[rank0]:[E1130 09:44:07.868464 ProcessGroupNCCL.cpp:1] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, Timeout(ms)=600000)",
+        "[rank1]: last enqueued NCCL work: 7", "=" * 60, "train.py FAILED", "-" * 60,
+        "Failures:", "[0]:", "  time      : 2026-11-30_09:43:33", "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 1333)", "  error_file: <N/A>", "=" * 60,
+        "Train:  12%|██        | 12/100 [00:03<00:22,  3.90it/s]\r{'loss': '1.5', 'grad_norm':"
+        " '0.3', 'learning_rate': '1e-05', 'epoch': '0.1'}",
+        "{'loss': 1.25, 'learning_rate': 2e-05,", " 'epoch': 0.2}",
+        "step: 5  loss:  7.12  memory: 30.1GiB(31.7%)  tps: 4,120",
+        "2026-11-30 09:40:00,123 - INFO - started", "W1130 09:40:13.281000 761 run.py:851] hi",
+        "[rank0]:gpu-node-07:800:800 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct",
+        "gpu-node-07:800:800 [0] NCCL INFO NET/IB : No device found.",
+        "gpu-node-07:80:80 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/IPC",
+        "some text via a proxy", "NCCL INFO mentioned in passing", "naïve ünïcode line ١٢:٣٤:٥٦",
+        "Sending process 1333 closing signal SIGTERM",
+        "Setting OMP_NUM_THREADS environment variable for each process to be 1",
+    ]
+    for _ in range(n // 20):
+        at = rng.randrange(len(nccl))
+        k = rng.randrange(len(extra))
+        nccl[at:at] = extra[k:k + rng.randrange(1, 6)]
+    return "\n".join(nccl) + "\n"
+
+
+def _run(cls, path: Path, cuts: list[int]) -> FileScanner:
+    data = path.read_bytes()
+    live = path.with_suffix(".live")
+    live.write_bytes(b"")
+    sc = cls(Source(live, rank=None))
+    prev = 0
+    for c in [*cuts, len(data)]:
+        with open(live, "ab") as f:
+            f.write(data[prev:c])
+        prev = c
+        sc.poll(final=c == len(data))
+    return sc
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fast_path_matches_line_by_line_on_mixed_logs(tmp_path, seed):
+    rng = random.Random(seed)
+    p = tmp_path / "mixed.log"
+    p.write_text(mixed_log(rng, 3000))
+    size = p.stat().st_size
+    cuts = sorted(rng.randrange(size) for _ in range(7))
+    fast, ref = _run(FileScanner, p, cuts), _run(LineByLine, p, cuts)
+    assert ref.hits and ref.tracebacks and ref.reports and ref.nccl.transports
+    assert state(fast) == state(ref)
+
+
+def test_fast_path_matches_line_by_line_on_h200_fixtures(tmp_path):
+    if not FIXTURES.is_dir():
+        pytest.skip(f"fixtures not found: {FIXTURES}")
+    logs = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.suffix in (".log", ".txt"))
+    assert logs
+    for p in logs:
+        dst = tmp_path / p.name
+        dst.write_bytes(p.read_bytes())
+        cut = [dst.stat().st_size // 2]
+        assert state(_run(FileScanner, dst, cut)) == state(_run(LineByLine, dst, cut)), p
