@@ -9,6 +9,7 @@ One monitor failing to start never stops the others, nor the run. A backend modu
 from __future__ import annotations
 
 import importlib
+import time
 import logging
 import os
 from typing import Any
@@ -93,6 +94,40 @@ class DetectorMonitor:
             d.update(events)
 
 
+class DiagnosisMonitor:
+    """Log-based findings (crashes, OOM, NCCL, flags...) while the run goes, stored in run.db
+    so every viewer sees them as they appear. Polls every few seconds by byte offset."""
+
+    INTERVAL_S = 5.0
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.diag = None
+        self.paths: tuple[str, ...] = ()
+        self.last = 0.0
+
+    def tick(self, now: float, new_events: list[dict]) -> None:
+        if now - self.last >= self.INTERVAL_S:
+            self.last = now
+            self._poll(final=False)
+
+    def close(self, new_events: list[dict]) -> None:
+        self._poll(final=True)
+
+    def _poll(self, final: bool) -> None:
+        from core.diagnose.engine import Diagnosis
+        from core.diagnose.sources import run_sources
+
+        sources = run_sources(self.agent.run_dir)
+        key = tuple(str(s.path) for s in sources)
+        if key != self.paths:  # a rank or attempt started writing a new file
+            self.diag, self.paths = Diagnosis(sources), key
+        for finding in self.diag.poll(final=final):
+            if finding.t is None:
+                finding.t = time.time()
+            self.agent.store.save_finding(finding)
+
+
 def make_monitors(agent) -> list[Any]:
     monitors: list[Any] = []
     telemetry = None
@@ -106,6 +141,7 @@ def make_monitors(agent) -> list[Any]:
         monitors.append(DetectorMonitor(agent, telemetry))
     except Exception:
         log.exception("live detectors could not start")
+    monitors.append(DiagnosisMonitor(agent))
     try:
         mod = importlib.import_module(f"core.backends.{agent.spec.backend}")
     except ImportError:

@@ -14,6 +14,8 @@ from typing import Any
 
 from core.ingest.tail import read_new_json, read_new_lines, tail_lines
 from core.runs.registry import RunInfo, rank_log_files, read_run
+from core.runs.store import read_findings
+from core.telemetry.store import read_latest
 
 
 @dataclass
@@ -27,6 +29,8 @@ class Snapshot:
     eta_s: float | None
     tokens_per_s: float | None
     checkpoints: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # newest version of each
+    telemetry: dict[str, Any] = field(default_factory=dict)       # latest sample
 
 
 class RunWatcher:
@@ -50,7 +54,18 @@ class RunWatcher:
         return Snapshot(run=run, steps=list(self.steps), losses=list(self.losses),
                         last_step=self.last_step, new_log_lines=new_lines, log_reset=reset,
                         eta_s=self._eta(run), tokens_per_s=self._tokens_per_s(),
-                        checkpoints=list(self.checkpoints))
+                        checkpoints=list(self.checkpoints), findings=self._findings(),
+                        telemetry=read_latest(self.run_dir))
+
+    def _findings(self) -> list[dict[str, Any]]:
+        """Findings the agent stored; a finding refined by later evidence replaces itself."""
+        latest: dict[tuple, dict[str, Any]] = {}
+        for f in read_findings(self.run_dir):
+            latest[(f.get("category"), f.get("rank"), f.get("node"), f.get("summary"))] = f
+        order = {"error": 0, "warning": 1, "info": 2}
+        return sorted(latest.values(), key=lambda f: (not f.get("root_cause", True),
+                                                      order.get(f.get("severity"), 3),
+                                                      f.get("t") or 0))
 
     def _read_events(self) -> None:
         path = self.run_dir / "events" / f"rank{self.rank}.jsonl"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -51,6 +52,8 @@ class MonitorScreen(Screen):
         yield Header()
         yield Static(f"run {self.run_ref}", id="monitor-title")
         yield Static("reading…", id="monitor-stats")
+        yield Static("", id="gpu-panel")
+        yield Static("", id="findings-panel")
         yield Static("loss", id="loss-label")
         yield Sparkline([], id="loss-spark")
         yield Static("rank 0 log", id="log-label")
@@ -106,6 +109,8 @@ class MonitorScreen(Screen):
                 f"({len(snap.losses)} steps)")
             self.query_one("#loss-spark", Sparkline).data = _decimate(snap.losses,
                                                                      MAX_SPARK_POINTS)
+        self.query_one("#gpu-panel", Static).update(_gpu_lines(snap.telemetry))
+        self.query_one("#findings-panel", Static).update(_finding_lines(snap.findings))
         log = self.query_one("#rank-log", Log)
         if snap.log_reset:
             log.clear()
@@ -165,6 +170,59 @@ class MonitorScreen(Screen):
     @on(ActionDone)
     def action_done(self, msg: ActionDone) -> None:
         self.notify(msg.text, severity=msg.severity)
+
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _bar(pct: float, width: int = 10) -> str:
+    filled = int(round(max(0.0, min(pct, 100.0)) / 100 * width))
+    return "█" * filled + "░" * (width - filled)
+
+
+def _gpu_lines(tel: dict) -> str:
+    """One line per GPU from the agent's latest telemetry sample."""
+    status = tel.get("status") or {}
+    if not tel:
+        return ""
+    if status.get("nvml") not in (None, "ok"):
+        return f"[dim]GPUs: {status.get('message') or status.get('nvml')}[/dim]"
+    lines = []
+    for g in tel.get("gpus") or []:
+        util = g.get("util")
+        used, total = g.get("mem_used_mib"), g.get("mem_total_mib")
+        mem_pct = 100 * used / total if isinstance(used, (int, float)) and total else None
+        parts = [f"GPU{g.get('gpu')}",
+                 f"util {_bar(util) if isinstance(util, (int, float)) else '   N/A    '} "
+                 f"{util if isinstance(util, (int, float)) else 'N/A':>4}%"]
+        if mem_pct is not None:
+            parts.append(f"mem {_bar(mem_pct)} {used / 1024:5.1f}/{total / 1024:.0f} GiB")
+        for key, unit in (("power_w", "W"), ("temp_c", "°C")):
+            if isinstance(g.get(key), (int, float)):
+                parts.append(f"{g[key]:.0f}{unit}")
+        lines.append("  ".join(parts))
+    host = tel.get("host") or {}
+    if host:
+        lines.append(f"[dim]host cpu {host.get('cpu_pct', 0):.0f}%  mem "
+                     f"{host.get('mem_used_mib', 0) / 1024:.1f}/"
+                     f"{host.get('mem_total_mib', 0) / 1024:.0f} GiB  /dev/shm free "
+                     f"{host.get('shm_free_mib', 0) / 1024:.1f} GiB[/dim]")
+    return "\n".join(lines)
+
+
+def _finding_lines(findings: list[dict], limit: int = 4) -> str:
+    if not findings:
+        return ""
+    out = []
+    for f in findings[:limit]:
+        style = SEVERITY_STYLE.get(f.get("severity"), "")
+        rank = f" rank {f['rank']}" if f.get("rank") is not None else ""
+        tag = "" if f.get("root_cause", True) else " (consequence)"
+        out.append(f"[{style}]● {f.get('category')}{rank}[/]{tag}: {escape(f.get('summary', ''))}"
+                   f"\n    fix: {escape(f.get('fix', ''))}")
+    if len(findings) > limit:
+        out.append(f"[dim]… {len(findings) - limit} more: tunedeck diagnose {''}[/dim]")
+    return "\n".join(out)
 
 
 def _decimate(values: list[float], n: int) -> list[float]:
