@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.backends import build_plan
+from core.batch import describe, effective_batch
 from core.paths import runs_root
 from core.resolve import resolve
 from core.spec import RunSpec
@@ -27,11 +28,10 @@ def preview(spec: RunSpec, root: Path | None = None) -> Preview:
     spec = resolve(spec)
     plan = build_plan(spec, (root or runs_root()) / "<run-id>", "<run-id>")
     t, c = spec.train, spec.cluster
-    eff = t.per_device_batch_size * t.grad_accum * plan.world_size
+    eff = effective_batch(spec, plan.world_size)  # data-parallel only (Megatron divides)
     where = (f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), "
              f"{c.dist_backend}")
     summary = (f"{spec.name}: {spec.backend} backend, {spec.method.type} on {spec.model.path}; "
-               f"{where}; {spec.parallel.strategy}. Effective batch {eff} = "
-               f"{t.per_device_batch_size} per device x {t.grad_accum} accumulation x "
-               f"{plan.world_size} ranks; {t.max_steps} steps.")
+               f"{where}; {spec.parallel.strategy}. {describe(spec, plan.world_size)}"
+               f"; {t.max_steps} steps.")
     return Preview(spec, plan.to_shell(c.node_rank), plan.world_size, eff, summary)

@@ -46,13 +46,14 @@ class ModelSpec:
 
 @dataclass
 class DataSpec:
-    path: str = opt("", help="Training data (.jsonl with a `messages` list per line); relative "
+    path: str = opt("", help="Training data (.jsonl or .json; see data.format); relative "
                     "paths are resolved from the spec file's folder")
     max_length: int = opt(128, help="Tokens per sample; longer samples are truncated", min=8)
     num_workers: int = opt(0, help="DataLoader worker processes per rank", min=0)
     format: str = opt("auto", help="Row format; auto detects it from the first row",
                       choices=("auto", "messages", "query_response", "alpaca", "self_cognition"))
-    val_split: float = opt(0.0, help="Fraction of rows held out for eval (0 = none)", min=0.0)
+    val_split: float = opt(0.0, help="Rows held out for eval: a fraction below 1, a row count "
+                           "from 1 up (0 = none)", min=0.0)
     val_path: str = opt("", help="Separate eval file; overrides data.val_split")
     truncation: str = opt("right", help="What to do with samples over max_length",
                           choices=("right", "left", "drop"))
@@ -428,8 +429,10 @@ def _cross_checks(spec: RunSpec) -> list[str]:
 
 
 def _resolve_paths(spec: RunSpec, base: Path) -> None:
-    if spec.data.path and not Path(spec.data.path).expanduser().is_absolute():
-        spec.data.path = str((base / spec.data.path).resolve())
+    for section, key in ((spec.data, "path"), (spec.data, "val_path"), (spec.script, "path")):
+        value = getattr(section, key)
+        if value and not Path(value).expanduser().is_absolute():
+            setattr(section, key, str((base / value).resolve()))
     mp = spec.model.path
     if mp and not mp.startswith("builtin:") and (mp.startswith(".") or "/" in mp
                                                  and (base / mp).exists()):

@@ -139,7 +139,8 @@ class Agent:
         return False
 
     def prepare(self) -> None:
-        if self.spec.model.path.startswith("builtin:"):
+        # script runs bring their own model; the others build the demo model on first use
+        if self.spec.backend != "script" and self.spec.model.path.startswith("builtin:"):
             self.save(message="building the demo model (first use only)")
             from core.demo import ensure_tiny_model
 

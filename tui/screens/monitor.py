@@ -110,7 +110,8 @@ class MonitorScreen(Screen):
             self.query_one("#loss-spark", Sparkline).data = _decimate(snap.losses,
                                                                      MAX_SPARK_POINTS)
         self.query_one("#gpu-panel", Static).update(_gpu_lines(snap.telemetry))
-        self.query_one("#findings-panel", Static).update(_finding_lines(snap.findings))
+        self.query_one("#findings-panel", Static).update(_finding_lines(snap.findings,
+                                                                         run.run_id))
         log = self.query_one("#rank-log", Log)
         if snap.log_reset:
             log.clear()
@@ -210,7 +211,7 @@ def _gpu_lines(tel: dict) -> str:
     return "\n".join(lines)
 
 
-def _finding_lines(findings: list[dict], limit: int = 4) -> str:
+def _finding_lines(findings: list[dict], run_id: str, limit: int = 4) -> str:
     if not findings:
         return ""
     out = []
@@ -221,7 +222,7 @@ def _finding_lines(findings: list[dict], limit: int = 4) -> str:
         out.append(f"[{style}]● {f.get('category')}{rank}[/]{tag}: {escape(f.get('summary', ''))}"
                    f"\n    fix: {escape(f.get('fix', ''))}")
     if len(findings) > limit:
-        out.append(f"[dim]… {len(findings) - limit} more: tunedeck diagnose {''}[/dim]")
+        out.append(f"[dim]… {len(findings) - limit} more: tunedeck diagnose {run_id}[/dim]")
     return "\n".join(out)
 
 
