@@ -2,6 +2,7 @@
 
     python bench/memory_calibration.py OUTDIR          # GPU machine (2 GPUs for the DDP/FSDP2 rows)
     python bench/memory_calibration.py OUTDIR --tiny   # CPU check of the whole pipeline
+    python bench/memory_calibration.py OUTDIR --only 7b-lora-gc-1gpu,7b-full-fsdp2-gc
 
 Each configuration builds a Qwen2.5-shaped model from its config (random weights, no download),
 runs 3 optimizer steps the way HF Trainer / ms-swift do (bf16 weights, bf16 autocast, AdamW with
@@ -48,7 +49,10 @@ def estimate_for(cfg: dict, c: tuple) -> dict:
     e = estimate_memory(MemoryInputs(
         arch_from_config(cfg), method=method, lora_rank=8, lora_dropout=drop, micro_batch=mb,
         seq_len=seq, strategy=strategy, world_size=gpus, gradient_checkpointing=gc,
-        device="cuda" if cuda else "cpu"))
+        device="cuda" if cuda else "cpu",
+        # run_one builds every model in fp32 on the GPU, then casts (or shards) it: the freed
+        # fp32 blocks are still reserved when the peak counters are reset
+        materialize_bytes=4))
     return {"est_reserved_gib": round(e.reserved_gib, 2), "est_allocated_gib":
             round(e.allocated_gib, 2), "est_per_gpu_gib": round(e.per_gpu_gib, 2)}
 
@@ -93,8 +97,12 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
         wrapped = model
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     ids = torch.randint(0, cfg["vocab_size"], (mb, seq), device=device)
+    start = {}
     if cuda:
         torch.cuda.synchronize()
+        # what building the model left reserved (the peak counters start from it)
+        start = {"start_reserved_gib": round(torch.cuda.memory_reserved(device) / 2**30, 2),
+                 "start_allocated_gib": round(torch.cuda.memory_allocated(device) / 2**30, 2)}
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     for _ in range(STEPS):
@@ -103,7 +111,8 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    out = {"name": name, "loss": float(loss.detach()), "step_s": round((time.time() - t0) / STEPS, 3)}
+    out = {"name": name, "loss": float(loss.detach()),
+           "step_s": round((time.time() - t0) / STEPS, 3), **start}
     if cuda:
         torch.cuda.synchronize()
         out["measured_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 2)
@@ -114,7 +123,20 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
     return out
 
 
-def worker(group: str, out_dir: Path) -> None:
+def selected(only: str) -> list[tuple]:
+    """CONFIGS filtered by a comma-separated list of names ("" = all)."""
+    if not only:
+        return list(CONFIGS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {c[0] for c in CONFIGS}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"--only: unknown configuration {', '.join(bad)}; "
+                         f"known: {', '.join(sorted(known))}")
+    return [c for c in CONFIGS if c[0] in names]
+
+
+def worker(group: str, out_dir: Path, only: str = "") -> None:
     import torch
 
     tiny = os.environ.get("CALIB_TINY") == "1"
@@ -128,7 +150,7 @@ def worker(group: str, out_dir: Path) -> None:
         import torch.distributed as dist
 
         dist.init_process_group("nccl" if cuda else "gloo")
-    configs = [c for c in CONFIGS if (c[4] == 1) == (group == "1gpu")]
+    configs = [c for c in selected(only) if (c[4] == 1) == (group == "1gpu")]
     for c in configs:
         cfg = TINY if tiny else QWEN25[c[1]]
         c = c if not tiny else (*c[:6], 2, 64, c[8])
@@ -152,24 +174,39 @@ def worker(group: str, out_dir: Path) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| config | estimate (GiB reserved) | measured (GiB reserved) | error % |",
-             "|---|---|---|---|"]
+    lines = ["| config | est reserved | measured reserved | error % | est allocated | "
+             "measured allocated | reserved at start |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r.get("measured_reserved_gib")
         err = f"{(r['est_reserved_gib'] - m) / m * 100:+.1f}" if m else "–"
         lines.append(f"| {r['name']} | {r['est_reserved_gib']} | "
-                     f"{m if m is not None else r.get('error', 'n/a (CPU)')} | {err} |")
+                     f"{m if m is not None else r.get('error', 'n/a (CPU)')} | {err} | "
+                     f"{r['est_allocated_gib']} | {r.get('measured_allocated_gib', '–')} | "
+                     f"{r.get('start_reserved_gib', '–')} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--worker":
-        worker(argv[1], Path(argv[2]))
+        worker(argv[1], Path(argv[2]), argv[3] if len(argv) > 3 else "")
         return 0
     tiny = "--tiny" in argv
     args = [a for a in argv if a != "--tiny"]
+    only = ""
+    if "--only" in args:
+        i = args.index("--only")
+        if i + 1 >= len(args):
+            print("--only needs NAME[,NAME]", file=sys.stderr)
+            return 2
+        only = args[i + 1]
+        del args[i:i + 2]
     if not args:
         print(__doc__)
+        return 2
+    try:
+        chosen = selected(only)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -180,12 +217,15 @@ def main(argv: list[str]) -> int:
     me = str(Path(__file__).resolve())
     t0 = time.time()
     env1 = dict(env, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
-    subprocess.run([sys.executable, me, "--worker", "1gpu", str(out)], env=env1, check=False,
-                   timeout=400)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node", "2", me, "--worker", "2gpu", str(out)], env=env,
-                   check=False, timeout=400)
-    rows = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines() if l]
+    if any(c[4] == 1 for c in chosen):
+        subprocess.run([sys.executable, me, "--worker", "1gpu", str(out), only], env=env1,
+                       check=False, timeout=400)
+    if any(c[4] == 2 for c in chosen):
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", me, "--worker", "2gpu", str(out), only],
+                       env=env, check=False, timeout=400)
+    res = out / "results.jsonl"
+    rows = [json.loads(l) for l in res.read_text().splitlines() if l] if res.exists() else []
     md = table(rows)
     (out / "table.md").write_text(md + f"\n\ntotal {time.time() - t0:.0f}s\n")
     print(md)

@@ -126,3 +126,68 @@ def test_cli_estimate_json(tmp_path, td_home):
     bad = cli("estimate", str(spec), "--set", f"model.path={tmp_path}", home=td_home,
               check=False)
     assert bad.returncode == 2 and "config.json" in bad.stderr
+
+
+CALIBRATION = REPO / "tests" / "data" / "memory_calibration_h200.json"
+
+
+def _calibration_rows() -> list[dict]:
+    return json.loads(CALIBRATION.read_text())["rows"]
+
+
+def _bench_estimate(row: dict):
+    """The estimate for a calibration row, with the inputs the bench itself passes."""
+    from bench.memory_calibration import CONFIGS, estimate_for
+
+    c = next(c for c in CONFIGS if c[0] == row["name"])
+    got = estimate_for(QWEN25[row["size"]], c)
+    assert (c[2], c[3], c[4], c[5], c[6], c[7], c[8]) == (
+        row["method"], row["strategy"], row["gpus"], row["gc"], row["micro_batch"], row["seq"],
+        row["lora_dropout"]), f"{row['name']}: bench config differs from the fixture"
+    return got
+
+
+@pytest.mark.parametrize("row", _calibration_rows(), ids=lambda r: r["name"])
+def test_every_h200_calibration_row_within_15_percent(row, monkeypatch):
+    monkeypatch.delenv("CALIB_TINY", raising=False)
+    est = _bench_estimate(row)
+    for kind in ("reserved", "allocated"):
+        e, m = est[f"est_{kind}_gib"], row[f"measured_{kind}_gib"]
+        assert abs(e - m) / m < 0.15, (row["name"], kind, e, m)
+
+
+def test_calibration_breakdown_sums_and_names_the_mechanisms():
+    rows = {r["name"]: r for r in _calibration_rows()}
+    for r in rows.values():
+        e = estimate_memory(MemoryInputs(
+            arch_from_config(QWEN25[r["size"]]), method=r["method"], micro_batch=r["micro_batch"],
+            seq_len=r["seq"], lora_dropout=r["lora_dropout"], strategy=r["strategy"],
+            world_size=r["gpus"], gradient_checkpointing=r["gc"], materialize_bytes=4))
+        assert abs(sum(e.breakdown.values()) - e.per_gpu_gib) < 0.01, r["name"]
+    # FSDP2 7B full at micro-batch 1: the optimizer step (sharded fp32 states + foreach
+    # temporary) is the peak, not the activations
+    fs_in = MemoryInputs(Q7, method="full", micro_batch=1, strategy="fsdp2", world_size=2,
+                         gradient_checkpointing=True)
+    fs = estimate_memory(fs_in)
+    assert fs.peak_phase.startswith("backward end")
+    fused = estimate_memory(dataclasses.replace(fs_in, fused_optimizer=True))
+    assert fused.allocated_gib < fs.allocated_gib - 10      # no 14 GiB sqrt(v) temporary
+    # 7B LoRA with checkpointing: the loss's cached blocks dominate what is reserved, and a
+    # model built in fp32 and then cast leaves its fp32 blocks reserved
+    gc = anchor(gradient_checkpointing=True)
+    loaded, built = estimate_memory(gc), estimate_memory(dataclasses.replace(gc,
+                                                                             materialize_bytes=4))
+    assert loaded.breakdown["logits"] > loaded.breakdown["activations"] * 5
+    assert any("reserves 16.2 GiB" in n for n in loaded.notes)
+    assert built.reserved_gib > loaded.reserved_gib + 10
+    assert built.allocated_gib == loaded.allocated_gib
+
+
+def test_bench_only_option_selects_and_rejects(tmp_path, capsys):
+    from bench.memory_calibration import main, selected
+
+    assert [c[0] for c in selected("7b-lora-gc-1gpu, 7b-full-fsdp2-gc")] == [
+        "7b-lora-gc-1gpu", "7b-full-fsdp2-gc"]
+    assert len(selected("")) == len(_calibration_rows())
+    assert main([str(tmp_path), "--only", "nope"]) == 2
+    assert "unknown configuration nope" in capsys.readouterr().err

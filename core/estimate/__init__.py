@@ -85,6 +85,8 @@ def inputs_for_spec(spec, arch: ModelArch | None = None, *, device: str | None =
         pp=p.pp if p.strategy == "megatron" else 1,
         gradient_checkpointing=t.gradient_checkpointing, compute_bytes=compute,
         autocast=compute == 2, master_fp32=spec.backend == "builtin" and m.type == "full",
+        # the built-in trainer's AdamW is fused on CUDA (no foreach temporaries)
+        fused_optimizer=spec.backend == "builtin" and device == "cuda" and not p.cpu_offload,
         attn_impl=spec.model.attn_impl, device=device)
 
 

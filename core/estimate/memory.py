@@ -11,14 +11,23 @@ tensor, not a rule of thumb:
   and every LoRA module keeps its *own* copy of its input (peft casts it to the adapter dtype,
   autocast casts it back to bf16, and that copy is what lora_A saves), plus a 1-byte mask per
   input element when lora_dropout > 0;
-* the loss: bf16 logits, their fp32 upcast and log-softmax, and in backward two more fp32
-  tensors of tokens × vocab (14 bytes per logit at the peak) — gigabytes for a 150k vocab;
-* caching-allocator slack (~5 % of the peak) and, outside PyTorch's count, the CUDA context and
-  NCCL buffers.
+* the loss (HF's loss from labels): bf16 logits, their fp32 upcast and log-softmax; the bf16
+  logits and the upcast are dropped before backward, whose peak holds the log-softmax output,
+  its gradient and the upcast's gradient: 12 live bytes per logit, in four cached blocks that
+  take 14 (the bf16 logits' block sits free at that moment) — gigabytes for a 150k vocab;
+* with gradient checkpointing each layer keeps only its input; the one-layer recompute in
+  backward happens after the loss's tensors are freed, so the larger of the two is the peak;
+* the optimizer step: sharded (or whole) params, grads and AdamW states, plus foreach AdamW's
+  sqrt(v) temporary of the size of one state (the fused kernel has none);
+* the allocator: blocks freed stay reserved. The loss's large blocks are reserved on top of
+  everything else (nothing else fits them while they are in use, and other tensors cut them up
+  between steps), the rest gets ~5 % slack, and weights first materialized in a wider dtype and
+  then cast (or sharded) leave the full-size blocks cached (`materialize_bytes`).
 
-Calibrated on H200 (docs/benchmarks.md): Qwen2.5-7B, LoRA r8 all-linear, batch 4 × 2048, no
-checkpointing: plain loop with autocast 83.7 GiB reserved, + lora_dropout 0.05 93.5 GiB,
-ms-swift 92.8 GiB; the dropout and autocast deltas match the per-module terms above to <0.5 GiB.
+Calibrated on H200 (docs/benchmarks.md, tests/data/memory_calibration_h200.json): nine
+configurations 0.5B-7B, LoRA/full, checkpointing on/off, DDP/FSDP2, within 10 % of
+max_memory_reserved; Qwen2.5-7B LoRA r8 batch 4 × 2048: plain loop with autocast 83.7 GiB,
+ms-swift (dropout 0.05) 92.8 GiB.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from core.estimate.arch import ModelArch
 GIB = 2**30
 # Caching-allocator slack over the allocated peak, measured on H200 (4.0-5.2 GiB on 80-105).
 FRAGMENTATION = 0.05
+# The loss over materialized logits, bytes per logit (see the module docstring).
+LOSS_LIVE_BYTES = 12         # log-softmax output + its grad + the upcast's grad (all fp32)
 CUDA_CONTEXT_GIB = 0.75      # CUDA context + kernels; not in torch's reserved count
 NCCL_BUFFERS_GIB = 0.75      # per-peer NCCL channels when world > 1
 DS_BUCKETS_ELEMS = 2e8       # DeepSpeed allgather/reduce buckets (ms-swift's zero configs)
@@ -56,6 +67,9 @@ class MemoryInputs:
     compute_bytes: int = 2               # 2 = bf16/fp16 compute, 4 = fp32 (CPU)
     autocast: bool = True                # forward under torch.autocast (HF bf16=True)
     master_fp32: bool = False            # full FT keeps fp32 weights (built-in trainer)
+    fused_optimizer: bool = False        # fused AdamW (built-in trainer): no foreach temporary
+    materialize_bytes: int = 0           # weights first built at this width on the GPU, then
+                                         # cast/sharded (0 = loaded in their training dtype)
     attn_impl: str = "sdpa"
     device: str = "cuda"
 
@@ -162,13 +176,12 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     opt_temp = 0.0
     buckets = 0.0
     working = 0.0       # unsharded params gathered for the current (+ prefetched) layer
+    comm_pool = 0.0     # blocks reserved by the communication streams (FSDP2)
     layer_bytes = ar.layer_params() * 2
     edge_bytes = (ar.embedding_params() + ar.head_params()) * 2
     offload_host = 0.0
     s = m.strategy
     if s == "ddp":
-        if full and not m.master_fp32 and m.device == "cuda":
-            opt_temp = trainable * (opt_bytes / 2)  # foreach AdamW's sqrt(v) temporary
         if full and m.master_fp32:
             working = N * 2                         # autocast's bf16 copies of fp32 weights
         if world > 1:
@@ -179,6 +192,12 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         optim /= world
         train_w /= world
         working = 2 * layer_bytes + edge_bytes + (layer_bytes if full else 0)
+        # All-gathers and reduce-scatters run on their own CUDA streams, and the allocator
+        # keeps a stream's freed blocks for that stream: the gathered root (embedding, head;
+        # not resharded between forward and backward) and two layers, and, for full
+        # fine-tuning, the fp32 reduce-scatter inputs of the root and one layer stay reserved.
+        comm_pool = edge_bytes + 2 * layer_bytes + (
+            (ar.embedding_params() + ar.head_params() + ar.layer_params()) * 4 if full else 0)
         if m.offload != "none":
             offload_host = weights + grads + optim + train_w
             weights = grads = optim = train_w = 0.0
@@ -214,56 +233,82 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         dp = max(world // shard, 1)
         optim /= shard * dp                         # distributed optimizer over data parallel
         notes.append("Megatron: approximated as weights/(tp·pp), activations/tp")
+    if m.device == "cuda" and not m.fused_optimizer and s in ("ddp", "fsdp2") and optim:
+        opt_temp = optim / 2        # foreach AdamW's sqrt(v): one state's size, on this rank
 
-    # -- activations and logits ------------------------------------------------------------
+    # -- activations and the loss ---------------------------------------------------------
     per_layer = _activation_bytes_per_token_layer(m) * tokens
     layers = ar.layers / max(m.pp, 1)
+    layer_temp = 3 * a * ar.intermediate * tokens   # a layer's backward temporaries (MLP grads)
     if m.gradient_checkpointing:
-        # each layer keeps only its input; one layer is recomputed at a time in backward
-        acts = layers * a * ar.hidden * tokens + per_layer
+        # each layer keeps only its input; one layer at a time is recomputed in backward
+        acts = layers * a * ar.hidden * tokens
+        transient = per_layer + layer_temp
     else:
         acts = layers * per_layer
+        transient = layer_temp
     acts += 4 * ar.hidden * tokens + (a * ar.hidden * tokens if full else 0)  # final norm, head
     if s == "megatron":
         acts /= max(m.tp, 1)
-    logits = tokens * ar.vocab * (a + 12) if m.pp <= 1 or s != "megatron" else 0.0
-    # A layer's backward temporaries come after the loss's tensors are freed: the larger wins.
-    logits = max(logits, 3 * a * ar.intermediate * tokens)
+        transient /= max(m.tp, 1)
+    has_loss = m.pp <= 1 or s != "megatron"
+    n_logits = tokens * ar.vocab if has_loss else 0
+    loss_live = n_logits * LOSS_LIVE_BYTES
+    loss_blocks = n_logits * (LOSS_LIVE_BYTES + (a if a < 4 else 0))
+    # The layers' backward comes after the loss's tensors are freed: the larger one is the peak,
+    # and it fits in the loss's cached blocks when those are the larger.
+    logits = max(loss_live, transient)
     head_grad = ar.vocab * ar.hidden * g_bytes if full and s == "ddp" else 0.0
 
     # -- peak over the two phases of a step --------------------------------------------------
     resident = weights + train_w + optim + buckets
     accum_grads = grads if m.grad_accum > 1 else 0.0
-    fwd = resident + working + acts + logits + accum_grads + head_grad
-    bwd = resident + working + grads + opt_temp
+    fwd_base = resident + working + acts + accum_grads + head_grad
+    fwd = fwd_base + logits
+    # FSDP2 has resharded everything by the optimizer step
+    bwd = resident + (working if s != "fsdp2" else 0.0) + grads + opt_temp
+    # Reserved: the loss's blocks come on top of everything else (see the docstring); what was
+    # cached while the weights were built counts when it is more than the step itself uses.
+    built = ar.total_params() * m.materialize_bytes if m.device == "cuda" else 0.0
+    big = max(loss_blocks, transient)
+    # The optimizer step's grads and temporaries reuse the loss's blocks; blocks of the
+    # communication streams serve only them.
+    on_streams = working if s == "fsdp2" else 0.0
+    fwd_res = (max(fwd_base - on_streams, built) * (1 + FRAGMENTATION)
+               + max(comm_pool, on_streams) + big)
+    bwd_res = max(bwd, built) * (1 + FRAGMENTATION) + comm_pool
     if fwd >= bwd:
         phase = "forward end / loss backward"
         g_shown, act_shown, logit_shown = accum_grads + head_grad, acts, logits
+        if transient > loss_live:       # a recomputed/backward layer, not the loss, peaks
+            act_shown, logit_shown = acts + transient, 0.0
         opt_shown = optim
     else:
         phase = "backward end / optimizer step"
         g_shown, act_shown, logit_shown = grads, 0.0, 0.0
         opt_shown = optim + opt_temp
     allocated = max(fwd, bwd)
-    reserved = allocated * (1 + FRAGMENTATION)
+    reserved = max(fwd_res, bwd_res, allocated)
+    w_shown = working if (fwd >= bwd or s != "fsdp2") else 0.0
     outside = 0.0
     if m.device == "cuda":
         outside = CUDA_CONTEXT_GIB * GIB + (NCCL_BUFFERS_GIB * GIB if world > 1 else 0.0)
     breakdown = {
-        "weights": (weights + working + (buckets if s != "ddp" else 0)) / GIB,
+        "weights": (weights + w_shown + (buckets if s != "ddp" else 0)) / GIB,
         "trainable_weights": train_w / GIB,
         "gradients": (g_shown + (buckets if s == "ddp" else 0)) / GIB,
         "optimizer_states": opt_shown / GIB,
         "activations": act_shown / GIB,
         "logits": logit_shown / GIB,
+        # allocator cache (the loss's blocks, slack, build leftovers) + CUDA context + NCCL
         "framework_overhead": (reserved - allocated + outside) / GIB,
     }
     if m.method == "qlora":
         notes.append("QLoRA: frozen linears in 4/8-bit with bitsandbytes; dequantized one "
                      "layer at a time")
-    if logits > 0.15 * allocated and logits > GIB:
-        notes.append(f"the loss over a {ar.vocab}-token vocabulary holds "
-                     f"{logits / GIB:.1f} GiB (fp32 logits); a smaller micro-batch or a "
+    if loss_blocks > 0.15 * reserved and loss_blocks > GIB:
+        notes.append(f"the loss over a {ar.vocab}-token vocabulary reserves "
+                     f"{loss_blocks / GIB:.1f} GiB (fp32 logits); a smaller micro-batch or a "
                      "chunked/fused cross-entropy cuts it")
     ckpt = trainable * (4 if not full else w_bytes) + trainable * (opt_bytes if s != "deepspeed"
                                                                    else 12)
