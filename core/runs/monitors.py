@@ -28,6 +28,17 @@ def _rank_pids(agent) -> list[int]:
     return list(agent.state.get("worker_pids") or [])
 
 
+def _slow_s() -> float:
+    """Seconds between reads of the slow telemetry (power, clocks, PCIe/NVLink, GPU process
+    lists, disk): TUNEDECK_TELEMETRY_SLOW_S, default 10."""
+    raw = os.environ.get("TUNEDECK_TELEMETRY_SLOW_S", "").strip()
+    try:
+        return max(1.0, float(raw)) if raw else 10.0
+    except ValueError:
+        log.warning("TUNEDECK_TELEMETRY_SLOW_S=%r is not a number; using 10", raw)
+        return 10.0
+
+
 class TelemetryMonitor:
     def __init__(self, agent):
         from core.telemetry.fake import from_env
@@ -39,7 +50,7 @@ class TelemetryMonitor:
         self.sampler = TelemetrySampler(
             TelemetryStore(agent.store.db), interval_s=spec.run.telemetry_interval_s,
             rank_pids=lambda: _rank_pids(agent), out_dir=spec.run.output_dir or None,
-            nvml=Nvml(lib=from_env()))
+            nvml=Nvml(lib=from_env()), slow_s=_slow_s())
 
     def tick(self, now: float, new_events: list[dict]) -> None:
         self.sampler.tick(now, new_events)

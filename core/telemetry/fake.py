@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,7 +42,10 @@ class FakePynvml:
         self.util = util or (lambda gpu, t: 50 + 45 * math.sin(t / 7 + gpu))
         self.procs = procs or {}
         self.total_mib = total_mib
+        # sampling calls (not init's handle/name queries): in all, and by what they read,
+        # so tests can hold the per-GPU call budget (each real call costs ~0.4 ms on a VM)
         self.calls = 0
+        self.calls_by: Counter[str] = Counter()
         self._nvlink_kib = [0.0] * gpus
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -72,6 +76,7 @@ class FakePynvml:
     # -- samples --------------------------------------------------------------------------
     def _check(self, what: str) -> None:
         self.calls += 1
+        self.calls_by[what] += 1
         if what in self.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
@@ -115,12 +120,14 @@ class FakePynvml:
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h: int):
         self.calls += 1
+        self.calls_by["procs"] += 1
         if "procs_v3" in self.unsupported:  # an older driver lacks the _v3 symbol
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return self._proc_list(h)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: int):
         self.calls += 1
+        self.calls_by["procs"] += 1
         return self._proc_list(h)
 
     nvmlDeviceGetComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses_v3

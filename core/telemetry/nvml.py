@@ -2,9 +2,11 @@
 
 `Nvml` initialises NVML on first use, never at import. Without a driver it settles into a
 clear "no NVIDIA driver" state (status "no_driver") instead of raising; a query the GPU does
-not support yields NA (None in stored samples) and is not asked again. Version-suffixed entry
-points (nvmlDeviceGetComputeRunningProcesses_v3 / _v2 / plain) are tried in turn, so old
-drivers without the newest symbol still report processes.
+not support yields NA (None in stored samples) and is not asked again. Queries are tiered
+(see `Nvml.sample`): utilisation and memory every sample, the rest every `slow_every`
+samples, spread over the GPUs. Version-suffixed entry points
+(nvmlDeviceGetComputeRunningProcesses_v3 / _v2 / plain) are tried in turn, so old drivers
+without the newest symbol still report processes.
 
 `lib` may be any object with pynvml's interface (core/telemetry/fake.py for CI).
 """
@@ -49,6 +51,11 @@ _PROC_FUNCS = ("nvmlDeviceGetComputeRunningProcesses_v3",
                "nvmlDeviceGetComputeRunningProcesses")
 # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: cumulative KiB over all links
 _FI_NVLINK_TX, _FI_NVLINK_RX = 138, 139
+# the slow set before its first read (or on a GPU that supports none of it)
+_EMPTY_SLOW: dict[str, Any] = {"slow_t": None, "power_w": None, "temp_c": None,
+                               "sm_mhz": None, "mem_mhz": None, "pcie_rx_kbs": None,
+                               "pcie_tx_kbs": None, "nvlink_rx_kbs": None,
+                               "nvlink_tx_kbs": None, "procs": ()}
 
 
 def _load_pynvml():
@@ -58,8 +65,11 @@ def _load_pynvml():
 
 
 class Nvml:
-    def __init__(self, lib: Any = None):
+    def __init__(self, lib: Any = None, slow_every: int = 10):
         self._lib = lib
+        self.slow_every = slow_every      # samples between two reads of a GPU's slow set
+        self._tick = 0
+        self._slow: dict[int, dict[str, Any]] = {}
         self.status = "uninitialised"     # ok | no_driver | error
         self.message = ""
         self.driver = ""
@@ -133,12 +143,23 @@ class Nvml:
             return NA
 
     def sample(self, now: float | None = None) -> list[dict[str, Any]]:
-        """One sample per GPU: {"gpu", "t", metric: value or None, "procs": [(pid, mib)]}."""
+        """One sample per GPU: {"gpu", "t", "slow_t", metric: value or None,
+        "procs": [(pid, mib)]}.
+
+        Tiered, because on virtualised H200s each NVML call costs ~0.4 ms of CPU: every call
+        reads the fast set (utilisation, memory: 2 calls per GPU); the slow set (power,
+        temperature, clocks, PCIe, NVLink, process list) is read for each GPU once every
+        `slow_every` calls, one GPU's turn per call where there are fewer GPUs than calls in
+        the period (no tick reads every GPU's slow set; the first call reads all of them).
+        Between reads a sample carries the last known slow values (None while never read or
+        unsupported); "slow_t" says when they were read."""
         if not self.init():
             return []
         now = time.time() if now is None else now
         lib = self._lib
         out = []
+        n, every, tick = len(self._handles), max(1, int(self.slow_every)), self._tick
+        self._tick += 1
         for i, h in enumerate(self._handles):
             s: dict[str, Any] = {"gpu": i, "t": now}
             u = self._try(i, "util", lib.nvmlDeviceGetUtilizationRates, h)
@@ -147,21 +168,30 @@ class Nvml:
             m = self._try(i, "mem", lib.nvmlDeviceGetMemoryInfo, h)
             s["mem_used_mib"] = _num(getattr(m, "used", NA), 1 / 2**20)
             s["mem_total_mib"] = _num(getattr(m, "total", NA), 1 / 2**20)
-            s["power_w"] = _num(self._try(i, "power", lib.nvmlDeviceGetPowerUsage, h), 1e-3)
-            s["temp_c"] = _num(self._try(i, "temp", lib.nvmlDeviceGetTemperature, h,
-                                         getattr(lib, "NVML_TEMPERATURE_GPU", 0)))
-            s["sm_mhz"] = _num(self._try(i, "sm_clock", lib.nvmlDeviceGetClockInfo, h,
-                                         getattr(lib, "NVML_CLOCK_SM", 1)))
-            s["mem_mhz"] = _num(self._try(i, "mem_clock", lib.nvmlDeviceGetClockInfo, h,
-                                          getattr(lib, "NVML_CLOCK_MEM", 2)))
-            s["pcie_rx_kbs"] = _num(self._try(i, "pcie_rx", lib.nvmlDeviceGetPcieThroughput, h,
-                                              getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", 1)))
-            s["pcie_tx_kbs"] = _num(self._try(i, "pcie_tx", lib.nvmlDeviceGetPcieThroughput, h,
-                                              getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", 0)))
-            s["nvlink_rx_kbs"], s["nvlink_tx_kbs"] = self._nvlink(i, h, now)
-            s["procs"] = self._procs(i, h)
+            if tick == 0 or tick % every == (i * every // n) % every:
+                self._slow[i] = self._slow_sample(i, h, now)
+            s.update(self._slow.get(i) or _EMPTY_SLOW)
+            s["procs"] = list(s["procs"])
             out.append(s)
         return out
+
+    def _slow_sample(self, i: int, h, now: float) -> dict[str, Any]:
+        lib = self._lib
+        s: dict[str, Any] = {"slow_t": now}
+        s["power_w"] = _num(self._try(i, "power", lib.nvmlDeviceGetPowerUsage, h), 1e-3)
+        s["temp_c"] = _num(self._try(i, "temp", lib.nvmlDeviceGetTemperature, h,
+                                     getattr(lib, "NVML_TEMPERATURE_GPU", 0)))
+        s["sm_mhz"] = _num(self._try(i, "sm_clock", lib.nvmlDeviceGetClockInfo, h,
+                                     getattr(lib, "NVML_CLOCK_SM", 1)))
+        s["mem_mhz"] = _num(self._try(i, "mem_clock", lib.nvmlDeviceGetClockInfo, h,
+                                      getattr(lib, "NVML_CLOCK_MEM", 2)))
+        s["pcie_rx_kbs"] = _num(self._try(i, "pcie_rx", lib.nvmlDeviceGetPcieThroughput, h,
+                                          getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", 1)))
+        s["pcie_tx_kbs"] = _num(self._try(i, "pcie_tx", lib.nvmlDeviceGetPcieThroughput, h,
+                                          getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", 0)))
+        s["nvlink_rx_kbs"], s["nvlink_tx_kbs"] = self._nvlink(i, h, now)
+        s["procs"] = tuple(self._procs(i, h))
+        return s
 
     def _nvlink(self, i: int, h, now: float) -> tuple[float | None, float | None]:
         """NVLink KiB/s from the cumulative data counters (None where there is no NVLink)."""

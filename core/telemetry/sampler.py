@@ -1,8 +1,13 @@
-"""The agent's telemetry monitor: one full sample (GPUs, run processes, host) per interval.
+"""The agent's telemetry monitor: one sample (GPUs, run processes, host) per interval.
 
 Called from the agent's tick (~0.5 s); it does nothing between intervals, so NVML is touched
-only at run.telemetry_interval_s. A sample is a few hundred microseconds of NVML calls per GPU
-plus one psutil pass over the run's processes (bench/telemetry_cost.py measures it).
+only at run.telemetry_interval_s. Budget: < 1 % of one core at 1 Hz on 8 GPUs. So each sample
+reads only what the monitor and the starvation detector need every second (GPU utilisation
+and memory; per-process CPU/RSS); the rest (power, temperature, clocks, PCIe/NVLink, GPU
+process lists, /dev/shm and disk free, the search for new DataLoader workers) is read every
+`slow_s`, spread over the samples, and stored samples carry the last known value in between
+("slow_t" in each latest GPU record says when it was read). `costs` holds the CPU seconds of
+the last sample's parts; bench/telemetry_cost.py measures the whole on real GPUs.
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ from core.telemetry.store import TelemetryStore
 class TelemetrySampler:
     def __init__(self, tstore: TelemetryStore | None, interval_s: float = 1.0,
                  rank_pids: Callable[[], list[int]] = list, out_dir: str | None = None,
-                 nvml: Nvml | None = None, keep_recent_s: float = 120.0):
+                 nvml: Nvml | None = None, keep_recent_s: float = 120.0,
+                 slow_s: float = 10.0):
         self.tstore = tstore
         self.interval_s = max(0.1, float(interval_s))
+        self.slow_s = max(self.interval_s, float(slow_s))
         self.rank_pids = rank_pids
         self.out_dir = out_dir
         self.nvml = nvml or Nvml()
-        self.procs = ProcessSampler()
+        self.nvml.slow_every = max(1, round(self.slow_s / self.interval_s))
+        self.procs = ProcessSampler(rescan_s=self.slow_s)
+        self.costs: dict[str, float] = {}
         self.last_t = 0.0
         self.samples = 0
         # recent GPU utilisation and the pid → GPU map, for the live detectors
@@ -44,13 +53,18 @@ class TelemetrySampler:
         if self.tstore is not None:
             self.tstore.flush_buckets()
         self.nvml.close()
+        self.procs.close()
 
     def sample(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
+        c0 = time.process_time()
         gpus = self.nvml.sample(now)
+        c1 = time.process_time()
         pids = list(self.rank_pids() or [])
         ranks, rows = self.procs.sample(pids)
-        host = host_sample(self.out_dir)
+        c2 = time.process_time()
+        host = host_sample(self.out_dir, self.slow_s)
+        c3 = time.process_time()
         rank_of_pid = {r["pid"]: r["rank"] for r in rows}
         gpu_procs = []
         for g in gpus:
@@ -78,6 +92,8 @@ class TelemetrySampler:
             st.set_latest("procs", now, {"ranks": ranks, "procs": rows, "gpu_procs": gpu_procs})
             st.set_latest("host", now, host)
             st.commit()
+        self.costs = {"nvml": c1 - c0, "procs": c2 - c1, "host": c3 - c2,
+                      "store": time.process_time() - c3}
         self.samples += 1
         return {"gpus": gpus, "ranks": ranks, "procs": rows, "host": host,
                 "gpu_procs": gpu_procs, "status": status}

@@ -12,6 +12,12 @@ each row holds n, and per metric <m>_min, <m> (the mean) and <m>_max. The latest
 rows and the GPU → pid map are a one-row-per-kind snapshot (`tel_latest`), not a history.
 A week at 1 Hz on 8 GPUs stays a few tens of MB (tests/test_telemetry_store.py measures it).
 
+Not every metric is read every sample (core/telemetry/sampler.py): GPU power_w, temp_c,
+sm_mhz, mem_mhz, pcie_*_kbs, nvlink_*_kbs and host shm_free_mib, disk_free_mib are read every
+~10 s and each 1 s row carries the last value read (None only while never read or not
+supported), so charts stay continuous and bucket means are not skewed by gaps. The
+latest "gpus" snapshot says when they were read: each GPU record's "slow_t".
+
 The agent is the only writer (through its Store's connection); readers open run.db read-only.
 """
 
