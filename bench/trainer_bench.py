@@ -178,14 +178,19 @@ def table(out: Path, warmup: int) -> str:
                      f"{'n/a' if m is None else f'{100 * m:.1f} %'} |")
     by = {r[0]: r for r in rows}
     notes = []
-    if "ours-padded-1" in by and "ours-padded-2" in by:
-        notes.append(f"2-GPU scaling (ours, padded): "
-                     f"{2 * by['ours-padded-2'][2] / by['ours-padded-1'][2]:.2f}x")
+    for one, two in (("anchor-1", "anchor-2"), ("ours-padded-1", "ours-padded-2"),
+                     ("ours-padded-1-compile", "ours-padded-2-compile")):
+        if one in by and two in by:
+            notes.append(f"2-GPU scaling ({one.removesuffix('-1')}): "
+                         f"{2 * by[two][2] / by[one][2]:.3f}x")
     if "ours-chat-padded-1" in by and "ours-chat-packed-1" in by:
         # tokens counted are non-padding tokens in both, so this is the effective speed-up
         notes.append(f"packing vs padded (non-padding tokens/s): "
                      f"{by['ours-chat-packed-1'][2] / by['ours-chat-padded-1'][2]:.2f}x")
-    for ours, anchor in (("ours-padded-1", "anchor-1"), ("ours-padded-2", "anchor-2")):
+    for ours, anchor in (("ours-padded-1", "anchor-1"), ("ours-padded-2", "anchor-2"),
+                         ("ours-padded-1-nochunk", "anchor-1"),
+                         ("ours-padded-1-compile", "anchor-1"),
+                         ("ours-padded-2-compile", "anchor-2")):
         if ours in by and anchor in by:
             notes.append(f"{ours} / {anchor}: {by[ours][2] / by[anchor][2]:.3f}")
     text = "\n".join(lines + [""] + notes) + "\n"

@@ -127,6 +127,27 @@ def _bcast(obj, src_rank: int = 0):
     return box[0]
 
 
+def forward_inputs(b: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
+    """The loss module's inputs for one (CPU, pinned) batch, on `dev`. What the batch lets the
+    model skip is decided here, on the CPU copy, so the GPU is never asked (no sync)."""
+    kw = {k: b[k].to(dev, non_blocking=True) for k in
+          ("input_ids", "targets", "position_ids") if k in b}
+    mask = b.get("attention_mask")
+    # All ones (nothing padded): no mask at all, so attention runs the plain causal kernel and
+    # transformers does not inspect the mask on the GPU.
+    if mask is not None and not bool(mask.all()):
+        kw["attention_mask"] = mask.to(dev, non_blocking=True)
+    labelled = b["targets"].flatten() != IGNORE
+    if not bool(labelled.all()):
+        # The output head and loss run only on labelled positions: prompts and padding are
+        # skipped (on chat data most of the vocabulary-wide work).
+        pos = labelled.nonzero().squeeze(1)
+        if dev.type == "cuda":
+            pos = pos.pin_memory()  # an asynchronous copy needs page-locked memory
+        kw["label_pos"] = pos.to(dev, non_blocking=True)
+    return kw
+
+
 class Trainer:
     def __init__(self, spec: RunSpec, run_dir: Path, d: Dist, events: EventWriter,
                  stop: StopFlag, model_path: tuple[Path, bool] | None = None, *,
@@ -154,8 +175,10 @@ class Trainer:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
         if tr.compile:
+            # Per layer: one graph reused by every layer, and FSDP2 units stay intact. Shapes
+            # are static until a second shape is seen (fixed-length batches never recompile).
             for layer in decoder_layers(model):
-                layer.compile()  # per layer: one graph reused 28×, and FSDP2 units stay intact
+                layer.compile(mode=os.environ.get("TUNEDECK_COMPILE_MODE") or None)
         self.loss_mod = CausalLMLoss(model, chunk=int(os.environ.get("TUNEDECK_LOSS_CHUNK", 0)))
         self.strategy = spec.parallel.strategy
         self.wrapped = wrap(self.loss_mod, self.strategy, d.device, d.world_size, self.dtype,
@@ -274,9 +297,7 @@ class Trainer:
                               enabled=self.dtype != torch.float32)
 
     def _forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        dev = self.d.device
-        kw = {k: b[k].to(dev, non_blocking=True) for k in
-              ("input_ids", "targets", "attention_mask", "position_ids") if k in b}
+        kw = forward_inputs(b, self.d.device)
         with self._autocast():
             return self.wrapped(**kw)
 
@@ -308,11 +329,13 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-        stats = torch.stack([loss_sum, torch.tensor(float(n_labels), device=dev,
-                                                    dtype=torch.float64),
-                             torch.tensor(float(self.stop.requested), device=dev,
-                                          dtype=torch.float64),
-                             grad_norm.detach().to(torch.float64)])
+        # Host numbers enter by fill kernels (scalar arguments), not host→device copies, which
+        # from pageable memory can wait for the GPU.
+        stats = torch.empty(4, device=dev, dtype=torch.float64)
+        stats[0].copy_(loss_sum)
+        stats[1].fill_(float(n_labels))
+        stats[2].fill_(float(self.stop.requested))
+        stats[3].copy_(grad_norm.detach())
         dist.all_reduce(stats)
         s_loss, s_labels, s_stop, s_norm = stats.tolist()  # the step's one host sync
         step_s = time.perf_counter() - t0
