@@ -185,6 +185,8 @@ async def test_presets_screen_previews_and_launches(td_home):
         await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
         await _until(pilot, lambda: isinstance(app.screen, MonitorScreen), timeout=60)
+        # let the new screen finish mounting before the app shuts down
+        await _until(pilot, lambda: app.screen.snap is not None, timeout=60)
         run_id = app.screen.run_ref
     st = wait_for(lambda: (td_home / "runs" / run_id / "state.json").exists(), 10, "state")
     assert st

@@ -8,12 +8,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Log, Sparkline, Static
+from textual.widgets import Footer, Log, Sparkline, Static
 
 from core.runs.registry import RunNotFound, find_run
 from core.runs.watch import RunWatcher, Snapshot
 from tui.format import fmt_duration, fmt_loss, fmt_rate
 from tui.screens.confirm import ConfirmScreen
+from tui.widgets.titlebar import TitleBar
 
 MAX_SPARK_POINTS = 400  # the sparkline buckets into its width; more points only cost copying
 
@@ -49,7 +50,7 @@ class MonitorScreen(Screen):
         self.snap: Snapshot | None = None
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar("monitor")
         yield Static(f"run {self.run_ref}", id="monitor-title")
         yield Static("reading…", id="monitor-stats")
         yield Static("", id="gpu-panel")

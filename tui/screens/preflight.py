@@ -10,7 +10,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Static
+
+from tui.widgets.titlebar import TitleBar
 
 STATUS_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim",
                 "…": "dim"}
@@ -48,7 +50,7 @@ class PreflightScreen(Screen):
         self.generation = 0
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar("preflight")
         yield Static(f"Preflight: {self.spec_path}", id="preflight-title")
         yield DataTable(id="checks", cursor_type="row", zebra_stripes=True)
         yield Static("", id="check-detail")

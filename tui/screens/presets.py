@@ -10,11 +10,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Static
 
 from core.paths import PRESETS_DIR
 from core.spec import SpecError, load_spec
 from tui.screens.confirm import ConfirmScreen
+from tui.widgets.titlebar import TitleBar
 
 
 class PresetsLoaded(Message):
@@ -54,7 +55,7 @@ class PresetsScreen(Screen):
         self.paths: list[Path] = []
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar("presets")
         with Horizontal():
             table: DataTable = DataTable(id="presets-table", cursor_type="row")
             table.add_columns("PRESET", "WHAT")
@@ -172,5 +173,6 @@ class PresetsScreen(Screen):
         from tui.screens.monitor import MonitorScreen
 
         self.notify(f"launched {msg.run_id}")
-        self.app.pop_screen()
-        self.app.push_screen(MonitorScreen(msg.run_id))
+        # replace this screen in one step: a pop then a push lets the popped screen's header
+        # react to the title change after it is gone
+        self.app.switch_screen(MonitorScreen(msg.run_id))

@@ -9,10 +9,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Static
 
 from core.runs.registry import RunInfo, list_runs
 from tui.format import fmt_age, fmt_loss
+from tui.widgets.titlebar import TitleBar
 
 STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
                 "failed": "bold red", "stopped": "magenta"}
@@ -42,7 +43,7 @@ class RunsScreen(Screen):
         self.runs: list[RunInfo] = []
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar("runs")
         table: DataTable = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         table.add_columns("RUN", "NAME", "STATUS", "STEP", "LOSS", "AGE")
         yield table

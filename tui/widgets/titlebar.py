@@ -1,0 +1,26 @@
+"""A one-line title bar.
+
+Textual's Header watches the app title through callbacks that can fire after its screen was
+switched away (a NoMatches error seen when a launch replaced the presets screen); a plain Static
+has no such callbacks and costs nothing over SSH.
+"""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+
+class TitleBar(Static):
+    DEFAULT_CSS = """
+    TitleBar { height: 1; background: $panel; color: $text; text-style: bold; padding: 0 1; }
+    """
+
+    def __init__(self, subtitle: str = ""):
+        super().__init__(self._text(subtitle), markup=False)
+
+    @staticmethod
+    def _text(subtitle: str) -> str:
+        return f"tunedeck · {subtitle}" if subtitle else "tunedeck"
+
+    def set_subtitle(self, subtitle: str) -> None:
+        self.update(self._text(subtitle))
