@@ -76,7 +76,6 @@ def advise(base: MemoryInputs, *, gpus: int, gpu_mem_gib: float, data_tokens: in
     shard_kw = {"strategy": sharded, "zero_stage": 3 if sharded == "deepspeed" else 0}
     one = est(strategy="ddp", world_size=1, gradient_checkpointing=False)
     one_gc = est(strategy="ddp", world_size=1, gradient_checkpointing=True)
-    t1 = hours(1, False)
     size = f"{arch.total_params() / 1e9:.1f}B"
     reasons: list[str] = []
 

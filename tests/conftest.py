@@ -78,3 +78,21 @@ def finished_demo(tmp_path_factory, model_cache):
     run_id = json.loads(proc.stdout)["run_id"]
     yield home, run_id, proc
     _stop_leftovers(home)
+
+
+def make_run_dir(path: Path, **sections) -> Path:
+    """A run directory with only spec.toml, for running core.train under torchrun by hand:
+    the demo data on 2 CPU ranks; `train__max_steps=5` style keywords set spec fields."""
+    from core.spec import RunSpec
+
+    spec = RunSpec(name="t")
+    spec.data.path = str(REPO / "presets" / "data" / "demo_chat.jsonl")
+    spec.cluster.device, spec.cluster.dist_backend = "cpu", "gloo"
+    spec.method.lora_rank, spec.method.lora_alpha = 16, 32
+    spec.train.learning_rate, spec.train.warmup_steps = 5e-3, 2
+    for key, value in sections.items():
+        section, name = key.split("__")
+        setattr(getattr(spec, section), name, value)
+    path.mkdir(parents=True)
+    (path / "spec.toml").write_text(spec.to_toml())
+    return path

@@ -11,7 +11,6 @@ import pytest
 
 from core.preflight import make_context, run_checks
 from core.preflight.gpu import Gpu, GpuFacts, probe_gpus
-from core.spec import loads_spec
 from tests.conftest import REPO, cli
 
 DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"

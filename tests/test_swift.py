@@ -4,7 +4,6 @@ preset accepted by the installed ms-swift's own argument parser, and a real CPU 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

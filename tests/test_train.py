@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ import pytest
 pytest.importorskip("torch", reason="the train extra is not installed")
 
 from core.demo import ensure_tiny_model, load_tokenizer
-from core.spec import RunSpec
+from core.resolve import free_port
+from tests.conftest import make_run_dir
 from core.train.data import IGNORE, DataError, encode, read_conversations
 from core.train.events import read_events
 
@@ -120,30 +120,14 @@ def test_demo_data_is_valid():
 
 # -- real torchrun ------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_dir(tmp_path: Path, **train) -> Path:
-    spec = RunSpec(name="t")
-    spec.data.path = str(DATA)
-    spec.cluster.device, spec.cluster.dist_backend = "cpu", "gloo"
-    spec.method.lora_rank, spec.method.lora_alpha = 16, 32
-    spec.train.learning_rate, spec.train.warmup_steps = 5e-3, 2
-    for k, v in train.items():
-        setattr(spec.train, k, v)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "spec.toml").write_text(spec.to_toml())
-    return run
+    return make_run_dir(tmp_path / "run", **{f"train__{k}": v for k, v in train.items()})
 
 
 def _torchrun(run: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
             "-m", "core.train", "--run-dir", str(run)]
     with open(log, "wb") as out:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,

@@ -3,7 +3,6 @@ resumable data position. In-process, no torchrun."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

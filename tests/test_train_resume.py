@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the train extra is not installed")
 
-from core.spec import RunSpec
+from core.resolve import free_port
+from tests.conftest import make_run_dir
 from core.train.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,30 +29,13 @@ def cache(tmp_path_factory):
         yield
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_dir(path: Path, **sections) -> Path:
-    spec = RunSpec(name="t")
-    spec.data.path = str(DATA)
-    spec.cluster.device, spec.cluster.dist_backend = "cpu", "gloo"
-    spec.method.lora_rank, spec.method.lora_alpha = 16, 32
-    spec.train.learning_rate, spec.train.warmup_steps = 5e-3, 2
-    for key, v in sections.items():
-        sec, name = key.split("__")
-        setattr(getattr(spec, sec), name, v)
-    path.mkdir(parents=True)
-    (path / "spec.toml").write_text(spec.to_toml())
-    return path
+_run_dir = make_run_dir
 
 
 def _torchrun(run: Path, expect_rc: int = 0, **env) -> None:
     log = run / f"torchrun-{len(list(run.glob('torchrun-*')))}.log"
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
             "-m", "core.train", "--run-dir", str(run)]
     with open(log, "wb") as out:
         proc = subprocess.run(argv, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", **env),

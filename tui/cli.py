@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from core.paths import PRESETS_DIR, runs_root
-from core.runs.registry import RunNotFound, find_run, list_runs, log_tail, metrics, rank_log_files
+from core.runs.registry import RunNotFound, find_run, list_runs, log_tail, rank_log_files
 from core.runs.state import TERMINAL
 from core.spec import SpecError, load_spec
 from tui.format import fmt_age as _fmt_age

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from core.paths import PACKAGE_ROOT, cache_dir
 from core.swift.version import installed_version, parse
@@ -77,7 +76,7 @@ FIXES_4X: dict[str, Fix] = {
 VALUE_FIXES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "tuner_type": {"qlora": (("--tuner_type", "lora", *_QLORA),
                              "ms-swift has no qlora tuner: QLoRA is lora on a bnb 4-bit base")},
-    "deepspeed": {f"default-zero{i}": ((f"--deepspeed", f"zero{i}"), "2.x preset name")
+    "deepspeed": {f"default-zero{i}": (("--deepspeed", f"zero{i}"), "2.x preset name")
                   for i in range(4)},
     "fsdp": {"full_shard auto_wrap": (("--fsdp", "fsdp2"), "ms-swift reads --fsdp as a "
                                       "preset name or JSON, not the HF strategy string")},

@@ -13,7 +13,7 @@ def register(sub) -> None:
     s.add_argument("spec", help="spec file, e.g. presets/demo.toml")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec key (repeatable)")
-    s.add_argument("--smoke", action="store_true", help=f"then launch the real run for a few "
+    s.add_argument("--smoke", action="store_true", help="then launch the real run for a few "
                    "steps and wait for it (only when no check failed)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_preflight)
