@@ -30,6 +30,9 @@ kind "step" — every optimizer step, every rank:
                             to the end of its all-reduce (includes data_wait_s; checkpoint
                             saves are not counted)
     data_wait_s     float   time this rank blocked in next(dataloader) during the step
+    compute_s       float   forward-pass time of this rank in the step (a compute proxy: under
+                            DDP the forward has no collective, so a slow rank shows here while
+                            step_s is equalised by the all-reduce); used by straggler detection
     mem_gib         float   GPU: torch.cuda.max_memory_allocated; CPU: process RSS (GiB)
     tokens_per_s    float   tokens / step_s for this rank
     epoch           int     epoch the step's last batch came from (0-based)

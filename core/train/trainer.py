@@ -43,6 +43,54 @@ GIB = 2 ** 30
 CRASH_ENV = "TUNEDECK_TEST_CRASH_AT_STEP"
 
 
+SLOW_ENV = "TUNEDECK_TEST_SLOW_RANK"  # "RANK:SECONDS": that rank's forward sleeps (tests)
+
+
+def _test_slow_rank(rank: int) -> None:
+    spec = os.environ.get(SLOW_ENV)
+    if spec:
+        r, _, secs = spec.partition(":")
+        if r.strip() == str(rank):
+            time.sleep(float(secs or 0.1))
+
+
+class ForwardTimer:
+    """Forward-pass time of this rank in a step: the compute proxy straggler detection needs.
+
+    step_s cannot show a slow rank under DDP, because the fast ranks wait for it inside the
+    backward's all-reduce; the forward has no collective (under DDP) so its time is this rank's
+    own. On CUDA it uses events read after the step's one host sync, adding no sync itself.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: list = []
+        self.cpu_s = 0.0
+        self._t = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.spans.append([ev, None])
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.spans[-1][1] = ev
+        else:
+            self.cpu_s += time.perf_counter() - self._t
+
+    def total(self) -> float:
+        """Seconds; call after the step's host sync so CUDA events have completed."""
+        if self.cuda:
+            return sum(a.elapsed_time(b) for a, b in self.spans if b is not None) / 1000.0
+        return self.cpu_s
+
+
 class StopFlag:
     """SIGTERM/SIGINT ask for a graceful stop; the loop acts on it at the end of a step.
 
@@ -315,9 +363,13 @@ class Trainer:
         n_labels = sum(int((b["targets"] != IGNORE).sum()) for b in micro)
         doc_lens = [int(x) for b in micro for x in b["doc_lens"]]
         loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
+        timer = ForwardTimer(dev)
         for i, b in enumerate(micro):
             with grad_sync(self.wrapped, i == len(micro) - 1):
+                timer.start()
                 loss = self._forward(b)
+                _test_slow_rank(self.d.rank)
+                timer.stop()
                 self.scaler.scale(loss / max(n_labels, 1)).backward()
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)
@@ -342,7 +394,8 @@ class Trainer:
         tokens = sum(doc_lens)
         return {"loss": s_loss / max(s_labels, 1.0), "lr": lr,
                 "grad_norm": s_norm / self.d.world_size, "tokens": tokens,
-                "step_s": step_s, "data_wait_s": wait, "mem_gib": self._mem_gib(),
+                "step_s": step_s, "data_wait_s": wait, "compute_s": timer.total(),
+                "mem_gib": self._mem_gib(),
                 "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "mfu": mfu(step_flops(doc_lens=doc_lens, **self.flop_shape), step_s,
                            self.peak),
