@@ -31,7 +31,7 @@ def _print_json(data) -> None:
 # -- subcommands -------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
-    from core.runs.launch import LaunchError, launch, prepare_run
+    from core.runs.launch import LaunchError, launch
 
     try:
         spec = load_spec(args.spec, args.set)
@@ -48,7 +48,7 @@ def cmd_launch(args) -> int:
         print(f"# {p.summary}")
         return 0
     try:
-        run_dir = launch(spec) if not args.prepare_only else prepare_run(spec)
+        run_dir = launch(spec)
     except (LaunchError, OSError, ValueError) as e:
         print(f"tunedeck: launch failed: {e}", file=sys.stderr)
         return 1
@@ -220,7 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="block until the run ends; exit 0 only "
                    "if it succeeded")
     s.add_argument("--dry-run", action="store_true", help="print the launch script, start nothing")
-    s.add_argument("--prepare-only", action="store_true", help=argparse.SUPPRESS)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_launch)
 

@@ -96,25 +96,33 @@ class MetricsParser:
         touched: dict[int, dict[str, Any]] = {}
         for line in lines:
             got = parse_metrics_line(line)
-            if got is None:
-                continue
-            fmt, raw = got
-            if fmt == "tqdm":
-                self._bar(raw)
-                continue
-            rec = self._normalise(fmt, raw)
-            if rec is None:
-                continue
-            step = rec["step"]
-            cur = self.by_step.get(step)
-            if cur is None or "eval_loss" in rec and "loss" not in rec:
-                merged = {**(cur or {}), **rec}
-            else:
-                merged = rec if "loss" in rec else {**cur, **rec}  # a restart repeats: later wins
-            self.by_step[step] = merged
-            touched[step] = merged
-            self.last_step = step
+            if got is not None:
+                self._add(*got, touched)
         return [touched[s] for s in sorted(touched)]
+
+    def feed_dicts(self, dicts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Like feed, for metric dicts already parsed (events read back from run.db)."""
+        touched: dict[int, dict[str, Any]] = {}
+        for d in dicts:
+            self._add("dict", d, touched)
+        return [touched[s] for s in sorted(touched)]
+
+    def _add(self, fmt: str, raw: dict[str, Any], touched: dict[int, dict[str, Any]]) -> None:
+        if fmt == "tqdm":
+            self._bar(raw)
+            return
+        rec = self._normalise(fmt, raw)
+        if rec is None:
+            return
+        step = rec["step"]
+        cur = self.by_step.get(step)
+        if cur is None or "eval_loss" in rec and "loss" not in rec:
+            merged = {**(cur or {}), **rec}
+        else:
+            merged = rec if "loss" in rec else {**cur, **rec}  # a restart repeats: later wins
+        self.by_step[step] = merged
+        touched[step] = merged
+        self.last_step = step
 
     def records(self) -> list[dict[str, Any]]:
         src = self.by_step or self.progress
@@ -272,12 +280,32 @@ def records_from_run(run_dir: str | Path) -> list[dict[str, Any]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no such run directory: {run_dir}")
+    sources = run_metric_files(run_dir)
+    if sources and sources[0][0].parent == run_dir / "events":
+        # event streams: what the agent already ingested into run.db plus what it has not
+        # read yet, so a week-long run is not re-parsed from its files on every call
+        return merge_by_step(_records_from_events(run_dir))
     per_source = []
-    for path, rank in run_metric_files(run_dir):
+    for path, rank in sources:
         fm = FileMetrics(path, rank)
         fm.poll(final=True)
         per_source.append(fm.records())
     return merge_by_step(per_source)
+
+
+def _records_from_events(run_dir: Path) -> list[list[dict[str, Any]]]:
+    from core.runs.store import read_events
+
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for e in read_events(run_dir):
+        rank = e.get("rank")
+        by_rank.setdefault(rank if isinstance(rank, int) else -1, []).append(e)
+    out = []
+    for rank in sorted(by_rank, key=lambda r: (r < 0, r)):
+        parser = MetricsParser(rank if rank >= 0 else None)
+        parser.feed_dicts(by_rank[rank])
+        out.append(parser.records())
+    return out
 
 
 def records(ref: str | Path) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ stdin from /dev/null and output to a file; after that it can die without touchin
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -84,7 +83,3 @@ def launch(spec: RunSpec, root: Path | None = None) -> Path:
     run_dir = prepare_run(spec, root)
     start_agent(run_dir)
     return run_dir
-
-
-def plan_summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "plan.json").read_text())

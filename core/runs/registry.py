@@ -14,7 +14,6 @@ from typing import Any
 from core.ingest.tail import tail_lines
 from core.paths import runs_root
 from core.runs.state import TERMINAL, pid_alive, read_json
-from core.runs.store import read_events, step_metrics
 
 
 class RunNotFound(LookupError):
@@ -110,11 +109,6 @@ def find_run(ref: str, root: Path | None = None) -> RunInfo:
         ids = ", ".join(r.run_id for r in by_prefix[:5])
         raise RunNotFound(f"{ref!r} matches several runs: {ids}")
     raise RunNotFound(f"no run {ref!r} under {root}")
-
-
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Per-step records of rank 0 (loss is the mean over ranks)."""
-    return step_metrics(read_events(run_dir, kind="step", rank=0))
 
 
 def rank_log_files(run_dir: Path, rank: int = 0) -> list[Path]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from core.ingest.tail import read_new_json
 
@@ -129,24 +129,6 @@ def read_events(run_dir: Path, kind: str | None = None, rank: int | None = None
             continue
         events, _ = read_new_json(path, offsets.get(path.name, 0))
         out.extend(e for e in events if kind is None or e.get("kind") == kind)
-    return out
-
-
-def step_metrics(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per step (the last attempt wins when a restart repeated a step)."""
-    by_step: dict[int, dict[str, Any]] = {}
-    for e in events:
-        if e.get("kind") == "step" and isinstance(e.get("step"), int):
-            by_step[e["step"]] = e
-    out = []
-    for step in sorted(by_step):
-        e = by_step[step]
-        rec = {"step": step, "loss": e.get("loss"), "learning_rate": e.get("lr")}
-        for k in ("grad_norm", "tokens", "tokens_per_s", "step_s", "data_wait_s", "mem_gib",
-                  "t", "rank"):
-            if k in e:
-                rec[k] = e[k]
-        out.append(rec)
     return out
 
 

@@ -21,6 +21,3 @@ class TitleBar(Static):
     @staticmethod
     def _text(subtitle: str) -> str:
         return f"tunedeck · {subtitle}" if subtitle else "tunedeck"
-
-    def set_subtitle(self, subtitle: str) -> None:
-        self.update(self._text(subtitle))
