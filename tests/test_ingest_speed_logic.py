@@ -1,4 +1,5 @@
-"""The scanner's chunk-level fast path must see exactly what the line-by-line path sees."""
+"""The scanner's chunk-level fast paths (native classifier and pure Python) must see exactly
+what the line-by-line path sees."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.diagnose.engine import build_findings
-from core.diagnose.scan import FileScanner
+from core.diagnose.scan import FileScanner, _fastscan
 from core.diagnose.sources import Source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +71,21 @@ def mixed_log(rng: random.Random, n: int) -> str:
         "gpu-node-07:80:80 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/IPC",
         "some text via a proxy", "NCCL INFO mentioned in passing", "naïve ünïcode line ١٢:٣٤:٥٦",
         "Sending process 1333 closing signal SIGTERM",
+        # what the native classifier must get right or hand to Python
+        "gpu-node-07:801:801 [1] NCCL INFO Channel 02/0 : 1[1] -> 0[0] [send] via NET/IB/0/GDRDMA",
+        "gpu-node-07:801:801 [1] NCCL INFO Channel 03/0 : 1[1] -> 0[0] via SHM/direct/direct",
+        "gpu-node-07:801:801 [1] NCCL INFO Channel 04/0 : 1[1] -> 0[0] via " + "X" * 40,
+        "gpu-node-07:801:801 [1] NCCL INFO Channel 05/0 : 1[1] -> 0[0] via P2P via P2P",
+        "gpu-node-07:801:801 [1] NCCL INFO Channel 06/0 : 1[x] -> 0[0] via P2P/IPC",
+        "gpu-node-07:801:801 [1] NCCL INFO Using network IB",
+        "gpu-node-07:801:801 [1] NCCL INFO Bootstrap : Using ib0:10.0.0.2<0>",
+        "gpu-node-07:801:801 [1] NCCL INFO comm 0x99 rank 1 nRanks 16 nNodes 2 localRanks 8",
+        "gpu-node-07:801:801 [1] NCCL INFO NCCL version 2.27.3+cuda12.9",
+        "gpu-node-07:801:801 [1] NCCL INFO threadThresholds 8/8/64 | 16/8/64 | 512 | 512",
+        "gpu-node-07:801:801 [1] NCCL INFO init at 2026-11-30 09:41:02 done",
+        "the comm 0x12 handle and NET/ are mentioned outside NCCL lines",
+        "E1130 09:41:07.000000 77 x.py:1] plain error line with a time",
+        "elapsed 00:12:34 is no time stamp", "ok 99:99:99 neither",
         "Setting OMP_NUM_THREADS environment variable for each process to be 1",
     ]
     for _ in range(n // 20):
@@ -77,6 +93,14 @@ def mixed_log(rng: random.Random, n: int) -> str:
         k = rng.randrange(len(extra))
         nccl[at:at] = extra[k:k + rng.randrange(1, 6)]
     return "\n".join(nccl) + "\n"
+
+
+class PurePython(FileScanner):
+    native = False
+
+
+# the native path where it was built (a machine without a C compiler has only pure Python)
+FAST = [PurePython] + ([FileScanner] if _fastscan is not None else [])
 
 
 def _run(cls, path: Path, cuts: list[int]) -> FileScanner:
@@ -93,19 +117,21 @@ def _run(cls, path: Path, cuts: list[int]) -> FileScanner:
     return sc
 
 
+@pytest.mark.parametrize("fast_cls", FAST, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_fast_path_matches_line_by_line_on_mixed_logs(tmp_path, seed):
+def test_fast_path_matches_line_by_line_on_mixed_logs(tmp_path, seed, fast_cls):
     rng = random.Random(seed)
     p = tmp_path / "mixed.log"
     p.write_text(mixed_log(rng, 3000))
     size = p.stat().st_size
     cuts = sorted(rng.randrange(size) for _ in range(7))
-    fast, ref = _run(FileScanner, p, cuts), _run(LineByLine, p, cuts)
+    fast, ref = _run(fast_cls, p, cuts), _run(LineByLine, p, cuts)
     assert ref.hits and ref.tracebacks and ref.reports and ref.nccl.transports
     assert state(fast) == state(ref)
 
 
-def test_fast_path_matches_line_by_line_on_h200_fixtures(tmp_path):
+@pytest.mark.parametrize("fast_cls", FAST, ids=lambda c: c.__name__)
+def test_fast_path_matches_line_by_line_on_h200_fixtures(tmp_path, fast_cls):
     if not FIXTURES.is_dir():
         pytest.skip(f"fixtures not found: {FIXTURES}")
     logs = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.suffix in (".log", ".txt"))
@@ -114,4 +140,17 @@ def test_fast_path_matches_line_by_line_on_h200_fixtures(tmp_path):
         dst = tmp_path / p.name
         dst.write_bytes(p.read_bytes())
         cut = [dst.stat().st_size // 2]
-        assert state(_run(FileScanner, dst, cut)) == state(_run(LineByLine, dst, cut)), p
+        assert state(_run(fast_cls, dst, cut)) == state(_run(LineByLine, dst, cut)), p
+
+
+@pytest.mark.skipif(_fastscan is None, reason="native scanner not built (no C compiler)")
+def test_native_matcher_rejects_tokens_it_cannot_find():
+    with pytest.raises(ValueError, match="at least"):
+        _fastscan.matcher([b"ab"], [])
+    m = _fastscan.matcher([b"|", b"boom"], [b"NCCL version"])
+    with pytest.raises(ValueError, match="outside"):
+        _fastscan.classify(m, b"x\n", 0, 5)
+    data = b"a\nb 12:00:00\nc boom\nd\n"
+    stop, lines, heads, transports, facts, hint, other = _fastscan.classify(m, data, 0, len(data))
+    assert (data[stop:], lines, heads, transports, facts, other) == (b"c boom\nd\n", 2, 0, {}, [], 1)
+    assert data[hint:].startswith(b"b 12:00:00")

@@ -294,6 +294,11 @@ _OTHER = (
     "NCCL version", "Bootstrap", "NET/", "Using network", "coll channels", "comm 0x",
 )
 TOKENS: tuple[bytes, ...] = tuple(sorted({t.encode() for t in (*_RULE_LITERALS, *_OTHER)}))
+# literals of the NCCL INFO lines that carry a fact for NcclSummary (parse_nccl's kinds); the
+# native scanner hands such lines to Python in a batch instead of stopping at each one
+NCCL_FACT_TOKENS: tuple[bytes, ...] = (b"NCCL version", b"Bootstrap", b"NET/", b"Using network",
+                                       b"coll channels", b"comm 0x")
+REPORT_TOKENS: tuple[bytes, ...] = tuple(t for t in TOKENS if t not in NCCL_FACT_TOKENS)
 
 # glog and ISO stamps both contain HH:MM:SS
 TIME_HINT = re.compile(rb":\d\d:\d\d")

@@ -10,12 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.diagnose.rules import NCCL_HEAD, NCCL_VIA, TIME_HINT, TIME_HINT_STR, TOKENS, Rule, match_line
+from core.diagnose.rules import NCCL_FACT_TOKENS, NCCL_HEAD, NCCL_VIA, REPORT_TOKENS, TIME_HINT, \
+    TIME_HINT_STR, TOKENS, Rule, match_line
 from core.diagnose.sources import Source
 from core.ingest.metrics import MetricsParser, TextTail
 from core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
 from core.ingest.parsers.prefix import line_time, split_rank
 from core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
+
+try:  # the native line classifier, built at install when a C compiler is there
+    from core.ingest import _fastscan
+except ImportError:
+    _fastscan = None
 
 MAX_TB_LINES = 80
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]")
@@ -55,6 +61,12 @@ class _TbState:
 
 
 class FileScanner:
+    # the native classifier when built; False forces the pure-Python fast path (tests)
+    native: bool = _fastscan is not None
+    # (b"\n{" needs no token there: the classifier looks at each line's first byte)
+    _matcher = _fastscan.matcher([t for t in REPORT_TOKENS if b"\n" not in t],
+                                 NCCL_FACT_TOKENS) if _fastscan else None
+
     def __init__(self, source: Source, year: int | None = None) -> None:
         self.source = source
         self.tail = TextTail(source.path)
@@ -77,8 +89,9 @@ class FileScanner:
 
     def poll(self, final: bool = False) -> None:
         metric_lines: list[str] = []
+        chunk_fn = self._chunk_native if self.native else self._chunk
         for base, chunk in self.tail.chunks():
-            self._chunk(base, chunk, metric_lines)
+            chunk_fn(base, chunk, metric_lines)
         if final:
             for logical in self.tail.assembler.flush():
                 self._logical(self.tail.lineno, logical, metric_lines)
@@ -138,6 +151,60 @@ class FileScanner:
             lineno += 1
             self._slow(lineno, chunk[pos:end], metric_lines)
             pos = end + 1
+
+    def _chunk_native(self, base: int, chunk: bytes, metric_lines: list[str]) -> None:
+        """Like _chunk, with the line classification done in C (core/ingest/_fastscan.c) in
+        one pass over the chunk instead of one `find` per token."""
+        chunk = chunk[: chunk.rfind(b"\n") + 1]
+        n = len(chunk)
+        pos, lineno = 0, base
+        classify = _fastscan.classify
+        while pos < n:
+            if not self._busy():
+                stop, lines, heads, transports, facts, hint, other = classify(
+                    self._matcher, chunk, pos, n)
+                if lines:
+                    self._passed_over(chunk, pos, heads, transports, facts, hint, other)
+                    lineno += lines
+                    pos = stop
+                    if pos >= n:
+                        break
+            end = chunk.index(b"\n", pos)
+            lineno += 1
+            self._slow(lineno, chunk[pos:end], metric_lines)
+            pos = end + 1
+
+    def _passed_over(self, chunk: bytes, a: int, heads: int, transports: dict[str, int],
+                     facts: list[bytes], hint: int, other: int) -> None:
+        """What `_line` would have done with the lines the classifier passed over."""
+        self.nccl.lines += heads
+        tr = self.nccl.transports
+        for name, k in transports.items():
+            tr[name] = tr.get(name, 0) + k
+        # NCCL repeats its fact lines (once per rank and communicator); each distinct line is
+        # parsed once, in the order of its last occurrence, which leaves the same summary
+        for raw in list(dict.fromkeys(reversed(facts)))[::-1]:
+            rec = parse_nccl(raw.decode())
+            if rec is not None:
+                self.nccl.add(rec, count=False)
+                if rec["kind"] == "comm":
+                    self.nccl_ranks[rec["pid"]] = rec["rank"]
+        if other:
+            self._cfp._prev = ""   # a plain line was the last one torchrun's parser saw
+        while hint >= a:
+            # the last time stamp passed over is the one `_line` would have kept
+            t = self._time_of(chunk[hint:chunk.index(b"\n", hint)].decode())
+            if t is not None:
+                self._last_t = t
+                return
+            earlier = None
+            for m in TIME_HINT.finditer(chunk, a, hint):
+                earlier = m.start()
+            hint = -1 if earlier is None else chunk.rfind(b"\n", a, earlier) + 1 or a
+
+    def _time_of(self, raw: str) -> float | None:
+        text = split_rank(raw)[1]
+        return line_time(text, self.year) if text[:1] in "IWEF[" or "-" in text[:12] else None
 
     def _busy(self) -> bool:
         if self.tail.assembler._open or self._cfp.in_report:

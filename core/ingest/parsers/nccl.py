@@ -83,8 +83,8 @@ class NcclSummary:
     warnings: list[str] = field(default_factory=list)
     lines: int = 0
 
-    def add(self, rec: dict[str, Any]) -> None:
-        self.lines += 1
+    def add(self, rec: dict[str, Any], count: bool = True) -> None:
+        self.lines += count
         kind = rec["kind"]
         if kind == "transport":
             self.transports[rec["transport"]] = self.transports.get(rec["transport"], 0) + 1
