@@ -3,6 +3,7 @@ what the line-by-line path sees."""
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from core.diagnose.engine import build_findings
 from core.diagnose.scan import FileScanner, _fastscan
 from core.diagnose.sources import Source
+from core.ingest.metrics import FileMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"
@@ -154,3 +156,107 @@ def test_native_matcher_rejects_tokens_it_cannot_find():
     stop, lines, heads, transports, facts, hint, other = _fastscan.classify(m, data, 0, len(data))
     assert (data[stop:], lines, heads, transports, facts, other) == (b"c boom\nd\n", 2, 0, {}, [], 1)
     assert data[hint:].startswith(b"b 12:00:00")
+
+
+# -- metrics: the native dict reader against the pure-Python parser ---------------------------
+
+def metric_log(rng: random.Random, n: int, restarts: bool = True) -> str:
+    """Console output mixing every metrics shape the parser knows, and the odd ones."""
+    out, step = [], 0
+    for _ in range(n):
+        k = rng.randrange(24)
+        if k == 9 and not restarts:
+            k = 0   # a step taken from the bar repeats a kept step: that merges too
+        # restarts repeat steps; without them the native batches are kept as columns
+        step += 1 if not restarts or rng.random() < 0.9 else -rng.randrange(0, 4)
+        step = max(step, 1)
+        bar = f"Train: {step % 100:3d}%|██▌  | {step}/{500} [00:03<00:22,  {rng.random():.2f}it/s]"
+        loss = rng.choice([f"'{rng.random() * 5:.4g}'", f"{rng.random() * 5:.4g}", "'nan'",
+                           "'12'", "3", "'-0.5'", "'1e-3'", "'inf'", "2.5e-07"])
+        if k < 8:
+            d = (f"{{'loss': {loss}, 'grad_norm': '1.5', 'learning_rate': '9e-05', "
+                 f"'epoch': '{step / 100:.3g}', 'global_step/max_steps': '{step}/500', "
+                 f"'train_speed(s/it)': '0.25', 'elapsed_time': '1h 2m'}}")
+            out.append(rng.choice([d, bar + "\r" + d, bar + "\r" + d + "\r" + bar,
+                                   bar + "\r" + bar + "\r" + d, " " + d, d + " "]))
+        elif k == 8:
+            out.append(json.dumps({"loss": rng.random(), "learning_rate": 1e-5, "epoch": 1,
+                                   "global_step/max_steps": f"{step}/500",
+                                   "train_speed(iter/s)": rng.choice([4, 0.5, 0])}))
+        elif k == 9:   # HF Trainer: no step, taken from the bar or counted
+            out.append(f"{{'loss': {loss}, 'grad_norm': 0.7, 'learning_rate': 2e-05, "
+                       f"'epoch': 0.{step}}}")
+        elif k == 10:
+            out.append(bar)
+        elif k == 11:   # hard-wrapped
+            out += [f"{{'loss': {loss}, 'learning_rate': 2e-05,", f" 'step': {step}}}"]
+        elif k == 12:
+            out.append(f"{{'eval_loss': '{rng.random():.3f}', 'global_step/max_steps': "
+                       f"'{step}/500', 'epoch': '1'}}")
+        elif k == 13:   # max_steps only from the fraction, step from a key; iter/s alone
+            out.append(f"{{'iteration': ' /{500}', 'step': {step}.0, 'lr': 1e-4, "
+                       f"'train_speed(iter/s)': '2'}}")
+        elif k == 14:
+            out.append(f"{{'loss': None, 'step': {step}}}")
+        elif k == 15:
+            out.append(f"{{'loss': 1.0, 'step': {step}, 'note': \"it's\"}}")
+        elif k == 16:
+            out.append(f"{{'loss': 1.0, 'step': {step}, 'tags': [1, 2]}}")
+        elif k == 17:
+            out.append(rng.choice(["", "some log line", "  ", "{}", "{'a': 1}",
+                                   "{'train_runtime': '3.2', 'global_step/max_steps': '5/5'}",
+                                   "step: 5  loss:  7.12  memory: 30.1GiB(31.7%)  tps: 4,120"]))
+        elif k == 18:
+            out.append(f"{{'loss': 'x: None', 'step': {step}}}")
+        elif k == 19:
+            out.append(f"{{'loss': -3, 'steps': {step}, 'loss': '2'}}")
+        elif k == 20:
+            out.append(f"{{\"kind\": \"step\", \"step\": {step}, \"loss\": 1.5, \"rank\": 0}}")
+        elif k == 21:
+            out.append(f"{{'loss': '{rng.random():.3f}', 'global_step/max_steps': '{step}/'}}")
+        elif k == 22:
+            out.append(f"{{'loss': 1, 'step': {step}, 'x': 'é'}}")
+        else:
+            out.append(f"Train: 1%|x| 0/0 [00:01<00:02]\r{{'loss': 0.5, 'step': {step}}}")
+    return "\n".join(out) + "\n"
+
+
+class PurePythonMetrics(FileMetrics):
+    native = False
+
+
+@pytest.mark.skipif(_fastscan is None, reason="native scanner not built (no C compiler)")
+@pytest.mark.parametrize("seed", range(6))
+def test_native_metrics_match_python(tmp_path, seed):
+    rng = random.Random(seed)
+    data = metric_log(rng, 1500, restarts=seed % 2 == 0).encode()
+    cuts = sorted(rng.randrange(len(data)) for _ in range(6))
+    rank = rng.choice([None, 3])
+    seen = {}
+    for cls in (FileMetrics, PurePythonMetrics):
+        live = tmp_path / f"{cls.__name__}.log"
+        live.write_bytes(b"")
+        fm, polls, prev = cls(live, rank=rank), [], 0
+        for c in [*cuts, len(data)]:
+            with open(live, "ab") as f:
+                f.write(data[prev:c])
+            prev = c
+            polls.append(repr(list(fm.poll(final=c == len(data)))))
+        seen[cls] = (polls, repr(fm.records()), fm.parser.max_steps, fm.parser.bar_step)
+        if cls is FileMetrics and seed % 2:
+            assert fm.parser.batches   # the columnar path was taken
+    assert seen[FileMetrics] == seen[PurePythonMetrics]
+    assert len(FileMetrics(tmp_path / "FileMetrics.log").records()) == 0  # nothing polled yet
+
+
+def test_native_scanner_is_built_where_it_can_be():
+    """The build of the extension is optional (no compiler: pure Python). Where a compiler and
+    Python's headers exist it must have been built; a silent build failure would otherwise
+    leave a slow tunedeck and these equivalence tests half-run."""
+    import shutil
+    import sysconfig
+
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.is_file():
+        pytest.skip("no C compiler or no Python headers here: the pure-Python path is used")
+    assert _fastscan is not None, "core/ingest/_fastscan.c did not build: pip install -e . -v"

@@ -20,13 +20,29 @@
  *               for Python to parse
  *   hint        start of the last line with a `:dd:dd` time hint, or -1
  *   other       1 if a line that is not an NCCL INFO line was passed over
- * A line is Python's when it holds a report token, a byte >= 0x80, a line-leading '{', or
+ *
+ *   dict_records(buf, pos, end, max_steps, bar_step)
+ *       -> (stop, n, steps, values, present, ints, order, ascending, max_steps, bar_step)
+ *   rows(steps, values, present, ints, order, rank, start, stop) -> [record dict, ...]
+ *
+ * dict_records is MetricsParser's (core/ingest/metrics.py) reading of console metric lines,
+ * `[tqdm bar \r]... {'loss': '1.2', ...} [\r tqdm bar]...`, one record per line as a row of
+ * columns (bytes); rows() turns rows into the dicts the Python path makes, with the same keys,
+ * values, types and key order. dict_records stops at the first line that is anything else or
+ * anything unusual (escapes, nested values, a dict without a step, an event-stream record,
+ * ...): Python reads that one and calls again.
+ *
+ * A line is Python's in classify when it holds a report token, a byte >= 0x80, a line-leading '{', or
  * `NCCL INFO` anywhere but in the plain head shape, or a fact token outside an NCCL INFO line,
  * or a `via` that is not in the channel shape.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 #include <string.h>
 
 #define STRIDE 3
@@ -161,6 +177,14 @@ static inline int digits(const unsigned char **p, const unsigned char *e) {
     const unsigned char *s = *p;
     while (*p < e && is_digit(**p)) (*p)++;
     return *p > s;
+}
+
+/* an optional '-' and at most 18 digits, checked by the caller */
+static inline long long small_int(const unsigned char *p, const unsigned char *e) {
+    int neg = p < e && *p == '-';
+    long long x = 0;
+    for (p += neg; p < e; p++) x = x * 10 + (*p - '0');
+    return neg ? -x : x;
 }
 
 static inline int lit(const unsigned char **p, const unsigned char *e, const char *s, size_t n) {
@@ -351,13 +375,704 @@ error_released:
     return NULL;
 }
 
+/* ---- metric dict lines ------------------------------------------------------------------ */
+
+enum { V_NONE, V_INT, V_FLOAT, V_STR, V_PUNT };   /* PUNT: Python must read it */
+typedef struct {
+    int t;
+    long long i;
+    double f;
+    const unsigned char *s;
+    Py_ssize_t n;
+} Val;
+
+/* the keys MetricsParser._dict looks at */
+enum {
+    D_FRAC, D_ITER, D_STEP, D_GSTEP, D_STEPS, D_LOSS, D_LR, D_LR2, D_GN, D_EPOCH, D_EVAL,
+    D_SPEED, D_TPS, D_SPS, D_ITS, D_KIND, D_RUNTIME, D_HISTORY, D_PARAMS, D_N
+};
+static const char *dkeys[D_N] = {
+    "global_step/max_steps", "iteration", "step", "global_step", "steps", "loss",
+    "learning_rate", "lr", "grad_norm", "epoch", "eval_loss", "train_speed(s/it)",
+    "tokens_per_second", "samples_per_second", "train_speed(iter/s)", "kind", "train_runtime",
+    "log_history", "model_parameter_info"};
+
+/* A record is a row of columns: its step, NV values (NaN where absent), which values are
+ * there, which were ints, and where Python's key order puts max_steps and step_s. Rows are
+ * turned into dicts only when someone reads them (rows()). */
+enum { C_MAX, C_LOSS, C_LR, C_GN, C_EPOCH, C_EVAL, C_STEP_S, C_TPS, C_SPS, NV };
+enum { O_MAX_FIRST = 1, O_MAX_LAST = 2, O_STEP_S_LAST = 4 };
+static const char *cnames[NV] = {"max_steps", "loss", "learning_rate", "grad_norm", "epoch",
+                                 "eval_loss", "step_s", "tokens_per_s", "samples_per_s"};
+static PyObject *ckeys[NV], *key_step, *key_rank;
+
+typedef struct {
+    long long step;
+    double v[NV];
+    uint16_t present, ints;
+    uint8_t order;
+} Row;
+
+/* The grammar was checked before: strtod reads it, correctly rounded as float() does, unless
+ * the C locale's decimal point is not '.', in which case Python's own reader is used. */
+static int strtod_ok;
+
+static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                               1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                               1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static double to_double(const char *s) {
+    /* Clinger's fast path: a mantissa below 2^53 times or over an exact power of ten is one
+     * correctly rounded operation, the same double strtod and float() give */
+    const char *p = s;
+    int neg = *p == '-';
+    if (*p == '-' || *p == '+') p++;
+    uint64_t m = 0;
+    int nd = 0, e10 = 0, ok = 1;
+    for (; is_digit(*p); p++, nd++) m = m * 10 + (*p - '0');
+    if (*p == '.')
+        for (p++; is_digit(*p); p++, nd++, e10--) m = m * 10 + (*p - '0');
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        int es = *p == '-' ? -1 : 1, x = 0;
+        if (*p == '-' || *p == '+') p++;
+        for (; is_digit(*p) && x < 1000; p++) x = x * 10 + (*p - '0');
+        ok = !is_digit(*p);
+        e10 += es * x;
+    }
+    if (ok && *p == 0 && nd > 0 && nd <= 19 && m < ((uint64_t)1 << 53) && e10 >= -22 &&
+        e10 <= 22) {
+        double d = (double)m;
+        d = e10 < 0 ? d / pow10[-e10] : d * pow10[e10];
+        return neg ? -d : d;
+    }
+    if (strtod_ok) return strtod(s, NULL);
+    double f = PyOS_string_to_double(s, NULL, NULL);
+    if (f == -1.0 && PyErr_Occurred()) { PyErr_Clear(); return NAN; }
+    return f;
+}
+
+static inline const unsigned char *skip_ws(const unsigned char *p, const unsigned char *e) {
+    while (p < e && (*p == ' ' || *p == '\t')) p++;
+    return p;
+}
+
+/* JSON number grammar; sets *v (int when there is no fraction or exponent) */
+static const unsigned char *json_number(const unsigned char *p, const unsigned char *e, Val *v,
+                                        int want) {
+    const unsigned char *s = p;
+    int isint = 1;
+    if (p < e && *p == '-') p++;
+    if (p < e && *p == '0') p++;
+    else if (p < e && *p >= '1' && *p <= '9') { while (p < e && is_digit(*p)) p++; }
+    else return NULL;
+    if (p < e && *p == '.') {
+        p++;
+        if (!digits(&p, e)) return NULL;
+        isint = 0;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (!digits(&p, e)) return NULL;
+        isint = 0;
+    }
+    if (!want) return p;   /* a key nobody reads: the grammar is all that matters */
+    char tmp[64];
+    if (p - s >= (Py_ssize_t)sizeof tmp) return NULL;
+    memcpy(tmp, s, p - s);
+    tmp[p - s] = 0;
+    if (isint) {
+        if (p - s > 18) return NULL;   /* keep clear of long long overflow */
+        v->t = V_INT;
+        v->i = small_int(s, p);
+    } else {
+        v->t = V_FLOAT;
+        v->f = to_double(tmp);
+    }
+    return p;
+}
+
+/* metrics.py's reading of a quoted value: `[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)`
+ * becomes an int when it is all digits, else a float; anything else stays a string */
+static void quoted_value(const unsigned char *s, Py_ssize_t n, Val *v) {
+    const unsigned char *p = s, *e = s + n;
+    v->t = V_STR;
+    v->s = s;
+    v->n = n;
+    if (n == 0) return;
+    int neg = 0, sign = 0;
+    if (*p == '+' || *p == '-') {
+        neg = *p == '-';
+        sign = 1;
+        p++;
+    }
+    if (e - p == 3 && (memcmp(p, "nan", 3) == 0 || memcmp(p, "inf", 3) == 0)) {
+        v->t = V_FLOAT;
+        v->f = memcmp(p, "nan", 3) == 0 ? (neg ? -NAN : NAN) : (neg ? -INFINITY : INFINITY);
+        return;
+    }
+    /* one pass: the grammar, and the decimal mantissa and exponent for the fast path */
+    uint64_t m = 0;
+    int nd = 0, e10 = 0, intd = 0, fracd = 0, dot = 0, exp = 0;
+    for (; p < e && is_digit(*p); p++, intd++)
+        if (nd < 19) { m = m * 10 + (*p - '0'); nd += m > 0; } else e10++;
+    if (p < e && *p == '.') {
+        dot = 1;
+        for (p++; p < e && is_digit(*p); p++, fracd++)
+            if (nd < 19) { m = m * 10 + (*p - '0'); nd += m > 0; e10--; }
+    }
+    if (!(intd || fracd)) return;
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        const unsigned char *r = p + 1;
+        int es = 1, x = 0;
+        if (r < e && (*r == '+' || *r == '-')) es = *r++ == '-' ? -1 : 1;
+        const unsigned char *r0 = r;
+        for (; r < e && is_digit(*r); r++)
+            if (x < 100000) x = x * 10 + (*r - '0');
+        if (r > r0) {
+            p = r;
+            e10 += es * x;
+            exp = 1;
+        }
+    }
+    if (p != e) return;                 /* not a number: it stays a string */
+    if (!sign && !dot && !exp) {        /* all digits: an int, as str.isdigit() decides */
+        if (n > 18) { v->t = V_PUNT; return; }   /* Python's int is unbounded */
+        v->t = V_INT;
+        v->i = small_int(s, e);
+        return;
+    }
+    v->t = V_FLOAT;
+    if (nd <= 15 && e10 >= -22 && e10 <= 22) {
+        /* Clinger's fast path (see to_double) */
+        double d = (double)m;
+        d = e10 < 0 ? d / pow10[-e10] : d * pow10[e10];
+        v->f = neg ? -d : d;
+        return;
+    }
+    if (n >= 63) { v->t = V_PUNT; return; }
+    char tmp[64];
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    v->f = to_double(tmp);
+}
+
+/* `:\s*(nan|-?inf|None|True|False)\b` anywhere: Python then reads the dict another way */
+static int bare_token(const unsigned char *p, const unsigned char *e) {
+    static const char *words[] = {"nan", "inf", "-inf", "None", "True", "False"};
+    while ((p = memchr(p, ':', e - p)) != NULL) {
+        const unsigned char *q = ++p;
+        while (q < e && is_space(*q)) q++;
+        if (q == e || !memchr("niNTF-", *q, 6)) continue;   /* no bare word starts here */
+        for (int k = 0; k < 6; k++) {
+            size_t n = strlen(words[k]);
+            if ((size_t)(e - q) >= n && memcmp(q, words[k], n) == 0 &&
+                (q + n == e || !is_word(q[n])))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static Py_ssize_t dkey_len[D_N];
+/* a small hash of (length, first and last byte) → up to 4 candidate keys, -1 terminated */
+#define KEY_BUCKETS 128
+static signed char key_table[KEY_BUCKETS][4];
+static uint64_t key_lens[256];   /* bit n: some key of length n starts with this byte */
+
+static inline unsigned key_hash(const unsigned char *k, Py_ssize_t n) {
+    return (unsigned)(n * 31 + k[0] * 7 + k[n - 1]) % KEY_BUCKETS;
+}
+
+static int key_table_init(void) {
+    memset(key_table, -1, sizeof key_table);
+    for (int i = 0; i < D_N; i++) {
+        dkey_len[i] = (Py_ssize_t)strlen(dkeys[i]);
+        signed char *b = key_table[key_hash((const unsigned char *)dkeys[i], dkey_len[i])];
+        int j = 0;
+        while (j < 4 && b[j] >= 0) j++;
+        if (j == 4) return -1;
+        b[j] = (signed char)i;
+        key_lens[(unsigned char)dkeys[i][0]] |= (uint64_t)1 << dkey_len[i];
+    }
+    return 0;
+}
+
+static int key_index(const unsigned char *k, Py_ssize_t n) {
+    if (n == 0 || n > 63 || !(key_lens[k[0]] >> n & 1)) return -1;
+    const signed char *b = key_table[key_hash(k, n)];
+    for (int j = 0; j < 4 && b[j] >= 0; j++)
+        if (dkey_len[b[j]] == n && memcmp(dkeys[b[j]], k, n) == 0) return b[j];
+    return -1;
+}
+
+/* one dict segment [p, e) into vals; 0 when it is not one this reader takes */
+static int parse_dict(const unsigned char *p, const unsigned char *e, Val *vals, uint32_t *set) {
+    if (e - p < 2 || *p != '{' || e[-1] != '}') return 0;
+    /* one vectorised pass: non-ASCII, control characters (a tab inside a string is not
+     * JSON), escapes and double quotes send the line to Python; colons are counted */
+    unsigned char any = 0, ctl = 0, esc = 0, dq = 0;
+    unsigned colons = 0;
+    const unsigned char *q = p;
+#ifdef __SSE2__
+    {
+        const __m128i c20 = _mm_set1_epi8(0x20), cbs = _mm_set1_epi8('\\'),
+                      cdq = _mm_set1_epi8('"'), ccol = _mm_set1_epi8(':');
+        unsigned bad = 0, dqs = 0;
+        for (; q + 16 <= e; q += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)q);
+            /* bytes >= 0x80 are negative as signed: they and the controls are < 0x20 */
+            bad |= _mm_movemask_epi8(_mm_or_si128(_mm_cmplt_epi8(x, c20), _mm_cmpeq_epi8(x, cbs)));
+            dqs |= _mm_movemask_epi8(_mm_cmpeq_epi8(x, cdq));
+            colons += __builtin_popcount(_mm_movemask_epi8(_mm_cmpeq_epi8(x, ccol)));
+        }
+        if (bad) return 0;   /* which one does not matter: Python reads the line */
+        dq = dqs != 0;
+    }
+#endif
+    for (; q < e; q++) {
+        any |= *q;
+        ctl |= *q < 0x20;
+        esc |= *q == '\\';
+        dq |= *q == '"';
+        colons += *q == ':';
+    }
+    unsigned char quote = p[1] == '"' ? '"' : '\'';
+    if (any & 0x80 || ctl || esc || (quote == '\'' && dq)) return 0;
+    /* Python reads a repr with `:\s*None` (nan, inf, True, ...) anywhere another way; outside
+     * strings such a value fails below anyway, so only colons inside strings need a look */
+    unsigned pairs = 0;
+    const unsigned char *start = p, *end = e;
+    *set = 0;   /* vals[k] holds a value only where bit k is set */
+    p = skip_ws(p + 1, e);
+    if (*p == '}') return p + 1 == e;
+    for (;; pairs++) {
+        if (p >= e || *p != quote) return 0;
+        const unsigned char *k = ++p;
+        if (!(p = memchr(p, quote, e - p))) return 0;
+        int ki = key_index(k, p - k);
+        p = skip_ws(p + 1, e);
+        if (p >= e || *p != ':') return 0;
+        p = skip_ws(p + 1, e);
+        Val v = {0};
+        if (p < e && *p == quote) {
+            const unsigned char *s = ++p;
+            if (!(p = memchr(p, quote, e - p))) return 0;
+            if (quote == '\'' && ki >= 0) {
+                quoted_value(s, p - s, &v);
+                if (v.t == V_PUNT) return 0;
+            } else {
+                v.t = V_STR;
+                v.s = s;
+                v.n = p - s;
+            }
+            p++;
+        } else if (!(p = json_number(p, e, &v, ki >= 0))) {
+            return 0;
+        }
+        if (ki >= 0) {   /* a repeated key: the last one wins, as in json */
+            vals[ki] = v;
+            *set |= (uint32_t)1 << ki;
+        }
+        p = skip_ws(p, e);
+        if (p < e && *p == ',') { p = skip_ws(p + 1, e); continue; }
+        if (!(p < e && *p == '}' && p + 1 == e)) return 0;
+        return !(quote == '\'' && colons != pairs + 1 && bare_token(start, end));
+    }
+}
+
+static inline int is_num(const Val *v) { return v->t == V_INT || v->t == V_FLOAT; }
+
+/* `\s*digits\s*` (str.strip().isdigit() for ASCII without control characters) */
+static int strip_digits(const unsigned char *s, const unsigned char *e, long long *out) {
+    while (s < e && *s == ' ') s++;
+    while (e > s && e[-1] == ' ') e--;
+    if (s == e || e - s > 18) return 0;
+    long long x = 0;
+    for (; s < e; s++) {
+        if (!is_digit(*s)) return 0;
+        x = x * 10 + (*s - '0');
+    }
+    *out = x;
+    return 1;
+}
+
+typedef struct {
+    int has_max;
+    long long max_steps;
+    int has_bar;
+    long long bar_step;
+} MState;
+
+static inline void put(Row *r, int c, const Val *v) {
+    r->present |= 1 << c;
+    if (v->t == V_INT) {
+        r->ints |= 1 << c;
+        r->v[c] = (double)v->i;
+    } else {
+        r->v[c] = v->f;
+    }
+}
+
+/* MetricsParser._dict + _finish for a parsed dict: 1 with the row, 0 when the dict makes no
+ * record, -1 when Python must read it. */
+static const Val NONE_VAL = {.t = V_NONE};
+
+static int make_row(const Val *vals, uint32_t set, MState *st, Row *r) {
+#define D(k) ((set >> (k) & 1) ? &vals[k] : &NONE_VAL)   /* absent keys read as V_NONE */
+    if (set & (1u << D_KIND | 1u << D_RUNTIME | 1u << D_HISTORY | 1u << D_PARAMS)) return -1;
+    int has_step = 0, has_max = 0;
+    long long step = 0, maxs = 0;
+    const Val *frac = D(D_FRAC);
+    /* `d.get("global_step/max_steps") or d.get("iteration")` */
+    int truthy = frac->t == V_STR ? frac->n > 0 : frac->t == V_INT ? frac->i != 0
+               : frac->t == V_FLOAT ? frac->f != 0.0 : 0;
+    if (!truthy) frac = D(D_ITER);
+    memset(r, 0, sizeof *r);
+    if (frac->t == V_STR) {
+        const unsigned char *sl = memchr(frac->s, '/', frac->n);
+        if (sl) {
+            has_step = strip_digits(frac->s, sl, &step);
+            has_max = strip_digits(sl + 1, frac->s + frac->n, &maxs);
+            if (has_max && !has_step) r->order |= O_MAX_FIRST;
+        }
+    }
+    for (int k = D_STEP; k <= D_STEPS && !has_step; k++) {
+        if (!is_num(D(k))) continue;
+        const Val *v = D(k);
+        if (v->t == V_FLOAT) {
+            if (!isfinite(v->f) || fabs(v->f) > 9e18) return -1;
+            step = (long long)v->f;
+        } else {
+            step = v->i;
+        }
+        has_step = 1;
+    }
+    int has_loss = is_num(D(D_LOSS)), has_eval = is_num(D(D_EVAL));
+    int has_lr = is_num(D(D_LR)) || is_num(D(D_LR2)), has_gn = is_num(D(D_GN));
+    if (!(has_loss || has_eval || has_lr || has_gn)) return 0;
+    if (!has_step) return -1;   /* the step comes from the bar or a count: Python's rules */
+    r->step = step;
+    for (int c = 0; c < NV; c++) r->v[c] = NAN;
+    static const int pairs[][2] = {{D_LOSS, C_LOSS}, {D_LR, C_LR}, {D_LR2, C_LR},
+                                   {D_GN, C_GN}, {D_EPOCH, C_EPOCH}, {D_EVAL, C_EVAL},
+                                   {D_SPEED, C_STEP_S}, {D_TPS, C_TPS}, {D_SPS, C_SPS}};
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+        const Val *v = D(pairs[k][0]);
+        if (is_num(v) && !(r->present >> pairs[k][1] & 1)) put(r, pairs[k][1], v);
+    }
+    const Val *its = D(D_ITS);
+    double speed = its->t == V_INT ? (double)its->i : its->t == V_FLOAT ? its->f : 0.0;
+    if (is_num(its) && speed > 0) {
+        if (!(r->present >> C_STEP_S & 1)) r->order |= O_STEP_S_LAST;
+        Val q = {.t = V_FLOAT, .f = 1.0 / speed};
+        r->ints &= ~(1 << C_STEP_S);
+        put(r, C_STEP_S, &q);
+    }
+    if (has_max) {
+        Val q = {.t = V_INT, .i = maxs};
+        put(r, C_MAX, &q);
+        st->has_max = 1;
+        st->max_steps = maxs;
+    } else if (st->has_max && st->max_steps != 0) {
+        Val q = {.t = V_INT, .i = st->max_steps};
+        put(r, C_MAX, &q);
+        r->order |= O_MAX_LAST;
+    }
+    return 1;
+#undef D
+}
+
+/* growable column buffers of one call */
+typedef struct {
+    Py_ssize_t n, cap;
+    long long *step;
+    double *v;
+    uint16_t *present, *ints;
+    uint8_t *order;
+} Cols;
+
+static int cols_add(Cols *c, const Row *r) {
+    if (c->n == c->cap) {
+        Py_ssize_t cap = c->cap ? c->cap * 2 : 1024;
+        long long *s = PyMem_Realloc(c->step, cap * sizeof *s);
+        if (s) c->step = s;
+        double *v = PyMem_Realloc(c->v, cap * NV * sizeof *v);
+        if (v) c->v = v;
+        uint16_t *pr = PyMem_Realloc(c->present, cap * sizeof *pr);
+        if (pr) c->present = pr;
+        uint16_t *in = PyMem_Realloc(c->ints, cap * sizeof *in);
+        if (in) c->ints = in;
+        uint8_t *o = PyMem_Realloc(c->order, cap);
+        if (o) c->order = o;
+        if (!s || !v || !pr || !in || !o) { PyErr_NoMemory(); return -1; }
+        c->cap = cap;
+    }
+    Py_ssize_t i = c->n++;
+    c->step[i] = r->step;
+    memcpy(&c->v[i * NV], r->v, sizeof r->v);
+    c->present[i] = r->present;
+    c->ints[i] = r->ints;
+    c->order[i] = r->order;
+    return 0;
+}
+
+static void cols_free(Cols *c) {
+    PyMem_Free(c->step);
+    PyMem_Free(c->v);
+    PyMem_Free(c->present);
+    PyMem_Free(c->ints);
+    PyMem_Free(c->order);
+}
+
+/* the first "%|" in [p, e) */
+static const unsigned char *find_bar_mark(const unsigned char *p, const unsigned char *e) {
+    while (p + 1 < e && (p = memchr(p, '%', e - p - 1)) != NULL) {
+        if (p[1] == '|') return p;
+        p++;
+    }
+    return NULL;
+}
+
+static int has_step_word(const unsigned char *p, const unsigned char *e) {
+    while (p + 3 < e && (p = memchr(p, 's', e - p - 3)) != NULL) {
+        if (memcmp(p, "step", 4) == 0) return 1;
+        p++;
+    }
+    return 0;
+}
+
+/* assemble.py's _is_bar */
+static int is_bar(const unsigned char *p, const unsigned char *e) {
+    const unsigned char *q = find_bar_mark(p, e);
+    return q && memchr(q + 2, '|', e - q - 2) != NULL;
+}
+
+/* tqdm.py's bar: the first `\d+%\|[^|]*\|\s*(\d+)/(\d+)`. 1 with n/total, 0 when not a bar,
+ * -1 when Python must read it (non-ASCII outside the bar body, a dict, a `step`). */
+static int bar_counts(const unsigned char *p, const unsigned char *e, long long *n,
+                      long long *total) {
+    if (memchr(p, '{', e - p)) return -1;
+    if (has_step_word(p, e)) return -1;
+    for (const unsigned char *q = p; (q = find_bar_mark(q, e)) != NULL; q++) {
+        if (!(q > p && is_digit(q[-1]))) continue;
+        const unsigned char *b = memchr(q + 2, '|', e - q - 2);
+        if (!b) continue;
+        /* only the bar body may hold non-ASCII (block characters): elsewhere a Unicode digit
+         * or space would make Python's regex read the line differently */
+        for (const unsigned char *a = p; a < q; a++)
+            if (*a >= 0x80) return -1;
+        for (const unsigned char *a = b; a < e; a++)
+            if (*a >= 0x80) return -1;
+        const unsigned char *c = b + 1;
+        while (c < e && is_space(*c)) c++;
+        const unsigned char *ns = c;
+        if (!digits(&c, e) || c >= e || *c != '/') continue;
+        const unsigned char *ts = ++c;
+        if (!digits(&c, e)) continue;
+        if (c - ns > 18 || c - ts > 18) return -1;
+        *n = small_int(ns, ts - 1);
+        *total = small_int(ts, c);
+        return 1;
+    }
+    return 0;
+}
+
+/* one physical line: 1 handled (record appended when the line has one), 0 Python's, -2 error */
+static int metric_line(const unsigned char *p, const unsigned char *e, MState *st, Cols *cols) {
+    if (p == e) return 1;   /* an empty line: nothing to read */
+    MState s = *st;
+    Row row;
+    int have = 0;
+    const unsigned char *seg = p;
+    const unsigned char *pend_b = NULL, *pend_e = NULL;   /* the last bar of a run of bars */
+    int dicts = 0;
+    while (seg <= e) {
+        const unsigned char *se = memchr(seg, '\r', e - seg);
+        if (!se) se = e;
+        const unsigned char *a = seg;
+        while (a < se && (*a == ' ' || *a == '\t' || *a == '\v' || *a == '\f')) a++;
+        if (a < se) {
+            int bar = is_bar(seg, se);
+            if (pend_b && !bar) {
+                long long n, total;
+                int rc = bar_counts(pend_b, pend_e, &n, &total);
+                if (rc < 0) goto python;
+                if (rc && total > 0) {
+                    s.has_bar = 1;
+                    s.bar_step = n;
+                    if (!(s.has_max && s.max_steps)) { s.has_max = 1; s.max_steps = total; }
+                }
+                pend_b = NULL;
+            }
+            if (bar) {
+                pend_b = seg;
+                pend_e = se;
+            } else {
+                Val vals[D_N];
+                uint32_t set;
+                if (dicts++ || !parse_dict(seg, se, vals, &set)) goto python;
+                int rc = make_row(vals, set, &s, &row);
+                if (rc < 0) goto python;
+                have = rc;
+            }
+        }
+        if (se == e) break;
+        seg = se + 1;
+    }
+    if (pend_b) {
+        long long n, total;
+        int rc = bar_counts(pend_b, pend_e, &n, &total);
+        if (rc < 0) goto python;
+        if (rc && total > 0) {
+            s.has_bar = 1;
+            s.bar_step = n;
+            if (!(s.has_max && s.max_steps)) { s.has_max = 1; s.max_steps = total; }
+        }
+    }
+    /* bars without a record: Python keeps their progress entries (used while no dict came) */
+    if (!have) goto python;
+    if (cols_add(cols, &row) < 0) return -2;
+    *st = s;
+    return 1;
+python:
+    return 0;
+}
+
+static PyObject *bytes_of(const void *p, Py_ssize_t n) {
+    return PyBytes_FromStringAndSize(n ? (const char *)p : "", n);
+}
+
+static PyObject *py_dict_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    PyObject *maxo, *baro;
+    if (!PyArg_ParseTuple(args, "y*nnOO", &view, &pos, &end, &maxo, &baro)) return NULL;
+    if (pos < 0 || end > view.len || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pos/end outside the buffer");
+        return NULL;
+    }
+    MState st = {0};
+    if (maxo != Py_None) {
+        st.has_max = 1;
+        st.max_steps = PyLong_AsLongLong(maxo);
+    }
+    if (baro != Py_None) {
+        st.has_bar = 1;
+        st.bar_step = PyLong_AsLongLong(baro);
+    }
+    if (PyErr_Occurred()) { PyBuffer_Release(&view); return NULL; }
+    Cols c = {0};
+    const unsigned char *buf = view.buf, *p = buf + pos, *e = buf + end;
+    while (p < e) {
+        const unsigned char *nl = memchr(p, '\n', e - p);
+        if (!nl) break;
+        int rc = metric_line(p, nl, &st, &c);
+        if (rc == -2) { PyBuffer_Release(&view); cols_free(&c); return NULL; }
+        if (rc == 0) break;
+        p = nl + 1;
+    }
+    PyBuffer_Release(&view);
+    int ascending = 1;   /* strictly rising steps: the caller can skip merging */
+    for (Py_ssize_t i = 1; i < c.n && ascending; i++) ascending = c.step[i - 1] < c.step[i];
+    PyObject *mo = st.has_max ? PyLong_FromLongLong(st.max_steps) : Py_NewRef(Py_None);
+    PyObject *bo = st.has_bar ? PyLong_FromLongLong(st.bar_step) : Py_NewRef(Py_None);
+    PyObject *res = Py_BuildValue(
+        "nnNNNNNiNN", (Py_ssize_t)(p - buf), c.n, bytes_of(c.step, c.n * sizeof *c.step),
+        bytes_of(c.v, c.n * NV * sizeof *c.v), bytes_of(c.present, c.n * sizeof *c.present),
+        bytes_of(c.ints, c.n * sizeof *c.ints), bytes_of(c.order, c.n), ascending, mo, bo);
+    cols_free(&c);
+    return res;
+}
+
+static int set_col(PyObject *d, PyObject *key, const double *v, int c, uint16_t ints) {
+    PyObject *o = ints >> c & 1 ? PyLong_FromLongLong((long long)v[c]) : PyFloat_FromDouble(v[c]);
+    if (!o) return -1;
+    int rc = PyDict_SetItem(d, key, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* rows(steps, values, present, ints, order, rank, start, stop) -> [record dict, ...] with the
+ * keys in the order MetricsParser builds them */
+static PyObject *py_rows(PyObject *self, PyObject *args) {
+    Py_buffer b[5];
+    PyObject *rank;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*Onn", &b[0], &b[1], &b[2], &b[3], &b[4], &rank,
+                          &start, &stop))
+        return NULL;
+    Py_ssize_t n = b[4].len;
+    PyObject *out = NULL;
+    if (b[0].len != n * (Py_ssize_t)sizeof(long long) ||
+        b[1].len != n * NV * (Py_ssize_t)sizeof(double) || b[2].len != 2 * n ||
+        b[3].len != 2 * n || start < 0 || stop > n || start > stop) {
+        PyErr_SetString(PyExc_ValueError, "columns of different lengths");
+        goto done;
+    }
+    const long long *step = b[0].buf;
+    const double *v = b[1].buf;
+    const uint16_t *present = b[2].buf, *ints = b[3].buf;
+    const uint8_t *order = b[4].buf;
+    if (!(out = PyList_New(stop - start))) goto done;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        const double *row = &v[i * NV];
+        uint16_t pr = present[i];
+        uint8_t o = order[i];
+        PyObject *d = PyDict_New(), *s = NULL;
+        if (!d) goto fail;
+        PyList_SET_ITEM(out, i - start, d);
+        int max_mid = pr >> C_MAX & 1 && !(o & (O_MAX_FIRST | O_MAX_LAST));
+        if (o & O_MAX_FIRST && set_col(d, ckeys[C_MAX], row, C_MAX, ints[i]) < 0) goto fail;
+        if (!(s = PyLong_FromLongLong(step[i])) || PyDict_SetItem(d, key_step, s) < 0) {
+            Py_XDECREF(s);
+            goto fail;
+        }
+        Py_DECREF(s);
+        if (max_mid && set_col(d, ckeys[C_MAX], row, C_MAX, ints[i]) < 0) goto fail;
+        for (int c = C_LOSS; c < NV; c++) {
+            if (!(pr >> c & 1) || (c == C_STEP_S && o & O_STEP_S_LAST)) continue;
+            if (set_col(d, ckeys[c], row, c, ints[i]) < 0) goto fail;
+        }
+        if (o & O_STEP_S_LAST && set_col(d, ckeys[C_STEP_S], row, C_STEP_S, ints[i]) < 0)
+            goto fail;
+        if (o & O_MAX_LAST && set_col(d, ckeys[C_MAX], row, C_MAX, ints[i]) < 0) goto fail;
+        if (rank != Py_None && PyDict_SetItem(d, key_rank, rank) < 0) goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    for (int k = 0; k < 5; k++) PyBuffer_Release(&b[k]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"matcher", py_matcher, METH_VARARGS, "matcher(report_tokens, fact_tokens) -> capsule"},
     {"classify", py_classify, METH_VARARGS,
      "classify(matcher, buf, pos, end) -> (stop, lines, heads, transports, facts, hint, other)"},
+    {"dict_records", py_dict_records, METH_VARARGS,
+     "dict_records(buf, pos, end, max_steps, bar_step) -> "
+     "(stop, n, steps, values, present, ints, order, ascending, max_steps, bar_step)"},
+    {"rows", py_rows, METH_VARARGS,
+     "rows(steps, values, present, ints, order, rank, start, stop) -> [dict, ...]"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastscan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fastscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fastscan(void) {
+    if (key_table_init() < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "key table overflow");
+        return NULL;
+    }
+    strtod_ok = strtod("1.5", NULL) == 1.5 && strtod("2.5e-3", NULL) == 0.0025;
+    for (int i = 0; i < NV; i++)
+        if (!(ckeys[i] = PyUnicode_InternFromString(cnames[i]))) return NULL;
+    if (!(key_step = PyUnicode_InternFromString("step")) ||
+        !(key_rank = PyUnicode_InternFromString("rank")))
+        return NULL;
+    return PyModule_Create(&module);
+}
