@@ -260,3 +260,14 @@ def test_native_scanner_is_built_where_it_can_be():
     if not (shutil.which("cc") or shutil.which("gcc")) or not headers.is_file():
         pytest.skip("no C compiler or no Python headers here: the pure-Python path is used")
     assert _fastscan is not None, "core/ingest/_fastscan.c did not build: pip install -e . -v"
+
+
+@pytest.mark.skipif(_fastscan is None, reason="native scanner not built (no C compiler)")
+def test_native_metrics_match_python_on_recorded_logs():
+    logs = [p for root in (ROOT / "tests" / "fixtures", FIXTURES) if root.is_dir()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.suffix in (".log", ".jsonl")]
+    assert logs
+    for p in logs:
+        native, python = FileMetrics(p), PurePythonMetrics(p)
+        assert repr(list(native.poll(final=True))) == repr(list(python.poll(final=True))), p
+        assert repr(native.records()) == repr(python.records()), p
