@@ -79,6 +79,7 @@ def test_h200_healthy_logs_have_no_errors(h200):
 @pytest.mark.parametrize("name,category,rank", [
     ("crash", "rank_crashed", 1),
     ("sigkill", "worker_sigkill", 1),
+    ("segfault", "worker_segfault", 1),
     ("loader_killed", "dataloader_worker_killed", 1),
     ("port_in_use", "port_in_use", None),
 ])
@@ -140,6 +141,10 @@ def test_line_rules_on_known_signatures(tmp_path):
         "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
         "123 bytes": "oom_host",
         "train.py: error: unrecognized arguments: --lora_rnak 8": "flag_error",
+        "gpu1:88:88 [1] NCCL WARN NCCL version mismatch: rank 0 has 2.21.5, rank 1 has "
+        "2.28.9": "nccl_version_mismatch",
+        "ValueError: FlatParameter requires uniform requires_grad: model.layers.0 has both "
+        "parameters with requires_grad=True and False": "fsdp_mixed_requires_grad",
     }
     for text, category in cases.items():
         p = tmp_path / f"{category}.log"
