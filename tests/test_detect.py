@@ -115,6 +115,23 @@ def test_stall_limit_scales_with_step_time_and_ignores_finished_runs():
     assert d.check(T + 1000) == []
 
 
+def test_stall_names_the_rank_whose_gpu_idles_while_the_others_spin():
+    # all ranks at step 20; NCCL keeps the waiting rank's GPU busy, the stuck one's idles
+    last = T + 20 * 0.2
+    spin = {0: [(last + i, 100.0) for i in range(1, 40)], 1: [(last + i, 0.0) for i in range(1, 40)]}
+    d = StallDetector(floor_s=30, telemetry=SampleTelemetry(spin))
+    d.update(steps(0, 20, 0.2, 0) + steps(1, 20, 0.2, 0))
+    (f,) = d.check(last + 31)
+    assert f.rank == 1 and "all at step 20" in f.summary and "rank 1 idle on the GPU" in f.summary
+    assert "GPU 0 (rank 0) 100 %, GPU 1 (rank 1) 0 %" in f.evidence[-1]
+    # both idle (CPU ranks, or a hang outside any collective): no rank can be named
+    idle = {0: spin[1], 1: spin[1]}
+    d = StallDetector(floor_s=30, telemetry=SampleTelemetry(idle))
+    d.update(steps(0, 20, 0.2, 0) + steps(1, 20, 0.2, 0))
+    (f,) = d.check(last + 31)
+    assert f.rank is None and "idle on the GPU" not in f.summary
+
+
 def test_straggler_names_the_slowest_rank():
     d = StragglerDetector(window=20)
     d.update(steps(0, 20, 0.50, 0.01) + steps(1, 20, 0.52, 0.0) + steps(2, 20, 0.9, 0.02)

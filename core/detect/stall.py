@@ -3,7 +3,10 @@
 A hung collective never raises by itself (ms-swift's default DDP timeout is 208 days), so the
 agent must notice that steps stopped. Ranks whose last step is behind the others are the stuck
 ones; when all stopped at the same step (DDP: every rank waits in the all-reduce for the one
-that never arrives), the finding says so and offers stack dumps of every rank.
+that never arrives), the finding says so and offers stack dumps of every rank. GPU telemetry
+can still tell them apart: NCCL kernels spin while they wait, so the waiting ranks' GPUs show
+~100 % utilisation and the stuck rank's GPU ~0 % (measured on 2xH200, tests/fixtures/h200/
+hung_rank); such an idle rank is then named.
 """
 
 from __future__ import annotations
@@ -11,13 +14,19 @@ from __future__ import annotations
 import shutil
 from collections import deque
 
-from core.detect.common import clock, median, num, ranks_text
+from core.detect.common import Telemetry, clock, median, num, ranks_text
 from core.diagnose.finding import Finding
 
 
 class StallDetector:
+    IDLE_PCT = 10.0   # a stuck rank's GPU ...
+    BUSY_PCT = 80.0   # ... while a peer's spins in the collective
+
     def __init__(self, k: float = 10.0, floor_s: float = 60.0, first_step_s: float = 900.0,
-                 pids: dict[int, int] | None = None):
+                 pids: dict[int, int] | None = None, telemetry: Telemetry | None = None,
+                 local_world: int | None = None):
+        self.telemetry = telemetry
+        self.local_world = local_world
         self.k = k
         self.floor_s = floor_s
         self.first_step_s = first_step_s   # model loading may take long; a hang before step 1
@@ -73,10 +82,28 @@ class StallDetector:
         self.flagged = True
         top = max(s for s, _ in self.last.values())
         behind = sorted(r for r, (s, _) in self.last.items() if s < top)
-        return [self._finding(now, idle, behind, lim)]
+        return [self._finding(now, idle, behind, lim, gpu=self._gpu_split(latest, now))]
+
+    def _gpu_split(self, latest: float, now: float) -> tuple[list[int], str] | None:
+        """(ranks whose GPU idled since the last step while another's was busy, evidence)."""
+        tel = self.telemetry
+        if tel is None:
+            return None
+        util = {}
+        for r in sorted(self.last):
+            g = tel.gpu_for_rank(r, self.local_world)
+            u = tel.gpu_util(g, latest + 1.0, now) if g is not None else None
+            if u is not None:
+                util[r] = (g, u)
+        idle = [r for r, (_, u) in util.items() if u <= self.IDLE_PCT]
+        if not idle or not any(u >= self.BUSY_PCT for _, u in util.values()):
+            return None
+        return idle, "GPU utilisation since the last step: " + ", ".join(
+            f"GPU {g} (rank {r}) {u:.0f} %" for r, (g, u) in util.items())
 
     def _finding(self, now: float, idle: float, behind: list[int], lim: float,
-                 before_first: bool = False) -> Finding:
+                 before_first: bool = False,
+                 gpu: tuple[list[int], str] | None = None) -> Finding:
         evidence = [f"rank {r}: last step {s} at {clock(t)} ({now - t:.0f} s ago)"
                     for r, (s, t) in sorted(self.last.items())]
         if self.durations:
@@ -100,6 +127,14 @@ class StallDetector:
                      "the one whose stack is NOT inside a collective. A hung collective never "
                      "times out by itself when the timeout is huge (ms-swift's default DDP "
                      "timeout is 208 days).")
+            if gpu is not None:
+                behind = gpu[0]
+                summary += (f"; {ranks_text(behind)} idle on the GPU while the others wait "
+                            f"in a collective")
+                cause += (f" GPU telemetry points at {ranks_text(behind)}: NCCL kernels keep a "
+                          f"waiting rank's GPU at ~100 % utilisation, while the GPU of "
+                          f"{ranks_text(behind)} has been idle since the last step.")
+                evidence.append(gpu[1])
         stuck = behind or sorted(self.last)
         dumps = [f"py-spy dump --pid {self.pids[r]}   # rank {r}" for r in stuck if r in self.pids]
         have = shutil.which("py-spy") is not None
@@ -108,7 +143,8 @@ class StallDetector:
                + ("" if have else " (pip install py-spy)")
                + ". Then check the rank's log for the last thing it did (data loading, a "
                  "checkpoint save, an uneven number of batches per rank). Set a finite "
-                 "collective timeout (e.g. ms-swift --ddp_timeout 1800) so a hang fails "
+                 "collective timeout (cluster.collective_timeout_s for the built-in trainer, "
+                 "ms-swift --ddp_timeout 1800) so a hang fails "
                  "instead of burning GPU hours, and stop the run if it does not recover.")
         return Finding(category="stall", severity="error", t=now,
                        rank=behind[0] if len(behind) == 1 else None,

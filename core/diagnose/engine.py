@@ -19,7 +19,7 @@ from typing import Iterable
 
 from core.diagnose.finding import Finding
 from core.diagnose.loss import loss_findings
-from core.diagnose.rules import CONSEQUENCE_PATTERNS, flag_advice
+from core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
 from core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from core.diagnose.sources import Source, run_sources, source_for_file
 from core.ingest.metrics import merge_by_step
@@ -31,6 +31,16 @@ _SIGNAL_CATEGORY = {"SIGKILL": "worker_sigkill", "SIGABRT": "worker_sigabrt",
                     "SIGSEGV": "worker_segfault", "SIGBUS": "worker_segfault",
                     "SIGTERM": "worker_sigterm"}
 _NCCL_SEQ = re.compile(r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)")
+# A DataLoader worker killed while its batches were in flight: the rank fails fetching the
+# batch's shared tensor from the dead worker (multiprocessing's resource sharer). torch wraps
+# that as "DataLoader worker (pid(s) N) exited unexpectedly" when it already sees the worker
+# dead (a form the line rule's `\(pid[^)]*\)` misses), or lets the bare connection error
+# through when it does not yet (seen on CPU: the run then had no root cause at all).
+_LOADER_FETCH = re.compile(r"torch/utils/data/(?:dataloader|_utils/pin_memory)\.py")
+_FD_SHARING = re.compile(r"resource_sharer\.py|rebuild_storage_fd")
+_LOADER_DEATH = re.compile(r"^(?:ConnectionResetError|ConnectionRefusedError|EOFError"
+                           r"|FileNotFoundError|BrokenPipeError)\b")
+_LOADER_EXITED = re.compile(r"DataLoader worker \(pid\(s\) [^)]*\) exited unexpectedly")
 
 
 class Diagnosis:
@@ -141,7 +151,7 @@ def build_findings(scanners: list[FileScanner], error_files: dict[str, Source]) 
 
 def _from_hit(sc: FileScanner, hit: Hit) -> Finding:
     rule = hit.rule
-    summary, fix = rule.summary, rule.fix
+    summary, cause, fix = rule.summary, rule.cause, rule.fix
     if rule.category == "flag_error":
         flags, advice = flag_advice(hit.text)
         summary = f"flag rejected: {' '.join(flags) or hit.text.strip()[:80]}"
@@ -154,6 +164,10 @@ def _from_hit(sc: FileScanner, hit: Hit) -> Finding:
         m = _NCCL_SEQ.search(hit.text)
         if m:
             summary = (f"{m[2]} #{m[1]} timed out after {int(m[3]) / 1000:g} s")
+    elif rule.category == "dataloader_worker_killed":
+        tb = _traceback_of(sc, hit)
+        if tb is not None and _in_flight(tb):
+            cause = rule.cause + _IN_FLIGHT_CAUSE
     elif rule.category == "port_in_use":
         m = re.search(r"port: (\d+)", hit.text)
         if m:
@@ -161,7 +175,7 @@ def _from_hit(sc: FileScanner, hit: Hit) -> Finding:
     if hit.rank is not None:
         summary += f" (rank {hit.rank})"
     return Finding(category=rule.category, severity=rule.severity, summary=summary,
-                   cause=rule.cause, fix=fix, rank=hit.rank, node=sc.source.node,
+                   cause=cause, fix=fix, rank=hit.rank, node=sc.source.node,
                    evidence=[f"{sc.ref(hit.lineno)}: {hit.text.strip()}"], t=hit.t,
                    source=sc.ref(hit.lineno))
 
@@ -177,8 +191,11 @@ def _from_traceback(sc: FileScanner, tb: Traceback) -> Finding | None:
     exc = tb.exc_line
     if not exc or "ChildFailedError" in exc or "SystemExit" in exc or "KeyboardInterrupt" in exc:
         return None
-    consequence = bool(CONSEQUENCE_PATTERNS.search(exc))
     who = f"rank {tb.rank}" if tb.rank is not None else "the program"
+    in_flight = _in_flight(tb)
+    if _LOADER_EXITED.search(exc) or (in_flight and _LOADER_DEATH.search(exc)):
+        return _loader_worker_death(sc, tb, who, in_flight)
+    consequence = bool(CONSEQUENCE_PATTERNS.search(exc))
     return Finding(
         category="rank_crashed", severity="error",
         summary=f"{who} crashed: {exc[:160]}",
@@ -192,6 +209,28 @@ def _from_traceback(sc: FileScanner, tb: Traceback) -> Finding | None:
         evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
         [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
         t=None, source=sc.ref(tb.start), root_cause=not consequence)
+
+
+_IN_FLIGHT_CAUSE = (" It died with batches still queued for the rank, which then failed "
+                    "fetching one from it.")
+
+
+def _in_flight(tb: Traceback) -> bool:
+    """The rank failed fetching a batch's shared tensor from a worker that is gone."""
+    return (any(_LOADER_FETCH.search(ln) for ln in tb.lines)
+            and any(_FD_SHARING.search(ln) for ln in tb.lines))
+
+
+def _loader_worker_death(sc: FileScanner, tb: Traceback, who: str, in_flight: bool) -> Finding:
+    rule = next(r for r in RULES if r.category == "dataloader_worker_killed")
+    return Finding(
+        category=rule.category, severity=rule.severity,
+        summary=f"{rule.summary} ({who}): {tb.exc_line[:120]}",
+        cause=rule.cause + (_IN_FLIGHT_CAUSE if in_flight else ""),
+        fix=rule.fix, rank=tb.rank, node=sc.source.node,
+        evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
+        [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
+        t=None, source=sc.ref(tb.start))
 
 
 def _apply_failures(failures, found: list[Finding], add, error_files, seq: int) -> None:

@@ -107,7 +107,7 @@ RULES: list[Rule] = [
        "Run the container with --shm-size=16g (or --ipc=host), lower "
        "dataloader_num_workers, or set the sharing strategy to file_system."),
     _r("dataloader_worker_killed", "error",
-       r"DataLoader worker \(pid[^)]*\) (?:is killed by signal|exited unexpectedly)",
+       r"DataLoader worker \(pid(?:\(s\))?[^)]*\) (?:is killed by signal|exited unexpectedly)",
        "a DataLoader worker died",
        "A data-loading worker process was killed (usually the kernel's OOM killer, since "
        "each worker holds a copy of the dataset) or crashed in the dataset code.",

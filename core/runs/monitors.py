@@ -71,7 +71,8 @@ class DetectorMonitor:
         floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
         self.detectors = [
             StarvationDetector(telemetry=telemetry, local_world=local_world),
-            StallDetector(floor_s=floor, pids=self.pids),
+            StallDetector(floor_s=floor, pids=self.pids, telemetry=telemetry,
+                          local_world=local_world),
             StragglerDetector(telemetry=telemetry, local_world=local_world),
         ]
         self.telemetry = telemetry
@@ -116,6 +117,7 @@ class DiagnosisMonitor:
         self.diag = None
         self.paths: tuple[str, ...] = ()
         self.last = 0.0
+        self.first_seen: dict[tuple, float] = {}
 
     def tick(self, now: float, new_events: list[dict]) -> None:
         if now - self.last >= self.INTERVAL_S:
@@ -135,7 +137,10 @@ class DiagnosisMonitor:
             self.diag, self.paths = Diagnosis(sources), key
         for finding in self.diag.poll(final=final):
             if finding.t is None:
-                finding.t = time.time()
+                # the poll that first saw it; a fresh time on every poll would store the same
+                # finding again every INTERVAL_S (run.db dedups on identical content only)
+                finding.t = self.first_seen.setdefault(
+                    (finding.category, finding.rank, finding.node, finding.source), time.time())
             self.agent.store.save_finding(finding)
 
 

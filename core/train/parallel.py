@@ -166,9 +166,12 @@ def wrap(module: CausalLMLoss, strategy: str, device: torch.device, world: int,
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Gradients as views into the all-reduce buckets: no copy in and out of the buckets,
-        # and one gradient-sized buffer less.
+        # and one gradient-sized buffer less. No buffer broadcast before every forward: a
+        # causal LM's buffers (rotary inv_freq) are the same on every rank, and that
+        # collective made a fast rank's forward (compute_s) wait for a starved peer, so the
+        # straggler detector blamed the wrong rank.
         return DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
-                   gradient_as_bucket_view=True)
+                   gradient_as_bucket_view=True, broadcast_buffers=False)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

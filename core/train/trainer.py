@@ -19,8 +19,11 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
+import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -44,14 +47,41 @@ CRASH_ENV = "TUNEDECK_TEST_CRASH_AT_STEP"
 
 
 SLOW_ENV = "TUNEDECK_TEST_SLOW_RANK"  # "RANK:SECONDS": that rank's forward sleeps (tests)
+# "RANK:SECONDS": that rank waits this long more for every batch, as a starved loader would
+LOADER_DELAY_ENV = "TUNEDECK_TEST_LOADER_DELAY"
+# "RANK:STEP": after STEP, that rank stops making progress (sleeps, ignoring a graceful stop)
+# while the others wait for it in the next collective; first attempt only
+HANG_ENV = "TUNEDECK_TEST_HANG_RANK"
+
+
+def _test_hook(name: str, rank: int) -> float | None:
+    """The number of a "RANK:VALUE" test hook when it names this rank, else None."""
+    spec = os.environ.get(name)
+    if spec:
+        r, _, value = spec.partition(":")
+        if r.strip() == str(rank):
+            return float(value or 0.1)
+    return None
 
 
 def _test_slow_rank(rank: int) -> None:
-    spec = os.environ.get(SLOW_ENV)
-    if spec:
-        r, _, secs = spec.partition(":")
-        if r.strip() == str(rank):
-            time.sleep(float(secs or 0.1))
+    secs = _test_hook(SLOW_ENV, rank)
+    if secs:
+        time.sleep(secs)
+
+
+def _test_loader_delay(rank: int) -> None:
+    secs = _test_hook(LOADER_DELAY_ENV, rank)
+    if secs:
+        time.sleep(secs)
+
+
+def _test_hang(rank: int, step: int) -> None:
+    at = _test_hook(HANG_ENV, rank)
+    if at is not None and step >= at and attempt() == 0:
+        print(f"{HANG_ENV}: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
+        while True:  # a real hang does not look at the stop flag either
+            time.sleep(1)
 
 
 class ForwardTimer:
@@ -160,7 +190,10 @@ def init_distributed(spec: RunSpec) -> Dist:
     backend = spec.cluster.dist_backend
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    # a finite collective timeout turns a hung rank into a failed run instead of idle GPUs
+    timeout = spec.cluster.collective_timeout_s
+    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None,
+                            timeout=timedelta(seconds=timeout) if timeout else None)
     return Dist(rank, local_rank, world, device)
 
 
@@ -357,6 +390,7 @@ class Trainer:
         for _ in range(tr.grad_accum):
             tw = time.perf_counter()
             micro.append(next(self.batches))
+            _test_loader_delay(self.d.rank)
             wait += time.perf_counter() - tw
         # Counted on the CPU copies: no GPU sync. Normalise by label tokens of the whole step
         # so each token weighs the same, whatever micro-batch it landed in.
@@ -500,6 +534,7 @@ class Trainer:
         crash_at = int(os.environ.get(CRASH_ENV, "0") or 0)
         stopped = False
         while st.step < tr.max_steps:
+            _test_hang(self.d.rank, st.step)
             m = self.step()
             stopped = m.pop("_stop")
             st.step += 1
@@ -546,19 +581,57 @@ def main(run_dir: str | Path) -> int:
     d = init_distributed(spec)
     events = EventWriter(run_dir, d.rank)
     trainer = None
+    failed = True
     try:
         trainer = Trainer(spec, run_dir, d, events, stop, model_path)
         trainer.run()
+        failed = False
     except BaseException as e:
         st = trainer.state if trainer else TrainState()
         events.emit("end", step=st.step, reason="failed", loss=st.loss,
                     error=f"{type(e).__name__}: {e}".splitlines()[0][:500])
-        raise
+        if not isinstance(e, Exception):
+            raise  # Ctrl-C, SystemExit: as they are
+        # Printed now, not on the way out: the teardown below may end the process. With the
+        # "[rank<r>]:" prefix torch.distributed gives uncaught exceptions.
+        for line in traceback.format_exc().splitlines():
+            print(f"[rank{d.rank}]: {line}", file=sys.stderr)
+        sys.stderr.flush()
+        return 1
     finally:
         events.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_process_group(failed)
     return 0
+
+
+FAILED_EXIT_S = 10.0
+
+
+def _leave_process_group(failed: bool) -> None:
+    """After a failure the other ranks may sit in a collective that never completes, and a
+    graceful NCCL destroy then waits for them forever: on 2xH200 a rank whose DataLoader
+    worker was killed hung here, so torchrun never saw it fail and both GPUs stayed held.
+    A failed rank aborts its communicators instead, and exits anyway if even that does not
+    return within FAILED_EXIT_S; torchrun then stops the others."""
+    if not dist.is_initialized():
+        return
+    if not failed:
+        dist.destroy_process_group()
+        return
+    sys.stdout.flush()
+    timer = threading.Timer(FAILED_EXIT_S, os._exit, (1,))
+    timer.daemon = True
+    timer.start()
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    try:
+        if dist.get_backend() == "nccl" and abort is not None:
+            abort()
+        else:
+            dist.destroy_process_group()
+    except Exception as e:  # the rank is failing already; its own error is what matters
+        print(f"leaving the process group failed: {type(e).__name__}: {e}", file=sys.stderr,
+              flush=True)
+    timer.cancel()
 
 
 if __name__ == "__main__":  # pragma: no cover - use python -m core.train
