@@ -143,6 +143,8 @@ def test_line_rules_on_known_signatures(tmp_path):
         "train.py: error: unrecognized arguments: --lora_rnak 8": "flag_error",
         "gpu1:88:88 [1] NCCL WARN NCCL version mismatch: rank 0 has 2.21.5, rank 1 has "
         "2.28.9": "nccl_version_mismatch",
+        "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly":
+        "dataloader_worker_killed",
         "ValueError: FlatParameter requires uniform requires_grad: model.layers.0 has both "
         "parameters with requires_grad=True and False": "fsdp_mixed_requires_grad",
     }
