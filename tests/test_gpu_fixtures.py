@@ -137,6 +137,10 @@ def test_starved_loader_names_rank_1_and_gpu_telemetry_shows_the_idle_gpu():
     assert [(f.category, f.rank) for f in found] == [("dataloader_starvation", 1)]
     f = found[0]
     assert f.t - first < 15 and "num_workers" in f.fix
+    # the share is that of steady steps (0.30 s of 0.34 s): warm-up steps must not dilute it
+    # (the first version reported 23 %)
+    share = int(f.summary.split(": ")[1].split("%")[0])
+    assert share >= 60, f.summary
     gpu_line = next(e for e in f.evidence if e.startswith("GPU 1 (rank 1) utilisation"))
     starved_util = float(gpu_line.split("mean ")[1].split(" %")[0])
     waiting_util = float(gpu_line.split("GPU 0 (rank 0) ")[1].split(" %")[0])
