@@ -146,3 +146,24 @@ def test_straggler_names_the_slowest_rank():
     starved = StragglerDetector(window=20)
     starved.update(steps(0, 20, 0.5, 0.0) + steps(1, 20, 0.9, 0.4))
     assert starved.check(T + 20) == []
+
+
+def test_straggler_is_reported_again_only_after_a_lasting_recovery():
+    d = StragglerDetector(window=10)
+    t, found = T, []
+
+    def run(n, slow_s):
+        nonlocal t
+        for _ in range(n):
+            t += 1.0
+            d.update([{"kind": "step", "rank": r, "t": t, "compute_s": slow_s if r == 1 else 0.1}
+                      for r in (0, 1)])
+            found.extend(d.check(t))
+
+    run(12, 0.3)        # slow: reported
+    run(6, 0.1)         # a short dip below the recovery line (6 checks)
+    run(12, 0.3)        # slow again: the same episode
+    assert [f.rank for f in found] == [1]
+    run(20, 0.1)        # a lasting recovery ...
+    run(12, 0.3)        # ... then a new episode is reported
+    assert [f.rank for f in found] == [1, 1]

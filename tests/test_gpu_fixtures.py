@@ -117,7 +117,8 @@ def test_slow_rank_is_the_straggler_by_compute_time_not_step_time():
         {("straggler", 1, "warning")}
 
     found, first = replay("slow_rank")
-    assert {(f.category, f.rank) for f in found} == {("straggler", 1)}
+    # once: noisy warm-up steps must not make it "recover" and report again (it did, live)
+    assert [(f.category, f.rank) for f in found] == [("straggler", 1)]
     f = found[0]
     assert f.t - first < 15                  # named within seconds of the first step
     assert any("GPU utilisation, last 60 s: GPU 0 (rank 0)" in e for e in f.evidence)

@@ -15,6 +15,7 @@ from core.diagnose.finding import Finding
 
 
 class StragglerDetector:
+    RECOVER_CHECKS = 10
     def __init__(self, window: int = 20, skew: float = 1.25, min_gap_s: float = 0.05,
                  telemetry: Telemetry | None = None, local_world: int | None = None):
         self.window = window
@@ -24,6 +25,7 @@ class StragglerDetector:
         self.local_world = local_world
         self.times: dict[int, deque] = {}
         self.flagged: set[int] = set()
+        self.calm = 0   # consecutive checks below the recovery line
 
     def update(self, events: list[dict]) -> None:
         for e in events:
@@ -47,7 +49,10 @@ class StragglerDetector:
         slow = max(full, key=full.get)
         rest = median([v for r, v in full.items() if r != slow])
         ratio = full[slow] / rest if rest > 0 else 0.0
-        if ratio < 1 + (self.skew - 1) / 2:
+        # recovered only when the skew stays away for a while: GPU warm-up steps are noisy
+        # enough to dip below the line once (a slow rank on 2xH200 was reported twice)
+        self.calm = self.calm + 1 if ratio < 1 + (self.skew - 1) / 2 else 0
+        if self.calm >= self.RECOVER_CHECKS:
             self.flagged.clear()
         if ratio < self.skew or full[slow] - rest < self.min_gap_s or slow in self.flagged:
             return []
