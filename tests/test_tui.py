@@ -16,6 +16,7 @@ from tui.app import TunedeckApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
 from tui.screens.monitor import MonitorScreen
+from tui.screens.stacks import StacksScreen
 
 
 def _last_step_event(run_dir):
@@ -73,6 +74,14 @@ async def test_monitor_stop_asks_for_confirmation(td_home, monkeypatch):
         async with app.run_test(size=(120, 40)) as pilot:
             await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
                          and app.screen.snap is not None)
+            # `d`: every rank's stack, fetched off the event loop, in a modal
+            await pilot.press("d")
+            await _until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                         and app.screen.query("#stacks-text"), timeout=30)
+            text = str(app.screen.query_one("#stacks-text", Static).content)
+            assert "rank 0" in text and "rank 1" in text and "File " in text, text[:500]
+            await pilot.press("escape")
+            await _until(pilot, lambda: isinstance(app.screen, MonitorScreen))
             await pilot.press("s")
             await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("n")

@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMAND_MODULES = ("preflight", "estimate", "diagnose", "importexport")
+COMMAND_MODULES = ("preflight", "estimate", "diagnose", "importexport", "stacks")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ TORCHELASTIC_RESTART_COUNT > 0).
 from __future__ import annotations
 
 import os
+import faulthandler
 import re
 import signal
 import sys
@@ -572,6 +573,9 @@ class Trainer:
 def main(run_dir: str | Path) -> int:
     stop = StopFlag()
     stop.install()  # first, so a stop during model loading is not lost
+    if hasattr(signal, "SIGUSR1"):
+        # `tunedeck stacks` asks a stalled rank for its Python stacks (core/runs/stacks.py)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     run_dir = Path(run_dir).resolve()
     spec = load_spec(run_dir / "spec.toml")

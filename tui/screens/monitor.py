@@ -35,11 +35,14 @@ class ActionDone(Message):
 class MonitorScreen(Screen):
     HELP = ("Live view of one run, read from its run directory. Closing the TUI never "
             "touches the run. A graceful stop lets the ranks finish their step and "
-            "checkpoint; after the grace period everything left is killed.")
+            "checkpoint; after the grace period everything left is killed. A stalled run: "
+            "`d` shows every rank's Python stack; the rank not inside a collective is the "
+            "one the others wait for.")
     BINDINGS = [
         Binding("escape", "back", "Runs"),
         Binding("s", "stop", "Stop"),
         Binding("K", "kill", "Kill now"),
+        Binding("d", "stacks", "Stack dumps"),
         Binding("G", "follow", "Follow log", show=False),
     ]
 
@@ -168,6 +171,30 @@ class MonitorScreen(Screen):
             return
         self.post_message(ActionDone("hard stop requested" if hard else
                                      "graceful stop requested"))
+
+    def action_stacks(self) -> None:
+        run = self.snap.run if self.snap else None
+        if run is None or not run.needs_stop:
+            self.notify("this run is not running: no stacks to dump", severity="warning")
+            return
+        self.notify("asking every rank for its stack...")
+        self.dump_stacks(run.run_dir)
+
+    @work(thread=True, exclusive=True, group="monitor-stacks", exit_on_error=False)
+    def dump_stacks(self, run_dir) -> None:
+        from core.runs.stacks import dump_stacks
+
+        try:
+            dumps = dump_stacks(run_dir)
+        except Exception as e:  # shown to the user, never raised into the UI
+            self.post_message(ActionDone(f"stack dump failed: {e}", "error"))
+            return
+        self.app.call_from_thread(self._show_stacks, dumps)
+
+    def _show_stacks(self, dumps: list) -> None:
+        from tui.screens.stacks import StacksScreen
+
+        self.app.push_screen(StacksScreen(dumps))
 
     @on(ActionDone)
     def action_done(self, msg: ActionDone) -> None:

@@ -1,0 +1,135 @@
+"""Stack dumps of a running run's ranks: what each rank is doing when the run stalls.
+
+Two ways, best first:
+- py-spy (`py-spy dump --pid`), when installed: any Python program, no cooperation needed;
+- the built-in trainer's own handler: it registers `faulthandler` on SIGUSR1 at start, so the
+  signal writes every thread's Python stack into the rank's stderr log, which is read back.
+  SIGUSR1 is sent only to the built-in trainer: by default the signal kills a process.
+A hung rank is the one whose stack is not inside a collective (all_reduce, barrier, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from core.runs.state import read_json
+from core.spec import load_spec
+
+DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
+# frames of a rank that waits for the others; DDP's gradient all-reduce runs from C++ hooks
+# inside backward, so a DDP rank waiting for a hung peer shows only the autograd engine
+COLLECTIVES = ("all_reduce", "allreduce", "barrier", "all_gather", "reduce_scatter",
+               "broadcast", "_sync_params", "_engine_run_backward", "run_backward")
+
+
+@dataclass
+class StackDump:
+    rank: int | None
+    pid: int
+    method: str         # "py-spy", "faulthandler" or "none"
+    text: str
+
+    @property
+    def in_collective(self) -> bool:
+        return any(c in self.text for c in COLLECTIVES)
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "pid": self.pid, "method": self.method, "text": self.text,
+                "in_collective": self.in_collective}
+
+
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """rank → pid of the run's live rank processes (from the agent's state and /proc)."""
+    out: dict[int, int] = {}
+    state = read_json(run_dir / "state.json") or {}
+    for i, pid in enumerate(state.get("worker_pids") or []):
+        try:
+            env = psutil.Process(pid).environ()
+            rank = int(env["RANK"]) if "RANK" in env else i
+        except (psutil.Error, ValueError, KeyError):
+            continue
+        out[rank] = pid
+    return out
+
+
+def dump_stacks(run_dir: str | Path, ranks: list[int] | None = None,
+                timeout_s: float = 20.0) -> list[StackDump]:
+    """One dump per live rank (or per rank in `ranks`). Raises ValueError when the run has no
+    live rank process (finished, stopped, or not started yet)."""
+    run_dir = Path(run_dir)
+    pids = rank_pids(run_dir)
+    if ranks is not None:
+        missing = sorted(set(ranks) - set(pids))
+        if missing:
+            raise ValueError(f"no live process for rank(s) {missing}; live: {sorted(pids)}")
+        pids = {r: p for r, p in pids.items() if r in ranks}
+    if not pids:
+        raise ValueError(f"{run_dir.name}: no rank process is running")
+    pyspy = shutil.which("py-spy")
+    builtin = _backend(run_dir) == "builtin"
+    out = []
+    for rank, pid in sorted(pids.items()):
+        if pyspy:
+            out.append(_pyspy(pyspy, rank, pid, timeout_s))
+        elif builtin and DUMP_SIGNAL is not None:
+            out.append(_faulthandler(run_dir, rank, pid, timeout_s))
+        else:
+            out.append(StackDump(rank, pid, "none",
+                                 "py-spy is not installed (pip install py-spy), and only the "
+                                 "built-in trainer dumps its own stacks on request"))
+    return out
+
+
+def _backend(run_dir: Path) -> str:
+    try:
+        return load_spec(run_dir / "spec.toml").backend
+    except Exception:   # an unreadable spec: do not send signals to an unknown program
+        return "unknown"
+
+
+def _pyspy(exe: str, rank: int, pid: int, timeout_s: float) -> StackDump:
+    try:
+        r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return StackDump(rank, pid, "py-spy", f"py-spy did not answer within {timeout_s:.0f} s")
+    text = r.stdout if r.returncode == 0 else (r.stderr or r.stdout).strip()
+    if r.returncode != 0 and "ermission" in text:
+        text += "\n(py-spy needs ptrace rights: run as the same user with " \
+                "kernel.yama.ptrace_scope=0, or as root)"
+    return StackDump(rank, pid, "py-spy", text)
+
+
+def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
+    from core.diagnose.sources import rank_logs
+
+    logs = [s.path for s in rank_logs(run_dir, latest_only=True)
+            if s.rank == rank and s.path.name == "stderr.log"]
+    if not logs:
+        return StackDump(rank, pid, "faulthandler", "no stderr log found for this rank")
+    log = logs[-1]
+    start = log.stat().st_size
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except OSError as e:
+        return StackDump(rank, pid, "faulthandler", f"could not signal pid {pid}: {e}")
+    # faulthandler writes at once from its C handler; wait for the dump to stop growing
+    deadline, size, text = time.monotonic() + min(timeout_s, 5.0), start, ""
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = log.stat().st_size
+        if now > start and now == size:
+            break
+        size = now
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read().decode("utf-8", errors="replace")
+    return StackDump(rank, pid, "faulthandler", text.strip() or "no dump appeared in " + str(log))

@@ -1,0 +1,51 @@
+"""`tunedeck stacks`: the Python stack of every rank of a live run, under real torchrun."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.runs.registry import find_run
+from core.runs.stacks import dump_stacks
+from tests.conftest import DEMO, cli, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _step(run_dir, rank: int) -> int:
+    p = run_dir / "events" / f"rank{rank}.jsonl"
+    if not p.exists():
+        return 0
+    steps = [json.loads(x)["step"] for x in p.open() if '"kind": "step"' in x]
+    return max(steps, default=0)
+
+
+def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
+    # rank 1 stops after step 3; rank 0 then waits for it in DDP's gradient all-reduce
+    monkeypatch.setenv("TUNEDECK_TEST_HANG_RANK", "1:3")
+    out = cli("launch", str(DEMO), "--json", "--set", "train.max_steps=1000",
+              "--set", "train.save_steps=0", home=td_home)
+    run_id = json.loads(out.stdout)["run_id"]
+    run_dir = td_home / "runs" / run_id
+    try:
+        wait_for(lambda: _step(run_dir, 0) >= 3, 180, "three steps")
+        wait_for(lambda: len(json.loads((run_dir / "state.json").read_text())
+                             .get("worker_pids") or []) == 2, 30, "both rank pids")
+        res = cli("stacks", run_id, "--json", home=td_home)
+        dumps = {d["rank"]: d for d in json.loads(res.stdout)}
+        assert set(dumps) == {0, 1}
+        hung, waiting = dumps[1], dumps[0]
+        assert hung["method"] in ("faulthandler", "py-spy")
+        assert "_test_hang" in hung["text"] and not hung["in_collective"], hung["text"]
+        assert waiting["in_collective"], waiting["text"]
+        # one rank only, through the core API; a rank that does not exist is named
+        assert [d.rank for d in dump_stacks(run_dir, ranks=[1])] == [1]
+        with pytest.raises(ValueError, match=r"rank\(s\) \[7\]"):
+            dump_stacks(run_dir, ranks=[7])
+    finally:
+        cli("stop", run_id, "--hard", home=td_home, check=False)
+    # the signal did not kill anybody: the run ends by the stop, not by a crash
+    assert find_run(run_id, td_home / "runs").status == "stopped"
+    bad = cli("stacks", run_id, home=td_home, check=False)
+    assert bad.returncode == 1 and "no rank process is running" in bad.stderr

@@ -1,0 +1,32 @@
+"""`d` in the monitor: every rank's Python stack, to find the rank a stalled run waits for."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+class StacksScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,d", "dismiss", "Close")]
+
+    def __init__(self, dumps: list):
+        super().__init__()
+        self.dumps = dumps
+
+    def compose(self) -> ComposeResult:
+        parts = []
+        for d in self.dumps:
+            where = ("[yellow]waiting in a collective[/yellow]" if d.in_collective
+                     else "[bold red]NOT in a collective: look here first[/bold red]")
+            parts.append(f"[b]rank {d.rank}[/b] (pid {d.pid}, {d.method}): {where}\n"
+                         f"{escape(d.text)}")
+        with VerticalScroll(id="stacks-box"):
+            yield Static("\n\n".join(parts) or "no rank process", id="stacks-text")
+            yield Static("[dim]esc to close; the same text: tunedeck stacks RUN[/dim]")
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)
