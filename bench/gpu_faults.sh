@@ -79,6 +79,11 @@ hung_rank() {
   RUN=$(TUNEDECK_STALL_FLOOR_S=10 TUNEDECK_TEST_HANG_RANK=1:30 launch fx-hung-rank \
         --set cluster.collective_timeout_s=20)
   fx wait-finding "$RUN" stall 150
+  # while it hangs: every rank's stack (the hung one is not inside a collective)
+  mkdir -p "$OUT/res/hung_rank"
+  echo "-- tunedeck stacks"
+  td stacks "$(basename "$RUN")" | tee "$OUT/res/hung_rank/stacks.txt" |
+    grep -E '^=== |_test_hang|backward' | head -12
   fx wait-finding "$RUN" nccl_timeout 90
   # the watchdog aborts rank 0 (after its debug dump); torchrun then stops rank 1
   fx wait-end "$RUN" 150
