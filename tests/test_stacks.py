@@ -39,6 +39,9 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         assert hung["method"] in ("faulthandler", "py-spy")
         assert "_test_hang" in hung["text"] and not hung["in_collective"], hung["text"]
         assert waiting["in_collective"], waiting["text"]
+        text = cli("stacks", run_id, home=td_home).stdout
+        [line1] = [ln for ln in text.splitlines() if ln.startswith("=== rank 1 ")]
+        assert "NOT in a collective: the others wait for it" in line1, text
         # one rank only, through the core API; a rank that does not exist is named
         assert [d.rank for d in dump_stacks(run_dir, ranks=[1])] == [1]
         with pytest.raises(ValueError, match=r"rank\(s\) \[7\]"):

@@ -19,6 +19,7 @@ FIX = ("Feed the GPU faster: raise the DataLoader's num_workers (e.g. 4-8 per ra
 
 
 class StarvationDetector:
+    WARMUP_STEPS = 4
     def __init__(self, window_s: float = 30.0, threshold: float = 0.2, min_span_s: float = 5.0,
                  min_steps: int = 3, telemetry: Telemetry | None = None,
                  local_world: int | None = None):
@@ -29,6 +30,7 @@ class StarvationDetector:
         self.telemetry = telemetry
         self.local_world = local_world
         self.steps: dict[int, deque] = {}     # rank -> (t, step, step_s, data_wait_s)
+        self.seen: dict[int, int] = {}        # rank -> steps since its (re)start
         self.probe: dict[int, deque] = {}     # rank -> (t, wait_s, n)
         self.probe_first: dict[int, float] = {}
         self.flagged: set[int] = set()
@@ -39,7 +41,14 @@ class StarvationDetector:
             t = num(e.get("t"))
             if not isinstance(rank, int) or t is None:
                 continue
-            if kind == "step":
+            if kind == "start":
+                self.seen[rank] = 0
+            elif kind == "step":
+                # a (re)started rank's first steps are warm-up (CUDA init, first kernels: 1-4 s
+                # each on an H200, against 0.34 s later) and would dilute the share
+                self.seen[rank] = self.seen.get(rank, 0) + 1
+                if self.seen[rank] <= self.WARMUP_STEPS:
+                    continue
                 s, w = num(e.get("step_s")), num(e.get("data_wait_s"))
                 if s is not None and w is not None and s > 0:
                     self.steps.setdefault(rank, deque()).append((t, e.get("step"), s, w))

@@ -24,8 +24,10 @@ from core.runs.state import read_json
 from core.spec import load_spec
 
 DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
-# frames of a rank that waits for the others; DDP's gradient all-reduce runs from C++ hooks
-# inside backward, so a DDP rank waiting for a hung peer shows only the autograd engine
+# frames of a rank that waits for the others. DDP's gradient all-reduce runs from C++ hooks
+# inside backward, so on CPU (gloo) a rank waiting for a hung peer shows only the autograd
+# engine; on a GPU collectives return at once and the wait is at the next copy to the host
+# (the built-in trainer's all_reduce_result).
 COLLECTIVES = ("all_reduce", "allreduce", "barrier", "all_gather", "reduce_scatter",
                "broadcast", "_sync_params", "_engine_run_backward", "run_backward")
 
@@ -44,6 +46,13 @@ class StackDump:
     def to_json(self) -> dict:
         return {"rank": self.rank, "pid": self.pid, "method": self.method, "text": self.text,
                 "in_collective": self.in_collective}
+
+
+def suspects(dumps: list[StackDump]) -> list[StackDump]:
+    """Ranks not in a collective while another rank is: the ones the others wait for."""
+    if not any(d.in_collective for d in dumps):
+        return []
+    return [d for d in dumps if not d.in_collective and d.method != "none"]
 
 
 def rank_pids(run_dir: Path) -> dict[int, int]:

@@ -85,6 +85,13 @@ def _test_hang(rank: int, step: int) -> None:
             time.sleep(1)
 
 
+def all_reduce_result(stats: torch.Tensor) -> list[float]:
+    """The values of an all-reduced tensor. A function of its own so that a stack dump of a
+    rank waiting here for a hung peer names the collective (on a GPU the all-reduce itself
+    returns at once; the wait is in this copy to the host)."""
+    return stats.tolist()
+
+
 class ForwardTimer:
     """Forward-pass time of this rank in a step: the compute proxy straggler detection needs.
 
@@ -424,7 +431,7 @@ class Trainer:
         stats[2].fill_(float(self.stop.requested))
         stats[3].copy_(grad_norm.detach())
         dist.all_reduce(stats)
-        s_loss, s_labels, s_stop, s_norm = stats.tolist()  # the step's one host sync
+        s_loss, s_labels, s_stop, s_norm = all_reduce_result(stats)  # the step's one host sync
         step_s = time.perf_counter() - t0
         tokens = sum(doc_lens)
         return {"loss": s_loss / max(s_labels, 1.0), "lr": lr,

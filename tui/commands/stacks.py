@@ -20,7 +20,8 @@ def register(subparsers) -> None:
 
 def cmd_stacks(args) -> int:
     from core.runs.registry import find_run
-    from core.runs.stacks import dump_stacks
+    from core.runs.stacks import dump_stacks, suspects
+    from core.runs.store import read_findings
 
     run = find_run(args.run)   # RunNotFound → cli prints it
     try:
@@ -32,9 +33,15 @@ def cmd_stacks(args) -> int:
         json.dump([d.to_json() for d in dumps], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    odd = suspects(dumps)
     for d in dumps:
-        where = "waiting in a collective" if d.in_collective else "NOT in a collective"
-        print(f"=== rank {d.rank} (pid {d.pid}, {d.method}): {where}")
+        where = ("waiting in a collective" if d.in_collective else
+                 "NOT in a collective: the others wait for it" if d in odd else "")
+        print(f"=== rank {d.rank} (pid {d.pid}, {d.method})" + (f": {where}" if where else ""))
         print(d.text)
         print()
+    # the agent's stall finding names a hung rank from GPU telemetry too
+    for f in read_findings(run.run_dir):
+        if f.get("category") == "stall":
+            print(f"stall finding: {f.get('summary')}")
     return 0
