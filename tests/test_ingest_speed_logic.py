@@ -160,6 +160,24 @@ def test_native_matcher_rejects_tokens_it_cannot_find():
 
 # -- metrics: the native dict reader against the pure-Python parser ---------------------------
 
+# lines the native reader must hand to Python, or read exactly as Python does
+ODD_LINES = (
+    "{{'loss': None, 'step': {step}}}",
+    "{{'loss': 1.0, 'step': {step}, 'note': \"it's\"}}",
+    "{{'loss': 1.0, 'step': {step}, 'tags': [1, 2]}}",
+    "",   # k == 17: OTHER_LINES
+    "{{'loss': 'x: None', 'step': {step}}}",
+    "{{'loss': -3, 'steps': {step}, 'loss': '2'}}",
+    '{{"kind": "step", "step": {step}, "loss": 1.5, "rank": 0}}',
+    "{{'loss': '0.25', 'global_step/max_steps': '{step}/'}}",
+    "{{'loss': 1, 'step': {step}, 'x': 'é'}}",
+    "Train: 1%|x| 0/0 [00:01<00:02]\r{{'loss': 0.5, 'step': {step}}}",
+)
+OTHER_LINES = ("", "some log line", "  ", "{}", "{'a': 1}",
+               "{'train_runtime': '3.2', 'global_step/max_steps': '5/5'}",
+               "step: 5  loss:  7.12  memory: 30.1GiB(31.7%)  tps: 4,120")
+
+
 def metric_log(rng: random.Random, n: int, restarts: bool = True) -> str:
     """Console output mixing every metrics shape the parser knows, and the odd ones."""
     out, step = [], 0
@@ -196,28 +214,10 @@ def metric_log(rng: random.Random, n: int, restarts: bool = True) -> str:
         elif k == 13:   # max_steps only from the fraction, step from a key; iter/s alone
             out.append(f"{{'iteration': ' /{500}', 'step': {step}.0, 'lr': 1e-4, "
                        f"'train_speed(iter/s)': '2'}}")
-        elif k == 14:
-            out.append(f"{{'loss': None, 'step': {step}}}")
-        elif k == 15:
-            out.append(f"{{'loss': 1.0, 'step': {step}, 'note': \"it's\"}}")
-        elif k == 16:
-            out.append(f"{{'loss': 1.0, 'step': {step}, 'tags': [1, 2]}}")
         elif k == 17:
-            out.append(rng.choice(["", "some log line", "  ", "{}", "{'a': 1}",
-                                   "{'train_runtime': '3.2', 'global_step/max_steps': '5/5'}",
-                                   "step: 5  loss:  7.12  memory: 30.1GiB(31.7%)  tps: 4,120"]))
-        elif k == 18:
-            out.append(f"{{'loss': 'x: None', 'step': {step}}}")
-        elif k == 19:
-            out.append(f"{{'loss': -3, 'steps': {step}, 'loss': '2'}}")
-        elif k == 20:
-            out.append(f"{{\"kind\": \"step\", \"step\": {step}, \"loss\": 1.5, \"rank\": 0}}")
-        elif k == 21:
-            out.append(f"{{'loss': '{rng.random():.3f}', 'global_step/max_steps': '{step}/'}}")
-        elif k == 22:
-            out.append(f"{{'loss': 1, 'step': {step}, 'x': 'é'}}")
+            out.append(rng.choice(OTHER_LINES))
         else:
-            out.append(f"Train: 1%|x| 0/0 [00:01<00:02]\r{{'loss': 0.5, 'step': {step}}}")
+            out.append(ODD_LINES[k - 14].format(step=step))
     return "\n".join(out) + "\n"
 
 

@@ -879,6 +879,22 @@ static int bar_counts(const unsigned char *p, const unsigned char *e, long long 
     return 0;
 }
 
+/* MetricsParser._bar: a bar with a total sets the bar step, and max_steps unless known.
+ * -1 when Python must read the bar. */
+static int apply_bar(const unsigned char *p, const unsigned char *e, MState *s) {
+    long long n, total;
+    int rc = bar_counts(p, e, &n, &total);
+    if (rc > 0 && total > 0) {
+        s->has_bar = 1;
+        s->bar_step = n;
+        if (!(s->has_max && s->max_steps)) {
+            s->has_max = 1;
+            s->max_steps = total;
+        }
+    }
+    return rc < 0 ? -1 : 0;
+}
+
 /* one physical line: 1 handled (record appended when the line has one), 0 Python's, -2 error */
 static int metric_line(const unsigned char *p, const unsigned char *e, MState *st, Cols *cols) {
     if (p == e) return 1;   /* an empty line: nothing to read */
@@ -896,14 +912,7 @@ static int metric_line(const unsigned char *p, const unsigned char *e, MState *s
         if (a < se) {
             int bar = is_bar(seg, se);
             if (pend_b && !bar) {
-                long long n, total;
-                int rc = bar_counts(pend_b, pend_e, &n, &total);
-                if (rc < 0) goto python;
-                if (rc && total > 0) {
-                    s.has_bar = 1;
-                    s.bar_step = n;
-                    if (!(s.has_max && s.max_steps)) { s.has_max = 1; s.max_steps = total; }
-                }
+                if (apply_bar(pend_b, pend_e, &s) < 0) goto python;
                 pend_b = NULL;
             }
             if (bar) {
@@ -921,16 +930,7 @@ static int metric_line(const unsigned char *p, const unsigned char *e, MState *s
         if (se == e) break;
         seg = se + 1;
     }
-    if (pend_b) {
-        long long n, total;
-        int rc = bar_counts(pend_b, pend_e, &n, &total);
-        if (rc < 0) goto python;
-        if (rc && total > 0) {
-            s.has_bar = 1;
-            s.bar_step = n;
-            if (!(s.has_max && s.max_steps)) { s.has_max = 1; s.max_steps = total; }
-        }
-    }
+    if (pend_b && apply_bar(pend_b, pend_e, &s) < 0) goto python;
     /* bars without a record: Python keeps their progress entries (used while no dict came) */
     if (!have) goto python;
     if (cols_add(cols, &row) < 0) return -2;

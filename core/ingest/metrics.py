@@ -50,16 +50,22 @@ class TextTail:
         self.lineno = 0          # physical lines consumed so far (for file:line evidence)
         self.assembler = LineAssembler()
 
+    def _check_size(self) -> bool:
+        """False when the file is gone; a file that shrank is read again from its start."""
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return False
+        if size < self.offset:
+            self.offset, self.lineno, self.assembler = 0, 0, LineAssembler()
+        return True
+
     def chunks(self, count_lines: bool = True):
         """(line number before the chunk, bytes of complete lines) for what was appended;
         advances offset and lineno as each chunk is handed out (lineno only when
         `count_lines`: a reader that cites no line numbers skips the count)."""
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
+        if not self._check_size():
             return
-        if size < self.offset:
-            self.offset, self.lineno, self.assembler = 0, 0, LineAssembler()
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             while True:
@@ -89,12 +95,8 @@ class TextTail:
         """Like chunks(count_lines=False) without a copy per chunk: (view, end), [0, end) of
         the view holding complete lines. The view is a reused buffer, valid only until the
         next one. A line longer than the buffer goes through chunks()."""
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
+        if not self._check_size():
             return
-        if size < self.offset:
-            self.offset, self.lineno, self.assembler = 0, 0, LineAssembler()
         buf = bytearray(READ_BYTES)
         view = memoryview(buf)
         with open(self.path, "rb") as f:
