@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import DEMO, cli, wait_for
 from core.probe import SITE_DIR
 from core.runs.control import stop
 from core.runs.launch import prepare_run, start_agent
@@ -75,8 +75,12 @@ def _stop(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_starved_rank_is_flagged_within_30s(td_home):
-    run_dir = toy_run(td_home / "runs", ["--delay-rank", "1", "--delay-s", "0.3"])
+def test_starved_rank_of_the_demo_is_flagged_within_30s(td_home, monkeypatch):
+    # the demo on CPU (built-in trainer, 2 gloo ranks); rank 1 waits 0.3 s more per batch
+    monkeypatch.setenv("TUNEDECK_TEST_LOADER_DELAY", "1:0.3")
+    out = cli("launch", str(DEMO), "--json", "--set", "train.max_steps=100000",
+              "--set", "train.save_steps=0", home=td_home)
+    run_dir = td_home / "runs" / json.loads(out.stdout)["run_id"]
     try:
         wait_for(lambda: _steps(run_dir), 90, "the first steps")
         t_first = time.monotonic()

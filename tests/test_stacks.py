@@ -8,6 +8,7 @@ import pytest
 
 from core.runs.registry import find_run
 from core.runs.stacks import dump_stacks
+from core.runs.store import read_findings
 from tests.conftest import DEMO, cli, wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,6 +25,7 @@ def _step(run_dir, rank: int) -> int:
 def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
     # rank 1 stops after step 3; rank 0 then waits for it in DDP's gradient all-reduce
     monkeypatch.setenv("TUNEDECK_TEST_HANG_RANK", "1:3")
+    monkeypatch.setenv("TUNEDECK_STALL_FLOOR_S", "5")    # the default floor is 60 s
     out = cli("launch", str(DEMO), "--json", "--set", "train.max_steps=1000",
               "--set", "train.save_steps=0", home=td_home)
     run_id = json.loads(out.stdout)["run_id"]
@@ -42,6 +44,10 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         text = cli("stacks", run_id, home=td_home).stdout
         [line1] = [ln for ln in text.splitlines() if ln.startswith("=== rank 1 ")]
         assert "NOT in a collective: the others wait for it" in line1, text
+        # the agent flags the stall by itself (no GPU here to tell which rank idles)
+        stall = wait_for(lambda: next((f for f in read_findings(run_dir)
+                                       if f["category"] == "stall"), None), 60, "a stall")
+        assert stall["severity"] == "error" and "step 3" in stall["summary"]
         # one rank only, through the core API; a rank that does not exist is named
         assert [d.rank for d in dump_stacks(run_dir, ranks=[1])] == [1]
         with pytest.raises(ValueError, match=r"rank\(s\) \[7\]"):
