@@ -129,9 +129,10 @@ class ClusterSpec:
     master_port: int = opt(0, help="Rendezvous port; 0 = pick a free one at launch", min=0)
     node_rank: int = opt(0, help="This node's rank", min=0)
     join_timeout_s: int = opt(600, help="Seconds a node waits for its peers to join", min=1)
-    collective_timeout_s: int = opt(0, help="Built-in trainer: seconds a collective waits for "
-                                    "every rank before the run fails (NCCL watchdog); 0 = "
-                                    "torch's default (10 min)", min=0)
+    collective_timeout_s: int = opt(0, help="Seconds a collective waits for every rank "
+                                    "before the run fails (NCCL watchdog; ms-swift "
+                                    "--ddp_timeout); 0 = the default (torch: 10 min, "
+                                    "ms-swift: 208 days)", min=0)
 
 
 @dataclass

@@ -54,6 +54,10 @@ def test_flags_follow_the_spec():
     assert a[a.index("--vllm_mode") + 1] == "server" and a[a.index("--use_vllm") + 1] == "true"
     # ms-swift 3.x took --train_type
     assert "--train_type" in swift_args(_spec(), "/o", version="3.12.6")
+    # a finite collective timeout reaches ms-swift (its default is 208 days)
+    a = swift_args(_spec('[cluster]\ncollective_timeout_s = 1800\n'), "/o")
+    assert a[a.index("--ddp_timeout") + 1] == "1800"
+    assert "--ddp_timeout" not in swift_args(_spec(), "/o")
     with pytest.raises(SwiftPlanError, match="zero_stage"):
         swift_args(_spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 1\n'
                          'zero_offload = "all"\n'), "/o")

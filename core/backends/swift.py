@@ -223,6 +223,10 @@ def swift_args(spec: RunSpec, output_dir: str, version: str | None = None) -> li
         args += ["--use_cpu", "true", "--ddp_backend", "gloo"]
     elif spec.cluster.dist_backend in ("nccl", "gloo") and not is_megatron(spec):
         args += ["--ddp_backend", spec.cluster.dist_backend]
+    timeout = spec.cluster.collective_timeout_s
+    if timeout and not is_megatron(spec) and "--ddp_timeout" not in s.extra_args:
+        # ms-swift's own default is 18,000,000 s (208 days): a hung collective never fails
+        args += ["--ddp_timeout", str(timeout)]
     if not any(a in ("--report_to", "--report-to") for a in s.extra_args):
         args += ["--report_to", "none"]
     return args + list(s.extra_args)
