@@ -8,6 +8,7 @@ error.json a failing rank wrote next to them.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +78,24 @@ def run_sources(run_dir: Path) -> list[Source]:
     out += [Source(p, None, None, None, "log") for p in sorted(run_dir.glob("*.log"))]
     out += [Source(p, int(p.stem[4:]) if p.stem[4:].isdigit() else None, None, None, "events")
             for p in sorted((run_dir / "events").glob("rank*.jsonl"))]
-    out += [Source(p, 0, None, None, "jsonl") for p in sorted(run_dir.rglob("logging.jsonl"))
-            if "logs" not in p.relative_to(run_dir).parts]
+    out += [Source(p, 0, None, None, "jsonl") for p in logging_jsonl_files(run_dir)]
     return out
+
+
+def logging_jsonl_files(run_dir: Path, max_depth: int = 4) -> list[Path]:
+    """ms-swift's logging.jsonl files (output/v0-<date>/logging.jsonl). The agent looks every
+    few seconds, so checkpoint folders (hundreds on a long run), logs and events are not
+    walked."""
+    found = []
+    base = len(run_dir.parts)
+    for root, dirs, files in os.walk(run_dir):
+        depth = len(Path(root).parts) - base
+        dirs[:] = [] if depth >= max_depth else sorted(
+            d for d in dirs if not (d.startswith(("checkpoint-", ".")) or
+                                    (depth == 0 and d in ("logs", "events"))))
+        if "logging.jsonl" in files:
+            found.append(Path(root) / "logging.jsonl")
+    return sorted(found)
 
 
 def source_for_file(path: Path) -> Source:

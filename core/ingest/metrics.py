@@ -394,10 +394,11 @@ def run_metric_files(run_dir: Path) -> list[tuple[Path, int | None]]:
     events = sorted((run_dir / "events").glob("rank*.jsonl"), key=_rank_of)
     if events:
         return [(p, _rank_of(p)) for p in events]
-    jsonl = sorted(p for p in run_dir.rglob("logging.jsonl") if "logs" not in p.parts)
+    from core.diagnose.sources import logging_jsonl_files, rank_logs  # lazy: diagnose uses ingest
+
+    jsonl = logging_jsonl_files(run_dir)
     if jsonl:
         return [(jsonl[-1], 0)]
-    from core.diagnose.sources import rank_logs  # lazy: diagnose depends on ingest
 
     return [(s.path, s.rank) for s in rank_logs(run_dir, latest_only=True)
             if s.path.name == "stdout.log"] or \
