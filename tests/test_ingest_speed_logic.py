@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from core.diagnose.engine import build_findings
-from core.diagnose.scan import FileScanner, _fastscan
+from core.diagnose.scan import FileScanner
 from core.diagnose.sources import Source
 from core.ingest.metrics import FileMetrics
+from core.ingest.native import fastscan as _fastscan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"

@@ -14,14 +14,10 @@ from core.diagnose.rules import NCCL_FACT_TOKENS, NCCL_HEAD, NCCL_VIA, REPORT_TO
     TIME_HINT_STR, TOKENS, Rule, match_line
 from core.diagnose.sources import Source
 from core.ingest.metrics import MetricsParser, TextTail
+from core.ingest.native import fastscan
 from core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
 from core.ingest.parsers.prefix import line_time, split_rank
 from core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
-
-try:  # the native line classifier, built at install when a C compiler is there
-    from core.ingest import _fastscan
-except ImportError:
-    _fastscan = None
 
 MAX_TB_LINES = 80
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]")
@@ -62,10 +58,10 @@ class _TbState:
 
 class FileScanner:
     # the native classifier when built; False forces the pure-Python fast path (tests)
-    native: bool = _fastscan is not None
+    native: bool = fastscan is not None
     # (b"\n{" needs no token there: the classifier looks at each line's first byte)
-    _matcher = _fastscan.matcher([t for t in REPORT_TOKENS if b"\n" not in t],
-                                 NCCL_FACT_TOKENS) if _fastscan else None
+    _matcher = fastscan.matcher([t for t in REPORT_TOKENS if b"\n" not in t],
+                                 NCCL_FACT_TOKENS) if fastscan else None
 
     def __init__(self, source: Source, year: int | None = None) -> None:
         self.source = source
@@ -158,7 +154,7 @@ class FileScanner:
         chunk = chunk[: chunk.rfind(b"\n") + 1]
         n = len(chunk)
         pos, lineno = 0, base
-        classify = _fastscan.classify
+        classify = fastscan.classify
         while pos < n:
             if not self._busy():
                 stop, lines, heads, transports, facts, hint, other = classify(

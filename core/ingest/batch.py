@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Iterator
 
+from core.ingest.native import fastscan
+
 
 class RecordBatch:
     """Records of consecutive lines, in strictly rising step order."""
@@ -28,9 +30,7 @@ class RecordBatch:
         return len(self.steps)
 
     def rows(self, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
-        from core.ingest import _fastscan
-
-        return _fastscan.rows(*self.cols, self.rank, start, len(self) if stop is None else stop)
+        return fastscan.rows(*self.cols, self.rank, start, len(self) if stop is None else stop)
 
 
 class BatchList(Sequence):

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Iterable
 
 from core.ingest.batch import BatchList, RecordBatch
+from core.ingest.native import fastscan
 from core.ingest.parsers import LineAssembler, parse_metrics_line
-
-try:  # the native reader of console dict lines, built at install when a C compiler is there
-    from core.ingest import _fastscan
-except ImportError:
-    _fastscan = None
 
 KEYS = ("step", "max_steps", "loss", "learning_rate", "grad_norm", "epoch", "eval_loss",
         "tokens_per_s", "samples_per_s", "step_s")
@@ -174,9 +170,9 @@ class MetricsParser:
             self._add("dict", d, touched)
         return [touched[s] for s in sorted(touched)]
 
-    def spill(self, batches: list[RecordBatch] | None = None) -> None:
-        """Turn kept batches (default: all) into by_step records, so they can be merged."""
-        for b in list(self.batches if batches is None else batches):
+    def spill(self, batches: list[RecordBatch]) -> None:
+        """Turn these kept batches into by_step records, so they can be merged."""
+        for b in batches:
             self.batches.remove(b)
             self.by_step.update((r["step"], r) for r in b.rows())
 
@@ -313,7 +309,7 @@ class FileMetrics:
     """Incremental records of one file: `poll()` parses only what was appended."""
 
     # the native reader when built; False forces the pure-Python path (tests)
-    native: bool = _fastscan is not None
+    native: bool = fastscan is not None
 
     def __init__(self, path: Path, rank: int | None = None) -> None:
         self.tail = TextTail(Path(path))
@@ -333,7 +329,7 @@ class FileMetrics:
             while pos < n:
                 if not asm._open:
                     pos, count, *cols, ascending, parser.max_steps, parser.bar_step = \
-                        _fastscan.dict_records(chunk, pos, n, parser.max_steps, parser.bar_step)
+                        fastscan.dict_records(chunk, pos, n, parser.max_steps, parser.bar_step)
                     if count:
                         parser.absorb(RecordBatch(*cols, parser.rank), ascending, touched, new)
                 end = _find_newline(chunk, pos, n)
