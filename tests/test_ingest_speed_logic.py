@@ -46,7 +46,7 @@ def state(sc: FileScanner) -> dict:
         "nccl": (n.versions, n.interfaces, n.network, list(n.transports.items()), n.nranks,
                  n.nnodes, n.channels, n.ib_missing, n.ib_devices, n.warnings, n.lines),
         "metrics": repr(sc.metrics.records()), "lineno": sc.tail.lineno,
-        "findings": [f.to_json() for f in build_findings([sc], {})],
+        "findings": [f.to_json() for f in build_findings([sc])],
     }
 
 

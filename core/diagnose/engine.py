@@ -23,6 +23,7 @@ from core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
 from core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from core.diagnose.sources import Source, run_sources, source_for_file
 from core.ingest.metrics import merge_by_step
+from core.ingest.parsers.nccl import NcclSummary
 from core.ingest.parsers.torchrun import Failure
 
 MAX_EVIDENCE = 12
@@ -47,13 +48,13 @@ class Diagnosis:
     """Scanners for a set of sources; `poll()` reads what is new and rebuilds findings."""
 
     def __init__(self, sources: list[Source]) -> None:
+        # error.json files are read where torchrun's report names them (_apply_failures)
         self.scanners = [FileScanner(s) for s in sources if s.kind != "error_json"]
-        self.error_files = {str(s.path): s for s in sources if s.kind == "error_json"}
 
     def poll(self, final: bool = True) -> list[Finding]:
         for sc in self.scanners:
             sc.poll(final=final)
-        return build_findings(self.scanners, self.error_files)
+        return build_findings(self.scanners)
 
 
 def diagnose_run(run_dir: str | Path) -> list[Finding]:
@@ -77,7 +78,7 @@ def diagnose_files(paths: Iterable[str | Path]) -> list[Finding]:
 
 # -- building findings ----------------------------------------------------------------------
 
-def build_findings(scanners: list[FileScanner], error_files: dict[str, Source]) -> list[Finding]:
+def build_findings(scanners: list[FileScanner]) -> list[Finding]:
     found: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
     order: dict[int, int] = {}
@@ -100,15 +101,13 @@ def build_findings(scanners: list[FileScanner], error_files: dict[str, Source]) 
         return f
 
     seq = 0
-    failures: list[tuple[FileScanner, Failure, list[str], int]] = []
+    failures: list[tuple[FileScanner, Failure, int]] = []
     for sc in scanners:
-        tb_at = {tb.end: tb for tb in sc.tracebacks}
-        tb_lines = {ln for tb in sc.tracebacks for ln in range(tb.start, tb.end + 1)}
         explained: set[int] = set()
         for hit in sc.hits:
             seq += 1
-            f = _from_hit(sc, hit)
             tb = _traceback_of(sc, hit)
+            f = _from_hit(sc, hit, tb)
             if tb is not None:
                 explained.add(id(tb))
                 frames = [ln for ln in tb.lines[1:] if ln.strip() and ln != hit.text]
@@ -124,11 +123,9 @@ def build_findings(scanners: list[FileScanner], error_files: dict[str, Source]) 
                 add(f, seq)
         for rep in sc.reports:
             for fl in rep.failures:
-                failures.append((sc, fl, rep.lines, rep.first_line))
-        _ = tb_at, tb_lines
+                failures.append((sc, fl, rep.first_line))
 
-    _apply_failures(failures, found, add, error_files, seq)
-    seq += 1000
+    seq = _apply_failures(failures, found, add, seq)
     for f in _nccl_findings(scanners):
         seq += 1
         add(f, seq)
@@ -149,7 +146,7 @@ def build_findings(scanners: list[FileScanner], error_files: dict[str, Source]) 
     return found
 
 
-def _from_hit(sc: FileScanner, hit: Hit) -> Finding:
+def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
     rule = hit.rule
     summary, cause, fix = rule.summary, rule.cause, rule.fix
     if rule.category == "flag_error":
@@ -165,7 +162,6 @@ def _from_hit(sc: FileScanner, hit: Hit) -> Finding:
         if m:
             summary = (f"{m[2]} #{m[1]} timed out after {int(m[3]) / 1000:g} s")
     elif rule.category == "dataloader_worker_killed":
-        tb = _traceback_of(sc, hit)
         if tb is not None and _in_flight(tb):
             cause = rule.cause + _IN_FLIGHT_CAUSE
     elif rule.category == "port_in_use":
@@ -233,9 +229,10 @@ def _loader_worker_death(sc: FileScanner, tb: Traceback, who: str, in_flight: bo
         t=None, source=sc.ref(tb.start))
 
 
-def _apply_failures(failures, found: list[Finding], add, error_files, seq: int) -> None:
-    """torchrun's report: name the failing rank's finding, or make one from its exit."""
-    for sc, fl, rep_lines, first in failures:
+def _apply_failures(failures, found: list[Finding], add, seq: int) -> int:
+    """torchrun's report: name the failing rank's finding, or make one from its exit.
+    Returns the last sequence number used."""
+    for sc, fl, first in failures:
         seq += 1
         if fl.rank is None:
             continue
@@ -267,6 +264,7 @@ def _apply_failures(failures, found: list[Finding], add, error_files, seq: int) 
             add(cat_f, seq)
             continue
         add(_signal_finding(cat or "rank_crashed", fl, sc, evidence, err), seq)
+    return seq
 
 
 def _signal_finding(cat: str, fl: Failure, sc: FileScanner, evidence: list[str],
@@ -309,28 +307,12 @@ def _signal_finding(cat: str, fl: Failure, sc: FileScanner, evidence: list[str],
 
 def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
     out: list[Finding] = []
-    total = None
-    for sc in scanners:
-        if sc.nccl.lines:
-            total = sc if total is None else total
-    if total is None:
+    src = next((sc.name for sc in scanners if sc.nccl.lines), None)
+    if src is None:
         return out
-    from core.ingest.parsers.nccl import NcclSummary
-
     s = NcclSummary()
     for sc in scanners:  # fold every file's summary into one
-        n = sc.nccl
-        s.versions.update(n.versions)
-        s.interfaces |= n.interfaces
-        s.network = s.network or n.network
-        for k, v in n.transports.items():
-            s.transports[k] = s.transports.get(k, 0) + v
-        s.nranks = max(s.nranks or 0, n.nranks or 0) or None
-        s.nnodes = max(s.nnodes or 0, n.nnodes or 0) or None
-        s.channels = max(s.channels or 0, n.channels or 0) or None
-        s.ib_missing |= n.ib_missing
-        s.ib_devices |= n.ib_devices
-    src = total.name
+        s.merge(sc.nccl)
     if s.transports or s.versions:
         out.append(Finding(category="nccl_transport", severity="info",
                            summary=s.describe() or "NCCL initialised",
@@ -364,7 +346,7 @@ def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
 
 def _mark_root_cause(found: list[Finding], failures, order: dict[int, int]) -> None:
     """Exactly one error is the root cause: the earliest in time; the rest are consequences."""
-    torchrun_root = {fl.rank for _, fl, _, _ in failures if fl.root_cause}
+    torchrun_root = {fl.rank for _, fl, _ in failures if fl.root_cause}
     errors = [f for f in found if f.severity == "error" and f.root_cause]
     if not errors:
         return

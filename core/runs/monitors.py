@@ -132,7 +132,9 @@ class DiagnosisMonitor:
         from core.diagnose.sources import run_sources
 
         sources = run_sources(self.agent.run_dir)
-        key = tuple(str(s.path) for s in sources)
+        # error.json files are read only where torchrun's report names them: a new one must
+        # not restart every scanner from byte 0
+        key = tuple(str(s.path) for s in sources if s.kind != "error_json")
         if key != self.paths:  # a rank or attempt started writing a new file
             self.diag, self.paths = Diagnosis(sources), key
         for finding in self.diag.poll(final=final):

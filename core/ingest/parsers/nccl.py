@@ -106,6 +106,19 @@ class NcclSummary:
         elif kind == "warn" and len(self.warnings) < 50:
             self.warnings.append(rec["msg"])
 
+    def merge(self, n: "NcclSummary") -> None:
+        """Fold another file's summary into this one (the first network seen wins)."""
+        self.versions.update(n.versions)
+        self.interfaces |= n.interfaces
+        self.network = self.network or n.network
+        for k, v in n.transports.items():
+            self.transports[k] = self.transports.get(k, 0) + v
+        self.nranks = max(self.nranks or 0, n.nranks or 0) or None
+        self.nnodes = max(self.nnodes or 0, n.nnodes or 0) or None
+        self.channels = max(self.channels or 0, n.channels or 0) or None
+        self.ib_missing |= n.ib_missing
+        self.ib_devices |= n.ib_devices
+
     def describe(self) -> str:
         parts = []
         if self.versions:
