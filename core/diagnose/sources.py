@@ -22,14 +22,15 @@ class Source:
     kind: str = "log"          # log | torchrun | error_json | events | jsonl
 
 
-def _nproc(run_dir: Path, node_dir: Path) -> int:
+def _plan_nproc(run_dir: Path) -> int:
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-        n = int(plan.get("nproc_per_node") or 0)
-        if n:
-            return n
+        return int(json.loads((run_dir / "plan.json").read_text()).get("nproc_per_node") or 0)
     except (OSError, ValueError, AttributeError):
-        pass
+        return 0
+
+
+def _dir_nproc(node_dir: Path) -> int:
+    """Without a plan: one more than the highest local rank folder."""
     locals_ = [int(p.name) for p in node_dir.glob("*/attempt_*/*") if p.name.isdigit()]
     return max(locals_) + 1 if locals_ else 1
 
@@ -42,16 +43,22 @@ def _node_of(name: str) -> int | None:
 def rank_logs(run_dir: Path, latest_only: bool = False) -> list[Source]:
     """stdout/stderr/error.json of every rank, ordered by (attempt, rank)."""
     out: list[Source] = []
+    plan_nproc = _plan_nproc(run_dir)
     for node_dir in sorted((run_dir / "logs").glob("node*")):
         node = _node_of(node_dir.name)
         if node is None or not node_dir.is_dir():
             continue
-        nproc = _nproc(run_dir, node_dir)
-        attempts = sorted(node_dir.glob("*/attempt_*"), key=lambda p: _attempt(p.name))
+        nproc = plan_nproc or _dir_nproc(node_dir)
+        # Each agent attempt is a torchrun invocation with its own <id>_<x>/ folder (torchrun's
+        # own restarts, attempt_<n>, inside it): in time order they number the attempts.
+        invocations = sorted((p for p in node_dir.iterdir() if p.is_dir()),
+                             key=lambda p: p.stat().st_mtime)
+        attempts = [a for inv in invocations
+                    for a in sorted(inv.glob("attempt_*"), key=lambda p: _attempt(p.name))]
+        first = 0
         if latest_only and attempts:
-            last = _attempt(attempts[-1].name)
-            attempts = [a for a in attempts if _attempt(a.name) == last]
-        for att in attempts:
+            first, attempts = len(attempts) - 1, attempts[-1:]
+        for i, att in enumerate(attempts, first):
             for local_dir in sorted((p for p in att.iterdir() if p.name.isdigit()),
                                     key=lambda p: int(p.name)):
                 rank = node * nproc + int(local_dir.name)
@@ -59,7 +66,7 @@ def rank_logs(run_dir: Path, latest_only: bool = False) -> list[Source]:
                                    ("error.json", "error_json")):
                     p = local_dir / name
                     if p.exists():
-                        out.append(Source(p, rank, node, _attempt(att.name), kind))
+                        out.append(Source(p, rank, node, i, kind))
     out.sort(key=lambda s: (s.attempt or 0, s.rank or 0))
     return out
 

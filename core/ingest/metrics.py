@@ -396,9 +396,9 @@ def run_metric_files(run_dir: Path) -> list[tuple[Path, int | None]]:
     if jsonl:
         return [(jsonl[-1], 0)]
 
-    return [(s.path, s.rank) for s in rank_logs(run_dir, latest_only=True)
-            if s.path.name == "stdout.log"] or \
-        [(s.path, s.rank) for s in rank_logs(run_dir, latest_only=True)]
+    logs = rank_logs(run_dir, latest_only=True)
+    return [(s.path, s.rank) for s in logs if s.path.name == "stdout.log"] or \
+        [(s.path, s.rank) for s in logs]
 
 
 def records_from_run(run_dir: str | Path) -> list[dict[str, Any]]:
