@@ -17,7 +17,7 @@ from pathlib import Path
 from core import batch
 from core.paths import runs_root
 from core.plan import LaunchPlan, _wrap_argv
-from core.spec import SECRET_PATTERN, RunSpec, mask_env
+from core.spec import RunSpec, mask_argv, mask_env
 
 FORMATS = ("sh", "swift", "nodes", "slurm", "vllm")
 
@@ -28,14 +28,6 @@ class ExportError(ValueError):
 
 def export_run_dir(spec: RunSpec) -> Path:
     return runs_root() / f"{spec.name}-export"
-
-
-def mask_argv(argv: list[str]) -> list[str]:
-    out, hide = [], False
-    for a in argv:
-        out.append("****" if hide else a)
-        hide = a.startswith("--") and bool(SECRET_PATTERN.search(a))
-    return out
 
 
 def _plan(spec: RunSpec) -> tuple[LaunchPlan, Path]:

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from core.spec import SECRET_PATTERN, SpecError, loads_spec
+from core.spec import SECRET_PATTERN, SpecError, loads_spec, mask_argv
 from core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tables, split_flags, suggest
 from core.swift.version import ASSUMED, installed_version
 
@@ -74,7 +74,7 @@ def import_command(command: str) -> Imported:
     except ValueError as e:
         raise ImportError_(f"cannot split the command: {e}") from None
     words = [w for w in words if w != "\\"]
-    out = Imported(raw={}, command=_masked(words))
+    out = Imported(raw={}, command=shlex.join(mask_argv(words)))
     cluster: dict[str, Any] = {}
     env: dict[str, str] = {}
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
@@ -153,21 +153,6 @@ def import_command(command: str) -> Imported:
     except SpecError as e:
         raise ImportError_(f"the imported spec is invalid: {e}") from None
     return out
-
-
-def _masked(words: list[str]) -> str:
-    shown, hide = [], False
-    for w in words:
-        k, eq, _ = w.partition("=")
-        if hide:
-            shown.append("****")
-            hide = False
-        elif eq and SECRET_PATTERN.search(k):
-            shown.append(f"{k}=****")
-        else:
-            shown.append(w)
-            hide = w.startswith("--") and bool(SECRET_PATTERN.search(w))
-    return shlex.join(shown)
 
 
 # -- torchrun ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.spec import mask_env
+from core.spec import mask_argv, mask_env
 
 
 @dataclass
@@ -50,7 +50,7 @@ class LaunchPlan:
                  "set -euo pipefail", f"cd {shlex.quote(node.cwd)}"]
         for k, v in mask_env(node.env).items():
             lines.append(f"export {k}={shlex.quote(v)}")
-        lines.append(_wrap_argv(node.argv))
+        lines.append(_wrap_argv(mask_argv(node.argv)))
         return "\n".join(lines) + "\n"
 
 

@@ -455,10 +455,28 @@ def _dumps(raw: dict[str, Any]) -> str:
     return tomli_w.dumps(raw)
 
 
-SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL|AUTH)",
-                            re.I)
+# AUTH but not AUTHOR (ms-swift's --model_author is a name, not a secret)
+SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL"
+                            r"|AUTH(?!OR))", re.I)
 
 
 def mask_env(env: dict[str, str]) -> dict[str, str]:
     """Environment safe to show or save: secret-looking values become ****."""
     return {k: ("****" if SECRET_PATTERN.search(k) and v else v) for k, v in env.items()}
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """A command safe to show or save: the value of a secret-looking flag or variable becomes
+    ****, as `--hub_token abc`, `--hub_token=abc` or `HF_TOKEN=abc`."""
+    shown, hide = [], False
+    for w in argv:
+        k, eq, _ = w.partition("=")
+        if hide:
+            shown.append("****")
+            hide = False
+        elif eq and SECRET_PATTERN.search(k):
+            shown.append(f"{k}=****")
+        else:
+            shown.append(w)
+            hide = w.startswith("--") and bool(SECRET_PATTERN.search(w))
+    return shown

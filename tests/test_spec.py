@@ -97,3 +97,12 @@ def test_broken_preset_launches_nothing(tmp_path, td_home):
     assert f"{f}:5: unknown key 'train.max_step'" in proc.stderr
     assert f"{f}:6: train.seed must be int" in proc.stderr
     assert not (td_home / "runs").exists() or not any((td_home / "runs").iterdir())
+
+
+def test_secret_flags_are_masked_in_every_form():
+    from core.spec import mask_argv
+
+    argv = ["HF_TOKEN=abc", "swift", "sft", "--hub_token=tok1", "--hub_token", "tok2",
+            "--model_author", "Ann", "--model", "m"]
+    assert mask_argv(argv) == ["HF_TOKEN=****", "swift", "sft", "--hub_token=****",
+                               "--hub_token", "****", "--model_author", "Ann", "--model", "m"]
