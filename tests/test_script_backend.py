@@ -78,3 +78,19 @@ cpu_procs = 2
     recs = cli_json("metrics", run_id, home=td_home)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["loss"] > 0 for r in recs)
+
+
+def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
+    import json
+    import math
+
+    from core.backends.script import EventSink
+    from core.swift import logs
+
+    # transformers 4 prints a bare nan, which Python's literal_eval rejects
+    rec = logs.console_dict("Train: 5%|█| 5/100 [00:01<00:19]\r{'loss': nan, 'grad_norm': 1.5}")
+    assert rec is not None and math.isnan(rec["loss"])
+    sink = EventSink(tmp_path, rank=0)
+    assert sink.emit({"kind": "step", "step": 5, "loss": rec["loss"]})
+    [line] = (tmp_path / "events" / "rank0.jsonl").read_text().splitlines()
+    assert json.loads(line)["loss"] is None   # strict JSON, no bare NaN

@@ -18,6 +18,7 @@ from core.backends.torchrun import base_env, torchrun_argv
 from core.plan import LaunchPlan, NodeCommand
 from core.spec import RunSpec
 from core.swift import logs
+from core.train.events import json_value
 
 
 def script_path(spec: RunSpec) -> Path:
@@ -66,14 +67,15 @@ class EventSink:
         self.seen: set[tuple[str, int]] = set()
         self.last_step = 0
 
-    def emit(self, event: dict[str, Any], t: float | None = None) -> bool:
+    def emit(self, event: dict[str, Any]) -> bool:
         key = (event.get("kind", "?"), int(event.get("step") or 0))
         if event.get("kind") in ("step", "eval") and key in self.seen:
             return False
         self.seen.add(key)
         if event.get("kind") == "step":
             self.last_step = max(self.last_step, key[1])
-        out = {"t": t or time.time(), **event, "rank": self.rank}
+        # NaN/inf as null, as the built-in trainer writes them: the file stays JSON
+        out = {k: json_value(v) for k, v in {"t": time.time(), **event, "rank": self.rank}.items()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(out) + "\n")

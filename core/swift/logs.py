@@ -10,10 +10,11 @@ Sources, best first:
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 from typing import Any
+
+from core.ingest.parsers.pydict import parse_dict_line
 
 ANNOUNCE = re.compile(r"The logging file will be saved in: (\S+logging\.jsonl)")
 _DICT = re.compile(r"\{'[A-Za-z_].*\}")
@@ -81,13 +82,8 @@ def record_to_event(rec: dict[str, Any], step: int | None = None) -> dict[str, A
 def console_dict(line: str) -> dict[str, Any] | None:
     """The dict printed on a console line (possibly after a tqdm bar and `\\r`), or None."""
     m = _DICT.search(line)
-    if not m:
-        return None
-    try:
-        obj = ast.literal_eval(m.group(0))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
+    # the ingest parser: it also reads transformers 4's bare `nan`, which literal_eval rejects
+    return parse_dict_line(m.group(0)) if m else None
 
 
 def tqdm_progress(line: str) -> dict[str, Any] | None:

@@ -66,10 +66,10 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("start", "step", "eval", "checkpoint", "end")
-END_REASONS = ("completed", "stopped", "failed")
 
 
-def _clean(v: Any) -> Any:
+def json_value(v: Any) -> Any:
+    """NaN and inf as null: JSON has no literal for them."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
@@ -87,7 +87,7 @@ class EventWriter:
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         assert kind in KINDS, kind
         event = {"t": time.time(), "kind": kind, "rank": self.rank}
-        event.update({k: _clean(v) for k, v in fields.items()})
+        event.update({k: json_value(v) for k, v in fields.items()})
         self._f.write(json.dumps(event) + "\n")
         self._f.flush()
         return event
