@@ -16,22 +16,18 @@ from pathlib import Path
 from core.paths import PRESETS_DIR, runs_root
 from core.runs.registry import RunNotFound, find_run, list_runs, log_tail, rank_log_files
 from core.runs.state import TERMINAL
-from core.spec import SpecError, load_spec
 from tui.format import fmt_age as _fmt_age
 from tui.format import fmt_loss as _fmt_loss
+from tui.format import print_json as _print_json
 
 EXIT_USAGE = 2
-
-
-def _print_json(data) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")
 
 
 # -- subcommands -------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
     from core.runs.launch import LaunchError, launch
+    from core.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec, args.set)
@@ -184,6 +180,7 @@ def cmd_tui(args) -> int:
 def cmd_demo(args) -> int:
     """Launch the demo preset (unless one is already running) and open it in the TUI."""
     from core.runs.launch import LaunchError, launch
+    from core.spec import SpecError, load_spec
 
     active = [r for r in list_runs() if r.name == "demo" and r.active]
     if active:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 
 def fmt_age(seconds: float | None) -> str:
     if seconds is None:
@@ -30,3 +33,9 @@ def fmt_rate(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x / 1000:.1f}k" if x >= 10_000 else f"{x:.0f}"
+
+
+def print_json(data) -> None:
+    """The --json output of every command: indented, one trailing newline."""
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")

@@ -53,6 +53,11 @@ def summary(results: list[CheckResult]) -> dict[str, int]:
     return out
 
 
+def summary_line(counts: dict[str, int]) -> str:
+    return (f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+            f"{counts['skip']} skipped")
+
+
 def smoke_run(spec: RunSpec, steps: int = SMOKE_STEPS, timeout_s: float = 1800,
               on_status: Callable[[str], None] | None = None) -> CheckResult:
     """Launch the real run for `steps` steps through core.runs.launch and wait for it."""

@@ -55,6 +55,15 @@ def suspects(dumps: list[StackDump]) -> list[StackDump]:
     return [d for d in dumps if not d.in_collective and d.method != "none"]
 
 
+WAITING = "waiting in a collective"
+SUSPECT = "NOT in a collective: the others wait for it"
+
+
+def where(d: StackDump, odd: list[StackDump]) -> str:
+    """The label of one rank's dump: WAITING, SUSPECT (see suspects) or nothing."""
+    return WAITING if d.in_collective else SUSPECT if d in odd else ""
+
+
 def rank_pids(run_dir: Path) -> dict[int, int]:
     """rank → pid of the run's live rank processes (from the agent's state and /proc)."""
     out: dict[int, int] = {}

@@ -6,9 +6,10 @@ Read-only, so it works on a running run too. For a run, findings the agent store
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from tui.format import print_json
 
 JSON_KEYS = ("category", "severity", "rank", "node", "summary", "cause", "fix", "evidence",
              "root_cause", "source")
@@ -36,12 +37,14 @@ def collect(targets: list[str]) -> list:
             files.append(p)
             continue
         run_dir = p if p.is_dir() else find_run(ref).run_dir  # RunNotFound → cli prints it
-        findings += diagnose_run(run_dir)
-        seen = {f.key() for f in findings}
+        mine = diagnose_run(run_dir)
+        seen = {f.key() for f in mine}   # per run: another run's finding is no duplicate
         for d in read_findings(run_dir):
             f = Finding.from_json(d)
-            if f.key() not in seen:
-                findings.append(f)
+            if f.key() not in seen:      # run.db keeps refined versions under one key
+                mine.append(f)
+                seen.add(f.key())
+        findings += mine
     if files:
         findings += diagnose_files(files)
     return findings
@@ -54,9 +57,7 @@ def cmd_diagnose(args) -> int:
         print(f"tunedeck: {e}", file=sys.stderr)
         return 1
     if args.json:
-        json.dump([{k: f.to_json()[k] for k in JSON_KEYS} for f in findings], sys.stdout,
-                  indent=2)
-        sys.stdout.write("\n")
+        print_json([{k: d[k] for k in JSON_KEYS} for d in (f.to_json() for f in findings)])
         return 0
     if not findings:
         print("no findings: nothing in the logs looks wrong")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from tui.format import print_json
+
 
 def register(sub) -> None:
     s = sub.add_parser("estimate", help="memory per GPU, throughput and a strategy advice")
@@ -45,8 +47,7 @@ def cmd_estimate(args) -> int:
     out["advice"]["per_gpu_gib"] = round(advice.per_gpu_gib, 2)
     out["data"] = {"rows": rows, "approx_tokens": tokens}
     if args.json:
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(out)
         return 0
     i = est.inputs
     unit = "GPU" if i.device == "cuda" else "process (CPU)"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
+
+from tui.format import print_json
 
 MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -20,7 +21,7 @@ def register(sub) -> None:
 
 
 def cmd_preflight(args) -> int:
-    from core.preflight import make_context, run_checks, smoke_run, summary
+    from core.preflight import make_context, run_checks, smoke_run, summary, summary_line
     from core.spec import SpecError
 
     try:
@@ -46,12 +47,10 @@ def cmd_preflight(args) -> int:
             failed = r.status == "fail"
     counts = summary(results)
     if args.json:
-        json.dump({"ok": not failed, "summary": counts,
-                   "checks": [r.to_json() for r in results]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json({"ok": not failed, "summary": counts,
+                    "checks": [r.to_json() for r in results]})
     else:
-        print(f"\n{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
-              f"{counts['skip']} skipped")
+        print("\n" + summary_line(counts))
     return 1 if failed else 0
 
 

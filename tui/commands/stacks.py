@@ -5,8 +5,9 @@ For a stalled run: the rank whose stack is not inside a collective is the one th
 
 from __future__ import annotations
 
-import json
 import sys
+
+from tui.format import print_json
 
 
 def register(subparsers) -> None:
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
 
 def cmd_stacks(args) -> int:
     from core.runs.registry import find_run
-    from core.runs.stacks import dump_stacks, suspects
+    from core.runs.stacks import dump_stacks, suspects, where
     from core.runs.store import read_findings
 
     run = find_run(args.run)   # RunNotFound → cli prints it
@@ -30,14 +31,12 @@ def cmd_stacks(args) -> int:
         print(f"tunedeck: {e}", file=sys.stderr)
         return 1
     if args.json:
-        json.dump([d.to_json() for d in dumps], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json([d.to_json() for d in dumps])
         return 0
     odd = suspects(dumps)
     for d in dumps:
-        where = ("waiting in a collective" if d.in_collective else
-                 "NOT in a collective: the others wait for it" if d in odd else "")
-        print(f"=== rank {d.rank} (pid {d.pid}, {d.method})" + (f": {where}" if where else ""))
+        label = where(d, odd)
+        print(f"=== rank {d.rank} (pid {d.pid}, {d.method})" + (f": {label}" if label else ""))
         print(d.text)
         print()
     # the agent's stall finding names a hung rank from GPU telemetry too

@@ -33,6 +33,3 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help-box"):
             yield Static(f"[b]Keys[/b]\n{text}\n\n{doc}".rstrip(), id="help-text")
             yield Static("[dim]esc or ? to close[/dim]")
-
-    def action_dismiss(self) -> None:
-        self.dismiss(None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
@@ -51,6 +53,7 @@ class MonitorScreen(Screen):
         self.run_ref = run_ref
         self.watcher: RunWatcher | None = None
         self.snap: Snapshot | None = None
+        self._polling = threading.Lock()
 
     def compose(self) -> ComposeResult:
         yield TitleBar("monitor")
@@ -71,6 +74,16 @@ class MonitorScreen(Screen):
     # -- data (thread) ------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="monitor-poll", exit_on_error=False)
     def poll(self) -> None:
+        # exclusive= cannot stop a thread already running: on a slow filesystem the ticks
+        # would pile up polls of the same watcher; a tick that finds one running skips
+        if not self._polling.acquire(blocking=False):
+            return
+        try:
+            self._poll()
+        finally:
+            self._polling.release()
+
+    def _poll(self) -> None:
         if self.watcher is None:
             try:
                 run = find_run(self.run_ref)

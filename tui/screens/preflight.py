@@ -14,8 +14,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from tui.widgets.titlebar import TitleBar
 
-STATUS_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim",
-                "…": "dim"}
+STATUS_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim"}
 
 
 class CheckDone(Message):
@@ -103,10 +102,12 @@ class PreflightScreen(Screen):
         if msg.error:
             self.query_one("#check-detail", Static).update(f"[bold red]{msg.error}[/]")
             return
-        counts = {s: sum(r.status == s for r in self.results.values())
-                  for s in ("pass", "warn", "fail", "skip")}
-        self.sub_title = (f"{counts['pass']} passed, {counts['warn']} warnings, "
-                          f"{counts['fail']} failed, {counts['skip']} skipped")
+        from core.preflight.runner import summary, summary_line
+
+        self.sub_title = summary_line(summary(list(self.results.values())))
+        # the title bar shows no sub_title (tui/widgets/titlebar.py): the summary goes here
+        self.query_one("#preflight-title", Static).update(
+            f"Preflight: {self.spec_path}  ·  {self.sub_title}")
 
     @on(DataTable.RowHighlighted)
     def _highlight(self, event: DataTable.RowHighlighted) -> None:

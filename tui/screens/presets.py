@@ -87,8 +87,7 @@ class PresetsScreen(Screen):
         self.paths = [p for p, _, _ in msg.rows]
         for path, name, what in msg.rows:
             table.add_row(name, what, key=str(path))
-        if self.paths:
-            self.make_preview(self.paths[0])
+        # the first row's RowHighlighted builds its preview
 
     @on(DataTable.RowHighlighted)
     def highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from textual import on, work
@@ -40,7 +41,7 @@ class RunsScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs: list[RunInfo] = []
+        self._loading = threading.Lock()
 
     def compose(self) -> ComposeResult:
         yield TitleBar("runs")
@@ -57,11 +58,15 @@ class RunsScreen(Screen):
 
     @work(thread=True, exclusive=True, group="runs-list", exit_on_error=False)
     def load_runs(self) -> None:
-        self.post_message(RunsLoaded(list_runs()))
+        if not self._loading.acquire(blocking=False):   # a slow listing is still running
+            return
+        try:
+            self.post_message(RunsLoaded(list_runs()))
+        finally:
+            self._loading.release()
 
     @on(RunsLoaded)
     def show_runs(self, msg: RunsLoaded) -> None:
-        self.runs = msg.runs
         table = self.query_one("#runs-table", DataTable)
         self.query_one("#runs-empty").display = not msg.runs
         table.display = bool(msg.runs)
@@ -74,17 +79,18 @@ class RunsScreen(Screen):
             table.add_row(r.run_id, r.name, f"[{style}]{r.status}[/]" if style else r.status,
                           f"{r.step}/{r.max_steps}", fmt_loss(r.loss), fmt_age(r.age_s(now)),
                           key=r.run_id)
-        if selected and selected in [r.run_id for r in msg.runs]:
-            table.move_cursor(row=[r.run_id for r in msg.runs].index(selected))
+        ids = [r.run_id for r in msg.runs]
+        if selected in ids:
+            table.move_cursor(row=ids.index(selected))
         elif msg.runs:
             table.move_cursor(row=min(keep, len(msg.runs) - 1))
 
     def selected_run_id(self) -> str | None:
+        """The run under the cursor, read from the table itself (what the user sees)."""
         table = self.query_one("#runs-table", DataTable)
-        if not self.runs or table.cursor_row is None or table.row_count == 0:
+        if table.row_count == 0:
             return None
-        row = min(table.cursor_row, len(self.runs) - 1)
-        return str(table.coordinate_to_cell_key((row, 0)).row_key.value)
+        return str(table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value)
 
     def action_open(self) -> None:
         run_id = self.selected_run_id()

@@ -18,19 +18,16 @@ class StacksScreen(ModalScreen[None]):
         self.dumps = dumps
 
     def compose(self) -> ComposeResult:
-        from core.runs.stacks import suspects
+        from core.runs.stacks import SUSPECT, WAITING, suspects, where
 
+        style = {WAITING: "yellow", SUSPECT: "bold red"}
         odd = suspects(self.dumps)
         parts = []
         for d in self.dumps:
-            where = ("[yellow]waiting in a collective[/yellow]" if d.in_collective else
-                     "[bold red]NOT in a collective: the others wait for it[/bold red]"
-                     if d in odd else "")
+            label = where(d, odd)
             parts.append(f"[b]rank {d.rank}[/b] (pid {d.pid}, {d.method})"
-                         + (f": {where}" if where else "") + f"\n{escape(d.text)}")
+                         + (f": [{style[label]}]{label}[/]" if label else "")
+                         + f"\n{escape(d.text)}")
         with VerticalScroll(id="stacks-box"):
             yield Static("\n\n".join(parts) or "no rank process", id="stacks-text")
             yield Static("[dim]esc to close; the same text: tunedeck stacks RUN[/dim]")
-
-    def action_dismiss(self) -> None:
-        self.dismiss(None)
