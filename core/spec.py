@@ -193,10 +193,6 @@ class RunSpec:
 
         return tomli_w.dumps(self.to_dict())
 
-    def effective_batch(self) -> int:
-        return (self.train.per_device_batch_size * self.train.grad_accum
-                * max(self.cluster.nproc_per_node, 1) * self.cluster.nnodes)
-
 
 # -- option table ------------------------------------------------------------------------
 
@@ -442,17 +438,6 @@ def _resolve_paths(spec: RunSpec, base: Path) -> None:
                                                  and (base / mp).exists()):
         if not Path(mp).expanduser().is_absolute():
             spec.model.path = str((base / mp).resolve())
-
-
-def spec_from_dict(raw: dict[str, Any]) -> RunSpec:
-    """Rebuild a spec from `to_dict()` output (a run's frozen spec.toml)."""
-    return loads_spec(_dumps(raw), source="<dict>")
-
-
-def _dumps(raw: dict[str, Any]) -> str:
-    import tomli_w
-
-    return tomli_w.dumps(raw)
 
 
 # AUTH but not AUTHOR (ms-swift's --model_author is a name, not a secret)

@@ -16,6 +16,7 @@ def loss_findings(recs: list[dict[str, Any]], source: str = "") -> list[Finding]
     bad = [r for r in recs if isinstance(r.get("loss"), float) and not math.isfinite(r["loss"])]
     if bad:
         first = bad[0]
+        i = recs.index(first)   # the step before it, as evidence of where it turned
         out.append(Finding(
             category="loss_anomaly", severity="error",
             summary=f"loss is {first['loss']} from step {first['step']} "
@@ -25,8 +26,7 @@ def loss_findings(recs: list[dict[str, Any]], source: str = "") -> list[Finding]
             fix="Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
                 "train in bf16 instead of fp16, and check the data around that step for "
                 "empty or truncated answers.",
-            evidence=[_fmt(r) for r in ([recs[recs.index(first) - 1]] if recs.index(first) else [])
-                      + bad[:4]],
+            evidence=[_fmt(r) for r in recs[max(i - 1, 0):i] + bad[:4]],
             source=source, t=first.get("t")))
     run = _longest_run(recs, lambda r: r.get("loss") == 0.0)
     had_nonzero = any(isinstance(r.get("loss"), (int, float)) and r["loss"] not in (0, 0.0)

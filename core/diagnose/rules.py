@@ -291,13 +291,13 @@ _OTHER = (
     "nqueued", "exitcode", "closing signal",          # watchdog, torchrun lines
     "\r", "|", "step", "\n{",                         # metrics and tqdm (scan.poll's filter)
     "NCCL WARN", "NCCL ERROR", "NCCL TRACE",          # NCCL lines other than plain INFO
-    "NCCL version", "Bootstrap", "NET/", "Using network", "coll channels", "comm 0x",
 )
-TOKENS: tuple[bytes, ...] = tuple(sorted({t.encode() for t in (*_RULE_LITERALS, *_OTHER)}))
 # literals of the NCCL INFO lines that carry a fact for NcclSummary (parse_nccl's kinds); the
 # native scanner hands such lines to Python in a batch instead of stopping at each one
 NCCL_FACT_TOKENS: tuple[bytes, ...] = (b"NCCL version", b"Bootstrap", b"NET/", b"Using network",
                                        b"coll channels", b"comm 0x")
+TOKENS: tuple[bytes, ...] = tuple(sorted({t.encode() for t in (*_RULE_LITERALS, *_OTHER)}
+                                         | set(NCCL_FACT_TOKENS)))
 REPORT_TOKENS: tuple[bytes, ...] = tuple(t for t in TOKENS if t not in NCCL_FACT_TOKENS)
 
 # glog and ISO stamps both contain HH:MM:SS
@@ -306,4 +306,4 @@ TIME_HINT = re.compile(rb":\d\d:\d\d")
 NCCL_HEAD = re.compile(rb"(?m)^[^\s:\[\]]+:\d+:\d+ \[\d+\] NCCL INFO ")
 NCCL_VIA = re.compile(rb"NCCL INFO Channel \d+/\d+ : \d+\[[\w.]+\] -> \d+\[[\w.]+\]"
                       rb"(?: \[\w+\])? via (\S+)")
-TIME_HINT_STR = re.compile(r":\d\d:\d\d")
+TIME_HINT_STR = re.compile(TIME_HINT.pattern.decode())

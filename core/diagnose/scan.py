@@ -92,7 +92,7 @@ class FileScanner:
             for logical in self.tail.assembler.flush():
                 self._logical(self.tail.lineno, logical, metric_lines)
         if metric_lines:
-            self.metrics.feed(metric_lines)
+            self.metrics.feed_into(metric_lines, {})
         if final:
             for rank in list(self._tb):
                 self._tb_finish(rank, self.tail.lineno)
@@ -189,7 +189,7 @@ class FileScanner:
             self._cfp._prev = ""   # a plain line was the last one torchrun's parser saw
         while hint >= a:
             # the last time stamp passed over is the one `_line` would have kept
-            t = self._time_of(chunk[hint:chunk.index(b"\n", hint)].decode())
+            t = self._time_of(split_rank(chunk[hint:chunk.index(b"\n", hint)].decode())[1])
             if t is not None:
                 self._last_t = t
                 return
@@ -198,8 +198,8 @@ class FileScanner:
                 earlier = m.start()
             hint = -1 if earlier is None else chunk.rfind(b"\n", a, earlier) + 1 or a
 
-    def _time_of(self, raw: str) -> float | None:
-        text = split_rank(raw)[1]
+    def _time_of(self, text: str) -> float | None:
+        """The time stamp of a line (rank prefix removed), if it has one."""
         return line_time(text, self.year) if text[:1] in "IWEF[" or "-" in text[:12] else None
 
     def _busy(self) -> bool:
@@ -251,7 +251,7 @@ class FileScanner:
         if rank is None and "[Rank " in text:
             m = _RANK_IN_TEXT.search(text)
             rank = int(m.group(1)) if m else None
-        t = line_time(text, self.year) if text[:1] in "IWEF[" or "-" in text[:12] else None
+        t = self._time_of(text)
         if t is not None:
             self._last_t = t
         if "NCCL" in text:

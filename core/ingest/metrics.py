@@ -24,8 +24,6 @@ from core.ingest.batch import BatchList, RecordBatch
 from core.ingest.native import fastscan
 from core.ingest.parsers import LineAssembler, parse_metrics_line
 
-KEYS = ("step", "max_steps", "loss", "learning_rate", "grad_norm", "epoch", "eval_loss",
-        "tokens_per_s", "samples_per_s", "step_s")
 _EVENT_EXTRA = ("rank", "t", "tokens", "data_wait_s", "mem_gib")
 # Reads of 1 MB stay in the CPU cache for the parse that follows (a 57 MB log polls ~20 %
 # faster than with 8 MB reads); a line is cut only past MAX_LINE.
@@ -387,9 +385,11 @@ def merge_by_step(sources: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any
 def run_metric_files(run_dir: Path) -> list[tuple[Path, int | None]]:
     """The best metric source of a run: built-in events, else ms-swift logging.jsonl, else the
     ranks' own output (latest attempt), as (path, rank) in rank order."""
-    events = sorted((run_dir / "events").glob("rank*.jsonl"), key=_rank_of)
+    from core.runs.store import event_files, rank_of  # lazy, as read_events below
+
+    events = event_files(run_dir)
     if events:
-        return [(p, _rank_of(p)) for p in events]
+        return [(p, rank_of(p)) for p in events]
     from core.diagnose.sources import logging_jsonl_files, rank_logs  # lazy: diagnose uses ingest
 
     jsonl = logging_jsonl_files(run_dir)
@@ -448,8 +448,3 @@ def records(ref: str | Path) -> list[dict[str, Any]]:
 def to_json_safe(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
              for k, v in r.items()} for r in recs]
-
-
-def _rank_of(p: Path) -> int:
-    stem = p.stem
-    return int(stem[4:]) if stem.startswith("rank") and stem[4:].isdigit() else -1

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import psutil
 
@@ -90,17 +89,3 @@ def kill_run(run_id: str, pgids=(), roots=(), exclude: set[int] | None = None,
     return sorted({p.pid for p in alive} | {p.pid for p in late_alive})
 
 
-def wait_gone(pids, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and _not_zombie(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("pending", "running", "succeeded", "failed", "stopped")
 TERMINAL = ("succeeded", "failed", "stopped")
 
 

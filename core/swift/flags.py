@@ -19,22 +19,19 @@ from core.swift.version import installed_version, parse
 
 @dataclass(frozen=True)
 class Fix:
-    """What an old or invented flag became. `flag` empty = removed with no replacement;
-    `values` maps an old value to the new flags (e.g. qlora -> lora + bnb 4-bit)."""
+    """What an old or invented flag became. `flag` empty = removed with no replacement
+    (old values such as --train_type qlora: VALUE_FIXES)."""
     flag: str
     why: str
-    values: tuple[tuple[str, tuple[str, ...]], ...] = ()
     value_map: tuple[tuple[str, str], ...] = ()
 
 
 _QLORA = ("--quant_method", "bnb", "--quant_bits", "4")
-_TUNER_VALUES = (("qlora", ("--tuner_type", "lora", *_QLORA)),)
 
 # Old name -> 4.x name. The same table answers `tunedeck import` and backend refusals.
 FIXES_4X: dict[str, Fix] = {
-    "train_type": Fix("tuner_type", "renamed in ms-swift 4.0; 4.1+ rejects --train_type",
-                      _TUNER_VALUES),
-    "sft_type": Fix("tuner_type", "2.x name", _TUNER_VALUES),
+    "train_type": Fix("tuner_type", "renamed in ms-swift 4.0; 4.1+ rejects --train_type"),
+    "sft_type": Fix("tuner_type", "2.x name"),
     "model_id_or_path": Fix("model", "2.x name"),
     "dtype": Fix("torch_dtype", "2.x name", value_map=(("bf16", "bfloat16"),
                                                        ("fp16", "float16"),

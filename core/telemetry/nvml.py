@@ -75,7 +75,6 @@ class Nvml:
         self.driver = ""
         self._handles: list[Any] = []
         self.names: list[str] = []
-        self.uuids: list[str] = []
         self._unsupported: set[tuple[int, str]] = set()
         self._proc_fn: str | None = None
         self._nvlink_prev: dict[int, tuple[float, float, float]] = {}
@@ -105,8 +104,6 @@ class Nvml:
             n = lib.nvmlDeviceGetCount()
             self._handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
             self.names = [_text(lib.nvmlDeviceGetName(h)) for h in self._handles]
-            self.uuids = [_text(self._try(i, "uuid", lib.nvmlDeviceGetUUID, h) or "")
-                          for i, h in enumerate(self._handles)]
             self.driver = _text(self._try(-1, "driver", lib.nvmlSystemGetDriverVersion) or "")
         except lib.NVMLError as e:
             self.status, self.message = "error", f"NVML device query failed: {e}"

@@ -22,7 +22,6 @@ _NETWORK = re.compile(r"Using network (\S+)")
 _COMM = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+)")
 _VIA = re.compile(r"Channel \d+/\d+ : (\d+)\[[\w.]+\] -> (\d+)\[[\w.]+\](?: \[\w+\])? via (\S+)")
 _NCHANNELS = re.compile(r"(\d+) coll channels")
-_CHANNEL_HDR = re.compile(r"Channel \d+/(\d+) :(?: \d+)+\s*$")
 
 
 def parse_nccl(line: str) -> dict[str, Any] | None:
