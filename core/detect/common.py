@@ -30,3 +30,17 @@ def clock(t: float) -> str:
 
 def ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def rank_utils(tel: Telemetry | None, ranks, local_world: int | None, t0: float,
+               t1: float) -> dict[int, tuple[int, float]]:
+    """rank → (its GPU, mean utilisation over [t0, t1]) for the ranks telemetry can place."""
+    out: dict[int, tuple[int, float]] = {}
+    if tel is None:
+        return out
+    for r in ranks:
+        g = tel.gpu_for_rank(r, local_world)
+        u = tel.gpu_util(g, t0, t1) if g is not None else None
+        if u is not None:
+            out[r] = (g, u)
+    return out

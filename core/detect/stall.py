@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from collections import deque
 
-from core.detect.common import Telemetry, clock, median, num, ranks_text
+from core.detect.common import Telemetry, clock, median, num, rank_utils, ranks_text
 from core.diagnose.finding import Finding
 
 
@@ -89,12 +89,7 @@ class StallDetector:
         tel = self.telemetry
         if tel is None:
             return None
-        util = {}
-        for r in sorted(self.last):
-            g = tel.gpu_for_rank(r, self.local_world)
-            u = tel.gpu_util(g, latest + 1.0, now) if g is not None else None
-            if u is not None:
-                util[r] = (g, u)
+        util = rank_utils(tel, sorted(self.last), self.local_world, latest + 1.0, now)
         idle = [r for r, (_, u) in util.items() if u <= self.IDLE_PCT]
         if not idle or not any(u >= self.BUSY_PCT for _, u in util.values()):
             return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from core.detect.common import Telemetry, clock, median, num
+from core.detect.common import Telemetry, clock, median, num, rank_utils
 from core.diagnose.finding import Finding
 
 FIX = ("Feed the GPU faster: raise the DataLoader's num_workers (e.g. 4-8 per rank), set "
@@ -138,12 +138,9 @@ class StarvationDetector:
         if util is None:
             return ""
         line = f"GPU {gpu} (rank {rank}) utilisation mean {util:.0f} % over the window"
-        busy = []
-        for r in others:
-            g = tel.gpu_for_rank(r, self.local_world)
-            u = tel.gpu_util(g, lo, now) if g is not None and g != gpu else None
-            if u is not None:
-                busy.append(f"GPU {g} (rank {r}) {u:.0f} %")
+        busy = [f"GPU {g} (rank {r}) {u:.0f} %"
+                for r, (g, u) in rank_utils(tel, others, self.local_world, lo, now).items()
+                if g != gpu]
         if busy:
             line += "; " + ", ".join(busy)
         evidence.append(line)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from core.detect.common import Telemetry, median, num
+from core.detect.common import Telemetry, median, num, rank_utils
 from core.diagnose.finding import Finding
 
 
@@ -59,16 +59,10 @@ class StragglerDetector:
         self.flagged.add(slow)
         evidence = [f"median step time without data wait over the last {self.window} steps: "
                     + ", ".join(f"rank {r} {v:.3f} s" for r, v in sorted(full.items()))]
-        tel = self.telemetry
-        if tel is not None:
-            utils = []
-            for r in sorted(full):
-                g = tel.gpu_for_rank(r, self.local_world)
-                u = tel.gpu_util(g, now - 60, now) if g is not None else None
-                if u is not None:
-                    utils.append(f"GPU {g} (rank {r}) {u:.0f} %")
-            if utils:
-                evidence.append("GPU utilisation, last 60 s: " + ", ".join(utils))
+        utils = [f"GPU {g} (rank {r}) {u:.0f} %" for r, (g, u) in rank_utils(
+            self.telemetry, sorted(full), self.local_world, now - 60, now).items()]
+        if utils:
+            evidence.append("GPU utilisation, last 60 s: " + ", ".join(utils))
         return [Finding(
             category="straggler", severity="warning", rank=slow, t=now,
             summary=f"rank {slow} is a straggler: its steps take {ratio:.2f}x the others' "
