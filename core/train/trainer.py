@@ -65,24 +65,29 @@ def _test_hook(name: str, rank: int) -> float | None:
     return None
 
 
-def _test_slow_rank(rank: int) -> None:
-    secs = _test_hook(SLOW_ENV, rank)
-    if secs:
-        time.sleep(secs)
+@dataclass(frozen=True)
+class FaultHooks:
+    """The faults tests inject into this rank, read from the environment once per run."""
+    slow_s: float = 0.0           # added to every forward
+    loader_delay_s: float = 0.0   # added to every batch fetch
+    hang_after: float | None = None
 
+    @classmethod
+    def for_rank(cls, rank: int) -> "FaultHooks":
+        hang = _test_hook(HANG_ENV, rank)
+        return cls(_test_hook(SLOW_ENV, rank) or 0.0, _test_hook(LOADER_DELAY_ENV, rank) or 0.0,
+                   hang if attempt() == 0 else None)
 
-def _test_loader_delay(rank: int) -> None:
-    secs = _test_hook(LOADER_DELAY_ENV, rank)
-    if secs:
-        time.sleep(secs)
+    def hang(self, rank: int, step: int) -> None:
+        if self.hang_after is not None and step >= self.hang_after:
+            _test_hang(rank, step)
 
 
 def _test_hang(rank: int, step: int) -> None:
-    at = _test_hook(HANG_ENV, rank)
-    if at is not None and step >= at and attempt() == 0:
-        print(f"{HANG_ENV}: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
-        while True:  # a real hang does not look at the stop flag either
-            time.sleep(1)
+    """Never returns (a stack dump of the rank shows this frame)."""
+    print(f"{HANG_ENV}: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
+    while True:  # a real hang does not look at the stop flag either
+        time.sleep(1)
 
 
 def all_reduce_result(stats: torch.Tensor) -> list[float]:
@@ -248,6 +253,7 @@ class Trainer:
 
         hf_logging.disable_progress_bar()  # bars fill rank logs with carriage returns
         self.spec, self.d, self.events, self.stop = spec, d, events, stop
+        self.faults = FaultHooks.for_rank(d.rank)
         self.model_path = model_path
         self.output_dir = Path(spec.run.output_dir or run_dir / "output").expanduser()
         self.state = TrainState()
@@ -398,7 +404,8 @@ class Trainer:
         for _ in range(tr.grad_accum):
             tw = time.perf_counter()
             micro.append(next(self.batches))
-            _test_loader_delay(self.d.rank)
+            if self.faults.loader_delay_s:
+                time.sleep(self.faults.loader_delay_s)
             wait += time.perf_counter() - tw
         # Counted on the CPU copies: no GPU sync. Normalise by label tokens of the whole step
         # so each token weighs the same, whatever micro-batch it landed in.
@@ -410,7 +417,8 @@ class Trainer:
             with grad_sync(self.wrapped, i == len(micro) - 1):
                 timer.start()
                 loss = self._forward(b)
-                _test_slow_rank(self.d.rank)
+                if self.faults.slow_s:
+                    time.sleep(self.faults.slow_s)
                 timer.stop()
                 self.scaler.scale(loss / max(n_labels, 1)).backward()
             loss_sum += loss.detach()
@@ -542,7 +550,7 @@ class Trainer:
         crash_at = int(os.environ.get(CRASH_ENV, "0") or 0)
         stopped = False
         while st.step < tr.max_steps:
-            _test_hang(self.d.rank, st.step)
+            self.faults.hang(self.d.rank, st.step)
             m = self.step()
             stopped = m.pop("_stop")
             st.step += 1
