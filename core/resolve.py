@@ -22,7 +22,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def resolve(spec: RunSpec, gpu_count: int | None = None) -> RunSpec:
     spec = copy.deepcopy(spec)
     c = spec.cluster
-    gpus = visible_gpu_count(c.gpus) if gpu_count is None else gpu_count
+    # NVML starts (seconds on some nodes) only when the device or the process count is open
+    needed = c.device == "auto" or (c.device == "cuda" and c.nproc_per_node == 0)
+    gpus = gpu_count if gpu_count is not None else visible_gpu_count(c.gpus) if needed else 0
     if c.device == "auto":
         c.device = "cuda" if gpus > 0 else "cpu"
     if c.nproc_per_node == 0:
