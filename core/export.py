@@ -60,9 +60,10 @@ def export(spec: RunSpec, fmt: str) -> str:
                               f"{spec.backend})")
         from core.backends.swift import check_args, cli_form
 
-        _, run_dir = _plan(spec)  # validates the flags like a launch would
+        if not spec.run.output_dir:
+            spec.run.output_dir = str(export_run_dir(spec) / "output")
         env, argv = cli_form(spec, spec.run.output_dir)
-        check_args(spec, argv[2:])
+        check_args(spec, argv[2:])   # the flags validated as a launch would
         lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
         if spec.cluster.nnodes > 1:
             lines.append("# run on every node with its own NODE_RANK")
