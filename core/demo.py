@@ -40,6 +40,14 @@ INIT_STD = 0.1
 SEED = 1234
 
 
+def tiny_model_dir(data_path: str | Path, cache: Path | None = None) -> Path:
+    """Where the demo model built from this data file lives: named by the file's hash, so
+    new data means a new model (raises OSError when the file cannot be read)."""
+    data = Path(data_path).read_bytes()
+    digest = hashlib.sha256(data + b"\0builder=" + BUILDER_VERSION.encode()).hexdigest()[:16]
+    return (cache or cache_dir()) / "models" / f"tiny-qwen2-{digest}"
+
+
 def ensure_tiny_model(data_path: str | Path, cache: Path | None = None) -> Path:
     """Folder with the tiny model and tokenizer for `data_path`; builds it on first use.
 
@@ -50,10 +58,8 @@ def ensure_tiny_model(data_path: str | Path, cache: Path | None = None) -> Path:
     Call it BEFORE torch.distributed.init_process_group: transformers 5's save_pretrained
     silently writes no weights on ranks != 0 once a process group exists.
     """
-    data = Path(data_path).read_bytes()
-    digest = hashlib.sha256(data + b"\0builder=" + BUILDER_VERSION.encode()).hexdigest()[:16]
-    models = (cache or cache_dir()) / "models"
-    final = models / f"tiny-qwen2-{digest}"
+    final = tiny_model_dir(data_path, cache)
+    models, digest = final.parent, final.name.removeprefix("tiny-qwen2-")
     if (final / "config.json").exists():
         return final
     models.mkdir(parents=True, exist_ok=True)
@@ -63,7 +69,7 @@ def ensure_tiny_model(data_path: str | Path, cache: Path | None = None) -> Path:
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".tiny-qwen2-{digest}.", dir=models))
         try:
-            _build(data, tmp)
+            _build(Path(data_path).read_bytes(), tmp)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -88,19 +87,15 @@ def scan_dataset(path: Path, fmt: str) -> dict:
 
 def _tokenizer_file(ctx: Context) -> Path | None:
     """A tokenizer.json we can load with `tokenizers` alone (no torch, no transformers)."""
-    from core.demo import BUILDER_VERSION, BUILTIN_TINY
+    from core.demo import BUILTIN_TINY, tiny_model_dir
     from core.estimate import hub_cache_dir
-    from core.paths import cache_dir
 
     mp = ctx.spec.model.path
     if mp == BUILTIN_TINY:
         try:
-            # the demo model's cache folder is named by the data file's hash (see core.demo)
-            data = Path(ctx.spec.data.path).read_bytes()
+            folder = tiny_model_dir(ctx.spec.data.path)
         except OSError:
             return None
-        digest = hashlib.sha256(data + b"\0builder=" + BUILDER_VERSION.encode()).hexdigest()
-        folder = cache_dir() / "models" / f"tiny-qwen2-{digest[:16]}"
     else:
         folder = Path(mp).expanduser()
         if not folder.is_dir():
