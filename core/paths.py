@@ -13,6 +13,13 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = PACKAGE_ROOT / "presets"
 
 
+def with_package_root(pythonpath: str) -> str:
+    """A PYTHONPATH with tunedeck's root first, once, and no empty entries (an empty entry
+    means the working directory)."""
+    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
+    return os.pathsep.join([str(PACKAGE_ROOT), *parts])
+
+
 def home() -> Path:
     env = os.environ.get("TUNEDECK_HOME")
     if env:

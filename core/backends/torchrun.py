@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from core.paths import PACKAGE_ROOT
+from core.paths import with_package_root
 from core.spec import RunSpec
 
 
@@ -53,8 +53,3 @@ def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = spec.cluster.gpus
     env.update(spec.env)
     return env
-
-
-def with_package_root(pythonpath: str) -> str:
-    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
-    return os.pathsep.join([str(PACKAGE_ROOT), *parts])

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from core.backends import build_plan
-from core.backends.torchrun import with_package_root
-from core.paths import runs_root
+from core.paths import runs_root, with_package_root
 from core.resolve import resolve
 from core.runs.state import new_state, read_json, write_json_atomic
 from core.spec import RunSpec

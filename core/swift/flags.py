@@ -13,7 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from core.paths import PACKAGE_ROOT, cache_dir
+from core.paths import PACKAGE_ROOT, cache_dir, with_package_root
 from core.swift.version import installed_version, parse
 
 
@@ -133,7 +133,7 @@ def flag_tables() -> dict | None:
 def run_check(args: list[str], stdin: str | None = None, timeout: float = 180) -> object:
     """Run core.swift.check in a child interpreter and return its JSON answer."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=with_package_root(os.environ.get("PYTHONPATH", "")))
     proc = subprocess.run([sys.executable, "-m", "core.swift.check", *args], input=stdin,
                           capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=str(PACKAGE_ROOT))
