@@ -186,7 +186,7 @@ class FileScanner:
                 if rec["kind"] == "comm":
                     self.nccl_ranks[rec["pid"]] = rec["rank"]
         if other:
-            self._cfp._prev = ""   # a plain line was the last one torchrun's parser saw
+            self._cfp.plain_line()   # a plain line was the last one torchrun's parser saw
         while hint >= a:
             # the last time stamp passed over is the one `_line` would have kept
             t = self._time_of(split_rank(chunk[hint:chunk.index(b"\n", hint)].decode())[1])
@@ -203,7 +203,7 @@ class FileScanner:
         return line_time(text, self.year) if text[:1] in "IWEF[" or "-" in text[:12] else None
 
     def _busy(self) -> bool:
-        if self.tail.assembler._open or self._cfp.in_report:
+        if self.tail.assembler.is_open or self._cfp.in_report:
             return True
         for st in self._tb.values():
             if st.mode != "none":
@@ -232,7 +232,7 @@ class FileScanner:
                 name = transport_name(v.decode())
                 tr[name] = tr.get(name, 0) + 1
         if lines > nccl:
-            self._cfp._prev = ""   # a plain line was the last one torchrun's parser saw
+            self._cfp.plain_line()   # a plain line was the last one torchrun's parser saw
         return lines
 
     def _slow(self, lineno: int, raw: bytes, metric_lines: list[str]) -> None:

@@ -325,7 +325,7 @@ class FileMetrics:
         for chunk, n in self.tail.views():
             pos = 0
             while pos < n:
-                if not asm._open:
+                if not asm.is_open:
                     pos, count, *cols, ascending, parser.max_steps, parser.bar_step = \
                         fastscan.dict_records(chunk, pos, n, parser.max_steps, parser.bar_step)
                     if count:

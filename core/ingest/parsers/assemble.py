@@ -25,6 +25,11 @@ class LineAssembler:
         self._partial = ""          # text after the last newline of the previous feed
         self._open: list[str] = []  # pieces of a dict that has not closed yet
 
+    @property
+    def is_open(self) -> bool:
+        """A hard-wrapped dict is being joined: every next line belongs to it."""
+        return bool(self._open)
+
     def feed(self, text: str) -> list[str]:
         text = self._partial + text
         cut = text.rfind("\n")

@@ -83,6 +83,10 @@ class ChildFailedParser:
         self._lines: list[str] = []
         self._last_key = ""
 
+    def plain_line(self) -> None:
+        """A line that cannot start a report was read (the scanner skips such lines)."""
+        self._prev = ""
+
     @property
     def in_report(self) -> bool:
         return self._in
