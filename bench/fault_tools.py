@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.runs.registry import read_run  # noqa: E402
-from core.runs.state import TERMINAL  # noqa: E402
-from core.runs.store import read_events, read_findings  # noqa: E402
+from tunedeck.core.runs.registry import read_run  # noqa: E402
+from tunedeck.core.runs.state import TERMINAL  # noqa: E402
+from tunedeck.core.runs.store import read_events, read_findings  # noqa: E402
 
 POLL_S = 0.5
 TRIM_BYTES = 60_000   # per log file kept in a fixture (its end: where failures are)
@@ -171,7 +171,7 @@ def summary(run_dir: Path) -> dict:
             item["after_first_step_s"] = round(f["t"] - first, 1)
         out["findings"].append(item)
     if steps:
-        from core.telemetry.store import read_gpu_series
+        from tunedeck.core.telemetry.store import read_gpu_series
 
         t0, t1 = min(e["t"] for e in steps), max(e["t"] for e in steps)
         ser = read_gpu_series(run_dir, t0, t1, metrics=["util"])["series"]

@@ -18,7 +18,7 @@ export TUNEDECK_HOME="$OUT/home" TUNEDECK_CACHE="$OUT/cache" PYTHONPATH="$PWD:${
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 DEVICE=${FAULTS_DEVICE:-cuda}
 PY=${PYTHON:-python3}
-td() { "$PY" -m tui "$@"; }
+td() { "$PY" -m tunedeck.tui "$@"; }
 fx() { "$PY" bench/fault_tools.py "$@"; }
 step() { echo; echo "=== $* ($(date +%T))"; }
 gpu_procs() {

@@ -9,15 +9,15 @@ mkdir -p "$OUT"
 export TUNEDECK_HOME="$OUT/home" TUNEDECK_CACHE="$OUT/cache" PYTHONPATH="$PWD:${PYTHONPATH:-}"
 # NVLink multicast stays off on shared hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-td() { python3 -m tui "$@"; }
+td() { python3 -m tunedeck.tui "$@"; }
 step() { echo; echo "=== $*"; }
 
 step "machine"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
 python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version(), "transformers", transformers.__version__, "peft", peft.__version__)'
 
-step "NVML discovery (core.telemetry.gpus)"
-python3 -c 'from core.telemetry.gpus import list_gpus, visible_gpu_count; print(list_gpus()); print("visible", visible_gpu_count())'
+step "NVML discovery (tunedeck.core.telemetry.gpus)"
+python3 -c 'from tunedeck.core.telemetry.gpus import list_gpus, visible_gpu_count; print(list_gpus()); print("visible", visible_gpu_count())'
 
 step "dry run: what the demo resolves to here"
 td launch presets/demo.toml --dry-run --set env.NCCL_DEBUG=INFO

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.diagnose.scan import FileScanner  # noqa: E402
-from core.diagnose.sources import Source  # noqa: E402
-from core.ingest.metrics import FileMetrics  # noqa: E402
+from tunedeck.core.diagnose.scan import FileScanner  # noqa: E402
+from tunedeck.core.diagnose.sources import Source  # noqa: E402
+from tunedeck.core.ingest.metrics import FileMetrics  # noqa: E402
 
 
 def nccl_text(n: int, rng: random.Random) -> str:

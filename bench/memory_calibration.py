@@ -1,4 +1,4 @@
-"""Measure peak GPU memory of real training steps and compare with core.estimate.
+"""Measure peak GPU memory of real training steps and compare with tunedeck.core.estimate.
 
     python bench/memory_calibration.py OUTDIR          # GPU machine (2 GPUs for the DDP/FSDP2 rows)
     python bench/memory_calibration.py OUTDIR --tiny   # CPU check of the whole pipeline
@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory  # noqa: E402
+from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory  # noqa: E402
 
 TINY = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,

@@ -31,7 +31,7 @@ def make_model(out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from core.demo import ensure_tiny_model, load_tokenizer
+    from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
 
     model_dir = out / "qwen2.5-7b-random"
     if (model_dir / "config.json").exists():
@@ -115,12 +115,12 @@ extra_args = ["--model_type", "qwen2", "--template", "qwen", "--check_model", "f
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_CACHE=str(out / "ms"), HF_HOME=str(out / "hf"))
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "tui", "launch", str(spec), "--wait", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", "launch", str(spec), "--wait", "--json"],
                           cwd=REPO, env=env, capture_output=True, text=True)
     print(proc.stdout[-2000:], proc.stderr[-3000:], sep="\n")
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     recs = json.loads(subprocess.run(
-        [sys.executable, "-m", "tui", "metrics", run_id, "--json"], cwd=REPO, env=env,
+        [sys.executable, "-m", "tunedeck.tui", "metrics", run_id, "--json"], cwd=REPO, env=env,
         capture_output=True, text=True).stdout or "[]")
     # ms-swift's train_speed(s/it) is elapsed-since-start / steps, so the elapsed time at step k
     # is k * speed_k and the steady step time is (E_last - E_warmup) / (last - warmup)

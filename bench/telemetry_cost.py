@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.telemetry.fake import FakePynvml  # noqa: E402
-from core.telemetry.nvml import Nvml  # noqa: E402
-from core.telemetry.sampler import TelemetrySampler  # noqa: E402
-from core.telemetry.store import TelemetryStore  # noqa: E402
+from tunedeck.core.telemetry.fake import FakePynvml  # noqa: E402
+from tunedeck.core.telemetry.nvml import Nvml  # noqa: E402
+from tunedeck.core.telemetry.sampler import TelemetrySampler  # noqa: E402
+from tunedeck.core.telemetry.store import TelemetryStore  # noqa: E402
 
 # the NVML functions of each tier (core/telemetry/nvml.py: Nvml.sample / _slow_sample)
 FAST_FNS = {"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo"}

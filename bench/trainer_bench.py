@@ -1,6 +1,6 @@
 """Built-in trainer throughput, side by side with the plain-PyTorch anchor loop.
 
-The trainer part runs core.train's own Trainer (same loop, loss module, DDP/FSDP2 wrapping,
+The trainer part runs tunedeck.core.train's own Trainer (same loop, loss module, DDP/FSDP2 wrapping,
 events) on a model built from a Qwen2.5 config (random init, no download) and synthetic data:
 
   padded   batch × seq tokens of random ids, every token labelled (the anchor's batches)
@@ -80,10 +80,10 @@ def synthetic(case: str, n: int, seq: int, vocab: int, seed: int):
 def run(a) -> int:
     import torch
 
-    from core.spec import RunSpec
-    from core.train.events import EventWriter
-    from core.train.model import prepare
-    from core.train.trainer import StopFlag, Trainer, init_distributed
+    from tunedeck.core.spec import RunSpec
+    from tunedeck.core.train.events import EventWriter
+    from tunedeck.core.train.model import prepare
+    from tunedeck.core.train.trainer import StopFlag, Trainer, init_distributed
 
     spec = RunSpec(name=f"bench-{a.case}")
     spec.cluster.device = "cpu" if a.size == "tiny" else "cuda"
@@ -102,7 +102,7 @@ def run(a) -> int:
     spec.run.output_dir = str(Path(a.out) / "output")
 
     d = init_distributed(spec)
-    from core.train.model import compute_dtype
+    from tunedeck.core.train.model import compute_dtype
 
     dtype = compute_dtype(spec.model.dtype, d.device)
     cfg = qwen_config(a.size)
@@ -131,7 +131,7 @@ def run(a) -> int:
 
 
 def summarize(case_dir: Path, warmup: int) -> dict | None:
-    from core.train.events import read_events
+    from tunedeck.core.train.events import read_events
 
     ranks = sorted(case_dir.glob("events/rank*.jsonl"))
     if not ranks:

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.estimate import (DEFAULT_MFU, GIB, MemoryInputs, ModelArch, estimate_memory,
+from tunedeck.core.estimate import (DEFAULT_MFU, GIB, MemoryInputs, ModelArch, estimate_memory,
                            fmt_duration, throughput)
 
 MARGIN = 0.90            # plan to use at most 90 % of a GPU's memory

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from core.spec import RunSpec
+from tunedeck.core.spec import RunSpec
 
 
 def world_size(spec: RunSpec) -> int:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from core.paths import cache_dir
+from tunedeck.core.paths import cache_dir
 
 BUILTIN_TINY = "builtin:tiny-qwen2"
 # Bump when anything below changes what gets built, so old caches are not reused.
@@ -83,7 +83,7 @@ def load_tokenizer(path: str | Path):
     PreTrainedTokenizerFast reads tokenizer.json as saved. AutoTokenizer would map
     model_type qwen2 to Qwen2Tokenizer, which in transformers 5 may rebuild the tokenizer with
     Qwen's own pre-tokenizer from vocab/merges; that can split text differently from how our
-    BPE was trained. For real models use AutoTokenizer (see core.train.model).
+    BPE was trained. For real models use AutoTokenizer (see tunedeck.core.train.model).
     """
     from transformers import PreTrainedTokenizerFast
 

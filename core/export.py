@@ -14,10 +14,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from core import batch
-from core.paths import runs_root
-from core.plan import LaunchPlan, _wrap_argv
-from core.spec import RunSpec, mask_argv, mask_env
+from tunedeck.core import batch
+from tunedeck.core.paths import runs_root
+from tunedeck.core.plan import LaunchPlan, _wrap_argv
+from tunedeck.core.spec import RunSpec, mask_argv, mask_env
 
 FORMATS = ("sh", "swift", "nodes", "slurm", "vllm")
 
@@ -31,13 +31,13 @@ def export_run_dir(spec: RunSpec) -> Path:
 
 
 def _plan(spec: RunSpec) -> tuple[LaunchPlan, Path]:
-    from core.backends import build_plan
+    from tunedeck.core.backends import build_plan
 
     run_dir = export_run_dir(spec)
     if not spec.run.output_dir:
         spec.run.output_dir = str(run_dir / "output")
     if spec.backend == "script":
-        from core.backends.script import build_plan as script_plan
+        from tunedeck.core.backends.script import build_plan as script_plan
 
         return script_plan(spec, run_dir, run_dir.name, check_paths=False), run_dir
     return build_plan(spec, run_dir, run_dir.name), run_dir
@@ -48,7 +48,7 @@ def _env_lines(env: dict[str, str]) -> list[str]:
 
 
 def export(spec: RunSpec, fmt: str) -> str:
-    """`spec` must be resolved (core.resolve.resolve)."""
+    """`spec` must be resolved (tunedeck.core.resolve.resolve)."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
     summary = f"# {batch.describe(spec)}\n"
@@ -58,7 +58,7 @@ def export(spec: RunSpec, fmt: str) -> str:
         if spec.backend != "swift":
             raise ExportError(f"--format swift needs backend = \"swift\" (this spec runs "
                               f"{spec.backend})")
-        from core.backends.swift import check_args, cli_form
+        from tunedeck.core.backends.swift import check_args, cli_form
 
         if not spec.run.output_dir:
             spec.run.output_dir = str(export_run_dir(spec) / "output")
@@ -136,7 +136,7 @@ def vllm_command(spec: RunSpec) -> str:
     tp = c.nproc_per_node if c.device == "cuda" and c.nproc_per_node > 0 else 1
     model = spec.model.path
     if model.startswith("builtin:"):
-        from core.demo import ensure_tiny_model
+        from tunedeck.core.demo import ensure_tiny_model
 
         model = str(ensure_tiny_model(spec.data.path))
     step = spec.train.max_steps

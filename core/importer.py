@@ -15,9 +15,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from core.spec import SECRET_PATTERN, SpecError, loads_spec, mask_argv
-from core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tables, split_flags, suggest
-from core.swift.version import ASSUMED, installed_version
+from tunedeck.core.spec import SECRET_PATTERN, SpecError, loads_spec, mask_argv
+from tunedeck.core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tables, split_flags, suggest
+from tunedeck.core.swift.version import ASSUMED, installed_version
 
 
 class ImportError_(ValueError):

@@ -9,15 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-PRESETS_DIR = PACKAGE_ROOT / "presets"
-
-
-def with_package_root(pythonpath: str) -> str:
-    """A PYTHONPATH with tunedeck's root first, once, and no empty entries (an empty entry
-    means the working directory)."""
-    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(PACKAGE_ROOT)]
-    return os.pathsep.join([str(PACKAGE_ROOT), *parts])
+# The presets ship beside tunedeck.core: tunedeck/presets in an installed wheel, the top-level
+# presets/ folder of an editable checkout (pyproject.toml maps both).
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
 def home() -> Path:

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.spec import mask_argv, mask_env
+from tunedeck.core.spec import mask_argv, mask_env
 
 
 @dataclass

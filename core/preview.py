@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.backends import build_plan
-from core.batch import describe, effective_batch
-from core.paths import runs_root
-from core.resolve import resolve
-from core.spec import RunSpec
+from tunedeck.core.backends import build_plan
+from tunedeck.core.batch import describe, effective_batch
+from tunedeck.core.paths import runs_root
+from tunedeck.core.resolve import resolve
+from tunedeck.core.spec import RunSpec
 
 
 @dataclass

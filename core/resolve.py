@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 import socket
 
-from core.spec import RunSpec
-from core.telemetry.gpus import visible_gpu_count
+from tunedeck.core.spec import RunSpec
+from tunedeck.core.telemetry.gpus import visible_gpu_count
 
 
 def free_port(host: str = "127.0.0.1") -> int:

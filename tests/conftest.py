@@ -34,8 +34,8 @@ def td_home(tmp_path, model_cache, monkeypatch) -> Path:
 
 def _stop_leftovers(home: Path) -> None:
     """A failed test must not leave ranks burning the CI machine's two cores."""
-    from core.runs.control import stop
-    from core.runs.registry import list_runs
+    from tunedeck.core.runs.control import stop
+    from tunedeck.core.runs.registry import list_runs
 
     for run in list_runs(home / "runs"):
         if run.needs_stop:
@@ -47,7 +47,7 @@ def cli(*args: str, home: Path, check: bool = True, timeout: float = 300,
     """Run the real `tunedeck` command line in a child process."""
     env = dict(os.environ, TUNEDECK_HOME=str(home))
     env.setdefault("TUNEDECK_CACHE", os.environ.get("TUNEDECK_CACHE", ""))
-    proc = subprocess.run([sys.executable, "-m", "tui", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", *args], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=timeout, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"tunedeck {' '.join(args)} exited {proc.returncode}:\n"
@@ -81,9 +81,9 @@ def finished_demo(tmp_path_factory, model_cache):
 
 
 def make_run_dir(path: Path, **sections) -> Path:
-    """A run directory with only spec.toml, for running core.train under torchrun by hand:
+    """A run directory with only spec.toml, for running tunedeck.core.train under torchrun by hand:
     the demo data on 2 CPU ranks; `train__max_steps=5` style keywords set spec fields."""
-    from core.spec import RunSpec
+    from tunedeck.core.spec import RunSpec
 
     spec = RunSpec(name="t")
     spec.data.path = str(REPO / "presets" / "data" / "demo_chat.jsonl")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core.detect.stall import StallDetector
-from core.detect.starvation import StarvationDetector
-from core.detect.straggler import StragglerDetector
+from tunedeck.core.detect.stall import StallDetector
+from tunedeck.core.detect.starvation import StarvationDetector
+from tunedeck.core.detect.straggler import StragglerDetector
 
 H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
 T = 1_800_000_000.0

@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 
 from conftest import DEMO, cli, wait_for
-from core.probe import SITE_DIR
-from core.runs.control import stop
-from core.runs.launch import prepare_run, start_agent
-from core.runs.registry import read_run
-from core.runs.store import read_events, read_findings
-from core.spec import RunSpec
+from tunedeck.core.probe import SITE_DIR
+from tunedeck.core.runs.control import stop
+from tunedeck.core.runs.launch import prepare_run, start_agent
+from tunedeck.core.runs.registry import read_run
+from tunedeck.core.runs.store import read_events, read_findings
+from tunedeck.core.spec import RunSpec
 
 TOY = Path(__file__).resolve().parent / "scripts" / "ddp_toy.py"
 
 
 def toy_run(root: Path, args: list[str], probe: bool = False, name: str = "toy") -> Path:
-    """A run directory whose torchrun runs the toy script with `args` instead of core.train."""
+    """A run directory whose torchrun runs the toy script with `args` instead of tunedeck.core.train."""
     spec = RunSpec(name=name)
     spec.model.path = "toy"               # not builtin:, so the agent builds no demo model
     spec.data.path = str(TOY)             # required by the builtin spec checks; unused
@@ -38,7 +38,7 @@ def toy_run(root: Path, args: list[str], probe: bool = False, name: str = "toy")
     plan = json.loads(plan_path.read_text())
     for node in plan["nodes"]:
         argv = node["argv"]
-        i = argv.index("core.train") - 1           # ... -m core.train --run-dir RUN
+        i = argv.index("tunedeck.core.train") - 1           # ... -m tunedeck.core.train --run-dir RUN
         assert argv[i] == "-m"
         node["argv"] = argv[:i] + [str(TOY), *args]
         if probe:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from core.diagnose.engine import diagnose_files, diagnose_run
-from core.diagnose.finding import Finding
+from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
+from tunedeck.core.diagnose.finding import Finding
 
 H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
 CPU = Path(__file__).resolve().parent / "fixtures" / "cpu"
@@ -180,7 +180,7 @@ def test_generator_recreates_the_sigkill_fixture_live(tmp_path):
 
 
 def test_logging_jsonl_found_without_walking_checkpoints_or_logs(tmp_path):
-    from core.diagnose.sources import logging_jsonl_files
+    from tunedeck.core.diagnose.sources import logging_jsonl_files
 
     want = tmp_path / "output" / "v0-20261130" / "logging.jsonl"
     for p in (want, tmp_path / "output" / "v0-20261130" / "checkpoint-5" / "logging.jsonl",

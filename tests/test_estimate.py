@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from core.advisor import advise
-from core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory, load_arch
+from tunedeck.core.advisor import advise
+from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory, load_arch
 from tests.conftest import REPO, cli
 
 Q7 = arch_from_config(QWEN25["7b"])

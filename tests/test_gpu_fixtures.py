@@ -4,7 +4,7 @@ tests/fixtures/h200/<scenario>/ are run directories made by `bench/gpu_faults.sh
 2026-11-30 and trimmed by `bench/fault_tools.py trim` (logs, event streams, run.db reduced to
 the agent's findings and its telemetry). Each is looked at three ways:
   - what the agent stored while the run went (run.db findings, merged by `tunedeck diagnose`),
-  - the logs diagnosed now (core.diagnose),
+  - the logs diagnosed now (tunedeck.core.diagnose),
   - the recorded events and GPU telemetry replayed through today's live detectors on the
     recorded clock, as the agent feeds them (update on new events, check every second).
 """
@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from core.detect.stall import StallDetector
-from core.detect.starvation import StarvationDetector
-from core.detect.straggler import StragglerDetector
-from core.diagnose.engine import diagnose_files, diagnose_run
-from core.diagnose.finding import Finding
-from core.runs.store import read_events, read_findings
-from core.telemetry.store import read_gpu_series
-from tui.commands.diagnose import collect
+from tunedeck.core.detect.stall import StallDetector
+from tunedeck.core.detect.starvation import StarvationDetector
+from tunedeck.core.detect.straggler import StragglerDetector
+from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
+from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.runs.store import read_events, read_findings
+from tunedeck.core.telemetry.store import read_gpu_series
+from tunedeck.tui.commands.diagnose import collect
 
 H200 = Path(__file__).resolve().parent / "fixtures" / "h200"
 FAULT_CATEGORIES = {"straggler", "dataloader_starvation", "stall"}

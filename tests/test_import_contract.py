@@ -18,9 +18,27 @@ def test_import_linter_contract_holds():
 
 
 def test_cli_and_core_start_without_textual_or_torch():
-    code = ("import sys, tui.cli, core.runs.agent, core.runs.watch, core.runs.control;"
+    code = ("import sys, tunedeck.tui.cli, tunedeck.core.runs.agent, tunedeck.core.runs.watch, tunedeck.core.runs.control;"
             "bad=[m for m in ('textual','torch','transformers') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_module_imports_the_source_folders_by_their_own_names():
+    """Only `tunedeck.core` / `tunedeck.tui` exist once installed: an import of a bare `core`
+    or `tui` works only from a checkout (and loads a second copy of every module)."""
+    import ast
+
+    bad = []
+    for folder in ("core", "tui", "tests", "bench"):
+        for path in (REPO / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for node in ast.walk(tree):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                    else []
+                bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
+                        if n.split(".")[0] in ("core", "tui")]
+    assert not bad, "\n".join(bad)

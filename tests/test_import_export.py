@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO, cli
-from core import batch
-from core.export import export
-from core.importer import ImportError_, import_command
-from core.resolve import resolve
-from core.spec import load_spec
-from core.swift.version import installed_version
+from tunedeck.core import batch
+from tunedeck.core.export import export
+from tunedeck.core.importer import ImportError_, import_command
+from tunedeck.core.resolve import resolve
+from tunedeck.core.spec import load_spec
+from tunedeck.core.swift.version import installed_version
 
 needs_swift = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")
 

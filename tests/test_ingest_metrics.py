@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from core.ingest.metrics import FileMetrics, records_from_file, records_from_run
+from tunedeck.core.ingest.metrics import FileMetrics, records_from_file, records_from_run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "cpu"
 

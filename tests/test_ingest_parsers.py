@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from core.ingest.parsers import LineAssembler, parse_metrics_line
-from core.ingest.parsers.nccl import NcclSummary, parse_nccl
-from core.ingest.parsers.prefix import split_rank
-from core.ingest.parsers.pydict import parse_dict_line
-from core.ingest.parsers.torchrun import ChildFailedParser
-from core.ingest.parsers.tqdm import parse_tqdm
+from tunedeck.core.ingest.parsers import LineAssembler, parse_metrics_line
+from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl
+from tunedeck.core.ingest.parsers.prefix import split_rank
+from tunedeck.core.ingest.parsers.pydict import parse_dict_line
+from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser
+from tunedeck.core.ingest.parsers.tqdm import parse_tqdm
 
 H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from core.diagnose.engine import build_findings
-from core.diagnose.scan import FileScanner
-from core.diagnose.sources import Source
-from core.ingest.metrics import FileMetrics
-from core.ingest.native import fastscan as _fastscan
+from tunedeck.core.diagnose.engine import build_findings
+from tunedeck.core.diagnose.scan import FileScanner
+from tunedeck.core.diagnose.sources import Source
+from tunedeck.core.ingest.metrics import FileMetrics
+from tunedeck.core.ingest.native import fastscan as _fastscan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"

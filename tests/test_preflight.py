@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from core.preflight import make_context, run_checks
-from core.preflight.gpu import Gpu, GpuFacts, probe_gpus
+from tunedeck.core.preflight import make_context, run_checks
+from tunedeck.core.preflight.gpu import Gpu, GpuFacts, probe_gpus
 from tests.conftest import REPO, cli
 
 DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -243,7 +243,7 @@ async def test_preflight_screen_fills_live_and_reruns(tmp_path, td_home):
     from textual.app import App
     from textual.widgets import DataTable
 
-    from tui.screens.preflight import PreflightScreen
+    from tunedeck.tui.screens.preflight import PreflightScreen
 
     spec = write_spec(tmp_path)
 

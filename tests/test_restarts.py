@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from core.runs.launch import prepare_run, start_agent
-from core.runs.registry import read_run
-from core.spec import load_spec
+from tunedeck.core.runs.launch import prepare_run, start_agent
+from tunedeck.core.runs.registry import read_run
+from tunedeck.core.spec import load_spec
 from tests.conftest import DEMO, REPO, wait_for
 
 pytestmark = pytest.mark.slow

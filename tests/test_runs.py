@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from core.runs.procs import marked_processes
+from tunedeck.core.runs.procs import marked_processes
 from tests.conftest import DEMO, REPO, cli, cli_json, wait_for
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path):
     steps = 120
     # launch --wait in a child, kill it once the run is going
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tui", "launch", str(DEMO), "--wait", "--json",
+        [sys.executable, "-m", "tunedeck.tui", "launch", str(DEMO), "--wait", "--json",
          "--set", f"train.max_steps={steps}"],
         cwd=REPO, env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -70,7 +70,7 @@ def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path):
     if _has_tmux():
         tui = f"td-{os.getpid()}"
         subprocess.run(["tmux", "new-session", "-d", "-s", tui, "-x", "100", "-y", "30",
-                        sys.executable, "-m", "tui", "--readonly"],
+                        sys.executable, "-m", "tunedeck.tui", "--readonly"],
                        env=dict(os.environ, TUNEDECK_HOME=str(td_home)), cwd=REPO, check=True)
         pane_pid = int(subprocess.run(["tmux", "list-panes", "-t", tui, "-F", "#{pane_pid}"],
                                       capture_output=True, text=True).stdout.split()[0])
@@ -144,7 +144,7 @@ def test_stop_when_the_agent_is_gone(td_home):
 
 
 def _load_adapter(path):
-    code = ("import sys; from core.demo import ensure_tiny_model; "
+    code = ("import sys; from tunedeck.core.demo import ensure_tiny_model; "
             "from transformers import AutoModelForCausalLM; from peft import PeftModel; "
             "base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(sys.argv[2])); "
             "m = PeftModel.from_pretrained(base, sys.argv[1]); "

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from conftest import REPO, cli, cli_json
-from core.backends.script import ConsoleMonitor, build_plan
-from core.resolve import resolve
-from core.spec import loads_spec
+from tunedeck.core.backends.script import ConsoleMonitor, build_plan
+from tunedeck.core.resolve import resolve
+from tunedeck.core.spec import loads_spec
 
 HF_OUT = """\
   0%|          | 0/3 [00:00<?, ?it/s] 33%|###3      | 1/3 [00:00<00:00,  5.91it/s]\
@@ -84,8 +84,8 @@ def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
     import json
     import math
 
-    from core.backends.script import EventSink
-    from core.swift import logs
+    from tunedeck.core.backends.script import EventSink
+    from tunedeck.core.swift import logs
 
     # transformers 4 prints a bare nan, which Python's literal_eval rejects
     rec = logs.console_dict("Train: 5%|█| 5/100 [00:01<00:19]\r{'loss': nan, 'grad_norm': 1.5}")

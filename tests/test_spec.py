@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.plan import LaunchPlan, NodeCommand
-from core.resolve import resolve
-from core.spec import OPTIONS, RunSpec, SpecError, load_spec, loads_spec, mask_env
+from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.resolve import resolve
+from tunedeck.core.spec import OPTIONS, RunSpec, SpecError, load_spec, loads_spec, mask_env
 from tests.conftest import DEMO, cli
 
 
@@ -100,7 +100,7 @@ def test_broken_preset_launches_nothing(tmp_path, td_home):
 
 
 def test_secret_flags_are_masked_in_every_form():
-    from core.spec import mask_argv
+    from tunedeck.core.spec import mask_argv
 
     argv = ["HF_TOKEN=abc", "swift", "sft", "--hub_token=tok1", "--hub_token", "tok2",
             "--model_author", "Ann", "--model", "m"]

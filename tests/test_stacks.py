@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from core.runs.registry import find_run
-from core.runs.stacks import dump_stacks
-from core.runs.store import read_findings
+from tunedeck.core.runs.registry import find_run
+from tunedeck.core.runs.stacks import dump_stacks
+from tunedeck.core.runs.store import read_findings
 from tests.conftest import DEMO, cli, wait_for
 
 pytestmark = pytest.mark.slow

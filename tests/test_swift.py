@@ -8,11 +8,11 @@ import json
 import pytest
 
 from conftest import REPO, cli, cli_json
-from core.backends.swift import SwiftPlanError, build_plan, swift_args
-from core.resolve import resolve
-from core.spec import load_spec, loads_spec
-from core.swift import flags
-from core.swift.version import installed_version
+from tunedeck.core.backends.swift import SwiftPlanError, build_plan, swift_args
+from tunedeck.core.resolve import resolve
+from tunedeck.core.spec import load_spec, loads_spec
+from tunedeck.core.swift import flags
+from tunedeck.core.swift.version import installed_version
 
 PRESETS = sorted((REPO / "presets").glob("*.toml"))
 SWIFT_PRESETS = [p for p in PRESETS if load_spec(p).backend == "swift"]

@@ -9,11 +9,11 @@ import subprocess
 import sys
 import time
 
-from core.telemetry.fake import FakePynvml
-from core.telemetry.host import ProcessSampler, host_sample
-from core.telemetry.nvml import NA, Nvml
-from core.telemetry.sampler import TelemetrySampler
-from core.telemetry.store import TelemetryStore, read_gpu_series, read_latest
+from tunedeck.core.telemetry.fake import FakePynvml
+from tunedeck.core.telemetry.host import ProcessSampler, host_sample
+from tunedeck.core.telemetry.nvml import NA, Nvml
+from tunedeck.core.telemetry.sampler import TelemetrySampler
+from tunedeck.core.telemetry.store import TelemetryStore, read_gpu_series, read_latest
 
 
 def test_real_pynvml_without_driver_is_a_state_not_a_crash():

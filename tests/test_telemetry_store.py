@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from core.telemetry.store import (RAW_KEEP_S, TelemetryStore, read_gpu_series,
+from tunedeck.core.telemetry.store import (RAW_KEEP_S, TelemetryStore, read_gpu_series,
                                   read_host_series, read_rank_series)
 
 T0 = 1_800_000_000.0  # a round start time (bucket edges fall on whole minutes)

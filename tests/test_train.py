@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("torch", reason="the train extra is not installed")
 
-from core.demo import ensure_tiny_model, load_tokenizer
-from core.resolve import free_port
+from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
+from tunedeck.core.resolve import free_port
 from tests.conftest import make_run_dir
-from core.train.data import IGNORE, DataError, encode, read_conversations
-from core.train.events import read_events
+from tunedeck.core.train.data import IGNORE, DataError, encode, read_conversations
+from tunedeck.core.train.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -128,7 +128,7 @@ def _torchrun(run: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "core.train", "--run-dir", str(run)]
+            "-m", "tunedeck.core.train", "--run-dir", str(run)]
     with open(log, "wb") as out:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT)
@@ -212,7 +212,7 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path, tiny_model):
             time.sleep(0.1)
         # Like the agent: SIGTERM to the worker pids themselves, not to a process group.
         workers = [c for c in psutil.Process(proc.pid).children()
-                   if "core.train" in " ".join(c.cmdline())]
+                   if "tunedeck.core.train" in " ".join(c.cmdline())]
         assert len(workers) == 2
         for w in workers:
             w.send_signal(signal.SIGTERM)
@@ -236,7 +236,7 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path, tiny_model):
 @pytest.mark.slow
 def test_concurrent_builders_share_one_build(tmp_path):
     """Two processes asking for the demo model at once: one builds, both get it whole."""
-    code = ("import sys; from pathlib import Path; from core.demo import ensure_tiny_model; "
+    code = ("import sys; from pathlib import Path; from tunedeck.core.demo import ensure_tiny_model; "
             "print(ensure_tiny_model(sys.argv[1], Path(sys.argv[2])))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(DATA), str(tmp_path)], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

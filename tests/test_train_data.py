@@ -9,11 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the train extra is not installed")
 
-from core.demo import ensure_tiny_model, load_tokenizer
-from core.spec import DataSpec
-from core.train.data import (IGNORE, Batches, Collator, FlatCollator, PackedDataset,
+from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
+from tunedeck.core.spec import DataSpec
+from tunedeck.core.train.data import (IGNORE, Batches, Collator, FlatCollator, PackedDataset,
                              TokenizedDataset, encode, load_datasets, make_loader, split_rows)
-from core.train.formats import DataError, read_rows
+from tunedeck.core.train.formats import DataError, read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -169,7 +169,7 @@ def test_packing_is_document_aware(tok, tmp_path):
     restart per document and attention does not cross documents."""
     from transformers import AutoModelForCausalLM
 
-    from core.train.parallel import CausalLMLoss
+    from tunedeck.core.train.parallel import CausalLMLoss
 
     model_dir = ensure_tiny_model(DATA)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="sdpa")

@@ -11,11 +11,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="the train extra is not installed")
 F = torch.nn.functional
 
-from core.demo import ensure_tiny_model, load_tokenizer
-from core.train.data import Collator, FlatCollator, TokenizedDataset
-from core.train.formats import read_rows
-from core.train.parallel import IGNORE, CausalLMLoss, linear_cross_entropy, rows_per_chunk
-from core.train.trainer import forward_inputs
+from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
+from tunedeck.core.train.data import Collator, FlatCollator, TokenizedDataset
+from tunedeck.core.train.formats import read_rows
+from tunedeck.core.train.parallel import IGNORE, CausalLMLoss, linear_cross_entropy, rows_per_chunk
+from tunedeck.core.train.trainer import forward_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"

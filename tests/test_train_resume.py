@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("torch", reason="the train extra is not installed")
 
-from core.resolve import free_port
+from tunedeck.core.resolve import free_port
 from tests.conftest import make_run_dir
-from core.train.events import read_events
+from tunedeck.core.train.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -36,7 +36,7 @@ def _torchrun(run: Path, expect_rc: int = 0, **env) -> None:
     log = run / f"torchrun-{len(list(run.glob('torchrun-*')))}.log"
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "core.train", "--run-dir", str(run)]
+            "-m", "tunedeck.core.train", "--run-dir", str(run)]
     with open(log, "wb") as out:
         proc = subprocess.run(argv, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
                               stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

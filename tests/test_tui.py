@@ -12,11 +12,11 @@ import pytest
 from textual.widgets import DataTable, Log, Static
 
 from tests.conftest import REPO, wait_for
-from tui.app import TunedeckApp
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.help import HelpScreen
-from tui.screens.monitor import MonitorScreen
-from tui.screens.stacks import StacksScreen
+from tunedeck.tui.app import TunedeckApp
+from tunedeck.tui.screens.confirm import ConfirmScreen
+from tunedeck.tui.screens.help import HelpScreen
+from tunedeck.tui.screens.monitor import MonitorScreen
+from tunedeck.tui.screens.stacks import StacksScreen
 
 
 def _last_step_event(run_dir):
@@ -114,7 +114,7 @@ def test_tui_in_a_real_terminal(finished_demo):
     home, run_id, _ = finished_demo
     name = f"tdtui-{os.getpid()}"
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "110", "-y", "32",
-                    sys.executable, "-m", "tui"], cwd=REPO, check=True,
+                    sys.executable, "-m", "tunedeck.tui"], cwd=REPO, check=True,
                    env=dict(os.environ, TUNEDECK_HOME=str(home)))
     try:
         def screen():
@@ -149,7 +149,7 @@ def test_demo_command_launches_and_monitors_live(td_home):
     """The README's main job: `tunedeck demo` starts the demo and shows it live to the end."""
     name = f"tddemo-{os.getpid()}"
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "36",
-                    sys.executable, "-m", "tui", "demo", "--set", "train.max_steps=60"],
+                    sys.executable, "-m", "tunedeck.tui", "demo", "--set", "train.max_steps=60"],
                    cwd=REPO, check=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)))
 
     def screen():
@@ -168,7 +168,7 @@ def test_demo_command_launches_and_monitors_live(td_home):
 
 
 def test_tui_refuses_without_a_terminal(td_home):
-    proc = subprocess.run([sys.executable, "-m", "tui"], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui"], cwd=REPO, capture_output=True,
                           text=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and "needs a terminal" in proc.stderr
@@ -176,7 +176,7 @@ def test_tui_refuses_without_a_terminal(td_home):
 
 async def test_presets_screen_previews_and_launches(td_home):
     """n → presets: the preview shows the exact command; l + y launches and opens the monitor."""
-    from tui.screens.presets import PresetsScreen
+    from tunedeck.tui.screens.presets import PresetsScreen
 
     app = TunedeckApp(refresh_s=0.2)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -186,7 +186,7 @@ async def test_presets_screen_previews_and_launches(td_home):
         preview = screen.query_one("#preset-preview", Static)
         await _until(pilot, lambda: "torch.distributed.run" in str(preview.render()))
         text = str(preview.render())
-        assert "effective batch" in text.lower() and "-m core.train" in text
+        assert "effective batch" in text.lower() and "-m tunedeck.core.train" in text
         table = screen.query_one("#presets-table", DataTable)
         row = [table.get_row_at(i)[0] for i in range(table.row_count)].index("demo")
         table.move_cursor(row=row)

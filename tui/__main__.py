@@ -1,5 +1,5 @@
 import sys
 
-from tui.cli import main
+from tunedeck.tui.cli import main
 
 sys.exit(main())

@@ -9,8 +9,8 @@ from __future__ import annotations
 from textual.app import App
 from textual.binding import Binding
 
-from tui.screens.help import HelpScreen
-from tui.screens.runs import RunsScreen
+from tunedeck.tui.screens.help import HelpScreen
+from tunedeck.tui.screens.runs import RunsScreen
 
 
 class TunedeckApp(App):
@@ -31,7 +31,7 @@ class TunedeckApp(App):
     def on_mount(self) -> None:
         self.push_screen(RunsScreen())
         if self.open_run:
-            from tui.screens.monitor import MonitorScreen
+            from tunedeck.tui.screens.monitor import MonitorScreen
 
             self.push_screen(MonitorScreen(self.open_run))
 

@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from core.paths import PRESETS_DIR, runs_root
-from core.runs.registry import RunNotFound, find_run, list_runs, log_tail, rank_log_files
-from core.runs.state import TERMINAL
-from tui.format import fmt_age as _fmt_age
-from tui.format import fmt_loss as _fmt_loss
-from tui.format import print_json as _print_json
+from tunedeck.core.paths import PRESETS_DIR, runs_root
+from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail, rank_log_files
+from tunedeck.core.runs.state import TERMINAL
+from tunedeck.tui.format import fmt_age as _fmt_age
+from tunedeck.tui.format import fmt_loss as _fmt_loss
+from tunedeck.tui.format import print_json as _print_json
 
 EXIT_USAGE = 2
 
@@ -26,8 +26,8 @@ EXIT_USAGE = 2
 # -- subcommands -------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
-    from core.runs.launch import LaunchError, launch
-    from core.spec import SpecError, load_spec
+    from tunedeck.core.runs.launch import LaunchError, launch
+    from tunedeck.core.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec, args.set)
@@ -37,7 +37,7 @@ def cmd_launch(args) -> int:
     if args.name:
         spec.name = args.name
     if args.dry_run:
-        from core.preview import preview
+        from tunedeck.core.preview import preview
 
         p = preview(spec)
         print(p.script, end="")
@@ -105,7 +105,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from core.ingest.metrics import records, to_json_safe
+    from tunedeck.core.ingest.metrics import records, to_json_safe
 
     try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
         recs = to_json_safe(records(args.run))
@@ -127,7 +127,7 @@ def cmd_logs(args) -> int:
         for line in log_tail(run.run_dir, args.rank, args.lines):
             print(line)
         return 0
-    from core.ingest.tail import follow
+    from tunedeck.core.ingest.tail import follow
 
     files: list[Path] = []
     while not files:  # the rank may not have started yet
@@ -149,7 +149,7 @@ def cmd_logs(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from core.runs.control import stop
+    from tunedeck.core.runs.control import stop
 
     run = find_run(args.run)
     if not run.needs_stop:
@@ -171,7 +171,7 @@ def cmd_tui(args) -> int:
     if not sys.stdout.isatty() and not os.environ.get("TUNEDECK_FORCE_TUI"):
         print("tunedeck: the TUI needs a terminal; try `tunedeck ls`", file=sys.stderr)
         return EXIT_USAGE
-    from tui.app import TunedeckApp
+    from tunedeck.tui.app import TunedeckApp
 
     TunedeckApp(open_run=getattr(args, "open_run", None), readonly=args.readonly).run()
     return 0
@@ -179,8 +179,8 @@ def cmd_tui(args) -> int:
 
 def cmd_demo(args) -> int:
     """Launch the demo preset (unless one is already running) and open it in the TUI."""
-    from core.runs.launch import LaunchError, launch
-    from core.spec import SpecError, load_spec
+    from tunedeck.core.runs.launch import LaunchError, launch
+    from tunedeck.core.spec import SpecError, load_spec
 
     active = [r for r in list_runs() if r.name == "demo" and r.active]
     if active:
@@ -259,9 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         try:
-            mod = importlib.import_module(f"tui.commands.{name}")
+            mod = importlib.import_module(f"tunedeck.tui.commands.{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"tui.commands.{name}":
+            if e.name != f"tunedeck.tui.commands.{name}":
                 raise
             continue
         mod.register(sub)

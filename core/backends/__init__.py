@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.plan import LaunchPlan
-from core.spec import RunSpec
+from tunedeck.core.plan import LaunchPlan
+from tunedeck.core.spec import RunSpec
 
 
 def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
     if spec.backend == "builtin":
-        from core.backends.builtin import build_plan as builtin_plan
+        from tunedeck.core.backends.builtin import build_plan as builtin_plan
 
         return builtin_plan(spec, run_dir, run_id)
     if spec.backend == "swift":
-        from core.backends.swift import build_plan as swift_plan
+        from tunedeck.core.backends.swift import build_plan as swift_plan
 
         return swift_plan(spec, run_dir, run_id)
     if spec.backend == "script":
-        from core.backends.script import build_plan as script_plan
+        from tunedeck.core.backends.script import build_plan as script_plan
 
         return script_plan(spec, run_dir, run_id)
     raise ValueError(f"backend {spec.backend!r} is not available yet")

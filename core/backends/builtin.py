@@ -1,12 +1,12 @@
-"""The built-in trainer backend: torchrun runs `python -m core.train --run-dir RUN`."""
+"""The built-in trainer backend: torchrun runs `python -m tunedeck.core.train --run-dir RUN`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from core.backends.torchrun import base_env, torchrun_argv
-from core.plan import LaunchPlan, NodeCommand
-from core.spec import RunSpec
+from tunedeck.core.backends.torchrun import base_env, torchrun_argv
+from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.spec import RunSpec
 
 
 def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
@@ -14,7 +14,7 @@ def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
                       nproc_per_node=spec.cluster.nproc_per_node, nnodes=spec.cluster.nnodes)
     for node in range(spec.cluster.nnodes):
         argv = torchrun_argv(spec, run_dir, run_id, node) + [
-            "-m", "core.train", "--run-dir", str(run_dir)]
+            "-m", "tunedeck.core.train", "--run-dir", str(run_dir)]
         host = spec.cluster.master_addr if node == 0 else f"node{node}"
         plan.nodes.append(NodeCommand(node, host, argv, base_env(spec, run_dir, run_id),
                                       str(run_dir)))

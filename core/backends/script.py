@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.backends.torchrun import base_env, torchrun_argv
-from core.plan import LaunchPlan, NodeCommand
-from core.spec import RunSpec
-from core.swift import logs
-from core.train.events import json_value
+from tunedeck.core.backends.torchrun import base_env, torchrun_argv
+from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.spec import RunSpec
+from tunedeck.core.swift import logs
+from tunedeck.core.train.events import json_value
 
 
 def script_path(spec: RunSpec) -> Path:
@@ -91,8 +91,8 @@ class RankLogTail:
         self.offsets: dict[Path, int] = {}
 
     def new_lines(self) -> list[str]:
-        from core.ingest.tail import read_new_lines
-        from core.runs.registry import rank_log_files
+        from tunedeck.core.ingest.tail import read_new_lines
+        from tunedeck.core.runs.registry import rank_log_files
 
         out: list[str] = []
         for path in rank_log_files(self.run_dir, self.rank):

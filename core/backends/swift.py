@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.backends.script import EventSink, RankLogTail
-from core.backends.torchrun import base_env, torchrun_argv
-from core.plan import LaunchPlan, NodeCommand
-from core.spec import RunSpec
-from core.swift import logs
-from core.swift.flags import validate
-from core.swift.version import ASSUMED, installed_version, tuner_flag
+from tunedeck.core.backends.script import EventSink, RankLogTail
+from tunedeck.core.backends.torchrun import base_env, torchrun_argv
+from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.spec import RunSpec
+from tunedeck.core.swift import logs
+from tunedeck.core.swift.flags import validate
+from tunedeck.core.swift.version import ASSUMED, installed_version, tuner_flag
 
 ENTRY = {"sft": "swift.cli.sft", "pt": "swift.cli.pt", "rlhf": "swift.cli.rlhf",
          "megatron-sft": "swift.cli._megatron.sft", "megatron-pt": "swift.cli._megatron.pt"}
@@ -47,7 +47,7 @@ def _b(v: bool) -> str:
 def model_flags(spec: RunSpec) -> list[str]:
     mp = spec.model.path
     if mp.startswith("builtin:"):
-        from core.demo import BUILTIN_TINY, ensure_tiny_model
+        from tunedeck.core.demo import BUILTIN_TINY, ensure_tiny_model
 
         if mp != BUILTIN_TINY:
             raise SwiftPlanError(f"model.path: unknown built-in model {mp!r}")
@@ -158,7 +158,7 @@ def train_flags(spec: RunSpec, output_dir: str) -> list[str]:
     t = spec.train
     save_steps = t.save_steps or t.max_steps  # 0 = only at the end
     if is_megatron(spec):
-        from core.batch import data_parallel_size
+        from tunedeck.core.batch import data_parallel_size
 
         world = spec.cluster.nproc_per_node * spec.cluster.nnodes
         gbs = t.per_device_batch_size * data_parallel_size(spec, world) * t.grad_accum
@@ -302,7 +302,7 @@ class SwiftLogMonitor:
             self.jsonl, self.offset = path, 0
 
     def _read_jsonl(self) -> None:
-        from core.ingest.tail import read_new_json
+        from tunedeck.core.ingest.tail import read_new_json
 
         if self.jsonl is None or not self.jsonl.exists():
             return

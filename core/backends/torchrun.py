@@ -6,8 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from core.paths import with_package_root
-from core.spec import RunSpec
+from tunedeck.core.spec import RunSpec
 
 
 def torchrun_argv(spec: RunSpec, run_dir: Path, run_id: str, node_rank: int) -> list[str]:
@@ -37,14 +36,13 @@ def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
         "TUNEDECK_RUN_ID": run_id,      # marks every process of the run (stop sweeps by it)
         "TUNEDECK_RUN_DIR": str(run_dir),
         "PYTHONUNBUFFERED": "1",
-        # the engine must be importable by the ranks even without an installed package
-        "PYTHONPATH": with_package_root(os.environ.get("PYTHONPATH", "")),
     }
     if spec.backend != "builtin" and spec.run.dataloader_probe:
         # the probe's sitecustomize must come first on the path to be imported at start-up
-        from core.probe import SITE_DIR
+        from tunedeck.core.probe import SITE_DIR
 
-        env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), env["PYTHONPATH"]])
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *inherited])
     if spec.cluster.device == "cpu":
         # torchrun sets this only for nproc>1; 2 threads per rank on 2 cores is 7x slower
         env["OMP_NUM_THREADS"] = "1"

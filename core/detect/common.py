@@ -7,7 +7,7 @@ from typing import Protocol
 
 
 class Telemetry(Protocol):
-    """What detectors ask of telemetry (core.telemetry.sampler.TelemetrySampler has it)."""
+    """What detectors ask of telemetry (tunedeck.core.telemetry.sampler.TelemetrySampler has it)."""
 
     def gpu_util(self, gpu: int, t0: float, t1: float) -> float | None: ...
 

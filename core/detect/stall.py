@@ -14,8 +14,8 @@ from __future__ import annotations
 import shutil
 from collections import deque
 
-from core.detect.common import Telemetry, clock, median, num, rank_utils, ranks_text
-from core.diagnose.finding import Finding
+from tunedeck.core.detect.common import Telemetry, clock, median, num, rank_utils, ranks_text
+from tunedeck.core.diagnose.finding import Finding
 
 
 class StallDetector:

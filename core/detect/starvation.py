@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from core.detect.common import Telemetry, clock, median, num, rank_utils
-from core.diagnose.finding import Finding
+from tunedeck.core.detect.common import Telemetry, clock, median, num, rank_utils
+from tunedeck.core.diagnose.finding import Finding
 
 FIX = ("Feed the GPU faster: raise the DataLoader's num_workers (e.g. 4-8 per rank), set "
        "pin_memory=True, prefetch_factor=4 and persistent_workers=True; pre-tokenise the "

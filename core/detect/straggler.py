@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from core.detect.common import Telemetry, median, num, rank_utils
-from core.diagnose.finding import Finding
+from tunedeck.core.detect.common import Telemetry, median, num, rank_utils
+from tunedeck.core.diagnose.finding import Finding
 
 
 class StragglerDetector:

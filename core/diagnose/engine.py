@@ -17,14 +17,14 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from core.diagnose.finding import Finding
-from core.diagnose.loss import loss_findings
-from core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
-from core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
-from core.diagnose.sources import Source, run_sources, source_for_file
-from core.ingest.metrics import merge_by_step
-from core.ingest.parsers.nccl import NcclSummary
-from core.ingest.parsers.torchrun import Failure
+from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.diagnose.loss import loss_findings
+from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
+from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
+from tunedeck.core.diagnose.sources import Source, run_sources, source_for_file
+from tunedeck.core.ingest.metrics import merge_by_step
+from tunedeck.core.ingest.parsers.nccl import NcclSummary
+from tunedeck.core.ingest.parsers.torchrun import Failure
 
 MAX_EVIDENCE = 12
 GENERIC = ("rank_crashed", "worker_sigkill", "worker_sigabrt", "worker_segfault")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from core.diagnose.finding import Finding
+from tunedeck.core.diagnose.finding import Finding
 
 FROZEN_STEPS = 5   # identical grad norms in a row before we call them frozen
 ZERO_STEPS = 3

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.diagnose.rules import NCCL_FACT_TOKENS, NCCL_HEAD, NCCL_VIA, REPORT_TOKENS, TIME_HINT, \
+from tunedeck.core.diagnose.rules import NCCL_FACT_TOKENS, NCCL_HEAD, NCCL_VIA, REPORT_TOKENS, TIME_HINT, \
     TIME_HINT_STR, TOKENS, Rule, match_line
-from core.diagnose.sources import Source
-from core.ingest.metrics import MetricsParser, TextTail
-from core.ingest.native import fastscan
-from core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
-from core.ingest.parsers.prefix import line_time, split_rank
-from core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
+from tunedeck.core.diagnose.sources import Source
+from tunedeck.core.ingest.metrics import MetricsParser, TextTail
+from tunedeck.core.ingest.native import fastscan
+from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
+from tunedeck.core.ingest.parsers.prefix import line_time, split_rank
+from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
 
 MAX_TB_LINES = 80
 _RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]")

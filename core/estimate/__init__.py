@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
-from core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
-from core.estimate.speed import (DEFAULT_MFU, Throughput, flops_per_token, fmt_duration,
+from tunedeck.core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
+from tunedeck.core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
+from tunedeck.core.estimate.speed import (DEFAULT_MFU, Throughput, flops_per_token, fmt_duration,
                                  peak_tflops, throughput)
 
 __all__ = ["ArchError", "GIB", "MemoryEstimate", "MemoryInputs", "ModelArch", "QWEN25",
@@ -41,7 +41,7 @@ def hub_cache_dir(model_id: str) -> Path | None:
 
 def arch_for_spec(spec) -> ModelArch:
     """The spec's model shape: the built-in demo, a local folder, or a cached hub id."""
-    from core.demo import BUILTIN_TINY, MODEL_SHAPE, VOCAB_SIZE
+    from tunedeck.core.demo import BUILTIN_TINY, MODEL_SHAPE, VOCAB_SIZE
 
     path = spec.model.path
     if path == BUILTIN_TINY:
@@ -120,8 +120,8 @@ def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
                   gpu_mem_gib: float | None = None, mfu: float = DEFAULT_MFU) -> SpecEstimate:
     """Estimate for a spec. `gpus` forces GPUs per node (planning on a machine without them);
     otherwise the spec is resolved against this machine's GPUs."""
-    from core.resolve import resolve
-    from core.telemetry.gpus import list_gpus
+    from tunedeck.core.resolve import resolve
+    from tunedeck.core.telemetry.gpus import list_gpus
 
     found = list_gpus()
     if gpus is None:

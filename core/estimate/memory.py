@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from core.estimate.arch import ModelArch
+from tunedeck.core.estimate.arch import ModelArch
 
 GIB = 2**30
 # Caching-allocator slack over the allocated peak, measured on H200 (4.0-5.2 GiB on 80-105).

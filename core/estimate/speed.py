@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from core.estimate.arch import ModelArch
+from tunedeck.core.estimate.arch import ModelArch
 
 DEFAULT_MFU = 0.35
 # Dense bf16 peak TFLOP/s (no sparsity), matched against the NVML name.

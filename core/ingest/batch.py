@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Iterator
 
-from core.ingest.native import fastscan
+from tunedeck.core.ingest.native import fastscan
 
 
 class RecordBatch:

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterable
 
-from core.ingest.batch import BatchList, RecordBatch
-from core.ingest.native import fastscan
-from core.ingest.parsers import LineAssembler, parse_metrics_line
+from tunedeck.core.ingest.batch import BatchList, RecordBatch
+from tunedeck.core.ingest.native import fastscan
+from tunedeck.core.ingest.parsers import LineAssembler, parse_metrics_line
 
 _EVENT_EXTRA = ("rank", "t", "tokens", "data_wait_s", "mem_gib")
 # Reads of 1 MB stay in the CPU cache for the parse that follows (a 57 MB log polls ~20 %
@@ -385,12 +385,12 @@ def merge_by_step(sources: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any
 def run_metric_files(run_dir: Path) -> list[tuple[Path, int | None]]:
     """The best metric source of a run: built-in events, else ms-swift logging.jsonl, else the
     ranks' own output (latest attempt), as (path, rank) in rank order."""
-    from core.runs.store import event_files, rank_of  # lazy, as read_events below
+    from tunedeck.core.runs.store import event_files, rank_of  # lazy, as read_events below
 
     events = event_files(run_dir)
     if events:
         return [(p, rank_of(p)) for p in events]
-    from core.diagnose.sources import logging_jsonl_files, rank_logs  # lazy: diagnose uses ingest
+    from tunedeck.core.diagnose.sources import logging_jsonl_files, rank_logs  # lazy: diagnose uses ingest
 
     jsonl = logging_jsonl_files(run_dir)
     if jsonl:
@@ -419,7 +419,7 @@ def records_from_run(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _records_from_events(run_dir: Path) -> list[list[dict[str, Any]]]:
-    from core.runs.store import read_events
+    from tunedeck.core.runs.store import read_events
 
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for e in read_events(run_dir):
@@ -440,7 +440,7 @@ def records(ref: str | Path) -> list[dict[str, Any]]:
         return records_from_file(p)
     if p.is_dir():
         return records_from_run(p)
-    from core.runs.registry import find_run
+    from tunedeck.core.runs.registry import find_run
 
     return records_from_run(find_run(str(ref)).run_dir)
 

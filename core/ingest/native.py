@@ -5,6 +5,6 @@ user imports it from here, so there is one place that decides.
 """
 
 try:
-    from core.ingest import _fastscan as fastscan
+    from tunedeck.core.ingest import _fastscan as fastscan
 except ImportError:
     fastscan = None

@@ -3,8 +3,8 @@ checked in seconds before a GPU hour is spent. Each check returns pass / warn / 
 with a detail and a fix; `run_checks` yields them one by one so a UI can show them live.
 """
 
-from core.preflight.base import CheckResult, Context
-from core.preflight.runner import all_checks, make_context, run_checks, smoke_run, summary, \
+from tunedeck.core.preflight.base import CheckResult, Context
+from tunedeck.core.preflight.runner import all_checks, make_context, run_checks, smoke_run, summary, \
     summary_line
 
 __all__ = ["CheckResult", "Context", "all_checks", "make_context", "run_checks", "smoke_run",

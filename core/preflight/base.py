@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from core.spec import RunSpec
+from tunedeck.core.spec import RunSpec
 
 STATUSES = ("pass", "warn", "fail", "skip")
 
@@ -44,7 +44,7 @@ class Context:
 
     @property
     def gpus(self):
-        from core.preflight.gpu import probe_gpus
+        from tunedeck.core.preflight.gpu import probe_gpus
 
         return self.memo("gpus", self.gpu_probe or probe_gpus)
 
@@ -52,7 +52,7 @@ class Context:
     def estimate(self):
         """Memory estimate of the resolved spec, or the error text when it cannot be made."""
         def make():
-            from core.estimate import ArchError, estimate_spec
+            from tunedeck.core.estimate import ArchError, estimate_spec
 
             try:
                 facts = self.gpus

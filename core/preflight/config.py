@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-from core.preflight.base import CheckResult, Context, result
+from tunedeck.core.preflight.base import CheckResult, Context, result
 
 MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
@@ -25,7 +25,7 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     if not gs:
         return result(id, title, "skip", f"no GPU visible to compare with; estimate "
                       f"{per:.1f} GiB per GPU ({parts})")
-    from core.preflight.gpu import chosen
+    from tunedeck.core.preflight.gpu import chosen
 
     cap = min(g.memory_total_gib for g in (chosen(ctx) or gs))
     detail = f"≈{per:.1f} GiB per GPU of {cap:.0f} GiB ({parts})"
@@ -53,7 +53,7 @@ def check_effective_batch(ctx: Context) -> CheckResult:
               f"{procs * ctx.resolved.cluster.nnodes} rank(s)")
     base = ctx.base
     if base is not None:
-        from core.resolve import resolve
+        from tunedeck.core.resolve import resolve
 
         rb = resolve(base, gpu_count=len(ctx.gpus.gpus))
         beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))
@@ -136,7 +136,7 @@ def check_saving(ctx: Context) -> CheckResult:
     eta = ""
     if not isinstance(est, str) and est.throughput:
         long_run = long_run or est.throughput.eta_s > 3600
-        from core.estimate import fmt_duration
+        from tunedeck.core.estimate import fmt_duration
 
         eta = f" (≈{fmt_duration(est.throughput.eta_s)})"
     if long_run:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from core.preflight.base import CheckResult, Context, result
+from tunedeck.core.preflight.base import CheckResult, Context, result
 
 
 @dataclass

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from core.preflight.base import CheckResult, Context, result
+from tunedeck.core.preflight.base import CheckResult, Context, result
 
 GIB = 2**30
 SHM = Path("/dev/shm")
@@ -15,7 +15,7 @@ SHM_MIN_PER_WORKER = 256 * 2**20   # batches + pinned copies in flight, with sla
 
 
 def _output_dir(ctx: Context) -> Path:
-    from core.paths import runs_root
+    from tunedeck.core.paths import runs_root
 
     o = ctx.spec.run.output_dir
     return Path(o).expanduser() if o else runs_root()

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from core.preflight.base import CheckResult, Context, result
+from tunedeck.core.preflight.base import CheckResult, Context, result
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_BAD_SHOWN = 5
@@ -87,8 +87,8 @@ def scan_dataset(path: Path, fmt: str) -> dict:
 
 def _tokenizer_file(ctx: Context) -> Path | None:
     """A tokenizer.json we can load with `tokenizers` alone (no torch, no transformers)."""
-    from core.demo import BUILTIN_TINY, tiny_model_dir
-    from core.estimate import hub_cache_dir
+    from tunedeck.core.demo import BUILTIN_TINY, tiny_model_dir
+    from tunedeck.core.estimate import hub_cache_dir
 
     mp = ctx.spec.model.path
     if mp == BUILTIN_TINY:
@@ -175,8 +175,8 @@ def _hub_reachable() -> bool:
 
 
 def check_model(ctx: Context) -> CheckResult:
-    from core.demo import BUILTIN_TINY
-    from core.estimate import hub_cache_dir
+    from tunedeck.core.demo import BUILTIN_TINY
+    from tunedeck.core.estimate import hub_cache_dir
 
     id, title = "model.files", "Model config, tokenizer and weights present"
     mp = ctx.spec.model.path

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from core.preflight import config, gpu, host, inputs, network
-from core.preflight.base import CheckResult, Context, result
-from core.resolve import resolve
-from core.spec import RunSpec, load_spec
+from tunedeck.core.preflight import config, gpu, host, inputs, network
+from tunedeck.core.preflight.base import CheckResult, Context, result
+from tunedeck.core.resolve import resolve
+from tunedeck.core.spec import RunSpec, load_spec
 
 SMOKE_STEPS = 3
 
@@ -60,10 +60,10 @@ def summary_line(counts: dict[str, int]) -> str:
 
 def smoke_run(spec: RunSpec, steps: int = SMOKE_STEPS, timeout_s: float = 1800,
               on_status: Callable[[str], None] | None = None) -> CheckResult:
-    """Launch the real run for `steps` steps through core.runs.launch and wait for it."""
-    from core.runs.launch import LaunchError, launch
-    from core.runs.registry import find_run
-    from core.runs.state import TERMINAL
+    """Launch the real run for `steps` steps through tunedeck.core.runs.launch and wait for it."""
+    from tunedeck.core.runs.launch import LaunchError, launch
+    from tunedeck.core.runs.registry import find_run
+    from tunedeck.core.runs.state import TERMINAL
 
     id, title = "smoke.run", f"Smoke run ({steps} real steps)"
     s = copy.deepcopy(spec)
@@ -86,7 +86,7 @@ def smoke_run(spec: RunSpec, steps: int = SMOKE_STEPS, timeout_s: float = 1800,
         if run.status in TERMINAL:
             break
         if time.monotonic() > deadline:
-            from core.runs.control import stop
+            from tunedeck.core.runs.control import stop
 
             stop(run, hard=True)
             return result(id, title, "fail", f"{run_id}: no end after {timeout_s:.0f}s",

@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from core.ingest.tail import read_new_json
+from tunedeck.core.ingest.tail import read_new_json
 
 
 def probe_files(run_dir: Path) -> list[Path]:

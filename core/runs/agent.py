@@ -1,6 +1,6 @@
 """The per-node agent: owns one run from start to end, whether or not anyone is watching.
 
-Started detached by `tunedeck launch` (`python -m core.runs.agent RUN_DIR`). It
+Started detached by `tunedeck launch` (`python -m tunedeck.core.runs.agent RUN_DIR`). It
   1. takes ownership (writes its pid into state.json),
   2. prepares assets (builds the demo model on first use),
   3. starts torchrun as its child in a new process group, output to files,
@@ -25,10 +25,10 @@ from typing import Any
 
 import psutil
 
-from core.runs import procs
-from core.runs.state import read_json, write_json_atomic
-from core.runs.store import Store
-from core.spec import load_spec
+from tunedeck.core.runs import procs
+from tunedeck.core.runs.state import read_json, write_json_atomic
+from tunedeck.core.runs.store import Store
+from tunedeck.core.spec import load_spec
 
 log = logging.getLogger("tunedeck.agent")
 
@@ -142,7 +142,7 @@ class Agent:
         # script runs bring their own model; the others build the demo model on first use
         if self.spec.backend != "script" and self.spec.model.path.startswith("builtin:"):
             self.save(message="building the demo model (first use only)")
-            from core.demo import ensure_tiny_model
+            from tunedeck.core.demo import ensure_tiny_model
 
             ensure_tiny_model(self.spec.data.path)
 
@@ -265,9 +265,9 @@ def _make_monitors(agent: Agent) -> list:
     """Monitors are optional plug-ins (core/runs/monitors.py: make_monitors(agent) -> list of
     objects with tick(now, new_events) and close(new_events))."""
     try:
-        from core.runs.monitors import make_monitors
+        from tunedeck.core.runs.monitors import make_monitors
     except ModuleNotFoundError as e:
-        if e.name != "core.runs.monitors":
+        if e.name != "tunedeck.core.runs.monitors":
             raise
         return []
     try:

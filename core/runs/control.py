@@ -6,9 +6,9 @@ import os
 import signal
 import time
 
-from core.runs import procs
-from core.runs.registry import RunInfo, read_run
-from core.runs.state import TERMINAL, pid_alive, write_json_atomic
+from tunedeck.core.runs import procs
+from tunedeck.core.runs.registry import RunInfo, read_run
+from tunedeck.core.runs.state import TERMINAL, pid_alive, write_json_atomic
 
 
 def request_stop(run: RunInfo, hard: bool = False, grace_s: float | None = None) -> None:
@@ -62,7 +62,7 @@ def stop(run: RunInfo, hard: bool = False, grace_s: float | None = None,
 
 def _grace(run: RunInfo) -> float:
     try:
-        from core.spec import load_spec
+        from tunedeck.core.spec import load_spec
 
         return load_spec(run.run_dir / "spec.toml").run.stop_grace_s
     except Exception:

@@ -6,7 +6,6 @@ stdin from /dev/null and output to a file; after that it can die without touchin
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import subprocess
@@ -14,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from core.backends import build_plan
-from core.paths import runs_root, with_package_root
-from core.resolve import resolve
-from core.runs.state import new_state, read_json, write_json_atomic
-from core.spec import RunSpec
+from tunedeck.core.backends import build_plan
+from tunedeck.core.paths import runs_root
+from tunedeck.core.resolve import resolve
+from tunedeck.core.runs.state import new_state, read_json, write_json_atomic
+from tunedeck.core.spec import RunSpec
 
 
 class LaunchError(RuntimeError):
@@ -55,13 +54,11 @@ def prepare_run(spec: RunSpec, root: Path | None = None) -> Path:
 def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
     """Start the run's agent detached; returns its pid once it has taken ownership."""
     log = open(run_dir / "logs" / "agent.log", "ab")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = with_package_root(env.get("PYTHONPATH", ""))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "core.runs.agent", str(run_dir)],
+            [sys.executable, "-m", "tunedeck.core.runs.agent", str(run_dir)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, cwd=str(run_dir), env=env)
+            start_new_session=True, close_fds=True, cwd=str(run_dir))
     finally:
         log.close()
     deadline = time.monotonic() + timeout_s

@@ -14,10 +14,10 @@ import logging
 import os
 from typing import Any
 
-from core.detect.stall import StallDetector
-from core.detect.starvation import StarvationDetector
-from core.detect.straggler import StragglerDetector
-from core.probe.reader import ProbeTail
+from tunedeck.core.detect.stall import StallDetector
+from tunedeck.core.detect.starvation import StarvationDetector
+from tunedeck.core.detect.straggler import StragglerDetector
+from tunedeck.core.probe.reader import ProbeTail
 
 log = logging.getLogger("tunedeck.monitors")
 
@@ -41,10 +41,10 @@ def _slow_s() -> float:
 
 class TelemetryMonitor:
     def __init__(self, agent):
-        from core.telemetry.fake import from_env
-        from core.telemetry.nvml import Nvml
-        from core.telemetry.sampler import TelemetrySampler
-        from core.telemetry.store import TelemetryStore
+        from tunedeck.core.telemetry.fake import from_env
+        from tunedeck.core.telemetry.nvml import Nvml
+        from tunedeck.core.telemetry.sampler import TelemetrySampler
+        from tunedeck.core.telemetry.store import TelemetryStore
 
         spec = agent.spec
         self.sampler = TelemetrySampler(
@@ -128,8 +128,8 @@ class DiagnosisMonitor:
         self._poll(final=True)
 
     def _poll(self, final: bool) -> None:
-        from core.diagnose.engine import Diagnosis
-        from core.diagnose.sources import run_sources
+        from tunedeck.core.diagnose.engine import Diagnosis
+        from tunedeck.core.diagnose.sources import run_sources
 
         sources = run_sources(self.agent.run_dir)
         # error.json files are read only where torchrun's report names them: a new one must
@@ -161,7 +161,7 @@ def make_monitors(agent) -> list[Any]:
         log.exception("live detectors could not start")
     monitors.append(DiagnosisMonitor(agent))
     try:
-        mod = importlib.import_module(f"core.backends.{agent.spec.backend}")
+        mod = importlib.import_module(f"tunedeck.core.backends.{agent.spec.backend}")
     except ImportError:
         mod = None
     hook = getattr(mod, "monitors", None)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.ingest.tail import tail_lines
-from core.paths import runs_root
-from core.runs.state import TERMINAL, pid_alive, read_json
+from tunedeck.core.ingest.tail import tail_lines
+from tunedeck.core.paths import runs_root
+from tunedeck.core.runs.state import TERMINAL, pid_alive, read_json
 
 
 class RunNotFound(LookupError):

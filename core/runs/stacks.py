@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from core.runs.state import read_json
-from core.spec import load_spec
+from tunedeck.core.runs.state import read_json
+from tunedeck.core.spec import load_spec
 
 DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
 # frames of a rank that waits for the others. DDP's gradient all-reduce runs from C++ hooks
@@ -127,7 +127,7 @@ def _pyspy(exe: str, rank: int, pid: int, timeout_s: float) -> StackDump:
 
 
 def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
-    from core.diagnose.sources import rank_logs
+    from tunedeck.core.diagnose.sources import rank_logs
 
     logs = [s.path for s in rank_logs(run_dir, latest_only=True)
             if s.rank == rank and s.path.name == "stderr.log"]

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from core.ingest.tail import read_new_json
+from tunedeck.core.ingest.tail import read_new_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (

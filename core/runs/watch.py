@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.ingest.tail import read_new_json, read_new_lines, tail_lines
-from core.runs.registry import RunInfo, rank_log_files, read_run
-from core.runs.store import read_findings
-from core.telemetry.store import read_latest
+from tunedeck.core.ingest.tail import read_new_json, read_new_lines, tail_lines
+from tunedeck.core.runs.registry import RunInfo, rank_log_files, read_run
+from tunedeck.core.runs.store import read_findings
+from tunedeck.core.telemetry.store import read_latest
 
 
 @dataclass

@@ -13,8 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from core.paths import PACKAGE_ROOT, cache_dir, with_package_root
-from core.swift.version import installed_version, parse
+from tunedeck.core.paths import cache_dir
+from tunedeck.core.swift.version import installed_version, parse
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,14 @@ def flag_tables() -> dict | None:
 
 
 def run_check(args: list[str], stdin: str | None = None, timeout: float = 180) -> object:
-    """Run core.swift.check in a child interpreter and return its JSON answer."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=with_package_root(os.environ.get("PYTHONPATH", "")))
-    proc = subprocess.run([sys.executable, "-m", "core.swift.check", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=str(PACKAGE_ROOT))
+    """Run tunedeck.core.swift.check in a child interpreter and return its JSON answer."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # a folder of tunedeck's own as the working directory: `-m` puts it first on sys.path, and
+    # a user's folder may hold a `swift/` that would shadow ms-swift
+    cwd = cache_dir()
+    cwd.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "tunedeck.core.swift.check", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=str(cwd))
     out = proc.stdout.rpartition("@@TUNEDECK@@")[2]
     if proc.returncode != 0 or not out:
         raise FlagTableError(f"could not read ms-swift's arguments (exit {proc.returncode}): "

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core.ingest.parsers.pydict import parse_dict_line
+from tunedeck.core.ingest.parsers.pydict import parse_dict_line
 
 ANNOUNCE = re.compile(r"The logging file will be saved in: (\S+logging\.jsonl)")
 _DICT = re.compile(r"\{'[A-Za-z_].*\}")

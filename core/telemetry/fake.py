@@ -1,7 +1,7 @@
 """A stand-in for `pynvml` with the same call interface, for CI machines without a GPU.
 
 Only used where NVML hardware is absent: tests and `bench/telemetry_cost.py` pass it to
-`core.telemetry.nvml.Nvml(lib=FakePynvml(...))`, and the agent uses it when the environment
+`tunedeck.core.telemetry.nvml.Nvml(lib=FakePynvml(...))`, and the agent uses it when the environment
 variable TUNEDECK_FAKE_NVML=<gpu count> is set (CI only). It raises pynvml's own error classes,
 so the real code paths for "not supported", "no driver" and missing versioned symbols run.
 """

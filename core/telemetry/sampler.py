@@ -16,9 +16,9 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from core.telemetry.host import ProcessSampler, host_sample
-from core.telemetry.nvml import Nvml
-from core.telemetry.store import TelemetryStore
+from tunedeck.core.telemetry.host import ProcessSampler, host_sample
+from tunedeck.core.telemetry.nvml import Nvml
+from tunedeck.core.telemetry.store import TelemetryStore
 
 
 class TelemetrySampler:

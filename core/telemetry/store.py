@@ -29,8 +29,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-from core.telemetry.host import HOST_METRICS, RANK_METRICS
-from core.telemetry.nvml import GPU_METRICS
+from tunedeck.core.telemetry.host import HOST_METRICS, RANK_METRICS
+from tunedeck.core.telemetry.nvml import GPU_METRICS
 
 METRICS = {"gpu": GPU_METRICS, "rank": RANK_METRICS, "host": HOST_METRICS}
 TIERS = (1, 10, 60)

@@ -1,4 +1,4 @@
-"""The built-in trainer that torchrun runs: `python -m core.train --run-dir RUN_DIR`.
+"""The built-in trainer that torchrun runs: `python -m tunedeck.core.train --run-dir RUN_DIR`.
 
 Only this package imports torch/transformers/peft at module level, and nothing the CLI or TUI
 imports at start imports it. Modules: data (jsonl → labelled batches), model (model, LoRA,

@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from core.train.formats import DataError, Rows, read_rows  # noqa: F401 (re-exported)
+from tunedeck.core.train.formats import DataError, Rows, read_rows  # noqa: F401 (re-exported)
 
 IGNORE = -100
 

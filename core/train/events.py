@@ -36,7 +36,7 @@ kind "step" — every optimizer step, every rank:
     mem_gib         float   GPU: torch.cuda.max_memory_allocated; CPU: process RSS (GiB)
     tokens_per_s    float   tokens / step_s for this rank
     epoch           int     epoch the step's last batch came from (0-based)
-    mfu             float   model FLOPs utilisation of this rank (see core.train.flops);
+    mfu             float   model FLOPs utilisation of this rank (see tunedeck.core.train.flops);
                             null on CPU or a GPU without a known peak
 
 kind "eval" — every train.eval_steps steps when there is eval data, every rank:

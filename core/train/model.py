@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from core.demo import BUILTIN_TINY, ensure_tiny_model, load_tokenizer as load_demo_tokenizer
+from tunedeck.core.demo import BUILTIN_TINY, ensure_tiny_model, load_tokenizer as load_demo_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,7 +23,7 @@ def resolve_model_path(spec) -> tuple[Path, bool]:
 
 def load_tokenizer(path: Path, builtin: bool):
     if builtin:
-        return load_demo_tokenizer(path)  # keeps the BPE exactly as trained; see core.demo
+        return load_demo_tokenizer(path)  # keeps the BPE exactly as trained; see tunedeck.core.demo
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))

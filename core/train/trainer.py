@@ -31,14 +31,14 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from core.spec import RunSpec, load_spec
-from core.train import checkpoint as ckpt
-from core.train.data import Batches, load_datasets, make_loader, PackedDataset
-from core.train.events import EventWriter
-from core.train.flops import mfu, peak_tflops, step_flops
-from core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
+from tunedeck.core.spec import RunSpec, load_spec
+from tunedeck.core.train import checkpoint as ckpt
+from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
+from tunedeck.core.train.events import EventWriter
+from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
+from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
     resolve_model_path
-from core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, clip_grad_norm, \
+from tunedeck.core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, clip_grad_norm, \
     decoder_layers, full_model_state, full_optimizer_state, grad_sync, load_model_state, \
     load_optimizer_state, wrap
 
@@ -188,8 +188,8 @@ def init_distributed(spec: RunSpec) -> Dist:
         local_rank = int(os.environ["LOCAL_RANK"])
         world = int(os.environ["WORLD_SIZE"])
     except KeyError as e:
-        raise SystemExit(f"core.train: {e.args[0]} is not set; start me with torchrun "
-                         f"(python -m torch.distributed.run ... -m core.train --run-dir DIR)")
+        raise SystemExit(f"tunedeck.core.train: {e.args[0]} is not set; start me with torchrun "
+                         f"(python -m torch.distributed.run ... -m tunedeck.core.train --run-dir DIR)")
     want = spec.cluster.device
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
@@ -653,5 +653,5 @@ def _leave_process_group(failed: bool) -> None:
     timer.cancel()
 
 
-if __name__ == "__main__":  # pragma: no cover - use python -m core.train
+if __name__ == "__main__":  # pragma: no cover - use python -m tunedeck.core.train
     sys.exit(main(sys.argv[1]))

@@ -49,7 +49,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     writer = None
     if not a.no_events:
-        from core.train.events import EventWriter
+        from tunedeck.core.train.events import EventWriter
 
         writer = EventWriter(os.environ["TUNEDECK_RUN_DIR"], rank)
         writer.emit("start", world_size=world, device="cpu", model="toy", method="full",

@@ -1,5 +1,5 @@
 """A user's own HF Trainer script, as tunedeck's script backend would run it: it knows nothing
-of tunedeck. It fine-tunes the tiny demo model (built with core.demo) with LoRA on CPU or GPU.
+of tunedeck. It fine-tunes the tiny demo model (built with tunedeck.core.demo) with LoRA on CPU or GPU.
 
     torchrun --nproc_per_node 2 tests/scripts/hf_trainer_script.py --data presets/data/demo_chat.jsonl \
         --max_steps 5 --logging_steps 1 --output_dir /tmp/out
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for core.demo
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for tunedeck.core.demo
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--output_dir", default=os.environ.get("TUNEDECK_OUTPUT_DIR", "hf_out"))
     args = ap.parse_args()
 
-    from core.demo import ensure_tiny_model, load_tokenizer
+    from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
 
     # before any process group exists (transformers saves weights on rank 0 only after it)
     model_dir = ensure_tiny_model(args.data)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tui.format import print_json
+from tunedeck.tui.format import print_json
 
 JSON_KEYS = ("category", "severity", "rank", "node", "summary", "cause", "fix", "evidence",
              "root_cause", "source")
@@ -24,10 +24,10 @@ def register(subparsers) -> None:
 
 
 def collect(targets: list[str]) -> list:
-    from core.diagnose.engine import diagnose_files, diagnose_run
-    from core.diagnose.finding import Finding
-    from core.runs.registry import find_run
-    from core.runs.store import read_findings
+    from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
+    from tunedeck.core.diagnose.finding import Finding
+    from tunedeck.core.runs.registry import find_run
+    from tunedeck.core.runs.store import read_findings
 
     findings: list[Finding] = []
     files: list[Path] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tui.format import print_json
+from tunedeck.tui.format import print_json
 
 
 def register(sub) -> None:
@@ -24,9 +24,9 @@ def register(sub) -> None:
 
 
 def cmd_estimate(args) -> int:
-    from core.advisor import advise, dataset_tokens
-    from core.estimate import DEFAULT_MFU, ArchError, estimate_spec, peak_tflops
-    from core.spec import SpecError, load_spec
+    from tunedeck.core.advisor import advise, dataset_tokens
+    from tunedeck.core.estimate import DEFAULT_MFU, ArchError, estimate_spec, peak_tflops
+    from tunedeck.core.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.spec, args.set)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def cmd_import(args) -> int:
-    from core.importer import ImportError_, import_command
-    from core.swift.flags import FlagTableError
+    from tunedeck.core.importer import ImportError_, import_command
+    from tunedeck.core.swift.flags import FlagTableError
 
     try:
         result = import_command(args.command)
@@ -27,11 +27,11 @@ def cmd_import(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from core import batch
-    from core.export import ExportError, export
-    from core.resolve import resolve
-    from core.spec import SpecError, load_spec
-    from core.swift.flags import FlagTableError
+    from tunedeck.core import batch
+    from tunedeck.core.export import ExportError, export
+    from tunedeck.core.resolve import resolve
+    from tunedeck.core.spec import SpecError, load_spec
+    from tunedeck.core.swift.flags import FlagTableError
 
     try:
         spec = resolve(load_spec(args.spec, args.set))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tui.format import print_json
+from tunedeck.tui.format import print_json
 
 MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -21,8 +21,8 @@ def register(sub) -> None:
 
 
 def cmd_preflight(args) -> int:
-    from core.preflight import make_context, run_checks, smoke_run, summary, summary_line
-    from core.spec import SpecError
+    from tunedeck.core.preflight import make_context, run_checks, smoke_run, summary, summary_line
+    from tunedeck.core.spec import SpecError
 
     try:
         ctx = make_context(args.spec, args.set)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from tui.format import print_json
+from tunedeck.tui.format import print_json
 
 
 def register(subparsers) -> None:
@@ -20,9 +20,9 @@ def register(subparsers) -> None:
 
 
 def cmd_stacks(args) -> int:
-    from core.runs.registry import find_run
-    from core.runs.stacks import dump_stacks, suspects, where
-    from core.runs.store import read_findings
+    from tunedeck.core.runs.registry import find_run
+    from tunedeck.core.runs.stacks import dump_stacks, suspects, where
+    from tunedeck.core.runs.store import read_findings
 
     run = find_run(args.run)   # RunNotFound → cli prints it
     try:

@@ -12,11 +12,11 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Sparkline, Static
 
-from core.runs.registry import RunNotFound, find_run
-from core.runs.watch import RunWatcher, Snapshot
-from tui.format import fmt_duration, fmt_loss, fmt_rate
-from tui.screens.confirm import ConfirmScreen
-from tui.widgets.titlebar import TitleBar
+from tunedeck.core.runs.registry import RunNotFound, find_run
+from tunedeck.core.runs.watch import RunWatcher, Snapshot
+from tunedeck.tui.format import fmt_duration, fmt_loss, fmt_rate
+from tunedeck.tui.screens.confirm import ConfirmScreen
+from tunedeck.tui.widgets.titlebar import TitleBar
 
 MAX_SPARK_POINTS = 400  # the sparkline buckets into its width; more points only cost copying
 
@@ -175,7 +175,7 @@ class MonitorScreen(Screen):
 
     @work(thread=True, exclusive=True, group="monitor-stop", exit_on_error=False)
     def request_stop(self, hard: bool) -> None:
-        from core.runs.control import request_stop
+        from tunedeck.core.runs.control import request_stop
 
         try:
             request_stop(find_run(self.run_ref), hard=hard)
@@ -195,7 +195,7 @@ class MonitorScreen(Screen):
 
     @work(thread=True, exclusive=True, group="monitor-stacks", exit_on_error=False)
     def dump_stacks(self, run_dir) -> None:
-        from core.runs.stacks import dump_stacks
+        from tunedeck.core.runs.stacks import dump_stacks
 
         try:
             dumps = dump_stacks(run_dir)
@@ -205,7 +205,7 @@ class MonitorScreen(Screen):
         self.app.call_from_thread(self._show_stacks, dumps)
 
     def _show_stacks(self, dumps: list) -> None:
-        from tui.screens.stacks import StacksScreen
+        from tunedeck.tui.screens.stacks import StacksScreen
 
         self.app.push_screen(StacksScreen(dumps))
 

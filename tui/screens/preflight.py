@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from tui.widgets.titlebar import TitleBar
+from tunedeck.tui.widgets.titlebar import TitleBar
 
 STATUS_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim"}
 
@@ -71,8 +71,8 @@ class PreflightScreen(Screen):
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
     def _run(self, generation: int) -> None:
-        from core.preflight import make_context, run_checks
-        from core.spec import SpecError
+        from tunedeck.core.preflight import make_context, run_checks
+        from tunedeck.core.spec import SpecError
 
         try:
             ctx = make_context(self.spec_path, self.overrides)
@@ -102,7 +102,7 @@ class PreflightScreen(Screen):
         if msg.error:
             self.query_one("#check-detail", Static).update(f"[bold red]{msg.error}[/]")
             return
-        from core.preflight.runner import summary, summary_line
+        from tunedeck.core.preflight.runner import summary, summary_line
 
         self.sub_title = summary_line(summary(list(self.results.values())))
         # the title bar shows no sub_title (tui/widgets/titlebar.py): the summary goes here

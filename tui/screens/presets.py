@@ -12,10 +12,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from core.paths import PRESETS_DIR
-from core.spec import SpecError, load_spec
-from tui.screens.confirm import ConfirmScreen
-from tui.widgets.titlebar import TitleBar
+from tunedeck.core.paths import PRESETS_DIR
+from tunedeck.core.spec import SpecError, load_spec
+from tunedeck.tui.screens.confirm import ConfirmScreen
+from tunedeck.tui.widgets.titlebar import TitleBar
 
 
 class PresetsLoaded(Message):
@@ -96,7 +96,7 @@ class PresetsScreen(Screen):
 
     @work(thread=True, exclusive=True, group="preset-preview", exit_on_error=False)
     def make_preview(self, path: Path) -> None:
-        from core.preview import preview
+        from tunedeck.core.preview import preview
 
         try:
             p = preview(load_spec(path))
@@ -132,7 +132,7 @@ class PresetsScreen(Screen):
         if path is None:
             return
         try:
-            from tui.screens.preflight import PreflightScreen
+            from tunedeck.tui.screens.preflight import PreflightScreen
         except ModuleNotFoundError:
             self.notify("preflight is not available in this build", severity="warning")
             return
@@ -155,7 +155,7 @@ class PresetsScreen(Screen):
 
     @work(thread=True, exclusive=True, group="preset-launch", exit_on_error=False)
     def launch(self, path: Path) -> None:
-        from core.runs.launch import launch
+        from tunedeck.core.runs.launch import launch
 
         try:
             run_dir = launch(load_spec(path))
@@ -169,7 +169,7 @@ class PresetsScreen(Screen):
         if msg.run_id is None:
             self.notify(f"launch failed: {msg.error}", severity="error", timeout=10)
             return
-        from tui.screens.monitor import MonitorScreen
+        from tunedeck.tui.screens.monitor import MonitorScreen
 
         self.notify(f"launched {msg.run_id}")
         # replace this screen in one step: a pop then a push lets the popped screen's header

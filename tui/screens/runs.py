@@ -12,9 +12,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from core.runs.registry import RunInfo, list_runs
-from tui.format import fmt_age, fmt_loss
-from tui.widgets.titlebar import TitleBar
+from tunedeck.core.runs.registry import RunInfo, list_runs
+from tunedeck.tui.format import fmt_age, fmt_loss
+from tunedeck.tui.widgets.titlebar import TitleBar
 
 STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
                 "failed": "bold red", "stopped": "magenta"}
@@ -95,7 +95,7 @@ class RunsScreen(Screen):
     def action_open(self) -> None:
         run_id = self.selected_run_id()
         if run_id:
-            from tui.screens.monitor import MonitorScreen
+            from tunedeck.tui.screens.monitor import MonitorScreen
 
             self.app.push_screen(MonitorScreen(run_id))
 
@@ -104,7 +104,7 @@ class RunsScreen(Screen):
         self.action_open()
 
     def action_new_run(self) -> None:
-        from tui.screens.presets import PresetsScreen
+        from tunedeck.tui.screens.presets import PresetsScreen
 
         self.app.push_screen(PresetsScreen())
 

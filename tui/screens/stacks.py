@@ -18,7 +18,7 @@ class StacksScreen(ModalScreen[None]):
         self.dumps = dumps
 
     def compose(self) -> ComposeResult:
-        from core.runs.stacks import SUSPECT, WAITING, suspects, where
+        from tunedeck.core.runs.stacks import SUSPECT, WAITING, suspects, where
 
         style = {WAITING: "yellow", SUSPECT: "bold red"}
         odd = suspects(self.dumps)

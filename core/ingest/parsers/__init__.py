@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.ingest.parsers.assemble import LineAssembler
-from core.ingest.parsers.deepspeed import parse_deepspeed
-from core.ingest.parsers.pydict import parse_dict_line
-from core.ingest.parsers.torchtitan import parse_torchtitan
-from core.ingest.parsers.tqdm import parse_tqdm
+from tunedeck.core.ingest.parsers.assemble import LineAssembler
+from tunedeck.core.ingest.parsers.deepspeed import parse_deepspeed
+from tunedeck.core.ingest.parsers.pydict import parse_dict_line
+from tunedeck.core.ingest.parsers.torchtitan import parse_torchtitan
+from tunedeck.core.ingest.parsers.tqdm import parse_tqdm
 
 __all__ = ["LineAssembler", "parse_metrics_line", "parse_dict_line", "parse_tqdm",
            "parse_torchtitan", "parse_deepspeed"]

@@ -5,14 +5,14 @@ raises: a probe must not be able to break the user's program.
 """
 
 try:
-    from core.probe.dataloader import install as _td_install
+    from tunedeck.core.probe.dataloader import install as _td_install
 
     _td_install()
 except Exception:
     pass
 
 try:
-    from core.probe.dataloader import chain_sitecustomize as _td_chain
+    from tunedeck.core.probe.dataloader import chain_sitecustomize as _td_chain
 
     _td_chain(__file__)
 except Exception:
