@@ -81,7 +81,7 @@ def run(a) -> int:
     import torch
 
     from tunedeck.core.spec import RunSpec
-    from tunedeck.core.train.events import EventWriter
+    from tunedeck.core.rundir.events import EventWriter
     from tunedeck.core.train.model import prepare
     from tunedeck.core.train.trainer import StopFlag, Trainer, init_distributed
 
@@ -131,7 +131,7 @@ def run(a) -> int:
 
 
 def summarize(case_dir: Path, warmup: int) -> dict | None:
-    from tunedeck.core.train.events import read_events
+    from tunedeck.core.rundir.events import read_events
 
     ranks = sorted(case_dir.glob("events/rank*.jsonl"))
     if not ranks:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tunedeck.core.advisor import advise
+from tunedeck.core.estimate.advisor import advise
 from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory, load_arch
 from tests.conftest import REPO, cli
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO, cli
-from tunedeck.core import batch
-from tunedeck.core.export import export
-from tunedeck.core.importer import ImportError_, import_command
-from tunedeck.core.resolve import resolve
+from tunedeck.core.estimate import batch
+from tunedeck.core.backends.export import export
+from tunedeck.core.backends.importer import CommandImportError, import_command
+from tunedeck.core.backends.resolve import resolve
 from tunedeck.core.spec import load_spec
 from tunedeck.core.swift.version import installed_version
 
@@ -94,11 +94,11 @@ def test_import_table_and_round_trip(command, expect, warn, model_cache):
 
 
 def test_import_errors_are_clear():
-    with pytest.raises(ImportError_, match="no --model"):
+    with pytest.raises(CommandImportError, match="no --model"):
         import_command("swift sft --dataset d.jsonl")
-    with pytest.raises(ImportError_, match="launcher"):
+    with pytest.raises(CommandImportError, match="launcher"):
         import_command("deepspeed train.py")
-    with pytest.raises(ImportError_, match="NPROC_PER_NODE"):
+    with pytest.raises(CommandImportError, match="NPROC_PER_NODE"):
         import_command("NPROC_PER_NODE=two swift sft --model m")
 
 

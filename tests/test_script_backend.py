@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO, cli, cli_json
 from tunedeck.core.backends.script import ConsoleMonitor, build_plan
-from tunedeck.core.resolve import resolve
+from tunedeck.core.backends.resolve import resolve
 from tunedeck.core.spec import loads_spec
 
 HF_OUT = """\

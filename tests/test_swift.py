@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO, cli, cli_json
 from tunedeck.core.backends.swift import SwiftPlanError, build_plan, swift_args
-from tunedeck.core.resolve import resolve
+from tunedeck.core.backends.resolve import resolve
 from tunedeck.core.spec import load_spec, loads_spec
 from tunedeck.core.swift import flags
 from tunedeck.core.swift.version import installed_version

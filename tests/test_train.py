@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("torch", reason="the train extra is not installed")
 
 from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
-from tunedeck.core.resolve import free_port
+from tunedeck.core.backends.resolve import free_port
 from tests.conftest import make_run_dir
 from tunedeck.core.train.data import IGNORE, DataError, encode, read_conversations
-from tunedeck.core.train.events import read_events
+from tunedeck.core.rundir.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"

@@ -37,7 +37,7 @@ def cmd_launch(args) -> int:
     if args.name:
         spec.name = args.name
     if args.dry_run:
-        from tunedeck.core.preview import preview
+        from tunedeck.core.backends.preview import preview
 
         p = preview(spec)
         print(p.script, end="")

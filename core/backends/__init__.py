@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunedeck.core.plan import LaunchPlan
+from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.spec import RunSpec
 
 

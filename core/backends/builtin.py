@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.core.backends.torchrun import base_env, torchrun_argv
-from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
 from tunedeck.core.spec import RunSpec
 
 

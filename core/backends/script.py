@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.backends.torchrun import base_env, torchrun_argv
-from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
 from tunedeck.core.spec import RunSpec
 from tunedeck.core.swift import logs
-from tunedeck.core.train.events import json_value
+from tunedeck.core.rundir.events import json_value
 
 
 def script_path(spec: RunSpec) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tunedeck.core.backends.script import EventSink, RankLogTail
 from tunedeck.core.backends.torchrun import base_env, torchrun_argv
-from tunedeck.core.plan import LaunchPlan, NodeCommand
+from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
 from tunedeck.core.spec import RunSpec
 from tunedeck.core.swift import logs
 from tunedeck.core.swift.flags import validate
@@ -158,7 +158,7 @@ def train_flags(spec: RunSpec, output_dir: str) -> list[str]:
     t = spec.train
     save_steps = t.save_steps or t.max_steps  # 0 = only at the end
     if is_megatron(spec):
-        from tunedeck.core.batch import data_parallel_size
+        from tunedeck.core.estimate.batch import data_parallel_size
 
         world = spec.cluster.nproc_per_node * spec.cluster.nnodes
         gbs = t.per_device_batch_size * data_parallel_size(spec, world) * t.grad_accum

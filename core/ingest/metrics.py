@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterable
 
-from tunedeck.core.ingest.batch import BatchList, RecordBatch
+from tunedeck.core.ingest.columns import BatchList, RecordBatch
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.parsers import LineAssembler, parse_metrics_line
 

@@ -53,7 +53,7 @@ def check_effective_batch(ctx: Context) -> CheckResult:
               f"{procs * ctx.resolved.cluster.nnodes} rank(s)")
     base = ctx.base
     if base is not None:
-        from tunedeck.core.resolve import resolve
+        from tunedeck.core.backends.resolve import resolve
 
         rb = resolve(base, gpu_count=len(ctx.gpus.gpus))
         beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 from tunedeck.core.preflight import config, gpu, host, inputs, network
 from tunedeck.core.preflight.base import CheckResult, Context, result
-from tunedeck.core.resolve import resolve
+from tunedeck.core.backends.resolve import resolve
 from tunedeck.core.spec import RunSpec, load_spec
 
 SMOKE_STEPS = 3

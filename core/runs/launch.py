@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tunedeck.core.backends import build_plan
 from tunedeck.core.paths import runs_root
-from tunedeck.core.resolve import resolve
+from tunedeck.core.backends.resolve import resolve
 from tunedeck.core.runs.state import new_state, read_json, write_json_atomic
 from tunedeck.core.spec import RunSpec
 

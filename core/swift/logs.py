@@ -1,4 +1,4 @@
-"""Turn what ms-swift, HF Trainer and tqdm print into tunedeck step events (core/train/events.py).
+"""Turn what ms-swift, HF Trainer and tqdm print into tunedeck step events (core/rundir/events.py).
 
 Sources, best first:
   - ms-swift's `logging.jsonl` (raw floats; `global_step/max_steps` "12/100"; Megatron uses

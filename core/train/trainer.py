@@ -34,7 +34,7 @@ import torch.distributed as dist
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.core.train import checkpoint as ckpt
 from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
-from tunedeck.core.train.events import EventWriter
+from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
 from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
     resolve_model_path

@@ -1,6 +1,6 @@
 """A small plain-torch DDP training script for the live-detector and probe tests.
 
-Run by real torchrun (gloo, CPU). Writes the built-in event schema (core/train/events.py) to
+Run by real torchrun (gloo, CPU). Writes the built-in event schema (core/rundir/events.py) to
 $TUNEDECK_RUN_DIR/events/rank<r>.jsonl unless --no-events, and can misbehave on purpose:
   --delay-rank R --delay-s S   rank R's dataset sleeps S seconds per batch (a starved loader)
   --hang-rank R --hang-at N    rank R stops making progress after step N (sleeps forever)
@@ -49,7 +49,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     writer = None
     if not a.no_events:
-        from tunedeck.core.train.events import EventWriter
+        from tunedeck.core.rundir.events import EventWriter
 
         writer = EventWriter(os.environ["TUNEDECK_RUN_DIR"], rank)
         writer.emit("start", world_size=world, device="cpu", model="toy", method="full",

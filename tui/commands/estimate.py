@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def cmd_estimate(args) -> int:
-    from tunedeck.core.advisor import advise, dataset_tokens
+    from tunedeck.core.estimate.advisor import advise, dataset_tokens
     from tunedeck.core.estimate import DEFAULT_MFU, ArchError, estimate_spec, peak_tflops
     from tunedeck.core.spec import SpecError, load_spec
 

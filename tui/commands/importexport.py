@@ -7,12 +7,12 @@ from pathlib import Path
 
 
 def cmd_import(args) -> int:
-    from tunedeck.core.importer import ImportError_, import_command
+    from tunedeck.core.backends.importer import CommandImportError, import_command
     from tunedeck.core.swift.flags import FlagTableError
 
     try:
         result = import_command(args.command)
-    except (ImportError_, FlagTableError) as e:
+    except (CommandImportError, FlagTableError) as e:
         print(f"tunedeck import: {e}", file=sys.stderr)
         return 2
     for w in result.warnings:
@@ -27,9 +27,9 @@ def cmd_import(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from tunedeck.core import batch
-    from tunedeck.core.export import ExportError, export
-    from tunedeck.core.resolve import resolve
+    from tunedeck.core.estimate import batch
+    from tunedeck.core.backends.export import ExportError, export
+    from tunedeck.core.backends.resolve import resolve
     from tunedeck.core.spec import SpecError, load_spec
     from tunedeck.core.swift.flags import FlagTableError
 

@@ -96,7 +96,7 @@ class PresetsScreen(Screen):
 
     @work(thread=True, exclusive=True, group="preset-preview", exit_on_error=False)
     def make_preview(self, path: Path) -> None:
-        from tunedeck.core.preview import preview
+        from tunedeck.core.backends.preview import preview
 
         try:
             p = preview(load_spec(path))

@@ -14,9 +14,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from tunedeck.core import batch
+from tunedeck.core.estimate import batch
 from tunedeck.core.paths import runs_root
-from tunedeck.core.plan import LaunchPlan, _wrap_argv
+from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
 from tunedeck.core.spec import RunSpec, mask_argv, mask_env
 
 FORMATS = ("sh", "swift", "nodes", "slurm", "vllm")
@@ -48,7 +48,7 @@ def _env_lines(env: dict[str, str]) -> list[str]:
 
 
 def export(spec: RunSpec, fmt: str) -> str:
-    """`spec` must be resolved (tunedeck.core.resolve.resolve)."""
+    """`spec` must be resolved (tunedeck.core.backends.resolve.resolve)."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
     summary = f"# {batch.describe(spec)}\n"

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.core.backends import build_plan
-from tunedeck.core.batch import describe, effective_batch
+from tunedeck.core.estimate.batch import describe, effective_batch
 from tunedeck.core.paths import runs_root
-from tunedeck.core.resolve import resolve
+from tunedeck.core.backends.resolve import resolve
 from tunedeck.core.spec import RunSpec
 
 

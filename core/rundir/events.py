@@ -1,5 +1,7 @@
-"""The metrics event stream the built-in trainer writes: `RUN_DIR/events/rank<r>.jsonl`.
+"""The metrics event stream of a run: `RUN_DIR/events/rank<r>.jsonl`, and its one writer.
 
+The built-in trainer writes it from every rank; for ms-swift and script runs the agent writes
+rank 0's file from what the ranks print (one writer per file either way).
 One JSON object per line, appended and flushed as it happens; every rank writes its own file.
 A torchrun restart appends to the same file, starting with a new `start` event. Every event has
 `t` (unix time, float seconds), `kind` and `rank`. Non-finite floats (a NaN loss) are written
@@ -65,6 +67,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.rundir import RunDir
+
 KINDS = ("start", "step", "eval", "checkpoint", "end")
 
 
@@ -76,18 +80,34 @@ def json_value(v: Any) -> Any:
 
 
 class EventWriter:
-    """Appends events of one rank; each line is flushed and written with one write call."""
+    """Appends events of one rank; each line is flushed and written with one write call.
 
-    def __init__(self, run_dir: str | Path, rank: int):
+    `dedupe_steps` drops a step or eval event whose step was written before (the agent reads
+    metrics from logs that may repeat them: console dicts and logging.jsonl, a re-read).
+    """
+
+    def __init__(self, run_dir: str | Path, rank: int, dedupe_steps: bool = False):
         self.rank = rank
-        self.path = Path(run_dir) / "events" / f"rank{rank}.jsonl"
+        self.path = RunDir(run_dir).event_file(rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", encoding="utf-8")
+        self._seen: set[tuple[str, int]] | None = set() if dedupe_steps else None
+        self.last_step = 0
 
-    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any] | None:
+        """The event as written, or None when `dedupe_steps` dropped it."""
         assert kind in KINDS, kind
+        if kind in ("step", "eval"):
+            step = int(fields.get("step") or 0)
+            if self._seen is not None:
+                if (kind, step) in self._seen:
+                    return None
+                self._seen.add((kind, step))
+            if kind == "step":
+                self.last_step = max(self.last_step, step)
         event = {"t": time.time(), "kind": kind, "rank": self.rank}
         event.update({k: json_value(v) for k, v in fields.items()})
+        event["rank"] = self.rank
         self._f.write(json.dumps(event) + "\n")
         self._f.flush()
         return event

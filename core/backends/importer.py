@@ -20,7 +20,7 @@ from tunedeck.core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tab
 from tunedeck.core.swift.version import ASSUMED, installed_version
 
 
-class ImportError_(ValueError):
+class CommandImportError(ValueError):
     """The command cannot be turned into a spec (the message says why)."""
 
 
@@ -72,7 +72,7 @@ def import_command(command: str) -> Imported:
     try:
         words = shlex.split(command, comments=False)
     except ValueError as e:
-        raise ImportError_(f"cannot split the command: {e}") from None
+        raise CommandImportError(f"cannot split the command: {e}") from None
     words = [w for w in words if w != "\\"]
     out = Imported(raw={}, command=shlex.join(mask_argv(words)))
     cluster: dict[str, Any] = {}
@@ -84,16 +84,16 @@ def import_command(command: str) -> Imported:
             try:
                 cluster[key] = conv(v)
             except ValueError:
-                raise ImportError_(f"{k}={v!r}: expected a number") from None
+                raise CommandImportError(f"{k}={v!r}: expected a number") from None
         elif SECRET_PATTERN.search(k):
             out.warnings.append(f"{k} is a secret and was not written to the spec; export it "
                                 "in the shell that launches (ranks inherit it)")
         else:
             env[k] = v
     if words and words[0] == "env":
-        raise ImportError_("put variables before the command without `env`")
+        raise CommandImportError("put variables before the command without `env`")
     if not words:
-        raise ImportError_("no command after the environment variables")
+        raise CommandImportError("no command after the environment variables")
     prog = words[0].rsplit("/", 1)[-1]
     rest = words[1:]
     if prog.startswith("python"):
@@ -110,7 +110,7 @@ def import_command(command: str) -> Imported:
             prog = "torchrun"
             out.notes.append("a plain `python script.py` becomes one torchrun rank per GPU")
         else:
-            raise ImportError_(f"cannot tell what `{' '.join(words[:3])}` launches; expected "
+            raise CommandImportError(f"cannot tell what `{' '.join(words[:3])}` launches; expected "
                                "swift, megatron, torchrun or python -m torch.distributed.run")
     if prog == "swift":
         if rest[:1] == ["megatron"]:
@@ -120,18 +120,18 @@ def import_command(command: str) -> Imported:
         else:
             sub = rest[0].replace("_", "-") if rest else ""
             if sub not in SWIFT_SUBCOMMANDS:
-                raise ImportError_(f"`swift {sub}` is not a training command; tunedeck imports "
+                raise CommandImportError(f"`swift {sub}` is not a training command; tunedeck imports "
                                    "swift sft, pt and rlhf")
             _swift(out, SWIFT_SUBCOMMANDS[sub], rest[1:], cluster)
     if prog == "megatron":
         sub = rest[0] if rest else ""
         if sub not in MEGATRON_SUBCOMMANDS:
-            raise ImportError_(f"`megatron {sub}`: tunedeck imports megatron sft and pt")
+            raise CommandImportError(f"`megatron {sub}`: tunedeck imports megatron sft and pt")
         _swift(out, MEGATRON_SUBCOMMANDS[sub], rest[1:], cluster)
     elif prog == "torchrun":
         _torchrun(out, rest, cluster)
     elif prog != "swift":
-        raise ImportError_(f"`{prog}` is not a launcher tunedeck knows (swift, megatron, "
+        raise CommandImportError(f"`{prog}` is not a launcher tunedeck knows (swift, megatron, "
                            "torchrun, python -m torch.distributed.run)")
     if "gpus" in cluster and "nproc_per_node" not in cluster:
         n = len([g for g in cluster["gpus"].split(",") if g.strip()])
@@ -151,7 +151,7 @@ def import_command(command: str) -> Imported:
     try:
         out.spec()
     except SpecError as e:
-        raise ImportError_(f"the imported spec is invalid: {e}") from None
+        raise CommandImportError(f"the imported spec is invalid: {e}") from None
     return out
 
 
@@ -178,7 +178,7 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any]) -> None:
             i += 1
             continue
         if name not in _TORCHRUN_VALUE:
-            raise ImportError_(f"unknown torchrun flag {w}")
+            raise CommandImportError(f"unknown torchrun flag {w}")
         if not eq:
             val = words[i + 1] if i + 1 < len(words) else ""
             i += 2
@@ -194,7 +194,7 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any]) -> None:
         elif key in ("nnodes", "node_rank", "master_port", "max_restarts"):
             num = val.split(":")[-1]
             if not num.isdigit():
-                raise ImportError_(f"torchrun --{name} {val}: expected a number")
+                raise CommandImportError(f"torchrun --{name} {val}: expected a number")
             if key == "max_restarts":
                 out.raw.setdefault("run", {})["max_restarts"] = int(num)
             else:
@@ -223,7 +223,7 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any]) -> None:
         out.raw.update(backend="script", script={"module": module, "args": target})
         return
     if not target:
-        raise ImportError_("torchrun command without a script or -m module")
+        raise CommandImportError("torchrun command without a script or -m module")
     script, args = target[0], target[1:]
     m = re.search(r"swift/cli/(?:(_megatron)/)?(sft|pt|rlhf)\.py$", script)
     if m:
@@ -309,7 +309,7 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
     if pairs and pairs[0][0] == "":
         first = pairs.pop(0)[1]
         if first and first[0].endswith((".yaml", ".yml", ".json")):
-            raise ImportError_(f"{first[0]}: tunedeck cannot read ms-swift config files; paste "
+            raise CommandImportError(f"{first[0]}: tunedeck cannot read ms-swift config files; paste "
                                "the flags instead")
         out.warnings.append(f"stray words {first} before the first flag were dropped")
     quant: dict[str, str] = {}
@@ -432,7 +432,7 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
     if extra:
         raw["swift"]["extra_args"] = extra
     if "path" not in raw.get("model", {}):
-        raise ImportError_("the command has no --model")
+        raise CommandImportError("the command has no --model")
 
 
 def _finish_megatron_batch(out: Imported) -> None:
