@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tunedeck.core.preflight import make_context, run_checks
-from tunedeck.core.preflight.gpu import Gpu, GpuFacts, probe_gpus
+from tunedeck.core.telemetry.fake import FakePynvml
+from tunedeck.core.telemetry.gpus import Gpu, GpuFacts, probe_gpus
 from tests.conftest import REPO, cli
 
 DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -214,6 +215,26 @@ def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
     old = h200s()
     old.cuda_driver = (11, 8)
     assert ctx_for(tmp_path, old)["gpu.driver"].status in ("fail", "warn", "pass")
+
+
+def test_gpu_rules_on_facts_probed_from_fake_nvml(tmp_path, monkeypatch):
+    """The whole path on a fake NVML: telemetry's probe -> ctx.gpus -> the checks."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)
+    fake = FakePynvml(2, name="NVIDIA H200", driver="580.1")
+    rs = ctx_for(tmp_path, probe_gpus(fake))
+    assert rs["gpu.count"].status == "pass" and "2 GPU(s)" in rs["gpu.count"].detail
+    assert rs["gpu.uniform"].detail == "2 × NVIDIA H200, 140 GiB"
+    assert rs["gpu.interconnect"].status == "pass" and rs["gpu.interconnect"].detail == \
+        "0-1: NVLink"
+    old = FakePynvml(2, cc=(7, 0), nvlinks=0, p2p=False)     # V100-like, PCIe, P2P broken
+    rs = ctx_for(tmp_path, probe_gpus(old), overrides=["model.dtype=bfloat16"])
+    assert rs["gpu.bf16"].status == "fail" and "sm_70" in rs["gpu.bf16"].detail
+    assert rs["gpu.interconnect"].status == "warn"
+    assert "across CPU sockets (no P2P)" in rs["gpu.interconnect"].detail
+    rs = ctx_for(tmp_path, probe_gpus(FakePynvml(no_driver=True)),
+                 overrides=["cluster.nproc_per_node=2"])
+    assert rs["gpu.count"].status == "fail" and "no NVIDIA driver" in rs["gpu.count"].detail
 
 
 def test_cli_exit_codes_and_json(tmp_path, td_home):

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 
-from tunedeck.core.telemetry.fake import FakePynvml
+import pytest
+
+from tunedeck.core.telemetry.fake import FakePynvml, pynvml
+from tunedeck.core.telemetry.gpus import GpuInfo, list_gpus, probe_gpus, visible_gpu_count
 from tunedeck.core.telemetry.host import ProcessSampler, host_sample
-from tunedeck.core.telemetry.nvml import NA, Nvml
+from tunedeck.core.telemetry.nvml import NA, Nvml, NvmlUnavailable, nvml_session, nvml_start
 from tunedeck.core.telemetry.sampler import TelemetrySampler
 from tunedeck.core.telemetry.store import TelemetryStore, read_gpu_series, read_latest
 
@@ -30,6 +33,88 @@ def test_fake_no_driver():
     n = Nvml(FakePynvml(no_driver=True))
     assert n.sample() == [] and n.status == "no_driver"
     assert n.message.startswith("no NVIDIA driver")
+
+
+def test_nvml_session_starts_stops_and_turns_every_failure_into_a_reason(monkeypatch):
+    fake = FakePynvml(1)
+    with nvml_session(fake) as nv:
+        assert nv is fake and fake.inits == 1
+    assert fake.inits == 0
+    with pytest.raises(NvmlUnavailable) as e:
+        with nvml_session(fake) as nv:
+            nv.nvmlDeviceGetHandleByIndex(5)                # an NVMLError inside the block
+    assert e.value.status == "error" and e.value.reason.startswith("NVML query failed")
+    assert fake.inits == 0                                  # shut down all the same
+    with pytest.raises(NvmlUnavailable) as e:
+        nvml_start(FakePynvml(init_error=pynvml.NVML_ERROR_UNKNOWN))
+    assert e.value.status == "error" and e.value.reason.startswith("NVML failed to start")
+    n = Nvml(FakePynvml(init_error=pynvml.NVML_ERROR_UNKNOWN))
+    assert n.sample() == [] and n.status == "error" and "NVML failed to start" in n.message
+    monkeypatch.setitem(sys.modules, "pynvml", None)        # nvidia-ml-py not installed
+    with pytest.raises(NvmlUnavailable) as e:
+        nvml_start()
+    assert (e.value.status, e.value.reason) == ("no_driver", "nvidia-ml-py is not installed")
+    assert probe_gpus().error == "nvidia-ml-py is not installed" and list_gpus() == []
+
+
+def test_only_the_entry_point_imports_pynvml():
+    import ast
+    from pathlib import Path
+
+    core = Path(__file__).resolve().parents[1] / "core"
+    importers = set()
+    for path in core.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "pynvml" for n in names):
+                importers.add(path.relative_to(core).as_posix())
+    assert importers == {"telemetry/nvml.py"}
+
+
+def test_probe_reads_two_nvlinked_fake_h200s():
+    fake = FakePynvml(2, driver="580.65", cuda_version=12080)
+    facts = probe_gpus(fake)
+    assert facts.error == "" and (facts.driver, facts.cuda_driver) == ("580.65", (12, 8))
+    assert [(g.index, g.name, g.memory_total_gib, g.cc) for g in facts.gpus] == \
+        [(0, "Fake H200", 140.4, (9, 0)), (1, "Fake H200", 140.4, (9, 0))]
+    assert facts.links == {(0, 1): ("NVLink", True)}
+    assert fake.inits == 0                                  # NVML shut down after the probe
+
+
+def test_probe_degrades_unsupported_queries_as_before():
+    facts = probe_gpus(FakePynvml(3, unsupported={"cc", "nvlink", "p2p", "cuda_version"},
+                                  topology=30))
+    assert [g.cc for g in facts.gpus] == [(0, 0)] * 3 and facts.cuda_driver is None
+    assert facts.links == {k: ("PCIe host bridge", True) for k in [(0, 1), (0, 2), (1, 2)]}
+    facts = probe_gpus(FakePynvml(2, nvlinks=0, unsupported={"topology"}, p2p=False))
+    assert facts.links == {(0, 1): ("unknown", False)}
+    assert probe_gpus(FakePynvml(2, nvlinks=0, topology=77)).links == {(0, 1): ("PCIe", True)}
+
+
+def test_probe_without_usable_nvml_gives_a_reason_and_no_gpus():
+    facts = probe_gpus(FakePynvml(4, no_driver=True))
+    assert facts.gpus == [] and facts.links == {}
+    assert facts.error == "no NVIDIA driver (NVML Shared Library Not Found)"
+    fake = FakePynvml(4, unsupported={"mem"})              # fails half way through the GPUs
+    facts = probe_gpus(fake)
+    assert facts.gpus == [] and facts.error.startswith("NVML query failed")
+    assert fake.inits == 0 and list_gpus(fake) == []
+
+
+def test_list_gpus_and_visible_count_on_the_fake(monkeypatch):
+    fake = FakePynvml(4, total_mib=81559)
+    gpus = list_gpus(fake)
+    assert [g.index for g in gpus] == [0, 1, 2, 3] and isinstance(gpus[0], GpuInfo)
+    assert gpus[0].name == "Fake H200" and gpus[0].memory_total_gib == 79.6
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpu_count(lib=fake) == 4
+    for sel, want in [("0,2", 2), ("3", 1), ("-1", 0), ("", 0), ("0,1,2,3,4,5", 4)]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", sel)
+        assert visible_gpu_count(lib=fake) == want, sel
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert visible_gpu_count("1", lib=fake) == 1            # the spec's list wins
+    assert visible_gpu_count(lib=FakePynvml(4, no_driver=True)) == 0
 
 
 def test_unsupported_queries_are_na_and_not_asked_again():

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from tunedeck.core.spec import RunSpec
+from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 
 STATUSES = ("pass", "warn", "fail", "skip")
 
@@ -34,7 +35,7 @@ class Context:
     resolved: RunSpec
     base: RunSpec | None = None
     spec_path: Path | None = None
-    gpu_probe: Callable[[], "object"] | None = None
+    gpu_probe: Callable[[], GpuFacts] | None = None
     cache: dict = field(default_factory=dict)
 
     def memo(self, key: str, fn):
@@ -43,9 +44,7 @@ class Context:
         return self.cache[key]
 
     @property
-    def gpus(self):
-        from tunedeck.core.preflight.gpu import probe_gpus
-
+    def gpus(self) -> GpuFacts:
         return self.memo("gpus", self.gpu_probe or probe_gpus)
 
     @property

@@ -6,6 +6,7 @@ import re
 from importlib import metadata
 
 from tunedeck.core.preflight.base import CheckResult, Context, result
+from tunedeck.core.preflight.gpu import chosen
 
 MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
@@ -25,8 +26,6 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     if not gs:
         return result(id, title, "skip", f"no GPU visible to compare with; estimate "
                       f"{per:.1f} GiB per GPU ({parts})")
-    from tunedeck.core.preflight.gpu import chosen
-
     cap = min(g.memory_total_gib for g in (chosen(ctx) or gs))
     detail = f"≈{per:.1f} GiB per GPU of {cap:.0f} GiB ({parts})"
     fix = ("enable train.gradient_checkpointing, lower per_device_batch_size / "

@@ -1,103 +1,17 @@
 """GPU checks: count, uniformity, bf16, driver vs CUDA build, device order, NCCL, interconnect.
 
-NVML is queried here directly (lazily, every NVMLError → "no GPU"), so the checks depend only
-on nvidia-ml-py. `GpuFacts` is plain data: tests build one by hand to exercise the rules.
+The facts come from core/telemetry/gpus.py (`ctx.gpus`, probed once per context). `GpuFacts`
+is plain data: tests build one by hand to exercise the rules.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from importlib import metadata
 
 from tunedeck.core.preflight.base import CheckResult, Context, result
-
-
-@dataclass
-class Gpu:
-    index: int
-    name: str
-    memory_total_gib: float
-    cc: tuple[int, int] = (0, 0)     # compute capability
-    numa: int = -1
-
-
-@dataclass
-class GpuFacts:
-    gpus: list[Gpu] = field(default_factory=list)
-    driver: str = ""
-    cuda_driver: tuple[int, int] | None = None     # newest CUDA the driver supports
-    error: str = ""                                 # why NVML gave nothing
-    # (i, j) -> (link, p2p_ok): link is "NVLink", "PCIe switch", "PCIe host bridge",
-    # "across CPU sockets", ...
-    links: dict[tuple[int, int], tuple[str, bool]] = field(default_factory=dict)
-
-
-_TOPO = {0: "same board", 10: "PCIe switch", 20: "PCIe switches", 30: "PCIe host bridge",
-         40: "PCIe/CPU (same socket)", 50: "across CPU sockets"}
-
-
-def probe_gpus() -> GpuFacts:
-    try:
-        import pynvml
-    except ImportError:
-        return GpuFacts(error="nvidia-ml-py is not installed")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        return GpuFacts(error=f"NVML: {e}")
-    try:
-        facts = GpuFacts()
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        facts.driver = drv.decode() if isinstance(drv, bytes) else drv
-        try:
-            v = pynvml.nvmlSystemGetCudaDriverVersion()
-            facts.cuda_driver = (v // 1000, (v % 1000) // 10)
-        except pynvml.NVMLError:
-            pass
-        handles = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            handles.append(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            name = name.decode() if isinstance(name, bytes) else name
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30
-            try:
-                cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
-            except pynvml.NVMLError:
-                cc = (0, 0)
-            facts.gpus.append(Gpu(i, name, round(mem, 1), cc))
-        for i, hi in enumerate(handles):
-            for j in range(i + 1, len(handles)):
-                hj = handles[j]
-                link = "unknown"
-                try:
-                    nv = any(pynvml.nvmlDeviceGetNvLinkState(hi, k) == 1 for k in range(18))
-                except pynvml.NVMLError:
-                    nv = False
-                if nv:
-                    link = "NVLink"
-                else:
-                    try:
-                        link = _TOPO.get(pynvml.nvmlDeviceGetTopologyCommonAncestor(hi, hj),
-                                         "PCIe")
-                    except pynvml.NVMLError:
-                        pass
-                try:
-                    ok = pynvml.nvmlDeviceGetP2PStatus(
-                        hi, hj, pynvml.NVML_P2P_CAPS_INDEX_READ) == pynvml.NVML_P2P_STATUS_OK
-                except (pynvml.NVMLError, AttributeError):
-                    ok = True
-                facts.links[(i, j)] = (link, ok)
-        return facts
-    except pynvml.NVMLError as e:
-        return GpuFacts(error=f"NVML: {e}")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+from tunedeck.core.telemetry.gpus import Gpu
 
 
 def _wants_gpu(ctx: Context) -> bool:

@@ -8,13 +8,16 @@ samples, spread over the GPUs. Version-suffixed entry points
 (nvmlDeviceGetComputeRunningProcesses_v3 / _v2 / plain) are tried in turn, so old drivers
 without the newest symbol still report processes.
 
-`lib` may be any object with pynvml's interface (core/telemetry/fake.py for CI).
+`nvml_session` / `nvml_start` are core's only way into NVML: the GPU discovery and facts
+(core/telemetry/gpus.py) and `Nvml` all start it there. `lib` may be any object with
+pynvml's interface (core/telemetry/fake.py for CI).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 
 class _NA:
@@ -58,10 +61,58 @@ _EMPTY_SLOW: dict[str, Any] = {"slow_t": None, "power_w": None, "temp_c": None,
                                "nvlink_tx_kbs": None, "procs": ()}
 
 
-def _load_pynvml():
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here. `status` is "no_driver" (no library or driver: a machine
+    without NVIDIA GPUs) or "error" (NVML is there but failed); `reason` says why."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def load_pynvml():
+    """The nvidia-ml-py module; the one import of it in core (the fake borrows its errors)."""
     import pynvml
 
     return pynvml
+
+
+def nvml_start(lib: Any = None) -> Any:
+    """pynvml (or `lib`) with NVML initialised; the caller owes an `nvml_stop(lib)`.
+    Raises NvmlUnavailable, never ImportError or NVMLError."""
+    if lib is None:
+        try:
+            lib = load_pynvml()
+        except ImportError:
+            raise NvmlUnavailable("no_driver", "nvidia-ml-py is not installed") from None
+    try:
+        lib.nvmlInit()
+    except lib.NVMLError as e:
+        if getattr(e, "value", None) in _NO_DRIVER:
+            raise NvmlUnavailable("no_driver", f"no NVIDIA driver ({e})") from e
+        raise NvmlUnavailable("error", f"NVML failed to start: {e}") from e
+    return lib
+
+
+def nvml_stop(lib: Any) -> None:
+    try:
+        lib.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - shutting down must not turn into a failure
+        pass
+
+
+@contextmanager
+def nvml_session(lib: Any = None) -> Iterator[Any]:
+    """`with nvml_session(lib) as nv:` NVML started for the block and stopped after it. An
+    NVMLError the block lets escape becomes NvmlUnavailable("error", ...), so one except
+    clause covers every way NVML can fail."""
+    lib = nvml_start(lib)
+    try:
+        yield lib
+    except lib.NVMLError as e:
+        raise NvmlUnavailable("error", f"NVML query failed: {e}") from e
+    finally:
+        nvml_stop(lib)
 
 
 class Nvml:
@@ -85,38 +136,26 @@ class Nvml:
         if self.status != "uninitialised":
             return self.status == "ok"
         try:
-            lib = self._lib or _load_pynvml()
-        except ImportError:
-            self.status, self.message = "no_driver", "nvidia-ml-py is not installed"
-            return False
-        self._lib = lib
-        try:
-            lib.nvmlInit()
-        except lib.NVMLError as e:
-            code = getattr(e, "value", None)
-            if code in _NO_DRIVER:
-                self.status = "no_driver"
-                self.message = f"no NVIDIA driver ({e})"
-            else:
-                self.status, self.message = "error", f"NVML failed to start: {e}"
+            lib = self._lib = nvml_start(self._lib)
+        except NvmlUnavailable as e:
+            self.status, self.message = e.status, e.reason
             return False
         try:
             n = lib.nvmlDeviceGetCount()
             self._handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-            self.names = [_text(lib.nvmlDeviceGetName(h)) for h in self._handles]
-            self.driver = _text(self._try(-1, "driver", lib.nvmlSystemGetDriverVersion) or "")
+            self.names = [as_text(lib.nvmlDeviceGetName(h)) for h in self._handles]
+            self.driver = as_text(self._try(-1, "driver", lib.nvmlSystemGetDriverVersion) or "")
         except lib.NVMLError as e:
             self.status, self.message = "error", f"NVML device query failed: {e}"
+            self._handles, self.names = [], []
+            nvml_stop(lib)
             return False
         self.status = "ok"
         return True
 
     def close(self) -> None:
         if self.status == "ok":
-            try:
-                self._lib.nvmlShutdown()
-            except Exception:
-                pass
+            nvml_stop(self._lib)
         self.status = "uninitialised"
 
     @property
@@ -242,5 +281,5 @@ def _num(v: Any, scale: float = 1.0) -> float | None:
         return None
 
 
-def _text(v: Any) -> str:
+def as_text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
