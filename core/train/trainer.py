@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable, Iterator
 
 import psutil
 import torch
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.core.train import checkpoint as ckpt
 from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
 from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
@@ -43,51 +45,8 @@ from tunedeck.core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, c
     load_optimizer_state, wrap
 
 GIB = 2 ** 30
-# Test hook: raise after this step on the last rank, first attempt only (exercises restarts).
-CRASH_ENV = "TUNEDECK_TEST_CRASH_AT_STEP"
-
-
-SLOW_ENV = "TUNEDECK_TEST_SLOW_RANK"  # "RANK:SECONDS": that rank's forward sleeps (tests)
-# "RANK:SECONDS": that rank waits this long more for every batch, as a starved loader would
-LOADER_DELAY_ENV = "TUNEDECK_TEST_LOADER_DELAY"
-# "RANK:STEP": after STEP, that rank stops making progress (sleeps, ignoring a graceful stop)
-# while the others wait for it in the next collective; first attempt only
-HANG_ENV = "TUNEDECK_TEST_HANG_RANK"
-
-
-def _test_hook(name: str, rank: int) -> float | None:
-    """The number of a "RANK:VALUE" test hook when it names this rank, else None."""
-    spec = os.environ.get(name)
-    if spec:
-        r, _, value = spec.partition(":")
-        if r.strip() == str(rank):
-            return float(value or 0.1)
-    return None
-
-
-@dataclass(frozen=True)
-class FaultHooks:
-    """The faults tests inject into this rank, read from the environment once per run."""
-    slow_s: float = 0.0           # added to every forward
-    loader_delay_s: float = 0.0   # added to every batch fetch
-    hang_after: float | None = None
-
-    @classmethod
-    def for_rank(cls, rank: int) -> "FaultHooks":
-        hang = _test_hook(HANG_ENV, rank)
-        return cls(_test_hook(SLOW_ENV, rank) or 0.0, _test_hook(LOADER_DELAY_ENV, rank) or 0.0,
-                   hang if attempt() == 0 else None)
-
-    def hang(self, rank: int, step: int) -> None:
-        if self.hang_after is not None and step >= self.hang_after:
-            _test_hang(rank, step)
-
-
-def _test_hang(rank: int, step: int) -> None:
-    """Never returns (a stack dump of the rank shows this frame)."""
-    print(f"{HANG_ENV}: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
-    while True:  # a real hang does not look at the stop flag either
-        time.sleep(1)
+# Only tests and fault benchmarks set variables with this prefix; they load core/train/faults.py.
+FAULTS_ENV_PREFIX = "TUNEDECK_TEST_"
 
 
 def all_reduce_result(stats: torch.Tensor) -> list[float]:
@@ -253,9 +212,8 @@ class Trainer:
 
         hf_logging.disable_progress_bar()  # bars fill rank logs with carriage returns
         self.spec, self.d, self.events, self.stop = spec, d, events, stop
-        self.faults = FaultHooks.for_rank(d.rank)
         self.model_path = model_path
-        self.output_dir = Path(spec.run.output_dir or run_dir / "output").expanduser()
+        self.output_dir = RunDir(run_dir).output_dir(spec)
         self.state = TrainState()
         self.save_at_end = True  # the benchmark turns it off (a 7B full checkpoint is ~90 GB)
         tr = spec.train
@@ -320,6 +278,22 @@ class Trainer:
         self.peak = peak_tflops(torch.cuda.get_device_name(d.device)
                                 if d.device.type == "cuda" else None)
         self.resume()
+
+        # Seams of the training loop: the batches a step takes, the forward it times as
+        # compute, and hooks called with the number of steps done before and after each step.
+        # Plain pass-throughs; test faults wrap them (see _install_test_faults).
+        self.train_batches: Iterator[dict[str, torch.Tensor]] = self.batches
+        self.train_forward: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self._forward
+        self.before_step: list[Callable[[int], None]] = []
+        self.after_step: list[Callable[[int], None]] = []
+        self._install_test_faults()
+
+    def _install_test_faults(self) -> None:
+        """Faults the tests inject (core/train/faults.py). The module is imported only when
+        a test variable is set, so a production run never loads it."""
+        if any(name.startswith(FAULTS_ENV_PREFIX) for name in os.environ):
+            from tunedeck.core.train import faults
+            faults.install(self)
 
     # -- resume ---------------------------------------------------------------------------
     def resume_source(self) -> Path | None:
@@ -403,9 +377,7 @@ class Trainer:
         micro = []
         for _ in range(tr.grad_accum):
             tw = time.perf_counter()
-            micro.append(next(self.batches))
-            if self.faults.loader_delay_s:
-                time.sleep(self.faults.loader_delay_s)
+            micro.append(next(self.train_batches))
             wait += time.perf_counter() - tw
         # Counted on the CPU copies: no GPU sync. Normalise by label tokens of the whole step
         # so each token weighs the same, whatever micro-batch it landed in.
@@ -416,9 +388,7 @@ class Trainer:
         for i, b in enumerate(micro):
             with grad_sync(self.wrapped, i == len(micro) - 1):
                 timer.start()
-                loss = self._forward(b)
-                if self.faults.slow_s:
-                    time.sleep(self.faults.slow_s)
+                loss = self.train_forward(b)
                 timer.stop()
                 self.scaler.scale(loss / max(n_labels, 1)).backward()
             loss_sum += loss.detach()
@@ -547,10 +517,10 @@ class Trainer:
             start["resumed_from"] = st.resumed_from
         self.events.emit("start", **start)
         log_every = max(1, tr.max_steps // 50)
-        crash_at = int(os.environ.get(CRASH_ENV, "0") or 0)
         stopped = False
         while st.step < tr.max_steps:
-            self.faults.hang(self.d.rank, st.step)
+            for hook in self.before_step:
+                hook(st.step)
             m = self.step()
             stopped = m.pop("_stop")
             st.step += 1
@@ -566,10 +536,8 @@ class Trainer:
                 self.events.emit("eval", step=st.step, **self.evaluate())
             if tr.save_steps and st.step % tr.save_steps == 0 and st.step < tr.max_steps:
                 self.save()
-            if crash_at and st.step == crash_at and attempt() == 0 \
-                    and self.d.rank == self.d.world_size - 1:
-                raise RuntimeError(f"{CRASH_ENV}={crash_at}: injected failure after step "
-                                   f"{st.step}")
+            for hook in self.after_step:
+                hook(st.step)
         if self.save_at_end:
             self.save()
         final = ckpt.checkpoint_path(self.output_dir, st.step)
@@ -593,7 +561,7 @@ def main(run_dir: str | Path) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     run_dir = Path(run_dir).resolve()
-    spec = load_spec(run_dir / "spec.toml")
+    spec = load_spec(RunDir(run_dir).spec)
     # Before the process group: building the demo model calls save_pretrained, which
     # transformers skips on ranks != 0 once torch.distributed is initialized.
     model_path = resolve_model_path(spec)
