@@ -171,10 +171,11 @@ def summary(run_dir: Path) -> dict:
             item["after_first_step_s"] = round(f["t"] - first, 1)
         out["findings"].append(item)
     if steps:
-        from tunedeck.core.telemetry.store import read_gpu_series
+        from tunedeck.core.runs.store import Store
 
         t0, t1 = min(e["t"] for e in steps), max(e["t"] for e in steps)
-        ser = read_gpu_series(run_dir, t0, t1, metrics=["util"])["series"]
+        with Store(run_dir) as store:
+            ser = store.telemetry_series("gpu", t0, t1, metrics=["util"])["series"]
         out["gpu_util_mean"] = {
             g: round(sum(v for v in s["util"] if v is not None)
                      / max(1, sum(v is not None for v in s["util"])), 1)

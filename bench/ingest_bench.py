@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunedeck.core.diagnose.scan import FileScanner  # noqa: E402
-from tunedeck.core.diagnose.sources import Source  # noqa: E402
+from tunedeck.core.rundir import Source  # noqa: E402
 from tunedeck.core.ingest.metrics import FileMetrics  # noqa: E402
 
 

@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         sampler = TelemetrySampler(TelemetryStore(db), interval_s=1.0, nvml=nvml,
-                                   rank_pids=lambda: [p.pid for p in ranks], out_dir=str(out),
+                                   rank_pids=lambda: {i: p.pid for i, p in enumerate(ranks)}, out_dir=str(out),
                                    slow_s=a.slow_s)
         first_c = time.process_time()
         sampler.sample()  # the first sample reads everything (slow tier of every GPU)

@@ -180,11 +180,11 @@ def test_generator_recreates_the_sigkill_fixture_live(tmp_path):
 
 
 def test_logging_jsonl_found_without_walking_checkpoints_or_logs(tmp_path):
-    from tunedeck.core.diagnose.sources import logging_jsonl_files
+    from tunedeck.core.rundir import RunDir
 
     want = tmp_path / "output" / "v0-20261130" / "logging.jsonl"
     for p in (want, tmp_path / "output" / "v0-20261130" / "checkpoint-5" / "logging.jsonl",
               tmp_path / "logs" / "node0" / "logging.jsonl"):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{}\n")
-    assert logging_jsonl_files(tmp_path) == [want]
+    assert RunDir(tmp_path).logging_jsonl_files() == [want]

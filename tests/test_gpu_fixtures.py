@@ -22,9 +22,13 @@ from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
 from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.runs.store import read_events, read_findings
-from tunedeck.core.telemetry.store import read_gpu_series
+from tunedeck.core.runs.store import Store, read_events, read_findings
 from tunedeck.tui.commands.diagnose import collect
+
+def _series(run_dir, kind, *args, **kw):
+    with Store(run_dir) as store:
+        return store.telemetry_series(kind, *args, **kw)
+
 
 H200 = Path(__file__).resolve().parent / "fixtures" / "h200"
 FAULT_CATEGORIES = {"straggler", "dataloader_starvation", "stall"}
@@ -57,7 +61,7 @@ class RecordedTelemetry:
     """The run's recorded 1 s GPU samples, answering what the detectors ask of the sampler."""
 
     def __init__(self, d: Path, t0: float, t1: float, local_world: int = 2):
-        ser = read_gpu_series(d, t0, t1, max_points=10 ** 6, metrics=["util"])
+        ser = _series(d, "gpu", t0, t1, max_points=10 ** 6, metrics=["util"])
         assert ser["resolution_s"] == 1, ser["resolution_s"]
         self.util = {g: list(zip(s["t"], s["util"])) for g, s in ser["series"].items()}
         self.local_world = local_world

@@ -12,7 +12,7 @@ import pytest
 
 from tunedeck.core.diagnose.engine import build_findings
 from tunedeck.core.diagnose.scan import FileScanner
-from tunedeck.core.diagnose.sources import Source
+from tunedeck.core.rundir import Source
 from tunedeck.core.ingest.metrics import FileMetrics
 from tunedeck.core.ingest.native import fastscan as _fastscan
 
@@ -26,7 +26,7 @@ class LineByLine(FileScanner):
 
     def poll(self, final: bool = False) -> None:
         metric_lines: list[str] = []
-        for lineno, raw in self.tail.read(final=final):
+        for lineno, raw in self.tail.logical_lines(final=final):
             self._logical(lineno, raw, metric_lines)
         if metric_lines:
             self.metrics.feed(metric_lines)

@@ -8,8 +8,10 @@ import json
 import pytest
 
 from conftest import REPO, cli, cli_json
-from tunedeck.core.backends.script import ConsoleMonitor, build_plan
+from tunedeck.core.backends import plan_run
+from tunedeck.core.backends.script import ConsoleMonitor
 from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import loads_spec
 
 HF_OUT = """\
@@ -26,17 +28,17 @@ def _read(run_dir):
 
 
 def test_console_parsing(tmp_path):
-    m = ConsoleMonitor(tmp_path, 0, logging_steps=5)
+    m = ConsoleMonitor(RunDir(tmp_path), 0, logging_steps=5)
     m.parse(HF_OUT.replace("\r", "\n").splitlines())
     ev = _read(tmp_path)
     steps = [e for e in ev if e["kind"] == "step"]
     assert [(e["step"], e["loss"]) for e in steps] == [(5, 7.602), (10, 7.175)]
     assert steps[1]["lr"] == pytest.approx(0.003333) and steps[0]["grad_norm"] == 1.835
-    assert [e for e in ev if e["kind"] == "eval"][0]["loss"] == 7.1
+    assert [(e["step"], e["eval_loss"]) for e in ev if e["kind"] == "eval"] == [(10, 7.1)]
 
 
 def test_tqdm_only_script(tmp_path):
-    m = ConsoleMonitor(tmp_path)
+    m = ConsoleMonitor(RunDir(tmp_path))
     m.parse(["Loading weights: 100%|##########| 50/50 [00:00<00:00, 6347.89it/s]",
              "epoch 0:  40%|####      | 4/10 [00:02<00:03,  2.00it/s, loss=1.25]",
              "epoch 0:  50%|#####     | 5/10 [00:02<00:03,  2.00it/s, loss=1.2]"])
@@ -47,12 +49,14 @@ def test_tqdm_only_script(tmp_path):
 def test_plan_runs_script_or_module(tmp_path):
     spec = resolve(loads_spec('backend = "script"\n[script]\nmodule = "pkg.train"\n'
                               'args = ["--x", "1"]\n[cluster]\ndevice = "cpu"\n'))
-    argv = build_plan(spec, tmp_path, "r").nodes[0].argv
+    argv = plan_run(spec, RunDir(tmp_path))[1].nodes[0].argv
     assert argv[:3][1:] == ["-m", "torch.distributed.run"] and argv[-4:] == ["-m", "pkg.train",
                                                                              "--x", "1"]
     spec = resolve(loads_spec('backend = "script"\n[script]\npath = "/nonexistent.py"\n'))
     with pytest.raises(ValueError, match="script.path"):
-        build_plan(spec, tmp_path, "r")
+        plan_run(spec, RunDir(tmp_path))
+    # an export for another machine does not need the script here
+    assert plan_run(spec, RunDir(tmp_path), local=False)[1].nodes[0].argv[-1] == "/nonexistent.py"
 
 
 @pytest.mark.slow
@@ -81,16 +85,15 @@ cpu_procs = 2
 
 
 def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
-    import json
-    import math
-
-    from tunedeck.core.backends.script import EventSink
-    from tunedeck.core.swift import logs
-
-    # transformers 4 prints a bare nan, which Python's literal_eval rejects
-    rec = logs.console_dict("Train: 5%|█| 5/100 [00:01<00:19]\r{'loss': nan, 'grad_norm': 1.5}")
-    assert rec is not None and math.isnan(rec["loss"])
-    sink = EventSink(tmp_path, rank=0)
-    assert sink.emit({"kind": "step", "step": 5, "loss": rec["loss"]})
+    # transformers 4 prints a bare nan (which Python's literal_eval rejects), after a bar
+    m = ConsoleMonitor(RunDir(tmp_path))
+    m.parse(["Train: 5%|█| 5/100 [00:01<00:19]\r{'loss': nan, 'grad_norm': 1.5}"])
     [line] = (tmp_path / "events" / "rank0.jsonl").read_text().splitlines()
-    assert json.loads(line)["loss"] is None   # strict JSON, no bare NaN
+    ev = json.loads(line)   # strict JSON, no bare NaN
+    assert ev["kind"] == "step" and ev["loss"] is None and ev["grad_norm"] == 1.5
+
+
+def test_plain_step_prints_and_repeated_steps(tmp_path):
+    m = ConsoleMonitor(RunDir(tmp_path))
+    m.parse(["epoch 0 step 1 loss 2.5", "Step: 2 | Loss: 2.25", "step=2, loss=2.25"])
+    assert [(e["step"], e["loss"]) for e in _read(tmp_path)] == [(1, 2.5), (2, 2.25)]

@@ -8,8 +8,10 @@ import json
 import pytest
 
 from conftest import REPO, cli, cli_json
-from tunedeck.core.backends.swift import SwiftPlanError, build_plan, swift_args
+from tunedeck.core.backends import plan_run
+from tunedeck.core.backends.swift import SwiftPlanError, swift_args
 from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import load_spec, loads_spec
 from tunedeck.core.swift import flags
 from tunedeck.core.swift.version import installed_version
@@ -67,11 +69,11 @@ def test_flags_follow_the_spec():
 def test_backend_refuses_flags_that_do_not_exist(tmp_path):
     spec = _spec('[swift]\nextra_args = ["--sp_size", "2", "--train_type", "lora"]\n')
     with pytest.raises(SwiftPlanError) as e:
-        build_plan(spec, tmp_path, "r")
+        plan_run(spec, RunDir(tmp_path))
     assert "--sequence_parallel_size" in str(e.value) and "--tuner_type" in str(e.value)
     spec = _spec('[swift]\nextra_args = ["--deepspeed", "default-zero3"]\n')
     with pytest.raises(SwiftPlanError, match="zero3"):
-        build_plan(spec, tmp_path, "r")
+        plan_run(spec, RunDir(tmp_path))
 
 
 @needs_swift

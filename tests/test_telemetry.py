@@ -16,7 +16,13 @@ from tunedeck.core.telemetry.gpus import GpuInfo, list_gpus, probe_gpus, visible
 from tunedeck.core.telemetry.host import ProcessSampler, host_sample
 from tunedeck.core.telemetry.nvml import NA, Nvml, NvmlUnavailable, nvml_session, nvml_start
 from tunedeck.core.telemetry.sampler import TelemetrySampler
-from tunedeck.core.telemetry.store import TelemetryStore, read_gpu_series, read_latest
+from tunedeck.core.runs.store import Store
+from tunedeck.core.telemetry.store import TelemetryStore
+
+def _series(run_dir, kind, *args, **kw):
+    with Store(run_dir) as store:
+        return store.telemetry_series(kind, *args, **kw)
+
 
 
 def test_real_pynvml_without_driver_is_a_state_not_a_crash():
@@ -146,7 +152,10 @@ def test_process_list_falls_back_to_older_symbol():
 
 
 def test_process_sampler_maps_ranks_and_workers():
-    """A real 'rank' process with RANK=3 in its environment and one child (a worker)."""
+    """A real 'rank' process with RANK=3 in its environment and one child (a worker): its rank
+    read from /proc as the agent does, its worker found under it."""
+    from tunedeck.core.telemetry import proctree
+
     code = ("import subprocess,sys,time;"
             "c=subprocess.Popen([sys.executable,'-c','import time;time.sleep(60)']);"
             "time.sleep(60)")
@@ -155,12 +164,16 @@ def test_process_sampler_maps_ranks_and_workers():
         ps = ProcessSampler(rescan_s=0)
         deadline = time.monotonic() + 30
         ranks = []
+        assert proctree.rank_of(p.pid) == 3 and proctree.rank_of(os.getpid()) is None
         while time.monotonic() < deadline:
-            ranks, rows = ps.sample([p.pid])
+            ranks, rows = ps.sample({proctree.rank_of(p.pid): p.pid})
             if ranks and ranks[0]["workers"] == 1:
                 break
             time.sleep(0.2)
         assert ranks[0]["rank"] == 3 and ranks[0]["workers"] == 1
+        kids = proctree.children(p.pid)
+        assert len(kids) == 1 and proctree.descendants(p.pid) == kids
+        assert proctree.walk_table([p.pid]) == {p.pid: kids}
         assert {r["role"] for r in rows} == {"rank", "worker"}
         assert all(r["rank"] == 3 and r["threads"] >= 1 and r["rss_mib"] > 0 for r in rows)
     finally:
@@ -168,7 +181,7 @@ def test_process_sampler_maps_ranks_and_workers():
             child.kill()
         p.kill()
         p.wait()
-    ranks, rows = ps.sample([p.pid])
+    ranks, rows = ps.sample({0: p.pid})
     assert ranks == [] and rows == []
 
 
@@ -182,16 +195,16 @@ def test_sampler_respects_interval_and_stores(tmp_path):
     db = sqlite3.connect(tmp_path / "run.db")
     fake = FakePynvml(2, procs={1: [(os.getpid(), 700)]})
     s = TelemetrySampler(TelemetryStore(db), interval_s=1.0, nvml=Nvml(fake),
-                         rank_pids=lambda: [os.getpid()], out_dir=str(tmp_path))
+                         rank_pids=lambda: {0: os.getpid()}, out_dir=str(tmp_path))
     t = 1_800_000_000.0
     for i in range(20):                   # agent ticks every 0.5 s for 10 s
         s.tick(t + i * 0.5, [])
     assert s.samples == 10
     s.close()
     db.close()
-    series = read_gpu_series(tmp_path, t, t + 10, metrics=["util", "mem_used_mib"])
+    series = _series(tmp_path, "gpu", t, t + 10, metrics=["util", "mem_used_mib"])
     assert set(series["series"]) == {0, 1} and len(series["series"][1]["t"]) == 10
-    latest = read_latest(tmp_path)
+    latest = Store(tmp_path).telemetry_latest()
     assert latest["status"]["nvml"] == "ok"
     gp = latest["procs"]["gpu_procs"]
     assert gp == [{"gpu": 1, "pid": os.getpid(), "mib": 700.0, "rank": 0}]
@@ -206,7 +219,7 @@ def test_nvml_calls_per_gpu_stay_within_budget_at_1hz(tmp_path):
     db = sqlite3.connect(tmp_path / "run.db")
     fake = FakePynvml(8, procs={5: [(os.getpid(), 900)]})
     s = TelemetrySampler(TelemetryStore(db), interval_s=1.0, nvml=Nvml(fake),
-                         rank_pids=lambda: [os.getpid()], out_dir=str(tmp_path), slow_s=10.0)
+                         rank_pids=lambda: {0: os.getpid()}, out_dir=str(tmp_path), slow_s=10.0)
     t = 1_800_000_000.0
     s.sample(t)                                      # the first sample reads everything
     first = fake.calls
@@ -232,7 +245,7 @@ def test_nvml_calls_per_gpu_stay_within_budget_at_1hz(tmp_path):
     # NVLink rates come from counter deltas across the 10 s between two slow reads
     rates = {g["nvlink_rx_kbs"] for smp in samples[20:] for g in smp["gpus"]}
     assert rates == {5e5}
-    series = read_gpu_series(tmp_path, t, t + 101, max_points=1000, metrics=["power_w"])
+    series = _series(tmp_path, "gpu", t, t + 101, max_points=1000, metrics=["power_w"])
     assert all(v is not None for v in series["series"][0]["power_w"])
 
 
@@ -241,15 +254,15 @@ def test_process_sampler_reads_dead_and_live_processes_cheaply():
     p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: pass"])
     try:
         ps = ProcessSampler()
-        ps.sample([p.pid])
+        ps.sample({0: p.pid})
         time.sleep(1.0)
-        ranks, rows = ps.sample([p.pid])
+        ranks, rows = ps.sample({0: p.pid})
         assert rows[0]["role"] == "rank" and rows[0]["cpu_pct"] > 10   # a spinning loop
         assert rows[0]["rss_mib"] > 1 and rows[0]["threads"] >= 1
     finally:
         p.kill()
         p.wait()
-    assert ps.sample([p.pid]) == ([], [])
+    assert ps.sample({0: p.pid}) == ([], [])
     ps.close()
 
 

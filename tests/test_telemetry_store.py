@@ -9,8 +9,13 @@ import time
 
 import pytest
 
-from tunedeck.core.telemetry.store import (RAW_KEEP_S, TelemetryStore, read_gpu_series,
-                                  read_host_series, read_rank_series)
+from tunedeck.core.runs.store import Store
+from tunedeck.core.telemetry.store import RAW_KEEP_S, TelemetryStore
+
+def _series(run_dir, kind, *args, **kw):
+    with Store(run_dir) as store:
+        return store.telemetry_series(kind, *args, **kw)
+
 
 T0 = 1_800_000_000.0  # a round start time (bucket edges fall on whole minutes)
 
@@ -41,14 +46,14 @@ def test_buckets_hold_min_mean_max(tmp_path):
         ts.add("gpu", t, [(0, {"util": i % 10, "power_w": None})])
     ts.flush_buckets()
     db.close()
-    s = read_gpu_series(tmp_path, T0, T0 + 125, max_points=1000, metrics=["util", "power_w"])
+    s = _series(tmp_path, "gpu", T0, T0 + 125, max_points=1000, metrics=["util", "power_w"])
     assert s["resolution_s"] == 1 and len(s["series"][0]["t"]) == 125
     rows = sqlite3.connect(tmp_path / "run.db").execute(
         "SELECT t, n, util_min, util, util_max, power_w FROM tel_gpu_10 ORDER BY t").fetchall()
     assert rows[0] == (T0, 10, 0, 4.5, 9, None)     # power N/A stays N/A, not 0
     assert len(rows) == 13 and rows[-1][1] == 5      # the partial last bucket is kept
     # a window that asks for fewer points is grouped: each point covers 25 s
-    s = read_gpu_series(tmp_path, T0, T0 + 125, max_points=5, metrics=["util"])
+    s = _series(tmp_path, "gpu", T0, T0 + 125, max_points=5, metrics=["util"])
     g = s["series"][0]
     assert s["step_s"] >= 25 and len(g["t"]) <= 6
     assert min(g["util_min"]) == 0 and max(g["util_max"]) == 9
@@ -58,11 +63,11 @@ def test_buckets_hold_min_mean_max(tmp_path):
 
 def test_unknown_metric_is_named(tmp_path):
     with pytest.raises(ValueError, match="gpu metric.*bogus"):
-        read_gpu_series(tmp_path, 0, 1, metrics=["util", "bogus"])
+        _series(tmp_path, "gpu", 0, 1, metrics=["util", "bogus"])
 
 
 def test_no_run_db_reads_empty(tmp_path):
-    assert read_gpu_series(tmp_path, 0, 10)["series"] == {}
+    assert _series(tmp_path, "gpu", 0, 10)["series"] == {}
 
 
 def test_week_of_eight_gpus_stays_small_and_queries_fast(tmp_path):
@@ -99,19 +104,19 @@ def test_week_of_eight_gpus_stays_small_and_queries_fast(tmp_path):
 
     end = T0 + week
     q = time.monotonic()
-    whole = read_gpu_series(tmp_path, T0, end, max_points=500)
+    whole = _series(tmp_path, "gpu", T0, end, max_points=500)
     whole_s = time.monotonic() - q
     assert whole["resolution_s"] == 60                        # a week reads 60 s buckets
     assert len(whole["series"]) == 8
     assert all(len(s["t"]) <= 501 for s in whole["series"].values())
-    recent = read_gpu_series(tmp_path, end - 300, end, max_points=500)
+    recent = _series(tmp_path, "gpu", end - 300, end, max_points=500)
     assert recent["resolution_s"] == 1 and len(recent["series"][3]["t"]) == 300
-    day = read_gpu_series(tmp_path, end - 6 * 3600, end, max_points=2000)
+    day = _series(tmp_path, "gpu", end - 6 * 3600, end, max_points=2000)
     assert day["resolution_s"] == 10
-    old = read_gpu_series(tmp_path, T0 + 86400, T0 + 86400 + 3600, max_points=500)
+    old = _series(tmp_path, "gpu", T0 + 86400, T0 + 86400 + 3600, max_points=500)
     assert old["resolution_s"] == 60 and len(old["series"][0]["t"]) in (60, 61)
-    assert read_rank_series(tmp_path, end - 60, end, ranks=[2])["series"].keys() == {2}
-    assert read_host_series(tmp_path, T0, end)["series"][0]["cpu_pct"][0] == 35.0
+    assert _series(tmp_path, "rank", end - 60, end, keys=[2])["series"].keys() == {2}
+    assert _series(tmp_path, "host", T0, end)["series"][0]["cpu_pct"][0] == 35.0
     # loose: the machine is shared with other test runs
     assert whole_s < 5, f"week query took {whole_s:.2f}s"
     print(f"\nweek sim: {n} samples in {feed_s:.1f}s, {size_mb:.1f} MB, "

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tunedeck.core.paths import PRESETS_DIR, runs_root
-from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail, rank_log_files
+from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
 from tunedeck.tui.format import fmt_age as _fmt_age
 from tunedeck.tui.format import fmt_loss as _fmt_loss
@@ -105,7 +105,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from tunedeck.core.ingest.metrics import records, to_json_safe
+    from tunedeck.core.ingest.metrics import to_json_safe
+    from tunedeck.core.runs.metrics import records
 
     try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
         recs = to_json_safe(records(args.run))
@@ -131,7 +132,7 @@ def cmd_logs(args) -> int:
 
     files: list[Path] = []
     while not files:  # the rank may not have started yet
-        files = rank_log_files(run.run_dir, args.rank)
+        files = run.run.rank_log_files(args.rank)
         if files:
             break
         if find_run(run.run_id).status in TERMINAL:

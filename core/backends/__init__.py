@@ -1,24 +1,41 @@
-"""Backends turn a resolved RunSpec into a LaunchPlan (what torchrun runs, per node)."""
+"""Backends turn a resolved RunSpec into a LaunchPlan (what torchrun runs, per node).
+
+`BACKENDS` lists them (each module's `BACKEND`, a `base.Backend`); `plan_run` is the one
+way to get a plan from a spec: resolve it for this machine, check it, build the plan. The
+dry run and the presets screen (preview), `tunedeck export`, the preflight and the launch
+all call it, so they cannot disagree about what a spec runs.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 
+from tunedeck.core.backends import builtin, script, swift
+from tunedeck.core.backends.base import Backend
 from tunedeck.core.backends.plan import LaunchPlan
+from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
+BACKENDS: dict[str, Backend] = {b.name: b for b in (builtin.BACKEND, swift.BACKEND,
+                                                     script.BACKEND)}
 
-def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
-    if spec.backend == "builtin":
-        from tunedeck.core.backends.builtin import build_plan as builtin_plan
 
-        return builtin_plan(spec, run_dir, run_id)
-    if spec.backend == "swift":
-        from tunedeck.core.backends.swift import build_plan as swift_plan
+def backend_of(spec: RunSpec) -> Backend:
+    try:
+        return BACKENDS[spec.backend]
+    except KeyError:
+        raise ValueError(f"backend {spec.backend!r} is not available yet (one of "
+                         f"{', '.join(BACKENDS)})") from None
 
-        return swift_plan(spec, run_dir, run_id)
-    if spec.backend == "script":
-        from tunedeck.core.backends.script import build_plan as script_plan
 
-        return script_plan(spec, run_dir, run_id)
-    raise ValueError(f"backend {spec.backend!r} is not available yet")
+def plan_run(spec: RunSpec, run: RunDir, local: bool = True,
+             gpu_count: int | None = None) -> tuple[RunSpec, LaunchPlan]:
+    """(the spec resolved for this machine, with its output_dir set, and its plan). Raises
+    ValueError (SwiftPlanError...) naming the key when the spec cannot run. `local`: the plan
+    runs here, so what it names must exist here (off for exports to another machine)."""
+    spec = resolve(spec, gpu_count=gpu_count)
+    if not spec.run.output_dir:
+        spec.run.output_dir = str(run.output_dir(spec))
+    backend = backend_of(spec)
+    backend.check(spec, local)
+    return spec, backend.build_plan(spec, run)

@@ -12,11 +12,12 @@ Every form masks secrets (env values and secret-looking flag values).
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
+from tunedeck.core.backends import plan_run
+from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
 from tunedeck.core.estimate import batch
 from tunedeck.core.paths import runs_root
-from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec, mask_argv, mask_env
 
 FORMATS = ("sh", "swift", "nodes", "slurm", "vllm")
@@ -26,21 +27,9 @@ class ExportError(ValueError):
     pass
 
 
-def export_run_dir(spec: RunSpec) -> Path:
-    return runs_root() / f"{spec.name}-export"
-
-
-def _plan(spec: RunSpec) -> tuple[LaunchPlan, Path]:
-    from tunedeck.core.backends import build_plan
-
-    run_dir = export_run_dir(spec)
-    if not spec.run.output_dir:
-        spec.run.output_dir = str(run_dir / "output")
-    if spec.backend == "script":
-        from tunedeck.core.backends.script import build_plan as script_plan
-
-        return script_plan(spec, run_dir, run_dir.name, check_paths=False), run_dir
-    return build_plan(spec, run_dir, run_dir.name), run_dir
+def export_run_dir(spec: RunSpec) -> RunDir:
+    """Where an exported run keeps its files on the target machine (logs, output)."""
+    return RunDir(runs_root() / f"{spec.name}-export")
 
 
 def _env_lines(env: dict[str, str]) -> list[str]:
@@ -48,29 +37,27 @@ def _env_lines(env: dict[str, str]) -> list[str]:
 
 
 def export(spec: RunSpec, fmt: str) -> str:
-    """`spec` must be resolved (tunedeck.core.backends.resolve.resolve)."""
+    """The spec resolved for this machine (as a launch would), in the form `fmt`."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
+    if fmt == "swift" and spec.backend != "swift":
+        raise ExportError(f"--format swift needs backend = \"swift\" (this spec runs "
+                          f"{spec.backend})")
+    # the script of a script run may exist only on the target machine
+    spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     summary = f"# {batch.describe(spec)}\n"
     if fmt == "vllm":
         return vllm_command(spec)
     if fmt == "swift":
-        if spec.backend != "swift":
-            raise ExportError(f"--format swift needs backend = \"swift\" (this spec runs "
-                              f"{spec.backend})")
-        from tunedeck.core.backends.swift import check_args, cli_form
+        from tunedeck.core.backends.swift import cli_form
 
-        if not spec.run.output_dir:
-            spec.run.output_dir = str(export_run_dir(spec) / "output")
         env, argv = cli_form(spec, spec.run.output_dir)
-        check_args(spec, argv[2:])   # the flags validated as a launch would
         lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
         if spec.cluster.nnodes > 1:
             lines.append("# run on every node with its own NODE_RANK")
         lines += _env_lines(env)
         lines.append(_wrap_argv(mask_argv(argv)))
         return "\n".join(lines) + "\n"
-    plan, _ = _plan(spec)
     if fmt == "sh":
         return plan.to_shell(spec.cluster.node_rank).replace(
             "set -euo pipefail\n", "set -euo pipefail\n" + summary, 1)
@@ -100,7 +87,7 @@ def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
             skip = True
             continue
         rest.append(a)
-    log_base = shlex.quote(str(Path(node.cwd) / "logs"))
+    log_base = shlex.quote(str(RunDir(node.cwd).logs))
     if c.nnodes > 1:
         inner = ('exec "$0" -m torch.distributed.run --node_rank "$SLURM_NODEID" '
                  '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" '
@@ -131,14 +118,14 @@ def vllm_command(spec: RunSpec) -> str:
     """`vllm serve` for what the run produces: the base model with the LoRA adapter of the
     last checkpoint attached, or the full checkpoint itself."""
     c = spec.cluster
-    out_dir = spec.run.output_dir or str(export_run_dir(spec) / "output")
+    out_dir = str(export_run_dir(spec).output_dir(spec))
     # one server on one node: tensor parallel over that node's GPUs (1 on CPU)
     tp = c.nproc_per_node if c.device == "cuda" and c.nproc_per_node > 0 else 1
     model = spec.model.path
     if model.startswith("builtin:"):
-        from tunedeck.core.demo import ensure_tiny_model
+        from tunedeck.core.demo import tiny_model_dir
 
-        model = str(ensure_tiny_model(spec.data.path))
+        model = str(tiny_model_dir(spec.data.path))   # the agent builds it at launch
     step = spec.train.max_steps
     # ms-swift nests checkpoints in a versioned v<N>-<time>/ folder; the others do not
     ckpt_glob = (f"{out_dir}/v*-*/checkpoint-{step}" if spec.backend == "swift"

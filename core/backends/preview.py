@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunedeck.core.backends import build_plan
+from tunedeck.core.backends import plan_run
 from tunedeck.core.estimate.batch import describe, effective_batch
 from tunedeck.core.paths import runs_root
-from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
 
@@ -25,8 +25,7 @@ class Preview:
 
 
 def preview(spec: RunSpec, root: Path | None = None) -> Preview:
-    spec = resolve(spec)
-    plan = build_plan(spec, (root or runs_root()) / "<run-id>", "<run-id>")
+    spec, plan = plan_run(spec, RunDir((root or runs_root()) / "<run-id>"))
     t, c = spec.train, spec.cluster
     eff = effective_batch(spec, plan.world_size)  # data-parallel only (Megatron divides)
     where = (f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), "

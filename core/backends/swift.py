@@ -6,21 +6,26 @@ instead of the `swift` launcher, so per-rank log files, restarts and rendezvous 
 launcher only forwards NPROC_PER_NODE & co. to torchrun and hides the rest). Flags follow the
 installed ms-swift version and are checked against its own argument table before launch.
 Metrics: the agent tails ms-swift's logging.jsonl (console dicts as fallback) into
-events/rank0.jsonl, the same stream the built-in trainer writes.
+events/rank0.jsonl, the same stream the built-in trainer writes, read by the ingest parsers.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.backends.script import EventSink, RankLogTail
-from tunedeck.core.backends.torchrun import base_env, torchrun_argv
-from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
+from tunedeck.core.backends.base import Backend, Monitor
+from tunedeck.core.backends.plan import LaunchPlan
+from tunedeck.core.backends.torchrun import torchrun_plan
+from tunedeck.core.ingest.metrics import MetricsParser
+from tunedeck.core.ingest.parsers import parse_metrics_line
+from tunedeck.core.ingest.tail import RankLogTail, Tail
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec
-from tunedeck.core.swift import logs
 from tunedeck.core.swift.flags import validate
 from tunedeck.core.swift.version import ASSUMED, installed_version, tuner_flag
 
@@ -47,15 +52,20 @@ def _b(v: bool) -> str:
 def model_flags(spec: RunSpec) -> list[str]:
     mp = spec.model.path
     if mp.startswith("builtin:"):
-        from tunedeck.core.demo import BUILTIN_TINY, ensure_tiny_model
+        from tunedeck.core.demo import BUILTIN_TINY, tiny_model_dir
 
         if mp != BUILTIN_TINY:
             raise SwiftPlanError(f"model.path: unknown built-in model {mp!r}")
         if not spec.data.path:
             raise SwiftPlanError("data.path: the built-in tiny model is built from the data")
-        # a fresh random model matches several of ms-swift's model and template types; and
-        # --check_model false skips a hub lookup that takes ~24 s to fail offline
-        return ["--model", str(ensure_tiny_model(spec.data.path)), "--model_type", "qwen2",
+        # built by the agent before torchrun starts (a plan builds nothing); a fresh random
+        # model matches several of ms-swift's model and template types; and --check_model
+        # false skips a hub lookup that takes ~24 s to fail offline
+        try:
+            model = tiny_model_dir(spec.data.path)
+        except OSError as e:
+            raise SwiftPlanError(f"data.path: {e}") from None
+        return ["--model", str(model), "--model_type", "qwen2",
                 "--template", "qwen", "--check_model", "false"]
     return ["--model", mp]
 
@@ -238,6 +248,11 @@ def check_args(spec: RunSpec, args: list[str]) -> None:
         raise SwiftPlanError("ms-swift would reject this run:\n  " + "\n  ".join(problems))
 
 
+def check(spec: RunSpec, local: bool) -> None:
+    """Every flag checked against the installed ms-swift's own argument table."""
+    check_args(spec, swift_args(spec, "OUTPUT_DIR"))
+
+
 def swift_env(spec: RunSpec) -> dict[str, str]:
     env: dict[str, str] = {}
     if spec.model.path.startswith("builtin:"):
@@ -247,47 +262,38 @@ def swift_env(spec: RunSpec) -> dict[str, str]:
     return env
 
 
-def build_plan(spec: RunSpec, run_dir: Path, run_id: str) -> LaunchPlan:
-    output_dir = spec.run.output_dir or str(run_dir / "output")
-    args = swift_args(spec, output_dir)
-    check_args(spec, args)
-    plan = LaunchPlan(run_id=run_id, backend="swift",
-                      nproc_per_node=spec.cluster.nproc_per_node, nnodes=spec.cluster.nnodes)
-    for node in range(spec.cluster.nnodes):
-        argv = torchrun_argv(spec, run_dir, run_id, node) + ["-m", ENTRY[spec.swift.command],
-                                                             *args]
-        env = base_env(spec, run_dir, run_id)
-        for k, v in swift_env(spec).items():
-            env.setdefault(k, v)
-        host = spec.cluster.master_addr if node == 0 else f"node{node}"
-        plan.nodes.append(NodeCommand(node, host, argv, env, str(run_dir)))
-    return plan
+def build_plan(spec: RunSpec, run: RunDir) -> LaunchPlan:
+    args = swift_args(spec, str(run.output_dir(spec)))
+    return torchrun_plan(spec, run, ["-m", ENTRY[spec.swift.command], *args], swift_env(spec))
 
 
 # -- metrics -----------------------------------------------------------------------------
 
 CONSOLE_GRACE_S = 10.0  # how long console dicts wait for logging.jsonl to be found
+ANNOUNCE = re.compile(r"The logging file will be saved in: (\S+logging\.jsonl)")
 
 
 class SwiftLogMonitor:
     """Tails ms-swift's logging.jsonl into events/rank0.jsonl; console dicts of the logging
     rank are the fallback when no logging.jsonl turns up (e.g. a PAI job, a killed rank)."""
 
-    def __init__(self, run_dir: Path, output_dir: Path, log_rank: int):
+    def __init__(self, run: RunDir, output_dir: Path, log_rank: int):
         self.output_dir = output_dir
-        self.sink = EventSink(run_dir)
-        self.tail = RankLogTail(run_dir, log_rank)
-        self.jsonl: Path | None = None
-        self.offset = 0
+        self.writer = EventWriter(run.path, 0, dedupe_steps=True)
+        self.tail = RankLogTail(run, log_rank)
+        self.jsonl: Tail | None = None
+        self.parser = MetricsParser()       # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
 
     def _discover(self, lines: list[str]) -> None:
         for line in lines:
-            found = logs.announced_logging_file(line)
+            found = None
+            for m in ANNOUNCE.finditer(line):
+                found = Path(m.group(1))
             if found:
                 self._use(found)
-        if self.jsonl is None or not self.jsonl.exists():
+        if self.jsonl is None or not self.jsonl.path.exists():
             # restarts make new v<N>-<time> folders: follow the newest
             found = sorted(self.output_dir.glob("v*-*/logging.jsonl"),
                            key=lambda p: p.stat().st_mtime)
@@ -298,60 +304,57 @@ class SwiftLogMonitor:
                 self._use(direct)
 
     def _use(self, path: Path) -> None:
-        if path != self.jsonl:
-            self.jsonl, self.offset = path, 0
+        if self.jsonl is None or path != self.jsonl.path:
+            self.jsonl = Tail(path)
 
     def _read_jsonl(self) -> None:
-        from tunedeck.core.ingest.tail import read_new_json
-
-        if self.jsonl is None or not self.jsonl.exists():
+        if self.jsonl is None or not self.jsonl.path.exists():
             return
-        recs, self.offset = read_new_json(self.jsonl, self.offset)
-        for rec in recs:
-            ev = logs.record_to_event(rec)
+        for raw in self.jsonl.records():
+            rec = self.parser.normalise("dict", raw)
+            ev = from_record(rec) if rec else None
             if ev:
-                self.sink.emit(ev)
-            elif rec.get("last_model_checkpoint"):  # the summary line at the end of training
-                step = rec.get("global_step") or self.sink.last_step
-                self.sink.emit({"kind": "checkpoint", "step": step,
-                                "path": rec["last_model_checkpoint"]})
+                self.writer.emit(**ev)
+            elif raw.get("last_model_checkpoint"):  # the summary line at the end of training
+                step = raw.get("global_step") or self.writer.last_step
+                self.writer.emit("checkpoint", step=step, path=raw["last_model_checkpoint"])
                 self.finished = True
 
     def tick(self, now: float, new_events: list) -> None:
-        lines = self.tail.new_lines()
+        lines = self.tail.logical_lines()
         self._discover(lines)
         if self.jsonl is not None:
             self.pending.clear()
             self._read_jsonl()
             return
         for line in lines:
-            rec = logs.console_dict(line)
-            ev = logs.record_to_event(rec) if rec else None
+            got = parse_metrics_line(line)
+            rec = self.parser.normalise(*got) if got and got[0] == "dict" else None
+            ev = from_record(rec) if rec else None
             if ev:
                 self.pending.append((now, ev))
         while self.pending and now - self.pending[0][0] >= CONSOLE_GRACE_S:
-            self.sink.emit(self.pending.pop(0)[1])
+            self.writer.emit(**self.pending.pop(0)[1])
 
     def close(self, new_events: list) -> None:
         self.tick(time.time(), new_events)
         for _, ev in self.pending:
-            self.sink.emit(ev)
+            self.writer.emit(**ev)
         self.pending.clear()
         if self.finished:
-            self.sink.emit({"kind": "end", "step": self.sink.last_step, "reason": "completed"})
+            self.writer.emit("end", step=self.writer.last_step, reason="completed")
+        self.writer.close()
 
 
-def monitors(agent) -> list:
-    """Called by the run agent: only the node holding ms-swift's logging rank (world rank 0;
-    the last rank for Megatron) tails it."""
-    spec = agent.spec
+def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
+    """Only the node holding ms-swift's logging rank (world rank 0; the last rank for
+    Megatron) tails it."""
     c = spec.cluster
     world = max(c.nproc_per_node, 1) * c.nnodes
     log_rank = world - 1 if is_megatron(spec) else 0
     if log_rank // max(c.nproc_per_node, 1) != c.node_rank:
         return []
-    out = Path(spec.run.output_dir or agent.run_dir / "output")
-    return [SwiftLogMonitor(agent.run_dir, out, log_rank)]
+    return [SwiftLogMonitor(run, run.output_dir(spec), log_rank)]
 
 
 def cli_form(spec: RunSpec, output_dir: str) -> tuple[dict[str, str], list[str]]:
@@ -368,3 +371,4 @@ def cli_form(spec: RunSpec, output_dir: str) -> tuple[dict[str, str], list[str]]
     return env, [*CLI_FORM[spec.swift.command], *swift_args(spec, output_dir)]
 
 
+BACKEND = Backend("swift", build_plan, check, monitors)

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
+from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
 
-def torchrun_argv(spec: RunSpec, run_dir: Path, run_id: str, node_rank: int) -> list[str]:
+def torchrun_argv(spec: RunSpec, run: RunDir, node_rank: int) -> list[str]:
     c = spec.cluster
     argv = [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(c.nnodes),
             "--nproc_per_node", str(c.nproc_per_node),
             # restarts are the agent's job (pause between attempts, resume, history)
             "--max_restarts", "0",
-            # per-rank stdout/stderr files under logs/node<k>/<id>_*/attempt_<n>/<local_rank>/
-            "--log_dir", str(run_dir / "logs" / f"node{node_rank}"),
+            # per-rank stdout/stderr files (the layout: tunedeck.core.rundir)
+            "--log_dir", str(run.node_log_dir(node_rank)),
             "--redirects", "3",
-            "--rdzv_id", run_id]
+            "--rdzv_id", run.run_id]
     if c.nnodes == 1:
         argv += ["--master_addr", c.master_addr, "--master_port", str(c.master_port)]
     else:
@@ -31,10 +32,10 @@ def torchrun_argv(spec: RunSpec, run_dir: Path, run_id: str, node_rank: int) -> 
     return argv
 
 
-def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
+def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
     env: dict[str, str] = {
-        "TUNEDECK_RUN_ID": run_id,      # marks every process of the run (stop sweeps by it)
-        "TUNEDECK_RUN_DIR": str(run_dir),
+        "TUNEDECK_RUN_ID": run.run_id,     # marks every process of the run (stop sweeps by it)
+        "TUNEDECK_RUN_DIR": str(run.path),
         "PYTHONUNBUFFERED": "1",
     }
     if spec.backend != "builtin" and spec.run.dataloader_probe:
@@ -51,3 +52,20 @@ def base_env(spec: RunSpec, run_dir: Path, run_id: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = spec.cluster.gpus
     env.update(spec.env)
     return env
+
+
+def torchrun_plan(spec: RunSpec, run: RunDir, target: list[str],
+                  defaults: dict[str, str] | None = None) -> LaunchPlan:
+    """One torchrun per node running `target` (what follows torchrun's own flags); `defaults`
+    are environment values the spec's own env may override."""
+    c = spec.cluster
+    plan = LaunchPlan(run_id=run.run_id, backend=spec.backend, nproc_per_node=c.nproc_per_node,
+                      nnodes=c.nnodes)
+    for node in range(c.nnodes):
+        env = base_env(spec, run)
+        for k, v in (defaults or {}).items():
+            env.setdefault(k, v)
+        host = c.master_addr if node == 0 else f"node{node}"
+        plan.nodes.append(NodeCommand(node, host, torchrun_argv(spec, run, node) + target, env,
+                                      str(run.path)))
+    return plan

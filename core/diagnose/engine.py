@@ -21,7 +21,8 @@ from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.loss import loss_findings
 from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
 from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
-from tunedeck.core.diagnose.sources import Source, run_sources, source_for_file
+from tunedeck.core.diagnose.sources import run_sources
+from tunedeck.core.rundir import Source, source_for_file
 from tunedeck.core.ingest.metrics import merge_by_step
 from tunedeck.core.ingest.parsers.nccl import NcclSummary
 from tunedeck.core.ingest.parsers.torchrun import Failure

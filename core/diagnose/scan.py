@@ -12,8 +12,9 @@ from typing import Any
 
 from tunedeck.core.diagnose.rules import NCCL_FACT_TOKENS, NCCL_HEAD, NCCL_VIA, REPORT_TOKENS, TIME_HINT, \
     TIME_HINT_STR, TOKENS, Rule, match_line
-from tunedeck.core.diagnose.sources import Source
-from tunedeck.core.ingest.metrics import MetricsParser, TextTail
+from tunedeck.core.rundir import Source
+from tunedeck.core.ingest.metrics import MetricsParser
+from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
 from tunedeck.core.ingest.parsers.prefix import line_time, split_rank
@@ -65,7 +66,7 @@ class FileScanner:
 
     def __init__(self, source: Source, year: int | None = None) -> None:
         self.source = source
-        self.tail = TextTail(source.path)
+        self.tail = Tail(source.path)
         self.year = year
         self.hits: list[Hit] = []
         self.tracebacks: list[Traceback] = []

@@ -389,21 +389,24 @@ typedef struct {
 /* the keys MetricsParser._dict looks at */
 enum {
     D_FRAC, D_ITER, D_STEP, D_GSTEP, D_STEPS, D_LOSS, D_LR, D_LR2, D_GN, D_EPOCH, D_EVAL,
-    D_SPEED, D_TPS, D_SPS, D_ITS, D_KIND, D_RUNTIME, D_HISTORY, D_PARAMS, D_N
+    D_SPEED, D_TPS, D_TPS2, D_TPS3, D_SPS, D_MEM, D_TACC, D_ITS, D_KIND, D_RUNTIME, D_HISTORY,
+    D_PARAMS, D_N
 };
 static const char *dkeys[D_N] = {
     "global_step/max_steps", "iteration", "step", "global_step", "steps", "loss",
     "learning_rate", "lr", "grad_norm", "epoch", "eval_loss", "train_speed(s/it)",
-    "tokens_per_second", "samples_per_second", "train_speed(iter/s)", "kind", "train_runtime",
-    "log_history", "model_parameter_info"};
+    "tokens_per_second", "train_tokens_per_second", "tokens_per_s", "samples_per_second",
+    "memory(GiB)", "token_acc", "train_speed(iter/s)", "kind", "train_runtime", "log_history",
+    "model_parameter_info"};
 
 /* A record is a row of columns: its step, NV values (NaN where absent), which values are
  * there, which were ints, and where Python's key order puts max_steps and step_s. Rows are
  * turned into dicts only when someone reads them (rows()). */
-enum { C_MAX, C_LOSS, C_LR, C_GN, C_EPOCH, C_EVAL, C_STEP_S, C_TPS, C_SPS, NV };
+enum { C_MAX, C_LOSS, C_LR, C_GN, C_EPOCH, C_EVAL, C_STEP_S, C_TPS, C_SPS, C_MEM, C_TACC, NV };
 enum { O_MAX_FIRST = 1, O_MAX_LAST = 2, O_STEP_S_LAST = 4 };
 static const char *cnames[NV] = {"max_steps", "loss", "learning_rate", "grad_norm", "epoch",
-                                 "eval_loss", "step_s", "tokens_per_s", "samples_per_s"};
+                                 "eval_loss", "step_s", "tokens_per_s", "samples_per_s",
+                                 "mem_gib", "token_acc"};
 static PyObject *ckeys[NV], *key_step, *key_rank;
 
 typedef struct {
@@ -757,7 +760,9 @@ static int make_row(const Val *vals, uint32_t set, MState *st, Row *r) {
     for (int c = 0; c < NV; c++) r->v[c] = NAN;
     static const int pairs[][2] = {{D_LOSS, C_LOSS}, {D_LR, C_LR}, {D_LR2, C_LR},
                                    {D_GN, C_GN}, {D_EPOCH, C_EPOCH}, {D_EVAL, C_EVAL},
-                                   {D_SPEED, C_STEP_S}, {D_TPS, C_TPS}, {D_SPS, C_SPS}};
+                                   {D_SPEED, C_STEP_S}, {D_TPS, C_TPS}, {D_TPS2, C_TPS},
+                                   {D_TPS3, C_TPS}, {D_SPS, C_SPS}, {D_MEM, C_MEM},
+                                   {D_TACC, C_TACC}};
     for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
         const Val *v = D(pairs[k][0]);
         if (is_num(v) && !(r->present >> pairs[k][1] & 1)) put(r, pairs[k][1], v);

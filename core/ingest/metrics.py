@@ -1,133 +1,44 @@
 """Per-step training metrics from any log format, with one set of key names.
 
     records_from_file(path)    a log file, a rank's stdout, ms-swift logging.jsonl, events
-    records_from_run(run_dir)  a tunedeck run directory (all ranks, de-duplicated by step)
+    (a run's records, all ranks: tunedeck.core.runs.metrics)
 
 Each record: `step` plus whichever of `max_steps, loss, learning_rate, grad_norm, epoch,
 eval_loss, tokens_per_s, samples_per_s, step_s` the source had (built-in events add `rank, t,
 tokens, data_wait_s, mem_gib`). Non-finite values (a NaN loss) are kept as float('nan') /
 inf here; `to_json_safe` turns them into None for JSON output.
 
-Files are read by byte offset through `TextTail`, so the same objects serve a live run:
+Files are read by byte offset through `Tail`, so the same objects serve a live run:
 keep a `FileMetrics` and call `poll()`; each poll costs only what was appended since.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterable
 
 from tunedeck.core.ingest.columns import BatchList, RecordBatch
 from tunedeck.core.ingest.native import fastscan
-from tunedeck.core.ingest.parsers import LineAssembler, parse_metrics_line
+from tunedeck.core.ingest.parsers import parse_metrics_line
+from tunedeck.core.ingest.tail import Tail
 
 _EVENT_EXTRA = ("rank", "t", "tokens", "data_wait_s", "mem_gib")
-# Reads of 1 MB stay in the CPU cache for the parse that follows (a 57 MB log polls ~20 %
-# faster than with 8 MB reads); a line is cut only past MAX_LINE.
-READ_BYTES = 1 << 20
-MAX_LINE = 8 << 20
-
-
-class TextTail:
-    """Logical lines appended to a file since the last call (byte offsets, never re-reads).
-
-    Unlike splitting on every line break, `\\r` stays inside a line so the assembler can see
-    tqdm redraws for what they are. A file that shrank is read again from its start.
-    """
-
-    def __init__(self, path: Path, offset: int = 0) -> None:
-        self.path = Path(path)
-        self.offset = offset
-        self.lineno = 0          # physical lines consumed so far (for file:line evidence)
-        self.assembler = LineAssembler()
-
-    def _check_size(self) -> bool:
-        """False when the file is gone; a file that shrank is read again from its start."""
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
-            return False
-        if size < self.offset:
-            self.offset, self.lineno, self.assembler = 0, 0, LineAssembler()
-        return True
-
-    def chunks(self, count_lines: bool = True):
-        """(line number before the chunk, bytes of complete lines) for what was appended;
-        advances offset and lineno as each chunk is handed out (lineno only when
-        `count_lines`: a reader that cites no line numbers skips the count)."""
-        if not self._check_size():
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            while True:
-                data = f.read(READ_BYTES)
-                if not data:
-                    break
-                end = data.rfind(b"\n")
-                while end < 0 and len(data) < MAX_LINE:   # a long line: read on
-                    more = f.read(READ_BYTES)
-                    if not more:
-                        break
-                    data += more
-                    end = data.rfind(b"\n")
-                if end < 0:
-                    if len(data) < MAX_LINE:
-                        break  # a line still being written: next poll
-                    end = len(data) - 1   # over-long: cut here
-                chunk = data[: end + 1]
-                self.offset += len(chunk)
-                f.seek(self.offset)
-                base = self.lineno
-                if count_lines:
-                    self.lineno += chunk.count(b"\n")
-                yield base, chunk
-
-    def views(self):
-        """Like chunks(count_lines=False) without a copy per chunk: (view, end), [0, end) of
-        the view holding complete lines. The view is a reused buffer, valid only until the
-        next one. A line longer than the buffer goes through chunks()."""
-        if not self._check_size():
-            return
-        buf = bytearray(READ_BYTES)
-        view = memoryview(buf)
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            while True:
-                n = f.readinto(buf)
-                if not n:
-                    return
-                end = buf.rfind(b"\n", 0, n) + 1
-                if not end:
-                    if n < len(buf):
-                        return  # a line still being written: next poll
-                    break       # a long line
-                self.offset += end
-                f.seek(self.offset)
-                yield view, end
-        for _, chunk in self.chunks(count_lines=False):
-            yield chunk, len(chunk)
-
-    def read(self, final: bool = False) -> list[tuple[int, str]]:
-        """(line number, logical line) pairs; `final` also returns an unterminated last line."""
-        out: list[tuple[int, str]] = []
-        for base, chunk in self.chunks():
-            phys = chunk.decode("utf-8", errors="replace").split("\n")[:-1]
-            for i, line in enumerate(phys):
-                for logical in self.assembler.feed_lines((line,)):
-                    out.append((base + i + 1, logical))
-        if final:
-            out.extend((self.lineno, s) for s in self.assembler.flush())
-        return out
 
 
 class MetricsParser:
-    """Turns logical lines of one source (one rank's output) into records keyed by step."""
+    """Turns logical lines of one source (one rank's output) into records keyed by step.
 
-    def __init__(self, rank: int | None = None) -> None:
+    HF Trainer dicts carry no step. By default they take the progress bar's step (else they
+    are counted); with `logging_steps` (known from the script's own arguments) the n-th one
+    is step n x logging_steps, which a bar redrawn at its own pace cannot get wrong.
+    """
+
+    def __init__(self, rank: int | None = None, logging_steps: int | None = None) -> None:
         self.rank = rank
+        self.logging_steps = logging_steps
+        self.counted = 0               # step-less train dicts seen (with logging_steps)
         self.by_step: dict[int, dict[str, Any]] = {}
         self.progress: dict[int, dict[str, Any]] = {}  # from tqdm bars, used if nothing else
         self.max_steps: int | None = None
@@ -175,13 +86,17 @@ class MetricsParser:
             self.by_step.update((r["step"], r) for r in b.rows())
 
     def _add(self, fmt: str, raw: dict[str, Any], touched: dict[int, dict[str, Any]]) -> None:
+        rec = self.normalise(fmt, raw)
+        if rec is not None:
+            self._merge(rec["step"], rec, touched)
+
+    def normalise(self, fmt: str, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """One line's record (`parse_metrics_line`'s result), not merged with others of its
+        step. A tqdm bar gives None: it moves the bar step and the progress records."""
         if fmt == "tqdm":
             self._bar(raw)
-            return
-        rec = self._normalise(fmt, raw)
-        if rec is None:
-            return
-        self._merge(rec["step"], rec, touched)
+            return None
+        return self._normalise(fmt, raw)
 
     def _merge(self, step: int, rec: dict[str, Any], touched: dict[int, dict[str, Any]]) -> None:
         if self.batches and step <= self.top_step:   # a restart repeating kept steps
@@ -218,6 +133,8 @@ class MetricsParser:
             rec["step_s"] = raw["s_per_it"]
         elif raw.get("it_per_s"):
             rec["step_s"] = 1.0 / raw["it_per_s"]
+        if "loss" in raw:
+            rec["loss"] = raw["loss"]
         if raw["n"] > 0:
             self.progress[raw["n"]] = rec
 
@@ -227,6 +144,8 @@ class MetricsParser:
             _copy(rec, d, (("loss", "loss"), ("grad_norm", "grad_norm"), ("lr", "learning_rate"),
                            ("tps", "tokens_per_s"), ("memory_gib", "mem_gib"), ("mfu", "mfu")))
             return self._finish(rec)
+        if fmt == "plain":
+            return self._finish(dict(d))
         if fmt == "deepspeed":
             rec = {"step": d["step"]}
             _copy(rec, d, (("lr", "learning_rate"), ("samples_per_s", "samples_per_s")))
@@ -269,7 +188,9 @@ class MetricsParser:
         _copy(rec, d, (("loss", "loss"), ("learning_rate", "learning_rate"), ("lr", "learning_rate"),
                        ("grad_norm", "grad_norm"), ("epoch", "epoch"), ("eval_loss", "eval_loss"),
                        ("train_speed(s/it)", "step_s"), ("tokens_per_second", "tokens_per_s"),
-                       ("samples_per_second", "samples_per_s")))
+                       ("train_tokens_per_second", "tokens_per_s"),
+                       ("tokens_per_s", "tokens_per_s"), ("samples_per_second", "samples_per_s"),
+                       ("memory(GiB)", "mem_gib"), ("token_acc", "token_acc")))
         speed = d.get("train_speed(iter/s)")
         if _num(speed) and speed > 0:
             rec["step_s"] = 1.0 / speed
@@ -278,8 +199,12 @@ class MetricsParser:
         if "step" not in rec:
             # HF Trainer dicts carry no step: use the progress bar, else count log lines
             eval_only = "loss" not in rec and "eval_loss" in rec
-            rec["step"] = self.bar_step if self.bar_step is not None else (
-                self.last_step if eval_only else self.last_step + 1)
+            if self.logging_steps:
+                self.counted += 0 if eval_only else 1
+                rec["step"] = self.counted * self.logging_steps
+            else:
+                rec["step"] = self.bar_step if self.bar_step is not None else (
+                    self.last_step if eval_only else self.last_step + 1)
         return self._finish(rec)
 
     def _finish(self, rec: dict[str, Any]) -> dict[str, Any]:
@@ -310,13 +235,13 @@ class FileMetrics:
     native: bool = fastscan is not None
 
     def __init__(self, path: Path, rank: int | None = None) -> None:
-        self.tail = TextTail(Path(path))
+        self.tail = Tail(path)
         self.parser = MetricsParser(rank)
 
     def poll(self, final: bool = False) -> Sequence[dict[str, Any]]:
         """New or updated records, in step order (a BatchList: dicts built when read)."""
         if not self.native:
-            return self.parser.feed(line for _, line in self.tail.read(final=final))
+            return self.parser.feed(line for _, line in self.tail.logical_lines(final=final))
         # Console dict lines go through the native reader in runs; any other line (and every
         # line while a hard-wrapped dict is open) goes through the assembler and the parser.
         parser, asm = self.parser, self.tail.assembler
@@ -332,7 +257,7 @@ class FileMetrics:
                         parser.absorb(RecordBatch(*cols, parser.rank), ascending, touched, new)
                 end = _find_newline(chunk, pos, n)
                 if end < 0:
-                    break   # the cut end of an over-long line, dropped as TextTail.read does
+                    break   # the cut end of an over-long line, dropped as Tail.logical_lines does
                 parser.feed_into(asm.feed_lines((str(chunk[pos:end], "utf-8", "replace"),)),
                                  touched)
                 pos = end + 1
@@ -380,69 +305,6 @@ def merge_by_step(sources: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any
             cur = merged.get(r["step"])
             merged[r["step"]] = dict(r) if cur is None else {**r, **cur}
     return [merged[s] for s in sorted(merged)]
-
-
-def run_metric_files(run_dir: Path) -> list[tuple[Path, int | None]]:
-    """The best metric source of a run: built-in events, else ms-swift logging.jsonl, else the
-    ranks' own output (latest attempt), as (path, rank) in rank order."""
-    from tunedeck.core.runs.store import event_files, rank_of  # lazy, as read_events below
-
-    events = event_files(run_dir)
-    if events:
-        return [(p, rank_of(p)) for p in events]
-    from tunedeck.core.diagnose.sources import logging_jsonl_files, rank_logs  # lazy: diagnose uses ingest
-
-    jsonl = logging_jsonl_files(run_dir)
-    if jsonl:
-        return [(jsonl[-1], 0)]
-
-    logs = rank_logs(run_dir, latest_only=True)
-    return [(s.path, s.rank) for s in logs if s.path.name == "stdout.log"] or \
-        [(s.path, s.rank) for s in logs]
-
-
-def records_from_run(run_dir: str | Path) -> list[dict[str, Any]]:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"no such run directory: {run_dir}")
-    sources = run_metric_files(run_dir)
-    if sources and sources[0][0].parent == run_dir / "events":
-        # event streams: what the agent already ingested into run.db plus what it has not
-        # read yet, so a week-long run is not re-parsed from its files on every call
-        return merge_by_step(_records_from_events(run_dir))
-    per_source = []
-    for path, rank in sources:
-        fm = FileMetrics(path, rank)
-        fm.poll(final=True)
-        per_source.append(fm.records())
-    return merge_by_step(per_source)
-
-
-def _records_from_events(run_dir: Path) -> list[list[dict[str, Any]]]:
-    from tunedeck.core.runs.store import read_events
-
-    by_rank: dict[int, list[dict[str, Any]]] = {}
-    for e in read_events(run_dir):
-        rank = e.get("rank")
-        by_rank.setdefault(rank if isinstance(rank, int) else -1, []).append(e)
-    out = []
-    for rank in sorted(by_rank, key=lambda r: (r < 0, r)):
-        parser = MetricsParser(rank if rank >= 0 else None)
-        parser.feed_dicts(by_rank[rank])
-        out.append(parser.records())
-    return out
-
-
-def records(ref: str | Path) -> list[dict[str, Any]]:
-    """`tunedeck metrics RUN_OR_FILE`: a file, a run directory, or a run id/prefix/name."""
-    p = Path(ref)
-    if p.is_file():
-        return records_from_file(p)
-    if p.is_dir():
-        return records_from_run(p)
-    from tunedeck.core.runs.registry import find_run
-
-    return records_from_run(find_run(str(ref)).run_dir)
 
 
 def to_json_safe(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -155,8 +155,9 @@ def install() -> bool:
             return False
         if _recorder is not None:
             return True
-        _recorder = _Recorder(os.path.join(run_dir, "events", f"probe_rank{int(rank)}.jsonl"),
-                              int(rank))
+        from tunedeck.core.rundir import RunDir
+
+        _recorder = _Recorder(str(RunDir(run_dir).probe_file(int(rank))), int(rank))
         atexit.register(_recorder.close)
         os.register_at_fork(after_in_child=_recorder.after_fork)
         if TARGET in sys.modules:

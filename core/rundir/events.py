@@ -122,6 +122,22 @@ class EventWriter:
             self._f.close()
 
 
+def from_record(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """A step (or eval) event for a metrics record normalised by tunedeck.core.ingest.metrics
+    (what the agent writes for runs whose ranks print their metrics)."""
+    if "loss" in rec:
+        ev: dict[str, Any] = {"kind": "step", "step": rec["step"], "loss": rec["loss"]}
+        for src, dst in (("learning_rate", "lr"), ("grad_norm", "grad_norm"),
+                         ("mem_gib", "mem_gib"), ("token_acc", "token_acc"), ("epoch", "epoch"),
+                         ("step_s", "step_s"), ("tokens_per_s", "tokens_per_s")):
+            if rec.get(src) is not None:
+                ev[dst] = rec[src]
+        return ev
+    if "eval_loss" in rec:
+        return {"kind": "eval", "step": rec["step"], "eval_loss": rec["eval_loss"]}
+    return None
+
+
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """All events of one rank file (tests and small tools; the ingester tails instead)."""
     with open(path, encoding="utf-8") as f:

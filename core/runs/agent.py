@@ -2,10 +2,11 @@
 
 Started detached by `tunedeck launch` (`python -m tunedeck.core.runs.agent RUN_DIR`). It
   1. takes ownership (writes its pid into state.json),
-  2. prepares assets (builds the demo model on first use),
+  2. prepares assets (builds the demo model on first use: plans never build anything),
   3. starts torchrun as its child in a new process group, output to files,
-  4. once a second: ingests rank events into run.db, records pids and progress in state.json,
-     and acts on stop requests (stop.json, or SIGTERM/SIGUSR1 to the agent),
+  4. every tick: ingests rank events into run.db, records which pid runs which rank and the
+     progress in state.json, acts on stop requests (stop.json, or SIGTERM/SIGUSR1 to the
+     agent), and runs the monitors (telemetry, detectors, log diagnosis, backend ingesters),
   5. when torchrun ends: final ingest, kills any leftover process of the run, records the
      final status and exit code.
 """
@@ -25,10 +26,12 @@ from typing import Any
 
 import psutil
 
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.runs import procs
-from tunedeck.core.runs.state import read_json, write_json_atomic
+from tunedeck.core.runs.monitors import MonitorContext, make_monitors
 from tunedeck.core.runs.store import Store
 from tunedeck.core.spec import load_spec
+from tunedeck.core.telemetry import proctree
 
 log = logging.getLogger("tunedeck.agent")
 
@@ -37,11 +40,10 @@ TICK_S = 0.5
 
 class Agent:
     def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.state_path = run_dir / "state.json"
-        self.state: dict[str, Any] = read_json(self.state_path, {})
-        self.spec = load_spec(run_dir / "spec.toml")
-        self.plan = read_json(run_dir / "plan.json", {})
+        self.rundir = RunDir(run_dir)
+        self.state: dict[str, Any] = self.rundir.read_state() or {}
+        self.spec = load_spec(self.rundir.spec)
+        self.plan = self.rundir.read_plan()      # read once: fixed for the run's life
         self.node_rank = self.spec.cluster.node_rank
         self.proc: subprocess.Popen | None = None
         self.wake = False
@@ -49,11 +51,15 @@ class Agent:
         self.stop_deadline: float | None = None
         self.store: Store | None = None
         self.monitors: list = []
+        self.rank_of_pid: dict[int, int | None] = {}   # the ranks' RANK, read once per pid
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
         self.state.update(changes)
-        write_json_atomic(self.state_path, self.state)
+        self.rundir.write_state(self.state)
+
+    def stop_requested(self) -> bool:
+        return self.rundir.stop_request.exists()
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -81,15 +87,15 @@ class Agent:
             log.exception("prepare failed")
             self.save(status="failed", ended=time.time(), message=f"preparation failed: {e}")
             return 1
-        if self.stop_mode or (self.run_dir / "stop.json").exists():
+        if self.stop_mode or self.stop_requested():
             self.save(status="stopped", ended=time.time(), message="stopped before start")
             return 0
-        self.store = Store(self.run_dir)
+        self.store = Store(self.rundir, write=True)
         attempt, history = 0, []
         while True:
             self.start_torchrun(attempt)
             if attempt == 0:
-                self.monitors = _make_monitors(self)
+                self.monitors = self.make_monitors()
             rc = self.supervise()
             history.append({"attempt": attempt, "exit_code": rc, "ended": time.time()})
             self.save(attempts=history)
@@ -114,7 +120,7 @@ class Agent:
         env.update(self.spec.env)  # plan.json has secrets masked; take real values from spec
         env.update({k: v for k, v in node["env"].items() if k not in self.spec.env})
         env["TUNEDECK_ATTEMPT"] = str(attempt)
-        out = open(self.run_dir / "logs" / f"torchrun-node{self.node_rank}.log", "ab")
+        out = open(self.rundir.torchrun_log(self.node_rank), "ab")
         try:
             self.proc = subprocess.Popen(node["argv"], stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, cwd=node["cwd"], env=env,
@@ -122,7 +128,7 @@ class Agent:
         finally:
             out.close()
         changes: dict[str, Any] = dict(status="running", torchrun_pid=self.proc.pid,
-                                       pgids=[self.proc.pid], worker_pids=[])
+                                       pgids=[self.proc.pid], worker_pids=[], rank_pids={})
         if attempt == 0:
             changes.update(started=time.time(), message="")
         self.save(**changes)
@@ -132,7 +138,7 @@ class Agent:
         """Sleep before a restart; True if a stop was asked for meanwhile."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            if self.stop_mode or (self.run_dir / "stop.json").exists():
+            if self.stop_mode or self.stop_requested():
                 self.stop_mode = self.stop_mode or "graceful"
                 return True
             self._sleep(min(TICK_S, max(end - time.monotonic(), 0)))
@@ -190,21 +196,46 @@ class Agent:
         return new
 
     def record_pids(self) -> None:
-        kids = [p for p in procs.descendants(self.proc.pid)] if self.proc else []
-        workers = [p.pid for p in kids if _ppid(p) == self.proc.pid]
+        """The ranks (torchrun's children), which rank each runs as, and the process groups
+        of everything below torchrun; read from /proc, not by walking the process table."""
+        if not self.proc:
+            return
+        workers = proctree.children(self.proc.pid)
         pgids = {self.proc.pid}
-        for p in kids:
+        for pid in proctree.descendants(self.proc.pid):
             try:
-                pgids.add(os.getpgid(p.pid))
+                pgids.add(os.getpgid(pid))
             except OSError:
                 pass
         pgids.discard(os.getpgrp())
-        if workers != self.state.get("worker_pids") or sorted(pgids) != self.state.get("pgids"):
-            self.save(worker_pids=workers, pgids=sorted(pgids))
+        known = self.rank_of_pid
+        self.rank_of_pid = {pid: known[pid] if pid in known else proctree.rank_of(pid)
+                            for pid in workers}
+        # rank → pid: this is the one record of it (monitors, telemetry and stacks read it)
+        rank_pids = {str(r if r is not None else i): pid
+                     for i, (pid, r) in enumerate(self.rank_of_pid.items())}
+        if workers != self.state.get("worker_pids") or sorted(pgids) != self.state.get("pgids") \
+                or rank_pids != self.state.get("rank_pids"):
+            self.save(worker_pids=workers, pgids=sorted(pgids), rank_pids=rank_pids)
+
+    def rank_pids(self) -> dict[int, int]:
+        return {int(r): pid for r, pid in (self.state.get("rank_pids") or {}).items()}
+
+    def make_monitors(self) -> list:
+        """The agent's own monitors and the backend's; they never take the run down."""
+        assert self.store is not None
+        ctx = MonitorContext(run=self.rundir, spec=self.spec, store=self.store,
+                             node_rank=self.node_rank, rank_pids=self.rank_pids,
+                             stopping=lambda: self.stop_mode is not None)
+        try:
+            return make_monitors(ctx)
+        except Exception:
+            log.exception("monitors could not start; the run goes on without them")
+            return []
 
     # -- stopping -----------------------------------------------------------------------
     def check_stop(self) -> None:
-        req = read_json(self.run_dir / "stop.json")
+        req = self.rundir.read_stop()
         if self.stop_mode == "graceful_pending":
             req = req or {"mode": "graceful"}
         if req and self.stop_deadline is None:
@@ -261,29 +292,6 @@ class Agent:
         return 0
 
 
-def _make_monitors(agent: Agent) -> list:
-    """Monitors are optional plug-ins (core/runs/monitors.py: make_monitors(agent) -> list of
-    objects with tick(now, new_events) and close(new_events))."""
-    try:
-        from tunedeck.core.runs.monitors import make_monitors
-    except ModuleNotFoundError as e:
-        if e.name != "tunedeck.core.runs.monitors":
-            raise
-        return []
-    try:
-        return make_monitors(agent)
-    except Exception:
-        log.exception("monitors could not start; the run goes on without them")
-        return []
-
-
-def _ppid(p: psutil.Process) -> int | None:
-    try:
-        return p.ppid()
-    except psutil.Error:
-        return None
-
-
 def _become_subreaper() -> None:
     """Orphaned ranks re-parent to the agent instead of init, so it still sees and reaps them."""
     try:
@@ -312,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         return Agent(run_dir).run()
     except Exception:
         traceback.print_exc()
-        state = read_json(run_dir / "state.json", {})
+        run = RunDir(run_dir)
+        state = run.read_state() or {}
         state.update(status="failed", ended=time.time(),
                      message="agent crashed: " + traceback.format_exc(limit=1).strip()[-300:])
-        write_json_atomic(run_dir / "state.json", state)
+        run.write_state(state)
         return 1
 
 

@@ -8,7 +8,8 @@ import time
 
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.registry import RunInfo, read_run
-from tunedeck.core.runs.state import TERMINAL, pid_alive, write_json_atomic
+from tunedeck.core.rundir import write_json_atomic
+from tunedeck.core.runs.state import TERMINAL, pid_alive
 
 
 def request_stop(run: RunInfo, hard: bool = False, grace_s: float | None = None) -> None:
@@ -16,7 +17,7 @@ def request_stop(run: RunInfo, hard: bool = False, grace_s: float | None = None)
     req = {"mode": "hard" if hard else "graceful", "t": time.time()}
     if grace_s is not None:
         req["grace_s"] = grace_s
-    write_json_atomic(run.run_dir / "stop.json", req)
+    write_json_atomic(run.run.stop_request, req)
     pid = run.state.get("agent_pid")
     if pid and pid_alive(pid, run.state.get("agent_create_time")):
         try:
@@ -34,7 +35,7 @@ def _stop_orphaned(run: RunInfo) -> None:
                    roots=[p for p in (st.get("torchrun_pid"),) if p])
     st.update(status="stopped", ended=time.time(), worker_pids=[],
               message="stopped (agent was gone; processes killed)")
-    write_json_atomic(run.run_dir / "state.json", st)
+    run.run.write_state(st)
 
 
 def wait_stopped(run: RunInfo, timeout_s: float) -> RunInfo:
@@ -64,6 +65,6 @@ def _grace(run: RunInfo) -> float:
     try:
         from tunedeck.core.spec import load_spec
 
-        return load_spec(run.run_dir / "spec.toml").run.stop_grace_s
+        return load_spec(run.run.spec).run.stop_grace_s
     except Exception:
         return 60.0

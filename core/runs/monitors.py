@@ -1,31 +1,41 @@
-"""The agent's plug-ins: telemetry sampling, the probe reader and the live detectors.
+"""The agent's monitors: telemetry sampling, the live detectors, log diagnosis, and whatever
+the run's backend adds (tunedeck.core.backends: its `monitors`).
 
-`make_monitors(agent)` is called once torchrun has started. Every monitor has
-tick(now, new_events) (~every 0.5 s, must stay well under 50 ms) and close(new_events).
-One monitor failing to start never stops the others, nor the run. A backend module with a
-`monitors(agent)` function (core/backends/<backend>.py) adds its own.
+`make_monitors(ctx)` is called once torchrun has started. Every monitor has
+tick(now, new_events) (~every 0.5 s, must stay well under 50 ms, and must not grow with the
+run's length) and close(new_events). One monitor failing to start never stops the others, nor
+the run. Monitors see the run through a `MonitorContext`, not the agent itself.
 """
 
 from __future__ import annotations
 
-import importlib
-import time
 import logging
 import os
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from tunedeck.core.backends import backend_of
 from tunedeck.core.detect.stall import StallDetector
 from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
-from tunedeck.core.probe.reader import ProbeTail
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.runs.store import Store
+from tunedeck.core.spec import RunSpec
 
 log = logging.getLogger("tunedeck.monitors")
 
 CHECK_EVERY_S = 1.0
 
 
-def _rank_pids(agent) -> list[int]:
-    return list(agent.state.get("worker_pids") or [])
+@dataclass
+class MonitorContext:
+    run: RunDir
+    spec: RunSpec
+    store: Store                                 # the agent's (writable) store
+    node_rank: int
+    rank_pids: Callable[[], dict[int, int]]      # rank → pid of this node's live ranks
+    stopping: Callable[[], bool]                 # a stop was asked for (steps pause on purpose)
 
 
 def _slow_s() -> float:
@@ -40,16 +50,15 @@ def _slow_s() -> float:
 
 
 class TelemetryMonitor:
-    def __init__(self, agent):
+    def __init__(self, ctx: MonitorContext):
         from tunedeck.core.telemetry.fake import from_env
         from tunedeck.core.telemetry.nvml import Nvml
         from tunedeck.core.telemetry.sampler import TelemetrySampler
-        from tunedeck.core.telemetry.store import TelemetryStore
 
-        spec = agent.spec
+        spec = ctx.spec
         self.sampler = TelemetrySampler(
-            TelemetryStore(agent.store.db), interval_s=spec.run.telemetry_interval_s,
-            rank_pids=lambda: _rank_pids(agent), out_dir=spec.run.output_dir or None,
+            ctx.store.telemetry, interval_s=spec.run.telemetry_interval_s,
+            rank_pids=ctx.rank_pids, out_dir=spec.run.output_dir or None,
             nvml=Nvml(lib=from_env()), slow_s=_slow_s())
 
     def tick(self, now: float, new_events: list[dict]) -> None:
@@ -62,11 +71,9 @@ class TelemetryMonitor:
 class DetectorMonitor:
     """Feeds rank events and probe records to the detectors; stores what they find."""
 
-    def __init__(self, agent, telemetry=None):
-        self.agent = agent
-        spec = agent.spec
-        local_world = spec.cluster.nproc_per_node or None
-        self.probe = ProbeTail(agent.run_dir, agent.store.db)
+    def __init__(self, ctx: MonitorContext, telemetry=None):
+        self.ctx = ctx
+        local_world = ctx.spec.cluster.nproc_per_node or None
         self.pids: dict[int, int] = {}
         floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
         self.detectors = [
@@ -75,33 +82,27 @@ class DetectorMonitor:
                           local_world=local_world),
             StragglerDetector(telemetry=telemetry, local_world=local_world),
         ]
-        self.telemetry = telemetry
         self.last_check = 0.0
 
     def tick(self, now: float, new_events: list[dict]) -> None:
-        events = list(new_events) + self.probe.poll()
+        events = list(new_events) + self.ctx.store.ingest_probe()
         for d in self.detectors:
             d.update(events)
         if now - self.last_check < CHECK_EVERY_S:
             return
         self.last_check = now
-        if self.agent.stop_mode:  # a stop pauses steps on purpose: nothing to detect now
+        if self.ctx.stopping():  # a stop pauses steps on purpose: nothing to detect now
             return
-        self._map_pids()
+        self.pids.clear()
+        self.pids.update(self.ctx.rank_pids())
         for d in self.detectors:
             for f in d.check(now):
-                f.node = self.agent.node_rank
-                if self.agent.store.save_finding(f):
+                f.node = self.ctx.node_rank
+                if self.ctx.store.save_finding(f):
                     log.warning("finding %s: %s", f.category, f.summary)
 
-    def _map_pids(self) -> None:
-        procs = getattr(self.telemetry, "procs", None)
-        for i, pid in enumerate(_rank_pids(self.agent)):
-            rank = procs.rank_of(pid) if procs is not None else None
-            self.pids[rank if rank is not None else i] = pid
-
     def close(self, new_events: list[dict]) -> None:
-        events = list(new_events) + self.probe.poll()
+        events = list(new_events) + self.ctx.store.ingest_probe()
         for d in self.detectors:
             d.update(events)
 
@@ -112,8 +113,8 @@ class DiagnosisMonitor:
 
     INTERVAL_S = 5.0
 
-    def __init__(self, agent) -> None:
-        self.agent = agent
+    def __init__(self, ctx: MonitorContext) -> None:
+        self.ctx = ctx
         self.diag = None
         self.paths: tuple[str, ...] = ()
         self.last = 0.0
@@ -131,7 +132,7 @@ class DiagnosisMonitor:
         from tunedeck.core.diagnose.engine import Diagnosis
         from tunedeck.core.diagnose.sources import run_sources
 
-        sources = run_sources(self.agent.run_dir)
+        sources = run_sources(self.ctx.run)
         # error.json files are read only where torchrun's report names them: a new one must
         # not restart every scanner from byte 0
         key = tuple(str(s.path) for s in sources if s.kind != "error_json")
@@ -143,31 +144,25 @@ class DiagnosisMonitor:
                 # finding again every INTERVAL_S (run.db dedups on identical content only)
                 finding.t = self.first_seen.setdefault(
                     (finding.category, finding.rank, finding.node, finding.source), time.time())
-            self.agent.store.save_finding(finding)
+            self.ctx.store.save_finding(finding)
 
 
-def make_monitors(agent) -> list[Any]:
+def make_monitors(ctx: MonitorContext) -> list[Any]:
     monitors: list[Any] = []
     telemetry = None
     try:
-        tm = TelemetryMonitor(agent)
+        tm = TelemetryMonitor(ctx)
         monitors.append(tm)
         telemetry = tm.sampler
     except Exception:
         log.exception("telemetry could not start; the run goes on without it")
     try:
-        monitors.append(DetectorMonitor(agent, telemetry))
+        monitors.append(DetectorMonitor(ctx, telemetry))
     except Exception:
         log.exception("live detectors could not start")
-    monitors.append(DiagnosisMonitor(agent))
+    monitors.append(DiagnosisMonitor(ctx))
     try:
-        mod = importlib.import_module(f"tunedeck.core.backends.{agent.spec.backend}")
-    except ImportError:
-        mod = None
-    hook = getattr(mod, "monitors", None)
-    if callable(hook):
-        try:
-            monitors.extend(hook(agent) or [])
-        except Exception:
-            log.exception("backend %s monitors could not start", agent.spec.backend)
+        monitors.extend(backend_of(ctx.spec).monitors(ctx.run, ctx.spec))
+    except Exception:
+        log.exception("backend %s monitors could not start", ctx.spec.backend)
     return monitors

@@ -13,7 +13,8 @@ from typing import Any
 
 from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
-from tunedeck.core.runs.state import TERMINAL, pid_alive, read_json
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.runs.state import TERMINAL, pid_alive
 
 
 class RunNotFound(LookupError):
@@ -36,6 +37,10 @@ class RunInfo:
     tokens_per_s: float | None
     exit_code: int | None
     state: dict[str, Any] = field(repr=False)
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir(self.run_dir)
 
     @property
     def active(self) -> bool:
@@ -63,8 +68,8 @@ class RunInfo:
 
 
 def read_run(run_dir: Path) -> RunInfo | None:
-    state = read_json(run_dir / "state.json")
-    if not isinstance(state, dict) or "run_id" not in state:
+    state = RunDir(run_dir).read_state()
+    if state is None or "run_id" not in state:
         return None
     status = state.get("status", "pending")
     message = state.get("message", "")
@@ -94,7 +99,7 @@ def find_run(ref: str, root: Path | None = None) -> RunInfo:
     """A run by id, unique id prefix, or name (the newest run of that name)."""
     root = root or runs_root()
     direct = root / ref
-    if (direct / "state.json").exists():
+    if RunDir(direct).state.exists():
         info = read_run(direct)
         if info:
             return info
@@ -111,27 +116,9 @@ def find_run(ref: str, root: Path | None = None) -> RunInfo:
     raise RunNotFound(f"no run {ref!r} under {root}")
 
 
-def rank_log_files(run_dir: Path, rank: int = 0) -> list[Path]:
-    """stdout/stderr of a rank's latest attempt (torchrun's --log_dir layout)."""
-    spec_nproc = _nproc(run_dir)
-    node, local = divmod(rank, spec_nproc) if spec_nproc else (0, rank)
-    base = run_dir / "logs" / f"node{node}"
-    # one torchrun invocation per agent attempt, each in its own <id>_<random>/ folder
-    attempts = sorted(base.glob(f"*/attempt_*/{local}"), key=lambda p: p.stat().st_mtime)
-    if not attempts:
-        return []
-    d = attempts[-1]
-    return [d / "stdout.log", d / "stderr.log"]
-
-
-def _nproc(run_dir: Path) -> int:
-    plan = read_json(run_dir / "plan.json", {})
-    return int(plan.get("nproc_per_node") or 0)
-
-
 def log_tail(run_dir: Path, rank: int = 0, n: int = 200) -> list[str]:
     """The last lines a rank wrote (stdout, then stderr), without reading whole files."""
     out: list[str] = []
-    for p in rank_log_files(run_dir, rank):
+    for p in RunDir(run_dir).rank_log_files(rank):
         out.extend(tail_lines(p, n))
     return out[-n:]

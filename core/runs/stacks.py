@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from tunedeck.core.runs.state import read_json
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import load_spec
 
 DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -65,16 +65,15 @@ def where(d: StackDump, odd: list[StackDump]) -> str:
 
 
 def rank_pids(run_dir: Path) -> dict[int, int]:
-    """rank → pid of the run's live rank processes (from the agent's state and /proc)."""
+    """rank → pid of the run's live rank processes, as the agent records them."""
+    state = RunDir(run_dir).read_state() or {}
     out: dict[int, int] = {}
-    state = read_json(run_dir / "state.json") or {}
-    for i, pid in enumerate(state.get("worker_pids") or []):
+    for rank, pid in (state.get("rank_pids") or {}).items():
         try:
-            env = psutil.Process(pid).environ()
-            rank = int(env["RANK"]) if "RANK" in env else i
-        except (psutil.Error, ValueError, KeyError):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out[int(rank)] = pid
+        except (psutil.Error, ValueError):
             continue
-        out[rank] = pid
     return out
 
 
@@ -108,7 +107,7 @@ def dump_stacks(run_dir: str | Path, ranks: list[int] | None = None,
 
 def _backend(run_dir: Path) -> str:
     try:
-        return load_spec(run_dir / "spec.toml").backend
+        return load_spec(RunDir(run_dir).spec).backend
     except Exception:   # an unreadable spec: do not send signals to an unknown program
         return "unknown"
 
@@ -127,10 +126,7 @@ def _pyspy(exe: str, rank: int, pid: int, timeout_s: float) -> StackDump:
 
 
 def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
-    from tunedeck.core.diagnose.sources import rank_logs
-
-    logs = [s.path for s in rank_logs(run_dir, latest_only=True)
-            if s.rank == rank and s.path.name == "stderr.log"]
+    logs = [p for p in RunDir(run_dir).rank_log_files(rank) if p.name == "stderr.log"]
     if not logs:
         return StackDump(rank, pid, "faulthandler", "no stderr log found for this rank")
     log = logs[-1]

@@ -1,8 +1,12 @@
-"""run.db: the run's SQLite store. The agent is its only writer; readers open it read-only.
+"""run.db, the run's SQLite store: the one owner of its schema and of every query on it.
 
-WAL mode lets the TUI and CLI read while the agent writes. Events from the rank files are
-ingested by byte offset, and the offsets live in the same database, so a reader can pick up
-whatever the agent has not ingested yet (or ever will, if it died) straight from the files.
+The agent opens it for writing (`Store(run, write=True)`) and is its only writer: step events
+and probe records ingested by byte offset, findings, telemetry (through the telemetry tables
+on the same connection). Everyone else opens it read-only (`Store(run)`); WAL lets them read
+while the agent writes. One Store holds one connection: a viewer keeps its Store for its life.
+
+The offsets of ingested files live in the same database, so a reader adds whatever the agent
+has not ingested yet (or ever will, if it died) straight from the files.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from tunedeck.core.ingest.tail import read_new_json
+from tunedeck.core.ingest.tail import Tail
+from tunedeck.core.rundir import RunDir, event_rank
+from tunedeck.core.telemetry.store import TelemetryStore, read_latest, read_series
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -37,46 +43,87 @@ CREATE TABLE IF NOT EXISTS findings (
 """
 
 
-def rank_of(path: Path) -> int:
-    stem = path.stem  # rank3
-    return int(stem[4:]) if stem.startswith("rank") and stem[4:].isdigit() else -1
-
-
-def event_files(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "events").glob("rank*.jsonl"), key=rank_of)
-
-
 class Store:
-    """Writer side, used by the agent."""
+    """One connection to a run's run.db. Read-only unless `write` (the agent's)."""
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.db = sqlite3.connect(run_dir / "run.db", timeout=10)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
-        self.offsets = dict(self.db.execute("SELECT file, offset FROM offsets"))
+    def __init__(self, run: RunDir | str | Path, write: bool = False):
+        self.run = run if isinstance(run, RunDir) else RunDir(run)
+        self.write = write
+        self.db: sqlite3.Connection | None = None
+        self._tails: dict[str, Tail] = {}
+        self._telemetry: TelemetryStore | None = None
+        if write:
+            self.db = sqlite3.connect(self.run.db, timeout=10)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            self._tails = {name: Tail(self.run.events / name, off) for name, off in
+                           self.db.execute("SELECT file, offset FROM offsets")}
 
+    def _reader(self) -> sqlite3.Connection | None:
+        """The read-only connection, opened once run.db exists (a run that has not started
+        has none yet)."""
+        if self.db is None and self.run.db.exists():
+            try:
+                # a viewer polls from worker threads, one poll at a time
+                self.db = sqlite3.connect(f"file:{self.run.db}?mode=ro", uri=True, timeout=10,
+                                          check_same_thread=False)
+            except sqlite3.Error:
+                return None
+        return self.db
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the agent's side --------------------------------------------------------------
     def ingest(self) -> list[dict[str, Any]]:
-        """Move newly appended events into the database; returns them."""
+        """Move newly appended rank events into the database; returns them."""
         new: list[dict[str, Any]] = []
-        with self.db:
-            for path in event_files(self.run_dir):
-                key = path.name
-                events, off = read_new_json(path, self.offsets.get(key, 0))
-                if off == self.offsets.get(key, 0):
-                    continue
-                self.db.executemany(
-                    "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)",
-                    [_row(e, rank_of(path)) for e in events])
-                self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
-                                (key, off))
-                self.offsets[key] = off
-                new.extend(events)
+        for path in self.run.event_files():
+            new.extend(self._ingest_file(path, None))
         return new
+
+    def ingest_probe(self) -> list[dict[str, Any]]:
+        """Move new DataLoader probe records (kind data_wait) into the database."""
+        new: list[dict[str, Any]] = []
+        for path in self.run.probe_files():
+            new.extend(self._ingest_file(path, "data_wait"))
+        return new
+
+    def _ingest_file(self, path: Path, only_kind: str | None) -> list[dict[str, Any]]:
+        assert self.db is not None and self.write, "only the agent's Store ingests"
+        tail = self._tails.get(path.name)
+        if tail is None:
+            tail = self._tails[path.name] = Tail(path)
+        before = tail.offset
+        events = tail.records()
+        if tail.offset == before:
+            return []
+        rank = event_rank(path)
+        if only_kind:
+            events = [e for e in events if e.get("kind") == only_kind]
+        for e in events:   # the probe may leave it out; the file names it
+            if not isinstance(e.get("rank"), int) and rank is not None:
+                e["rank"] = rank
+        with self.db:
+            self.db.executemany(
+                "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)",
+                [_row(e, -1 if rank is None else rank) for e in events])
+            self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
+                            (path.name, tail.offset))
+        return events
 
     def save_finding(self, finding) -> bool:
         """Store a Finding once; returns False if the same finding was stored before."""
+        assert self.db is not None and self.write
         data = json.dumps(finding.to_json(), sort_keys=True, separators=(",", ":"))
         with self.db:
             cur = self.db.execute(
@@ -85,8 +132,62 @@ class Store:
                 (finding.t, finding.category, finding.severity, finding.rank, data))
         return cur.rowcount > 0
 
-    def close(self) -> None:
-        self.db.close()
+    @property
+    def telemetry(self) -> TelemetryStore:
+        """The telemetry tables' writer, on this Store's connection."""
+        assert self.db is not None and self.write
+        if self._telemetry is None:
+            self._telemetry = TelemetryStore(self.db)
+        return self._telemetry
+
+    # -- readers -----------------------------------------------------------------------
+    def events(self, kind: str | None = None, rank: int | None = None
+               ) -> list[dict[str, Any]]:
+        """All events of the run: what run.db holds plus anything not ingested yet."""
+        out: list[dict[str, Any]] = []
+        offsets: dict[str, int] = {}
+        db = self._reader()
+        if db is not None:
+            try:
+                cond, args = [], []
+                if kind:
+                    cond.append("kind = ?")
+                    args.append(kind)
+                if rank is not None:
+                    cond.append("rank = ?")
+                    args.append(rank)
+                q = "SELECT data FROM events" + (" WHERE " + " AND ".join(cond) if cond else "")
+                out = [json.loads(d) for (d,) in db.execute(q + " ORDER BY id", args)]
+                offsets = dict(db.execute("SELECT file, offset FROM offsets"))
+            except sqlite3.Error:
+                out, offsets = [], {}
+        for path in self.run.event_files():
+            if rank is not None and event_rank(path) != rank:
+                continue
+            events = Tail(path, offsets.get(path.name, 0)).records()
+            out.extend(e for e in events if kind is None or e.get("kind") == kind)
+        return out
+
+    def findings(self) -> list[dict[str, Any]]:
+        """Findings the agent stored, oldest first."""
+        db = self._reader()
+        if db is None:
+            return []
+        try:
+            return [json.loads(d) for (d,) in db.execute("SELECT data FROM findings ORDER BY id")]
+        except sqlite3.Error:
+            return []
+
+    def telemetry_latest(self) -> dict[str, Any]:
+        """The sampler's last snapshot ({} when the run has no telemetry)."""
+        db = self._reader()
+        return read_latest(db) if db is not None else {}
+
+    def telemetry_series(self, kind: str, t0: float, t1: float, max_points: int = 500,
+                         keys: Iterable[int] | None = None,
+                         metrics: Iterable[str] | None = None) -> dict[str, Any]:
+        """A telemetry window (see tunedeck.core.telemetry.store.read_series)."""
+        return read_series(self._reader(), kind, t0, t1, max_points, keys, metrics)
 
 
 def _row(e: dict[str, Any], file_rank: int) -> tuple:
@@ -97,51 +198,13 @@ def _row(e: dict[str, Any], file_rank: int) -> tuple:
             json.dumps(e, separators=(",", ":")))
 
 
-def read_events(run_dir: Path, kind: str | None = None, rank: int | None = None
-                ) -> list[dict[str, Any]]:
-    """All events of a run: what run.db holds plus anything the agent has not ingested yet."""
-    out: list[dict[str, Any]] = []
-    offsets: dict[str, int] = {}
-    db_path = run_dir / "run.db"
-    if db_path.exists():
-        try:
-            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
-            try:
-                q = "SELECT data FROM events"
-                cond, args = [], []
-                if kind:
-                    cond.append("kind = ?")
-                    args.append(kind)
-                if rank is not None:
-                    cond.append("rank = ?")
-                    args.append(rank)
-                if cond:
-                    q += " WHERE " + " AND ".join(cond)
-                q += " ORDER BY id"
-                out = [json.loads(d) for (d,) in db.execute(q, args)]
-                offsets = dict(db.execute("SELECT file, offset FROM offsets"))
-            finally:
-                db.close()
-        except sqlite3.Error:
-            out, offsets = [], {}
-    for path in event_files(run_dir):
-        if rank is not None and rank_of(path) != rank:
-            continue
-        events, _ = read_new_json(path, offsets.get(path.name, 0))
-        out.extend(e for e in events if kind is None or e.get("kind") == kind)
-    return out
+def read_events(run_dir: str | Path | RunDir, kind: str | None = None,
+                rank: int | None = None) -> list[dict[str, Any]]:
+    """One query of a run's events (opens and closes its own Store)."""
+    with Store(run_dir) as store:
+        return store.events(kind, rank)
 
 
-def read_findings(run_dir: Path) -> list[dict[str, Any]]:
-    """Findings the agent stored for a run, oldest first."""
-    db_path = run_dir / "run.db"
-    if not db_path.exists():
-        return []
-    try:
-        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
-        try:
-            return [json.loads(d) for (d,) in db.execute("SELECT data FROM findings ORDER BY id")]
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return []
+def read_findings(run_dir: str | Path | RunDir) -> list[dict[str, Any]]:
+    with Store(run_dir) as store:
+        return store.findings()

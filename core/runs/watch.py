@@ -2,6 +2,7 @@
 
 Each poll reads only what was appended since the last one (byte offsets into rank 0's event file
 and log files), so watching a week-long run costs the same per second as watching a new one.
+The watcher keeps one read-only Store (one run.db connection) for its life: call close().
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.ingest.tail import read_new_json, read_new_lines, tail_lines
-from tunedeck.core.runs.registry import RunInfo, rank_log_files, read_run
-from tunedeck.core.runs.store import read_findings
-from tunedeck.core.telemetry.store import read_latest
+from tunedeck.core.ingest.tail import RankLogTail, Tail
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.runs.registry import RunInfo, read_run
+from tunedeck.core.runs.store import Store
 
 
 @dataclass
@@ -36,16 +37,20 @@ class Snapshot:
 class RunWatcher:
     def __init__(self, run_dir: Path, rank: int = 0, log_lines: int = 200):
         self.run_dir = run_dir
+        self.run = RunDir(run_dir)
         self.rank = rank
-        self.event_offset = 0
+        self.store = Store(self.run)
+        self.events = Tail(self.run.event_file(rank))
         self.steps: list[int] = []
         self.losses: list[float] = []
         self.step_times: collections.deque[tuple[int, float]] = collections.deque(maxlen=50)
         self.last_step: dict[str, Any] | None = None
         self.checkpoints: list[str] = []
-        self.log_files: list[Path] = []
-        self.log_offsets: dict[Path, int] = {}
+        self.logs = RankLogTail(self.run, rank, backlog=log_lines)
         self.log_lines = log_lines
+
+    def close(self) -> None:
+        self.store.close()
 
     def poll(self) -> Snapshot:
         run = read_run(self.run_dir)
@@ -55,12 +60,12 @@ class RunWatcher:
                         last_step=self.last_step, new_log_lines=new_lines, log_reset=reset,
                         eta_s=self._eta(run), tokens_per_s=self._tokens_per_s(),
                         checkpoints=list(self.checkpoints), findings=self._findings(),
-                        telemetry=read_latest(self.run_dir))
+                        telemetry=self.store.telemetry_latest())
 
     def _findings(self) -> list[dict[str, Any]]:
         """Findings the agent stored; a finding refined by later evidence replaces itself."""
         latest: dict[tuple, dict[str, Any]] = {}
-        for f in read_findings(self.run_dir):
+        for f in self.store.findings():
             latest[(f.get("category"), f.get("rank"), f.get("node"), f.get("summary"))] = f
         order = {"error": 0, "warning": 1, "info": 2}
         return sorted(latest.values(), key=lambda f: (not f.get("root_cause", True),
@@ -68,9 +73,7 @@ class RunWatcher:
                                                       f.get("t") or 0))
 
     def _read_events(self) -> None:
-        path = self.run_dir / "events" / f"rank{self.rank}.jsonl"
-        events, self.event_offset = read_new_json(path, self.event_offset)
-        for e in events:
+        for e in self.events.records(max_bytes=16 << 20):   # the rest next poll
             kind = e.get("kind")
             if kind == "step" and isinstance(e.get("step"), int):
                 step = e["step"]
@@ -87,21 +90,10 @@ class RunWatcher:
                 self.checkpoints.append(str(e["path"]))
 
     def _read_logs(self) -> tuple[list[str], bool]:
-        files = rank_log_files(self.run_dir, self.rank)
-        reset = False
-        if files != self.log_files:  # first look, or a new attempt after a restart
-            self.log_files = files
-            reset = True
-            lines: list[str] = []
-            for p in files:
-                lines.extend(tail_lines(p, self.log_lines))
-                self.log_offsets[p] = p.stat().st_size if p.exists() else 0
-            return lines[-self.log_lines:], reset
-        out: list[str] = []
-        for p in files:
-            lines, self.log_offsets[p] = read_new_lines(p, self.log_offsets.get(p, 0))
-            out.extend(lines)
-        return out[-self.log_lines:], reset
+        """New lines of the rank's log (at most 16 MB a poll); on first look or a new attempt
+        (reset) its last `log_lines` lines."""
+        lines, reset = self.logs.poll(max_bytes=16 << 20)
+        return lines[-self.log_lines:], reset
 
     def _eta(self, run: RunInfo | None) -> float | None:
         if not run or run.status != "running" or len(self.step_times) < 2:

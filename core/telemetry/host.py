@@ -5,8 +5,8 @@ Cheap at 1 Hz because most of it is not redone each sample. On Linux each proces
 RSS; an fd is bound to its process, so a reused pid can never be mistaken for the old one);
 elsewhere psutil.Process objects are kept, in oneshot(). Workers are found every `rescan_s`
 per rank, one rank's turn per sample, from /proc/<pid>/task/*/children (no walk over the
-whole process table, which psutil's children() does). A rank's number comes from its RANK
-environment variable (read once per pid); its children are its DataLoader workers.
+whole process table, which psutil's children() does). Ranks come numbered (rank → pid, the
+agent's record); a rank's children are its DataLoader workers.
 /dev/shm and disk free are read every SLOW_HOST_S; samples in between carry the last value.
 """
 
@@ -19,6 +19,8 @@ import time
 from typing import Any
 
 import psutil
+
+from tunedeck.core.telemetry import proctree
 
 HOST_METRICS = ("cpu_pct", "mem_used_mib", "mem_total_mib", "shm_free_mib", "disk_free_mib")
 RANK_METRICS = ("cpu_pct", "rss_mib", "threads", "workers", "workers_cpu_pct",
@@ -128,40 +130,15 @@ class _PsutilStat:
         pass
 
 
-def _task_children(pid: int) -> list[int] | None:
-    """Direct children of pid from /proc/<pid>/task/*/children; None where the kernel has
-    no such file (then the caller walks the process table)."""
-    base = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return []                         # gone
-    out: list[int] = []
-    for tid in tids:
-        try:
-            with open(f"{base}/{tid}/children", "rb") as fh:
-                out.extend(int(x) for x in fh.read().split())
-        except FileNotFoundError:
-            if not os.path.exists(f"{base}/{tid}"):
-                continue                  # the thread ended meanwhile
-            return None                   # kernel without CONFIG_PROC_CHILDREN
-        except OSError:
-            continue
-    return out
-
-
 class ProcessSampler:
     """Samples known pids every time; looks for new DataLoader workers of a rank only every
     `rescan_s` (a new rank at once), one rank per sample, so no tick pays for all ranks."""
 
     def __init__(self, rescan_s: float = 10.0):
         self._stats: dict[int, _StatFile | _PsutilStat] = {}
-        self._procs: dict[int, psutil.Process] = {}    # for environ(), rank pids only
-        self._rank: dict[int, int | None] = {}
         self.rescan_s = rescan_s
         self._kids: dict[int, list[int]] = {}
         self._kids_at: dict[int, float] = {}
-        self._use_task_children = _LINUX
 
     def _children(self, rank_pids: list[int]) -> dict[int, list[int]]:
         now = time.monotonic()
@@ -178,27 +155,10 @@ class ProcessSampler:
                       sorted(due, key=self._kids_at.__getitem__)[:1])
         if not todo:
             return self._kids
-        walked = None
         for root in todo:
-            kids = self._descendants(root) if self._use_task_children else None
-            if kids is None:
-                self._use_task_children = False
-                walked = walked or _walk_table(todo)
-                kids = walked.get(root, [])
-            self._kids[root] = kids
+            self._kids[root] = proctree.descendants(root)
             self._kids_at[root] = now
         return self._kids
-
-    @staticmethod
-    def _descendants(root: int) -> list[int] | None:
-        out, todo = [], [root]
-        while todo:
-            kids = _task_children(todo.pop())
-            if kids is None:
-                return None
-            out.extend(kids)
-            todo.extend(kids)
-        return out
 
     def _stat(self, pid: int):
         st = self._stats.get(pid)
@@ -210,40 +170,16 @@ class ProcessSampler:
             self._stats[pid] = st
         return st
 
-    def _proc(self, pid: int) -> psutil.Process | None:
-        p = self._procs.get(pid)
-        if p is None:
-            try:
-                p = psutil.Process(pid)
-            except psutil.Error:
-                return None
-            self._procs[pid] = p
-        return p
-
-    def rank_of(self, pid: int) -> int | None:
-        if pid not in self._rank:
-            rank = None
-            p = self._proc(pid)
-            try:
-                env = p.environ() if p else {}
-                rank = int(env["RANK"]) if "RANK" in env else None
-            except (psutil.Error, ValueError, KeyError):
-                rank = None
-            self._rank[pid] = rank
-        return self._rank[pid]
-
-    def sample(self, rank_pids: list[int]) -> tuple[list[dict], list[dict]]:
-        """(per-rank aggregates, per-process rows) for the rank processes and their workers."""
+    def sample(self, rank_pids: dict[int, int]) -> tuple[list[dict], list[dict]]:
+        """(per-rank aggregates, per-process rows) for the rank processes (rank → pid) and
+        their workers."""
         ranks, rows = [], []
         alive: set[int] = set()
-        children = self._children(list(rank_pids))
-        for i, pid in enumerate(rank_pids):
+        children = self._children(list(rank_pids.values()))
+        for rank, pid in sorted(rank_pids.items()):
             row = self._one(pid)
             if row is None:
                 continue
-            rank = self.rank_of(pid)
-            if rank is None:
-                rank = i
             row = {"pid": pid, "rank": rank, "role": "rank", **row}
             alive.add(pid)
             rows.append(row)
@@ -264,8 +200,6 @@ class ProcessSampler:
         for pid in list(self._stats):     # forget the dead: pids get reused
             if pid not in alive:
                 self._stats.pop(pid).close()
-                self._procs.pop(pid, None)
-                self._rank.pop(pid, None)
         return ranks, rows
 
     def _one(self, pid: int) -> dict | None:
@@ -281,21 +215,3 @@ class ProcessSampler:
         for st in self._stats.values():
             st.close()
         self._stats.clear()
-
-
-def _walk_table(roots: list[int]) -> dict[int, list[int]]:
-    """Descendants of each root by one walk over the whole process table (the fallback)."""
-    by_parent: dict[int, list[int]] = {}
-    for p in psutil.process_iter(["ppid"]):
-        ppid = p.info.get("ppid")
-        if ppid:
-            by_parent.setdefault(ppid, []).append(p.pid)
-    kids: dict[int, list[int]] = {}
-    for root in roots:
-        out, todo = [], list(by_parent.get(root, ()))
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            todo.extend(by_parent.get(pid, ()))
-        kids[root] = out
-    return kids

@@ -23,7 +23,7 @@ from tunedeck.core.telemetry.store import TelemetryStore
 
 class TelemetrySampler:
     def __init__(self, tstore: TelemetryStore | None, interval_s: float = 1.0,
-                 rank_pids: Callable[[], list[int]] = list, out_dir: str | None = None,
+                 rank_pids: Callable[[], dict[int, int]] = dict, out_dir: str | None = None,
                  nvml: Nvml | None = None, keep_recent_s: float = 120.0,
                  slow_s: float = 10.0):
         self.tstore = tstore
@@ -60,8 +60,7 @@ class TelemetrySampler:
         c0 = time.process_time()
         gpus = self.nvml.sample(now)
         c1 = time.process_time()
-        pids = list(self.rank_pids() or [])
-        ranks, rows = self.procs.sample(pids)
+        ranks, rows = self.procs.sample(dict(self.rank_pids() or {}))
         c2 = time.process_time()
         host = host_sample(self.out_dir, self.slow_s)
         c3 = time.process_time()

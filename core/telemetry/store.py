@@ -18,7 +18,8 @@ sm_mhz, mem_mhz, pcie_*_kbs, nvlink_*_kbs and host shm_free_mib, disk_free_mib a
 supported), so charts stay continuous and bucket means are not skewed by gaps. The
 latest "gpus" snapshot says when they were read: each GPU record's "slow_t".
 
-The agent is the only writer (through its Store's connection); readers open run.db read-only.
+The agent is the only writer, on its Store's connection; readers query through a read-only
+Store (tunedeck.core.runs.store), which owns run.db.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from pathlib import Path
 from typing import Any, Iterable
 
 from tunedeck.core.telemetry.host import HOST_METRICS, RANK_METRICS
@@ -155,21 +155,11 @@ class TelemetryStore:
         self.db.commit()
 
 
-# -- reading ---------------------------------------------------------------------------------
+# -- reading (on a connection the run's Store gives) ------------------------------------
 
-def _connect(run_dir: Path) -> sqlite3.Connection | None:
-    path = Path(run_dir) / "run.db"
-    if not path.exists():
-        return None
-    try:
-        return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    except sqlite3.Error:
-        return None
-
-
-def read_series(run_dir: Path, kind: str, t0: float, t1: float, max_points: int = 500,
-                keys: Iterable[int] | None = None, metrics: Iterable[str] | None = None,
-                db: sqlite3.Connection | None = None) -> dict[str, Any]:
+def read_series(db: sqlite3.Connection | None, kind: str, t0: float, t1: float,
+                max_points: int = 500, keys: Iterable[int] | None = None,
+                metrics: Iterable[str] | None = None) -> dict[str, Any]:
     """At most ~max_points points per key between t0 and t1 from the finest tier that still
     holds t0. Returns {"resolution_s", "step_s", "series": {k: {"t": [...], m: [...],
     m+"_min": [...], m+"_max": [...]}}}; None where a value was N/A."""
@@ -177,8 +167,6 @@ def read_series(run_dir: Path, kind: str, t0: float, t1: float, max_points: int 
     bad = [m for m in names if m not in METRICS[kind]]
     if bad:
         raise ValueError(f"unknown {kind} metric(s): {', '.join(bad)}")
-    own = db is None
-    db = db or _connect(run_dir)
     empty = {"resolution_s": None, "step_s": None, "series": {}}
     if db is None:
         return empty
@@ -222,9 +210,6 @@ def read_series(run_dir: Path, kind: str, t0: float, t1: float, max_points: int 
         return {"resolution_s": res, "step_s": step, "series": series}
     except sqlite3.Error:
         return empty
-    finally:
-        if own:
-            db.close()
 
 
 def _pick_tier(db: sqlite3.Connection, kind: str, t0: float, t1: float,
@@ -253,33 +238,11 @@ def _pick_tier(db: sqlite3.Connection, kind: str, t0: float, t1: float,
     return max(fine_enough) if fine_enough else min(covering)
 
 
-def read_gpu_series(run_dir: Path, t0: float, t1: float, max_points: int = 500,
-                    gpus: Iterable[int] | None = None, metrics: Iterable[str] | None = None
-                    ) -> dict[str, Any]:
-    return read_series(run_dir, "gpu", t0, t1, max_points, gpus, metrics)
-
-
-def read_rank_series(run_dir: Path, t0: float, t1: float, max_points: int = 500,
-                     ranks: Iterable[int] | None = None, metrics: Iterable[str] | None = None
-                     ) -> dict[str, Any]:
-    return read_series(run_dir, "rank", t0, t1, max_points, ranks, metrics)
-
-
-def read_host_series(run_dir: Path, t0: float, t1: float, max_points: int = 500,
-                     metrics: Iterable[str] | None = None) -> dict[str, Any]:
-    return read_series(run_dir, "host", t0, t1, max_points, None, metrics)
-
-
-def read_latest(run_dir: Path) -> dict[str, Any]:
+def read_latest(db: sqlite3.Connection) -> dict[str, Any]:
     """The last snapshot: {"status": {...nvml state...}, "gpus": [...], "procs": [...],
     "host": {...}} as the sampler stored it; {} when the run has no telemetry."""
-    db = _connect(run_dir)
-    if db is None:
-        return {}
     try:
         return {kind: json.loads(data)
                 for kind, data in db.execute("SELECT kind, data FROM tel_latest")}
     except sqlite3.Error:
         return {}
-    finally:
-        db.close()

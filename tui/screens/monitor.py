@@ -71,6 +71,10 @@ class MonitorScreen(Screen):
         self.poll()
         self.set_interval(self.app.refresh_s, self.poll)
 
+    def on_unmount(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
     # -- data (thread) ------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="monitor-poll", exit_on_error=False)
     def poll(self) -> None:

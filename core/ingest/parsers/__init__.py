@@ -15,19 +15,20 @@ from typing import Any
 
 from tunedeck.core.ingest.parsers.assemble import LineAssembler
 from tunedeck.core.ingest.parsers.deepspeed import parse_deepspeed
+from tunedeck.core.ingest.parsers.plain import parse_plain_step
 from tunedeck.core.ingest.parsers.pydict import parse_dict_line
 from tunedeck.core.ingest.parsers.torchtitan import parse_torchtitan
 from tunedeck.core.ingest.parsers.tqdm import parse_tqdm
 
 __all__ = ["LineAssembler", "parse_metrics_line", "parse_dict_line", "parse_tqdm",
-           "parse_torchtitan", "parse_deepspeed"]
+           "parse_torchtitan", "parse_deepspeed", "parse_plain_step"]
 
 
 def parse_metrics_line(line: str) -> tuple[str, dict[str, Any]] | None:
     """(format, raw fields) for a line carrying training metrics, else None.
 
     format is one of "dict" (built-in events, ms-swift/HF Trainer dicts, logging.jsonl),
-    "tqdm", "torchtitan", "deepspeed".
+    "tqdm", "torchtitan", "deepspeed", "plain" (`step 12 loss 1.93` prints).
     """
     s = line.lstrip()
     if not s:
@@ -46,4 +47,8 @@ def parse_metrics_line(line: str) -> tuple[str, dict[str, Any]] | None:
         d = parse_tqdm(s)
         if d is not None:
             return "tqdm", d
+    if ("step" in s or "Step" in s) and ("loss" in s or "Loss" in s):
+        d = parse_plain_step(s)
+        if d is not None:
+            return "plain", d
     return None

@@ -1,4 +1,5 @@
-"""tqdm progress bars: `Train:  12%|█▏   | 12/100 [00:03<00:22, 3.9it/s, loss=1.2]`."""
+"""tqdm progress bars: `Train:  12%|█▏   | 12/100 [00:03<00:22, 3.9it/s, loss=1.2]`.
+A `loss=` in the postfix (scripts that show it there and print nothing else) is read too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ _BAR = re.compile(
     r"(?:(?P<desc>[^|\r]*?):?\s*)?(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)"
     r"(?:\s*\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:?]+))?"
     r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?)?")
+_POSTFIX_LOSS = re.compile(r"\bloss=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))[,\]\s]")
 
 
 def parse_tqdm(line: str) -> dict[str, Any] | None:
@@ -30,6 +32,9 @@ def parse_tqdm(line: str) -> dict[str, Any] | None:
             out["s_per_it"] = rate
         elif unit.endswith("/s"):
             out["it_per_s"] = rate
+    loss = _POSTFIX_LOSS.search(line, m.end())
+    if loss:
+        out["loss"] = float(loss.group(1))
     return out
 
 
