@@ -188,3 +188,40 @@ def test_logging_jsonl_found_without_walking_checkpoints_or_logs(tmp_path):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{}\n")
     assert RunDir(tmp_path).logging_jsonl_files() == [want]
+
+
+def test_loss_watch_fed_step_by_step_finds_what_the_whole_list_gives():
+    """The agent feeds the loss watch a few steps per tick; `tunedeck diagnose` the whole run.
+    Both must find the same anomalies, with the same evidence."""
+    import random
+
+    from tunedeck.core.diagnose.loss import LossWatch, loss_findings
+
+    rng = random.Random(7)
+    for _ in range(300):
+        recs = []
+        for i in range(rng.randint(0, 60)):
+            r = {"step": i + 1, "t": float(i)}
+            c = rng.random()
+            if c < 0.1:
+                r["loss"] = float("nan")
+            elif c < 0.45:
+                r["loss"] = 0.0
+            elif c < 0.9:
+                r["loss"] = rng.choice([1.0, 2.5])
+            if rng.random() < 0.85:
+                r["grad_norm"] = rng.choice([0.5, 0.5, 0.5, 1.0])
+            recs.append(r)
+        watch, i = LossWatch("s"), 0
+        while i < len(recs):
+            n = rng.randint(1, 5)
+            watch.feed(recs[i:i + n])
+            i += n
+        assert [f.to_json() for f in watch.findings()] == \
+            [f.to_json() for f in loss_findings(recs, "s")]
+    # and a known case: NaN from step 3, the step before it quoted
+    recs = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}] + \
+        [{"step": s, "loss": float("nan")} for s in range(3, 9)]
+    [f] = loss_findings(recs)
+    assert f.summary == "loss is nan from step 3 (6 of 8 steps)"
+    assert f.evidence[0] == "step=2 loss=1.5" and len(f.evidence) == 5

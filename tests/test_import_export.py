@@ -8,7 +8,7 @@ from conftest import REPO, cli
 from tunedeck.core.estimate import batch
 from tunedeck.core.backends.export import export
 from tunedeck.core.backends.importer import CommandImportError, import_command
-from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import load_spec
 from tunedeck.core.swift.version import installed_version
 

@@ -293,3 +293,19 @@ async def test_preflight_screen_fills_live_and_reruns(tmp_path, td_home):
         assert table.row_count == len(screen.results)
         await pilot.press("escape")
         assert not isinstance(app.screen, PreflightScreen)
+
+
+def test_plan_check_builds_the_launch_command_or_names_what_stops_it(tmp_path):
+    """The same plan_run a launch uses: a plan ms-swift could not run fails preflight."""
+    spec = write_spec(tmp_path)
+    r = check(spec, "spec.plan")
+    assert r.status == "pass" and "-m tunedeck.core.train" in r.detail
+    bad = write_spec(tmp_path, '[swift]\ncommand = "megatron-sft"\n[parallel]\n'
+                               'strategy = "megatron"\n').read_text()
+    spec.write_text('backend = "swift"\n' + bad)
+    r = check(spec, "spec.plan")
+    assert r.status == "fail" and "megatron commands need GPUs" in r.detail
+    spec.write_text(f'name = "t"\nbackend = "script"\n[script]\npath = "{tmp_path}/gone.py"\n'
+                    '[cluster]\ndevice = "cpu"\n')
+    r = check(spec, "spec.plan")
+    assert r.status == "fail" and "script.path" in r.detail and "gone.py" in r.detail

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, cli, cli_json
 from tunedeck.core.backends import plan_run
 from tunedeck.core.backends.script import ConsoleMonitor
-from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import loads_spec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
-from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import OPTIONS, RunSpec, SpecError, load_spec, loads_spec, mask_env
 from tests.conftest import DEMO, cli
 

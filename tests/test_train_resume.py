@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the train extra is not installed")
 
-from tunedeck.core.backends.resolve import free_port
+from tunedeck.core.estimate.resolve import free_port
 from tests.conftest import make_run_dir
 from tunedeck.core.rundir.events import read_events
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from tunedeck.core.backends import builtin, script, swift
 from tunedeck.core.backends.base import Backend
 from tunedeck.core.backends.plan import LaunchPlan
-from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 

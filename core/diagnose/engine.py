@@ -46,16 +46,22 @@ _LOADER_EXITED = re.compile(r"DataLoader worker \(pid\(s\) [^)]*\) exited unexpe
 
 
 class Diagnosis:
-    """Scanners for a set of sources; `poll()` reads what is new and rebuilds findings."""
+    """Scanners for a set of sources; `poll()` reads what is new and rebuilds findings.
 
-    def __init__(self, sources: list[Source]) -> None:
+    `metrics=False` leaves loss anomalies out and keeps no metric records: the live agent
+    watches the loss on the event stream (tunedeck.core.runs.monitors.LossMonitor) instead,
+    so a poll costs what was appended, not what the run has logged so far."""
+
+    def __init__(self, sources: list[Source], metrics: bool = True) -> None:
         # error.json files are read where torchrun's report names them (_apply_failures)
-        self.scanners = [FileScanner(s) for s in sources if s.kind != "error_json"]
+        self.scanners = [FileScanner(s, metrics=metrics) for s in sources
+                         if s.kind != "error_json"]
+        self.metrics = metrics
 
     def poll(self, final: bool = True) -> list[Finding]:
         for sc in self.scanners:
             sc.poll(final=final)
-        return build_findings(self.scanners)
+        return build_findings(self.scanners, loss=self.metrics)
 
 
 def diagnose_run(run_dir: str | Path) -> list[Finding]:
@@ -79,7 +85,7 @@ def diagnose_files(paths: Iterable[str | Path]) -> list[Finding]:
 
 # -- building findings ----------------------------------------------------------------------
 
-def build_findings(scanners: list[FileScanner]) -> list[Finding]:
+def build_findings(scanners: list[FileScanner], loss: bool = True) -> list[Finding]:
     found: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
     order: dict[int, int] = {}
@@ -130,12 +136,12 @@ def build_findings(scanners: list[FileScanner]) -> list[Finding]:
     for f in _nccl_findings(scanners):
         seq += 1
         add(f, seq)
-    recs = merge_by_step(sc.metrics.records() for sc in scanners
-                         if sc.metrics.by_step)
-    src = next((sc.name for sc in scanners if sc.metrics.by_step), "")
-    for f in loss_findings(recs, src):
-        seq += 1
-        add(f, seq)
+    if loss:
+        recs = merge_by_step(sc.metrics.records() for sc in scanners if sc.metrics.by_step)
+        src = next((sc.name for sc in scanners if sc.metrics.by_step), "")
+        for f in loss_findings(recs, src):
+            seq += 1
+            add(f, seq)
     enq: dict[int, int] = {}
     for sc in scanners:
         enq.update(sc.enqueued)

@@ -64,7 +64,7 @@ class FileScanner:
     _matcher = fastscan.matcher([t for t in REPORT_TOKENS if b"\n" not in t],
                                  NCCL_FACT_TOKENS) if fastscan else None
 
-    def __init__(self, source: Source, year: int | None = None) -> None:
+    def __init__(self, source: Source, year: int | None = None, metrics: bool = True) -> None:
         self.source = source
         self.tail = Tail(source.path)
         self.year = year
@@ -75,6 +75,8 @@ class FileScanner:
         self.nccl = NcclSummary()
         self.nccl_ranks: dict[int, int] = {}     # pid → NCCL rank seen in comm lines
         self.metrics = MetricsParser(source.rank)
+        # the agent reads metrics from the event stream instead: records would only pile up
+        self.keep_metrics = metrics
         self._tb: dict[int | None, _TbState] = {}
         self._cfp = ChildFailedParser()
         self._last_t: float | None = None
@@ -92,7 +94,7 @@ class FileScanner:
         if final:
             for logical in self.tail.assembler.flush():
                 self._logical(self.tail.lineno, logical, metric_lines)
-        if metric_lines:
+        if metric_lines and self.keep_metrics:
             self.metrics.feed_into(metric_lines, {})
         if final:
             for rank in list(self._tb):

@@ -120,7 +120,7 @@ def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
                   gpu_mem_gib: float | None = None, mfu: float = DEFAULT_MFU) -> SpecEstimate:
     """Estimate for a spec. `gpus` forces GPUs per node (planning on a machine without them);
     otherwise the spec is resolved against this machine's GPUs."""
-    from tunedeck.core.backends.resolve import resolve
+    from tunedeck.core.estimate.resolve import resolve
     from tunedeck.core.telemetry.gpus import list_gpus
 
     found = list_gpus()

@@ -4,8 +4,8 @@ with a detail and a fix; `run_checks` yields them one by one so a UI can show th
 """
 
 from tunedeck.core.preflight.base import CheckResult, Context
-from tunedeck.core.preflight.runner import all_checks, make_context, run_checks, smoke_run, summary, \
+from tunedeck.core.preflight.runner import all_checks, make_context, run_checks, summary, \
     summary_line
 
-__all__ = ["CheckResult", "Context", "all_checks", "make_context", "run_checks", "smoke_run",
-           "summary", "summary_line"]
+__all__ = ["CheckResult", "Context", "all_checks", "make_context", "run_checks", "summary",
+           "summary_line"]

@@ -1,12 +1,18 @@
-"""The spec against itself: memory fit, effective batch, backend versions, checkpointing."""
+"""The spec against itself: memory fit, effective batch, backend versions, checkpointing, and
+the launch command itself (built exactly as `tunedeck launch` would)."""
 
 from __future__ import annotations
 
 import re
 from importlib import metadata
 
+from tunedeck.core.backends import plan_run
+from tunedeck.core.backends.torchrun import torchrun_argv
+from tunedeck.core.paths import runs_root
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.swift.flags import FlagTableError
 
 MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
@@ -52,7 +58,7 @@ def check_effective_batch(ctx: Context) -> CheckResult:
               f"{procs * ctx.resolved.cluster.nnodes} rank(s)")
     base = ctx.base
     if base is not None:
-        from tunedeck.core.backends.resolve import resolve
+        from tunedeck.core.estimate.resolve import resolve
 
         rb = resolve(base, gpu_count=len(ctx.gpus.gpus))
         beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))
@@ -146,4 +152,21 @@ def check_saving(ctx: Context) -> CheckResult:
                   "end and on stop")
 
 
-CHECKS = [check_gpu_memory, check_effective_batch, check_backend, check_saving]
+def check_plan(ctx: Context) -> CheckResult:
+    id, title = "spec.plan", "The launch command can be built"
+    try:
+        spec, plan = plan_run(ctx.spec, RunDir(runs_root() / "<run-id>"),
+                              gpu_count=len(ctx.gpus.gpus))
+    except FlagTableError as e:   # ms-swift missing or broken: env.backend says what to do
+        return result(id, title, "skip", f"ms-swift's flags could not be read: {e}")
+    except ValueError as e:
+        return result(id, title, "fail", str(e), "change the spec key the message names")
+    node = min(spec.cluster.node_rank, len(plan.nodes) - 1)
+    # what torchrun runs, after its own flags: `-m tunedeck.core.train ...`, `-m swift.cli.sft`
+    target = plan.nodes[node].argv[len(torchrun_argv(spec, RunDir("<run-id>"), node)):]
+    shown = " ".join(target[:2]) + (f" + {len(target) - 2} arguments" if len(target) > 2 else "")
+    return result(id, title, "pass", f"torchrun on {plan.nnodes} node(s) x "
+                  f"{plan.nproc_per_node} rank(s) runs {shown}")
+
+
+CHECKS = [check_plan, check_gpu_memory, check_effective_batch, check_backend, check_saving]

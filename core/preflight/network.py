@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 from tunedeck.core.preflight.base import CheckResult, Context, result
-from tunedeck.core.backends.resolve import free_port
+from tunedeck.core.estimate.resolve import free_port
 
 CONNECT_TIMEOUT_S = 2.0
 SYS_NET = Path("/sys/class/net")

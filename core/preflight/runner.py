@@ -1,19 +1,15 @@
-"""Running the checks in order, and the smoke run (a few real steps through the launch path)."""
+"""Running the checks in order. (The smoke run, a few real steps through the launch path, is
+tunedeck.core.runs.smoke: it launches a run.)"""
 
 from __future__ import annotations
 
-import copy
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 from tunedeck.core.preflight import config, gpu, host, inputs, network
 from tunedeck.core.preflight.base import CheckResult, Context, result
-from tunedeck.core.backends.resolve import resolve
+from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import RunSpec, load_spec
-
-SMOKE_STEPS = 3
-
 
 def all_checks() -> list[Callable[[Context], CheckResult]]:
     return [*gpu.CHECKS, *network.CHECKS, *inputs.CHECKS, *host.CHECKS, *config.CHECKS]
@@ -56,44 +52,3 @@ def summary(results: list[CheckResult]) -> dict[str, int]:
 def summary_line(counts: dict[str, int]) -> str:
     return (f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
             f"{counts['skip']} skipped")
-
-
-def smoke_run(spec: RunSpec, steps: int = SMOKE_STEPS, timeout_s: float = 1800,
-              on_status: Callable[[str], None] | None = None) -> CheckResult:
-    """Launch the real run for `steps` steps through tunedeck.core.runs.launch and wait for it."""
-    from tunedeck.core.runs.launch import LaunchError, launch
-    from tunedeck.core.runs.registry import find_run
-    from tunedeck.core.runs.state import TERMINAL
-
-    id, title = "smoke.run", f"Smoke run ({steps} real steps)"
-    s = copy.deepcopy(spec)
-    s.train.max_steps = steps
-    s.train.save_steps = 0
-    s.name = f"{spec.name}-smoke"[:40]
-    try:
-        run_dir = launch(s)
-    except (LaunchError, OSError, ValueError) as e:
-        return result(id, title, "fail", f"launch failed: {e}", "see the message above")
-    run_id = run_dir.name
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while True:
-        run = find_run(run_id)
-        line = f"{run_id}: {run.status} step {run.step}/{run.max_steps}"
-        if on_status and line != last:
-            on_status(line)
-            last = line
-        if run.status in TERMINAL:
-            break
-        if time.monotonic() > deadline:
-            from tunedeck.core.runs.control import stop
-
-            stop(run, hard=True)
-            return result(id, title, "fail", f"{run_id}: no end after {timeout_s:.0f}s",
-                          f"tunedeck logs {run_id}")
-        time.sleep(0.5)
-    if run.status == "succeeded":
-        return result(id, title, "pass", f"{run_id}: {run.step} steps, loss "
-                      f"{run.loss if run.loss is not None else '?'}")
-    return result(id, title, "fail", f"{run_id}: {run.status}"
-                  + (f" ({run.message})" if run.message else ""), f"tunedeck logs {run_id}")

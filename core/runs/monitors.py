@@ -132,12 +132,13 @@ class DiagnosisMonitor:
         from tunedeck.core.diagnose.engine import Diagnosis
         from tunedeck.core.diagnose.sources import run_sources
 
-        sources = run_sources(self.ctx.run)
+        # metric streams are the LossMonitor's (they hold no failure text of their own)
+        sources = [s for s in run_sources(self.ctx.run) if s.kind not in ("events", "jsonl")]
         # error.json files are read only where torchrun's report names them: a new one must
         # not restart every scanner from byte 0
         key = tuple(str(s.path) for s in sources if s.kind != "error_json")
         if key != self.paths:  # a rank or attempt started writing a new file
-            self.diag, self.paths = Diagnosis(sources), key
+            self.diag, self.paths = Diagnosis(sources, metrics=False), key
         for finding in self.diag.poll(final=final):
             if finding.t is None:
                 # the poll that first saw it; a fresh time on every poll would store the same
@@ -145,6 +146,47 @@ class DiagnosisMonitor:
                 finding.t = self.first_seen.setdefault(
                     (finding.category, finding.rank, finding.node, finding.source), time.time())
             self.ctx.store.save_finding(finding)
+
+
+class LossMonitor:
+    """Loss anomalies (NaN, collapse to zero, frozen grad norm) from the step events of this
+    node's first rank as the agent ingests them: constant work per new step."""
+
+    INTERVAL_S = 5.0
+
+    def __init__(self, ctx: MonitorContext) -> None:
+        from tunedeck.core.diagnose.loss import LossWatch
+        from tunedeck.core.ingest.metrics import MetricsParser
+
+        self.ctx = ctx
+        self.rank = ctx.node_rank * max(ctx.spec.cluster.nproc_per_node, 1)
+        self.watch = LossWatch(str(ctx.run.event_file(self.rank)))
+        self.parser = MetricsParser(self.rank)
+        self.last = 0.0
+        self.shown: list[dict] = []
+
+    def tick(self, now: float, new_events: list[dict]) -> None:
+        self._feed(new_events)
+        if now - self.last >= self.INTERVAL_S:
+            self.last = now
+            self._save()
+
+    def close(self, new_events: list[dict]) -> None:
+        self._feed(new_events)
+        self._save()
+
+    def _feed(self, events: list[dict]) -> None:
+        recs = [self.parser.normalise("dict", e) for e in events
+                if e.get("kind") == "step" and e.get("rank") == self.rank]
+        self.watch.feed(r for r in recs if r is not None)
+
+    def _save(self) -> None:
+        found = [f.to_json() for f in self.watch.findings()]
+        if found != self.shown:
+            self.shown = found
+            for f in self.watch.findings():
+                f.node = self.ctx.node_rank
+                self.ctx.store.save_finding(f)
 
 
 def make_monitors(ctx: MonitorContext) -> list[Any]:
@@ -160,7 +202,7 @@ def make_monitors(ctx: MonitorContext) -> list[Any]:
         monitors.append(DetectorMonitor(ctx, telemetry))
     except Exception:
         log.exception("live detectors could not start")
-    monitors.append(DiagnosisMonitor(ctx))
+    monitors += [DiagnosisMonitor(ctx), LossMonitor(ctx)]
     try:
         monitors.extend(backend_of(ctx.spec).monitors(ctx.run, ctx.spec))
     except Exception:

@@ -29,7 +29,7 @@ def cmd_import(args) -> int:
 def cmd_export(args) -> int:
     from tunedeck.core.estimate import batch
     from tunedeck.core.backends.export import ExportError, export
-    from tunedeck.core.backends.resolve import resolve
+    from tunedeck.core.estimate.resolve import resolve
     from tunedeck.core.spec import SpecError, load_spec
     from tunedeck.core.swift.flags import FlagTableError
 

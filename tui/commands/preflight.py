@@ -21,7 +21,8 @@ def register(sub) -> None:
 
 
 def cmd_preflight(args) -> int:
-    from tunedeck.core.preflight import make_context, run_checks, smoke_run, summary, summary_line
+    from tunedeck.core.preflight import make_context, run_checks, summary, summary_line
+    from tunedeck.core.runs.smoke import smoke_run
     from tunedeck.core.spec import SpecError
 
     try:
