@@ -13,7 +13,7 @@ shift
 SCENARIOS=${*:-slow_rank starved_loader loader_killed rank_killed hung_rank}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-export TUNEDECK_HOME="$OUT/home" TUNEDECK_CACHE="$OUT/cache" PYTHONPATH="$PWD:${PYTHONPATH:-}"
+export TUNEDECK_HOME="$OUT/home" TUNEDECK_CACHE="$OUT/cache" PYTHONPATH="$(python3 bench/checkout.py)${PYTHONPATH:+:$PYTHONPATH}"
 # NVLink multicast stays off on shared hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 DEVICE=${FAULTS_DEVICE:-cuda}

@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT=${1:?output dir}
 mkdir -p "$OUT"
-export TUNEDECK_HOME="$OUT/home" TUNEDECK_CACHE="$OUT/cache" PYTHONPATH="$PWD:${PYTHONPATH:-}"
+export TUNEDECK_HOME="$OUT/home" TUNEDECK_CACHE="$OUT/cache" PYTHONPATH="$(python3 bench/checkout.py)${PYTHONPATH:+:$PYTHONPATH}"
 # NVLink multicast stays off on shared hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 td() { python3 -m tunedeck.tui "$@"; }

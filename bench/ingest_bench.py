@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+__import__("checkout").use()  # tunedeck from this checkout unless installed
 
 from tunedeck.core.diagnose.scan import FileScanner  # noqa: E402
 from tunedeck.core.rundir import Source  # noqa: E402

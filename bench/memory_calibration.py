@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+__import__("checkout").use()  # tunedeck from this checkout unless installed
 
 from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory  # noqa: E402
 
@@ -211,7 +212,7 @@ def main(argv: list[str]) -> int:
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.jsonl").unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO), NCCL_NVLS_ENABLE="0",
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0",
                TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
                OMP_NUM_THREADS="1", CALIB_TINY="1" if tiny else "0")
     me = str(Path(__file__).resolve())

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+__import__("checkout").use()  # tunedeck from this checkout unless installed
 SEQ, BATCH = 2048, 4
 
 

@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+__import__("checkout").use()  # tunedeck from this checkout unless installed
 
 from tunedeck.core.telemetry.fake import FakePynvml  # noqa: E402
 from tunedeck.core.telemetry.nvml import Nvml  # noqa: E402

@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+__import__("checkout").use()  # tunedeck from this checkout unless installed
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocab, tied (Qwen2.5 configs)
     "7b": (3584, 18944, 28, 28, 4, 152064, False),

@@ -23,7 +23,7 @@ for c in ${CASES//,/ }; do
   [[ " $(echo $ALL) " == *" $c "* ]] || { echo "unknown case '$c'; known: $(echo $ALL)" >&2; exit 2; }
 done
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH="$(python3 bench/checkout.py)${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python}

@@ -108,3 +108,19 @@ def test_installed_wheel_runs_every_command_from_another_folder(wheel, tmp_path,
     imported = td("import", "swift sft --model Qwen/Qwen2.5-7B-Instruct --dataset d.jsonl "
                   "--tuner_type lora").stdout
     assert "backend = \"swift\"" in imported
+
+
+def test_benchmarks_use_a_checkout_that_is_not_installed(tmp_path):
+    """The GPU machine runs bench/ from a bare checkout: bench/checkout.py must make the same
+    `tunedeck` package importable there, presets included (-S: no site-packages, so no
+    installed tunedeck to fall back on)."""
+    code = ("import sys; sys.path.insert(0, 'bench'); import checkout; checkout.use(); "
+            "import os, tunedeck.core.paths as p, tunedeck.core.rundir as r; "
+            "print(p.PRESETS_DIR / 'demo.toml'); print(r.__file__); print(os.environ['PYTHONPATH'])")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True,
+                         text=True, env={"TMPDIR": str(tmp_path), "PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    demo, rundir, pythonpath = out.stdout.split()
+    assert Path(demo).resolve() == (REPO / "presets" / "demo.toml").resolve()
+    assert Path(rundir).resolve() == (REPO / "core" / "rundir" / "__init__.py").resolve()
+    assert pythonpath.startswith(str(tmp_path))   # children (agent, ranks) find it too

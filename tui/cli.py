@@ -16,6 +16,7 @@ from pathlib import Path
 from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
+from tunedeck.tui.commands import diagnose, estimate, importexport, preflight, stacks
 from tunedeck.tui.format import fmt_age as _fmt_age
 from tunedeck.tui.format import fmt_loss as _fmt_loss
 from tunedeck.tui.format import print_json as _print_json
@@ -256,20 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_tui)
 
     # More subcommands live in tui/commands/<name>.py, each with register(subparsers).
-    import importlib
-
-    for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"tunedeck.tui.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"tunedeck.tui.commands.{name}":
-                raise
-            continue
+    for mod in COMMAND_MODULES:
         mod.register(sub)
     return p
 
 
-COMMAND_MODULES = ("preflight", "estimate", "diagnose", "importexport", "stacks")
+COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks)
 
 
 def main(argv: list[str] | None = None) -> int:

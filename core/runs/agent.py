@@ -270,7 +270,9 @@ class Agent:
         # ranks orphaned by torchrun (it died first) or late DataLoader workers: none may stay
         leftovers = self.kill_all()
         _reap()
-        new = self.ingest()
+        new: list[dict[str, Any]] = []
+        while batch := self.ingest():   # everything the ranks wrote, however much is left
+            new.extend(batch)
         for m in self.monitors:
             try:
                 m.close(new)

@@ -84,6 +84,10 @@ class Store:
         self.close()
 
     # -- the agent's side --------------------------------------------------------------
+    # At most this much of each file per call: an agent taking over a long backlog (a
+    # restart) catches up over a few ticks instead of holding it all in memory at once.
+    INGEST_BYTES = 8 << 20
+
     def ingest(self) -> list[dict[str, Any]]:
         """Move newly appended rank events into the database; returns them."""
         new: list[dict[str, Any]] = []
@@ -104,7 +108,7 @@ class Store:
         if tail is None:
             tail = self._tails[path.name] = Tail(path)
         before = tail.offset
-        events = tail.records()
+        events = tail.records(self.INGEST_BYTES)
         if tail.offset == before:
             return []
         rank = event_rank(path)

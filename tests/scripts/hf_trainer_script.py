@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for tunedeck.core.demo
 
 
 def main() -> None:
