@@ -129,11 +129,14 @@ class Store:
         """Store a Finding once; returns False if the same finding was stored before."""
         assert self.db is not None and self.write
         data = json.dumps(finding.to_json(), sort_keys=True, separators=(",", ":"))
+        # -1 for "no rank": SQLite's UNIQUE treats NULLs as all different, so a rank-less
+        # finding was stored again on every diagnosis poll
+        rank = finding.rank if finding.rank is not None else -1
         with self.db:
             cur = self.db.execute(
                 "INSERT OR IGNORE INTO findings(t, category, severity, rank, data) "
                 "VALUES (?,?,?,?,?)",
-                (finding.t, finding.category, finding.severity, finding.rank, data))
+                (finding.t, finding.category, finding.severity, rank, data))
         return cur.rowcount > 0
 
     @property
