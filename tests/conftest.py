@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +15,70 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "presets" / "demo.toml"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_home(tmp_path_factory):
+    """Nothing a test does may reach the user's real home or their tmux: HOME, the XDG folders
+    and the run registry point into the test's temp dir, and a tmux the suite runs inside
+    of is not the one the tests talk to (see `tmux`)."""
+    home = tmp_path_factory.mktemp("user-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HOME", str(home))
+    for var, sub in (("XDG_DATA_HOME", ".local/share"), ("XDG_CACHE_HOME", ".cache"),
+                     ("XDG_CONFIG_HOME", ".config")):
+        mp.setenv(var, str(home / sub))
+    mp.setenv("TUNEDECK_HOME", str(home / ".local" / "share" / "tunedeck"))
+    for var in ("TMUX", "TMUX_PANE"):
+        mp.delenv(var, raising=False)
+    yield home
+    mp.undo()
+
+
+class Tmux:
+    """A tmux server of the test's own: its own socket (-L) under its own TMUX_TMPDIR, so a
+    test never touches a tmux the user runs, and `kill` (always called) ends all of it."""
+
+    _n = itertools.count()
+
+    def __init__(self, tmpdir: Path):
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        self.socket = f"tunedeck-test-{os.getpid()}-{next(self._n)}"
+        self.env = {**os.environ, "TMUX_TMPDIR": str(tmpdir)}
+        self.env.pop("TMUX", None)
+
+    def __call__(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], env=self.env,
+                              capture_output=True, text=True, check=check)
+
+    def start(self, name: str, argv: list[str], size=(120, 36), env=None, cwd=REPO) -> None:
+        """A detached session running `argv` with this environment (plus `env`)."""
+        subprocess.run(["tmux", "-L", self.socket, "new-session", "-d", "-s", name,
+                        "-x", str(size[0]), "-y", str(size[1]), *argv],
+                       env={**self.env, **(env or {})}, cwd=cwd, check=True)
+
+    def screen(self, name: str) -> str:
+        return self("capture-pane", "-p", "-t", name).stdout
+
+    def keys(self, name: str, *keys: str) -> None:
+        self("send-keys", "-t", name, *keys, check=True)
+
+    def alive(self, name: str) -> bool:
+        return self("has-session", "-t", name).returncode == 0
+
+    def kill(self) -> None:
+        self("kill-server")
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux not installed")
+    t = Tmux(tmp_path / "tmux")
+    try:
+        yield t
+    finally:
+        t.kill()
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,7 @@ def test_logs_show_each_rank(finished_demo):
     assert len(out1.splitlines()) <= 5
 
 
-def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path):
+def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path, tmux):
     steps = 120
     # launch --wait in a child, kill it once the run is going
     launcher = subprocess.Popen(
@@ -66,20 +66,13 @@ def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path):
     run_id = json.loads(launcher.stdout.readline())["run_id"]
     wait_for(lambda: _status(td_home, run_id)["step"] >= 3, 120, "the run to take steps")
     # a TUI watching the run, in a real terminal, killed the same way
-    tui = None
-    if _has_tmux():
-        tui = f"td-{os.getpid()}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", tui, "-x", "100", "-y", "30",
-                        sys.executable, "-m", "tunedeck.tui", "--readonly"],
-                       env=dict(os.environ, TUNEDECK_HOME=str(td_home)), cwd=REPO, check=True)
-        pane_pid = int(subprocess.run(["tmux", "list-panes", "-t", tui, "-F", "#{pane_pid}"],
-                                      capture_output=True, text=True).stdout.split()[0])
-        wait_for(lambda: run_id in _capture(tui), 30, "the TUI to list the run")
-        os.kill(pane_pid, signal.SIGKILL)
+    tmux.start("tui", [sys.executable, "-m", "tunedeck.tui", "--readonly"], size=(100, 30),
+               env={"TUNEDECK_HOME": str(td_home)})
+    pane_pid = int(tmux("list-panes", "-t", "tui", "-F", "#{pane_pid}").stdout.split()[0])
+    wait_for(lambda: run_id in tmux.screen("tui"), 30, "the TUI to list the run")
+    os.kill(pane_pid, signal.SIGKILL)
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait()
-    if tui:
-        subprocess.run(["tmux", "kill-session", "-t", tui], capture_output=True)
     at_kill = _status(td_home, run_id)
     assert at_kill["status"] == "running" and at_kill["step"] < steps
     final = wait_for(lambda: (s := _status(td_home, run_id))["status"] != "running" and s,
@@ -156,12 +149,8 @@ def _load_adapter(path):
     assert int(proc.stdout.split()[-1]) > 0
 
 
-def _has_tmux() -> bool:
-    from shutil import which
-
-    return which("tmux") is not None
-
-
-def _capture(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
-                          text=True).stdout
+def test_ls_names_each_run(finished_demo):
+    home, run_id, _ = finished_demo
+    header, row = cli("ls", home=home).stdout.splitlines()[:2]
+    assert header.split()[:3] == ["RUN", "NAME", "STATUS"]
+    assert row.split()[:3] == [run_id, "demo", "succeeded"]

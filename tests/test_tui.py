@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -109,27 +108,16 @@ async def test_readonly_hides_stop(finished_demo, monkeypatch):
         assert not isinstance(app.screen, ConfirmScreen)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
-def test_tui_in_a_real_terminal(finished_demo):
+def test_tui_in_a_real_terminal(finished_demo, tmux):
     home, run_id, _ = finished_demo
-    name = f"tdtui-{os.getpid()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "110", "-y", "32",
-                    sys.executable, "-m", "tunedeck.tui"], cwd=REPO, check=True,
-                   env=dict(os.environ, TUNEDECK_HOME=str(home)))
-    try:
-        def screen():
-            return subprocess.run(["tmux", "capture-pane", "-p", "-t", name],
-                                  capture_output=True, text=True).stdout
-
-        wait_for(lambda: run_id in screen(), 30, "the runs list")
-        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
-        last = _last_step_event(home / "runs" / run_id)
-        wait_for(lambda: f"loss {last['loss']:.4f}" in screen(), 30, "the monitor")
-        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
-        wait_for(lambda: subprocess.run(["tmux", "has-session", "-t", name],
-                                        capture_output=True).returncode != 0, 15, "quit")
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    tmux.start("tui", [sys.executable, "-m", "tunedeck.tui"], size=(110, 32),
+               env={"TUNEDECK_HOME": str(home)})
+    wait_for(lambda: run_id in tmux.screen("tui"), 30, "the runs list")
+    tmux.keys("tui", "Enter")
+    last = _last_step_event(home / "runs" / run_id)
+    wait_for(lambda: f"loss {last['loss']:.4f}" in tmux.screen("tui"), 30, "the monitor")
+    tmux.keys("tui", "q")
+    wait_for(lambda: not tmux.alive("tui"), 15, "quit")
 
 
 async def _until(pilot, pred, timeout: float = 30.0):
@@ -144,25 +132,17 @@ async def _until(pilot, pred, timeout: float = 30.0):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
-def test_demo_command_launches_and_monitors_live(td_home):
+def test_demo_command_launches_and_monitors_live(td_home, tmux):
     """The README's main job: `tunedeck demo` starts the demo and shows it live to the end."""
-    name = f"tddemo-{os.getpid()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "36",
-                    sys.executable, "-m", "tunedeck.tui", "demo", "--set", "train.max_steps=60"],
-                   cwd=REPO, check=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)))
-
-    def screen():
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", name],
-                              capture_output=True, text=True).stdout
-    try:
-        wait_for(lambda: "running" in screen() and "step " in screen(), 120, "a live monitor")
-        wait_for(lambda: "succeeded" in screen() and "step 60/60" in screen(), 180,
-                 "the end of the demo on screen")
-        assert "rank 0 log" in screen()
-        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    tmux.start("demo", [sys.executable, "-m", "tunedeck.tui", "demo", "--set",
+                        "train.max_steps=60"], size=(120, 36),
+               env={"TUNEDECK_HOME": str(td_home)})
+    screen = lambda: tmux.screen("demo")  # noqa: E731
+    wait_for(lambda: "running" in screen() and "step " in screen(), 120, "a live monitor")
+    wait_for(lambda: "succeeded" in screen() and "step 60/60" in screen(), 180,
+             "the end of the demo on screen")
+    assert "rank 0 log" in screen()
+    tmux.keys("demo", "q")
     runs = list((td_home / "runs").iterdir())
     assert len(runs) == 1
 

@@ -84,10 +84,12 @@ def cmd_ls(args) -> int:
         print(f"no runs under {runs_root()}")
         return 0
     now = time.time()
-    print(f"{'RUN':<40} {'STATUS':<10} {'STEP':>11} {'LOSS':>8} {'AGE':>5}")
+    width = max([4] + [len(r.name) for r in runs])
+    print(f"{'RUN':<32} {'NAME':<{width}} {'STATUS':<10} {'STEP':>13} {'LOSS':>8} {'AGE':>5}")
     for r in runs:
-        print(f"{r.run_id:<40} {r.status:<10} {f'{r.step}/{r.max_steps}':>11} "
-              f"{_fmt_loss(r.loss):>8} {_fmt_age(r.age_s(now)):>5}")
+        print(f"{r.run_id:<32} {r.name:<{width}} {r.status:<10} "
+              f"{f'{r.step}/{r.max_steps}':>13} {_fmt_loss(r.loss):>8} "
+              f"{_fmt_age(r.age_s(now)):>5}")
     return 0
 
 
