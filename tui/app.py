@@ -6,8 +6,11 @@ only update widgets.
 
 from __future__ import annotations
 
-from textual.app import App
+from typing import Iterable
+
+from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.screen import Screen
 
 from tunedeck.tui.screens.help import HelpScreen
 from tunedeck.tui.screens.runs import RunsScreen
@@ -38,3 +41,10 @@ class TunedeckApp(App):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.screen))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """ctrl+p: the current screen's own commands first (only those allowed now: none that
+        change anything under --readonly), then Textual's."""
+        for title, help_, action in getattr(screen, "commands", lambda: [])():
+            yield SystemCommand(title, help_, lambda a=action: screen.run_action(a))
+        yield from super().get_system_commands(screen)

@@ -23,6 +23,9 @@ class HelpScreen(ModalScreen[None]):
             for b in getattr(source, "BINDINGS", []):
                 if not isinstance(b, Binding) or not b.description:
                     continue
+                check = getattr(source, "check_action", None)
+                if check is not None and check(b.action, ()) is False:
+                    continue   # hidden here (e.g. a stop under --readonly)
                 keys = b.key_display or b.key
                 if keys in seen:
                     continue
