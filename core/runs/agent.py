@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.monitors import MonitorContext, make_monitors
@@ -81,16 +82,24 @@ class Agent:
                   message="preparing")
         _become_subreaper()
         self.install_signals()
+        # open before preparing: a failed preparation is stored as a finding, so
+        # `tunedeck diagnose` and the monitor show its cause and fix like any other failure
+        self.store = Store(self.rundir, write=True)
         try:
             self.prepare()
         except Exception as e:  # a failed preparation is a failed run, with the reason
             log.exception("prepare failed")
+            try:
+                self.store.save_finding(prepare_finding(e, self.spec.data.path))
+            except Exception:
+                log.exception("could not store the preparation failure")
+            self.store.close()
             self.save(status="failed", ended=time.time(), message=f"preparation failed: {e}")
             return 1
         if self.stop_mode or self.stop_requested():
+            self.store.close()
             self.save(status="stopped", ended=time.time(), message="stopped before start")
             return 0
-        self.store = Store(self.rundir, write=True)
         attempt, history = 0, []
         while True:
             self.start_torchrun(attempt)
@@ -292,6 +301,55 @@ class Agent:
                   worker_pids=[])
         log.info("run ended: %s (%s)", status, msg)
         return 0
+
+
+def prepare_finding(e: BaseException, data_path: str) -> Finding:
+    """What a failed preparation means for the user: a missing or unreadable data file (the
+    demo model is built from it), or a demo model that could not be built."""
+    # the exception first, then the frames that raised it (the whole traceback is in
+    # logs/agent.log); the ^^^ marker lines say nothing on their own
+    frames = [ln for chunk in traceback.format_tb(e.__traceback__)[-3:]
+              for ln in chunk.rstrip("\n").splitlines() if ln.strip(" ^~")]
+    evidence = [f"{type(e).__name__}: {e}", *frames]
+    common = dict(severity="error", t=time.time(), source="logs/agent.log", evidence=evidence)
+    fname = getattr(e, "filename", None)
+    about_data = isinstance(e, OSError) and (fname is None or _same_path(fname, data_path))
+    if isinstance(e, FileNotFoundError) and about_data:
+        return Finding(
+            category="data_missing", summary=f"the training data does not exist: {data_path}",
+            cause=f"data.path points at {data_path}, which does not exist on this host, so "
+                  f"nothing could be built or trained; no rank was started.",
+            fix="Point data.path at an existing JSONL file (the demo's is "
+                "presets/data/demo_chat.jsonl), or copy the data to this host; "
+                "`tunedeck preflight SPEC` checks inputs before a launch.", **common)
+    if about_data:
+        return Finding(
+            category="data_unreadable", summary=f"the training data cannot be read: {e}",
+            cause=f"Reading {data_path} failed ({type(e).__name__}), so the demo model could "
+                  f"not be built from it; no rank was started.",
+            fix="Make the file readable by this user (permissions, a file rather than a "
+                "folder, a mounted file system), then launch again.", **common)
+    if isinstance(e, (OSError, RuntimeError, ValueError)):
+        return Finding(
+            category="model_unreadable", summary=f"the demo model could not be built: {e}",
+            cause=f"Building the tiny demo model from {data_path} failed with "
+                  f"{type(e).__name__}; no rank was started.",
+            fix="Check that the cache folder ($TUNEDECK_CACHE, else ~/.cache/tunedeck) is "
+                "writable and has free space and that the data file is valid JSONL; "
+                "logs/agent.log has the whole traceback.", **common)
+    return Finding(
+        category="prepare_failed", summary=f"preparation failed: {type(e).__name__}: {e}",
+        cause="The agent failed while preparing the run's assets, before starting torchrun; "
+              "no rank was started.",
+        fix="Read the traceback in logs/agent.log (the evidence below is its end), fix the "
+            "spec or the environment, and launch again.", **common)
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return str(a) == str(b)
 
 
 def _become_subreaper() -> None:
