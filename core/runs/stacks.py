@@ -3,7 +3,9 @@
 Two ways, best first:
 - py-spy (`py-spy dump --pid`), when installed: any Python program, no cooperation needed;
 - the built-in trainer's own handler: it registers `faulthandler` on SIGUSR1 at start, so the
-  signal writes every thread's Python stack into the rank's stderr log, which is read back.
+  signal writes every thread's Python stack into the run's stacks/rank<r>.txt
+  (`RunDir.stack_file`), which is read back from where it stood before the signal. Not the
+  rank's stderr: there a dump would read as a traceback, in the log view and to the diagnosis.
   SIGUSR1 is sent only to the built-in trainer: by default the signal kills a process.
 A hung rank is the one whose stack is not inside a collective (all_reduce, barrier, ...).
 """
@@ -126,24 +128,25 @@ def _pyspy(exe: str, rank: int, pid: int, timeout_s: float) -> StackDump:
 
 
 def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
-    logs = [p for p in RunDir(run_dir).rank_log_files(rank) if p.name == "stderr.log"]
-    if not logs:
-        return StackDump(rank, pid, "faulthandler", "no stderr log found for this rank")
-    log = logs[-1]
-    start = log.stat().st_size
+    path = RunDir(run_dir).stack_file(rank)
+    try:
+        start = path.stat().st_size
+    except OSError:   # a trainer older than the stack file, or a rank still starting
+        return StackDump(rank, pid, "faulthandler",
+                         f"no stack file {path}: the rank has not registered its handler")
     try:
         os.kill(pid, DUMP_SIGNAL)
     except OSError as e:
         return StackDump(rank, pid, "faulthandler", f"could not signal pid {pid}: {e}")
     # faulthandler writes at once from its C handler; wait for the dump to stop growing
-    deadline, size, text = time.monotonic() + min(timeout_s, 5.0), start, ""
+    deadline, size = time.monotonic() + min(timeout_s, 5.0), start
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        now = log.stat().st_size
+        now = path.stat().st_size
         if now > start and now == size:
             break
         size = now
-    with open(log, "rb") as f:
+    with open(path, "rb") as f:
         f.seek(start)
         text = f.read().decode("utf-8", errors="replace")
-    return StackDump(rank, pid, "faulthandler", text.strip() or "no dump appeared in " + str(log))
+    return StackDump(rank, pid, "faulthandler", text.strip() or f"no dump appeared in {path}")

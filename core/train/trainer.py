@@ -553,14 +553,31 @@ class Trainer:
         return reason
 
 
+_stack_file = None   # kept open for the process's life: faulthandler writes to its fd
+
+
+def _register_stack_dump(run: RunDir) -> None:
+    """`tunedeck stacks` asks a stalled rank for its Python stacks with SIGUSR1
+    (core/runs/stacks.py). faulthandler writes them into stacks/rank<r>.txt, not stderr: in
+    the rank's log a dump reads as a traceback to people and to the diagnosis."""
+    global _stack_file
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    path = run.stack_file(int(os.environ.get("RANK", "0") or 0))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _stack_file = open(path, "a", encoding="utf-8")
+    except OSError:   # no dump file: no handler (the signal's default would kill the rank)
+        return
+    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+
+
 def main(run_dir: str | Path) -> int:
     stop = StopFlag()
     stop.install()  # first, so a stop during model loading is not lost
-    if hasattr(signal, "SIGUSR1"):
-        # `tunedeck stacks` asks a stalled rank for its Python stacks (core/runs/stacks.py)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     run_dir = Path(run_dir).resolve()
+    _register_stack_dump(RunDir(run_dir))
     spec = load_spec(RunDir(run_dir).spec)
     # Before the process group: building the demo model calls save_pretrained, which
     # transformers skips on ranks != 0 once torch.distributed is initialized.
