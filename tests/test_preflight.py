@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tunedeck.core.preflight import make_context, run_checks
+from tunedeck.core.preflight import gate_record, make_context, ordered, run_checks
+from tunedeck.core.spec import RunSpec, set_values
 from tunedeck.core.telemetry.fake import FakePynvml
 from tunedeck.core.telemetry.gpus import Gpu, GpuFacts, probe_gpus
 from tests.conftest import REPO, cli
@@ -30,6 +31,16 @@ def check(spec_path: Path, cid: str, overrides=(), gpu_probe=None):
     return next(r for r in run_checks(ctx) if r.id == cid)
 
 
+def check_fixed(spec_path: Path, cid: str, overrides=(), gpu_probe=None):
+    """(the check's result, the same check on the spec with its fix_set applied)."""
+    ctx = make_context(spec_path, list(overrides), gpu_probe=gpu_probe)
+    r = next(r for r in run_checks(ctx) if r.id == cid)
+    assert r.fix_set, f"{cid} offers no value fix: {r}"
+    fixed = make_context(spec=set_values(ctx.spec, r.fix_set), base=ctx.base,
+                         gpu_probe=gpu_probe)
+    return r, next(x for x in run_checks(fixed) if x.id == cid)
+
+
 def test_port_taken_fails_and_offers_a_free_one(tmp_path):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -41,8 +52,11 @@ def test_port_taken_fails_and_offers_a_free_one(tmp_path):
         assert r.status == "fail" and str(port) in r.detail
         offered = int(r.fix.split("master_port = ")[1].split()[0])
         assert offered != port
+        assert r.fix_set == {"cluster.master_port": offered}   # the same port, as a value
         with socket.socket() as t:  # the offered port really is free
             t.bind(("127.0.0.1", offered))
+        r, fixed = check_fixed(spec, "net.port")
+        assert r.status == "fail" and fixed.status == "pass"
     finally:
         s.close()
     assert check(spec, "net.port").status == "pass"
@@ -59,6 +73,8 @@ def test_broken_dataset_line_names_file_and_line(tmp_path):
     assert f"{data}:2: not valid JSON" in r.detail and f"{data}:4: no assistant" in r.detail
     assert "2 rows" in r.detail
     assert check(spec, "data.rows", ["data.skip_bad_rows=true"]).status == "warn"
+    r, fixed = check_fixed(spec, "data.rows")
+    assert r.fix_set == {"data.skip_bad_rows": True} and fixed.status == "warn"
     data.write_text("\n".join([rows[0], rows[2]]) + "\n")
     r = check(spec, "data.rows")
     assert r.status == "pass" and "2 rows" in r.detail
@@ -148,16 +164,21 @@ def test_nccl_socket_ifname_must_exist(tmp_path):
 
 def test_workers_vs_cores_and_shm(tmp_path):
     spec = write_spec(tmp_path)
-    r = check(spec, "host.cores", ["data.num_workers=64"])
+    r, fixed = check_fixed(spec, "host.cores", ["data.num_workers=64"])
     assert r.status == "warn" and "num_workers" in r.fix
+    assert r.fix_set["data.num_workers"] < 64 and fixed.status == "pass", fixed.detail
     assert check(spec, "host.cores").status == "pass"
     assert check(spec, "host.shm").status == "skip"
 
 
 def test_effective_batch_change_from_preset_warns(tmp_path):
     spec = write_spec(tmp_path)
-    r = check(spec, "train.batch", ["train.grad_accum=4"])
+    r, fixed = check_fixed(spec, "train.batch", ["train.grad_accum=4"])
     assert r.status == "warn" and "spec file gives" in r.detail
+    assert r.fix_set == {"train.grad_accum": 1} and fixed.status == "pass"
+    # a batch accumulation alone cannot restore offers no value
+    r = check(spec, "train.batch", ["train.per_device_batch_size=3"])
+    assert r.status == "warn" and not r.fix_set
     assert check(spec, "train.batch").status == "pass"
 
 
@@ -167,8 +188,10 @@ def test_backend_versions_and_saving(tmp_path):
     assert r.status == "pass" and "peft" in r.detail
     r = check(spec, "env.backend", ["model.attn_impl=flash_attention_2"])
     assert r.status == "fail" and "flash-attn not installed" in r.detail  # not in this venv
-    r = check(spec, "train.saving", ["train.max_steps=5000", "train.save_steps=0"])
+    r, fixed = check_fixed(spec, "train.saving", ["train.max_steps=5000", "train.save_steps=0"])
     assert r.status == "warn" and "save_steps" in r.fix
+    assert r.fix_set == {"train.save_steps": 500} and fixed.status == "pass"
+    assert not check(spec, "env.backend", ["model.attn_impl=flash_attention_2"]).fix_set
 
 
 # -- GPU rules on recorded facts (a 2×H200 box like shared/fixtures/h200/env.txt) ------------
@@ -201,17 +224,24 @@ def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
     assert rs["mem.fit"].status == "pass"
     rs = ctx_for(tmp_path, h200s(), overrides=["cluster.nproc_per_node=4"])
     assert rs["gpu.count"].status == "fail"
+    assert rs["gpu.count"].fix_set == {"cluster.nproc_per_node": 2}
     mixed = h200s()
     mixed.gpus[1] = Gpu(1, "Tesla V100-SXM2-32GB", 32.0, (7, 0))
     rs = ctx_for(tmp_path, mixed, overrides=["model.dtype=bfloat16"])
     assert rs["gpu.uniform"].status == "warn" and rs["gpu.bf16"].status == "fail"
+    assert rs["gpu.bf16"].fix_set == {"model.dtype": "float16"}
+    assert ctx_for(tmp_path, mixed, overrides=["model.dtype=float16"])["gpu.bf16"].status \
+        != "fail"
     nop2p = h200s()
     nop2p.links = {(0, 1): ("across CPU sockets", False)}
     rs = ctx_for(tmp_path, nop2p)
     assert rs["gpu.interconnect"].status == "warn" and "NCCL_P2P_DISABLE" in \
         rs["gpu.interconnect"].fix
+    assert rs["gpu.interconnect"].fix_set == {"env.NCCL_P2P_DISABLE": "1"}
     rs = ctx_for(tmp_path, h200s(), overrides=["env.NCCL_P2P_DISABLE=1"])
     assert rs["gpu.interconnect"].status == "warn" and "remove" in rs["gpu.interconnect"].fix
+    # None removes the spec's variable
+    assert rs["gpu.interconnect"].fix_set == {"env.NCCL_P2P_DISABLE": None}
     old = h200s()
     old.cuda_driver = (11, 8)
     assert ctx_for(tmp_path, old)["gpu.driver"].status in ("fail", "warn", "pass")
@@ -309,3 +339,49 @@ def test_plan_check_builds_the_launch_command_or_names_what_stops_it(tmp_path):
                     '[cluster]\ndevice = "cpu"\n')
     r = check(spec, "spec.plan")
     assert r.status == "fail" and "script.path" in r.detail and "gone.py" in r.detail
+
+
+def _big_model_dir(tmp: Path) -> Path:
+    m = tmp / "big"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+        "vocab_size": 152064, "tie_word_embeddings": False}))
+    return m
+
+
+def test_memory_fit_offers_gradient_checkpointing(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    small = GpuFacts(gpus=[Gpu(i, "NVIDIA A10G", 22.0, (8, 6)) for i in range(2)],
+                     driver="550.1", cuda_driver=(12, 4))
+    extra = f'[model]\npath = "{_big_model_dir(tmp_path)}"\n[method]\ntype = "full"\n'
+    rs = ctx_for(tmp_path, small, extra, ["data.max_length=4096"])
+    r = rs["mem.fit"]
+    assert r.status == "fail" and "will not fit" in r.detail
+    assert r.fix_set == {"train.gradient_checkpointing": True}
+
+
+def test_spec_valid_check_catches_a_form_spec_the_loader_never_saw():
+    r = next(x for x in run_checks(make_context(spec=RunSpec())) if x.id == "spec.valid")
+    assert r.status == "fail" and "data.path is required" in r.detail
+    ok = set_values(RunSpec(), {"data.path": str(DEMO_DATA)})
+    r = next(x for x in run_checks(make_context(spec=ok)) if x.id == "spec.valid")
+    assert r.status == "pass"
+
+
+def test_failures_sort_first_and_the_gate_record_names_them(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        spec = write_spec(tmp_path, f"master_port = {s.getsockname()[1]}")
+        results = ordered(list(run_checks(make_context(spec))))
+    assert results[0].id == "net.port" and results[0].status == "fail"
+    ranks = [("fail", "warn", "pass", "skip").index(r.status) for r in results]
+    assert ranks == sorted(ranks)
+    rec = gate_record(results, by="tui", overridden=True, overridden_at=123.0,
+                      applied={"data.num_workers": 0})
+    assert rec["status"] == "overridden" and rec["overridden"] and rec["overridden_at"] == 123.0
+    assert [f["id"] for f in rec["failed"]] == ["net.port"] and rec["failed"][0]["fix"]
+    assert rec["applied"] == {"data.num_workers": 0} and rec["summary"]["fail"] == 1
+    assert gate_record(results[1:], by="cli")["status"] == "passed"
+    assert gate_record(None, by="cli")["status"] == "skipped"

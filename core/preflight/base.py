@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from tunedeck.core.spec import RunSpec
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
@@ -20,6 +20,10 @@ class CheckResult:
     status: str          # pass | warn | fail | skip
     detail: str
     fix: str = ""
+    # the fix as values, when a value is the fix: dotted spec keys (`env.NAME`; None removes
+    # a variable) for core.spec.set_values, so a UI applies it with one key and the CLI
+    # prints it as --set
+    fix_set: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -69,6 +73,7 @@ class Context:
         return max(self.resolved.cluster.nproc_per_node, 1)
 
 
-def result(id: str, title: str, status: str, detail: str, fix: str = "") -> CheckResult:
+def result(id: str, title: str, status: str, detail: str, fix: str = "",
+           fix_set: dict[str, Any] | None = None) -> CheckResult:
     assert status in STATUSES, status
-    return CheckResult(id, title, status, detail, fix)
+    return CheckResult(id, title, status, detail, fix, dict(fix_set or {}))

@@ -36,11 +36,13 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     detail = f"≈{per:.1f} GiB per GPU of {cap:.0f} GiB ({parts})"
     fix = ("enable train.gradient_checkpointing, lower per_device_batch_size / "
            "data.max_length, or shard (`tunedeck estimate` suggests a strategy)")
+    # the one value that always helps; whether it is enough shows on the next run
+    gc = None if ctx.spec.train.gradient_checkpointing else {"train.gradient_checkpointing": True}
     if per > cap:
-        return result(id, title, "fail", detail + ": will not fit", fix)
+        return result(id, title, "fail", detail + ": will not fit", fix, gc)
     if per > cap * MARGIN:
         return result(id, title, "warn", detail + f": above {MARGIN:.0%}, the estimate's "
-                      "margin of error could OOM", fix)
+                      "margin of error could OOM", fix, gc)
     return result(id, title, "pass", detail)
 
 
@@ -63,9 +65,13 @@ def check_effective_batch(ctx: Context) -> CheckResult:
         rb = resolve(base, gpu_count=len(ctx.gpus.gpus))
         beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))
         if beff != eff:
+            # keep the file's batch by accumulation alone, when it divides evenly
+            per_step = t.per_device_batch_size * procs * ctx.resolved.cluster.nnodes
+            keep = {"train.grad_accum": beff // per_step} \
+                if beff % per_step == 0 and beff >= per_step else None
             return result(id, title, "warn", f"{detail}; the spec file gives {beff}",
                           f"scale train.learning_rate by about {eff / beff:.2g}× (or keep the "
-                          "batch with train.grad_accum)")
+                          "batch with train.grad_accum)", keep)
     return result(id, title, "pass", detail)
 
 
@@ -134,7 +140,8 @@ def check_saving(ctx: Context) -> CheckResult:
         keep = f", keeping the newest {t.save_total_limit}" if t.save_total_limit else ""
         if t.save_steps > t.max_steps:
             return result(id, title, "warn", f"save_steps {t.save_steps} > max_steps "
-                          f"{t.max_steps}: only the final checkpoint", "lower train.save_steps")
+                          f"{t.max_steps}: only the final checkpoint", "lower train.save_steps",
+                          {"train.save_steps": max(t.max_steps // 10, 1)})
         return result(id, title, "pass", f"every {t.save_steps} steps{keep}")
     est = ctx.estimate
     long_run = t.max_steps >= LONG_RUN_STEPS
@@ -147,9 +154,23 @@ def check_saving(ctx: Context) -> CheckResult:
     if long_run:
         return result(id, title, "warn", f"save_steps = 0: {t.max_steps} steps{eta} with a "
                       "checkpoint only at the end or on a graceful stop; a crash loses it all",
-                      f"set train.save_steps (e.g. {max(t.max_steps // 10, 1)})")
+                      f"set train.save_steps (e.g. {max(t.max_steps // 10, 1)})",
+                      {"train.save_steps": max(t.max_steps // 10, 1)})
     return result(id, title, "pass", f"short run ({t.max_steps} steps{eta}): checkpoint at the "
                   "end and on stop")
+
+
+def check_spec(ctx: Context) -> CheckResult:
+    """The rules between keys that loading a file enforces, for a spec that came from a form
+    or a run (no file was loaded, so nothing checked them yet)."""
+    from tunedeck.core.spec import cross_checks
+
+    id, title = "spec.valid", "Spec keys agree with each other"
+    problems = cross_checks(ctx.spec)
+    if problems:
+        return result(id, title, "fail", "; ".join(problems), "change the keys named")
+    return result(id, title, "pass", f"{ctx.spec.backend} backend, {ctx.spec.method.type}, "
+                  f"{ctx.spec.parallel.strategy}")
 
 
 def check_plan(ctx: Context) -> CheckResult:
@@ -169,4 +190,4 @@ def check_plan(ctx: Context) -> CheckResult:
                   f"{plan.nproc_per_node} rank(s) runs {shown}")
 
 
-CHECKS = [check_plan, check_gpu_memory, check_effective_batch, check_backend, check_saving]
+CHECKS = [check_spec, check_plan, check_gpu_memory, check_effective_batch, check_backend, check_saving]

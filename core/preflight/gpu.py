@@ -48,7 +48,8 @@ def check_gpu_count(ctx: Context) -> CheckResult:
     if not facts.gpus:
         return result(id, title, "fail", f"the spec asks for {want} GPU(s) ({asked}) but none "
                       f"are visible ({facts.error or 'NVML found 0 devices'})",
-                      "run on a GPU node, or set cluster.device = \"cpu\"")
+                      "run on a GPU node, or set cluster.device = \"cpu\"",
+                      {"cluster.device": "cpu"})
     sel = c.gpus or os.environ.get("CUDA_VISIBLE_DEVICES", "")
     ids = [s.strip() for s in sel.split(",") if s.strip()] if sel else []
     known = {str(g.index) for g in facts.gpus}
@@ -66,11 +67,13 @@ def check_gpu_count(ctx: Context) -> CheckResult:
     if c.nproc_per_node and c.nproc_per_node > avail:
         return result(id, title, "fail", f"{c.nproc_per_node} processes per node but only "
                       f"{avail} GPU(s) chosen ({sel or 'all'})",
-                      f"set cluster.nproc_per_node = {avail} or choose more GPUs")
+                      f"set cluster.nproc_per_node = {avail} or choose more GPUs",
+                      {"cluster.nproc_per_node": avail} if avail else None)
     if c.nproc_per_node and c.nproc_per_node < avail:
         return result(id, title, "warn", f"{avail} GPUs chosen but {c.nproc_per_node} "
                       f"process(es): {avail - c.nproc_per_node} GPU(s) stay idle",
-                      f"set cluster.gpus to {c.nproc_per_node} ids or nproc_per_node = {avail}")
+                      f"set cluster.gpus to {c.nproc_per_node} ids or nproc_per_node = {avail}",
+                      {"cluster.nproc_per_node": avail})
     return result(id, title, "pass", f"{avail} GPU(s) for {c.nproc_per_node or avail} "
                   "process(es) per node")
 
@@ -101,9 +104,11 @@ def check_bf16(ctx: Context) -> CheckResult:
     names = ", ".join(f"{g.index} ({g.name}, sm_{g.cc[0]}{g.cc[1]})" for g in old)
     if dtype == "bfloat16":
         return result(id, title, "fail", f"model.dtype = bfloat16 but {names} lack bf16",
-                      "set model.dtype = \"float16\" (or auto) or use Ampere or newer GPUs")
+                      "set model.dtype = \"float16\" (or auto) or use Ampere or newer GPUs",
+                      {"model.dtype": "float16"})
     return result(id, title, "warn", f"{names} lack bf16; dtype auto falls back to fp32",
-                  "model.dtype = \"float16\" halves memory on these GPUs")
+                  "model.dtype = \"float16\" halves memory on these GPUs",
+                  {"model.dtype": "float16"})
 
 
 def _torch_cuda() -> tuple[str, tuple[int, int] | None]:
@@ -152,7 +157,8 @@ def check_device_order(ctx: Context) -> CheckResult:
     if mixed and selecting:
         return result(id, title, "warn", "GPUs differ and CUDA orders them fastest-first by "
                       "default, so CUDA_VISIBLE_DEVICES ids may not be the NVML ids shown here",
-                      "set env.CUDA_DEVICE_ORDER = \"PCI_BUS_ID\"")
+                      "set env.CUDA_DEVICE_ORDER = \"PCI_BUS_ID\"",
+                      {"env.CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     return result(id, title, "pass", f"CUDA_DEVICE_ORDER={order or 'unset'}; identical GPUs, "
                   "ids agree")
 
@@ -173,7 +179,8 @@ def check_nccl(ctx: Context) -> CheckResult:
     backend = ctx.resolved.cluster.dist_backend
     if backend != "nccl":
         return result(id, title, "warn", f"dist_backend = {backend} on GPUs (slow collectives)",
-                      "set cluster.dist_backend = \"nccl\" (or auto)")
+                      "set cluster.dist_backend = \"nccl\" (or auto)",
+                      {"cluster.dist_backend": "nccl"})
     v = nccl_version()
     if not v:
         return result(id, title, "warn", "no nvidia-nccl wheel found next to torch (a "
@@ -199,10 +206,14 @@ def check_interconnect(ctx: Context) -> CheckResult:
     if broken and not p2p_off:
         return result(id, title, "warn", detail + "; NCCL may hang on P2P between these",
                       "if the first all-reduce hangs, set env.NCCL_P2P_DISABLE = \"1\" "
-                      "(or enable IOMMU passthrough / ACS off in the BIOS)")
+                      "(or enable IOMMU passthrough / ACS off in the BIOS)",
+                      {"env.NCCL_P2P_DISABLE": "1"})
     if p2p_off and not broken:
+        # only the spec's own variable can be removed by a fix; the shell's stays the user's
+        unset = {"env.NCCL_P2P_DISABLE": None} if "NCCL_P2P_DISABLE" in ctx.spec.env else None
         return result(id, title, "warn", detail + "; NCCL_P2P_DISABLE is set although P2P "
-                      "works", "remove NCCL_P2P_DISABLE: it forces copies through host memory")
+                      "works", "remove NCCL_P2P_DISABLE: it forces copies through host memory",
+                      unset)
     if "across CPU sockets" in kinds:
         return result(id, title, "warn", detail, "pick GPUs on one socket (cluster.gpus) "
                       "for faster all-reduce")

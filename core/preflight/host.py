@@ -81,7 +81,10 @@ def check_shm(ctx: Context, shm: Path = SHM) -> CheckResult:
               f"rank(s) × {w} worker(s) (want ≥ {need / GIB:.2f} GiB)")
     fix = ("docker run --shm-size=16g (or --ipc=host); or lower data.num_workers")
     if du.free < need:
-        return result(id, title, "fail", detail + "; workers die with 'bus error'", fix)
+        # as many workers per rank as the free space holds (0: load in the rank itself)
+        fits = int(du.free // (procs * max(2 * batch, SHM_MIN_PER_WORKER)))
+        return result(id, title, "fail", detail + "; workers die with 'bus error'", fix,
+                      {"data.num_workers": min(fits, w - 1)})
     return result(id, title, "pass", detail)
 
 
@@ -96,8 +99,9 @@ def check_cpu_cores(ctx: Context) -> CheckResult:
     busy = procs * (1 + w)
     detail = f"{procs} rank(s) × (1 + {w} worker(s)) = {busy} busy processes on {cores} cores"
     if busy > cores:
+        fit = max(cores // procs - 1, 0)
         return result(id, title, "warn", detail + ": workers will fight for CPU",
-                      f"set data.num_workers ≤ {max(cores // procs - 1, 0)}")
+                      f"set data.num_workers ≤ {fit}", {"data.num_workers": fit})
     return result(id, title, "pass", detail)
 
 

@@ -161,7 +161,9 @@ def check_dataset(ctx: Context) -> CheckResult:
         status = "warn" if d.skip_bad_rows else "fail"
         return result(id, title, status, f"{detail}; {len(bad_all)} bad row(s):\n{listed}{more}",
                       "fix or delete those lines" + ("" if d.skip_bad_rows else
-                                                     ", or set data.skip_bad_rows = true"))
+                                                     ", or set data.skip_bad_rows = true"),
+                      None if d.skip_bad_rows or ctx.spec.backend != "builtin"
+                      else {"data.skip_bad_rows": True})
     return result(id, title, "pass", f"{detail}; {_token_stats(ctx, first['samples'])}")
 
 

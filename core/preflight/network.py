@@ -38,7 +38,8 @@ def check_port(ctx: Context) -> CheckResult:
                           "run node 0 on the master host or fix cluster.master_addr")
         return result(id, title, "fail", f"{host}:{c.master_port} is taken ({e.strerror}); "
                       "torchrun would fail with EADDRINUSE", f"set cluster.master_port = "
-                      f"{spare} (free now) or 0 to pick one at launch")
+                      f"{spare} (free now) or 0 to pick one at launch",
+                      {"cluster.master_port": spare})
     finally:
         s.close()
     return result(id, title, "pass", f"{host}:{c.master_port} is free")

@@ -3,8 +3,9 @@ tunedeck.core.runs.smoke: it launches a run.)"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from tunedeck.core.preflight import config, gpu, host, inputs, network
 from tunedeck.core.preflight.base import CheckResult, Context, result
@@ -16,9 +17,10 @@ def all_checks() -> list[Callable[[Context], CheckResult]]:
 
 
 def make_context(spec_path: str | Path | None = None, overrides: list[str] | None = None,
-                 spec: RunSpec | None = None, gpu_probe=None) -> Context:
-    """Load the spec (raises SpecError) and resolve it against this machine's GPUs."""
-    base = None
+                 spec: RunSpec | None = None, gpu_probe=None,
+                 base: RunSpec | None = None) -> Context:
+    """Load the spec (raises SpecError) and resolve it against this machine's GPUs. `base`:
+    the spec as its file has it, when `spec` was changed since (the batch check compares)."""
     if spec is None:
         spec = load_spec(spec_path, overrides or [])
         base = load_spec(spec_path) if overrides else None
@@ -40,6 +42,44 @@ def run_checks(ctx: Context, only: list[str] | None = None) -> Iterator[CheckRes
         if only and r.id not in only:
             continue
         yield r
+
+
+ORDER = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
+
+
+def ordered(results: list[CheckResult]) -> list[CheckResult]:
+    """Failures first, then warnings, passes and skips; the checklist's order within each."""
+    return sorted(results, key=lambda r: ORDER[r.status])
+
+
+def failures(results: list[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.status == "fail"]
+
+
+def gate_record(results: list[CheckResult] | None, *, by: str, overridden: bool = False,
+                overridden_at: float | None = None,
+                applied: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a launch keeps of its preflight (state.json `preflight`): the outcome, each
+    failure launched anyway and when that was decided, the fixes applied on the way. `results`
+    None: the checklist was skipped (`--no-preflight`)."""
+    now = time.time()
+    if results is None:
+        return {"status": "skipped", "by": by, "at": now, "overridden": True,
+                "overridden_at": overridden_at or now, "failed": [], "warned": [],
+                "applied": dict(applied or {})}
+    failed = failures(results)
+    rec: dict[str, Any] = {
+        "status": ("overridden" if overridden else "failed") if failed else "passed",
+        "by": by, "at": now,
+        "summary": summary(results),
+        "failed": [{"id": r.id, "title": r.title, "detail": r.detail, "fix": r.fix}
+                   for r in failed],
+        "warned": [r.id for r in results if r.status == "warn"],
+        "overridden": bool(failed) and overridden,
+        "applied": dict(applied or {})}
+    if failed:
+        rec["overridden_at"] = overridden_at or now
+    return rec
 
 
 def summary(results: list[CheckResult]) -> dict[str, int]:

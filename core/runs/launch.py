@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tunedeck.core.backends import plan_run
 from tunedeck.core.paths import runs_root
@@ -29,9 +30,12 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
 
 
-def prepare_run(spec: RunSpec, root: Path | None = None) -> Path:
+def prepare_run(spec: RunSpec, root: Path | None = None,
+                preflight: dict[str, Any] | None = None) -> Path:
     """Resolve and plan the spec (raises ValueError before anything is written when it
-    cannot run), then write spec.toml, plan.json, launch.sh and state.json."""
+    cannot run), then write spec.toml, plan.json, launch.sh and state.json. `preflight`: the
+    gate's record (core.preflight.gate_record), kept in state.json so a run launched over a
+    failed check says so for good."""
     run = RunDir((root or runs_root()) / new_run_id(spec.name))
     spec, plan = plan_run(spec, run)
     run.create()
@@ -41,6 +45,8 @@ def prepare_run(spec: RunSpec, root: Path | None = None) -> Path:
     run.launch_sh.chmod(0o755)
     state = new_state(run.run_id, spec.name, spec.train.max_steps)
     state["master_port"] = spec.cluster.master_port
+    if preflight is not None:
+        state["preflight"] = preflight
     run.write_state(state)
     return run.path
 
@@ -69,7 +75,8 @@ def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
                       f"see {run.agent_log}")
 
 
-def launch(spec: RunSpec, root: Path | None = None) -> Path:
-    run_dir = prepare_run(spec, root)
+def launch(spec: RunSpec, root: Path | None = None,
+           preflight: dict[str, Any] | None = None) -> Path:
+    run_dir = prepare_run(spec, root, preflight)
     start_agent(run_dir)
     return run_dir
