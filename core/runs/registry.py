@@ -2,10 +2,16 @@
 
 Attaching is reading: the CLI and TUI only read these files, so any number of SSH sessions can
 watch the same run and none of them can disturb it.
+
+`list_runs` reads everything once (the CLI). A viewer that asks again and again (the TUI's runs
+list, every second) keeps a `Registry`: it lists the runs root only when the root's mtime
+changes, and re-reads a state.json only when its stat signature (mtime, size, inode) changes, so
+an idle TUI over thousands of finished runs costs one stat per run per refresh.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +74,12 @@ class RunInfo:
 
 
 def read_run(run_dir: Path) -> RunInfo | None:
-    state = RunDir(run_dir).read_state()
-    if state is None or "run_id" not in state:
+    return info_from_state(run_dir, RunDir(run_dir).read_state())
+
+
+def info_from_state(run_dir: Path, state: dict[str, Any] | None) -> RunInfo | None:
+    """A run's info from its state.json content; None when it is not a run's state."""
+    if not isinstance(state, dict) or "run_id" not in state:
         return None
     status = state.get("status", "pending")
     message = state.get("message", "")
@@ -86,13 +96,106 @@ def read_run(run_dir: Path) -> RunInfo | None:
                    exit_code=state.get("exit_code"), state=state)
 
 
+def _newest_first(runs: list[RunInfo]) -> list[RunInfo]:
+    return sorted(runs, key=lambda r: r.created, reverse=True)
+
+
+# A file changed this recently may change again within the filesystem's timestamp granularity
+# (a few ms locally, up to seconds over NFS) without its mtime moving: look again next time.
+RACY_S = 2.0
+
+
+@dataclass
+class _Entry:
+    sig: tuple[int, int, int]       # state.json's (mtime_ns, size, inode) when it was read
+    info: RunInfo | None            # None: a folder whose state.json is not a run's (yet)
+    recheck: bool                   # read again next scan (racy mtime)
+
+
+class Registry:
+    """The runs under one root, kept up to date incrementally for a long-lived viewer.
+
+    `scan()` returns the same list as `list_runs` (newest first). Between scans it lists the
+    root only when the root's mtime changed, and reads a run's state.json only when its stat
+    signature changed. A run that is not over is re-checked every scan even without a write
+    (its agent may have died: `info_from_state`); a finished one costs one stat.
+    Not thread-safe: one scanner at a time (the runs screen's worker holds a lock).
+    """
+
+    def __init__(self, root: Path | None = None):
+        self.root = root or runs_root()
+        self._root_sig: tuple[int, int] | None = None
+        self._names: list[str] = []
+        self._entries: dict[str, _Entry] = {}
+        self._sorted: list[RunInfo] = []
+        self.generation = 0     # bumps whenever the list or any run's info changed
+        self.reads = 0          # state.json files read (tests and bench/tui_idle.py count them)
+        self.listings = 0       # listings of the root
+
+    def scan(self) -> list[RunInfo]:
+        now = time.time()
+        changed = self._relist(now)
+        for name in self._names:
+            changed |= self._refresh(name, now)
+        if changed:
+            self._sorted = _newest_first([e.info for e in self._entries.values() if e.info])
+            self.generation += 1
+        return self._sorted
+
+    def _relist(self, now: float) -> bool:
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            had = bool(self._entries)
+            self._root_sig, self._names, self._entries = None, [], {}
+            return had
+        sig = (st.st_mtime_ns, st.st_ino)
+        if sig == self._root_sig:
+            return False
+        try:
+            with os.scandir(self.root) as it:
+                names = sorted(e.name for e in it if e.is_dir())
+        except OSError:
+            return False
+        self.listings += 1
+        self._root_sig = None if now - st.st_mtime < RACY_S else sig
+        self._names = names
+        gone = self._entries.keys() - set(names)
+        for name in gone:
+            del self._entries[name]
+        return bool(gone)
+
+    def _refresh(self, name: str, now: float) -> bool:
+        """Bring one run up to date; True when what it shows changed."""
+        run_dir = self.root / name
+        entry = self._entries.get(name)
+        try:
+            st = os.stat(RunDir(run_dir).state)
+        except OSError:   # not a run (yet), or deleted
+            if entry is None:
+                return False
+            del self._entries[name]
+            return entry.info is not None
+        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        old = entry.info if entry else None
+        if entry is None or entry.sig != sig or entry.recheck:
+            info = read_run(run_dir)
+            self.reads += 1
+            entry = self._entries[name] = _Entry(sig, info, now - st.st_mtime < RACY_S)
+        elif old is not None and old.state.get("status") not in TERMINAL:
+            # no write, but the agent may have died since: re-derive from the same state
+            entry.info = info_from_state(run_dir, old.state)
+        else:
+            return False
+        if entry.info == old:
+            entry.info = old    # keep the object: viewers compare identities
+            return False
+        return True
+
+
 def list_runs(root: Path | None = None) -> list[RunInfo]:
     """All runs, newest first."""
-    root = root or runs_root()
-    if not root.is_dir():
-        return []
-    runs = [r for d in root.iterdir() if d.is_dir() and (r := read_run(d))]
-    return sorted(runs, key=lambda r: r.created, reverse=True)
+    return Registry(root).scan()
 
 
 def find_run(ref: str, root: Path | None = None) -> RunInfo:
