@@ -7,11 +7,21 @@ while the agent writes. One Store holds one connection: a viewer keeps its Store
 
 The offsets of ingested files live in the same database, so a reader adds whatever the agent
 has not ingested yet (or ever will, if it died) straight from the files.
+
+Step and eval events are also kept as numbers (`steps`, `evals`: one row per rank and step,
+filled in the same transaction as `events`) with a rollup of BLOCK steps per row
+(`step_blocks`), so a chart asks for a window of a million-step run decimated to a few hundred
+min/mean/max buckets in SQL (`step_series`, `eval_series`) and never holds the run in Python.
+A restart repeats steps: the later attempt wins, and what the earlier attempt wrote past the
+step the new one resumed from is dropped (the same rule as the live watcher's). A run.db
+written before these tables existed gets them when the agent next opens it; until then
+readers compute the same series from the `events` table.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
@@ -43,6 +53,56 @@ CREATE TABLE IF NOT EXISTS findings (
 """
 
 
+# Numeric columns of a step event (core/rundir/events.py), one REAL column each in `steps`.
+STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "data_wait_s", "mem_gib",
+                "mfu", "epoch")
+EVAL_METRICS = ("eval_loss",)
+# Steps per `step_blocks` row. A window of at least 2 * BLOCK steps per bucket reads blocks
+# (a whole 1M-step run: ~16k rows, ~10 ms), a narrower one reads at most 2 * BLOCK * buckets
+# rows; the agent re-aggregates at most one block's rows per rank per tick.
+BLOCK = 64
+
+SERIES_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS steps (
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    t REAL,
+    {", ".join(f"{m} REAL" for m in STEP_METRICS)},
+    PRIMARY KEY (rank, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS evals (
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    t REAL,
+    eval_loss REAL,
+    PRIMARY KEY (rank, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS step_blocks (
+    rank INTEGER NOT NULL,
+    block INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    step_min INTEGER NOT NULL,
+    step_max INTEGER NOT NULL,
+    {", ".join(f"{m}_min REAL, {m}_sum REAL, {m}_cnt INTEGER, {m}_max REAL"
+               for m in STEP_METRICS)},
+    PRIMARY KEY (rank, block)
+) WITHOUT ROWID;
+"""
+
+_BLOCK_SQL = (
+    "INSERT OR REPLACE INTO step_blocks SELECT rank, step / ?, COUNT(*), MIN(step), MAX(step), "
+    + ", ".join(f"MIN({m}), SUM({m}), COUNT({m}), MAX({m})" for m in STEP_METRICS)
+    + " FROM steps WHERE rank = ? AND step >= ? AND step <= ? GROUP BY step / ?")
+
+# What a reader has not seen in run.db yet, parsed from the files' tails (a temp table of the
+# reader's own connection: a dead agent's whole backlog stays in SQLite, not in Python).
+_TAIL_SCHEMA = ("CREATE TEMP TABLE IF NOT EXISTS tail_series (file TEXT NOT NULL, "
+                "off INTEGER NOT NULL, rank INTEGER NOT NULL, kind INTEGER NOT NULL, "
+                "step INTEGER NOT NULL, t REAL, "
+                + ", ".join(f"{m} REAL" for m in STEP_METRICS + EVAL_METRICS) + ")")
+_KIND_CODE = {"step": 0, "eval": 1}
+
+
 class Store:
     """One connection to a run's run.db. Read-only unless `write` (the agent's)."""
 
@@ -52,11 +112,19 @@ class Store:
         self.db: sqlite3.Connection | None = None
         self._tails: dict[str, Tail] = {}
         self._telemetry: TelemetryStore | None = None
+        self._last_step: dict[int, int] = {}        # the writer's newest step per rank
+        self._blocks: dict[int, _Block] = {}        # the writer's open rollup block per rank
+        self._mem: sqlite3.Connection | None = None  # a reader's tail table before run.db exists
+        self._tail_at: dict[str, tuple[int, Tail]] = {}   # file -> (first offset held, tail)
+        self._tables: set[str] = set()
         if write:
             self.db = sqlite3.connect(self.run.db, timeout=10)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
+            had_series = self._has_table(self.db, "steps")
             self.db.executescript(SCHEMA)
+            if not had_series:
+                self._create_series()
             self._tails = {name: Tail(self.run.events / name, off) for name, off in
                            self.db.execute("SELECT file, offset FROM offsets")}
 
@@ -76,6 +144,10 @@ class Store:
         if self.db is not None:
             self.db.close()
             self.db = None
+        if self._mem is not None:
+            self._mem.close()
+            self._mem = None
+        self._tail_at.clear()
 
     def __enter__(self) -> "Store":
         return self
@@ -117,13 +189,109 @@ class Store:
         for e in events:   # the probe may leave it out; the file names it
             if not isinstance(e.get("rank"), int) and rank is not None:
                 e["rank"] = rank
+        file_rank = -1 if rank is None else rank
         with self.db:
+            rows = [_row(e, file_rank) for e in events]
             self.db.executemany(
-                "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)",
-                [_row(e, -1 if rank is None else rank) for e in events])
+                "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows)
+            if only_kind is None:
+                self._add_series((r[0], e) for r, e in zip(rows, events))
             self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
                             (path.name, tail.offset))
         return events
+
+    def _create_series(self) -> None:
+        """The numeric tables, filled from the events an older agent stored (one transaction:
+        a reader sees no table or a complete one)."""
+        assert self.db is not None
+        self.db.execute("BEGIN")
+        try:
+            for stmt in SERIES_SCHEMA.split(";"):
+                if stmt.strip():
+                    self.db.execute(stmt)
+            last = 0
+            while True:   # in pages: an old run's events never all in memory at once
+                page = self.db.execute(
+                    "SELECT id, rank, data FROM events WHERE kind IN ('step', 'eval') "
+                    "AND id > ? ORDER BY id LIMIT 20000", (last,)).fetchall()
+                if not page:
+                    break
+                last = page[-1][0]
+                self._add_series((rank, json.loads(data)) for _, rank, data in page)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def _add_series(self, ranked_events: Iterable[tuple[int, dict[str, Any]]]) -> None:
+        """Step and eval events (in file order) into `steps`/`evals`, and their blocks.
+
+        A step at or below the rank's newest one is a restart repeating steps: everything of
+        that rank from that step on belongs to the earlier attempt and goes first."""
+        assert self.db is not None
+        steps: list[tuple] = []
+        evals: list[tuple] = []
+        touched: dict[tuple[int, int], _Block] = {}   # (rank, block) -> its new aggregate
+
+        def flush() -> None:
+            if steps:
+                self.db.executemany(
+                    f"INSERT OR REPLACE INTO steps VALUES ({','.join('?' * (3 + len(STEP_METRICS)))})",
+                    steps)
+                steps.clear()
+            if evals:
+                self.db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?)", evals)
+                evals.clear()
+
+        for rank, e in ranked_events:
+            kind = e.get("kind")
+            if kind != "step" and kind != "eval":
+                continue
+            step = _step_of(e)
+            if step is None:
+                continue
+            if kind == "eval":
+                evals.append((rank, step, _num(e.get("t")), _num(e.get("eval_loss"))))
+                continue
+            last = self._last_step.get(rank)
+            if last is None:
+                got = self.db.execute("SELECT MAX(step) FROM steps WHERE rank = ?",
+                                      (rank,)).fetchone()[0]
+                last = -1 if got is None else got
+            if step <= last:
+                flush()
+                block = step // BLOCK
+                for table in ("steps", "evals"):
+                    self.db.execute(f"DELETE FROM {table} WHERE rank = ? AND step >= ?",
+                                    (rank, step))
+                self.db.execute("DELETE FROM step_blocks WHERE rank = ? AND block >= ?",
+                                (rank, block))
+                # the block the restart lands in keeps its earlier steps: aggregate them again
+                self.db.execute(_BLOCK_SQL, (BLOCK, rank, block * BLOCK, step - 1, BLOCK))
+                self._blocks.pop(rank, None)
+                for key in [k for k in touched if k[0] == rank and k[1] >= block]:
+                    del touched[key]
+            self._last_step[rank] = step
+            values = [_num(e.get(m)) for m in STEP_METRICS]
+            steps.append((rank, step, _num(e.get("t")), *values))
+            acc = self._block(rank, step // BLOCK)
+            acc.add(step, values)
+            touched[(rank, acc.block)] = acc
+        flush()
+        if touched:
+            self.db.executemany(
+                f"INSERT OR REPLACE INTO step_blocks VALUES "
+                f"({','.join('?' * (5 + 4 * len(STEP_METRICS)))})",
+                [acc.row(rank) for (rank, _), acc in touched.items()])
+
+    def _block(self, rank: int, block: int) -> "_Block":
+        """The rank's open rollup block (kept in memory: appending a step costs no query)."""
+        acc = self._blocks.get(rank)
+        if acc is None or acc.block != block:
+            row = self.db.execute("SELECT * FROM step_blocks WHERE rank = ? AND block = ?",
+                                  (rank, block)).fetchone()
+            acc = self._blocks[rank] = _Block(block, row)
+        return acc
 
     def save_finding(self, finding) -> bool:
         """Store a Finding once; returns False if the same finding was stored before."""
@@ -175,6 +343,223 @@ class Store:
             out.extend(e for e in events if kind is None or e.get("kind") == kind)
         return out
 
+    # -- numeric series (charts) --------------------------------------------------------
+    def step_range(self, rank: int = 0) -> tuple[int, int] | None:
+        """(first, last) step of a rank's step events, run.db and the files' tails together;
+        None before the first step."""
+        got = self.step_series(rank, buckets=0, metrics=())
+        return None if got["first"] is None else (got["first"], got["last"])
+
+    def step_series(self, rank: int = 0, start: int | None = None, end: int | None = None,
+                    buckets: int = 200, metrics: Iterable[str] = ("loss",)) -> dict[str, Any]:
+        """A rank's step metrics over steps [start, end] (None: the run's first / last step)
+        in at most about `buckets` buckets, aggregated in SQL.
+
+        Returns {"rank", "first", "last" (the whole run's step range, None when it has no
+        steps), "start", "end" (the window), "width" (steps per bucket), "step", "step_max"
+        (each bucket's first and last step present), "n" (steps in it), "nan" (steps whose
+        loss was null/NaN) and per metric m: m (mean), m+"_min", m+"_max"}: lists, one entry
+        per bucket that holds a step, in step order; None where a bucket has no value.
+        Wide buckets are whole multiples of BLOCK steps read from the rollup, so there may be
+        fewer buckets than asked for, never more than buckets + 1."""
+        names = list(metrics)
+        bad = [m for m in names if m not in STEP_METRICS]
+        if bad:
+            raise ValueError(f"unknown step metric(s): {', '.join(bad)}")
+        return self._series("step", rank, start, end, buckets, names)
+
+    def eval_series(self, rank: int = 0, start: int | None = None, end: int | None = None,
+                    buckets: int = 200) -> dict[str, Any]:
+        """Eval loss like `step_series` (metric "eval_loss"; first/last are the eval steps)."""
+        return self._series("eval", rank, start, end, buckets, ["eval_loss"])
+
+    def _series(self, kind: str, rank: int, start: int | None, end: int | None, buckets: int,
+                metrics: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {"rank": rank, "first": None, "last": None, "start": start,
+                               "end": end, "width": None, "step": [], "step_max": [],
+                               "n": [], "nan": []}
+        for m in metrics:
+            out[m] = []
+            out[m + "_min"] = []
+            out[m + "_max"] = []
+        db = self._series_db()
+        try:
+            main, tail_min = self._series_sources(db, kind, rank)
+            # main rows from the step where the tail starts on are older than the tail's
+            # (a restart, or the agent ingested since we read its offsets): the tail wins
+            cut = tail_min if tail_min is not None else None
+            args: dict[str, Any] = {"rank": rank, "cut": cut}
+            first, last = db.execute(
+                f"SELECT MIN(step), MAX(step) FROM ({main['range']})", args).fetchone()
+            if first is None:
+                return out
+            out["first"], out["last"] = first, last
+            lo = first if start is None else max(int(start), 0)
+            hi = last if end is None else int(end)
+            out["start"], out["end"] = lo, hi
+            if hi < lo or buckets <= 0:   # 0 buckets: the range only
+                return out
+            buckets = int(buckets)
+            span = hi - lo + 1
+            args.update(lo=lo, hi=hi)
+            if main["blocks"] and span >= 2 * BLOCK * buckets:
+                width = BLOCK * math.ceil(span / (buckets * BLOCK))
+                q = self._block_query(main, metrics, lo, hi, width, cut, args)
+            else:
+                width = span / buckets if span > buckets else 1
+                args.update(n=min(buckets, span), span=span)
+                cols = ", ".join(f"MIN({m}), AVG({m}), MAX({m})" for m in metrics)
+                null_loss = "SUM(loss IS NULL)" if kind == "step" else "0"
+                q = (f"SELECT (step - :lo) * :n / :span AS b, MIN(step), MAX(step), COUNT(*), "
+                     f"{null_loss}{', ' + cols if cols else ''} FROM ({main['rows']}) "
+                     f"WHERE step BETWEEN :lo AND :hi GROUP BY b ORDER BY b")
+            out["width"] = width
+            for row in db.execute(q, args):
+                out["step"].append(row[1])
+                out["step_max"].append(row[2])
+                out["n"].append(row[3])
+                out["nan"].append(row[4] or 0)
+                for i, m in enumerate(metrics):
+                    lo_v, mean, hi_v = row[5 + 3 * i: 8 + 3 * i]
+                    out[m + "_min"].append(lo_v)
+                    out[m].append(mean)
+                    out[m + "_max"].append(hi_v)
+        except sqlite3.Error:
+            return out
+        return out
+
+    @staticmethod
+    def _block_query(main: dict[str, str], metrics: list[str], lo: int, hi: int, width: int,
+                     cut: int | None, args: dict[str, Any]) -> str:
+        """Buckets of `width` steps (a multiple of BLOCK, aligned to BLOCK) from the rollup's
+        whole blocks inside the window, plus single rows at the window's ragged edges and
+        from the tail."""
+        top = hi if cut is None else min(hi, cut - 1)       # run.db's part ends here
+        b0 = -(-lo // BLOCK)                                # first whole block
+        b1 = (top + 1) // BLOCK - 1                         # last whole block
+        if b1 < b0:
+            b0, b1 = 1, 0                                   # none: rows only
+        args.update(origin=lo - lo % BLOCK, width=width, b0=b0, b1=b1,
+                    e0=b0 * BLOCK - 1 if b1 >= b0 else hi, s1=(b1 + 1) * BLOCK)
+        agg = ", ".join(f"MIN({m}_min), SUM({m}_sum) / SUM({m}_cnt), MAX({m}_max)"
+                        for m in metrics)
+        block_cols = ", ".join(f"{m}_min, {m}_sum, {m}_cnt, {m}_max" for m in metrics)
+        row_cols = ", ".join(f"{m}, {m}, {m} IS NOT NULL, {m}" for m in metrics)
+        sep = ", " if metrics else ""
+        # one arm per edge: an OR of two ranges would scan the rank's whole index
+        rows = " UNION ALL ".join(
+            f"SELECT step, step, 1, loss IS NULL{sep}{row_cols} FROM ({main['rows']}) "
+            f"WHERE step BETWEEN {a} AND {b}" for a, b in ((":lo", ":e0"), (":s1", ":hi")))
+        # the first SELECT of a compound names its columns
+        blocks = (f"SELECT step_min AS s, step_max AS e, n, n - loss_cnt AS z{sep}{block_cols} "
+                  f"FROM step_blocks WHERE rank = :rank AND block BETWEEN :b0 AND :b1")
+        return (f"SELECT (s - :origin) / :width AS b, MIN(s), MAX(e), SUM(n), SUM(z)"
+                f"{sep}{agg} FROM ({blocks} UNION ALL {rows}) GROUP BY b ORDER BY b")
+
+    def _series_db(self) -> sqlite3.Connection:
+        """run.db's connection, or (before run.db exists) a private in-memory one that holds
+        only the tail table."""
+        db = self._reader()
+        if db is not None:
+            if self._mem is not None:   # run.db appeared: read the files against its offsets
+                self._mem.close()
+                self._mem = None
+                self._tail_at.clear()
+            return db
+        if self._mem is None:
+            self._mem = sqlite3.connect(":memory:", check_same_thread=False)
+        return self._mem
+
+    def _has_table(self, db: sqlite3.Connection, name: str) -> bool:
+        if name not in self._tables and db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                (name,)).fetchone():
+            self._tables.add(name)   # tables are never dropped: remember only yes
+        return name in self._tables
+
+    def _series_sources(self, db: sqlite3.Connection, kind: str, rank: int
+                        ) -> tuple[dict[str, str], int | None]:
+        """SQL for the rows of one kind for one rank (parameters :rank, :cut): `rows` (step
+        and every column), `range` (step only) and whether `blocks` can be used; and the
+        lowest step in the tail (the cut: run.db's rows from there on are superseded)."""
+        self._sync_tail(db)
+        tail_min = db.execute("SELECT MIN(step) FROM temp.tail_series WHERE rank = ? AND "
+                              "kind = 0", (rank,)).fetchone()[0]
+        cols = STEP_METRICS if kind == "step" else EVAL_METRICS
+        code = _KIND_CODE[kind]
+        # the same rule as the writer's, over rows in file order: a row stays unless a later
+        # step row has a step at or below its own (a later attempt redid it)
+        tail = (f"SELECT step, {', '.join(cols)} FROM (SELECT kind, step, {', '.join(cols)}, "
+                f"MIN(CASE WHEN kind = 0 THEN step END) OVER (PARTITION BY file ORDER BY off "
+                f"DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS later "
+                f"FROM temp.tail_series WHERE rank = :rank) "
+                f"WHERE kind = {code} AND (later IS NULL OR step < later)")
+        cut = "" if tail_min is None else " AND step < :cut"
+        use_blocks = False
+        if self._has_table(db, "steps"):
+            table = "steps" if kind == "step" else "evals"
+            main = f"SELECT step, {', '.join(cols)} FROM {table} WHERE rank = :rank{cut}"
+            # MIN and MAX each one index probe, not a scan of the rank's rows
+            rng = (f"SELECT MIN(step) AS step FROM {table} WHERE rank = :rank{cut} UNION ALL "
+                   f"SELECT MAX(step) FROM {table} WHERE rank = :rank{cut} UNION ALL "
+                   f"SELECT step FROM ({tail})")
+            use_blocks = kind == "step"
+        elif self._has_table(db, "events"):
+            # run.db from before the numeric tables: the same rows from the JSON blobs
+            values = ", ".join(
+                f"CASE WHEN json_type(data, '$.{m}') IN ('integer', 'real') "
+                f"THEN json_extract(data, '$.{m}') END AS {m}" for m in cols)
+            main = (f"SELECT step, {values} FROM (SELECT kind, step, data, "
+                    f"MIN(CASE WHEN kind = 'step' THEN step END) OVER (ORDER BY id DESC ROWS "
+                    f"BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS later FROM events "
+                    f"WHERE rank = :rank AND kind IN ('step', 'eval') AND step >= 0) "
+                    f"WHERE kind = '{kind}' AND (later IS NULL OR step < later){cut}")
+            rng = ""
+        else:
+            main = rng = ""
+        rows = f"{main} UNION ALL {tail}" if main else tail
+        rng = rng or f"SELECT step FROM ({rows})"
+        return {"rows": rows, "range": rng, "blocks": use_blocks}, tail_min
+
+    def _sync_tail(self, db: sqlite3.Connection) -> None:
+        """Bring the tail table up to the files' ends: drop what the agent has ingested since
+        (by each row's line-end offset), parse only what was appended."""
+        db.execute(_TAIL_SCHEMA)
+        try:
+            offsets = dict(db.execute("SELECT file, offset FROM offsets")) \
+                if self._has_table(db, "offsets") else {}
+        except sqlite3.Error:
+            offsets = {}
+        insert = (f"INSERT INTO temp.tail_series VALUES "
+                  f"({','.join('?' * (6 + len(STEP_METRICS) + len(EVAL_METRICS)))})")
+        for path in self.run.event_files():
+            name, done = path.name, offsets.get(path.name, 0)
+            held = self._tail_at.get(name)
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if held is None or not held[0] <= done < held[1].offset or size < held[1].offset:
+                if held is not None:
+                    db.execute("DELETE FROM temp.tail_series WHERE file = ?", (name,))
+                held = (done, Tail(path, done))
+            elif done > held[0]:
+                db.execute("DELETE FROM temp.tail_series WHERE file = ? AND off <= ?",
+                           (name, done))
+                held = (done, held[1])
+            self._tail_at[name] = held
+            tail, file_rank = held[1], event_rank(path)
+            for _, chunk in tail.chunks(count_lines=False):
+                pos = tail.offset - len(chunk)
+                rows = []
+                for line in chunk.split(b"\n")[:-1]:
+                    pos += len(line) + 1
+                    row = _tail_row(name, pos, line, file_rank)
+                    if row is not None:
+                        rows.append(row)
+                db.executemany(insert, rows)
+        db.commit()
+
     def findings(self) -> list[dict[str, Any]]:
         """Findings the agent stored, oldest first."""
         db = self._reader()
@@ -195,6 +580,87 @@ class Store:
                          metrics: Iterable[str] | None = None) -> dict[str, Any]:
         """A telemetry window (see tunedeck.core.telemetry.store.read_series)."""
         return read_series(self._reader(), kind, t0, t1, max_points, keys, metrics)
+
+
+class _Block:
+    """One `step_blocks` row being filled: n, step range, and per metric min, sum, count,
+    max (None while the metric has no value)."""
+
+    __slots__ = ("block", "n", "first", "last", "agg")
+
+    def __init__(self, block: int, row: tuple | None = None):
+        self.block = block
+        if row is None:
+            self.n, self.first, self.last = 0, None, None
+            self.agg: list = [None, 0.0, 0, None] * len(STEP_METRICS)
+        else:
+            self.n, self.first, self.last = row[2], row[3], row[4]
+            self.agg = list(row[5:])
+            for i in range(1, len(self.agg), 4):
+                self.agg[i] = self.agg[i] or 0.0   # SUM over no values is NULL
+
+    def add(self, step: int, values: list) -> None:
+        self.n += 1
+        self.first = step if self.first is None else min(self.first, step)
+        self.last = step if self.last is None else max(self.last, step)
+        agg = self.agg
+        for i, v in enumerate(values):
+            if v is None:
+                continue
+            j = 4 * i
+            if agg[j + 2] == 0:
+                agg[j] = agg[j + 3] = v
+            elif v < agg[j]:
+                agg[j] = v
+            elif v > agg[j + 3]:
+                agg[j + 3] = v
+            agg[j + 1] += v
+            agg[j + 2] += 1
+
+    def row(self, rank: int) -> tuple:
+        agg = list(self.agg)
+        for j in range(0, len(agg), 4):
+            if agg[j + 2] == 0:
+                agg[j + 1] = None
+        return (rank, self.block, self.n, self.first, self.last, *agg)
+
+
+def _num(v: Any) -> float | None:
+    """A finite number, else None (null, NaN, a string)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _step_of(e: dict[str, Any]) -> int | None:
+    step = e.get("step")
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        return step
+    return None
+
+
+def _tail_row(name: str, off: int, line: bytes, file_rank: int | None) -> tuple | None:
+    """A tail_series row for one JSON line of an event file (None: not a step or eval)."""
+    if b'"step"' not in line and b'"eval"' not in line:
+        return None   # start, end, checkpoint lines: skip the parse
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(e, dict):
+        return None
+    kind = _KIND_CODE.get(e.get("kind"))
+    step = _step_of(e)
+    if kind is None or step is None:
+        return None
+    rank = e.get("rank")
+    rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else file_rank
+    if rank is None:
+        return None
+    return (name, off, rank, kind, step, _num(e.get("t")),
+            *[_num(e.get(m)) for m in STEP_METRICS + EVAL_METRICS])
 
 
 def _row(e: dict[str, Any], file_rank: int) -> tuple:
