@@ -1,0 +1,857 @@
+"""LossPlot: a run's loss over the whole run, in braille, with axes, zoom and pan.
+
+API (what a screen uses)::
+
+    plot = LossPlot(run_dir)            # a run directory (str, Path or RunDir): its own Store
+    plot = LossPlot(fetch)              # or a callable: fetch(start, end, buckets, metrics)
+    plot = LossPlot(traces=[Trace("run-a", dir_a), Trace("run-b", dir_b)])   # overlay (Compare)
+    plot.refresh_data()                 # re-query the visible window (a live run: every second)
+
+`fetch(start, end, buckets, metrics) -> Window` returns `Store.step_series` and
+`Store.eval_series` results for steps [start, end] (None: the run's first / last step);
+`buckets=0` asks only for the range. It runs in a thread worker, never on the event loop.
+`RunSource(run_dir, rank)` is the fetch a run directory gets (one read-only Store, closed when
+the widget unmounts); `RunSource.for_run_id(run_id)` resolves the run in the worker.
+
+The view is a window of steps; "home" is the whole run. A view that reaches the run's last step
+follows it: each `refresh_data()` slides the window (or grows the whole-run view) to the newest
+step. Each column of braille dots is one bucket's min..max (so a single spike survives any
+zoom), joined to its neighbours; the smoothed line is an EMA of the bucket means over about
+EMA_COLUMNS dot columns. Eval loss is drawn as ◆ per character cell (its mean there); learning
+rate and grad norm, on demand, are each scaled to the plot's height over the window (their
+range is in the legend). NaN losses put a red × on the top row.
+
+Keys (when the plot has focus; `action_*` methods a screen can bind as well):
+    + / -        zoom in / out (at the end while following, else about the centre)
+    h l ← →      pan a quarter of the window        0 / home   whole run
+    end          jump to the newest steps (follow)  y          log y axis
+    e            eval loss on/off                   r / n      learning rate / grad norm on/off
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import events, work
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+from tunedeck.core.rundir import RunDir
+
+# -- data ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """One trace's data for one window: `Store.step_series` and `Store.eval_series` results."""
+    steps: dict[str, Any]
+    evals: dict[str, Any]
+
+    def extent(self) -> tuple[int, int] | None:
+        ends = [(d["first"], d["last"]) for d in (self.steps, self.evals)
+                if d.get("first") is not None]
+        if not ends:
+            return None
+        return min(a for a, _ in ends), max(b for _, b in ends)
+
+
+Fetch = Callable[[int | None, int | None, int, Sequence[str]], Window]
+
+
+def _empty(kind_metrics: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"first": None, "last": None, "step": [], "step_max": [], "n": [],
+                           "nan": []}
+    for m in kind_metrics:
+        out[m] = []
+        out[m + "_min"] = []
+        out[m + "_max"] = []
+    return out
+
+
+class RunSource:
+    """The fetch of one run directory: a read-only Store of its own, used by one worker at a
+    time. `run_ref` (for_run_id) is resolved through the registry on first use, in the
+    worker."""
+
+    def __init__(self, run_dir: str | Path | RunDir | None = None, rank: int = 0,
+                 run_ref: str | None = None):
+        self.run_dir = run_dir
+        self.run_ref = run_ref
+        self.rank = rank
+        self._store = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_run_id(cls, run_ref: str, rank: int = 0) -> "RunSource":
+        return cls(None, rank, run_ref)
+
+    def _open(self):
+        if self._store is None:
+            from tunedeck.core.runs.store import Store
+
+            if self.run_dir is None:
+                from tunedeck.core.runs.registry import find_run
+
+                self.run_dir = find_run(self.run_ref).run_dir
+            self._store = Store(self.run_dir)
+        return self._store
+
+    def __call__(self, start: int | None, end: int | None, buckets: int,
+                 metrics: Sequence[str]) -> Window:
+        with self._lock:
+            store = self._open()
+            return Window(store.step_series(self.rank, start, end, buckets, metrics),
+                          store.eval_series(self.rank, start, end, buckets))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+
+@dataclass
+class Trace:
+    """One curve of the plot: a label for the legend, where its data comes from, a colour
+    (None: the palette's next)."""
+    label: str
+    source: str | Path | RunDir | Fetch
+    color: str | None = None
+
+
+PALETTE = ("#5fafff", "#ff8700", "#87d75f", "#d787ff", "#ffd75f", "#5fd7d7", "#ff5f87",
+           "#bcbcbc")
+RAW = "#4e7396"          # single run: the raw min..max band
+EMA = "#5fd7ff"          # single run: the smoothed line
+EVAL = "#ffaf00"
+LR = "#87d787"
+GRAD = "#d787d7"
+NAN = "#ff5f5f"
+AXIS = "#8a8a8a"
+EMA_COLUMNS = 8          # the smoothed line's time constant, in dot columns
+MIN_SPAN = 10            # the narrowest window, in steps
+
+
+def _dim(color: str, keep: float = 0.55) -> str:
+    """A darker shade of a #rrggbb colour (the raw band under its run's smoothed line)."""
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return "#{:02x}{:02x}{:02x}".format(*(int(c * keep) for c in (r, g, b)))
+
+
+# -- drawing (pure: decimated buckets in, lines of segments out) ----------------------------
+
+
+@dataclass
+class TraceView:
+    label: str
+    color: str
+    window: Window | None
+
+
+@dataclass
+class Frame:
+    """Everything one drawing needs."""
+    start: int                      # the x window, steps
+    end: int
+    last: int | None                # the run's newest step (the header says "of N")
+    traces: list[TraceView]
+    log_y: bool = False
+    show_eval: bool = True
+    show_lr: bool = False
+    show_grad: bool = False
+    whole: bool = True              # the view is the whole run
+    following: bool = False
+    title: str = "loss"
+    message: str | None = None      # shown instead of a chart (no data, an error)
+
+
+# braille dots: bit of (dx, dy) in a 2 x 4 cell
+_DOT = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+# bits of dots dy = a..b in one half of a cell
+_RUN = [[[0] * 4 for _ in range(4)] for _ in range(2)]
+for _side in range(2):
+    for _a in range(4):
+        for _b in range(_a, 4):
+            _RUN[_side][_a][_b] = sum(_DOT[_side][k] for k in range(_a, _b + 1))
+
+
+class _Layer:
+    __slots__ = ("bits", "style", "w", "h")
+
+    def __init__(self, w: int, h: int, style: Style):
+        self.bits = bytearray(w * h)
+        self.style = style
+        self.w, self.h = w, h
+
+    def vline(self, x: int, y0: int, y1: int) -> None:
+        """Dots y0..y1 (either order, clipped) of dot column x."""
+        if y0 > y1:
+            y0, y1 = y1, y0
+        top = self.h * 4 - 1
+        if y1 < 0 or y0 > top or x < 0 or x >= self.w * 2:
+            return
+        y0, y1 = max(y0, 0), min(y1, top)
+        side, cx = x & 1, x >> 1
+        r0, r1 = y0 >> 2, y1 >> 2
+        bits, w, run = self.bits, self.w, _RUN[side]
+        if r0 == r1:
+            bits[r0 * w + cx] |= run[y0 & 3][y1 & 3]
+            return
+        bits[r0 * w + cx] |= run[y0 & 3][3]
+        full = run[0][3]
+        for r in range(r0 + 1, r1):
+            bits[r * w + cx] |= full
+        bits[r1 * w + cx] |= run[0][y1 & 3]
+
+    def polyline(self, pts: list[tuple[int, float]]) -> None:
+        """Join points (dot column, dot row) in column order: each column covers the rows
+        between its neighbours' interpolated heights."""
+        prev = None
+        for x, y in pts:
+            if prev is None:
+                self.vline(x, round(y), round(y))
+            else:
+                px, py = prev
+                if x == px:
+                    self.vline(x, round(py), round(y))
+                else:
+                    dy = (y - py) / (x - px)
+                    for k in range(px + 1, x + 1):
+                        self.vline(k, round(py + dy * (k - 1 - px)), round(py + dy * (k - px)))
+            prev = (x, y)
+
+
+def _columns(series: dict[str, Any], metric: str, start: int, end: int, ncols: int
+             ) -> tuple[list, list, list, list]:
+    """Buckets merged into ncols columns of the window: (lo, mean, hi, nan) per column, None
+    where a column has no value."""
+    lo: list = [None] * ncols
+    hi: list = [None] * ncols
+    wsum = [0.0] * ncols
+    wcnt = [0] * ncols
+    nan = [0] * ncols
+    if metric not in series:   # not fetched yet (lr just switched on): nothing to draw
+        return lo, [None] * ncols, hi, nan
+    span = end - start + 1
+    steps, smax = series.get("step") or [], series.get("step_max") or []
+    mins, means, maxs = (series.get(metric + "_min") or [], series.get(metric) or [],
+                         series.get(metric + "_max") or [])
+    ns, nans = series.get("n") or [], series.get("nan") or []
+    for i, a in enumerate(steps):
+        b = smax[i]
+        if b < start or a > end:
+            continue
+        c0 = (max(a, start) - start) * ncols // span
+        c1 = (min(b, end) - start) * ncols // span
+        m_lo, m_mean, m_hi = mins[i], means[i], maxs[i]
+        n = ns[i] if i < len(ns) else 1
+        for c in range(c0, c1 + 1):
+            if i < len(nans) and nans[i]:
+                nan[c] += nans[i]
+            if m_mean is None:
+                continue
+            if lo[c] is None or m_lo < lo[c]:
+                lo[c] = m_lo
+            if hi[c] is None or m_hi > hi[c]:
+                hi[c] = m_hi
+            wsum[c] += m_mean * n
+            wcnt[c] += n
+    mean = [wsum[c] / wcnt[c] if wcnt[c] else None for c in range(ncols)]
+    return lo, mean, hi, nan
+
+
+def _ema(mean: list) -> list:
+    out: list = [None] * len(mean)
+    acc, last = None, None
+    for c, v in enumerate(mean):
+        if v is None:
+            continue
+        if acc is None:
+            acc = v
+        else:
+            acc += (1 - math.exp(-(c - last) / EMA_COLUMNS)) * (v - acc)
+        out[c] = acc
+        last = c
+    return out
+
+
+def _nice(x: float) -> float:
+    """1, 2 or 5 times a power of ten, at least x."""
+    if x <= 0:
+        return 1.0
+    p = 10 ** math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if m * p >= x * (1 - 1e-9):
+            return m * p
+    return 10 * p
+
+
+def fmt_step(n: float) -> str:
+    n = int(round(n))
+    for size, unit in ((1_000_000_000, "G"), (1_000_000, "M"), (1000, "k")):
+        if abs(n) >= size * (10 if unit == "k" else 1):
+            v = n / size
+            s = f"{v:.2f}".rstrip("0").rstrip(".") if v < 10 else (
+                f"{v:.1f}".rstrip("0").rstrip(".") if v < 100 else f"{v:.0f}")
+            return s + unit
+    return str(n)
+
+
+def fmt_value(v: float) -> str:
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1e4 or a < 1e-3:
+        return f"{v:.1e}".replace("e-0", "e-").replace("e+0", "e")
+    return f"{v:.3g}"
+
+
+def _y_ticks(lo: float, hi: float, rows: int, log: bool) -> list[float]:
+    """Tick values (in value space) for a range; `log`: lo/hi are log10 of the values."""
+    want = max(2, rows // 3)
+    if log:
+        ticks = [m * 10.0 ** k for k in range(math.floor(lo) - 1, math.ceil(hi) + 1)
+                 for m in (1, 2, 5)]
+        ticks = [t for t in ticks if lo - 1e-9 <= math.log10(t) <= hi + 1e-9]
+        while len(ticks) > want and len(ticks) > 2:
+            ticks = ticks[::2]
+        if len(ticks) >= 2:
+            return ticks
+        lo, hi = 10 ** lo, 10 ** hi
+    step = _nice((hi - lo) / want)
+    first = math.ceil(lo / step - 1e-9) * step
+    out, t = [], first
+    while t <= hi + step * 1e-9:
+        out.append(round(t, 12))
+        t += step
+    return out
+
+
+def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
+    """The chart as `height` lines of segments, `width` cells each."""
+    header = _header(f, width)
+    if f.message is not None or height < 5 or width < 24:
+        body = [[Segment(" " * width)] for _ in range(max(height - 1, 0))]
+        if f.message is not None and body:
+            body[len(body) // 2] = _pad([Segment(f.message.center(width)[:width],
+                                                 Style(color=AXIS))], width)
+        return ([header] + body)[:height]
+    ph = height - 3                                  # header, x axis, x labels
+    multi = len(f.traces) > 1
+    # per trace: columns at dot resolution of a provisional width; the y range needs values
+    # first, the y labels' width needs the range, the plot width needs the labels: two passes
+    yw = 6
+    for _ in range(2):
+        pw = max(width - yw - 1, 4)
+        ncols = pw * 2
+        cols = []
+        values: list[float] = []
+        for tv in f.traces:
+            if tv.window is None:
+                cols.append(None)
+                continue
+            lo, mean, hi, nan = _columns(tv.window.steps, "loss", f.start, f.end, ncols)
+            ev = (_columns(tv.window.evals, "eval_loss", f.start, f.end, pw)[1]
+                  if f.show_eval else [None] * pw)
+            cols.append((lo, mean, hi, nan, ev))
+            values += [v for v in lo if v is not None] + [v for v in hi if v is not None]
+            values += [v for v in ev if v is not None]
+        if f.log_y:
+            values = [math.log10(v) for v in values if v > 0]
+        if not values:
+            ymin, ymax = (0.0, 1.0)
+        else:
+            ymin, ymax = min(values), max(values)
+        if ymax - ymin < 1e-12:
+            pad = abs(ymax) * 0.05 or (0.05 if f.log_y else 0.5)
+            ymin, ymax = ymin - pad, ymax + pad
+        ticks = _y_ticks(ymin, ymax, ph, f.log_y)
+        labels = [fmt_value(t) for t in ticks]
+        need = max((len(s) for s in labels), default=1) + 1
+        if need == yw:
+            break
+        yw = max(need, 4)
+    dots_h = ph * 4
+
+    def ydot(v: float) -> float | None:
+        if f.log_y:
+            if v <= 0:
+                return None
+            v = math.log10(v)
+        return (ymax - v) / (ymax - ymin) * (dots_h - 1)
+
+    layers: list[_Layer] = []
+    markers: dict[int, tuple[str, Style]] = {}
+    legend: list[tuple[str, Style]] = []
+    # lowest priority first: raw bands, lr/grad, smoothed lines; markers over everything
+    raws, lines, extras = [], [], []
+    for i, (tv, c) in enumerate(zip(f.traces, cols)):
+        if c is None:
+            continue
+        lo, mean, hi, nan, ev = c
+        raw = _Layer(pw, ph, Style(color=_dim(tv.color) if multi else RAW))
+        pts = []
+        for x in range(ncols):
+            if mean[x] is None:
+                continue
+            a, b, m = ydot(lo[x]), ydot(hi[x]), ydot(mean[x])
+            if m is None:
+                continue
+            pts.append((x, m))
+            raw.vline(x, round(a if a is not None else m), round(b if b is not None else m))
+        raw.polyline(pts)
+        raws.append(raw)
+        smooth = _Layer(pw, ph, Style(color=tv.color if multi else EMA, bold=True))
+        smooth.polyline([(x, y) for x, v in enumerate(_ema(mean)) if v is not None
+                         and (y := ydot(v)) is not None])
+        lines.append(smooth)
+        eval_style = Style(color=tv.color if multi else EVAL, bold=True)
+        for cx, v in enumerate(ev):
+            y = ydot(v) if v is not None else None
+            if y is not None:
+                markers[int(y) // 4 * pw + cx] = ("◆", eval_style)
+        for x, k in enumerate(nan):
+            if k:
+                markers[x // 2] = ("×", Style(color=NAN, bold=True))
+        if not multi:
+            for metric, on, color in (("lr", f.show_lr, LR), ("grad_norm", f.show_grad, GRAD)):
+                if not on:
+                    continue
+                layer, rng = _scaled(tv.window.steps, metric, f.start, f.end, ncols, pw, ph,
+                                     Style(color=color))
+                extras.append(layer)
+                name = "lr" if metric == "lr" else "grad"
+                legend.append((f"━ {name} " + (f"{fmt_value(rng[0])}…{fmt_value(rng[1])}"
+                                               if rng else "-"), Style(color=color)))
+    layers = raws + extras + lines
+    rows = _compose(layers, markers, pw, ph)
+    # axes
+    tick_rows: dict[int, str] = {}
+    for t, s in zip(ticks, labels):
+        y = ydot(t)
+        if y is None:
+            continue
+        r = int(round(y)) // 4
+        if 0 <= r < ph and r not in tick_rows:
+            tick_rows[r] = s
+    axis = Style(color=AXIS)
+    out = [_header(f, width, legend)]
+    for r in range(ph):
+        lab = tick_rows.get(r)
+        left = [Segment((lab or "").rjust(yw), axis), Segment("┤" if lab else "│", axis)]
+        out.append(_pad(left + rows[r], width))
+    xt = _x_ticks(f.start, f.end, pw)
+    line = ["─"] * pw
+    labels_row = [" "] * (pw + yw + 1)
+    for step, cx in xt:
+        line[cx] = "┬"
+        text = fmt_step(step)
+        at = yw + 1 + cx - len(text) // 2
+        at = min(max(at, 0), len(labels_row) - len(text))
+        if all(ch == " " for ch in labels_row[max(at - 1, 0):at + len(text) + 1]):
+            labels_row[at:at + len(text)] = list(text)
+    out.append(_pad([Segment(" " * yw + "└" + "".join(line), axis)], width))
+    out.append(_pad([Segment("".join(labels_row), axis)], width))
+    return out[:height]
+
+
+def _scaled(series, metric, start, end, ncols, pw, ph, style) -> tuple[_Layer, tuple | None]:
+    """A metric's column means scaled to the plot's height over its own range."""
+    lows, mean, highs, _ = _columns(series, metric, start, end, ncols)
+    layer = _Layer(pw, ph, style)
+    if all(v is None for v in mean):
+        return layer, None
+    # the scale spans the metric's true min..max in the window (the legend says so)
+    lo = min(v for v in lows if v is not None)
+    hi = max(v for v in highs if v is not None)
+    rng = hi - lo or 1.0
+    dots = ph * 4 - 1
+    layer.polyline([(x, (hi - v) / rng * dots if hi > lo else dots / 2)
+                    for x, v in enumerate(mean) if v is not None])
+    return layer, (lo, hi)
+
+
+def _compose(layers: list[_Layer], markers: dict[int, tuple[str, Style]], pw: int, ph: int
+             ) -> list[list[Segment]]:
+    """Cells from the layers (dots OR-ed, the colour of the top layer with a dot there) and
+    the markers, as segments of equal style per row."""
+    n = pw * ph
+    bits = bytearray(n)
+    owner: list[Style | None] = [None] * n
+    for layer in layers:
+        lb, st = layer.bits, layer.style
+        for i in range(n):
+            v = lb[i]
+            if v:
+                bits[i] |= v
+                owner[i] = st
+    rows = []
+    for r in range(ph):
+        segs: list[Segment] = []
+        run: list[str] = []
+        run_style: Style | None = None
+        base = r * pw
+        for c in range(pw):
+            i = base + c
+            m = markers.get(i)
+            if m is not None:
+                ch, st = m
+            elif bits[i]:
+                ch, st = chr(0x2800 + bits[i]), owner[i]
+            else:
+                ch, st = " ", None
+            if st is not run_style and run:
+                segs.append(Segment("".join(run), run_style))
+                run = []
+            run_style = st
+            run.append(ch)
+        if run:
+            segs.append(Segment("".join(run), run_style))
+        rows.append(segs)
+    return rows
+
+
+def _x_ticks(start: int, end: int, pw: int) -> list[tuple[int, int]]:
+    """(step, cell column) of round step numbers at least ~10 cells apart."""
+    span = end - start + 1
+    per_cell = span / pw
+    step = max(1, int(_nice(per_cell * 10)))
+    out = []
+    t = -(-start // step) * step
+    while t <= end:
+        cx = int((t - start) * pw // span)
+        if 0 <= cx < pw:
+            out.append((t, cx))
+        t += step
+    return out
+
+
+def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
+    multi = len(f.traces) > 1
+    if f.whole:
+        where = f"all {f.last:,} steps" if f.last is not None else "no steps yet"
+    else:
+        where = f"steps {f.start:,}–{f.end:,} of {f.last:,}" if f.last is not None else ""
+    flags = [x for x, on in (("log y", f.log_y), ("following", f.following and not f.whole))
+             if on]
+    segs = [Segment(f.title, Style(bold=True)), Segment("  " + where, Style(color=AXIS))]
+    if flags:
+        segs.append(Segment("  · " + " · ".join(flags), Style(color=AXIS)))
+    items: list[tuple[str, Style]] = []
+    if multi:
+        items += [(f"━ {tv.label}", Style(color=tv.color, bold=True)) for tv in f.traces]
+    elif f.traces:
+        items += [("┃ loss", Style(color=RAW)), ("━ EMA", Style(color=EMA, bold=True))]
+        if f.show_eval:
+            items.append(("◆ eval", Style(color=EVAL, bold=True)))
+    items += legend or []
+    used = sum(len(x.text) for x in segs)
+    for text, st in items:
+        if used + 2 + len(text) > width:
+            break   # a legend item is shown whole or not at all
+        segs += [Segment("  "), Segment(text, st)]
+        used += 2 + len(text)
+    return _pad(segs, width)
+
+
+def _pad(segs: list[Segment], width: int) -> list[Segment]:
+    return list(Segment.adjust_line_length(segs, width))
+
+
+# -- the widget ---------------------------------------------------------------------------
+
+
+class LossPlot(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    LossPlot { height: 1fr; min-height: 6; }
+    LossPlot:focus { background-tint: $foreground 4%; }
+    """
+    BINDINGS = [
+        Binding("plus,equals_sign", "zoom_in", "Zoom in", key_display="+"),
+        Binding("minus", "zoom_out", "Zoom out", key_display="-"),
+        Binding("h,left", "pan(-1)", "Pan left", key_display="h/←", show=False),
+        Binding("l,right", "pan(1)", "Pan right", key_display="l/→", show=False),
+        Binding("0,home", "home", "Whole run", key_display="0"),
+        Binding("end", "end", "Newest", show=False),
+        Binding("y", "log_y", "Log y"),
+        Binding("e", "toggle('show_eval')", "Eval"),
+        Binding("r", "toggle('show_lr')", "LR"),
+        Binding("n", "toggle('show_grad')", "Grad norm"),
+    ]
+
+    class DataReady(Message):
+        """A fetch finished (posted by the worker to the widget itself)."""
+
+        bubble = False
+
+        def __init__(self, request: tuple, result: Any):
+            super().__init__()
+            self.request = request
+            self.result = result
+
+    def __init__(self, source: str | Path | RunDir | Fetch | None = None, *,
+                 traces: Sequence[Trace] | None = None, rank: int = 0, title: str = "loss",
+                 name: str | None = None, id: str | None = None, classes: str | None = None):
+        super().__init__(name=name, id=id, classes=classes)
+        if traces is None:
+            if source is None:
+                raise ValueError("LossPlot needs a source or traces")
+            traces = [Trace(title, source)]
+        self.traces = [Trace(t.label, t.source, t.color or PALETTE[i % len(PALETTE)])
+                       for i, t in enumerate(traces)]
+        self._fetchers: list[Fetch] = [
+            RunSource(t.source, rank) if isinstance(t.source, (str, Path, RunDir)) else t.source
+            for t in self.traces]
+        self.title = title
+        self.view: tuple[int, int] | None = None   # None: the whole run
+        self.log_y = False
+        self.show_eval = True
+        self.show_lr = False
+        self.show_grad = False
+        self.extent: tuple[int, int] | None = None
+        self.windows: list[Window | None] = [None] * len(self.traces)
+        self.loaded = False          # a first answer arrived
+        self.error: str | None = None
+        self._request: tuple | None = None
+        self._served: tuple | None = None
+        self._shown: tuple | None = None
+        self._busy = threading.Lock()
+        self._seq = 0
+        self._lines: list[Strip] | None = None
+        self._lines_size: Size | None = None
+
+    # -- public -----------------------------------------------------------------------
+    def refresh_data(self) -> None:
+        """Re-query the visible window (the whole run, or the newest steps when the view is
+        at the run's end) in a thread worker; the answer redraws the plot."""
+        self._seq += 1
+        metrics = ("loss",) + (("lr",) if self.show_lr else ()) + \
+            (("grad_norm",) if self.show_grad else ())
+        # a bucket per dot column (two per cell; the y labels take ~7 cells)
+        buckets = max(self.size.width - 7, 8) * 2
+        self._request = (self._seq, self.view, self.following, buckets, metrics)
+        self._fetch()
+
+    @property
+    def up_to_date(self) -> bool:
+        """The answer to the newest request is drawn (tests wait for it)."""
+        return self._request is not None and self._shown is self._request
+
+    @property
+    def following(self) -> bool:
+        """The view shows the run's newest step, so new steps move it along."""
+        return self.view is None or self.extent is None or self.view[1] >= self.extent[1]
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """The steps drawn now: the view, or the whole run."""
+        return self.view if self.view is not None else self.extent
+
+    def frame(self) -> Frame:
+        """What the next drawing shows (tests and the benchmark draw it directly)."""
+        win = self.window
+        views = [TraceView(t.label, t.color or PALETTE[0], w)
+                 for t, w in zip(self.traces, self.windows)]
+        message = None
+        if self.error:
+            message = self.error
+        elif not self.loaded:
+            message = "reading…"
+        elif win is None:
+            message = "no steps yet"
+        start, end = win if win is not None else (0, 0)
+        return Frame(start, end, self.extent[1] if self.extent else None, views,
+                     log_y=self.log_y, show_eval=self.show_eval, show_lr=self.show_lr,
+                     show_grad=self.show_grad, whole=self.view is None,
+                     following=self.following, title=self.title, message=message)
+
+    # -- data (thread) ------------------------------------------------------------------
+    @work(thread=True, group="lossplot", exit_on_error=False)
+    def _fetch(self) -> None:
+        # one fetch at a time; the one running serves the newest request when it finishes,
+        # so a burst of key presses costs one query per answer, not one per key
+        while self._request is not self._served:
+            if not self._busy.acquire(blocking=False):
+                return
+            try:
+                while (req := self._request) is not self._served:
+                    self._served = req
+                    self.post_message(self.DataReady(req, self._query(req)))
+            finally:
+                self._busy.release()
+
+    def _query(self, req: tuple) -> Any:
+        """(extent, the view it moved to or None, a Window per trace) or, when no trace could
+        be read, the first error. A trace that fails (a run deleted meanwhile) is left out."""
+        _, view, following, buckets, metrics = req
+        errors: list[Exception] = []
+
+        def ask(fetch: Fetch, *args) -> Window | None:
+            try:
+                return fetch(*args)
+            except Exception as e:   # shown in the plot, never raised into the UI
+                errors.append(e)
+                return None
+
+        ranges = [ask(fetch, None, None, 0, ()) for fetch in self._fetchers]
+        if errors and len(errors) == len(self._fetchers):
+            return errors[0]
+        known = [r for w in ranges if w is not None and (r := w.extent()) is not None]
+        if not known:
+            return (None, None, [None] * len(self._fetchers))
+        extent = (min(a for a, _ in known), max(b for _, b in known))
+        if view is None:
+            start, end = extent
+        elif following:   # the same width, ending at the newest step
+            span = view[1] - view[0]
+            start, end = max(extent[1] - span, extent[0]), extent[1]
+        else:
+            start, end = view
+        windows = [ask(fetch, start, end, buckets, metrics) if w is not None else None
+                   for fetch, w in zip(self._fetchers, ranges)]
+        return (extent, (start, end) if view is not None else None, windows)
+
+    # -- view (UI thread) ---------------------------------------------------------------
+    def on_loss_plot_data_ready(self, msg: DataReady) -> None:
+        if msg.request is not self._request:
+            return   # an older window than the one asked for last
+        self._shown = msg.request
+        if isinstance(msg.result, Exception):
+            self.error = f"cannot read the run: {msg.result}"
+        else:
+            extent, view, windows = msg.result
+            self.error = None
+            self.extent = extent
+            if self.view is not None and view is not None:
+                self.view = view     # following moved it; otherwise the same
+            self.windows = windows
+        self.loaded = True
+        self._redraw()
+
+    def _redraw(self) -> None:
+        self._lines = None
+        self.refresh()
+
+    def on_mount(self) -> None:
+        self.refresh_data()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._redraw()
+        self.refresh_data()   # buckets for the new width
+
+    def on_unmount(self) -> None:
+        for fetch in self._fetchers:
+            close = getattr(fetch, "close", None)
+            if close is not None:
+                close()
+
+    def render_line(self, y: int) -> Strip:
+        if self._lines is None or self._lines_size != self.size:
+            width, height = self.size
+            base = self.rich_style
+            self._lines = [Strip(segs, width).apply_style(base)
+                           for segs in render_chart(self.frame(), width, height)]
+            self._lines_size = self.size
+        if y < len(self._lines):
+            return self._lines[y]
+        return Strip.blank(self.size.width, self.rich_style)
+
+    def rendered_text(self) -> str:
+        """The chart as plain text, one line per row (tests assert on it)."""
+        width, height = self.size
+        return "\n".join("".join(s.text for s in segs)
+                         for segs in render_chart(self.frame(), width, height))
+
+    # -- actions ------------------------------------------------------------------------
+    def _set_view(self, start: int, end: int) -> None:
+        if self.extent is None:
+            return
+        first, last = self.extent
+        span = end - start
+        if span >= last - first:
+            self.view = None
+        else:
+            if start < first:
+                start, end = first, first + span
+            if end > last:
+                start, end = last - span, last
+            self.view = (start, end)
+        self._redraw()
+        self.refresh_data()
+
+    def _zoom(self, factor: float) -> None:
+        win = self.window
+        if win is None:
+            return
+        start, end = win
+        count = end - start + 1
+        new = max(MIN_SPAN, int(round(count * factor)))
+        if new == count or (self.view is None and factor > 1):
+            return
+        if self.following:
+            self._set_view(end - new + 1, end)
+        else:
+            s = int(round((start + end) / 2 - new / 2))
+            self._set_view(s, s + new - 1)
+
+    def action_zoom_in(self) -> None:
+        self._zoom(0.5)
+
+    def action_zoom_out(self) -> None:
+        self._zoom(2.0)
+
+    def action_pan(self, direction: int) -> None:
+        win = self.window
+        if win is None or self.view is None:
+            return   # the whole run: nowhere to pan
+        start, end = win
+        shift = max(1, (end - start + 1) // 4) * direction
+        self._set_view(start + shift, end + shift)
+
+    def action_home(self) -> None:
+        if self.view is not None:
+            self.view = None
+            self._redraw()
+            self.refresh_data()
+
+    def action_end(self) -> None:
+        if self.view is not None and self.extent is not None:
+            span = self.view[1] - self.view[0]
+            self._set_view(self.extent[1] - span, self.extent[1])
+
+    def action_log_y(self) -> None:
+        self.log_y = not self.log_y
+        self._redraw()
+
+    def action_toggle(self, attr: str) -> None:
+        setattr(self, attr, not getattr(self, attr))
+        self._redraw()
+        if attr in ("show_lr", "show_grad"):
+            self.refresh_data()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # lr and grad norm are one run's; an overlay of runs offers neither
+        if action == "toggle" and parameters and parameters[0] in ("show_lr", "show_grad"):
+            return len(self.traces) == 1
+        return True
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self.action_zoom_in()
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self.action_zoom_out()
+
+
+__all__ = ["Fetch", "Frame", "LossPlot", "RunSource", "Trace", "TraceView", "Window",
+           "render_chart"]
