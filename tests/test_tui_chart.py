@@ -412,3 +412,15 @@ def test_snapshot_compare(snap_compare, tmp_path, monkeypatch, size):
 
 
 _ = asyncio  # pytest-asyncio runs the async tests (asyncio_mode = auto)
+
+
+async def test_nan_losses_are_marked(tmp_path):
+    run = write_run(tmp_path / "run", 200, spike={120: float("nan")})   # written as null
+    app = ChartApp(run.path)
+    async with app.run_test(size=(80, 16)) as pilot:
+        plot = app.query_one(LossPlot)
+        await settled(pilot, plot)
+        top = plot_rows(plot)[0]
+        assert top.count("×") == 1
+        assert top.index("×") == pytest.approx(120 / 200 * len(top), abs=1.5)
+        assert "× NaN loss" in header(plot)

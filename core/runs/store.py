@@ -482,7 +482,7 @@ class Store:
         """SQL for the rows of one kind for one rank (parameters :rank, :cut): `rows` (step
         and every column), `range` (step only) and whether `blocks` can be used; and the
         lowest step in the tail (the cut: run.db's rows from there on are superseded)."""
-        self._sync_tail(db)
+        self._sync_tail(db, rank)
         tail_min = db.execute("SELECT MIN(step) FROM temp.tail_series WHERE rank = ? AND "
                               "kind = 0", (rank,)).fetchone()[0]
         cols = STEP_METRICS if kind == "step" else EVAL_METRICS
@@ -521,9 +521,9 @@ class Store:
         rng = rng or f"SELECT step FROM ({rows})"
         return {"rows": rows, "range": rng, "blocks": use_blocks}, tail_min
 
-    def _sync_tail(self, db: sqlite3.Connection) -> None:
-        """Bring the tail table up to the files' ends: drop what the agent has ingested since
-        (by each row's line-end offset), parse only what was appended."""
+    def _sync_tail(self, db: sqlite3.Connection, rank: int) -> None:
+        """Bring the tail table up to the end of the rank's event file: drop what the agent
+        has ingested since (by each row's line-end offset), parse only what was appended."""
         db.execute(_TAIL_SCHEMA)
         try:
             offsets = dict(db.execute("SELECT file, offset FROM offsets")) \
@@ -533,6 +533,8 @@ class Store:
         insert = (f"INSERT INTO temp.tail_series VALUES "
                   f"({','.join('?' * (6 + len(STEP_METRICS) + len(EVAL_METRICS)))})")
         for path in self.run.event_files():
+            if event_rank(path) != rank:
+                continue   # a chart of rank 0 never parses the other ranks' backlogs
             name, done = path.name, offsets.get(path.name, 0)
             held = self._tail_at.get(name)
             try:

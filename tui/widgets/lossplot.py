@@ -338,8 +338,8 @@ def _y_ticks(lo: float, hi: float, rows: int, log: bool) -> list[float]:
 
 def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
     """The chart as `height` lines of segments, `width` cells each."""
-    header = _header(f, width)
     if f.message is not None or height < 5 or width < 24:
+        header = _header(f, width)
         body = [[Segment(" " * width)] for _ in range(max(height - 1, 0))]
         if f.message is not None and body:
             body[len(body) // 2] = _pad([Segment(f.message.center(width)[:width],
@@ -389,12 +389,12 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             v = math.log10(v)
         return (ymax - v) / (ymax - ymin) * (dots_h - 1)
 
-    layers: list[_Layer] = []
     markers: dict[int, tuple[str, Style]] = {}
     legend: list[tuple[str, Style]] = []
     # lowest priority first: raw bands, lr/grad, smoothed lines; markers over everything
     raws, lines, extras = [], [], []
-    for i, (tv, c) in enumerate(zip(f.traces, cols)):
+    nan_steps = 0
+    for tv, c in zip(f.traces, cols):
         if c is None:
             continue
         lo, mean, hi, nan, ev = c
@@ -422,6 +422,7 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         for x, k in enumerate(nan):
             if k:
                 markers[x // 2] = ("×", Style(color=NAN, bold=True))
+        nan_steps += sum(nan)
         if not multi:
             for metric, on, color in (("lr", f.show_lr, LR), ("grad_norm", f.show_grad, GRAD)):
                 if not on:
@@ -432,8 +433,9 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
                 name = "lr" if metric == "lr" else "grad"
                 legend.append((f"━ {name} " + (f"{fmt_value(rng[0])}…{fmt_value(rng[1])}"
                                                if rng else "-"), Style(color=color)))
-    layers = raws + extras + lines
-    rows = _compose(layers, markers, pw, ph)
+    if nan_steps:
+        legend.append(("× NaN loss", Style(color=NAN, bold=True)))
+    rows = _compose(raws + extras + lines, markers, pw, ph)
     # axes
     tick_rows: dict[int, str] = {}
     for t, s in zip(ticks, labels):
