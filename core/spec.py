@@ -582,7 +582,7 @@ def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
     if problems:
         raise SpecError(problems)
     if base_dir is not None:
-        _resolve_paths(spec, base_dir)
+        resolve_paths(spec, base_dir)
     return spec
 
 
@@ -609,7 +609,8 @@ def cross_checks(spec: RunSpec) -> list[str]:
     return out
 
 
-def _resolve_paths(spec: RunSpec, base: Path) -> None:
+def resolve_paths(spec: RunSpec, base: Path) -> None:
+    """Relative data/script/model paths, taken from `base` (a spec file's folder), in place."""
     for section, key in ((spec.data, "path"), (spec.data, "val_path"), (spec.script, "path")):
         value = getattr(section, key)
         if value and not Path(value).expanduser().is_absolute():

@@ -44,8 +44,11 @@ def cmd_launch(args) -> int:
         print(p.script, end="")
         print(f"# {p.summary}")
         return 0
+    record = _preflight_gate(args, spec)
+    if record is None:
+        return 1
     try:
-        run_dir = launch(spec)
+        run_dir = launch(spec, preflight=record)
     except (LaunchError, OSError, ValueError) as e:
         print(f"tunedeck: launch failed: {e}", file=sys.stderr)
         return 1
@@ -58,6 +61,46 @@ def cmd_launch(args) -> int:
     if args.wait:
         return _wait(run_id, quiet=args.json)
     return 0
+
+
+def _preflight_gate(args, spec) -> dict | None:
+    """The checklist the TUI's gate runs, before anything is written: None (refused, each
+    failure printed with its fix) when a check fails; else the record the run keeps.
+    `--no-preflight` skips it, and the run records that it did."""
+    from tunedeck.core.preflight import failures, gate_record, make_context, run_checks
+
+    if args.no_preflight:
+        return gate_record(None, by="cli --no-preflight")
+    ctx = make_context(args.spec, args.set)
+    results = list(run_checks(ctx))
+    failed = failures(results)
+    if not failed:
+        return gate_record(results, by="cli")
+    out = sys.stderr
+    print(f"tunedeck: launch refused: {len(failed)} preflight check(s) failed", file=out)
+    for r in failed:
+        print(f"  [FAIL] {r.title}  ({r.id})", file=out)
+        for line in r.detail.splitlines():
+            print(f"         {line}", file=out)
+        if r.fix:
+            print(f"         fix: {r.fix}", file=out)
+        if r.fix_set:
+            print("         " + " ".join(f"--set {k}={_toml_literal(v)}"
+                                         for k, v in r.fix_set.items() if v is not None),
+                  file=out)
+    print(f"`tunedeck preflight {args.spec}` shows the whole checklist; --no-preflight "
+          "launches anyway (the run records it)", file=out)
+    if args.json:
+        print(json.dumps({"error": "preflight failed",
+                          "failed": [r.to_json() for r in failed]}), flush=True)
+    return None
+
+
+def _toml_literal(v) -> str:
+    """A --set value as parse_override reads it back."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    return json.dumps(v) if isinstance(v, str) else str(v)
 
 
 def _wait(ref: str, quiet: bool = False) -> int:
@@ -221,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="block until the run ends; exit 0 only "
                    "if it succeeded")
     s.add_argument("--dry-run", action="store_true", help="print the launch script, start nothing")
+    s.add_argument("--no-preflight", action="store_true", help="launch without the preflight "
+                   "checklist (by default a failed check refuses the launch); the run "
+                   "records that it was skipped")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_launch)
 
