@@ -1,0 +1,379 @@
+"""The compose screen, driven by Textual's Pilot: the form generated from the spec's option
+table, inline validation, what is shown per backend/strategy, the live preview (command,
+port, trainer values, batch, memory against recorded GPUs), save, presets, the advisor."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual.app import App
+from textual.widgets import DataTable, Input, Select
+
+from tests.conftest import DEMO, REPO
+from tunedeck.core.spec import OPTIONS, RunSpec, load_spec, set_values
+from tunedeck.core.telemetry.fake import FakePynvml
+from tunedeck.core.telemetry.gpus import Gpu, GpuFacts, probe_gpus
+from tunedeck.tui.screens.compose import AdviceScreen, ComposeScreen, SavePrompt, widget_id
+from tunedeck.tui.screens.preflight import PreflightScreen
+from tunedeck.tui.screens.presets import PresetPicker
+
+DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
+
+
+def h200s(n: int = 2) -> GpuFacts:
+    """A 2×H200 node as NVML described it (shared/fixtures/h200)."""
+    return GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
+                    driver="580.1", cuda_driver=(13, 0))
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Recorded GPU facts instead of this machine's, for the form and the gate."""
+    def use(facts: GpuFacts) -> None:
+        monkeypatch.setattr(ComposeScreen, "gpu_probe", staticmethod(lambda: facts))
+        monkeypatch.setattr(PreflightScreen, "gpu_probe", staticmethod(lambda: facts))
+    use(GpuFacts(error="no GPU (recorded)"))
+    return use
+
+
+class Host(App):
+    def __init__(self, screen, readonly: bool = False):
+        super().__init__()
+        self.first = screen
+        self.readonly = readonly
+
+    def on_mount(self) -> None:
+        self.push_screen(self.first)
+
+
+async def until(pilot, pred, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def settled(pilot, screen: ComposeScreen, timeout: float = 60.0):
+    """The preview on screen is the one of the form as it is now."""
+    await until(pilot, lambda: screen.preview is not None and not screen.preview_pending,
+                timeout, "the preview")
+
+
+def demo_spec(**values) -> RunSpec:
+    spec = load_spec(DEMO, ["train.max_steps=3"])
+    return set_values(spec, values) if values else spec
+
+
+async def type_into(pilot, screen, key: str, text: str) -> None:
+    inp = screen.query_one("#" + widget_id(key), Input)
+    inp.focus()
+    inp.value = ""
+    await pilot.press(*text) if text else await pilot.pause()
+
+
+def shown(screen, key: str) -> bool:
+    return screen.row(key).display
+
+
+# -- the form and the preview --------------------------------------------------------------
+
+async def test_every_option_has_a_field_and_edits_change_the_command(gpus):
+    screen = ComposeScreen(demo_spec(), DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        assert {r.option.key for r in screen.rows()} == set(OPTIONS)
+        text = screen.preview_text()
+        # the exact command, and for the built-in trainer the values it reads from spec.toml
+        assert "-m torch.distributed.run" in text and "-m tunedeck.core.train" in text
+        assert "--nproc_per_node 2" in text and "train.learning_rate = 0.005" in text
+        assert "effective batch 8 = 4 per device x 2 data-parallel x 1 accumulation" in text
+        await type_into(pilot, screen, "cluster.cpu_procs", "3")
+        await type_into(pilot, screen, "train.learning_rate", "2e-4")
+        await settled(pilot, screen)
+        text = screen.preview_text()
+        assert "--nproc_per_node 3" in text and "train.learning_rate = 0.0002" in text
+        assert "effective batch 12 = 4 per device x 3 data-parallel" in text
+        assert screen.spec.cluster.cpu_procs == 3 and screen.spec.train.learning_rate == 2e-4
+        assert screen.row("train.learning_rate").has_class("-changed")
+
+
+async def test_a_bad_value_shows_its_problem_under_the_field(gpus):
+    screen = ComposeScreen(demo_spec(), DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        await type_into(pilot, screen, "train.max_steps", "ten")
+        row = screen.row("train.max_steps")
+        assert row.has_class("-error")
+        assert "train.max_steps must be int, got str 'ten'" in str(
+            row.query_one(".field-error").render())
+        assert screen.spec.train.max_steps == 3          # the last good value stays
+        await settled(pilot, screen)
+        assert "✗ 1 problem(s): train.max_steps must be int" in screen.preview_text()
+        # a problem blocks the launch and the save: the form would not be what runs
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert not isinstance(pilot.app.screen, PreflightScreen)
+        await type_into(pilot, screen, "train.max_steps", "0")
+        assert "train.max_steps must be >= 1, got 0" in str(
+            row.query_one(".field-error").render())
+        await type_into(pilot, screen, "train.max_steps", "7")
+        assert not row.has_class("-error") and screen.spec.train.max_steps == 7
+        # a rule between keys lands under the key it names
+        await type_into(pilot, screen, "data.path", "")
+        data_row = screen.row("data.path")
+        assert data_row.has_class("-error") and "data.path is required for the builtin " \
+            "trainer" in str(data_row.query_one(".field-error").render())
+        choice = screen.query_one("#" + widget_id("parallel.strategy"), Select)
+        assert [v for _, v in choice._options] == list(OPTIONS["parallel.strategy"].choices)
+
+
+async def test_backend_and_strategy_decide_which_fields_show(gpus):
+    screen = ComposeScreen(demo_spec(), DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        assert shown(screen, "train.max_steps") and shown(screen, "data.skip_bad_rows")
+        assert not shown(screen, "swift.command") and not shown(screen, "script.path")
+        assert not shown(screen, "parallel.zero_stage") and not shown(screen, "parallel.tp")
+        assert not shown(screen, "cluster.node_rank")
+        sel = lambda key: screen.query_one("#" + widget_id(key), Select)  # noqa: E731
+        sel("backend").value = "swift"
+        await pilot.pause()
+        assert shown(screen, "swift.command") and shown(screen, "swift.extra_args")
+        assert not shown(screen, "data.skip_bad_rows") and not shown(screen, "method.merge_lora")
+        sel("parallel.strategy").value = "deepspeed"
+        await pilot.pause()
+        assert shown(screen, "parallel.zero_stage") and shown(screen, "parallel.zero_offload")
+        assert not shown(screen, "parallel.cpu_offload")
+        sel("parallel.strategy").value = "fsdp2"
+        await pilot.pause()
+        assert shown(screen, "parallel.cpu_offload") and not shown(screen, "parallel.zero_stage")
+        sel("method.type").value = "full"
+        await pilot.pause()
+        assert not shown(screen, "method.lora_rank") and not shown(screen, "method.quant_bits")
+        sel("method.type").value = "qlora"
+        await pilot.pause()
+        assert shown(screen, "method.quant_bits") and shown(screen, "method.lora_rank")
+        await type_into(pilot, screen, "cluster.nnodes", "2")
+        assert shown(screen, "cluster.node_rank") and shown(screen, "cluster.join_timeout_s")
+        sel("backend").value = "script"
+        await pilot.pause()
+        assert shown(screen, "script.path") and not shown(screen, "train.max_steps")
+        assert not shown(screen, "parallel.strategy")
+        # a section with nothing that applies has no header
+        assert not screen.query_one("#s-training").display
+        assert screen.query_one("#s-cluster").display
+
+
+async def test_save_writes_a_toml_that_loads_back_equal(gpus, tmp_path):
+    screen = ComposeScreen(demo_spec(**{"env.HF_TOKEN": "hf_secret_value"}), DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        # the secret is masked in the form and in the preview, and survives an edit there
+        env = screen.query_one("#" + widget_id("env"), Input)
+        assert env.value == "HF_TOKEN=****"
+        assert "hf_secret_value" not in screen.preview_text()
+        assert "HF_TOKEN='****'" in screen.preview_text()
+        await type_into(pilot, screen, "env", "HF_TOKEN=**** NCCL_DEBUG=INFO")
+        assert screen.spec.env == {"HF_TOKEN": "hf_secret_value", "NCCL_DEBUG": "INFO"}
+        await type_into(pilot, screen, "train.max_steps", "42")
+        await type_into(pilot, screen, "method.target_modules", "q_proj v_proj")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: isinstance(pilot.app.screen, SavePrompt), what="prompt")
+        target = tmp_path / "nested" / "mine.toml"
+        pilot.app.screen.query_one(Input).value = str(target)
+        await pilot.press("enter")
+        await until(pilot, lambda: target.exists() and screen.path == target, what="the save")
+        text = target.read_text()
+        assert "hf_secret_value" not in text and "not saved, secrets: HF_TOKEN" in text
+        back = load_spec(target)
+        expected = set_values(screen.spec, {"env.HF_TOKEN": None})
+        assert back == expected
+        assert back.train.max_steps == 42 and back.method.target_modules == ["q_proj", "v_proj"]
+        assert not screen.dirty
+
+
+async def test_port_is_picked_once_and_kept_for_the_launch(gpus):
+    spec = demo_spec()
+    assert spec.cluster.master_port == 0
+    screen = ComposeScreen(spec, DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        port = screen.port
+        assert port and f"--master_port {port}" in screen.preview_text()
+        assert f"port {port} (picked now" in screen.preview_text()
+        await type_into(pilot, screen, "train.max_steps", "5")
+        await settled(pilot, screen)
+        assert f"--master_port {port}" in screen.preview_text()
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: isinstance(pilot.app.screen, PreflightScreen), what="gate")
+        assert pilot.app.screen.spec.cluster.master_port == port
+        assert screen.spec.cluster.master_port == 0      # the form keeps "pick at launch"
+        await pilot.press("escape")
+        await until(pilot, lambda: pilot.app.screen is screen, what="back")
+        await type_into(pilot, screen, "cluster.master_port", "29555")
+        await settled(pilot, screen)
+        assert "port 29555 (cluster.master_port)" in screen.preview_text()
+
+
+async def test_estimate_turns_red_past_capacity_and_the_advice_is_one_key_away(gpus, tmp_path):
+    big = tmp_path / "qwen7b"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+        "vocab_size": 152064, "tie_word_embeddings": False}))
+    # two 24 GiB GPUs, as a fake NVML reports them through the real probe
+    gpus(probe_gpus(FakePynvml(2, name="NVIDIA A10G", total_mib=24576, cc=(8, 6))))
+    spec = demo_spec(**{"model.path": str(big), "data.max_length": 2048,
+                        "train.per_device_batch_size": 2, "cluster.device": "cuda"})
+    screen = ComposeScreen(spec, DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        text = screen.preview_text()
+        assert screen.preview.fit == "fail", text
+        assert "GPU0 NVIDIA A10G 24.0 GiB: will not fit" in text
+        assert "GPU1 NVIDIA A10G 24.0 GiB: will not fit" in text
+        assert "✗ will not fit in GPU memory" in text
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: isinstance(pilot.app.screen, AdviceScreen), what="advice")
+        advice = str(pilot.app.screen.query_one("#advice-text").render())
+        assert "advice: fsdp2 on 2 GPU(s)" in advice, advice
+        await pilot.press("a")
+        await until(pilot, lambda: pilot.app.screen is screen, what="back")
+        assert screen.spec.parallel.strategy == "fsdp2"
+        assert screen.spec.train.gradient_checkpointing
+        assert screen.query_one("#" + widget_id("parallel.strategy"), Select).value == "fsdp2"
+        await settled(pilot, screen)
+        assert "--nproc_per_node 2" in screen.preview_text()
+    # the same spec on H200s fits
+    gpus(h200s())
+    screen = ComposeScreen(spec, DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        assert screen.preview.fit == "pass"
+        assert "GPU1 NVIDIA H200 139.8 GiB: fits" in screen.preview_text()
+
+
+@pytest.mark.skipif(not __import__("importlib.util").util.find_spec("swift"),
+                    reason="ms-swift not installed")
+async def test_swift_preview_follows_without_importing_ms_swift(gpus):
+    spec = load_spec(REPO / "presets" / "swift-ddp-lora-2gpu.toml")
+    gpus(h200s())
+    screen = ComposeScreen(spec)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen, timeout=240)
+        text = screen.preview_text()
+        assert "-m swift.cli.sft" in text and "--tuner_type lora" in text, text
+        await type_into(pilot, screen, "method.lora_rank", "32")
+        await settled(pilot, screen)
+        assert "--lora_rank 32" in screen.preview_text()
+        # flags were checked by ms-swift's own parser, in a child process
+        await type_into(pilot, screen, "swift.extra_args", "--no_such_flag 1")
+        await settled(pilot, screen)
+        assert "cannot run: ms-swift would reject this run" in screen.preview_text()
+        assert "--no_such_flag" in screen.preview_text()
+    assert "swift" not in sys.modules
+
+
+async def test_new_run_starts_from_a_preset(gpus):
+    screen = ComposeScreen()
+    async with Host(screen).run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: isinstance(pilot.app.screen, PresetPicker), what="picker")
+        picker = pilot.app.screen
+        table = picker.query_one(DataTable)
+        await until(pilot, lambda: table.row_count > 0, what="presets")
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        table.move_cursor(row=names.index("demo"))
+        await pilot.press("enter")
+        await until(pilot, lambda: pilot.app.screen is screen, what="the form")
+        assert screen.spec == load_spec(DEMO) and screen.path == DEMO
+        assert screen.query_one("#" + widget_id("name"), Input).value == "demo"
+        await settled(pilot, screen)
+        assert "-m tunedeck.core.train" in screen.preview_text()
+        # esc on the picker keeps a blank spec
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(pilot.app.screen, PresetPicker), what="picker")
+        await pilot.press("escape")
+        await until(pilot, lambda: pilot.app.screen is screen, what="the form")
+        assert screen.spec.name == "demo"
+
+
+async def test_open_a_spec_file_by_path_and_readonly_hides_launch_and_save(gpus, tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text(f'name = "mine"\n[data]\npath = "{DEMO_DATA}"\n[train]\nmax_steps = 9\n')
+    screen = ComposeScreen(path=f)
+    async with Host(screen, readonly=True).run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: screen.spec.name == "mine", what="the file")
+        assert screen.spec.train.max_steps == 9
+        assert screen.check_action("launch", ()) is False
+        assert screen.check_action("save", ()) is False
+        await pilot.press("ctrl+l", "ctrl+s")
+        await pilot.pause()
+        assert pilot.app.screen is screen
+        assert "launch" not in {a for _, _, a in screen.commands()}
+
+
+async def test_stale_previews_are_dropped_and_the_last_edit_wins(gpus):
+    from rich.text import Text
+
+    from tunedeck.tui.screens.compose import PreviewData, PreviewReady
+
+    screen = ComposeScreen(demo_spec(), DEMO)
+    async with Host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        before = len(screen.latencies)
+        inp = screen.query_one("#" + widget_id("cluster.cpu_procs"), Input)
+        for text in ("1", "12", "123", "1234", "12345"):   # faster than the debounce
+            inp.value = text
+        await pilot.pause()     # the Changed events reach the screen
+        await settled(pilot, screen)
+        assert "--nproc_per_node 12345" in screen.preview_text()
+        assert len(screen.latencies) - before == 1
+        # an answer to an older edit that arrives late is dropped
+        old = PreviewData(Text("stale"), Text("stale"), "pass")
+        screen.post_message(PreviewReady(screen.generation - 1, time.perf_counter(), old))
+        await pilot.pause(0.1)
+        assert "stale" not in screen.preview_text()
+
+
+# -- snapshots (fixed spec, port, paths and recorded GPUs) ------------------------------------
+
+def _snapshot_app(monkeypatch) -> App:
+    monkeypatch.setenv("TUNEDECK_HOME", "/srv/tunedeck")
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    monkeypatch.setattr(ComposeScreen, "gpu_probe", staticmethod(h200s))
+    spec = RunSpec(name="snap")
+    spec = set_values(spec, {"data.path": "/data/chat.jsonl", "cluster.master_port": 29500,
+                             "method.lora_rank": 16, "train.max_steps": 300,
+                             "train.learning_rate": 2e-4, "train.save_steps": 100})
+    return Host(ComposeScreen(spec, title="snap"))
+
+
+async def _wait_preview(pilot) -> None:
+    screen = pilot.app.screen
+    for inp in screen.query(Input):   # a blinking cursor would make the picture a coin toss
+        inp.cursor_blink = False
+    await settled(pilot, screen)
+    await pilot.pause(0.1)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_compose_snapshot(snap_compare, monkeypatch, size):
+    assert snap_compare(_snapshot_app(monkeypatch), terminal_size=size,
+                        run_before=_wait_preview)
+
+
+def test_build_preview_runs_without_a_screen():
+    """What the worker runs needs no UI (the latency benchmark times it alone too)."""
+    from tunedeck.tui.screens.compose import build_preview
+
+    spec = set_values(demo_spec(), {"cluster.master_port": 29500})
+    data = build_preview(spec, h200s())
+    assert not data.error and "--master_port 29500" in data.body.plain
+    assert Path(DEMO).exists()

@@ -1,0 +1,840 @@
+"""Compose a run in forms, and see exactly what it will run.
+
+The form is generated from core/spec.py's one declaration of every option (`OPTIONS`: type,
+help, choices, min, `when`, `group`): a field per option, in the spec's sections, showing only
+the options that apply to the chosen backend, strategy, method and cluster. A value is checked
+as it is typed by the check TOML loading and `--set` use (`parse_value`, `cross_checks`), and
+the problem is shown under the field, naming the key.
+
+The side pane follows the form: the exact per-node command and environment (secrets masked),
+the port the launch will really use (picked once here, kept for the launch), the values the
+built-in trainer reads from spec.toml, the effective batch and the memory estimate against each
+GPU's capacity. It is built off the UI thread (`build_preview`, through `plan_run`, the one way
+from a spec to a plan), debounced, and a stale preview is dropped; ms-swift's flag table, which
+needs a subprocess once per version, is read in a worker too, never on the UI thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+import threading
+import time
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widget import Widget
+from textual.widgets import Footer, Input, Label, Select, Static
+from textual.worker import get_current_worker
+
+from tunedeck.core.spec import (GROUPS, OPTIONS, SECRET_PATTERN, Option, RunSpec, SpecError,
+                                check_option, cross_checks, get_value, mask_env, parse_value,
+                                resolve_paths, set_values)
+from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
+from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
+from tunedeck.tui.screens.preflight import fmt_value, pin_port
+from tunedeck.tui.widgets.titlebar import TitleBar
+
+DEBOUNCE_S = 0.03        # typing faster than this previews once, at the end
+# what the built-in trainer reads from spec.toml (torchrun's flags come from the rest)
+TRAINER_TABLES = ("model", "data", "method", "train", "parallel")
+TRAINER_KEYS = ("cluster.device", "cluster.dist_backend", "cluster.collective_timeout_s")
+# keys other options' applicability depends on: editing one re-evaluates what is shown
+DRIVERS = frozenset(k for o in OPTIONS.values() for k in (o.when or {}))
+FIT_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim"}
+_KEY_AT_START = re.compile(r"^(env\.[A-Za-z0-9_]+|[a-z_]+(?:\.[a-z_0-9]+)*)")
+
+# ms-swift's flag table: a subprocess the first time per installed version (then a cache
+# file). Read once per process, under a lock, so two previews never start two of them.
+_SWIFT_LOCK = threading.Lock()
+_SWIFT_STATE: dict[str, Any] = {"ready": False, "error": ""}
+
+
+def swift_flags_ready() -> bool:
+    return bool(_SWIFT_STATE["ready"])
+
+
+def warm_swift_flags() -> str:
+    """Read the installed ms-swift's flag table (blocking; call from a worker). '' or why it
+    could not be read (then previews say so instead of retrying the subprocess)."""
+    with _SWIFT_LOCK:
+        if not _SWIFT_STATE["ready"]:
+            from tunedeck.core.swift.flags import FlagTableError, flag_tables
+
+            try:
+                flag_tables()
+            except FlagTableError as e:
+                _SWIFT_STATE["error"] = str(e)
+            _SWIFT_STATE["ready"] = True
+        return _SWIFT_STATE["error"]
+
+
+# -- the preview, built in a worker ------------------------------------------------------
+
+@dataclass
+class PreviewData:
+    facts: Text            # what runs, port, batch, memory against each GPU
+    body: Text             # per-node commands and environment, the trainer's values
+    fit: str               # pass | warn | fail | skip: the estimate against the GPUs
+    error: str = ""        # why there is no plan
+    estimate: Any = None   # SpecEstimate, or why there is none (str)
+    gpu_mem_gib: float | None = None
+    gpu_count: int = 0
+
+
+def _chosen(facts: GpuFacts, spec: RunSpec) -> list:
+    from tunedeck.core.preflight.base import Context
+    from tunedeck.core.preflight.gpu import chosen
+
+    return chosen(Context(spec=spec, resolved=spec, gpu_probe=lambda: facts))
+
+
+def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> PreviewData:
+    """Everything the side pane shows for `spec` (its port already pinned), on `facts`."""
+    from tunedeck.core.backends import plan_run
+    from tunedeck.core.estimate.batch import describe
+    from tunedeck.core.paths import runs_root
+    from tunedeck.core.preflight.base import Context
+    from tunedeck.core.preflight.config import MARGIN, check_gpu_memory
+    from tunedeck.core.rundir import RunDir
+
+    gpus = _chosen(facts, spec)
+    try:
+        resolved, plan = plan_run(spec, RunDir(runs_root() / "<run-id>"), gpu_count=len(gpus))
+    except Exception as e:  # noqa: BLE001 - ValueError naming the key, FlagTableError...
+        msg = str(e)
+        return PreviewData(Text(""), Text(msg, style="red"), "skip", msg or type(e).__name__)
+    c = resolved.cluster
+    facts_t = Text()
+    facts_t.append(f"{resolved.backend} · ", style="bold")
+    facts_t.append(f"{resolved.method.type} on {resolved.model.path} · {c.nnodes} node(s) × "
+                   f"{c.nproc_per_node} {c.device} rank(s) · {c.dist_backend} · "
+                   f"{resolved.parallel.strategy}\n")
+    facts_t.append(f"port {c.master_port}", style="bold")
+    facts_t.append(f" ({port_note or 'cluster.master_port'})\n", style="dim")
+    facts_t.append(describe(resolved, plan.world_size) + "\n")
+
+    ctx = Context(spec=spec, resolved=resolved, gpu_probe=lambda: facts)
+    est = ctx.estimate
+    fit = check_gpu_memory(ctx)
+    if isinstance(est, str):
+        facts_t.append(f"memory: no estimate: {est.split(';')[0]}\n", style="dim")
+    else:
+        per = est.memory.per_gpu_gib
+        if c.device != "cuda":
+            facts_t.append(f"memory ≈ {per:.2f} GiB per process ({c.device}; no GPU to "
+                           "compare with)\n")
+        else:
+            facts_t.append(f"memory ≈ {per:.1f} GiB per GPU", style=FIT_STYLE[fit.status])
+            facts_t.append(f" (peak at {est.memory.peak_phase})\n", style="dim")
+            for g in gpus or []:
+                cap = g.memory_total_gib
+                status = "fail" if per > cap else "warn" if per > cap * MARGIN else "pass"
+                verdict = {"fail": "will not fit", "warn": f"above {MARGIN:.0%}: may OOM",
+                           "pass": "fits"}[status]
+                facts_t.append(f"  GPU{g.index} {g.name} {cap:.1f} GiB: {verdict} "
+                               f"({per / cap:.0%})\n", style=FIT_STYLE[status])
+            if not gpus:
+                facts_t.append("  no GPU here to compare with\n", style="dim")
+        facts_t.append("ctrl+t: the advisor's suggestion\n", style="dim")
+
+    body = Text()
+    for node in plan.nodes:
+        body.append(f"── node {node.node_rank} · {node.host} ──\n", style="bold")
+        # launch.sh as a launch writes it (secrets masked), less the shell's preamble
+        lines = plan.to_shell(node.node_rank).splitlines()
+        body.append("\n".join(x for x in lines if not x.startswith(("#!", "set -", "# tunedeck")))
+                    + "\n")
+    body.append("run id and run directory are named at launch\n", style="dim")
+    if resolved.backend == "builtin":
+        body.append("── the trainer reads from spec.toml ──\n", style="bold")
+        for o in OPTIONS.values():
+            table = o.key.split(".")[0]
+            if (table in TRAINER_TABLES or o.key in TRAINER_KEYS) and o.applies(resolved):
+                value = get_value(resolved, o.key)
+                shown = ("[" + ", ".join(map(fmt_value, value)) + "]"
+                         if isinstance(value, list) else fmt_value(value))
+                body.append(f"{o.key} = ", style="dim")
+                body.append(shown + "\n", style="bold" if value != o.default else "")
+    mem = min((g.memory_total_gib for g in gpus), default=None)
+    return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus))
+
+
+# -- form fields --------------------------------------------------------------------------
+
+def _word(w: str) -> str:
+    """A word as shlex.split reads it back, quoted only when it must be (`****` stays)."""
+    return shlex.quote(w) if not w or re.search(r"[\s'\"\\#]", w) else w
+
+
+def field_text(o: Option, value: Any) -> str:
+    """A value as its text field shows it (parse_value reads it back)."""
+    origin = typing.get_origin(o.type)
+    if origin is list:
+        return " ".join(map(_word, value))
+    if origin is dict:
+        return " ".join(_word(f"{k}={v}") for k, v in mask_env(value).items())
+    if o.type is float:
+        return repr(value)
+    return str(value)
+
+
+def widget_id(key: str) -> str:
+    return "w-" + key.replace(".", "--")
+
+
+class FieldRow(Widget):
+    """One option: its dotted key, its input, and the problem with it (hidden when none)."""
+
+    DEFAULT_CSS = """
+    FieldRow { height: auto; }
+    FieldRow > Horizontal { height: auto; }
+    FieldRow .field-key { width: 30; color: $text-muted; }
+    FieldRow.-changed .field-key { color: $text; text-style: bold; }
+    FieldRow Input, FieldRow Select { width: 1fr; }
+    FieldRow .field-error { display: none; color: $error; padding-left: 30; height: auto; }
+    FieldRow.-error .field-error { display: block; }
+    FieldRow.-error .field-key { color: $error; }
+    """
+
+    def __init__(self, option: Option, spec: RunSpec):
+        super().__init__(id="f-" + option.key.replace(".", "--"))
+        self.option = option
+        self.value = get_value(spec, option.key)
+
+    def compose(self) -> ComposeResult:
+        o = self.option
+        with Horizontal():
+            yield Label(o.key, classes="field-key")
+            wid = widget_id(o.key)
+            if o.choices:
+                yield Select([(str(c), c) for c in o.choices], value=self.value,
+                             allow_blank=False, compact=True, id=wid)
+            elif o.type is bool:   # a choice too: "true"/"false" reads where a box's colour
+                yield Select([("false", False), ("true", True)], value=bool(self.value),
+                             allow_blank=False, compact=True, id=wid)
+            else:
+                yield Input(field_text(o, self.value), compact=True, id=wid,
+                            select_on_focus=False)
+        yield Static("", classes="field-error", markup=False)
+
+    def set_problem(self, text: str) -> None:
+        self.set_class(bool(text), "-error")
+        self.query_one(".field-error", Static).update(text)
+
+    def show(self, value: Any) -> None:
+        """Put `value` in the input (a preset, a fix, the advisor); its Changed event then
+        finds nothing to change."""
+        w = self.query_one("#" + widget_id(self.option.key))
+        if isinstance(w, Input):
+            text = field_text(self.option, value)
+            if w.value != text:
+                w.value = text
+        elif w.value != value:
+            w.value = value
+        self.set_class(value != self.option.default, "-changed")
+
+
+# -- messages ------------------------------------------------------------------------------
+
+class PreviewStatus(Message):
+    def __init__(self, generation: int, text: str):
+        super().__init__()
+        self.generation = generation
+        self.text = text
+
+
+class PreviewReady(Message):
+    def __init__(self, generation: int, started: float, data: PreviewData):
+        super().__init__()
+        self.generation = generation
+        self.started = started
+        self.data = data
+
+
+class SpecLoaded(Message):
+    def __init__(self, spec: RunSpec | None, path: Path, error: str = ""):
+        super().__init__()
+        self.spec = spec
+        self.path = path
+        self.error = error
+
+
+class Saved(Message):
+    def __init__(self, path: Path, error: str = "", note: str = ""):
+        super().__init__()
+        self.path = path
+        self.error = error
+        self.note = note
+
+
+class AdviceReady(Message):
+    def __init__(self, text: Text, overrides: dict[str, Any], error: str = ""):
+        super().__init__()
+        self.text = text
+        self.overrides = overrides
+        self.error = error
+
+
+# -- dialogs -------------------------------------------------------------------------------
+
+class SavePrompt(TunedeckModal):
+    """Where to save the spec: a path, anywhere."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    SavePrompt { align: center middle; }
+    SavePrompt > Vertical {
+        width: 76; height: auto; padding: 1 2; border: thick $accent; background: $surface;
+    }
+    """
+
+    def __init__(self, default: str):
+        super().__init__()
+        self.default = default
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("Save the spec as TOML (enter saves, esc cancels):")
+            yield Input(self.default, id="save-path")
+
+    @on(Input.Submitted)
+    def submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class AdviceScreen(TunedeckModal):
+    """The advisor's strategy for this spec on these GPUs; `a` puts its values in the form."""
+
+    BINDINGS = [Binding("a", "apply", "Apply"), Binding("escape,q", "close", "Close")]
+    DEFAULT_CSS = """
+    AdviceScreen { align: center middle; }
+    AdviceScreen > VerticalScroll {
+        width: 90%; max-width: 100; height: auto; max-height: 90%; padding: 1 2;
+        border: thick $accent; background: $surface;
+    }
+    """
+
+    def __init__(self, text: Text, can_apply: bool):
+        super().__init__()
+        self.text = text
+        self.can_apply = can_apply
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(self.text, id="advice-text")
+            yield Static("a puts these values in the form · esc closes" if self.can_apply
+                         else "esc closes", classes="dim")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "apply" and not self.can_apply:
+            return False
+        return super().check_action(action, parameters)
+
+    def action_apply(self) -> None:
+        self.dismiss(True)
+
+    def action_close(self) -> None:
+        self.dismiss(False)
+
+
+# -- the screen ------------------------------------------------------------------------------
+
+class ComposeScreen(TunedeckScreen):
+    HELP = ("A run as a form: every option of the spec, only those that apply to the chosen "
+            "backend and strategy. A bad value shows its problem under the field. The side "
+            "pane is what the launch will run: each node's command and environment (secrets "
+            "masked), the port, the trainer's values, the effective batch and the memory "
+            "estimate per GPU. ctrl+l checks the spec (preflight) and launches it from there; "
+            "ctrl+s saves it as a TOML file anywhere; ctrl+o starts from a preset.")
+    MUTATING = frozenset({"launch", "save"})
+    BINDINGS = [
+        Binding("ctrl+l", "launch", "Launch"),
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+o", "preset", "Preset"),
+        Binding("ctrl+t", "advice", "Advice"),
+        Binding("escape", "back", "Back"),
+        Binding("down", "app.focus_next", "Next field", show=False),
+        Binding("up", "app.focus_previous", "Previous field", show=False),
+    ]
+    DEFAULT_CSS = """
+    ComposeScreen #compose-body { layout: horizontal; height: 1fr; }
+    ComposeScreen.-narrow #compose-body { layout: vertical; }
+    ComposeScreen #form { width: 1fr; height: 1fr; padding: 0 1; }
+    ComposeScreen #side { width: 1fr; height: 1fr; border-left: solid $panel; }
+    ComposeScreen.-narrow #side { width: 1fr; border-left: none; border-top: solid $panel; }
+    ComposeScreen #side-facts { height: auto; max-height: 12; padding: 0 1; }
+    ComposeScreen #preview-scroll { height: 1fr; padding: 0 1; }
+    ComposeScreen .section { text-style: bold; color: $accent; margin-top: 1; }
+    ComposeScreen #form-problems { color: $error; height: auto; }
+    ComposeScreen #field-help { height: 1; padding: 0 1; background: $boost; color: $text-muted; }
+    """
+    NARROW = 120   # below this many columns the preview goes under the form
+    # where GPU facts come from; tests put recorded facts here
+    gpu_probe: Callable[[], GpuFacts] = staticmethod(lambda: probe_gpus(topology=False))
+
+    def __init__(self, spec: RunSpec | None = None, path: Path | None = None, title: str = ""):
+        super().__init__()
+        self.path = Path(path) if path else None
+        # a path without a spec: the file is read in a worker once mounted
+        self._load_path = self.path if spec is None and self.path else None
+        self._pick_preset = spec is None and self.path is None
+        self.spec = copy.deepcopy(spec) if spec is not None else RunSpec()
+        self.heading = title
+        self.field_errors: dict[str, str] = {}     # key -> problem of the text typed there
+        self.problems: list[str] = []              # cross-key rules broken (cross_checks)
+        self.dirty = False
+        self.port: int | None = None               # picked once, kept for the launch
+        self.generation = 0                        # of the newest preview asked for
+        self.shown_generation = 0                  # of the preview on screen
+        self.preview: PreviewData | None = None
+        self.latencies: list[float] = []           # edit -> preview shown, seconds
+        self._edit_started = time.perf_counter()
+        self._timer = None
+        self._secrets: dict[str, str] = {}         # real values of env secrets shown ****
+        self._facts: GpuFacts | None = None
+        self._facts_lock = threading.Lock()
+
+    # -- layout ---------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield TitleBar(self._title_text())
+        with Horizontal(id="compose-body"):
+            with VerticalScroll(id="form"):
+                yield Static("", id="form-problems", markup=False)
+                for gid, title in GROUPS:
+                    opts = [o for o in OPTIONS.values() if o.group == gid]
+                    if not opts:
+                        continue
+                    yield Static(title, classes="section", id=f"s-{gid}")
+                    for o in opts:
+                        yield FieldRow(o, self.spec)
+            with Vertical(id="side"):
+                yield Static(Text("building the preview…", style="dim"), id="side-facts")
+                with VerticalScroll(id="preview-scroll"):
+                    yield Static("", id="preview")
+        yield Static("", id="field-help", markup=False)
+        yield Footer()
+
+    def _title_text(self) -> str:
+        name = self.heading or (self.path.name if self.path else "") or self.spec.name
+        return f"compose · {name}"
+
+    def on_mount(self) -> None:
+        self.set_class(self.app.size.width < self.NARROW, "-narrow")
+        self._sync_form()
+        self.query_one("#" + widget_id("name")).focus()
+        if self._load_path is not None:
+            self._read_spec(self._load_path)
+        elif self._pick_preset:
+            self.call_after_refresh(self.action_preset)
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < self.NARROW, "-narrow")
+
+    # -- the form -----------------------------------------------------------------------------
+    def rows(self) -> list[FieldRow]:
+        return list(self.query(FieldRow))
+
+    def row(self, key: str) -> FieldRow:
+        return self.query_one("#f-" + key.replace(".", "--"), FieldRow)
+
+    def _sync_form(self) -> None:
+        """Every field shows self.spec; visibility, problems and the preview follow."""
+        self._secrets.update({k: v for k, v in self.spec.env.items()
+                              if SECRET_PATTERN.search(k) and set(v) - {"*"}})
+        for r in self.rows():
+            r.show(get_value(self.spec, r.option.key))
+        self.field_errors.clear()
+        self._apply_visibility()
+        self._check()
+        self.query_one(TitleBar).update(TitleBar._text(self._title_text()))
+        self._schedule_preview()
+
+    def _apply_visibility(self) -> None:
+        shown: dict[str, bool] = {}
+        for r in self.rows():
+            r.display = r.option.applies(self.spec)
+            shown[r.option.group] = shown.get(r.option.group, False) or r.display
+        for gid, _ in GROUPS:
+            for s in self.query(f"#s-{gid}"):
+                s.display = shown.get(gid, False)
+
+    def _check(self) -> None:
+        """Problems under the fields they name: the typed text's, then the cross-key rules'."""
+        self.problems = cross_checks(self.spec)
+        by_key: dict[str, list[str]] = {}
+        loose: list[str] = []
+        for p in self.problems:
+            m = _KEY_AT_START.match(p)
+            key = m.group(1) if m else ""
+            key = "env" if key.startswith("env.") else key
+            if key in OPTIONS:
+                by_key.setdefault(key, []).append(p)
+            else:
+                loose.append(p)
+        for r in self.rows():
+            k = r.option.key
+            msgs = ([self.field_errors[k]] if k in self.field_errors else []) + by_key.get(k, [])
+            r.set_problem("\n".join(msgs))
+            if msgs and not r.display:
+                loose.extend(msgs)   # a hidden field's problem still shows, at the top
+        top = self.query_one("#form-problems", Static)
+        top.update("\n".join(loose))
+        top.display = bool(loose)
+
+    def _edit(self, key: str, raw: Any, typed: bool) -> None:
+        started = time.perf_counter()
+        value, err = parse_value(key, raw) if typed else check_option(key, raw)
+        if err:
+            self.field_errors[key] = err
+        else:
+            self.field_errors.pop(key, None)
+            if key == "env":
+                value = self._keep_secrets(value)
+            if value != get_value(self.spec, key):
+                self.spec = set_values(self.spec, {key: value})
+                self.dirty = True
+                self.row(key).set_class(value != OPTIONS[key].default, "-changed")
+                if key in DRIVERS:
+                    self._apply_visibility()
+        self._check()
+        self._schedule_preview(started)
+
+    def _keep_secrets(self, env: dict[str, str]) -> dict[str, str]:
+        """The env field shows secrets as ****: stars (any number, as the field is edited
+        keystroke by keystroke) keep the real value; anything else is a new value."""
+        out = {}
+        for k, v in env.items():
+            if SECRET_PATTERN.search(k) and v and not set(v) - {"*"} and k in self._secrets:
+                out[k] = self._secrets[k]
+            else:
+                out[k] = v
+                if SECRET_PATTERN.search(k) and set(v) - {"*"}:
+                    self._secrets[k] = v
+        return out
+
+    @on(Input.Changed)
+    def _input_changed(self, event: Input.Changed) -> None:
+        row = self._row_of(event.input)
+        if row is not None:
+            self._edit(row.option.key, event.value, typed=True)
+
+    @on(Select.Changed)
+    def _select_changed(self, event: Select.Changed) -> None:
+        row = self._row_of(event.select)
+        if row is not None and event.value is not Select.BLANK:
+            self._edit(row.option.key, event.value, typed=False)
+
+    def _row_of(self, widget: Widget) -> FieldRow | None:
+        for node in widget.ancestors:
+            if isinstance(node, FieldRow):
+                return node
+        return None
+
+    def on_descendant_focus(self, event) -> None:
+        row = self._row_of(event.widget)
+        if row is None:
+            return
+        o = row.option
+        kind = (" | ".join(map(str, o.choices)) if o.choices
+                else getattr(o.type, "__name__", str(o.type)).replace("typing.", ""))
+        bound = f", ≥ {o.min:g}" if o.min is not None else ""
+        self.query_one("#field-help", Static).update(f"{o.key} ({kind}{bound}): {o.help}")
+
+    def on_descendant_blur(self, event) -> None:
+        # a secret typed into the env field is masked again once the cursor leaves it
+        if isinstance(event.widget, Input) and event.widget.id == widget_id("env"):
+            self.row("env").show(self.spec.env)
+
+    # -- the spec as it will be launched --------------------------------------------------------
+    def launch_spec(self) -> RunSpec:
+        """The form's spec as a launch gets it: relative paths from the spec file's folder
+        (or here), and the rendezvous port picked once for this form."""
+        spec = copy.deepcopy(self.spec)
+        resolve_paths(spec, self.path.parent if self.path else Path.cwd())
+        if spec.cluster.master_port == 0 and spec.cluster.nnodes == 1:
+            if self.port is None:
+                from tunedeck.core.estimate.resolve import free_port
+
+                self.port = free_port()
+            spec = pin_port(spec, self.port)
+        return spec
+
+    # -- preview (thread) --------------------------------------------------------------------
+    def _schedule_preview(self, started: float | None = None) -> None:
+        self.generation += 1
+        self._edit_started = started or time.perf_counter()
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(DEBOUNCE_S, self._start_preview)
+
+    def _start_preview(self) -> None:
+        self._timer = None
+        pinned = self.spec.cluster.master_port == 0 and self.spec.cluster.nnodes == 1
+        note = "picked now for cluster.master_port = 0; the launch keeps it" if pinned else ""
+        self._preview(self.generation, self._edit_started, self.launch_spec(), note)
+
+    @work(thread=True, exclusive=True, group="compose-preview", exit_on_error=False)
+    def _preview(self, generation: int, started: float, spec: RunSpec, note: str) -> None:
+        worker = get_current_worker()
+        facts = self.gpu_facts()
+        if spec.backend == "swift" and not swift_flags_ready():
+            self.post_message(PreviewStatus(generation, "reading the installed ms-swift's "
+                                            "flags (once per version, up to ~10 s)…"))
+            warm_swift_flags()
+        if worker.is_cancelled:
+            return   # a newer edit asked for its own preview
+        if spec.backend == "swift" and _SWIFT_STATE["error"]:
+            err = f"ms-swift's flags could not be read: {_SWIFT_STATE['error']}"
+            data = PreviewData(Text(""), Text(err, style="red"), "skip", err)
+        else:
+            data = build_preview(spec, facts, note)
+        if not worker.is_cancelled:
+            self.post_message(PreviewReady(generation, started, data))
+
+    @property
+    def preview_pending(self) -> bool:
+        """An edit whose preview is not on screen yet."""
+        return self._timer is not None or self.shown_generation != self.generation
+
+    def gpu_facts(self) -> GpuFacts:
+        """This machine's GPUs, probed once per screen (in a worker: NVML can take seconds)."""
+        with self._facts_lock:
+            if self._facts is None:
+                self._facts = type(self).gpu_probe()
+            return self._facts
+
+    @on(PreviewStatus)
+    def _preview_status(self, msg: PreviewStatus) -> None:
+        if msg.generation == self.generation:
+            self.query_one("#side-facts", Static).update(Text(msg.text, style="dim"))
+
+    @on(PreviewReady)
+    def _preview_ready(self, msg: PreviewReady) -> None:
+        if msg.generation != self.generation:
+            return   # stale: the form changed since it was asked for
+        self.preview = msg.data
+        self.query_one("#side-facts", Static).update(self._verdict() + msg.data.facts)
+        self.query_one("#preview", Static).update(msg.data.body)
+        self.shown_generation = msg.generation
+        self.latencies.append(time.perf_counter() - msg.started)
+
+    def _verdict(self) -> Text:
+        d = self.preview
+        problems = list(self.field_errors.values()) + self.problems
+        if problems:
+            return Text(f"✗ {len(problems)} problem(s): {problems[0]}\n", style="bold red")
+        if d is not None and d.error:
+            first = d.error.strip().splitlines()[0] if d.error.strip() else d.error
+            return Text(f"✗ cannot run: {first}\n", style="bold red")
+        if d is not None and d.fit == "fail":
+            return Text("✗ will not fit in GPU memory (ctrl+t: advice)\n", style="bold red")
+        return Text("✓ ctrl+l checks it (preflight) and launches\n", style="bold green")
+
+    def preview_text(self) -> str:
+        """The side pane as plain text (tests, and a user's copy)."""
+        facts = self.query_one("#side-facts", Static).render()
+        body = self.query_one("#preview", Static).render()
+        return f"{facts}\n{body}"
+
+    # -- loading --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="compose-load", exit_on_error=False)
+    def _read_spec(self, path: Path) -> None:
+        from tunedeck.core.spec import load_spec
+
+        try:
+            self.post_message(SpecLoaded(load_spec(path), path))
+        except SpecError as e:
+            self.post_message(SpecLoaded(None, path, str(e)))
+
+    @on(SpecLoaded)
+    def _spec_loaded(self, msg: SpecLoaded) -> None:
+        if msg.spec is None:
+            self.notify(msg.error, severity="error", timeout=15)
+            return
+        self.load(msg.spec, msg.path)
+
+    def load(self, spec: RunSpec, path: Path | None = None, title: str = "") -> None:
+        """Put a whole spec in the form (a preset, a file)."""
+        self.spec = copy.deepcopy(spec)
+        self.path = path
+        self.heading = title
+        self.dirty = False
+        self._sync_form()
+
+    def action_preset(self) -> None:
+        from tunedeck.tui.screens.presets import PresetPicker
+
+        def picked(choice) -> None:
+            if choice:
+                path, spec = choice
+                self.load(spec, path)
+
+        self.app.push_screen(PresetPicker(), picked)
+
+    # -- advice -----------------------------------------------------------------------------------
+    def action_advice(self) -> None:
+        d = self.preview
+        if d is None or d.estimate is None or isinstance(d.estimate, str):
+            why = d.estimate if d is not None and isinstance(d.estimate, str) else \
+                (d.error if d is not None and d.error else "the preview is not ready")
+            self.notify(f"no estimate to advise on: {why}", severity="warning")
+            return
+        self._advise(d, copy.deepcopy(self.spec))
+
+    @work(thread=True, exclusive=True, group="compose-advice", exit_on_error=False)
+    def _advise(self, d: PreviewData, spec: RunSpec) -> None:
+        from tunedeck.core.estimate import peak_tflops
+        from tunedeck.core.estimate.advisor import advise, dataset_tokens
+
+        est = d.estimate
+        cap = d.gpu_mem_gib or est.gpu_mem_gib or 80.0
+        gpus = max(d.gpu_count or (est.inputs.world_size // max(spec.cluster.nnodes, 1)), 1)
+        _, tokens = dataset_tokens(spec.data.path, spec.data.max_length) if spec.data.path \
+            else (0, 0)
+        try:
+            a = advise(est.inputs, gpus=gpus, gpu_mem_gib=cap, data_tokens=tokens,
+                       peak_tflops=peak_tflops(est.gpu_name) or 989.0, backend=spec.backend)
+        except Exception as e:  # noqa: BLE001 - shown, not fatal
+            self.post_message(AdviceReady(Text(""), {}, f"{type(e).__name__}: {e}"))
+            return
+        t = Text()
+        t.append(f"advice: {a.strategy} on {a.gpus} GPU(s) of {cap:.0f} GiB", style="bold")
+        t.append((", gradient checkpointing" if a.gradient_checkpointing else "")
+                 + (", CPU offload" if a.offload else "") + f" · ≈{a.per_gpu_gib:.1f} GiB "
+                 "per GPU\n")
+        for r in a.reasons:
+            t.append(f"  - {r}\n")
+        if a.overrides:
+            t.append("values: ", style="bold")
+            t.append(", ".join(f"{k} = {fmt_value(v)}" for k, v in a.overrides.items()) + "\n")
+        self.post_message(AdviceReady(t, dict(a.overrides)))
+
+    @on(AdviceReady)
+    def _advice_ready(self, msg: AdviceReady) -> None:
+        if msg.error:
+            self.notify(f"the advisor failed: {msg.error}", severity="error")
+            return
+
+        def answered(apply: bool | None) -> None:
+            if apply:
+                self.apply_values(msg.overrides, "the advice")
+
+        self.app.push_screen(AdviceScreen(msg.text, bool(msg.overrides)), answered)
+
+    def apply_values(self, values: dict[str, Any], what: str) -> None:
+        """Dotted-key values from elsewhere (the advisor, the gate's fixes) into the form."""
+        if not values:
+            return
+        try:
+            self.spec = set_values(self.spec, values)
+        except SpecError as e:
+            self.notify(f"cannot apply {what}: {'; '.join(e.problems)}", severity="error")
+            return
+        self.dirty = True
+        self._sync_form()
+        self.notify(f"{what}: " + ", ".join(f"{k} = {fmt_value(v)}" for k, v in values.items()))
+
+    # -- save ---------------------------------------------------------------------------------------
+    def action_save(self) -> None:
+        if self.field_errors:
+            self.notify("fix the fields first: " + "; ".join(self.field_errors.values()),
+                        severity="error")
+            return
+        default = str(self.path) if self.path else str(Path.cwd() / f"{self.spec.name}.toml")
+
+        def chosen(text: str | None) -> None:
+            if text:
+                self._save(Path(text).expanduser(), self._save_spec())
+
+        self.app.push_screen(SavePrompt(default), chosen)
+
+    def _save_spec(self) -> RunSpec:
+        spec = copy.deepcopy(self.spec)
+        resolve_paths(spec, self.path.parent if self.path else Path.cwd())
+        return spec
+
+    @work(thread=True, exclusive=True, group="compose-save", exit_on_error=False)
+    def _save(self, path: Path, spec: RunSpec) -> None:
+        from tunedeck.core.spec import load_spec
+
+        # a secret's value is never written: the run gets it from the launching shell
+        secrets = sorted(k for k, v in spec.env.items() if v and SECRET_PATTERN.search(k))
+        for k in secrets:
+            del spec.env[k]
+        head = "# tunedeck run spec (saved from the compose screen)\n"
+        if secrets:
+            head += (f"# not saved, secrets: {', '.join(secrets)}; export them in the shell "
+                     "that launches\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(head + spec.to_toml(), encoding="utf-8")
+            tmp.replace(path)
+        except OSError as e:
+            self.post_message(Saved(path, f"cannot write {path}: {e.strerror or e}"))
+            return
+        note = f"; not saved (secrets): {', '.join(secrets)}" if secrets else ""
+        try:
+            load_spec(path)
+        except SpecError as e:   # saved as asked; say what `tunedeck launch` will refuse
+            note += f"; it will not load until fixed: {'; '.join(e.problems)}"
+        self.post_message(Saved(path, "", note))
+
+    @on(Saved)
+    def _saved(self, msg: Saved) -> None:
+        if msg.error:
+            self.notify(msg.error, severity="error", timeout=10)
+            return
+        self.path = msg.path
+        self.dirty = False
+        self.query_one(TitleBar).update(TitleBar._text(self._title_text()))
+        self.notify(f"saved {msg.path}{msg.note}", severity="warning" if msg.note else
+                    "information", timeout=10)
+
+    # -- launch: through the preflight gate ------------------------------------------------------
+    def action_launch(self) -> None:
+        if self.field_errors:
+            self.notify("fix the fields first: " + "; ".join(self.field_errors.values()),
+                        severity="error")
+            return
+        from tunedeck.tui.screens.preflight import PreflightScreen
+
+        gate = PreflightScreen(self.launch_spec(), self.path, gate=True)
+        gate.dismiss_on_launch = True
+
+        def back(result) -> None:
+            if isinstance(result, str):    # launched: the monitor replaces this form
+                from tunedeck.tui.screens.monitor import MonitorScreen
+
+                self.dirty = False
+                self.app.switch_screen(MonitorScreen(result))
+            elif result:                   # fixes applied at the gate
+                self.apply_values(result, "applied at preflight")
+
+        self.app.push_screen(gate, back)
+
+    def action_back(self) -> None:
+        if not self.dirty:
+            self.app.pop_screen()
+            return
+        from tunedeck.tui.screens.confirm import ConfirmScreen
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.app.pop_screen()
+
+        self.app.push_screen(ConfirmScreen(f"Discard the changes to {self.spec.name}?"),
+                             answered)
