@@ -154,28 +154,44 @@ def test_tui_refuses_without_a_terminal(td_home):
     assert proc.returncode == 2 and "needs a terminal" in proc.stderr
 
 
-async def test_presets_screen_previews_and_launches(td_home):
-    """n → presets: the preview shows the exact command; l + y launches and opens the monitor."""
-    from tunedeck.tui.screens.presets import PresetsScreen
+async def test_new_run_from_a_preset_previews_checks_and_launches(td_home):
+    """n → compose with the presets as the start: the preview shows the exact command and
+    the trainer's values; ctrl+l goes through the preflight gate, whose l launches and opens
+    the monitor."""
+    from tunedeck.tui.screens.compose import ComposeScreen
+    from tunedeck.tui.screens.preflight import PreflightScreen
+    from tunedeck.tui.screens.presets import PresetPicker
 
     app = TunedeckApp(refresh_s=0.2)
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.press("n")
-        await _until(pilot, lambda: isinstance(app.screen, PresetsScreen))
-        screen = app.screen
-        preview = screen.query_one("#preset-preview", Static)
-        await _until(pilot, lambda: "torch.distributed.run" in str(preview.render()))
-        text = str(preview.render())
-        assert "effective batch" in text.lower() and "-m tunedeck.core.train" in text
-        table = screen.query_one("#presets-table", DataTable)
-        row = [table.get_row_at(i)[0] for i in range(table.row_count)].index("demo")
-        table.move_cursor(row=row)
+        await _until(pilot, lambda: isinstance(app.screen, PresetPicker))
+        table = app.screen.query_one("#presets-table", DataTable)
+        await _until(pilot, lambda: table.row_count > 0)
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        table.move_cursor(row=names.index("demo"))
+        await pilot.press("enter")
+        await _until(pilot, lambda: isinstance(app.screen, ComposeScreen))
+        compose = app.screen
+        await _until(pilot, lambda: compose.spec.name == "demo" and compose.preview is not None
+                     and not compose.preview_pending)
+        text = compose.preview_text()
+        assert "effective batch" in text and "-m tunedeck.core.train" in text
+        assert "train.max_steps = 200" in text
+        compose.query_one("#w-train--max_steps").value = "3"
+        await _until(pilot, lambda: compose.spec.train.max_steps == 3)
+        await pilot.press("ctrl+l")
+        await _until(pilot, lambda: isinstance(app.screen, PreflightScreen))
+        gate = app.screen
+        await _until(pilot, lambda: gate.finished, timeout=60)
+        assert not gate.failed(), [(r.id, r.detail) for r in gate.failed()]
+        assert gate.spec.train.max_steps == 3
         await pilot.press("l")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("y")
         await _until(pilot, lambda: isinstance(app.screen, MonitorScreen), timeout=60)
         # let the new screen finish mounting before the app shuts down
         await _until(pilot, lambda: app.screen.snap is not None, timeout=60)
         run_id = app.screen.run_ref
-    st = wait_for(lambda: (td_home / "runs" / run_id / "state.json").exists(), 10, "state")
-    assert st
+        # the monitor replaced the form: Esc goes back to the runs list
+        assert not any(isinstance(s, (ComposeScreen, PreflightScreen)) for s in app.screen_stack)
+    state = json.loads((td_home / "runs" / run_id / "state.json").read_text())
+    assert state["preflight"]["status"] == "passed" and state["preflight"]["by"] == "tui"
