@@ -45,6 +45,7 @@ class Host(App):
         super().__init__()
         self.first = screen
         self.readonly = readonly
+        self.refresh_s = 0.2   # the monitor polls at the app's rate
 
     def on_mount(self) -> None:
         self.push_screen(self.first)

@@ -294,13 +294,14 @@ async def test_preflight_screen_fills_live_and_reruns(tmp_path, td_home):
     from textual.app import App
     from textual.widgets import DataTable
 
+    from tunedeck.core.spec import load_spec
     from tunedeck.tui.screens.preflight import PreflightScreen
 
     spec = write_spec(tmp_path)
 
     class Host(App):
         def on_mount(self):
-            self.push_screen(PreflightScreen(spec))
+            self.push_screen(PreflightScreen(load_spec(spec), spec, gate=False))
 
     app = Host()
     async with app.run_test() as pilot:
@@ -316,6 +317,7 @@ async def test_preflight_screen_fills_live_and_reruns(tmp_path, td_home):
         await settled()
         table = screen.query_one("#checks", DataTable)
         assert table.row_count == len(screen.results) >= 15
+        assert screen.check_action("launch", ()) is False    # gate=False: a checklist only
         assert "fail" not in screen.sub_title.split(", ")[2] or "0 failed" in screen.sub_title
         screen.sub_title = ""
         await pilot.press("r")

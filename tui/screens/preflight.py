@@ -132,9 +132,11 @@ class PreflightScreen(TunedeckScreen):
 
     def on_mount(self) -> None:
         t = self.query_one("#checks", DataTable)
+        # fixed widths: rows are re-added in order as results come, and auto widths lag
         t.add_column("status", key="status", width=6)
         t.add_column("fix", key="fix", width=3)
-        t.add_column("check", key="title")
+        t.add_column("check", key="title", width=58)
+        t.add_column("detail", key="detail", width=100)   # wide terminals: the first line
         self.action_rerun()
 
     # -- state ----------------------------------------------------------------------------
@@ -227,7 +229,8 @@ class PreflightScreen(TunedeckScreen):
         for r in rows:
             t.add_row(Text(r.status, style=STATUS_STYLE[r.status]),
                       Text("f" if r.fix_set and r.status in ("fail", "warn") else "",
-                           style="bold"), Text(r.title), key=r.id)
+                           style="bold"), Text(r.title),
+                      Text((r.detail.splitlines() or [""])[0][:100], style="dim"), key=r.id)
         ids = [r.id for r in rows]
         if keep is not None and keep.id in ids:
             t.move_cursor(row=ids.index(keep.id))
@@ -293,9 +296,8 @@ class PreflightScreen(TunedeckScreen):
             status.update(Text(f"{n_fail} failed" if n_fail else "no check failed",
                                style="bold red" if n_fail else "green"))
         elif self.blocking():
-            status.update(Text(f"launch blocked: {len(self.blocking())} failed · f applies a "
-                               "value fix · O overrides (recorded in the run)",
-                               style="bold red"))
+            status.update(Text(f"blocked: {len(self.blocking())} failed · f applies a value "
+                               "fix · O overrides (recorded in the run)", style="bold red"))
         elif n_fail:
             status.update(Text(f"override armed for {n_fail} failure(s): l launches anyway "
                                "(recorded in the run)", style="bold yellow"))
