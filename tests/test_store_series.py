@@ -13,7 +13,7 @@ import pytest
 
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter
-from tunedeck.core.runs.store import BLOCK, Store
+from tunedeck.core.runs.store import TIERS, Store, _tier_sql
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def ingest_all(run: RunDir) -> None:
 def drop_numeric_tables(run: RunDir) -> None:
     """What a run.db written before the numeric tables looks like: events and offsets only."""
     db = sqlite3.connect(run.db)
-    for table in ("steps", "evals", "step_blocks"):
+    for table in ("steps", "evals", *(f"steps_{t}" for t in TIERS)):
         db.execute(f"DROP TABLE {table}")
     db.commit()
     db.close()
@@ -97,17 +97,19 @@ def test_series_matches_the_events_bucket_by_bucket(tmp_path):
             viewer.step_series(0, metrics=("nope",))
 
 
-@pytest.mark.parametrize("buckets", [40, 300])
-def test_one_spike_survives_any_decimation(tmp_path, buckets):
-    """40 buckets over 20k steps read the rollup blocks, 300 read the rows: both keep the one
-    step whose loss is 40 in the bucket that holds it, and the counts add up."""
+@pytest.mark.parametrize("buckets,tier", [(2, 4096), (40, 64), (300, None)])
+def test_one_spike_survives_any_decimation(tmp_path, buckets, tier):
+    """Over 20k steps, 2 buckets read the 4096-step rollup, 40 the 64-step one, 300 the rows:
+    each keeps the one step whose loss is 40 in the bucket that holds it, and the counts, means
+    and minima are those of the steps in each bucket."""
     run = RunDir(tmp_path)
     write_attempt(run, list(range(1, 20001)), spike={12345: 40.0})
     ingest_all(run)
     with Store(run) as viewer:
         s = viewer.step_series(0, buckets=buckets)
-        blocks = s["width"] >= 2 * BLOCK
-        assert blocks == (buckets == 40)
+        used = max((t for t in TIERS if s["width"] % t == 0 and s["width"] >= 2 * t),
+                   default=None)
+        assert used == tier
         assert sum(s["n"]) == 20000 and len(s["step"]) <= buckets + 1
         i = max(range(len(s["step"])), key=lambda k: s["loss_max"][k])
         assert s["loss_max"][i] == 40.0 and s["step"][i] <= 12345 <= s["step_max"][i]
@@ -119,19 +121,28 @@ def test_one_spike_survives_any_decimation(tmp_path, buckets):
             assert s["loss"][k] == pytest.approx(sum(values) / len(values))
             assert s["loss_min"][k] == pytest.approx(min(values))
         # zoomed into the spike: the same value, and the steps around it
-        z = viewer.step_series(0, start=12340, end=12350, buckets=buckets)
+        z = viewer.step_series(0, start=12340, end=12350, buckets=max(buckets, 11))
         assert flat(z)[12345] == 40.0 and len(z["step"]) == 11
+    blocks_match_steps(run)
 
 
-def test_a_window_that_cuts_blocks_counts_every_step_once(tmp_path):
+@pytest.mark.parametrize("buckets", [3, 20])
+def test_a_window_that_cuts_blocks_counts_every_step_once(tmp_path, buckets):
+    """The window's ragged edges: 4096-blocks inside, 64-blocks and single rows at the
+    edges (3 buckets), or 64-blocks and rows (20): every step counted once."""
     run = RunDir(tmp_path)
     write_attempt(run, list(range(0, 30000)))
     ingest_all(run)
     with Store(run) as viewer:
-        s = viewer.step_series(0, start=1001, end=28999, buckets=20)
-        assert s["width"] % BLOCK == 0
+        s = viewer.step_series(0, start=1001, end=28999, buckets=buckets)
+        assert s["width"] % (4096 if buckets == 3 else 64) == 0
         assert sum(s["n"]) == 28999 - 1001 + 1
         assert min(s["step"]) == 1001 and max(s["step_max"]) == 28999
+        for k, (lo, hi) in enumerate(zip(s["step"], s["step_max"])):
+            values = [loss_at(j) for j in range(lo, hi + 1)]
+            assert s["n"][k] == len(values)
+            assert s["loss"][k] == pytest.approx(sum(values) / len(values))
+            assert s["loss_max"][k] == pytest.approx(max(values))
 
 
 def test_nan_losses_are_counted_not_averaged(tmp_path):
@@ -192,20 +203,24 @@ def test_a_restart_split_between_run_db_and_the_tail(tmp_path):
 
 
 def blocks_match_steps(run: RunDir) -> None:
-    """The rollup the writer keeps incrementally equals the steps aggregated afresh."""
-    from tunedeck.core.runs.store import _BLOCK_SQL
-
+    """The rollups the writer keeps incrementally equal the steps aggregated afresh: every
+    closed block (the one holding a rank's newest step is still open, and not written)."""
     db = sqlite3.connect(run.db)
-    kept = db.execute("SELECT * FROM step_blocks ORDER BY rank, block").fetchall()
-    db.execute("DELETE FROM step_blocks")
-    for (rank,) in db.execute("SELECT DISTINCT rank FROM steps").fetchall():
-        db.execute(_BLOCK_SQL, (BLOCK, rank, 0, 10**12, BLOCK))
-    fresh = db.execute("SELECT * FROM step_blocks ORDER BY rank, block").fetchall()
-    db.rollback()
+    rows = 0
+    for size in TIERS:
+        kept = db.execute(f"SELECT * FROM steps_{size} ORDER BY rank, block").fetchall()
+        db.execute(f"DELETE FROM steps_{size}")
+        for rank, last in db.execute("SELECT rank, MAX(step) FROM steps GROUP BY rank"
+                                     ).fetchall():
+            db.execute(_tier_sql(size), (rank, 0, last // size * size - 1))
+        fresh = db.execute(f"SELECT * FROM steps_{size} ORDER BY rank, block").fetchall()
+        db.rollback()
+        assert len(kept) == len(fresh)
+        for a, b in zip(kept, fresh):
+            assert a == pytest.approx(b, rel=1e-12)
+        rows += len(kept)
     db.close()
-    assert len(kept) == len(fresh) > 0
-    for a, b in zip(kept, fresh):
-        assert a == pytest.approx(b, rel=1e-12)
+    assert rows > 0
 
 
 def test_ingest_in_small_pieces_gives_the_same_series(tmp_path, monkeypatch):
@@ -306,3 +321,44 @@ def test_no_run_db_yet(tmp_path):
         ingest_all(run)          # run.db appears: read against its offsets from now on
         assert sum(viewer.step_series(0)["n"]) == 10
         assert viewer.step_series(2)["first"] is None
+
+
+def test_rollups_across_restarts_and_agent_lives(tmp_path, monkeypatch):
+    """A restart that lands before a closed 4096-step block, ingested a few hundred events at
+    a time by an agent that itself restarts between ticks: the rollups stay exact and every
+    window reads the later attempt's steps."""
+    run = RunDir(tmp_path)
+    write_attempt(run, list(range(1, 9001)), loss=lambda s: 1.0 + s % 5)
+    write_attempt(run, list(range(3001, 10001)), loss=lambda s: 2.0 + s % 3,
+                  start_step=3000)
+    monkeypatch.setattr(Store, "INGEST_BYTES", 150_000)
+    ticks = 0
+    while True:
+        with Store(run, write=True) as agent:
+            if not agent.ingest():
+                break
+        ticks += 1
+    assert ticks >= 3
+    blocks_match_steps(run)
+    expect = {s: (1.0 + s % 5 if s <= 3000 else 2.0 + s % 3) for s in range(1, 10001)}
+    with Store(run) as viewer:
+        for buckets in (1, 3, 30, 10_000):
+            s = viewer.step_series(0, buckets=buckets)
+            assert sum(s["n"]) == 10_000
+            for k, (lo, hi) in enumerate(zip(s["step"], s["step_max"])):
+                values = [expect[j] for j in range(lo, hi + 1)]
+                assert s["loss"][k] == pytest.approx(sum(values) / len(values))
+                assert (s["loss_min"][k], s["loss_max"][k]) == (min(values), max(values))
+
+
+@pytest.mark.parametrize("end", [None, 10**6])
+def test_the_open_block_is_read_from_finer_parts(tmp_path, end):
+    """8192 steps end exactly on a 4096 block: that last block is still open (the agent writes
+    a block once the steps move past it), so a reader covers it with finer parts."""
+    run = RunDir(tmp_path)
+    write_attempt(run, list(range(0, 8192)))
+    ingest_all(run)
+    with Store(run) as viewer:
+        s = viewer.step_series(0, end=end, buckets=1)
+        assert s["width"] % 4096 == 0 and sum(s["n"]) == 8192
+        assert s["loss"][0] == pytest.approx(sum(loss_at(k) for k in range(8192)) / 8192)

@@ -9,9 +9,10 @@ The offsets of ingested files live in the same database, so a reader adds whatev
 has not ingested yet (or ever will, if it died) straight from the files.
 
 Step and eval events are also kept as numbers (`steps`, `evals`: one row per rank and step,
-filled in the same transaction as `events`) with a rollup of BLOCK steps per row
-(`step_blocks`), so a chart asks for a window of a million-step run decimated to a few hundred
-min/mean/max buckets in SQL (`step_series`, `eval_series`) and never holds the run in Python.
+filled in the same transaction as `events`) with rollups of 64 and 4096 steps per row
+(`steps_64`, `steps_4096`), so a chart asks for a window of a million-step run decimated to a
+few hundred min/mean/max buckets in SQL (`step_series`, `eval_series`) reading a few hundred
+rows, and never holds the run in Python.
 A restart repeats steps: the later attempt wins, and what the earlier attempt wrote past the
 step the new one resumed from is dropped (the same rule as the live watcher's). A run.db
 written before these tables existed gets them when the agent next opens it; until then
@@ -57,10 +58,13 @@ CREATE TABLE IF NOT EXISTS findings (
 STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "data_wait_s", "mem_gib",
                 "mfu", "epoch")
 EVAL_METRICS = ("eval_loss",)
-# Steps per `step_blocks` row. A window of at least 2 * BLOCK steps per bucket reads blocks
-# (a whole 1M-step run: ~16k rows, ~10 ms), a narrower one reads at most 2 * BLOCK * buckets
-# rows; the agent re-aggregates at most one block's rows per rank per tick.
-BLOCK = 64
+# Steps per rollup row, finest first (table steps_<n>). A window of at least 2 * n steps per
+# bucket reads tier n's rows (a whole 1M-step run: ~250 rows of steps_4096), whole finer blocks
+# at its ragged edges, single rows only within 64 steps of them; a narrower one reads at most
+# 2 * 64 * buckets rows. A tier holds closed blocks only: the agent keeps each rank's open
+# block in memory and writes it once the steps have moved past it, so a tick costs no rollup
+# write; readers cover the open block with finer blocks and rows.
+TIERS = (64, 4096)
 
 SERIES_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS steps (
@@ -77,22 +81,27 @@ CREATE TABLE IF NOT EXISTS evals (
     eval_loss REAL,
     PRIMARY KEY (rank, step)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS step_blocks (
-    rank INTEGER NOT NULL,
-    block INTEGER NOT NULL,
-    n INTEGER NOT NULL,
-    step_min INTEGER NOT NULL,
-    step_max INTEGER NOT NULL,
-    {", ".join(f"{m}_min REAL, {m}_sum REAL, {m}_cnt INTEGER, {m}_max REAL"
-               for m in STEP_METRICS)},
-    PRIMARY KEY (rank, block)
-) WITHOUT ROWID;
 """
 
-_BLOCK_SQL = (
-    "INSERT OR REPLACE INTO step_blocks SELECT rank, step / ?, COUNT(*), MIN(step), MAX(step), "
-    + ", ".join(f"MIN({m}), SUM({m}), COUNT({m}), MAX({m})" for m in STEP_METRICS)
-    + " FROM steps WHERE rank = ? AND step >= ? AND step <= ? GROUP BY step / ?")
+# one rollup table per tier, same columns: n steps, their range, per metric min/sum/count/max
+_TIER_COLS = ("rank INTEGER NOT NULL, block INTEGER NOT NULL, n INTEGER NOT NULL, "
+              "step_min INTEGER NOT NULL, step_max INTEGER NOT NULL, "
+              + ", ".join(f"{m}_min REAL, {m}_sum REAL, {m}_cnt INTEGER, {m}_max REAL"
+                          for m in STEP_METRICS) + ", PRIMARY KEY (rank, block)")
+TIER_SCHEMA = {size: f"CREATE TABLE IF NOT EXISTS steps_{size} ({_TIER_COLS}) WITHOUT ROWID"
+               for size in TIERS}
+
+
+def _tier_select(size: int) -> str:
+    """A rank's tier-`size` blocks over steps [?, ?], aggregated from the steps table."""
+    return (f"SELECT rank, step / {size}, COUNT(*), MIN(step), MAX(step), "
+            + ", ".join(f"MIN({m}), SUM({m}), COUNT({m}), MAX({m})" for m in STEP_METRICS)
+            + f" FROM steps WHERE rank = ? AND step >= ? AND step <= ? GROUP BY step / {size}")
+
+
+def _tier_sql(size: int) -> str:
+    return f"INSERT OR REPLACE INTO steps_{size} " + _tier_select(size)
+
 
 # What a reader has not seen in run.db yet, parsed from the files' tails (a temp table of the
 # reader's own connection: a dead agent's whole backlog stays in SQLite, not in Python).
@@ -113,7 +122,7 @@ class Store:
         self._tails: dict[str, Tail] = {}
         self._telemetry: TelemetryStore | None = None
         self._last_step: dict[int, int] = {}        # the writer's newest step per rank
-        self._blocks: dict[int, _Block] = {}        # the writer's open rollup block per rank
+        self._blocks: dict[tuple[int, int], _Block] = {}   # (rank, tier): the open block
         self._mem: sqlite3.Connection | None = None  # a reader's tail table before run.db exists
         self._tail_at: dict[str, tuple[int, Tail]] = {}   # file -> (first offset held, tail)
         self._tables: set[str] = set()
@@ -125,6 +134,7 @@ class Store:
             self.db.executescript(SCHEMA)
             if not had_series:
                 self._create_series()
+            self._create_tiers()
             self._tails = {name: Tail(self.run.events / name, off) for name, off in
                            self.db.execute("SELECT file, offset FROM offsets")}
 
@@ -206,7 +216,7 @@ class Store:
         assert self.db is not None
         self.db.execute("BEGIN")
         try:
-            for stmt in SERIES_SCHEMA.split(";"):
+            for stmt in SERIES_SCHEMA.split(";") + list(TIER_SCHEMA.values()):
                 if stmt.strip():
                     self.db.execute(stmt)
             last = 0
@@ -223,6 +233,25 @@ class Store:
             self.db.execute("ROLLBACK")
             raise
 
+    def _create_tiers(self) -> None:
+        """Rollup tables this run.db lacks, aggregated from its steps (one transaction)."""
+        assert self.db is not None
+        missing = [t for t in TIERS if not self._has_table(self.db, f"steps_{t}")]
+        if not missing:
+            return
+        self.db.execute("BEGIN")
+        try:
+            for size in missing:
+                self.db.execute(TIER_SCHEMA[size])
+                for rank, last in self.db.execute(
+                        "SELECT rank, MAX(step) FROM steps GROUP BY rank").fetchall():
+                    # closed blocks only: the one holding the newest step is still open
+                    self.db.execute(_tier_sql(size), (rank, 0, last // size * size - 1))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
     def _add_series(self, ranked_events: Iterable[tuple[int, dict[str, Any]]]) -> None:
         """Step and eval events (in file order) into `steps`/`evals`, and their blocks.
 
@@ -231,7 +260,7 @@ class Store:
         assert self.db is not None
         steps: list[tuple] = []
         evals: list[tuple] = []
-        touched: dict[tuple[int, int], _Block] = {}   # (rank, block) -> its new aggregate
+        closed: dict[int, list[tuple]] = {size: [] for size in TIERS}   # rows to write
 
         def flush() -> None:
             if steps:
@@ -242,6 +271,12 @@ class Store:
             if evals:
                 self.db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?)", evals)
                 evals.clear()
+            for size, rows in closed.items():
+                if rows:
+                    self.db.executemany(
+                        f"INSERT OR REPLACE INTO steps_{size} VALUES "
+                        f"({','.join('?' * (5 + 4 * len(STEP_METRICS)))})", rows)
+                    rows.clear()
 
         for rank, e in ranked_events:
             kind = e.get("kind")
@@ -260,38 +295,34 @@ class Store:
                 last = -1 if got is None else got
             if step <= last:
                 flush()
-                block = step // BLOCK
                 for table in ("steps", "evals"):
                     self.db.execute(f"DELETE FROM {table} WHERE rank = ? AND step >= ?",
                                     (rank, step))
-                self.db.execute("DELETE FROM step_blocks WHERE rank = ? AND block >= ?",
-                                (rank, block))
-                # the block the restart lands in keeps its earlier steps: aggregate them again
-                self.db.execute(_BLOCK_SQL, (BLOCK, rank, block * BLOCK, step - 1, BLOCK))
-                self._blocks.pop(rank, None)
-                for key in [k for k in touched if k[0] == rank and k[1] >= block]:
-                    del touched[key]
+                for size in TIERS:
+                    self.db.execute(f"DELETE FROM steps_{size} WHERE rank = ? AND block >= ?",
+                                    (rank, step // size))
+                    self._blocks.pop((rank, size), None)   # reopened from the steps left
             self._last_step[rank] = step
             values = [_num(e.get(m)) for m in STEP_METRICS]
             steps.append((rank, step, _num(e.get("t")), *values))
-            acc = self._block(rank, step // BLOCK)
-            acc.add(step, values)
-            touched[(rank, acc.block)] = acc
+            for size in TIERS:
+                block = step // size
+                acc = self._blocks.get((rank, size))
+                if acc is None:
+                    acc = self._blocks[(rank, size)] = self._open_block(rank, size, block)
+                elif acc.block != block:   # the steps moved past it: it is complete
+                    closed[size].append(acc.row(rank))
+                    acc = self._blocks[(rank, size)] = _Block(block)
+                acc.add(step, values)
         flush()
-        if touched:
-            self.db.executemany(
-                f"INSERT OR REPLACE INTO step_blocks VALUES "
-                f"({','.join('?' * (5 + 4 * len(STEP_METRICS)))})",
-                [acc.row(rank) for (rank, _), acc in touched.items()])
 
-    def _block(self, rank: int, block: int) -> "_Block":
-        """The rank's open rollup block (kept in memory: appending a step costs no query)."""
-        acc = self._blocks.get(rank)
-        if acc is None or acc.block != block:
-            row = self.db.execute("SELECT * FROM step_blocks WHERE rank = ? AND block = ?",
-                                  (rank, block)).fetchone()
-            acc = self._blocks[rank] = _Block(block, row)
-        return acc
+    def _open_block(self, rank: int, size: int, block: int) -> "_Block":
+        """A block a step lands in while none is open (a new agent life, a restart): what
+        run.db already holds of it, from the steps."""
+        assert self.db is not None
+        row = self.db.execute(_tier_select(size),
+                              (rank, block * size, block * size + size - 1)).fetchone()
+        return _Block(block, row)
 
     def save_finding(self, finding) -> bool:
         """Store a Finding once; returns False if the same finding was stored before."""
@@ -360,8 +391,8 @@ class Store:
         (each bucket's first and last step present), "n" (steps in it), "nan" (steps whose
         loss was null/NaN) and per metric m: m (mean), m+"_min", m+"_max"}: lists, one entry
         per bucket that holds a step, in step order; None where a bucket has no value.
-        Wide buckets are whole multiples of BLOCK steps read from the rollup, so there may be
-        fewer buckets than asked for, never more than buckets + 1."""
+        Wide buckets are whole multiples of a rollup tier's block, read from the rollup, so
+        there may be fewer buckets than asked for, never more than buckets + 1."""
         names = list(metrics)
         bad = [m for m in names if m not in STEP_METRICS]
         if bad:
@@ -402,9 +433,13 @@ class Store:
             buckets = int(buckets)
             span = hi - lo + 1
             args.update(lo=lo, hi=hi)
-            if main["blocks"] and span >= 2 * BLOCK * buckets:
-                width = BLOCK * math.ceil(span / (buckets * BLOCK))
-                q = self._block_query(main, metrics, lo, hi, width, cut, args)
+            tiers = [t for t in TIERS if main["blocks"] and span >= 2 * t * buckets]
+            if tiers:
+                size = tiers[-1]
+                width = size * math.ceil(span / (buckets * size))
+                closed = {t: db.execute(f"SELECT MAX(block) FROM steps_{t} WHERE rank = ?",
+                                        (rank,)).fetchone()[0] for t in TIERS}
+                q = self._block_query(main, metrics, lo, hi, size, width, cut, closed, args)
             else:
                 width = span / buckets if span > buckets else 1
                 args.update(n=min(buckets, span), span=span)
@@ -429,32 +464,45 @@ class Store:
         return out
 
     @staticmethod
-    def _block_query(main: dict[str, str], metrics: list[str], lo: int, hi: int, width: int,
-                     cut: int | None, args: dict[str, Any]) -> str:
-        """Buckets of `width` steps (a multiple of BLOCK, aligned to BLOCK) from the rollup's
-        whole blocks inside the window, plus single rows at the window's ragged edges and
-        from the tail."""
+    def _block_query(main: dict[str, str], metrics: list[str], lo: int, hi: int, size: int,
+                     width: int, cut: int | None, closed: dict[int, int | None],
+                     args: dict[str, Any]) -> str:
+        """Buckets of `width` steps (a multiple of `size`, aligned to it) from the whole
+        blocks of tier `size` inside the window, whole finer blocks at its ragged edges (and
+        over the open block, past `closed`: each tier's last written block), single rows at
+        theirs and from the tail: every step in exactly one part."""
         top = hi if cut is None else min(hi, cut - 1)       # run.db's part ends here
-        b0 = -(-lo // BLOCK)                                # first whole block
-        b1 = (top + 1) // BLOCK - 1                         # last whole block
-        if b1 < b0:
-            b0, b1 = 1, 0                                   # none: rows only
-        args.update(origin=lo - lo % BLOCK, width=width, b0=b0, b1=b1,
-                    e0=b0 * BLOCK - 1 if b1 >= b0 else hi, s1=(b1 + 1) * BLOCK)
-        agg = ", ".join(f"MIN({m}_min), SUM({m}_sum) / SUM({m}_cnt), MAX({m}_max)"
-                        for m in metrics)
+        args.update(origin=lo - lo % size, width=width)
+        sep = ", " if metrics else ""
         block_cols = ", ".join(f"{m}_min, {m}_sum, {m}_cnt, {m}_max" for m in metrics)
         row_cols = ", ".join(f"{m}, {m}, {m} IS NOT NULL, {m}" for m in metrics)
-        sep = ", " if metrics else ""
-        # one arm per edge: an OR of two ranges would scan the rank's whole index
-        rows = " UNION ALL ".join(
-            f"SELECT step, step, 1, loss IS NULL{sep}{row_cols} FROM ({main['rows']}) "
-            f"WHERE step BETWEEN {a} AND {b}" for a, b in ((":lo", ":e0"), (":s1", ":hi")))
-        # the first SELECT of a compound names its columns
-        blocks = (f"SELECT step_min AS s, step_max AS e, n, n - loss_cnt AS z{sep}{block_cols} "
-                  f"FROM step_blocks WHERE rank = :rank AND block BETWEEN :b0 AND :b1")
+        arms: list[str] = []
+
+        def cover(a: int, b: int, tiers: list[int]) -> None:
+            if a > b:
+                return
+            if not tiers:   # single rows (a range is one index search, never an OR)
+                arms.append(f"SELECT step AS s, step AS e, 1 AS n, loss IS NULL AS z{sep}"
+                            f"{row_cols} FROM ({main['rows']}) WHERE step BETWEEN {a} AND {b}")
+                return
+            t = tiers[0]
+            b0, b1 = -(-a // t), (b + 1) // t - 1            # whole blocks inside [a, b]
+            b1 = min(b1, -1 if closed.get(t) is None else closed[t])
+            if b1 < b0:
+                cover(a, b, tiers[1:])
+                return
+            arms.append(f"SELECT step_min AS s, step_max AS e, n, n - loss_cnt AS z{sep}"
+                        f"{block_cols} FROM steps_{t} WHERE rank = :rank "
+                        f"AND block BETWEEN {b0} AND {b1}")
+            cover(a, b0 * t - 1, tiers[1:])
+            cover((b1 + 1) * t, b, tiers[1:])
+
+        cover(lo, top, [t for t in reversed(TIERS) if t <= size])
+        cover(top + 1, hi, [])                              # the tail's rows
+        agg = ", ".join(f"MIN({m}_min), SUM({m}_sum) / SUM({m}_cnt), MAX({m}_max)"
+                        for m in metrics)
         return (f"SELECT (s - :origin) / :width AS b, MIN(s), MAX(e), SUM(n), SUM(z)"
-                f"{sep}{agg} FROM ({blocks} UNION ALL {rows}) GROUP BY b ORDER BY b")
+                f"{sep}{agg} FROM ({' UNION ALL '.join(arms)}) GROUP BY b ORDER BY b")
 
     def _series_db(self) -> sqlite3.Connection:
         """run.db's connection, or (before run.db exists) a private in-memory one that holds
@@ -503,7 +551,8 @@ class Store:
             rng = (f"SELECT MIN(step) AS step FROM {table} WHERE rank = :rank{cut} UNION ALL "
                    f"SELECT MAX(step) FROM {table} WHERE rank = :rank{cut} UNION ALL "
                    f"SELECT step FROM ({tail})")
-            use_blocks = kind == "step"
+            use_blocks = kind == "step" and all(self._has_table(db, f"steps_{t}")
+                                                 for t in TIERS)
         elif self._has_table(db, "events"):
             # run.db from before the numeric tables: the same rows from the JSON blobs
             values = ", ".join(
@@ -585,7 +634,7 @@ class Store:
 
 
 class _Block:
-    """One `step_blocks` row being filled: n, step range, and per metric min, sum, count,
+    """One rollup row being filled: n, step range, and per metric min, sum, count,
     max (None while the metric has no value)."""
 
     __slots__ = ("block", "n", "first", "last", "agg")
