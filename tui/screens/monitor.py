@@ -1,30 +1,50 @@
-"""The monitor: one run, live from its run directory (progress, loss curve, rank 0's log)."""
+"""The monitor: one run, live from its run directory, in panes (progress, loss, hardware,
+findings, NCCL, logs). Tab moves between them, `m` maximises the focused one.
+
+Every read happens in thread workers that post messages (the run's `RunWatcher` for the
+panes, its `RankLog` for the log pane, windows and searches of the log in the log view's
+own workers); the handlers on the UI thread only update widgets. The screen keeps one
+watcher (one read-only run.db connection) for its life and closes it when it leaves.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 
-from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Container
 from textual.message import Message
-from textual.screen import Screen
-from textual.widgets import Footer, Log, Sparkline, Static
+from textual.widgets import Footer, OptionList, Sparkline, Static
 
 from tunedeck.core.runs.registry import RunNotFound, find_run
-from tunedeck.core.runs.watch import RunWatcher, Snapshot
-from tunedeck.tui.format import fmt_duration, fmt_loss, fmt_rate
+from tunedeck.core.runs.watch import LogState, RankLog, RunWatcher, Snapshot
+from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
+from tunedeck.tui.widgets.findings import FindingScreen, FindingsList
+from tunedeck.tui.widgets.hardware import HardwareView
+from tunedeck.tui.widgets.logview import LogView, SearchInput
+from tunedeck.tui.widgets.nccl import NcclView
+from tunedeck.tui.widgets.panes import Pane, ScrollPane
+from tunedeck.tui.widgets.progress import ProgressView
 from tunedeck.tui.widgets.titlebar import TitleBar
 
-MAX_SPARK_POINTS = 400  # the sparkline buckets into its width; more points only cost copying
+LOG_SLICE_BYTES = 128 << 20   # index a big log in slices, showing each as it is done
+WIDE = (120, 36)              # from this size on, the roomier layout
 
 
 class SnapshotReady(Message):
     def __init__(self, snap: Snapshot):
         super().__init__()
         self.snap = snap
+
+
+class LogUpdated(Message):
+    def __init__(self, source: RankLog, state: LogState):
+        super().__init__()
+        self.source, self.state = source, state
 
 
 class ActionDone(Message):
@@ -34,48 +54,105 @@ class ActionDone(Message):
         self.severity = severity
 
 
-class MonitorScreen(Screen):
-    HELP = ("Live view of one run, read from its run directory. Closing the TUI never "
-            "touches the run. A graceful stop lets the ranks finish their step and "
-            "checkpoint; after the grace period everything left is killed. A stalled run: "
-            "`d` shows every rank's Python stack; the rank not inside a collective is the "
-            "one the others wait for.")
+class MonitorScreen(TunedeckScreen):
+    HELP = ("Live view of one run, read from its run directory; closing the TUI never "
+            "touches the run. Tab moves between panes, m maximises one (Esc restores). "
+            "Logs: a rank's stdout and stderr in the order they were seen to arrive (the "
+            "files have no time stamps: lines already there when the view opened show as "
+            "stdout, then stderr; a red mark is stderr); at the bottom the view follows, "
+            "scrolling up pauses, G or End resumes. A graceful stop lets the ranks finish "
+            "their step and checkpoint; after the grace period everything left is killed. "
+            "A stalled run: d shows every rank's Python stack; the rank not inside a "
+            "collective is the one the others wait for.")
+    MUTATING = frozenset({"stop", "kill"})
+    ALLOW_IN_MAXIMIZED_VIEW = "TitleBar, Footer"
     BINDINGS = [
         Binding("escape", "back", "Runs"),
-        Binding("s", "stop", "Stop"),
-        Binding("K", "kill", "Kill now"),
-        Binding("d", "stacks", "Stack dumps"),
+        Binding("m", "maximize_pane", "Max"),
+        Binding("right_square_bracket", "rank(1)", "Rank", key_display="[ ]"),
+        Binding("left_square_bracket", "rank(-1)", "Previous rank", key_display="[",
+                show=False),
+        Binding("slash", "search", "Find", key_display="/"),
+        Binding("n", "next_hit(1)", "Next match", show=False),
+        Binding("N", "next_hit(-1)", "Previous match", show=False),
+        Binding("e", "first_error", "Error"),
         Binding("G", "follow", "Follow log", show=False),
+        Binding("v", "finding", "Finding details", show=False),
+        Binding("s", "stop", "Stop"),
+        Binding("K", "kill", "Kill"),
+        Binding("d", "stacks", "Stacks"),
     ]
+    DEFAULT_CSS = """
+    MonitorScreen TitleBar { dock: top; }
+    MonitorScreen #panes {
+        layout: grid; height: 1fr;
+        grid-size: 2 4; grid-columns: 3fr 2fr; grid-rows: 6 5 3 1fr; grid-gutter: 0 1;
+    }
+    MonitorScreen #nccl-pane, MonitorScreen #log-pane { column-span: 2; }
+    MonitorScreen.-wide #panes {
+        grid-size: 4 3; grid-columns: 1fr 1fr 1fr 1fr; grid-rows: 9 14 1fr;
+    }
+    MonitorScreen.-wide #progress-pane, MonitorScreen.-wide #hw-pane,
+    MonitorScreen.-wide #nccl-pane { column-span: 2; }
+    MonitorScreen.-wide #log-pane { column-span: 4; }
+    MonitorScreen #loss-label { height: 1; color: $text-muted; }
+    MonitorScreen #log-status { height: 1; color: $text-muted; }
+    MonitorScreen #log-search { height: 1; border: none; padding: 0; display: none; }
+    MonitorScreen #log-search.-open { display: block; }
+    MonitorScreen #findings-list { height: 1fr; }
+    """
 
     def __init__(self, run_ref: str):
         super().__init__()
         self.run_ref = run_ref
         self.watcher: RunWatcher | None = None
         self.snap: Snapshot | None = None
+        self.ranks: list[int] = [0]
+        self.log_rank = 0
+        self.show_s: list[float] = []        # UI-thread time of each refresh (bench)
         self._polling = threading.Lock()
+        self._log_polling = threading.Lock()
+        self._findings_seen = False
 
     def compose(self) -> ComposeResult:
-        yield TitleBar("monitor")
-        yield Static(f"run {self.run_ref}", id="monitor-title")
-        yield Static("reading…", id="monitor-stats")
-        yield Static("", id="gpu-panel")
-        yield Static("", id="findings-panel")
-        yield Static("loss", id="loss-label")
-        yield Sparkline([], id="loss-spark")
-        yield Static("rank 0 log", id="log-label")
-        yield Log(id="rank-log", max_lines=2000, auto_scroll=True)
+        yield TitleBar(f"monitor · {self.run_ref}")
+        with Container(id="panes"):
+            with ScrollPane(id="progress-pane", title="progress"):
+                yield ProgressView(id="monitor-stats")
+            with ScrollPane(id="loss-pane", title="loss"):
+                yield Static("loss", id="loss-label")
+                yield Sparkline([], id="loss-spark")
+            with Pane(id="findings-pane", title="findings"):
+                yield FindingsList(id="findings-list")
+            with ScrollPane(id="hw-pane", title="hardware"):
+                yield HardwareView(id="gpu-panel")
+            with ScrollPane(id="nccl-pane", title="NCCL"):
+                yield NcclView(id="nccl-view")
+            with Pane(id="log-pane", title="rank 0 log"):
+                yield LogView(id="log-view")
+                yield SearchInput(placeholder="search the log (Enter; Esc to cancel)",
+                                  id="log-search")
+                yield Static("reading…", id="log-status", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
+        self._layout_for(self.size.width, self.size.height)
+        self.query_one(LogView).focus()
         self.poll()
         self.set_interval(self.app.refresh_s, self.poll)
+        self.set_interval(self.app.refresh_s, self.poll_log)
+
+    def on_resize(self, event) -> None:
+        self._layout_for(event.size.width, event.size.height)
+
+    def _layout_for(self, width: int, height: int) -> None:
+        self.set_class(width >= WIDE[0] and height >= WIDE[1], "-wide")
 
     def on_unmount(self) -> None:
         if self.watcher is not None:
             self.watcher.close()
 
-    # -- data (thread) ------------------------------------------------------------------
+    # -- data (threads) ---------------------------------------------------------------
     @work(thread=True, exclusive=True, group="monitor-poll", exit_on_error=False)
     def poll(self) -> None:
         # exclusive= cannot stop a thread already running: on a slow filesystem the ticks
@@ -95,63 +172,159 @@ class MonitorScreen(Screen):
                 self.post_message(ActionDone(str(e), "error"))
                 return
             self.run_ref = run.run_id
-            self.watcher = RunWatcher(run.run_dir)
+            self.watcher = RunWatcher(run.run_dir, rank=self.log_rank)
+            self.poll_log()
         self.post_message(SnapshotReady(self.watcher.poll()))
 
-    # -- view (UI thread) ---------------------------------------------------------------
+    @work(thread=True, exclusive=False, group="monitor-log", exit_on_error=False)
+    def poll_log(self) -> None:
+        """Index what the selected rank's log gained; a big log in slices, each shown as
+        it is done (the view opens at once and fills in)."""
+        if self.watcher is None or not self._log_polling.acquire(blocking=False):
+            return
+        try:
+            log = self.watcher.log
+            while True:
+                state = log.update(max_bytes=LOG_SLICE_BYTES)
+                self.post_message(LogUpdated(log, state))
+                if log.caught_up or log.rank != self.watcher.log_rank:
+                    break
+        finally:
+            self._log_polling.release()
+
+    # -- view (UI thread) -------------------------------------------------------------
     @on(SnapshotReady)
     def show(self, msg: SnapshotReady) -> None:
+        t0 = time.perf_counter()
         snap = self.snap = msg.snap
         run = snap.run
         if run is None:
             return
-        title = f"{run.name}  ·  {run.run_id}  ·  {run.status}"
-        if run.message:
-            title += f"  ·  {run.message}"
-        self.query_one("#monitor-title", Static).update(title)
-        last = snap.last_step or {}
-        loss = last.get("loss")
-        lr = last.get("lr")
-        pct = 100.0 * run.step / run.max_steps if run.max_steps else 0.0
-        parts = [f"step [b]{run.step}/{run.max_steps}[/b] ({pct:.0f}%)",
-                 f"loss [b]{fmt_loss(loss)}[/b]"]
-        if isinstance(lr, (int, float)):
-            parts.append(f"lr {lr:.2e}")
-        parts += [f"tokens/s [b]{fmt_rate(snap.tokens_per_s)}[/b]",
-                  f"ETA [b]{fmt_duration(snap.eta_s)}[/b]"]
-        stats = "   ".join(parts)
-        if snap.checkpoints:
-            stats += f"\nlast checkpoint {snap.checkpoints[-1]}"
-        self.query_one("#monitor-stats", Static).update(stats)
-        if snap.losses:
-            first, low = snap.losses[0], min(snap.losses)
-            self.query_one("#loss-label", Static).update(
-                f"loss  first {first:.4f}  min {low:.4f}  last {snap.losses[-1]:.4f}  "
-                f"({len(snap.losses)} steps)")
-            self.query_one("#loss-spark", Sparkline).data = _decimate(snap.losses,
-                                                                     MAX_SPARK_POINTS)
-        self.query_one("#gpu-panel", Static).update(_gpu_lines(snap.telemetry))
-        self.query_one("#findings-panel", Static).update(_finding_lines(snap.findings,
-                                                                         run.run_id))
-        log = self.query_one("#rank-log", Log)
-        if snap.log_reset:
-            log.clear()
-        if snap.new_log_lines:
-            log.write_lines(snap.new_log_lines)
+        title = TitleBar._text(f"monitor · {run.name} · {run.run_id}")
+        bar = self.query_one(TitleBar)
+        if str(bar.content) != title:
+            bar.update(title, layout=False)
+        self.query_one(ProgressView).show(snap)
+        self._show_loss(snap)
+        self.query_one(HardwareView).show(snap.telemetry, snap.history,
+                                          run.state.get("host"))
+        self._show_findings(snap)
+        self.query_one(NcclView).show(snap.nccl)
+        self.ranks = snap.ranks or [0]
+        self.show_s.append(time.perf_counter() - t0)
+
+    def _show_loss(self, snap: Snapshot) -> None:
+        st = snap.loss_stats
+        if st.get("last") is None:
+            return
+        lbl = self.query_one("#loss-label", Static)
+        parts = [f"{st['last']:.4f}", f"min {st['min']:.4f}", f"first {st['first']:.3g}"]
+        if st.get("sampled"):
+            parts.append("sampled")
+        while len(parts) > 1 and len(" · ".join(parts)) > (lbl.size.width or 80):
+            parts.pop()     # what fits, most useful first
+        label = " · ".join(parts)
+        if str(lbl.content) != label:
+            lbl.update(label, layout=False)
+            self.query_one("#loss-spark", Sparkline).data = snap.loss_points
+
+    def _show_findings(self, snap: Snapshot) -> None:
+        box = self.query_one(FindingsList)
+        new = box.show(snap.findings)
+        pane = self.query_one("#findings-pane")
+        errors = sum(1 for f in snap.findings if f.get("severity") == "error")
+        pane.border_title = (f"findings ({len(snap.findings)}, {errors} error"
+                             f"{'s' if errors != 1 else ''})" if snap.findings else "findings")
+        if self._findings_seen:
+            for f in new:   # as they appear: a toast besides the list
+                sev = f.get("severity")
+                self.notify(f"{f.get('category')}: {f.get('summary')}",
+                            title="new finding", severity="error" if sev == "error" else
+                            "warning" if sev == "warning" else "information")
+        self._findings_seen = True
+
+    @on(LogUpdated)
+    def show_log(self, msg: LogUpdated) -> None:
+        if msg.state.rank != self.log_rank:
+            return    # a poll of the rank shown before a switch
+        self.query_one(LogView).set_state(msg.state, msg.source)
+
+    @on(LogView.StatusChanged)
+    def show_log_status(self, msg: LogView.StatusChanged) -> None:
+        self.query_one("#log-status", Static).update(self.query_one(LogView).status(),
+                                                     layout=False)
 
     @property
     def loss_shown(self) -> float | None:
-        """The loss the stats line shows (tests compare it with the last event)."""
-        if self.snap and self.snap.last_step:
-            return self.snap.last_step.get("loss")
+        """The loss the progress pane shows (tests compare it with the last event)."""
+        if self.snap is not None:
+            return self.snap.progress.loss
         return None
 
-    # -- actions ------------------------------------------------------------------------
-    def action_back(self) -> None:
-        self.app.pop_screen()
+    # -- panes ------------------------------------------------------------------------
+    def action_maximize_pane(self) -> None:
+        if self.maximized is not None:
+            self.minimize()
+            return
+        w = self.focused
+        while w is not None and not isinstance(w, (Pane, ScrollPane)):
+            w = w.parent if w.parent is not self else None
+        if w is not None:
+            self.maximize(w, container=False)
+
+    # -- logs -------------------------------------------------------------------------
+    def action_rank(self, delta: int) -> None:
+        ranks = self.ranks or [0]
+        i = ranks.index(self.log_rank) if self.log_rank in ranks else 0
+        self.log_rank = ranks[(i + delta) % len(ranks)]
+        self.query_one("#log-pane").border_title = f"rank {self.log_rank} log"
+        if self.watcher is not None:
+            self.watcher.set_log_rank(self.log_rank)
+            self.poll_log()
+
+    def action_search(self) -> None:
+        box = self.query_one(SearchInput)
+        box.add_class("-open")
+        box.focus()
+
+    @on(SearchInput.Submitted)
+    def search_submitted(self, msg: SearchInput.Submitted) -> None:
+        box = self.query_one(SearchInput)
+        box.remove_class("-open")
+        view = self.query_one(LogView)
+        view.focus()
+        view.search(msg.value)
+
+    @on(SearchInput.Cancelled)
+    def search_cancelled(self) -> None:
+        self.query_one(SearchInput).remove_class("-open")
+        self.query_one(LogView).focus()
+
+    def action_next_hit(self, step: int) -> None:
+        self.query_one(LogView).next_hit(step)
+
+    def action_first_error(self) -> None:
+        self.query_one(LogView).first_error()
 
     def action_follow(self) -> None:
-        self.query_one("#rank-log", Log).scroll_end(animate=False)
+        self.query_one(LogView).action_follow()
+
+    # -- findings ---------------------------------------------------------------------
+    @on(OptionList.OptionSelected, "#findings-list")
+    def finding_selected(self, msg: OptionList.OptionSelected) -> None:
+        self.action_finding()
+
+    def action_finding(self) -> None:
+        box = self.query_one(FindingsList)
+        f = box.current or (box.findings[0] if box.findings else None)
+        if f is None:
+            self.notify("no finding so far", severity="information")
+            return
+        self.app.push_screen(FindingScreen(f))
+
+    # -- actions ----------------------------------------------------------------------
+    def action_back(self) -> None:
+        self.app.pop_screen()
 
     def action_stop(self) -> None:
         self._confirm_stop(hard=False)
@@ -217,64 +390,3 @@ class MonitorScreen(Screen):
     def action_done(self, msg: ActionDone) -> None:
         self.notify(msg.text, severity=msg.severity)
 
-
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-
-
-def _bar(pct: float, width: int = 10) -> str:
-    filled = int(round(max(0.0, min(pct, 100.0)) / 100 * width))
-    return "█" * filled + "░" * (width - filled)
-
-
-def _gpu_lines(tel: dict) -> str:
-    """One line per GPU from the agent's latest telemetry sample."""
-    status = tel.get("status") or {}
-    if not tel:
-        return ""
-    if status.get("nvml") not in (None, "ok"):
-        return f"[dim]GPUs: {status.get('message') or status.get('nvml')}[/dim]"
-    lines = []
-    for g in tel.get("gpus") or []:
-        util = g.get("util")
-        used, total = g.get("mem_used_mib"), g.get("mem_total_mib")
-        mem_pct = 100 * used / total if isinstance(used, (int, float)) and total else None
-        parts = [f"GPU{g.get('gpu')}",
-                 f"util {_bar(util) if isinstance(util, (int, float)) else '   N/A    '} "
-                 f"{util if isinstance(util, (int, float)) else 'N/A':>4}%"]
-        if mem_pct is not None:
-            parts.append(f"mem {_bar(mem_pct)} {used / 1024:5.1f}/{total / 1024:.0f} GiB")
-        for key, unit in (("power_w", "W"), ("temp_c", "°C")):
-            if isinstance(g.get(key), (int, float)):
-                parts.append(f"{g[key]:.0f}{unit}")
-        lines.append("  ".join(parts))
-    host = tel.get("host") or {}
-    if host:
-        lines.append(f"[dim]host cpu {host.get('cpu_pct', 0):.0f}%  mem "
-                     f"{host.get('mem_used_mib', 0) / 1024:.1f}/"
-                     f"{host.get('mem_total_mib', 0) / 1024:.0f} GiB  /dev/shm free "
-                     f"{host.get('shm_free_mib', 0) / 1024:.1f} GiB[/dim]")
-    return "\n".join(lines)
-
-
-def _finding_lines(findings: list[dict], run_id: str, limit: int = 4) -> str:
-    if not findings:
-        return ""
-    out = []
-    for f in findings[:limit]:
-        style = SEVERITY_STYLE.get(f.get("severity"), "")
-        rank = f" rank {f['rank']}" if f.get("rank") is not None else ""
-        tag = "" if f.get("root_cause", True) else " (consequence)"
-        out.append(f"[{style}]● {f.get('category')}{rank}[/]{tag}: {escape(f.get('summary', ''))}"
-                   f"\n    fix: {escape(f.get('fix', ''))}")
-    if len(findings) > limit:
-        out.append(f"[dim]… {len(findings) - limit} more: tunedeck diagnose {run_id}[/dim]")
-    return "\n".join(out)
-
-
-def _decimate(values: list[float], n: int) -> list[float]:
-    """At most n points; each bucket keeps its max so loss spikes stay visible."""
-    if len(values) <= n:
-        return values
-    size = len(values) / n
-    return [max(values[int(i * size):max(int((i + 1) * size), int(i * size) + 1)])
-            for i in range(n)]
