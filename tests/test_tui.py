@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from textual.widgets import DataTable, Log, Static
+from textual.widgets import DataTable, Static
 
 from tests.conftest import REPO, wait_for
 from tunedeck.tui.app import TunedeckApp
@@ -16,6 +16,8 @@ from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.help import HelpScreen
 from tunedeck.tui.screens.monitor import MonitorScreen
 from tunedeck.tui.screens.stacks import StacksScreen
+from tunedeck.tui.widgets.hardware import HardwareView
+from tunedeck.tui.widgets.logview import LogView
 
 
 def _last_step_event(run_dir):
@@ -42,10 +44,12 @@ async def test_runs_list_then_monitor_shows_last_loss(finished_demo, monkeypatch
         assert f"{last['loss']:.4f}" in stats
         assert f"step {last['step']}/{last['step']}" in stats
         # the agent sampled telemetry: GPU lines, or the reason there are none (no driver here)
-        gpu = screen.query_one("#gpu-panel", Static)
-        await _until(pilot, lambda: "GPU" in str(gpu.render()))
-        await _until(pilot, lambda: screen.query_one("#rank-log", Log).line_count > 0)
-        assert any("step" in line for line in screen.query_one("#rank-log", Log).lines)
+        gpu = screen.query_one(HardwareView)
+        await _until(pilot, lambda: "GPU" in gpu.text)
+        log = screen.query_one(LogView)
+        await _until(pilot, lambda: log.total > 0 and any(log.visible_lines()))
+        log.goto(0)
+        await _until(pilot, lambda: any("step" in line for line in log.visible_lines()))
         # ? shows the monitor's keys, s on a finished run does not offer a stop
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
