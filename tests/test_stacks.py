@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tunedeck.core.rundir import RunDir
 from tunedeck.core.runs.registry import find_run
 from tunedeck.core.runs.stacks import dump_stacks
 from tunedeck.core.runs.store import read_findings
@@ -41,6 +42,14 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         assert hung["method"] in ("faulthandler", "py-spy")
         assert "_test_hang" in hung["text"] and not hung["in_collective"], hung["text"]
         assert waiting["in_collective"], waiting["text"]
+        if hung["method"] == "faulthandler":
+            # the dumps have a file of their own; the rank logs (and so the log view and
+            # the diagnosis) never see them
+            dumped = (run_dir / "stacks" / "rank1.txt").read_text()
+            assert "_test_hang" in dumped and "most recent call first" in dumped
+            for src in RunDir(run_dir).rank_logs():
+                if src.path.name == "stderr.log":
+                    assert "most recent call first" not in src.path.read_text(), src.path
         text = cli("stacks", run_id, home=td_home).stdout
         [line1] = [ln for ln in text.splitlines() if ln.startswith("=== rank 1 ")]
         assert "NOT in a collective: the others wait for it" in line1, text
