@@ -6,14 +6,30 @@ only update widgets.
 
 from __future__ import annotations
 
-from typing import Iterable
+import time
+from typing import Callable, Iterable, Iterator
 
+from textual.actions import parse
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from tunedeck.tui.screens.help import HelpScreen
 from tunedeck.tui.screens.runs import RunsScreen
+
+
+def screen_commands(screen: Screen) -> Iterator[tuple[str, str, str]]:
+    """(title, help, action) for each described binding of `screen` that its `check_action`
+    allows now, so the palette hides what the footer hides (a stop under --readonly)."""
+    seen: set[str] = set()
+    for b in screen.BINDINGS:
+        if not isinstance(b, Binding) or not b.description or b.action in seen:
+            continue
+        seen.add(b.action)
+        _, name, params = parse(b.action)
+        if screen.check_action(name, params) is False:
+            continue
+        yield b.description, f"key {b.key_display or b.key}", b.action
 
 
 class TunedeckApp(App):
@@ -25,11 +41,12 @@ class TunedeckApp(App):
     ]
 
     def __init__(self, open_run: str | None = None, readonly: bool = False,
-                 refresh_s: float = 1.0):
+                 refresh_s: float = 1.0, clock: Callable[[], float] = time.time):
         super().__init__()
         self.open_run = open_run
         self.readonly = readonly
         self.refresh_s = refresh_s
+        self.clock = clock    # "now" for ages on screen; tests pin it for stable snapshots
 
     def on_mount(self) -> None:
         self.push_screen(RunsScreen())
@@ -45,6 +62,6 @@ class TunedeckApp(App):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """ctrl+p: the current screen's own commands first (only those allowed now: none that
         change anything under --readonly), then Textual's."""
-        for title, help_, action in getattr(screen, "commands", lambda: [])():
+        for title, help_, action in screen_commands(screen):
             yield SystemCommand(title, help_, lambda a=action: screen.run_action(a))
         yield from super().get_system_commands(screen)
