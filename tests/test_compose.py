@@ -335,7 +335,7 @@ async def test_stale_previews_are_dropped_and_the_last_edit_wins(gpus):
         await pilot.pause()     # the Changed events reach the screen
         await settled(pilot, screen)
         assert "--nproc_per_node 12345" in screen.preview_text()
-        assert len(screen.latencies) - before == 1
+        assert len(screen.latencies) - before <= 2   # the first at once, the rest as one
         # an answer to an older edit that arrives late is dropped
         old = PreviewData(Text("stale"), Text("stale"), "pass")
         screen.post_message(PreviewReady(screen.generation - 1, time.perf_counter(), old))

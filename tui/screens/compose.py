@@ -44,7 +44,7 @@ from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
 from tunedeck.tui.screens.preflight import fmt_value, pin_port
 from tunedeck.tui.widgets.titlebar import TitleBar
 
-DEBOUNCE_S = 0.03        # typing faster than this previews once, at the end
+DEBOUNCE_S = 0.03        # edits closer together than this preview once, when they pause
 # what the built-in trainer reads from spec.toml (torchrun's flags come from the rest)
 TRAINER_TABLES = ("model", "data", "method", "train", "parallel")
 TRAINER_KEYS = ("cluster.device", "cluster.dist_backend", "cluster.collective_timeout_s")
@@ -210,6 +210,7 @@ class FieldRow(Widget):
         super().__init__(id="f-" + option.key.replace(".", "--"))
         self.option = option
         self.value = get_value(spec, option.key)
+        self.problem = ""
 
     def compose(self) -> ComposeResult:
         o = self.option
@@ -228,6 +229,9 @@ class FieldRow(Widget):
         yield Static("", classes="field-error", markup=False)
 
     def set_problem(self, text: str) -> None:
+        if text == self.problem:
+            return   # every keystroke re-checks every field: touch only what changed
+        self.problem = text
         self.set_class(bool(text), "-error")
         self.query_one(".field-error", Static).update(text)
 
@@ -402,7 +406,9 @@ class ComposeScreen(TunedeckScreen):
         self.preview: PreviewData | None = None
         self.latencies: list[float] = []           # edit -> preview shown, seconds
         self._edit_started = time.perf_counter()
+        self._last_start = 0.0                     # when the newest preview was started
         self._timer = None
+        self._rows: list[FieldRow] = []
         self._secrets: dict[str, str] = {}         # real values of env secrets shown ****
         self._facts: GpuFacts | None = None
         self._facts_lock = threading.Lock()
@@ -445,7 +451,9 @@ class ComposeScreen(TunedeckScreen):
 
     # -- the form -----------------------------------------------------------------------------
     def rows(self) -> list[FieldRow]:
-        return list(self.query(FieldRow))
+        if not self._rows:
+            self._rows = list(self.query(FieldRow))
+        return self._rows
 
     def row(self, key: str) -> FieldRow:
         return self.query_one("#f-" + key.replace(".", "--"), FieldRow)
@@ -465,11 +473,14 @@ class ComposeScreen(TunedeckScreen):
     def _apply_visibility(self) -> None:
         shown: dict[str, bool] = {}
         for r in self.rows():
-            r.display = r.option.applies(self.spec)
-            shown[r.option.group] = shown.get(r.option.group, False) or r.display
+            want = r.option.applies(self.spec)
+            if r.display != want:
+                r.display = want
+            shown[r.option.group] = shown.get(r.option.group, False) or want
         for gid, _ in GROUPS:
             for s in self.query(f"#s-{gid}"):
-                s.display = shown.get(gid, False)
+                if s.display != shown.get(gid, False):
+                    s.display = shown.get(gid, False)
 
     def _check(self) -> None:
         """Problems under the fields they name: the typed text's, then the cross-key rules'."""
@@ -491,8 +502,10 @@ class ComposeScreen(TunedeckScreen):
             if msgs and not r.display:
                 loose.extend(msgs)   # a hidden field's problem still shows, at the top
         top = self.query_one("#form-problems", Static)
-        top.update("\n".join(loose))
-        top.display = bool(loose)
+        if "\n".join(loose) != str(top.content):
+            top.update("\n".join(loose))
+        if top.display != bool(loose):
+            top.display = bool(loose)
 
     def _edit(self, key: str, raw: Any, typed: bool) -> None:
         started = time.perf_counter()
@@ -574,14 +587,20 @@ class ComposeScreen(TunedeckScreen):
 
     # -- preview (thread) --------------------------------------------------------------------
     def _schedule_preview(self, started: float | None = None) -> None:
+        """Leading and trailing edge: an edit after a quiet spell previews at once; edits
+        that follow it within DEBOUNCE_S wait for the typing to pause, then preview once."""
         self.generation += 1
         self._edit_started = started or time.perf_counter()
         if self._timer is not None:
             self._timer.stop()
+        elif time.perf_counter() - self._last_start >= DEBOUNCE_S:
+            self._start_preview()
+            return
         self._timer = self.set_timer(DEBOUNCE_S, self._start_preview)
 
     def _start_preview(self) -> None:
         self._timer = None
+        self._last_start = time.perf_counter()
         pinned = self.spec.cluster.master_port == 0 and self.spec.cluster.nnodes == 1
         note = "picked now for cluster.master_port = 0; the launch keeps it" if pinned else ""
         self._preview(self.generation, self._edit_started, self.launch_spec(), note)
