@@ -58,10 +58,10 @@ CREATE TABLE IF NOT EXISTS findings (
 STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "data_wait_s", "mem_gib",
                 "mfu", "epoch")
 EVAL_METRICS = ("eval_loss",)
-# Steps per rollup row, finest first (table steps_<n>). A window of at least 2 * n steps per
-# bucket reads tier n's rows (a whole 1M-step run: ~250 rows of steps_4096), whole finer blocks
-# at its ragged edges, single rows only within 64 steps of them; a narrower one reads at most
-# 2 * 64 * buckets rows. A tier holds closed blocks only: the agent keeps each rank's open
+# Steps per rollup row, finest first (table steps_<n>). A window wide enough for buckets of
+# whole blocks reads tier n's rows (a whole 1M-step run: ~250 rows of steps_4096), whole finer
+# blocks at its ragged edges, single rows only within 64 steps of them; a narrower one (under
+# ~96 steps per bucket) reads its rows. A tier holds closed blocks only: the agent keeps each rank's open
 # block in memory and writes it once the steps have moved past it, so a tick costs no rollup
 # write; readers cover the open block with finer blocks and rows.
 TIERS = (64, 4096)
@@ -433,9 +433,11 @@ class Store:
             buckets = int(buckets)
             span = hi - lo + 1
             args.update(lo=lo, hi=hi)
-            tiers = [t for t in TIERS if main["blocks"] and span >= 2 * t * buckets]
-            if tiers:
-                size = tiers[-1]
+            # the coarsest tier whose whole-block buckets still give 3/4 of the buckets asked
+            # for (a 1M-step run in 306: 244 buckets of 4096 steps, ~250 rows read)
+            size = next((t for t in reversed(TIERS) if main["blocks"] and
+                         span / (t * math.ceil(span / (buckets * t))) >= 0.75 * buckets), None)
+            if size is not None:
                 width = size * math.ceil(span / (buckets * size))
                 closed = {t: db.execute(f"SELECT MAX(block) FROM steps_{t} WHERE rank = ?",
                                         (rank,)).fetchone()[0] for t in TIERS}
