@@ -252,6 +252,10 @@ def _columns(series: dict[str, Any], metric: str, start: int, end: int, ncols: i
             continue
         c0 = (max(a, start) - start) * ncols // span
         c1 = (min(b, end) - start) * ncols // span
+        if c1 > c0 and (min(b, end) - max(a, start) + 1) * ncols <= 1.5 * span:
+            # a bucket about one column wide that straddles columns: the column of its
+            # middle (a one-step spike is one column wide, not two)
+            c0 = c1 = (((max(a, start) + min(b, end)) // 2) - start) * ncols // span
         m_lo, m_mean, m_hi = mins[i], means[i], maxs[i]
         n = ns[i] if i < len(ns) else 1
         for c in range(c0, c1 + 1):
