@@ -7,6 +7,12 @@ API (what a screen uses)::
     plot = LossPlot(traces=[Trace("run-a", dir_a), Trace("run-b", dir_b)])   # overlay (Compare)
     plot.refresh_data()                 # re-query the visible window (a live run: every second)
 
+Keywords: `rank=0` (whose step events; the loss is all-reduced, so rank 0 is the run's),
+`title="loss"`, and Textual's `id`/`classes`/`name`. State a screen or a test may read:
+`view` ((first, last) step or None for the whole run), `extent` (the run's step range),
+`following`, `log_y`, `show_eval`, `show_lr`, `show_grad`, `loaded`, `up_to_date` (the newest
+request's answer is drawn), `rendered_text()` (the chart as plain text).
+
 `fetch(start, end, buckets, metrics) -> Window` returns `Store.step_series` and
 `Store.eval_series` results for steps [start, end] (None: the run's first / last step);
 `buckets=0` asks only for the range. It runs in a thread worker, never on the event loop.
@@ -26,6 +32,7 @@ Keys (when the plot has focus; `action_*` methods a screen can bind as well):
     h l ← →      pan a quarter of the window        0 / home   whole run
     end          jump to the newest steps (follow)  y          log y axis
     e            eval loss on/off                   r / n      learning rate / grad norm on/off
+The mouse wheel zooms too.
 """
 
 from __future__ import annotations
