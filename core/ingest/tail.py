@@ -61,7 +61,9 @@ class Tail:
         """(line number before the chunk, bytes of complete lines) for what was appended;
         advances offset and lineno as each chunk is handed out (lineno only when
         `count_lines`: a reader that cites no line numbers skips the count). `max_bytes`
-        bounds one call (a live view reads the rest on its next poll)."""
+        bounds one call softly (a live view reads the rest on its next poll): a call stops
+        once it has read that much, but always finishes the line it is in, so it may return
+        up to one line (at most MAX_LINE) more."""
         if not self._check_size():
             return
         budget = max_bytes if max_bytes is not None else -1
