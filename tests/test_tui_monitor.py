@@ -627,6 +627,30 @@ def test_watcher_reads_a_long_event_file_from_its_end(tmp_path):
         w.close()
 
 
+def test_data_wait_share_from_the_probe_for_other_backends(tmp_path):
+    """ms-swift and script runs: steps without data_wait_s, the DataLoader probe's waits."""
+    run = tmp_path / "run"
+    rd = RunDir(run)
+    rd.create()
+    rd.write_state({"run_id": "r", "status": "running", "created": T0, "started": T0})
+    with open(rd.event_file(0), "w") as f:
+        for step in range(1, 30):
+            f.write(json.dumps({"t": T0 + step, "kind": "step", "rank": 0, "step": step,
+                                "loss": 2.0}) + "\n")
+    for rank, wait in ((0, 0.05), (1, 0.6)):
+        with open(rd.probe_file(rank), "w") as f:
+            for i in range(120):     # once a second; only the last minute counts
+                f.write(json.dumps({"t": T0 + i, "kind": "data_wait", "rank": rank,
+                                    "wait_s": wait if i >= 60 else 0.0, "n": 10}) + "\n")
+    w = RunWatcher(run)
+    try:
+        p = w.poll().progress
+    finally:
+        w.close()
+    assert p.worst_wait == (1, pytest.approx(0.6, rel=0.02))
+    assert p.data_wait == pytest.approx((0.05 + 0.6) / 2, rel=0.02)
+
+
 # -- snapshots -----------------------------------------------------------------------------
 
 def _snapshot_app():

@@ -5,7 +5,7 @@ without ever being held in memory.
 Each `RunWatcher.poll()` reads only what was appended since the last one: the ranks' event
 files (started near their end: the run's history is not replayed), the NCCL lines of the
 rank logs (`NcclReader`), findings and the latest telemetry from run.db, and every
-`HISTORY_EVERY_S` the whole run's telemetry, downsampled by run.db's tiers. So watching a
+few seconds the whole run's telemetry, downsampled by run.db's tiers. So watching a
 week-long run costs the same per poll as watching a new one. The watcher keeps one
 read-only Store (one run.db connection) for its life: call close().
 
@@ -38,7 +38,8 @@ from tunedeck.core.runs.nccl import NcclReader, RankNccl
 from tunedeck.core.runs.registry import RunInfo, read_run
 from tunedeck.core.runs.store import Store
 
-HISTORY_EVERY_S = 10.0      # the whole-run telemetry strip changes slowly
+HISTORY_EVERY_S = 10.0      # the whole-run telemetry strip changes slowly: at most this
+                            # often, and no more than 4 times per cell of the strip
 HISTORY_POINTS = 240        # points per series; the view resamples to its width
 LOSS_POINTS = 400           # the loss sparkline's resolution
 EVENT_TAIL_BYTES = 256 << 10  # where an event file is first read from, back from its end
@@ -99,7 +100,7 @@ class RunWatcher:
         self.last_step: dict[str, Any] | None = None
         self.checkpoints: collections.deque[str] = collections.deque(maxlen=20)
         self.nccl = NcclReader(self.run)
-        self._history_at = 0.0
+        self._history_next = 0.0
         self._history_done = False
         self._polled = False
         self.first_t: float | None = None     # the run's first event, when read
@@ -127,15 +128,16 @@ class RunWatcher:
     # -- the poll --------------------------------------------------------------------
     def poll(self, history: bool | None = None) -> Snapshot:
         """Everything new since the last poll. `history`: True forces the whole-run
-        telemetry query, False skips it; None runs it every HISTORY_EVERY_S while the run
-        is active (once for an ended run)."""
+        telemetry query, False skips it; None runs it while the run is active every
+        HISTORY_EVERY_S, or every quarter of a strip cell when that is longer (a week-long
+        run's cell is 42 minutes), and once for an ended run."""
         run = read_run(self.run_dir)
         self._read_events()
         now = time.time()
         active = run is not None and run.active
         if history is None:
             history = (not self._history_done if not active else
-                       now - self._history_at >= HISTORY_EVERY_S)
+                       now >= self._history_next)
         hist = self._history(run, now) if history else None
         nccl_changed = self.nccl.poll()
         nccl = self.nccl.summaries() if nccl_changed or not self._polled else None
@@ -164,8 +166,8 @@ class RunWatcher:
         return self._findings
 
     def _history(self, run: RunInfo | None, now: float) -> dict[str, Any]:
-        self._history_at = now
         self._history_done = True
+        self._history_next = now + HISTORY_EVERY_S
         if run is None:
             return {"gpu": {}, "rank": {}, "t0": None, "t1": None}
         # from the first event when the watcher saw it: run.db picks its finest tier only
@@ -179,6 +181,8 @@ class RunWatcher:
                                           metrics=("util", "mem_used_mib", "power_w", "temp_c"))
         rank = self.store.telemetry_series("rank", t0, t1, HISTORY_POINTS,
                                            metrics=("cpu_pct", "rss_mib"))
+        cell = max(gpu.get("step_s") or 0, rank.get("step_s") or 0)
+        self._history_next = now + max(HISTORY_EVERY_S, cell / 4)
         return {"gpu": gpu, "rank": rank, "t0": t0, "t1": t1}
 
     # -- events ----------------------------------------------------------------------
@@ -319,10 +323,8 @@ class _ProbeWaits:
 
     def __init__(self, path: Path):
         self.tail = Tail.at_end(path)
-        try:   # the last minute is in the last few kB
-            self.tail.offset = max(0, self.tail.offset - (64 << 10))
-        except OSError:
-            pass
+        # the last minute is in the last few kB (a cut first line does not parse: skipped)
+        self.tail.offset = max(0, self.tail.offset - (64 << 10))
         self.recent: collections.deque[tuple[float, float]] = collections.deque()
 
     def read(self) -> None:

@@ -174,6 +174,9 @@ class MonitorScreen(TunedeckScreen):
             self.run_ref = run.run_id
             self.watcher = RunWatcher(run.run_dir, rank=self.log_rank)
             self.poll_log()
+            # the first frame without the whole-run strips (a week of telemetry takes a
+            # few hundred ms to fold): they follow in the next snapshot
+            self.post_message(SnapshotReady(self.watcher.poll(history=False)))
         self.post_message(SnapshotReady(self.watcher.poll()))
 
     @work(thread=True, exclusive=False, group="monitor-log", exit_on_error=False)

@@ -23,6 +23,7 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
 from textual.widgets import Input
 
 from tunedeck.core.runs.watch import Literal, LogState, RankLog
@@ -155,9 +156,18 @@ class LogView(ScrollView, can_focus=True):
                 self._auto = False
 
     def _set_virtual(self) -> None:
+        size = Size(self._width + GUTTER, self.total)
         self._auto = True
         try:
-            self.virtual_size = Size(self._width + GUTTER, self.total)
+            scrollbar = size.height > self.container_size.height
+            if scrollbar != self.show_vertical_scrollbar or not self.container_size:
+                self.virtual_size = size      # the scrollbar comes or goes: a new layout
+            else:
+                # more lines in a box of the same size: no layout of the whole screen
+                # (at 160x48 one costs tens of ms, and a followed log grows every second)
+                self.set_reactive(Widget.virtual_size, size)
+                self._scroll_update(size)
+                self.refresh()
         finally:
             self._auto = False
 
