@@ -601,8 +601,11 @@ class ComposeScreen(TunedeckScreen):
     def _start_preview(self) -> None:
         self._timer = None
         self._last_start = time.perf_counter()
-        pinned = self.spec.cluster.master_port == 0 and self.spec.cluster.nnodes == 1
-        note = "picked now for cluster.master_port = 0; the launch keeps it" if pinned else ""
+        c = self.spec.cluster
+        note = ("" if c.master_port else
+                "picked now for cluster.master_port = 0; the launch keeps it" if c.nnodes == 1
+                else "cluster.master_port = 0 on several nodes: the default, which every "
+                "node must be able to reach")
         self._preview(self.generation, self._edit_started, self.launch_spec(), note)
 
     @work(thread=True, exclusive=True, group="compose-preview", exit_on_error=False)
