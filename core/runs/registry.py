@@ -107,9 +107,11 @@ RACY_S = 2.0
 
 @dataclass
 class _Entry:
+    path: str                       # its state.json (a str: os.stat takes it as it is)
     sig: tuple[int, int, int]       # state.json's (mtime_ns, size, inode) when it was read
     info: RunInfo | None            # None: a folder whose state.json is not a run's (yet)
     recheck: bool                   # read again next scan (racy mtime)
+    live: bool                      # state.json does not record an end
 
 
 class Registry:
@@ -135,10 +137,22 @@ class Registry:
     def scan(self) -> list[RunInfo]:
         now = time.time()
         changed = self._relist(now)
+        entries, stat = self._entries, os.stat
         for name in self._names:
+            # the idle path, run for every run every refresh: one stat, no Path objects
+            e = entries.get(name)
+            if e is not None and not e.recheck:
+                try:
+                    st = stat(e.path)
+                except OSError:
+                    st = None
+                if st is not None and (st.st_mtime_ns, st.st_size, st.st_ino) == e.sig:
+                    if e.live:
+                        changed |= self._rederive(e)
+                    continue
             changed |= self._refresh(name, now)
         if changed:
-            self._sorted = _newest_first([e.info for e in self._entries.values() if e.info])
+            self._sorted = _newest_first([e.info for e in entries.values() if e.info])
             self.generation += 1
         return self._sorted
 
@@ -166,30 +180,35 @@ class Registry:
         return bool(gone)
 
     def _refresh(self, name: str, now: float) -> bool:
-        """Bring one run up to date; True when what it shows changed."""
+        """Read one run again (new, changed, or racy); True when what it shows changed."""
         run_dir = self.root / name
+        path = str(RunDir(run_dir).state)
         entry = self._entries.get(name)
-        try:
-            st = os.stat(RunDir(run_dir).state)
-        except OSError:   # not a run (yet), or deleted
-            if entry is None:
-                return False
-            del self._entries[name]
-            return entry.info is not None
-        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
         old = entry.info if entry else None
-        if entry is None or entry.sig != sig or entry.recheck:
-            info = read_run(run_dir)
-            self.reads += 1
-            entry = self._entries[name] = _Entry(sig, info, now - st.st_mtime < RACY_S)
-        elif old is not None and old.state.get("status") not in TERMINAL:
-            # no write, but the agent may have died since: re-derive from the same state
-            entry.info = info_from_state(run_dir, old.state)
-        else:
-            return False
-        if entry.info == old:
+        try:
+            st = os.stat(path)
+        except OSError:   # not a run (yet), or deleted
+            if entry is not None:
+                del self._entries[name]
+            return old is not None
+        info = read_run(run_dir)
+        self.reads += 1
+        live = info is not None and info.state.get("status") not in TERMINAL
+        self._entries[name] = entry = _Entry(path, (st.st_mtime_ns, st.st_size, st.st_ino),
+                                             info, now - st.st_mtime < RACY_S, live)
+        if info == old:
             entry.info = old    # keep the object: viewers compare identities
             return False
+        return True
+
+    def _rederive(self, entry: _Entry) -> bool:
+        """No write, but the agent may have died since: derive the info from the same state."""
+        old = entry.info
+        assert old is not None
+        info = info_from_state(old.run_dir, old.state)
+        if info == old:
+            return False
+        entry.info = info
         return True
 
 

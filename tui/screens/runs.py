@@ -192,6 +192,7 @@ class RunsScreen(TunedeckScreen):
         self._order: list[str] = []            # run ids in table order
         self._static: dict[str, tuple[RunInfo, tuple]] = {}
         self._painted_widths: tuple[int, ...] = ()
+        self._ages_valid_until = 0.0          # clock time when an AGE on screen next changes
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -247,6 +248,10 @@ class RunsScreen(TunedeckScreen):
             ids = {r.run_id for r in msg.runs}
             self.marked &= ids
             self._static = {k: v for k, v in self._static.items() if k in ids}
+        elif self.now() < self._ages_valid_until:
+            # the idle case: no run changed and no age on screen moved
+            self._repaint_if_widths_changed()
+            return
         self.redraw()
 
     def view(self) -> list[RunInfo]:
@@ -268,6 +273,13 @@ class RunsScreen(TunedeckScreen):
         mark = MARK if r.run_id in self.marked else " "
         return (mark, *cached[1], fmt_age(now - r.created))
 
+    @staticmethod
+    def _age_stable_for(age_s: float) -> float:
+        """Seconds until fmt_age's text for this age changes (its unit's next tick)."""
+        s = max(0, int(age_s))
+        unit = next((u for u in (86400, 3600, 60) if s >= u), 1)
+        return unit - s % unit - (age_s - int(age_s) if age_s > 0 else 0)
+
     def redraw(self) -> None:
         """Bring the table to the view by changing only what differs."""
         table = self.query_one("#runs-table", DataTable)
@@ -276,6 +288,8 @@ class RunsScreen(TunedeckScreen):
         selected = self.selected_run_id()
         cursor = table.cursor_row
         want = {r.run_id: self._cells(r, now) for r in runs}
+        self._ages_valid_until = now + min(
+            (self._age_stable_for(now - r.created) for r in runs), default=3600.0)
         gone = [k for k in self._shown if k not in want]
         for k in gone:
             table.remove_row(k)
