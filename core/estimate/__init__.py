@@ -123,7 +123,8 @@ def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
     from tunedeck.core.estimate.resolve import resolve
     from tunedeck.core.telemetry.gpus import list_gpus
 
-    found = list_gpus()
+    # NVML starts in seconds on some nodes: ask it only for what the caller did not say
+    found = list_gpus() if not gpu_name or gpu_mem_gib is None else []
     if gpus is None:
         r = resolve(spec)
         device, procs = r.cluster.device, r.cluster.nproc_per_node
