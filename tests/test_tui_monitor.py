@@ -399,6 +399,19 @@ async def test_tab_moves_between_panes_and_m_maximises(fx_home):
         assert screen.maximized is None
 
 
+async def test_loss_pane_is_a_container_another_chart_can_take_over(fx_home):
+    app = TunedeckApp(open_run=RUN_ID, refresh_s=0.1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open(pilot, app)
+        pane = screen.query_one("#loss-pane")
+        assert screen.query_one("#loss-spark").parent is pane
+        assert screen.query_one("#loss-spark").data      # the curve so far
+        await screen.query_one("#loss-spark").remove()
+        await screen.query_one("#loss-label").remove()
+        n = len(screen.show_s)
+        await _until(pilot, lambda: len(screen.show_s) >= n + 3, what="refreshes go on")
+
+
 async def test_readonly_hides_stop_and_kill(fx_home):
     app = TunedeckApp(open_run=RUN_ID, readonly=True, refresh_s=0.2)
     async with app.run_test(size=(160, 48)) as pilot:

@@ -217,10 +217,13 @@ class MonitorScreen(TunedeckScreen):
         self.show_s.append(time.perf_counter() - t0)
 
     def _show_loss(self, snap: Snapshot) -> None:
+        """The placeholder loss pane (a label and a Sparkline); a chart that replaces them
+        inside #loss-pane reads its own data, and this does nothing."""
         st = snap.loss_stats
-        if st.get("last") is None:
+        labels = self.query("#loss-label").results(Static)
+        lbl = next(labels, None)
+        if st.get("last") is None or lbl is None or not self.query("#loss-spark"):
             return
-        lbl = self.query_one("#loss-label", Static)
         parts = [f"{st['last']:.4f}", f"min {st['min']:.4f}", f"first {st['first']:.3g}"]
         if st.get("sampled"):
             parts.append("sampled")
