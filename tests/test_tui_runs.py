@@ -219,6 +219,33 @@ async def test_only_changed_rows_are_redrawn(home):
         assert {(n, a[0], str(a[1])) for n, a in calls} == {("update_cell", RUNS[1][0], "loss")}
 
 
+async def test_ages_move_with_the_clock_and_nothing_else_is_redrawn(home):
+    now = [NOW]
+    app = TunedeckApp(refresh_s=0.1, clock=lambda: now[0])
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _ready(pilot)
+        screen, table = await loaded(app, pilot)
+        calls: list[tuple] = []
+        real = table.update_cell
+        table.update_cell = lambda *a, **k: (calls.append(a), real(*a, **k))[1]
+        now[0] += 30                        # fsdp is 5m30s old: no age text moves
+        await pilot.pause(0.4)
+        assert calls == []
+        now[0] += 40                        # 6m10s: only that cell changes
+        await until(pilot, lambda: calls)
+        await pilot.pause(0.3)
+        assert [(a[0], str(a[1]), a[2]) for a in calls] == [(RUNS[4][0], "age", "6m")]
+
+
+@pytest.mark.parametrize("age", [0.5, 59.2, 60, 61.5, 3599.5, 3600, 86399.9, 90000.3, 1e6])
+def test_age_text_is_stable_until_the_predicted_time(age):
+    from tunedeck.tui.format import fmt_age
+
+    d = RunsScreen._age_stable_for(age)
+    assert d > 0
+    assert fmt_age(age + d - 1e-6) == fmt_age(age) != fmt_age(age + d + 1e-6)
+
+
 # -- keys that open other screens ---------------------------------------------------------
 
 async def test_new_clone_open_push_compose(home, monkeypatch, tmp_path):
