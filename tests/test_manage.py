@@ -245,12 +245,16 @@ def test_registry_reads_nothing_again_for_unchanged_finished_runs(root):
     assert (reg.reads, reg.listings) == (6, 1), "unchanged runs were read again"
     assert again is first and reg.generation == gen
 
-    # one run's state changes: only that one is read, and its object is new
+    # one run's state changes: only that one is read (within the scans that take turns over
+    # finished runs), and its object is new
     rd = RunDir(root / "g-2")
     st = rd.read_state()
     st["name"] = "renamed"
     rd.write_state(st)
-    runs = reg.scan()
+    old = time.time() - 60      # past the racy window, as a finished run's file soon is
+    os.utime(rd.state, (old, old))
+    for _ in range(reg.finished_every):
+        runs = reg.scan()
     assert reg.reads == 7 and reg.listings == 1 and reg.generation == gen + 1
     assert next(r for r in runs if r.run_id == "g-2").name == "renamed"
     assert all(a is b for a, b in zip(runs, first) if a.run_id != "g-2")
@@ -263,6 +267,27 @@ def test_registry_reads_nothing_again_for_unchanged_finished_runs(root):
     runs = reg.scan()
     assert reg.listings == 2 and reg.reads - reads <= 2    # g-new (+ g-2 while racy)
     assert [r.run_id for r in runs][0] == "g-new" and "g-0" not in {r.run_id for r in runs}
+
+
+def test_registry_stats_finished_runs_in_turns_and_live_ones_every_time(root):
+    for i in range(20):
+        make_run(root, f"t-{i:02d}", created=T0 + i)
+    make_run(root, "t-live", status="running", created=T0 + 100)
+    _age_files(root)
+    reg = Registry(root, finished_every=10)
+    reg.scan()
+    real_stat = os.stat
+    seen: list[str] = []
+    with mock.patch("os.stat", side_effect=lambda p, *a, **k: (seen.append(str(p)),
+                                                               real_stat(p, *a, **k))[1]):
+        for _ in range(10):
+            reg.scan()
+        per_run = {d.name: sum(f"/{d.name}/" in p for p in seen) for d in root.iterdir()}
+        assert per_run.pop("t-live") == 10 and set(per_run.values()) == {1}
+        seen.clear()
+        reg.scan(full=True)
+        assert sum("state.json" in p for p in seen) == 21
+    assert reg.reads == 21
 
 
 def test_registry_gives_list_runs_results(root):

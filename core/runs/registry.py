@@ -5,8 +5,10 @@ watch the same run and none of them can disturb it.
 
 `list_runs` reads everything once (the CLI). A viewer that asks again and again (the TUI's runs
 list, every second) keeps a `Registry`: it lists the runs root only when the root's mtime
-changes, and re-reads a state.json only when its stat signature (mtime, size, inode) changes, so
-an idle TUI over thousands of finished runs costs one stat per run per refresh.
+changes, and re-reads a state.json only when its stat signature (mtime, size, inode) changes.
+A finished run is not even stat'ed every time: each scan looks at a tenth of them in turn, so
+an idle TUI over thousands of finished runs costs a few hundred stats a second (which matters
+on NFS), while a new or deleted run shows at once (the root's mtime moves).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class _Entry:
     info: RunInfo | None            # None: a folder whose state.json is not a run's (yet)
     recheck: bool                   # read again next scan (racy mtime)
     live: bool                      # state.json does not record an end
+    slot: int                       # which of `finished_every` scans looks at it when ended
 
 
 class Registry:
@@ -119,13 +122,17 @@ class Registry:
 
     `scan()` returns the same list as `list_runs` (newest first). Between scans it lists the
     root only when the root's mtime changed, and reads a run's state.json only when its stat
-    signature changed. A run that is not over is re-checked every scan even without a write
-    (its agent may have died: `info_from_state`); a finished one costs one stat.
-    Not thread-safe: one scanner at a time (the runs screen's worker holds a lock).
+    signature changed. A run that is not over is stat'ed and re-checked every scan even without
+    a write (its agent may have died: `info_from_state`); a finished one is stat'ed every
+    `finished_every` scans (a finished run's state.json rarely changes again) unless
+    `scan(full=True)`. Not thread-safe: one scanner at a time (the runs screen's worker holds a
+    lock).
     """
 
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, finished_every: int = 10):
         self.root = root or runs_root()
+        self.finished_every = max(1, finished_every)
+        self._scans = 0
         self._root_sig: tuple[int, int] | None = None
         self._names: list[str] = []
         self._entries: dict[str, _Entry] = {}
@@ -134,14 +141,21 @@ class Registry:
         self.reads = 0          # state.json files read (tests and bench/tui_idle.py count them)
         self.listings = 0       # listings of the root
 
-    def scan(self) -> list[RunInfo]:
+    def scan(self, full: bool = False) -> list[RunInfo]:
+        """The runs, newest first. `full`: stat every run and list the root now."""
         now = time.time()
+        if full:
+            self._root_sig = None
         changed = self._relist(now)
+        self._scans += 1
+        turn = self._scans % self.finished_every
         entries, stat = self._entries, os.stat
         for name in self._names:
             # the idle path, run for every run every refresh: one stat, no Path objects
             e = entries.get(name)
             if e is not None and not e.recheck:
+                if not (e.live or full or e.slot == turn):
+                    continue
                 try:
                     st = stat(e.path)
                 except OSError:
@@ -194,8 +208,9 @@ class Registry:
         info = read_run(run_dir)
         self.reads += 1
         live = info is not None and info.state.get("status") not in TERMINAL
+        slot = entry.slot if entry else len(self._entries) % self.finished_every
         self._entries[name] = entry = _Entry(path, (st.st_mtime_ns, st.st_size, st.st_ino),
-                                             info, now - st.st_mtime < RACY_S, live)
+                                             info, now - st.st_mtime < RACY_S, live, slot)
         if info == old:
             entry.info = old    # keep the object: viewers compare identities
             return False

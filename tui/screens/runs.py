@@ -193,6 +193,7 @@ class RunsScreen(TunedeckScreen):
         self._static: dict[str, tuple[RunInfo, tuple]] = {}
         self._painted_widths: tuple[int, ...] = ()
         self._ages_valid_until = 0.0          # clock time when an AGE on screen next changes
+        self._full_scan = False                # next scan stats every run (r, after a delete)
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -235,7 +236,8 @@ class RunsScreen(TunedeckScreen):
             reg = self.registry
             if reg is None:
                 return
-            runs = reg.scan()
+            full, self._full_scan = self._full_scan, False
+            runs = reg.scan(full=full)
             self.post_message(RunsLoaded(runs, reg.generation))
         finally:
             self._loading.release()
@@ -470,6 +472,7 @@ class RunsScreen(TunedeckScreen):
         self.push_lazy("compare", ids)
 
     def action_reload(self) -> None:
+        self._full_scan = True
         self.load_runs()
 
     def action_cursor_down(self) -> None:
@@ -639,4 +642,4 @@ class RunsScreen(TunedeckScreen):
         self.say(f"deleted {msg.run_id}'s records"
                  + (f" and its output folder {msg.outputs}" if msg.outputs else "")
                  + (f"; its outputs stay in {kept}" if kept else ""))
-        self.load_runs()
+        self.action_reload()    # a kept output folder keeps the run's folder: look now
