@@ -167,10 +167,14 @@ def _ready(app) -> bool:
     s = app.screen
     if not isinstance(s, MonitorScreen) or s.snap is None:
         return False
+    from tunedeck.tui.widgets.lossplot import LossPlot
+
     view = s.query_one(LogView)
+    plot = s.query_one(LossPlot)
     return (view.total > 0 and any(view.visible_lines())
             and s.query_one(NcclView).ranks is not None
-            and s.query_one(HardwareView).history is not None)
+            and s.query_one(HardwareView).history is not None
+            and plot.loaded and plot.up_to_date)
 
 
 async def _open(pilot, app):
@@ -399,15 +403,26 @@ async def test_tab_moves_between_panes_and_m_maximises(fx_home):
         assert screen.maximized is None
 
 
-async def test_loss_pane_is_a_container_another_chart_can_take_over(fx_home):
+async def test_loss_pane_charts_the_whole_run_and_zooms(fx_home):
+    """The loss pane is the zoomable chart of the whole run from run.db; it refreshes with
+    the monitor, and its keys act when it has focus."""
+    from tunedeck.tui.widgets.lossplot import LossPlot
+
     app = TunedeckApp(open_run=RUN_ID, refresh_s=0.1)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(160, 48)) as pilot:
         screen = await _open(pilot, app)
-        pane = screen.query_one("#loss-pane")
-        assert screen.query_one("#loss-spark").parent is pane
-        assert screen.query_one("#loss-spark").data      # the curve so far
-        await screen.query_one("#loss-spark").remove()
-        await screen.query_one("#loss-label").remove()
+        plot = screen.query_one("#loss-pane").query_one(LossPlot)
+        await _until(pilot, lambda: plot.loaded and plot.extent is not None, what="the chart")
+        first, last = plot.extent
+        assert first <= 1 and last == screen.snap.progress.step   # the whole run
+        plot.focus()
+        await pilot.press("plus")
+        await _until(pilot, lambda: plot.view is not None and plot.up_to_date,
+                     what="a zoomed view")
+        lo, hi = plot.view
+        assert hi - lo < last - first
+        await pilot.press("0")
+        await _until(pilot, lambda: plot.view is None, what="the whole run again")
         n = len(screen.show_s)
         await _until(pilot, lambda: len(screen.show_s) >= n + 3, what="refreshes go on")
 

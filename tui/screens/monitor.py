@@ -17,7 +17,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container
 from textual.message import Message
-from textual.widgets import Footer, OptionList, Sparkline, Static
+from textual.widgets import Footer, OptionList, Static
 
 from tunedeck.core.runs.registry import RunNotFound, find_run
 from tunedeck.core.runs.watch import LogState, RankLog, RunWatcher, Snapshot
@@ -26,6 +26,7 @@ from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.widgets.findings import FindingScreen, FindingsList
 from tunedeck.tui.widgets.hardware import HardwareView
 from tunedeck.tui.widgets.logview import LogView, SearchInput
+from tunedeck.tui.widgets.lossplot import LossPlot, RunSource
 from tunedeck.tui.widgets.nccl import NcclView
 from tunedeck.tui.widgets.panes import Pane, ScrollPane
 from tunedeck.tui.widgets.progress import ProgressView
@@ -95,7 +96,7 @@ class MonitorScreen(TunedeckScreen):
     MonitorScreen.-wide #progress-pane, MonitorScreen.-wide #hw-pane,
     MonitorScreen.-wide #nccl-pane { column-span: 2; }
     MonitorScreen.-wide #log-pane { column-span: 4; }
-    MonitorScreen #loss-label { height: 1; color: $text-muted; }
+    MonitorScreen #loss-plot { height: 1fr; }
     MonitorScreen #log-status { height: 1; color: $text-muted; }
     MonitorScreen #log-search { height: 1; border: none; padding: 0; display: none; }
     MonitorScreen #log-search.-open { display: block; }
@@ -119,9 +120,9 @@ class MonitorScreen(TunedeckScreen):
         with Container(id="panes"):
             with ScrollPane(id="progress-pane", title="progress"):
                 yield ProgressView(id="monitor-stats")
-            with ScrollPane(id="loss-pane", title="loss"):
-                yield Static("loss", id="loss-label")
-                yield Sparkline([], id="loss-spark")
+            with Pane(id="loss-pane", title="loss"):
+                # the whole run from run.db, zoomable; it queries in its own worker
+                yield LossPlot(RunSource.for_run_id(self.run_ref), id="loss-plot")
             with Pane(id="findings-pane", title="findings"):
                 yield FindingsList(id="findings-list")
             with ScrollPane(id="hw-pane", title="hardware"):
@@ -217,22 +218,9 @@ class MonitorScreen(TunedeckScreen):
         self.show_s.append(time.perf_counter() - t0)
 
     def _show_loss(self, snap: Snapshot) -> None:
-        """The placeholder loss pane (a label and a Sparkline); a chart that replaces them
-        inside #loss-pane reads its own data, and this does nothing."""
-        st = snap.loss_stats
-        labels = self.query("#loss-label").results(Static)
-        lbl = next(labels, None)
-        if st.get("last") is None or lbl is None or not self.query("#loss-spark"):
-            return
-        parts = [f"{st['last']:.4f}", f"min {st['min']:.4f}", f"first {st['first']:.3g}"]
-        if st.get("sampled"):
-            parts.append("sampled")
-        while len(parts) > 1 and len(" · ".join(parts)) > (lbl.size.width or 80):
-            parts.pop()     # what fits, most useful first
-        label = " · ".join(parts)
-        if str(lbl.content) != label:
-            lbl.update(label, layout=False)
-            self.query_one("#loss-spark", Sparkline).data = snap.loss_points
+        """The chart re-queries its visible window (following the newest steps when the
+        view is at the end); the query runs in the chart's own worker."""
+        self.query_one(LossPlot).refresh_data()
 
     def _show_findings(self, snap: Snapshot) -> None:
         box = self.query_one(FindingsList)
