@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from rich.text import Text
 from textual import on, work
+from textual.worker import get_current_worker
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -177,7 +178,8 @@ class RunsScreen(TunedeckScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._loading = threading.Lock()
+        self._wake = threading.Event()      # set: scan now (r, a delete, leaving)
+        self._stop = threading.Event()
         self.registry: Registry | None = None
         self.runs: list[RunInfo] = []          # every run, newest first (the registry's order)
         self.generation = -1
@@ -221,26 +223,38 @@ class RunsScreen(TunedeckScreen):
     def on_mount(self) -> None:
         self.query_one("#runs-empty").display = False
         self.registry = Registry()
-        self.load_runs()
-        self.set_interval(self.app.refresh_s, self.load_runs)
+        self.watch_registry()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+        self._wake.set()
 
     def now(self) -> float:
         return getattr(self.app, "clock", time.time)()
 
     # -- data (thread) ------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="runs-list", exit_on_error=False)
-    def load_runs(self) -> None:
-        if not self._loading.acquire(blocking=False):   # a slow listing is still running
-            return
-        try:
-            reg = self.registry
-            if reg is None:
-                return
+    def watch_registry(self) -> None:
+        """One thread for the screen's life: scan, post only what the list needs, sleep. (A
+        worker per tick cost more than the scan itself: each one posts its state changes to
+        the UI thread.)"""
+        reg = self.registry
+        assert reg is not None
+        worker = get_current_worker()
+        posted = -1
+        while not (self._stop.is_set() or worker.is_cancelled):
+            self._wake.clear()
             full, self._full_scan = self._full_scan, False
             runs = reg.scan(full=full)
-            self.post_message(RunsLoaded(runs, reg.generation))
-        finally:
-            self._loading.release()
+            if reg.generation != posted or self.now() >= self._ages_valid_until:
+                posted = reg.generation
+                self.post_message(RunsLoaded(runs, reg.generation))
+            self._wake.wait(self.app.refresh_s)
+
+    def load_runs(self, full: bool = False) -> None:
+        """Scan now instead of at the next tick."""
+        self._full_scan |= full
+        self._wake.set()
 
     # -- view (UI thread) ---------------------------------------------------------------
     @on(RunsLoaded)
@@ -250,10 +264,6 @@ class RunsScreen(TunedeckScreen):
             ids = {r.run_id for r in msg.runs}
             self.marked &= ids
             self._static = {k: v for k, v in self._static.items() if k in ids}
-        elif self.now() < self._ages_valid_until:
-            # the idle case: no run changed and no age on screen moved
-            self._repaint_if_widths_changed()
-            return
         self.redraw()
 
     def view(self) -> list[RunInfo]:
@@ -324,8 +334,9 @@ class RunsScreen(TunedeckScreen):
         self.query_one("#runs-empty").display = not self.runs
         table.display = bool(self.runs)
         self._update_header(len(runs))
-        if added or gone:
-            self.set_timer(0.05, self._repaint_if_widths_changed)
+        if added or gone:   # the table measures new cells when idle: look a few times
+            for delay in (0.05, 0.3, 1.0, 3.0):
+                self.set_timer(delay, self._repaint_if_widths_changed)
         self._repaint_if_widths_changed()
 
     def _repaint_if_widths_changed(self) -> None:
@@ -472,8 +483,7 @@ class RunsScreen(TunedeckScreen):
         self.push_lazy("compare", ids)
 
     def action_reload(self) -> None:
-        self._full_scan = True
-        self.load_runs()
+        self.load_runs(full=True)
 
     def action_cursor_down(self) -> None:
         self.query_one("#runs-table", DataTable).action_cursor_down()
