@@ -245,7 +245,14 @@ class RunsScreen(TunedeckScreen):
         while not (self._stop.is_set() or worker.is_cancelled):
             self._wake.clear()
             full, self._full_scan = self._full_scan, False
-            runs = reg.scan(full=full)
+            try:
+                runs = reg.scan(full=full)
+            except Exception as e:  # keep watching: one bad folder must not freeze the list
+                if posted != -2:
+                    self.post_message(Notice(f"reading the runs failed: {e}", "error"))
+                posted = -2
+                self._wake.wait(self.app.refresh_s)
+                continue
             if reg.generation != posted or self.now() >= self._ages_valid_until:
                 posted = reg.generation
                 self.post_message(RunsLoaded(runs, reg.generation))
