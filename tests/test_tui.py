@@ -33,7 +33,7 @@ async def test_runs_list_then_monitor_shows_last_loss(finished_demo, monkeypatch
         table = app.screen.query_one("#runs-table", DataTable)
         await _until(pilot, lambda: table.row_count == 1)
         row = table.get_row_at(0)
-        assert row[0] == run_id and "succeeded" in str(row[2])
+        assert row[1] == run_id and "succeeded" in str(row[3])   # column 0: the mark
         await pilot.press("enter")
         await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
                      and app.screen.loss_shown is not None)

@@ -9,27 +9,18 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator
 
-from textual.actions import parse
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from tunedeck.tui.screens.base import bound_commands
 from tunedeck.tui.screens.help import HelpScreen
 from tunedeck.tui.screens.runs import RunsScreen
 
 
 def screen_commands(screen: Screen) -> Iterator[tuple[str, str, str]]:
-    """(title, help, action) for each described binding of `screen` that its `check_action`
-    allows now, so the palette hides what the footer hides (a stop under --readonly)."""
-    seen: set[str] = set()
-    for b in screen.BINDINGS:
-        if not isinstance(b, Binding) or not b.description or b.action in seen:
-            continue
-        seen.add(b.action)
-        _, name, params = parse(b.action)
-        if screen.check_action(name, params) is False:
-            continue
-        yield b.description, f"key {b.key_display or b.key}", b.action
+    """The current screen's commands for ctrl+p (tunedeck.tui.screens.base.bound_commands)."""
+    return bound_commands(screen)
 
 
 class TunedeckApp(App):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import shutil
 import time
 import tomllib
@@ -27,16 +26,12 @@ from pathlib import Path
 
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import Checkpoint, complete_checkpoints, \
+    newest_checkpoint
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.registry import RunInfo, list_runs
 from tunedeck.core.runs.state import TERMINAL, pid_alive
 from tunedeck.core.spec import RunSpec, SpecError, load_spec
-
-# A checkpoint folder is complete once it holds trainer_state.json: the built-in trainer writes
-# it last and then renames the folder into place (core/train/checkpoint.py, not imported here
-# because it imports torch); the HF Trainer under ms-swift writes it after weights and optimizer.
-CHECKPOINT_DONE = "trainer_state.json"
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 RESUMABLE = ("stopped", "failed")
 # A run still "pending" with no agent this long after it was written never started (its launch
@@ -46,47 +41,6 @@ ABANDONED_S = 300.0
 
 class ManageError(ValueError):
     """Refused or impossible; the message says why."""
-
-
-# -- checkpoints ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Checkpoint:
-    path: Path
-    step: int
-
-
-def complete_checkpoints(output_dir: Path) -> list[Checkpoint]:
-    """Complete checkpoints of an output folder, oldest first: `<out>/checkpoint-N` (built-in
-    trainer, scripts) and `<out>/<version>/checkpoint-N` (ms-swift's `v0-<date>/`). Hidden
-    folders (a checkpoint being written or rotated away) never count."""
-    found: list[tuple[int, float, Path]] = []
-
-    def look(folder: Path, depth: int) -> None:
-        try:
-            entries = [e for e in os.scandir(folder)
-                       if not e.name.startswith(".") and e.is_dir()]
-        except OSError:
-            return
-        for e in entries:
-            m = _CHECKPOINT.fullmatch(e.name)
-            if m:
-                try:
-                    done = os.stat(Path(e.path) / CHECKPOINT_DONE)
-                except OSError:
-                    continue
-                found.append((int(m.group(1)), done.st_mtime, Path(e.path)))
-            elif depth == 0:
-                look(Path(e.path), 1)
-
-    look(Path(output_dir), 0)
-    # ms-swift restarts its step count in each version folder: the later write wins a tie
-    return [Checkpoint(p, step) for step, _, p in sorted(found)]
-
-
-def newest_checkpoint(output_dir: Path) -> Checkpoint | None:
-    done = complete_checkpoints(output_dir)
-    return done[-1] if done else None
 
 
 # -- a run's frozen spec and its folders -----------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -29,13 +28,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-STATE_FILE = "trainer_state.json"
+from tunedeck.core.rundir.checkpoints import STATE_FILE, checkpoint_path, newest_checkpoint
+from tunedeck.core.rundir.checkpoints import complete_checkpoints as _complete
+
 RNG_FILE = "rng_state.pt"
-_NAME = re.compile(r"checkpoint-(\d+)")
-
-
-def checkpoint_path(output_dir: Path, step: int) -> Path:
-    return output_dir / f"checkpoint-{step}"
 
 
 def write_checkpoint(output_dir: Path, step: int, write: Callable[[Path], None],
@@ -64,20 +60,13 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest step first."""
-    if not output_dir.is_dir():
-        return []
-    found = []
-    for p in output_dir.iterdir():
-        m = _NAME.fullmatch(p.name)
-        if m and p.is_dir() and (p / STATE_FILE).exists():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+    """Complete checkpoint folders of this trainer's output, oldest step first."""
+    return [c.path for c in _complete(output_dir, nested=False)]
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
-    done = complete_checkpoints(output_dir)
-    return done[-1] if done else None
+    c = newest_checkpoint(output_dir, nested=False)
+    return c.path if c else None
 
 
 def rotate(output_dir: Path, keep: int, protect: Path | None = None) -> list[Path]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from textual.actions import parse
 from textual.binding import Binding
 from textual.screen import ModalScreen, Screen
 
@@ -26,17 +27,21 @@ class ReadonlyAware:
         return True
 
     def commands(self) -> Iterator[tuple[str, str, str]]:
-        """(title, help, action) of this screen's bindings that are enabled now."""
-        seen: set[str] = set()
-        for b in getattr(self, "BINDINGS", []):
-            if not isinstance(b, Binding) or not b.description or b.action in seen:
-                continue
-            seen.add(b.action)
-            if self.check_action(b.action, ()) is False:
-                continue
-            keys = b.key_display or b.key
-            yield b.description, f"{keys}: {getattr(self, 'HELP', '')[:60]}".rstrip(": "), \
-                b.action
+        return bound_commands(self)
+
+
+def bound_commands(screen) -> Iterator[tuple[str, str, str]]:
+    """(title, help, action) for each described binding of `screen` that its `check_action`
+    allows now, so the palette hides what the footer hides (a stop under --readonly)."""
+    seen: set[str] = set()
+    for b in getattr(screen, "BINDINGS", []):
+        if not isinstance(b, Binding) or not b.description or b.action in seen:
+            continue
+        seen.add(b.action)
+        _, name, params = parse(b.action)
+        if screen.check_action(name, params) is False:
+            continue
+        yield b.description, f"key {b.key_display or b.key}", b.action
 
 
 class TunedeckScreen(ReadonlyAware, Screen):

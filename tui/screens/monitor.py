@@ -114,6 +114,7 @@ class MonitorScreen(TunedeckScreen):
         self._polling = threading.Lock()
         self._log_polling = threading.Lock()
         self._findings_seen = False
+        self._closed = False
 
     def compose(self) -> ComposeResult:
         yield TitleBar(f"monitor · {self.run_ref}")
@@ -150,8 +151,12 @@ class MonitorScreen(TunedeckScreen):
         self.set_class(width >= WIDE[0] and height >= WIDE[1], "-wide")
 
     def on_unmount(self) -> None:
-        if self.watcher is not None:
-            self.watcher.close()
+        # wait for a poll in flight: its SQLite connection must not close under it (seen:
+        # a segfault in findings() as the app shut down)
+        with self._polling:
+            self._closed = True
+            if self.watcher is not None:
+                self.watcher.close()
 
     # -- data (threads) ---------------------------------------------------------------
     @work(thread=True, exclusive=True, group="monitor-poll", exit_on_error=False)
@@ -161,7 +166,8 @@ class MonitorScreen(TunedeckScreen):
         if not self._polling.acquire(blocking=False):
             return
         try:
-            self._poll()
+            if not self._closed:
+                self._poll()
         finally:
             self._polling.release()
 

@@ -1,0 +1,61 @@
+"""Checkpoint folders in an output directory: the one place that knows what a complete one is.
+
+`<output_dir>/checkpoint-<step>/` (the built-in trainer, HF-Trainer scripts) or, under
+ms-swift, `<output_dir>/v<N>-<date>/checkpoint-<step>/`. A checkpoint is complete once it holds
+trainer_state.json: the built-in trainer writes it last into a hidden temp folder and renames
+the folder into place (tunedeck.core.train.checkpoint); the HF Trainer under ms-swift writes it
+after the weights and the optimizer. Hidden folders (being written, being rotated away) never
+count. No torch here: the CLI and the TUI read checkpoints too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_FILE = "trainer_state.json"
+_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+
+
+def checkpoint_path(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / f"checkpoint-{step}"
+
+
+def complete_checkpoints(output_dir: Path, nested: bool = True) -> list[Checkpoint]:
+    """Complete checkpoints, oldest step first; `nested` also looks one folder down
+    (ms-swift's version folders)."""
+    found: list[tuple[int, float, Path]] = []
+
+    def look(folder: Path, depth: int) -> None:
+        try:
+            entries = [e for e in os.scandir(folder)
+                       if not e.name.startswith(".") and e.is_dir()]
+        except OSError:
+            return
+        for e in entries:
+            m = _NAME.fullmatch(e.name)
+            if m:
+                try:
+                    done = os.stat(Path(e.path) / STATE_FILE)
+                except OSError:
+                    continue
+                found.append((int(m.group(1)), done.st_mtime, Path(e.path)))
+            elif depth == 0 and nested:
+                look(Path(e.path), 1)
+
+    look(Path(output_dir), 0)
+    # ms-swift restarts its step count in each version folder: the later write wins a tie
+    return [Checkpoint(p, step) for step, _, p in sorted(found)]
+
+
+def newest_checkpoint(output_dir: Path, nested: bool = True) -> Checkpoint | None:
+    done = complete_checkpoints(output_dir, nested)
+    return done[-1] if done else None
