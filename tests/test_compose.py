@@ -17,7 +17,8 @@ from tests.conftest import DEMO, REPO
 from tunedeck.core.spec import OPTIONS, RunSpec, load_spec, set_values
 from tunedeck.core.telemetry.fake import FakePynvml
 from tunedeck.core.telemetry.gpus import Gpu, GpuFacts, probe_gpus
-from tunedeck.tui.screens.compose import AdviceScreen, ComposeScreen, SavePrompt, widget_id
+from tunedeck.tui.screens.compose import AdviceScreen, ComposeScreen, widget_id
+from tunedeck.tui.screens.prompt import PromptScreen
 from tunedeck.tui.screens.preflight import PreflightScreen
 from tunedeck.tui.screens.presets import PresetPicker
 
@@ -185,7 +186,7 @@ async def test_save_writes_a_toml_that_loads_back_equal(gpus, tmp_path):
         await type_into(pilot, screen, "train.max_steps", "42")
         await type_into(pilot, screen, "method.target_modules", "q_proj v_proj")
         await pilot.press("ctrl+s")
-        await until(pilot, lambda: isinstance(pilot.app.screen, SavePrompt), what="prompt")
+        await until(pilot, lambda: isinstance(pilot.app.screen, PromptScreen), what="prompt")
         target = tmp_path / "nested" / "mine.toml"
         pilot.app.screen.query_one(Input).value = str(target)
         await pilot.press("enter")
@@ -378,3 +379,21 @@ def test_build_preview_runs_without_a_screen():
     data = build_preview(spec, h200s())
     assert not data.error and "--master_port 29500" in data.body.plain
     assert Path(DEMO).exists()
+
+
+async def test_go_to_a_field_by_its_key(gpus):
+    """ctrl+g: a form of ~60 fields is reached by key, the full one or its last word."""
+    screen = ComposeScreen(spec=demo_spec())
+    async with Host(screen).run_test(size=(120, 40)) as pilot:
+        await settled(pilot, screen)
+        for typed, key in (("max_steps", "train.max_steps"), ("cluster.master_port",
+                                                              "cluster.master_port")):
+            await pilot.press("ctrl+g")
+            await until(pilot, lambda: isinstance(pilot.app.screen, PromptScreen),
+                        what="prompt")
+            await pilot.press(*typed, "enter")
+            await until(pilot, lambda: pilot.app.screen is screen, what="the form")
+            await pilot.pause()
+            assert screen.focused is screen.query_one("#" + widget_id(key))
+        await pilot.press("ctrl+u", *"9", "tab")
+        await until(pilot, lambda: screen.spec.cluster.master_port == 9, what="the edit")

@@ -42,6 +42,7 @@ from tunedeck.core.spec import (GROUPS, OPTIONS, SECRET_PATTERN, Option, RunSpec
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
 from tunedeck.tui.screens.preflight import fmt_value, pin_port
+from tunedeck.tui.screens.prompt import PromptScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
 
 DEBOUNCE_S = 0.03        # edits closer together than this preview once, when they pause
@@ -291,34 +292,6 @@ class AdviceReady(Message):
 
 # -- dialogs -------------------------------------------------------------------------------
 
-class SavePrompt(TunedeckModal):
-    """Where to save the spec: a path, anywhere."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = """
-    SavePrompt { align: center middle; }
-    SavePrompt > Vertical {
-        width: 76; height: auto; padding: 1 2; border: thick $accent; background: $surface;
-    }
-    """
-
-    def __init__(self, default: str):
-        super().__init__()
-        self.default = default
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static("Save the spec as TOML (enter saves, esc cancels):")
-            yield Input(self.default, id="save-path")
-
-    @on(Input.Submitted)
-    def submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip() or None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
 class AdviceScreen(TunedeckModal):
     """The advisor's strategy for this spec on these GPUs; `a` puts its values in the form."""
 
@@ -369,6 +342,7 @@ class ComposeScreen(TunedeckScreen):
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "preset", "Preset"),
         Binding("ctrl+t", "advice", "Advice"),
+        Binding("ctrl+g", "goto", "Go to field"),
         Binding("escape", "back", "Back"),
         Binding("down", "app.focus_next", "Next field", show=False),
         Binding("up", "app.focus_previous", "Previous field", show=False),
@@ -770,6 +744,26 @@ class ComposeScreen(TunedeckScreen):
         self.notify(f"{what}: " + ", ".join(f"{k} = {fmt_value(v)}" for k, v in values.items()))
 
     # -- save ---------------------------------------------------------------------------------------
+    def action_goto(self) -> None:
+        """Focus a field by its key, or the end of one (`max_steps`, `lr` finds
+        `train.learning_rate` only by its full word: `learning_rate`)."""
+        def chosen(text: str | None) -> None:
+            if not text:
+                return
+            want = text.strip().lower()
+            rows = [r for r in self.rows() if r.display]
+            hit = next((r for r in rows if r.option.key == want), None) or next(
+                (r for r in rows if r.option.key.endswith("." + want)), None)
+            if hit is None:
+                self.notify(f"no field {text!r} shown for this spec", severity="warning")
+                return
+            focusable = hit.query("Input, Select, Checkbox, Switch").first()
+            focusable.focus()
+            hit.scroll_visible()
+
+        self.app.push_screen(PromptScreen("Go to the field (its key, e.g. train.max_steps or "
+                                          "max_steps):"), chosen)
+
     def action_save(self) -> None:
         if self.field_errors:
             self.notify("fix the fields first: " + "; ".join(self.field_errors.values()),
@@ -781,7 +775,7 @@ class ComposeScreen(TunedeckScreen):
             if text:
                 self._save(Path(text).expanduser(), self._save_spec())
 
-        self.app.push_screen(SavePrompt(default), chosen)
+        self.app.push_screen(PromptScreen("Save the spec as TOML:", value=default), chosen)
 
     def _save_spec(self) -> RunSpec:
         spec = copy.deepcopy(self.spec)
