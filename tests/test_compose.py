@@ -397,3 +397,22 @@ async def test_go_to_a_field_by_its_key(gpus):
             assert screen.focused is screen.query_one("#" + widget_id(key))
         await pilot.press("ctrl+u", *"9", "tab")
         await until(pilot, lambda: screen.spec.cluster.master_port == 9, what="the edit")
+
+
+async def test_a_value_put_in_the_form_leaves_the_cursor_at_its_end(gpus, tmp_path):
+    """A spec loaded into the form (a preset, a file): ctrl+u then clears the whole field,
+    not all but the tail of the new value."""
+    screen = ComposeScreen()          # name "run" typed-in state, then the preset arrives
+    async with Host(screen).run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: isinstance(pilot.app.screen, PresetPicker), what="picker")
+        picker = pilot.app.screen
+        table = picker.query_one(DataTable)
+        await until(pilot, lambda: table.row_count > 0, what="presets")
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        table.move_cursor(row=names.index("demo"))
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.spec.name == "demo", what="the preset")
+        name = screen.query_one("#" + widget_id("name"), Input)
+        name.focus()
+        await pilot.press("ctrl+u", *"e2e")
+        await until(pilot, lambda: screen.spec.name == "e2e", what="the new name")

@@ -379,7 +379,9 @@ async def test_new_findings_appear_with_a_notice(fx_home):
                                        cause="slow GPU", fix="check its clocks", rank=1,
                                        t=T0 + 400))
         await _until(pilot, lambda: len(box.findings) == 3, what="the new finding")
-        assert any("straggler" in n.message for n in app._notifications)
+        # notify() posts a message: the toast lands on the app's next turn, not at once
+        await _until(pilot, lambda: any("straggler" in n.message for n in app._notifications),
+                     what="the notice")
 
 
 async def test_tab_moves_between_panes_and_m_maximises(fx_home):

@@ -244,6 +244,9 @@ class FieldRow(Widget):
             text = field_text(self.option, value)
             if w.value != text:
                 w.value = text
+                # the cursor at the end, as after typing it (not where the old text left it:
+                # ctrl+u would then keep the tail of the new value)
+                w.cursor_position = len(text)
         elif w.value != value:
             w.value = value
         self.set_class(value != self.option.default, "-changed")
