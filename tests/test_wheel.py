@@ -93,6 +93,9 @@ def test_installed_wheel_runs_every_command_from_another_folder(wheel, tmp_path,
     (run,) = json.loads(td("ls", "--json").stdout)
     assert run["status"] == "succeeded" and run["step"] == 6
     rid = run["run_id"]
+    # the demo went through the same preflight checklist as every launch
+    state = json.loads(Path(run["run_dir"], "state.json").read_text())
+    assert state["preflight"]["status"] == "passed" and state["preflight"]["by"] == "cli"
     plan = json.loads(Path(run["run_dir"], "plan.json").read_text())
     assert plan["nodes"][0]["argv"][:3] == [str(py), "-m", "torch.distributed.run"]
     assert len(json.loads(td("metrics", rid, "--json").stdout)) == 6

@@ -233,10 +233,19 @@ def cmd_demo(args) -> int:
     if active:
         run_id = active[0].run_id
     else:
+        args.spec, args.json = PRESETS_DIR / "demo.toml", False
         try:
-            run_dir = launch(load_spec(PRESETS_DIR / "demo.toml", args.set))
-        except (SpecError, LaunchError) as e:
+            spec = load_spec(args.spec, args.set)
+        except SpecError as e:
             print(f"tunedeck: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        record = _preflight_gate(args, spec)   # the same checklist as every launch
+        if record is None:
+            return 1
+        try:
+            run_dir = launch(spec, preflight=record)
+        except (LaunchError, OSError, ValueError) as e:
+            print(f"tunedeck: launch failed: {e}", file=sys.stderr)
             return 1
         run_id = run_dir.name
         print(f"launched {run_id}", file=sys.stderr)
@@ -299,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="launch the CPU/GPU demo run and watch it in the TUI")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--no-tui", action="store_true", help="wait in the terminal instead")
+    s.add_argument("--no-preflight", action="store_true",
+                   help="launch without the preflight checklist (the run records it)")
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("tui", help="open the TUI (the default)")
