@@ -162,3 +162,31 @@ def make_run_dir(path: Path, **sections) -> Path:
     path.mkdir(parents=True)
     (path / "spec.toml").write_text(spec.to_toml())
     return path
+
+
+# -- TUI tests ------------------------------------------------------------------------------
+
+async def until(pilot, pred, timeout: float = 60.0, what: str = "condition"):
+    """Let the app run until `pred()` holds (it returns as soon as it does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await pilot.pause(0.03)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def screen_host(screen, readonly: bool = False, refresh_s: float = 0.2):
+    """A bare app that shows one screen (its own test of a screen, without the runs list)."""
+    from textual.app import App
+
+    class Host(App):
+        def __init__(self):
+            super().__init__()
+            self.readonly = readonly
+            self.refresh_s = refresh_s    # the monitor polls at the app's rate
+
+        def on_mount(self) -> None:
+            self.push_screen(screen)
+
+    return Host()

@@ -13,7 +13,7 @@ import pytest
 from textual.app import App
 from textual.widgets import DataTable, Input, Select
 
-from tests.conftest import DEMO, REPO
+from tests.conftest import DEMO, REPO, screen_host, until
 from tunedeck.core.spec import OPTIONS, RunSpec, load_spec, set_values
 from tunedeck.core.telemetry.fake import FakePynvml
 from tunedeck.core.telemetry.gpus import Gpu, GpuFacts, probe_gpus
@@ -39,26 +39,6 @@ def gpus(monkeypatch):
         monkeypatch.setattr(PreflightScreen, "gpu_probe", staticmethod(lambda: facts))
     use(GpuFacts(error="no GPU (recorded)"))
     return use
-
-
-class Host(App):
-    def __init__(self, screen, readonly: bool = False):
-        super().__init__()
-        self.first = screen
-        self.readonly = readonly
-        self.refresh_s = 0.2   # the monitor polls at the app's rate
-
-    def on_mount(self) -> None:
-        self.push_screen(self.first)
-
-
-async def until(pilot, pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def settled(pilot, screen: ComposeScreen, timeout: float = 60.0):
@@ -87,7 +67,7 @@ def shown(screen, key: str) -> bool:
 
 async def test_every_option_has_a_field_and_edits_change_the_command(gpus):
     screen = ComposeScreen(demo_spec(), DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         assert {r.option.key for r in screen.rows()} == set(OPTIONS)
         text = screen.preview_text()
@@ -107,7 +87,7 @@ async def test_every_option_has_a_field_and_edits_change_the_command(gpus):
 
 async def test_a_bad_value_shows_its_problem_under_the_field(gpus):
     screen = ComposeScreen(demo_spec(), DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         await type_into(pilot, screen, "train.max_steps", "ten")
         row = screen.row("train.max_steps")
@@ -137,7 +117,7 @@ async def test_a_bad_value_shows_its_problem_under_the_field(gpus):
 
 async def test_backend_and_strategy_decide_which_fields_show(gpus):
     screen = ComposeScreen(demo_spec(), DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         assert shown(screen, "train.max_steps") and shown(screen, "data.skip_bad_rows")
         assert not shown(screen, "swift.command") and not shown(screen, "script.path")
@@ -174,7 +154,7 @@ async def test_backend_and_strategy_decide_which_fields_show(gpus):
 
 async def test_save_writes_a_toml_that_loads_back_equal(gpus, tmp_path):
     screen = ComposeScreen(demo_spec(**{"env.HF_TOKEN": "hf_secret_value"}), DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         # the secret is masked in the form and in the preview, and survives an edit there
         env = screen.query_one("#" + widget_id("env"), Input)
@@ -204,7 +184,7 @@ async def test_port_is_picked_once_and_kept_for_the_launch(gpus):
     spec = demo_spec()
     assert spec.cluster.master_port == 0
     screen = ComposeScreen(spec, DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         port = screen.port
         assert port and f"--master_port {port}" in screen.preview_text()
@@ -235,7 +215,7 @@ async def test_estimate_turns_red_past_capacity_and_the_advice_is_one_key_away(g
     spec = demo_spec(**{"model.path": str(big), "data.max_length": 2048,
                         "train.per_device_batch_size": 2, "cluster.device": "cuda"})
     screen = ComposeScreen(spec, DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         text = screen.preview_text()
         assert screen.preview.fit == "fail", text
@@ -256,7 +236,7 @@ async def test_estimate_turns_red_past_capacity_and_the_advice_is_one_key_away(g
     # the same spec on H200s fits
     gpus(h200s())
     screen = ComposeScreen(spec, DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         assert screen.preview.fit == "pass"
         assert "GPU1 NVIDIA H200 139.8 GiB: fits" in screen.preview_text()
@@ -268,7 +248,7 @@ async def test_swift_preview_follows_without_importing_ms_swift(gpus):
     spec = load_spec(REPO / "presets" / "swift-ddp-lora-2gpu.toml")
     gpus(h200s())
     screen = ComposeScreen(spec)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen, timeout=240)
         text = screen.preview_text()
         assert "-m swift.cli.sft" in text and "--tuner_type lora" in text, text
@@ -285,7 +265,7 @@ async def test_swift_preview_follows_without_importing_ms_swift(gpus):
 
 async def test_new_run_starts_from_a_preset(gpus):
     screen = ComposeScreen()
-    async with Host(screen).run_test(size=(120, 40)) as pilot:
+    async with screen_host(screen).run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: isinstance(pilot.app.screen, PresetPicker), what="picker")
         picker = pilot.app.screen
         table = picker.query_one(DataTable)
@@ -310,7 +290,7 @@ async def test_open_a_spec_file_by_path_and_readonly_hides_launch_and_save(gpus,
     f = tmp_path / "mine.toml"
     f.write_text(f'name = "mine"\n[data]\npath = "{DEMO_DATA}"\n[train]\nmax_steps = 9\n')
     screen = ComposeScreen(path=f)
-    async with Host(screen, readonly=True).run_test(size=(100, 30)) as pilot:
+    async with screen_host(screen, readonly=True).run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: screen.spec.name == "mine", what="the file")
         assert screen.spec.train.max_steps == 9
         assert screen.check_action("launch", ()) is False
@@ -327,7 +307,7 @@ async def test_stale_previews_are_dropped_and_the_last_edit_wins(gpus):
     from tunedeck.tui.screens.compose import PreviewData, PreviewReady
 
     screen = ComposeScreen(demo_spec(), DEMO)
-    async with Host(screen).run_test(size=(160, 48)) as pilot:
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
         before = len(screen.latencies)
         inp = screen.query_one("#" + widget_id("cluster.cpu_procs"), Input)
@@ -354,7 +334,7 @@ def _snapshot_app(monkeypatch) -> App:
     spec = set_values(spec, {"data.path": "/data/chat.jsonl", "cluster.master_port": 29500,
                              "method.lora_rank": 16, "train.max_steps": 300,
                              "train.learning_rate": 2e-4, "train.save_steps": 100})
-    return Host(ComposeScreen(spec, title="snap"))
+    return screen_host(ComposeScreen(spec, title="snap"))
 
 
 async def _wait_preview(pilot) -> None:
@@ -384,7 +364,7 @@ def test_build_preview_runs_without_a_screen():
 async def test_go_to_a_field_by_its_key(gpus):
     """ctrl+g: a form of ~60 fields is reached by key, the full one or its last word."""
     screen = ComposeScreen(spec=demo_spec())
-    async with Host(screen).run_test(size=(120, 40)) as pilot:
+    async with screen_host(screen).run_test(size=(120, 40)) as pilot:
         await settled(pilot, screen)
         for typed, key in (("max_steps", "train.max_steps"), ("cluster.master_port",
                                                               "cluster.master_port")):
@@ -403,7 +383,7 @@ async def test_a_value_put_in_the_form_leaves_the_cursor_at_its_end(gpus, tmp_pa
     """A spec loaded into the form (a preset, a file): ctrl+u then clears the whole field,
     not all but the tail of the new value."""
     screen = ComposeScreen()          # name "run" typed-in state, then the preset arrives
-    async with Host(screen).run_test(size=(120, 40)) as pilot:
+    async with screen_host(screen).run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: isinstance(pilot.app.screen, PresetPicker), what="picker")
         picker = pilot.app.screen
         table = picker.query_one(DataTable)

@@ -12,7 +12,7 @@ import pytest
 from textual.app import App
 from textual.widgets import DataTable, Static
 
-from tests.conftest import DEMO, cli, cli_json, wait_for
+from tests.conftest import cli, cli_json, DEMO, screen_host, until, wait_for
 from tunedeck.core.preflight.base import CheckResult
 from tunedeck.core.spec import load_spec
 from tunedeck.core.telemetry.gpus import GpuFacts
@@ -23,30 +23,10 @@ from tunedeck.tui.screens.preflight import PreflightScreen
 HARMLESS_FAIL = "env.NCCL_SOCKET_IFNAME=nosuchif9"
 
 
-class Host(App):
-    def __init__(self, screen, readonly: bool = False):
-        super().__init__()
-        self.first = screen
-        self.readonly = readonly
-        self.refresh_s = 0.2   # the monitor polls at the app's rate
-
-    def on_mount(self) -> None:
-        self.push_screen(self.first)
-
-
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch):
     monkeypatch.setattr(PreflightScreen, "gpu_probe", staticmethod(
         lambda: GpuFacts(error="no GPU (recorded)")))
-
-
-async def until(pilot, pred, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def state_of(home, run_id: str) -> dict:
@@ -65,7 +45,7 @@ async def test_gate_blocks_a_taken_port_and_one_key_fixes_it(td_home):
         port = taken.getsockname()[1]
         spec = load_spec(DEMO, ["train.max_steps=3", f"cluster.master_port={port}"])
         screen = PreflightScreen(spec, DEMO)
-        async with Host(screen).run_test(size=(80, 24)) as pilot:
+        async with screen_host(screen).run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: screen.finished, what="the checks")
             table = screen.query_one("#checks", DataTable)
             first = table.coordinate_to_cell_key((0, 0)).row_key.value
@@ -99,7 +79,7 @@ async def test_gate_blocks_a_taken_port_and_one_key_fixes_it(td_home):
 async def test_override_is_a_second_key_and_the_run_records_it(td_home):
     spec = load_spec(DEMO, ["train.max_steps=3", HARMLESS_FAIL])
     screen = PreflightScreen(spec, DEMO)
-    async with Host(screen).run_test(size=(80, 24)) as pilot:
+    async with screen_host(screen).run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: screen.finished, what="the checks")
         assert [r.id for r in screen.failed()] == ["net.nccl_env"]
         assert not screen.results["net.nccl_env"].fix_set          # no value fixes it
@@ -127,7 +107,7 @@ async def test_override_is_a_second_key_and_the_run_records_it(td_home):
 async def test_readonly_hides_launch_and_override():
     spec = load_spec(DEMO, [HARMLESS_FAIL])
     screen = PreflightScreen(spec, DEMO)
-    async with Host(screen, readonly=True).run_test(size=(80, 24)) as pilot:
+    async with screen_host(screen, readonly=True).run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: screen.finished, what="the checks")
         assert screen.check_action("launch", ()) is False
         assert screen.check_action("override", ()) is False
@@ -138,7 +118,7 @@ async def test_readonly_hides_launch_and_override():
 async def test_detail_and_fix_sit_below_the_list_at_80x24():
     spec = load_spec(DEMO, ["data.num_workers=64"])     # host.cores warns, with a value fix
     screen = PreflightScreen(spec, DEMO, gate=False)
-    async with Host(screen).run_test(size=(80, 24)) as pilot:
+    async with screen_host(screen).run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: screen.finished, what="the checks")
         table = screen.query_one("#checks", DataTable)
         box = screen.query_one("#check-detail-box")
@@ -216,7 +196,7 @@ def _snapshot_app(monkeypatch) -> App:
     monkeypatch.setattr("tunedeck.core.preflight.run_checks", fixed_checks)
     spec = load_spec(DEMO, ["cluster.master_port=29500"])
     spec.name = "snap"
-    return Host(PreflightScreen(spec))
+    return screen_host(PreflightScreen(spec))
 
 
 async def _finished(pilot) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from textual.widgets._footer import FooterKey
 
 import tunedeck.tui.screens as screens_pkg
 from tests.test_manage import T0, make_run
+from tests.conftest import until as _until
 from tunedeck.core.spec import load_spec
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens.base import ReadonlyAware
@@ -90,15 +90,6 @@ def home(tmp_path, monkeypatch) -> Path:
     make_run(home / "runs", RUN_A, created=T0, checkpoints=(100,))
     make_run(home / "runs", RUN_B, status="stopped", created=T0 + 60, checkpoints=(50,))
     return home
-
-
-async def _until(pilot, pred, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _visible(app, screen) -> tuple[set[str], set[str], set[str], set[str]]:

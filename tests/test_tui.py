@@ -11,6 +11,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from tests.conftest import REPO, wait_for
+from tests.conftest import until as _until
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.help import HelpScreen
@@ -122,17 +123,6 @@ def test_tui_in_a_real_terminal(finished_demo, tmux):
     wait_for(lambda: f"loss {last['loss']:.4f}" in tmux.screen("tui"), 30, "the monitor")
     tmux.keys("tui", "q")
     wait_for(lambda: not tmux.alive("tui"), 15, "quit")
-
-
-async def _until(pilot, pred, timeout: float = 30.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 from textual.app import App
 from textual.widgets import Static
 
+from tests.conftest import until
 from tunedeck.core.rundir import RunDir, write_json_atomic
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.runs.store import Store
@@ -57,14 +58,6 @@ class ChartApp(App):
 
     def compose(self):
         yield LossPlot(self.source, id="plot", **self.kw)
-
-
-async def until(pilot, pred, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the plot")
-        await pilot.pause(0.02)
 
 
 async def settled(pilot, plot: LossPlot):

@@ -15,13 +15,13 @@ import json
 import math
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 from textual.widgets import Footer
 
 from tests.conftest import DEMO, REPO, cli, cli_json, wait_for
+from tests.conftest import until as _until
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.runs.store import Store
@@ -151,15 +151,6 @@ def fx_home(tmp_path, monkeypatch) -> Path:
     build_run(home)
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     return home
-
-
-async def _until(pilot, pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"{what}: not met in {timeout}s")
 
 
 def _ready(app) -> bool:

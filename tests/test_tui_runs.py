@@ -11,7 +11,6 @@ Screens other modules own (compose, preflight, compare) are swapped for recorder
 from __future__ import annotations
 
 import inspect
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 
 from tests.test_manage import T0, make_run, write_checkpoint
+from tests.conftest import until
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens import runs as runs_mod
@@ -73,15 +73,6 @@ def recorder(monkeypatch, which: str, name: str) -> list[tuple[tuple, dict]]:
 
 def app_for(**kw) -> TunedeckApp:
     return TunedeckApp(refresh_s=0.1, clock=lambda: NOW, **kw)
-
-
-async def until(pilot, pred, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 async def loaded(app, pilot, n: int = len(RUNS)) -> tuple[RunsScreen, DataTable]:

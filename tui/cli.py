@@ -27,7 +27,6 @@ EXIT_USAGE = 2
 # -- subcommands -------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
-    from tunedeck.core.runs.launch import LaunchError, launch
     from tunedeck.core.spec import SpecError, load_spec
 
     try:
@@ -44,13 +43,8 @@ def cmd_launch(args) -> int:
         print(p.script, end="")
         print(f"# {p.summary}")
         return 0
-    record = _preflight_gate(args, spec)
-    if record is None:
-        return 1
-    try:
-        run_dir = launch(spec, preflight=record)
-    except (LaunchError, OSError, ValueError) as e:
-        print(f"tunedeck: launch failed: {e}", file=sys.stderr)
+    run_dir = _gated_launch(args, spec)
+    if run_dir is None:
         return 1
     run_id = run_dir.name
     if args.json:
@@ -61,6 +55,20 @@ def cmd_launch(args) -> int:
     if args.wait:
         return _wait(run_id, quiet=args.json)
     return 0
+
+
+def _gated_launch(args, spec):
+    """The preflight gate, then the launch; the run directory, or None (said why)."""
+    from tunedeck.core.runs.launch import LaunchError, launch
+
+    record = _preflight_gate(args, spec)
+    if record is None:
+        return None
+    try:
+        return launch(spec, preflight=record)
+    except (LaunchError, OSError, ValueError) as e:
+        print(f"tunedeck: launch failed: {e}", file=sys.stderr)
+        return None
 
 
 def _preflight_gate(args, spec) -> dict | None:
@@ -226,7 +234,6 @@ def cmd_tui(args) -> int:
 
 def cmd_demo(args) -> int:
     """Launch the demo preset (unless one is already running) and open it in the TUI."""
-    from tunedeck.core.runs.launch import LaunchError, launch
     from tunedeck.core.spec import SpecError, load_spec
 
     active = [r for r in list_runs() if r.name == "demo" and r.active]
@@ -239,13 +246,8 @@ def cmd_demo(args) -> int:
         except SpecError as e:
             print(f"tunedeck: {e}", file=sys.stderr)
             return EXIT_USAGE
-        record = _preflight_gate(args, spec)   # the same checklist as every launch
-        if record is None:
-            return 1
-        try:
-            run_dir = launch(spec, preflight=record)
-        except (LaunchError, OSError, ValueError) as e:
-            print(f"tunedeck: launch failed: {e}", file=sys.stderr)
+        run_dir = _gated_launch(args, spec)   # the same checklist as every launch
+        if run_dir is None:
             return 1
         run_id = run_dir.name
         print(f"launched {run_id}", file=sys.stderr)
