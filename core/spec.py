@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import tomllib
 import typing
@@ -29,15 +30,29 @@ class SpecError(ValueError):
 
 
 def opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None,
-        min: float | None = None, factory: Any = None, when: dict[str, Any] | None = None,
-        group: str | None = None) -> Any:
-    """`when`: {dotted key: allowed values (a tuple) or a predicate}; the option matters only
+        min: float | None = None, max: float | None = None, factory: Any = None,
+        when: dict[str, Any] | None = None, group: str | None = None) -> Any:
+    """`min`/`max`: inclusive bounds of a number (every int and float option declares both;
+    floats are also always finite: no nan, no inf).
+    `when`: {dotted key: allowed values (a tuple) or a predicate}; the option matters only
     when every listed key agrees (the form hides it otherwise; loading ignores it).
     `group`: the form section, when not the one of its table (GROUP_OF_TABLE)."""
-    meta = {"help": help, "choices": choices, "min": min, "when": when, "group": group}
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "when": when,
+            "group": group}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# -- bounds ----------------------------------------------------------------------------------
+
+INT32 = 2**31 - 1          # counts that reach ms-swift / Megatron / torch as C ints
+SEED_MAX = 2**32 - 1       # numpy's seed range (torch takes more; ms-swift seeds numpy too)
+DAY_S = 86400.0
+# Linux's MAX_ARG_STRLEN: one argument or one NAME=VALUE of a new process, its NUL included;
+# a longer one makes exec fail (E2BIG), which crashed the agent
+ARG_MAX_BYTES = 131072
+RESERVED_ENV = "TUNEDECK_"  # the run's id, folder and attempt: set by tunedeck for every rank
 
 
 # -- applicability (`when=`) -----------------------------------------------------------------
@@ -67,14 +82,16 @@ class DataSpec:
     path: str = opt("", help="Training data (.jsonl or .json; see data.format); relative "
                     "paths are resolved from the spec file's folder")
     max_length: int = opt(128, help="Tokens per sample; longer samples are truncated", min=8,
+                          max=1 << 24,
                           when={"backend": TRAINERS})
-    num_workers: int = opt(0, help="DataLoader worker processes per rank", min=0,
+    num_workers: int = opt(0, help="DataLoader worker processes per rank", min=0, max=512,
                            when={"backend": TRAINERS})
     format: str = opt("auto", help="Row format; auto detects it from the first row",
                       choices=("auto", "messages", "query_response", "alpaca", "self_cognition"),
                       when={"backend": TRAINERS})
     val_split: float = opt(0.0, help="Rows held out for eval: a fraction below 1, a row count "
-                           "from 1 up (0 = none)", min=0.0, when={"backend": TRAINERS})
+                           "from 1 up (0 = none)", min=0.0, max=float(INT32),
+                           when={"backend": TRAINERS})
     val_path: str = opt("", help="Separate eval file; overrides data.val_split",
                         when={"backend": TRAINERS})
     truncation: str = opt("right", help="What to do with samples over max_length",
@@ -93,11 +110,11 @@ class DataSpec:
 class MethodSpec:
     type: str = opt("lora", help="Fine-tuning method", choices=("full", "lora", "qlora"),
                     when={"backend": TRAINERS})
-    lora_rank: int = opt(8, help="LoRA rank r", min=1,
+    lora_rank: int = opt(8, help="LoRA rank r", min=1, max=1 << 16,
                          when={"backend": TRAINERS, "method.type": LORA})
-    lora_alpha: int = opt(16, help="LoRA alpha (scaling = alpha / r)", min=1,
+    lora_alpha: int = opt(16, help="LoRA alpha (scaling = alpha / r)", min=1, max=1 << 20,
                           when={"backend": TRAINERS, "method.type": LORA})
-    lora_dropout: float = opt(0.0, help="Dropout on the LoRA branch", min=0.0,
+    lora_dropout: float = opt(0.0, help="Dropout on the LoRA branch", min=0.0, max=1.0,
                               when={"backend": TRAINERS, "method.type": LORA})
     target_modules: list[str] = opt(help="Modules LoRA adapts; [\"all-linear\"] for every linear "
                                     "layer but the output head", factory=lambda: ["all-linear"],
@@ -111,27 +128,33 @@ class MethodSpec:
 
 @dataclass
 class TrainSpec:
-    max_steps: int = opt(100, help="Optimizer steps to run", min=1, when={"backend": TRAINERS})
+    max_steps: int = opt(100, help="Optimizer steps to run", min=1, max=INT32,
+                        when={"backend": TRAINERS})
     per_device_batch_size: int = opt(4, help="Samples per rank per micro-step", min=1,
+                                     max=1 << 20,
                                      when={"backend": TRAINERS})
     grad_accum: int = opt(1, help="Micro-steps accumulated per optimizer step", min=1,
+                          max=1 << 20,
                           when={"backend": TRAINERS})
-    learning_rate: float = opt(1e-4, help="Peak learning rate", min=0.0,
+    learning_rate: float = opt(1e-4, help="Peak learning rate", min=0.0, max=1e3,
                                when={"backend": TRAINERS})
-    weight_decay: float = opt(0.0, help="AdamW weight decay", min=0.0,
+    weight_decay: float = opt(0.0, help="AdamW weight decay", min=0.0, max=1e3,
                               when={"backend": TRAINERS})
-    warmup_steps: int = opt(0, help="Linear warm-up steps", min=0, when={"backend": TRAINERS})
+    warmup_steps: int = opt(0, help="Linear warm-up steps", min=0, max=INT32,
+                           when={"backend": TRAINERS})
     lr_scheduler: str = opt("cosine", help="Decay after warm-up",
                             choices=("cosine", "linear", "constant"), when={"backend": TRAINERS})
     max_grad_norm: float = opt(1.0, help="Gradient clipping norm; 0 disables", min=0.0,
+                               max=1e6,
                                when={"backend": TRAINERS})
-    seed: int = opt(42, help="Seed for weights init, LoRA init and data order",
+    seed: int = opt(42, help="Seed for weights init, LoRA init and data order", min=0,
+                    max=SEED_MAX,
                     when={"backend": TRAINERS})
     save_steps: int = opt(0, help="Checkpoint every N steps; 0 = only at the end and on stop",
-                          min=0, when={"backend": TRAINERS}, group="checkpoints")
+                          min=0, max=INT32, when={"backend": TRAINERS}, group="checkpoints")
     save_total_limit: int = opt(0, help="Keep only the newest N checkpoints; 0 = keep all",
-                                min=0, when={"backend": TRAINERS}, group="checkpoints")
-    eval_steps: int = opt(0, help="Eval loss every N steps; 0 = never", min=0,
+                                min=0, max=INT32, when={"backend": TRAINERS}, group="checkpoints")
+    eval_steps: int = opt(0, help="Eval loss every N steps; 0 = never", min=0, max=INT32,
                           when={"backend": TRAINERS})
     gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to "
                                        "save memory", when={"backend": TRAINERS})
@@ -153,13 +176,13 @@ class ParallelSpec:
     zero_offload: str = opt("none", help="DeepSpeed offload target",
                             choices=("none", "optimizer", "all"),
                             when={"backend": ("swift",), "parallel.strategy": ("deepspeed",)})
-    tp: int = opt(1, help="Megatron tensor-parallel size", min=1,
+    tp: int = opt(1, help="Megatron tensor-parallel size", min=1, max=1 << 16,
                   when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    pp: int = opt(1, help="Megatron pipeline-parallel size", min=1,
+    pp: int = opt(1, help="Megatron pipeline-parallel size", min=1, max=1 << 16,
                   when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    cp: int = opt(1, help="Megatron context-parallel size", min=1,
+    cp: int = opt(1, help="Megatron context-parallel size", min=1, max=1 << 16,
                   when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    ep: int = opt(1, help="Megatron expert-parallel size", min=1,
+    ep: int = opt(1, help="Megatron expert-parallel size", min=1, max=1 << 16,
                   when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
     sequence_parallel: bool = opt(False, help="Megatron sequence parallel (needs tp > 1)",
                                   when={"backend": ("swift",),
@@ -168,10 +191,11 @@ class ParallelSpec:
 
 @dataclass
 class ClusterSpec:
-    nnodes: int = opt(1, help="Number of nodes", min=1)
+    nnodes: int = opt(1, help="Number of nodes", min=1, max=1 << 16)
     nproc_per_node: int = opt(0, help="Processes per node; 0 = one per visible GPU, or "
-                              "cluster.cpu_procs without GPUs", min=0)
+                              "cluster.cpu_procs without GPUs", min=0, max=1024)
     cpu_procs: int = opt(2, help="Processes per node when no GPU is present", min=1,
+                         max=1024,
                          when={"cluster.device": ("auto", "cpu")})
     gpus: str = opt("", help="CUDA_VISIBLE_DEVICES for the run, e.g. \"0,1\"; empty = all",
                     when={"cluster.device": ("auto", "cuda")})
@@ -179,28 +203,32 @@ class ClusterSpec:
     dist_backend: str = opt("auto", help="torch.distributed backend; auto = nccl on GPUs, "
                             "gloo on CPU", choices=("auto", "nccl", "gloo"))
     master_addr: str = opt("127.0.0.1", help="Rendezvous host (node 0)")
-    master_port: int = opt(0, help="Rendezvous port; 0 = pick a free one at launch", min=0)
-    node_rank: int = opt(0, help="This node's rank", min=0,
+    master_port: int = opt(0, help="Rendezvous port; 0 = pick a free one at launch", min=0,
+                           max=65535)
+    node_rank: int = opt(0, help="This node's rank", min=0, max=(1 << 16) - 1,
                          when={"cluster.nnodes": _multi_node})
     join_timeout_s: int = opt(600, help="Seconds a node waits for its peers to join", min=1,
+                              max=INT32,
                               when={"cluster.nnodes": _multi_node})
     collective_timeout_s: int = opt(0, help="Seconds a collective waits for every rank "
                                     "before the run fails (NCCL watchdog; ms-swift "
                                     "--ddp_timeout); 0 = the default (torch: 10 min, "
-                                    "ms-swift: 208 days)", min=0, when={"backend": TRAINERS})
+                                    "ms-swift: 208 days)", min=0, max=INT32,
+                                    when={"backend": TRAINERS})
 
 
 @dataclass
 class RunPolicy:
     max_restarts: int = opt(0, help="torchrun restarts of the worker group after a failure",
-                            min=0)
+                            min=0, max=10_000)
     stop_grace_s: float = opt(60.0, help="Seconds a graceful stop waits before SIGKILL",
-                              min=0.0)
+                              min=0.0, max=7 * DAY_S)
     output_dir: str = opt("", help="Where checkpoints go; empty = <run dir>/output",
                           group="checkpoints")
     restart_pause_s: float = opt(5.0, help="Pause between a failure and the next attempt",
-                                 min=0.0)
-    telemetry_interval_s: float = opt(1.0, help="Seconds between telemetry samples", min=0.1)
+                                 min=0.0, max=DAY_S)
+    telemetry_interval_s: float = opt(1.0, help="Seconds between telemetry samples", min=0.1,
+                                      max=3600.0)
     dataloader_probe: bool = opt(True, help="Time DataLoader waits in ms-swift/HF/script ranks "
                                  "(a small probe injected at launch)",
                                  when={"backend": ("swift", "script")})
@@ -273,6 +301,7 @@ class Option:
     min: float | None
     when: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     group: str = ""   # the form section (GROUPS)
+    max: float | None = None
 
     def applies(self, spec: "RunSpec") -> bool:
         """Whether this option matters for `spec` (its backend, strategy, method...)."""
@@ -312,7 +341,7 @@ def options(cls: type = RunSpec, prefix: str = "") -> list[Option]:
         group = f.metadata.get("group") or GROUP_OF_TABLE[prefix.rstrip(".")]
         out.append(Option(key, typ, default, f.metadata.get("help", ""),
                           f.metadata.get("choices"), f.metadata.get("min"),
-                          f.metadata.get("when"), group))
+                          f.metadata.get("when"), group, f.metadata.get("max")))
     return out
 
 
@@ -333,14 +362,9 @@ def check_option(key: str, value: Any) -> tuple[Any, str | None]:
     """(the value as stored, the problem naming the key or None): the check every TOML value
     and `--set` goes through, for one value from anywhere else (a form field, a fix)."""
     if key.startswith("env."):
-        name = key[4:]
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            return value, f"{key}: not a valid environment variable name"
         if value is None:
-            return None, None
-        if not isinstance(value, (str, int, float, bool)):
-            return value, f"{key} must be a string, number or boolean"
-        return (str(value).lower() if isinstance(value, bool) else str(value)), None
+            return None, _env_name_problem(key[4:])
+        return _check_env_var(key[4:], value)
     opt_ = OPTIONS.get(key)
     if opt_ is None:
         near = [k for k in OPTIONS if k.split(".")[-1] == key.split(".")[-1]]
@@ -371,10 +395,7 @@ def parse_value(key: str, text: str) -> tuple[Any, str | None]:
             if not eq:
                 return text, f"{key}: {w!r} is not NAME=VALUE"
             env[name] = val
-        value, err = check_option(key, env)
-        bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-        return value, err or (f"env.{bad[0]}: not a valid environment variable name"
-                              if bad else None)
+        return check_option(key, env)
     text = text.strip()
     if not text:
         return text, f"{key} must be {_type_name(typ)}, got nothing"
@@ -447,6 +468,69 @@ def _type_name(typ: Any) -> str:
     return getattr(typ, "__name__", None) or str(typ).replace("typing.", "")
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """A value for a message: its repr, cut short (a 1 MB string stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"…({len(text):,} chars)"
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _text_problem(key: str, text: str, extra_bytes: int = 0) -> str | None:
+    """Why `text` cannot be one argument or variable of a process, or None. `extra_bytes`: what
+    the OS counts besides it (`NAME=` of a variable)."""
+    if "\x00" in text:
+        return f"{key}: a NUL character cannot be passed to a process"
+    try:
+        n = len(text.encode("utf-8")) + extra_bytes + 1
+    except UnicodeEncodeError:
+        return f"{key}: not valid Unicode text (a lone surrogate)"
+    if n > ARG_MAX_BYTES:
+        return (f"{key}: {n} bytes is over the OS limit of {ARG_MAX_BYTES} bytes for one "
+                f"argument or environment variable (NAME=VALUE and its NUL)")
+    return None
+
+
+def _env_name_problem(name: str) -> str | None:
+    key = f"env.{name}"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return f"{key}: not a valid environment variable name"
+    if name.startswith(RESERVED_ENV):
+        return (f"{key}: {RESERVED_ENV}* variables are set by tunedeck itself (the run's id, "
+                f"folder and attempt); use another name")
+    return None
+
+
+def _check_env_var(name: str, value: Any) -> tuple[Any, str | None]:
+    """One variable of the env table: (its value as stored, the problem or None)."""
+    key = f"env.{name}"
+    err = _env_name_problem(name)
+    if err:
+        return value, err
+    if not isinstance(value, (str, int, float, bool)):
+        return value, f"{key} must be a string, number or boolean"
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return text, _text_problem(key, text, len(name.encode("utf-8", "replace")) + 1)
+
+
+def _check_env(key: str, value: Any) -> tuple[Any, list[tuple[str, str]]]:
+    """The env table: (the variables as stored, [(env.NAME, problem)])."""
+    if not isinstance(value, dict):
+        return value, [(key, f"{key} must be a table of NAME = value, got "
+                             f"{type(value).__name__} {_short(value)}")]
+    out: dict[str, str] = {}
+    problems = []
+    for name, v in value.items():
+        v, err = _check_env_var(str(name), v)
+        if err:
+            problems.append((f"env.{name}", err))
+        else:
+            out[str(name)] = v
+    return out, problems
+
+
 def _check_value(key: str, typ: Any, value: Any, opt_: Option | None) -> tuple[Any, str | None]:
     origin = typing.get_origin(typ)
     if typ is bool:
@@ -456,7 +540,10 @@ def _check_value(key: str, typ: Any, value: Any, opt_: Option | None) -> tuple[A
     elif typ is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if ok:
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:       # an int too large for a float
+                value = math.inf if value > 0 else -math.inf
     elif typ is str:
         ok = isinstance(value, str)
     elif origin is list:
@@ -465,22 +552,28 @@ def _check_value(key: str, typ: Any, value: Any, opt_: Option | None) -> tuple[A
             value = [value]
         ok = isinstance(value, list) and all(isinstance(v, item) for v in value)
     elif origin is dict:
-        ok = isinstance(value, dict)
-        if ok:
-            bad = [k for k, v in value.items() if not isinstance(v, (str, int, float, bool))]
-            if bad:
-                return value, f"{key}.{bad[0]} must be a string, number or boolean"
-            value = {str(k): (str(v).lower() if isinstance(v, bool) else str(v))
-                     for k, v in value.items()}
+        value, problems = _check_env(key, value)
+        return value, (problems[0][1] if problems else None)
     else:  # pragma: no cover - every declared type is handled above
         ok = True
     if not ok:
         return value, (f"{key} must be {_type_name(typ)}, got {type(value).__name__} "
-                       f"{value!r}")
+                       f"{_short(value)}")
+    if typ is float and not math.isfinite(value):
+        return value, f"{key} must be a finite number, got {value!r}"
     if opt_ and opt_.choices and value not in opt_.choices:
-        return value, f"{key} must be one of {', '.join(map(str, opt_.choices))}, got {value!r}"
-    if opt_ and opt_.min is not None and isinstance(value, (int, float)) and value < opt_.min:
-        return value, f"{key} must be >= {opt_.min:g}, got {value!r}"
+        return value, (f"{key} must be one of {', '.join(map(str, opt_.choices))}, "
+                       f"got {_short(value)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and opt_:
+        if opt_.min is not None and value < opt_.min:
+            return value, f"{key} must be >= {_bound(opt_.min)}, got {_short(value)}"
+        if opt_.max is not None and value > opt_.max:
+            return value, f"{key} must be <= {_bound(opt_.max)}, got {_short(value)}"
+    for text in (value if isinstance(value, list) else [value] if isinstance(value, str)
+                 else []):
+        err = _text_problem(key, text)
+        if err:
+            return value, err
     return value, None
 
 
@@ -507,6 +600,11 @@ def _build(cls: type, raw: dict[str, Any], prefix: str, problems: list[str],
                 continue
             kwargs[name] = _build(typ, value, key + ".", problems, where)
             continue
+        if typing.get_origin(typ) is dict:       # the env table: one line per variable
+            value, errs = _check_env(key, value)
+            problems.extend(where(k) + err for k, err in errs)
+            kwargs[name] = value
+            continue
         value, err = _check_value(key, typ, value, OPTIONS.get(key))
         if err:
             problems.append(where(key) + err)
@@ -523,8 +621,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, _, value = text.partition("=")
     key = key.strip()
     try:
-        parsed = tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
+        doc = tomllib.loads(f"v = {value}")
+        parsed = doc["v"] if list(doc) == ["v"] else value   # `1\nx = 2` is not one literal
+    except (tomllib.TOMLDecodeError, RecursionError):
         parsed = value
     return key, parsed
 
@@ -554,6 +653,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        raise SpecError([f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                         f"{e.start}); save the spec as UTF-8"]) from None
     return loads_spec(text, source=str(path), base_dir=path.resolve().parent,
                       overrides=overrides)
 
@@ -564,6 +666,9 @@ def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"{source}: not valid TOML: {e}"]) from None
+    except RecursionError:
+        raise SpecError([f"{source}: not valid TOML for a spec: arrays or tables nested too "
+                         "deep"]) from None
     locator = _Locator(text, source)
     problems: list[str] = []
     override_keys: set[str] = set()
@@ -578,7 +683,7 @@ def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
         return f"--set {key}: " if key in override_keys else locator.where(key)
 
     spec = _build(RunSpec, raw, "", problems, where)
-    problems.extend(cross_checks(spec))
+    problems.extend(_between_keys(spec))
     if problems:
         raise SpecError(problems)
     if base_dir is not None:
@@ -587,6 +692,26 @@ def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
 
 
 def cross_checks(spec: RunSpec) -> list[str]:
+    """Everything loading a file checks, for a spec that no file went through (a form's, a
+    run's): every value against its declaration, then the rules between keys. Every message
+    starts with a key it names."""
+    return value_problems(spec) + _between_keys(spec)
+
+
+def value_problems(spec: RunSpec) -> list[str]:
+    """Each value of `spec` against its option's declaration (type, choices, bounds, text)."""
+    out = []
+    for key, o in OPTIONS.items():
+        if typing.get_origin(o.type) is dict:
+            out.extend(err for _, err in _check_env(key, get_value(spec, key))[1])
+            continue
+        _, err = _check_value(key, o.type, get_value(spec, key), o)
+        if err:
+            out.append(err)
+    return out
+
+
+def _between_keys(spec: RunSpec) -> list[str]:
     """Rules between keys; every message starts with a key it names."""
     out = []
     if spec.backend == "builtin" and not spec.data.path:
@@ -603,9 +728,6 @@ def cross_checks(spec: RunSpec) -> list[str]:
         out.append("parallel.sequence_parallel needs parallel.tp > 1")
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
-    for k in spec.env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            out.append(f"env.{k}: not a valid environment variable name")
     return out
 
 
@@ -622,28 +744,81 @@ def resolve_paths(spec: RunSpec, base: Path) -> None:
             spec.model.path = str((base / mp).resolve())
 
 
-# AUTH but not AUTHOR (ms-swift's --model_author is a name, not a secret)
-SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL"
-                            r"|AUTH(?!OR))", re.I)
+# -- secrets -----------------------------------------------------------------------------
+#
+# The one set of masking rules: every file, preview, export, import header and log line that
+# shows a command or an environment masks through these (`mask_env`, `mask_argv`, `mask_spec`).
+#
+# A name (a variable, a flag without its dashes, a hydra key) is a credential when one of its
+# word parts is a credential word. Parts are split at anything but a letter (`_ - . 0-9`) and at
+# a camelCase step, in UPPER, lower or Capitalised form: HF_TOKEN, DB_PASS, MY_API_KEY,
+# --api-key, --hub_token, hubToken, GITHUB_TOKEN2, AWS_SECRET_ACCESS_KEY. A credential word
+# inside a longer word is not one: KEYBOARD, TOKENIZERS_PARALLELISM, --model_author, AUTHOR,
+# BYPASS, monkey, --max_new_tokens (TOKENS, a count, is not in the list). Names that carry a
+# credential word but hold none (SSH_AUTH_SOCK, ms-swift's --moe_token_dispatcher_type) are
+# masked too: a hidden harmless value costs a look at the spec; a shown secret cannot be
+# taken back.
+
+SECRET_WORDS = ("TOKEN", "KEY", "APIKEY", "SECRET", "PASS", "PASSWD", "PASSWORD", "PASSPHRASE",
+                "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "AUTHORIZATION")
+MASK = "****"
+
+
+def _word_forms(word: str) -> list[str]:
+    up, low, cap = word, word.lower(), word.capitalize()
+    return [rf"(?<![A-Z]){up}(?![A-Za-z])",      # HF_TOKEN, TOKEN2, myTOKEN
+            rf"(?<![A-Za-z]){low}(?![a-z])",     # hub_token, api-key, tokenFile
+            rf"{cap}(?![a-z])"]                  # hubToken, HFToken
+
+
+SECRET_PATTERN = re.compile("|".join(f for w in SECRET_WORDS for f in _word_forms(w)))
+_ASSIGN = re.compile(r"([+~]*[A-Za-z_][\w.\-]*)=(.*)", re.S)   # NAME=value, +a.b_key=value
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or flag name (dashes allowed) names a credential (rules above)."""
+    return bool(SECRET_PATTERN.search(name))
 
 
 def mask_env(env: dict[str, str]) -> dict[str, str]:
-    """Environment safe to show or save: secret-looking values become ****."""
-    return {k: ("****" if SECRET_PATTERN.search(k) and v else v) for k, v in env.items()}
+    """Environment safe to show or save: the values of credential names become ****."""
+    return {k: (MASK if is_secret_name(k) and v else v) for k, v in env.items()}
 
 
 def mask_argv(argv: list[str]) -> list[str]:
-    """A command safe to show or save: the value of a secret-looking flag or variable becomes
-    ****, as `--hub_token abc`, `--hub_token=abc` or `HF_TOKEN=abc`."""
-    shown, hide = [], False
+    """A command safe to show, save or log: the value of a credential flag or assignment
+    becomes ****, as `--hub_token abc`, `--hub_token=abc`, `-password abc`, `HF_TOKEN=abc` or
+    `+wandb.api_key=abc`. A credential flag followed by another flag has no value to hide."""
+    shown: list[str] = []
+    hide_next = False
     for w in argv:
-        k, eq, _ = w.partition("=")
-        if hide:
-            shown.append("****")
-            hide = False
-        elif eq and SECRET_PATTERN.search(k):
-            shown.append(f"{k}=****")
-        else:
+        if hide_next:
+            hide_next = False
+            if w and not w.startswith("-"):
+                shown.append(MASK)
+                continue
+        if w.startswith("-"):
+            name, eq, value = w.partition("=")
+            secret = is_secret_name(name.lstrip("-"))
+            if secret and eq:
+                shown.append(f"{name}={MASK}" if value else w)
+                continue
+            hide_next = secret
             shown.append(w)
-            hide = w.startswith("--") and bool(SECRET_PATTERN.search(w))
+            continue
+        m = _ASSIGN.fullmatch(w)
+        if m and m.group(2) and is_secret_name(m.group(1)):
+            shown.append(f"{m.group(1)}={MASK}")
+            continue
+        shown.append(w)
     return shown
+
+
+def mask_spec(spec: RunSpec) -> RunSpec:
+    """A copy of `spec` safe to save (a run's spec.toml): credential env values and the values
+    of credential flags in swift.extra_args / script.args become ****."""
+    out = copy.deepcopy(spec)
+    out.env = mask_env(out.env)
+    out.swift.extra_args = mask_argv(out.swift.extra_args)
+    out.script.args = mask_argv(out.script.args)
+    return out
