@@ -3,8 +3,9 @@
 This module is the only place that knows the layout (docs/run-directory.md):
 
     runs/<run-id>/
-      spec.toml            resolved RunSpec, frozen at launch
+      spec.toml            resolved RunSpec, frozen at launch (secrets masked)
       plan.json, launch.sh per-node argv/env (secrets masked), a script that reproduces it
+      secrets.json         the real values of what those mask (tunedeck.core.rundir.secrets)
       state.json           status, pids, attempts (atomic writes; the agent's)
       stop.json            a stop request (the CLI's or the TUI's)
       run.db               SQLite: events, telemetry, findings (tunedeck.core.runs.store)
@@ -15,6 +16,10 @@ This module is the only place that knows the layout (docs/run-directory.md):
       output/              the default output_dir (checkpoints, ms-swift's logging.jsonl)
 
 It reads and lists files; it never parses logs (tunedeck.core.ingest) nor opens run.db.
+
+Only the run's owner reads a run: its folders are 0700 and the files written here 0600
+(`RunDir.create`, `write_json_atomic`, `write_text_private`); the agent runs with umask 077, so
+what it and the ranks write inside is private too.
 """
 
 from __future__ import annotations
@@ -31,14 +36,25 @@ if TYPE_CHECKING:
     from tunedeck.core.spec import RunSpec
 
 
+FILE_MODE = 0o600     # a run's files: its owner only (they hold commands, paths, secrets)
+DIR_MODE = 0o700
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers never see a half-written file: temp file, fsync, rename."""
+    """Readers never see a half-written file: temp file (0600), fsync, rename."""
+    write_text_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_private(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    """Write `text` atomically (temp file, fsync, rename) with `mode` whatever the umask; a file
+    replaced this way takes the new mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # created 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+            if mode != FILE_MODE:
+                os.fchmod(f.fileno(), mode)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -120,6 +136,7 @@ class RunDir:
     spec = property(lambda self: self.path / "spec.toml")
     plan = property(lambda self: self.path / "plan.json")
     launch_sh = property(lambda self: self.path / "launch.sh")
+    secrets = property(lambda self: self.path / "secrets.json")
     state = property(lambda self: self.path / "state.json")
     stop_request = property(lambda self: self.path / "stop.json")
     db = property(lambda self: self.path / "run.db")
@@ -128,9 +145,13 @@ class RunDir:
     agent_log = property(lambda self: self.path / "logs" / "agent.log")
 
     def create(self) -> None:
-        """A new run's folders; fails if the run directory exists already."""
-        (self.path / "logs").mkdir(parents=True)
-        (self.path / "events").mkdir()
+        """A new run's folders, its owner's only (0700); fails if the run directory exists
+        already."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=DIR_MODE)
+        for d in (self.path, self.logs, self.events):
+            d.mkdir(mode=DIR_MODE, exist_ok=True)
+            os.chmod(d, DIR_MODE)          # mkdir's mode is cut by the umask, never widened
 
     def output_dir(self, spec: RunSpec) -> Path:
         """Where a run's checkpoints go: the spec's output_dir, else output/ in the run."""

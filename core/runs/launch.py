@@ -2,10 +2,16 @@
 
 The launching process (CLI or TUI) only writes files and starts the agent in a new session with
 stdin from /dev/null and output to a file; after that it can die without touching the run.
+
+A run is its owner's only: the run directory is 0700, every file written here 0600 (launch.sh
+0700), secrets are masked in spec.toml, plan.json and launch.sh and kept real only in the 0600
+secrets.json (tunedeck.core.rundir.secrets), and the agent starts with umask 077 so that what it,
+torchrun and the ranks create (logs, run.db, events, checkpoints) is private too.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import subprocess
@@ -16,9 +22,14 @@ from typing import Any
 
 from tunedeck.core.backends import plan_run
 from tunedeck.core.paths import runs_root
-from tunedeck.core.rundir import RunDir, write_json_atomic
+from tunedeck.core.rundir import FILE_MODE, RunDir, write_json_atomic, write_text_private
+from tunedeck.core.rundir.secrets import split_secrets, write_secrets
 from tunedeck.core.runs.state import new_state
 from tunedeck.core.spec import RunSpec
+
+
+# what the agent and every process it starts create is their owner's only
+AGENT_UMASK = 0o077
 
 
 class LaunchError(RuntimeError):
@@ -38,11 +49,12 @@ def prepare_run(spec: RunSpec, root: Path | None = None,
     failed check says so for good."""
     run = RunDir((root or runs_root()) / new_run_id(spec.name))
     spec, plan = plan_run(spec, run)
+    saved, plan_json, hidden = split_secrets(spec, plan)
     run.create()
-    run.spec.write_text(spec.to_toml(), encoding="utf-8")
-    write_json_atomic(run.plan, plan.to_json())
-    run.launch_sh.write_text(plan.to_shell(spec.cluster.node_rank), encoding="utf-8")
-    run.launch_sh.chmod(0o755)
+    write_secrets(run, hidden)
+    write_text_private(run.spec, saved.to_toml())
+    write_json_atomic(run.plan, plan_json)
+    write_text_private(run.launch_sh, plan.to_shell(spec.cluster.node_rank), mode=0o700)
     state = new_state(run.run_id, spec.name, spec.train.max_steps)
     state["master_port"] = spec.cluster.master_port
     if preflight is not None:
@@ -54,14 +66,14 @@ def prepare_run(spec: RunSpec, root: Path | None = None,
 def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
     """Start the run's agent detached; returns its pid once it has taken ownership."""
     run = RunDir(run_dir)
-    log = open(run.agent_log, "ab")
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, cwd=str(run.path))
+            start_new_session=True, close_fds=True, cwd=str(run.path), umask=AGENT_UMASK)
     finally:
-        log.close()
+        os.close(log)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (run.read_state() or {}).get("agent_pid") == proc.pid:
