@@ -751,27 +751,36 @@ def resolve_paths(spec: RunSpec, base: Path) -> None:
 #
 # A name (a variable, a flag without its dashes, a hydra key) is a credential when one of its
 # word parts is a credential word. Parts are split at anything but a letter (`_ - . 0-9`) and at
-# a camelCase step, in UPPER, lower or Capitalised form: HF_TOKEN, DB_PASS, MY_API_KEY,
-# --api-key, --hub_token, hubToken, GITHUB_TOKEN2, AWS_SECRET_ACCESS_KEY. A credential word
-# inside a longer word is not one: KEYBOARD, TOKENIZERS_PARALLELISM, --model_author, AUTHOR,
-# BYPASS, monkey, --max_new_tokens (TOKENS, a count, is not in the list). Names that carry a
-# credential word but hold none (SSH_AUTH_SOCK, ms-swift's --moe_token_dispatcher_type) are
-# masked too: a hidden harmless value costs a look at the spec; a shown secret cannot be
-# taken back.
+# a camelCase step, in UPPER, lower or Capitalised form. Strong words count as any part:
+# SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), CREDS, APIKEY, AUTHORIZATION
+# (AWS_SECRET_ACCESS_KEY, SECRET_KEY_BASE, DB_PASSWORD_FILE). Weak words, which also name
+# training things (text tokens, attention keys, forward passes), count only as the last part,
+# digits after it allowed: TOKEN, KEY, PASS, AUTH (HF_TOKEN, GITHUB_TOKEN2, DB_PASS, MY_API_KEY,
+# --api-key, --hub_token, hubToken, use_auth_token, NPM_AUTH), so ms-swift's
+# --moe_token_dispatcher_type, --vllm_server_pass_dataset, SSH_AUTH_SOCK and AWS_ACCESS_KEY_ID
+# are not credentials. A credential word inside a longer word is not one: KEYBOARD,
+# TOKENIZERS_PARALLELISM, --model_author, AUTHOR, BYPASS, monkey, --max_new_tokens (TOKENS, a
+# count, is no credential word), PGPASSWORD (one word: set it as PG_PASSWORD or mask it by
+# hand). A harmless value under a credential name (--teacher_tag_key) is masked too: a hidden
+# value costs a look at the spec; a shown secret cannot be taken back.
 
-SECRET_WORDS = ("TOKEN", "KEY", "APIKEY", "SECRET", "PASS", "PASSWD", "PASSWORD", "PASSPHRASE",
-                "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "AUTHORIZATION")
+STRONG_SECRET_WORDS = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS",
+                       "CREDS", "APIKEY", "AUTHORIZATION")
+WEAK_SECRET_WORDS = ("TOKEN", "KEY", "PASS", "AUTH")
 MASK = "****"
 
 
-def _word_forms(word: str) -> list[str]:
+def _word_forms(word: str, last: bool) -> list[str]:
     up, low, cap = word, word.lower(), word.capitalize()
-    return [rf"(?<![A-Z]){up}(?![A-Za-z])",      # HF_TOKEN, TOKEN2, myTOKEN
-            rf"(?<![A-Za-z]){low}(?![a-z])",     # hub_token, api-key, tokenFile
-            rf"{cap}(?![a-z])"]                  # hubToken, HFToken
+    end = "(?=[^A-Za-z]*$)" if last else ""
+    return [rf"(?<![A-Z]){up}(?![A-Za-z]){end}",    # HF_TOKEN, TOKEN2, myTOKEN
+            rf"(?<![A-Za-z]){low}(?![a-z]){end}",   # hub_token, api-key
+            rf"{cap}(?![a-z]){end}"]                # hubToken, HFToken
 
 
-SECRET_PATTERN = re.compile("|".join(f for w in SECRET_WORDS for f in _word_forms(w)))
+SECRET_PATTERN = re.compile("|".join(
+    [f for w in STRONG_SECRET_WORDS for f in _word_forms(w, last=False)]
+    + [f for w in WEAK_SECRET_WORDS for f in _word_forms(w, last=True)]))
 _ASSIGN = re.compile(r"([+~]*[A-Za-z_][\w.\-]*)=(.*)", re.S)   # NAME=value, +a.b_key=value
 
 

@@ -253,6 +253,61 @@ def check(spec: RunSpec, local: bool) -> None:
     check_args(spec, swift_args(spec, "OUTPUT_DIR"))
 
 
+# ms-swift flags that carry a credential, and the variable read in their place when the flag is
+# absent: --hub_token is `MODELSCOPE_API_TOKEN` for ModelScope (ms-swift's MSHub.try_login) and
+# `HF_TOKEN` for the Hugging Face hub (use_hf: huggingface_hub takes token=None from it);
+# --swanlab_token is `SWANLAB_API_KEY` (swanlab's own login). Passed so, the value never shows in
+# `ps` nor in ms-swift's args.json. Other credential flags (--swanlab_secret) have no variable
+# and stay in argv: the preview says `ps` shows them.
+SECRET_FLAG_ENV = {"hub_token": None, "swanlab_token": "SWANLAB_API_KEY"}
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def uses_hf_hub(spec: RunSpec, args: list[str]) -> bool:
+    """Whether ms-swift will talk to the Hugging Face hub (--use_hf, or USE_HF in the spec's or
+    the launching environment) rather than ModelScope."""
+    import os
+
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name in ("--use_hf", "--use-hf"):
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") \
+                    else "true"
+            return _truthy(value)
+    return _truthy(spec.env.get("USE_HF", os.environ.get("USE_HF")))
+
+
+def secret_flags_to_env(spec: RunSpec, args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(args without the credential flags ms-swift can read from a variable, those variables)."""
+    out: list[str] = []
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        canon = name.lstrip("-").replace("-", "_")
+        if a.startswith("--") and canon in SECRET_FLAG_ENV:
+            if not eq:
+                if i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    value = args[i + 1]
+                    i += 1
+                else:
+                    value = ""
+            var = SECRET_FLAG_ENV[canon] or ("HF_TOKEN" if uses_hf_hub(spec, args)
+                                             else "MODELSCOPE_API_TOKEN")
+            if value:
+                env[var] = value       # the flag wins over the variable, as in ms-swift
+            i += 1
+            continue
+        out.append(a)
+        i += 1
+    return out, env
+
+
 def swift_env(spec: RunSpec) -> dict[str, str]:
     env: dict[str, str] = {}
     if spec.model.path.startswith("builtin:"):
@@ -263,8 +318,11 @@ def swift_env(spec: RunSpec) -> dict[str, str]:
 
 
 def build_plan(spec: RunSpec, run: RunDir) -> LaunchPlan:
-    args = swift_args(spec, str(run.output_dir(spec)))
-    return torchrun_plan(spec, run, ["-m", ENTRY[spec.swift.command], *args], swift_env(spec))
+    args, secret_env = secret_flags_to_env(spec, swift_args(spec, str(run.output_dir(spec))))
+    plan = torchrun_plan(spec, run, ["-m", ENTRY[spec.swift.command], *args], swift_env(spec))
+    for node in plan.nodes:
+        node.env.update(secret_env)
+    return plan
 
 
 # -- metrics -----------------------------------------------------------------------------
@@ -368,7 +426,9 @@ def cli_form(spec: RunSpec, output_dir: str) -> tuple[dict[str, str], list[str]]
         env["CUDA_VISIBLE_DEVICES"] = c.gpus
     env.update(swift_env(spec))
     env.update(spec.env)
-    return env, [*CLI_FORM[spec.swift.command], *swift_args(spec, output_dir)]
+    args, secret_env = secret_flags_to_env(spec, swift_args(spec, output_dir))
+    env.update(secret_env)
+    return env, [*CLI_FORM[spec.swift.command], *args]
 
 
 BACKEND = Backend("swift", build_plan, check, monitors)
