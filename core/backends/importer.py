@@ -6,6 +6,11 @@ script, a module, or ms-swift's own entry files. The command is split with shlex
 
 Flags that do not exist in the installed ms-swift get a message naming the real one; flags the
 spec has no field for are kept in swift.extra_args / script.args. Nothing is dropped silently.
+
+The spec file never holds a secret: credential variables and flags (and their values) are left
+out with a warning saying how to supply them. User text reaches the file only through the TOML
+writer (tomli_w), or in the header's comments, escaped line by line (`comment`), so no pasted
+word can leave a comment and become a live key.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tunedeck.core.spec import SECRET_PATTERN, SpecError, loads_spec, mask_argv
+from tunedeck.core.backends.swift import CREDENTIAL_FLAGS, HUB_TOKEN_VARS, SECRET_FLAG_ENV
+from tunedeck.core.spec import MASK, SpecError, is_secret_name, loads_spec, mask_argv
 from tunedeck.core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tables, split_flags, suggest
 from tunedeck.core.swift.version import ASSUMED, installed_version
 
@@ -34,13 +40,52 @@ class Imported:
     def to_toml(self) -> str:
         import tomli_w
 
-        head = ["# Imported by `tunedeck import` from:", f"#   {self.command}"]
-        head += [f"# WARNING: {w}" for w in self.warnings]
-        head += [f"# note: {n}" for n in self.notes]
+        head = ["# Imported by `tunedeck import` from:", "#   " + comment(self.command)]
+        for prefix, messages in (("WARNING: ", self.warnings), ("note: ", self.notes)):
+            for m in messages:
+                for i, line in enumerate(m.splitlines() or [""]):
+                    head.append("# " + (prefix if i == 0 else " " * len(prefix))
+                                + comment(line))
         return "\n".join(head) + "\n\n" + tomli_w.dumps(self.raw)
 
     def spec(self):
         return loads_spec(tomli_w_dumps(self.raw), source="<imported>")
+
+
+def comment(text: str) -> str:
+    """`text` as it may stand on one TOML comment line: every character that is not printable
+    (a line break of any kind: \\n, \\r, U+0085, U+2028; other controls, which TOML refuses
+    in comments; bidi controls, which reorder what an editor shows) written as its escape."""
+    return "".join(c if c == "\t" or c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def _drop_secrets(out: Imported, words: list[str], key: str) -> list[str]:
+    """`words` without credential flags, their values and NAME=value credentials, each named
+    in a warning (the spec file never holds a secret)."""
+    shown = mask_argv(words)
+    keep = [True] * len(words)
+    names: list[str] = []
+    for i, (w, m) in enumerate(zip(words, shown)):
+        if w == m:
+            continue
+        keep[i] = False
+        if m == MASK and i > 0:        # the value of the flag before it
+            keep[i - 1] = False
+            names.append(words[i - 1])
+        else:
+            names.append(m.partition("=")[0])
+    if names:
+        out.warnings.append(f"{', '.join(names)}: secret values were not written to the spec; "
+                            f"pass them through an environment variable the program reads "
+                            f"(env.NAME is masked in the run's files), or add them back in "
+                            f"the form or with --set {key} (masked in the run's files too, but "
+                            f"`ps` shows command lines to every local user)")
+    return [w for w, k in zip(words, keep) if k]
 
 
 def tomli_w_dumps(raw: dict) -> str:
@@ -69,6 +114,9 @@ _TORCHRUN_BOOL = {"standalone", "use_env", "use-env", "no_python", "no-python", 
 
 
 def import_command(command: str) -> Imported:
+    if "\x00" in command:
+        raise CommandImportError("the command holds a NUL character, which no process can "
+                                 "be passed")
     try:
         words = shlex.split(command, comments=False)
     except ValueError as e:
@@ -77,7 +125,7 @@ def import_command(command: str) -> Imported:
     out = Imported(raw={}, command=shlex.join(mask_argv(words)))
     cluster: dict[str, Any] = {}
     env: dict[str, str] = {}
-    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0], re.S):
         k, _, v = words.pop(0).partition("=")
         if k in ENV_TO_CLUSTER:
             key, conv = ENV_TO_CLUSTER[k]
@@ -85,7 +133,7 @@ def import_command(command: str) -> Imported:
                 cluster[key] = conv(v)
             except ValueError:
                 raise CommandImportError(f"{k}={v!r}: expected a number") from None
-        elif SECRET_PATTERN.search(k):
+        elif is_secret_name(k):
             out.warnings.append(f"{k} is a secret and was not written to the spec; export it "
                                 "in the shell that launches (ranks inherit it)")
         else:
@@ -220,7 +268,8 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any]) -> None:
         if module in SWIFT_MODULES:
             _swift(out, SWIFT_MODULES[module], target, cluster)
             return
-        out.raw.update(backend="script", script={"module": module, "args": target})
+        out.raw.update(backend="script", script={
+            "module": module, "args": _drop_secrets(out, target, "script.args")})
         return
     if not target:
         raise CommandImportError("torchrun command without a script or -m module")
@@ -230,6 +279,7 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any]) -> None:
         _swift(out, SWIFT_MODULES[f"swift.cli.{'_megatron.' if m.group(1) else ''}{m.group(2)}"],
                args, cluster)
         return
+    args = _drop_secrets(out, args, "script.args")
     out.raw.update(backend="script", script={"path": script, "args": args})
     if args:
         out.notes.append("script arguments are passed unchanged (script.args)")
@@ -337,6 +387,14 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
             out.warnings.append(f"--{name}: {FIXES_4X[name].why}; use --{FIXES_4X[name].flag}")
             name = FIXES_4X[name].flag
         canon = name.replace("-", "_")
+        if canon in CREDENTIAL_FLAGS if (known and canon in known) else is_secret_name(canon):
+            var = SECRET_FLAG_ENV.get(canon, "")
+            how = (f"export {var or HUB_TOKEN_VARS} in the shell that launches (ms-swift reads "
+                   "it when the flag is absent; ranks inherit it)" if canon in SECRET_FLAG_ENV
+                   else "add it back in the form or with --set swift.extra_args (masked in the "
+                   "run's files, but `ps` shows command lines to every local user)")
+            out.warnings.append(f"--{name} is a secret and was not written to the spec; {how}")
+            continue
         vfix = VALUE_FIXES.get(canon, {})
         if len(values) == 1 and values[0] in vfix:
             new, why = vfix[values[0]]

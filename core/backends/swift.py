@@ -260,6 +260,10 @@ def check(spec: RunSpec, local: bool) -> None:
 # `ps` nor in ms-swift's args.json. Other credential flags (--swanlab_secret) have no variable
 # and stay in argv: the preview says `ps` shows them.
 SECRET_FLAG_ENV = {"hub_token": None, "swanlab_token": "SWANLAB_API_KEY"}
+# every ms-swift flag that holds a credential (its other flags with a credential word in their
+# name, such as --teacher_tag_key, hold none): what `tunedeck import` keeps out of a spec
+CREDENTIAL_FLAGS = frozenset({*SECRET_FLAG_ENV, "swanlab_secret", "api_key"})
+HUB_TOKEN_VARS = "MODELSCOPE_API_TOKEN (HF_TOKEN with --use_hf)"
 
 
 def _truthy(v: str | None) -> bool:
