@@ -2,6 +2,10 @@
 
 Only core (never torch, never textual) is imported at start, so `tunedeck ls` answers in a
 fraction of a second on a login node; textual is imported only to open the TUI.
+
+Names, statuses and messages (from run files and from the user) are printed through
+`tunedeck.tui.format.clean`: no escape sequence or bidi control reaches the terminal. No verb
+prints a traceback: an unexpected error is one line (TUNEDECK_DEBUG=1 shows the traceback).
 """
 
 from __future__ import annotations
@@ -17,11 +21,28 @@ from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
 from tunedeck.tui.commands import diagnose, estimate, importexport, preflight, stacks
+from tunedeck.tui.format import clean
 from tunedeck.tui.format import fmt_age as _fmt_age
 from tunedeck.tui.format import fmt_loss as _fmt_loss
 from tunedeck.tui.format import print_json as _print_json
 
 EXIT_USAGE = 2
+
+
+def _err(text: object) -> None:
+    """`tunedeck: <message>` on stderr, cleaned (messages quote file names and values)."""
+    print(f"tunedeck: {clean(text, multiline=True)}", file=sys.stderr)
+
+
+def _one_line(e: BaseException) -> str:
+    """An error as one line: the lines of a multi-problem message joined by `; ` (after a
+    heading that ends in `:`, by a space)."""
+    out = ""
+    for line in clean(str(e), multiline=True).splitlines():
+        line = line.strip()
+        if line:
+            out += (" " if not out or out.endswith(":") else "; ") + line
+    return out.strip() or type(e).__name__
 
 
 # -- subcommands -------------------------------------------------------------------------
@@ -32,16 +53,23 @@ def cmd_launch(args) -> int:
     try:
         spec = load_spec(args.spec, args.set)
     except SpecError as e:
-        print(f"tunedeck: {e}", file=sys.stderr)
+        _err(e)
         return EXIT_USAGE
     if args.name:
         spec.name = args.name
     if args.dry_run:
         from tunedeck.core.backends.preview import preview
+        from tunedeck.core.swift.flags import FlagTableError
 
-        p = preview(spec)
+        try:
+            p = preview(spec)
+        except (ValueError, OSError, FlagTableError) as e:   # the backend refuses the spec
+            _err(_one_line(e))
+            return EXIT_USAGE
         print(p.script, end="")
         print(f"# {p.summary}")
+        if p.warning:
+            print(f"# {p.warning}")
         return 0
     run_dir = _gated_launch(args, spec)
     if run_dir is None:
@@ -67,7 +95,7 @@ def _gated_launch(args, spec):
     try:
         return launch(spec, preflight=record)
     except (LaunchError, OSError, ValueError) as e:
-        print(f"tunedeck: launch failed: {e}", file=sys.stderr)
+        _err(f"launch failed: {e}")
         return None
 
 
@@ -87,16 +115,16 @@ def _preflight_gate(args, spec) -> dict | None:
     out = sys.stderr
     print(f"tunedeck: launch refused: {len(failed)} preflight check(s) failed", file=out)
     for r in failed:
-        print(f"  [FAIL] {r.title}  ({r.id})", file=out)
-        for line in r.detail.splitlines():
+        print(f"  [FAIL] {clean(r.title)}  ({clean(r.id)})", file=out)
+        for line in clean(r.detail, multiline=True).splitlines():
             print(f"         {line}", file=out)
         if r.fix:
-            print(f"         fix: {r.fix}", file=out)
+            print(f"         fix: {clean(r.fix)}", file=out)
         if r.fix_set:
-            print("         " + " ".join(f"--set {k}={_toml_literal(v)}"
-                                         for k, v in r.fix_set.items() if v is not None),
+            print("         " + clean(" ".join(f"--set {k}={_toml_literal(v)}"
+                                               for k, v in r.fix_set.items() if v is not None)),
                   file=out)
-    print(f"`tunedeck preflight {args.spec}` shows the whole checklist; --no-preflight "
+    print(f"`tunedeck preflight {clean(args.spec)}` shows the whole checklist; --no-preflight "
           "launches anyway (the run records it)", file=out)
     if args.json:
         print(json.dumps({"error": "preflight failed",
@@ -115,13 +143,14 @@ def _wait(ref: str, quiet: bool = False) -> int:
     last = None
     while True:
         run = find_run(ref)
-        line = f"{run.run_id}: {run.status} step {run.step}/{run.max_steps} loss {_fmt_loss(run.loss)}"
+        line = (f"{clean(run.run_id)}: {clean(run.status)} step {run.step}/{run.max_steps} "
+                f"loss {_fmt_loss(run.loss)}")
         if line != last and not quiet:
             print(line, file=sys.stderr)
             last = line
         if run.status in TERMINAL:
             if run.message and not quiet:
-                print(f"{run.run_id}: {run.message}", file=sys.stderr)
+                print(f"{clean(run.run_id)}: {clean(run.message)}", file=sys.stderr)
             return 0 if run.status == "succeeded" else 1
         time.sleep(0.5)
 
@@ -132,13 +161,14 @@ def cmd_ls(args) -> int:
         _print_json([r.to_json() for r in runs])
         return 0
     if not runs:
-        print(f"no runs under {runs_root()}")
+        print(f"no runs under {clean(runs_root())}")
         return 0
     now = time.time()
-    width = max([4] + [len(r.name) for r in runs])
+    names = {r.run_id: clean(r.name) for r in runs}
+    width = max([4] + [len(n) for n in names.values()])
     print(f"{'RUN':<32} {'NAME':<{width}} {'STATUS':<10} {'STEP':>13} {'LOSS':>8} {'AGE':>5}")
     for r in runs:
-        print(f"{r.run_id:<32} {r.name:<{width}} {r.status:<10} "
+        print(f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.status):<10} "
               f"{f'{r.step}/{r.max_steps}':>13} {_fmt_loss(r.loss):>8} "
               f"{_fmt_age(r.age_s(now)):>5}")
     return 0
@@ -149,10 +179,11 @@ def cmd_status(args) -> int:
     if args.json:
         _print_json(run.to_json())
         return 0
-    print(f"run       {run.run_id}\nname      {run.name}\nstatus    {run.status}"
-          f"{' (' + run.message + ')' if run.message else ''}\n"
+    print(f"run       {clean(run.run_id)}\nname      {clean(run.name)}\n"
+          f"status    {clean(run.status)}"
+          f"{' (' + clean(run.message) + ')' if run.message else ''}\n"
           f"step      {run.step}/{run.max_steps}\nloss      {_fmt_loss(run.loss)}\n"
-          f"dir       {run.run_dir}")
+          f"dir       {clean(run.run_dir)}")
     if run.exit_code is not None:
         print(f"exit code {run.exit_code}")
     return 0
@@ -244,13 +275,13 @@ def cmd_demo(args) -> int:
         try:
             spec = load_spec(args.spec, args.set)
         except SpecError as e:
-            print(f"tunedeck: {e}", file=sys.stderr)
+            _err(e)
             return EXIT_USAGE
         run_dir = _gated_launch(args, spec)   # the same checklist as every launch
         if run_dir is None:
             return 1
         run_id = run_dir.name
-        print(f"launched {run_id}", file=sys.stderr)
+        print(f"launched {clean(run_id)}", file=sys.stderr)
     if args.no_tui:
         return _wait(run_id)
     args.open_run = run_id
@@ -332,10 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return func(args)
     except RunNotFound as e:
-        print(f"tunedeck: {e}", file=sys.stderr)
+        _err(e)
         return 1
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - no verb prints a traceback on any input
+        if os.environ.get("TUNEDECK_DEBUG"):
+            raise
+        _err(f"{_one_line(e)} ({type(e).__name__}; TUNEDECK_DEBUG=1 shows where)")
+        return 1
 
 
 if __name__ == "__main__":

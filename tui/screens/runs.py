@@ -28,7 +28,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tunedeck.core.runs.registry import Registry, RunInfo
-from tunedeck.tui.format import fmt_age, fmt_loss
+from tunedeck.tui.format import clean, fmt_age, fmt_loss
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.prompt import PromptScreen
@@ -286,7 +286,7 @@ class RunsScreen(TunedeckScreen):
         cached = self._static.get(r.run_id)
         if cached is None or cached[0] is not r:
             style = STATUS_STYLE.get(r.status, "")
-            fixed = (r.run_id, Text(r.name), Text(r.status, style=style),
+            fixed = (clean(r.run_id), Text(clean(r.name)), Text(clean(r.status), style=style),
                      f"{r.step}/{r.max_steps}", fmt_loss(r.loss))
             self._static[r.run_id] = cached = (r, fixed)
         mark = MARK if r.run_id in self.marked else " "
@@ -544,7 +544,8 @@ class RunsScreen(TunedeckScreen):
             return
         for note in made.notes:
             self.post_message(Notice(note, "warning"))
-        self.post_message(Notice(f"resuming {run.run_id} from {made.checkpoint.path.name}"))
+        self.post_message(Notice(f"resuming {clean(run.run_id)} from "
+                                  f"{clean(made.checkpoint.path.name)}"))
         self.post_message(OpenScreen("preflight", made.spec, gate=True))
 
     def action_open_spec(self) -> None:
@@ -593,7 +594,8 @@ class RunsScreen(TunedeckScreen):
         if run is None:
             return
         if run.active:
-            self.say(f"{run.run_id} is {run.status}: stop it before deleting it", "warning")
+            self.say(f"{clean(run.run_id)} is {clean(run.status)}: stop it before deleting it",
+                     "warning")
             return
         self._plan_delete(run)
 
@@ -611,7 +613,7 @@ class RunsScreen(TunedeckScreen):
     @on(DeleteAsk)
     def ask_delete(self, msg: DeleteAsk) -> None:
         run, plan = msg.run, msg.plan
-        q = (f"Delete run {run.run_id} ({run.name}, {run.status})?\n\n"
+        q = (f"Delete run {clean(run.run_id)} ({clean(run.name)}, {clean(run.status)})?\n\n"
              f"This removes its records: spec, plan, state, logs, events and metrics "
              f"({len(plan.records)} entries).")
         if plan.output_dir is not None:
@@ -656,7 +658,7 @@ class RunsScreen(TunedeckScreen):
     def deleted(self, msg: Deleted) -> None:
         self.marked.discard(msg.run_id)
         kept = msg.result.kept
-        self.say(f"deleted {msg.run_id}'s records"
+        self.say(f"deleted {clean(msg.run_id)}'s records"
                  + (f" and its output folder {msg.outputs}" if msg.outputs else "")
                  + (f"; its outputs stay in {kept}" if kept else ""))
         self.action_reload()    # a kept output folder keeps the run's folder: look now

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from tunedeck.tui.format import clean
+
 
 class TitleBar(Static):
     DEFAULT_CSS = """
@@ -20,4 +22,6 @@ class TitleBar(Static):
 
     @staticmethod
     def _text(subtitle: str) -> str:
-        return f"tunedeck · {subtitle}" if subtitle else "tunedeck"
+        """The bar's text; the subtitle (a run's name, a file's) through `clean`: no control
+        or bidi character reaches the terminal."""
+        return f"tunedeck · {clean(subtitle)}" if subtitle else "tunedeck"
