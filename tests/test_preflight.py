@@ -4,6 +4,7 @@ is gone. GPU rules without a GPU run on recorded facts (GpuFacts), the same data
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -60,6 +61,42 @@ def test_port_taken_fails_and_offers_a_free_one(tmp_path):
     finally:
         s.close()
     assert check(spec, "net.port").status == "pass"
+
+
+def test_port_of_a_live_run_of_this_home_fails_with_its_id(tmp_path, monkeypatch):
+    """Three launches on one fixed port: the later ones are refused at the gate, naming the run
+    that holds the port, before its torchrun has even bound it."""
+    from tests.test_manage import make_run
+    from tunedeck.core.estimate.resolve import free_port
+    from tunedeck.core.rundir import RunDir
+
+    td_home = tmp_path / "home"       # no td_home: its teardown would stop the "live" run,
+    monkeypatch.setenv("TUNEDECK_HOME", str(td_home))   # whose agent is this process
+    port = free_port()
+    spec = write_spec(tmp_path, f"master_port = {port}")
+    assert check(spec, "net.port").status == "pass"
+    live = RunDir(make_run(td_home / "runs", "20251124-090000-live-a1b2", name="live",
+                           status="running"))
+    st = live.read_state()
+    st["master_port"] = port
+    live.write_state(st)
+    r, fixed = check_fixed(spec, "net.port")
+    assert r.status == "fail" and "20251124-090000-live-a1b2" in r.detail and str(port) in r.detail
+    assert r.fix_set["cluster.master_port"] not in (port, 0)
+    assert fixed.status == "pass"
+    # a run on another host of a shared home, or one that ended, does not hold it here
+    st["host"] = "elsewhere"
+    live.write_state(st)
+    assert check(spec, "net.port").status == "pass"
+    st.update(host=os.uname().nodename, status="succeeded")
+    live.write_state(st)
+    assert check(spec, "net.port").status == "pass"
+    # a run whose agent is gone (a stale state.json) does not hold it either
+    st.update(status="running", agent_pid=2 ** 22 + 7, agent_create_time=1.0)
+    live.write_state(st)
+    assert check(spec, "net.port").status == "pass"
+    st.update(status="failed")
+    live.write_state(st)
 
 
 def test_broken_dataset_line_names_file_and_line(tmp_path):

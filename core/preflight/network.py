@@ -1,14 +1,18 @@
-"""Rendezvous port, master address and NCCL environment checks."""
+"""Rendezvous port (free on this node, and not the port of another live run of this home),
+master address and NCCL environment checks."""
 
 from __future__ import annotations
 
 import errno
 import os
 import socket
+import time
 from pathlib import Path
 
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.estimate.resolve import free_port
+from tunedeck.core.paths import runs_root
+from tunedeck.core.rundir import RunDir
 
 CONNECT_TIMEOUT_S = 2.0
 SYS_NET = Path("/sys/class/net")
@@ -19,6 +23,58 @@ def _is_master(ctx: Context) -> bool:
     return ctx.spec.cluster.node_rank == 0
 
 
+# state.json statuses of a run that ended (core/runs/state.py TERMINAL; the runs layer sits
+# above this one, so the registry cannot be asked)
+ENDED = ("succeeded", "failed", "stopped")
+PENDING_GRACE_S = 120.0   # a run with no agent yet holds its port this long after its creation
+
+
+def _agent_alive(state: dict) -> bool:
+    pid, created = state.get("agent_pid"), state.get("agent_create_time")
+    if not isinstance(pid, int) or pid <= 0:
+        # launched this instant (the agent writes its pid within seconds), or never started
+        t = state.get("created")
+        return isinstance(t, (int, float)) and time.time() - t < PENDING_GRACE_S
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return not isinstance(created, (int, float)) or abs(p.create_time() - created) <= 1.0
+    except Exception:  # noqa: BLE001 - gone, or not ours to look at
+        return False
+
+
+def runs_on_port(port: int, root: Path | None = None) -> list[str]:
+    """Ids of the live runs of this home on this host whose resolved rendezvous port is `port`
+    (state.json `master_port`, written at launch before torchrun binds it)."""
+    root = root or runs_root()
+    try:
+        dirs = [d for d in root.iterdir() if d.is_dir()]
+    except OSError:
+        return []
+    here = os.uname().nodename
+    out = []
+    for d in sorted(dirs):
+        state = RunDir(d).read_state()
+        if not state or state.get("master_port") != port or state.get("status") in ENDED:
+            continue
+        if state.get("host") not in (None, here) or not _agent_alive(state):
+            continue
+        out.append(str(state.get("run_id") or d.name))
+    return out
+
+
+def _spare_port(host: str, taken: int) -> int:
+    """A port free now and not the resolved port of a live run of this home."""
+    for _ in range(20):
+        port = free_port(host)
+        if port != taken and not runs_on_port(port):
+            return port
+    return port
+
+
 def check_port(ctx: Context) -> CheckResult:
     id, title = "net.port", "Rendezvous port free on this node"
     c = ctx.spec.cluster
@@ -27,11 +83,21 @@ def check_port(ctx: Context) -> CheckResult:
     if not _is_master(ctx):
         return result(id, title, "skip", f"node_rank {c.node_rank}: node 0 listens on it")
     host = c.master_addr if c.nnodes > 1 else "127.0.0.1"
+    spare_host = "127.0.0.1" if c.nnodes == 1 else "0.0.0.0"
+    holders = runs_on_port(c.master_port)
+    if holders:
+        spare = _spare_port(spare_host, c.master_port)
+        who = ", ".join(holders[:3]) + (f" and {len(holders) - 3} more" if len(holders) > 3
+                                        else "")
+        return result(id, title, "fail", f"port {c.master_port} is the rendezvous port of live "
+                      f"run {who} of this home: whichever starts second fails with "
+                      "EADDRINUSE", f"set cluster.master_port = {spare} (free now) or 0 to "
+                      "pick one at launch", {"cluster.master_port": spare})
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind((host, c.master_port))
     except OSError as e:
-        spare = free_port("127.0.0.1" if c.nnodes == 1 else "0.0.0.0")
+        spare = _spare_port(spare_host, c.master_port)
         if e.errno == errno.EADDRNOTAVAIL:
             return result(id, title, "fail", f"master_addr {c.master_addr} is not an address "
                           "of this node, but node_rank 0 must host the rendezvous",
