@@ -32,12 +32,18 @@ def torchrun_argv(spec: RunSpec, run: RunDir, node_rank: int) -> list[str]:
     return argv
 
 
-def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
-    env: dict[str, str] = {
+def run_env(run: RunDir) -> dict[str, str]:
+    """The run's own variables: applied last, so no spec can set them (core/spec.py refuses
+    env.TUNEDECK_* keys too; the agent adds TUNEDECK_ATTEMPT and TUNEDECK_LAUNCH_ID the same
+    way at start)."""
+    return {
         "TUNEDECK_RUN_ID": run.run_id,     # marks every process of the run (stop sweeps by it)
         "TUNEDECK_RUN_DIR": str(run.path),
-        "PYTHONUNBUFFERED": "1",
     }
+
+
+def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
+    env: dict[str, str] = {**run_env(run), "PYTHONUNBUFFERED": "1"}
     if spec.backend != "builtin" and spec.run.dataloader_probe:
         # the probe's sitecustomize must come first on the path to be imported at start-up
         from tunedeck.core.probe import SITE_DIR
@@ -51,6 +57,7 @@ def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
     elif spec.cluster.gpus:
         env["CUDA_VISIBLE_DEVICES"] = spec.cluster.gpus
     env.update(spec.env)
+    env.update(run_env(run))
     return env
 
 
@@ -65,6 +72,7 @@ def torchrun_plan(spec: RunSpec, run: RunDir, target: list[str],
         env = base_env(spec, run)
         for k, v in (defaults or {}).items():
             env.setdefault(k, v)
+        env.update(run_env(run))
         host = c.master_addr if node == 0 else f"node{node}"
         plan.nodes.append(NodeCommand(node, host, torchrun_argv(spec, run, node) + target, env,
                                       str(run.path)))
