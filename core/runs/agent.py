@@ -1,23 +1,38 @@
 """The per-node agent: owns one run from start to end, whether or not anyone is watching.
 
-Started detached by `tunedeck launch` (`python -m tunedeck.core.runs.agent RUN_DIR`). It
-  1. takes ownership (writes its pid into state.json),
+Started detached by `tunedeck launch` (`python -m tunedeck.core.runs.agent RUN_DIR`), or by any
+tunedeck command that finds the run's agent gone (`... RUN_DIR --adopt`: core/runs/adopt.py).
+It
+  1. takes ownership: the run directory's owner lock, its pid and identity in state.json,
   2. prepares assets (builds the demo model on first use: plans never build anything),
-  3. starts torchrun as its child in a new process group, output to files,
-  4. every tick: ingests rank events into run.db, records which pid runs which rank and the
-     progress in state.json, acts on stop requests (stop.json, or SIGTERM/SIGUSR1 to the
-     agent), and runs the monitors (telemetry, detectors, log diagnosis, backend ingesters),
-  5. when torchrun ends: final ingest, kills any leftover process of the run, records the
-     final status and exit code.
+  3. starts torchrun as its child in a new process group, output to files, with the run's
+     launch marker (TUNEDECK_RUN_ID + a fresh TUNEDECK_LAUNCH_ID, recorded first),
+  4. every tick: ingests rank events into run.db, records which pid runs which rank (each with
+     its identity) and the progress in state.json, acts on stop requests (stop.json, or
+     SIGTERM/SIGUSR1 to the agent; a graceful stop keeps sending SIGTERM to ranks that appear
+     after it), and runs the monitors (telemetry, detectors, log diagnosis, backend ingesters),
+  5. when torchrun ends: final ingest, kills any leftover process of the run (by identity),
+     records the final status and exit code.
+
+An adopting agent does the same from step 4 on, for a torchrun that is not its child.
+
+Its own faults do not end the run: a full disk (ENOSPC/EDQUOT, SQLite's "disk is full") pauses
+what failed (run.db ingest and telemetry; state.json writes are kept in memory) and says so in
+state.json's message; it retries every IO_RETRY_S and resumes where run.db's offsets left off.
+An unexpected crash leaves the run to be adopted when its processes live.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
+import secrets
 import signal
+import sqlite3
 import subprocess
+import tempfile
 import sys
 import time
 import traceback
@@ -28,15 +43,63 @@ import psutil
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs import procs
+from tunedeck.core.runs import adopt, procs
 from tunedeck.core.runs.monitors import MonitorContext, make_monitors
+from tunedeck.core.runs.state import TERMINAL
 from tunedeck.core.runs.store import Store
-from tunedeck.core.spec import load_spec
+from tunedeck.core.spec import load_spec, mask_argv
 from tunedeck.core.telemetry import proctree
 
 log = logging.getLogger("tunedeck.agent")
 
 TICK_S = 0.5
+IO_RETRY_S = 2.0            # a paused write (full disk) is tried again this often
+FINAL_WRITE_S = 24 * 3600   # how long the end of a run waits for state.json to be writable
+FINAL_INGEST_WAIT_S = 60.0  # ... and for run.db, before recording the end without the rest
+# The run's own variables: set by the agent after everything else, never from a spec
+RESERVED_ENV = ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT", "TUNEDECK_LAUNCH_ID")
+
+
+def io_error(e: BaseException) -> str | None:
+    """A write that failed for want of space (or an I/O error writing run.db): what to say;
+    None for any other error."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full ({e.strerror or e})"
+    if isinstance(e, sqlite3.Error):
+        code = getattr(e, "sqlite_errorcode", None)
+        if code == 13 or "full" in str(e):                       # SQLITE_FULL
+            return f"disk full ({e})"
+        if isinstance(code, int) and code & 0xFF == 10:          # SQLITE_IOERR_*
+            return f"run.db I/O error ({e})"
+    return None
+
+
+class AdoptedTorchrun:
+    """torchrun started by an agent that died: not our child, so never wait()ed for. It runs
+    while its recorded identity (or that of a rank it left) matches; its exit code is read
+    from what the attempt left (adopt.exit_code)."""
+
+    def __init__(self, agent: "Agent", pid: int | None):
+        self.agent = agent
+        self.pid = pid
+        self.returncode: int | None = None
+        self.how = ""
+        self.done = False
+
+    def check(self) -> bool:
+        if self.done:
+            return True
+        if procs.live_processes(self.agent.state):
+            return False
+        self.done = True
+        launches = self.agent.state.get("launches") or [{}]
+        since = float(launches[-1].get("t") or 0) if isinstance(launches[-1], dict) else 0.0
+        self.agent.ingest_all()
+        self.returncode, self.how = adopt.exit_code(self.agent.rundir, since,
+                                                    self.agent.node_rank)
+        log.info("adopted torchrun %s ended: exit code %s (%s)", self.pid, self.returncode,
+                 self.how)
+        return True
 
 
 class Agent:
@@ -46,21 +109,127 @@ class Agent:
         self.spec = load_spec(self.rundir.spec)
         self.plan = self.rundir.read_plan()      # read once: fixed for the run's life
         self.node_rank = self.spec.cluster.node_rank
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | AdoptedTorchrun | None = None
         self.wake = False
         self.stop_mode: str | None = None
         self.stop_deadline: float | None = None
+        self.killed_at: float | None = None
+        self.termed: set[int] = set()            # ranks sent SIGTERM by a graceful stop
         self.store: Store | None = None
-        self.monitors: list = []
+        self.ctx: MonitorContext | None = None
+        self.monitors: list | None = None        # None: not made yet (they need run.db)
         self.rank_of_pid: dict[int, int | None] = {}   # the ranks' RANK, read once per pid
+        self.adopted = False
+        # a full disk: what is paused and why; state.json changes kept in memory meanwhile
+        self.base_message = str(self.state.get("message") or "")
+        self.paused: dict[str, str] = {}
+        self.paused_at: dict[str, float] = {}
+        self.unsaved = False
+        self.next_io_try = 0.0
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
+        if "message" in changes:
+            self.base_message = str(changes["message"] or "")
         self.state.update(changes)
-        self.rundir.write_state(self.state)
+        self.state["message"] = self._message()
+        self._write_state()
+
+    def _message(self) -> str:
+        if not self.paused:
+            return self.base_message
+        since = time.strftime("%H:%M:%S", time.localtime(min(self.paused_at.values())))
+        why = next(iter(self.paused.values()))
+        what = " and ".join(PAUSED_WHAT.get(k, k) for k in sorted(self.paused))
+        note = f"{why} since {since}: {what} paused; the run goes on"
+        return note + (f"; {self.base_message}" if self.base_message else "")
+
+    def _write_state(self) -> bool:
+        try:
+            self.rundir.write_state(self.state)
+        except OSError as e:
+            why = io_error(e)
+            if why is None:
+                raise
+            self.unsaved = True
+            self._pause("state.json", why)
+            return False
+        self.unsaved = False
+        return True
 
     def stop_requested(self) -> bool:
         return self.rundir.stop_request.exists()
+
+    # -- a full disk --------------------------------------------------------------------
+    def _pause(self, what: str, why: str) -> None:
+        if what in self.paused:
+            return
+        log.warning("%s: %s paused until space returns; the run goes on", why, what)
+        self.paused[what] = why
+        self.paused_at[what] = time.time()
+        self.next_io_try = time.monotonic() + IO_RETRY_S
+        self.state["message"] = self._message()
+        if what != "state.json":
+            self._write_state()      # say why (in memory if state.json cannot be written)
+
+    def _resume(self, what: str) -> None:
+        why = self.paused.pop(what, None)
+        t0 = self.paused_at.pop(what, time.time())
+        if why is None:
+            return
+        log.info("%s written again after %.0fs (%s)", what, time.time() - t0, why)
+        pauses = list(self.state.get("io_pauses") or [])
+        pauses.append({"what": what, "why": why, "from": t0, "to": time.time()})
+        self.save(io_pauses=pauses)
+
+    def retry_io(self, force: bool = False) -> None:
+        """Every IO_RETRY_S while something is paused: is there space again?"""
+        if not (self.paused or self.unsaved):
+            return
+        now = time.monotonic()
+        if not force and now < self.next_io_try:
+            return
+        self.next_io_try = now + IO_RETRY_S
+        if "run.db" in self.paused and _space_for(self.rundir.db):
+            if self.store is None:
+                self._open_store()
+            if self.store is not None:
+                self._resume("run.db")
+        if (self.unsaved or "state.json" in self.paused) and _space_for(self.rundir.state):
+            why = self.paused.pop("state.json", None)
+            t0 = self.paused_at.pop("state.json", None)
+            self.state["message"] = self._message()
+            if self._write_state() and why:
+                self.paused["state.json"], self.paused_at["state.json"] = why, t0 or time.time()
+                self._resume("state.json")
+
+    def _open_store(self) -> bool:
+        try:
+            store = Store(self.rundir, write=True)
+        except Exception as e:
+            why = io_error(e)
+            if why is None:
+                raise
+            self._pause("run.db", why)
+            return False
+        self.store = store
+        if self.ctx is not None:        # the monitors write through the new connection
+            self.ctx.store = store
+            for m in self.monitors or []:
+                if hasattr(m, "rebind"):
+                    m.rebind(store)
+        return True
+
+    def _store_failed(self, why: str) -> None:
+        """run.db cannot be written: drop the connection (a later one starts from the offsets
+        run.db holds, so nothing that failed is lost) and pause until space returns."""
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:
+                pass
+        self.store = None
+        self._pause("run.db", why)
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -75,38 +244,104 @@ class Agent:
             signal.signal(s, self._on_signal)
 
     # -- main ---------------------------------------------------------------------------
-    def run(self) -> int:
+    def take_ownership(self, adopted: bool) -> None:
         me = psutil.Process()
-        self.save(agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
-                  agent_create_time=me.create_time(), status="pending",
-                  message="preparing")
+        table = dict(self.state.get("pid_identity") or {})
+        prev = self.state.get("agent_pid")
+        before = table.pop(str(prev), None) if prev else None
+        ident = procs.identity(me.pid)
+        if ident:
+            table[str(me.pid)] = ident
+        changes: dict[str, Any] = dict(agent_pid=me.pid, agent_pgid=os.getpgrp(),
+                                       agent_create_time=me.create_time(), pid_identity=table)
+        if adopted:
+            self.adopted = True
+            history = list(self.state.get("adopted") or [])
+            history.append({"t": time.time(), "agent_pid": me.pid, "lost_agent_pid": prev,
+                            "lost_agent": before})
+            changes.update(adopted=history)
+        else:
+            changes.update(status="pending", message="preparing")
+        self.save(**changes)
+
+    def run(self) -> int:
+        self.take_ownership(adopted=False)
         _become_subreaper()
         self.install_signals()
         # open before preparing: a failed preparation is stored as a finding, so
         # `tunedeck diagnose` and the monitor show its cause and fix like any other failure
-        self.store = Store(self.rundir, write=True)
+        self._open_store()
+        return self._prepare_and_run()
+
+    def adopt(self) -> int:
+        """Take over a run whose agent died (core/runs/adopt.py says what can be known)."""
+        st = self.state
+        if st.get("status") in TERMINAL or procs.owner_alive(st):
+            log.info("nothing to adopt: the run is %s, its agent pid %s",
+                     st.get("status"), st.get("agent_pid"))
+            return 0
+        lost = st.get("agent_pid")
+        self.take_ownership(adopted=True)
+        _become_subreaper()          # for the torchruns it starts itself (restarts)
+        self.install_signals()
+        self._open_store()
+        attempt = int(st.get("attempt") or 0)
+        history = list(st.get("attempts") or [])
+        launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
+        if not launches:
+            # the lost agent died before it started torchrun: do what it was doing
+            log.info("adopting run %s from lost agent %s: torchrun never started",
+                     st.get("run_id"), lost)
+            self.save(message="adopted before start; preparing")
+            return self._prepare_and_run()
+        if "torchrun_pid" not in launches[-1]:
+            # it died between recording the launch and recording torchrun: whatever carries
+            # that launch's marker is the run's and unowned; start the attempt afresh
+            left = procs.kill_run(st, exclude={os.getpid()})
+            log.info("adopting: launch %s has no recorded torchrun; cleared it (left: %s) "
+                     "and starting attempt %d again", launches[-1].get("id"), left, attempt)
+            return self._loop(attempt, history, start=True)
+        self.proc = AdoptedTorchrun(self, st.get("torchrun_pid"))
+        alive = procs.live_processes(st)
+        log.info("adopting run %s from lost agent %s: torchrun %s, live processes %s",
+                 st.get("run_id"), lost, st.get("torchrun_pid"), alive)
+        self.save(message=f"adopted: agent {lost} was lost; {len(alive)} processes of the run "
+                          f"still running" if alive else
+                          f"adopted: agent {lost} was lost; reading how the run ended")
+        return self._loop(attempt, history, start=False)
+
+    def _prepare_and_run(self) -> int:
         try:
             self.prepare()
         except Exception as e:  # a failed preparation is a failed run, with the reason
             log.exception("prepare failed")
             try:
-                self.store.save_finding(prepare_finding(e, self.spec.data.path))
+                if self.store is not None:
+                    self.store.save_finding(prepare_finding(e, self.spec.data.path))
             except Exception:
                 log.exception("could not store the preparation failure")
-            self.store.close()
-            self.save(status="failed", ended=time.time(), message=f"preparation failed: {e}")
+            self._close_store()
+            self._final_save(status="failed", ended=time.time(),
+                             message=f"preparation failed: {e}")
             return 1
         if self.stop_mode or self.stop_requested():
-            self.store.close()
-            self.save(status="stopped", ended=time.time(), message="stopped before start")
+            self._close_store()
+            self._final_save(status="stopped", ended=time.time(), message="stopped before start")
             return 0
-        attempt, history = 0, []
+        return self._loop(0, [], start=True)
+
+    def _loop(self, attempt: int, history: list[dict[str, Any]], start: bool) -> int:
+        rc: int | None = None
+        how = ""
         while True:
-            self.start_torchrun(attempt)
-            if attempt == 0:
-                self.monitors = self.make_monitors()
-            rc = self.supervise()
-            history.append({"attempt": attempt, "exit_code": rc, "ended": time.time()})
+            if start:
+                self.start_torchrun(attempt)
+            start = True
+            rc, how = self.supervise()
+            entry: dict[str, Any] = {"attempt": attempt, "exit_code": rc, "ended": time.time()}
+            if how:
+                entry["exit_code_from"] = how
+            history.append(entry)
             self.save(attempts=history)
             if rc == 0 or self.stop_mode or attempt >= self.spec.run.max_restarts:
                 break
@@ -118,17 +353,42 @@ class Agent:
             pause = self.spec.run.restart_pause_s
             self.save(attempt=attempt, message=f"attempt {attempt - 1} failed (exit code {rc});"
                       f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s")
-            log.info("attempt %d failed with %d; restarting in %.1fs", attempt - 1, rc, pause)
+            log.info("attempt %d failed with %s; restarting in %.1fs", attempt - 1, rc, pause)
             if self.pause_unless_stopped(pause):
                 break
-        return self.finish(rc)
+        return self.finish(rc, how)
+
+    def spec_env(self) -> dict[str, str]:
+        """The spec's env with its real values (plan.json holds them masked).
+
+        The seam for secrets kept apart from spec.toml: once the run directory has its 0600
+        secrets file (tunedeck.core.rundir.secrets), the real values are read from it here,
+        as that module's docstring says; until then spec.toml holds them."""
+        return {str(k): str(v) for k, v in self.spec.env.items()}
+
+    def launch_env(self, node: dict[str, Any], attempt: int, launch_id: str) -> dict[str, str]:
+        """The environment torchrun starts with: this agent's, the spec's (real values), the
+        plan's, then the run's own TUNEDECK_* variables, which nothing above can override."""
+        env = dict(os.environ)
+        spec_env = self.spec_env()
+        env.update(spec_env)
+        env.update({k: v for k, v in node["env"].items() if k not in spec_env})
+        env["TUNEDECK_RUN_ID"] = self.rundir.run_id
+        env["TUNEDECK_RUN_DIR"] = str(self.rundir.path)
+        env["TUNEDECK_ATTEMPT"] = str(attempt)
+        env["TUNEDECK_LAUNCH_ID"] = launch_id
+        return env
 
     def start_torchrun(self, attempt: int) -> None:
         node = self.plan["nodes"][self.node_rank]
-        env = dict(os.environ)
-        env.update(self.spec.env)  # plan.json has secrets masked; take real values from spec
-        env.update({k: v for k, v in node["env"].items() if k not in self.spec.env})
-        env["TUNEDECK_ATTEMPT"] = str(attempt)
+        # the launch is recorded before torchrun exists: a process carrying its marker is
+        # then always known to be the run's, even if this agent dies the next instant
+        launch_id = secrets.token_hex(8)
+        launches = [x for x in self.state.get("launches") or [] if isinstance(x, dict)]
+        launches.append({"id": launch_id, "attempt": attempt, "boot": procs.boot_id(),
+                         "after": procs.start_ticks(os.getpid()) or 0, "t": time.time()})
+        self.save(launches=launches)
+        env = self.launch_env(node, attempt, launch_id)
         out = open(self.rundir.torchrun_log(self.node_rank), "ab")
         try:
             self.proc = subprocess.Popen(node["argv"], stdin=subprocess.DEVNULL, stdout=out,
@@ -136,12 +396,22 @@ class Agent:
                                          start_new_session=True)
         finally:
             out.close()
-        changes: dict[str, Any] = dict(status="running", torchrun_pid=self.proc.pid,
-                                       pgids=[self.proc.pid], worker_pids=[], rank_pids={})
-        if attempt == 0:
+        pid = self.proc.pid
+        table = {k: v for k, v in (self.state.get("pid_identity") or {}).items()
+                 if k == str(os.getpid())}
+        ident = procs.identity(pid)
+        if ident:
+            table[str(pid)] = ident
+        launches[-1]["torchrun_pid"] = pid
+        changes: dict[str, Any] = dict(status="running", torchrun_pid=pid, pgids=[pid],
+                                       worker_pids=[], rank_pids={}, pid_identity=table,
+                                       launches=launches)
+        if attempt == 0 and not self.state.get("started"):
             changes.update(started=time.time(), message="")
+        self.rank_of_pid = {}
         self.save(**changes)
-        log.info("attempt %d: torchrun pid %d: %s", attempt, self.proc.pid, " ".join(node["argv"]))
+        log.info("attempt %d: torchrun pid %d: %s", attempt, pid,
+                 " ".join(mask_argv(node["argv"])))
 
     def pause_unless_stopped(self, seconds: float) -> bool:
         """Sleep before a restart; True if a stop was asked for meanwhile."""
@@ -150,6 +420,7 @@ class Agent:
             if self.stop_mode or self.stop_requested():
                 self.stop_mode = self.stop_mode or "graceful"
                 return True
+            self.retry_io()
             self._sleep(min(TICK_S, max(end - time.monotonic(), 0)))
         return False
 
@@ -161,14 +432,25 @@ class Agent:
 
             ensure_tiny_model(self.spec.data.path)
 
-    def supervise(self) -> int:
+    def _torchrun_done(self) -> tuple[bool, int | None, str]:
+        if isinstance(self.proc, AdoptedTorchrun):
+            done = self.proc.check()
+            return done, self.proc.returncode, self.proc.how
+        assert self.proc is not None
+        rc = self.proc.poll()
+        return rc is not None, rc, ""
+
+    def supervise(self) -> tuple[int | None, str]:
         assert self.proc is not None
         last_progress = 0.0
         while True:
-            rc = self.proc.poll()
+            done, rc, how = self._torchrun_done()
             new = self.ingest()
-            if rc is not None:
-                return rc
+            if done:
+                return rc, how
+            self.retry_io()
+            if self.monitors is None and self.store is not None:
+                self.monitors = self.make_monitors()
             self.check_stop()
             now = time.time()
             if now - last_progress >= 1.0:
@@ -184,17 +466,32 @@ class Agent:
         self.wake = False
 
     def tick_monitors(self, now: float, new_events: list[dict[str, Any]]) -> None:
-        """Telemetry samplers and live detectors; one failing never disturbs the run."""
+        """Telemetry samplers and live detectors; one failing never disturbs the run, and a
+        full disk pauses them all until space returns."""
+        if self.store is None or not self.monitors:
+            return
         for m in list(self.monitors):
             try:
                 m.tick(now, new_events)
-            except Exception:
+            except Exception as e:
+                why = io_error(e)
+                if why is not None:
+                    self._store_failed(why)
+                    return
                 log.exception("monitor %s failed; disabled", type(m).__name__)
                 self.monitors.remove(m)
 
     def ingest(self) -> list[dict[str, Any]]:
-        assert self.store is not None
-        new = self.store.ingest()
+        if self.store is None:
+            return []
+        try:
+            new = self.store.ingest()
+        except Exception as e:
+            why = io_error(e)
+            if why is None:
+                raise
+            self._store_failed(why)
+            return []
         steps = [e for e in new if e.get("kind") == "step" and e.get("rank", 0) == 0]
         if steps:
             e = steps[-1]
@@ -204,28 +501,62 @@ class Agent:
             self.save(progress=prog)
         return new
 
+    def ingest_all(self) -> list[dict[str, Any]]:
+        """Everything the ranks wrote, however much is left."""
+        new: list[dict[str, Any]] = []
+        while batch := self.ingest():
+            new.extend(batch)
+        return new
+
     def record_pids(self) -> None:
         """The ranks (torchrun's children), which rank each runs as, and the process groups
-        of everything below torchrun; read from /proc, not by walking the process table."""
+        of everything below torchrun, each with its identity; read from /proc, not by
+        walking the process table. torchrun's children are read only while torchrun is
+        still the process the run recorded (an adopted one may be long gone)."""
         if not self.proc:
             return
-        workers = proctree.children(self.proc.pid)
-        pgids = {self.proc.pid}
-        for pid in proctree.descendants(self.proc.pid):
+        st = self.state
+        old = st.get("pid_identity") or {}
+        tr = self.proc.pid
+        if tr and procs.is_ours(st, tr):
+            workers = proctree.children(tr)
+            below = proctree.descendants(tr)
+            groups = {tr}
+        else:   # torchrun is gone: the ranks it left, if they still are the run's
+            workers = procs.ours(st, st.get("worker_pids") or [])
+            below = workers + [d for w in workers for d in proctree.descendants(w)]
+            groups = set()
+        for pid in below:
             try:
-                pgids.add(os.getpgid(pid))
+                groups.add(os.getpgid(pid))
             except OSError:
                 pass
-        pgids.discard(os.getpgrp())
+        groups.discard(os.getpgrp())
+
+        def ident(pid: int) -> dict[str, Any] | None:
+            known = old.get(str(pid))
+            return known if procs.same_process(pid, known) else procs.identity(pid)
+
+        table = {k: v for k, v in old.items() if k in (str(os.getpid()), str(tr))}
+        for pid in workers:
+            if (i := ident(pid)) is not None:
+                table[str(pid)] = i
+        pgids = []
+        for pgid in sorted(groups):
+            if (i := ident(pgid)) is not None:   # a group whose leader lives (and is ours)
+                table[str(pgid)] = i
+                pgids.append(pgid)
+        workers = [p for p in workers if str(p) in table]
         known = self.rank_of_pid
         self.rank_of_pid = {pid: known[pid] if pid in known else proctree.rank_of(pid)
                             for pid in workers}
         # rank → pid: this is the one record of it (monitors, telemetry and stacks read it)
         rank_pids = {str(r if r is not None else i): pid
                      for i, (pid, r) in enumerate(self.rank_of_pid.items())}
-        if workers != self.state.get("worker_pids") or sorted(pgids) != self.state.get("pgids") \
-                or rank_pids != self.state.get("rank_pids"):
-            self.save(worker_pids=workers, pgids=sorted(pgids), rank_pids=rank_pids)
+        if workers != st.get("worker_pids") or pgids != st.get("pgids") \
+                or rank_pids != st.get("rank_pids") or table != old:
+            self.save(worker_pids=workers, pgids=pgids, rank_pids=rank_pids,
+                      pid_identity=table)
 
     def rank_pids(self) -> dict[int, int]:
         return {int(r): pid for r, pid in (self.state.get("rank_pids") or {}).items()}
@@ -233,11 +564,11 @@ class Agent:
     def make_monitors(self) -> list:
         """The agent's own monitors and the backend's; they never take the run down."""
         assert self.store is not None
-        ctx = MonitorContext(run=self.rundir, spec=self.spec, store=self.store,
-                             node_rank=self.node_rank, rank_pids=self.rank_pids,
-                             stopping=lambda: self.stop_mode is not None)
+        self.ctx = MonitorContext(run=self.rundir, spec=self.spec, store=self.store,
+                                  node_rank=self.node_rank, rank_pids=self.rank_pids,
+                                  stopping=lambda: self.stop_mode is not None)
         try:
-            return make_monitors(ctx)
+            return make_monitors(self.ctx)
         except Exception:
             log.exception("monitors could not start; the run goes on without them")
             return []
@@ -247,60 +578,144 @@ class Agent:
         req = self.rundir.read_stop()
         if self.stop_mode == "graceful_pending":
             req = req or {"mode": "graceful"}
+        now = time.monotonic()
         if req and self.stop_deadline is None:
-            mode = req.get("mode", "graceful")
-            grace = float(req.get("grace_s", self.spec.run.stop_grace_s))
+            mode = "hard" if req.get("mode") == "hard" else "graceful"
+            grace = _grace(req.get("grace_s"), self.spec.run.stop_grace_s)
             self.stop_mode = mode
             self.save(stop_requested=mode, message=f"{mode} stop requested")
-            if mode == "hard":
-                self.stop_deadline = time.monotonic()
-            else:
-                # SIGTERM to the rank processes themselves (not their groups, whose DataLoader
-                # workers would die mid-batch); the trainer finishes its step and checkpoints
-                self.record_pids()
-                procs.signal_pids(self.state.get("worker_pids", []), signal.SIGTERM)
-                self.stop_deadline = time.monotonic() + grace
-                log.info("graceful stop: SIGTERM to ranks %s, grace %.0fs",
-                         self.state.get("worker_pids"), grace)
+            self.stop_deadline = now if mode == "hard" else now + grace
+            log.info("%s stop requested%s", mode, f"; grace {grace:.0f}s" if mode != "hard"
+                     else "")
         elif req and req.get("mode") == "hard" and self.stop_mode != "hard":
             self.stop_mode = "hard"
-            self.stop_deadline = time.monotonic()
+            self.stop_deadline = now
             self.save(stop_requested="hard", message="hard stop requested")
-        if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
+        if self.stop_mode == "graceful" and self.stop_deadline is not None \
+                and now < self.stop_deadline:
+            self.term_ranks()
+        if self.stop_deadline is not None and now >= self.stop_deadline and (
+                self.killed_at is None or now - self.killed_at >= 5.0):
             log.info("stop: SIGKILL to the whole run")
+            self.killed_at = now
             self.kill_all()
 
-    def kill_all(self) -> list[int]:
-        roots = [self.proc.pid] if self.proc else []
-        return procs.kill_run(self.state["run_id"], pgids=self.state.get("pgids", []),
-                              roots=roots, exclude={os.getpid()})
+    def term_ranks(self) -> None:
+        """A graceful stop: SIGTERM to the rank processes themselves (not their groups, whose
+        DataLoader workers would die mid-batch); the trainer finishes its step and
+        checkpoints. Asked again every tick until the deadline, so ranks that appear after
+        the request (a stop in the first second) get it too. The built-in trainer's ranks
+        get it once they handle it (it also reads stop.json before its first step); other
+        backends' ranks at once."""
+        self.record_pids()
+        builtin = self.spec.backend == "builtin"
+        fresh = [p for p in self.state.get("worker_pids") or [] if p not in self.termed
+                 and (not builtin or procs.catches(p, signal.SIGTERM))]
+        sent = procs.signal_ours(self.state, fresh, signal.SIGTERM)
+        if sent:
+            self.termed.update(sent)
+            log.info("graceful stop: SIGTERM to ranks %s", sent)
 
-    def finish(self, rc: int) -> int:
+    def kill_all(self) -> list[int]:
+        # torchrun as a root only while it is our unreaped child (its pid cannot be reused)
+        roots = [self.proc.pid] if isinstance(self.proc, subprocess.Popen) \
+            and self.proc.returncode is None else []
+        return procs.kill_run(self.state, roots=roots, exclude={os.getpid()})
+
+    def _close_store(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:
+                log.exception("closing run.db failed")
+            self.store = None
+
+    def _final_save(self, **changes: Any) -> None:
+        """The run's end must reach state.json: with a full disk, wait for space."""
+        self.save(**changes)
+        deadline = time.monotonic() + FINAL_WRITE_S
+        while self.unsaved and time.monotonic() < deadline:
+            time.sleep(IO_RETRY_S)
+            self.retry_io(force=True)
+
+    def finish(self, rc: int | None, how: str = "") -> int:
         # ranks orphaned by torchrun (it died first) or late DataLoader workers: none may stay
         leftovers = self.kill_all()
         _reap()
-        new: list[dict[str, Any]] = []
-        while batch := self.ingest():   # everything the ranks wrote, however much is left
-            new.extend(batch)
-        for m in self.monitors:
+        # a full disk: give run.db a while to take the rest (the end is recorded either way)
+        deadline = time.monotonic() + FINAL_INGEST_WAIT_S
+        while "run.db" in self.paused and time.monotonic() < deadline:
+            time.sleep(IO_RETRY_S)
+            self.retry_io(force=True)
+        new = self.ingest_all()
+        for m in self.monitors or []:
             try:
                 m.close(new)
             except Exception:
                 log.exception("monitor %s failed at close", type(m).__name__)
-        if self.store:
-            self.store.close()
+        self._close_store()
+        if not self.stop_mode and (req := self.rundir.read_stop()):
+            # asked to stop while no agent watched (an adopted run that ended meanwhile)
+            self.stop_mode = "hard" if req.get("mode") == "hard" else "graceful"
         if self.stop_mode:
             status, msg = "stopped", f"stopped ({self.stop_mode.replace('_pending', '')})"
         elif rc == 0:
             status, msg = "succeeded", "completed"
+        elif rc is None:
+            status, msg = "failed", f"torchrun ended while no agent watched it; its exit " \
+                                    f"code is unknown ({how})"
         else:
             status, msg = "failed", f"torchrun exited with code {rc}"
+        if self.adopted and rc is not None and how:
+            msg += f"; adopted after its agent was lost: exit code {rc} from what the ranks " \
+                   f"left ({how})"
         if leftovers:
             msg += f"; could not kill pids {leftovers}"
-        self.save(status=status, exit_code=rc, ended=time.time(), message=msg,
-                  worker_pids=[])
+        if "run.db" in self.paused:
+            msg += ("; run.db lacks the events written while the disk was full (the event "
+                    "files have them)")
+        elif self.state.get("io_pauses"):
+            secs = sum(p["to"] - p["from"] for p in self.state["io_pauses"])
+            msg += f"; writes paused {secs:.0f}s for a full disk"
+        self.paused.pop("run.db", None)
+        self.paused_at.pop("run.db", None)
+        self._final_save(status=status, exit_code=rc, ended=time.time(), message=msg,
+                         worker_pids=[])
         log.info("run ended: %s (%s)", status, msg)
         return 0
+
+
+PAUSED_WHAT = {"run.db": "run.db ingest and telemetry", "state.json": "state.json writes"}
+
+
+def _grace(value: Any, default: float) -> float:
+    try:
+        g = float(value if value is not None else default)
+    except (TypeError, ValueError):
+        g = float(default)
+    return g if g == g and 0 <= g < float("inf") else float(default)
+
+
+def _space_for(path: Path, probe: int = 64 << 10) -> bool:
+    """Is there room next to `path` (its real folder) again? Writes and removes a small file."""
+    folder = Path(os.path.realpath(path)).parent
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".space.", dir=folder)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"\0" * probe)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def prepare_finding(e: BaseException, data_path: str) -> Finding:
@@ -374,18 +789,43 @@ def _reap() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir = Path(argv[0]).resolve()
+    adopting = "--adopt" in argv[1:]
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s agent: %(message)s")
+    # one agent per run: held for this process's life, released by the kernel at its death
+    lock = adopt.lock_owner(run_dir, wait_s=5.0 if adopting else 30.0)
+    if lock is None:
+        log.info("another agent owns %s; leaving it to that one", run_dir)
+        return 0
+    agent = None
     try:
-        return Agent(run_dir).run()
+        agent = Agent(run_dir)
+        return agent.adopt() if adopting else agent.run()
     except Exception:
         traceback.print_exc()
-        run = RunDir(run_dir)
-        state = run.read_state() or {}
-        state.update(status="failed", ended=time.time(),
-                     message="agent crashed: " + traceback.format_exc(limit=1).strip()[-300:])
-        run.write_state(state)
+        _record_crash(run_dir, agent)
         return 1
+
+
+def _record_crash(run_dir: Path, agent: Agent | None) -> None:
+    """An unexpected error ended this agent. When processes of the run live on, the run is
+    left for the next tunedeck command to adopt (up to adopt.MAX_AGENT_CRASHES times);
+    otherwise it failed."""
+    msg = "agent crashed: " + traceback.format_exc(limit=1).strip()[-300:]
+    try:
+        run = RunDir(run_dir)
+        state = (agent.state if agent is not None else None) or run.read_state() or {}
+        if state.get("status") in TERMINAL:
+            return
+        if procs.live_processes(state):
+            state["agent_crashes"] = int(state.get("agent_crashes") or 0) + 1
+            state["message"] = msg + "; its processes live on and the next tunedeck " \
+                                     "command adopts the run"
+        else:
+            state.update(status="failed", ended=time.time(), message=msg)
+        run.write_state(state)
+    except Exception:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,18 @@
-"""Stopping a run: ask its agent, or do the agent's job when the agent is gone."""
+"""Stopping a run: ask its agent; when the agent is gone, a new agent adopts the run first and
+stops it the same graceful way; only a run nobody can adopt is killed from here.
+
+The API for the command line and the TUI:
+
+    stop(run, hard=False, grace_s=None, wait=True, timeout_s=None) -> RunInfo
+
+`wait=False` records the request (stop.json, read by the agent on its next tick; the built-in
+trainer also reads it before its first step) and returns at once with the run as it reads now
+(`needs_stop` still True, `state["stop_requested"]` set once the agent has acted). `wait=True`
+blocks until the run is over: a graceful stop escalates to SIGKILL after the grace period by
+itself (the agent enforces it), so the wait is bounded (timeout_s, default grace + 30 s).
+Every process that is signalled is checked against its recorded identity first
+(core/runs/procs.py): a stop never reaches a process that merely reuses a recorded pid.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +20,45 @@ import os
 import signal
 import time
 
-from tunedeck.core.runs import procs
+from tunedeck.core.runs import adopt, procs
 from tunedeck.core.runs.registry import RunInfo, read_run
 from tunedeck.core.rundir import write_json_atomic
-from tunedeck.core.runs.state import TERMINAL, pid_alive
+from tunedeck.core.runs.state import TERMINAL
 
 
 def request_stop(run: RunInfo, hard: bool = False, grace_s: float | None = None) -> None:
-    """Write stop.json and wake the agent. Returns at once; see wait_stopped."""
+    """Write stop.json and wake the agent (adopting the run first when its agent is gone).
+    Returns once an agent has the request, or once the run was killed from here."""
     req = {"mode": "hard" if hard else "graceful", "t": time.time()}
     if grace_s is not None:
         req["grace_s"] = grace_s
     write_json_atomic(run.run.stop_request, req)
-    pid = run.state.get("agent_pid")
-    if pid and pid_alive(pid, run.state.get("agent_create_time")):
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    else:
-        _stop_orphaned(run)
+    state = run.run.read_state() or run.state
+    if procs.owner_alive(state) or adopt.ensure_agent(run.run_dir):
+        state = run.run.read_state() or state
+        pid = state.get("agent_pid")
+        if procs.owner_alive(state):
+            try:
+                os.kill(pid, signal.SIGUSR1)   # verified just above: it is the agent
+            except ProcessLookupError:
+                pass
+        return
+    if procs.owner_alive(state) is None:
+        return   # recorded on another host: its agent there reads stop.json
+    _stop_orphaned(run)
 
 
 def _stop_orphaned(run: RunInfo) -> None:
-    """No agent: kill what is left of the run ourselves and record it."""
-    st = run.state
-    procs.kill_run(run.run_id, pgids=st.get("pgids", []),
-                   roots=[p for p in (st.get("torchrun_pid"),) if p])
-    st.update(status="stopped", ended=time.time(), worker_pids=[],
-              message="stopped (agent was gone; processes killed)")
+    """No agent, and none could adopt the run: kill what is left of it (by identity) and
+    record it."""
+    st = run.run.read_state() or run.state
+    if st.get("status") in TERMINAL:
+        return
+    left = procs.kill_run(st)
+    msg = "stopped (agent was gone; processes killed)"
+    if left:
+        msg += f"; could not kill pids {left}"
+    st.update(status="stopped", ended=time.time(), worker_pids=[], message=msg)
     run.run.write_state(st)
 
 
@@ -43,22 +67,24 @@ def wait_stopped(run: RunInfo, timeout_s: float) -> RunInfo:
     cur = run
     while time.monotonic() < deadline:
         cur = read_run(run.run_dir) or cur
-        if cur.status in TERMINAL and not pid_alive(cur.state.get("agent_pid"),
-                                                    cur.state.get("agent_create_time")):
+        if cur.state.get("status") in TERMINAL and not procs.owner_alive(cur.state):
             return cur
-        time.sleep(0.2)
+        time.sleep(0.1)
     return cur
 
 
 def stop(run: RunInfo, hard: bool = False, grace_s: float | None = None,
-         timeout_s: float | None = None) -> RunInfo:
-    """Stop and wait until the agent has recorded the end. A graceful stop escalates to
-    SIGKILL after the grace period by itself (the agent enforces it)."""
+         timeout_s: float | None = None, wait: bool = True) -> RunInfo:
+    """Ask the run to stop. `wait`: until it is over or `timeout_s` has passed (default: the
+    grace period, after which the agent SIGKILLs, plus 30 s); else return at once."""
     if not run.needs_stop:
         return run
     request_stop(run, hard=hard, grace_s=grace_s)
-    grace = grace_s if grace_s is not None else _grace(run)
-    return wait_stopped(run, timeout_s if timeout_s is not None else grace + 30)
+    if not wait:
+        return read_run(run.run_dir) or run
+    if timeout_s is None:
+        timeout_s = (0.0 if hard else grace_s if grace_s is not None else _grace(run)) + 30.0
+    return wait_stopped(run, timeout_s)
 
 
 def _grace(run: RunInfo) -> float:

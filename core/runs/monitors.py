@@ -4,7 +4,9 @@ the run's backend adds (tunedeck.core.backends: its `monitors`).
 `make_monitors(ctx)` is called once torchrun has started. Every monitor has
 tick(now, new_events) (~every 0.5 s, must stay well under 50 ms, and must not grow with the
 run's length) and close(new_events). One monitor failing to start never stops the others, nor
-the run. Monitors see the run through a `MonitorContext`, not the agent itself.
+the run. Monitors see the run through a `MonitorContext`, not the agent itself; its `store` may
+be replaced while they run (the agent reopens run.db after a full disk: a monitor that keeps
+something of the store has `rebind(store)`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class TelemetryMonitor:
 
     def close(self, new_events: list[dict]) -> None:
         self.sampler.close(new_events)
+
+    def rebind(self, store: Store) -> None:
+        """The agent opened run.db again (after a full disk): write through the new
+        connection. The other monitors read `ctx.store` at each call."""
+        self.sampler.tstore = store.telemetry
 
 
 class DetectorMonitor:

@@ -1,7 +1,11 @@
-"""The registry: every run directory under the runs root, read without side effects.
+"""The registry: every run directory under the runs root.
 
 Attaching is reading: the CLI and TUI only read these files, so any number of SSH sessions can
-watch the same run and none of them can disturb it.
+watch the same run and none of them can disturb it. One side effect is deliberate: a run whose
+state.json says it is not over but whose agent is gone (by identity, on this host) shows as
+`lost` ("agent lost, ranks still running (N processes)") while its processes live, else
+`failed`, and reading it starts a new agent that adopts it (core/runs/adopt.py;
+TUNEDECK_NO_ADOPT=1 turns that off for a reader).
 
 `list_runs` reads everything once (the CLI). A viewer that asks again and again (the TUI's runs
 list, every second) keeps a `Registry`: it lists the runs root only when the root's mtime
@@ -22,6 +26,7 @@ from typing import Any
 from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.runs import adopt, procs
 from tunedeck.core.runs.state import TERMINAL, pid_alive
 
 
@@ -57,7 +62,7 @@ class RunInfo:
     @property
     def needs_stop(self) -> bool:
         """Not ended as far as state.json records: its processes may still be alive even
-        when the agent is gone (then `status` already reads failed)."""
+        when the agent is gone (then `status` reads lost, or failed when none lives)."""
         return self.state.get("status") not in TERMINAL
 
     def age_s(self, now: float | None = None) -> float:
@@ -85,10 +90,17 @@ def info_from_state(run_dir: Path, state: dict[str, Any] | None) -> RunInfo | No
         return None
     status = state.get("status", "pending")
     message = state.get("message", "")
-    if status not in TERMINAL and state.get("agent_pid"):
-        if not pid_alive(state["agent_pid"], state.get("agent_create_time")):
-            # the agent died without recording an end (host reboot, SIGKILL)
+    if status not in TERMINAL and state.get("agent_pid") and not _owner_alive(state):
+        # the agent died without recording an end (SIGKILL, a crash, a host reboot)
+        alive = procs.live_processes(state)
+        if alive:
+            status = "lost"
+            message = f"agent lost, ranks still running ({len(alive)} processes)"
+        else:
             status, message = "failed", "the run's agent is gone (killed or host restarted)"
+        # reading the run is what brings its owner back: a new agent adopts it (or, when
+        # nothing of it lives, records how it ended); see core/runs/adopt.py
+        adopt.request(run_dir, state)
     prog = state.get("progress") or {}
     return RunInfo(run_id=state["run_id"], run_dir=run_dir, name=state.get("name", ""),
                    status=status, message=message, created=state.get("created") or 0.0,
@@ -96,6 +108,14 @@ def info_from_state(run_dir: Path, state: dict[str, Any] | None) -> RunInfo | No
                    step=int(prog.get("step") or 0), max_steps=int(prog.get("max_steps") or 0),
                    loss=prog.get("loss"), tokens_per_s=prog.get("tokens_per_s"),
                    exit_code=state.get("exit_code"), state=state)
+
+
+def _owner_alive(state: dict[str, Any]) -> bool:
+    """The agent lives, or this host cannot tell (the run was recorded on another host)."""
+    if isinstance(state.get("pid_identity"), dict) and \
+            str(state.get("agent_pid")) in state["pid_identity"]:
+        return procs.owner_alive(state) is not False
+    return pid_alive(state["agent_pid"], state.get("agent_create_time"))
 
 
 def _newest_first(runs: list[RunInfo]) -> list[RunInfo]:

@@ -1,5 +1,11 @@
 """state.json's content: what a run is doing. The agent writes it (atomically, through
-tunedeck.core.rundir) while it lives; the CLI writes it only to mark a run whose agent is gone.
+tunedeck.core.rundir) while it lives; the CLI writes it only to mark a run whose agent is gone
+and whose processes are gone too (otherwise a new agent adopts the run: core/runs/adopt.py).
+
+Every pid it records (agent_pid, torchrun_pid, worker_pids, rank_pids, the leaders of pgids) has
+its identity in `pid_identity` ({"<pid>": {"start": ticks after boot, "boot": boot id}}; see
+core/runs/procs.py), and each torchrun the agent started is in `launches`
+({"id", "attempt", "boot", "after", "t"}: the launch marker its processes carry).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ def new_state(run_id: str, name: str, max_steps: int) -> dict[str, Any]:
         "torchrun_pid": None,
         "worker_pids": [],
         "pgids": [],
+        "pid_identity": {},
+        "launches": [],
         "host": os.uname().nodename,
         "master_port": None,
         "attempt": 0,
