@@ -214,6 +214,7 @@ class Trainer:
         self.spec, self.d, self.events, self.stop = spec, d, events, stop
         self.model_path = model_path
         self.output_dir = RunDir(run_dir).output_dir(spec)
+        self.stop_file = RunDir(run_dir).stop_request   # a stop asked before the first step
         self.state = TrainState()
         self.save_at_end = True  # the benchmark turns it off (a 7B full checkpoint is ~90 GB)
         tr = spec.train
@@ -504,6 +505,15 @@ class Trainer:
         return path / "merged"
 
     # -- the run --------------------------------------------------------------------------
+    def stop_before_start(self) -> bool:
+        """A stop requested before the first step (stop.json, or a SIGTERM while the model was
+        being built): every rank agrees through one all-reduce, so all of them leave."""
+        flag = self.stop.requested or self.stop_file.exists()
+        t = torch.tensor([1.0 if flag else 0.0], device=self.d.device)
+        if dist.is_initialized():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
     def run(self) -> str:
         spec, st = self.spec, self.state
         tr = spec.train
@@ -516,6 +526,13 @@ class Trainer:
         if st.resumed_from:
             start["resumed_from"] = st.resumed_from
         self.events.emit("start", **start)
+        if self.stop_before_start():
+            # nothing trained in this attempt: no checkpoint to write, a clean exit
+            self.events.emit("end", step=st.step, reason="stopped", loss=st.loss)
+            self.events.sync()
+            if self.d.rank == 0:
+                print(f"stopped before step {st.step + 1}: a stop was requested", flush=True)
+            return "stopped"
         log_every = max(1, tr.max_steps // 50)
         stopped = False
         while st.step < tr.max_steps:

@@ -1,0 +1,61 @@
+"""A stop at any moment: a graceful stop asked for before the ranks exist is not lost. The
+agent keeps sending SIGTERM to ranks that appear after the request, the built-in trainer reads
+the request before its first step, so the run ends cleanly (exit 0, every rank's `end` says
+stopped) well within the grace period, without the SIGKILL that ends the grace; and the stop
+API can return at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tunedeck.core.runs import procs
+from tests.conftest import DEMO, cli_json
+
+pytestmark = pytest.mark.slow
+
+GRACE_S = 30
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 1.0, 2.5])
+def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
+    out = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
+                   "--set", f"run.stop_grace_s={GRACE_S}", home=td_home)
+    run_id = out["run_id"]
+    time.sleep(delay_s)
+    t0 = time.monotonic()
+    done = cli_json("stop", run_id, home=td_home, timeout=120)
+    took = time.monotonic() - t0
+    assert done["status"] == "stopped", done
+    assert took < GRACE_S / 2, f"the stop took {took:.1f}s: the grace period ran out"
+    run_dir = td_home / "runs" / run_id
+    log = (run_dir / "logs" / "agent.log").read_text()
+    assert "SIGKILL to the whole run" not in log, log[-2000:]
+    st = json.loads((run_dir / "state.json").read_text())
+    ends = []
+    for f in sorted((run_dir / "events").glob("rank*.jsonl")):
+        evs = [json.loads(x) for x in f.open()]
+        ends += [e for e in evs if e["kind"] == "end"]
+    if st["message"] == "stopped before start":   # the agent never started torchrun
+        assert not ends
+    else:
+        assert st["exit_code"] == 0, st
+        assert len(ends) == 2 and all(e["reason"] == "stopped" for e in ends), ends
+    assert not procs.marked_processes(run_id)
+
+
+def test_stop_without_waiting_returns_at_once(td_home):
+    from tunedeck.core.runs.control import stop, wait_stopped
+    from tunedeck.core.runs.registry import find_run
+
+    run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
+                      home=td_home)["run_id"]
+    run = find_run(run_id, td_home / "runs")
+    t0 = time.monotonic()
+    asked = stop(run, wait=False)
+    assert time.monotonic() - t0 < 2.0
+    assert asked.needs_stop and (td_home / "runs" / run_id / "stop.json").exists()
+    done = wait_stopped(asked, 60)
+    assert done.status == "stopped", done.message
