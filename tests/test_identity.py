@@ -156,15 +156,17 @@ def test_the_runs_own_variables_win_over_the_spec_and_the_environment(td_home, m
     env = plan.nodes[0].env
     assert env["TUNEDECK_RUN_ID"] == run.run_id and env["TUNEDECK_RUN_DIR"] == str(run.path)
     assert env["KEEP"] == "1"
-    # the agent's launch environment: the run's values over the spec's and its own
+    # the agent's launch command: the run's values over the plan's, the secrets file's and
+    # its own environment's
     spec2 = load_spec(DEMO, ["cluster.device=\"cpu\""])
     run_dir = prepare_run(spec2, td_home / "runs")
     monkeypatch.setenv("TUNEDECK_RUN_ID", "inherited-other-run")
     monkeypatch.setenv("TUNEDECK_ATTEMPT", "9")
     agent = Agent(run_dir)
-    agent.spec.env = dict(spec.env)
-    node = agent.plan["nodes"][0]
-    env = agent.launch_env(node, 0, "abc123")
+    node = dict(agent.plan["nodes"][0])
+    node["env"] = {**node["env"], "TUNEDECK_RUN_ID": "forged", "KEEP": "1"}
+    argv, env = agent.launch_command(node, 0, "abc123")
+    assert argv == agent.plan["nodes"][0]["argv"]
     assert env["TUNEDECK_RUN_ID"] == run_dir.name
     assert env["TUNEDECK_RUN_DIR"] == str(run_dir)
     assert env["TUNEDECK_LAUNCH_ID"] == "abc123" and env["TUNEDECK_ATTEMPT"] == "0"

@@ -43,8 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir import FILE_MODE, RunDir
 from tunedeck.core.runs import procs
+from tunedeck.core.runs.launch import AGENT_UMASK
 
 ADOPT_EVERY_S = 10.0
 MAX_AGENT_CRASHES = 3
@@ -124,19 +125,21 @@ def request(run_dir: Path, state: dict[str, Any], force: bool = False) -> bool:
 
 
 def spawn(run_dir: Path) -> subprocess.Popen:
-    """`python -m tunedeck.core.runs.agent RUN_DIR --adopt`, detached like a launch's."""
+    """`python -m tunedeck.core.runs.agent RUN_DIR --adopt`, detached like a launch's (its
+    own session, output to agent.log, umask 077)."""
     run = RunDir(run_dir)
     env = dict(os.environ)
     for k in (procs.RUN_ID_ENV, procs.LAUNCH_ID_ENV, "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT"):
         env.pop(k, None)   # never the marker of a run the reader may be running inside
-    log = open(run.agent_log, "ab")
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path), "--adopt"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, cwd=str(run.path), env=env)
+            start_new_session=True, close_fds=True, cwd=str(run.path), env=env,
+            umask=AGENT_UMASK)
     finally:
-        log.close()
+        os.close(log)
 
 
 def ensure_agent(run_dir: Path, timeout_s: float = 20.0) -> bool:

@@ -43,6 +43,7 @@ import psutil
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import adopt, procs
 from tunedeck.core.runs.monitors import MonitorContext, make_monitors
 from tunedeck.core.runs.state import TERMINAL
@@ -56,8 +57,6 @@ TICK_S = 0.5
 IO_RETRY_S = 2.0            # a paused write (full disk) is tried again this often
 FINAL_WRITE_S = 24 * 3600   # how long the end of a run waits for state.json to be writable
 FINAL_INGEST_WAIT_S = 60.0  # ... and for run.db, before recording the end without the rest
-# The run's own variables: set by the agent after everything else, never from a spec
-RESERVED_ENV = ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT", "TUNEDECK_LAUNCH_ID")
 
 
 def io_error(e: BaseException) -> str | None:
@@ -358,26 +357,20 @@ class Agent:
                 break
         return self.finish(rc, how)
 
-    def spec_env(self) -> dict[str, str]:
-        """The spec's env with its real values (plan.json holds them masked).
-
-        The seam for secrets kept apart from spec.toml: once the run directory has its 0600
-        secrets file (tunedeck.core.rundir.secrets), the real values are read from it here,
-        as that module's docstring says; until then spec.toml holds them."""
-        return {str(k): str(v) for k, v in self.spec.env.items()}
-
-    def launch_env(self, node: dict[str, Any], attempt: int, launch_id: str) -> dict[str, str]:
-        """The environment torchrun starts with: this agent's, the spec's (real values), the
-        plan's, then the run's own TUNEDECK_* variables, which nothing above can override."""
-        env = dict(os.environ)
-        spec_env = self.spec_env()
-        env.update(spec_env)
-        env.update({k: v for k, v in node["env"].items() if k not in spec_env})
+    def launch_command(self, node: dict[str, Any], attempt: int, launch_id: str
+                       ) -> tuple[list[str], dict[str, str]]:
+        """The command torchrun starts with: plan.json's node with the real values of what it
+        masks (the run's 0600 secrets.json, tunedeck.core.rundir.secrets), on this agent's
+        environment, then the run's own TUNEDECK_* variables, which nothing above overrides
+        (the plan puts TUNEDECK_RUN_ID/RUN_DIR last already; an inherited environment or a
+        secrets file cannot change them either)."""
+        argv, node_env = read_secrets(self.rundir).node_command(node)
+        env = {**os.environ, **node_env}
         env["TUNEDECK_RUN_ID"] = self.rundir.run_id
         env["TUNEDECK_RUN_DIR"] = str(self.rundir.path)
         env["TUNEDECK_ATTEMPT"] = str(attempt)
         env["TUNEDECK_LAUNCH_ID"] = launch_id
-        return env
+        return argv, env
 
     def start_torchrun(self, attempt: int) -> None:
         node = self.plan["nodes"][self.node_rank]
@@ -388,10 +381,10 @@ class Agent:
         launches.append({"id": launch_id, "attempt": attempt, "boot": procs.boot_id(),
                          "after": procs.start_ticks(os.getpid()) or 0, "t": time.time()})
         self.save(launches=launches)
-        env = self.launch_env(node, attempt, launch_id)
+        argv, env = self.launch_command(node, attempt, launch_id)
         out = open(self.rundir.torchrun_log(self.node_rank), "ab")
         try:
-            self.proc = subprocess.Popen(node["argv"], stdin=subprocess.DEVNULL, stdout=out,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, cwd=node["cwd"], env=env,
                                          start_new_session=True)
         finally:
@@ -411,7 +404,7 @@ class Agent:
         self.rank_of_pid = {}
         self.save(**changes)
         log.info("attempt %d: torchrun pid %d: %s", attempt, pid,
-                 " ".join(mask_argv(node["argv"])))
+                 " ".join(mask_argv(argv)))
 
     def pause_unless_stopped(self, seconds: float) -> bool:
         """Sleep before a restart; True if a stop was asked for meanwhile."""
