@@ -52,6 +52,9 @@ DAY_S = 86400.0
 # Linux's MAX_ARG_STRLEN: one argument or one NAME=VALUE of a new process, its NUL included;
 # a longer one makes exec fail (E2BIG), which crashed the agent
 ARG_MAX_BYTES = 131072
+# all of a new process's arguments and environment share ARG_MAX (2 MiB on most systems): the
+# spec's variables get at most half, the inherited environment and the command the rest
+ENV_TOTAL_BYTES = 1 << 20
 RESERVED_ENV = "TUNEDECK_"  # the run's id, folder and attempt: set by tunedeck for every rank
 
 
@@ -728,6 +731,11 @@ def _between_keys(spec: RunSpec) -> list[str]:
         out.append("parallel.sequence_parallel needs parallel.tp > 1")
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
+    total = sum(len(f"{k}={v}".encode("utf-8", "replace")) + 1 for k, v in spec.env.items())
+    if total > ENV_TOTAL_BYTES:
+        out.append(f"env: its variables take {total} bytes in all; a process gets at most "
+                   f"{ENV_TOTAL_BYTES} of them from a spec (arguments and environment share "
+                   "the OS's ARG_MAX); pass large data in a file")
     return out
 
 

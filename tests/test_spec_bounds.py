@@ -110,6 +110,11 @@ def test_env_values_over_the_os_limit_are_refused():
     with pytest.raises(SpecError) as e:
         loads_spec(BASE, source="s.toml", overrides=[f'swift.extra_args=["{big}"]'])
     assert "swift.extra_args" in e.value.problems[0] and len(e.value.problems[0]) < 300
+    # many variables under the limit each, over it together
+    many = "".join(f'V{i} = "{"z" * 100_000}"\n' for i in range(12))
+    with pytest.raises(SpecError) as e:
+        loads_spec(BASE + "[env]\n" + many, source="s.toml")
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith("env: ")
     # just under the limit is fine: NAME=VALUE and its NUL in 131072 bytes
     val = "y" * (131072 - len("OK=") - 1)
     assert loads_spec(BASE + f'[env]\nOK = "{val}"\n').env["OK"] == val
