@@ -325,3 +325,30 @@ def test_another_local_user_cannot_read_any_secret(model_cache):
 
         _stop_leftovers(base / "home")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_ranks_get_the_real_values(td_home, tmp_path):
+    """End to end: the files are masked, yet the ranks see the real secrets (the agent starts
+    torchrun from read_secrets(run).node_command(node))."""
+    from tests.conftest import cli
+
+    script = tmp_path / "check_secrets.py"
+    script.write_text(
+        "import os, sys\n"
+        "ok_env = os.environ.get('HF_TOKEN') == 'hf_SECRETenv1'\n"
+        "ok_argv = '--api-key=SECRETflag3' in sys.argv and 'SECRETflag4' in sys.argv\n"
+        "print('SECRETS-SEEN', ok_env, ok_argv, flush=True)\n")
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'name = "real"\nbackend = "script"\n[script]\npath = "{script}"\n'
+                    'args = ["--api-key=SECRETflag3", "--password", "SECRETflag4"]\n'
+                    '[cluster]\ndevice = "cpu"\nnproc_per_node = 1\n'
+                    '[env]\nHF_TOKEN = "hf_SECRETenv1"\n')
+    proc = cli("launch", str(spec), "--wait", "--json", "--no-preflight", home=td_home,
+               check=False, timeout=300)
+    run = RunDir(td_home / "runs" / json.loads(proc.stdout.splitlines()[0])["run_id"])
+    logs = " ".join(p.read_text(errors="replace") for p in run.logs.rglob("stdout.log"))
+    assert "SECRETS-SEEN True True" in logs, logs[-2000:]
+    for p in _all_files(run.path):
+        if p != run.secrets:
+            text = p.read_text(encoding="utf-8", errors="replace")
+            assert not any(s in text for s in SECRET_VALUES), p
