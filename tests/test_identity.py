@@ -112,7 +112,7 @@ def test_status_does_not_count_a_reused_pid_as_a_live_rank(td_home, monkeypatch)
     try:
         run_id = _fake_orphan(td_home, victim.pid, identities="recorded")
         st = cli_json("status", run_id, home=td_home)
-        assert st["status"] == "failed" and "agent is gone" in st["message"], st
+        assert st["status"] == "lost" and "processes have ended" in st["message"], st
         assert _alive(victim)
     finally:
         _end(victim)

@@ -3,9 +3,10 @@
 Attaching is reading: the CLI and TUI only read these files, so any number of SSH sessions can
 watch the same run and none of them can disturb it. One side effect is deliberate: a run whose
 state.json says it is not over but whose agent is gone (by identity, on this host) shows as
-`lost` ("agent lost, ranks still running (N processes)") while its processes live, else
-`failed`, and reading it starts a new agent that adopts it (core/runs/adopt.py;
-TUNEDECK_NO_ADOPT=1 turns that off for a reader).
+`lost` ("agent lost, ranks still running (N processes)", or that they have ended and a new
+agent will record how), and reading it starts a new agent that adopts it (core/runs/adopt.py;
+TUNEDECK_NO_ADOPT=1 turns that off for a reader). Only a run no agent can adopt (recorded
+before identities, its agent crashing again and again) shows `failed` (the agent is gone).
 
 `list_runs` reads everything once (the CLI). A viewer that asks again and again (the TUI's runs
 list, every second) keeps a `Registry`: it lists the runs root only when the root's mtime
@@ -93,14 +94,20 @@ def info_from_state(run_dir: Path, state: dict[str, Any] | None) -> RunInfo | No
     if status not in TERMINAL and state.get("agent_pid") and not _owner_alive(state):
         # the agent died without recording an end (SIGKILL, a crash, a host reboot)
         alive = procs.live_processes(state)
+        adoptable = adopt.why_not(run_dir, state) is None
         if alive:
             status = "lost"
             message = f"agent lost, ranks still running ({len(alive)} processes)"
+        elif adoptable:   # how it ended is in its files: not known before an agent reads them
+            status = "lost"
+            message = ("agent lost, its processes have ended; a new agent records how the run "
+                       "ended")
         else:
             status, message = "failed", "the run's agent is gone (killed or host restarted)"
-        # reading the run is what brings its owner back: a new agent adopts it (or, when
-        # nothing of it lives, records how it ended); see core/runs/adopt.py
-        adopt.request(run_dir, state)
+        if adoptable:
+            # reading the run is what brings its owner back: a new agent adopts it (or, when
+            # nothing of it lives, records how it ended); see core/runs/adopt.py
+            adopt.request(run_dir, state)
     prog = state.get("progress") or {}
     return RunInfo(run_id=state["run_id"], run_dir=run_dir, name=state.get("name", ""),
                    status=status, message=message, created=state.get("created") or 0.0,
