@@ -131,6 +131,16 @@ class Dist:
     device: torch.device
 
 
+def stop_agreed(stop: StopFlag, stop_file: Path, device: torch.device) -> bool:
+    """Has any rank been asked to stop (a SIGTERM, or the run's stop.json)? One all-reduce,
+    so every rank gets the same answer and they all leave together."""
+    flag = stop.requested or stop_file.exists()
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
 def attempt() -> int:
     """>0 when this process is a restart (by the tunedeck agent or by torchrun itself)."""
     def num(name: str) -> int:
@@ -508,11 +518,7 @@ class Trainer:
     def stop_before_start(self) -> bool:
         """A stop requested before the first step (stop.json, or a SIGTERM while the model was
         being built): every rank agrees through one all-reduce, so all of them leave."""
-        flag = self.stop.requested or self.stop_file.exists()
-        t = torch.tensor([1.0 if flag else 0.0], device=self.d.device)
-        if dist.is_initialized():
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
+        return stop_agreed(self.stop, self.stop_file, self.d.device)
 
     def run(self) -> str:
         spec, st = self.spec, self.state
@@ -601,6 +607,15 @@ def main(run_dir: str | Path) -> int:
     model_path = resolve_model_path(spec)
     d = init_distributed(spec)
     events = EventWriter(run_dir, d.rank)
+    if attempt() == 0 and stop_agreed(stop, RunDir(run_dir).stop_request, d.device):
+        # stopped before anything was built (a stop in the launch's first seconds): leave
+        # at once, cleanly; a later request is caught again before the first step
+        events.emit("end", step=0, reason="stopped", loss=None)
+        events.close()
+        if d.rank == 0:
+            print("stopped before the model was built: a stop was requested", flush=True)
+        _leave_process_group(False)
+        return 0
     trainer = None
     failed = True
     try:
