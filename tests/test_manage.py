@@ -35,7 +35,10 @@ def make_run(root: Path, run_id: str, *, name: str = "demo", status: str = "succ
     spec.train.max_steps, spec.run.output_dir = max_steps, output_dir
     for key, value in spec_sets.items():
         section, field_ = key.split("__")
-        setattr(getattr(spec, section), field_, value)
+        if section == "env":
+            spec.env[field_] = value
+        else:
+            setattr(getattr(spec, section), field_, value)
     with mock.patch.object(launch, "new_run_id", lambda _name: run_id):
         run_dir = launch.prepare_run(spec, root)
     rd = RunDir(run_dir)
@@ -146,6 +149,15 @@ def test_clone_gets_its_own_output_folder_and_starts_fresh(root, tmp_path):
     made = clone_spec(read_run(make_run(root, "c-2", output_dir=str(shared))))
     assert made.spec.run.output_dir == str(shared)      # the user's choice stays, with a note
     assert any(str(shared) in n for n in made.notes)
+
+
+def test_clone_and_resume_get_the_real_secrets_not_the_masked_ones(root):
+    """spec.toml holds secrets as ****; a clone or a resume must launch with the real ones."""
+    run_dir = make_run(root, "s-1", status="stopped", checkpoints=(50,),
+                       env__HF_TOKEN="hf_real_value")
+    assert "hf_real_value" not in (run_dir / "spec.toml").read_text()
+    assert clone_spec(read_run(run_dir)).spec.env["HF_TOKEN"] == "hf_real_value"
+    assert resume_spec(read_run(run_dir)).spec.env["HF_TOKEN"] == "hf_real_value"
 
 
 # -- delete ------------------------------------------------------------------------------

@@ -41,8 +41,11 @@ def check(spec: RunSpec, local: bool) -> None:
     if s.path and s.module:
         raise ValueError("script.path and script.module are exclusive; set one")
     if local and s.path and not script_path(spec).is_file():
-        raise ValueError(f"script.path: {s.path} is not a file (relative paths are taken "
-                         f"from {Path.cwd()})")
+        # a spec file's relative paths were resolved from its folder when it was loaded;
+        # only a path still relative (a spec built in code) is taken from here
+        where = "" if Path(s.path).expanduser().is_absolute() else \
+            f" (relative paths are taken from {Path.cwd()})"
+        raise ValueError(f"script.path: {script_path(spec)} is not a file{where}")
 
 
 def build_plan(spec: RunSpec, run: RunDir) -> LaunchPlan:

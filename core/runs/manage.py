@@ -20,14 +20,18 @@ import copy
 import os
 import shutil
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.rundir.checkpoints import Checkpoint, complete_checkpoints, \
-    newest_checkpoint
+from tunedeck.core.rundir.checkpoints import (
+    Checkpoint,
+    complete_checkpoints,
+    newest_checkpoint,
+)
+from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.registry import RunInfo, list_runs
 from tunedeck.core.runs.state import TERMINAL, pid_alive
@@ -46,12 +50,13 @@ class ManageError(ValueError):
 # -- a run's frozen spec and its folders -----------------------------------------------------
 
 def frozen_spec(run: RunInfo) -> RunSpec:
-    """The spec the run was launched with (spec.toml, resolved at launch)."""
+    """The spec the run was launched with (spec.toml, resolved at launch), with the real
+    values of its secrets (spec.toml holds them masked; secrets.json, 0600, holds them)."""
     path = run.run.spec
     if not path.is_file():
         raise ManageError(f"{run.run_id} has no spec.toml ({path})")
     try:
-        return load_spec(path)
+        return read_secrets(run.run).unmask_spec(load_spec(path))
     except SpecError as e:
         raise ManageError(f"{run.run_id}'s spec.toml does not load any more: {e}") from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tunedeck.tui.format import print_json
+from tunedeck.tui.format import clean, print_json
 
 JSON_KEYS = ("category", "severity", "rank", "node", "summary", "cause", "fix", "evidence",
              "root_cause", "source")
@@ -67,10 +67,11 @@ def cmd_diagnose(args) -> int:
                                       f"rank {f.rank}" if f.rank is not None else "") if x)
         tag = "ROOT CAUSE" if f.root_cause and f.severity == "error" else (
             "consequence" if not f.root_cause else f.severity)
-        print(f"[{tag}] {f.category}{' (' + where + ')' if where else ''}: {f.summary}")
-        print(f"  cause: {f.cause}")
-        print(f"  fix:   {f.fix}")
+        # log lines are anyone's text: escape sequences never reach the terminal
+        print(f"[{tag}] {f.category}{' (' + where + ')' if where else ''}: {clean(f.summary)}")
+        print(f"  cause: {clean(f.cause)}")
+        print(f"  fix:   {clean(f.fix)}")
         for e in f.evidence[:6]:
-            print(f"    | {e}")
+            print(f"    | {clean(e)}")
         print()
     return 0

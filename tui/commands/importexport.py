@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tunedeck.tui.format import clean
+
 
 def cmd_import(args) -> int:
     from tunedeck.core.backends.importer import CommandImportError, import_command
@@ -16,7 +18,7 @@ def cmd_import(args) -> int:
         print(f"tunedeck import: {e}", file=sys.stderr)
         return 2
     for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {clean(w)}", file=sys.stderr)
     text = result.to_toml()
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")

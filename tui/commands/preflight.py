@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tunedeck.tui.format import print_json
+from tunedeck.tui.format import clean, print_json
 
 MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -57,8 +57,8 @@ def cmd_preflight(args) -> int:
 
 def _print(r) -> None:
     print(f"[{MARK[r.status]}] {r.title}  ({r.id})")
-    for line in r.detail.splitlines():
-        print(f"       {line}")
+    for line in r.detail.splitlines():   # details quote data rows and paths: cleaned
+        print(f"       {clean(line)}")
     if r.fix and r.status in ("warn", "fail"):
-        print(f"       fix: {r.fix}")
+        print(f"       fix: {clean(r.fix)}")
     sys.stdout.flush()

@@ -36,9 +36,9 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from tunedeck.core.spec import (GROUPS, OPTIONS, SECRET_PATTERN, Option, RunSpec, SpecError,
-                                check_option, cross_checks, get_value, mask_env, parse_value,
-                                resolve_paths, set_values)
+from tunedeck.core.spec import (GROUPS, OPTIONS, Option, RunSpec, SpecError, check_option,
+                                cross_checks, get_value, is_secret_name, mask_env, mask_spec,
+                                parse_value, resolve_paths, set_values)
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
 from tunedeck.tui.screens.preflight import fmt_value, pin_port
@@ -102,6 +102,7 @@ def _chosen(facts: GpuFacts, spec: RunSpec) -> list:
 def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> PreviewData:
     """Everything the side pane shows for `spec` (its port already pinned), on `facts`."""
     from tunedeck.core.backends import plan_run
+    from tunedeck.core.backends.preview import ps_warning
     from tunedeck.core.estimate.batch import describe
     from tunedeck.core.paths import runs_root
     from tunedeck.core.preflight.base import Context
@@ -156,6 +157,9 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
         body.append("\n".join(x for x in lines if not x.startswith(("#!", "set -", "# tunedeck")))
                     + "\n")
     body.append("run id and run directory are named at launch\n", style="dim")
+    warning = ps_warning(plan)
+    if warning:     # a credential flag the backend cannot move into the environment
+        body.append(warning + "\n", style="bold yellow")
     if resolved.backend == "builtin":
         body.append("── the trainer reads from spec.toml ──\n", style="bold")
         for o in OPTIONS.values():
@@ -438,7 +442,7 @@ class ComposeScreen(TunedeckScreen):
     def _sync_form(self) -> None:
         """Every field shows self.spec; visibility, problems and the preview follow."""
         self._secrets.update({k: v for k, v in self.spec.env.items()
-                              if SECRET_PATTERN.search(k) and set(v) - {"*"}})
+                              if is_secret_name(k) and set(v) - {"*"}})
         for r in self.rows():
             r.show(get_value(self.spec, r.option.key))
         self.field_errors.clear()
@@ -507,11 +511,11 @@ class ComposeScreen(TunedeckScreen):
         keystroke by keystroke) keep the real value; anything else is a new value."""
         out = {}
         for k, v in env.items():
-            if SECRET_PATTERN.search(k) and v and not set(v) - {"*"} and k in self._secrets:
+            if is_secret_name(k) and v and not set(v) - {"*"} and k in self._secrets:
                 out[k] = self._secrets[k]
             else:
                 out[k] = v
-                if SECRET_PATTERN.search(k) and set(v) - {"*"}:
+                if is_secret_name(k) and set(v) - {"*"}:
                     self._secrets[k] = v
         return out
 
@@ -789,10 +793,16 @@ class ComposeScreen(TunedeckScreen):
     def _save(self, path: Path, spec: RunSpec) -> None:
         from tunedeck.core.spec import load_spec
 
-        # a secret's value is never written: the run gets it from the launching shell
-        secrets = sorted(k for k, v in spec.env.items() if v and SECRET_PATTERN.search(k))
+        # a secret's value is never written: the run gets it from the launching shell; the
+        # value of a credential flag in the args is saved as **** (core/spec.py's one rule)
+        secrets = sorted(k for k, v in spec.env.items() if v and is_secret_name(k))
         for k in secrets:
             del spec.env[k]
+        masked = mask_spec(spec)
+        if masked.swift.extra_args != spec.swift.extra_args or \
+                masked.script.args != spec.script.args:
+            secrets.append("credential flags in the args (saved as ****)")
+        spec = masked
         head = "# tunedeck run spec (saved from the compose screen)\n"
         if secrets:
             head += (f"# not saved, secrets: {', '.join(secrets)}; export them in the shell "
