@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.loss import loss_findings
 from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
@@ -150,7 +151,7 @@ def build_findings(scanners: list[FileScanner], loss: bool = True) -> list[Findi
     rank_sev = {"error": 0, "warning": 1, "info": 2}
     found.sort(key=lambda f: (not f.root_cause, rank_sev.get(f.severity, 3),
                               f.t if f.t is not None else math.inf, order[id(f)]))
-    return found
+    return refine(found, scanners)   # the causal chain across files (diagnose/chain.py)
 
 
 def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
