@@ -149,7 +149,7 @@ class Soak:
         r.run_id, r.expected = self.launch(100000), "stopped"
         time.sleep(rng.uniform(0, 4))
         t0 = time.monotonic()
-        end = self.json("stop", r.run_id)
+        end = self.json("stop", r.run_id, "--wait")
         r.notes.append(f"stop took {time.monotonic() - t0:.1f}s")
         self.expect(r, end, "stopped")
         if end.get("exit_code") not in (0, None):
@@ -160,7 +160,7 @@ class Soak:
     def s_hard(self, r: Result, rng: random.Random) -> None:
         r.run_id, r.expected = self.launch(100000), "stopped"
         time.sleep(rng.uniform(0, 4))
-        end = self.json("stop", r.run_id, "--hard")
+        end = self.json("stop", r.run_id, "--hard", "--wait")
         self.expect(r, end, "stopped")
 
     def s_adopt_complete(self, r: Result, rng: random.Random) -> None:
@@ -179,7 +179,7 @@ class Soak:
         time.sleep(rng.uniform(0, 2))
         self.kill_agent(r.run_id, r)
         self.expect_lost(r)
-        end = self.json("stop", r.run_id)       # `stop` adopts it, then stops it gracefully
+        end = self.json("stop", r.run_id, "--wait")       # `stop` adopts it, then stops it gracefully
         self.expect(r, end, "stopped")
         if end.get("exit_code") != 0:
             r.wrong.append(f"adopted graceful stop exit code {end.get('exit_code')}")
@@ -274,7 +274,7 @@ class Soak:
     def cleanup(self, run_ids: list[str]) -> None:
         for run_id in run_ids:
             if self.state(run_id).get("status") not in TERMINAL:
-                self.cli("stop", run_id, "--hard")
+                self.cli("stop", run_id, "--hard", "--wait")
 
 
 def _gone(pids) -> bool:

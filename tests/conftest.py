@@ -135,6 +135,14 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def stop_run(home: Path, run_id: str, *flags: str) -> dict:
+    """`tunedeck stop` (which returns once the request is recorded), then the run's end as
+    `status` reports it."""
+    cli_json("stop", run_id, *flags, home=home, timeout=120)
+    return wait_for(lambda: (s := cli_json("status", run_id, home=home))["status"]
+                    in ("stopped", "failed", "succeeded") and s, 120, "the run's end")
+
+
 @pytest.fixture(scope="session")
 def finished_demo(tmp_path_factory, model_cache):
     """One complete demo run (the preset as shipped), shared by read-only tests."""

@@ -18,7 +18,9 @@ import psutil
 import pytest
 
 from tunedeck.core.runs import procs
-from tests.conftest import DEMO, cli, cli_json, wait_for
+from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
+
+
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +112,7 @@ def test_killed_agent_is_adopted_and_the_run_stops_gracefully(td_home, monkeypat
 
     # the full graceful path: SIGTERM to the ranks, a checkpoint, a clean end; no SIGKILL
     t0 = time.monotonic()
-    done = cli_json("stop", run_id, home=td_home, timeout=120)
+    done = stop_run(td_home, run_id)
     assert done["status"] == "stopped" and time.monotonic() - t0 < 25, done
     assert done["exit_code"] == 0, done
     run_dir = td_home / "runs" / run_id

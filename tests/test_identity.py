@@ -19,7 +19,8 @@ from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.launch import prepare_run
 from tunedeck.core.rundir import RunDir
-from tests.conftest import DEMO, cli_json, wait_for
+from tests.conftest import DEMO, cli_json, stop_run, wait_for
+
 
 
 def _sleeper(env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -94,7 +95,7 @@ def test_stop_spares_a_process_that_reuses_the_recorded_pids(td_home, identities
     victim = _sleeper()
     try:
         run_id = _fake_orphan(td_home, victim.pid, identities=identities)
-        out = cli_json("stop", run_id, *(["--hard"] if hard else []), home=td_home, timeout=120)
+        out = stop_run(td_home, run_id, *(["--hard"] if hard else []))
         assert out["status"] in ("stopped", "failed"), out
         time.sleep(0.3)
         assert _alive(victim), "stop killed an unrelated process that reused the run's pids"
@@ -129,7 +130,7 @@ def test_stop_spares_a_process_that_only_claims_the_run_id(td_home):
     try:
         wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= 2, 120, "steps")
         before = cli_json("status", run_id, home=td_home)
-        done = cli_json("stop", run_id, "--hard", home=td_home)
+        done = stop_run(td_home, run_id, "--hard")
         assert done["status"] == "stopped"
         time.sleep(0.3)
         assert _alive(impostor), "the run-id sweep killed a process that is not the run's"

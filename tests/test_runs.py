@@ -104,7 +104,7 @@ def test_graceful_stop_checkpoints_and_leaves_nothing(td_home):
     run_id = _long_run(td_home)
     before = _status(td_home, run_id)
     assert len(before["worker_pids"]) == 2
-    out = cli_json("stop", run_id, home=td_home)
+    out = cli_json("stop", run_id, "--wait", home=td_home)
     assert out["status"] == "stopped"
     _assert_nothing_left(td_home, run_id, before)
     run_dir = td_home / "runs" / run_id
@@ -121,7 +121,7 @@ def test_hard_stop_kills_everything_at_once(td_home):
     run_id = _long_run(td_home)
     before = _status(td_home, run_id)
     t0 = time.monotonic()
-    out = cli_json("stop", run_id, "--hard", home=td_home)
+    out = cli_json("stop", run_id, "--hard", "--wait", home=td_home)
     assert out["status"] == "stopped" and time.monotonic() - t0 < 20
     _assert_nothing_left(td_home, run_id, before)
 
@@ -134,7 +134,7 @@ def test_stop_when_the_agent_is_gone(td_home, monkeypatch):
     monkeypatch.setenv("TUNEDECK_NO_ADOPT", "1")
     wait_for(lambda: _status(td_home, run_id)["status"] == "lost", 10, "agent loss seen")
     monkeypatch.delenv("TUNEDECK_NO_ADOPT")
-    out = cli_json("stop", run_id, "--hard", home=td_home)
+    out = cli_json("stop", run_id, "--hard", "--wait", home=td_home)
     assert out["status"] == "stopped"
     _assert_nothing_left(td_home, run_id, before)
 

@@ -62,7 +62,7 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         with pytest.raises(ValueError, match=r"rank\(s\) \[7\]"):
             dump_stacks(run_dir, ranks=[7])
     finally:
-        cli("stop", run_id, "--hard", home=td_home, check=False)
+        cli("stop", run_id, "--hard", "--wait", home=td_home, check=False)
     # the signal did not kill anybody: the run ends by the stop, not by a crash
     assert find_run(run_id, td_home / "runs").status == "stopped"
     bad = cli("stacks", run_id, home=td_home, check=False)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tunedeck.core.runs import procs
-from tests.conftest import DEMO, cli_json
+from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
     run_id = out["run_id"]
     time.sleep(delay_s)
     t0 = time.monotonic()
-    done = cli_json("stop", run_id, home=td_home, timeout=120)
+    done = stop_run(td_home, run_id)
     took = time.monotonic() - t0
     assert done["status"] == "stopped", done
     assert took < GRACE_S / 2, f"the stop took {took:.1f}s: the grace period ran out"
@@ -46,16 +46,21 @@ def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
     assert not procs.marked_processes(run_id)
 
 
-def test_stop_without_waiting_returns_at_once(td_home):
-    from tunedeck.core.runs.control import stop, wait_stopped
-    from tunedeck.core.runs.registry import find_run
-
+def test_cli_stop_returns_at_once_and_the_agent_finishes_it(td_home):
     run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
-                      home=td_home)["run_id"]
-    run = find_run(run_id, td_home / "runs")
+                      "--set", f"run.stop_grace_s={GRACE_S}", home=td_home)["run_id"]
+    wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= 1, 120, "a step")
     t0 = time.monotonic()
-    asked = stop(run, wait=False)
-    assert time.monotonic() - t0 < 2.0
-    assert asked.needs_stop and (td_home / "runs" / run_id / "stop.json").exists()
-    done = wait_stopped(asked, 60)
-    assert done.status == "stopped", done.message
+    out = cli("stop", run_id, home=td_home)
+    assert time.monotonic() - t0 < 5.0, "stop without --wait must not wait for the end"
+    assert "stop requested" in out.stdout and (td_home / "runs" / run_id / "stop.json").exists()
+    done = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
+                    == "stopped" and s, 60, "the agent to finish the stop")
+    assert done["exit_code"] == 0, done
+    assert not procs.marked_processes(run_id)
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-1", "soon"])
+def test_stop_refuses_a_grace_that_never_escalates(td_home, grace):
+    out = cli("stop", "any-run", "--grace", grace, home=td_home, check=False)
+    assert out.returncode == 2 and "--grace" in out.stderr and "Traceback" not in out.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -244,13 +245,30 @@ def cmd_stop(args) -> int:
         else:
             print(f"{run.run_id} is already {run.status}")
         return 0
-    print(f"stopping {run.run_id} ({'hard' if args.hard else 'graceful'})...", file=sys.stderr)
-    done = stop(run, hard=args.hard, grace_s=args.grace)
+    how = "hard" if args.hard else "graceful"
+    # The agent carries the stop out; waiting for the end is the user's choice (--wait).
+    done = stop(run, hard=args.hard, grace_s=args.grace, wait=args.wait)
     if args.json:
         _print_json(done.to_json())
-    else:
+    elif args.wait:
         print(f"{done.run_id}: {done.status} ({done.message})")
+    else:
+        print(f"{done.run_id}: {how} stop requested; the agent carries it out "
+              f"(`tunedeck status {done.run_id}`, or `stop --wait` to wait for the end)")
+    if not args.wait:
+        return 0
     return 0 if done.status in TERMINAL else 1
+
+
+def _grace_seconds(text: str) -> float:
+    """--grace: a finite number of seconds, 0 or more (nan/inf would never escalate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
 
 
 def cmd_tui(args) -> int:
@@ -334,7 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stop", help="stop a run: graceful (checkpoint) then SIGKILL after grace")
     s.add_argument("run")
     s.add_argument("--hard", action="store_true", help="SIGKILL every process of the run now")
-    s.add_argument("--grace", type=float, help="seconds before a graceful stop escalates")
+    s.add_argument("--grace", type=_grace_seconds,
+                   help="seconds before a graceful stop escalates")
+    s.add_argument("--wait", action="store_true",
+                   help="wait until the run has ended (exit 1 if it did not in time)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_stop)
 
