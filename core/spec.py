@@ -164,7 +164,9 @@ class TrainSpec:
     resume_from: str = opt("", help="Checkpoint folder to resume from; \"auto\" = the newest "
                            "in the output directory", when={"backend": TRAINERS},
                            group="checkpoints")
-    compile: bool = opt(False, help="torch.compile the model", when={"backend": TRAINERS})
+    compile: bool = opt(True, help="torch.compile the decoder layers (CUDA only; CPU runs "
+                        "stay eager; falls back to eager if compiling fails)",
+                        when={"backend": TRAINERS})
 
 
 @dataclass
