@@ -50,6 +50,12 @@ kind "checkpoint" — rank 0 only, after a checkpoint folder is complete and vis
     step            int
     path            str     absolute path of <output_dir>/checkpoint-<step>
 
+kind "phase" — what a rank is doing between steps, when that takes long (built-in trainer):
+    phase           str     "compiling" (torch.compile of a new batch shape; est_s, shape)
+                            | "training" (compiling done; compile_s, graphs)
+                            | "eager_fallback" (compiling failed; error; training goes on eager)
+    step            int     steps done when the phase began
+
 kind "end" — once per attempt, every rank:
     step            int     last optimizer step finished (the same on every rank)
     reason          str     "completed" (reached max_steps) | "stopped" (SIGTERM/SIGINT)
@@ -69,7 +75,7 @@ from typing import Any
 
 from tunedeck.core.rundir import RunDir
 
-KINDS = ("start", "step", "eval", "checkpoint", "end")
+KINDS = ("start", "step", "eval", "checkpoint", "end", "phase")
 
 
 def json_value(v: Any) -> Any:
