@@ -126,7 +126,7 @@ def test_line_rules_on_known_signatures(tmp_path):
     cases = {
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:0 and cpu!": "device_mismatch",
-        "RuntimeError: CUDA error: an illegal memory access was encountered": "cuda_illegal_memory_access",
+        "RuntimeError: CUDA error: an illegal memory access was encountered": "cuda_fault",
         "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)":
         "dataloader_shm",
         "OSError: [Errno 24] Too many open files": "too_many_open_files",

@@ -1,21 +1,405 @@
 """The causal chain over a whole diagnosis: one root cause first, its consequences marked.
 
 `refine(found, scanners)` runs last in `engine.build_findings`. It adds what the scanners
-worked out beyond single lines (signal exits without torchrun's table, a launcher hung up
-from outside, NCCL probes, static loss/data-time signs), puts the node each line's prefix
-named on its finding, and picks the root cause by what explains what (a CUDA fault explains
-the NCCL watchdog's abort; a crash explains the peers' broken connections), then by time.
+worked out beyond single lines (signal exits without torchrun's table, a launcher stopped from
+outside, NCCL plugin probes, the loss and data-time signs of a printed log), puts the host each
+line's prefix or torchrun's table named on its finding, and picks the root cause by what
+explains what, then by time:
+
+    specific causes (an exception, OOM, a CUDA fault, a port, a flag, the launcher's signal)
+      > a rank ended by a signal (SIGKILL/SIGSEGV/SIGABRT)
+      > hangs and collective timeouts
+      > broken connections, bare exit codes
+      > torchrun stopping the other ranks, torchrun's own traceback
+
+A SIGABRT right after a watchdog timeout or a CUDA fault is that failure's abort, a SIGKILL
+after host-memory signs (a model that finished loading its shards, no Python error) is the
+OOM killer, exit code 1 everywhere with no traceback says where the error went.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import TYPE_CHECKING
 
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.ingest.parsers.torchrun import signal_name
 
 if TYPE_CHECKING:
     from tunedeck.core.diagnose.scan import FileScanner
 
+SIGNALS = {"SIGKILL": "worker_sigkill", "SIGSEGV": "worker_segfault", "SIGBUS": "worker_segfault",
+           "SIGABRT": "worker_sigabrt", "SIGTERM": "worker_sigterm", "SIGHUP": "worker_sigterm",
+           "SIGINT": "worker_sigterm"}
+_TIER_SIGNAL = {"worker_sigkill", "worker_segfault", "worker_sigabrt"}
+_TIER_HANG = {"stall", "nccl_timeout"}
+_TIER_LINK = {"nccl_network"}
+_TIER_AFTER = {"worker_sigterm"}
+_LAUNCHER_FRAMES = re.compile(r"torch/distributed/(?:run|launch)\.py|elastic/agent/server"
+                              r"|launcher/api\.py|deepspeed/launcher|accelerate/commands")
+_LAUNCHER_EXC = re.compile(r"ChildFailedError|SignalException|CalledProcessError")
+_SIG_NUM = re.compile(r"(?:Signals\.)?(SIG\w+)|(\d+)")
+_SOURCE_LINE = re.compile(r":(\d+)$")
+
 
 def refine(found: list[Finding], scanners: "list[FileScanner]") -> list[Finding]:
+    _hosts_from_lines(found, scanners)
+    found = found + _exit_lines(found, scanners)
+    _fold_unranked(found)
+    _launcher_signal(found)
+    _host_memory(found, scanners)
+    _silent_exit_codes(found, scanners)
+    found = _nccl_probes(found, scanners)
+    found += _loss_zero_nan(found, scanners)
+    found += _starvation(found, scanners)
+    _mark_chain(found, scanners)
+    sev = {"error": 0, "warning": 1, "info": 2}
+    found.sort(key=lambda f: (not f.root_cause, sev.get(f.severity, 3), _tier(f)))
     return found
+
+
+# -- where: hosts ---------------------------------------------------------------------------
+
+def _hosts_from_lines(found: list[Finding], scanners) -> None:
+    by_ref = {}
+    for sc in scanners:
+        for h in sc.hits:
+            if h.host:
+                by_ref[sc.ref(h.lineno)] = h.host
+        for rep in sc.reports:
+            for fl in rep.failures:
+                if fl.host and fl.rank is not None:
+                    by_ref[("rank", fl.rank)] = fl.host
+    for f in found:
+        if f.host is None:
+            f.host = by_ref.get(f.source) or by_ref.get(("rank", f.rank))
+        if f.host and f.host != "localhost" and f.severity == "error" and \
+                f.host not in f.summary:
+            f.summary += f" on {f.host}"
+
+
+# -- exits torchrun (or DeepSpeed's launcher) reported without a failure table --------------
+
+def _exit_lines(found: list[Finding], scanners) -> list[Finding]:
+    covered = {(f.rank, f.category) for f in found}
+    tabled = {fl.rank for sc in scanners for rep in sc.reports for fl in rep.failures}
+    out: list[Finding] = []
+    for sc in scanners:
+        for lineno, rec, t in sc.torchrun_lines:
+            if rec.get("kind") != "failed":
+                continue
+            rank, code = rec.get("local_rank"), rec["exitcode"]
+            if rank in tabled:
+                continue
+            who = f"rank {rank}" if rank is not None else "a rank"
+            launcher = "DeepSpeed's launcher" if rec.get("launcher") else "torchrun"
+            ev = [f"{sc.ref(lineno)}: {launcher}: {who} exit code {code}"]
+            if code < 0:
+                sig = signal_name(-code)
+                cat = SIGNALS.get(sig, "rank_crashed")
+                summary = f"{who} was ended by {sig} (exit code {code})"
+            else:
+                sig, cat = None, "rank_crashed"
+                summary = f"{who} exited with code {code}"
+            if (rank, cat) in covered:
+                continue
+            covered.add((rank, cat))
+            cause, fix = _SIGNAL_TEXT.get(cat, _SIGNAL_TEXT["rank_crashed"])
+            out.append(Finding(category=cat, severity="warning" if cat == "worker_sigterm"
+                               else "error", summary=summary, cause=cause, fix=fix, rank=rank,
+                               node=sc.source.node, evidence=ev, t=t, source=sc.ref(lineno),
+                               root_cause=cat != "worker_sigterm"))
+    return out
+
+
+_SIGNAL_TEXT = {
+    "worker_sigkill": ("Something killed the rank with SIGKILL: most often the kernel's OOM "
+                       "killer (host memory), or a scheduler/user kill.",
+                       "Check `dmesg | grep -i -E 'killed process|oom'` and the host memory "
+                       "graph; lower host memory use (fewer dataloader workers, lazy "
+                       "tokenization, smaller prefetch) or run fewer ranks per node."),
+    "worker_segfault": ("Native code crashed (a CUDA extension, a mismatched library build, "
+                        "or corrupted memory).",
+                        "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
+                        "compiled extensions (flash-attn, bitsandbytes, deepspeed ops) match "
+                        "the installed torch/CUDA."),
+    "worker_sigabrt": ("The rank aborted itself: a C++ exception or an assertion in "
+                       "torch/NCCL/CUDA (for example after a collective timeout).",
+                       "Read the rank's stderr just before the abort for the C++ error."),
+    "worker_sigterm": ("The launcher stops the other ranks once one fails.",
+                       "Nothing to fix here: see the root cause."),
+    "rank_crashed": ("The rank's program failed.",
+                     "Read the rank's own output for its error (torchrun --log_dir / "
+                     "--redirects 3 keep one file per rank)."),
+}
+
+
+def _fold_unranked(found: list[Finding]) -> None:
+    """A signal seen once without a rank (`Fatal Python error: Aborted` with no prefix) and
+    again with one (torchrun's table) is one finding: keep the ranked one."""
+    for f in list(found):
+        if f.rank is not None or f.category not in (_TIER_SIGNAL | {"rank_crashed"}):
+            continue
+        twins = [g for g in found if g is not f and g.category == f.category
+                 and g.rank is not None]
+        if len(twins) == 1:
+            for e in f.evidence:
+                if e not in twins[0].evidence:
+                    twins[0].evidence.append(e)
+            if twins[0].t is None:
+                twins[0].t = f.t
+            found.remove(f)
+
+
+# -- the launcher was stopped from outside ---------------------------------------------------
+
+_LAUNCHER_WORDS = {
+    "SIGHUP": ("torchrun was hung up (SIGHUP): the terminal or SSH session it ran in closed; "
+               "no rank failed",
+               "The launcher got SIGHUP, which a shell sends to its jobs when the terminal or "
+               "SSH connection closes (nohup does not protect torchrun's workers), and passed "
+               "it on to every rank.",
+               "Start the run detached: `tunedeck launch` (its agent outlives the session), or "
+               "inside tmux/screen, or with setsid; then reconnect and attach."),
+    "SIGTERM": ("torchrun was sent SIGTERM from outside (a scheduler time limit or "
+                "preemption, or a kill); no rank failed",
+                "The launcher received SIGTERM and shut its workers down.",
+                "Check the scheduler's log (time limit, preemption) or who sent the kill; "
+                "resume from the last checkpoint."),
+    "SIGINT": ("torchrun was interrupted (Ctrl-C); no rank failed",
+               "The launcher received SIGINT and shut its workers down.",
+               "Nothing failed; resume from the last checkpoint."),
+}
+
+
+def _launcher_signal(found: list[Finding]) -> None:
+    for f in found:
+        if f.category != "launcher_signal":
+            continue
+        m = re.search(r"Received (?:Signals\.)?(\w+) death signal|got signal: (\d+)",
+                      " ".join(f.evidence))
+        sig = None
+        if m:
+            raw = m.group(1) or m.group(2)
+            sig = raw if raw.startswith("SIG") else signal_name(int(raw))
+        summary, cause, fix = _LAUNCHER_WORDS.get(sig or "", (
+            f"torchrun was stopped by {sig or 'a signal'} from outside; no rank failed",
+            "The launcher received a signal and shut its workers down.",
+            "Find out who sent the signal."))
+        f.summary, f.cause, f.fix, f.rank = summary, cause, fix, None
+        for g in found:      # the ranks it stopped, and its own traceback, follow from it
+            if g is not f and g.category in (_TIER_SIGNAL | _TIER_AFTER | {"rank_crashed"}):
+                g.root_cause = False
+
+
+# -- SIGKILL with host-memory signs is the OOM killer ----------------------------------------
+
+def _host_memory(found: list[Finding], scanners) -> None:
+    kills = [f for f in found if f.category == "worker_sigkill" and f.root_cause]
+    if not kills:
+        return
+    own_tbs = [tb for sc in scanners for tb in sc.tracebacks if not _launcher_tb(tb.lines)]
+    shards = [sc.shards for sc in scanners if sc.shards is not None]
+    oom_line = any(f.category == "oom_host" for f in found)
+    if not (shards or oom_line) or own_tbs:
+        return
+    for f in kills:
+        f.category = "oom_host"
+        where = "while loading the model" if shards and max(shards) < 100 else \
+            "after the model's checkpoint shards were loaded"
+        f.summary = f"rank {f.rank} was killed (SIGKILL) {where}: host RAM ran out" \
+            if f.rank is not None else f"a rank was killed (SIGKILL) {where}: host RAM ran out"
+        f.cause = ("Each rank loads its own copy of the model into host RAM before moving it "
+                   "to the GPU; with several ranks per node that can exceed the machine's "
+                   "memory, and the kernel's OOM killer sends SIGKILL (no Python error is "
+                   "printed).")
+        f.fix = ("Load with low_cpu_mem_usage=True and the compute dtype (torch_dtype=bf16), "
+                 "shard the load (FSDP/ZeRO-3 with cpu_ram_efficient_loading), run fewer ranks "
+                 "per node, or add swap/RAM; `dmesg | grep -i oom` confirms it.")
+
+
+def _launcher_tb(lines: list[str]) -> bool:
+    return any(_LAUNCHER_FRAMES.search(ln) for ln in lines) or \
+        any(_LAUNCHER_EXC.search(ln) for ln in lines[-2:])
+
+
+# -- exit code 1 everywhere, and no traceback in sight ----------------------------------------
+
+def _silent_exit_codes(found: list[Finding], scanners) -> None:
+    generic = [f for f in found if f.category == "rank_crashed" and "exit" in f.summary
+               and " crashed:" not in f.summary]
+    if not generic:
+        return
+    own_tbs = [tb for sc in scanners for tb in sc.tracebacks if not _launcher_tb(tb.lines)]
+    specific = [f for f in found if f.severity == "error" and f.category != "rank_crashed"
+                and f.category not in _TIER_AFTER]
+    if own_tbs or specific:
+        return
+    ranks = sorted({f.rank for f in generic if f.rank is not None})
+    for f in generic:
+        f.cause = ("The rank exited with an error code, and the log shown holds no Python "
+                   "traceback: the error went to a file not shown here (each rank's own "
+                   "stdout/stderr under torchrun's --log_dir, or a stderr that was not "
+                   "captured).")
+        f.fix = ("Run again with `torchrun --redirects 3 --log_dir DIR` (or `--tee 3`) and "
+                 "read the failing rank's file; with `tunedeck launch` every rank's output is "
+                 "kept (`tunedeck logs RUN --rank N`).")
+    if len(ranks) > 1:
+        generic[0].summary = f"ranks {', '.join(map(str, ranks))} all exited with an error " \
+                             f"code and no traceback is in this log"
+
+
+# -- NCCL probing its plugins --------------------------------------------------------------
+
+def _nccl_probes(found: list[Finding], scanners) -> list[Finding]:
+    probes = [f for f in found if f.category in ("nccl_socket_fallback", "ib_missing")]
+    if not probes:
+        return found
+    hosts, nnodes = set(), 0
+    for sc in scanners:
+        hosts |= sc.nccl.hosts
+        nnodes = max(nnodes, sc.nccl.nnodes or 0)
+        hosts |= sc.hosts
+    multi = nnodes > 1 or len(hosts) > 1
+    keep = probes[0]
+    for f in probes[1:]:
+        for e in f.evidence:
+            if e not in keep.evidence and len(keep.evidence) < 12:
+                keep.evidence.append(e)
+    keep.category, keep.rank = "nccl_socket_fallback", None
+    if multi:
+        keep.severity = "warning"
+        keep.summary = ("NCCL found no InfiniBand/EFA network and uses TCP sockets between "
+                        "nodes: inter-node all-reduce will be slow")
+    else:
+        keep.severity = "info"
+        keep.summary = "NCCL probed for IB/EFA network plugins and found none (fine on one node)"
+    keep.root_cause = True
+    return [f for f in found if f not in probes or f is keep]
+
+
+# -- static signs in a printed log --------------------------------------------------------
+
+def _loss_zero_nan(found: list[Finding], scanners) -> list[Finding]:
+    """loss printed as 0.0 after real losses while grad_norm is nan: the loss is not zero,
+    the gradients overflowed (fp16) or the data produced NaN, and the steps do nothing."""
+    if any(f.category == "loss_anomaly" and "nan" in f.summary for f in found):
+        return []
+    for sc in scanners:
+        recs = sc.metrics.records() if sc.metrics.by_step or sc.metrics.batches else []
+        seen_loss = False
+        for r in recs:
+            loss, gn = r.get("loss"), r.get("grad_norm")
+            if isinstance(loss, (int, float)) and loss > 0:
+                seen_loss = True
+            if seen_loss and loss == 0.0 and isinstance(gn, float) and math.isnan(gn):
+                n = sum(1 for x in recs if x.get("loss") == 0.0)
+                return [Finding(
+                    category="loss_anomaly", severity="error",
+                    summary=f"loss 0.0 with grad_norm nan from step {r['step']} "
+                            f"({n} steps at 0.0)",
+                    cause="The loss drops to exactly 0 while the gradient norm is NaN: the "
+                          "gradients overflowed (fp16 / a too high learning rate) or a batch "
+                          "produced NaN, and the trainer reports 0 for skipped or corrupted "
+                          "steps. The weights may already be NaN; nothing is being learned.",
+                    fix="Train in bf16 instead of fp16, lower the learning rate, clip gradients "
+                        "(max_grad_norm), and check the data for empty or all-masked samples; "
+                        "resume from a checkpoint before the step named.",
+                    rank=sc.source.rank, node=sc.source.node,
+                    evidence=[f"step={r['step']} loss={loss} grad_norm=nan"],
+                    source=sc.name)]
+    return []
+
+
+def _starvation(found: list[Finding], scanners) -> list[Finding]:
+    if any(f.category == "dataloader_starvation" for f in found):
+        return []
+    for sc in scanners:
+        rows = sc.data_time[-50:]
+        if len(rows) < 3:
+            continue
+        data = sum(d for _, d, _ in rows)
+        step = sum(s for _, _, s in rows)
+        if step <= 0 or data / step < 0.5:
+            continue
+        share = data / step
+        return [Finding(
+            category="dataloader_starvation", severity="warning",
+            summary=f"waiting for data takes {share:.0%} of each step",
+            cause="The logged data time is most of the step time: the GPUs wait for the "
+                  "DataLoader, so the run is as fast as the input pipeline, not the model.",
+            fix="Raise the DataLoader's num_workers, set pin_memory=True, persistent_workers="
+                "True and a prefetch_factor, move decoding/augmentation or tokenization "
+                "offline, or read from faster storage.",
+            rank=sc.source.rank, node=sc.source.node,
+            evidence=[f"{sc.ref(ln)}: data {d:g} s of {s:g} s" for ln, d, s in rows[-4:]],
+            source=sc.ref(rows[-1][0]))]
+    return []
+
+
+# -- the chain -------------------------------------------------------------------------------
+
+def _tier(f: Finding) -> int:
+    c = f.category
+    if c in _TIER_AFTER:
+        return 4
+    if c == "rank_crashed":
+        if _LAUNCHER_EXC.search(f.summary) or any(_LAUNCHER_FRAMES.search(e)
+                                                  for e in f.evidence[:3]):
+            return 4
+        if not f.root_cause or " crashed:" not in f.summary:
+            return 3    # a peer's broken connection, or only an exit code
+        return 0
+    if c in _TIER_LINK:
+        return 3
+    if c in _TIER_HANG:
+        return 2
+    if c in _TIER_SIGNAL:
+        return 1
+    return 0
+
+
+def _line_of(f: Finding, scanners) -> tuple[int, int]:
+    for i, sc in enumerate(scanners):
+        if f.source.startswith(sc.name):
+            m = _SOURCE_LINE.search(f.source)
+            return i, int(m.group(1)) if m else 0
+    return len(scanners), 0
+
+
+def _mark_chain(found: list[Finding], scanners) -> None:
+    errors = [f for f in found if f.severity == "error"]
+    if not errors:
+        return
+    # consequences whatever the time: an abort after a timeout or a CUDA fault on its rank,
+    # the launcher's own traceback, peers that lost their connection
+    explained = {f.rank for f in errors if f.category in (_TIER_HANG | {"cuda_fault"})}
+    for f in errors:
+        if f.category == "worker_sigabrt" and (f.rank in explained or None in explained):
+            f.root_cause = False
+    tiers = {id(f): _tier(f) for f in errors}
+    cands = [f for f in errors if f.root_cause] or errors
+    best = min(tiers[id(f)] for f in cands)
+    top = [f for f in cands if tiers[id(f)] == best]
+    timed = [f for f in top if f.t is not None]
+
+    def key(f: Finding):
+        return (f.t if f.t is not None else math.inf, *_line_of(f, scanners))
+
+    if timed and len(timed) < len(top):
+        # mixed: a line with a time and one without; the time of a line cannot be compared
+        # with none, so line order in the log decides
+        root = min(top, key=lambda f: _line_of(f, scanners))
+    else:
+        root = min(top, key=key)
+    if root.rank is None:   # the rank the log shows for the same failure elsewhere
+        twin = next((f for f in errors if f.category == root.category and f.rank is not None),
+                    None)
+        if twin is not None:
+            root.rank = twin.rank
+    for f in errors:
+        if f is root:
+            f.root_cause = True
+        elif not (f.category == "flag_error" and root.category == "flag_error"):
+            f.root_cause = False

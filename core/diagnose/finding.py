@@ -24,6 +24,7 @@ class Finding:
     t: float | None = None        # when it happened (first evidence), unix seconds
     source: str = ""              # file (and line) the evidence came from
     root_cause: bool = True       # False for consequences of an earlier failure
+    host: str | None = None       # the host name the log gave (torchrun's table, a prefix)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -34,20 +34,57 @@ OOM_GPU_FIX = ("Lower train.per_device_batch_size (keep the effective batch with
 RULES: list[Rule] = [
     _r("oom_gpu", "error",
        r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory"
-       r"|NCCL WARN .*Cuda failure 'out of memory'",
+       r"|NCCL WARN .*Cuda failure 'out of memory'|CUDA error: out of memory"
+       r"|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|No executable batch size found"
+       r"|out of memory on device \d|Out of memory while trying to allocate",
        "GPU out of memory",
        "The process asked the GPU for more memory than was free.", OOM_GPU_FIX),
     _r("oom_host", "error",
        r"DefaultCPUAllocator: (?:can't allocate|not enough) memory|^MemoryError\b|"
-       r"std::bad_alloc|Cannot allocate memory|Out of memory: Killed process|oom-kill",
+       r"std::bad_alloc|Cannot allocate memory|Out of memory: Killed process|oom-kill"
+       r"|_ArrayMemoryError|Unable to allocate [\d.]+ [KMGT]i?B for an array"
+       r"|oom_kill_process|Memory cgroup out of memory|OOMKilled",
        "host (CPU) out of memory",
        "The machine ran out of RAM (or the process hit its memory limit).",
        "Use fewer dataloader workers, stream or lazily tokenize the dataset, load the model "
        "with low_cpu_mem_usage / in the compute dtype, or run fewer ranks per node."),
+    # before the NCCL rules: the watchdog reports a CUDA fault it found, and the fault is the
+    # cause (the watchdog's abort and the peers' timeouts follow from it)
+    _r("cuda_fault", "error",
+       r"an illegal memory access was encountered|cudaErrorIllegalAddress"
+       r"|CUDA_ERROR_ILLEGAL_ADDRESS|an illegal instruction was encountered"
+       r"|cudaErrorIllegalInstruction|device-side assert triggered|Assertion `[^`]+` failed"
+       r"|CUDA error: (?:unspecified launch failure|misaligned address|unknown error"
+       r"|the launch timed out|operation not permitted when stream is capturing)"
+       r"|uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable"
+       r"|GPU has fallen off the bus|unhandled cuda error|NVRM: Xid",
+       "CUDA fault on the GPU",
+       "A GPU kernel failed: an out-of-bounds read or write (often an index out of range, "
+       "e.g. a token id ≥ vocab size or a label outside the classes), a device-side "
+       "assertion, a kernel or driver bug, or a hardware fault (ECC, Xid). CUDA reports it "
+       "asynchronously, so it often surfaces in NCCL's watchdog rather than at the op.",
+       "Re-run with CUDA_LAUNCH_BLOCKING=1 to see the failing op; check token ids against the "
+       "vocab size and the tokenizer/model pairing; try without custom kernels "
+       "(flash-attn, liger) to rule them out. ECC / Xid / fallen off the bus: check "
+       "`nvidia-smi -q -d ECC` and dmesg, and take the GPU out of service."),
+    # the watchdog saw no progress at all: a hang, whatever collective was running
+    _r("stall", "error",
+       r"Heartbeat monitor timed out|watchdog got stuck for \d+ seconds"
+       r"|due to ProcessGroupNCCL watchdog hang|detected no heartbeat of its watchdog"
+       r"|ProcessGroupNCCL watchdog hang",
+       "the run hung: NCCL's watchdog saw no progress",
+       "A collective or a CUDA call never returned, so ProcessGroupNCCL's heartbeat monitor "
+       "killed the process: a rank stuck outside the collective (data loading, a deadlock, a "
+       "rank-0-only step), a GPU or driver hang, or a network stall between nodes.",
+       "Find the rank that is not where the others are (py-spy dump --pid <pid> on each rank, "
+       "or `tunedeck stacks`); make every rank run the same collectives; if one step is "
+       "legitimately long, raise TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC and the process-group "
+       "timeout."),
     _r("nccl_timeout", "error",
        r"Watchdog caught collective operation timeout|collective operation timeout"
        r"|Timed out waiting \d+ms for (?:recv|send) operation|NCCL communicator was aborted"
-       r"|ncclTimeout|Gloo.*timed out",
+       r"|ncclTimeout|Gloo.*timed out| milliseconds before timing out"
+       r"|Some NCCL operations have failed or timed out",
        "collective operation timed out",
        "A collective (all-reduce, barrier, ...) did not complete on all ranks within the "
        "process-group timeout: one rank never reached it (stuck in data loading, a hang, a "
@@ -62,10 +99,24 @@ RULES: list[Rule] = [
        "Ranks loaded different NCCL libraries, so they cannot talk to each other.",
        "Use the same environment (torch build, nvidia-nccl-cu* wheel, LD_LIBRARY_PATH) "
        "on every node."),
+    # NCCL probing its network plugins: fine on one node, TCP between nodes (chain.py decides)
+    _r("nccl_socket_fallback", "info",
+       r"NET/OFI Only EFA provider is supported|NET/OFI [^\n]*(?:[Ff]ailed|Unable|not supported)"
+       r"|Failed to open libibverbs|NET/IB : No device found|No IB devices? found"
+       r"|NET/Plugin ?: [^\n]*(?:[Nn]o plugin|Could not find|Plugin load|[Ff]ailed)"
+       r"|Could not find: libnccl-net|libnccl-net[\w.-]*: cannot open|aws-ofi-nccl",
+       "NCCL found no fast network plugin (InfiniBand / EFA) and uses TCP sockets",
+       "NCCL probes its network plugins at start; none was usable, so traffic between nodes "
+       "goes over TCP sockets.",
+       "On one node nothing to do (GPUs talk over NVLink/PCIe). Across nodes, install the "
+       "RDMA stack (rdma-core / MOFED, aws-ofi-nccl on EFA) and expose the devices to the job, "
+       "or expect inter-node all-reduce at TCP speed."),
     _r("nccl_network", "error",
        r"NCCL WARN .*(?:Connection (?:closed|reset|refused)|Net ?: |NET/|socket|Socket)"
        r"|NCCL error.*(?:remote process exited|network error|ncclRemoteError|ncclSystemError)"
-       r"|ncclRemoteError|unhandled system error.*NCCL",
+       r"|ncclRemoteError|unhandled system error|ncclSystemError|ncclInternalError"
+       r"|socketProgress|Got completion from peer|ibv_poll_cq|Call to ibv_\w+ failed"
+       r"|no socket interface found|does not loop back|NET/IB[^\n]*(?:error|Error)",
        "NCCL network error",
        "NCCL lost or could not open a connection between ranks: a peer died, the network "
        "interface is wrong or blocked by a firewall, or the link failed.",
@@ -73,7 +124,8 @@ RULES: list[Rule] = [
        "NCCL_SOCKET_IFNAME=<iface> (the one the nodes reach each other on), open the ports "
        "between nodes, and run with NCCL_DEBUG=INFO to see the transport."),
     _r("port_in_use", "error",
-       r"EADDRINUSE|[Aa]ddress already in use",
+       r"EADDRINUSE|[Aa]ddress already in use|Only one usage of each socket address"
+       r"|errno: 98|failed to listen on any local network address|Address in use",
        "rendezvous port already in use",
        "torchrun could not listen on the master port: another job (or a leftover process "
        "from an earlier run) holds it.",
@@ -82,22 +134,25 @@ RULES: list[Rule] = [
     _r("rendezvous_unreachable", "error",
        r"RendezvousTimeoutError|RendezvousClosedError|DistStoreError: Timed out after"
        r"|The client socket has (?:failed to connect|timed out)|"
-       r"RendezvousConnectionError(?!.*failed to shutdown)|Connection refused.*(?:store|rendezvous)",
+       r"RendezvousConnectionError(?!.*failed to shutdown)|Connection refused.*(?:store|rendezvous)"
+       r"|Timed out initializing process group in store based barrier"
+       r"|DistNetworkError: [^\n]*(?:timed out|[Cc]onnection refused|failed to connect)"
+       r"|Socket Timeout|wait timeout after \d+ms, keys:",
        "rendezvous failed: nodes could not meet",
        "Not every node joined the rendezvous in time: a node was not started, started too "
        "late, cannot reach the master address/port, or used a different rdzv id or node count.",
        "Start all nodes with the same --nnodes, rdzv id and endpoint; check that the master "
        "address resolves and the port is open from every node (nc -zv <addr> <port>); "
        "raise join_timeout if nodes start far apart."),
-    _r("cuda_illegal_memory_access", "error",
-       r"an illegal memory access was encountered|cudaErrorIllegalAddress"
-       r"|CUDA error: (?:device-side assert triggered|unspecified launch failure)",
-       "CUDA illegal memory access / device-side assert",
-       "A GPU kernel read or wrote out of bounds (often an index out of range, e.g. a token "
-       "id ≥ vocab size or a label outside the classes) or hit a driver/kernel bug.",
-       "Re-run with CUDA_LAUNCH_BLOCKING=1 to see the failing op; check token ids against the "
-       "vocab size and the tokenizer/model pairing; try without custom kernels "
-       "(flash-attn, liger) to rule them out."),
+    # before the /dev/shm rule: torch words it "Too many open files. Communication with the
+    # workers is no longer possible", and the fix is the fd limit, not the shm size
+    _r("too_many_open_files", "error",
+       r"Too many open files|EMFILE|received 0 items of ancdata",
+       "too many open files",
+       "The process hit its open-file limit (DataLoader workers sharing tensors by file "
+       "descriptor, many dataset shards).",
+       "Raise the limit (ulimit -n 65536) or use "
+       "torch.multiprocessing.set_sharing_strategy('file_system')."),
     _r("dataloader_shm", "error",
        r"insufficient shared memory|unable to write to file </torch_|No space left on device.*shm"
        r"|killed by signal: Bus error|unable to (?:open|mmap) shared memory",
@@ -122,7 +177,8 @@ RULES: list[Rule] = [
        "Set find_unused_parameters=False (ms-swift/HF: --ddp_find_unused_parameters false)."),
     _r("ddp_unused_parameters", "error",
        r"Expected to have finished reduction in the prior iteration|"
-       r"parameters that were not used in producing (?:the )?loss",
+       r"parameters that were not used in producing (?:the )?loss"
+       r"|did not receive grad for rank \d+",
        "DDP: parameters received no gradient",
        "Some trainable parameters did not take part in the loss, so DDP waited for their "
        "gradients forever.",
@@ -145,13 +201,13 @@ RULES: list[Rule] = [
        "Wrap LoRA layers in their own FSDP units (lambda auto-wrap policy), or use FSDP2 "
        "(fully_shard), which handles mixed requires_grad."),
     _r("fsdp_mixed_requires_grad", "error",
-       r"Must flatten tensors with uniform `?requires_grad`?",
+       r"Must flatten tensors with uniform `?requires_grad`?|requires uniform `?requires_grad`?",
        "FSDP cannot flatten frozen and trainable parameters together",
        "FSDP1 with use_orig_params=False needs every parameter of a unit to share "
        "requires_grad; LoRA mixes them.",
        "Set use_orig_params=True, wrap LoRA layers separately, or use FSDP2."),
     _r("fsdp_mixed_dtype", "error",
-       r"Must flatten tensors with uniform dtype",
+       r"Must flatten tensors with uniform dtype|requires uniform dtype",
        "FSDP unit mixes dtypes",
        "Parameters of one FSDP unit have different dtypes (e.g. fp32 LoRA weights in a bf16 "
        "model).",
@@ -170,13 +226,6 @@ RULES: list[Rule] = [
        "fp16 gradients overflowed and the step was skipped; a few at the start are normal "
        "while the loss scaler calibrates.",
        "If it keeps happening, train in bf16 or lower the learning rate."),
-    _r("too_many_open_files", "error",
-       r"Too many open files|EMFILE",
-       "too many open files",
-       "The process hit its open-file limit (DataLoader workers sharing tensors by file "
-       "descriptor, many dataset shards).",
-       "Raise the limit (ulimit -n 65536) or use "
-       "torch.multiprocessing.set_sharing_strategy('file_system')."),
     _r("gpu_count_mismatch", "error",
        r"invalid device ordinal|n_gpu: \d+, local_world_size|Duplicate GPU detected"
        r"|CUDA_VISIBLE_DEVICES.*(?:fewer|not enough)",
@@ -192,6 +241,38 @@ RULES: list[Rule] = [
        "command line flag rejected",
        "The training program does not accept a flag it was given.",
        "Fix the flag (see the suggestion)."),
+    # a rank's own last words when a signal ends it (torchrun's table may be cut or missing)
+    _r("worker_segfault", "error",
+       r"Fatal Python error: (?:Segmentation fault|Bus error)|Segmentation fault \(core dumped\)"
+       r"|Caught signal 11 \(Segmentation fault|SIGSEGV received",
+       "a rank crashed with a segmentation fault",
+       "Native code crashed (a CUDA extension, a mismatched library build, or corrupted "
+       "memory).",
+       "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that compiled extensions "
+       "(flash-attn, bitsandbytes, deepspeed ops) match the installed torch/CUDA."),
+    _r("worker_sigabrt", "error",
+       r"Fatal Python error: Aborted|Aborted \(core dumped\)"
+       r"|terminate called after throwing an instance of",
+       "a rank aborted (SIGABRT)",
+       "The rank aborted itself: a C++ exception or an assertion in torch/NCCL/CUDA (the "
+       "lines just before it say which).",
+       "Read the rank's stderr just before the abort for the C++ error."),
+    # torchrun itself got a signal: nothing failed inside the run (chain.py words it per signal)
+    _r("launcher_signal", "error",
+       r"Received (?P<sig>\d+|Signals\.SIG\w+) death signal, shutting down workers"
+       r"|SignalException: Process \d+ got signal: (?P<sig2>\d+)",
+       "the launcher was stopped by a signal",
+       "torchrun itself received a signal and shut its workers down; no rank failed on "
+       "its own.",
+       "See who sent it."),
+    _r("worker_sigkill", "error",
+       r"^Killed\s*$|: line \d+: +\d+ Killed\b",
+       "a process was killed (SIGKILL)",
+       "Something killed the process with SIGKILL: most often the kernel's OOM killer (host "
+       "memory), or a scheduler/user kill.",
+       "Check `dmesg | grep -i -E 'killed process|oom'` and the host memory graph; lower host "
+       "memory use (fewer dataloader workers, lazy tokenization, smaller prefetch) or run "
+       "fewer ranks per node."),
 ]
 
 # Known-harmless lines: never errors (torchrun banner, c10d teardown after a good run).
@@ -291,6 +372,12 @@ _OTHER = (
     "nqueued", "exitcode", "closing signal",          # watchdog, torchrun lines
     "\r", "|", "step", "\n{",                         # metrics and tqdm (scan.poll's filter)
     "NCCL WARN", "NCCL ERROR", "NCCL TRACE",          # NCCL lines other than plain INFO
+    # torchrun's failure table when its head was cut off (scan / parsers.torchrun), the
+    # DeepSpeed launcher's exit line, the signal the launcher passed on
+    "local_rank", "time      :", "host      :", "error_file", "received by PID",
+    "Root Cause", "return code", "closing signal",
+    "Data ", "data_time",                             # per-step data vs step time
+    "Loading checkpoint shards",                      # host-memory sign before a SIGKILL
 )
 # literals of the NCCL INFO lines that carry a fact for NcclSummary (parse_nccl's kinds); the
 # native scanner hands such lines to Python in a batch instead of stopping at each one

@@ -17,12 +17,28 @@ from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
+from tunedeck.core.ingest.parsers.normalize import normalize
 from tunedeck.core.ingest.parsers.prefix import line_time, split_rank
 from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
 
 MAX_TB_LINES = 80
-_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]")
+# a rank named in the message itself, when no prefix named one: `[Rank 3]`, the NCCL
+# watchdog's `[PG 0 Rank 3]` / `[PG ID 0 PG GUID 0(default_pg) Rank 3]`, DDP's `for rank 2:`
+_RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
+                           r"|\[Rank (\d+)\]")
 _LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
+# a glog / logging level that says the line is only a warning (c10d retrying a connect,
+# binding IPv6 before IPv4): the rules it matches are warnings there, not failures
+_WARN_LEVEL = re.compile(r"^(?:\[[^\]]*\]:)?\[?W\d{3,4} |^(?:\[[^\]]*\]:)?\[W [\w.]+:\d+\]"
+                         r"|^WARNING[: ]|\[WARNING\]")
+_DEMOTE_ON_WARN = {"rendezvous_unreachable", "port_in_use", "nccl_network"}
+# per-step timing of loggers that print data and step time: the PyTorch examples'
+# `Time  1.234 ( 1.300)  Data  1.100 ( 1.150)`, mmengine/detectron2's `time: 1.2 data_time: 1.1`
+_DATA_TIME = re.compile(r"\bTime\s+([\d.]+)\s*(?:\(\s*([\d.]+)\))?\s+Data\s+([\d.]+)\s*"
+                        r"(?:\(\s*([\d.]+)\))?")
+_DATA_TIME2 = re.compile(r"\btime: ([\d.]+),?\s+data_time: ([\d.]+)|"
+                         r"\bdata_time: ([\d.]+),?\s+time: ([\d.]+)")
+_SHARDS = re.compile(r"Loading checkpoint shards:\s*(\d+)%")
 
 
 @dataclass
@@ -33,6 +49,7 @@ class Hit:
     text: str
     t: float | None
     groups: dict[str, Any] = field(default_factory=dict)
+    host: str | None = None     # from the line's prefix (pdsh, compose, kubectl)
 
 
 @dataclass
@@ -81,6 +98,12 @@ class FileScanner:
         self._cfp = ChildFailedParser()
         self._last_t: float | None = None
         self.enqueued: dict[int, int] = {}       # rank → last enqueued collective (watchdog)
+        # what diagnose/chain.py weighs beyond single lines
+        self.hosts: set[str] = set()             # hosts named by line prefixes
+        self.ranks_seen: set[int] = set()        # ranks named by line prefixes
+        self.shards: int | None = None           # last "Loading checkpoint shards" percent
+        self.data_time: list[tuple[int, float, float]] = []   # (line, data s, step s)
+        self.lines_after_shards = 0              # error-free lines since the shards bar
 
     @property
     def name(self) -> str:
@@ -248,15 +271,28 @@ class FileScanner:
             metric_lines.append(raw)
 
     def _line(self, lineno: int, raw: str) -> None:
-        rank, text = split_rank(raw)
+        norm = normalize(raw)
+        text, rank = norm.text, norm.rank
+        if rank is not None:
+            self.ranks_seen.add(rank)
+        if norm.host is not None:
+            self.hosts.add(norm.host)
         if rank is None:
             rank = self.source.rank
-        if rank is None and "[Rank " in text:
+        if rank is None and "ank " in text:
             m = _RANK_IN_TEXT.search(text)
-            rank = int(m.group(1)) if m else None
-        t = self._time_of(text)
+            rank = int(next(g for g in m.groups() if g is not None)) if m else None
+        t = self._time_of(split_rank(raw)[1]) if norm.stamped or raw[:1] in "IWEF[" else None
         if t is not None:
             self._last_t = t
+        if "Data" in text or "data_time" in text:
+            self._data_time(lineno, text)
+        if "checkpoint shards" in text:
+            m = None
+            for m in _SHARDS.finditer(text):
+                pass
+            if m is not None:
+                self.shards = int(m.group(1))
         if "NCCL" in text:
             rec = parse_nccl(text)
             if rec is not None:
@@ -268,7 +304,7 @@ class FileScanner:
         report = self._cfp.feed(text, lineno)
         if report is not None:
             self.reports.append(report)
-        if self._cfp.in_report or report is not None:
+        if self._cfp.in_report or (report is not None and self._cfp.consumed):
             return  # torchrun's report is read as a whole (engine._apply_failures)
         if "nqueued" in text and rank is not None:
             m = _LAST_ENQ.search(text)
@@ -286,8 +322,25 @@ class FileScanner:
         m = match_line(text)
         if m is not None:
             rule, match = m
+            if rule.category in _DEMOTE_ON_WARN and _WARN_LEVEL.search(raw):
+                rule = _as_warning(rule)
             self.hits.append(Hit(rule, rank, lineno, text, t or self._last_t,
-                                 {k: v for k, v in match.groupdict().items() if v}))
+                                 {k: v for k, v in match.groupdict().items() if v},
+                                 host=norm.host))
+
+    def _data_time(self, lineno: int, text: str) -> None:
+        m = _DATA_TIME.search(text)
+        if m:   # prefer the running averages in brackets
+            step = float(m.group(2) or m.group(1))
+            data = float(m.group(4) or m.group(3))
+        else:
+            m = _DATA_TIME2.search(text)
+            if not m:
+                return
+            step, data = (float(m.group(1)), float(m.group(2))) if m.group(1) else \
+                (float(m.group(4)), float(m.group(3)))
+        if step > 0:
+            self.data_time.append((lineno, data, step))
 
     # -- Python tracebacks, one per rank stream --------------------------------------------
 
@@ -333,6 +386,19 @@ class FileScanner:
 
     def ref(self, lineno: int) -> str:
         return f"{self.source.path}:{lineno}"
+
+
+_WARN_RULES: dict[int, Rule] = {}
+
+
+def _as_warning(rule: Rule) -> Rule:
+    from dataclasses import replace
+
+    w = _WARN_RULES.get(id(rule))
+    if w is None:
+        w = _WARN_RULES[id(rule)] = replace(
+            rule, severity="warning", summary=rule.summary + " (a warning; it was retried)")
+    return w
 
 
 def read_error_json(path: Path) -> dict[str, Any] | None:

@@ -81,10 +81,13 @@ class NcclSummary:
     ib_devices: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
     lines: int = 0
+    hosts: set[str] = field(default_factory=set)                # hosts that printed NCCL lines
 
     def add(self, rec: dict[str, Any], count: bool = True) -> None:
         self.lines += count
         kind = rec["kind"]
+        if len(self.hosts) < 64:
+            self.hosts.add(rec["host"])
         if kind == "transport":
             self.transports[rec["transport"]] = self.transports.get(rec["transport"], 0) + 1
         elif kind == "version":
@@ -117,6 +120,7 @@ class NcclSummary:
         self.channels = max(self.channels or 0, n.channels or 0) or None
         self.ib_missing |= n.ib_missing
         self.ib_devices |= n.ib_devices
+        self.hosts |= n.hosts
 
     def describe(self) -> str:
         parts = []

@@ -7,14 +7,15 @@ import re
 import time
 from datetime import datetime
 
-_RANK = re.compile(r"^\[(?:default)?rank(\d+)\]:")
+_RANK = re.compile(r"^\[(?:default|rank) ?(\d+)\]:")
 _GLOG = re.compile(r"^\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?")
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 
 
 def split_rank(line: str) -> tuple[int | None, str]:
-    """(rank, rest) for `[rank3]: text`; (None, line) otherwise."""
-    if line.startswith("[") and "rank" in line[:12]:
+    """(rank, rest) for `[rank3]: text` (or torchrun's `--tee`/`[default3]:`); (None, line)
+    otherwise. Every other prefix is normalize.py's."""
+    if line.startswith("[") and ("rank" in line[:12] or "default" in line[:12]):
         m = _RANK.match(line)
         if m:
             rest = line[m.end():]

@@ -36,6 +36,12 @@ _RANK = re.compile(r"(-?\d+)(?: \(local_rank: (\d+)\))?")
 _EXIT = re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?")
 _FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _SIGTERM_SENT = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+# DeepSpeed's launcher: `[launch.py:434:sigkill_handler] ['python', '-u', 'train.py',
+# '--local_rank=3', ...] exits with return code = -9`
+_DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
+_DS_LOCAL = re.compile(r"--local_rank=(\d+)")
+_ENTRY = re.compile(r"^\[\d+\]:\s*$")
+_FIELDS = ("time", "host", "rank", "exitcode", "error_file", "traceback")
 
 
 @dataclass
@@ -69,9 +75,16 @@ class ChildFailedReport:
 
 
 class ChildFailedParser:
+    """A whole report (from its `=== / script FAILED` head), or, when the paste cut the head
+    off, the entries that are left (`[1]:` and its indented fields): a `partial` report,
+    ended by a rule line or by the first line that is not part of a table. `consumed` says
+    whether the line just fed belonged to the report."""
+
     def __init__(self) -> None:
         self._prev = ""
         self._in = False
+        self._partial = False
+        self.consumed = False
         self._reset()
 
     def _reset(self) -> None:
@@ -93,19 +106,42 @@ class ChildFailedParser:
 
     def feed(self, line: str, lineno: int = 0) -> ChildFailedReport | None:
         prev, self._prev = self._prev, line
+        self.consumed = True
         if not self._in:
             if line.endswith(" FAILED") and _is_rule(prev, "="):
-                self._in = True
+                self._in, self._partial = True, False
                 self._reset()
                 self._script = line[: -len(" FAILED")].strip()
                 self._start = lineno - 1
                 self._lines = [prev, line]
-            return None
+                return None
+            if _ENTRY.match(line) or line.startswith("Root Cause (first") or \
+                    _is_field(line):
+                self._in, self._partial = True, True
+                self._reset()
+                self._start = lineno
+                self._lines = []
+            else:
+                self.consumed = False
+                return None
+        if self._partial and not (not line.strip() or _ENTRY.match(line) or _is_field(line)
+                                  or line.startswith(("Root Cause", "Failures:", "  <NO_OTHER"))
+                                  or (self._last_key == "traceback" and line[:1] == " ")):
+            # the table is over (or was never one): hand back what it held
+            self._in = False
+            self.consumed = _is_rule(line, "=") or _is_rule(line, "-")
+            if not any(f.rank is not None or f.exitcode is not None for f in self._failures):
+                return None
+            return ChildFailedReport(self._script, self._failures, self._start, lineno,
+                                     self._lines)
         self._lines.append(line)
         if _is_rule(line, "="):
             self._in = False
             return ChildFailedReport(self._script, self._failures, self._start, lineno,
                                      self._lines)
+        if self._partial and self._cur is None and _is_field(line):
+            self._cur = Failure(root_cause=False)   # the entry's `[N]:` was cut off too
+            self._failures.append(self._cur)
         if line.startswith("Root Cause"):
             self._root_section = True
             return None
@@ -122,6 +158,11 @@ class ChildFailedParser:
         elif self._last_key == "traceback" and line.strip():
             self._cur.traceback.append(line.strip())
         return None
+
+
+def _is_field(line: str) -> bool:
+    m = _FIELD.match(line)
+    return bool(m) and m.group(1) in _FIELDS
 
 
 def _is_rule(line: str, ch: str) -> bool:
@@ -165,7 +206,8 @@ def signal_name(num: int) -> str:
 
 def parse_torchrun_line(line: str) -> dict[str, Any] | None:
     """torchrun's `failed (exitcode: 1) local_rank: 1 (pid: 1391)` and
-    `Sending process 1333 closing signal SIGTERM` lines."""
+    `Sending process 1333 closing signal SIGTERM` lines, and DeepSpeed's launcher's
+    `[...'--local_rank=3'...] exits with return code = -9`."""
     if "exitcode" in line:
         m = _FAILED_LINE.search(line)
         if m:
@@ -175,4 +217,11 @@ def parse_torchrun_line(line: str) -> dict[str, Any] | None:
         m = _SIGTERM_SENT.search(line)
         if m:
             return {"kind": "closing", "pid": int(m[1]), "signal": m[2]}
+    if "return code" in line:
+        m = _DS_EXIT.search(line)
+        if m:
+            lr = _DS_LOCAL.search(line)
+            return {"kind": "failed", "exitcode": int(m[1]),
+                    "local_rank": int(lr[1]) if lr else None, "pid": None,
+                    "launcher": "deepspeed"}
     return None
