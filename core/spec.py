@@ -84,6 +84,12 @@ class ModelSpec:
 class DataSpec:
     path: str = opt("", help="Training data (.jsonl or .json; see data.format); relative "
                     "paths are resolved from the spec file's folder")
+    datasets: list[str] = opt(help="ms-swift datasets, in order, each as written: hub ids with "
+                              "#N subsets and :split, or files (resolved from the spec file's "
+                              "folder when they exist or look like paths); after data.path",
+                              factory=list, when={"backend": ("swift",)})
+    val_datasets: list[str] = opt(help="ms-swift eval datasets (--val_dataset), each as written",
+                                  factory=list, when={"backend": ("swift",)})
     max_length: int = opt(128, help="Tokens per sample; longer samples are truncated", min=8,
                           max=1 << 24,
                           when={"backend": TRAINERS})
@@ -133,6 +139,9 @@ class MethodSpec:
 class TrainSpec:
     max_steps: int = opt(100, help="Optimizer steps to run", min=1, max=INT32,
                         when={"backend": TRAINERS})
+    num_epochs: float = opt(0.0, help="Passes over the data (ms-swift --num_train_epochs); "
+                            "0 = not set: train.max_steps, or ms-swift's default", min=0.0,
+                            max=1e6, when={"backend": ("swift",)})
     per_device_batch_size: int = opt(4, help="Samples per rank per micro-step", min=1,
                                      max=1 << 20,
                                      when={"backend": TRAINERS})
@@ -242,10 +251,12 @@ class RunPolicy:
 @dataclass
 class SwiftSpec:
     command: str = opt("sft", help="ms-swift entry point",
-                       choices=("sft", "pt", "rlhf", "megatron-sft", "megatron-pt"),
+                       choices=("sft", "pt", "rlhf", "megatron-sft", "megatron-pt",
+                                "megatron-rlhf"),
                        when={"backend": ("swift",)})
     rlhf_type: str = opt("", help="rlhf: dpo, grpo, kto, orpo, simpo, cpo, ppo, gkd",
-                         when={"backend": ("swift",), "swift.command": ("rlhf",)})
+                         when={"backend": ("swift",), "swift.command": ("rlhf",
+                                                                        "megatron-rlhf")})
     use_vllm: bool = opt(False, help="GRPO: generate with vLLM",
                          when={"backend": ("swift",), "swift.command": ("rlhf",)},
                          group="method")
@@ -284,14 +295,29 @@ class RunSpec:
     env: dict[str, str] = opt(help="Extra environment for every rank (NCCL_*, CUDA_*, ...)",
                               factory=dict, group="environment")
 
+    def __post_init__(self) -> None:
+        # the dotted keys the user wrote (a file, --set, a form edit): for the ms-swift
+        # backend a key not written is unset and ms-swift's own default applies (`is_set`)
+        self.explicit: set[str] = set()
+
     # -- conversions -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def to_toml(self) -> str:
+        """The spec as TOML. An ms-swift spec leaves out the keys that are not set, so the
+        file read back still means "ms-swift's default" for them."""
         import tomli_w
 
-        return tomli_w.dumps(self.to_dict())
+        d = self.to_dict()
+        if self.backend == "swift":
+            for key in OPTIONS:
+                if not is_set(self, key):
+                    sect, _, leaf = key.rpartition(".")
+                    table = d.get(sect, {}) if sect else d
+                    table.pop(leaf, None)
+            d = {k: v for k, v in d.items() if v != {} or k == "env"}
+        return tomli_w.dumps(d)
 
 
 # -- option table ------------------------------------------------------------------------
@@ -351,6 +377,26 @@ def options(cls: type = RunSpec, prefix: str = "") -> list[Option]:
 
 
 OPTIONS = {o.key: o for o in options()}
+
+
+def is_set(spec: RunSpec, key: str) -> bool:
+    """Whether the user set `key`: written in the spec (file, --set, form) or holding a value
+    other than its declared default (code that assigns it, a resume). For the ms-swift
+    backend an unset key emits no flag: ms-swift's default for the installed version applies."""
+    if key in getattr(spec, "explicit", ()):
+        return True
+    return get_value(spec, key) != OPTIONS[key].default
+
+
+def _leaf_keys(raw: dict[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in raw.items():
+        key = prefix + str(k)
+        if isinstance(v, dict) and key != "env":
+            out |= _leaf_keys(v, key + ".")
+        elif key in OPTIONS:
+            out.add(key)
+    return out
 
 
 def get_value(spec: RunSpec, key: str) -> Any:
@@ -430,6 +476,7 @@ def set_values(spec: RunSpec, values: dict[str, Any]) -> RunSpec:
         for p in parents:
             node = getattr(node, p)
         setattr(node, leaf, value)
+        new.explicit.add(key)
     if problems:
         raise SpecError(problems)
     return new
@@ -688,6 +735,7 @@ def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
         return f"--set {key}: " if key in override_keys else locator.where(key)
 
     spec = _build(RunSpec, raw, "", problems, where)
+    spec.explicit = _leaf_keys(raw)
     problems.extend(_between_keys(spec))
     if problems:
         raise SpecError(problems)
@@ -729,8 +777,6 @@ def _between_keys(spec: RunSpec) -> list[str]:
                    f"the builtin trainer runs ddp or fsdp2")
     if spec.backend == "script" and not (spec.script.path or spec.script.module):
         out.append("script.path or script.module is required for backend = \"script\"")
-    if spec.parallel.sequence_parallel and spec.parallel.tp < 2:
-        out.append("parallel.sequence_parallel needs parallel.tp > 1")
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
     total = sum(len(f"{k}={v}".encode("utf-8", "replace")) + 1 for k, v in spec.env.items())
@@ -747,11 +793,29 @@ def resolve_paths(spec: RunSpec, base: Path) -> None:
         value = getattr(section, key)
         if value and not Path(value).expanduser().is_absolute():
             setattr(section, key, str((base / value).resolve()))
+    for key in ("datasets", "val_datasets"):
+        setattr(spec.data, key, [resolve_dataset(d, base) for d in getattr(spec.data, key)])
     mp = spec.model.path
     if mp and not mp.startswith("builtin:") and (mp.startswith(".") or "/" in mp
                                                  and (base / mp).exists()):
         if not Path(mp).expanduser().is_absolute():
             spec.model.path = str((base / mp).resolve())
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".txt", ".parquet", ".arrow", ".tsv")
+
+
+def resolve_dataset(entry: str, base: Path) -> str:
+    """One ms-swift dataset entry as the spec file's folder means it: a local file or folder
+    (one that exists there, or one written as a path: ./x, ../x, ~/x, /x, a data file's
+    suffix) becomes absolute; anything else is a hub id (`org/name#500`, `org/name:split`)
+    and stays exactly as written."""
+    if not entry or Path(entry).expanduser().is_absolute():
+        return entry
+    looks_local = entry.startswith(("./", "../", "~")) or entry.lower().endswith(DATA_SUFFIXES)
+    if looks_local or (base / entry).exists():
+        return str((base / Path(entry).expanduser()).resolve())
+    return entry
 
 
 # -- secrets -----------------------------------------------------------------------------

@@ -97,7 +97,9 @@ def test_import_errors_are_clear():
     with pytest.raises(CommandImportError, match="no --model"):
         import_command("swift sft --dataset d.jsonl")
     with pytest.raises(CommandImportError, match="launcher"):
-        import_command("deepspeed train.py")
+        import_command("horovodrun -np 2 train.py")
+    with pytest.raises(CommandImportError, match=r"\$WORLD_SIZE"):
+        import_command("NNODES=$WORLD_SIZE swift sft --model m")
     with pytest.raises(CommandImportError, match="NPROC_PER_NODE"):
         import_command("NPROC_PER_NODE=two swift sft --model m")
 

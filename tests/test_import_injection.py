@@ -62,7 +62,7 @@ def test_swift_words_with_payloads_load_back_as_meant(payload, model_cache):
     loaded = _check(imp.to_toml(), imp)
     assert loaded["backend"] == "swift"
     assert "env" not in loaded
-    assert loaded["data"]["path"] == "d" + payload
+    assert loaded["data"]["datasets"] == ["d" + payload]
     assert loaded["run"]["output_dir"] == payload
     assert loaded["swift"]["extra_args"][-2:] == ["--my_flag", payload]
     spec = loads_spec(imp.to_toml())

@@ -44,6 +44,7 @@ def export(spec: RunSpec, fmt: str) -> str:
         raise ExportError(f"--format swift needs backend = \"swift\" (this spec runs "
                           f"{spec.backend})")
     # the script of a script run may exist only on the target machine
+    own_output_dir = spec.run.output_dir     # what the user named, before the run's folder
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     summary = f"# {batch.describe(spec)}\n"
     if fmt == "vllm":
@@ -51,7 +52,7 @@ def export(spec: RunSpec, fmt: str) -> str:
     if fmt == "swift":
         from tunedeck.core.backends.swift import cli_form
 
-        env, argv = cli_form(spec, spec.run.output_dir)
+        env, argv = cli_form(spec, own_output_dir or None)
         lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
         if spec.cluster.nnodes > 1:
             lines.append("# run on every node with its own NODE_RANK")

@@ -25,15 +25,17 @@ from tunedeck.core.ingest.parsers import parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail, Tail
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter, from_record
-from tunedeck.core.spec import RunSpec
+from tunedeck.core.spec import RunSpec, get_value, is_set
 from tunedeck.core.swift.flags import validate
 from tunedeck.core.swift.version import ASSUMED, installed_version, tuner_flag
 
 ENTRY = {"sft": "swift.cli.sft", "pt": "swift.cli.pt", "rlhf": "swift.cli.rlhf",
-         "megatron-sft": "swift.cli._megatron.sft", "megatron-pt": "swift.cli._megatron.pt"}
+         "megatron-sft": "swift.cli._megatron.sft", "megatron-pt": "swift.cli._megatron.pt",
+         "megatron-rlhf": "swift.cli._megatron.rlhf"}
 # what a user types for the same thing (`tunedeck export --format swift`)
 CLI_FORM = {"sft": ["swift", "sft"], "pt": ["swift", "pt"], "rlhf": ["swift", "rlhf"],
-            "megatron-sft": ["megatron", "sft"], "megatron-pt": ["megatron", "pt"]}
+            "megatron-sft": ["megatron", "sft"], "megatron-pt": ["megatron", "pt"],
+            "megatron-rlhf": ["megatron", "rlhf"]}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -43,10 +45,6 @@ class SwiftPlanError(ValueError):
 
 def is_megatron(spec: RunSpec) -> bool:
     return spec.swift.command.startswith("megatron")
-
-
-def _b(v: bool) -> str:
-    return "true" if v else "false"
 
 
 def model_flags(spec: RunSpec) -> list[str]:
@@ -70,88 +68,48 @@ def model_flags(spec: RunSpec) -> list[str]:
     return ["--model", mp]
 
 
-def data_flags(spec: RunSpec) -> list[str]:
+def datasets(spec: RunSpec) -> list[str]:
+    """--dataset's words: data.path, then data.datasets as written, then ms-swift's
+    self-cognition set when data.format asks for it and no entry names it already."""
     d = spec.data
-    datasets = [d.path] if d.path else []
-    if d.format == "self_cognition":
-        datasets.append("swift/self-cognition")
-    out = ["--dataset", *datasets] if datasets else []
-    if d.val_path:
-        out += ["--val_dataset", d.val_path]
-    elif d.val_split > 0:
-        out += ["--split_dataset_ratio", f"{d.val_split:g}"]
-    out += ["--max_length", str(d.max_length),
-            "--truncation_strategy", {"drop": "delete"}.get(d.truncation, d.truncation),
-            "--dataloader_num_workers", str(d.num_workers)]
-    if d.packing:
-        out += ["--packing", "true"]
-    if d.model_name:
-        out += ["--model_name", d.model_name, d.model_name]  # ms-swift wants (zh, en)
-    if d.model_author:
-        out += ["--model_author", d.model_author, d.model_author]
+    out = ([d.path] if d.path else []) + list(d.datasets)
+    if d.format == "self_cognition" and not any(
+            x.split("#")[0] == "swift/self-cognition" for x in out):
+        out.append("swift/self-cognition")
     return out
 
 
-def method_flags(spec: RunSpec, version: str) -> list[str]:
-    m = spec.method
-    tuner = "full" if m.type == "full" else "lora"
-    out = [tuner_flag(version), tuner]
-    if m.type == "qlora":
-        if is_megatron(spec):
-            raise SwiftPlanError("method.type qlora: Megatron-SWIFT does not support QLoRA; "
-                                 "use lora")
-        # ms-swift has no qlora tuner: QLoRA = lora on a bitsandbytes-quantised base
-        out += ["--quant_method", "bnb", "--quant_bits", str(m.quant_bits)]
-        if m.quant_bits == 4:
-            out += ["--bnb_4bit_quant_type", "nf4", "--bnb_4bit_use_double_quant", "true"]
-    if tuner == "lora":
-        out += ["--lora_rank", str(m.lora_rank), "--lora_alpha", str(m.lora_alpha),
-                "--lora_dropout", f"{m.lora_dropout:g}", "--target_modules", *m.target_modules]
-    return out
-
-
-def parallel_flags(spec: RunSpec) -> list[str]:
-    p, c = spec.parallel, spec.cluster
-    out: list[str] = []
+def _strategy_flags(spec: RunSpec) -> list[str]:
+    p = spec.parallel
     if is_megatron(spec):
         if p.strategy not in ("megatron", "ddp"):
             raise SwiftPlanError(f"parallel.strategy {p.strategy}: megatron commands shard "
                                  "with tp/pp/cp/ep; use strategy = \"megatron\"")
-        out += ["--tensor_model_parallel_size", str(p.tp),
-                "--pipeline_model_parallel_size", str(p.pp),
-                "--context_parallel_size", str(p.cp),
-                "--expert_model_parallel_size", str(p.ep)]
-        if p.sequence_parallel:
-            out += ["--sequence_parallel", "true"]
-        return out
+        return []
     if p.strategy == "megatron":
-        raise SwiftPlanError("parallel.strategy megatron needs swift.command megatron-sft or "
-                             "megatron-pt")
+        raise SwiftPlanError("parallel.strategy megatron needs swift.command megatron-sft, "
+                             "megatron-pt or megatron-rlhf")
     if p.strategy == "deepspeed":
         if p.zero_offload != "none" and p.zero_stage < 2:
             raise SwiftPlanError(f"parallel.zero_offload {p.zero_offload} needs zero_stage 2 "
                                  f"or 3 (got {p.zero_stage})")
         if p.zero_offload == "none":
-            out += ["--deepspeed", f"zero{p.zero_stage}"]
-        elif p.zero_stage == 2 or p.zero_offload == "all":
-            out += ["--deepspeed", f"zero{p.zero_stage}_offload"]
-        else:  # ZeRO-3, optimizer only: ms-swift's preset offloads parameters too
-            out += ["--deepspeed", json.dumps(_zero3_optimizer_offload(), separators=(",", ":"))]
-    elif p.strategy == "fsdp2":
+            return ["--deepspeed", f"zero{p.zero_stage}"]
+        if p.zero_stage == 2 or p.zero_offload == "all":
+            return ["--deepspeed", f"zero{p.zero_stage}_offload"]
+        # ZeRO-3, optimizer only: ms-swift's preset offloads parameters too
+        return ["--deepspeed", json.dumps(_zero3_optimizer_offload(), separators=(",", ":"))]
+    if p.strategy == "fsdp2":
         if p.cpu_offload:
-            out += ["--fsdp", json.dumps({
+            return ["--fsdp", json.dumps({
                 "fsdp": "full_shard auto_wrap offload",
                 "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": True,
                                 "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                 "cpu_ram_efficient_loading": True,
                                 "state_dict_type": "SHARDED_STATE_DICT",
                                 "activation_checkpointing": True}}, separators=(",", ":"))]
-        else:
-            out += ["--fsdp", "fsdp2"]
-    elif spec.method.type != "full" and c.nproc_per_node * c.nnodes > 1:
-        # frozen base weights have no grads; DDP's unused-parameter search only costs time
-        out += ["--ddp_find_unused_parameters", "false"]
-    return out
+        return ["--fsdp", "fsdp2"]
+    return []
 
 
 def _zero3_optimizer_offload() -> dict[str, Any]:
@@ -164,81 +122,87 @@ def _zero3_optimizer_offload() -> dict[str, Any]:
             "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
 
 
-def train_flags(spec: RunSpec, output_dir: str) -> list[str]:
+def _method_flags(spec: RunSpec, version: str) -> list[str]:
+    m = spec.method
+    if m.type == "qlora":
+        if is_megatron(spec):
+            raise SwiftPlanError("method.type qlora: Megatron-SWIFT does not support QLoRA; "
+                                 "use lora")
+        # ms-swift has no qlora tuner: QLoRA = lora on a bitsandbytes-quantised base (its
+        # defaults are nf4 with double quantisation)
+        return [tuner_flag(version), "lora", "--quant_method", "bnb",
+                "--quant_bits", str(m.quant_bits)]
+    if is_set(spec, "method.type"):
+        return [tuner_flag(version), m.type]
+    return []
+
+
+def _megatron_batch(spec: RunSpec) -> list[str]:
+    """--global_batch_size from train.grad_accum (Megatron counts the whole step)."""
+    if not is_set(spec, "train.grad_accum"):
+        return []
+    from tunedeck.core.estimate.batch import data_parallel_size
+
     t = spec.train
-    save_steps = t.save_steps or t.max_steps  # 0 = only at the end
-    if is_megatron(spec):
-        from tunedeck.core.estimate.batch import data_parallel_size
-
-        world = spec.cluster.nproc_per_node * spec.cluster.nnodes
-        gbs = t.per_device_batch_size * data_parallel_size(spec, world) * t.grad_accum
-        out = ["--micro_batch_size", str(t.per_device_batch_size),
-               "--global_batch_size", str(gbs), "--train_iters", str(t.max_steps),
-               "--lr", f"{t.learning_rate:g}", "--lr_warmup_iters", str(t.warmup_steps),
-               "--lr_decay_style", t.lr_scheduler, "--weight_decay", f"{t.weight_decay:g}",
-               "--clip_grad", f"{t.max_grad_norm:g}", "--seed", str(t.seed),
-               "--save_steps", str(save_steps), "--output_dir", output_dir,
-               "--logging_steps", "1"]
-        if t.eval_steps:
-            out += ["--eval_steps", str(t.eval_steps)]
-        if t.gradient_checkpointing:
-            out += ["--recompute_granularity", "full", "--recompute_method", "uniform",
-                    "--recompute_num_layers", "1"]
-        return out
-    out = ["--max_steps", str(t.max_steps),
-           "--per_device_train_batch_size", str(t.per_device_batch_size),
-           "--gradient_accumulation_steps", str(t.grad_accum),
-           "--learning_rate", f"{t.learning_rate:g}", "--weight_decay", f"{t.weight_decay:g}",
-           "--warmup_steps", str(t.warmup_steps), "--lr_scheduler_type", t.lr_scheduler,
-           "--max_grad_norm", f"{t.max_grad_norm:g}", "--seed", str(t.seed),
-           "--save_steps", str(save_steps),
-           "--gradient_checkpointing", _b(t.gradient_checkpointing),
-           "--output_dir", output_dir, "--logging_steps", "1"]
-    if t.save_total_limit:
-        out += ["--save_total_limit", str(t.save_total_limit)]
-    if t.eval_steps:
-        out += ["--eval_strategy", "steps", "--eval_steps", str(t.eval_steps)]
-    if t.resume_from:
-        out += ["--resume_from_checkpoint", t.resume_from]
-    if t.compile:
-        out += ["--torch_compile", "true"]
-    return out
+    world = spec.cluster.nproc_per_node * spec.cluster.nnodes
+    return ["--global_batch_size",
+            str(t.per_device_batch_size * data_parallel_size(spec, world) * t.grad_accum)]
 
 
-def swift_args(spec: RunSpec, output_dir: str, version: str | None = None) -> list[str]:
-    """Every ms-swift flag of a run (what follows `-m swift.cli.<command>`)."""
+def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None) -> list[str]:
+    """Every ms-swift flag of a run (what follows `-m swift.cli.<command>`): the flags of the
+    keys the spec sets (core/swift/keymap.py), then swift.extra_args as written. A key the spec
+    does not set emits nothing, so ms-swift's own default applies. `output_dir` None: none
+    (an export for the user's own shell, where ms-swift picks its folder)."""
+    from tunedeck.core.swift.keymap import KEYS, emits, encode
+
     version = version or installed_version() or ASSUMED
-    s = spec.swift
+    s, command = spec.swift, spec.swift.command
+    extra = {w[2:].partition("=")[0] for w in s.extra_args if w.startswith("--")}
+
+    def wanted(flag: str) -> bool:    # extra_args win: they are what the user wrote
+        return flag not in extra
+
     args = model_flags(spec)
-    if spec.model.dtype != "auto":
-        args += ["--torch_dtype", spec.model.dtype]
-    if not is_megatron(spec):
-        args += ["--attn_impl", spec.model.attn_impl]
-    args += data_flags(spec) + method_flags(spec, version) + parallel_flags(spec)
-    args += train_flags(spec, output_dir)
-    if s.command == "rlhf":
-        if not s.rlhf_type:
-            raise SwiftPlanError("swift.rlhf_type is required for swift.command rlhf "
-                                 "(dpo, grpo, kto, ...)")
-        args += ["--rlhf_type", s.rlhf_type]
-    if s.use_vllm:
-        if s.rlhf_type != "grpo":
-            raise SwiftPlanError("swift.use_vllm is for GRPO (swift.rlhf_type = \"grpo\")")
-        # ms-swift requires an explicit mode whenever vLLM generates
-        args += ["--use_vllm", "true", "--vllm_mode", s.vllm_mode]
+    ds = datasets(spec)
+    if ds and wanted("dataset"):
+        args += ["--dataset", *ds]
+    if s.command == "rlhf" and not s.rlhf_type and "rlhf_type" not in extra:
+        raise SwiftPlanError("swift.rlhf_type is required for swift.command rlhf "
+                             "(dpo, grpo, kto, ...)")
+    if s.use_vllm and s.command == "rlhf" and s.rlhf_type not in ("grpo", "gkd", ""):
+        raise SwiftPlanError(f"swift.use_vllm: ms-swift generates with vLLM for GRPO and GKD, "
+                             f"not {s.rlhf_type}")
+    for kf in KEYS:
+        flag = kf.flag_for(command)
+        if not flag or not wanted(flag) or not is_set(spec, kf.key):
+            continue
+        value = get_value(spec, kf.key)
+        if emits(kf, value):
+            args += [f"--{flag}", *encode(kf, value)]
+    for key, flag in (("data.model_name", "model_name"), ("data.model_author", "model_author")):
+        value = get_value(spec, key)
+        if value and wanted(flag):
+            args += [f"--{flag}", value, value]   # ms-swift wants (zh, en)
+    args += _method_flags(spec, version) + _strategy_flags(spec)
+    if is_megatron(spec):
+        args += _megatron_batch(spec) if wanted("global_batch_size") else []
+        if spec.train.gradient_checkpointing and wanted("recompute_granularity"):
+            args += ["--recompute_granularity", "full", "--recompute_method", "uniform",
+                     "--recompute_num_layers", "1"]
     if spec.cluster.device == "cpu":
         if is_megatron(spec):
             raise SwiftPlanError("megatron commands need GPUs; cluster.device is cpu")
         # without --use_cpu accelerate does not pick gloo DDP and ranks train independently
-        args += ["--use_cpu", "true", "--ddp_backend", "gloo"]
-    elif spec.cluster.dist_backend in ("nccl", "gloo") and not is_megatron(spec):
+        if wanted("use_cpu"):
+            args += ["--use_cpu", "true"]
+        if wanted("ddp_backend"):
+            args += ["--ddp_backend", "gloo"]
+    elif "cluster.dist_backend" in spec.explicit and spec.cluster.dist_backend in (
+            "nccl", "gloo") and wanted("ddp_backend"):
         args += ["--ddp_backend", spec.cluster.dist_backend]
-    timeout = spec.cluster.collective_timeout_s
-    if timeout and not is_megatron(spec) and "--ddp_timeout" not in s.extra_args:
-        # ms-swift's own default is 18,000,000 s (208 days): a hung collective never fails
-        args += ["--ddp_timeout", str(timeout)]
-    if not any(a in ("--report_to", "--report-to") for a in s.extra_args):
-        args += ["--report_to", "none"]
+    if output_dir and wanted("output_dir"):
+        args += ["--output_dir", output_dir]
     return args + list(s.extra_args)
 
 
@@ -419,8 +383,9 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     return [SwiftLogMonitor(run, run.output_dir(spec), log_rank)]
 
 
-def cli_form(spec: RunSpec, output_dir: str) -> tuple[dict[str, str], list[str]]:
-    """The plain `NPROC_PER_NODE=.. swift sft ...` command users know (export)."""
+def cli_form(spec: RunSpec, output_dir: str | None) -> tuple[dict[str, str], list[str]]:
+    """The plain `NPROC_PER_NODE=.. swift sft ...` command users know (export); no
+    --output_dir unless the spec names one (ms-swift's own folder, as the user had it)."""
     c = spec.cluster
     env = {"NPROC_PER_NODE": str(c.nproc_per_node)}
     if c.nnodes > 1:

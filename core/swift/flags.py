@@ -115,7 +115,7 @@ def flag_tables() -> dict | None:
         return _TABLES
     if installed_version() is None:
         return None
-    path = cache_dir() / "swift" / f"flags-{_cache_key()}.json"
+    path = cache_dir() / "swift" / f"flags-v2-{_cache_key()}.json"  # v2: defaults, types
     try:
         _TABLES = json.loads(path.read_text(encoding="utf-8"))
         return _TABLES
@@ -146,9 +146,11 @@ def run_check(args: list[str], stdin: str | None = None, timeout: float = 180) -
     return json.loads(out)
 
 
-def parser_check(jobs: list[tuple[str, list[str]]]) -> list[dict]:
-    """ms-swift's own HfArgumentParser on each (command, argv): remaining argv and errors."""
-    return run_check(["--check"], stdin=json.dumps(jobs))  # type: ignore[return-value]
+def parser_check(jobs: list[tuple[str, list[str]]], values: bool = False) -> list[dict]:
+    """ms-swift's own HfArgumentParser on each (command, argv), in one child process:
+    remaining argv and errors, and with `values` every field as parsed."""
+    return run_check(["--parse" if values else "--check"],  # type: ignore[return-value]
+                     stdin=json.dumps(jobs))
 
 
 # -- validation --------------------------------------------------------------------------
