@@ -24,6 +24,7 @@ import re
 from typing import TYPE_CHECKING
 
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS
 from tunedeck.core.ingest.parsers.torchrun import signal_name
 
 if TYPE_CHECKING:
@@ -348,7 +349,7 @@ def _tier(f: Finding) -> int:
         if _LAUNCHER_EXC.search(f.summary) or any(_LAUNCHER_FRAMES.search(e)
                                                   for e in f.evidence[:3]):
             return 4
-        if not f.root_cause or " crashed:" not in f.summary:
+        if CONSEQUENCE_PATTERNS.search(f.summary) or " crashed:" not in f.summary:
             return 3    # a peer's broken connection, or only an exit code
         return 0
     if c in _TIER_LINK:
@@ -379,7 +380,12 @@ def _mark_chain(found: list[Finding], scanners) -> None:
         if f.category == "worker_sigabrt" and (f.rank in explained or None in explained):
             f.root_cause = False
     tiers = {id(f): _tier(f) for f in errors}
-    cands = [f for f in errors if f.root_cause] or errors
+    # the engine's own flags only said "not first in time"; what is a consequence by its
+    # nature is decided here (tiers, the abort rule above, the launcher's signal)
+    cands = [f for f in errors if f.root_cause or f.category not in
+             (_TIER_SIGNAL | _TIER_AFTER | {"launcher_signal"})]
+    cands = [f for f in cands if not (f.category == "worker_sigabrt" and
+                                      (f.rank in explained or None in explained))] or errors
     best = min(tiers[id(f)] for f in cands)
     top = [f for f in cands if tiers[id(f)] == best]
     timed = [f for f in top if f.t is not None]

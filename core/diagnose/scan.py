@@ -17,11 +17,12 @@ from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
-from tunedeck.core.ingest.parsers.normalize import normalize
+from tunedeck.core.ingest.parsers.normalize import normalize, rejoin
 from tunedeck.core.ingest.parsers.prefix import line_time, split_rank
 from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
 
 MAX_TB_LINES = 80
+PASTE_MAX = 1 << 20    # files up to this size are checked for terminal wrapping when read whole
 # a rank named in the message itself, when no prefix named one: `[Rank 3]`, the NCCL
 # watchdog's `[PG 0 Rank 3]` / `[PG ID 0 PG GUID 0(default_pg) Rank 3]`, DDP's `for rank 2:`
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
@@ -112,6 +113,8 @@ class FileScanner:
     def poll(self, final: bool = False) -> None:
         metric_lines: list[str] = []
         chunk_fn = self._chunk_native if self.native else self._chunk
+        if self.tail.offset == 0 and final:
+            self._wrapped_paste(chunk_fn, metric_lines)
         for base, chunk in self.tail.chunks():
             chunk_fn(base, chunk, metric_lines)
         if final:
@@ -122,6 +125,24 @@ class FileScanner:
         if final:
             for rank in list(self._tb):
                 self._tb_finish(rank, self.tail.lineno)
+
+    def _wrapped_paste(self, chunk_fn, metric_lines: list[str]) -> None:
+        """A small file read whole (a pasted excerpt, not a live log) whose long lines a
+        terminal or web page hard-wrapped: read with the wrapped lines joined again, so a
+        message and the rank it names are one line. Line numbers count joined lines."""
+        try:
+            if self.source.path.stat().st_size > PASTE_MAX:
+                return
+            data = self.source.path.read_bytes()
+        except OSError:
+            return
+        lines = data.decode("utf-8", errors="replace").split("\n")
+        joined = rejoin(lines[:-1] if lines and lines[-1] == "" else lines)
+        if len(joined) == len(lines) - (lines[-1] == ""):
+            return
+        text = "\n".join(joined) + "\n"
+        chunk_fn(0, text.encode(), metric_lines)
+        self.tail.offset, self.tail.lineno = len(data), len(joined)
 
     # -- chunk-level fast path ---------------------------------------------------------------
     # Most lines of a log change nothing but counters. Byte searches (C speed) find the few

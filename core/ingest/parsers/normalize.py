@@ -202,7 +202,7 @@ def strip(line: str) -> str:
 
 # -- terminal-wrapped lines ----------------------------------------------------------------
 
-_CONTINUES = re.compile(r"^[a-z0-9_)\].,;'\"-]")
+_NEW_LINE = re.compile(r"^(?:\s|Traceback|File |During handling|The above exception|$)")
 
 
 def rejoin(lines: list[str], width: int | None = None) -> list[str]:
@@ -210,7 +210,7 @@ def rejoin(lines: list[str], width: int | None = None) -> list[str]:
 
     A line is taken as cut when it is exactly as long as the widest line of the excerpt (the
     wrap width; at least 60 columns) and the next one does not start a new line of its own
-    (no prefix of its own, not indented, starting mid-word or mid-sentence)."""
+    (no prefix of its own, not indented, not a traceback's own line)."""
     if not lines:
         return lines
     w = width or max(len(x) for x in lines)
@@ -221,8 +221,9 @@ def rejoin(lines: list[str], width: int | None = None) -> list[str]:
         return list(lines)                   # no fixed width: nothing was wrapped
     out: list[str] = []
     for x in lines:
-        if out and len(out[-1]) % w == 0 and x and _CONTINUES.match(x) \
-                and normalize(x).text == x:
+        # lines of one shape (records printed alike) are not a line and its continuation
+        if out and len(out[-1]) % w == 0 and not _NEW_LINE.match(x) \
+                and x[:2] != out[-1][:2] and normalize(x).text == x:
             out[-1] += x
         else:
             out.append(x)
