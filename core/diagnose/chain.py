@@ -372,6 +372,7 @@ def _line_of(f: Finding, scanners) -> tuple[int, int]:
 def _mark_chain(found: list[Finding], scanners) -> None:
     errors = [f for f in found if f.severity == "error"]
     if not errors:
+        _stopped_from_outside(found, scanners)
         return
     # consequences whatever the time: an abort after a timeout or a CUDA fault on its rank,
     # the launcher's own traceback, peers that lost their connection
@@ -409,3 +410,22 @@ def _mark_chain(found: list[Finding], scanners) -> None:
             f.root_cause = True
         elif not (f.category == "flag_error" and root.category == "flag_error"):
             f.root_cause = False
+
+
+def _stopped_from_outside(found: list[Finding], scanners) -> None:
+    """Only SIGTERM exits and nothing that failed first: the rank torchrun names as the first
+    failure was stopped from outside (a kill, a scheduler, a preemption); that stopped the run."""
+    terms = [f for f in found if f.category == "worker_sigterm"]
+    if not terms:
+        return
+    first = {fl.rank for sc in scanners for rep in sc.reports for fl in rep.failures
+             if fl.root_cause}
+    root = next((f for f in terms if f.rank in first), terms[0])
+    root.severity, root.root_cause = "error", True
+    who = f"rank {root.rank}" if root.rank is not None else "a rank"
+    root.summary = f"{who} was stopped by SIGTERM from outside the run; nothing failed before it"
+    root.cause = ("torchrun names this rank's SIGTERM as the first failure and no error "
+                  "precedes it: something outside sent it (a `kill`, a scheduler's time limit "
+                  "or preemption, a container stop).")
+    root.fix = ("Check the scheduler's log and who else can signal the job's processes; "
+                "resume from the last checkpoint.")

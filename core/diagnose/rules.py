@@ -374,7 +374,7 @@ _OTHER = (
     "NCCL WARN", "NCCL ERROR", "NCCL TRACE",          # NCCL lines other than plain INFO
     # torchrun's failure table when its head was cut off (scan / parsers.torchrun), the
     # DeepSpeed launcher's exit line, the signal the launcher passed on
-    "local_rank", "time      :", "host      :", "error_file", "received by PID",
+    "local_rank", "time      :", "host      :", "error_file", "received by PID", "traceback :",
     "Root Cause", "return code", "closing signal",
     "Data ", "data_time",                             # per-step data vs step time
     "Loading checkpoint shards",                      # host-memory sign before a SIGKILL

@@ -33,6 +33,17 @@ class _Data(torch.utils.data.Dataset):
         return torch.full((4,), float(i))
 
 
+class _HalfUsed(torch.nn.Module):
+    """A model with a layer its forward never uses: DDP waits for that layer's gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.used(x)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode")
@@ -77,11 +88,10 @@ def main() -> None:
         os.kill(os.getppid(), signal.SIGHUP)   # torchrun's terminal went away
         time.sleep(30)
     if mode == "unused":
-        model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 1), "unused": torch.nn.Linear(4, 1)})
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(_HalfUsed())
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step in range(3):
-            out = ddp.module["used"](torch.ones(2, 4)).sum()
+            out = ddp(torch.ones(2, 4)).sum()
             out.backward()
             opt.step()
             opt.zero_grad()

@@ -15,6 +15,8 @@ from typing import Any
 
 from tunedeck.core.ingest.parsers.assemble import LineAssembler
 from tunedeck.core.ingest.parsers.deepspeed import parse_deepspeed
+from tunedeck.core.ingest.parsers.frameworks import parse_framework_line
+from tunedeck.core.ingest.parsers.normalize import normalize
 from tunedeck.core.ingest.parsers.plain import parse_plain_step
 from tunedeck.core.ingest.parsers.pydict import parse_dict_line
 from tunedeck.core.ingest.parsers.torchtitan import parse_torchtitan
@@ -28,11 +30,31 @@ def parse_metrics_line(line: str) -> tuple[str, dict[str, Any]] | None:
     """(format, raw fields) for a line carrying training metrics, else None.
 
     format is one of "dict" (built-in events, ms-swift/HF Trainer dicts, logging.jsonl),
-    "tqdm", "torchtitan", "deepspeed", "plain" (`step 12 loss 1.93` prints).
+    "tqdm", "torchtitan", "deepspeed", "plain" (`step 12 loss 1.93` prints, and the
+    frameworks of `frameworks.py`, already in plain keys).
+
+    A line in no format is tried once more without its prefixes (`[rank0]:`, a time stamp,
+    srun's `0:`, ...; normalize.py): lines that parse as they are never pay for that.
     """
+    got = _parse(line)
+    if got is None and line[:1] not in _NO_PREFIX:
+        text = normalize(line).text
+        if text != line:
+            got = _parse(text)
+    return got
+
+
+# first characters no prefix starts with (most lines that parse start with `{` or a space)
+_NO_PREFIX = frozenset("{ \t")
+
+
+def _parse(line: str) -> tuple[str, dict[str, Any]] | None:
     s = line.lstrip()
     if not s:
         return None
+    d = parse_framework_line(s) if s[0] != "{" else None
+    if d is not None:
+        return "plain", d
     if s[0] == "{":
         d = parse_dict_line(s)
         return ("dict", d) if d is not None else None

@@ -37,8 +37,9 @@ _GLOG = re.compile(r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] ?")
 _GLOG_SHORT = re.compile(r"\[[IWEF](?:\d{4} \d\d:\d\d:\d\d\.\d+ )?[\w./-]+\.(?:cpp|cc|h|py):\d+\] ?")
 _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:(?: ?\[\w+\])? ?")
 _PYLOG2 = re.compile(r"[\w.]+: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
-_DSLOG = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] (?:\[[\w.]+:\d+:\w+\] )?")
+_DSLOG = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]+)?\] ?(?:\[[\w.]+:\d+:\w+\] )?")
 _LEVEL = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|WARN) *(?:\||:|-)? +(?=\S)")
+_DASH_LEVEL = re.compile(r"[-|] (?:DEBUG|INFO|WARNING|ERROR|CRITICAL|SUCCESS) *[-|] ?")
 _RANK = re.compile(r"\[(?:default|rank) ?(\d+)\]:? ?")
 _TORCHX = re.compile(r"\[[A-Za-z_][\w-]*?\d*\|(\d+)\]: ?")
 _DETERMINED = re.compile(r"(?:[0-9a-f]{8} )?\[rank=(\d+)\] \|\| ?|[0-9a-f]{8} \|\| ?")
@@ -76,7 +77,7 @@ def normalize(line: str) -> Norm:
         return Norm("")
     c = s[0]
     # the common case, a line with no prefix: no pattern is tried
-    if c not in "[(0123456789IWEFDCabcdefghijklmnopqrstuvwxyz│┃╭╰┌└+ " and c != "|":
+    if c not in "[(0123456789IWEFDCabcdefghijklmnopqrstuvwxyz│┃╭╰┌└+ -" and c != "|":
         return Norm(s)
     out = Norm(s)
     for _ in range(8):                       # layers nest; each pass strips one
@@ -145,6 +146,9 @@ def _strip_one(s: str, out: Norm) -> str:
         m = _PYLOG.match(s) or _LEVEL.match(s)
         if m:
             return s[m.end():]
+    if c in "-|":
+        m = _DASH_LEVEL.match(s)
+        return s[m.end():] if m else s
     if c == "(":
         m = _RAY.match(s)
         return s[m.end():] if m else s

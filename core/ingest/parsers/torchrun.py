@@ -115,8 +115,8 @@ class ChildFailedParser:
                 self._start = lineno - 1
                 self._lines = [prev, line]
                 return None
-            if _ENTRY.match(line) or line.startswith("Root Cause (first") or \
-                    _is_field(line):
+            # (only on lines the scanner's fast path stops at: rules.py's TOKENS)
+            if line.startswith("Root Cause (first") or _is_field(line):
                 self._in, self._partial = True, True
                 self._reset()
                 self._start = lineno

@@ -10,7 +10,10 @@ _BAR = re.compile(
     r"(?:(?P<desc>[^|\r]*?):?\s*)?(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)"
     r"(?:\s*\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:?]+))?"
     r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?)?")
-_POSTFIX_LOSS = re.compile(r"\bloss=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))[,\]\s]")
+# `loss=` in tqdm's postfix; Lightning's bar says `train_loss=` / `train_loss_step=`
+_POSTFIX_LOSS = re.compile(r"(?:\b|train_)loss(?:_step)?=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))"
+                           r"[,\]\s]")
+_EPOCH = re.compile(r"^Epoch (\d+):")
 
 
 def parse_tqdm(line: str) -> dict[str, Any] | None:
@@ -35,6 +38,11 @@ def parse_tqdm(line: str) -> dict[str, Any] | None:
     loss = _POSTFIX_LOSS.search(line, m.end())
     if loss:
         out["loss"] = float(loss.group(1))
+    ep = _EPOCH.match(out["desc"] + ":") if out["desc"].startswith("Epoch ") else None
+    if ep and "v_num" in line:
+        # Lightning counts each epoch's batches from 0: the run's step is epochs × batches + n
+        out["n"] += int(ep.group(1)) * out["total"]
+        out["total"] = max(out["total"], out["n"])
     return out
 
 

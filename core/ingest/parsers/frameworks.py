@@ -1,0 +1,120 @@
+"""Step lines of training frameworks that print their own text, each turned into the plain
+record keys (`step, loss, learning_rate, grad_norm, max_steps, step_s, epoch`):
+
+    Megatron-LM / Megatron-LLM / Megatron-DeepSpeed
+        iteration      122/  250000 | consumed samples: ... | elapsed time per iteration (ms):
+        865.2 | learning rate: 9.150E-06 | ... | lm loss: 2.504220E+00 | ... | grad norm: 0.231 |
+    DeepSpeed's engine          steps: 100 loss: 2.3456 iter time (s): 0.512 samples/sec: 15.6
+    torchtune                   1|55|Loss: 1.0744975805282593:  54%|█████▍    | 55/101 [...]
+    litgpt                      iter 100 step 50: loss 3.7451, iter time: 187.97ms
+                                Epoch 1 | iter 46 step 1 | loss train: 3.724, val: n/a | ...
+    lit-llama                   iter 10: loss 1.2345, time: 123.45ms
+    Lightning's rich bar        Epoch 0/9 ━━━━━━━━ 450/1000 0:01:23 • 0:01:42 5.37it/s v_num: 3
+                                train_loss: 2.340
+    a dict printed after text   epoch 0 step 10: {'train_loss': 1.23, 'lr': 1e-05}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tunedeck.core.ingest.parsers.pydict import parse_dict_line
+
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
+
+_MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_MEGATRON_FIELDS = {
+    "lm loss": "loss", "loss": "loss", "learning rate": "learning_rate", "grad norm": "grad_norm",
+    "elapsed time per iteration (ms)": "step_ms",
+}
+_FIELD = re.compile(r"\|\s*([a-z][a-z ()/_-]*?)\s*:\s*(" + _NUM + r")\s*(?=\||$)", re.I)
+
+_DS_STEPS = re.compile(r"\bsteps: (\d+) loss: (" + _NUM + r")(?: iter time \(s\): (" + _NUM +
+                       r"))?")
+_TORCHTUNE = re.compile(r"(?:^|[\s:\]])(\d+)\|(\d+)\|Loss: (" + _NUM + r")")
+_LITGPT = re.compile(r"\biter (\d+)(?: \|)? step (\d+)(?::| \|) loss(?: train(?: \(curr\))?)?:? "
+                     r"(" + _NUM + r")")
+_LITLLAMA = re.compile(r"^iter (\d+): loss (" + _NUM + r")")
+_ITER_MS = re.compile(r"iter time: (" + _NUM + r") ?ms")
+_RICH_BAR = re.compile(r"Epoch (\d+)/\d+\s+\S+\s+(\d+)/(\d+)\s.*?\btrain_loss(?:_step)?:\s*(" +
+                       _NUM + r")")
+_TEXT_STEP = re.compile(r"\b(?:step|global_step|iter|iteration)[\s=:]+(\d+)", re.I)
+
+
+def parse_framework_line(s: str) -> dict[str, Any] | None:
+    """The record of one step line of a framework above, or None."""
+    if "iteration" in s and "|" in s:
+        return _megatron(s)
+    if "Loss:" in s and "|" in s:
+        m = _TORCHTUNE.search(s)
+        if m:
+            return {"step": int(m[2]), "loss": float(m[3]), "epoch": int(m[1])}
+    if "steps: " in s:
+        m = _DS_STEPS.search(s)
+        if m:
+            rec = {"step": int(m[1]), "loss": float(m[2])}
+            if m[3]:
+                rec["step_s"] = float(m[3])
+            return rec
+    if s.startswith(("iter ", "Epoch ", "Ep ")) and "loss" in s:
+        m = _LITGPT.search(s)
+        if m:
+            rec = {"step": int(m[2]), "loss": float(m[3]), "iter": int(m[1])}
+            t = _ITER_MS.search(s)
+            if t:
+                rec["step_s"] = float(t[1]) / 1000
+            return rec
+        m = _LITLLAMA.match(s)
+        if m:
+            return {"step": int(m[1]), "loss": float(m[2])}
+    if "train_loss" in s and "Epoch" in s:
+        m = _RICH_BAR.search(s)
+        if m:
+            epoch, n, total = int(m[1]), int(m[2]), int(m[3])
+            return {"step": epoch * total + n, "loss": float(m[4]), "epoch": epoch}
+    brace = s.find("{")
+    if brace > 0 and s.rstrip().endswith("}"):
+        return _inline_dict(s, brace)
+    return None
+
+
+def _megatron(s: str) -> dict[str, Any] | None:
+    m = _MEGATRON.search(s)
+    if not m:
+        return None
+    rec: dict[str, Any] = {"step": int(m[1]), "max_steps": int(m[2])}
+    for key, value in _FIELD.findall(s[m.end() - 1:]):
+        name = _MEGATRON_FIELDS.get(key.strip().lower())
+        if name and name not in rec:
+            rec[name] = float(value)
+    if "step_ms" in rec:
+        rec["step_s"] = rec.pop("step_ms") / 1000
+    return rec if "loss" in rec else None
+
+
+def _inline_dict(s: str, brace: int) -> dict[str, Any] | None:
+    """`epoch 0 step 10: {...}` (accelerate's print, a script's f-string)."""
+    d = parse_dict_line(s[brace:])
+    if not d:
+        return None
+    loss = next((d[k] for k in ("loss", "train_loss", "train/loss") if _is_num(d.get(k))), None)
+    if loss is None:
+        return None
+    step = next((d[k] for k in ("step", "global_step", "train/global_step", "iteration")
+                 if _is_num(d.get(k))), None)
+    if step is None:
+        m = _TEXT_STEP.search(s[:brace])
+        if not m:
+            return None
+        step = int(m[1])
+    rec: dict[str, Any] = {"step": int(step), "loss": float(loss)}
+    for src, dst in (("lr", "learning_rate"), ("learning_rate", "learning_rate"),
+                     ("grad_norm", "grad_norm"), ("epoch", "epoch")):
+        if _is_num(d.get(src)) and dst not in rec:
+            rec[dst] = d[src]
+    return rec
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

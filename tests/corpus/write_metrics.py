@@ -1,0 +1,174 @@
+"""Write the corpus's metrics logs: one per framework's console format, each with its last
+step and loss in tests/corpus/metrics.json. The line shapes follow the public logs named beside
+each (our own numbers and words).
+
+    .venv/bin/python tests/corpus/write_metrics.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "metrics"
+N = 30
+
+
+def loss(i: int) -> float:
+    return round(2.8 * math.exp(-i / 40) + 0.9 + 0.03 * math.sin(i), 4)
+
+
+def bar(i, n, desc="", extra=""):
+    pct = i * 100 // n
+    return f"{desc}{pct:3d}%|{'█' * (pct // 10):<10}| {i}/{n} [00:{i % 60:02d}<00:{(n - i) % 60:02d}, " \
+           f" 1.{i % 9}0it/s{extra}]"
+
+
+LOGS: dict[str, tuple[str, callable]] = {}
+
+
+def log(name, url):
+    def deco(fn):
+        LOGS[name] = (url, fn)
+        return fn
+    return deco
+
+
+@log("megatron_lm.log", "https://github.com/epfLLM/Megatron-LLM/issues/11")
+def _():
+    return [f" iteration {i:8d}/{N * 10:8d} | consumed samples: {i * 1024:12d} | elapsed time per "
+            f"iteration (ms): {860.0 + i:.1f} | learning rate: {1e-5 * i / N:.3E} | global batch "
+            f"size:  1024 | lm loss: {loss(i):.6E} | loss scale: 1.0 | grad norm: {0.2 + i / 100:.3f}"
+            f" | number of skipped iterations:   0 | number of nan iterations:   0 |"
+            for i in range(1, N + 1)], N, loss(N)
+
+
+@log("megatron_deepspeed_timestamped.log", "https://github.com/deepspeedai/Megatron-DeepSpeed/issues/320")
+def _():
+    return [f"[2024-06-10 12:{i % 60:02d}:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] "
+            f"step={i}, skipped=0, lr=[1e-05], mom=[(0.9, 0.95)]\n"
+            f" iteration {i:9d}/ {N:9d} | consumed samples: {i * 8:10d} | elapsed time per "
+            f"iteration (ms): 512.3 | learning rate: 1.000E-05 | global batch size: 8 | "
+            f"lm loss: {loss(i):.6E} | loss scale: 4096.0 | grad norm: 1.234 | actual seqlen:  2048 |"
+            for i in range(1, N + 1)], N, loss(N)
+
+
+@log("deepspeed_steps.log", "https://github.com/deepspeedai/DeepSpeed/issues/3456")
+def _():
+    return [f"steps: {i * 10} loss: {loss(i):.4f} iter time (s): 0.{500 + i} samples/sec: 15.6"
+            for i in range(1, N + 1)], N * 10, loss(N)
+
+
+@log("torchtune.log", "https://github.com/meta-pytorch/torchtune/pull/2620")
+def _():
+    return [f"1|{i}|Loss: {loss(i)}: " + bar(i + 1, N + 5) for i in range(1, N + 1)], N, loss(N)
+
+
+@log("torchtune_torchx_prefix.log", "https://github.com/meta-pytorch/torchtune/pull/2620")
+def _():
+    return [f"[trainer0|0]:1|{i}|Loss: {loss(i)}: " + bar(i + 1, N + 5) + "[trainer0|0]:"
+            for i in range(1, N + 1)], N, loss(N)
+
+
+@log("litgpt.log", "https://github.com/Lightning-AI/litgpt/issues/834")
+def _():
+    return [f"iter {i} step {(i + 1) // 2}: loss {loss(i):.4f}, iter time: 18{i % 10}.97ms"
+            + (" (optimizer.step)" if i % 2 == 0 else "") for i in range(1, 2 * N + 1)], \
+        N, loss(2 * N)
+
+
+@log("litgpt_new.log", "https://github.com/Lightning-AI/litgpt/issues/1224")
+def _():
+    return [f"Epoch 1 | iter {i} step {i // 4} | loss train: {loss(i):.3f}, val: n/a | iter "
+            f"time: 45.{i % 10}3 ms" + (" (step)" if i % 4 == 0 else "") for i in range(4, 4 * N + 1)], \
+        N, round(loss(4 * N), 3)
+
+
+@log("lit_llama.log", "https://github.com/Lightning-AI/lit-llama/pull/52")
+def _():
+    return [f"iter {i}: loss {loss(i):.4f}, time: 12{i % 10}.45ms" for i in range(N)], N - 1, \
+        loss(N - 1)
+
+
+@log("lightning_tqdm.log", "https://github.com/Lightning-AI/pytorch-lightning/issues/18123")
+def _():
+    lines = []
+    for ep in range(2):
+        for i in range(1, 16):
+            lines.append(bar(i, 15, f"Epoch {ep}: ", f", v_num=3, train_loss={loss(ep * 15 + i):.3f}"))
+    return ["\r".join(lines[k:k + 5]) for k in range(0, len(lines), 5)], 30, round(loss(30), 3)
+
+
+@log("lightning_rich.log", "https://github.com/Lightning-AI/pytorch-lightning/issues/18123")
+def _():
+    return [f"Epoch {ep}/1  ━━━━━━━━━━━━━━━━━━━━ {i}/15 0:00:{i:02d} • 0:00:{15 - i:02d} 5.37it/s "
+            f"v_num: 3 train_loss: {loss(ep * 15 + i):.3f}" for ep in range(2) for i in range(1, 16)], \
+        30, round(loss(30), 3)
+
+
+@log("accelerate_print.log", "https://github.com/huggingface/accelerate/issues/1310")
+def _():
+    return [f"epoch 0 step {i}: {{'train_loss': {loss(i)}, 'lr': 2e-05}}" for i in range(1, N + 1)], \
+        N, loss(N)
+
+
+@log("hf_trainer_tqdm.log", "https://github.com/huggingface/transformers/issues/24108")
+def _():
+    out = []
+    for i in range(1, N + 1):
+        out.append(bar(i, N))
+        out.append(str({"loss": loss(i), "grad_norm": 1.1, "learning_rate": 2e-5, "epoch": round(i / N, 2)}))
+    return out, N, loss(N)
+
+
+@log("hf_trainer_rank_prefix.log", "https://github.com/huggingface/transformers/issues/25011")
+def _():
+    return [f"[rank0]:{ {'loss': loss(i), 'grad_norm': 0.9, 'learning_rate': 1e-5, 'epoch': round(i / N, 2)} }"
+            .replace("{ {", "{").replace("} }", "}") for i in range(1, N + 1)], N, loss(N)
+
+
+@log("swift_srun_prefix.log", "https://github.com/modelscope/ms-swift/issues/5884")
+def _():
+    return [f"0: {{'loss': '{loss(i)}', 'grad_norm': '1.2', 'learning_rate': '9e-05', 'epoch': "
+            f"'{i / N:.2f}', 'global_step/max_steps': '{i}/{N}', 'train_speed(s/it)': '0.5'}}"
+            for i in range(1, N + 1)], N, loss(N)
+
+
+@log("swift_timestamped.log", "https://github.com/modelscope/ms-swift/issues/7992")
+def _():
+    return [f"[INFO:swift] 2025-02-05 18:{i % 60:02d}:00 {{'loss': {loss(i)}, 'learning_rate': 1e-05, "
+            f"'global_step/max_steps': '{i}/{N}'}}" for i in range(1, N + 1)], N, loss(N)
+
+
+@log("torchtitan.log", "https://github.com/pytorch/torchtitan/issues/1")
+def _():
+    return [f"\x1b[31mstep: {i:2d}  \x1b[32mloss: {loss(i):7.4f}  \x1b[33mmemory: 30.12GiB(31.70%)  "
+            f"\x1b[34mtps: 4,120  \x1b[35mmfu: 38.20%\x1b[39m" for i in range(1, N + 1)], N, loss(N)
+
+
+@log("plain_print.log", "https://github.com/Lightning-AI/litgpt/issues/689")
+def _():
+    return [f"step {i} | loss {loss(i):.4f} | lr 0.0003" for i in range(1, N + 1)], N, loss(N)
+
+
+@log("k8s_hf_trainer.log", "https://github.com/huggingface/transformers/issues/28005")
+def _():
+    return [f"2024-05-14T09:12:{i % 60:02d}.123456Z {{'loss': {loss(i)}, 'learning_rate': 2e-05, "
+            f"'epoch': {i / N:.2f}}}" for i in range(1, N + 1)], N, loss(N)
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    manifest = {}
+    for name, (url, fn) in LOGS.items():
+        lines, step, last = fn()
+        (OUT / name).write_text("\n".join(lines) + "\n")
+        manifest[name] = {"last_step": step, "last_loss": last, "source": url}
+    (HERE / "metrics.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(len(manifest), "metrics logs")
+
+
+if __name__ == "__main__":
+    main()
