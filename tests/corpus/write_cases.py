@@ -123,7 +123,7 @@ def case(name, category, rank, url, lines, variants=("plain",), host=None, text_
 
 # renderings that show which rank printed a line, and those that show a host
 SHOWS_RANK = {"rank", "default", "srun", "determined", "torchx", "clockrank", "interleave",
-              "pdsh"}
+              "pdsh", "mpitag"}
 SHOWS_HOST = {"pdsh"}
 
 
@@ -251,7 +251,7 @@ case("watchdog_terminating", "stall|nccl_timeout", 6,
           "Rank 6] Terminating the process after attempting to dump debug info, due to "
           "ProcessGroupNCCL watchdog hang.")], ("rank", "wrap116"), text_rank=True)
 case("nccl_watchdog_timeout", "nccl_timeout|stall", 2,
-     "https://github.com/huggingface/transformers/issues/26724",
+     "https://github.com/hiyouga/LlamaFactory/issues/7396",
      [(2, watchdog_timeout(2)),
       (2, "[E ProcessGroupNCCL.cpp:489] Some NCCL operations have failed or timed out. Due to "
           "the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
@@ -286,13 +286,13 @@ case("cuda_illegal_instruction", "cuda_fault", 3,
         "`TORCH_USE_CUDA_DSA` to enable device-side assertions.") +
      [(1, watchdog_timeout(1))], ("rank",))
 case("device_side_assert", "cuda_fault", 0,
-     "https://github.com/huggingface/transformers/issues/22546",
+     "https://github.com/deepspeedai/Megatron-DeepSpeed/issues/207",
      [(0, "../aten/src/ATen/native/cuda/Indexing.cu:1146: indexSelectLargeIndex: block: "
           "[195,0,0], thread: [64,0,0] Assertion `srcIndex < srcSelectDimSize` failed.")] +
      tb(0, [("model.py", 410, "forward", "inputs_embeds = self.embed_tokens(input_ids)")],
         "RuntimeError: CUDA error: device-side assert triggered"), ("plain", "rich"))
 case("ecc_error", "cuda_fault", 5,
-     "https://github.com/pytorch/pytorch/issues/94887",
+     "https://github.com/kohya-ss/sd-scripts/issues/1434",
      tb(5, [("train.py", 200, "main", "optimizer.step()")],
         "RuntimeError: CUDA error: uncorrectable ECC error encountered") +
      [(3, watchdog_timeout(3))], ("rank", "iso"))
@@ -320,12 +320,12 @@ case("port_eaddrinuse_new", "port_in_use", None,
           "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
           "message: address already in use")], ("plain", "wrap100"))
 case("fsdp_flatparam_requires_grad", "fsdp_mixed_requires_grad", 0,
-     "https://github.com/huggingface/accelerate/issues/1620",
+     "https://github.com/pytorch/pytorch/issues/104690",
      tb(0, [(f"{PY}/torch/distributed/fsdp/flat_param.py", 435, "_validate_tensors_to_flatten",
              'raise ValueError("`FlatParameter` requires uniform `requires_grad`")')],
         "ValueError: `FlatParameter` requires uniform `requires_grad`"), ("rank", "default"))
 case("nccl_remote_error_2_18", "nccl_network", 1,
-     "https://github.com/NVIDIA/nccl/issues/1013",
+     "https://github.com/tatsu-lab/stanford_alpaca/issues/207",
      [(1, nccl("node-b", 3301, 1, "WARN", "NET/IB : Got completion from peer 10.0.0.1<48302> "
                                            "with error 12, opcode 0, len 0, vendor err 129")),
       (1, nccl("node-b", 3301, 1, "INFO", "transport/net.cc:1130 -> 6"))] +
@@ -335,7 +335,7 @@ case("nccl_remote_error_2_18", "nccl_network", 1,
         "2.18.1\nncclRemoteError: A call failed possibly due to a network error or a remote "
         "process exiting prematurely."), ("rank", "pdsh"), host="node-b")
 case("nccl_unhandled_system_error", "nccl_network", 0,
-     "https://github.com/pytorch/pytorch/issues/68893",
+     "https://github.com/NVIDIA/nccl/issues/1657",
      tb(0, [("train.py", 40, "main", "model = DDP(model, device_ids=[local_rank])")],
         "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1191, "
         "unhandled system error, NCCL version 2.10.3\nncclSystemError: System call (e.g. socket, "
@@ -343,7 +343,7 @@ case("nccl_unhandled_system_error", "nccl_network", 0,
         "unexpected exit of a remote peer, you can check NCCL warnings for failure reason and "
         "see if there is connection closure by a peer."), ("plain", "srun"))
 case("nccl_socket_connect_2_2x", "nccl_network", 3,
-     "https://github.com/NVIDIA/nccl/issues/1326",
+     "https://github.com/NVIDIA/nccl/issues/1232",
      [(3, nccl("gpu-3", 5550, 3, "WARN", "socketProgress: Connection closed by remote peer "
                                           "gpu-1<52310>")),
       (3, nccl("gpu-3", 5550, 3, "INFO", "misc/socket.cc:752 -> 6"))] +
@@ -352,24 +352,24 @@ case("nccl_socket_connect_2_2x", "nccl_network", 3,
         "NCCLUtils.hpp:317, remote process exited or there was a network error, NCCL version "
         "2.21.5"), ("default", "k8s"))
 case("nccl_internal_socket", "nccl_network", 0,
-     "https://github.com/NVIDIA/nccl/issues/1129",
+     "https://github.com/NVIDIA/nccl/issues/795",
      [(0, nccl("vm1", 101, 0, "WARN", "Bootstrap : no socket interface found")),
       (0, "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, "
           "internal error, NCCL version 2.14.3"),
       (0, "ncclInternalError: Internal check failed.")], ("plain",))
 case("deepspeed_oom_wording", "oom_gpu", 0,
-     "https://github.com/deepspeedai/DeepSpeed/issues/2797",
+     "https://github.com/huggingface/transformers/issues/24658",
      tb(0, [(f"{PY}/deepspeed/runtime/zero/stage_1_and_2.py", 530, "__init__",
              "self.single_partition_of_fp32_groups[i].grad = torch.zeros(")],
         "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously "
         "reported at some other API call."), ("plain", "dslog"))
 case("accelerate_oom_wording", "oom_gpu", 1,
-     "https://github.com/huggingface/accelerate/issues/1310",
+     "https://github.com/huggingface/accelerate/issues/1934",
      tb(1, [(f"{PY}/accelerate/utils/memory.py", 134, "decorator",
              'raise RuntimeError("No executable batch size found, reached zero.")')],
         "RuntimeError: No executable batch size found, reached zero."), ("rank",))
 case("torch_oom_with_rank", "oom_gpu", 3,
-     "https://github.com/huggingface/transformers/issues/24108",
+     "https://github.com/lllyasviel/FramePack/issues/369",
      tb(3, [("train.py", 91, "training_step", "loss.backward()")],
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
         "total capacity of 79.15 GiB of which 1.02 GiB is free."),
@@ -377,7 +377,7 @@ case("torch_oom_with_rank", "oom_gpu", 3,
 
 # rank extraction
 case("ddp_unused_for_rank", "ddp_unused_parameters", 2,
-     "https://github.com/pytorch/pytorch/issues/43259",
+     "https://github.com/open-mmlab/mmdetection/issues/8626",
      tb(None, [("train.py", 150, "train", "loss = model(batch)")],
         "RuntimeError: Expected to have finished reduction in the prior iteration before "
         "starting a new one. This error indicates that your module has parameters that were "
@@ -398,72 +398,75 @@ case("pdsh_host_table", "worker_sigkill|oom_host", 9, "https://github.com/deepsp
 
 # loader / files / memory
 case("too_many_open_files_loader", "too_many_open_files", 0,
-     "https://github.com/pytorch/pytorch/issues/11201",
+     "https://github.com/zju3dv/NeuralRecon/issues/91",
      tb(0, [(f"{PY}/torch/utils/data/dataloader.py", 1133, "_try_get_data",
              "raise RuntimeError(")],
         "RuntimeError: Too many open files. Communication with the workers is no longer "
         "possible. Please increase the limit using `ulimit -n` in the shell or change the "
         "sharing strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')` "
         "at the beginning of your code"), ("plain", "rank"))
-case("ancdata", "too_many_open_files", 1, "https://github.com/pytorch/pytorch/issues/973",
+case("ancdata", "too_many_open_files", 1, "https://github.com/pytorch/pytorch/pull/34768",
      tb(1, [(f"{PY}/torch/multiprocessing/reductions.py", 307, "rebuild_storage_fd",
              "fd = df.detach()"), ("/usr/lib/python3.8/multiprocessing/reduction.py", 164,
                                    "recvfds", 'raise RuntimeError("received %d items of ancdata")')],
         "RuntimeError: received 0 items of ancdata"), ("rank",))
-case("shm_bus_error", "dataloader_shm", 0, "https://github.com/pytorch/pytorch/issues/2244",
+case("shm_bus_error", "dataloader_shm", 0, "https://github.com/msr-fiddle/pipedream/issues/28",
      [(0, "ERROR: Unexpected bus error encountered in worker. This might be caused by "
           "insufficient shared memory (shm).")] +
      tb(0, [(f"{PY}/torch/utils/data/dataloader.py", 1120, "_try_get_data", "raise RuntimeError(")],
         "RuntimeError: DataLoader worker (pid 3120) is killed by signal: Bus error. It is "
         "possible that dataloader's workers are out of shared memory."), ("plain", "k8s"))
-case("host_oom_dmesg", "oom_host", None, "https://github.com/huggingface/transformers/issues/21094",
+case("host_oom_dmesg", "oom_host", None, "https://github.com/pcyin/tranX/issues/41",
      [(None, "[Wed Jan 11 10:02:03 2023] Out of memory: Killed process 23007 (python) "
              "total-vm:81234567kB, anon-rss:60123456kB")], ("plain",))
-case("host_oom_numpy", "oom_host", 0, "https://github.com/huggingface/datasets/issues/4521",
+case("host_oom_numpy", "oom_host", 0, "https://github.com/ru1ven/KeypointFusion/issues/3",
      tb(0, [("prep.py", 20, "main", "arr = np.zeros((n, d))")],
         "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 93.1 GiB for an array "
         "with shape (500000, 50000) and data type float32"), ("plain",))
 
 # the rest of the vocabulary, in public shapes
 case("rdzv_timeout_multinode", "rendezvous_unreachable", None,
-     "https://github.com/pytorch/pytorch/issues/76287",
+     "https://github.com/ymcui/Chinese-LLaMA-Alpaca-2/issues/274",
      tb(None, [(f"{PY}/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py", 1031,
                 "next_rendezvous", "self._op_executor.run(join_op, deadline)")],
         "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"), ("plain", "iso"))
 case("store_barrier_timeout", "rendezvous_unreachable", None,
-     "https://github.com/pytorch/pytorch/issues/53395",
+     "https://github.com/deepspeedai/Megatron-DeepSpeed/issues/338",
      tb(None, [(f"{PY}/torch/distributed/distributed_c10d.py", 253, "_store_based_barrier",
                 "raise RuntimeError(")],
         "RuntimeError: Timed out initializing process group in store based barrier on rank: "
         "3, for key: store_based_barrier_key:1 (world_size=4, worker_count=2, timeout=0:30:00)"),
      ("plain",))
 case("nccl_version_mismatch", "nccl_version_mismatch", None,
-     "https://github.com/NVIDIA/nccl/issues/542",
-     [(0, nccl("a1", 11, 0, "WARN", "NCCL version mismatch detected: 2.18.1 vs 2.19.3"))],
-     ("plain",))
+     "https://github.com/NVIDIA/nccl/issues/1232",
+     [(0, nccl("node0", 13571, 0, "INFO", "NCCL version 2.18.1+cuda12.1")),
+      (1, nccl("node2", 22555, 0, "INFO", "NCCL version 2.19.3+cuda12.2")),
+      (0, nccl("node0", 13571, 0, "INFO", "Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0")),
+      (1, nccl("node2", 22555, 0, "INFO", "Channel 00/0 : 0[0] -> 1[0] [receive] via NET/Socket/0"))],
+     ("mpitag", "plain"))
 case("device_mismatch", "device_mismatch", 1,
-     "https://github.com/huggingface/accelerate/issues/1853",
+     "https://github.com/magic-research/bubogpt/issues/11",
      tb(1, [("train.py", 55, "forward", "return self.lm_head(h)")],
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:1 and cuda:0!"), ("rank", "ansi"))
 case("fsdp_mixed_dtype", "fsdp_mixed_dtype", 0,
-     "https://github.com/pytorch/pytorch/issues/100945",
+     "https://github.com/huggingface/trl/issues/1723",
      tb(0, [(f"{PY}/torch/distributed/fsdp/_init_utils.py", 470, "_init_param_handle",
              "handle = FlatParamHandle(")],
         "ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and "
         "torch.float32"), ("rank",))
 case("fp16_minimum_scale", "fp16_overflow", 0,
-     "https://github.com/deepspeedai/DeepSpeed/issues/1773",
+     "https://github.com/ymcui/Chinese-LLaMA-Alpaca/issues/534",
      [(0, "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, reducing to 1")] +
      tb(0, [(f"{PY}/deepspeed/runtime/fp16/loss_scaler.py", 183, "update_scale",
              "raise Exception(")],
         "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
         "Exiting run."), ("plain", "dslog"))
 case("invalid_device_ordinal", "gpu_count_mismatch", 4,
-     "https://github.com/pytorch/pytorch/issues/92158",
+     "https://github.com/tatsu-lab/stanford_alpaca/issues/67",
      tb(4, [("train.py", 10, "main", "torch.cuda.set_device(local_rank)")],
         "RuntimeError: CUDA error: invalid device ordinal"), ("rank",))
-case("argparse_flag", "flag_error", None, "https://github.com/huggingface/transformers/issues/29219",
+case("argparse_flag", "flag_error", None, "https://github.com/deepspeedai/DeepSpeed/issues/3961",
      [(None, "usage: run_clm.py [-h] [--model_name_or_path MODEL_NAME_OR_PATH]"),
       (None, "run_clm.py: error: unrecognized arguments: --deepspeed_config ds.json")],
      ("plain",))
@@ -474,7 +477,7 @@ case("loader_worker_killed", "dataloader_worker_killed", 2,
         "RuntimeError: DataLoader worker (pid 28177) is killed by signal: Killed."),
      ("rank", "default"))
 case("python_exception_interleaved", "rank_crashed", 3,
-     "https://github.com/huggingface/transformers/issues/25011",
+     "https://github.com/NVIDIA/nccl/issues/1928",
      tb(3, [("train.py", 120, "collate", "ids = torch.tensor(batch['input_ids'])")],
         "ValueError: expected sequence of length 512 at dim 1 (got 380)") +
      [(0, "[E ProcessGroupNCCL.cpp:455] Some NCCL operations have failed or timed out.")] +
@@ -483,25 +486,25 @@ case("python_exception_interleaved", "rank_crashed", 3,
         "[0] via c10d key-value store by key '0', but store->get('0') got error: Connection "
         "reset by peer"), ("rank", "interleave"))
 case("consequence_first_in_file", "rank_crashed", 1,
-     "https://github.com/pytorch/pytorch/issues/104800",
+     "https://github.com/hiyouga/LlamaFactory/issues/7396",
      tb(0, [("train.py", 130, "step", "dist.all_reduce(loss)")],
         "torch.distributed.DistBackendError: [0] is setting up NCCL communicator: Connection "
         "reset by peer") +
      tb(1, [("data.py", 42, "__getitem__", "return self.rows[i]")],
         "IndexError: list index out of range"), ("rank",))
 case("loss_zero_gradnan", "loss_anomaly", None,
-     "https://github.com/huggingface/transformers/issues/31192",
+     "https://github.com/jiahe7ay/MINI_LLM/issues/17",
      [(0, str({"loss": 1.8421, "grad_norm": 3.21, "learning_rate": 2e-5, "epoch": 0.01})),
       (0, str({"loss": 1.7013, "grad_norm": 2.95, "learning_rate": 2e-5, "epoch": 0.02}))] +
      [(0, str({"loss": 0.0, "grad_norm": float("nan"), "learning_rate": 2e-5,
                "epoch": round(0.03 + i / 100, 2)})) for i in range(4)], ("plain",))
 case("data_time_dominates", "dataloader_starvation", None,
-     "https://github.com/pytorch/examples/issues/1013",
+     "https://github.com/pytorch/examples/issues/164",
      [(0, f"Epoch: [0][{i:4d}/5005]\tTime  {1.9 + i / 1000:.3f} ( 2.010)\tData  "
           f"{1.7 + i / 1000:.3f} ( 1.820)\tLoss 6.9{i % 10} (6.9100)") for i in range(10, 60, 10)],
      ("plain", "iso"))
 case("stderr_killed_shell", "worker_sigkill|oom_host", None,
-     "https://github.com/huggingface/transformers/issues/24564",
+     "https://github.com/Shark-NLP/DiffuSeq/issues/64",
      [(None, "Map:  40%|████      | 40000/100000 [00:12<00:18, 3300.00 examples/s]"),
       (None, "Killed")], ("plain",))
 
@@ -526,7 +529,7 @@ def healthy(name, url, lines, variants=("plain",)):
 OFI = [nccl("ip-10-0-1-5", 77, i, "INFO", msg) for i, msg in enumerate((
     "NCCL version 2.18.3+cuda12.1", "NET/OFI Initializing aws-ofi-nccl 1.7.1-aws",
     "NET/Plugin: Loaded net plugin AWS Libfabric (v6)"))]
-healthy("nccl_ofi_probe_single_node", "https://github.com/aws/aws-ofi-nccl/issues/160",
+healthy("nccl_ofi_probe_single_node", "https://github.com/aws/aws-ofi-nccl/issues/174",
         [(0, ln) for ln in OFI] +
         [(0, nccl("ip-10-0-1-5", 77, 0, "WARN", "NET/OFI Only EFA provider is supported")),
          (0, nccl("ip-10-0-1-5", 77, 0, "WARN", "NET/OFI aws-ofi-nccl initialization failed")),
@@ -538,35 +541,55 @@ healthy("nccl_ofi_probe_single_node", "https://github.com/aws/aws-ofi-nccl/issue
          (0, nccl("ip-10-0-1-5", 77, 0, "INFO", "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")),
          (0, nccl("ip-10-0-1-5", 77, 0, "INFO", "Connected all rings"))] + hf_dicts(5),
         ("plain", "rank"))
-healthy("nccl_libibverbs_single", "https://github.com/NVIDIA/nccl/issues/1178",
+healthy("nccl_libibverbs_single", "https://github.com/aws/deep-learning-containers/issues/2675",
         [(0, nccl("box", 9, 0, "INFO", "Failed to open libibverbs.so[.1]")),
          (0, nccl("box", 9, 0, "INFO", "NET/Socket : Using [0]eth0:172.17.0.2<0>")),
          (0, nccl("box", 9, 0, "INFO", "Using network Socket"))] + hf_dicts(4))
-healthy("c10d_client_retry", "https://github.com/pytorch/pytorch/issues/116056",
+healthy("c10d_client_retry", "https://github.com/pytorch/PiPPy/issues/158",
         [(None, "[W socket.cpp:464] [c10d] The client socket has failed to connect to "
                 "[localhost]:29500 (errno: 99 - Cannot assign requested address).")] +
         hf_dicts(6), ("plain", "default"))
 healthy("ipv6_bind_then_ok", "https://github.com/pytorch/pytorch/issues/85604",
         [(None, "[W socket.cpp:426] [c10d] The server socket has failed to bind to [::]:29500 "
                 "(errno: 98 - Address already in use).")] + hf_dicts(5))
-healthy("fp16_overflow_early", "https://github.com/deepspeedai/DeepSpeed/issues/1773",
+healthy("fp16_overflow_early", "https://github.com/deepspeedai/DeepSpeed/issues/2302",
         [(0, "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, "
              "reducing to 32768")] +
         [(0, f"[2024-01-01 10:00:{i:02d},000] [INFO] [logging.py:96:log_dist] [Rank 0] step="
              f"{i * 10}, skipped=1, lr=[1e-05], mom=[(0.9, 0.999)]") for i in range(1, 6)])
-healthy("ddp_unused_warning", "https://github.com/huggingface/transformers/issues/22482",
+healthy("ddp_unused_warning", "https://github.com/cszn/KAIR/issues/103",
         [(0, "[W reducer.cpp:1300] Warning: find_unused_parameters=True was specified in DDP "
              "constructor, but did not find any unused parameters in the forward pass.")] +
         hf_dicts(5), ("rank",))
-healthy("warnings_and_userwarnings", "https://github.com/huggingface/transformers/issues/28005",
+healthy("warnings_and_userwarnings", "https://github.com/acon96/home-llm/issues/37",
         [(0, f"{PY}/torch/utils/checkpoint.py:429: UserWarning: torch.utils.checkpoint: please "
              "pass in use_reentrant=True or use_reentrant=False explicitly."),
          (0, "`use_cache=True` is incompatible with gradient checkpointing. Setting "
              "`use_cache=False`.")] + hf_dicts(8), ("plain", "iso"))
-healthy("rich_progress_ok", "https://github.com/Lightning-AI/pytorch-lightning/issues/18123",
+healthy("rich_progress_ok", "https://github.com/Lightning-AI/pytorch-lightning/issues/4225",
         [(0, f"Epoch 0:  {p:3d}%|{'█' * (p // 10):<10}| {p * 10}/1000 [00:{p // 2:02d}<00:50, "
              f"19.8it/s, v_num=3, train_loss={2.5 - p / 100:.3f}]") for p in range(10, 100, 20)],
         ("plain", "ansi"))
+
+healthy("multinode_socket_fallback", "https://github.com/NVIDIA/nccl/issues/1232",
+        [(0, nccl("node0", 13571, 0, "INFO", "NET/IB : No device found.")),
+         (0, nccl("node0", 13571, 0, "INFO", "NET/Socket : Using [0]eth0:10.0.0.1<0>")),
+         (1, nccl("node2", 22555, 0, "INFO", "NET/IB : No device found.")),
+         (0, nccl("node0", 13571, 0, "INFO", "comm 0x5583 rank 0 nRanks 4 nNodes 2 localRanks 2 "
+                                              "localRank 0 MNNVL 0")),
+         (0, nccl("node0", 13571, 0, "INFO", "Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0")),
+         (0, nccl("node0", 13571, 0, "INFO", "Connected all rings"))] + hf_dicts(4),
+        ("plain", "mpitag"))
+healthy("torchrun_banner_and_teardown", "https://github.com/pytorch/pytorch/issues/85604",
+        [(None, "WARNING:torch.distributed.run:"), (None, "*" * 41),
+         (None, "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, "
+                "to avoid your system being overloaded, please further tune the variable for "
+                "optimal performance in your application as needed."), (None, "*" * 41)] +
+        hf_dicts(6) + [(0, "{'train_runtime': 61.2, 'train_samples_per_second': 3.1, "
+                           "'train_loss': 1.93, 'epoch': 1.0}")])
+healthy("dataloader_data_time_small", "https://github.com/pytorch/examples/issues/164",
+        [(0, f"Epoch: [0][{i:4d}/5005]\tTime  0.31{i % 10} ( 0.320)\tData  0.00{i % 10} ( 0.004)\t"
+             f"Loss 6.9{i % 10} (6.9100)") for i in range(10, 60, 10)])
 
 
 # -- variants ------------------------------------------------------------------------------
@@ -597,6 +620,8 @@ def render(lines, variant):
                        if r is not None else f"[2024-02-27T21:35:32.106313Z] fa88a9df || {ln}")
         elif variant == "torchx":
             out.append(f"[trainer0|{r}]:{ln}" if r is not None else ln)
+        elif variant == "mpitag":
+            out.append(f"[{r}] {ln}" if r is not None else ln)
         elif variant == "ray":
             out.append(f"(RayWorker pid=70{r or 0}) {ln}")
         elif variant == "dslog":

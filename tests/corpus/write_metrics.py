@@ -45,7 +45,7 @@ def _():
             for i in range(1, N + 1)], N, loss(N)
 
 
-@log("megatron_deepspeed_timestamped.log", "https://github.com/deepspeedai/Megatron-DeepSpeed/issues/320")
+@log("megatron_deepspeed_timestamped.log", "https://github.com/epfLLM/Megatron-LLM/issues/11")
 def _():
     return [f"[2024-06-10 12:{i % 60:02d}:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] "
             f"step={i}, skipped=0, lr=[1e-05], mom=[(0.9, 0.95)]\n"
@@ -55,7 +55,7 @@ def _():
             for i in range(1, N + 1)], N, loss(N)
 
 
-@log("deepspeed_steps.log", "https://github.com/deepspeedai/DeepSpeed/issues/3456")
+@log("deepspeed_steps.log", "DeepSpeed engine's steps_per_print line (no public report found with this exact shape)")
 def _():
     return [f"steps: {i * 10} loss: {loss(i):.4f} iter time (s): 0.{500 + i} samples/sec: 15.6"
             for i in range(1, N + 1)], N * 10, loss(N)
@@ -92,7 +92,7 @@ def _():
         loss(N - 1)
 
 
-@log("lightning_tqdm.log", "https://github.com/Lightning-AI/pytorch-lightning/issues/18123")
+@log("lightning_tqdm.log", "https://github.com/Lightning-AI/pytorch-lightning/issues/4225")
 def _():
     lines = []
     for ep in range(2):
@@ -101,20 +101,20 @@ def _():
     return ["\r".join(lines[k:k + 5]) for k in range(0, len(lines), 5)], 30, round(loss(30), 3)
 
 
-@log("lightning_rich.log", "https://github.com/Lightning-AI/pytorch-lightning/issues/18123")
+@log("lightning_rich.log", "https://github.com/Lightning-AI/pytorch-lightning/issues/4225")
 def _():
     return [f"Epoch {ep}/1  ━━━━━━━━━━━━━━━━━━━━ {i}/15 0:00:{i:02d} • 0:00:{15 - i:02d} 5.37it/s "
             f"v_num: 3 train_loss: {loss(ep * 15 + i):.3f}" for ep in range(2) for i in range(1, 16)], \
         30, round(loss(30), 3)
 
 
-@log("accelerate_print.log", "https://github.com/huggingface/accelerate/issues/1310")
+@log("accelerate_print.log", "no public report: the f-string print many accelerate scripts use")
 def _():
     return [f"epoch 0 step {i}: {{'train_loss': {loss(i)}, 'lr': 2e-05}}" for i in range(1, N + 1)], \
         N, loss(N)
 
 
-@log("hf_trainer_tqdm.log", "https://github.com/huggingface/transformers/issues/24108")
+@log("hf_trainer_tqdm.log", "https://github.com/hiyouga/LlamaFactory/issues/8261")
 def _():
     out = []
     for i in range(1, N + 1):
@@ -123,7 +123,7 @@ def _():
     return out, N, loss(N)
 
 
-@log("hf_trainer_rank_prefix.log", "https://github.com/huggingface/transformers/issues/25011")
+@log("hf_trainer_rank_prefix.log", "https://github.com/hiyouga/LlamaFactory/issues/7396")
 def _():
     return [f"[rank0]:{ {'loss': loss(i), 'grad_norm': 0.9, 'learning_rate': 1e-5, 'epoch': round(i / N, 2)} }"
             .replace("{ {", "{").replace("} }", "}") for i in range(1, N + 1)], N, loss(N)
@@ -142,7 +142,7 @@ def _():
             f"'global_step/max_steps': '{i}/{N}'}}" for i in range(1, N + 1)], N, loss(N)
 
 
-@log("torchtitan.log", "https://github.com/pytorch/torchtitan/issues/1")
+@log("torchtitan.log", "https://github.com/pytorch/torchtitan/pull/2389")
 def _():
     return [f"\x1b[31mstep: {i:2d}  \x1b[32mloss: {loss(i):7.4f}  \x1b[33mmemory: 30.12GiB(31.70%)  "
             f"\x1b[34mtps: 4,120  \x1b[35mmfu: 38.20%\x1b[39m" for i in range(1, N + 1)], N, loss(N)
@@ -153,7 +153,7 @@ def _():
     return [f"step {i} | loss {loss(i):.4f} | lr 0.0003" for i in range(1, N + 1)], N, loss(N)
 
 
-@log("k8s_hf_trainer.log", "https://github.com/huggingface/transformers/issues/28005")
+@log("k8s_hf_trainer.log", "https://github.com/aws/aws-ofi-nccl/issues/889")
 def _():
     return [f"2024-05-14T09:12:{i % 60:02d}.123456Z {{'loss': {loss(i)}, 'learning_rate': 2e-05, "
             f"'epoch': {i / N:.2f}}}" for i in range(1, N + 1)], N, loss(N)

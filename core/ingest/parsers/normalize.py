@@ -12,7 +12,8 @@ so a rule matches the message, and the rank and node come from the prefix. The l
 ANSI colour codes, tmux status/copy-mode markers, rich box borders (`│ ... │`, `╭─ Traceback`),
 ISO / `[date time,ms]` / clock-only stamps, glog headers (`E0629 00:06:21.246 123 file.py:9]`,
 `[E ProcessGroupNCCL.cpp:1316]`), Python logging's `WARNING:name:` and DeepSpeed's
-`[INFO] [launch.py:428:fn]`, torchrun's `[rank3]:` / `[default3]:`, torchx's `[trainer0|3]:`,
+`[INFO] [launch.py:428:fn]`, torchrun's `[rank3]:` / `[default3]:`, Open MPI's `[1,3]<stdout>:`
+and `[3] `, torchx's `[trainer0|3]:`,
 determined's `<id> [rank=5] ||`, srun -l's `3:`, pdsh's `host: `, docker compose's
 `service-1  | `, kubectl --prefix's `[pod/name/container]`, Ray's `(Worker pid=7046)`.
 
@@ -40,7 +41,7 @@ _PYLOG2 = re.compile(r"[\w.]+: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
 _DSLOG = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]+)?\] ?(?:\[[\w.]+:\d+:\w+\] )?")
 _LEVEL = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|WARN) *(?:\||:|-)? +(?=\S)")
 _DASH_LEVEL = re.compile(r"[-|] (?:DEBUG|INFO|WARNING|ERROR|CRITICAL|SUCCESS) *[-|] ?")
-_RANK = re.compile(r"\[(?:default|rank) ?(\d+)\]:? ?")
+_RANK = re.compile(r"\[(?:default|rank) ?(\d+)\]:? ?|\[1,(\d+)\]<std(?:out|err)>: ?|\[(\d+)\] (?=\S)")
 _TORCHX = re.compile(r"\[[A-Za-z_][\w-]*?\d*\|(\d+)\]: ?")
 _DETERMINED = re.compile(r"(?:[0-9a-f]{8} )?\[rank=(\d+)\] \|\| ?|[0-9a-f]{8} \|\| ?")
 _SRUN = re.compile(r" ?(\d{1,4}): (?=\S|\s)")
@@ -97,8 +98,8 @@ def _strip_one(s: str, out: Norm) -> str:
         return _unbox(s, out)
     if c == "[":
         m = _RANK.match(s)
-        if m:
-            out.rank = int(m.group(1))
+        if m:   # torchrun's [rankN]: / [defaultN]:, Open MPI's --tag-output, mpirun's [N]
+            out.rank = int(m.group(1) or m.group(2) or m.group(3))
             return s[m.end():]
         for rx in (_ISO, _CLOCK, _GLOG, _GLOG_SHORT, _DSLOG):
             m = rx.match(s)
