@@ -132,13 +132,20 @@ def _targets(labels: list[int]) -> list[int]:
 
 
 class Collator:
-    """Right-pads a batch; a class (not a closure) so DataLoader workers can pickle it."""
+    """Right-pads a batch; a class (not a closure) so DataLoader workers can pickle it.
 
-    def __init__(self, pad_id: int):
+    buckets: pad to the smallest of these lengths that holds the longest sample (a compiled
+    model then sees a few shapes, not one per batch); None: to the longest sample."""
+
+    def __init__(self, pad_id: int, buckets: list[int] | None = None):
         self.pad_id = pad_id
+        self.buckets = buckets
 
     def __call__(self, batch: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         n = max(len(b["input_ids"]) for b in batch)
+        if self.buckets:
+            from tunedeck.core.train.fastpath import bucket_length
+            n = bucket_length(n, self.buckets)
         ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
         targets = torch.full((len(batch), n), IGNORE, dtype=torch.long)
         mask = torch.zeros((len(batch), n), dtype=torch.long)
@@ -156,18 +163,39 @@ class FlatCollator:
     """Padding-free: every sample of the batch (packs flattened) in ONE row, position_ids
     restarting at 0 per document and no attention mask. transformers turns such position_ids
     into document-boundary-aware attention: varlen with flash_attention_2, a block-diagonal
-    mask with sdpa/eager."""
+    mask with sdpa/eager; the trainer's packed attention reads `cu_seqlens` (cumulative
+    document lengths) instead.
+
+    fixed_len: the row is filled up to this length with padding documents of at most max_doc
+    tokens (no loss on them), so every batch has the same shape (one compiled graph)."""
+
+    def __init__(self, pad_id: int = 0, fixed_len: int = 0, max_doc: int = 0):
+        self.pad_id, self.fixed_len, self.max_doc = pad_id, fixed_len, max_doc
 
     def __call__(self, batch) -> dict[str, torch.Tensor]:
         docs = [d for item in batch for d in (item if isinstance(item, list) else [item])]
         ids, targets, pos = [], [], []
+        lens = [len(d["input_ids"]) for d in docs]
         for d in docs:
             ids += d["input_ids"]
             targets += _targets(d["labels"])
             pos += range(len(d["input_ids"]))
+        seg = list(lens)
+        short = self.fixed_len - len(ids)
+        while short > 0:   # filler documents, each within the longest a document may be
+            k = min(short, self.max_doc or short)
+            ids += [self.pad_id] * k
+            targets += [IGNORE] * k
+            pos += range(k)
+            seg.append(k)
+            short -= k
+        cu = [0]
+        for k in seg:
+            cu.append(cu[-1] + k)
         return {"input_ids": torch.tensor([ids]), "targets": torch.tensor([targets]),
                 "position_ids": torch.tensor([pos]),
-                "doc_lens": torch.tensor([len(d["input_ids"]) for d in docs])}
+                "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+                "doc_lens": torch.tensor(lens)}
 
 
 class ResumableSampler(DistributedSampler):
@@ -188,11 +216,19 @@ def pad_id_of(tokenizer) -> int:
 
 def make_loader(dataset: Dataset, *, batch_size: int, num_workers: int, seed: int,
                 rank: int, world_size: int, pin_memory: bool, flat: bool = False,
-                shuffle: bool = True) -> DataLoader:
+                shuffle: bool = True, fixed_shapes: int = 0) -> DataLoader:
+    """fixed_shapes: the data's max_length, when batches should come in few shapes (a
+    compiled model): padded batches in length buckets, packed rows filled to
+    batch_size × max_length. 0: as long as the batch needs."""
     # drop_last keeps every rank at the same number of batches per epoch.
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                seed=seed, drop_last=shuffle)
-    collate = FlatCollator() if flat else Collator(pad_id_of(dataset.tokenizer))
+    pad = pad_id_of(dataset.tokenizer)
+    if flat:
+        collate = FlatCollator(pad, batch_size * fixed_shapes, fixed_shapes)
+    else:
+        from tunedeck.core.train.fastpath import length_buckets
+        collate = Collator(pad, length_buckets(fixed_shapes) if fixed_shapes else None)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       collate_fn=collate, pin_memory=pin_memory,
                       persistent_workers=num_workers > 0)

@@ -10,6 +10,8 @@ hooks) instead of the training loop testing for them.
     TUNEDECK_TEST_LOADER_DELAY=RANK:S  that rank waits S seconds more for every batch
     TUNEDECK_TEST_HANG_RANK=RANK:STEP  after STEP that rank stops making progress for good,
                                        ignoring a graceful stop (first attempt only)
+    TUNEDECK_TEST_COMPILE_FAIL=1       compiling the layers fails (a backend that raises), so
+                                       the trainer must fall back to eager
 
 tests/test_restarts.py, test_train_resume.py, test_straggler_live.py, test_detect_live.py,
 test_stacks.py, test_gpu_fixtures.py and bench/gpu_faults.sh rely on these names and formats.
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 CRASH_ENV = "TUNEDECK_TEST_CRASH_AT_STEP"
 SLOW_ENV = "TUNEDECK_TEST_SLOW_RANK"
 LOADER_DELAY_ENV = "TUNEDECK_TEST_LOADER_DELAY"
+COMPILE_FAIL_ENV = "TUNEDECK_TEST_COMPILE_FAIL"
 HANG_ENV = "TUNEDECK_TEST_HANG_RANK"
 
 
@@ -48,6 +51,9 @@ def _test_hook(name: str, rank: int) -> float | None:
 def install(trainer: Trainer) -> None:
     """Wrap the trainer's seams with the faults the environment asks of this rank."""
     rank, last = trainer.d.rank, trainer.d.world_size - 1
+    if os.environ.get(COMPILE_FAIL_ENV) and trainer.compiler is not None:
+        trainer.compiler.backend = _failing_backend
+        trainer.compiler.setup()   # re-compiled with it; the first forward fails to compile
     delay_s = _test_hook(LOADER_DELAY_ENV, rank)
     if delay_s:
         trainer.train_batches = _delayed(trainer.train_batches, delay_s)
@@ -69,6 +75,10 @@ def install(trainer: Trainer) -> None:
             if done == crash_at:
                 raise RuntimeError(f"{CRASH_ENV}={crash_at}: injected failure after step {done}")
         trainer.after_step.append(crash)
+
+
+def _failing_backend(gm, example_inputs):
+    raise RuntimeError(f"{COMPILE_FAIL_ENV}: injected compiler failure")
 
 
 def _delayed(batches: Iterator[dict], delay_s: float) -> Iterator[dict]:

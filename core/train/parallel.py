@@ -133,10 +133,12 @@ class CausalLMLoss(nn.Module):
         self.chunk = chunk
 
     def forward(self, input_ids, targets, attention_mask=None, position_ids=None,
-                label_pos=None):
+                label_pos=None, **attn_kw):
+        """attn_kw: what the attention function needs besides the mask (packed rows:
+        cu_seq_lens_q/k, max_length_q/k); transformers passes it down to every layer."""
         lm = base_causal_lm(self.model)
         h = lm.model(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, use_cache=False).last_hidden_state
+                     position_ids=position_ids, use_cache=False, **attn_kw).last_hidden_state
         h, t = h.flatten(0, 1), targets.flatten()
         if label_pos is not None:
             h, t = h.index_select(0, label_pos), t.index_select(0, label_pos)

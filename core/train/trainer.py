@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +36,8 @@ import torch.distributed as dist
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.core.train import checkpoint as ckpt
 from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
+from tunedeck.core.train.fastpath import LayerCompiler, check_varlen, compile_wanted, \
+    is_compile_error, length_buckets, use_packed_attention
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
@@ -190,11 +193,19 @@ def _bcast(obj, src_rank: int = 0):
     return box[0]
 
 
-def forward_inputs(b: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
+def forward_inputs(b: dict[str, torch.Tensor], dev: torch.device,
+                   packed_max: int = 0) -> dict[str, torch.Tensor]:
     """The loss module's inputs for one (CPU, pinned) batch, on `dev`. What the batch lets the
-    model skip is decided here, on the CPU copy, so the GPU is never asked (no sync)."""
+    model skip is decided here, on the CPU copy, so the GPU is never asked (no sync).
+
+    packed_max > 0: packed rows go to the trainer's packed attention, which reads the
+    documents' boundaries (cu_seqlens) and this bound on a document's length."""
     kw = {k: b[k].to(dev, non_blocking=True) for k in
           ("input_ids", "targets", "position_ids") if k in b}
+    if packed_max and "cu_seqlens" in b:
+        cu = b["cu_seqlens"].to(dev, non_blocking=True)
+        kw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=packed_max,
+                  max_length_k=packed_max)
     mask = b.get("attention_mask")
     # All ones (nothing padded): no mask at all, so attention runs the plain causal kernel and
     # transformers does not inspect the mask on the GPU.
@@ -209,6 +220,26 @@ def forward_inputs(b: dict[str, torch.Tensor], dev: torch.device) -> dict[str, t
             pos = pos.pin_memory()  # an asynchronous copy needs page-locked memory
         kw["label_pos"] = pos.to(dev, non_blocking=True)
     return kw
+
+
+def _shape_key(b: dict[str, torch.Tensor]) -> tuple:
+    """What a compiled layer specialises on: the batch's shape and whether a mask comes."""
+    mask = b.get("attention_mask")
+    return (*b["input_ids"].shape, mask is not None and not bool(mask.all()))
+
+
+@contextmanager
+def _sdpa_priority():
+    """TUNEDECK_SDPA=cudnn (a benchmark switch): SDPA tries cuDNN's attention first."""
+    if os.environ.get("TUNEDECK_SDPA") != "cudnn":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(order, set_priority=True):
+        yield
 
 
 class Trainer:
@@ -238,11 +269,27 @@ class Trainer:
         else:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
-        if tr.compile:
-            # Per layer: one graph reused by every layer, and FSDP2 units stay intact. Shapes
-            # are static until a second shape is seen (fixed-length batches never recompile).
-            for layer in decoder_layers(model):
-                layer.compile(mode=os.environ.get("TUNEDECK_COMPILE_MODE") or None)
+        self.flat = spec.data.packing
+        max_len = spec.data.max_length
+        # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
+        self.packed_max = 0
+        if self.flat:
+            why = check_varlen(d.device) if d.device.type == "cuda" else None
+            if why is None:
+                use_packed_attention(model)
+                self.packed_max = max_len
+            elif d.rank == 0:
+                print(f"warning: packed rows use SDPA with a block mask (slower): the varlen "
+                      f"attention kernel is not usable here ({why})", file=sys.stderr,
+                      flush=True)
+        # torch.compile per decoder layer, where it pays (CUDA): one graph serves every layer
+        # and FSDP2 units stay intact. Few shapes: padded batches in length buckets, packed
+        # rows of one fixed length.
+        self.compiler = None
+        if compile_wanted(tr.compile, d.device):
+            shapes = 1 if self.flat else len(length_buckets(max_len))
+            self.compiler = LayerCompiler(decoder_layers(model), shapes, events, d.rank)
+            self.compiler.setup()
         self.loss_mod = CausalLMLoss(model, chunk=int(os.environ.get("TUNEDECK_LOSS_CHUNK", 0)))
         self.strategy = spec.parallel.strategy
         self.wrapped = wrap(self.loss_mod, self.strategy, d.device, d.world_size, self.dtype,
@@ -269,12 +316,11 @@ class Trainer:
         if datasets is None:
             datasets = load_datasets(spec.data, self.tokenizer, tr.seed, d.rank)
         train_ds, eval_ds = datasets
-        self.flat = spec.data.packing
         if self.flat:
             train_ds = PackedDataset(train_ds, spec.data.max_length, tr.seed)
         common = dict(num_workers=spec.data.num_workers, seed=tr.seed, rank=d.rank,
                       world_size=d.world_size, pin_memory=d.device.type == "cuda",
-                      flat=self.flat)
+                      flat=self.flat, fixed_shapes=max_len if self.compiler else 0)
         self.batches = Batches(make_loader(train_ds, batch_size=tr.per_device_batch_size,
                                            **common))
         self.eval_loader = None
@@ -377,9 +423,28 @@ class Trainer:
                               enabled=self.dtype != torch.float32)
 
     def _forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        kw = forward_inputs(b, self.d.device)
-        with self._autocast():
+        kw = forward_inputs(b, self.d.device, self.packed_max)
+        if self.compiler is not None and "cu_seq_lens_q" in kw:
+            # the number of documents varies: one graph for all counts
+            import torch._dynamo
+            torch._dynamo.maybe_mark_dynamic(kw["cu_seq_lens_q"], 0)
+        with self._autocast(), _sdpa_priority():
             return self.wrapped(**kw)
+
+    def _micro_steps(self, micro: list, n_labels: int):
+        """Forward and backward of the step's micro-batches: (summed loss, forward timer)."""
+        loss_sum = torch.zeros((), device=self.d.device, dtype=torch.float64)
+        timer = ForwardTimer(self.d.device)
+        for i, b in enumerate(micro):
+            if self.compiler is not None:
+                self.compiler.before(_shape_key(b), self.state.step)
+            with grad_sync(self.wrapped, i == len(micro) - 1):
+                timer.start()
+                loss = self.train_forward(b)
+                timer.stop()
+                self.scaler.scale(loss / max(n_labels, 1)).backward()
+            loss_sum += loss.detach()
+        return loss_sum, timer
 
     def step(self) -> dict:
         tr, dev = self.spec.train, self.d.device
@@ -394,15 +459,16 @@ class Trainer:
         # so each token weighs the same, whatever micro-batch it landed in.
         n_labels = sum(int((b["targets"] != IGNORE).sum()) for b in micro)
         doc_lens = [int(x) for b in micro for x in b["doc_lens"]]
-        loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
-        timer = ForwardTimer(dev)
-        for i, b in enumerate(micro):
-            with grad_sync(self.wrapped, i == len(micro) - 1):
-                timer.start()
-                loss = self.train_forward(b)
-                timer.stop()
-                self.scaler.scale(loss / max(n_labels, 1)).backward()
-            loss_sum += loss.detach()
+        try:
+            loss_sum, timer = self._micro_steps(micro, n_labels)
+        except Exception as e:
+            c = self.compiler
+            if c is None or not c.enabled or not is_compile_error(e):
+                raise
+            # compiling failed: the step again, eager, from clean gradients
+            self.optimizer.zero_grad(set_to_none=True)
+            c.fall_back(e, self.state.step)
+            loss_sum, timer = self._micro_steps(micro, n_labels)
         self.scaler.unscale_(self.optimizer)
         max_norm = tr.max_grad_norm if tr.max_grad_norm > 0 else float("inf")
         grad_norm = clip_grad_norm(self.params, max_norm)
@@ -423,14 +489,21 @@ class Trainer:
         s_loss, s_labels, s_stop, s_norm = all_reduce_result(stats)  # the step's one host sync
         step_s = time.perf_counter() - t0
         tokens = sum(doc_lens)
+        if self.compiler is not None:
+            self.compiler.after_step(self.state.step + 1, step_s)
         return {"loss": s_loss / max(s_labels, 1.0), "lr": lr,
                 "grad_norm": s_norm / self.d.world_size, "tokens": tokens,
                 "step_s": step_s, "data_wait_s": wait, "compute_s": timer.total(),
-                "mem_gib": self._mem_gib(),
+                "mem_gib": self._mem_gib(), **self._reserved_gib(),
                 "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "mfu": mfu(step_flops(doc_lens=doc_lens, **self.flop_shape), step_s,
                            self.peak),
                 "_stop": s_stop > 0}
+
+    def _reserved_gib(self) -> dict:
+        if self.d.device.type != "cuda":
+            return {}
+        return {"mem_reserved_gib": torch.cuda.max_memory_reserved(self.d.device) / GIB}
 
     def _mem_gib(self) -> float:
         if self.d.device.type == "cuda":
@@ -445,6 +518,8 @@ class Trainer:
         dev = self.d.device
         tot = torch.zeros(2, device=dev, dtype=torch.float64)
         for b in self.eval_loader:
+            if self.compiler is not None:
+                self.compiler.before(_shape_key(b) + ("eval",), self.state.step)
             tot[0] += self._forward(b).to(torch.float64)
             tot[1] += float((b["targets"] != IGNORE).sum())
         self.wrapped.train()
@@ -598,6 +673,8 @@ def _register_stack_dump(run: RunDir) -> None:
 def main(run_dir: str | Path) -> int:
     stop = StopFlag()
     stop.install()  # first, so a stop during model loading is not lost
+    # Segments that grow in place: reserved memory stays near allocated (shapes vary).
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
     run_dir = Path(run_dir).resolve()
     _register_stack_dump(RunDir(run_dir))

@@ -1,0 +1,260 @@
+"""The built-in trainer's fast path on CPU: length buckets, fixed-length packed rows, packed
+(document-aware) attention equal to per-document attention, compile phases and the recompile
+count under dynamo (its "eager" backend: dynamo's tracing and guards without a C compiler), and
+the fallback to eager when compiling fails (real torchrun runs)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunedeck.core.estimate.resolve import free_port
+from tunedeck.core.rundir.events import read_events
+from tunedeck.core.train.data import IGNORE, Collator, FlatCollator, PackedDataset
+from tunedeck.core.train.fastpath import (LayerCompiler, bucket_length, is_compile_error,
+                                          length_buckets, packed_attention,
+                                          reference_packed_attention, use_packed_attention)
+from tunedeck.core.train.parallel import CausalLMLoss
+from tunedeck.core.train.trainer import forward_inputs
+from tests.conftest import make_run_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_length_buckets():
+    assert length_buckets(2048) == [128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+    assert length_buckets(1000) == [128, 192, 256, 384, 512, 768, 1000]
+    assert length_buckets(100) == [100]
+    b = length_buckets(2048)
+    assert [bucket_length(n, b) for n in (1, 128, 129, 700, 1537, 2048)] == \
+        [128, 128, 192, 768, 2048, 2048]
+
+
+def _samples(n, seed=0, max_len=2048, labelled_from=0.5):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = max(4, min(max_len, int(rng.lognormvariate(5.8, 0.8))))
+        ids = [rng.randrange(1, 97) for _ in range(k)]
+        cut = int(k * labelled_from)
+        out.append({"input_ids": ids, "labels": [IGNORE] * cut + ids[cut:]})
+    return out
+
+
+def test_bucketed_collator_keeps_shapes_few():
+    samples = _samples(400)
+    coll = Collator(0, length_buckets(2048))
+    shapes = {tuple(coll(samples[i:i + 4])["input_ids"].shape) for i in range(0, 400, 4)}
+    assert {s[1] for s in shapes} <= set(length_buckets(2048))
+    assert len(shapes) <= len(length_buckets(2048))
+    plain = {tuple(Collator(0)(samples[i:i + 4])["input_ids"].shape) for i in range(0, 400, 4)}
+    assert len(plain) > 2 * len(shapes)   # what compiling each batch's own length would cost
+    b = coll(samples[:4])
+    for r, s in enumerate(samples[:4]):   # padding carries no loss and is masked
+        k = len(s["input_ids"])
+        assert b["attention_mask"][r, :k].all() and not b["attention_mask"][r, k:].any()
+        assert (b["targets"][r, k - 1:] == IGNORE).all()
+
+
+class _Base:
+    def __init__(self, samples):
+        self.samples, self.tokenizer = samples, None
+
+    def __len__(self):
+        return len(self.samples)
+
+
+def test_packed_rows_have_one_length():
+    samples = _samples(300, max_len=512)
+    packs = PackedDataset(_Base(samples), 512, seed=0)
+    coll = FlatCollator(pad_id=0, fixed_len=4 * 512, max_doc=512)
+    for i in range(0, len(packs) - 4, 4):
+        items = [packs[j] for j in range(i, i + 4)]
+        b = coll(items)
+        docs = [d for it in items for d in it]
+        assert b["input_ids"].shape == (1, 4 * 512)
+        cu = b["cu_seqlens"].tolist()
+        assert cu[0] == 0 and cu[-1] == 4 * 512
+        seg = [y - x for x, y in zip(cu, cu[1:])]
+        assert seg[:len(docs)] == [len(d["input_ids"]) for d in docs]
+        assert all(0 < k <= 512 for k in seg)   # fillers within a document's bound
+        assert b["doc_lens"].tolist() == [len(d["input_ids"]) for d in docs]
+        real = sum(seg[:len(docs)])
+        assert (b["targets"][0, real:] == IGNORE).all()   # fillers carry no loss
+        pos = b["position_ids"][0]
+        for s, k in zip(cu, seg):
+            assert pos[s:s + k].tolist() == list(range(k))
+
+
+def test_reference_packed_attention_is_per_document_attention():
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 5, 12, 20], dtype=torch.int32)   # a zero-length document too
+    q, k, v = torch.randn(20, 4, 8), torch.randn(20, 2, 8), torch.randn(20, 2, 8)
+    got = reference_packed_attention(q, k, v, cu, None)
+    for s, e in ((0, 5), (5, 12), (12, 20)):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
+            is_causal=True, enable_gqa=True).transpose(0, 1)
+        assert torch.allclose(got[s:e], want, atol=1e-5)
+    out, w = packed_attention(None, q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                              v.transpose(0, 1)[None], None, cu_seq_lens_q=cu, max_length_q=8)
+    assert w is None and torch.allclose(out[0], got)
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
+def test_packed_attention_in_the_model_equals_padded_loss():
+    """A model switched to packed attention, on one fixed-length packed row, gives the loss
+    and LoRA gradients of the same documents padded (no T×T mask is built)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+                      max_position_embeddings=256)
+    cfg._attn_implementation = "sdpa"
+
+    def model():
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_config(cfg)
+        return get_peft_model(m, LoraConfig(r=4, target_modules=["q_proj", "down_proj"],
+                                            init_lora_weights=False))
+
+    docs = _samples(5, seed=3, max_len=60)
+    cpu = torch.device("cpu")
+    padded = Collator(0)(docs)
+    flat = FlatCollator(0, fixed_len=sum(len(d["input_ids"]) for d in docs) + 37, max_doc=60)(
+        [docs])
+
+    def run(m, b, packed_max):
+        m.zero_grad(set_to_none=True)
+        loss = CausalLMLoss(m)(**forward_inputs(b, cpu, packed_max))
+        loss.backward()
+        return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
+
+    ref_loss, ref_g = run(model(), padded, 0)
+    m = model()
+    use_packed_attention(m)
+    loss, g = run(m, flat, 60)
+    assert torch.allclose(loss, ref_loss, rtol=1e-5), (loss, ref_loss)
+    for k in ref_g:
+        assert torch.allclose(g[k], ref_g[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_compile_errors_are_told_from_model_errors():
+    import torch._dynamo
+
+    def broken(gm, example_inputs):
+        raise ValueError("no")
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: torch.sin(x) + 1, backend=broken)
+    with pytest.raises(Exception) as got:
+        f(torch.randn(3))
+    assert is_compile_error(got.value)
+    assert not is_compile_error(RuntimeError("CUDA out of memory"))
+    assert not is_compile_error(ValueError("shape mismatch"))
+    torch._dynamo.reset()
+
+
+class _Layer(torch.nn.Module):   # not torch.nn's own code, which dynamo does not trace
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.lin(x))
+
+
+class _Events:
+    def __init__(self):
+        self.got = []
+
+    def emit(self, kind, **f):
+        self.got.append((kind, f))
+
+
+def test_layer_compiler_phases_and_graph_cap():
+    """Bucketed shapes under dynamo: one 'compiling' phase per new shape, graphs ≤ buckets."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    layers = [_Layer() for _ in range(3)]
+    ev = _Events()
+    c = LayerCompiler(layers, max_shapes=3, events=ev, backend="eager")
+    c.setup()
+    from tunedeck.core.train.fastpath import graphs_compiled
+    g0 = graphs_compiled()
+    step = 0
+    for t in (128, 128, 192, 256, 128, 192, 256):
+        c.before((1, t, False), step)
+        x = torch.randn(1, t, 8)
+        for layer in layers:
+            x = layer(x)
+        step += 1
+        c.after_step(step, 0.1)
+    phases = [(f["phase"], f.get("shape")) for k, f in ev.got]
+    assert phases == [("compiling", [1, 128]), ("training", None), ("compiling", [1, 192]),
+                      ("training", None), ("compiling", [1, 256]), ("training", None)]
+    # two graphs a shape at most: the first layer's input needs no gradient, the others' do
+    assert 1 <= graphs_compiled() - g0 <= 2 * 3
+    c.fall_back(RuntimeError("x"), step)
+    assert not c.enabled and all(layer._compiled_call_impl is None for layer in layers)
+    assert ev.got[-1][1]["phase"] == "eager_fallback"
+
+
+# -- real torchrun ------------------------------------------------------------------------
+
+def _torchrun(run: Path, env: dict) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            "-m", "tunedeck.core.train", "--run-dir", str(run)]
+    return subprocess.run(argv, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=240)
+
+
+def _events(run: Path, rank: int) -> list[dict]:
+    return read_events(run / "events" / f"rank{rank}.jsonl")
+
+
+def test_failed_compile_falls_back_to_eager(tmp_path):
+    """Compiling fails at the first forward: the run goes on eager, says so once in the log
+    and as a phase event, and trains every step."""
+    run = make_run_dir(tmp_path / "run", train__max_steps=3, train__compile=True)
+    p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager", "TUNEDECK_TEST_COMPILE_FAIL": "1"})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert (p.stdout + p.stderr).count("torch.compile failed") == 2   # once per rank
+    for rank in (0, 1):
+        ev = _events(run, rank)
+        phases = [e["phase"] for e in ev if e["kind"] == "phase"]
+        assert phases == ["compiling", "eager_fallback"]
+        assert "injected compiler failure" in next(
+            e["error"] for e in ev if e["kind"] == "phase" and e["phase"] == "eager_fallback")
+        steps = [e for e in ev if e["kind"] == "step"]
+        assert [e["step"] for e in steps] == [1, 2, 3]
+        assert all(e["loss"] is not None and e["loss"] > 0 for e in steps)
+        assert ev[-1]["kind"] == "end" and ev[-1]["reason"] == "completed"
+
+
+def test_compiled_run_buckets_shapes(tmp_path):
+    """A compiled run (dynamo's eager backend) on variable-length chat data: every new
+    padded shape is a bucket, announced by a 'compiling' phase; no compile on CPU by default."""
+    run = make_run_dir(tmp_path / "run", train__max_steps=4, train__compile=True,
+                       data__max_length=512)
+    p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager"})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    ev = _events(run, 0)
+    comp = [e for e in ev if e["kind"] == "phase" and e["phase"] == "compiling"]
+    assert comp and all(e["shape"][1] in length_buckets(512) for e in comp)
+    done = [e for e in ev if e["kind"] == "phase" and e["phase"] == "training"]
+    assert len(done) == len({tuple(e["shape"]) for e in comp})
+    run2 = make_run_dir(tmp_path / "run2", train__max_steps=2, train__compile=True)
+    p = _torchrun(run2, {})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert not [e for e in _events(run2, 0) if e["kind"] == "phase"]   # CPU: eager
