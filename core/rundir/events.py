@@ -28,6 +28,8 @@ kind "step" — every optimizer step, every rank:
     lr              float   learning rate used for this step
     grad_norm       float   gradient norm before clipping (same on every rank)
     tokens          int     non-padding tokens this rank processed in the step (all micro-steps)
+    label_tokens    int     of those, tokens that carry loss (built-in trainer)
+    mem_reserved_gib float  GPU: torch.cuda.max_memory_reserved (built-in trainer)
     step_s          float   wall time of the step on this rank: from asking for its first batch
                             to the end of its all-reduce (includes data_wait_s; checkpoint
                             saves are not counted)
