@@ -24,7 +24,7 @@ import re
 from typing import TYPE_CHECKING
 
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS
+from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, match_line
 from tunedeck.core.ingest.parsers.torchrun import signal_name
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ _SOURCE_LINE = re.compile(r":(\d+)$")
 
 def refine(found: list[Finding], scanners: "list[FileScanner]") -> list[Finding]:
     _hosts_from_lines(found, scanners)
-    found = found + _exit_lines(found, scanners)
+    found = found + _table_tracebacks(found, scanners) + _exit_lines(found, scanners)
     _fold_unranked(found)
     _launcher_signal(found)
     _host_memory(found, scanners)
@@ -78,6 +78,45 @@ def _hosts_from_lines(found: list[Finding], scanners) -> None:
         if f.host and f.host != "localhost" and f.severity == "error" and \
                 f.host not in f.summary:
             f.summary += f" on {f.host}"
+
+
+# -- the error a rank wrote into torchrun's table (its error_file, shown by @record) ---------
+
+_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b:? ?(.*)")
+
+
+def _table_tracebacks(found: list[Finding], scanners) -> list[Finding]:
+    have = {(f.category, f.rank) for f in found}
+    out: list[Finding] = []
+    for sc in scanners:
+        for rep in sc.reports:
+            for fl in rep.failures:
+                lines = [ln for ln in fl.traceback if ln.strip()]
+                if fl.rank is None or not lines or lines[0].startswith(("Signal ", "To enable")):
+                    continue
+                hit = next((m for m in map(match_line, lines) if m is not None), None)
+                if hit is not None:
+                    rule = hit[0]
+                    cat, summary = rule.category, f"{rule.summary} (rank {fl.rank})"
+                    cause, fix, sev = rule.cause, rule.fix, rule.severity
+                else:
+                    exc = next((ln for ln in reversed(lines) if _EXC_LINE.match(ln)), None)
+                    if exc is None:
+                        continue
+                    cat, summary, sev = "rank_crashed", f"rank {fl.rank} crashed: {exc[:160]}", \
+                        "error"
+                    cause = f"An exception ended rank {fl.rank}; torchrun's report quotes it."
+                    fix = ("Fix the error at the innermost frame of the traceback (your script, "
+                           "data or config); re-run a single rank to reproduce it quickly.")
+                if (cat, fl.rank) in have:
+                    continue
+                have.add((cat, fl.rank))
+                out.append(Finding(category=cat, severity=sev, summary=summary, cause=cause,
+                                   fix=fix, rank=fl.rank, node=sc.source.node,
+                                   evidence=[f"{sc.ref(rep.first_line)}: torchrun: rank "
+                                             f"{fl.rank}:"] + lines[-8:],
+                                   t=fl.time, source=sc.ref(rep.first_line), host=fl.host))
+    return out
 
 
 # -- exits torchrun (or DeepSpeed's launcher) reported without a failure table --------------
@@ -405,6 +444,8 @@ def _mark_chain(found: list[Finding], scanners) -> None:
                     None)
         if twin is not None:
             root.rank = twin.rank
+        else:
+            _rank_from_exits(root, scanners)
     for f in errors:
         if f is root:
             f.root_cause = True
@@ -429,3 +470,21 @@ def _stopped_from_outside(found: list[Finding], scanners) -> None:
                   "or preemption, a container stop).")
     root.fix = ("Check the scheduler's log and who else can signal the job's processes; "
                 "resume from the last checkpoint.")
+
+
+def _rank_from_exits(root: Finding, scanners) -> None:
+    """An error printed without a rank prefix (torchrun without --tee) belongs to the rank the
+    launcher reports as failed first: torchrun's `Root Cause` entry, else the one rank that
+    `failed (exitcode: N)` / DeepSpeed's `exits with return code` named with a real failure
+    (SIGTERM exits are the launcher stopping the others)."""
+    first = [(fl.rank, fl.host) for sc in scanners for rep in sc.reports for fl in rep.failures
+             if fl.root_cause and fl.rank is not None and fl.exitcode not in (-15, -1)]
+    if not first:
+        seen = {rec.get("local_rank") for sc in scanners for _, rec, _ in sc.torchrun_lines
+                if rec.get("kind") == "failed" and rec.get("exitcode") not in (-15, -1)}
+        seen.discard(None)
+        first = [(r, None) for r in seen]
+    if len({r for r, _ in first}) == 1:
+        root.rank = first[0][0]
+        if root.host is None and first[0][1] and first[0][1] != "localhost":
+            root.host = first[0][1]

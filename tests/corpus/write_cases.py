@@ -517,6 +517,66 @@ case("root_in_table_only", "rank_crashed", 1, "https://github.com/yangjianxin1/F
      ("rank", "iso"), text_rank=True)
 
 
+# harder shapes: launchers' own words around the cause, many ranks at once, boxes, cuts
+case("deepspeed_oom_then_return_code", "oom_gpu", 0,
+     "https://github.com/deepspeedai/DeepSpeed/issues/3869",
+     tb(None, [("bloom-ds-zero-inference.py", 190, "<module>", "model = deepspeed.init_inference(")],
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 978.00 MiB (GPU 0; "
+        "4.00 GiB total capacity; 1.68 GiB already allocated; 0 bytes free)") +
+     [(None, "[2023-07-04 17:31:27,755] [INFO] [launch.py:315:sigkill_handler] Killing "
+             "subprocess 953850"),
+      (None, "[2023-07-04 17:31:27,755] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python3', "
+             "'-u', 'infer.py', '--local_rank=0', '--batch_size', '8'] exits with return code = 1")],
+     ("plain",), text_rank=True)
+case("oom_all_ranks_interleaved", "oom_gpu", 5,
+     "https://github.com/NVIDIA/nccl/issues/1928",
+     [(r, ln) for r in (5, 2, 7, 0) for ln in (
+         "Traceback (most recent call last):",
+         '  File "train.py", line 212, in <module>', "    trainer.train()",
+         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU {r} has a "
+         "total capacity of 79.10 GiB of which 2.31 GiB is free.")],
+     ("rank", "default"))
+case("loader_worker_segfault", "dataloader_worker_killed", None,
+     "https://github.com/MhLiao/DB/issues/94",
+     [(None, "ERROR: Unexpected segmentation fault encountered in worker.")] +
+     tb(None, [(f"{PY}/torch/utils/data/dataloader.py", 1133, "_try_get_data",
+                "raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited unexpectedly')")],
+        "RuntimeError: DataLoader worker (pid 25902) is killed by signal: Segmentation fault."),
+     ("plain",))
+case("cuda_fault_first_rank_of_three", "cuda_fault", 2,
+     "https://github.com/pytorch/pytorch/issues/180280",
+     [(2, "[E1107 10:11:12.000000000 ProcessGroupNCCL.cpp:1900] " + ILLEGAL.format(r=2)),
+      (2, "frame #3: c10d::ProcessGroupNCCL::WorkNCCL::finishedGPUExecutionInternal() const + 0x56"),
+      (0, "[E1107 10:21:12.000000000 ProcessGroupNCCL.cpp:632] " + watchdog_timeout(0)[30:]),
+      (1, "[E1107 10:21:12.000000000 ProcessGroupNCCL.cpp:632] " + watchdog_timeout(1)[30:])],
+     ("rank",), text_rank=True)
+case("ecc_in_rich_box_accelerate", "cuda_fault", None,
+     "https://github.com/huggingface/accelerate/issues/1192",
+     tb(None, [(f"{PY}/torch/nn/modules/module.py", 989, "_apply", "return self._apply(convert)")],
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be "
+        "asynchronously reported at some other API call,so the stacktrace below might be "
+        "incorrect.") +
+     [(None, f"[15:58:29] WARNING  Sending process {p} closing signal SIGTERM" + " " * 40 +
+             "api.py:699") for p in (197, 198, 199)], ("rich", "plain"))
+case("rich_exception_then_torchrun", "rank_crashed", 0,
+     "https://github.com/yangjianxin1/Firefly/issues/32",
+     tb(None, [(f"{PY}/transformers/convert_slow_tokenizer.py", 114, "__init__",
+                "fast_tokenizer = convert_slow_tokenizer(slow_tokenizer)")],
+        "Exception: expected value at line 1 column 1") +
+     [(None, "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) "
+             "local_rank: 0 (pid: 24024) of binary: /opt/conda/bin/python")] + torchrun_tb(),
+     ("rich",), text_rank=True)
+case("exit1_cut_after_bar", "rank_crashed", 3, "https://github.com/OEvortex/unsloth/issues/10",
+     [(None, "  0%|          | 0/800 [00:22<?, ?it/s]")] +
+     [(None, glog("W", f"Sending process {p} closing signal SIGTERM", t="0801 13:23:17.366000",
+                  tid="32974", where="torch/distributed/elastic/multiprocessing/api.py:900"))
+      for p in (33051, 33052, 33053)] +
+     [(None, glog("E", "failed (exitcode: 1) local_rank: 3 (pid: 33054) of binary: "
+                       "/home/ubuntu/env/bin/python3", t="0801 13:23:20.000000", tid="32974",
+                  where="torch/distributed/elastic/multiprocessing/api.py:874"))] +
+     torchrun_tb()[:5], ("plain",), text_rank=True)
+
+
 # -- healthy logs ----------------------------------------------------------------------------
 
 HEALTHY: dict[str, tuple] = {}
