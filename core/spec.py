@@ -826,21 +826,23 @@ def resolve_dataset(entry: str, base: Path) -> str:
 # A name (a variable, a flag without its dashes, a hydra key) is a credential when one of its
 # word parts is a credential word. Parts are split at anything but a letter (`_ - . 0-9`) and at
 # a camelCase step, in UPPER, lower or Capitalised form. Strong words count as any part:
-# SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), CREDS, APIKEY, AUTHORIZATION
-# (AWS_SECRET_ACCESS_KEY, SECRET_KEY_BASE, DB_PASSWORD_FILE). Weak words, which also name
-# training things (text tokens, attention keys, forward passes), count only as the last part,
-# digits after it allowed: TOKEN, KEY, PASS, AUTH (HF_TOKEN, GITHUB_TOKEN2, DB_PASS, MY_API_KEY,
-# --api-key, --hub_token, hubToken, use_auth_token, NPM_AUTH), so ms-swift's
-# --moe_token_dispatcher_type, --vllm_server_pass_dataset, SSH_AUTH_SOCK and AWS_ACCESS_KEY_ID
-# are not credentials. A credential word inside a longer word is not one: KEYBOARD,
-# TOKENIZERS_PARALLELISM, --model_author, AUTHOR, BYPASS, monkey, --max_new_tokens (TOKENS, a
-# count, is no credential word), PGPASSWORD (one word: set it as PG_PASSWORD or mask it by
-# hand). A harmless value under a credential name (--teacher_tag_key) is masked too: a hidden
-# value costs a look at the spec; a shown secret cannot be taken back.
+# SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), CREDS, AUTHORIZATION, and the pairs
+# API_KEY and PRIVATE_KEY (also APIKEY, api-key, apiKey) (AWS_SECRET_ACCESS_KEY, SECRET_KEY_BASE,
+# DB_PASSWORD_FILE, OPENAI_API_KEY). Weak words, which also name training things (text tokens,
+# forward passes), count only as the last part, digits after it allowed: TOKEN, PASS, AUTH
+# (HF_TOKEN, GITHUB_TOKEN2, DB_PASS, --hub_token, hubToken, use_auth_token, NPM_AUTH), so
+# ms-swift's --moe_token_dispatcher_type, IMAGE_MAX_TOKEN_NUM, --vllm_server_pass_dataset and
+# SSH_AUTH_SOCK are not credentials. KEY alone is no credential word: ms-swift's
+# --teacher_tag_key, --reft_layer_key and --vera_projection_prng_key (an int) are settings, and a
+# masked one in an exported command changes the run or makes ms-swift refuse it. A credential
+# word inside a longer word is not one: KEYBOARD, TOKENIZERS_PARALLELISM, --lazy_tokenize,
+# --model_author, AUTHOR, BYPASS, --max_new_tokens and --new_special_tokens (TOKENS, a count, is
+# no credential word), PGPASSWORD (one word: set it as PG_PASSWORD or mask it by hand).
 
 STRONG_SECRET_WORDS = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS",
-                       "CREDS", "APIKEY", "AUTHORIZATION")
-WEAK_SECRET_WORDS = ("TOKEN", "KEY", "PASS", "AUTH")
+                       "CREDS", "AUTHORIZATION")
+STRONG_SECRET_PAIRS = (("API", "KEY"), ("PRIVATE", "KEY"))
+WEAK_SECRET_WORDS = ("TOKEN", "PASS", "AUTH")
 MASK = "****"
 
 
@@ -852,8 +854,17 @@ def _word_forms(word: str, last: bool) -> list[str]:
             rf"{cap}(?![a-z]){end}"]                # hubToken, HFToken
 
 
+def _pair_forms(a: str, b: str) -> list[str]:
+    sep = r"[_\-.]?"
+    return [rf"(?<![A-Z]){a}{sep}{b}(?![A-Za-z])",                       # API_KEY, APIKEY
+            rf"(?<![A-Za-z]){a.lower()}{sep}{b.lower()}(?![a-z])",       # api_key, api-key
+            rf"(?<![A-Za-z]){a.lower()}{sep}{b.capitalize()}(?![a-z])",  # apiKey
+            rf"{a.capitalize()}{sep}{b.capitalize()}(?![a-z])"]          # myApiKey, ApiKey
+
+
 SECRET_PATTERN = re.compile("|".join(
     [f for w in STRONG_SECRET_WORDS for f in _word_forms(w, last=False)]
+    + [f for a, b in STRONG_SECRET_PAIRS for f in _pair_forms(a, b)]
     + [f for w in WEAK_SECRET_WORDS for f in _word_forms(w, last=True)]))
 _ASSIGN = re.compile(r"([+~]*[A-Za-z_][\w.\-]*)=(.*)", re.S)   # NAME=value, +a.b_key=value
 

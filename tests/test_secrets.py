@@ -33,7 +33,8 @@ NAMES = [
     ("hub-token", True), ("hubToken", True), ("GITHUB_TOKEN2", True),
     ("DB_PASS", True), ("PASSWORD", True), ("MLFLOW_TRACKING_PASSWORD", True),
     ("password", True), ("PASSWD", True), ("MY_API_KEY", True), ("api-key", True),
-    ("apiKey", True), ("APIKEY", True), ("KEY", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("apiKey", True), ("APIKEY", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("OPENAI_API_KEY", True), ("ApiKey", True), ("myApiKey", True), ("SSH_PRIVATE_KEY", True),
     ("swanlab_secret", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),
     ("DOCKER_CREDENTIAL", True), ("NPM_AUTH", True), ("use_auth_token", True),
     ("AUTHORIZATION", True), ("OAuth", True),
@@ -44,7 +45,11 @@ NAMES = [
     ("Keyboard", False), ("PWD", False), ("NCCL_DEBUG", False), ("CUDA_VISIBLE_DEVICES", False),
     ("PASSES", False), ("passport", False), ("OAUTH_CLIENT_ID", False),
     ("SECRET_KEY_BASE", True), ("DB_PASSWORD_FILE", True), ("JWT_SECRET", True),
-    ("teacher_tag_key", True),
+    # KEY alone names ms-swift settings, not credentials (issue 14: a masked one in an
+    # exported command changed the run, or ms-swift refused `****` as an int)
+    ("KEY", False), ("teacher_tag_key", False), ("reft_layer_key", False),
+    ("vera_projection_prng_key", False), ("IMAGE_MAX_TOKEN_NUM", False),
+    ("VIDEO_MAX_TOKEN_NUM", False),
     ("SSH_AUTH_SOCK", False), ("AWS_ACCESS_KEY_ID", False), ("HF_TOKEN_PATH", False),
     ("moe_token_dispatcher_type", False), ("vllm_server_pass_dataset", False),
     ("calculate_per_token_loss", False), ("apply_query_key_layer_scaling", False),

@@ -1,0 +1,144 @@
+"""Round trips of ms-swift commands through tunedeck, shared by tests/test_swift_roundtrip.py
+and bench/swift_import_score.py:
+
+  pasted command → `tunedeck import` (the spec file's text) → spec → `tunedeck export --format
+  swift` (its text, split back into words) and `tunedeck launch --dry-run` (the plan's argv)
+
+and what ms-swift's own HfArgumentParser makes of each (one child process for all of them).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from tunedeck.core.backends import plan_run
+from tunedeck.core.backends.export import export
+from tunedeck.core.backends.importer import import_command
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.spec import loads_spec
+from tunedeck.core.swift.flags import flag_tables, parser_check
+
+LAUNCHER_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class Trip:
+    command: str
+    swift_command: str = ""              # sft, megatron-rlhf, ... ("" = not ms-swift)
+    original: list[str] = field(default_factory=list)   # the ms-swift argv as pasted
+    exported: list[str] = field(default_factory=list)   # export --format swift, after `swift sft`
+    dry_run: list[str] = field(default_factory=list)    # the plan's argv after -m swift.cli.X
+    export_env: dict[str, str] = field(default_factory=dict)
+    procs: tuple[int, int] = (0, 0)      # (nproc_per_node, nnodes) of the plan
+    warnings: list[str] = field(default_factory=list)
+    error: str = ""                      # where it stopped, one line
+
+
+def exported_words(text: str) -> tuple[dict[str, str], list[str]]:
+    """An `export --format swift` script read back: its exported variables and command."""
+    env: dict[str, str] = {}
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export "):].partition("=")
+            env[k] = shlex.split(v)[0] if v else ""
+        elif line and not line.startswith(("#", "set ")):
+            lines.append(line.rstrip("\\").rstrip())
+    return env, shlex.split(" ".join(lines))
+
+
+def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
+               tmp: str = "/tmp/tunedeck-roundtrip") -> Trip:
+    """`swift_argv`: the ms-swift flags of `command` as ms-swift sees them (the caller knows
+    them; the scorer reads them from the command)."""
+    trip = Trip(command, original=list(swift_argv or []))
+    try:
+        imp = import_command(command)
+    except ValueError as e:
+        trip.error = f"import: {e}"
+        return trip
+    trip.warnings = imp.warnings
+    try:
+        spec = loads_spec(imp.to_toml(), source="<imported>")   # what `import -o` writes
+    except ValueError as e:
+        trip.error = f"load: {e}"
+        return trip
+    if spec.backend != "swift":
+        trip.error = f"imported as a {spec.backend} run"
+        return trip
+    trip.swift_command = spec.swift.command
+    from tunedeck.core.estimate.resolve import resolve
+
+    try:
+        resolved = resolve(spec, gpu_count=gpus)
+        env, words = exported_words(export(resolved, "swift"))
+        trip.export_env = env
+        trip.exported = words[2:]                     # after `swift sft` / `megatron rlhf`
+        planned, plan = plan_run(spec, RunDir(tmp), gpu_count=gpus)
+        argv = plan.nodes[0].argv
+        i = next(i for i, w in enumerate(argv) if w.startswith("swift.cli."))
+        trip.dry_run = argv[i + 1:]
+        trip.procs = (planned.cluster.nproc_per_node, planned.cluster.nnodes)
+    except ValueError as e:
+        trip.error = f"export/dry-run: {str(e).splitlines()[0]} {' '.join(str(e).splitlines()[1:])}"
+    return trip
+
+
+def parse_all(jobs: list[tuple[str, list[str]]]) -> list[dict]:
+    """ms-swift's parser on every (command, argv) that it can load (not Megatron's, whose
+    classes need megatron-core): the remaining argv, the error, every field's value. Megatron
+    argvs are read with the flag table instead (`table_parse`)."""
+    swift_jobs = [(i, c, a) for i, (c, a) in enumerate(jobs) if not c.startswith("megatron")]
+    out: list[dict] = [{} for _ in jobs]
+    if swift_jobs:
+        res = parser_check([(c, a) for _, c, a in swift_jobs], values=True)
+        for (i, _, _), r in zip(swift_jobs, res):
+            out[i] = r
+    for i, (c, a) in enumerate(jobs):
+        if c.startswith("megatron"):
+            out[i] = table_parse(c, a)
+    return out
+
+
+def table_parse(command: str, argv: list[str]) -> dict:
+    """Megatron argv read the way argparse would with the flag table: {dest: words}, last
+    flag wins; unknown flags in `remaining`."""
+    known = flag_tables()["commands"][command]
+    values: dict[str, object] = {}
+    remaining: list[str] = []
+    name = None
+    for w in argv:
+        if w.startswith("--") and len(w) > 2:
+            flag, eq, v = w[2:].partition("=")
+            info = known.get(flag)
+            if info is None:
+                remaining.append(w)
+                name = None
+                continue
+            name = info["dest"]
+            values[name] = [v] if eq else []
+            if flag.startswith("no_") and info["type"] == "bool" and info["nargs"] == 0:
+                values[name] = ["false"]
+        elif name is not None:
+            values[name].append(w)                # type: ignore[union-attr]
+        else:
+            remaining.append(w)
+    bools = {i["dest"] for i in known.values() if i["type"] == "bool"}
+    norm = {k: (True if v == [] and k in bools else _norm(v)) for k, v in values.items()}
+    return {"remaining": remaining, "error": None, "values": norm}
+
+
+def _norm(words) -> object:
+    """Megatron words compared by meaning: numbers as numbers, true/false as booleans."""
+    out = []
+    for w in words:
+        lw = w.lower()
+        if lw in ("true", "false"):
+            out.append(lw == "true")
+            continue
+        try:
+            out.append(float(w))
+        except ValueError:
+            out.append(w)
+    return out if len(out) != 1 else out[0]
