@@ -225,3 +225,85 @@ def test_loss_watch_fed_step_by_step_finds_what_the_whole_list_gives():
     [f] = loss_findings(recs)
     assert f.summary == "loss is nan from step 3 (6 of 8 steps)"
     assert f.evidence[0] == "step=2 loss=1.5" and len(f.evidence) == 5
+
+
+# -- logs as users paste them (tests/corpus/; the whole corpus is scored by test_corpus.py) ---
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+WRITTEN = CORPUS / "written" / "failures"
+
+
+def top(path: Path) -> Finding:
+    return diagnose_files([path])[0]
+
+
+def test_launcher_hung_up_is_said_as_such_and_no_rank_is_blamed():
+    fs = diagnose_files([CORPUS / "recorded" / "sighup_launcher.log"])
+    root = fs[0]
+    assert root.category == "launcher_signal" and root.root_cause and root.rank is None
+    assert "SIGHUP" in root.summary and "no rank failed" in root.summary
+    assert all(not f.root_cause for f in errors(fs) if f is not root)
+
+
+def test_sigkill_after_the_model_loaded_is_host_oom_with_its_rank():
+    root = top(WRITTEN / "sigkill_after_shards__iso.log")
+    assert (root.category, root.rank) == ("oom_host", 2) and "low_cpu_mem_usage" in root.fix
+
+
+def test_signal_exit_from_a_cut_table_names_rank_and_host():
+    root = top(WRITTEN / "segfault_table_timestamped__iso.log")
+    assert (root.category, root.rank, root.host) == ("worker_segfault", 5, "dgx-07")
+
+
+def test_cuda_fault_through_the_watchdog_is_the_root_not_the_abort_or_timeouts():
+    fs = diagnose_files([WRITTEN / "cuda_fault_first_rank_of_three__rank.log"])
+    assert (fs[0].category, fs[0].rank) == ("cuda_fault", 2)
+    assert {f.category for f in fs if not f.root_cause} >= {"nccl_timeout"}
+
+
+def test_watchdog_hang_is_a_stall_with_its_rank():
+    root = top(WRITTEN / "watchdog_terminating__wrap116.log")   # wrapped at 116 columns
+    assert (root.category, root.rank) == ("stall", 6)
+
+
+def test_error_in_torchrun_table_traceback(tmp_path):
+    p = tmp_path / "table.log"
+    p.write_text("\n".join([
+        "=" * 60, "train.py FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
+        "Root Cause (first observed failure):", "[0]:", "  time      : 2024-02-01_10:00:00",
+        "  host      : gpu-7", "  rank      : 3 (local_rank: 3)", "  exitcode  : 1 (pid: 77)",
+        "  error_file: /tmp/torchelastic_x/3/error.json",
+        "  traceback : Traceback (most recent call last):",
+        '    File "train.py", line 80, in main', "      loss.backward()",
+        "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "=" * 60,
+        ""]))
+    root = top(p)
+    assert (root.category, root.rank, root.host, root.root_cause) == ("oom_gpu", 3, "gpu-7", True)
+
+
+def test_nccl_plugin_probes_fine_on_one_node_slow_across_nodes():
+    healthy = CORPUS / "written" / "healthy"
+    one = diagnose_files([healthy / "nccl_ofi_probe_single_node__plain.log"])
+    assert not errors(one)
+    assert [f.severity for f in one if f.category == "nccl_socket_fallback"] == ["info"]
+    multi = diagnose_files([healthy / "multinode_socket_fallback__plain.log"])
+    [w] = [f for f in multi if f.category == "nccl_socket_fallback"]
+    assert w.severity == "warning" and "between nodes" in w.summary and not errors(multi)
+
+
+def test_retried_c10d_connect_is_a_warning_not_a_failure():
+    fs = diagnose_files([CORPUS / "written" / "healthy" / "c10d_client_retry__plain.log"])
+    assert not errors(fs)
+    assert [f.severity for f in fs if f.category == "rendezvous_unreachable"] == ["warning"]
+
+
+def test_static_signs_loss_zero_with_nan_grads_and_data_time():
+    root = top(WRITTEN / "loss_zero_gradnan__plain.log")
+    assert root.category == "loss_anomaly" and root.severity == "error" and "nan" in root.summary
+    starved = top(WRITTEN / "data_time_dominates__plain.log")
+    assert starved.category == "dataloader_starvation" and starved.severity == "warning"
+
+
+def test_too_many_open_files_is_not_shared_memory():
+    root = top(WRITTEN / "too_many_open_files_loader__plain.log")
+    assert root.category == "too_many_open_files" and "ulimit" in root.fix

@@ -94,3 +94,14 @@ def test_incremental_poll_reads_only_appended_lines(tmp_path):
     new = fm.poll()
     assert [(r["step"], r["loss"]) for r in new] == [(2, 0.9)]
     assert fm.poll() == []
+
+
+def test_framework_consoles_read_whole_files():
+    """Megatron's `iteration N/ M | ... lm loss:` and torchtune's `1|N|Loss:` behind torchx's
+    `[trainer0|0]:` prefix, read through the same FileMetrics as any log."""
+    corpus = Path(__file__).resolve().parent / "corpus" / "metrics"
+    meg = records_from_file(corpus / "megatron_lm.log")
+    assert [r["step"] for r in meg] == list(range(1, 31))
+    assert meg[-1]["max_steps"] == 300 and 0.8 < meg[-1]["step_s"] < 0.9
+    tune = records_from_file(corpus / "torchtune_torchx_prefix.log")
+    assert tune[-1]["step"] == 30 and isinstance(tune[-1]["loss"], float)

@@ -103,3 +103,99 @@ def test_childfailed_block(h200):
 def test_rank_prefix_keeps_indentation():
     assert split_rank("[rank1]:   File \"x.py\", line 3") == (1, "  File \"x.py\", line 3")
     assert split_rank("no prefix") == (None, "no prefix")
+
+
+# -- the log-normalising front end (parsers/normalize.py) -------------------------------------
+
+import pytest  # noqa: E402
+
+from tunedeck.core.ingest.parsers import parse_metrics_line  # noqa: E402
+from tunedeck.core.ingest.parsers.normalize import normalize, rejoin  # noqa: E402
+from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser  # noqa: E402
+
+MSG = "RuntimeError: boom"
+
+
+@pytest.mark.parametrize("line,rank,host", [
+    (f"[rank3]:{MSG}", 3, None),
+    (f"[default 2]:{MSG}", 2, None),
+    (f"5: {MSG}", 5, None),
+    (f"2024-02-27T21:35:32.106313Z {MSG}", None, None),
+    (f"[2024-02-27T21:35:32.106313Z] fa88a9df [rank=6] || {MSG}", 6, None),
+    (f"[2023-10-13 17:40:02,544] torch.distributed.elastic.multiprocessing.api: [ERROR] {MSG}",
+     None, None),
+    (f"E0629 00:06:21.246000 140229302286144 torch/distributed/api.py:826] {MSG}", None, None),
+    (f"18:11:06.680 [rank4]:[E205 18:11:06.375750231 ProcessGroupNCCL.cpp:1870] {MSG}", 4, None),
+    (f"worker-2: [rank9]:{MSG}", 9, "worker-2"),
+    (f"trainer-1  | {MSG}", None, "trainer-1"),
+    (f"[pod/train-worker-0/pytorch] 2024-05-14T09:12:00.000Z {MSG}", None, "train-worker-0"),
+    (f"(RayWorker pid=7046) {MSG}", None, None),
+    (f"[trainer0|1]:{MSG}", 1, None),
+    (f"[1,7]<stdout>:{MSG}", 7, None),
+    (f"\x1b[1;31m{MSG}\x1b[0m", None, None),
+    (f"[INFO:swift] {MSG}", None, None),
+    (f"WARNING:torch.distributed.elastic.multiprocessing.api:{MSG}", None, None),
+])
+def test_normalize_strips_prefixes_and_keeps_who(line, rank, host):
+    n = normalize(line)
+    assert (n.text, n.rank, n.host) == (MSG, rank, host)
+
+
+def test_normalize_leaves_messages_and_frames_alone():
+    for line in ("RuntimeError: CUDA error: out of memory", '  File "train.py", line 3, in f',
+                 "gpu3:77:90 [3] NCCL WARN NET/Socket : Connection closed",
+                 "  time      : 2024-01-01_10:00:00", "[0]:", "iter 100 step 50: loss 3.7"):
+        assert normalize(line).text == line, line
+    boxed = ["╭──── Traceback (most recent call last) ────╮",
+             "│ /x/train.py:12 in main                    │", "╰───────────────────────────╯"]
+    assert [normalize(x).text for x in boxed] == [
+        "Traceback (most recent call last):", "  /x/train.py:12 in main", "  "]
+
+
+def test_rejoin_glues_terminal_wrapped_lines_only():
+    w = 70
+    long = ("[rank6]:[F429 14:03:49.385461578 ProcessGroupNCCL.cpp:1554] [PG ID 0 Rank 6] "
+            "Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL "
+            "watchdog hang.")
+    wrapped = [long[i:i + w] for i in range(0, len(long), w)]
+    assert rejoin(wrapped) == [long]
+    records = ["{'loss': 1.0000, 'lr': 1e-05, 'epoch': 0.1}"] * 3   # alike lines of one width
+    assert rejoin(records, width=len(records[0])) == records
+
+
+def test_cut_failure_table_without_its_head():
+    p = ChildFailedParser()
+    lines = ["some output", "  time      : 2024-01-01_10:00:00", "  host      : node-a",
+             "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 123)",
+             "  traceback : Signal 9 (SIGKILL) received by PID 123", "=" * 40, "after"]
+    reps = [r for i, ln in enumerate(lines, 1) if (r := p.feed(ln, i)) is not None]
+    [fl] = reps[0].failures
+    assert (fl.rank, fl.host, fl.exitcode, fl.signal) == (3, "node-a", -9, "SIGKILL")
+
+
+@pytest.mark.parametrize("line,step,loss", [
+    (" iteration      122/  250000 | consumed samples:       124928 | elapsed time per iteration "
+     "(ms): 865.2 | learning rate: 9.150E-06 | global batch size:  1024 | lm loss: 2.504220E+00 |"
+     " loss scale: 1.0 | grad norm: 0.231 |", 122, 2.50422),
+    ("steps: 100 loss: 2.3456 iter time (s): 0.512 samples/sec: 15.625", 100, 2.3456),
+    ("[trainer0|0]:1|55|Loss: 1.0744975805282593:  55%|█▌ | 56/101 [15:19<11:17, 15.06s/it]",
+     55, 1.0744975805282593),
+    ("iter 100 step 50: loss 3.7451, iter time: 187.97ms (optimizer.step)", 50, 3.7451),
+    ("Epoch 1 | iter 46 step 1 | loss train: 3.724, val: n/a | iter time: 45.73 ms", 1, 3.724),
+    ("Epoch 0/9  ━━━━━━━━ 450/1000 0:01:23 • 0:01:42 5.37it/s v_num: 3 train_loss: 2.340",
+     450, 2.34),
+    ("epoch 0 step 10: {'train_loss': 1.23, 'lr': 1e-05}", 10, 1.23),
+    ("0: {'loss': '1.5', 'global_step/max_steps': '7/9'}", 7, 1.5),
+])
+def test_framework_step_lines(line, step, loss):
+    fmt, rec = parse_metrics_line(line)
+    if fmt == "dict":
+        assert rec["loss"] == loss and rec["global_step/max_steps"].startswith(f"{step}/")
+    else:
+        assert (rec["step"], rec["loss"]) == (step, loss)
+
+
+def test_lightning_bar_counts_steps_across_epochs():
+    fmt, rec = parse_metrics_line(
+        "Epoch 1:  45%|████▌     | 450/1000 [01:23<01:42,  5.37it/s, v_num=3, train_loss=2.340]")
+    assert fmt == "tqdm" and rec["n"] == 1450 and rec["loss"] == 2.34

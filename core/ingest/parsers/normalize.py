@@ -34,8 +34,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]")
 _ISO = re.compile(r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
                   r"(?: *\|)? ?")
 _CLOCK = re.compile(r"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?(?: *\|)? (?=\S)")
-_GLOG = re.compile(r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] ?")
-_GLOG_SHORT = re.compile(r"\[[IWEF](?:\d{4} \d\d:\d\d:\d\d\.\d+ )?[\w./-]+\.(?:cpp|cc|h|py):\d+\] ?")
+_GLOG = re.compile(r"\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] ?")
+_GLOG_SHORT = re.compile(r"\[[IWEF](?:\d{3,4} \d\d:\d\d:\d\d\.\d+ )?[\w./-]+\.(?:cpp|cc|h|py):\d+\] ?")
 _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:(?: ?\[\w+\])? ?")
 _PYLOG2 = re.compile(r"[\w.]+: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
 _DSLOG = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]+)?\] ?(?:\[[\w.]+:\d+:\w+\] )?")
@@ -165,6 +165,9 @@ def _strip_one(s: str, out: Norm) -> str:
             if m.group(1):
                 out.rank = int(m.group(1))
             return s[m.end():]
+        m = _PYLOG2.match(s)    # `torch.distributed...api: [ERROR] `: a logger, not a host
+        if m:
+            return s[m.end():]
         m = _COMPOSE.match(s)
         if m and out.host is None:
             out.host = m.group(1)
@@ -172,9 +175,6 @@ def _strip_one(s: str, out: Norm) -> str:
         m = _HOST.match(s)
         if m and out.host is None and m.group(1) not in _NOT_HOSTS:
             out.host = m.group(1)
-            return s[m.end():]
-        m = _PYLOG2.match(s)
-        if m:
             return s[m.end():]
     return s
 
