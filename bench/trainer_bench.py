@@ -79,6 +79,10 @@ def synthetic(case: str, n: int, seq: int, vocab: int, seed: int):
 
 
 def run(a) -> int:
+    import os
+
+    # as the trainer's own entry point does, before CUDA starts
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     import torch
 
     from tunedeck.core.spec import RunSpec
@@ -98,7 +102,18 @@ def run(a) -> int:
     spec.train.per_device_batch_size = a.bs
     spec.train.max_steps = a.warmup + a.steps
     spec.train.gradient_checkpointing = a.ckpt
-    spec.train.compile = a.compile
+    if a.preset:
+        # the preset's own method and batch settings (model and data stay synthetic)
+        from tunedeck.core.spec import load_spec
+        p = load_spec(Path(a.preset))
+        spec.method.lora_rank, spec.method.lora_alpha = p.method.lora_rank, p.method.lora_alpha
+        spec.method.target_modules = p.method.target_modules
+        spec.train.per_device_batch_size = p.train.per_device_batch_size
+        spec.train.grad_accum = p.train.grad_accum
+        spec.train.gradient_checkpointing = p.train.gradient_checkpointing
+        spec.train.compile = p.train.compile
+    if a.eager:
+        spec.train.compile = False
     spec.train.learning_rate = 1e-4
     spec.run.output_dir = str(Path(a.out) / "output")
 
@@ -116,12 +131,15 @@ def run(a) -> int:
     with torch.device(d.device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=load)
     model = prepare(spec, model, d.device)
-    n = max(64, a.bs * d.world_size * (a.warmup + a.steps) * (6 if a.case != "padded" else 1))
+    per_step = spec.train.per_device_batch_size * spec.train.grad_accum * d.world_size
+    n = max(64, per_step * (a.warmup + a.steps) * (6 if a.case != "padded" else 1))
     data = synthetic(a.case, n, a.seq, cfg.vocab_size, seed=1)
     events = EventWriter(a.out, d.rank)
     tr = Trainer(spec, Path(a.out), d, events, StopFlag(), model=model, tokenizer=_Tok(),
                  datasets=(data, None))
     tr.save_at_end = False
+    if a.profile and d.rank == 0:
+        _profile_one_step(tr, a.warmup, Path(a.out) / "profile.txt")
     try:
         tr.run()
     finally:
@@ -129,6 +147,29 @@ def run(a) -> int:
         import torch.distributed as dist
         dist.destroy_process_group()
     return 0
+
+
+def _profile_one_step(tr, warmup: int, out: Path) -> None:
+    """torch.profiler over the step after the warm-up; the top kernels by GPU time to `out`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    box = {}
+
+    def start(done: int) -> None:
+        if done == warmup:
+            box["p"] = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            box["p"].__enter__()
+
+    def stop(done: int) -> None:
+        if done == warmup + 1 and "p" in box:
+            torch.cuda.synchronize()
+            box["p"].__exit__(None, None, None)
+            out.write_text(box["p"].key_averages().table(
+                sort_by="self_device_time_total", row_limit=40, max_name_column_width=90))
+
+    tr.before_step.append(start)
+    tr.after_step.append(stop)
 
 
 def summarize(case_dir: Path, warmup: int) -> dict | None:
@@ -144,55 +185,86 @@ def summarize(case_dir: Path, warmup: int) -> dict | None:
             return None
         med = statistics.median(e["step_s"] for e in steps)
         toks = statistics.mean(e["tokens"] for e in steps)
+        labels = statistics.mean(e.get("label_tokens", e["tokens"]) for e in steps)
         mfus = [e["mfu"] for e in steps if e.get("mfu") is not None]
         per_rank.append(dict(tokens_per_s=toks / med, step_s=med, tokens=toks,
+                             label_tokens_per_s=labels / med,
                              mem_gib=max(e["mem_gib"] for e in steps),
+                             reserved_gib=max(e.get("mem_reserved_gib") or 0 for e in steps),
                              mfu=statistics.median(mfus) if mfus else None))
-    start = next(e for e in read_events(ranks[0]) if e["kind"] == "start")
+    ev0 = read_events(ranks[0])
+    start = next(e for e in ev0 if e["kind"] == "start")
+    done = [e for e in ev0 if e["kind"] == "phase" and e.get("phase") == "training"]
     return dict(world=start["world_size"], method=start["method"], strategy=start["strategy"],
                 tokens_per_s_per_gpu=statistics.mean(r["tokens_per_s"] for r in per_rank),
                 step_s=statistics.mean(r["step_s"] for r in per_rank),
                 peak_mem_gib=max(r["mem_gib"] for r in per_rank),
+                reserved_gib=max(r["reserved_gib"] for r in per_rank),
+                label_tokens_per_s=statistics.mean(r["label_tokens_per_s"] for r in per_rank),
+                compiles=len(done), graphs=done[-1]["graphs"] if done else 0,
+                compile_s=round(sum(e["compile_s"] for e in done), 1),
+                fallback=any(e.get("phase") == "eager_fallback" for e in ev0),
                 mfu=per_rank[0]["mfu"])
 
 
+def _json_lines(case_dir: Path) -> list[dict]:
+    out = []
+    for f in sorted(case_dir.glob("*.log")):
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    return out
+
+
 def table(out: Path, warmup: int) -> str:
-    rows = []
+    """One row per case: tokens/s/GPU (labelled tokens/s where not all tokens carry loss),
+    peak allocated and reserved GiB, MFU (989 TFLOP/s dense bf16 peak), compiles."""
+    rows = []   # name, world, tok/s, label tok/s, alloc, reserved, mfu, note
     for case_dir in sorted(p for p in out.iterdir() if p.is_dir()):
-        if case_dir.name.startswith("anchor"):
-            res = [json.loads(line) for f in sorted(case_dir.glob("*.log"))
-                   for line in f.read_text().splitlines() if line.startswith("{")]
+        if case_dir.name.startswith(("anchor", "unsloth")):
+            res = [r for r in _json_lines(case_dir) if "tokens_per_s_per_gpu" in r]
             if res:
-                rows.append((case_dir.name, res[0]["world"],
-                             statistics.mean(r["tokens_per_s_per_gpu"] for r in res),
+                tps = statistics.mean(r["tokens_per_s_per_gpu"] for r in res)
+                rows.append((case_dir.name, res[0].get("world", 1), tps, tps,
                              max(r["peak_mem_gib"] for r in res),
-                             res[0]["tflops_per_gpu"] / 989.0))
+                             max(r.get("peak_reserved_gib") or 0 for r in res),
+                             res[0]["tflops_per_gpu"] / 989.0, ""))
             continue
         s = summarize(case_dir, warmup)
         if s:
+            note = f"{s['compiles']} compiles, {s['graphs']} graphs, {s['compile_s']} s" \
+                if s["compiles"] else ("eager (compile failed)" if s["fallback"] else "eager")
             rows.append((case_dir.name, s["world"], s["tokens_per_s_per_gpu"],
-                         s["peak_mem_gib"], s["mfu"]))
-    lines = ["| case | GPUs | tokens/s/GPU | peak mem GiB | MFU |", "|---|---|---|---|---|"]
-    for name, world, tps, mem, m in rows:
-        lines.append(f"| {name} | {world} | {tps:,.0f} | {mem:.1f} | "
-                     f"{'n/a' if m is None else f'{100 * m:.1f} %'} |")
+                         s["label_tokens_per_s"], s["peak_mem_gib"], s["reserved_gib"],
+                         s["mfu"], note))
+    lines = ["| case | GPUs | tokens/s/GPU | labelled tokens/s | peak alloc GiB | "
+             "peak reserved GiB | MFU | compile |", "|---|---|---|---|---|---|---|---|"]
+    for name, world, tps, ltps, mem, res, m, note in rows:
+        lines.append(f"| {name} | {world} | {tps:,.0f} | {ltps:,.0f} | {mem:.1f} | {res:.1f} | "
+                     f"{'n/a' if m is None else f'{100 * m:.1f} %'} | {note} |")
     by = {r[0]: r for r in rows}
     notes = []
-    for one, two in (("anchor-1", "anchor-2"), ("ours-padded-1", "ours-padded-2"),
-                     ("ours-padded-1-compile", "ours-padded-2-compile")):
-        if one in by and two in by:
-            notes.append(f"2-GPU scaling ({one.removesuffix('-1')}): "
-                         f"{2 * by[two][2] / by[one][2]:.3f}x")
+    base = "anchor-1"
+    for name in by:
+        if name != base and base in by and by[name][1] == 1:
+            notes.append(f"{name} / {base}: {by[name][2] / by[base][2]:.3f}")
+    for ours in ("ours-default-1", "ours-padded-1"):
+        if ours in by and "anchor-liger-1" in by:
+            notes.append(f"{ours} / anchor-liger-1: {by[ours][2] / by['anchor-liger-1'][2]:.3f}"
+                         f" (reserved {by[ours][5]:.1f} vs {by['anchor-liger-1'][5]:.1f} GiB)")
+    ref = by.get("ours-default-1") or by.get("ours-padded-1")
+    if ref:
+        for chat in ("ours-chat-padded-1", "ours-chat-packed-1"):
+            if chat in by:
+                notes.append(f"{chat} vs {ref[0]} (fixed-length random tokens, all labelled): "
+                             f"tokens {by[chat][2] / ref[2]:.2f}x, labelled tokens "
+                             f"{by[chat][3] / ref[3]:.2f}x")
     if "ours-chat-padded-1" in by and "ours-chat-packed-1" in by:
-        # tokens counted are non-padding tokens in both, so this is the effective speed-up
-        notes.append(f"packing vs padded (non-padding tokens/s): "
-                     f"{by['ours-chat-packed-1'][2] / by['ours-chat-padded-1'][2]:.2f}x")
-    for ours, anchor in (("ours-padded-1", "anchor-1"), ("ours-padded-2", "anchor-2"),
-                         ("ours-padded-1-nochunk", "anchor-1"),
-                         ("ours-padded-1-compile", "anchor-1"),
-                         ("ours-padded-2-compile", "anchor-2")):
-        if ours in by and anchor in by:
-            notes.append(f"{ours} / {anchor}: {by[ours][2] / by[anchor][2]:.3f}")
+        notes.append(f"packed vs padded chat (labelled tokens/s): "
+                     f"{by['ours-chat-packed-1'][3] / by['ours-chat-padded-1'][3]:.2f}x")
     text = "\n".join(lines + [""] + notes) + "\n"
     (out / "table.md").write_text(text)
     return text
@@ -209,7 +281,10 @@ def main(argv=None) -> int:
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--steps", type=int, default=10)
     r.add_argument("--ckpt", action="store_true", help="gradient checkpointing")
-    r.add_argument("--compile", action="store_true")
+    r.add_argument("--compile", action="store_true", help="(the default now)")
+    r.add_argument("--eager", action="store_true", help="train.compile = false")
+    r.add_argument("--preset", help="take method and batch settings from this spec file")
+    r.add_argument("--profile", action="store_true", help="profile the step after warm-up")
     r.add_argument("--out", required=True)
     t = sub.add_parser("table", help="print/write the comparison table")
     t.add_argument("out")

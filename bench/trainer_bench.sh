@@ -5,8 +5,13 @@
 # batch 4 x 2048, no gradient checkpointing; 1 GPU then 2; chat data padded vs packed; FSDP2
 # full fine-tuning on 2 GPUs. --tiny: a tiny model on 2 CPU ranks, no anchor (script self-test).
 # CASES: comma-separated names to run (default: all), from
-#   anchor-1 anchor-2 ours-padded-1 ours-padded-1-nochunk ours-padded-1-compile ours-padded-2
-#   ours-padded-2-compile ours-chat-padded-1 ours-chat-packed-1 ours-fsdp2-full-2
+#   anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-padded-1
+#   ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
+#   ours-padded-1-nochunk ours-padded-2 ours-padded-2-eager ours-chat-padded-1
+#   ours-chat-packed-1 ours-fsdp2-full-2
+# ours-*: train.compile is on (the default) unless the name says eager; ours-default-1 takes
+# the method and batch settings of presets/builtin-7b-lora-h200.toml. anchor-liger-1 needs
+# liger-kernel, unsloth-1 Unsloth (bench/unsloth_bench.py; it builds a 15 GB model folder).
 # e.g. bench/trainer_bench.sh OUT 3 10 anchor-1,ours-padded-1,anchor-2,ours-padded-2
 set -euo pipefail
 OUT=${1:?usage: trainer_bench.sh OUTDIR [--tiny] [WARMUP] [STEPS] [CASES]}
@@ -16,8 +21,10 @@ if [[ "${1:-}" == "--tiny" ]]; then TINY=1; shift; fi
 WARMUP=${1:-3}
 STEPS=${2:-10}
 CASES=${3:-all}
-ALL="anchor-1 anchor-2 ours-padded-1 ours-padded-1-nochunk ours-padded-1-compile ours-padded-2
-ours-padded-2-compile ours-chat-padded-1 ours-chat-packed-1 ours-fsdp2-full-2"
+ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-padded-1
+ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
+ours-padded-1-nochunk ours-padded-2 ours-padded-2-eager ours-chat-padded-1 ours-chat-packed-1
+ours-fsdp2-full-2"
 if [[ $CASES == all ]]; then CASES=$(echo $ALL | tr ' ' ,); fi
 for c in ${CASES//,/ }; do
   [[ " $(echo $ALL) " == *" $c "* ]] || { echo "unknown case '$c'; known: $(echo $ALL)" >&2; exit 2; }
@@ -36,7 +43,8 @@ trun() {  # trun NPROC NAME ARGS...: one torchrun case, its log in OUTDIR/NAME/
   port=$((port + 1))
   echo "== $name ($n ranks)"
   local t0=$SECONDS
-  "$PY" -m torch.distributed.run --nproc_per_node "$n" --master_addr 127.0.0.1 \
+  timeout "${CASE_TIMEOUT:-400}" \
+    "$PY" -m torch.distributed.run --nproc_per_node "$n" --master_addr 127.0.0.1 \
     --master_port "$port" "$@" > "$OUT/$name/run.log" 2>&1 \
     || { echo "   FAILED, see $OUT/$name/run.log"; tail -5 "$OUT/$name/run.log"; }
   echo "   $((SECONDS - t0)) s"
@@ -54,18 +62,36 @@ A=bench/anchor/lora_baseline.py
 one() {  # one CASE
   local c=$1
   case $c in
-    anchor-1|anchor-2)
-      if [[ $TINY == 1 ]]; then echo "== $c skipped (--tiny: no anchor on CPU)"; return; fi
+    anchor-*|unsloth-*) if [[ $TINY == 1 ]]; then echo "== $c skipped (--tiny: CPU)"; return; fi ;;
+  esac
+  local anchor=("$A" --size 7b --seq 2048 --bs 4 --rank 8 --warmup "$WARMUP" --steps "$STEPS")
+  case $c in
+    anchor-1|anchor-2) trun "${c#anchor-}" "$c" "${anchor[@]}" --out "$OUT/$c" ;;
+    anchor-liger-1) trun 1 "$c" "${anchor[@]}" --liger --out "$OUT/$c" ;;
+    anchor-compile-1) trun 1 "$c" "${anchor[@]}" --compile --out "$OUT/$c" ;;
+    unsloth-1)
       mkdir -p "$OUT/$c"
-      trun "${c#anchor-}" "$c" "$A" --size 7b --seq 2048 --bs 4 --rank 8 \
-        --warmup "$WARMUP" --steps "$STEPS" --out "$OUT/$c" ;;
+      echo "== $c"
+      local t0=$SECONDS model
+      model=$("$PY" -c "import sys; sys.path.insert(0, 'bench'); import swift_7b; from pathlib import Path; print(swift_7b.make_model(Path('$OUT')))" 2>"$OUT/$c/build.log" | tail -1)
+      PYTHONPATH="${UNSLOTH_PATH:-}${UNSLOTH_PATH:+:}$PYTHONPATH" timeout "${CASE_TIMEOUT:-400}" \
+        "$PY" bench/unsloth_bench.py --model "$model" --warmup "$WARMUP" --steps "$STEPS" \
+        --out "$OUT/$c" > "$OUT/$c/run.log" 2>&1 \
+        || { echo "   FAILED, see $OUT/$c/run.log"; tail -5 "$OUT/$c/run.log"; }
+      echo "   $((SECONDS - t0)) s" ;;
+    ours-default-1) trun 1 "$c" $W run --case padded --preset presets/builtin-7b-lora-h200.toml \
+      "${common[@]}" --out "$OUT/$c" ;;
     ours-padded-1) trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
+    ours-padded-1-eager) trun 1 "$c" $W run --case padded --eager "${common[@]}" --out "$OUT/$c" ;;
+    ours-padded-1-profile) trun 1 "$c" $W run --case padded --profile "${common[@]}" --out "$OUT/$c" ;;
+    ours-padded-1-cudnn) TUNEDECK_SDPA=cudnn \
+      trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
+    ours-padded-1-bs8) trun 1 "$c" $W run --case padded "${common[@]}" --bs 8 --out "$OUT/$c" ;;
     # one head chunk for the whole micro-batch: what chunking costs or saves
     ours-padded-1-nochunk) TUNEDECK_LOSS_CHUNK=100000000 \
       trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
-    ours-padded-1-compile) trun 1 "$c" $W run --case padded --compile "${common[@]}" --out "$OUT/$c" ;;
     ours-padded-2) trun 2 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
-    ours-padded-2-compile) trun 2 "$c" $W run --case padded --compile "${common[@]}" --out "$OUT/$c" ;;
+    ours-padded-2-eager) trun 2 "$c" $W run --case padded --eager "${common[@]}" --out "$OUT/$c" ;;
     ours-chat-padded-1) trun 1 "$c" $W run --case chat "${common[@]}" --out "$OUT/$c" ;;
     ours-chat-packed-1) trun 1 "$c" $W run --case packed "${common[@]}" --out "$OUT/$c" ;;
     ours-fsdp2-full-2) trun 2 "$c" $W run --case fsdp2 "${common[@]}" --out "$OUT/$c" ;;

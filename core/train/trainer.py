@@ -493,6 +493,7 @@ class Trainer:
             self.compiler.after_step(self.state.step + 1, step_s)
         return {"loss": s_loss / max(s_labels, 1.0), "lr": lr,
                 "grad_norm": s_norm / self.d.world_size, "tokens": tokens,
+                "label_tokens": n_labels,
                 "step_s": step_s, "data_wait_s": wait, "compute_s": timer.total(),
                 "mem_gib": self._mem_gib(), **self._reserved_gib(),
                 "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,

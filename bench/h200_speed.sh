@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The single-H200 speed table of issue 17, in one device call (repo root on the GPU machine):
+#   bash bench/h200_speed.sh OUTDIR [CASES] [--launch]
+# Wheels (liger-kernel, textual, rich, tomli-w...) come as .whl/*.whl, Unsloth and its needs as
+# .whl/unsloth/ (wheels + the unpacked package in site/), the anchor as bench/anchor/
+# (copied from shared/anchors/lora_baseline.py). Cases are bench/trainer_bench.sh's; --launch
+# also runs the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
+# Everything lands in /tmp/h200 (a 15 GB model folder among it); OUTDIR gets table.md,
+# results.tgz (events, logs, profiles) and launch.json.
+set -uo pipefail
+OUT=${1:?usage: h200_speed.sh OUTDIR [CASES] [--launch]}
+CASES=${2:-anchor-1,anchor-liger-1,anchor-compile-1,unsloth-1,ours-default-1,ours-chat-padded-1,ours-chat-packed-1}
+LAUNCH=${3:-}
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHON=python3
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+if [[ -d .whl/unsloth ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/usite .whl/unsloth/*.whl && cp -r .whl/unsloth/site/* /tmp/usite/ \
+    && export UNSLOTH_PATH=/tmp/usite
+fi
+W=/tmp/h200
+mkdir -p "$W" "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+T0=$SECONDS
+bash bench/trainer_bench.sh "$W/t" 3 8 "$CASES"
+echo "bench: $((SECONDS - T0)) s"
+for f in "$W"/t/*/profile.txt; do [[ -f $f ]] && { echo "== $f"; head -45 "$f"; }; done
+for d in "$W"/t/*/; do
+  grep -h "warning\|compiling\|Error" "$d"run.log 2>/dev/null | sort | uniq -c | head -5 | sed "s|^|$(basename "$d"): |"
+done
+if [[ $LAUNCH == --launch ]]; then
+  timeout 300 python3 bench/builtin_7b_launch.py "$W/launch" 2>&1 | tail -40
+  cp "$W/launch/launch.json" "$OUT/" 2>/dev/null
+fi
+cp "$W/t/table.md" "$OUT/" 2>/dev/null
+tar czf "$OUT/results.tgz" -C "$W" --exclude='*.safetensors' --exclude='qwen2.5-7b-random' \
+  --exclude='cache' --exclude='output' t launch 2>/dev/null
+echo "total: $((SECONDS - T0)) s"
