@@ -38,7 +38,8 @@ _TIER_HANG = {"stall", "nccl_timeout"}
 _TIER_LINK = {"nccl_network"}
 _TIER_AFTER = {"worker_sigterm"}
 _LAUNCHER_FRAMES = re.compile(r"torch/distributed/(?:run|launch)\.py|elastic/agent/server"
-                              r"|launcher/api\.py|deepspeed/launcher|accelerate/commands")
+                              r"|launcher/api\.py|deepspeed/launcher|accelerate/commands"
+                              r"|bin/(?:torchrun|deepspeed|accelerate)\b")
 _LAUNCHER_EXC = re.compile(r"ChildFailedError|SignalException|CalledProcessError")
 _SIG_NUM = re.compile(r"(?:Signals\.)?(SIG\w+)|(\d+)")
 _SOURCE_LINE = re.compile(r":(\d+)$")
@@ -385,9 +386,9 @@ def _tier(f: Finding) -> int:
     if c in _TIER_AFTER:
         return 4
     if c == "rank_crashed":
-        if _LAUNCHER_EXC.search(f.summary) or any(_LAUNCHER_FRAMES.search(e)
-                                                  for e in f.evidence[:3]):
-            return 4
+        if _LAUNCHER_EXC.search(f.summary) or f.summary.endswith("(most recent call last):") \
+                or any(_LAUNCHER_FRAMES.search(e) for e in f.evidence):
+            return 4    # the launcher's own traceback, or one cut before its exception
         if CONSEQUENCE_PATTERNS.search(f.summary) or " crashed:" not in f.summary:
             return 3    # a peer's broken connection, or only an exit code
         return 0

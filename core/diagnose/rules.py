@@ -83,8 +83,7 @@ RULES: list[Rule] = [
     _r("nccl_timeout", "error",
        r"Watchdog caught collective operation timeout|collective operation timeout"
        r"|Timed out waiting \d+ms for (?:recv|send) operation|NCCL communicator was aborted"
-       r"|ncclTimeout|Gloo.*timed out| milliseconds before timing out"
-       r"|Some NCCL operations have failed or timed out",
+       r"|ncclTimeout|Gloo.*timed out| milliseconds before timing out",
        "collective operation timed out",
        "A collective (all-reduce, barrier, ...) did not complete on all ranks within the "
        "process-group timeout: one rank never reached it (stuck in data loading, a hang, a "
@@ -251,8 +250,7 @@ RULES: list[Rule] = [
        "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that compiled extensions "
        "(flash-attn, bitsandbytes, deepspeed ops) match the installed torch/CUDA."),
     _r("worker_sigabrt", "error",
-       r"Fatal Python error: Aborted|Aborted \(core dumped\)"
-       r"|terminate called after throwing an instance of",
+       r"Fatal Python error: Aborted|Aborted \(core dumped\)",
        "a rank aborted (SIGABRT)",
        "The rank aborted itself: a C++ exception or an assertion in torch/NCCL/CUDA (the "
        "lines just before it say which).",
@@ -273,6 +271,19 @@ RULES: list[Rule] = [
        "Check `dmesg | grep -i -E 'killed process|oom'` and the host memory graph; lower host "
        "memory use (fewer dataloader workers, lazy tokenization, smaller prefetch) or run "
        "fewer ranks per node."),
+
+    # generic wordings, last: on a line that also names the error, that rule wins
+    _r("nccl_timeout", "error",
+       r"Some NCCL operations have failed or timed out",
+       "NCCL operations failed or timed out",
+       "A collective failed or did not complete in time; the lines around it say which.",
+       "Look for the first error on any rank (a crash, a CUDA fault, a network error); if there "
+       "is none, a rank never reached the collective: see what it was doing (py-spy dump)."),
+    _r("worker_sigabrt", "error",
+       r"terminate called after throwing an instance of",
+       "a rank aborted on a C++ exception",
+       "A C++ exception nobody caught ended the process (SIGABRT); its what() line says which.",
+       "Read the what(): line just after it."),
 ]
 
 # Known-harmless lines: never errors (torchrun banner, c10d teardown after a good run).

@@ -40,7 +40,10 @@ _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:(?: ?\[\w+\])
 _PYLOG2 = re.compile(r"[\w.]+: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
 _DSLOG = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]+)?\] ?(?:\[[\w.]+:\d+:\w+\] )?")
 _LEVEL = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|WARN) *(?:\||:|-)? +(?=\S)")
-_DASH_LEVEL = re.compile(r"[-|] (?:DEBUG|INFO|WARNING|ERROR|CRITICAL|SUCCESS) *[-|] ?")
+_DASH_LEVEL = re.compile(r"[-|] (?:[\w.]+ [-|] )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|SUCCESS) *"
+                         r"[-|] ?")
+# vLLM / Ray workers: `ERROR 04-15 00:31:11 worker_base.py:574] `
+_VLLM = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] ?")
 _RANK = re.compile(r"\[(?:default|rank) ?(\d+)\]:? ?|\[1,(\d+)\]<std(?:out|err)>: ?|\[(\d+)\] (?=\S)")
 _TORCHX = re.compile(r"\[[A-Za-z_][\w-]*?\d*\|(\d+)\]: ?")
 _DETERMINED = re.compile(r"(?:[0-9a-f]{8} )?\[rank=(\d+)\] \|\| ?|[0-9a-f]{8} \|\| ?")
@@ -99,7 +102,10 @@ def _strip_one(s: str, out: Norm) -> str:
     if c == "[":
         m = _RANK.match(s)
         if m:   # torchrun's [rankN]: / [defaultN]:, Open MPI's --tag-output, mpirun's [N]
-            out.rank = int(m.group(1) or m.group(2) or m.group(3))
+            n = int(m.group(1) or m.group(2) or m.group(3))
+            # a bare `[N] ` is as often a log viewer's line number: large ones are not ranks
+            if m.group(3) is None or n < 256:
+                out.rank = n
             return s[m.end():]
         for rx in (_ISO, _CLOCK, _GLOG, _GLOG_SHORT, _DSLOG):
             m = rx.match(s)
@@ -144,7 +150,7 @@ def _strip_one(s: str, out: Norm) -> str:
             out.stamped = True
             return s[m.end():]
     if c in "DIWEC":
-        m = _PYLOG.match(s) or _LEVEL.match(s)
+        m = _VLLM.match(s) or _PYLOG.match(s) or _LEVEL.match(s)
         if m:
             return s[m.end():]
     if c in "-|":
