@@ -50,6 +50,7 @@ def refine(found: list[Finding], scanners: "list[FileScanner]") -> list[Finding]
     found = found + _table_tracebacks(found, scanners) + _exit_lines(found, scanners)
     _fold_unranked(found)
     _launcher_signal(found)
+    _name_cuda_fault(found)
     _host_memory(found, scanners)
     _silent_exit_codes(found, scanners)
     found = _nccl_probes(found, scanners)
@@ -232,6 +233,29 @@ def _launcher_signal(found: list[Finding]) -> None:
         for g in found:      # the ranks it stopped, and its own traceback, follow from it
             if g is not f and g.category in (_TIER_SIGNAL | _TIER_AFTER | {"rank_crashed"}):
                 g.root_cause = False
+
+
+# -- which CUDA fault ------------------------------------------------------------------------
+
+_CUDA_KINDS = (("illegal memory access", "an illegal memory access"),
+               ("illegal instruction", "an illegal instruction"),
+               ("device-side assert", "a device-side assert"), ("Assertion `", "a device-side assert"),
+               ("ECC", "an uncorrectable ECC error (hardware)"), ("Xid", "a GPU Xid error (hardware)"),
+               ("fallen off the bus", "the GPU fell off the bus (hardware)"),
+               ("misaligned address", "a misaligned address"),
+               ("unspecified launch failure", "an unspecified launch failure"),
+               ("unhandled cuda error", "a CUDA error inside NCCL"))
+
+
+def _name_cuda_fault(found: list[Finding]) -> None:
+    for f in found:
+        if f.category != "cuda_fault" or ":" in f.summary.split(" (rank")[0]:
+            continue
+        text = " ".join(f.evidence)
+        kind = next((k for needle, k in _CUDA_KINDS if needle in text), None)
+        if kind:
+            head, sep, tail = f.summary.partition(" (rank")
+            f.summary = f"{head}: {kind}{sep}{tail}"
 
 
 # -- SIGKILL with host-memory signs is the OOM killer ----------------------------------------

@@ -26,7 +26,7 @@ PASTE_MAX = 1 << 20    # files up to this size are checked for terminal wrapping
 # a rank named in the message itself, when no prefix named one: `[Rank 3]`, the NCCL
 # watchdog's `[PG 0 Rank 3]` / `[PG ID 0 PG GUID 0(default_pg) Rank 3]`, DDP's `for rank 2:`
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
-                           r"|\[Rank (\d+)\]")
+                           r"|\[Rank (\d+)\]|Duplicate GPU detected : rank (\d+)")
 _LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 # a glog / logging level that says the line is only a warning (c10d retrying a connect,
 # binding IPv6 before IPv4): the rules it matches are warnings there, not failures
