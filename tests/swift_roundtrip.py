@@ -36,16 +36,19 @@ class Trip:
 
 
 def exported_words(text: str) -> tuple[dict[str, str], list[str]]:
-    """An `export --format swift` script read back: its exported variables and command."""
+    """An `export --format swift` script read back as a shell would: its exported variables
+    and its command (line continuations joined; a quoted word keeps its line breaks)."""
+    from tunedeck.core.backends.importer import join_lines
+
     env: dict[str, str] = {}
-    lines = []
-    for line in text.splitlines():
-        if line.startswith("export "):
-            k, _, v = line[len("export "):].partition("=")
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and lines[i].startswith(("#", "set ", "export ", "\n")):
+        if lines[i].startswith("export "):
+            k, _, v = lines[i][len("export "):].strip().partition("=")
             env[k] = shlex.split(v)[0] if v else ""
-        elif line and not line.startswith(("#", "set ")):
-            lines.append(line.rstrip("\\").rstrip())
-    return env, shlex.split(" ".join(lines))
+        i += 1
+    return env, shlex.split(join_lines("".join(lines[i:])))
 
 
 def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
@@ -72,6 +75,7 @@ def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
 
     try:
         resolved = resolve(spec, gpu_count=gpus)
+        trip.procs = (resolved.cluster.nproc_per_node, resolved.cluster.nnodes)
         env, words = exported_words(export(resolved, "swift"))
         trip.export_env = env
         trip.exported = words[2:]                     # after `swift sft` / `megatron rlhf`

@@ -150,7 +150,7 @@ def import_command(command: str) -> Imported:
         raise CommandImportError("the command holds a NUL character, which no process can "
                                  "be passed")
     try:
-        words = shlex.split(command, comments=False)
+        words = shlex.split(join_lines(command), comments=False)
     except ValueError as e:
         raise CommandImportError(f"cannot split the command: {e}") from None
     words = [w for w in words if w != "\\"]
@@ -256,6 +256,31 @@ def import_command(command: str) -> Imported:
     except SpecError as e:
         raise CommandImportError(f"the imported spec is invalid: {e}") from None
     return out
+
+
+def join_lines(command: str) -> str:
+    """A pasted script's line continuations (backslash, newline) removed as the shell does:
+    outside single quotes only; a line break inside quotes stays part of its word."""
+    out: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if c == "\\" and quote != "'" and command[i + 1:i + 3] == "\r\n":
+            i += 3
+            continue
+        if c == "\\" and quote != "'" and command[i + 1:i + 2] == "\n":
+            i += 2
+            continue
+        if c == "\\" and quote != "'" and i + 1 < len(command):
+            out.append(command[i:i + 2])   # an escaped character stays escaped
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def clean_word(w: str) -> str:
@@ -646,8 +671,11 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
     _finish_quant(out, raw, quant, extra)
     if extra:
         raw["swift"]["extra_args"] = extra
-    if "path" not in raw.get("model", {}) and "--model" not in extra:
-        raise CommandImportError("the command has no --model")
+    if "path" not in raw.get("model", {}) and "--model" not in extra and not (
+            command.startswith("megatron") and "--mcore_model" in extra):
+        raise CommandImportError("the command has no --model"
+                                 + (" (or --mcore_model)" if command.startswith("megatron")
+                                    else ""))
 
 
 def _special(out: Imported, raw: dict, cluster: dict[str, Any], name: str, values: list[str],

@@ -163,7 +163,9 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
     def wanted(flag: str) -> bool:    # extra_args win: they are what the user wrote
         return flag not in extra
 
-    args = model_flags(spec)
+    # Megatron can start from its own checkpoint (--mcore_model) without --model
+    own_model = not is_set(spec, "model.path") and bool(extra & {"model", "mcore_model"})
+    args = [] if own_model else model_flags(spec)
     ds = datasets(spec)
     if ds and wanted("dataset"):
         args += ["--dataset", *ds]
