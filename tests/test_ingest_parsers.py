@@ -189,7 +189,18 @@ def test_cut_failure_table_without_its_head():
      450, 2.34),
     ("epoch 0 step 10: {'train_loss': 1.23, 'lr': 1e-05}", 10, 1.23),
     ("0: {'loss': '1.5', 'global_step/max_steps': '7/9'}", 7, 1.5),
+    (" Epoch [2][100/500]\tlr: 1.000e-03, time: 0.539, data_time: 0.051, loss: 1.9091", 600, 1.9091),
+    ("mmseg - INFO - Iter [1000/160000]\tlr: 9.9e-03, time: 0.5, loss: 0.7021", 1000, 0.7021),
+    ("Speed 2178.40 samples/sec   Loss 0.25   LearningRate 0.001   Epoch: 0   Global Step: 20", 20, 0.25),
+    ("Ep 1 | iter 4 | stEp 1: loss train (curr): 1.585, val (prev val iter): None", 1, 1.585),
 ])
+
+
+def test_a_bar_with_global_step_in_its_postfix_is_a_bar():
+    fmt, rec = parse_metrics_line(
+        "Epoch 0:   6%|██      | 32040/500150 [6:28:43<94:39:17,  1.37it/s, loss=2.6, v_num=95nc, "
+        "reduced_train_loss=2.590, global_step=3.2e+4]")
+    assert fmt == "tqdm" and rec["n"] == 32040 and rec["loss"] == 2.6
 def test_framework_step_lines(line, step, loss):
     fmt, rec = parse_metrics_line(line)
     if fmt == "dict":

@@ -12,6 +12,8 @@ record keys (`step, loss, learning_rate, grad_norm, max_steps, step_s, epoch`):
     Lightning's rich bar        Epoch 0/9 ━━━━━━━━ 450/1000 0:01:23 • 0:01:42 5.37it/s v_num: 3
                                 train_loss: 2.340
     a dict printed after text   epoch 0 step 10: {'train_loss': 1.23, 'lr': 1e-05}
+    mmcv / mmengine             Epoch [1][100/62598]  lr: 1.000e-03, ..., loss: 1.9091, grad_norm: nan
+    loss, then a step           ... Loss nan   LearningRate 0.001000   Epoch: 0   Global Step: 20
 """
 
 from __future__ import annotations
@@ -34,11 +36,19 @@ _DS_STEPS = re.compile(r"\bsteps: (\d+) loss: (" + _NUM + r")(?: iter time \(s\)
                        r"))?")
 _TORCHTUNE = re.compile(r"(?:^|[\s:\]])(\d+)\|(\d+)\|Loss: (" + _NUM + r")")
 _LITGPT = re.compile(r"\biter (\d+)(?: \|)? step (\d+)(?::| \|) loss(?: train(?: \(curr\))?)?:? "
-                     r"(" + _NUM + r")")
+                     r"(" + _NUM + r")", re.I)
 _LITLLAMA = re.compile(r"^iter (\d+): loss (" + _NUM + r")")
 _ITER_MS = re.compile(r"iter time: (" + _NUM + r") ?ms")
 _RICH_BAR = re.compile(r"Epoch (\d+)/\d+\s+\S+\s+(\d+)/(\d+)\s.*?\btrain_loss(?:_step)?:\s*(" +
                        _NUM + r")")
+# mmcv / mmengine runners: `Epoch [1][100/62598]\tlr: ..., loss: 1.9091` (epoch-local
+# iterations: the run's step counts the epochs before), `Iter(train) [  100/160000]  ... loss: 2.3`
+_MM_EPOCH = re.compile(r"\bEpoch(?:\(train\))? *\[(\d+)\] *\[ *(\d+)/(\d+)\]")
+_MM_ITER = re.compile(r"\bIter(?:\(train\))? *\[ *(\d+)/(\d+)\]")
+_MM_LOSS = re.compile(r"\bloss: (" + _NUM + r")")
+# anything else that names a loss and then a step: `Loss nan ... Global Step: 20`
+_LOSS_FIRST = re.compile(r"\bloss\b[\s=:]+(" + _NUM + r")\b.*?\b(?:global[ _]?step|step|iteration)"
+                         r"\b[\s=:]+(\d+)(?![\d.e])", re.I)
 _TEXT_STEP = re.compile(r"\b(?:step|global_step|iter|iteration)[\s=:]+(\d+)", re.I)
 
 
@@ -73,9 +83,31 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
         if m:
             epoch, n, total = int(m[1]), int(m[2]), int(m[3])
             return {"step": epoch * total + n, "loss": float(m[4]), "epoch": epoch}
+    if "[" in s and ("Epoch" in s or "Iter" in s):
+        rec = _mm(s)
+        if rec is not None:
+            return rec
     brace = s.find("{")
     if brace > 0 and s.rstrip().endswith("}"):
         return _inline_dict(s, brace)
+    if "oss" in s and "%|" not in s:     # (a progress bar's postfix is tqdm.py's)
+        m = _LOSS_FIRST.search(s)
+        if m:
+            return {"step": int(m[2]), "loss": float(m[1])}
+    return None
+
+
+def _mm(s: str) -> dict[str, Any] | None:
+    loss = _MM_LOSS.search(s)
+    if not loss:
+        return None
+    m = _MM_EPOCH.search(s)
+    if m:
+        epoch, n, per_epoch = int(m[1]), int(m[2]), int(m[3])
+        return {"step": (epoch - 1) * per_epoch + n, "loss": float(loss[1]), "epoch": epoch}
+    m = _MM_ITER.search(s)
+    if m:
+        return {"step": int(m[1]), "max_steps": int(m[2]), "loss": float(loss[1])}
     return None
 
 
