@@ -195,12 +195,6 @@ def test_cut_failure_table_without_its_head():
     ("Ep 1 | iter 4 | stEp 1: loss train (curr): 1.585, val (prev val iter): None", 1, 1.585),
 ])
 
-
-def test_a_bar_with_global_step_in_its_postfix_is_a_bar():
-    fmt, rec = parse_metrics_line(
-        "Epoch 0:   6%|██      | 32040/500150 [6:28:43<94:39:17,  1.37it/s, loss=2.6, v_num=95nc, "
-        "reduced_train_loss=2.590, global_step=3.2e+4]")
-    assert fmt == "tqdm" and rec["n"] == 32040 and rec["loss"] == 2.6
 def test_framework_step_lines(line, step, loss):
     fmt, rec = parse_metrics_line(line)
     if fmt == "dict":
@@ -213,3 +207,10 @@ def test_lightning_bar_counts_steps_across_epochs():
     fmt, rec = parse_metrics_line(
         "Epoch 1:  45%|████▌     | 450/1000 [01:23<01:42,  5.37it/s, v_num=3, train_loss=2.340]")
     assert fmt == "tqdm" and rec["n"] == 1450 and rec["loss"] == 2.34
+
+
+def test_a_bar_with_global_step_in_its_postfix_is_a_bar():
+    fmt, rec = parse_metrics_line(
+        "Epoch 0:   6%|██      | 32040/500150 [6:28:43<94:39:17,  1.37it/s, loss=2.6, v_num=95nc, "
+        "reduced_train_loss=2.590, global_step=3.2e+4]")
+    assert fmt == "tqdm" and rec["n"] == 32040 and rec["loss"] == 2.6
