@@ -21,7 +21,8 @@ from pathlib import Path
 from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
-from tunedeck.tui.commands import diagnose, estimate, importexport, preflight, stacks
+from tunedeck.tui.commands import (diagnose, doctor, estimate, importexport, preflight,
+                                   stacks)
 from tunedeck.tui.format import clean
 from tunedeck.tui.format import fmt_age as _fmt_age
 from tunedeck.tui.format import fmt_loss as _fmt_loss
@@ -169,9 +170,16 @@ def cmd_ls(args) -> int:
     width = max([4] + [len(n) for n in names.values()])
     print(f"{'RUN':<32} {'NAME':<{width}} {'STATUS':<10} {'STEP':>13} {'LOSS':>8} {'AGE':>5}")
     for r in runs:
+        if r.damaged:   # what is wrong instead of numbers it does not have
+            print(f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.message)}")
+            continue
         print(f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.status):<10} "
               f"{f'{r.step}/{r.max_steps}':>13} {_fmt_loss(r.loss):>8} "
               f"{_fmt_age(r.age_s(now)):>5}")
+    damaged = sum(r.damaged for r in runs)
+    if damaged:
+        print(f"{damaged} damaged run(s): `tunedeck doctor RUN` says what is wrong",
+              file=sys.stderr)
     return 0
 
 
@@ -239,6 +247,10 @@ def cmd_stop(args) -> int:
     from tunedeck.core.runs.control import stop
 
     run = find_run(args.run)
+    if run.damaged:
+        _err(f"{clean(run.run_id)} is {clean(run.message)}: its processes cannot be told, so "
+             f"nothing is signalled (`tunedeck doctor {clean(run.run_id)}`)")
+        return 1
     if not run.needs_stop:
         if args.json:
             _print_json(run.to_json())
@@ -375,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks)
+COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor)
 
 
 def main(argv: list[str] | None = None) -> int:

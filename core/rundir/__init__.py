@@ -67,11 +67,39 @@ def write_text_private(path: Path, text: str, mode: int = FILE_MODE) -> None:
 
 
 def read_json(path: Path, default: Any = None) -> Any:
+    """The file's JSON, or `default` when it is missing or damaged (`json_problem` says why)."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):   # ValueError: bad JSON or not UTF-8
         return default
+
+
+def json_problem(path: Path, want: type = dict) -> tuple[Any, str | None]:
+    """(content, None), or (None, why it cannot be read as a `want`) in one line, naming what
+    a person can check: 'missing', 'empty', 'not UTF-8 (byte 17)', 'not JSON (line 3 column
+    5: ...)', 'not a JSON object'."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or e})"
+    if not raw.strip():
+        return None, "empty"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte {e.start})"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"not JSON (line {e.lineno} column {e.colno}: {e.msg})"
+    except RecursionError:
+        return None, "not JSON (nested too deeply)"
+    if not isinstance(data, want):
+        return None, f"not a JSON {'object' if want is dict else want.__name__}"
+    return data, None
 
 
 @dataclass

@@ -26,9 +26,9 @@ from typing import Any
 
 from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
-from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir import RunDir, json_problem
 from tunedeck.core.runs import adopt, procs
-from tunedeck.core.runs.state import TERMINAL, pid_alive
+from tunedeck.core.runs.state import TERMINAL, pid_alive, state_problem
 
 
 class RunNotFound(LookupError):
@@ -61,10 +61,15 @@ class RunInfo:
         return self.status not in TERMINAL
 
     @property
+    def damaged(self) -> bool:
+        return self.status == DAMAGED
+
+    @property
     def needs_stop(self) -> bool:
         """Not ended as far as state.json records: its processes may still be alive even
-        when the agent is gone (then `status` reads lost, or failed when none lives)."""
-        return self.state.get("status") not in TERMINAL
+        when the agent is gone (then `status` reads lost, or failed when none lives). A
+        damaged state.json names no process that could be signalled safely."""
+        return not self.damaged and self.state.get("status") not in TERMINAL
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - self.created
@@ -81,14 +86,38 @@ class RunInfo:
                 "stop_requested": self.state.get("stop_requested")}
 
 
+DAMAGED = "damaged"
+
+
 def read_run(run_dir: Path) -> RunInfo | None:
-    return info_from_state(run_dir, RunDir(run_dir).read_state())
-
-
-def info_from_state(run_dir: Path, state: dict[str, Any] | None) -> RunInfo | None:
-    """A run's info from its state.json content; None when it is not a run's state."""
-    if not isinstance(state, dict) or "run_id" not in state:
+    """The run in `run_dir`; None when the folder holds no state.json (not a run, or not yet);
+    a `damaged` RunInfo when state.json cannot be trusted."""
+    state, why = json_problem(RunDir(run_dir).state)
+    if why == "missing":
         return None
+    return info_from_state(run_dir, state, why)
+
+
+def damaged_info(run_dir: Path, file: str, why: str) -> RunInfo:
+    """A run whose `file` cannot be read: listed (so the user sees it and `tunedeck doctor`
+    can say more), never adopted or signalled, every other run unaffected."""
+    try:
+        created = os.stat(run_dir).st_mtime
+    except OSError:
+        created = 0.0
+    return RunInfo(run_id=run_dir.name, run_dir=run_dir, name="", status=DAMAGED,
+                   message=f"damaged: {file}: {why}", created=created, started=None,
+                   ended=None, step=0, max_steps=0, loss=None, tokens_per_s=None,
+                   exit_code=None, state={"status": DAMAGED})
+
+
+def info_from_state(run_dir: Path, state: dict[str, Any] | None,
+                    why: str | None = None) -> RunInfo | None:
+    """A run's info from its state.json content (a damaged one when it cannot be trusted)."""
+    why = why or state_problem(state)
+    if why:
+        return damaged_info(run_dir, "state.json", why)
+    assert isinstance(state, dict)
     status = state.get("status", "pending")
     message = state.get("message", "")
     if status not in TERMINAL and state.get("agent_pid") and not _owner_alive(state):
@@ -234,7 +263,7 @@ class Registry:
             return old is not None
         info = read_run(run_dir)
         self.reads += 1
-        live = info is not None and info.state.get("status") not in TERMINAL
+        live = info is not None and info.needs_stop
         slot = entry.slot if entry else len(self._entries) % self.finished_every
         self._entries[name] = entry = _Entry(path, (st.st_mtime_ns, st.st_size, st.st_ino),
                                              info, now - st.st_mtime < RACY_S, live, slot)
@@ -247,6 +276,8 @@ class Registry:
         """No write, but the agent may have died since: derive the info from the same state."""
         old = entry.info
         assert old is not None
+        if old.damaged:     # nothing to derive: only a new write can change it
+            return False
         info = info_from_state(old.run_dir, old.state)
         if info == old:
             return False

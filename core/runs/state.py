@@ -10,11 +10,13 @@ core/runs/procs.py), and each torchrun the agent started is in `launches`
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
 
 TERMINAL = ("succeeded", "failed", "stopped")
+STATUSES = ("pending", "running", *TERMINAL)   # what the agent writes (readers add `lost`)
 
 
 def new_state(run_id: str, name: str, max_steps: int) -> dict[str, Any]:
@@ -59,3 +61,66 @@ def pid_alive(pid: int | None, create_time: float | None = None) -> bool:
         return True
     except Exception:
         return False
+
+
+# What each key of state.json may hold (a key may be absent: older runs lack newer keys).
+# A reader checks before trusting the file, so one damaged run shows as damaged instead of
+# breaking every command that lists runs.
+_INT, _NUM, _STR = "an integer", "a number", "a string"
+_SCHEMA: dict[str, tuple[str, bool]] = {       # key: (kind, may be null)
+    "run_id": (_STR, False), "name": (_STR, False), "status": (_STR, False),
+    "message": (_STR, True), "host": (_STR, True),
+    "created": (_NUM, False), "started": (_NUM, True), "ended": (_NUM, True),
+    "agent_pid": (_INT, True), "agent_pgid": (_INT, True), "agent_create_time": (_NUM, True),
+    "torchrun_pid": (_INT, True), "master_port": (_INT, True), "attempt": (_INT, True),
+    "exit_code": (_INT, True), "stop_requested": (_STR, True),
+    "worker_pids": ("a list of integers", True), "pgids": ("a list of integers", True),
+    "pid_identity": ("an object", True), "rank_pids": ("an object", True),
+    "launches": ("a list", True), "preflight": ("an object", True),
+    "progress": ("an object", True),
+}
+_PROGRESS: dict[str, str] = {"step": _INT, "max_steps": _INT, "loss": _NUM, "lr": _NUM,
+                             "tokens_per_s": _NUM, "t": _NUM}
+
+
+def _is(kind: str, v: Any) -> bool:
+    if kind == _INT:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == _NUM:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if kind == _STR:
+        return isinstance(v, str)
+    if kind == "a list of integers":
+        return isinstance(v, list) and all(_is(_INT, x) for x in v)
+    if kind == "a list":
+        return isinstance(v, list)
+    return isinstance(v, dict)
+
+
+def state_problem(state: Any) -> str | None:
+    """Why `state` cannot be trusted as a run's state.json (one line naming the key), or None."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    for key, (kind, nullable) in _SCHEMA.items():
+        if key not in state:
+            if key == "run_id":
+                return "run_id: missing"
+            continue
+        v = state[key]
+        if v is None and nullable:
+            continue
+        if not _is(kind, v):
+            return f"{key}: expected {kind}, got {_shown(v)}"
+    status = state.get("status", "pending")
+    if status not in STATUSES:
+        return f"status: expected one of {', '.join(STATUSES)}, got {_shown(status)}"
+    for key, kind in _PROGRESS.items():
+        v = (state.get("progress") or {}).get(key)
+        if v is not None and not _is(kind, v):
+            return f"progress.{key}: expected {kind}, got {_shown(v)}"
+    return None
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."

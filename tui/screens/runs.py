@@ -35,7 +35,8 @@ from tunedeck.tui.screens.prompt import PromptScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
 
 STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
-                "failed": "bold red", "stopped": "magenta"}
+                "failed": "bold red", "stopped": "magenta", "lost": "bold yellow",
+                "damaged": "bold red reverse"}
 
 # (key, header); the header keeps a slot for the sort arrow so its width never changes. Marks
 # get a column of their own, not row labels: DataTable measures labels only if no frame was
@@ -286,7 +287,10 @@ class RunsScreen(TunedeckScreen):
         cached = self._static.get(r.run_id)
         if cached is None or cached[0] is not r:
             style = STATUS_STYLE.get(r.status, "")
-            fixed = (clean(r.run_id), Text(clean(r.name)), Text(clean(r.status), style=style),
+            # a damaged run has no name to show: what is wrong with it goes there
+            name = Text(clean(r.message.removeprefix("damaged: ")), style="red") if r.damaged \
+                else Text(clean(r.name))
+            fixed = (clean(r.run_id), name, Text(clean(r.status), style=style),
                      f"{r.step}/{r.max_steps}", fmt_loss(r.loss))
             self._static[r.run_id] = cached = (r, fixed)
         mark = MARK if r.run_id in self.marked else " "
