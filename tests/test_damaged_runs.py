@@ -234,3 +234,34 @@ async def test_tui_lists_damaged_runs_and_their_monitor_says_why(damaged_home, m
                             f"{rel} {kind}: the log pane to finish reading")
                 await pilot.press("escape")
                 await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), 10, "back")
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"progress": {"step": 3, "loss": "0.5"}}, "progress.loss: expected a number, got '0.5'"),
+    ({"created": "yesterday"}, "created: expected a number"),
+    ({"status": "bogus"}, "status: expected one of pending, running"),
+    ({"worker_pids": ["x"]}, "worker_pids: expected a list of integers"),
+    ({"progress": {"step": 1.5}}, "progress.step: expected an integer"),
+    ({"ended": float("nan")}, "ended: expected a number"),
+    ({"run_id": None}, "run_id: expected a string"),
+])
+def test_each_mistyped_state_key_is_named(tmp_path, monkeypatch, capsys, change, named):
+    from tunedeck.core.runs.state import new_state
+
+    home = tmp_path / "home"
+    for rid, extra in (("20261201-000000-good-0001", {}), ("20261201-000001-bad-0002", change)):
+        (home / "runs" / rid).mkdir(parents=True)
+        state = {**new_state(rid, "x", 10), **extra}
+        (home / "runs" / rid / "state.json").write_text(json.dumps(state))
+    rc, out, _ = _run(monkeypatch, capsys, home, "ls", "--json")
+    runs = {r["run_id"]: r for r in json.loads(out)}
+    assert rc == 0 and runs["20261201-000000-good-0001"]["status"] == "pending"
+    assert runs["20261201-000001-bad-0002"]["message"].startswith(f"damaged: state.json: {named}")
+
+
+def test_an_empty_state_json_shows_instead_of_hiding_the_run(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "home" / "runs" / "20261201-000000-x-0001"
+    run_dir.mkdir(parents=True)
+    (run_dir / "state.json").write_bytes(b"")
+    rc, out, _ = _run(monkeypatch, capsys, tmp_path / "home", "ls")
+    assert rc == 0 and "damaged: state.json: empty" in out
