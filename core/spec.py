@@ -655,7 +655,8 @@ def _build(cls: type, raw: dict[str, Any], prefix: str, problems: list[str],
         if typing.get_origin(typ) is dict:       # the env table: one line per variable
             value, errs = _check_env(key, value)
             problems.extend(where(k) + err for k, err in errs)
-            kwargs[name] = value
+            if isinstance(value, dict):     # not a table: refused above, never used
+                kwargs[name] = value
             continue
         value, err = _check_value(key, typ, value, OPTIONS.get(key))
         if err:
