@@ -136,9 +136,11 @@ class FileScanner:
             data = self.source.path.read_bytes()
         except OSError:
             return
-        lines = data.decode("utf-8", errors="replace").split("\n")
-        joined = rejoin(lines[:-1] if lines and lines[-1] == "" else lines)
-        if len(joined) == len(lines) - (lines[-1] == ""):
+        if not data.endswith(b"\n"):
+            return      # still being written: read it line by line as it grows
+        lines = data.decode("utf-8", errors="replace").split("\n")[:-1]
+        joined = rejoin(lines)
+        if len(joined) == len(lines):
             return
         text = "\n".join(joined) + "\n"
         chunk_fn(0, text.encode(), metric_lines)
