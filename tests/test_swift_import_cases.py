@@ -184,3 +184,31 @@ def test_gkd_with_vllm_and_a_multiline_system_prompt_survive(td_home, tmp_path):
         proc = cli(*args, home=td_home, check=False)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) <= 2 and "vllm_mode" in proc.stderr
+
+
+def test_line_continuations_are_joined_as_the_shell_does():
+    imp = import_command("NPROC_PER_NODE=2 swift sft \\\n    --model m \\\n    --dataset a#5 \\\n"
+                         "    --system 'line one\nline two'")
+    assert imp.raw["data"]["datasets"] == ["a#5"]
+    assert imp.raw["swift"]["extra_args"] == ["--system", "line one\nline two"]
+
+
+def test_preview_names_each_value_and_where_it_comes_from():
+    from tunedeck.core.backends.preview import preview, settings_lines
+
+    spec = import_command("NPROC_PER_NODE=2 swift sft --model m --dataset d --lora_rank 16 "
+                          "--num_train_epochs 2 --warmup_ratio 0.1 --seed 7").spec()
+    p = preview(spec)
+    rows = {r["key"]: r for r in p.settings}
+    assert rows["method.lora_rank"]["value"] == 16 and rows["method.lora_rank"]["source"] == "spec"
+    assert rows["method.lora_alpha"]["source"].startswith("ms-swift ")
+    assert rows["method.lora_alpha"]["value"] == 32          # ms-swift's default, not tunedeck's
+    assert rows["train.max_steps"]["value"] == -1
+    assert "--seed 7  (spec: train.seed)" in settings_lines(p.settings)
+    # the batch math and the length are those of the run ms-swift starts
+    assert "1 per device x 2 data-parallel x 1 accumulation" in p.summary
+    assert "2 epochs" in p.summary and "100 steps" not in p.summary
+    mega = import_command("NPROC_PER_NODE=8 megatron sft --model m --dataset d "
+                          "--tensor_model_parallel_size 2").spec()
+    p = preview(mega)
+    assert "full on m" in p.summary and "effective batch 16" in p.summary

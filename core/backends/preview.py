@@ -1,12 +1,15 @@
 """What a spec will do, before anything starts: the exact launch script and the batch math.
 
 Used by `tunedeck launch --dry-run` and the TUI's presets screen; `ps_warning` is the line the
-compose screen's side pane shows under a plan whose argv holds a secret.
+compose screen's side pane shows under a plan whose argv holds a secret; `swift_settings` (and
+`Preview.settings`) the value each ms-swift setting takes and where it comes from: the spec,
+swift.extra_args, or ms-swift's own default for the installed version (a key the spec does not
+set emits no flag).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunedeck.core.backends import plan_run
@@ -25,6 +28,7 @@ class Preview:
     effective_batch: int
     summary: str           # one paragraph for people
     warning: str = ""      # ps_warning: secrets the command line itself will carry
+    settings: list[dict] = field(default_factory=list)   # swift_settings (ms-swift runs)
 
 
 def ps_warning(plan: LaunchPlan) -> str:
@@ -48,14 +52,54 @@ def ps_warning(plan: LaunchPlan) -> str:
             f"the run's files and kept in its private secrets file) where the program reads one")
 
 
+def swift_settings(spec: RunSpec) -> list[dict]:
+    """[{"key", "flag", "value", "source"}] for each ms-swift setting the spec's command has a
+    key for: "spec" (it emits the flag), "extra_args" (written there, as is), or "ms-swift X
+    default" (no flag: ms-swift's default for the installed version X, read from its own
+    argument classes; None where the default is decided at run time, e.g. learning_rate by
+    tuner). Empty for other backends."""
+    if spec.backend != "swift":
+        return []
+    from tunedeck.core.swift.flags import FlagTableError, flag_tables
+    from tunedeck.core.swift.keymap import effective_values
+
+    try:
+        tables = flag_tables()
+    except FlagTableError:
+        tables = None
+    return effective_values(spec, tables)
+
+
+def settings_lines(rows: list[dict]) -> list[str]:
+    """`swift_settings` as lines for a terminal: `--flag value  (source)`."""
+    out = []
+    for r in rows:
+        v = r["value"]
+        value = ("(as written there)" if r["source"] == "extra_args" else
+                 "(decided at run time)" if v is None else
+                 " ".join(map(str, v)) if isinstance(v, list) else str(v))
+        out.append(f"--{r['flag']} {value}  ({r['source']}: {r['key']})")
+    return out
+
+
 def preview(spec: RunSpec, root: Path | None = None) -> Preview:
     spec, plan = plan_run(spec, RunDir((root or runs_root()) / "<run-id>"))
     t, c = spec.train, spec.cluster
-    eff = effective_batch(spec, plan.world_size)  # data-parallel only (Megatron divides)
+    est, length = spec, f"{t.max_steps} steps"
+    if spec.backend == "swift":     # the numbers of the run ms-swift starts (its defaults)
+        from tunedeck.core.swift.flags import FlagTableError, flag_tables
+        from tunedeck.core.swift.keymap import estimate_view, length_phrase
+
+        try:
+            tables = flag_tables()
+        except FlagTableError:
+            tables = None
+        est, length = estimate_view(spec, tables), length_phrase(spec, tables)
+    eff = effective_batch(est, plan.world_size)  # data-parallel only (Megatron divides)
     where = (f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), "
              f"{c.dist_backend}")
-    summary = (f"{spec.name}: {spec.backend} backend, {spec.method.type} on {spec.model.path}; "
-               f"{where}; {spec.parallel.strategy}. {describe(spec, plan.world_size)}"
-               f"; {t.max_steps} steps.")
+    summary = (f"{spec.name}: {spec.backend} backend, {est.method.type} on {spec.model.path}; "
+               f"{where}; {spec.parallel.strategy}. {describe(est, plan.world_size)}"
+               f"; {length}.")
     return Preview(spec, plan.to_shell(c.node_rank), plan.world_size, eff, summary,
-                   ps_warning(plan))
+                   ps_warning(plan), swift_settings(spec))

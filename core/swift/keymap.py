@@ -189,3 +189,65 @@ def effective_values(spec: RunSpec, tables: dict | None) -> list[dict[str, Any]]
             rows.append({"key": kf.key, "flag": flag, "value": info.get("default"),
                          "source": f"ms-swift {version} default"})
     return rows
+
+
+def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
+    """A copy of `spec` for the batch math and memory estimate only (never for a plan): the
+    unset keys hold ms-swift's defaults where the spec can hold them (a micro batch of 1, no
+    accumulation, its LoRA rank and alpha), so the numbers are those of the run ms-swift
+    starts, not tunedeck's own defaults."""
+    import copy
+
+    from tunedeck.core.spec import check_option, set_values
+
+    out = copy.deepcopy(spec)
+    values = {}
+    for row in effective_values(spec, tables):
+        if not row["source"].startswith("ms-swift") or row["value"] is None:
+            continue
+        kf = BY_KEY[row["key"]]
+        v = row["value"]
+        words = [str(x) for x in v] if isinstance(v, list) else [
+            ("true" if v else "false") if isinstance(v, bool) else str(v)]
+        try:
+            value = decode(kf, words)
+        except NotRepresentable:
+            continue
+        if isinstance(value, float) and OPTIONS[kf.key].type is int and value.is_integer():
+            value = int(value)
+        if check_option(kf.key, value)[1] is None:
+            values[kf.key] = value
+    known = (tables or {}).get("commands", {}).get(spec.swift.command, {})
+    tuner = known.get("tuner_type", {}).get("default")
+    if not is_set(spec, "method.type") and tuner in ("lora", "full"):
+        values["method.type"] = tuner         # Megatron's default is full
+    if not is_set(spec, "train.grad_accum"):
+        values["train.grad_accum"] = 1        # ms-swift's None: no accumulation
+        gbs = known.get("global_batch_size", {}).get("default")
+        if spec.swift.command.startswith("megatron") and isinstance(gbs, int):
+            from tunedeck.core.estimate.batch import data_parallel_size
+
+            micro = values.get("train.per_device_batch_size", spec.train.per_device_batch_size)
+            world = spec.cluster.nproc_per_node * spec.cluster.nnodes
+            accum, rem = divmod(gbs, max(micro * data_parallel_size(spec, world), 1))
+            if accum and not rem:
+                values["train.grad_accum"] = accum
+    out = set_values(out, values)
+    out.explicit = set(spec.explicit)        # what the user set stays what they set
+    return out
+
+
+def length_phrase(spec: RunSpec, tables: dict | None) -> str:
+    """How long an ms-swift run trains, and where that comes from."""
+    if is_set(spec, "train.max_steps"):
+        return f"{spec.train.max_steps} steps"
+    if is_set(spec, "train.num_epochs") and spec.train.num_epochs:
+        return f"{fmt_float(spec.train.num_epochs)} epochs"
+    if any(w.startswith(("--max_steps", "--num_train_epochs", "--train_iters"))
+           for w in spec.swift.extra_args):
+        return "length as in swift.extra_args"
+    known = (tables or {}).get("commands", {}).get(spec.swift.command, {})
+    epochs = known.get("num_train_epochs", {}).get("default")
+    version = (tables or {}).get("version", "?")
+    return (f"{fmt_float(float(epochs))} epochs (ms-swift {version} default)" if epochs
+            else f"length: ms-swift {version} default")
