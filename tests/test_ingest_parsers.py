@@ -164,6 +164,12 @@ def test_rejoin_glues_terminal_wrapped_lines_only():
     assert rejoin(wrapped) == [long]
     records = ["{'loss': 1.0000, 'lr': 1e-05, 'epoch': 0.1}"] * 3   # alike lines of one width
     assert rejoin(records, width=len(records[0])) == records
+    # torchrun's table: two identical longest lines, each followed by a rule, are no wrap
+    table = ["  traceback : To enable traceback see: https://pytorch.org/docs/stable/errors.html",
+             "-" * 60, "Root Cause (first observed failure):",
+             "  traceback : To enable traceback see: https://pytorch.org/docs/stable/errors.html",
+             "=" * 60]
+    assert rejoin(table) == table
 
 
 def test_cut_failure_table_without_its_head():

@@ -577,6 +577,15 @@ case("exit1_cut_after_bar", "rank_crashed", 3, "https://github.com/OEvortex/unsl
      torchrun_tb()[:5], ("plain",), text_rank=True)
 
 
+case("exit1_table_only_identical_lines", "rank_crashed", 0,
+     "https://github.com/Vision-CAIR/MiniGPT-4/issues/237",
+     [(None, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ")] +
+     table("train.py", [(0, "n136-117-136.example.org", 1, 78970, "2023-05-19_16:39:58",
+                         sig_trace(1, 0)),
+                        (1, "n136-117-136.example.org", 1, 78971, "2023-05-19_16:39:58",
+                         sig_trace(1, 0))]), ("plain", "iso"), text_rank=True)
+
+
 # -- healthy logs ----------------------------------------------------------------------------
 
 HEALTHY: dict[str, tuple] = {}

@@ -213,7 +213,10 @@ def strip(line: str) -> str:
 
 # -- terminal-wrapped lines ----------------------------------------------------------------
 
-_NEW_LINE = re.compile(r"^(?:\s|Traceback|File |During handling|The above exception|$)")
+# lines that start something of their own: indentation, a traceback's parts, a rule line
+# (torchrun's ====/----), a bracketed prefix, torchrun's table headings
+_NEW_LINE = re.compile(r"^(?:\s|Traceback|File |During handling|The above exception|\[|Root Cause"
+                       r"|Failures:|(.)\1{9,}$|$)")
 
 
 def rejoin(lines: list[str], width: int | None = None) -> list[str]:
@@ -227,8 +230,8 @@ def rejoin(lines: list[str], width: int | None = None) -> list[str]:
     w = width or max(len(x) for x in lines)
     if w < 60:
         return list(lines)
-    full = sum(1 for x in lines if len(x) == w)
-    if full < 2 and width is None:
+    full = {x for x in lines if len(x) == w}
+    if len(full) < 2 and width is None:
         return list(lines)                   # no fixed width: nothing was wrapped
     out: list[str] = []
     for x in lines:
