@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from tunedeck.core.paths import cache_dir
 from tunedeck.core.swift.version import installed_version, parse
@@ -92,7 +93,7 @@ class FlagTableError(RuntimeError):
     pass
 
 
-def _cache_key() -> str:
+def _versions() -> tuple[str, str]:
     import importlib.metadata as md
 
     def v(name: str) -> str:
@@ -101,7 +102,36 @@ def _cache_key() -> str:
         except md.PackageNotFoundError:
             return "none"
     # HF TrainingArguments fields are part of the table, so transformers counts too
-    return f"swift{v('ms-swift')}-tf{v('transformers')}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return v("ms-swift"), v("transformers")
+
+
+def _cache_key() -> str:
+    swift, tf = _versions()
+    return f"swift{swift}-tf{tf}-py{sys.version_info[0]}{sys.version_info[1]}"
+
+
+# Tables shipped with tunedeck for the ms-swift/transformers pairs it pins, so the first
+# `tunedeck import` does not spend 6 s of CPU importing ms-swift (torch, transformers) to
+# read them; tests/test_swift_tables.py checks each against the installed ms-swift.
+# Regenerate with `python -m tunedeck.core.swift.flags --ship`.
+SHIPPED = Path(__file__).resolve().parent / "tables"
+TABLE_FORMAT = "v2"          # v2: defaults, types and dests in every flag's entry
+
+
+def shipped_path() -> Path:
+    swift, tf = _versions()
+    return SHIPPED / f"flags-{TABLE_FORMAT}-swift{swift}-tf{tf}.json.gz"
+
+
+def cache_path() -> Path:
+    """The per-user table cache: shared by every TUNEDECK_HOME (it depends only on the
+    installed versions); TUNEDECK_CACHE moves it, as it moves every built asset."""
+    import os as _os
+
+    root = Path(_os.environ["TUNEDECK_CACHE"]).expanduser() if _os.environ.get(
+        "TUNEDECK_CACHE") else Path(_os.environ.get("XDG_CACHE_HOME") or
+                                    Path.home() / ".cache").expanduser() / "tunedeck"
+    return root / "swift" / f"flags-{TABLE_FORMAT}-{_cache_key()}.json"
 
 
 _TABLES: dict | None = None
@@ -109,13 +139,23 @@ _TABLES: dict | None = None
 
 def flag_tables() -> dict | None:
     """{"version": ..., "commands": {command: {flag: info}}} of the installed ms-swift, or None
-    when it is not installed. Built once per (ms-swift, transformers) version, then cached."""
+    when it is not installed. Read from the shipped table for this version pair, else from the
+    per-user cache, else built once (a child process imports ms-swift) and cached."""
     global _TABLES
     if _TABLES is not None:
         return _TABLES
     if installed_version() is None:
         return None
-    path = cache_dir() / "swift" / f"flags-v2-{_cache_key()}.json"  # v2: defaults, types
+    shipped = shipped_path()
+    if shipped.exists():
+        import gzip
+
+        try:
+            _TABLES = json.loads(gzip.decompress(shipped.read_bytes()))
+            return _TABLES
+        except (OSError, ValueError):
+            pass
+    path = cache_path()
     try:
         _TABLES = json.loads(path.read_text(encoding="utf-8"))
         return _TABLES
@@ -128,6 +168,18 @@ def flag_tables() -> dict | None:
     os.replace(tmp, path)
     _TABLES = data
     return data
+
+
+def ship_table() -> Path:
+    """Write the installed ms-swift's table into the package (a maintainer's step)."""
+    import gzip
+
+    data = run_check(["--table"])
+    out = shipped_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(out, "wb", mtime=0) as f:
+        f.write(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
+    return out
 
 
 def run_check(args: list[str], stdin: str | None = None, timeout: float = 180) -> object:
@@ -218,3 +270,11 @@ def validate(command: str, argv: list[str]) -> list[str]:
         if info.get("nargs") is None and not info.get("bool") and len(values) > 1:
             problems.append(f"--{name} takes one value, got {values}")
     return problems
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--ship"]:
+        print(ship_table())
+    else:
+        print("usage: python -m tunedeck.core.swift.flags --ship", file=sys.stderr)
+        sys.exit(2)
