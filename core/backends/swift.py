@@ -169,12 +169,6 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
     ds = datasets(spec)
     if ds and wanted("dataset"):
         args += ["--dataset", *ds]
-    if s.command == "rlhf" and not s.rlhf_type and "rlhf_type" not in extra:
-        raise SwiftPlanError("swift.rlhf_type is required for swift.command rlhf "
-                             "(dpo, grpo, kto, ...)")
-    if s.use_vllm and s.command == "rlhf" and s.rlhf_type not in ("grpo", "gkd", ""):
-        raise SwiftPlanError(f"swift.use_vllm: ms-swift generates with vLLM for GRPO and GKD, "
-                             f"not {s.rlhf_type}")
     for kf in KEYS:
         flag = kf.flag_for(command)
         if not flag or not wanted(flag) or not is_set(spec, kf.key):
@@ -211,7 +205,7 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
 def check_args(spec: RunSpec, args: list[str]) -> None:
     problems = validate(spec.swift.command, args)
     if problems:
-        raise SwiftPlanError("ms-swift would reject this run:\n  " + "\n  ".join(problems))
+        raise SwiftPlanError("ms-swift would reject this run: " + "; ".join(problems))
 
 
 def check(spec: RunSpec, local: bool) -> None:
