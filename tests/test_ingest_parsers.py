@@ -109,9 +109,7 @@ def test_rank_prefix_keeps_indentation():
 
 import pytest  # noqa: E402
 
-from tunedeck.core.ingest.parsers import parse_metrics_line  # noqa: E402
 from tunedeck.core.ingest.parsers.normalize import normalize, rejoin  # noqa: E402
-from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser  # noqa: E402
 
 MSG = "RuntimeError: boom"
 

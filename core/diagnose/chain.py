@@ -41,7 +41,6 @@ _LAUNCHER_FRAMES = re.compile(r"torch/distributed/(?:run|launch)\.py|elastic/age
                               r"|launcher/api\.py|deepspeed/launcher|accelerate/commands"
                               r"|bin/(?:torchrun|deepspeed|accelerate)\b")
 _LAUNCHER_EXC = re.compile(r"ChildFailedError|SignalException|CalledProcessError")
-_SIG_NUM = re.compile(r"(?:Signals\.)?(SIG\w+)|(\d+)")
 _SOURCE_LINE = re.compile(r":(\d+)$")
 
 
