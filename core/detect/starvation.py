@@ -20,6 +20,7 @@ FIX = ("Feed the GPU faster: raise the DataLoader's num_workers (e.g. 4-8 per ra
 
 class StarvationDetector:
     WARMUP_STEPS = 4
+    MAX_STEPS = 1024   # newest steps per rank the share is taken over (within window_s)
     def __init__(self, window_s: float = 30.0, threshold: float = 0.2, min_span_s: float = 5.0,
                  min_steps: int = 3, telemetry: Telemetry | None = None,
                  local_world: int | None = None):
@@ -51,7 +52,10 @@ class StarvationDetector:
                     continue
                 s, w = num(e.get("step_s")), num(e.get("data_wait_s"))
                 if s is not None and w is not None and s > 0:
-                    self.steps.setdefault(rank, deque()).append((t, e.get("step"), s, w))
+                    # at most MAX_STEPS per rank: very short steps (hundreds a second)
+                    # must not make every check sort tens of thousands
+                    self.steps.setdefault(rank, deque(maxlen=self.MAX_STEPS)).append(
+                        (t, e.get("step"), s, w))
             elif kind == "data_wait":
                 w = num(e.get("wait_s"))
                 if w is not None:
