@@ -161,8 +161,8 @@ def test_cli_json_on_files_and_unknown_run(tmp_path, h200):
                "--json", home=tmp_path)
     data = json.loads(proc.stdout)
     assert {d["category"] for d in data} >= {"oom_gpu", "flag_error"}
-    assert set(data[0]) == {"category", "severity", "rank", "node", "summary", "cause", "fix",
-                            "evidence", "root_cause", "source"}
+    assert set(data[0]) == {"category", "severity", "rank", "node", "host", "summary", "cause",
+                            "fix", "evidence", "root_cause", "source"}
     bad = cli("diagnose", "no-such-run", home=tmp_path, check=False)
     assert bad.returncode == 1 and "no-such-run" in bad.stderr
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tunedeck.tui.format import clean, print_json
 
-JSON_KEYS = ("category", "severity", "rank", "node", "summary", "cause", "fix", "evidence",
-             "root_cause", "source")
+JSON_KEYS = ("category", "severity", "rank", "node", "host", "summary", "cause", "fix",
+             "evidence", "root_cause", "source")
 
 
 def register(subparsers) -> None:
