@@ -142,6 +142,28 @@ class Tail:
                 out.append(obj)
         return out
 
+    def json_lines(self, max_bytes: int | None = None) -> list[tuple[str, dict]]:
+        """New JSON-object lines as (the line as written, its object), parsed once: a store
+        keeps the line itself, never a re-encoding of it."""
+        out: list[tuple[str, dict]] = []
+        loads = json.loads
+        for _, chunk in self.chunks(count_lines=False, max_bytes=max_bytes):
+            lines = [ln for ln in map(str.strip, chunk.decode("utf-8", errors="replace")
+                                      .split("\n")) if ln[:1] == "{"]
+            try:   # one decoder call for the chunk: most of a line's cost is the call
+                objs = loads("[" + ",".join(lines) + "]")
+                if len(objs) != len(lines):
+                    raise ValueError("a line held more than one value")
+            except ValueError:
+                objs = []
+                for ln in lines:   # a bad line among them: one at a time
+                    try:
+                        objs.append(loads(ln))
+                    except ValueError:
+                        objs.append(None)
+            out.extend((ln, o) for ln, o in zip(lines, objs) if type(o) is dict)
+        return out
+
     def logical_lines(self, final: bool = False) -> list[tuple[int, str]]:
         """(line number, logical line) pairs: `\\r`-glued bars split, wrapped dicts joined.
         `final` also returns what is held back (an unterminated last line)."""

@@ -123,7 +123,7 @@ class DiagnosisMonitor:
     def __init__(self, ctx: MonitorContext) -> None:
         self.ctx = ctx
         self.diag = None
-        self.paths: tuple[str, ...] = ()
+        self.paths: tuple[str, ...] | None = None   # a run with no log yet is a key too
         self.last = 0.0
         self.first_seen: dict[tuple, float] = {}
 

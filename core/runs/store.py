@@ -54,9 +54,16 @@ CREATE TABLE IF NOT EXISTS findings (
 """
 
 
-# Numeric columns of a step event (core/rundir/events.py), one REAL column each in `steps`.
+# Numeric columns of a step event (core/rundir/events.py), one column each in `steps` (no
+# type affinity since series format 2: an int the trainer wrote reads back an int, so
+# `tunedeck metrics` prints what the event said). New metrics go last: an older run.db gets
+# them by ALTER TABLE, which appends.
 STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "data_wait_s", "mem_gib",
-                "mfu", "epoch")
+                "mfu", "epoch", "tokens")
+# Series format: 2 = typed values, `tokens`, `max_steps` (the rank's last start event's) and
+# `loss_nan` (a loss that was written but is not a number) in `steps`, `max_steps` in
+# `evals`; a run.db of format 1 (or none) is read by `tunedeck metrics` from its JSON events.
+SERIES_FORMAT = 2
 EVAL_METRICS = ("eval_loss",)
 # Steps per rollup row, finest first (table steps_<n>). A window wide enough for buckets of
 # whole blocks reads tier n's rows (a whole 1M-step run: ~250 rows of steps_4096), whole finer
@@ -71,17 +78,25 @@ CREATE TABLE IF NOT EXISTS steps (
     rank INTEGER NOT NULL,
     step INTEGER NOT NULL,
     t REAL,
-    {", ".join(f"{m} REAL" for m in STEP_METRICS)},
+    {", ".join(STEP_METRICS)}, max_steps INTEGER, loss_nan INTEGER,
     PRIMARY KEY (rank, step)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS evals (
     rank INTEGER NOT NULL,
     step INTEGER NOT NULL,
     t REAL,
-    eval_loss REAL,
+    eval_loss,
+    max_steps INTEGER,
     PRIMARY KEY (rank, step)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
 """
+# columns a format-1 table lacks, added when the agent opens it
+_ADDED_COLUMNS = {"steps": ("tokens", "max_steps INTEGER", "loss_nan INTEGER"),
+                  "evals": ("max_steps INTEGER",),
+                  **{f"steps_{size}": ("tokens_min REAL", "tokens_sum REAL", "tokens_cnt INTEGER",
+                                       "tokens_max REAL") for size in (64, 4096)}}
+STEP_COLS = 3 + len(STEP_METRICS) + 2     # rank, step, t, metrics, max_steps, loss_nan
 
 # one rollup table per tier, same columns: n steps, their range, per metric min/sum/count/max
 _TIER_COLS = ("rank INTEGER NOT NULL, block INTEGER NOT NULL, n INTEGER NOT NULL, "
@@ -108,7 +123,9 @@ def _tier_sql(size: int) -> str:
 _TAIL_SCHEMA = ("CREATE TEMP TABLE IF NOT EXISTS tail_series (file TEXT NOT NULL, "
                 "off INTEGER NOT NULL, rank INTEGER NOT NULL, kind INTEGER NOT NULL, "
                 "step INTEGER NOT NULL, t REAL, "
-                + ", ".join(f"{m} REAL" for m in STEP_METRICS + EVAL_METRICS) + ")")
+                + ", ".join(STEP_METRICS + EVAL_METRICS) + ", max_steps INTEGER, "
+                "loss_nan INTEGER)")
+_TAIL_COLS = 6 + len(STEP_METRICS) + len(EVAL_METRICS) + 2
 _KIND_CODE = {"step": 0, "eval": 1}
 
 
@@ -122,7 +139,9 @@ class Store:
         self._tails: dict[str, Tail] = {}
         self._telemetry: TelemetryStore | None = None
         self._last_step: dict[int, int] = {}        # the writer's newest step per rank
-        self._blocks: dict[tuple[int, int], _Block] = {}   # (rank, tier): the open block
+        self._max_steps: dict[int, int | None] = {}  # the writer's rank's last start's max_steps
+        self._format: int | None = None
+        self._blocks: dict[tuple[int, int], int] = {}   # (rank, tier): the open block
         self._mem: sqlite3.Connection | None = None  # a reader's tail table before run.db exists
         self._tail_at: dict[str, tuple[int, Tail]] = {}   # file -> (first offset held, tail)
         self._tables: set[str] = set()
@@ -134,6 +153,8 @@ class Store:
             self.db.executescript(SCHEMA)
             if not had_series:
                 self._create_series()
+            else:
+                self._add_columns()
             self._create_tiers()
             self._tails = {name: Tail(self.run.events / name, off) for name, off in
                            self.db.execute("SELECT file, offset FROM offsets")}
@@ -190,18 +211,29 @@ class Store:
         if tail is None:
             tail = self._tails[path.name] = Tail(path)
         before = tail.offset
-        events = tail.records(self.INGEST_BYTES)
+        # each line parsed once; run.db keeps the line as written (no re-encoding) with the
+        # few fields readers index by
+        lines = tail.json_lines(self.INGEST_BYTES)
         if tail.offset == before:
             return []
         rank = event_rank(path)
         if only_kind:
-            events = [e for e in events if e.get("kind") == only_kind]
-        for e in events:   # the probe may leave it out; the file names it
-            if not isinstance(e.get("rank"), int) and rank is not None:
-                e["rank"] = rank
+            lines = [(ln, e) for ln, e in lines if e.get("kind") == only_kind]
         file_rank = -1 if rank is None else rank
+        rows = []
+        events = []
+        for ln, e in lines:
+            r = e.get("rank")
+            if not isinstance(r, int) or isinstance(r, bool):
+                r = file_rank
+                if rank is not None:   # the probe may leave it out; the file names it
+                    e["rank"] = rank
+            step = e.get("step")
+            rows.append((r, str(e.get("kind", "?")),
+                         int(step) if isinstance(step, (int, float)) and
+                         math.isfinite(step) else None, _num(e.get("t")), ln))
+            events.append(e)
         with self.db:
-            rows = [_row(e, file_rank) for e in events]
             self.db.executemany(
                 "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows)
             if only_kind is None:
@@ -219,6 +251,8 @@ class Store:
             for stmt in SERIES_SCHEMA.split(";") + list(TIER_SCHEMA.values()):
                 if stmt.strip():
                     self.db.execute(stmt)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('series_format', ?)",
+                            (SERIES_FORMAT,))
             last = 0
             while True:   # in pages: an old run's events never all in memory at once
                 page = self.db.execute(
@@ -232,6 +266,20 @@ class Store:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+
+    def _add_columns(self) -> None:
+        """A format-1 run.db (an older agent's): the columns its tables lack, so this agent
+        can write; readers still read it as format 1 (its older rows lack them)."""
+        assert self.db is not None
+        self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value)")
+        for table, cols in _ADDED_COLUMNS.items():
+            if not self._has_table(self.db, table):
+                continue
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            for col in cols:
+                if col.split()[0] not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
+        self.db.commit()
 
     def _create_tiers(self) -> None:
         """Rollup tables this run.db lacks, aggregated from its steps (one transaction)."""
@@ -256,43 +304,57 @@ class Store:
         """Step and eval events (in file order) into `steps`/`evals`, and their blocks.
 
         A step at or below the rank's newest one is a restart repeating steps: everything of
-        that rank from that step on belongs to the earlier attempt and goes first."""
+        that rank from that step on belongs to the earlier attempt and goes first. A rollup
+        block is written once the rank's steps move past it, aggregated by SQL from the rows
+        just written (no per-step work in Python)."""
         assert self.db is not None
         steps: list[tuple] = []
         evals: list[tuple] = []
-        closed: dict[int, list[tuple]] = {size: [] for size in TIERS}   # rows to write
+        closed: list[tuple[int, int, int]] = []    # (size, rank, block) to write
 
         def flush() -> None:
             if steps:
                 self.db.executemany(
-                    f"INSERT OR REPLACE INTO steps VALUES ({','.join('?' * (3 + len(STEP_METRICS)))})",
+                    f"INSERT OR REPLACE INTO steps VALUES ({','.join('?' * STEP_COLS)})",
                     steps)
                 steps.clear()
             if evals:
-                self.db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?)", evals)
+                self.db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", evals)
                 evals.clear()
-            for size, rows in closed.items():
-                if rows:
-                    self.db.executemany(
-                        f"INSERT OR REPLACE INTO steps_{size} VALUES "
-                        f"({','.join('?' * (5 + 4 * len(STEP_METRICS)))})", rows)
-                    rows.clear()
+            for size, rank, block in closed:
+                self.db.execute(_tier_sql(size), (rank, block * size, block * size + size - 1))
+            closed.clear()
 
+        max_steps, last_step, open_block = self._max_steps, self._last_step, self._blocks
+        metrics = STEP_METRICS
         for rank, e in ranked_events:
             kind = e.get("kind")
             if kind != "step" and kind != "eval":
+                if kind == "start":
+                    ms = e.get("max_steps")
+                    if isinstance(ms, int) and not isinstance(ms, bool):
+                        max_steps[rank] = ms or None
                 continue
-            step = _step_of(e)
-            if step is None:
-                continue
+            step = e.get("step")
+            if type(step) is not int or step < 0:
+                step = _step_of(e)
+                if step is None:
+                    continue
+            if rank not in max_steps:
+                max_steps[rank] = self._last_max_steps(rank)
             if kind == "eval":
-                evals.append((rank, step, _num(e.get("t")), _num(e.get("eval_loss"))))
+                ev = _num(e.get("eval_loss"))
+                if ev is None:   # an eval event naming it "loss"
+                    ev = _num(e.get("loss"))
+                evals.append((rank, step, _num(e.get("t")), ev, max_steps[rank]))
                 continue
-            last = self._last_step.get(rank)
+            last = last_step.get(rank)
             if last is None:
                 got = self.db.execute("SELECT MAX(step) FROM steps WHERE rank = ?",
                                       (rank,)).fetchone()[0]
                 last = -1 if got is None else got
+                for size in TIERS:   # the block the last agent life left open
+                    open_block[(rank, size)] = (last if last >= 0 else step) // size
             if step <= last:
                 flush()
                 for table in ("steps", "evals"):
@@ -301,28 +363,25 @@ class Store:
                 for size in TIERS:
                     self.db.execute(f"DELETE FROM steps_{size} WHERE rank = ? AND block >= ?",
                                     (rank, step // size))
-                    self._blocks.pop((rank, size), None)   # reopened from the steps left
-            self._last_step[rank] = step
-            values = [_num(e.get(m)) for m in STEP_METRICS]
-            steps.append((rank, step, _num(e.get("t")), *values))
+                    open_block[(rank, size)] = step // size   # reopened with the steps left
+            last_step[rank] = step
+            # finite numbers as written; anything else (null, NaN, text, a bool) is None
+            values = [v if (type(v) is float and v - v == 0.0) or type(v) is int
+                      else _num(v) for v in map(e.get, metrics)]
+            steps.append((rank, step, _num(e.get("t")), *values, max_steps[rank],
+                          1 if values[0] is None and "loss" in e else None))
             for size in TIERS:
                 block = step // size
-                acc = self._blocks.get((rank, size))
-                if acc is None:
-                    acc = self._blocks[(rank, size)] = self._open_block(rank, size, block)
-                elif acc.block != block:   # the steps moved past it: it is complete
-                    closed[size].append(acc.row(rank))
-                    acc = self._blocks[(rank, size)] = _Block(block)
-                acc.add(step, values)
+                if open_block[(rank, size)] != block:   # the steps moved past it: complete
+                    closed.append((size, rank, open_block[(rank, size)]))
+                    open_block[(rank, size)] = block
         flush()
 
-    def _open_block(self, rank: int, size: int, block: int) -> "_Block":
-        """A block a step lands in while none is open (a new agent life, a restart): what
-        run.db already holds of it, from the steps."""
+    def _last_max_steps(self, rank: int) -> int | None:
+        """max_steps of the rank's last start event in run.db that names one (a new agent
+        life continues the file where the last one stopped)."""
         assert self.db is not None
-        row = self.db.execute(_tier_select(size),
-                              (rank, block * size, block * size + size - 1)).fetchone()
-        return _Block(block, row)
+        return last_max_steps(self.db, rank)
 
     def save_finding(self, finding) -> bool:
         """Store a Finding once; returns False if the same finding was stored before."""
@@ -362,8 +421,13 @@ class Store:
                 if rank is not None:
                     cond.append("rank = ?")
                     args.append(rank)
-                q = "SELECT data FROM events" + (" WHERE " + " AND ".join(cond) if cond else "")
-                out = [json.loads(d) for (d,) in db.execute(q + " ORDER BY id", args)]
+                q = ("SELECT rank, data FROM events"
+                     + (" WHERE " + " AND ".join(cond) if cond else ""))
+                for r, d in db.execute(q + " ORDER BY id", args):
+                    e = json.loads(d)
+                    if "rank" not in e and r >= 0:   # a probe line: its file names the rank
+                        e["rank"] = r
+                    out.append(e)
                 offsets = dict(db.execute("SELECT file, offset FROM offsets"))
             except sqlite3.Error:
                 out, offsets = [], {}
@@ -572,19 +636,20 @@ class Store:
         rng = rng or f"SELECT step FROM ({rows})"
         return {"rows": rows, "range": rng, "blocks": use_blocks}, tail_min
 
-    def _sync_tail(self, db: sqlite3.Connection, rank: int) -> None:
-        """Bring the tail table up to the end of the rank's event file: drop what the agent
-        has ingested since (by each row's line-end offset), parse only what was appended."""
+    def _sync_tail(self, db: sqlite3.Connection, rank: int | None) -> None:
+        """Bring the tail table up to the end of the rank's event file (every rank's: None):
+        drop what the agent has ingested since (by each row's line-end offset), parse only
+        what was appended."""
         db.execute(_TAIL_SCHEMA)
         try:
             offsets = dict(db.execute("SELECT file, offset FROM offsets")) \
                 if self._has_table(db, "offsets") else {}
         except sqlite3.Error:
             offsets = {}
-        insert = (f"INSERT INTO temp.tail_series VALUES "
-                  f"({','.join('?' * (6 + len(STEP_METRICS) + len(EVAL_METRICS)))})")
+        insert = f"INSERT INTO temp.tail_series VALUES ({','.join('?' * _TAIL_COLS)})"
         for path in self.run.event_files():
-            if event_rank(path) != rank:
+            file_rank = event_rank(path)
+            if rank is not None and file_rank != rank:
                 continue   # a chart of rank 0 never parses the other ranks' backlogs
             name, done = path.name, offsets.get(path.name, 0)
             held = self._tail_at.get(name)
@@ -592,22 +657,27 @@ class Store:
                 size = path.stat().st_size
             except OSError:
                 continue
+            if size == done and held is None:
+                continue   # all ingested: nothing to hold
             if held is None or not held[0] <= done < held[1].offset or size < held[1].offset:
                 if held is not None:
                     db.execute("DELETE FROM temp.tail_series WHERE file = ?", (name,))
-                held = (done, Tail(path, done))
+                # the max_steps in force where the tail starts: the last start run.db holds
+                state = [last_max_steps(db, file_rank) if done and file_rank is not None
+                         and self._has_table(db, "events") else None]
+                held = (done, Tail(path, done), state)
             elif done > held[0]:
                 db.execute("DELETE FROM temp.tail_series WHERE file = ? AND off <= ?",
                            (name, done))
-                held = (done, held[1])
+                held = (done, held[1], held[2])
             self._tail_at[name] = held
-            tail, file_rank = held[1], event_rank(path)
+            tail, state = held[1], held[2]
             for _, chunk in tail.chunks(count_lines=False):
                 pos = tail.offset - len(chunk)
                 rows = []
                 for line in chunk.split(b"\n")[:-1]:
                     pos += len(line) + 1
-                    row = _tail_row(name, pos, line, file_rank)
+                    row = _tail_row(name, pos, line, file_rank, state)
                     if row is not None:
                         rows.append(row)
                 db.executemany(insert, rows)
@@ -635,93 +705,74 @@ class Store:
         return read_series(self._reader(), kind, t0, t1, max_points, keys, metrics)
 
 
-class _Block:
-    """One rollup row being filled: n, step range, and per metric min, sum, count,
-    max (None while the metric has no value)."""
-
-    __slots__ = ("block", "n", "first", "last", "agg")
-
-    def __init__(self, block: int, row: tuple | None = None):
-        self.block = block
-        if row is None:
-            self.n, self.first, self.last = 0, None, None
-            self.agg: list = [None, 0.0, 0, None] * len(STEP_METRICS)
-        else:
-            self.n, self.first, self.last = row[2], row[3], row[4]
-            self.agg = list(row[5:])
-            for i in range(1, len(self.agg), 4):
-                self.agg[i] = self.agg[i] or 0.0   # SUM over no values is NULL
-
-    def add(self, step: int, values: list) -> None:
-        self.n += 1
-        self.first = step if self.first is None else min(self.first, step)
-        self.last = step if self.last is None else max(self.last, step)
-        agg = self.agg
-        for i, v in enumerate(values):
-            if v is None:
-                continue
-            j = 4 * i
-            if agg[j + 2] == 0:
-                agg[j] = agg[j + 3] = v
-            elif v < agg[j]:
-                agg[j] = v
-            elif v > agg[j + 3]:
-                agg[j + 3] = v
-            agg[j + 1] += v
-            agg[j + 2] += 1
-
-    def row(self, rank: int) -> tuple:
-        agg = list(self.agg)
-        for j in range(0, len(agg), 4):
-            if agg[j + 2] == 0:
-                agg[j + 1] = None
-        return (rank, self.block, self.n, self.first, self.last, *agg)
-
-
-def _num(v: Any) -> float | None:
-    """A finite number, else None (null, NaN, a string)."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
+def _num(v: Any) -> int | float | None:
+    """A finite number as written (an int stays an int), else None (null, NaN, a string)."""
+    if type(v) is float:
+        return v if math.isfinite(v) else None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float):
+        return float(v) if math.isfinite(v) else None
     return None
 
 
 def _step_of(e: dict[str, Any]) -> int | None:
+    """The step of a step/eval event: an int, as the schema says (a float step is not one,
+    as `tunedeck metrics` has always read it)."""
     step = e.get("step")
-    if isinstance(step, float) and step.is_integer():
-        step = int(step)
     if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
         return step
     return None
 
 
-def _tail_row(name: str, off: int, line: bytes, file_rank: int | None) -> tuple | None:
-    """A tail_series row for one JSON line of an event file (None: not a step or eval)."""
-    if b'"step"' not in line and b'"eval"' not in line:
-        return None   # start, end, checkpoint lines: skip the parse
+def last_max_steps(db: sqlite3.Connection, rank: int) -> int | None:
+    """max_steps of a rank's last start event in run.db that names one (None: none, or 0)."""
+    try:
+        for (data,) in db.execute("SELECT data FROM events WHERE kind = 'start' AND rank = ? "
+                                  "ORDER BY id DESC", (rank,)):
+            try:
+                ms = json.loads(data).get("max_steps")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(ms, int) and not isinstance(ms, bool):
+                return ms or None
+    except sqlite3.Error:
+        pass
+    return None
+
+
+def _tail_row(name: str, off: int, line: bytes, file_rank: int | None,
+              state: list) -> tuple | None:
+    """A tail_series row for one JSON line of an event file (None: not a step or eval).
+    `state` is [the file's current max_steps]: a start line moves it."""
+    if b'"step"' not in line and b'"eval"' not in line and b'"start"' not in line:
+        return None   # end, checkpoint lines: skip the parse
     try:
         e = json.loads(line)
     except ValueError:
         return None
     if not isinstance(e, dict):
         return None
-    kind = _KIND_CODE.get(e.get("kind"))
+    kind = e.get("kind")
+    if kind == "start":
+        ms = e.get("max_steps")
+        if isinstance(ms, int) and not isinstance(ms, bool):
+            state[0] = ms or None
+        return None
+    code = _KIND_CODE.get(kind)
     step = _step_of(e)
-    if kind is None or step is None:
+    if code is None or step is None:
         return None
     rank = e.get("rank")
     rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else file_rank
     if rank is None:
         return None
-    return (name, off, rank, kind, step, _num(e.get("t")),
-            *[_num(e.get(m)) for m in STEP_METRICS + EVAL_METRICS])
-
-
-def _row(e: dict[str, Any], file_rank: int) -> tuple:
-    rank = e.get("rank", file_rank)
-    step = e.get("step")
-    return (int(rank) if isinstance(rank, int) else file_rank, str(e.get("kind", "?")),
-            int(step) if isinstance(step, (int, float)) else None, e.get("t"),
-            json.dumps(e, separators=(",", ":")))
+    values = [_num(e.get(m)) for m in STEP_METRICS]
+    ev = _num(e.get("eval_loss"))
+    if code == 1 and ev is None:
+        ev = _num(e.get("loss"))
+    return (name, off, rank, code, step, _num(e.get("t")), *values, ev, state[0],
+            1 if code == 0 and values[0] is None and "loss" in e else None)
 
 
 def read_events(run_dir: str | Path | RunDir, kind: str | None = None,
