@@ -229,6 +229,28 @@ class ClusterSpec:
                                     "--ddp_timeout); 0 = the default (torch: 10 min, "
                                     "ms-swift: 208 days)", min=0, max=INT32,
                                     when={"backend": TRAINERS})
+    # the node roster (tunedeck.core.nodes checks the per-node lists against nnodes)
+    launcher: str = opt("manual", help="How the other nodes start: manual = by hand (tunedeck "
+                        "starts this node only), ssh = over the system ssh from this node "
+                        "(node 0), slurm = one sbatch job", choices=("manual", "ssh", "slurm"),
+                        when={"cluster.nnodes": _multi_node})
+    hosts: list[str] = opt(help="SSH destination of each node, node 0 (this one) first: "
+                           "host, user@host or a name from ~/.ssh/config", factory=list,
+                           when={"cluster.launcher": ("ssh",)})
+    node_gpus: list[str] = opt(help="CUDA_VISIBLE_DEVICES of each node, one entry per node; "
+                               "empty = cluster.gpus on every node", factory=list,
+                               when={"cluster.nnodes": _multi_node})
+    interface: str = opt("", help="Network interface the ranks talk over (GLOO_SOCKET_IFNAME, "
+                         "NCCL_SOCKET_IFNAME); empty = their own choice",
+                         when={"cluster.nnodes": _multi_node})
+    remote_home: list[str] = opt(help="TUNEDECK_HOME on the other nodes, one for all or one per "
+                                 "node; empty = each remote user's default", factory=list,
+                                 when={"cluster.launcher": ("ssh",)})
+    remote_python: list[str] = opt(help="Python with tunedeck installed on the other nodes, one "
+                                   "for all or one per node; empty = this Python's path",
+                                   factory=list, when={"cluster.launcher": ("ssh",)})
+    slurm_args: list[str] = opt(help="Extra sbatch options, e.g. --partition=gpu", factory=list,
+                                when={"cluster.launcher": ("slurm",)})
 
 
 @dataclass
