@@ -1,15 +1,40 @@
 """Per-step metrics of a run (all ranks, de-duplicated by step) and of `tunedeck metrics`'s
-argument, whatever it names: a run id/prefix/name, a run directory or a log file."""
+argument, whatever it names: a run id/prefix/name, a run directory or a log file.
+
+A run whose run.db the agent wrote with typed step tables (series format 2) is read in
+SQL, as a stream: the lowest rank's step and eval rows in step order; another rank is read
+only where it has a step the lowest lacks, an eval it lacks, or a field it lacks (each
+rank's span, eval steps and fields it ever has, asked first: one index probe each for a
+trainer's run). A record is what the older whole-run merge gave: the lowest rank's record
+with what it lacks filled from the next ranks in order, keys in the same order. Everything
+else (logs, ms-swift's logging.jsonl, an older run.db, event files no agent ingested) goes
+through the log parsers as before.
+
+`--since STEP`, `--every N` (steps that are multiples of N) and `--last N` narrow the rows
+in SQL, so a script or a view asks only for what it shows.
+"""
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterable, Iterator
 
 from tunedeck.core.ingest.metrics import FileMetrics, MetricsParser, merge_by_step, \
     records_from_file
 from tunedeck.core.rundir import RunDir, event_rank
-from tunedeck.core.runs.store import Store
+from tunedeck.core.runs.store import METRIC_STEP_COLS, MetricSources, Store
+
+# the step row's columns by output key (METRIC_STEP_COLS order; 0 is the step)
+_OUT = (("loss", 2), ("learning_rate", 3), ("grad_norm", 4), ("tokens_per_s", 5),
+        ("step_s", 6), ("epoch", 7))
+_EXTRA = (("t", 1), ("tokens", 8), ("data_wait_s", 9), ("mem_gib", 10))
+_KEY_OF_COL = {"t": "t", "loss": "loss", "lr": "learning_rate", "grad_norm": "grad_norm",
+               "tokens_per_s": "tokens_per_s", "step_s": "step_s", "epoch": "epoch",
+               "tokens": "tokens", "data_wait_s": "data_wait_s", "mem_gib": "mem_gib",
+               "max_steps": "max_steps"}
 
 
 def run_metric_files(run: RunDir) -> list[tuple[Path, int | None]]:
@@ -27,12 +52,29 @@ def run_metric_files(run: RunDir) -> list[tuple[Path, int | None]]:
 
 
 def records_from_run(run_dir: str | Path | RunDir) -> list[dict[str, Any]]:
+    return list(iter_run(run_dir))
+
+
+def iter_run(run_dir: str | Path | RunDir, since: int | None = None, every: int | None = None,
+             last: int | None = None) -> Iterator[dict[str, Any]]:
+    """A run's records in step order, streamed where run.db allows it."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     if not run.path.is_dir():
         raise FileNotFoundError(f"no such run directory: {run.path}")
+    if run.event_files() or run.db.exists():
+        store = Store(run)
+        try:
+            if store.series_format() >= 2:
+                yield from _stream(store, since, every, last)
+                return
+        finally:
+            store.close()
+    yield from _narrow(_records_whole(run), since, every, last)
+
+
+def _records_whole(run: RunDir) -> list[dict[str, Any]]:
+    """The whole-run merge through the parsers (logs, an older run.db, un-ingested files)."""
     if run.event_files():
-        # event streams: what the agent already ingested into run.db plus what it has not
-        # read yet, so a week-long run is not re-parsed from its files on every call
         return merge_by_step(_records_from_events(run))
     per_source = []
     for path, rank in run_metric_files(run):
@@ -57,13 +99,179 @@ def _records_from_events(run: RunDir) -> list[list[dict[str, Any]]]:
     return out
 
 
+def _narrow(recs: list[dict[str, Any]], since: int | None, every: int | None,
+            last: int | None) -> Iterator[dict[str, Any]]:
+    if since is not None:
+        recs = [r for r in recs if r["step"] >= since]
+    if every:
+        recs = [r for r in recs if r["step"] % every == 0]
+    if last is not None:
+        recs = recs[-last:] if last > 0 else []
+    return iter(recs)
+
+
+# -- the SQL stream -------------------------------------------------------------------------
+
+def _record(rank: int, step: int, row: tuple | None, ev: tuple | None) -> dict[str, Any]:
+    """One rank's record at a step, built as the parser builds it from that rank's events
+    (same keys, same order; a NaN loss is None, as JSON prints it)."""
+    rec: dict[str, Any] = {"step": step}
+    if row is not None:
+        for key, i in _OUT:
+            if row[i] is not None:
+                rec[key] = row[i]
+        rec["rank"] = rank
+        for key, i in _EXTRA:
+            if row[i] is not None:
+                rec[key] = row[i]
+        if row[12] and "loss" not in rec:
+            rec["loss"] = None   # written, but not a number
+        if row[11]:
+            rec["max_steps"] = row[11]
+    if ev is not None:   # an eval merges into its step's record: its keys go last
+        rec.update(_eval_part(rank, ev))
+    return rec
+
+
+def _eval_part(rank: int, ev: tuple) -> dict[str, Any]:
+    part: dict[str, Any] = {"step": ev[0]}
+    if ev[2] is not None:
+        part["eval_loss"] = ev[2]
+    part["rank"] = rank
+    if ev[1] is not None:
+        part["t"] = ev[1]
+    if ev[3]:
+        part["max_steps"] = ev[3]
+    return part
+
+
+def _stream(store: Store, since: int | None, every: int | None,
+            last: int | None) -> Iterator[dict[str, Any]]:
+    ranks = store.metric_ranks()
+    if not ranks:
+        return
+    src = store.metric_sources()
+    lead, others = ranks[0], ranks[1:]
+    special, fill_keys = _where_others_count(src, lead, others)
+    if last is not None:
+        if last <= 0:
+            return
+        # the N highest steps any record has: the lead's rows and the other ranks' own steps
+        tops = sorted(set(src.last_steps(lead, "step", last)) | set(
+            src.last_steps(lead, "eval", last)) | set(special), reverse=True)[:last]
+        if not tops:
+            return
+        since = max(since if since is not None else tops[-1], tops[-1])
+    extra = sorted(s for s in special if (since is None or s >= since)
+                   and (not every or s % every == 0))
+    steps = src.rows(lead, "step", since, every)
+    evals = src.rows(lead, "eval", since, every)
+    ev = next(evals, None)
+    row = next(steps, None)
+    xi = 0
+    while row is not None or ev is not None or xi < len(extra):
+        s = min(x for x in (row[0] if row else None, ev[0] if ev else None,
+                            extra[xi] if xi < len(extra) else None) if x is not None)
+        mine_row = row if row is not None and row[0] == s else None
+        mine_ev = ev if ev is not None and ev[0] == s else None
+        if mine_row is not None:
+            row = next(steps, None)
+        if mine_ev is not None:
+            ev = next(evals, None)
+        if xi < len(extra) and extra[xi] == s:
+            xi += 1
+        rec = _record(lead, s, mine_row, mine_ev) if mine_row or mine_ev else None
+        if rec is None or s in special or (fill_keys and not fill_keys <= rec.keys()):
+            rec = _merged(src, s, rec, others)
+        if rec is not None:
+            yield rec
+
+
+def _where_others_count(src: MetricSources, lead: int, others: list[int]
+                        ) -> tuple[set[int], set[str]]:
+    """Steps where another rank adds a record or an eval the lead lacks, and the keys some
+    other rank ever has (a lead record lacking one is merged with the others')."""
+    special: set[int] = set()
+    if not others:
+        return special, set()
+    n0, a0, b0 = src.span(lead)
+    contiguous = n0 and n0 == b0 - a0 + 1
+    lead_evals = {s for (s, *_) in src.rows(lead, "eval")}
+    fill: set[str] = set()
+    cols = [c for c in METRIC_STEP_COLS if c in _KEY_OF_COL]
+    for r in others:
+        n, a, b = src.span(r)
+        if n and not (contiguous and a >= a0 and b <= b0):
+            special.update(src.missing(r, lead))
+        for (s, *_) in src.rows(r, "eval"):
+            if s not in lead_evals:
+                special.add(s)
+        for c in cols:
+            if _KEY_OF_COL[c] not in fill and src.has(r, "step", c):
+                fill.add(_KEY_OF_COL[c])
+    return special, fill
+
+
+def _merged(src: MetricSources, step: int, lead_rec: dict[str, Any] | None,
+            others: list[int]) -> dict[str, Any] | None:
+    """The record at a step from every rank's, as the whole-run merge made it: the first
+    rank's values win, each later rank fills what is missing and sets the key order."""
+    merged = lead_rec
+    for r in others:
+        rows = list(src.rows(r, "step", steps=[step]))
+        evs = list(src.rows(r, "eval", steps=[step]))
+        if not rows and not evs:
+            continue
+        rec = _record(r, step, rows[0] if rows else None, evs[0] if evs else None)
+        merged = rec if merged is None else {**rec, **merged}
+    return merged
+
+
+# -- output ---------------------------------------------------------------------------------
+
 def records(ref: str | Path) -> list[dict[str, Any]]:
     """`tunedeck metrics RUN_OR_FILE`: a file, a run directory, or a run id/prefix/name."""
+    return list(iter_records(ref))
+
+
+def iter_records(ref: str | Path, since: int | None = None, every: int | None = None,
+                 last: int | None = None) -> Iterator[dict[str, Any]]:
     p = Path(ref)
     if p.is_file():
-        return records_from_file(p)
+        return _narrow(records_from_file(p), since, every, last)
     if p.is_dir():
-        return records_from_run(p)
+        return iter_run(p, since, every, last)
     from tunedeck.core.runs.registry import find_run
 
-    return records_from_run(find_run(str(ref)).run_dir)
+    return iter_run(find_run(str(ref)).run_dir, since, every, last)
+
+
+def json_safe(rec: dict[str, Any]) -> dict[str, Any]:
+    for k, v in rec.items():
+        if type(v) is float and not math.isfinite(v):
+            return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                    for k, v in rec.items()}
+    return rec
+
+
+def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000) -> None:
+    """`json.dump(list(recs), out, indent=2)` and a newline, written as it goes: records of
+    scalars are encoded a batch at a time by the C encoder and re-indented (no key or value
+    of a record holds a brace or a quote-comma)."""
+    it = iter(recs)
+    first = True
+    while chunk := [json_safe(r) for r in itertools.islice(it, batch)]:
+        if any(not _plain(r) for r in chunk):   # a text value: the slow, exact encoder
+            body = ",".join("\n  " + json.dumps(r, indent=2).replace("\n", "\n  ")
+                            for r in chunk)
+        else:
+            flat = json.dumps(chunk)[2:-2]
+            body = ("\n  {\n    " + flat.replace("}, {", "\n  },\n  {\n    ")
+                    .replace(', "', ',\n    "') + "\n  }")
+        out.write(("[" if first else ",") + body)
+        first = False
+    out.write("[]\n" if first else "\n]\n")
+
+
+def _plain(rec: dict[str, Any]) -> bool:
+    return all(v is None or type(v) in (int, float) for v in rec.values())

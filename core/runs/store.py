@@ -25,7 +25,7 @@ import json
 import math
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.rundir import RunDir, event_rank
@@ -683,6 +683,42 @@ class Store:
                 db.executemany(insert, rows)
         db.commit()
 
+    # -- metric rows (`tunedeck metrics`) ------------------------------------------------
+    def series_format(self) -> int:
+        """2: run.db's step tables hold typed values with every field `tunedeck metrics`
+        prints; 1: older tables (read from the JSON events instead); 0: none."""
+        db = self._reader()
+        if db is None or not self._has_table(db, "steps"):
+            return 0
+        if not self._has_table(db, "meta"):
+            return 1
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'series_format'").fetchone()
+        except sqlite3.Error:
+            return 1
+        return int(row[0]) if row else 1
+
+    def metric_ranks(self) -> list[int]:
+        """Ranks with event files or step rows, lowest first (one index probe per rank)."""
+        ranks = {r for p in self.run.event_files() if (r := event_rank(p)) is not None}
+        db = self._reader()
+        if db is not None and self._has_table(db, "steps"):
+            r = -(1 << 62)
+            while (r := db.execute("SELECT MIN(rank) FROM steps WHERE rank > ?",
+                                   (r,)).fetchone()[0]) is not None:
+                ranks.add(r)
+        return sorted(ranks, key=lambda r: (r < 0, r))
+
+    def metric_sources(self) -> "MetricSources":
+        """Per rank SQL over run.db's rows and the files' un-ingested tails together (the
+        tail wins from its first step on, as in the charts), for `tunedeck metrics`."""
+        db = self._series_db()
+        self._sync_tail(db, None)
+        cuts = dict(db.execute("SELECT rank, MIN(step) FROM temp.tail_series WHERE kind = 0 "
+                               "GROUP BY rank"))
+        tail_ranks = {r for (r,) in db.execute("SELECT DISTINCT rank FROM temp.tail_series")}
+        return MetricSources(db, cuts, tail_ranks)
+
     def findings(self) -> list[dict[str, Any]]:
         """Findings the agent stored, oldest first."""
         db = self._reader()
@@ -703,6 +739,81 @@ class Store:
                          metrics: Iterable[str] | None = None) -> dict[str, Any]:
         """A telemetry window (see tunedeck.core.telemetry.store.read_series)."""
         return read_series(self._reader(), kind, t0, t1, max_points, keys, metrics)
+
+
+# what `tunedeck metrics` reads of a step and of an eval row, after the step
+METRIC_STEP_COLS = ("t", "loss", "lr", "grad_norm", "tokens_per_s", "step_s", "epoch", "tokens",
+                    "data_wait_s", "mem_gib", "max_steps", "loss_nan")
+METRIC_EVAL_COLS = ("t", "eval_loss", "max_steps")
+
+
+class MetricSources:
+    """One rank's step or eval rows as SQL: run.db's table below the cut (the rank's first
+    step in the files' tail) and the tail's rows a later step did not redo. Ranks and cuts
+    are ints, written into the SQL."""
+
+    def __init__(self, db: sqlite3.Connection, cuts: dict[int, int], tail_ranks: set[int]):
+        self.db = db
+        self.cuts = cuts
+        self.tail_ranks = tail_ranks
+
+    def sql(self, rank: int, kind: str) -> str:
+        rank = int(rank)
+        cols = METRIC_STEP_COLS if kind == "step" else METRIC_EVAL_COLS
+        table = "steps" if kind == "step" else "evals"
+        cut = self.cuts.get(rank)
+        main = (f"SELECT step, {', '.join(cols)} FROM {table} WHERE rank = {rank}"
+                + (f" AND step < {int(cut)}" if cut is not None else ""))
+        if rank not in self.tail_ranks:
+            return main
+        tail_cols = [c if c != "loss_nan" else "loss_nan" for c in cols]
+        tail = (f"SELECT step, {', '.join(tail_cols)} FROM (SELECT kind, step, "
+                f"{', '.join(tail_cols)}, MIN(CASE WHEN kind = 0 THEN step END) OVER "
+                f"(PARTITION BY file ORDER BY off DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
+                f"PRECEDING) AS later FROM temp.tail_series WHERE rank = {rank}) WHERE kind = "
+                f"{_KIND_CODE[kind]} AND (later IS NULL OR step < later)")
+        return f"SELECT * FROM ({main} UNION ALL {tail})"
+
+    def rows(self, rank: int, kind: str, since: int | None = None, every: int | None = None,
+             steps: Iterable[int] | None = None) -> Iterator[tuple]:
+        """(step, *cols) in step order, from `since` on, only multiples of `every`, or only
+        at `steps`."""
+        cond = []
+        if since is not None:
+            cond.append(f"step >= {int(since)}")
+        if every:
+            cond.append(f"step % {int(every)} = 0")
+        if steps is not None:
+            wanted = sorted(set(int(s) for s in steps))
+            if not wanted:
+                return iter(())
+            cond.append(f"step IN ({','.join(map(str, wanted))})")
+        where = f" WHERE {' AND '.join(cond)}" if cond else ""
+        return self.db.execute(f"SELECT * FROM ({self.sql(rank, kind)}){where} ORDER BY step")
+
+    def last_steps(self, rank: int, kind: str, n: int) -> list[int]:
+        return [s for (s,) in self.db.execute(
+            f"SELECT step FROM ({self.sql(rank, kind)}) ORDER BY step DESC LIMIT {int(n)}")]
+
+    def span(self, rank: int) -> tuple[int, int | None, int | None]:
+        """(count, first, last) of the rank's step rows."""
+        return self.db.execute(f"SELECT COUNT(*), MIN(step), MAX(step) FROM "
+                               f"({self.sql(rank, 'step')})").fetchone()
+
+    def missing(self, rank: int, lead: int) -> list[int]:
+        """Steps (step or eval rows) of `rank` where `lead` has no row of either kind."""
+        have = (f"SELECT step FROM ({self.sql(lead, 'step')}) UNION "
+                f"SELECT step FROM ({self.sql(lead, 'eval')})")
+        return [s for (s,) in self.db.execute(
+            f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step NOT IN ({have}) UNION "
+            f"SELECT step FROM ({self.sql(rank, 'eval')}) WHERE step NOT IN ({have}) "
+            f"ORDER BY step")]
+
+    def has(self, rank: int, kind: str, col: str) -> bool:
+        """Whether any of the rank's rows has a value there (stops at the first)."""
+        cond = f"{col} IS NOT NULL" + (" OR loss_nan IS NOT NULL" if col == "loss" else "")
+        return self.db.execute(f"SELECT 1 FROM ({self.sql(rank, kind)}) WHERE {cond} "
+                               f"LIMIT 1").fetchone() is not None
 
 
 def _num(v: Any) -> int | float | None:
