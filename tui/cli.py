@@ -199,21 +199,45 @@ def cmd_status(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from tunedeck.core.ingest.metrics import to_json_safe
-    from tunedeck.core.runs.metrics import records
+    from itertools import chain
+
+    from tunedeck.core.runs.metrics import iter_records, json_safe, write_json
 
     try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
-        recs = to_json_safe(records(args.run))
+        recs = iter_records(args.run, since=args.since, every=args.every, last=args.last)
+        first = next(recs, None)   # a missing run fails here, before any output
     except FileNotFoundError as e:
         raise RunNotFound(str(e)) from None
-    if args.json:
-        _print_json(recs)
-        return 0
-    print(f"{'STEP':>6} {'LOSS':>9} {'LR':>10} {'GRAD':>8} {'TOK/S':>9}")
-    for r in recs:
-        print(f"{r['step']:>6} {_fmt_loss(r.get('loss')):>9} {r.get('learning_rate') or 0:>10.3e} "
-              f"{r.get('grad_norm') or 0:>8.3f} {r.get('tokens_per_s') or 0:>9.0f}")
+    recs = chain(() if first is None else (first,), recs)
+    try:   # streamed: a week-long run is never held whole, `| head` stops it early
+        if args.json:
+            write_json(recs, sys.stdout)
+            return 0
+        out = [f"{'STEP':>6} {'LOSS':>9} {'LR':>10} {'GRAD':>8} {'TOK/S':>9}\n"]
+        for r in map(json_safe, recs):
+            out.append(f"{r['step']:>6} {_fmt_loss(r.get('loss')):>9} "
+                       f"{r.get('learning_rate') or 0:>10.3e} {r.get('grad_norm') or 0:>8.3f} "
+                       f"{r.get('tokens_per_s') or 0:>9.0f}\n")
+            if len(out) >= 4096:
+                sys.stdout.write("".join(out))
+                out.clear()
+        sys.stdout.write("".join(out))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _step_arg(low: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{n} is below {low}")
+        return n
+    return parse
 
 
 def cmd_logs(args) -> int:
@@ -352,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("run", help="run id, unique prefix, or name (metrics: also a run "
                        "directory or a log file)")
         s.add_argument("--json", action="store_true")
+        if name == "metrics":   # only what a script or a view shows, read in SQL
+            s.add_argument("--since", type=_step_arg(0), metavar="STEP",
+                           help="steps from STEP on")
+            s.add_argument("--every", type=_step_arg(1), metavar="N",
+                           help="only steps that are multiples of N")
+            s.add_argument("--last", type=_step_arg(1), metavar="N", help="the last N steps")
         s.set_defaults(func=func)
 
     s = sub.add_parser("logs", help="print a rank's log")
