@@ -210,6 +210,11 @@ def make_monitors(ctx: MonitorContext) -> list[Any]:
     except Exception:
         log.exception("live detectors could not start")
     monitors += [DiagnosisMonitor(ctx), LossMonitor(ctx)]
+    c = ctx.spec.cluster
+    if c.launcher == "ssh" and c.nnodes > 1 and ctx.node_rank == 0:
+        from tunedeck.core.nodes.link import NodesMonitor   # the other nodes, over ssh
+
+        monitors.append(NodesMonitor(ctx))
     try:
         monitors.extend(backend_of(ctx.spec).monitors(ctx.run, ctx.spec))
     except Exception:
