@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.backends import plan_run
+from tunedeck.core.nodes.roster import place, roster_problems
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import FILE_MODE, RunDir, write_json_atomic, write_text_private
 from tunedeck.core.rundir.secrets import split_secrets, write_secrets
@@ -49,6 +50,11 @@ def prepare_run(spec: RunSpec, root: Path | None = None,
     failed check says so for good."""
     run = RunDir((root or runs_root()) / new_run_id(spec.name))
     spec, plan = plan_run(spec, run)
+    if spec.cluster.nnodes > 1:
+        problems = roster_problems(spec)
+        if problems:
+            raise ValueError("; ".join(problems))
+        place(spec, plan)      # per node: host, GPUs, interface, c10d host and address
     saved, plan_json, hidden = split_secrets(spec, plan)
     run.create()
     write_secrets(run, hidden)

@@ -1,0 +1,393 @@
+"""The head's side of a multi-node run: one ssh link per other node, and the monitor that the
+head's agent ticks (tunedeck.core.runs.monitors adds it when cluster.launcher is "ssh").
+
+A link starts its node (op "start" the first time), then receives the node's records into
+the head's run directory at the offsets the frames name; when ssh drops it reconnects (op
+"attach") and sends the sizes of what it has, so the node resumes from there. Links run in
+threads: the monitor's tick only reads their state (it must stay well under 50 ms).
+
+What the monitor decides:
+- a node that has not joined when cluster.join_timeout_s has passed: `rendezvous_unreachable`
+  naming it (and why, when ssh said);
+- a node lost mid-run (its agent died, or no answer for LOST_AFTER_S): `node_lost` naming it,
+  and the rest of the run is stopped;
+- a stop of the head goes to every node; when the head's run ends, the nodes still running are
+  stopped, and the links wait (bounded) for the nodes' last records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.nodes import wire
+from tunedeck.core.nodes.remote import TERMINAL, node_run_id
+from tunedeck.core.nodes.roster import Node, roster
+from tunedeck.core.nodes.ssh import ssh_argv
+from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
+from tunedeck.core.spec import RunSpec
+
+log = logging.getLogger("tunedeck.nodes")
+
+LOST_AFTER_S = 20.0       # no answer from a node this long (ssh keep-alives: ~15 s) = lost
+RETRY_MAX_S = 5.0
+STOP_GRACE_S = 15.0       # a node lost: the others get this long to checkpoint and go
+FINAL_WAIT_S = 30.0       # the head's run is over: how long the nodes' last records may take
+REMOTE_MODULE = "tunedeck.core.nodes.remote"
+
+
+def link_file(run: RunDir, node: int) -> Path:
+    return run.path / "nodes" / f"node{node}" / "link.json"
+
+
+def node_state_file(run: RunDir, node: int) -> Path:
+    return run.path / "nodes" / f"node{node}" / "state.json"
+
+
+class NodeLink(threading.Thread):
+    def __init__(self, run: RunDir, spec: RunSpec, node: Node):
+        super().__init__(name=f"node{node.rank}-link", daemon=True)
+        self.run = run
+        self.spec = spec
+        self.node = node
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.started = False          # the node acknowledged its start once
+        self.connected = False
+        self.connects = 0
+        self.drops = 0
+        self.last_seen = time.time()
+        self.first_error = ""
+        self.last_error = ""
+        self.gone = ""
+        self.ended = False            # the node's run is over and all was received
+        self.quit = threading.Event()
+        self.pending_stop: dict[str, Any] | None = None
+        self.remote_state: dict[str, Any] = {}
+        self.received = 0
+
+    # -- what the monitor asks ---------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {"node": self.node.rank, "host": self.node.host, "connected": self.connected,
+                "started": self.started, "connects": self.connects, "drops": self.drops,
+                "last_seen": self.last_seen, "error": self.last_error, "gone": self.gone,
+                "ended": self.ended, "bytes": self.received,
+                "remote_status": self.remote_state.get("status")}
+
+    def stop_node(self, mode: str, grace_s: float | None) -> None:
+        cmd = {"op": "stop", "mode": mode, "grace_s": grace_s}
+        with self.lock:
+            self.pending_stop = cmd          # also sent in the hello of a reconnect
+            proc = self.proc
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.write(wire.frame(cmd))
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        self.quit.set()
+        with self.lock:
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+    # -- the thread --------------------------------------------------------------------
+    def offsets(self) -> dict[str, int]:
+        """The sizes of what the head holds: the node resumes after them."""
+        out: dict[str, int] = {}
+        root = self.run.path
+        for top in ("logs", "events", "stacks", f"nodes/node{self.node.rank}"):
+            for dirpath, _dirs, names in os.walk(root / top):
+                for n in names:
+                    p = os.path.join(dirpath, n)
+                    try:
+                        out[os.path.relpath(p, root)] = os.path.getsize(p)
+                    except OSError:
+                        pass
+        return out
+
+    def hello(self) -> dict[str, Any]:
+        h: dict[str, Any] = {"op": "attach" if self.started else "start",
+                             "run_id": self.run.run_id, "node": self.node.rank,
+                             "home": self.node.home, "offsets": self.offsets()}
+        if not self.started:
+            import sys
+
+            h.update(spec=self.run.spec.read_text(encoding="utf-8"),
+                     plan=self.run.read_plan(), secrets=read_json(self.run.secrets, {}),
+                     head_dir=str(self.run.path), head_python=sys.executable,
+                     master_addr=self.spec.cluster.master_addr,
+                     master_port=self.spec.cluster.master_port)
+        with self.lock:
+            if self.pending_stop:
+                h["stop"] = self.pending_stop
+        return h
+
+    def run(self) -> None:
+        delay = 0.5
+        while not self.quit.is_set() and not self.ended and not self.gone:
+            self._connect_once()
+            if self.quit.is_set() or self.ended or self.gone:
+                break
+            self.quit.wait(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            if self.connected_once_recently():
+                delay = 0.5
+
+    def connected_once_recently(self) -> bool:
+        return time.time() - self.last_seen < 2.0
+
+    def _connect_once(self) -> None:
+        argv = ssh_argv(self.node.host, [self.node.python, "-m", REMOTE_MODULE])
+        errlog = self.run.path / "logs" / f"ssh-node{self.node.rank}.log"
+        err = open(errlog, "ab")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, start_new_session=True)
+        except OSError as e:
+            self._error(f"ssh could not start: {e}")
+            return
+        finally:
+            err.close()
+        with self.lock:
+            self.proc = proc
+        self.connects += 1
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(wire.frame(self.hello()))
+                proc.stdin.flush()
+            except OSError:
+                pass
+            for line in proc.stdout:
+                self._handle(wire.parse(line))
+                if self.ended:
+                    break
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            with self.lock:
+                self.proc = None
+            if self.connected and not self.ended:
+                self.drops += 1
+                log.warning("node %d (%s): connection dropped (ssh exit %s)",
+                            self.node.rank, self.node.host, proc.returncode)
+            self.connected = False
+            if proc.returncode and not self.ended and not self.last_error:
+                self._error(_ssh_error(errlog, proc.returncode))
+
+    def _error(self, why: str) -> None:
+        self.last_error = why
+        if not self.first_error:
+            self.first_error = why
+
+    def _handle(self, msg: dict[str, Any] | None) -> None:
+        if msg is None:
+            return
+        self.last_seen = time.time()
+        k = msg.get("k")
+        if k == "data":
+            rel = wire.safe_rel(msg.get("f"))
+            off = msg.get("o")
+            if rel is None or not isinstance(off, int) or off < 0:
+                return
+            import base64
+
+            data = base64.b64decode(msg.get("d") or "")
+            wire.write_at(self.run.path, rel, off, data)
+            self.received += len(data)
+        elif k == "state" and isinstance(msg.get("data"), dict):
+            self.remote_state = msg["data"]
+            write_json_atomic(node_state_file(self.run, self.node.rank), self.remote_state)
+        elif k == "hello":
+            self.connected = True
+            self.started = True
+            self.last_error = ""
+        elif k == "gone":
+            self.gone = str(msg.get("why") or "the node's agent is gone")
+        elif k == "end":
+            self.ended = True
+        elif k == "error":
+            self._error(str(msg.get("why") or "the node refused"))
+
+
+def _ssh_error(errlog: Path, rc: int) -> str:
+    try:
+        with open(errlog, "rb") as f:
+            f.seek(max(0, errlog.stat().st_size - 2000))
+            lines = [x.strip() for x in f.read().decode(errors="replace").splitlines()
+                     if x.strip()]
+    except OSError:
+        lines = []
+    last = lines[-1] if lines else ""
+    return f"ssh exited with {rc}" + (f": {last}" if last else "")
+
+
+class NodesMonitor:
+    """Ticked by the head's agent: starts the links, writes what they know to
+    nodes/node<k>/link.json, turns missing and lost nodes into findings, carries stops."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+        self.spec: RunSpec = ctx.spec
+        self.run: RunDir = ctx.run
+        self.t0 = time.time()
+        self.links = [NodeLink(self.run, self.spec, n) for n in roster(self.spec)[1:]]
+        self.written: dict[int, dict] = {}
+        self.reported: set[tuple[str, int]] = set()
+        self.stop_sent: str | None = None
+        self.head_stopped_for: str | None = None
+        for link in self.links:
+            link.start()
+
+    # -- the tick ----------------------------------------------------------------------
+    def tick(self, now: float, new_events: list[dict]) -> None:
+        if self.ctx.stopping():
+            self._forward_stop()
+        for link in self.links:
+            self._write(link)
+            self._judge(link, now)
+
+    def close(self, new_events: list[dict]) -> None:
+        """The head's run is over: the nodes still running stop too; wait (bounded) for the
+        last records, then hang up."""
+        req = self.run.read_stop() or {}
+        mode = "hard" if req.get("mode") == "hard" else "graceful"
+        for link in self.links:
+            if not link.ended and not link.gone:
+                link.stop_node(mode, req.get("grace_s") if mode == "graceful" else None)
+        grace = 0.0 if mode == "hard" else float(req.get("grace_s") or
+                                                   min(self.spec.run.stop_grace_s, 60.0))
+        deadline = time.monotonic() + grace + FINAL_WAIT_S
+        while time.monotonic() < deadline and any(
+                not (l.ended or l.gone) and (l.connected or l.started) for l in self.links):
+            time.sleep(0.2)
+        now = time.time()
+        for link in self.links:
+            self._judge(link, now, final=True)
+            link.close()
+            self._write(link, force=True)
+
+    # -- what the tick decides -----------------------------------------------------------
+    def _forward_stop(self) -> None:
+        req = self.run.read_stop() or {"mode": "graceful"}
+        mode = "hard" if req.get("mode") == "hard" else "graceful"
+        if self.stop_sent == mode or self.stop_sent == "hard":
+            return
+        self.stop_sent = mode
+        for link in self.links:
+            link.stop_node(mode, req.get("grace_s"))
+
+    def _write(self, link: NodeLink, force: bool = False) -> None:
+        st = link.status()
+        key = {k: v for k, v in st.items() if k not in ("last_seen", "bytes")}
+        if force or self.written.get(link.node.rank) != key:
+            self.written[link.node.rank] = key
+            write_json_atomic(link_file(self.run, link.node.rank), st)
+
+    def joined(self, node: int) -> bool:
+        """torchrun makes a node's rank log folders once the rendezvous let it in."""
+        d = self.run.node_log_dir(node)
+        try:
+            return any(d.iterdir())
+        except OSError:
+            return False
+
+    def _judge(self, link: NodeLink, now: float, final: bool = False) -> None:
+        k = link.node.rank
+        join_s = self.spec.cluster.join_timeout_s
+        if ("join", k) not in self.reported and not self.joined(k) and (
+                now - self.t0 >= join_s or (final and now - self.t0 >= join_s * 0.9)):
+            self.reported.add(("join", k))
+            why = link.first_error or link.last_error or (
+                "its agent started but its torchrun did not reach the rendezvous at "
+                f"{self.spec.cluster.master_addr}:{self.spec.cluster.master_port}"
+                if link.started else "it was never reached")
+            self._finding(Finding(
+                category="rendezvous_unreachable", severity="error",
+                summary=f"node {k} ({link.node.host}) did not join the rendezvous within "
+                        f"{join_s}s: {why}",
+                cause=f"Node {k} never joined: {why}. The other nodes wait for every node "
+                      f"until cluster.join_timeout_s, then torchrun gives up.",
+                fix=f"Check that `ssh {link.node.host}` works without a prompt from this "
+                    f"node, that tunedeck and the same torch are installed there "
+                    f"(cluster.remote_python), and that it reaches "
+                    f"{self.spec.cluster.master_addr}:{self.spec.cluster.master_port} "
+                    f"(firewall, cluster.master_addr, cluster.interface); "
+                    f"`tunedeck preflight` checks each node.",
+                node=k, host=link.node.host, t=now, evidence=[why],
+                source=f"logs/ssh-node{k}.log"))
+        if final or ("lost", k) in self.reported or not self.joined(k):
+            return
+        lost = ""
+        status = link.remote_state.get("status")
+        if link.gone:
+            lost = link.gone
+        elif not link.connected and now - link.last_seen > LOST_AFTER_S and not link.ended:
+            lost = (f"no answer for {now - link.last_seen:.0f}s"
+                    + (f" ({link.last_error})" if link.last_error else ""))
+        elif status in TERMINAL and status != "succeeded" and not self.ctx.stopping():
+            lost = f"its run ended {status}: {link.remote_state.get('message') or ''}".strip()
+        if not lost:
+            return
+        self.reported.add(("lost", k))
+        self._finding(Finding(
+            category="node_lost", severity="error",
+            summary=f"node {k} ({link.node.host}) was lost mid-run: {lost}",
+            cause=f"Node {k} stopped taking part in the run ({lost}); the ranks of the other "
+                  f"nodes cannot finish a collective without it, so they were stopped.",
+            fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
+                f"died (OOM killer, hardware, preemption); resume the run from its newest "
+                f"checkpoint once the node is back.",
+            node=k, host=link.node.host, t=now, evidence=[lost],
+            source=f"nodes/node{k}/link.json"))
+        self._stop_head(f"node {k} was lost")
+
+    def _stop_head(self, why: str) -> None:
+        if self.head_stopped_for or self.ctx.stopping():
+            return
+        self.head_stopped_for = why
+        log.warning("%s: stopping the other nodes", why)
+        write_json_atomic(self.run.stop_request, {"mode": "graceful", "t": time.time(),
+                                                  "grace_s": STOP_GRACE_S, "by": why})
+        os.kill(os.getpid(), signal.SIGUSR1)     # the agent (this process) reads it now
+
+    def _finding(self, f: Finding) -> None:
+        log.warning("finding %s: %s", f.category, f.summary)
+        try:
+            self.ctx.store.save_finding(f)
+        except Exception:
+            log.exception("could not store the finding")
+
+
+def read_links(run: RunDir) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for p in sorted((run.path / "nodes").glob("node*/link.json")):
+        d = read_json(p)
+        if isinstance(d, dict) and isinstance(d.get("node"), int):
+            out[d["node"]] = d
+    return out
+
+
+__all__ = ["NodesMonitor", "NodeLink", "read_links", "link_file", "node_state_file",
+           "node_run_id"]

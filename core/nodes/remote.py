@@ -1,0 +1,342 @@
+"""The node side of a multi-node run: `python -m tunedeck.core.nodes.remote`, started by the
+head over ssh (tunedeck.core.nodes.link), its first stdin line a JSON hello.
+
+  op "start"   make this node's run folder (<TUNEDECK_HOME>/runs/<run id>.node<k>) from the
+               head's spec, plan and secrets, start a detached agent for node k, then stream
+  op "attach"  the run is here already (a reconnect): stream from the head's offsets
+
+The agent is detached (own session, output to a file), so a dropped ssh connection ends only
+this streamer: the node's run goes on, its records wait in its own run folder, and the next
+attach sends what the head lacks. The folder has its own run id (".node<k>"): its processes
+carry that id, so a stop sweep on one node never reaches another's ranks, even where two
+"nodes" share one kernel (containers, network namespaces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tunedeck.core.nodes import wire
+from tunedeck.core.nodes.roster import local_addr_index
+from tunedeck.core.rundir import FILE_MODE, RunDir, read_json, write_json_atomic, \
+    write_text_private
+
+TERMINAL = ("succeeded", "failed", "stopped")
+TICK_S = 0.25
+TELEMETRY_S = 2.0
+AGENT_MODULE = "tunedeck.core.runs.agent"
+
+
+def node_run_id(run_id: str, node: int) -> str:
+    return f"{run_id}.node{node}"
+
+
+def route_addr(host: str, port: int) -> str | None:
+    """This machine's address on the way to host:port (no packet is sent: a UDP connect
+    only picks the route)."""
+    try:
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((host, port or 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def _rewrite(obj: Any, old: str, new: str) -> Any:
+    """Every string that names the head's run folder names this node's instead."""
+    if isinstance(obj, str):
+        return new + obj[len(old):] if obj == old or obj.startswith(old + "/") else obj
+    if isinstance(obj, list):
+        return [_rewrite(x, old, new) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _rewrite(v, old, new) for k, v in obj.items()}
+    return obj
+
+
+def materialise(run: RunDir, hello: dict[str, Any]) -> None:
+    """This node's run folder from the head's files, with node k's rank and paths."""
+    import tomli_w
+
+    k = int(hello["node"])
+    head_dir = str(hello["head_dir"]).rstrip("/")
+    mine = str(run.path)
+    run.create()
+    spec = tomllib.loads(hello["spec"])
+    spec.setdefault("cluster", {})["node_rank"] = k
+    if spec.get("run", {}).get("output_dir", "").startswith(head_dir):
+        spec["run"]["output_dir"] = mine + spec["run"]["output_dir"][len(head_dir):]
+    write_text_private(run.spec, tomli_w.dumps(spec))
+    plan = _rewrite(hello["plan"], head_dir, mine)
+    node = plan["nodes"][k]
+    argv = node["argv"]
+    if argv and argv[0] == hello.get("head_python"):
+        argv[0] = sys.executable          # this node's Python (remote_python ran us)
+    i = local_addr_index(argv)
+    if i is not None and i < len(argv):
+        addr = route_addr(str(hello.get("master_addr") or ""),
+                          int(hello.get("master_port") or 0))
+        if addr:
+            argv[i] = addr
+    for key in ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR"):
+        node["env"].pop(key, None)        # the agent sets this node's own
+    write_json_atomic(run.plan, plan)
+    write_json_atomic(run.secrets, _rewrite(hello.get("secrets") or {}, head_dir, mine))
+    write_json_atomic(run.path / "node.json", {"head_run_id": hello["run_id"], "node": k,
+                                               "head_dir": head_dir})
+    run.write_state({"run_id": run.run_id, "name": spec.get("name", "run"),
+                     "status": "pending", "message": f"node {k} of {hello['run_id']}",
+                     "created": time.time(), "started": None, "ended": None,
+                     "agent_pid": None, "worker_pids": [], "pgids": [], "pid_identity": {},
+                     "launches": [], "host": os.uname().nodename, "attempt": 0,
+                     "exit_code": None, "stop_requested": None,
+                     "progress": {"step": 0, "max_steps": spec.get("train", {}).get(
+                         "max_steps", 0), "loss": None}})
+
+
+def start_agent(run: RunDir, timeout_s: float = 30.0) -> int:
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", AGENT_MODULE, str(run.path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, cwd=str(run.path),
+                                umask=0o077)
+    finally:
+        os.close(log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run.read_state() or {}).get("agent_pid") == proc.pid:
+            return proc.pid
+        if proc.poll() is not None:
+            raise RuntimeError(f"the node's agent exited at once (code {proc.returncode}): "
+                               f"{run.agent_log.read_text(errors='replace')[-800:]}")
+        time.sleep(0.05)
+    raise RuntimeError(f"the node's agent did not start within {timeout_s:.0f}s")
+
+
+def agent_alive(state: dict[str, Any], run: RunDir) -> bool:
+    pid = state.get("agent_pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return AGENT_MODULE.encode() in cmd and str(run.path).encode() in cmd
+
+
+def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
+    req: dict[str, Any] = {"mode": "hard" if mode == "hard" else "graceful", "t": time.time(),
+                           "by": "head"}
+    if isinstance(grace_s, (int, float)):
+        req["grace_s"] = float(grace_s)
+    write_json_atomic(run.stop_request, req)
+    st = run.read_state() or {}
+    if agent_alive(st, run):
+        try:
+            os.kill(st["agent_pid"], signal.SIGUSR1)
+        except OSError:
+            pass
+
+
+class Streamer:
+    """Sends what this node's records gained since the head's offsets."""
+
+    def __init__(self, run: RunDir, node: int, offsets: dict[str, int], out):
+        self.run = run
+        self.node = node
+        self.sent: dict[str, int] = {}
+        self.offsets = {k: int(v) for k, v in offsets.items() if isinstance(v, int)}
+        self.out = out
+        self.state_sig: tuple | None = None
+        self.tel_t = self._last_tel_t()
+        self.next_tel = 0.0
+
+    def head_rel(self, rel: str) -> str:
+        if rel == "logs/agent.log":
+            return f"logs/agent-node{self.node}.log"
+        if rel == "telemetry.jsonl":
+            return f"nodes/node{self.node}/telemetry.jsonl"
+        return rel
+
+    def files(self) -> list[str]:
+        out = []
+        root = self.run.path
+        for top in ("logs", "events", "stacks"):
+            for dirpath, _dirs, names in os.walk(root / top):
+                for n in names:
+                    if not n.startswith("."):
+                        out.append(os.path.relpath(os.path.join(dirpath, n), root))
+        if (root / "telemetry.jsonl").exists():
+            out.append("telemetry.jsonl")
+        return out
+
+    def send(self, obj: bytes) -> None:
+        self.out.write(obj)
+
+    def pump(self, final: bool) -> bool:
+        """One pass; True when everything there is was sent."""
+        caught_up = True
+        for rel in self.files():
+            head = self.head_rel(rel)
+            off = self.sent.get(rel)
+            if off is None:
+                off = self.offsets.get(head, 0)
+            try:
+                size = os.path.getsize(self.run.path / rel)
+            except OSError:
+                continue
+            while off < size:
+                with open(self.run.path / rel, "rb") as f:
+                    f.seek(off)
+                    data = f.read(min(wire.CHUNK, size - off))
+                if not final:
+                    cut = data.rfind(b"\n") + 1
+                    if cut:
+                        data = data[:cut]
+                    elif len(data) < wire.CHUNK:
+                        break        # half a line: wait for its end (readers parse lines)
+                self.send(wire.data_frame(head, off, data))
+                off += len(data)
+            self.sent[rel] = off
+            caught_up = caught_up and off >= size
+        self.out.flush()
+        return caught_up
+
+    def state(self) -> dict[str, Any]:
+        st = self.run.read_state() or {}
+        try:
+            s = os.stat(self.run.state)
+            sig = (s.st_mtime_ns, s.st_size)
+        except OSError:
+            sig = None
+        if sig != self.state_sig:
+            self.state_sig = sig
+            self.send(wire.frame({"k": "state", "data": st}))
+        return st
+
+    def _last_tel_t(self) -> float:
+        p = self.run.path / "telemetry.jsonl"
+        try:
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - 65536))
+                last = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+            return float(json.loads(last)["t"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0
+
+    def telemetry(self, now: float) -> None:
+        """The node agent's newest telemetry snapshot (run.db's tel_latest), one line per new
+        sample, into telemetry.jsonl: streamed like a log, so a reconnect resumes it too."""
+        if now < self.next_tel or not self.run.db.exists():
+            return
+        self.next_tel = now + TELEMETRY_S
+        try:
+            db = sqlite3.connect(f"file:{self.run.db}?mode=ro", uri=True, timeout=0.5)
+            try:
+                rows = db.execute("SELECT kind, t, data FROM tel_latest").fetchall()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return
+        snap: dict[str, Any] = {}
+        newest = 0.0
+        for kind, t, data in rows:
+            try:
+                snap[kind] = json.loads(data)
+            except (TypeError, ValueError):
+                continue
+            newest = max(newest, t or 0.0)
+        if not snap or newest <= self.tel_t:
+            return
+        self.tel_t = newest
+        line = json.dumps({"t": newest, "node": self.node, **snap}, separators=(",", ":"))
+        with open(self.run.path / "telemetry.jsonl", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+def serve(stdin, out) -> int:
+    hello = wire.parse(stdin.readline() or b"") or {}
+    if hello.get("home"):
+        os.environ["TUNEDECK_HOME"] = str(hello["home"])
+    from tunedeck.core.paths import runs_root
+
+    try:
+        k = int(hello["node"])
+        run = RunDir(runs_root() / node_run_id(str(hello["run_id"]), k))
+    except (KeyError, TypeError, ValueError):
+        out.write(wire.frame({"k": "error", "why": "a hello without run_id and node"}))
+        out.flush()
+        return 2
+    started = False
+    try:
+        if not run.state.exists():
+            if hello.get("op") != "start":
+                raise RuntimeError(f"{run.path} does not exist on {os.uname().nodename}")
+            materialise(run, hello)
+            start_agent(run)
+            started = True
+    except Exception as e:          # one line for the head's finding, not a traceback
+        out.write(wire.frame({"k": "error", "why": f"{type(e).__name__}: {e}"}))
+        out.flush()
+        return 1
+    if isinstance(hello.get("stop"), dict):      # asked while we were unreachable
+        request_stop(run, hello["stop"].get("mode", "graceful"), hello["stop"].get("grace_s"))
+    out.write(wire.frame({"k": "hello", "run": str(run.path), "pid": os.getpid(),
+                          "started": started, "host": os.uname().nodename}))
+    out.flush()
+    closed = threading.Event()
+
+    def commands() -> None:
+        for line in iter(stdin.readline, b""):
+            cmd = wire.parse(line) or {}
+            if cmd.get("op") == "stop":
+                request_stop(run, str(cmd.get("mode")), cmd.get("grace_s"))
+        closed.set()                 # the head hung up: the run goes on without us
+
+    threading.Thread(target=commands, daemon=True).start()
+    st = Streamer(run, k, hello.get("offsets") or {}, out)
+    gone_sent = False
+    try:
+        while not closed.is_set():
+            now = time.time()
+            state = st.state()
+            alive = agent_alive(state, run)
+            st.telemetry(now)
+            over = state.get("status") in TERMINAL and not alive
+            done = st.pump(final=over)
+            if over and done:
+                st.state()
+                out.write(wire.frame({"k": "end"}))
+                out.flush()
+                return 0
+            if not alive and not over and not gone_sent:
+                gone_sent = True
+                out.write(wire.frame({"k": "gone", "why": f"the agent of node {k} "
+                                      f"(pid {state.get('agent_pid')}) is gone while its run "
+                                      f"is {state.get('status')}"}))
+                out.flush()
+            closed.wait(TICK_S)
+    except (BrokenPipeError, OSError):
+        pass                          # the connection dropped: the head reattaches
+    return 0
+
+
+def main() -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
