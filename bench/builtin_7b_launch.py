@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--model-root", help="where the random 7B folder is (or is built); "
+                    "default OUTDIR")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +42,7 @@ def main() -> int:
 
     preset = load_spec(PRESET)
     per_step = preset.train.per_device_batch_size * preset.train.grad_accum
-    model_dir = swift_7b.make_model(out)
+    model_dir = swift_7b.make_model(Path(a.model_root).resolve() if a.model_root else out)
     data = swift_7b.make_data(out, model_dir, per_step * (a.steps + 2))
     env = dict(os.environ, TUNEDECK_HOME=str(out / "home"), TUNEDECK_CACHE=str(out / "cache"),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(out / "hf"))

@@ -34,7 +34,7 @@ for d in "$W"/t/*/; do
   grep -h "warning\|compiling\|Error" "$d"run.log 2>/dev/null | sort | uniq -c | head -5 | sed "s|^|$(basename "$d"): |"
 done
 if [[ $LAUNCH == --launch ]]; then
-  timeout 300 python3 bench/builtin_7b_launch.py "$W/launch" 2>&1 | tail -40
+  timeout 300 python3 bench/builtin_7b_launch.py "$W/launch" --model-root "$W/t" --steps 10 2>&1 | tail -40
   cp "$W/launch/launch.json" "$OUT/" 2>/dev/null
 fi
 cp "$W/t/table.md" "$OUT/" 2>/dev/null

@@ -7,7 +7,8 @@
 # CASES: comma-separated names to run (default: all), from
 #   anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-padded-1
 #   ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
-#   ours-padded-1-nochunk ours-padded-2 ours-padded-2-eager ours-chat-padded-1
+#   ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
+#   ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1
 #   ours-chat-packed-1 ours-fsdp2-full-2
 # ours-*: train.compile is on (the default) unless the name says eager; ours-default-1 takes
 # the method and batch settings of presets/builtin-7b-lora-h200.toml. anchor-liger-1 needs
@@ -23,7 +24,8 @@ STEPS=${2:-10}
 CASES=${3:-all}
 ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-padded-1
 ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
-ours-padded-1-nochunk ours-padded-2 ours-padded-2-eager ours-chat-padded-1 ours-chat-packed-1
+ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
+ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1 ours-chat-packed-1
 ours-fsdp2-full-2"
 if [[ $CASES == all ]]; then CASES=$(echo $ALL | tr ' ' ,); fi
 for c in ${CASES//,/ }; do
@@ -87,6 +89,11 @@ one() {  # one CASE
     ours-padded-1-cudnn) TUNEDECK_SDPA=cudnn \
       trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
     ours-padded-1-bs8) trun 1 "$c" $W run --case padded "${common[@]}" --bs 8 --out "$OUT/$c" ;;
+    # memory: smaller head chunks; the compiler's activation budget (recompute to save memory)
+    ours-padded-1-chunk1k) TUNEDECK_LOSS_CHUNK=1024 \
+      trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
+    ours-padded-1-budget*) TUNEDECK_LOSS_CHUNK=1024 TUNEDECK_ACT_BUDGET="0.${c#ours-padded-1-budget}" \
+      trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
     # one head chunk for the whole micro-batch: what chunking costs or saves
     ours-padded-1-nochunk) TUNEDECK_LOSS_CHUNK=100000000 \
       trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;

@@ -124,6 +124,10 @@ class LayerCompiler:
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 4 * self.max_shapes + 2))
+        budget = os.environ.get("TUNEDECK_ACT_BUDGET")
+        if budget:   # a measurement switch: < 1 makes the partitioner recompute to save memory
+            import torch._functorch.config as fconfig
+            fconfig.activation_memory_budget = float(budget)
         kw = {"backend": self.backend}
         if self.mode and self.backend == "inductor":
             kw["mode"] = self.mode
