@@ -12,6 +12,7 @@ abort after a watchdog timeout, peers that lost their connection) is kept as con
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -19,12 +20,13 @@ from typing import Iterable
 
 from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.diagnose.loss import loss_findings
+from tunedeck.core.diagnose.loss import LossWatch, loss_findings
 from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
 from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from tunedeck.core.diagnose.sources import run_sources
 from tunedeck.core.rundir import Source, source_for_file
-from tunedeck.core.ingest.metrics import merge_by_step
+from tunedeck.core.ingest.metrics import MetricsParser, merge_by_step
+from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.parsers.nccl import NcclSummary
 from tunedeck.core.ingest.parsers.torchrun import Failure
 
@@ -51,18 +53,84 @@ class Diagnosis:
 
     `metrics=False` leaves loss anomalies out and keeps no metric records: the live agent
     watches the loss on the event stream (tunedeck.core.runs.monitors.LossMonitor) instead,
-    so a poll costs what was appended, not what the run has logged so far."""
+    so a poll costs what was appended, not what the run has logged so far.
+
+    Event files (kind "events") are data, not logs: no line of theirs goes through the log
+    rules but the `error` an event carries (a failed `end`), and the loss anomalies come from
+    the lowest rank's step events fed to a LossWatch as they are read (a few numbers kept,
+    never a record per step)."""
 
     def __init__(self, sources: list[Source], metrics: bool = True) -> None:
         # error.json files are read where torchrun's report names them (_apply_failures)
-        self.scanners = [FileScanner(s, metrics=metrics) for s in sources
+        self.scanners = [FileScanner(s, metrics=metrics and s.kind != "events") for s in sources
                          if s.kind != "error_json"]
+        self.events = {id(sc): _EventErrors(sc) for sc in self.scanners
+                       if sc.source.kind == "events"}
+        lead = min((sc.source for sc in self.scanners if sc.source.kind == "events"),
+                   key=lambda s: (s.rank is None, s.rank or 0), default=None)
+        self.loss = _EventLoss(lead) if lead is not None and metrics else None
         self.metrics = metrics
 
     def poll(self, final: bool = True) -> list[Finding]:
         for sc in self.scanners:
-            sc.poll(final=final)
-        return build_findings(self.scanners, loss=self.metrics)
+            ev = self.events.get(id(sc))
+            if ev is not None:
+                ev.poll()
+            else:
+                sc.poll(final=final)
+        if self.loss is not None:
+            self.loss.poll()
+        return build_findings(self.scanners, loss=self.metrics,
+                              watch=self.loss.watch if self.loss is not None else None)
+
+
+class _EventErrors:
+    """An event file read as data: only lines carrying an `error` (a rank's failed end) go
+    to its scanner's line rules, with their line numbers; the rest is counted, not read."""
+
+    def __init__(self, sc: FileScanner) -> None:
+        self.sc = sc
+        self.tail = Tail(sc.source.path)
+
+    def poll(self) -> None:
+        for base, chunk in self.tail.chunks(count_lines=False):
+            counted, lineno = 0, base     # lines before `counted` are in `lineno`
+            at = chunk.find(b'"error"')
+            while at >= 0:
+                start = chunk.rfind(b"\n", 0, at) + 1
+                end = chunk.find(b"\n", at)
+                lineno += chunk.count(b"\n", counted, start)
+                counted = start
+                line = chunk[start:end]
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    e = None
+                if isinstance(e, dict) and isinstance(e.get("error"), str):
+                    self.sc._line(lineno + 1, line.decode("utf-8", errors="replace"))
+                at = chunk.find(b'"error"', end)
+            # the next chunk's base (chunks() reads it when it resumes)
+            self.tail.lineno = base + chunk.count(b"\n")
+
+
+class _EventLoss:
+    """The loss watch over one event file's step events, read in file order."""
+
+    def __init__(self, source: Source) -> None:
+        self.tail = Tail(source.path)
+        self.parser = MetricsParser(source.rank)
+        self.watch = LossWatch(str(source.path))
+
+    def poll(self) -> None:
+        normalise, feed = self.parser.normalise, self.watch.feed
+        while True:
+            before = self.tail.offset
+            lines = self.tail.json_lines(8 << 20)
+            recs = [r for _, e in lines if e.get("kind") == "step"
+                    and (r := normalise("dict", e)) is not None]
+            feed(recs)
+            if self.tail.offset == before:
+                return
 
 
 def diagnose_run(run_dir: str | Path) -> list[Finding]:
@@ -86,7 +154,8 @@ def diagnose_files(paths: Iterable[str | Path]) -> list[Finding]:
 
 # -- building findings ----------------------------------------------------------------------
 
-def build_findings(scanners: list[FileScanner], loss: bool = True) -> list[Finding]:
+def build_findings(scanners: list[FileScanner], loss: bool = True,
+                   watch: LossWatch | None = None) -> list[Finding]:
     found: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
     order: dict[int, int] = {}
@@ -137,7 +206,11 @@ def build_findings(scanners: list[FileScanner], loss: bool = True) -> list[Findi
     for f in _nccl_findings(scanners):
         seq += 1
         add(f, seq)
-    if loss:
+    if watch is not None:   # the run's event stream: the loss watch read it as it went
+        for f in watch.findings():
+            seq += 1
+            add(f, seq)
+    elif loss:
         recs = merge_by_step(sc.metrics.records() for sc in scanners if sc.metrics.by_step)
         src = next((sc.name for sc in scanners if sc.metrics.by_step), "")
         for f in loss_findings(recs, src):
