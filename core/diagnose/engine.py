@@ -249,6 +249,9 @@ def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
         m = re.search(r"port: (\d+)", hit.text)
         if m:
             summary = f"rendezvous port {m[1]} already in use"
+    elif "{" in summary:    # a rule's summary names what its groups caught
+        summary = summary.format_map({k: "" for k in re.findall(r"\{(\w+)\}", summary)}
+                                     | hit.groups)
     if hit.rank is not None:
         summary += f" (rank {hit.rank})"
     return Finding(category=rule.category, severity=rule.severity, summary=summary,
