@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -33,9 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.swift_roundtrip import parse_all, round_trip  # noqa: E402
-from tunedeck.core.backends.importer import join_lines  # noqa: E402
-from tunedeck.core.swift.flags import FIXES_4X, flag_tables  # noqa: E402
+from tests.swift_roundtrip import flag_tables, parse_all, round_trip, shell_words  # noqa: E402
+from tunedeck.core.swift.flags import FIXES_4X  # noqa: E402
 
 CASES = REPO / "tests" / "swift_cases" / "commands.sh"
 HEADER = re.compile(r"^## (\S+)(.*)$")
@@ -57,7 +55,7 @@ def read_cases(path: Path) -> list[dict]:
 
 def original(text: str) -> tuple[str, list[str]]:
     """(ms-swift command, its argv) of a pasted command, as ms-swift would read it."""
-    words = shlex.split(join_lines(text))
+    words = shell_words(text)
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0], re.S):
         words.pop(0)
     for i, w in enumerate(words):
@@ -127,7 +125,22 @@ def explicit_dests(argv: list[str], known: dict) -> set[str]:
     return dests
 
 
-def score(cases: list[dict], verbose: bool) -> dict:
+def same(a, b) -> bool:
+    """Equal, or the same local file: a relative path the spec file resolved against its own
+    folder (the folder the command ran in) names the same file as written."""
+    if a == b:
+        return True
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, str) and isinstance(b, str) and os.path.isabs(b) and not os.path.isabs(a):
+        local = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(a)))
+        looks_local = a.startswith(("./", "../", "~")) or a.lower().endswith(
+            (".jsonl", ".json", ".csv", ".txt", ".parquet")) or os.path.exists(local)
+        return looks_local and local == b      # a hub id (`org/name#500`) is never a path
+    return False
+
+
+def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
     tables = flag_tables()
     rows = []
     for c in cases:
@@ -140,7 +153,12 @@ def score(cases: list[dict], verbose: bool) -> dict:
         except (ValueError, KeyError, OSError) as e:
             row["command"], row["argv"] = "", []
             row["why"] = f"scorer: {e}"
-        row["trip"] = round_trip(c["text"], row["argv"])
+        pasted = c["text"]
+        if one_line:   # as one line, line continuations already joined by a shell
+            import shlex
+
+            pasted = shlex.join(shell_words(pasted))
+        row["trip"] = round_trip(pasted, row["argv"], spec_dir=Path.cwd())
         rows.append(row)
     jobs = []
     for r in rows:
@@ -170,7 +188,7 @@ def score(cases: list[dict], verbose: bool) -> dict:
         ov, ev, dv = orig.get("values", {}), exp.get("values", {}), dry.get("values", {})
         fails = []
         changed = [f"{d}: {ov.get(d)!r} -> {ev.get(d)!r}" for d in sorted(set_orig)
-                   if ov.get(d) != ev.get(d)]
+                   if not same(ov.get(d), ev.get(d))]
         added = [f"{d}: {ev.get(d)!r} (default {ov.get(d)!r})" for d in sorted(set_exp - set_orig)
                  if ov.get(d) != ev.get(d)]
         if orig.get("error") or orig.get("remaining"):
@@ -200,12 +218,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--one-line", action="store_true",
+                    help="paste each command as one line (continuations joined)")
     a = ap.parse_args()
     path = Path(a.cases).resolve()
     os.chdir(path.parent)                 # config files and hostfiles are named from there
     t0 = time.monotonic()
     cases = read_cases(path)
-    tot = score(cases, a.verbose)
+    tot = score(cases, a.verbose, a.one_line)
     n, imp = tot["cases"], tot["imported"]
 
     def pct(k: int, d: int) -> str:

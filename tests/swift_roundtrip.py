@@ -9,15 +9,78 @@ and what ms-swift's own HfArgumentParser makes of each (one child process for al
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 import shlex
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tunedeck.core.backends import plan_run
 from tunedeck.core.backends.export import export
 from tunedeck.core.backends.importer import import_command
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import loads_spec
-from tunedeck.core.swift.flags import flag_tables, parser_check
+
+# The judge is read from this checkout's files (ms-swift's parser through core/swift/check.py
+# run as a script, the flag table shipped beside it), never through the `tunedeck` being
+# judged, so an older tunedeck can be scored by the same rules.
+HERE = Path(__file__).resolve().parent.parent
+CHECK = HERE / "core" / "swift" / "check.py"
+_TABLES: dict | None = None
+
+
+def flag_tables() -> dict:
+    global _TABLES
+    if _TABLES is None:
+        import importlib.metadata as md
+
+        name = (f"flags-v2-swift{md.version('ms-swift')}-tf{md.version('transformers')}"
+                ".json.gz")
+        path = HERE / "core" / "swift" / "tables" / name
+        if path.exists():
+            _TABLES = json.loads(gzip.decompress(path.read_bytes()))
+        else:
+            _TABLES = json.loads(_run_check("--table", None))
+    return _TABLES
+
+
+def _run_check(mode: str, stdin: str | None) -> str:
+    with tempfile.TemporaryDirectory() as cwd:   # no swift/ folder of anyone's in the way
+        proc = subprocess.run([sys.executable, str(CHECK), mode], input=stdin, cwd=cwd,
+                              capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    out = proc.stdout.rpartition("@@TUNEDECK@@")[2]
+    if proc.returncode or not out:
+        raise RuntimeError(f"ms-swift's parser: {proc.stderr[-800:]}")
+    return out
+
+
+def parser_check(jobs: list, values: bool = True) -> list[dict]:
+    return json.loads(_run_check("--parse", json.dumps(jobs)))
+
+
+def shell_words(text: str) -> list[str]:
+    """Words of a pasted shell command: line continuations (backslash-newline outside single
+    quotes) joined first, as the shell does; shlex alone would keep them as newline words."""
+    out, quote, i = [], "", 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quote != "'" and text[i + 1:i + 2] == "\n":
+            i += 2
+            continue
+        if c == "\\" and quote != "'":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+        out.append(c)
+        i += 1
+    return shlex.split("".join(out))
 
 LAUNCHER_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -38,8 +101,6 @@ class Trip:
 def exported_words(text: str) -> tuple[dict[str, str], list[str]]:
     """An `export --format swift` script read back as a shell would: its exported variables
     and its command (line continuations joined; a quoted word keeps its line breaks)."""
-    from tunedeck.core.backends.importer import join_lines
-
     env: dict[str, str] = {}
     lines = text.splitlines(keepends=True)
     i = 0
@@ -48,13 +109,15 @@ def exported_words(text: str) -> tuple[dict[str, str], list[str]]:
             k, _, v = lines[i][len("export "):].strip().partition("=")
             env[k] = shlex.split(v)[0] if v else ""
         i += 1
-    return env, shlex.split(join_lines("".join(lines[i:])))
+    return env, shell_words("".join(lines[i:]))
 
 
 def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
-               tmp: str = "/tmp/tunedeck-roundtrip") -> Trip:
+               tmp: str = "/tmp/tunedeck-roundtrip", spec_dir: Path | None = None) -> Trip:
     """`swift_argv`: the ms-swift flags of `command` as ms-swift sees them (the caller knows
-    them; the scorer reads them from the command)."""
+    them; the scorer reads them from the command). `spec_dir`: write the spec file there and
+    load it as `tunedeck export FILE` does (relative paths resolve from that folder), instead
+    of reading its text in memory."""
     trip = Trip(command, original=list(swift_argv or []))
     try:
         imp = import_command(command)
@@ -63,7 +126,16 @@ def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
         return trip
     trip.warnings = imp.warnings
     try:
-        spec = loads_spec(imp.to_toml(), source="<imported>")   # what `import -o` writes
+        if spec_dir is not None:
+            from tunedeck.core.spec import load_spec
+
+            with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=spec_dir,
+                                             encoding="utf-8") as f:
+                f.write(imp.to_toml())
+                f.flush()
+                spec = load_spec(f.name)
+        else:
+            spec = loads_spec(imp.to_toml(), source="<imported>")   # what `import -o` writes
     except ValueError as e:
         trip.error = f"load: {e}"
         return trip

@@ -12,9 +12,8 @@ import shlex
 
 import pytest
 
-from tunedeck.core.swift.flags import flag_tables
+from tests.swift_roundtrip import flag_tables, parse_all, round_trip
 from tunedeck.core.swift.version import installed_version
-from tests.swift_roundtrip import parse_all, round_trip
 
 pytestmark = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")
 
