@@ -55,7 +55,7 @@ def node_state_file(run: RunDir, node: int) -> Path:
 class NodeLink(threading.Thread):
     def __init__(self, run: RunDir, spec: RunSpec, node: Node):
         super().__init__(name=f"node{node.rank}-link", daemon=True)
-        self.run = run
+        self.rundir = run
         self.spec = spec
         self.node = node
         self.lock = threading.Lock()
@@ -108,7 +108,7 @@ class NodeLink(threading.Thread):
     def offsets(self) -> dict[str, int]:
         """The sizes of what the head holds: the node resumes after them."""
         out: dict[str, int] = {}
-        root = self.run.path
+        root = self.rundir.path
         for top in ("logs", "events", "stacks", f"nodes/node{self.node.rank}"):
             for dirpath, _dirs, names in os.walk(root / top):
                 for n in names:
@@ -121,14 +121,14 @@ class NodeLink(threading.Thread):
 
     def hello(self) -> dict[str, Any]:
         h: dict[str, Any] = {"op": "attach" if self.started else "start",
-                             "run_id": self.run.run_id, "node": self.node.rank,
+                             "run_id": self.rundir.run_id, "node": self.node.rank,
                              "home": self.node.home, "offsets": self.offsets()}
         if not self.started:
             import sys
 
-            h.update(spec=self.run.spec.read_text(encoding="utf-8"),
-                     plan=self.run.read_plan(), secrets=read_json(self.run.secrets, {}),
-                     head_dir=str(self.run.path), head_python=sys.executable,
+            h.update(spec=self.rundir.spec.read_text(encoding="utf-8"),
+                     plan=self.rundir.read_plan(), secrets=read_json(self.rundir.secrets, {}),
+                     head_dir=str(self.rundir.path), head_python=sys.executable,
                      master_addr=self.spec.cluster.master_addr,
                      master_port=self.spec.cluster.master_port)
         with self.lock:
@@ -152,7 +152,7 @@ class NodeLink(threading.Thread):
 
     def _connect_once(self) -> None:
         argv = ssh_argv(self.node.host, [self.node.python, "-m", REMOTE_MODULE])
-        errlog = self.run.path / "logs" / f"ssh-node{self.node.rank}.log"
+        errlog = self.rundir.path / "logs" / f"ssh-node{self.node.rank}.log"
         err = open(errlog, "ab")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -214,11 +214,11 @@ class NodeLink(threading.Thread):
             import base64
 
             data = base64.b64decode(msg.get("d") or "")
-            wire.write_at(self.run.path, rel, off, data)
+            wire.write_at(self.rundir.path, rel, off, data)
             self.received += len(data)
         elif k == "state" and isinstance(msg.get("data"), dict):
             self.remote_state = msg["data"]
-            write_json_atomic(node_state_file(self.run, self.node.rank), self.remote_state)
+            write_json_atomic(node_state_file(self.rundir, self.node.rank), self.remote_state)
         elif k == "hello":
             self.connected = True
             self.started = True
