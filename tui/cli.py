@@ -21,8 +21,8 @@ from pathlib import Path
 from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
-from tunedeck.tui.commands import (diagnose, doctor, estimate, importexport, preflight,
-                                   stacks)
+from tunedeck.tui.commands import (diagnose, doctor, estimate, importexport, nodes,
+                                   preflight, stacks)
 from tunedeck.tui.format import clean
 from tunedeck.tui.format import fmt_age as _fmt_age
 from tunedeck.tui.format import fmt_loss as _fmt_loss
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor)
+COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor, nodes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,137 @@
+"""Every node of a run in one table, from the head's run directory only (what the links
+wrote there): for `tunedeck nodes`, the monitor and `tunedeck stop`'s report.
+
+For each node: its host, status (its agent's, as last streamed), whether the head reaches
+it now, its ranks, the newest step of each rank and the slowest one, GPUs (count and mean
+utilisation, from its telemetry) and how many findings name it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from tunedeck.core.rundir import RunDir, read_json
+
+TAIL_BYTES = 16384
+
+
+def _last_lines(path: Path, nbytes: int = TAIL_BYTES) -> list[bytes]:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - nbytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    return lines[1:] if size > nbytes else lines
+
+
+def last_step(path: Path) -> tuple[int | None, float | None]:
+    """(newest step, its step time) of one rank's event file, read from its end only."""
+    for line in reversed(_last_lines(path)):
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and e.get("kind") == "step" and isinstance(e.get("step"), int):
+            s = e.get("step_s")
+            return e["step"], float(s) if isinstance(s, (int, float)) else None
+    return None, None
+
+
+def _gpus(snapshot: dict[str, Any]) -> dict[str, Any]:
+    gpus = [g for g in snapshot.get("gpus") or [] if isinstance(g, dict)]
+    utils = [g.get("util") for g in gpus if isinstance(g.get("util"), (int, float))]
+    return {"gpus": len(gpus), "gpu_util": sum(utils) / len(utils) if utils else None}
+
+
+def _head_telemetry(run: RunDir) -> dict[str, Any]:
+    try:
+        db = sqlite3.connect(f"file:{run.db}?mode=ro", uri=True, timeout=0.2)
+        try:
+            return {k: json.loads(d) for k, d in db.execute("SELECT kind, data FROM tel_latest")}
+        finally:
+            db.close()
+    except (sqlite3.Error, ValueError):
+        return {}
+
+
+def _node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
+    for line in reversed(_last_lines(run.path / "nodes" / f"node{node}" / "telemetry.jsonl")):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict):
+            return d
+    return {}
+
+
+def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
+              now: float | None = None) -> list[dict[str, Any]]:
+    run = RunDir(run_dir)
+    now = time.time() if now is None else now
+    plan = run.read_plan()
+    nproc = int(plan.get("nproc_per_node") or 0)
+    nodes = plan.get("nodes") or []
+    head = run.read_state() or {}
+    rows = []
+    for n in nodes:
+        k = int(n.get("node_rank") or 0)
+        ranks = list(range(k * nproc, (k + 1) * nproc))
+        row: dict[str, Any] = {"node": k, "host": n.get("host"), "ranks": ranks}
+        if k == 0:
+            row.update(status=head.get("status"), reach="here", message=head.get("message"))
+            row.update(_gpus(_head_telemetry(run)))
+        else:
+            link = read_json(run.path / "nodes" / f"node{k}" / "link.json") or {}
+            st = read_json(run.path / "nodes" / f"node{k}" / "state.json") or {}
+            if link.get("ended"):
+                reach = "done"
+            elif link.get("connected"):
+                reach = "connected"
+            elif link.get("gone"):
+                reach = "lost"
+            elif link:
+                reach = "reconnecting" if link.get("started") else "unreached"
+            else:
+                reach = "not started by tunedeck"
+            row.update(status=st.get("status") or ("unreached" if link else None), reach=reach,
+                       message=link.get("error") or link.get("gone") or st.get("message"),
+                       drops=link.get("drops", 0),
+                       last_seen_s=(now - link["last_seen"]) if isinstance(
+                           link.get("last_seen"), (int, float)) else None)
+            row.update(_gpus(_node_telemetry(run, k)))
+        steps = {r: last_step(run.event_file(r)) for r in ranks}
+        done = {r: s for r, (s, _) in steps.items() if s is not None}
+        row["step"] = max(done.values()) if done else None
+        if done:
+            slow = max(steps, key=lambda r: ((steps[r][1] or 0.0), -(steps[r][0] or 0)))
+            row["slowest_rank"] = slow if steps[slow][1] is not None else min(
+                done, key=lambda r: done[r])
+        else:
+            row["slowest_rank"] = None
+        row["findings"] = sum(1 for f in findings or [] if f.get("node") == k)
+        rows.append(row)
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> list[str]:
+    out = [f"{'node':>4}  {'host':<16} {'status':<10} {'link':<13} {'ranks':<9} {'step':>7} "
+           f"{'slowest':>7} {'gpus':>4} {'finds':>5}"]
+    for r in rows:
+        ranks = f"{r['ranks'][0]}-{r['ranks'][-1]}" if r["ranks"] else "-"
+        out.append(f"{r['node']:>4}  {str(r.get('host') or '')[:16]:<16} "
+                   f"{str(r.get('status') or '-')[:10]:<10} {str(r.get('reach'))[:13]:<13} "
+                   f"{ranks:<9} {r['step'] if r['step'] is not None else '-':>7} "
+                   f"{r['slowest_rank'] if r['slowest_rank'] is not None else '-':>7} "
+                   f"{r.get('gpus', 0):>4} {r['findings']:>5}")
+        if r.get("message") and r.get("status") not in ("running", "succeeded"):
+            out.append(f"      {str(r['message'])[:90]}")
+    return out
