@@ -153,17 +153,20 @@ def _stream(store: Store, since: int | None, every: int | None,
     src = store.metric_sources()
     lead, others = ranks[0], ranks[1:]
     special, fill_keys = _where_others_count(src, lead, others)
+        # the N highest steps any record has: the lead's rows and the other ranks' own steps
+    extra = sorted(s for s in special if (since is None or s >= since)
+                   and (not every or s % every == 0))
     if last is not None:
         if last <= 0:
             return
         # the N highest steps any record has: the lead's rows and the other ranks' own steps
-        tops = sorted(set(src.last_steps(lead, "step", last)) | set(
-            src.last_steps(lead, "eval", last)) | set(special), reverse=True)[:last]
+        tops = sorted(set(src.last_steps(lead, "step", last, since, every)) | set(
+            src.last_steps(lead, "eval", last, since, every)) | set(extra),
+            reverse=True)[:last]
         if not tops:
             return
-        since = max(since if since is not None else tops[-1], tops[-1])
-    extra = sorted(s for s in special if (since is None or s >= since)
-                   and (not every or s % every == 0))
+        since = tops[-1]
+        extra = [s for s in extra if s >= since]
     steps = src.rows(lead, "step", since, every)
     evals = src.rows(lead, "eval", since, every)
     ev = next(evals, None)

@@ -791,9 +791,15 @@ class MetricSources:
         where = f" WHERE {' AND '.join(cond)}" if cond else ""
         return self.db.execute(f"SELECT * FROM ({self.sql(rank, kind)}){where} ORDER BY step")
 
-    def last_steps(self, rank: int, kind: str, n: int) -> list[int]:
+    def last_steps(self, rank: int, kind: str, n: int, since: int | None = None,
+                   every: int | None = None) -> list[int]:
+        """The rank's n highest steps (from `since` on, multiples of `every`)."""
+        cond = ([f"step >= {int(since)}"] if since is not None else []) + \
+            ([f"step % {int(every)} = 0"] if every else [])
+        where = f" WHERE {' AND '.join(cond)}" if cond else ""
         return [s for (s,) in self.db.execute(
-            f"SELECT step FROM ({self.sql(rank, kind)}) ORDER BY step DESC LIMIT {int(n)}")]
+            f"SELECT step FROM ({self.sql(rank, kind)}){where} ORDER BY step DESC "
+            f"LIMIT {int(n)}")]
 
     def span(self, rank: int) -> tuple[int, int | None, int | None]:
         """(count, first, last) of the rank's step rows."""
