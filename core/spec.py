@@ -75,9 +75,11 @@ class ModelSpec:
     dtype: str = opt("auto", help="Weights/compute dtype; auto = bf16 on GPUs that support it, "
                      "fp32 on CPU", choices=("auto", "float32", "bfloat16", "float16"),
                      when={"backend": TRAINERS})
-    attn_impl: str = opt("sdpa", help="Attention kernel", choices=("sdpa", "eager",
-                                                                   "flash_attention_2"),
-                         when={"backend": TRAINERS})
+    # transformers' attn_implementation names, which ms-swift's --attn_impl takes too (its
+    # own alias flash_attn is imported into swift.extra_args as written)
+    attn_impl: str = opt("sdpa", help="Attention kernel", choices=(
+        "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
+        when={"backend": TRAINERS})
 
 
 @dataclass
