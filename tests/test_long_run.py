@@ -218,3 +218,43 @@ def test_metrics_streams_a_long_run(tmp_path):
     assert [r["step"] for r in got] == [299_998, 299_999, 300_000]
     assert got[-1]["tokens"] == 8192 and isinstance(got[-1]["epoch"], int)
     del resource
+
+
+def _ev(**e) -> str:
+    return json.dumps(e) + "\n"
+
+
+@pytest.mark.parametrize("shape", ["others_ahead", "others_behind", "eval_only_other",
+                                   "lead_lacks_field"])
+def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
+    """The SQL stream gives what the parsers' whole-run merge gives (the lowest rank wins,
+    the others fill), on a run the agent's Store ingested."""
+    from tunedeck.core.runs.metrics import _records_whole, iter_run, json_safe
+    from tunedeck.core.runs.store import Store
+    from tunedeck.core.rundir import RunDir
+
+    ev = tmp_path / "events"
+    ev.mkdir()
+    spans = {"others_ahead": {0: (1, 20), 1: (1, 23), 2: (1, 21)},
+             "others_behind": {0: (5, 20), 1: (1, 20), 2: (3, 20)},
+             "eval_only_other": {0: (1, 20), 1: (1, 20)},
+             "lead_lacks_field": {0: (1, 20), 1: (1, 20)}}[shape]
+    for r, (a, b) in spans.items():
+        body = [_ev(t=T0, kind="start", rank=r, max_steps=30)]
+        for s in range(a, b + 1):
+            e = json.loads(step_line(r, s))
+            if shape == "lead_lacks_field" and r == 0 and s == 7:
+                del e["mem_gib"], e["tokens"]
+            body.append(json.dumps(e) + "\n")
+            if s % 10 == 0 and (r == 0 or shape != "eval_only_other"):
+                body.append(_ev(t=T0 + s + 0.5, kind="eval", rank=r, step=s, eval_loss=1.5))
+        if shape == "eval_only_other" and r == 1:
+            body.append(_ev(t=T0 + 99, kind="eval", rank=1, step=15, eval_loss=1.25))
+            body.append(_ev(t=T0 + 99, kind="eval", rank=1, step=25, eval_loss=1.0))
+        (ev / f"rank{r}.jsonl").write_text("".join(body))
+    with Store(tmp_path, write=True) as store:
+        while store.ingest():
+            pass
+    want = [json_safe(r) for r in _records_whole(RunDir(tmp_path))]
+    got = list(iter_run(tmp_path))
+    assert [list(r.items()) for r in got] == [list(r.items()) for r in want]

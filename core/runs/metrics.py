@@ -205,7 +205,8 @@ def _where_others_count(src: MetricSources, lead: int, others: list[int]
     for r in others:
         n, a, b = src.span(r)
         if n and not (contiguous and a >= a0 and b <= b0):
-            special.update(src.missing(r, lead))
+            # a live run: the others may be a few steps ahead of the lead
+            special.update(src.missing(r, lead, (a0, b0) if contiguous else None))
         for (s, *_) in src.rows(r, "eval"):
             if s not in lead_evals:
                 special.add(s)

@@ -806,8 +806,19 @@ class MetricSources:
         return self.db.execute(f"SELECT COUNT(*), MIN(step), MAX(step) FROM "
                                f"({self.sql(rank, 'step')})").fetchone()
 
-    def missing(self, rank: int, lead: int) -> list[int]:
-        """Steps (step or eval rows) of `rank` where `lead` has no row of either kind."""
+    def missing(self, rank: int, lead: int, lead_span: tuple[int, int] | None = None
+                ) -> list[int]:
+        """Steps (step or eval rows) of `rank` where `lead` has no row of either kind.
+        `lead_span`: the lead's step rows are exactly these steps (no gap): only the
+        rank's steps outside it are looked at, by index."""
+        if lead_span is not None:
+            a, b = int(lead_span[0]), int(lead_span[1])
+            outside = f"WHERE (step < {a} OR step > {b})"
+            have = f"SELECT step FROM ({self.sql(lead, 'eval')})"
+            return [s for (s,) in self.db.execute(
+                f"SELECT step FROM ({self.sql(rank, 'step')}) {outside} AND step NOT IN "
+                f"({have}) UNION SELECT step FROM ({self.sql(rank, 'eval')}) {outside} AND "
+                f"step NOT IN ({have}) ORDER BY step")]
         have = (f"SELECT step FROM ({self.sql(lead, 'step')}) UNION "
                 f"SELECT step FROM ({self.sql(lead, 'eval')})")
         return [s for (s,) in self.db.execute(
