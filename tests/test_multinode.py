@@ -1,0 +1,243 @@
+"""One run over two hosts, launched over ssh: two network namespaces joined by a veth pair,
+each with its own real sshd and a key made for the test. The head runs `tunedeck launch` in
+its namespace and reaches the other host only through ssh; a real 2-node torchrun c10d
+rendezvous over gloo trains the CPU demo. The other host keeps its run under its own
+TUNEDECK_HOME, so every record the head shows came over the ssh link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, wait_for
+from tests.multinode_hosts import IFACE, make_hosts, unavailable
+
+pytestmark = pytest.mark.slow
+
+_why = unavailable()
+if _why:
+    pytestmark = [pytestmark, pytest.mark.skip(reason=f"two hosts cannot be made: {_why}")]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    h = make_hosts(tmp_path_factory.mktemp("hosts"))
+    # a node that never answers: an address on the link that no host holds
+    ghost = h.addrs[0].rsplit(".", 1)[0] + ".9"
+    with open(h.ssh_config, "a") as f:
+        f.write(f"\nHost ghost\n  HostName {ghost}\n  ConnectTimeout 3\n  User root\n"
+                f"  IdentityFile {h.root / 'id_test'}\n  IdentitiesOnly yes\n")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def _spec(path: Path, hosts, steps: int, node1: str = "node1", join_s: int = 120) -> Path:
+    path.write_text(f'''name = "two-hosts"
+backend = "builtin"
+[model]
+path = "builtin:tiny-qwen2"
+[data]
+path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+max_length = 128
+[method]
+type = "lora"
+[train]
+max_steps = {steps}
+per_device_batch_size = 4
+save_steps = 0
+[cluster]
+nnodes = 2
+device = "cpu"
+nproc_per_node = 1
+master_addr = "{hosts.addrs[0]}"
+launcher = "ssh"
+hosts = ["node0", "{node1}"]
+interface = "{IFACE}"
+remote_home = ["{path.parent / 'node1-home'}"]
+join_timeout_s = {join_s}
+[run]
+stop_grace_s = 20
+''')
+    return path
+
+
+def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | list:
+    """The real `tunedeck` command line, run on the head host (its namespace)."""
+    env = dict(os.environ, TUNEDECK_HOME=str(home), TUNEDECK_SSH_CONFIG=str(hosts.ssh_config))
+    proc = subprocess.run(hosts.netns_argv(0, [sys.executable, "-m", "tunedeck.tui", *args,
+                                               "--json"]),
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    assert proc.stdout.strip(), f"tunedeck {args} printed nothing ({proc.returncode}):\n" \
+                                f"{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def _findings(run_dir: Path) -> list[dict]:
+    from tunedeck.core.runs.store import read_findings
+
+    return read_findings(run_dir)
+
+
+def _state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _netns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def _kill_marked(run_id: str) -> list[int]:
+    from tunedeck.core.runs.procs import marked_processes
+
+    killed = []
+    for p in marked_processes(run_id):
+        try:
+            p.kill()
+            killed.append(p.pid)
+        except psutil.Error:
+            pass
+    return killed
+
+
+def _cleanup(*run_ids: str) -> None:
+    for rid in run_ids:
+        _kill_marked(rid)
+
+
+def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both(
+        hosts, tmp_path):
+    home = tmp_path / "head-home"
+    spec = _spec(tmp_path / "spec.toml", hosts, steps=100000)
+    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
+    try:
+        # both nodes train: node 1's steps reach the head through the link
+        rows = wait_for(lambda: (r := _head_cli(hosts, home, "nodes", run_id)) and all(
+            (x["step"] or 0) >= 3 for x in r) and r, 240, "steps on both nodes")
+        assert [r["node"] for r in rows] == [0, 1]
+        assert rows[1]["host"] == "node1" and rows[1]["reach"] == "connected"
+        assert rows[1]["status"] == "running" and rows[1]["ranks"] == [1]
+        # node 1 runs on the other host: its own run folder, its own network namespace
+        node_state = _state(node_dir / "state.json")
+        head_state = _state(run_dir / "state.json")
+        assert node_state["status"] == "running"
+        assert _netns(node_state["torchrun_pid"]) == _netns(hosts.sshd[1].pid) != \
+            _netns(head_state["torchrun_pid"])
+        assert not (node_dir / "events" / "rank0.jsonl").exists()   # rank 0 is the head's
+        # the rendezvous was c10d across the hosts
+        argv = json.loads((run_dir / "plan.json").read_text())["nodes"][1]["argv"]
+        assert "c10d" in argv and f"{hosts.addrs[0]}:" in " ".join(argv)
+
+        # kill the ssh connection mid-run: the link reconnects and resumes from its offsets
+        agent = psutil.Process(head_state["agent_pid"])
+        ssh = [p for p in agent.children() if p.name() == "ssh"]
+        assert ssh, "the head reaches node 1 through an ssh child of its agent"
+        steps_before = rows[1]["step"]
+        for p in ssh:
+            p.send_signal(signal.SIGKILL)
+        link = wait_for(lambda: (d := _state(run_dir / "nodes" / "node1" / "link.json"))
+                        .get("drops", 0) >= 1 and d.get("connected") and d, 60,
+                        "the link to come back")
+        assert link["connects"] >= 2
+        wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
+                 > steps_before + 2, 120, "node 1's steps after the reconnect")
+
+        # the telemetry of node 1 reached the head too
+        tel = [json.loads(x) for x in
+               (run_dir / "nodes" / "node1" / "telemetry.jsonl").read_text().splitlines()]
+        assert tel and any(r.get("rank") == 1 for t in tel for r in t["procs"]["ranks"])
+
+        # stop ends both nodes
+        done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
+        assert done["status"] == "stopped", done
+        wait_for(lambda: _state(run_dir / "nodes" / "node1" / "link.json").get("ended"), 60,
+                 "node 1's last records")
+        assert _state(node_dir / "state.json")["status"] == "stopped"
+        assert _state(run_dir / "nodes" / "node1" / "state.json")["status"] == "stopped"
+        rows = _head_cli(hosts, home, "nodes", run_id)
+        assert [r["status"] for r in rows] == ["stopped", "stopped"]
+        from tunedeck.core.runs.procs import marked_processes
+        wait_for(lambda: not marked_processes(run_id) and
+                 not marked_processes(f"{run_id}.node1"), 30, "no process of either node left")
+
+        # no record lost: every file of node 1 is on the head, byte for byte
+        compared = 0
+        for p in node_dir.rglob("*"):
+            rel = p.relative_to(node_dir).as_posix()
+            if not p.is_file() or rel.split("/")[0] not in ("logs", "events") \
+                    or p.stat().st_size == 0:
+                continue
+            head = run_dir / ("logs/agent-node1.log" if rel == "logs/agent.log" else rel)
+            assert head.read_bytes() == p.read_bytes(), rel
+            compared += 1
+        assert compared >= 4     # agent, torchrun, rank log, events
+        steps = [json.loads(x) for x in (run_dir / "events" / "rank1.jsonl").open()
+                 if '"step"' in x]
+        numbers = [e["step"] for e in steps if e.get("kind") == "step"]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    finally:
+        _cleanup(run_id, f"{run_id}.node1")
+
+
+def test_a_node_that_never_joins_is_named_by_the_join_timeout(hosts, tmp_path):
+    home = tmp_path / "head-home"
+    spec = _spec(tmp_path / "spec.toml", hosts, steps=50, node1="ghost", join_s=15)
+    t0 = time.monotonic()
+    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight", "--wait",
+                    timeout=200)
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    try:
+        found = [f for f in _findings(run_dir) if f["category"] == "rendezvous_unreachable"
+                 and f["node"] == 1]
+        assert found, _findings(run_dir)
+        assert "node 1 (ghost)" in found[0]["summary"] and "15s" in found[0]["summary"]
+        assert "ssh" in found[0]["summary"]          # why: ssh could not reach it
+        st = _state(run_dir / "state.json")
+        assert st["status"] == "failed"
+        took = found[0]["t"] - st["started"]
+        assert 14 <= took <= 25, took
+        assert time.monotonic() - t0 < 90
+    finally:
+        _cleanup(run_id)
+
+
+def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
+    home = tmp_path / "head-home"
+    spec = _spec(tmp_path / "spec.toml", hosts, steps=100000)
+    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    try:
+        wait_for(lambda: all((r["step"] or 0) >= 3
+                             for r in _head_cli(hosts, home, "nodes", run_id)), 240,
+                 "steps on both nodes")
+        node_state = _state(run_dir / "nodes" / "node1" / "state.json")
+        # the node dies: its agent, torchrun and ranks, all at once
+        killed_at = time.time()
+        os.kill(node_state["agent_pid"], signal.SIGKILL)
+        _kill_marked(f"{run_id}.node1")
+        head = wait_for(lambda: (s := _state(run_dir / "state.json")).get("status") in
+                        ("failed", "stopped") and s, 60, "the head to stop")
+        lost = [f for f in _findings(run_dir) if f["category"] == "node_lost"]
+        assert lost and lost[0]["node"] == 1 and "node 1 (node1)" in lost[0]["summary"], \
+            _findings(run_dir)
+        assert lost[0]["t"] - killed_at < 10
+        assert head["ended"] - killed_at < 40
+        rows = _head_cli(hosts, home, "nodes", run_id)
+        assert rows[1]["findings"] >= 1
+    finally:
+        _cleanup(run_id, f"{run_id}.node1")
