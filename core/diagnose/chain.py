@@ -218,8 +218,25 @@ def _launcher_signal(found: list[Finding]) -> None:
     for f in found:
         if f.category != "launcher_signal":
             continue
-        m = re.search(r"Received (?:Signals\.)?(\w+) death signal|got signal: (\d+)",
-                      " ".join(f.evidence))
+        text = " ".join(f.evidence)
+        slurm = re.search(r"(JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?",
+                          text)
+        if slurm:     # the scheduler ended the job: every task got SIGTERM, then SIGKILL
+            why = (slurm.group(3) or "").strip().lower()
+            f.summary = (f"Slurm cancelled the {slurm.group(1).lower()} on {slurm.group(2)}"
+                         + (f" ({why})" if why else " (scancel or the scheduler)")
+                         + "; no rank failed on its own")
+            f.cause = ("Slurm ended the job: its time limit, a preemption, a node failure, or "
+                       "an scancel by a user or an admin. The tasks' ends follow from it.")
+            f.fix = ("Check `sacct -j <job> -o JobID,State,ExitCode,Elapsed,Timelimit`; for a "
+                     "time limit raise --time or save checkpoints often enough to resume; for "
+                     "preemption use a requeue-able partition and resume from a checkpoint.")
+            f.rank = None
+            for g in found:
+                if g is not f and g.category in (_TIER_SIGNAL | _TIER_AFTER | {"rank_crashed"}):
+                    g.root_cause = False
+            continue
+        m = re.search(r"Received (?:Signals\.)?(\w+) death signal|got signal: (\d+)", text)
         sig = None
         if m:
             raw = m.group(1) or m.group(2)
@@ -424,6 +441,13 @@ def _tier(f: Finding) -> int:
     return 0
 
 
+_FOLLOWS_FROM = {
+    "dataloader_shm": {"too_many_open_files"},
+    "dataloader_worker_killed": {"too_many_open_files", "dataloader_shm", "oom_host"},
+    "io_error": {"disk_full"},
+}
+
+
 def _line_of(f: Finding, scanners) -> tuple[int, int]:
     for i, sc in enumerate(scanners):
         if f.source.startswith(sc.name):
@@ -450,6 +474,10 @@ def _mark_chain(found: list[Finding], scanners) -> None:
              (_TIER_SIGNAL | _TIER_AFTER | {"launcher_signal"})]
     cands = [f for f in cands if not (f.category == "worker_sigabrt" and
                                       (f.rank in explained or None in explained))] or errors
+    # a category that follows from another when both are there (an fd limit makes opening a
+    # shared-memory segment fail; a dead worker follows from host OOM or /dev/shm)
+    present = {f.category for f in errors}
+    cands = [f for f in cands if not present & _FOLLOWS_FROM.get(f.category, set())] or cands
     best = min(tiers[id(f)] for f in cands)
     top = [f for f in cands if tiers[id(f)] == best]
     timed = [f for f in top if f.t is not None]

@@ -14,6 +14,7 @@ from tunedeck.core.diagnose.finding import Finding
 
 FROZEN_STEPS = 5   # identical grad norms in a row before we call them frozen
 ZERO_STEPS = 3
+BAD_GRAD_STEPS = 3  # nan/inf grad norms in a row before we call it divergence
 SHOWN = 4          # records quoted as evidence
 
 
@@ -50,6 +51,7 @@ class LossWatch:
         self.had_nonzero = False
         self.zero = _Run()
         self.frozen = _Run()
+        self.bad_grad = _Run()    # consecutive steps whose grad norm is nan/inf
 
     def feed(self, recs: Iterable[dict[str, Any]]) -> "LossWatch":
         for r in recs:
@@ -66,6 +68,10 @@ class LossWatch:
                 self.zero.extend(r)
             else:
                 self.zero.restart()
+            if isinstance(g, float) and not math.isfinite(g):
+                self.bad_grad.extend(r)
+            else:
+                self.bad_grad.restart()
             if isinstance(g, (int, float)):
                 # a run in progress always ends at the previous record
                 if self.frozen.cur_len and self.prev is not None \
@@ -94,6 +100,26 @@ class LossWatch:
                     "train in bf16 instead of fp16, and check the data around that step for "
                     "empty or truncated answers.",
                 evidence=[_fmt(r) for r in shown], source=self.source, t=first.get("t")))
+        g = self.bad_grad
+        # fp16's loss scaler skips a step now and then on an inf gradient: that is normal;
+        # several in a row, or the log ending on them, is a run that has diverged
+        if not self.bad and (g.best_len >= BAD_GRAD_STEPS or g.cur_len >= 2):
+            first = g.best_head[0] if g.best_len >= BAD_GRAD_STEPS else g.cur_head[0]
+            n = max(g.best_len, g.cur_len)
+            out.append(Finding(
+                category="loss_anomaly", severity="error",
+                summary=f"gradients are {first['grad_norm']} from step {first['step']} "
+                        f"({n} steps in a row)",
+                cause="The gradient norm is NaN/inf step after step: the optimizer skips or "
+                      "applies garbage updates, and a loss printed as 0.0 or a finite number "
+                      "meanwhile hides it (the learning rate is too high, fp16 overflowed, or "
+                      "a batch has no target tokens).",
+                fix="Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
+                    "train in bf16 instead of fp16, and check the data around that step for "
+                    "empty or all-masked samples.",
+                evidence=[_fmt(r) for r in (g.best_head if g.best_len >= BAD_GRAD_STEPS
+                                            else g.cur_head)],
+                source=self.source, t=first.get("t")))
         z = self.zero
         if z.best_len >= ZERO_STEPS and self.had_nonzero:
             out.append(Finding(

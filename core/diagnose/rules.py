@@ -160,6 +160,24 @@ RULES: list[Rule] = [
        "defaults to 64 MB).",
        "Run the container with --shm-size=16g (or --ipc=host), lower "
        "dataloader_num_workers, or set the sharing strategy to file_system."),
+    # after the /dev/shm rule (its "No space left on device" names shm)
+    _r("disk_full", "error",
+       r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]"
+       r"|database or disk is full|ENOSPC",
+       "the disk is full",
+       "A write failed because the filesystem (or the user's quota) is full: checkpoints, "
+       "logs, the dataset cache or a temp folder filled it.",
+       "Free space or point the output elsewhere (run.output_dir, HF_HOME, TMPDIR); keep "
+       "fewer checkpoints (save_total_limit); check `df -h` and `df -i` on that path."),
+    _r("io_error", "error",
+       r"\[Errno 5\] Input/output error|Stale file handle|\[Errno 116\]"
+       r"|Transport endpoint is not connected|\[Errno 121\] Remote I/O error"
+       r"|Read-only file system|\[Errno 30\]",
+       "storage I/O error",
+       "The filesystem failed a read or write: a network or FUSE mount dropped, a disk "
+       "error, or a filesystem remounted read-only after an error.",
+       "Check the mount (`mount`, `dmesg` for I/O errors) and its server; write checkpoints "
+       "and caches to local disk and copy them out; retry once the mount is back."),
     _r("dataloader_worker_killed", "error",
        r"DataLoader worker \(pid(?:\(s\))?[^)]*\) (?:is killed by signal|exited unexpectedly)",
        "a DataLoader worker died",
@@ -240,17 +258,38 @@ RULES: list[Rule] = [
        "command line flag rejected",
        "The training program does not accept a flag it was given.",
        "Fix the flag (see the suggestion)."),
+    _r("missing_module", "error",
+       r"ModuleNotFoundError: No module named '(?P<mm_mod>[\w.]+)'"
+       r"|ImportError: (?P<mm_lib>lib[\w.+-]+\.so[\w.]*): cannot open shared object file",
+       "a module the program needs is not installed: {mm_mod}{mm_lib}",
+       "The Python environment the ranks run in lacks a package (or a native library) the "
+       "code imports: it is installed in another environment, or an optional extra (e.g. "
+       "flash-attn, deepspeed, bitsandbytes) was never installed.",
+       "Install it in the environment torchrun starts (`python -m pip install <package>`, "
+       "matching the torch/CUDA build for compiled ones), or turn off the feature that needs "
+       "it; on several nodes, install it on every node."),
+    _r("version_mismatch", "error",
+       r"got an unexpected keyword argument '(?P<vm_kw>\w+)'"
+       r"|cannot import name '(?P<vm_name>\w+)' from '(?P<vm_from>[\w.]+)'",
+       "the installed library does not accept {vm_kw}{vm_name}",
+       "The code (or its config) was written for another version of a library: the argument "
+       "or name was renamed or removed in the installed one (transformers renamed "
+       "evaluation_strategy to eval_strategy, for instance).",
+       "Use the installed version's name for it (see the library's changelog), or install "
+       "the version the code was written for (`pip show <package>` shows what you have)."),
     # a rank's own last words when a signal ends it (torchrun's table may be cut or missing)
     _r("worker_segfault", "error",
        r"Fatal Python error: (?:Segmentation fault|Bus error)|Segmentation fault \(core dumped\)"
-       r"|Caught signal 11 \(Segmentation fault|SIGSEGV received",
+       r"|Caught signal 11 \(Segmentation fault|SIGSEGV received"
+       r"|<Signals\.SIGSEGV: 11>|returned non-zero exit status -11\b",
        "a rank crashed with a segmentation fault",
        "Native code crashed (a CUDA extension, a mismatched library build, or corrupted "
        "memory).",
        "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that compiled extensions "
        "(flash-attn, bitsandbytes, deepspeed ops) match the installed torch/CUDA."),
     _r("worker_sigabrt", "error",
-       r"Fatal Python error: Aborted|Aborted \(core dumped\)",
+       r"Fatal Python error: Aborted|Aborted \(core dumped\)"
+       r"|<Signals\.SIGABRT: 6>|returned non-zero exit status -6\b",
        "a rank aborted (SIGABRT)",
        "The rank aborted itself: a C++ exception or an assertion in torch/NCCL/CUDA (the "
        "lines just before it say which).",
@@ -258,13 +297,15 @@ RULES: list[Rule] = [
     # torchrun itself got a signal: nothing failed inside the run (chain.py words it per signal)
     _r("launcher_signal", "error",
        r"Received (?P<sig>\d+|Signals\.SIG\w+) death signal, shutting down workers"
-       r"|SignalException: Process \d+ got signal: (?P<sig2>\d+)",
+       r"|SignalException: Process \d+ got signal: (?P<sig2>\d+)"
+       r"|\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+(?P<slurm_why> DUE TO [A-Z ]+)?",
        "the launcher was stopped by a signal",
        "torchrun itself received a signal and shut its workers down; no rank failed on "
        "its own.",
        "See who sent it."),
     _r("worker_sigkill", "error",
-       r"^Killed\s*$|: line \d+: +\d+ Killed\b",
+       r"^Killed\s*$|: line \d+: +\d+ Killed\b"
+       r"|<Signals\.SIGKILL: 9>|returned non-zero exit status -9\b",
        "a process was killed (SIGKILL)",
        "Something killed the process with SIGKILL: most often the kernel's OOM killer (host "
        "memory), or a scheduler/user kill.",
@@ -382,6 +423,7 @@ _OTHER = (
     "Traceback (most", " FAILED", "=" * 20,          # tracebacks, torchrun's report
     "nqueued", "exitcode", "closing signal",          # watchdog, torchrun lines
     "\r", "|", "step", "\n{",                         # metrics and tqdm (scan.poll's filter)
+    "loss: ", "loss :",                               # mmengine, MetricLogger, DLLogger lines
     "NCCL WARN", "NCCL ERROR", "NCCL TRACE",          # NCCL lines other than plain INFO
     # torchrun's failure table when its head was cut off (scan / parsers.torchrun), the
     # DeepSpeed launcher's exit line, the signal the launcher passed on

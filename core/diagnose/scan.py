@@ -27,6 +27,7 @@ PASTE_MAX = 1 << 20    # files up to this size are checked for terminal wrapping
 # watchdog's `[PG 0 Rank 3]` / `[PG ID 0 PG GUID 0(default_pg) Rank 3]`, DDP's `for rank 2:`
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
                            r"|\[Rank (\d+)\]|Duplicate GPU detected : rank (\d+)")
+_LOCAL_RANK_ARG = re.compile(r"--local[_-]rank=(\d+)")
 _LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 # a glog / logging level that says the line is only a warning (c10d retrying a connect,
 # binding IPv6 before IPv4): the rules it matches are warnings there, not failures
@@ -125,6 +126,9 @@ class FileScanner:
         if final:
             for rank in list(self._tb):
                 self._tb_finish(rank, self.tail.lineno)
+            report = self._cfp.flush(self.tail.lineno)
+            if report is not None:
+                self.reports.append(report)
 
     def _wrapped_paste(self, chunk_fn, metric_lines: list[str]) -> None:
         """A small file read whole (a pasted excerpt, not a live log) whose long lines a
@@ -290,7 +294,7 @@ class FileScanner:
 
     def _logical(self, lineno: int, raw: str, metric_lines: list[str]) -> None:
         self._line(lineno, raw)
-        if raw[:1] == "{" or "|" in raw or "step" in raw:
+        if raw[:1] == "{" or "|" in raw or "step" in raw or "loss" in raw:
             metric_lines.append(raw)
 
     def _line(self, lineno: int, raw: str) -> None:
@@ -305,6 +309,11 @@ class FileScanner:
         if rank is None and "ank " in text:
             m = _RANK_IN_TEXT.search(text)
             rank = int(next(g for g in m.groups() if g is not None)) if m else None
+        if rank is None and "local_rank=" in text and ("<Signals." in text or "exit status" in
+                                                       text):
+            # the old launcher's CalledProcessError quotes the failed child's own argv
+            m = _LOCAL_RANK_ARG.search(text)
+            rank = int(m.group(1)) if m else None
         t = self._time_of(split_rank(raw)[1]) if norm.stamped or raw[:1] in "IWEF[" else None
         if t is not None:
             self._last_t = t

@@ -293,7 +293,13 @@ def records_from_file(path: str | Path) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"no such file: {path}")
     fm = FileMetrics(path)
     fm.poll(final=True)
-    return fm.records()
+    recs = fm.records()
+    # a file ends where it was cut: steps after the last loss that carry no loss of their own
+    # (an optimizer's step line whose loss line never came) say nothing about training
+    if any("loss" in r for r in recs):
+        while recs and "loss" not in recs[-1] and "eval_loss" not in recs[-1]:
+            recs.pop()
+    return recs
 
 
 def merge_by_step(sources: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:

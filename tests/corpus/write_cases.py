@@ -586,6 +586,78 @@ case("exit1_table_only_identical_lines", "rank_crashed", 0,
                          sig_trace(1, 0))]), ("plain", "iso"), text_rank=True)
 
 
+# -- classes a blind evaluation on other public reports found missing (our own lines) --------
+
+def _hf(loss, gn, epoch):
+    return f"{{'loss': {loss}, 'grad_norm': {gn}, 'learning_rate': 2e-05, 'epoch': {epoch}}}"
+
+
+case("old_launcher_child_segv", "worker_segfault", 2,
+     "https://github.com/pytorch/pytorch/issues/61839",
+     tb(None, [(f"{PY}/torch/distributed/launch.py", 255, "main", "sigkill_handler(...)"),
+               (f"{PY}/subprocess.py", 512, "run", "raise CalledProcessError(retcode, cmd)")],
+        "subprocess.CalledProcessError: Command '['/usr/bin/python3', '-u', 'finetune.py', "
+        "'--local_rank=2', '--epochs', '3']' died with <Signals.SIGSEGV: 11>.")
+     + [(None, "*" * 41)], ("plain", "iso"), text_rank=True)
+case("table_cut_before_root_trace", "worker_sigabrt", 0,
+     "https://github.com/open-mmlab/mmsegmentation/issues/3106",
+     table("tools/train.py", [(0, "lab-ws3", -6, 61002, "2024-02-11_09:14:55",
+                               sig_trace(-6, 61002)),
+                              (1, "lab-ws3", -6, 61003, "2024-02-11_09:14:55",
+                               sig_trace(-6, 61003))])[:-3], ("plain",), text_rank=True)
+case("disk_full_behind_job_prefix", "disk_full", None,
+     "https://github.com/databrickslabs/dolly/issues/139",
+     [(None, f"2024-03-02 11:20:07.412 [41/trainer/7 (pid 5512)] [a3f0c2d1-77aa] {ln}")
+      for ln in ["Saving model checkpoint to /mnt/out/checkpoint-600",
+                 "Traceback (most recent call last):",
+                 f'  File "{PY}/torch/serialization.py", line 441, in save',
+                 "    _save(obj, opened_zipfile, pickle_module, pickle_protocol)",
+                 "OSError: [Errno 28] No space left on device"]], ("plain",))
+case("io_error_on_a_rank", "io_error", 1,
+     "https://github.com/Mikubill/naifu/issues/35",
+     tb(1, [("/work/train.py", 88, "save_samples", "os.makedirs(out_dir, exist_ok=True)"),
+            ("/usr/lib/python3.10/os.py", 225, "makedirs", "mkdir(name, mode)")],
+        "OSError: [Errno 5] Input/output error: '/mnt/nfs/samples'"),
+     ("rank", "srun"))
+case("slurm_time_limit", "launcher_signal", None,
+     "https://github.com/IGNF/myria3d/issues/123",
+     [(0, "Epoch 3:  41%|████      | 812/1980 [31:02<44:38,  2.29s/it, loss=0.412]"),
+      (None, "slurmstepd: error: *** JOB 88231 ON gpu-node-12 CANCELLED AT "
+             "2024-05-02T03:00:11 DUE TO TIME LIMIT ***"),
+      (None, "srun: error: gpu-node-12: task 1: Terminated"),
+      (None, "srun: error: gpu-node-12: task 0: Terminated")], ("plain",))
+case("fd_limit_then_shm", "too_many_open_files", None,
+     "https://github.com/facebookresearch/maskrcnn-benchmark/issues/158",
+     [(0, "RuntimeError: unable to open shared memory object </torch_4411_2231_0> in "
+          "read-write mode: Too many open files (24)")] +
+     tb(0, [(f"{PY}/torch/multiprocessing/reductions.py", 322, "rebuild_storage_filename",
+             "storage = cls._new_shared_filename(manager, handle, size)")],
+        "RuntimeError: unable to open shared memory object </torch_4411_2231_1> in "
+        "read-write mode"), ("plain",))
+case("missing_module_lone_line", "missing_module", 0,
+     "https://github.com/togethercomputer/OpenChatKit/issues/175",
+     [(0, "ModuleNotFoundError: No module named 'deepspeed'")], ("rank", "plain"))
+case("renamed_training_argument", "version_mismatch", None,
+     "https://github.com/TW-NLP/ChineseErrorCorrector/issues/31",
+     tb(None, [("/work/run_sft.py", 61, "main", "args = TrainingArguments(**cfg)")],
+        "TypeError: TrainingArguments.__init__() got an unexpected keyword argument "
+        "'evaluation_strategy'"), ("plain",))
+case("grad_norm_nan_zero_loss", "loss_anomaly", None,
+     "https://github.com/Time-MoE/Time-MoE/issues/31",
+     [(None, _hf(0.0, "nan", round(0.3 + i / 50, 2))) for i in range(6)], ("plain",))
+case("grad_norm_nan_at_the_end", "loss_anomaly", None,
+     "https://github.com/InternLM/xtuner/issues/187",
+     [(None, f"05/11 14:0{i}:12 - mmengine - INFO - Epoch(train) [2][{i * 10 + 10}/512]  "
+             f"lr: 1.2e-04  eta: 1:02:11  time: 1.91  data_time: 0.01  memory: 20311  "
+             f"loss: {2.1 - i / 20:.4f}  grad_norm: {'nan' if i > 2 else f'{1.1 + i / 9:.4f}'}")
+      for i in range(5)], ("plain",))
+case("metric_logger_inf_loss", "loss_anomaly", None,
+     "https://github.com/facebookresearch/dinov2/issues/143",
+     [(None, f"I0202 09:1{i}:00 77 ssl helpers.py:99] Training  [{i * 20:>6}/125000]  eta: 9 "
+             f"days, 1:00:00  lr: 0.0001 (0.0001)  total_loss: inf (inf)")
+      for i in range(1, 5)], ("plain",))
+
+
 # -- healthy logs ----------------------------------------------------------------------------
 
 HEALTHY: dict[str, tuple] = {}

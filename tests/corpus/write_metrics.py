@@ -159,6 +159,34 @@ def _():
             f"'epoch': {i / N:.2f}}}" for i in range(1, N + 1)], N, loss(N)
 
 
+@log("dllogger_iterations.log", "https://github.com/NVIDIA/DeepLearningExamples/issues/1107")
+def _():
+    return [f"DLL 2024-01-09 07:{i // 60:02d}:{i % 60:02d}.500123 - Training Epoch: 0 Training "
+            f"Iteration: {i * 25}  step_loss : {loss(i)}  learning_rate : {2e-5 * (1 - i / N):.6e} "
+            for i in range(1, N + 1)] + ["DLL 2024"], N * 25, loss(N)
+
+
+@log("lightning_bar_without_bar.log",
+     "https://github.com/Lightning-AI/pytorch-lightning/issues/3866")
+def _():
+    n = 400
+    return [f"Epoch 0:  {i * 100 // n}% {i}/{n} [0{i // 60}:{i % 60:02d}<0{(n - i) // 60}:"
+            f"{(n - i) % 60:02d},  3.1{i % 9}it/s, loss={loss(i)}, v_num=2]"
+            for i in range(1, N + 1)], N, loss(N)
+
+
+@log("neox_lm_loss_then_ds_step.log", "https://github.com/deepspeedai/DeepSpeed/issues/3742")
+def _():
+    lines = []
+    for i in range(1, N + 1):
+        lines.append(f" samples/sec: 8.120 | iteration {i:8d}/{N * 100:8d} | elapsed time per "
+                     f"iteration (ms): {3900.0 + i:.1f} | learning rate: {1e-6 * i:.3E} | "
+                     f"lm_loss: {loss(i):.6E} | number of skipped iterations:   0 |")
+        lines.append(f"[2024-02-01 10:00:{i % 60:02d},101] [INFO] [logging.py:96:log_dist] "
+                     f"[Rank 0] step={i + 1}, skipped=0, lr=[{1e-6 * (i + 1)}], mom=[[0.9, 0.95]]")
+    return lines, N, loss(N)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     manifest = {}

@@ -65,7 +65,7 @@ def _parse(line: str) -> tuple[str, dict[str, Any]] | None:
         d = parse_deepspeed(s)
         if d is not None:
             return "deepspeed", d
-    if "|" in s:
+    if "|" in s or "% " in s:
         d = parse_tqdm(s)
         if d is not None:
             return "tqdm", d

@@ -27,7 +27,8 @@ _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 
 _MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 _MEGATRON_FIELDS = {
-    "lm loss": "loss", "loss": "loss", "learning rate": "learning_rate", "grad norm": "grad_norm",
+    "lm loss": "loss", "lm_loss": "loss", "loss": "loss", "learning rate": "learning_rate",
+    "grad norm": "grad_norm",
     "elapsed time per iteration (ms)": "step_ms",
 }
 _FIELD = re.compile(r"\|\s*([a-z][a-z ()/_-]*?)\s*:\s*(" + _NUM + r")\s*(?=\||$)", re.I)
@@ -45,7 +46,15 @@ _RICH_BAR = re.compile(r"Epoch (\d+)/\d+\s+\S+\s+(\d+)/(\d+)\s.*?\btrain_loss(?:
 # iterations: the run's step counts the epochs before), `Iter(train) [  100/160000]  ... loss: 2.3`
 _MM_EPOCH = re.compile(r"\bEpoch(?:\(train\))? *\[(\d+)\] *\[ *(\d+)/(\d+)\]")
 _MM_ITER = re.compile(r"\bIter(?:\(train\))? *\[ *(\d+)/(\d+)\]")
-_MM_LOSS = re.compile(r"\bloss: (" + _NUM + r")")
+_MM_LOSS = re.compile(r"\b(?:total_)?loss: (" + _NUM + r")")
+_MM_EXTRA = {"grad_norm": re.compile(r"\bgrad_norm: (" + _NUM + r")"),
+             "learning_rate": re.compile(r"\blr: (" + _NUM + r")")}
+# MetricLogger style (detectron2, DINO, timm scripts): `Training  [   40/5000000]  ... loss: x`
+_BRACKET_STEP = re.compile(r"\[ *(\d+)/(\d+)\]")
+# a step (iteration) named before its loss: `Training Iteration: 3272  step_loss : 0.48`
+_STEP_FIRST = re.compile(r"\b(?:global[ _]?step|step|iteration|iter)\b\s*[=:]?\s*(\d+)\b"
+                         r"(?![./])(?:(?!\b(?:global[ _]?step|step|iteration|iter)\b).)*?"
+                         r"\b(?:\w+_)?loss\s*[=:]\s*(" + _NUM + r")\b", re.I)
 # anything else that names a loss and then a step: `Loss nan ... Global Step: 20`
 _LOSS_FIRST = re.compile(r"\bloss\b[\s=:]+(" + _NUM + r")\b.*?\b(?:global[ _]?step|step|iteration)"
                          r"\b[\s=:]+(\d+)(?![\d.e])", re.I)
@@ -83,7 +92,7 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
         if m:
             epoch, n, total = int(m[1]), int(m[2]), int(m[3])
             return {"step": epoch * total + n, "loss": float(m[4]), "epoch": epoch}
-    if "[" in s and ("Epoch" in s or "Iter" in s):
+    if "[" in s and ("Epoch" in s or "Iter" in s or "/" in s) and "loss: " in s:
         rec = _mm(s)
         if rec is not None:
             return rec
@@ -94,6 +103,9 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
         m = _LOSS_FIRST.search(s)
         if m:
             return {"step": int(m[2]), "loss": float(m[1])}
+        m = _STEP_FIRST.search(s) if "% " not in s else None
+        if m:
+            return {"step": int(m[1]), "loss": float(m[2])}
     return None
 
 
@@ -104,11 +116,16 @@ def _mm(s: str) -> dict[str, Any] | None:
     m = _MM_EPOCH.search(s)
     if m:
         epoch, n, per_epoch = int(m[1]), int(m[2]), int(m[3])
-        return {"step": (epoch - 1) * per_epoch + n, "loss": float(loss[1]), "epoch": epoch}
-    m = _MM_ITER.search(s)
-    if m:
-        return {"step": int(m[1]), "max_steps": int(m[2]), "loss": float(loss[1])}
-    return None
+        rec = {"step": (epoch - 1) * per_epoch + n, "loss": float(loss[1]), "epoch": epoch}
+    elif (m := _MM_ITER.search(s) or _BRACKET_STEP.search(s)):
+        rec = {"step": int(m[1]), "max_steps": int(m[2]), "loss": float(loss[1])}
+    else:
+        return None
+    for key, rx in _MM_EXTRA.items():
+        got = rx.search(s)
+        if got:
+            rec[key] = float(got[1])
+    return rec
 
 
 def _megatron(s: str) -> dict[str, Any] | None:

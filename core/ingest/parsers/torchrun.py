@@ -104,6 +104,16 @@ class ChildFailedParser:
     def in_report(self) -> bool:
         return self._in
 
+    def flush(self, lineno: int = 0) -> ChildFailedReport | None:
+        """The end of the input inside a report (a paste cut mid-table): what it held."""
+        if not self._in:
+            return None
+        self._in = False
+        if not any(f.rank is not None or f.exitcode is not None for f in self._failures):
+            return None
+        return ChildFailedReport(self._script, self._failures, self._start, lineno,
+                                 self._lines)
+
     def feed(self, line: str, lineno: int = 0) -> ChildFailedReport | None:
         prev, self._prev = self._prev, line
         self.consumed = True

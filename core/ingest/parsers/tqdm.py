@@ -14,13 +14,22 @@ _BAR = re.compile(
 _POSTFIX_LOSS = re.compile(r"(?:\b|train_)loss(?:_step)?=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))"
                            r"[,\]\s]")
 _EPOCH = re.compile(r"^Epoch (\d+):")
+# the same bar where the terminal (or a notebook's capture) dropped the bar itself:
+# `Epoch 0:  98% 1663/1702 [13:02<00:18,  2.12it/s, loss=0.158]` (the bracket is required)
+_BARLESS = re.compile(
+    r"(?:(?P<desc>[^|\r%]*?):?\s*)?(?P<pct>\d+)% +(?P<n>\d+)/(?P<total>\d+)"
+    r"\s*\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:?]+))?"
+    r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?")
 
 
 def parse_tqdm(line: str) -> dict[str, Any] | None:
     """n, total, elapsed_s, remaining_s, s_per_it / it_per_s; None when not a bar."""
-    if "%|" not in line:
+    if "%|" in line:
+        m = _BAR.search(line)
+    elif "% " in line and "/" in line and "[" in line:
+        m = _BARLESS.search(line)
+    else:
         return None
-    m = _BAR.search(line)
     if not m:
         return None
     out: dict[str, Any] = {"n": int(m["n"]), "total": int(m["total"]),
