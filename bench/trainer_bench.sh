@@ -41,6 +41,7 @@ port=$((29600 + RANDOM % 300))
 
 trun() {  # trun NPROC NAME ARGS...: one torchrun case, its log in OUTDIR/NAME/
   local n=$1 name=$2; shift 2
+  rm -rf "${OUT:?}/$name"   # a warm machine keeps the last call's files: no mixed events
   mkdir -p "$OUT/$name"
   port=$((port + 1))
   echo "== $name ($n ranks)"
@@ -72,6 +73,7 @@ one() {  # one CASE
     anchor-liger-1) trun 1 "$c" "${anchor[@]}" --liger --out "$OUT/$c" ;;
     anchor-compile-1) trun 1 "$c" "${anchor[@]}" --compile --out "$OUT/$c" ;;
     unsloth-1)
+      rm -rf "${OUT:?}/$c"
       mkdir -p "$OUT/$c"
       echo "== $c"
       local t0=$SECONDS model

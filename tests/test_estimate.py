@@ -191,3 +191,38 @@ def test_bench_only_option_selects_and_rejects(tmp_path, capsys):
     assert len(selected("")) == len(_calibration_rows())
     assert main([str(tmp_path), "--only", "nope"]) == 2
     assert "unknown configuration nope" in capsys.readouterr().err
+
+
+def test_swift_speed_flags_offer_what_the_installed_version_has():
+    """ms-swift runs get the speed switches measured on H200 (Liger, compile, padding-free),
+    only those the installed ms-swift knows, never one the run already sets; padding-free
+    only as advice to switch to flash attention when the run uses sdpa."""
+    from tunedeck.core.estimate.advisor import LIGER_GAIN, PACKING_GAIN, advise, speed_flags
+
+    known = {"use_liger_kernel": {}, "torch_compile": {}, "padding_free": {}, "packing": {}}
+    got = {f["flag"]: f for f in speed_flags(["--attn_impl", "flash_attn"], known=known)}
+    assert set(got) == {"--use_liger_kernel", "--torch_compile", "--padding_free"}
+    assert got["--use_liger_kernel"]["gain"] == LIGER_GAIN
+    assert got["--padding_free"]["gain"] == PACKING_GAIN
+    assert "flash" not in got["--padding_free"]["why"]
+    # already set (either spelling), or packing on: not offered again
+    got = speed_flags(["--use_liger_kernel=false", "--packing", "true", "--attn_impl",
+                       "flash_attn"], known=known)
+    assert [f["flag"] for f in got] == ["--torch_compile"]
+    # sdpa: padding-free is offered with what it needs; fixed-length data: not at all
+    sdpa = {f["flag"]: f for f in speed_flags(["--attn_impl", "sdpa"], known=known)}
+    assert "--attn_impl flash_attn" in sdpa["--padding_free"]["why"]
+    assert "--padding_free" not in {f["flag"] for f in speed_flags([], known=known,
+                                                                    variable_length=False)}
+    # an older ms-swift without these flags: nothing to offer
+    assert speed_flags(["--attn_impl", "flash_attn"], known={"model": {}}) == []
+    # advise() fills them for swift runs only
+    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="builtin", swift_argv=[])
+    assert a.speed_flags == []
+
+
+def test_builtin_trainer_plans_with_its_measured_utilisation():
+    from tunedeck.core.estimate.speed import BUILTIN_COMPILED_MFU, DEFAULT_MFU, typical_mfu
+
+    assert typical_mfu("builtin") == BUILTIN_COMPILED_MFU > DEFAULT_MFU
+    assert typical_mfu("builtin", compiled=False) == typical_mfu("swift") == DEFAULT_MFU

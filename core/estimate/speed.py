@@ -13,6 +13,18 @@ from dataclasses import asdict, dataclass
 from tunedeck.core.estimate.arch import ModelArch
 
 DEFAULT_MFU = 0.35
+# tunedeck's built-in trainer with train.compile (the default) on a GPU, by this module's count:
+# 16,442 tok/s on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-01) ≈ 0.50;
+# eager it was 12,328 ≈ 0.37.
+BUILTIN_COMPILED_MFU = 0.50
+
+
+def typical_mfu(backend: str, compiled: bool = True) -> float:
+    """The utilisation to plan with for a backend: measured for the built-in trainer, the
+    ms-swift figure (DEFAULT_MFU) for everything else."""
+    if backend == "builtin" and compiled:
+        return BUILTIN_COMPILED_MFU
+    return DEFAULT_MFU
 # Dense bf16 peak TFLOP/s (no sparsity), matched against the NVML name.
 PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("H20", 148.0),
                ("B200", 2250.0), ("B100", 1750.0), ("GH200", 989.0), ("A100", 312.0),
