@@ -115,19 +115,28 @@ def _narrow(recs: list[dict[str, Any]], since: int | None, every: int | None,
 def _record(rank: int, step: int, row: tuple | None, ev: tuple | None) -> dict[str, Any]:
     """One rank's record at a step, built as the parser builds it from that rank's events
     (same keys, same order; a NaN loss is None, as JSON prints it)."""
-    rec: dict[str, Any] = {"step": step}
-    if row is not None:
-        for key, i in _OUT:
-            if row[i] is not None:
-                rec[key] = row[i]
-        rec["rank"] = rank
-        for key, i in _EXTRA:
-            if row[i] is not None:
-                rec[key] = row[i]
-        if row[12] and "loss" not in rec:
-            rec["loss"] = None   # written, but not a number
+    if row is not None and row[12] is None and None not in row[1:11]:
+        # a trainer's step: every field there (one dict display, no per-key test)
+        rec: dict[str, Any] = {
+            "step": step, "loss": row[2], "learning_rate": row[3], "grad_norm": row[4],
+            "tokens_per_s": row[5], "step_s": row[6], "epoch": row[7], "rank": rank,
+            "t": row[1], "tokens": row[8], "data_wait_s": row[9], "mem_gib": row[10]}
         if row[11]:
             rec["max_steps"] = row[11]
+    else:
+        rec = {"step": step}
+        if row is not None:
+            for key, i in _OUT:
+                if row[i] is not None:
+                    rec[key] = row[i]
+            rec["rank"] = rank
+            for key, i in _EXTRA:
+                if row[i] is not None:
+                    rec[key] = row[i]
+            if row[12] and "loss" not in rec:
+                rec["loss"] = None   # written, but not a number
+            if row[11]:
+                rec["max_steps"] = row[11]
     if ev is not None:   # an eval merges into its step's record: its keys go last
         rec.update(_eval_part(rank, ev))
     return rec
@@ -169,23 +178,48 @@ def _stream(store: Store, since: int | None, every: int | None,
         extra = [s for s in extra if s >= since]
     steps = src.rows(lead, "step", since, every)
     evals = src.rows(lead, "eval", since, every)
+    never = float("inf")
     ev = next(evals, None)
-    row = next(steps, None)
     xi = 0
-    while row is not None or ev is not None or xi < len(extra):
-        s = min(x for x in (row[0] if row else None, ev[0] if ev else None,
-                            extra[xi] if xi < len(extra) else None) if x is not None)
-        mine_row = row if row is not None and row[0] == s else None
-        mine_ev = ev if ev is not None and ev[0] == s else None
-        if mine_row is not None:
-            row = next(steps, None)
-        if mine_ev is not None:
+    nx = extra[0] if extra else never
+
+    def others_only(s: int) -> dict[str, Any] | None:
+        """A record at a step the lead has no step row for (an eval of its own, or only
+        the other ranks' rows)."""
+        nonlocal ev, xi, nx
+        mine = None
+        if ev is not None and ev[0] == s:
+            mine = _record(lead, s, None, ev)
             ev = next(evals, None)
-        if xi < len(extra) and extra[xi] == s:
+        if nx == s:
             xi += 1
-        rec = _record(lead, s, mine_row, mine_ev) if mine_row or mine_ev else None
-        if rec is None or s in special or (fill_keys and not fill_keys <= rec.keys()):
+            nx = extra[xi] if xi < len(extra) else never
+            return _merged(src, s, mine, others)
+        if mine is not None and fill_keys and not fill_keys <= mine.keys():
+            return _merged(src, s, mine, others)
+        return mine
+
+    for row in steps:
+        s = row[0]
+        while (ev is not None and ev[0] < s) or nx < s:
+            first = min(ev[0] if ev is not None else never, nx)
+            rec = others_only(first)
+            if rec is not None:
+                yield rec
+        if ev is not None and ev[0] == s:
+            rec = _record(lead, s, row, ev)
+            ev = next(evals, None)
+        else:
+            rec = _record(lead, s, row, None)
+        if nx == s:
+            xi += 1
+            nx = extra[xi] if xi < len(extra) else never
             rec = _merged(src, s, rec, others)
+        elif fill_keys and not fill_keys <= rec.keys():
+            rec = _merged(src, s, rec, others)
+        yield rec
+    while ev is not None or nx < never:
+        rec = others_only(min(ev[0] if ev is not None else never, nx))
         if rec is not None:
             yield rec
 
