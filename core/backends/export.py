@@ -74,6 +74,9 @@ def export(spec: RunSpec, fmt: str) -> str:
 
 
 def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
+    if spec.cluster.launcher == "slurm":   # one tunedeck agent per node (tunedeck.core.nodes)
+        from tunedeck.core.nodes.slurm import export_script
+        return export_script(spec, plan.nodes[0].cwd)
     c = spec.cluster
     node = plan.nodes[0]
     argv = list(node.argv)
