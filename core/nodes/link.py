@@ -17,7 +17,6 @@ What the monitor decides:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal

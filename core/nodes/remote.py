@@ -29,7 +29,7 @@ from typing import Any
 
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.roster import local_addr_index
-from tunedeck.core.rundir import FILE_MODE, RunDir, read_json, write_json_atomic, \
+from tunedeck.core.rundir import FILE_MODE, RunDir, write_json_atomic, \
     write_text_private
 
 TERMINAL = ("succeeded", "failed", "stopped")

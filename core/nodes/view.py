@@ -86,12 +86,23 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
         k = int(n.get("node_rank") or 0)
         ranks = list(range(k * nproc, (k + 1) * nproc))
         row: dict[str, Any] = {"node": k, "host": n.get("host"), "ranks": ranks}
+        src = run
         if k == 0:
             row.update(status=head.get("status"), reach="here", message=head.get("message"))
+            if head.get("slurm_job") and head.get("status") not in ("succeeded", "failed",
+                                                                      "stopped"):
+                from tunedeck.core.nodes.slurm import queue_state
+
+                row["slurm"] = queue_state(str(head["slurm_job"])) or {
+                    "job": str(head["slurm_job"]), "state": "gone"}
             row.update(_gpus(_head_telemetry(run)))
         else:
             link = read_json(run.path / "nodes" / f"node{k}" / "link.json") or {}
             st = read_json(run.path / "nodes" / f"node{k}" / "state.json") or {}
+            beside = RunDir(run.path.parent / f"{run.run_id}.node{k}")
+            if not link and beside.state.exists():
+                # Slurm: node k's run folder is next to the run's, on the shared filesystem
+                src, st = beside, beside.read_state() or {}
             if link.get("ended"):
                 reach = "done"
             elif link.get("connected"):
@@ -100,6 +111,8 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                 reach = "lost"
             elif link:
                 reach = "reconnecting" if link.get("started") else "unreached"
+            elif src is not run:
+                reach = "shared fs"
             else:
                 reach = "not started by tunedeck"
             row.update(status=st.get("status") or ("unreached" if link else None), reach=reach,
@@ -108,7 +121,7 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                        last_seen_s=(now - link["last_seen"]) if isinstance(
                            link.get("last_seen"), (int, float)) else None)
             row.update(_gpus(_node_telemetry(run, k)))
-        steps = {r: last_step(run.event_file(r)) for r in ranks}
+        steps = {r: last_step(src.event_file(r)) for r in ranks}
         done = {r: s for r, (s, _) in steps.items() if s is not None}
         row["step"] = max(done.values()) if done else None
         if done:
@@ -132,6 +145,11 @@ def format_rows(rows: list[dict[str, Any]]) -> list[str]:
                    f"{ranks:<9} {r['step'] if r['step'] is not None else '-':>7} "
                    f"{r['slowest_rank'] if r['slowest_rank'] is not None else '-':>7} "
                    f"{r.get('gpus', 0):>4} {r['findings']:>5}")
+        if r.get("slurm"):
+            q = r["slurm"]
+            out.append(f"      Slurm job {q['job']}: {q['state']}"
+                       + (f" ({q['reason']})" if q.get("reason") not in (None, "", "None")
+                          else ""))
         if r.get("message") and r.get("status") not in ("running", "succeeded"):
             out.append(f"      {str(r['message'])[:90]}")
     return out

@@ -79,6 +79,8 @@ def stop(run: RunInfo, hard: bool = False, grace_s: float | None = None,
     grace period, after which the agent SIGKILLs, plus 30 s); else return at once."""
     if not run.needs_stop:
         return run
+    if run.state.get("slurm_job"):
+        return _stop_slurm(run, str(run.state["slurm_job"]), hard, grace_s, timeout_s, wait)
     request_stop(run, hard=hard, grace_s=grace_s)
     if not wait:
         return read_run(run.run_dir) or run
@@ -94,3 +96,53 @@ def _grace(run: RunInfo) -> float:
         return load_spec(run.run.spec).run.stop_grace_s
     except Exception:
         return 60.0
+
+
+def _stop_slurm(run: RunInfo, job: str, hard: bool, grace_s: float | None,
+                timeout_s: float | None, wait: bool) -> RunInfo:
+    """A run Slurm holds: stop.json for its agents (read by node 0's, and by the trainer
+    before its first step) and scancel: TERM to the job's steps first (each node's agent
+    stops gracefully), the whole job after the grace period; a job still queued is just
+    cancelled."""
+    from tunedeck.core.nodes import slurm
+
+    req = {"mode": "hard" if hard else "graceful", "t": time.time(), "by": "scancel"}
+    if grace_s is not None:
+        req["grace_s"] = grace_s
+    write_json_atomic(run.run.stop_request, req)
+    queued = slurm.queue_state(job)
+    started = bool((run.run.read_state() or run.state).get("agent_pid"))
+    if queued is None or queued["state"] == "PENDING" or not started or hard:
+        slurm.cancel(job, graceful=False)
+        if not started:
+            _mark_stopped(run, f"cancelled in Slurm (job {job}) before it started")
+    else:
+        slurm.cancel(job, graceful=True)
+    if not wait:
+        return read_run(run.run_dir) or run
+    grace = 0.0 if hard else grace_s if grace_s is not None else _grace(run)
+    deadline = time.monotonic() + (timeout_s if timeout_s is not None else grace + 30.0)
+    hard_at = time.monotonic() + grace
+    escalated = hard
+    cur = run
+    while time.monotonic() < deadline:
+        cur = read_run(run.run_dir) or cur
+        in_queue = slurm.queue_state(job) is not None
+        if cur.state.get("status") in TERMINAL and not in_queue:
+            return cur
+        if not in_queue:
+            # Slurm ended the job before its agent wrote the end: say what happened
+            _mark_stopped(cur, f"stopped: Slurm job {job} was cancelled")
+        elif not escalated and time.monotonic() >= hard_at:
+            escalated = True
+            slurm.cancel(job, graceful=False)
+        time.sleep(0.5)
+    return read_run(run.run_dir) or cur
+
+
+def _mark_stopped(run: RunInfo, msg: str) -> None:
+    st = run.run.read_state() or dict(run.state)
+    if st.get("status") in TERMINAL:
+        return
+    st.update(status="stopped", ended=time.time(), worker_pids=[], message=msg)
+    run.run.write_state(st)

@@ -96,5 +96,39 @@ def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
 def launch(spec: RunSpec, root: Path | None = None,
            preflight: dict[str, Any] | None = None) -> Path:
     run_dir = prepare_run(spec, root, preflight)
-    start_agent(run_dir)
+    if spec.cluster.launcher == "slurm":
+        submit_slurm(run_dir, spec)
+    else:
+        start_agent(run_dir)
     return run_dir
+
+
+def submit_slurm(run_dir: Path, spec: RunSpec) -> str:
+    """Hand the run to Slurm: one agent per node once the job starts (tunedeck.core.nodes.slurm).
+    Until then the run is pending, and state.json names the job."""
+    from tunedeck.core.nodes.slurm import SlurmError, release, submit, write_script
+
+    run = RunDir(run_dir)
+    try:
+        from tunedeck.core.spec import load_spec
+
+        spec = load_spec(run.spec)         # resolved: processes per node, ports
+        job = submit(write_script(spec, run))
+    except SlurmError as e:
+        st = run.read_state() or {}
+        st.update(status="failed", ended=time.time(), message=str(e))
+        run.write_state(st)
+        raise LaunchError(str(e)) from None
+    st = run.read_state() or {}
+    st.update(slurm_job=job, message=f"queued in Slurm as job {job}")
+    run.write_state(st)
+    try:
+        release(job)
+    except SlurmError as e:
+        from tunedeck.core.nodes.slurm import cancel
+
+        cancel(job, graceful=False)
+        st.update(status="failed", ended=time.time(), message=str(e))
+        run.write_state(st)
+        raise LaunchError(str(e)) from None
+    return job

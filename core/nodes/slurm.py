@@ -1,0 +1,211 @@
+"""Slurm: the batch script that starts one tunedeck agent per node with srun, its submission,
+its queue state, its cancellation, and the node task the script runs.
+
+  #SBATCH --nodes=N --ntasks-per-node=1
+  srun python -m tunedeck.core.nodes.slurm RUN_DIR     (one task per node)
+
+The task on node 0 of the allocation runs the run's own agent on RUN_DIR, in the foreground
+(srun ends a step whose task exits, so nothing may detach); a task on node k > 0 makes a run
+folder of its own next to it (<run id>.node<k>, like an ssh node's: its processes carry their
+own run id) and runs node k's agent there. Under Slurm the run folder is on a filesystem every
+node shares, so each node's records are read in place. The rendezvous host is only known when
+the job starts: the first host of the allocation; each task writes it, and its own address
+towards it, into its node's command before its agent starts.
+
+Stopping: `scancel --signal=TERM` first (srun passes it to each agent: a graceful stop that
+checkpoints), then `scancel` (Slurm's TERM + KILL) after the grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunedeck.core.nodes.remote import materialise, node_run_id, route_addr
+from tunedeck.core.nodes.roster import local_addr_index
+from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
+from tunedeck.core.spec import RunSpec
+
+TASK_MODULE = "tunedeck.core.nodes.slurm"
+SCRIPT = "slurm.sh"
+MASTER_ENV = "TUNEDECK_MASTER_ADDR"
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def batch_script(spec: RunSpec, run_dir: str | Path, python: str | None = None) -> str:
+    c = spec.cluster
+    run_dir = str(run_dir)
+    python = python or sys.executable
+    nproc = max(c.nproc_per_node, 1)
+    lines = ["#!/usr/bin/env bash",
+             f"#SBATCH --job-name={_sbatch_word(spec.name)}",
+             f"#SBATCH --nodes={c.nnodes}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --cpus-per-task={nproc if c.device == 'cpu' else max(4 * nproc, 4)}",
+             f"#SBATCH --output={_sbatch_word(run_dir + '/logs/slurm-%j.out')}"]
+    if c.device != "cpu":
+        lines.append(f"#SBATCH --gpus-per-node={nproc}")
+    lines += [f"#SBATCH {_sbatch_word(a)}" for a in c.slurm_args]
+    lines += ["set -euo pipefail",
+              f"# tunedeck run {Path(run_dir).name}: one agent per node (node 0's owns the run)",
+              "# the rendezvous host: the first host of the allocation",
+              f'export {MASTER_ENV}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" '
+              f'| head -n 1)"',
+              "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+              + shlex.join([python, "-m", TASK_MODULE, run_dir])]
+    return "\n".join(lines) + "\n"
+
+
+def _sbatch_word(word: str) -> str:
+    # #SBATCH lines are read by sbatch, not a shell: no quoting, so no newline may pass
+    return word.replace("\n", " ").replace("\r", " ")
+
+
+def write_script(spec: RunSpec, run: RunDir) -> Path:
+    from tunedeck.core.rundir import write_text_private
+
+    path = run.path / SCRIPT
+    write_text_private(path, batch_script(spec, run.path), mode=0o700)
+    return path
+
+
+def available() -> str | None:
+    """Why Slurm cannot be used from here (None: it can)."""
+    for tool in ("sbatch", "squeue", "scancel", "scontrol"):
+        if not shutil.which(tool):
+            return f"{tool} is not on PATH"
+    return None
+
+
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{argv[0]}: {e}") from None
+
+
+def submit(script: Path) -> str:
+    why = available()
+    if why:
+        raise SlurmError(f"cluster.launcher is \"slurm\" but {why}")
+    # held: the run records its job id before any agent of it can start and write state.json
+    r = _run(["sbatch", "--parsable", "--hold", str(script)])
+    if r.returncode != 0:
+        raise SlurmError(f"sbatch refused the job: {r.stderr.strip() or r.stdout.strip()}")
+    job = r.stdout.strip().split(";")[0]
+    if not job.isdigit():
+        raise SlurmError(f"sbatch answered {r.stdout.strip()!r}, not a job id")
+    return job
+
+
+def release(job: str) -> None:
+    r = _run(["scontrol", "release", str(job)])
+    if r.returncode != 0:
+        raise SlurmError(f"scontrol release {job}: {r.stderr.strip()}")
+
+
+def queue_state(job: str) -> dict[str, Any] | None:
+    """{"state": PENDING|RUNNING|..., "reason": ..., "nodes": ...}, or None once the job has
+    left the queue (or Slurm cannot be asked)."""
+    if available():
+        return None
+    try:
+        r = _run(["squeue", "-h", "-j", str(job), "-o", "%T|%r|%N"], timeout=10)
+    except SlurmError:
+        return None
+    line = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else ""
+    if not line:
+        return None
+    state, _, rest = line.partition("|")
+    reason, _, nodes = rest.partition("|")
+    return {"job": str(job), "state": state, "reason": reason, "nodes": nodes}
+
+
+def cancel(job: str, graceful: bool) -> str | None:
+    """scancel: TERM to every step (the agents stop gracefully) or the whole job. Returns
+    scancel's complaint, None when it took the request."""
+    argv = ["scancel", "--signal=TERM", str(job)] if graceful else ["scancel", str(job)]
+    try:
+        r = _run(argv)
+    except SlurmError as e:
+        return str(e)
+    return (r.stderr.strip() or f"scancel exited {r.returncode}") if r.returncode else None
+
+
+def export_script(spec: RunSpec, run_dir: str | Path) -> str:
+    """`tunedeck export --format slurm` of a spec with cluster.launcher = "slurm": the script
+    `tunedeck launch` submits for it (launch writes the run folder it names first)."""
+    head, _, rest = batch_script(spec, run_dir).partition("\n")
+    return (f"{head}\n# what `tunedeck launch` submits for this spec: it writes the run "
+            f"folder named below first\n{rest}")
+
+
+# -- the task srun starts on each node ---------------------------------------------------------
+
+def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
+    argv = plan["nodes"][node]["argv"]
+    if master:
+        for flag in ("--rdzv_endpoint",):
+            if flag in argv:
+                i = argv.index(flag) + 1
+                argv[i] = f"{master}:{argv[i].rpartition(':')[2]}"
+        if "--master_addr" in argv:
+            argv[argv.index("--master_addr") + 1] = master
+    i = local_addr_index(argv)
+    if i is not None:
+        addr = route_addr(master, 0) if master else None
+        if addr:
+            argv[i] = addr
+
+
+def node_task(run_dir: str) -> int:
+    node = int(os.environ.get("SLURM_NODEID", "0") or 0)
+    master = os.environ.get(MASTER_ENV, "")
+    head = RunDir(Path(run_dir).resolve())
+    if node == 0:
+        run = head
+        plan = run.read_plan()
+        _set_rendezvous(plan, 0, master)
+        write_json_atomic(run.plan, plan)
+    else:
+        run = RunDir(head.path.parent / node_run_id(head.run_id, node))
+        if not run.state.exists():
+            plan = run_plan = head.read_plan()
+            _set_rendezvous(run_plan, node, master)
+            materialise(run, {"node": node, "head_dir": str(head.path), "run_id": head.run_id,
+                              "spec": head.spec.read_text(encoding="utf-8"), "plan": plan,
+                              "secrets": read_json(head.secrets, {}),
+                              "head_python": sys.executable, "master_addr": master})
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.umask(0o077)
+    os.chdir(run.path)
+    os.execv(sys.executable, [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path)])
+    return 0   # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m tunedeck.core.nodes.slurm RUN_DIR (run by srun)",
+              file=sys.stderr)
+        return 2
+    return node_task(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["batch_script", "write_script", "submit", "queue_state", "cancel", "node_task",
+           "export_script", "SlurmError"]
