@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tunedeck.core.spec import RunSpec
 
-if TYPE_CHECKING:      # nodes sit below the backends: the plan is only a type here
-    from tunedeck.core.backends.plan import LaunchPlan
 
 
 @dataclass
@@ -89,7 +87,7 @@ def roster(spec: RunSpec) -> list[Node]:
     return out
 
 
-def place(spec: RunSpec, plan: "LaunchPlan") -> "LaunchPlan":
+def place(spec: RunSpec, plan: Any) -> Any:
     """Per node: its host, its GPUs, the interface, and the c10d flags that make the
     rendezvous work where a hostname resolves to a loopback address (common on cloud images
     and in containers): node 0 hosts the store (is_host), every node says its own address
