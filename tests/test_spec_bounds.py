@@ -175,11 +175,11 @@ def test_dry_run_of_a_swift_plan_error_is_one_line(tmp_path, td_home):
         pytest.skip("ms-swift not installed")
     f = tmp_path / "s.toml"
     f.write_text(f'name = "x"\nbackend = "swift"\n[data]\npath = "{DEMO_DATA}"\n'
-                 '[swift]\ncommand = "rlhf"\n[cluster]\ndevice = "cpu"\n')
+                 '[swift]\ncommand = "megatron-sft"\n[cluster]\ndevice = "cpu"\n')
     proc = cli("launch", str(f), "--dry-run", home=td_home, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "swift.rlhf_type" in lines[0], proc.stderr
+    assert len(lines) == 1 and "cluster.device" in lines[0], proc.stderr
 
 
 def test_float_bounds_are_finite_numbers():
