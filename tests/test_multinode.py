@@ -241,3 +241,20 @@ def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
         assert rows[1]["findings"] >= 1
     finally:
         _cleanup(run_id, f"{run_id}.node1")
+
+
+def test_preflight_asks_every_node_over_ssh(hosts, tmp_path):
+    good = _head_cli(hosts, tmp_path / "h", "preflight",
+                     str(_spec(tmp_path / "good.toml", hosts, steps=10)))
+    bad = _head_cli(hosts, tmp_path / "h", "preflight",
+                    str(_spec(tmp_path / "bad.toml", hosts, steps=10, node1="ghost")))
+
+    def check(out):
+        rows = out["checks"] if isinstance(out, dict) else out
+        return next(c for c in rows if c["id"] == "net.nodes")
+
+    ok = check(good)
+    assert ok["status"] == "pass", ok
+    assert "node 1 (node1): ok" in ok["detail"]
+    fail = check(bad)
+    assert fail["status"] == "fail" and "node 1 (ghost): ssh exited 255" in fail["detail"]

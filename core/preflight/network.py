@@ -190,4 +190,82 @@ def check_nccl_env(ctx: Context, sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB)
     return result(id, title, "pass", shown + (f"; IB: {', '.join(ib_devs)}" if ib_devs else ""))
 
 
-CHECKS = [check_port, check_master, check_nccl_env]
+def check_nodes(ctx: Context) -> CheckResult:
+    """Every other node of an ssh-launched run, asked over ssh in parallel: reachable without a
+    prompt, the same tunedeck and torch as here, the spec's paths present, and node 0's
+    rendezvous address reachable from it (this node listens on it while it asks)."""
+    id, title = "net.nodes", "Every node reachable over ssh, same versions, rendezvous reachable"
+    spec = ctx.resolved
+    c = spec.cluster
+    if c.nnodes <= 1 or c.launcher != "ssh":
+        return result(id, title, "skip", "one node, or the other nodes are not started over "
+                      "ssh (cluster.launcher)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tunedeck.core.nodes.probe import probe
+    from tunedeck.core.nodes.roster import roster, roster_problems
+
+    problems = roster_problems(spec)
+    if problems:
+        return result(id, title, "fail", "; ".join(problems),
+                      "give cluster.hosts one ssh destination per node, node 0 first")
+    paths = [p for p in (spec.data.path, spec.model.path)
+             if p and os.path.isabs(p) and not p.startswith("builtin:")]
+    here = probe("", 0, [])
+    with socket.socket(socket.AF_INET6 if ":" in c.master_addr else socket.AF_INET) as lsn:
+        try:
+            lsn.bind((c.master_addr, 0))
+            lsn.listen(16)
+            port = lsn.getsockname()[1]
+        except OSError as e:
+            return result(id, title, "fail", f"cannot listen on {c.master_addr}: {e.strerror}",
+                          "cluster.master_addr must be an address of this node (node 0)")
+        with ThreadPoolExecutor(max_workers=min(16, c.nnodes)) as pool:
+            answers = list(pool.map(lambda n: _ask_node(n, c.master_addr, port, paths),
+                                    roster(spec)[1:]))
+    bad, lines = [], []
+    for node, ans in answers:
+        if isinstance(ans, str):
+            bad.append(f"node {node.rank} ({node.host}): {ans}")
+            continue
+        why = []
+        for dist in ("tunedeck", "torch"):
+            if ans.get(dist) != here.get(dist):
+                why.append(f"{dist} {ans.get(dist)} here {here.get(dist)}")
+        if ans.get("reach") != "ok":
+            why.append(f"cannot reach {c.master_addr}: {ans.get('reach')}")
+        if ans.get("missing"):
+            why.append(f"missing {', '.join(ans['missing'])}")
+        (bad if why else lines).append(f"node {node.rank} ({node.host}): "
+                                       + ("; ".join(why) if why else
+                                          f"ok, torch {ans.get('torch')}, {ans.get('gpus')} GPUs"))
+    if bad:
+        return result(id, title, "fail", "; ".join(bad + lines),
+                      "fix ssh (BatchMode: keys, known_hosts), install the same tunedeck and "
+                      "torch there (cluster.remote_python), copy the data, open the port")
+    return result(id, title, "pass", "; ".join(lines))
+
+
+def _ask_node(node, host: str, port: int, paths: list[str]):
+    import json
+    import subprocess
+
+    from tunedeck.core.nodes.ssh import ssh_argv
+
+    argv = ssh_argv(node.host, [node.python, "-m", "tunedeck.core.nodes.probe", host,
+                                str(port), *paths])
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return node, f"ssh: {e}"
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        return node, f"ssh exited {r.returncode}: {last}"
+    try:
+        return node, json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return node, f"unexpected answer: {r.stdout.strip()[:200]!r}"
+
+
+CHECKS = [check_port, check_master, check_nccl_env, check_nodes]
