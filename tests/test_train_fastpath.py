@@ -146,6 +146,44 @@ def test_packed_attention_in_the_model_equals_padded_loss():
         assert torch.allclose(g[k], ref_g[k], rtol=1e-4, atol=1e-6), k
 
 
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
+def test_fused_lora_equals_peft():
+    """The fused LoRA linear gives peft's loss and gradients (biased q/k/v projections too),
+    under bf16 autocast as well; a layer with dropout keeps peft's own forward."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from tunedeck.core.train.lora_fused import eligible, fuse_lora
+
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=97)
+
+    def model(dropout=0.0):
+        torch.manual_seed(0)
+        return get_peft_model(AutoModelForCausalLM.from_config(cfg), LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear",
+            init_lora_weights=False))
+
+    x = torch.randint(0, 97, (2, 12))
+
+    def run(m, autocast=False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = m(input_ids=x, labels=x).loss
+        loss.backward()
+        return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
+
+    for autocast, tol in ((False, 1e-5), (True, 3e-2)):
+        ref_loss, ref_g = run(model(), autocast)
+        m = model()
+        assert fuse_lora(m) == 14   # 7 projections x 2 layers
+        loss, g = run(m, autocast)
+        assert torch.allclose(loss, ref_loss, rtol=tol), (loss, ref_loss)
+        for k in ref_g:   # bf16 rounds in another order: compare as vectors
+            assert (g[k] - ref_g[k]).norm() <= tol * ref_g[k].norm(), k
+    assert fuse_lora(model(dropout=0.1)) == 0
+    assert not any(eligible(mod) for mod in model(dropout=0.1).modules())
+
+
 def test_compile_errors_are_told_from_model_errors():
     import torch._dynamo
 

@@ -41,6 +41,7 @@ from tunedeck.core.train.fastpath import LayerCompiler, check_varlen, compile_wa
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
+from tunedeck.core.train.lora_fused import fuse_lora
 from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
     resolve_model_path
 from tunedeck.core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, clip_grad_norm, \
@@ -269,6 +270,8 @@ class Trainer:
         else:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
+        if self.method == "lora" and spec.parallel.strategy == "ddp":
+            fuse_lora(model)   # the adapter inside the frozen matmul's memory passes
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
