@@ -166,7 +166,8 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
         jobs += [(cmd, r["argv"]), (cmd, t.exported), (cmd, t.dry_run)]
     parsed = parse_all(jobs)
     totals = {"cases": len(rows), "imported": 0, "refused_with_reason": 0, "keeps": 0,
-              "adds_nothing": 0, "parser": 0, "processes": 0}
+              "adds_nothing": 0, "parser": 0, "processes": 0, "orig_parses": 0,
+              "parser_of_ok": 0}
     for i, r in enumerate(rows):
         t = r["trip"]
         orig, exp, dry = parsed[3 * i:3 * i + 3]
@@ -178,6 +179,8 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
         if t.error:
             r["fail"] = [t.error]
             imported = not t.error.startswith(("load:", "imported as"))
+            o = parsed[3 * i]
+            totals["orig_parses"] += imported and not o.get("error") and not o.get("remaining")
             totals["imported"] += imported
             totals["processes"] += imported and t.procs == r["procs"]   # the spec holds them
             continue
@@ -185,7 +188,7 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
         known = tables["commands"][r["command"]]
         set_orig = explicit_dests(r["argv"], known)
         set_exp = explicit_dests(t.exported, known)
-        ov, ev, dv = orig.get("values", {}), exp.get("values", {}), dry.get("values", {})
+        ov, ev = orig.get("values", {}), exp.get("values", {})
         fails = []
         changed = [f"{d}: {ov.get(d)!r} -> {ev.get(d)!r}" for d in sorted(set_orig)
                    if not same(ov.get(d), ev.get(d))]
@@ -197,6 +200,9 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
         totals["adds_nothing"] += not added
         ok_parser = not dry.get("error") and not dry.get("remaining")
         totals["parser"] += ok_parser
+        orig_ok = not orig.get("error") and not orig.get("remaining")
+        totals["orig_parses"] += orig_ok
+        totals["parser_of_ok"] += ok_parser and orig_ok
         totals["processes"] += t.procs == r["procs"]
         if changed:
             fails.append("changed " + "; ".join(changed))
@@ -236,7 +242,8 @@ def main() -> int:
           f"reason: {tot['refused_with_reason']})")
     print(f"export keeps every flag and value: {pct(tot['keeps'], imp)}")
     print(f"export adds no flag (off default): {pct(tot['adds_nothing'], imp)}")
-    print(f"dry-run passes ms-swift's parser:  {pct(tot['parser'], imp)}")
+    print(f"dry-run passes ms-swift's parser:  {pct(tot['parser'], imp)} (of the commands "
+          f"ms-swift's parser accepts as pasted: {pct(tot['parser_of_ok'], tot['orig_parses'])})")
     print(f"same processes and nodes:          {pct(tot['processes'], imp)}")
     return 0
 

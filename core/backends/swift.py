@@ -3,8 +3,11 @@
     python -m torch.distributed.run <tunedeck flags> -m swift.cli.sft <ms-swift flags>
 
 instead of the `swift` launcher, so per-rank log files, restarts and rendezvous stay ours (the
-launcher only forwards NPROC_PER_NODE & co. to torchrun and hides the rest). Flags follow the
-installed ms-swift version and are checked against its own argument table before launch.
+launcher only forwards NPROC_PER_NODE & co. to torchrun and hides the rest). Only the keys the
+spec sets become flags (core/swift/keymap.py, the table `tunedeck import` reads the other
+way); for the rest ms-swift's own defaults apply, and swift.extra_args follow as written.
+Flags follow the installed ms-swift version and are checked against its own argument table
+before launch.
 Metrics: the agent tails ms-swift's logging.jsonl (console dicts as fallback) into
 events/rank0.jsonl, the same stream the built-in trainer writes, read by the ingest parsers.
 """
