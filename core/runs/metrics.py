@@ -272,16 +272,52 @@ def records(ref: str | Path) -> list[dict[str, Any]]:
     return list(iter_records(ref))
 
 
+class Records:
+    """`iter_records`'s result: JSON-safe records (None for NaN) in step order; `plain`
+    when every value is a number or None (the SQL stream's), which write_json encodes in
+    batches."""
+
+    def __init__(self, recs: Iterator[dict[str, Any]], plain: bool) -> None:
+        self.recs = recs
+        self.plain = plain
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.recs
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self.recs)
+
+
 def iter_records(ref: str | Path, since: int | None = None, every: int | None = None,
-                 last: int | None = None) -> Iterator[dict[str, Any]]:
+                 last: int | None = None) -> Records:
+    """`tunedeck metrics RUN_OR_FILE`'s records. A missing run or file raises
+    FileNotFoundError here, before the first record."""
     p = Path(ref)
     if p.is_file():
-        return _narrow(records_from_file(p), since, every, last)
-    if p.is_dir():
-        return iter_run(p, since, every, last)
+        return Records(map(json_safe, _narrow(records_from_file(p), since, every, last)),
+                       False)
+    run = RunDir(p if p.is_dir() else _find(str(ref)))
+    if not run.path.is_dir():
+        raise FileNotFoundError(f"no such run directory: {run.path}")
+    if run.event_files() or run.db.exists():
+        store = Store(run)
+        if store.series_format() >= 2:
+            return Records(_closing(store, _stream(store, since, every, last)), True)
+        store.close()
+    return Records(map(json_safe, _narrow(_records_whole(run), since, every, last)), False)
+
+
+def _find(ref: str) -> Path:
     from tunedeck.core.runs.registry import find_run
 
-    return iter_run(find_run(str(ref)).run_dir, since, every, last)
+    return find_run(ref).run_dir
+
+
+def _closing(store: Store, recs: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    try:
+        yield from recs
+    finally:
+        store.close()
 
 
 def json_safe(rec: dict[str, Any]) -> dict[str, Any]:
@@ -292,14 +328,16 @@ def json_safe(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000) -> None:
+def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000,
+               plain: bool = False) -> None:
     """`json.dump(list(recs), out, indent=2)` and a newline, written as it goes: records of
-    scalars are encoded a batch at a time by the C encoder and re-indented (no key or value
-    of a record holds a brace or a quote-comma)."""
+    numbers are encoded a batch at a time by the C encoder and re-indented (no key or value
+    of such a record holds a brace or a quote-comma). `plain`: the caller knows every value
+    is a number or None."""
     it = iter(recs)
     first = True
-    while chunk := [json_safe(r) for r in itertools.islice(it, batch)]:
-        if any(not _plain(r) for r in chunk):   # a text value: the slow, exact encoder
+    while chunk := list(itertools.islice(it, batch)):
+        if not plain and any(not _plain(r) for r in chunk):   # text: the exact encoder
             body = ",".join("\n  " + json.dumps(r, indent=2).replace("\n", "\n  ")
                             for r in chunk)
         else:
