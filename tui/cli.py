@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -201,20 +202,21 @@ def cmd_status(args) -> int:
 def cmd_metrics(args) -> int:
     from itertools import chain
 
-    from tunedeck.core.runs.metrics import iter_records, json_safe, write_json
+    from tunedeck.core.runs.metrics import iter_records, write_json
 
     try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
         recs = iter_records(args.run, since=args.since, every=args.every, last=args.last)
-        first = next(recs, None)   # a missing run fails here, before any output
+        plain = recs.plain
+        first = next(recs, None)   # a bad line of a file fails here, before any output
     except FileNotFoundError as e:
         raise RunNotFound(str(e)) from None
     recs = chain(() if first is None else (first,), recs)
     try:   # streamed: a week-long run is never held whole, `| head` stops it early
         if args.json:
-            write_json(recs, sys.stdout)
+            write_json(recs, sys.stdout, plain=plain)
             return 0
         out = [f"{'STEP':>6} {'LOSS':>9} {'LR':>10} {'GRAD':>8} {'TOK/S':>9}\n"]
-        for r in map(json_safe, recs):
+        for r in recs:
             out.append(f"{r['step']:>6} {_fmt_loss(r.get('loss')):>9} "
                        f"{r.get('learning_rate') or 0:>10.3e} {r.get('grad_norm') or 0:>8.3f} "
                        f"{r.get('tokens_per_s') or 0:>9.0f}\n")
@@ -427,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         return func(args)
     except RunNotFound as e:
         _err(e)
+        return 1
+    except sqlite3.DatabaseError as e:   # a damaged run.db: that run's verbs say so, in a line
+        _err(f"a run's database (run.db) cannot be read: {e}; `tunedeck doctor "
+             f"{getattr(args, 'run', None) or ''}` says what else is damaged".replace("  ", " "))
         return 1
     except BrokenPipeError:
         return 0
