@@ -24,9 +24,10 @@ from typing import Any
 class SpecError(ValueError):
     """A spec that cannot be used. `problems` holds one line per bad key."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], source: str | None = None):
         self.problems = problems
-        super().__init__("invalid run spec:\n  " + "\n  ".join(problems))
+        where = f" {source}" if source and not source.startswith("<") else ""
+        super().__init__(f"invalid run spec{where}:\n  " + "\n  ".join(problems))
 
 
 def opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None,
@@ -763,7 +764,7 @@ def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
     spec.explicit = _leaf_keys(raw)
     problems.extend(_between_keys(spec))
     if problems:
-        raise SpecError(problems)
+        raise SpecError(problems, source)
     if base_dir is not None:
         resolve_paths(spec, base_dir)
     return spec

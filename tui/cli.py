@@ -431,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         _err(e)
         return 1
     except sqlite3.DatabaseError as e:   # a damaged run.db: that run's verbs say so, in a line
-        _err(f"a run's database (run.db) cannot be read: {e}; `tunedeck doctor "
-             f"{getattr(args, 'run', None) or ''}` says what else is damaged".replace("  ", " "))
+        run = getattr(args, "run", None)
+        _err(f"a run's database (run.db) cannot be read: {e}; `tunedeck doctor"
+             f"{' ' + run if run else ''}` says what else is damaged")
         return 1
     except BrokenPipeError:
         return 0
