@@ -147,7 +147,7 @@ def test_packed_attention_in_the_model_equals_padded_loss():
 
 
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
-def test_fused_lora_equals_peft():
+def test_fused_lora_equals_peft(monkeypatch):
     """The fused LoRA linear gives peft's loss and gradients (biased q/k/v projections too),
     under bf16 autocast as well; a layer with dropout keeps peft's own forward."""
     from peft import LoraConfig, get_peft_model
@@ -165,6 +165,8 @@ def test_fused_lora_equals_peft():
             init_lora_weights=False))
 
     x = torch.randint(0, 97, (2, 12))
+    assert fuse_lora(model()) == 0   # off by default
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
 
     def run(m, autocast=False):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):

@@ -79,8 +79,9 @@ def eligible(module: nn.Module) -> bool:
 
 def fuse_lora(model: nn.Module) -> int:
     """Switch every eligible LoRA Linear of `model` to the fused forward; how many.
-    TUNEDECK_FUSED_LORA=0 turns it off (a measurement switch)."""
-    if os.environ.get("TUNEDECK_FUSED_LORA", "1") == "0":
+    Off unless TUNEDECK_FUSED_LORA=1: not yet measured on a GPU under Inductor (which may split
+    the addmm again), so the measured default stays peft's own layers."""
+    if os.environ.get("TUNEDECK_FUSED_LORA", "0") != "1":
         return 0
     n = 0
     for m in model.modules():
