@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.backends.swift import CREDENTIAL_FLAGS, HUB_TOKEN_VARS, SECRET_FLAG_ENV
+from tunedeck.core.backends.swift import (CREDENTIAL_FLAGS, HUB_TOKEN_VARS, MODEL_FROM,
+                                           SECRET_FLAG_ENV)
 from tunedeck.core.spec import MASK, SpecError, is_secret_name, loads_spec, mask_argv
 from tunedeck.core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tables, split_flags, suggest
 from tunedeck.core.swift.version import ASSUMED, installed_version
@@ -671,11 +672,10 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
     _finish_quant(out, raw, quant, extra)
     if extra:
         raw["swift"]["extra_args"] = extra
-    if "path" not in raw.get("model", {}) and "--model" not in extra and not (
-            command.startswith("megatron") and "--mcore_model" in extra):
-        raise CommandImportError("the command has no --model"
-                                 + (" (or --mcore_model)" if command.startswith("megatron")
-                                    else ""))
+    if "path" not in raw.get("model", {}) and not any(
+            w.startswith("--") and w[2:].partition("=")[0] in MODEL_FROM for w in extra):
+        raise CommandImportError("the command has no --model (nor --adapters, --ckpt_dir or "
+                                 "--mcore_model naming one)")
 
 
 def _special(out: Imported, raw: dict, cluster: dict[str, Any], name: str, values: list[str],

@@ -42,6 +42,10 @@ CLI_FORM = {"sft": ["swift", "sft"], "pt": ["swift", "pt"], "rlhf": ["swift", "r
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
+# flags that name the model without --model (written in swift.extra_args)
+MODEL_FROM = frozenset({"model", "mcore_model", "adapters", "ckpt_dir"})
+
+
 class SwiftPlanError(ValueError):
     pass
 
@@ -166,8 +170,9 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
     def wanted(flag: str) -> bool:    # extra_args win: they are what the user wrote
         return flag not in extra
 
-    # Megatron can start from its own checkpoint (--mcore_model) without --model
-    own_model = not is_set(spec, "model.path") and bool(extra & {"model", "mcore_model"})
+    # ms-swift reads the model from a checkpoint's args.json (--adapters, --ckpt_dir) and
+    # Megatron from its own checkpoint (--mcore_model): then no --model is theirs to add
+    own_model = not is_set(spec, "model.path") and bool(extra & MODEL_FROM)
     args = [] if own_model else model_flags(spec)
     ds = datasets(spec)
     if ds and wanted("dataset"):
