@@ -237,8 +237,8 @@ def _where_others_count(src: MetricSources, lead: int, others: list[int]
     fill: set[str] = set()
     cols = [c for c in METRIC_STEP_COLS if c in _KEY_OF_COL]
     for r in others:
-        n, a, b = src.span(r)
-        if n and not (contiguous and a >= a0 and b <= b0):
+        n, a, b = src.span(r, count=False)
+        if a is not None and not (contiguous and a >= a0 and b <= b0):
             # a live run: the others may be a few steps ahead of the lead
             special.update(src.missing(r, lead, (a0, b0) if contiguous else None))
         for (s, *_) in src.rows(r, "eval"):
