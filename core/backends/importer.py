@@ -709,8 +709,7 @@ def _special(out: Imported, raw: dict, cluster: dict[str, Any], name: str, value
         _set(raw, "parallel.strategy", "fsdp2")
         return True
     if name == "ddp_backend" and one in ("nccl", "gloo"):
-        cluster["dist_backend"] = one
-        return True
+        cluster["dist_backend"] = one    # for tunedeck's own checks; the flag stays as written
     if name in ("model_name", "model_author") and len(values) == 2 and values[0] == values[1]:
         _set(raw, f"data.{name}", values[0])
         return True

@@ -202,9 +202,10 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
             args += ["--use_cpu", "true"]
         if wanted("ddp_backend"):
             args += ["--ddp_backend", "gloo"]
-    elif "cluster.dist_backend" in spec.explicit and spec.cluster.dist_backend in (
-            "nccl", "gloo") and wanted("ddp_backend"):
-        args += ["--ddp_backend", spec.cluster.dist_backend]
+    elif spec.cluster.dist_backend == "gloo" and wanted("ddp_backend"):
+        # nccl on GPUs is what ms-swift picks itself (and what resolve writes into a run's
+        # spec.toml, so a clone must not turn it into a flag); gloo there is a choice
+        args += ["--ddp_backend", "gloo"]
     if output_dir and wanted("output_dir"):
         args += ["--output_dir", output_dir]
     return args + list(s.extra_args)

@@ -256,6 +256,7 @@ def _launcher_signal(found: list[Finding]) -> None:
 _CUDA_KINDS = (("illegal memory access", "an illegal memory access"),
                ("illegal instruction", "an illegal instruction"),
                ("device-side assert", "a device-side assert"), ("Assertion `", "a device-side assert"),
+               ("Device-side assertion", "a device-side assert"),
                ("ECC", "an uncorrectable ECC error (hardware)"), ("Xid", "a GPU Xid error (hardware)"),
                ("fallen off the bus", "the GPU fell off the bus (hardware)"),
                ("misaligned address", "a misaligned address"),

@@ -54,6 +54,7 @@ RULES: list[Rule] = [
        r"an illegal memory access was encountered|cudaErrorIllegalAddress"
        r"|CUDA_ERROR_ILLEGAL_ADDRESS|an illegal instruction was encountered"
        r"|cudaErrorIllegalInstruction|device-side assert triggered|Assertion `[^`]+` failed"
+       r"|Device-side assertion `[^`']+' failed|hipErrorIllegalAddress"
        r"|CUDA error: (?:unspecified launch failure|misaligned address|unknown error"
        r"|the launch timed out|operation not permitted when stream is capturing)"
        r"|uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable"
@@ -210,6 +211,16 @@ RULES: list[Rule] = [
        "rank's device.",
        "Do not use device_map='auto' with DDP/FSDP; move the batch to the model's device; "
        "check LOCAL_RANK → torch.cuda.set_device."),
+    _r("dtype_mismatch", "error",
+       r"expected scalar type (?P<dt_want>\w+) but found (?P<dt_got>\w+)"
+       r"|expected (?:mat1 and mat2|both inputs) to have the same dtype"
+       r"|Input type \(\S+\) and weight type \(\S+\) should be the same",
+       "an operation mixed dtypes: {dt_want} expected, {dt_got} found",
+       "Two tensors of one operation have different dtypes: weights in bf16/fp16 fed float32 "
+       "inputs (or the reverse), typically a module left in float32 by a custom kernel or a "
+       "cast, or mixed precision switched off for part of the model.",
+       "Run the forward under autocast (train.dtype / --torch_dtype with bf16), or cast the "
+       "module or the inputs to the model's dtype; check custom kernels for a hard-coded dtype."),
     _r("fsdp_mixed_requires_grad", "warning",
        r"has both parameters with requires_grad=True and False",
        "FSDP unit mixes frozen and trainable parameters",
@@ -281,6 +292,7 @@ RULES: list[Rule] = [
     _r("worker_segfault", "error",
        r"Fatal Python error: (?:Segmentation fault|Bus error)|Segmentation fault \(core dumped\)"
        r"|Caught signal 11 \(Segmentation fault|SIGSEGV received"
+       r"|\bSignal: Segmentation fault \(11\)|\*\*\* SIGSEGV \(@"
        r"|<Signals\.SIGSEGV: 11>|returned non-zero exit status -11\b",
        "a rank crashed with a segmentation fault",
        "Native code crashed (a CUDA extension, a mismatched library build, or corrupted "

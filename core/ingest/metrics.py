@@ -181,7 +181,9 @@ class MetricsParser:
                 rec["step"] = int(a)
             if b.strip().isdigit():
                 rec["max_steps"] = int(b)
-        for key in ("step", "global_step", "steps"):
+        if _num(d.get("total_steps")) and not isinstance(d["total_steps"], bool):
+            rec["max_steps"] = int(d["total_steps"])
+        for key in ("step", "global_step", "steps", "current_steps", "iter"):
             if "step" not in rec and isinstance(d.get(key), (int, float)) and \
                     not isinstance(d.get(key), bool):
                 rec["step"] = int(d[key])

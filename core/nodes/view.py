@@ -32,9 +32,28 @@ def _last_lines(path: Path, nbytes: int = TAIL_BYTES) -> list[bytes]:
     return lines[1:] if size > nbytes else lines
 
 
-def last_step(path: Path) -> tuple[int | None, float | None]:
-    """(newest step, its step time) of one rank's event file, read from its end only."""
-    for line in reversed(_last_lines(path)):
+STEP_TAIL = 2048            # a step event line is ~250 bytes: the last few are enough
+
+
+def last_step(path: str | Path) -> tuple[int | None, float | None]:
+    """(newest step, its step time) of one rank's event file, read from its end only: one
+    pread, and only the line of the newest step event is parsed (1,024 ranks per frame)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None, None
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, STEP_TAIL, max(0, size - STEP_TAIL))
+    finally:
+        os.close(fd)
+    end = len(data)
+    while end > 0:
+        start = data.rfind(b"\n", 0, end - 1) + 1
+        line = data[start:end]
+        end = start
+        if b'"step"' not in line or (start == 0 and size > STEP_TAIL):
+            continue
         try:
             e = json.loads(line)
         except ValueError:
@@ -62,8 +81,18 @@ def _head_telemetry(run: RunDir) -> dict[str, Any]:
         return {}
 
 
-def _node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
-    for line in reversed(_last_lines(run.path / "nodes" / f"node{node}" / "telemetry.jsonl")):
+def _last_json(path: str, tail: int = 4096) -> dict[str, Any]:
+    """The last complete JSON line of a file (one pread from its end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, tail, max(0, size - tail))
+    finally:
+        os.close(fd)
+    for line in reversed(data.rstrip(b"\n").split(b"\n")[1 if size > tail else 0:]):
         try:
             d = json.loads(line)
         except ValueError:
@@ -81,6 +110,7 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
     nproc = int(plan.get("nproc_per_node") or 0)
     nodes = plan.get("nodes") or []
     head = run.read_state() or {}
+    base = str(run.path)
     rows = []
     for n in nodes:
         k = int(n.get("node_rank") or 0)
@@ -97,12 +127,13 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                     "job": str(head["slurm_job"]), "state": "gone"}
             row.update(_gpus(_head_telemetry(run)))
         else:
-            link = read_json(run.path / "nodes" / f"node{k}" / "link.json") or {}
-            st = read_json(run.path / "nodes" / f"node{k}" / "state.json") or {}
-            beside = RunDir(run.path.parent / f"{run.run_id}.node{k}")
-            if not link and beside.state.exists():
+            nd = f"{base}/nodes/node{k}"      # strings: 128 nodes per frame
+            link = read_json(f"{nd}/link.json") or {}
+            st = read_json(f"{nd}/state.json") or {}
+            if not link and os.path.exists(f"{base}.node{k}/state.json"):
                 # Slurm: node k's run folder is next to the run's, on the shared filesystem
-                src, st = beside, beside.read_state() or {}
+                src = RunDir(f"{base}.node{k}")
+                st = src.read_state() or {}
             if link.get("ended"):
                 reach = "done"
             elif link.get("connected"):
@@ -120,8 +151,9 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                        drops=link.get("drops", 0),
                        last_seen_s=(now - link["last_seen"]) if isinstance(
                            link.get("last_seen"), (int, float)) else None)
-            row.update(_gpus(_node_telemetry(run, k)))
-        steps = {r: last_step(src.event_file(r)) for r in ranks}
+            row.update(_gpus(_last_json(f"{nd}/telemetry.jsonl")))
+        ev = f"{base}/events" if src is run else str(src.events)
+        steps = {r: last_step(f"{ev}/rank{r}.jsonl") for r in ranks}
         done = {r: s for r, (s, _) in steps.items() if s is not None}
         row["step"] = max(done.values()) if done else None
         if done:

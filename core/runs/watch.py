@@ -42,7 +42,9 @@ HISTORY_EVERY_S = 10.0      # the whole-run telemetry strip changes slowly: at m
                             # often, and no more than 4 times per cell of the strip
 HISTORY_POINTS = 240        # points per series; the view resamples to its width
 LOSS_POINTS = 400           # the loss sparkline's resolution
-EVENT_TAIL_BYTES = 256 << 10  # where an event file is first read from, back from its end
+EVENT_TAIL_BYTES = 64 << 10   # where an event file is first read from, back from its end
+                              # (~200 steps: the rates need RECENT_STEPS; the curve and its
+                              # stats come from run.db's series, not from these lines)
 SAMPLE_BELOW_BYTES = 8 << 20  # smaller event files are read whole for the loss curve
 RECENT_STEPS = 50           # window of the rates (tokens/s, data-wait share, ETA)
 PROBE_WINDOW_S = 60.0

@@ -657,6 +657,31 @@ case("metric_logger_inf_loss", "loss_anomaly", None,
              f"days, 1:00:00  lr: 0.0001 (0.0001)  total_loss: inf (inf)")
       for i in range(1, 5)], ("plain",))
 
+case("signal_handler_segv", "worker_segfault", None,
+     "https://github.com/pytorch/pytorch/issues/10344",
+     [(None, "*** Process received signal ***"),
+      (None, "[gpu-w07:20931] Signal: Segmentation fault (11)"),
+      (None, "[gpu-w07:20931] Signal code: Address not mapped (1)"),
+      (None, "[gpu-w07:20931] Failing at address: 0x7f3c00000010"),
+      (None, "[gpu-w07:20931] [ 0] /lib/x86_64-linux-gnu/libpthread.so.0(+0x12890)")],
+     ("plain",))
+case("hip_device_assertion", "cuda_fault", None,
+     "https://github.com/mosaicml/composer/issues/2758",
+     [(None, "/pytorch/aten/src/ATen/native/hip/Indexing.hip:1301: indexSelectSmallIndex: "
+             "Device-side assertion `srcIndex < srcSelectDimSize' failed.")] * 3 +
+     tb(None, [("/work/model.py", 40, "forward", "x = self.embed(ids)")],
+        "RuntimeError: HIP error: device-side assert triggered"), ("plain",))
+case("bf16_weights_fp32_input", "dtype_mismatch", None,
+     "https://github.com/OpenGVLab/DCNv4/issues/24",
+     tb(None, [("/work/ops/deform.py", 77, "forward", "out = ext.forward(x, offset, w)")],
+        "RuntimeError: expected scalar type Float but found BFloat16"), ("plain", "rank"))
+case("megatron_nan_grad_no_loss_field", "loss_anomaly", None,
+     "https://github.com/bigscience-workshop/Megatron-DeepSpeed/issues/396",
+     [(None, f" iteration {i:8d}/  300000 | consumed samples: {i * 16:12d} | elapsed time per "
+             f"iteration (ms): 3911.{i % 10} | learning rate: 2.500E-04 | global batch size:    "
+             f"16 | loss scale: 1.0 | grad norm: nan | number of skipped iterations:   0 |")
+      for i in range(1200, 1205)], ("plain",))
+
 
 # -- healthy logs ----------------------------------------------------------------------------
 

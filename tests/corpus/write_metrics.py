@@ -187,6 +187,29 @@ def _():
     return lines, N, loss(N)
 
 
+@log("fairseq_progress.log", "https://github.com/facebookresearch/fairseq/issues/301")
+def _():
+    per = 900
+    return [f"| epoch 002:  {i * 10:4d} / {per} loss={loss(i):.3f} ({loss(i) + 0.2:.3f}), "
+            f"wps=1021, wpb=870, bsz=24, lr=0.0005, clip=100%, gnorm={1.5 + i / 100:.4f}"
+            for i in range(1, N + 1)], per + N * 10, round(loss(N), 3)
+
+
+@log("json_stats_prefix.log", "https://github.com/facebookresearch/Detectron/issues/610")
+def _():
+    return [f'json_stats: {{"eta": "1:0{i % 10}:00", "iter": {i * 20}, "loss": {loss(i)}, '
+            f'"loss_cls": 0.01, "lr": 0.002, "mem": 6120, "time": 0.41}}'
+            for i in range(1, N + 1)], N * 20, loss(N)
+
+
+@log("trainer_log_current_steps.jsonl", "https://github.com/hiyouga/LLaMA-Factory/issues/774")
+def _():
+    return [json.dumps({"current_steps": i * 10, "total_steps": N * 10, "loss": loss(i),
+                        "eval_loss": None, "learning_rate": 1e-5, "epoch": round(i / N, 2),
+                        "percentage": round(100 * i / N, 2)}) for i in range(1, N + 1)], \
+        N * 10, loss(N)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     manifest = {}

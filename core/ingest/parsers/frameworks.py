@@ -55,6 +55,9 @@ _BRACKET_STEP = re.compile(r"\[ *(\d+)/(\d+)\]")
 _STEP_FIRST = re.compile(r"\b(?:global[ _]?step|step|iteration|iter)\b\s*[=:]?\s*(\d+)\b"
                          r"(?![./])(?:(?!\b(?:global[ _]?step|step|iteration|iter)\b).)*?"
                          r"\b(?:\w+_)?loss\s*[=:]\s*(" + _NUM + r")\b", re.I)
+# fairseq's progress lines: `| epoch 010:  4000 / 8223 loss=0.91 (1.48), ..., gnorm=2.16`
+_FAIRSEQ = re.compile(r"\bepoch (\d+):? +(\d+) / (\d+) loss=(" + _NUM + r")")
+_GNORM = re.compile(r"\bgnorm=(" + _NUM + r")")
 # anything else that names a loss and then a step: `Loss nan ... Global Step: 20`
 _LOSS_FIRST = re.compile(r"\bloss\b[\s=:]+(" + _NUM + r")\b.*?\b(?:global[ _]?step|step|iteration)"
                          r"\b[\s=:]+(\d+)(?![\d.e])", re.I)
@@ -95,6 +98,15 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
     if "[" in s and ("Epoch" in s or "Iter" in s or "/" in s) and "loss: " in s:
         rec = _mm(s)
         if rec is not None:
+            return rec
+    if "epoch " in s and "loss=" in s:
+        m = _FAIRSEQ.search(s)
+        if m:
+            epoch, n, per_epoch = int(m[1]), int(m[2]), int(m[3])
+            rec = {"step": (epoch - 1) * per_epoch + n, "loss": float(m[4]), "epoch": epoch}
+            g = _GNORM.search(s)
+            if g:
+                rec["grad_norm"] = float(g[1])
             return rec
     brace = s.find("{")
     if brace > 0 and s.rstrip().endswith("}"):
@@ -139,7 +151,8 @@ def _megatron(s: str) -> dict[str, Any] | None:
             rec[name] = float(value)
     if "step_ms" in rec:
         rec["step_s"] = rec.pop("step_ms") / 1000
-    return rec if "loss" in rec else None
+    # a line without its loss still says how the gradients are (a NaN grad norm is the news)
+    return rec if "loss" in rec or "grad_norm" in rec else None
 
 
 def _inline_dict(s: str, brace: int) -> dict[str, Any] | None:
@@ -150,7 +163,7 @@ def _inline_dict(s: str, brace: int) -> dict[str, Any] | None:
     loss = next((d[k] for k in ("loss", "train_loss", "train/loss") if _is_num(d.get(k))), None)
     if loss is None:
         return None
-    step = next((d[k] for k in ("step", "global_step", "train/global_step", "iteration")
+    step = next((d[k] for k in ("step", "global_step", "train/global_step", "iteration", "iter")
                  if _is_num(d.get(k))), None)
     if step is None:
         m = _TEXT_STEP.search(s[:brace])
