@@ -212,3 +212,32 @@ def test_preview_names_each_value_and_where_it_comes_from():
                           "--tensor_model_parallel_size 2").spec()
     p = preview(mega)
     assert "full on m" in p.summary and "effective batch 16" in p.summary
+
+
+def test_the_run_spec_file_launches_the_same_command(monkeypatch):
+    """A launch freezes the resolved spec in spec.toml; clone and resume read it back: the
+    same ms-swift argv, for every imported command of the scorer's corpus."""
+    import sys
+    from pathlib import Path
+
+    from tunedeck.core.backends.swift import swift_args
+    from tunedeck.core.estimate.resolve import resolve
+    from tunedeck.core.spec import loads_spec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from swift_import_score import CASES, read_cases
+
+    monkeypatch.chdir(CASES.parent)
+    seen = 0
+    for case in read_cases(CASES):
+        try:
+            spec = import_command(case["text"]).spec()
+        except CommandImportError as e:
+            assert case.get("refuse") and case["refuse"] in str(e), (case["name"], str(e))
+            continue
+        resolved = resolve(spec, gpu_count=8)
+        frozen = loads_spec(resolved.to_toml())
+        assert swift_args(resolve(frozen, gpu_count=8), "/o") == swift_args(resolved, "/o"), \
+            case["name"]
+        seen += 1
+    assert seen >= 80
