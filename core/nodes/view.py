@@ -17,21 +17,6 @@ from typing import Any
 
 from tunedeck.core.rundir import RunDir, read_json
 
-TAIL_BYTES = 16384
-
-
-def _last_lines(path: Path, nbytes: int = TAIL_BYTES) -> list[bytes]:
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(max(0, size - nbytes))
-            data = f.read()
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    return lines[1:] if size > nbytes else lines
-
-
 STEP_TAIL = 2048            # a step event line is ~250 bytes: the last few are enough
 
 
