@@ -1,0 +1,131 @@
+"""The multi-node parts that need no second host: roster checks, the per-node plan touches,
+the ssh command line, the frames' paths and resumable writes, the node view's reads."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from tunedeck.core.nodes import wire
+from tunedeck.core.nodes.remote import Streamer, _rewrite, node_run_id
+from tunedeck.core.nodes.roster import place, roster, roster_problems
+from tunedeck.core.nodes.ssh import ssh_argv
+from tunedeck.core.nodes.view import last_step
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.spec import SpecError, loads_spec
+
+BASE = 'backend = "script"\n[script]\npath = "/x/train.py"\n[cluster]\nnnodes = 3\n'
+
+
+def _spec(extra: str):
+    return loads_spec(BASE + extra)
+
+
+def test_roster_problems_name_the_key_and_the_count():
+    s = _spec('launcher = "ssh"\nhosts = ["a", "b"]\nmaster_addr = "10.0.0.1"\n'
+              'node_gpus = ["0,1"]\n')
+    probs = roster_problems(s)
+    assert any("cluster.hosts has 2 entries" in p and "(3)" in p for p in probs)
+    assert any(p.startswith("cluster.node_gpus has 1 entries; it needs 3") for p in probs)
+    s = _spec('launcher = "ssh"\nhosts = ["a", "-oProxyCommand=x", "c d"]\n')
+    probs = roster_problems(s)
+    assert sum("is not an ssh destination" in p for p in probs) == 2
+    assert any("loopback" in p for p in probs)          # master_addr 127.0.0.1
+    ok = _spec('launcher = "ssh"\nhosts = ["h0", "u@h1", "h2"]\nmaster_addr = "10.0.0.1"\n'
+               'remote_home = ["/scratch/td"]\n')
+    assert roster_problems(ok) == []
+    nodes = roster(ok)
+    assert [n.addr for n in nodes] == ["10.0.0.1", "h1", "h2"]
+    assert [n.home for n in nodes] == ["", "/scratch/td", "/scratch/td"]
+
+
+def test_bad_roster_values_are_refused_by_the_spec_loader():
+    with pytest.raises(SpecError) as e:
+        _spec('launcher = "pbs"\n')
+    assert "cluster.launcher must be one of manual, ssh, slurm" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        _spec('hosts = "a b"\ninterface = 3\n')
+    assert "cluster.interface must be" in str(e.value)
+
+
+def test_place_sets_c10d_host_local_address_interface_and_gpus(tmp_path):
+    from tunedeck.core.backends import plan_run
+
+    s = loads_spec(BASE.replace("nnodes = 3", "nnodes = 2") +
+                   'launcher = "ssh"\nhosts = ["h0", "h1"]\nmaster_addr = "10.0.0.1"\n'
+                   'master_port = 29400\ninterface = "ib0"\nnode_gpus = ["0,1", "2,3"]\n'
+                   'device = "cuda"\nnproc_per_node = 2\n')
+    _, plan = plan_run(s, RunDir(tmp_path / "r"), local=False)
+    place(s, plan)
+    n0, n1 = plan.nodes
+    assert n1.host == "h1"
+    a0, a1 = n0.argv, n1.argv
+    assert a0[a0.index("--rdzv_conf") + 1].endswith(",is_host=1")
+    assert a1[a1.index("--rdzv_conf") + 1].endswith(",is_host=0")
+    assert a0[a0.index("--local_addr") + 1] == "10.0.0.1"
+    assert a1[a1.index("--local_addr") + 1] == "h1"
+    assert n1.env["GLOO_SOCKET_IFNAME"] == n1.env["NCCL_SOCKET_IFNAME"] == "ib0"
+    assert (n0.env["CUDA_VISIBLE_DEVICES"], n1.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+
+
+def test_ssh_argv_is_batch_mode_and_quotes_the_remote_words(monkeypatch):
+    monkeypatch.delenv("TUNEDECK_SSH_CONFIG", raising=False)
+    argv = ssh_argv("user@h1", ["/opt/my env/bin/python", "-m", "x", "a;rm -rf /"])
+    assert "BatchMode=yes" in argv and "-F" not in argv
+    assert argv[-3:-1] == ["--", "user@h1"]
+    assert shlex.split(argv[-1]) == ["/opt/my env/bin/python", "-m", "x", "a;rm -rf /"]
+    monkeypatch.setenv("TUNEDECK_SSH_CONFIG", "/t/cfg")
+    argv = ssh_argv("h1", ["true"])
+    assert argv[argv.index("-F") + 1] == "/t/cfg"
+
+
+def test_frames_stay_inside_the_run_and_a_resent_frame_changes_nothing(tmp_path):
+    for bad in ("../x", "/etc/passwd", "a/../../b", "", "a//b", "a\\b", 3):
+        assert wire.safe_rel(bad) is None
+    assert wire.safe_rel("events/rank1.jsonl") == "events/rank1.jsonl"
+    wire.write_at(tmp_path, "events/r.jsonl", 0, b"one\n")
+    wire.write_at(tmp_path, "events/r.jsonl", 4, b"two\n")
+    wire.write_at(tmp_path, "events/r.jsonl", 4, b"two\n")    # resent after a reconnect
+    assert (tmp_path / "events" / "r.jsonl").read_bytes() == b"one\ntwo\n"
+    msg = wire.parse(wire.data_frame("logs/a.log", 7, b"\x00\xffbin"))
+    assert msg["o"] == 7 and msg["f"] == "logs/a.log"
+
+
+def test_the_node_streams_whole_lines_from_the_heads_offsets(tmp_path):
+    import io
+
+    run = RunDir(tmp_path / node_run_id("r1", 1))
+    (run.path / "events").mkdir(parents=True)
+    (run.path / "logs").mkdir()
+    (run.path / "events" / "rank1.jsonl").write_bytes(b'{"a":1}\n{"a":2}\n{"a":')
+    (run.path / "logs" / "agent.log").write_bytes(b"x\n")
+    out = io.BytesIO()
+    st = Streamer(run, 1, {"events/rank1.jsonl": 8}, out)
+    assert st.pump(final=False) is False          # half a line waits
+    frames = [json.loads(x) for x in out.getvalue().splitlines()]
+    got = {f["f"]: (f["o"], __import__("base64").b64decode(f["d"])) for f in frames}
+    assert got["events/rank1.jsonl"] == (8, b'{"a":2}\n')
+    assert got["logs/agent-node1.log"] == (0, b"x\n")
+    out.truncate(0)
+    out.seek(0)
+    assert st.pump(final=True) is True            # the run is over: the rest goes too
+
+
+def test_paths_of_the_head_become_the_nodes():
+    plan = {"nodes": [{"argv": ["--log_dir", "/h/runs/r1/logs/node1", "/h/runs/r10"],
+                       "cwd": "/h/runs/r1"}]}
+    out = _rewrite(plan, "/h/runs/r1", "/n/runs/r1.node1")
+    assert out["nodes"][0]["argv"] == ["--log_dir", "/n/runs/r1.node1/logs/node1",
+                                       "/h/runs/r10"]
+    assert out["nodes"][0]["cwd"] == "/n/runs/r1.node1"
+
+
+def test_last_step_reads_the_newest_step_from_the_end(tmp_path):
+    p = tmp_path / "rank3.jsonl"
+    lines = [json.dumps({"kind": "step", "step": i, "step_s": 0.5, "pad": "x" * 300})
+             for i in range(1, 50)]
+    p.write_text("\n".join(lines) + "\n" + json.dumps({"kind": "end", "step": 49}) + "\n")
+    assert last_step(p) == (49, 0.5)
+    assert last_step(tmp_path / "none.jsonl") == (None, None)
