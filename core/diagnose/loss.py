@@ -15,6 +15,9 @@ from tunedeck.core.diagnose.finding import Finding
 FROZEN_STEPS = 5   # identical grad norms in a row before we call them frozen
 ZERO_STEPS = 3
 BAD_GRAD_STEPS = 3  # nan/inf grad norms in a row before we call it divergence
+DIVERGED_FIX = ("Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
+                "train in bf16 instead of fp16, and check the data around that step for "
+                "empty, truncated or all-masked samples.")
 SHOWN = 4          # records quoted as evidence
 
 
@@ -96,15 +99,14 @@ class LossWatch:
                         f"({self.bad} of {self.n} steps)",
                 cause="The loss became NaN/inf: the learning rate is too high, fp16 overflowed, "
                       "or a batch has no target tokens (all labels masked) or bad values.",
-                fix="Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
-                    "train in bf16 instead of fp16, and check the data around that step for "
-                    "empty or truncated answers.",
+                fix=DIVERGED_FIX,
                 evidence=[_fmt(r) for r in shown], source=self.source, t=first.get("t")))
         g = self.bad_grad
+        head = g.best_head if g.best_len >= BAD_GRAD_STEPS else g.cur_head
         # fp16's loss scaler skips a step now and then on an inf gradient: that is normal;
         # several in a row, or the log ending on them, is a run that has diverged
         if not self.bad and (g.best_len >= BAD_GRAD_STEPS or g.cur_len >= 2):
-            first = g.best_head[0] if g.best_len >= BAD_GRAD_STEPS else g.cur_head[0]
+            first = head[0]
             n = max(g.best_len, g.cur_len)
             out.append(Finding(
                 category="loss_anomaly", severity="error",
@@ -114,11 +116,8 @@ class LossWatch:
                       "applies garbage updates, and a loss printed as 0.0 or a finite number "
                       "meanwhile hides it (the learning rate is too high, fp16 overflowed, or "
                       "a batch has no target tokens).",
-                fix="Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
-                    "train in bf16 instead of fp16, and check the data around that step for "
-                    "empty or all-masked samples.",
-                evidence=[_fmt(r) for r in (g.best_head if g.best_len >= BAD_GRAD_STEPS
-                                            else g.cur_head)],
+                fix=DIVERGED_FIX,
+                evidence=[_fmt(r) for r in head],
                 source=self.source, t=first.get("t")))
         z = self.zero
         if z.best_len >= ZERO_STEPS and self.had_nonzero:
