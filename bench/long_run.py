@@ -259,10 +259,11 @@ def monitor_open(run_dir: Path) -> dict:
         "t0 = time.perf_counter()\n"
         "from tunedeck.core.runs.watch import RunWatcher\n"
         "w = RunWatcher(sys.argv[1])\n"
-        "snap = w.poll()\n"
+        "snap = w.poll(history=False)\n"   # the monitor's first frame (strips follow)
         "t1 = time.perf_counter()\n"
         "s = w.store.step_series(0, buckets=320, metrics=('loss', 'lr', 'grad_norm'))\n"
         "t2 = time.perf_counter()\n"
+        "a = time.perf_counter(); w.poll(history=True); hist = time.perf_counter() - a\n"
         "polls = []\n"
         "for _ in range(10):\n"
         "    a = time.perf_counter(); w.poll(history=False); polls.append(time.perf_counter() - a)\n"
@@ -272,6 +273,7 @@ def monitor_open(run_dir: Path) -> dict:
         "  'curve_first': s['step'][0] if s['step'] else None,\n"
         "  'curve_last': s['step_max'][-1] if s['step'] else None, 'run_last': s['last'],\n"
         "  'buckets': len(s['step']), 'poll_ms': sorted(polls)[5] * 1000,\n"
+        "  'history_s': hist,\n"
         "  'rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
     p = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True,
                        text=True, timeout=300)
