@@ -27,6 +27,10 @@ mkdir -p "$W" "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 T0=$SECONDS
+# cut short (a timeout): still leave the table of the cases that finished, and their files
+trap 'python3 bench/trainer_bench.py table "$W/t" --warmup 3 > "$OUT/table.md" 2>&1;
+  tar czf "$OUT/results.tgz" -C "$W" --exclude=qwen2.5-7b-random --exclude=cache \
+  --exclude=output t 2>/dev/null' TERM
 bash bench/trainer_bench.sh "$W/t" 3 8 "$CASES"
 echo "bench: $((SECONDS - T0)) s"
 for f in "$W"/t/*/profile.txt; do [[ -f $f ]] && { echo "== $f"; head -45 "$f"; }; done
