@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
+import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -25,7 +27,7 @@ from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advic
 from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from tunedeck.core.diagnose.sources import run_sources
 from tunedeck.core.rundir import Source, source_for_file
-from tunedeck.core.ingest.metrics import MetricsParser, merge_by_step
+from tunedeck.core.ingest.metrics import merge_by_step
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.parsers.nccl import NcclSummary
 from tunedeck.core.ingest.parsers.torchrun import Failure
@@ -86,51 +88,91 @@ class Diagnosis:
 
 class _EventErrors:
     """An event file read as data: only lines carrying an `error` (a rank's failed end) go
-    to its scanner's line rules, with their line numbers; the rest is counted, not read."""
+    to its scanner's line rules, with their line numbers; the rest is searched in place (a
+    memory map), never split into lines."""
 
     def __init__(self, sc: FileScanner) -> None:
         self.sc = sc
-        self.tail = Tail(sc.source.path)
+        self.offset = 0      # bytes searched so far (complete lines only)
+        self.known = (0, 0)  # (offset, lines before it): line numbers are counted lazily,
+                             # only up to a line that carries an error
 
     def poll(self) -> None:
-        for base, chunk in self.tail.chunks(count_lines=False):
-            counted, lineno = 0, base     # lines before `counted` are in `lineno`
-            at = chunk.find(b'"error"')
-            while at >= 0:
-                start = chunk.rfind(b"\n", 0, at) + 1
-                end = chunk.find(b"\n", at)
-                lineno += chunk.count(b"\n", counted, start)
-                counted = start
-                line = chunk[start:end]
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    e = None
-                if isinstance(e, dict) and isinstance(e.get("error"), str):
-                    self.sc._line(lineno + 1, line.decode("utf-8", errors="replace"))
-                at = chunk.find(b'"error"', end)
-            # the next chunk's base (chunks() reads it when it resumes)
-            self.tail.lineno = base + chunk.count(b"\n")
+        try:
+            with open(self.sc.source.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:          # rewritten: from the start
+                    self.offset, self.known = 0, (0, 0)
+                if size == self.offset:
+                    return
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    self._search(mm, size)
+        except (OSError, ValueError):
+            return
+
+    def _search(self, mm: mmap.mmap, size: int) -> None:
+        end_all = mm.rfind(b"\n", self.offset, size) + 1   # complete lines only
+        if end_all <= self.offset:
+            return
+        at = mm.find(b'"error"', self.offset, end_all)
+        while at >= 0:
+            start = mm.rfind(b"\n", 0, at) + 1
+            end = mm.find(b"\n", at, end_all)
+            line = mm[start:end]
+            try:
+                e = json.loads(line)
+            except ValueError:
+                e = None
+            if isinstance(e, dict) and isinstance(e.get("error"), str):
+                off, n = self.known
+                self.known = (start, n + _count_lines(mm, off, start))
+                self.sc._line(self.known[1] + 1, line.decode("utf-8", errors="replace"))
+            at = mm.find(b'"error"', end, end_all)
+        self.offset = end_all
+
+
+def _count_lines(mm: mmap.mmap, a: int, b: int, block: int = 8 << 20) -> int:
+    n = 0
+    while a < b:
+        n += mm[a:min(a + block, b)].count(b"\n")
+        a += block
+    return n
 
 
 class _EventLoss:
-    """The loss watch over one event file's step events, read in file order."""
+    """The loss watch over one event file's step events, read in file order, a megabyte at
+    a time: the few fields the watch looks at, no record kept."""
 
     def __init__(self, source: Source) -> None:
         self.tail = Tail(source.path)
-        self.parser = MetricsParser(source.rank)
         self.watch = LossWatch(str(source.path))
 
     def poll(self) -> None:
-        normalise, feed = self.parser.normalise, self.watch.feed
+        feed = self.watch.feed
         while True:
             before = self.tail.offset
-            lines = self.tail.json_lines(8 << 20)
-            recs = [r for _, e in lines if e.get("kind") == "step"
-                    and (r := normalise("dict", e)) is not None]
-            feed(recs)
+            feed([r for _, e in self.tail.json_lines(1 << 20)
+                  if e.get("kind") == "step" and (r := _loss_record(e)) is not None])
             if self.tail.offset == before:
                 return
+
+
+def _loss_record(e: dict) -> dict | None:
+    """What the metrics parser makes of a step event, for the fields LossWatch reads."""
+    step = e.get("step")
+    if not isinstance(step, int):
+        return None
+    rec: dict = {"step": step}
+    for src, dst in (("loss", "loss"), ("lr", "learning_rate"), ("grad_norm", "grad_norm")):
+        v = e.get(src)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            rec[dst] = v
+    t = e.get("t")
+    if t is not None:
+        rec["t"] = t
+    if "loss" not in rec and "loss" in e:
+        rec["loss"] = math.nan   # the stream writes a NaN loss as null
+    return rec
 
 
 def diagnose_run(run_dir: str | Path) -> list[Finding]:
