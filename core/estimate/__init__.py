@@ -87,7 +87,11 @@ def inputs_for_spec(spec, arch: ModelArch | None = None, *, device: str | None =
         autocast=compute == 2, master_fp32=spec.backend == "builtin" and m.type == "full",
         # the built-in trainer's AdamW is fused on CUDA (no foreach temporaries)
         fused_optimizer=spec.backend == "builtin" and device == "cuda" and not p.cpu_offload,
-        attn_impl=spec.model.attn_impl, device=device)
+        attn_impl=spec.model.attn_impl, device=device,
+        # the built-in trainer: chunked cross-entropy, compiled layers (CUDA), expandable segments
+        loss_chunk_elems=2 ** 29 if spec.backend == "builtin" and device == "cuda" else 0,
+        compiled=spec.backend == "builtin" and device == "cuda" and bool(t.compile),
+        expandable_segments=spec.backend == "builtin" and device == "cuda")
 
 
 @dataclass
