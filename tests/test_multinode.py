@@ -236,6 +236,8 @@ def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
         assert lost and lost[0]["node"] == 1 and "node 1 (node1)" in lost[0]["summary"], \
             _findings(run_dir)
         assert lost[0]["t"] - killed_at < 10
+        print(f"node_lost {lost[0]['t'] - killed_at:.2f}s after the kill, head ended "
+              f"{head['ended'] - killed_at:.2f}s after")
         assert head["ended"] - killed_at < 40
         rows = _head_cli(hosts, home, "nodes", run_id)
         assert rows[1]["findings"] >= 1
