@@ -129,3 +129,31 @@ def test_last_step_reads_the_newest_step_from_the_end(tmp_path):
     p.write_text("\n".join(lines) + "\n" + json.dumps({"kind": "end", "step": 49}) + "\n")
     assert last_step(p) == (49, 0.5)
     assert last_step(tmp_path / "none.jsonl") == (None, None)
+
+
+def test_a_node_that_cannot_be_stopped_is_named_when_the_run_ends(tmp_path, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from tunedeck.core.nodes import link as link_mod
+
+    monkeypatch.setattr(link_mod.NodeLink, "start", lambda self: None)
+    monkeypatch.setattr(link_mod, "FINAL_WAIT_S", 0.0)
+    spec = loads_spec(BASE.replace("nnodes = 3", "nnodes = 2") +
+                      'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
+                      '[run]\nstop_grace_s = 0\n')
+    run = RunDir(tmp_path / "r1")
+    run.path.mkdir()
+    saved = []
+    ctx = SimpleNamespace(spec=spec, run=run, store=SimpleNamespace(save_finding=saved.append),
+                          stopping=lambda: True, node_rank=0)
+    mon = link_mod.NodesMonitor(ctx)
+    (lk,) = mon.links
+    lk.started, lk.last_seen = True, time.time() - 40      # answered once, then silence
+    lk.last_error = "ssh exited with 255: Connection timed out"
+    mon.close([])
+    cats = {f.category: f for f in saved}
+    f = cats["node_not_stopped"]
+    assert f.node == 1 and "node 1 (gpu7)" in f.summary and "255" in f.summary
+    assert "tunedeck stop r1.node1" in f.fix
+    assert json.loads((run.path / "nodes" / "node1" / "link.json").read_text())["host"] == "gpu7"

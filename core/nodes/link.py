@@ -286,6 +286,21 @@ class NodesMonitor:
             self._judge(link, now, final=True)
             link.close()
             self._write(link, force=True)
+            if link.started and not link.ended and not link.gone:
+                self._unstopped(link, now)
+
+    def _unstopped(self, link: NodeLink, now: float) -> None:
+        """The run is over here, but this node never said its part ended: name it."""
+        k, host = link.node.rank, link.node.host
+        why = link.last_error or f"no answer for {now - link.last_seen:.0f}s"
+        self._finding(Finding(
+            category="node_not_stopped", severity="warning",
+            summary=f"node {k} ({host}) could not be reached to stop it: {why}",
+            cause=f"The run ended on this node, but node {k} did not confirm that its part "
+                  f"ended; its processes may still run there.",
+            fix=f"ssh {host} and run `tunedeck stop {node_run_id(self.run.run_id, k)}` "
+                f"(with that node's TUNEDECK_HOME), or kill its ranks by hand.",
+            node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
 
     # -- what the tick decides -----------------------------------------------------------
     def _forward_stop(self) -> None:

@@ -197,6 +197,8 @@ class Streamer:
                 size = os.path.getsize(self.run.path / rel)
             except OSError:
                 continue
+            if size == 0 and rel not in self.sent:
+                self.send(wire.data_frame(head, 0, b""))   # the file exists: say so
             while off < size:
                 with open(self.run.path / rel, "rb") as f:
                     f.seek(off)
