@@ -154,8 +154,31 @@ def _eval_part(rank: int, ev: tuple) -> dict[str, Any]:
     return part
 
 
+class Rendered(str):
+    """A record already written as its indented JSON text (a trainer's full step row, by
+    `_FULL`: what json.dump(indent=2) prints for it, without a dict or the encoder)."""
+
+
+_FULL = ('  {\n    "step": %d,\n    "loss": %r,\n    "learning_rate": %r,\n    "grad_norm": %r,'
+         '\n    "tokens_per_s": %r,\n    "step_s": %r,\n    "epoch": %r,\n    "rank": %d,\n    '
+         '"t": %r,\n    "tokens": %r,\n    "data_wait_s": %r,\n    "mem_gib": %r')
+
+
+def _rendered(rank: int, row: tuple) -> Rendered | None:
+    """`_record`'s JSON text for a full step row without an eval; None for any other."""
+    if row[12] is not None or None in row[1:11]:
+        return None
+    text = _FULL % (row[0], row[2], row[3], row[4], row[5], row[6], row[7], rank, row[1],
+                    row[8], row[9], row[10])
+    if row[11]:
+        return Rendered(f'{text},\n    "max_steps": {row[11]!r}\n  }}')
+    return Rendered(text + "\n  }")
+
+
 def _stream(store: Store, since: int | None, every: int | None,
-            last: int | None) -> Iterator[dict[str, Any]]:
+            last: int | None, text: bool = False) -> Iterator[dict[str, Any]]:
+    """The records; with `text`, a trainer's full step row comes as its JSON text
+    (`Rendered`) unless another rank has to be merged into it."""
     ranks = store.metric_ranks()
     if not ranks:
         return
@@ -209,6 +232,10 @@ def _stream(store: Store, since: int | None, every: int | None,
         if ev is not None and ev[0] == s:
             rec = _record(lead, s, row, ev)
             ev = next(evals, None)
+        elif text and nx != s and (row[11] or "max_steps" not in fill_keys) \
+                and (out := _rendered(lead, row)) is not None:   # has every key there is
+            yield out
+            continue
         else:
             rec = _record(lead, s, row, None)
         if nx == s:
@@ -289,9 +316,10 @@ class Records:
 
 
 def iter_records(ref: str | Path, since: int | None = None, every: int | None = None,
-                 last: int | None = None) -> Records:
+                 last: int | None = None, text: bool = False) -> Records:
     """`tunedeck metrics RUN_OR_FILE`'s records. A missing run or file raises
-    FileNotFoundError here, before the first record."""
+    FileNotFoundError here, before the first record. `text`: for write_json (records may
+    come as their JSON text)."""
     p = Path(ref)
     if p.is_file():
         return Records(map(json_safe, _narrow(records_from_file(p), since, every, last)),
@@ -302,7 +330,7 @@ def iter_records(ref: str | Path, since: int | None = None, every: int | None = 
     if run.event_files() or run.db.exists():
         store = Store(run)
         if store.series_format() >= 2:
-            return Records(_closing(store, _stream(store, since, every, last)), True)
+            return Records(_closing(store, _stream(store, since, every, last, text)), True)
         store.close()
     return Records(map(json_safe, _narrow(_records_whole(run), since, every, last)), False)
 
@@ -337,16 +365,30 @@ def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000,
     it = iter(recs)
     first = True
     while chunk := list(itertools.islice(it, batch)):
-        if not plain and any(not _plain(r) for r in chunk):   # text: the exact encoder
-            body = ",".join("\n  " + json.dumps(r, indent=2).replace("\n", "\n  ")
-                            for r in chunk)
-        else:
-            flat = json.dumps(chunk)[2:-2]
-            body = ("\n  {\n    " + flat.replace("}, {", "\n  },\n  {\n    ")
-                    .replace(', "', ',\n    "') + "\n  }")
-        out.write(("[" if first else ",") + body)
+        items: list[str] = []
+        dicts: list[dict[str, Any]] = []
+        for r in chunk:
+            if type(r) is Rendered:
+                if dicts:
+                    items.append(_encode(dicts, plain))
+                    dicts = []
+                items.append(r)
+            else:
+                dicts.append(r)
+        if dicts:
+            items.append(_encode(dicts, plain))
+        out.write(("[\n" if first else ",\n") + ",\n".join(items))
         first = False
     out.write("[]\n" if first else "\n]\n")
+
+
+def _encode(recs: list[dict[str, Any]], plain: bool) -> str:
+    """Records as json.dump(indent=2) prints them inside a list, joined by ",\\n"."""
+    if not plain and any(not _plain(r) for r in recs):   # text values: the exact encoder
+        return ",\n".join("  " + json.dumps(r, indent=2).replace("\n", "\n  ") for r in recs)
+    flat = json.dumps(recs)[2:-2]
+    return ("  {\n    " + flat.replace("}, {", "\n  },\n  {\n    ")
+            .replace(', "', ',\n    "') + "\n  }")
 
 
 def _plain(rec: dict[str, Any]) -> bool:
