@@ -205,7 +205,8 @@ def cmd_metrics(args) -> int:
     from tunedeck.core.runs.metrics import iter_records, write_json
 
     try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
-        recs = iter_records(args.run, since=args.since, every=args.every, last=args.last)
+        recs = iter_records(args.run, since=args.since, every=args.every, last=args.last,
+                            text=args.json)
         plain = recs.plain
         first = next(recs, None)   # a bad line of a file fails here, before any output
     except FileNotFoundError as e:
