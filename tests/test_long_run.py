@@ -39,6 +39,18 @@ def step_line(rank: int, step: int) -> str:
                        "epoch": 0, "mfu": 0.41}) + "\n"
 
 
+_LINE = ('{"t": %r, "kind": "step", "rank": %d, "step": %d, "loss": %r, "lr": 0.0001, '
+         '"grad_norm": 0.5, "tokens": 8192, "step_s": 0.5, "data_wait_s": 0.004, '
+         '"compute_s": 0.3, "mem_gib": 61.3, "tokens_per_s": 16384.0, "epoch": 0, '
+         '"mfu": 0.41}\n')
+
+
+def fast_lines(rank: int, first: int, n: int) -> str:
+    """n step lines in step_line's schema, formatted without json.dumps."""
+    return "".join(_LINE % (T0 + s * 0.5, rank, s, 2.0 + 1 / (1 + s))
+                   for s in range(first, first + n))
+
+
 def synth_run(root: Path, ranks: int, steps: int) -> Path:
     """A run whose agent already ingested `steps` steps per rank (run.db filled by SQL)."""
     from tunedeck.core.rundir import RunDir
@@ -258,3 +270,38 @@ def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
     want = [json_safe(r) for r in _records_whole(RunDir(tmp_path))]
     got = list(iter_run(tmp_path))
     assert [list(r.items()) for r in got] == [list(r.items()) for r in want]
+
+
+def test_agent_memory_stays_flat_at_hundreds_of_steps_a_second(tmp_path, monkeypatch):
+    """8 ranks at 300 steps/s each (the issue's 5,000 lines/s order): what the agent holds
+    stops growing within seconds (the starvation window kept 30 s of steps, 150k tuples)."""
+    from tunedeck.core.runs.agent import Agent
+    from tunedeck.core.runs.store import Store
+
+    monkeypatch.setenv("TUNEDECK_FAKE_NVML", "8")
+    run = synth_run(tmp_path, 8, 10)
+    agent = Agent(run)
+    agent.store = Store(agent.rundir, write=True)
+    agent.monitors = agent.make_monitors()
+    files = [open(agent.rundir.event_file(r), "a") for r in range(8)]
+    held = []
+    tracemalloc.start()
+    try:
+        step = 11
+        for i in range(30):
+            for r, f in enumerate(files):
+                f.write(fast_lines(r, step, 150))
+                f.flush()
+            step += 150
+            new = agent.ingest()
+            agent.tick_monitors(T0 + 100 + i * 0.5, new)
+            del new
+            held.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+        for f in files:
+            f.close()
+        agent.store.close()
+    grew = held[-1] - held[10]
+    print(f"held after tick 10 {held[10] / 2**20:.1f} MiB, after 30 {held[-1] / 2**20:.1f} MiB")
+    assert grew < 1 << 20
