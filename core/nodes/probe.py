@@ -29,6 +29,21 @@ def _reach(host: str, port: int, timeout_s: float = 3.0) -> str:
         return f"{type(e).__name__}: {e}"
 
 
+def _gpu_procs() -> int | None:
+    """Processes holding a GPU now (nvidia-smi's compute apps); None without the driver."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return len([x for x in r.stdout.splitlines() if x.strip()]) if r.returncode == 0 else None
+
+
 def probe(host: str, port: int, paths: list[str]) -> dict:
     try:
         gpus = len(os.listdir("/proc/driver/nvidia/gpus"))
@@ -36,6 +51,7 @@ def probe(host: str, port: int, paths: list[str]) -> dict:
         gpus = 0
     return {"host": os.uname().nodename, "python": sys.executable,
             "tunedeck": _version("tunedeck"), "torch": _version("torch"), "gpus": gpus,
+            "gpu_procs": _gpu_procs() if gpus else None,
             "reach": _reach(host, port) if port else "not asked",
             "missing": [p for p in paths if not os.path.exists(p)]}
 

@@ -193,7 +193,8 @@ def check_nccl_env(ctx: Context, sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB)
 def check_nodes(ctx: Context) -> CheckResult:
     """Every other node of an ssh-launched run, asked over ssh in parallel: reachable without a
     prompt, the same tunedeck and torch as here, the spec's paths present, and node 0's
-    rendezvous address reachable from it (this node listens on it while it asks)."""
+    rendezvous address reachable from it (this node listens on it while it asks), its GPUs
+    free."""
     id, title = "net.nodes", "Every node reachable over ssh, same versions, rendezvous reachable"
     spec = ctx.resolved
     c = spec.cluster
@@ -236,6 +237,8 @@ def check_nodes(ctx: Context) -> CheckResult:
             why.append(f"cannot reach {c.master_addr}: {ans.get('reach')}")
         if ans.get("missing"):
             why.append(f"missing {', '.join(ans['missing'])}")
+        if ans.get("gpu_procs"):
+            why.append(f"{ans['gpu_procs']} processes hold its GPUs now (nvidia-smi)")
         (bad if why else lines).append(f"node {node.rank} ({node.host}): "
                                        + ("; ".join(why) if why else
                                           f"ok, torch {ans.get('torch')}, {ans.get('gpus')} GPUs"))
