@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
-import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -88,55 +86,32 @@ class Diagnosis:
 
 class _EventErrors:
     """An event file read as data: only lines carrying an `error` (a rank's failed end) go
-    to its scanner's line rules, with their line numbers; the rest is searched in place (a
-    memory map), never split into lines."""
+    to its scanner's line rules, with their line numbers; the rest is searched a megabyte
+    at a time (C byte searches), never split into lines."""
 
     def __init__(self, sc: FileScanner) -> None:
         self.sc = sc
-        self.offset = 0      # bytes searched so far (complete lines only)
-        self.known = (0, 0)  # (offset, lines before it): line numbers are counted lazily,
-                             # only up to a line that carries an error
+        self.tail = Tail(sc.source.path)
 
     def poll(self) -> None:
-        try:
-            with open(self.sc.source.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self.offset:          # rewritten: from the start
-                    self.offset, self.known = 0, (0, 0)
-                if size == self.offset:
-                    return
-                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                    self._search(mm, size)
-        except (OSError, ValueError):
-            return
-
-    def _search(self, mm: mmap.mmap, size: int) -> None:
-        end_all = mm.rfind(b"\n", self.offset, size) + 1   # complete lines only
-        if end_all <= self.offset:
-            return
-        at = mm.find(b'"error"', self.offset, end_all)
-        while at >= 0:
-            start = mm.rfind(b"\n", 0, at) + 1
-            end = mm.find(b"\n", at, end_all)
-            line = mm[start:end]
-            try:
-                e = json.loads(line)
-            except ValueError:
-                e = None
-            if isinstance(e, dict) and isinstance(e.get("error"), str):
-                off, n = self.known
-                self.known = (start, n + _count_lines(mm, off, start))
-                self.sc._line(self.known[1] + 1, line.decode("utf-8", errors="replace"))
-            at = mm.find(b'"error"', end, end_all)
-        self.offset = end_all
-
-
-def _count_lines(mm: mmap.mmap, a: int, b: int, block: int = 8 << 20) -> int:
-    n = 0
-    while a < b:
-        n += mm[a:min(a + block, b)].count(b"\n")
-        a += block
-    return n
+        for base, chunk in self.tail.chunks(count_lines=False):
+            counted, lineno = 0, base     # lines before `counted` are in `lineno`
+            at = chunk.find(b'"error"')
+            while at >= 0:
+                start = chunk.rfind(b"\n", 0, at) + 1
+                end = chunk.find(b"\n", at)
+                lineno += chunk.count(b"\n", counted, start)
+                counted = start
+                line = chunk[start:end]
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    e = None
+                if isinstance(e, dict) and isinstance(e.get("error"), str):
+                    self.sc._line(lineno + 1, line.decode("utf-8", errors="replace"))
+                at = chunk.find(b'"error"', end)
+            # the next chunk's first line number (chunks() reads it when it resumes)
+            self.tail.lineno = base + chunk.count(b"\n")
 
 
 class _EventLoss:
@@ -293,7 +268,7 @@ def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
             summary = f"rendezvous port {m[1]} already in use"
     elif "{" in summary:    # a rule's summary names what its groups caught
         summary = summary.format_map({k: "" for k in re.findall(r"\{(\w+)\}", summary)}
-                                     | hit.groups)
+                                     | hit.groups).replace(" ()", "")
     if hit.rank is not None:
         summary += f" (rank {hit.rank})"
     return Finding(category=rule.category, severity=rule.severity, summary=summary,

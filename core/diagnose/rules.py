@@ -84,7 +84,8 @@ RULES: list[Rule] = [
     _r("nccl_timeout", "error",
        r"Watchdog caught collective operation timeout|collective operation timeout"
        r"|Timed out waiting \d+ms for (?:recv|send) operation|NCCL communicator was aborted"
-       r"|ncclTimeout|Gloo.*timed out| milliseconds before timing out",
+       r"|ncclTimeout|Gloo.*timed out| milliseconds before timing out"
+       r"|Timeout at NCCL work: \d+",
        "collective operation timed out",
        "A collective (all-reduce, barrier, ...) did not complete on all ranks within the "
        "process-group timeout: one rank never reached it (stuck in data loading, a hang, a "
@@ -221,6 +222,18 @@ RULES: list[Rule] = [
        "cast, or mixed precision switched off for part of the model.",
        "Run the forward under autocast (train.dtype / --torch_dtype with bf16), or cast the "
        "module or the inputs to the model's dtype; check custom kernels for a hard-coded dtype."),
+    _r("checkpoint_mismatch", "error",
+       r"size mismatch for (?P<cm_key>[\w.]+): copying a param with shape"
+       r"|from checkpoint, the shape in current model is|^\s*size mismatch for\s*$"
+       r"|Error\(s\) in loading state_dict for (?P<cm_cls>\w+)"
+       r"|Missing key\(s\) in state_dict: \"(?P<cm_miss>[\w.]+)\"",
+       "the checkpoint does not fit the model ({cm_key}{cm_cls}{cm_miss})",
+       "The weights being loaded were saved from a model of another shape or structure: a "
+       "different base model or size, another vocabulary (resized embeddings), an adapter "
+       "trained on another base, or a resume into a run whose model settings changed.",
+       "Load the checkpoint into the model it was made for (same base model, same vocabulary "
+       "and LoRA settings); to resume, keep the run's model settings; for an adapter, check "
+       "its adapter_config.json's base_model_name_or_path."),
     _r("fsdp_mixed_requires_grad", "warning",
        r"has both parameters with requires_grad=True and False",
        "FSDP unit mixes frozen and trainable parameters",
@@ -433,6 +446,7 @@ if any(r.pattern.flags & re.IGNORECASE for r in RULES):
 
 _OTHER = (
     "Traceback (most", " FAILED", "=" * 20,          # tracebacks, torchrun's report
+    ' File "',                                        # a traceback whose header was cut off
     "nqueued", "exitcode", "closing signal",          # watchdog, torchrun lines
     "\r", "|", "step", "\n{",                         # metrics and tqdm (scan.poll's filter)
     "loss: ", "loss :",                               # mmengine, MetricLogger, DLLogger lines

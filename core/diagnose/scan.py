@@ -27,6 +27,7 @@ PASTE_MAX = 1 << 20    # files up to this size are checked for terminal wrapping
 # watchdog's `[PG 0 Rank 3]` / `[PG ID 0 PG GUID 0(default_pg) Rank 3]`, DDP's `for rank 2:`
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
                            r"|\[Rank (\d+)\]|Duplicate GPU detected : rank (\d+)")
+_FRAME = re.compile(r' {1,4}File "[^"]+", line \d+, in ')
 _LOCAL_RANK_ARG = re.compile(r"--local[_-]rank=(\d+)")
 _LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 # a glog / logging level that says the line is only a warning (c10d retrying a connect,
@@ -383,6 +384,11 @@ class FileScanner:
         if st.mode == "none":
             if text.startswith("Traceback (most recent call last)"):
                 st.mode, st.start, st.lines = "in", lineno, [text]
+                return True
+            if text[:1] == " " and _FRAME.match(text):
+                # a paste cut above its header: the frames and the exception are still there
+                st.mode, st.start = "in", lineno
+                st.lines = ["Traceback (most recent call last):", text]
                 return True
             return False
         if st.mode == "in":

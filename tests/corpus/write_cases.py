@@ -682,6 +682,28 @@ case("megatron_nan_grad_no_loss_field", "loss_anomaly", None,
              f"16 | loss scale: 1.0 | grad norm: nan | number of skipped iterations:   0 |")
       for i in range(1200, 1205)], ("plain",))
 
+case("traceback_cut_above_its_header", "rank_crashed", 3,
+     "https://github.com/hiyouga/LLaMA-Factory/issues/5871",
+     [(3, '  File "/srv/app/data/loader.py", line 91, in load_one'),
+      (3, '    raise ValueError(f"File {path} not found.")'),
+      (3, "ValueError: File data/my_set.json not found.")] +
+     tb(1, [("/srv/app/launcher.py", 12, "<module>", "run_exp()")],
+        "")[:3], ("rank",), text_rank=True)
+case("state_dict_shape_mismatch_wrapped", "checkpoint_mismatch", None,
+     "https://github.com/kohya-ss/sd-scripts/issues/1340",
+     [(None, "RuntimeError: Error(s) in loading state_dict for LoRANetwork:"),
+      (None, "        size mismatch for"),
+      (None, "lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight: copying a param"),
+      (None, "with shape torch.Size([4, 768]) from checkpoint, the shape in current"),
+      (None, "model is torch.Size([32, 768]).")], ("plain",))
+case("nccl_work_timeout_new_wording", "nccl_timeout", 2,
+     "https://github.com/pytorch/pytorch/issues/115388",
+     [(2, "[PG 0 Rank 2] Timeout at NCCL work: 5121, last enqueued NCCL work: 5121, last "
+          "completed NCCL work: 5120."),
+      (2, "[PG 0 Rank 2] Some NCCL operations have failed or timed out. Due to the "
+          "asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+          "corrupted/incomplete data.")], ("rank", "plain"), text_rank=True)
+
 
 # -- healthy logs ----------------------------------------------------------------------------
 

@@ -210,6 +210,50 @@ def _():
         N * 10, loss(N)
 
 
+@log("yolox_style_key_values.log", "https://github.com/Megvii-BaseDetection/YOLOX/issues/827")
+def _():
+    per = 500
+    return [f"2024-04-02 10:{i // 60:02d}:{i % 60:02d} | INFO     | det.trainer:201 - epoch: 3/30, "
+            f"iter: {i * 10}/{per}, mem: 20110Mb, iter_time: 1.1s, total_loss: {loss(i)}, "
+            f"iou_loss: 2.1, cls_loss: 0.4, lr: 1.0e-02" for i in range(1, N + 1)], \
+        2 * per + N * 10, loss(N)
+
+
+@log("epoch_bracket_loss_equals.log", "https://github.com/dk-liang/CLTR/issues/27")
+def _():
+    return [f"2024-05-01 08:{i % 60:02d}:00,101 - MYNET - INFO - Training Epoch:[{i}/300]\t "
+            f"loss={loss(i)}\t lr=0.000100" for i in range(1, N + 1)], N, loss(N)
+
+
+@log("timm_style_epoch_local.log", "https://github.com/facebookresearch/deit/issues/150")
+def _():
+    per = 1000
+    return [f"Train: [{i}/{per}]" if False else
+            f"Train - Epoch: [12/100][{i * 10:>4}/{per}]\tTime  0.701 ( 0.712)\tData  0.001 "
+            f"( 0.010)\tLoss {loss(i):.4e} ({loss(i) + 0.1:.4e})" for i in range(1, N + 1)], \
+        11 * per + N * 10, float(f"{loss(N):.4e}")
+
+
+@log("pipe_separated_batch_loss.log", "https://github.com/ylsung/VL_adapter/issues/4")
+def _():
+    return [f"epoch   1 | lr 0.000200 | batch {i * 50:>6} | examples/s:  20.{i % 9} | loss: "
+            f"{loss(i):.5f} | time elapsed: 00h0{i % 10}m00s" for i in range(1, N + 1)], \
+        N * 50, round(loss(N), 5)
+
+
+@log("speechbrain_epoch_summary.log", "https://github.com/speechbrain/speechbrain/issues/1452")
+def _():
+    return [f"epoch: {i}, lr: 1.0e-04, steps: {i * 1000}, optimizer: Adam - train loss: "
+            f"{loss(i):.2f} - valid loss: {loss(i) + 1:.2f}, valid ACC: 0.5" for i in range(1, N + 1)], \
+        N * 1000, round(loss(N), 2)
+
+
+@log("markdown_quoted_nanogpt.log", "https://github.com/karpathy/nanoGPT/issues/254")
+def _():
+    return [f"> iter {i * 10}: loss {loss(i):.4f}, time 1021.{i % 10}0ms, mfu 14.{i % 9}0%"
+            for i in range(1, N + 1)], N * 10, round(loss(N), 4)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     manifest = {}

@@ -67,7 +67,9 @@ _TEXT_STEP = re.compile(r"\b(?:step|global_step|iter|iteration)[\s=:]+(\d+)", re
 def parse_framework_line(s: str) -> dict[str, Any] | None:
     """The record of one step line of a framework above, or None."""
     if "iteration" in s and "|" in s:
-        return _megatron(s)
+        rec = _megatron(s)
+        if rec is not None:
+            return rec
     if "Loss:" in s and "|" in s:
         m = _TORCHTUNE.search(s)
         if m:
@@ -118,6 +120,57 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
         m = _STEP_FIRST.search(s) if "% " not in s else None
         if m:
             return {"step": int(m[1]), "loss": float(m[2])}
+        if not _PERCENT.search(s):     # progress bars are tqdm.py's, even without bars
+            return _key_values(s)
+    return None
+
+
+# -- the last resort: a line of `key: value` pairs naming a training loss and a counter ------
+# (YOLOX, NeMo, speechbrain, timm-style `Epoch: [e/E][i/N] ... Loss x (avg)`, a script's own
+# `epoch 0 | batch 500 | loss: 0.12`). A loss of a part (cls_loss, iou_loss) or of evaluation
+# (val_loss, valid loss) is never taken for the training loss.
+_KV_LOSS = re.compile(r"(?:\b(?P<pre>[A-Za-z]+)[ _])?(?P<name>[A-Za-z_]*loss)\b[ \t]*[:=]?[ \t]*"
+                      r"(?P<v>" + _NUM + r")(?![\w.])", re.I)
+_TRAIN_LOSS = {"loss", "total_loss", "train_loss", "reduced_train_loss", "lm_loss",
+               "training_loss"}
+_NOT_TRAIN = ("val", "valid", "eval", "test", "dev")
+_KV_STEPS = (   # most specific first: (pattern, "global" or "local" counter)
+    (re.compile(r"\bglobal[ _]?step\b\s*[:=]?\s*(\d+)", re.I), "global"),
+    (re.compile(r"\bsteps?\b\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?", re.I), "global"),
+    (re.compile(r"\b(?:iter(?:ation)?|it)\b\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?", re.I), "local"),
+    (re.compile(r"\bbatch\b\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?", re.I), "local"),
+    (re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\]\s*\[\s*(\d+)\s*/\s*(\d+)\]"), "epoch+local"),
+)
+_PERCENT = re.compile(r"\d%")
+_KV_EPOCH = re.compile(r"\bepoch\b\s*[:=]?\s*\[?\s*(\d+)(?:\s*/\s*\d+)?", re.I)
+
+
+def _key_values(s: str) -> dict[str, Any] | None:
+    loss = None
+    for m in _KV_LOSS.finditer(s):
+        pre, name = (m["pre"] or "").lower(), m["name"].lower()
+        if any(w in pre or name.startswith(w) for w in _NOT_TRAIN):
+            continue
+        if name in _TRAIN_LOSS or (name == "loss" and pre in ("train", "training")):
+            loss = float(m["v"])
+            break
+    if loss is None:
+        return None
+    epoch_m = _KV_EPOCH.search(s)
+    for rx, kind in _KV_STEPS:
+        m = rx.search(s)
+        if not m:
+            continue
+        if kind == "epoch+local":
+            epoch, n, per = int(m[1]), int(m[3]), int(m[4])
+            return {"step": max(epoch - 1, 0) * per + n, "loss": loss, "epoch": epoch}
+        n, per = int(m[1]), m[2] and int(m[2])
+        if kind == "local" and per and epoch_m:   # an epoch's own count: the run's step
+            epoch = int(epoch_m[1])
+            return {"step": max(epoch - 1, 0) * per + n, "loss": loss, "epoch": epoch}
+        return {"step": n, "loss": loss}
+    if epoch_m:     # one line per epoch: the epoch is the step
+        return {"step": int(epoch_m[1]), "loss": loss}
     return None
 
 

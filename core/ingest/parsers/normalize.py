@@ -81,7 +81,7 @@ def normalize(line: str) -> Norm:
         return Norm("")
     c = s[0]
     # the common case, a line with no prefix: no pattern is tried
-    if c not in "[(0123456789IWEFDCabcdefghijklmnopqrstuvwxyz│┃╭╰┌└+ -" and c != "|":
+    if c not in "[(0123456789IWEFDCabcdefghijklmnopqrstuvwxyz│┃╭╰┌└+ ->" and c != "|":
         return Norm(s)
     out = Norm(s)
     for _ in range(8):                       # layers nest; each pass strips one
@@ -97,6 +97,8 @@ def _strip_one(s: str, out: Norm) -> str:
     c = s[:1]
     if not c:
         return s
+    if c == ">" and s[1:2] in (" ", ">", ""):   # a markdown quote (a log pasted in an issue)
+        return s[2:] if s[1:2] == " " else s[1:]
     if c in "│┃╭╰┌└" or (c == " " and s.lstrip()[:1] in "│┃╭╰"):
         return _unbox(s, out)
     if c == "[":
