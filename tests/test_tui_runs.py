@@ -307,12 +307,12 @@ async def test_import_pushes_compose_with_the_imported_spec(home, monkeypatch):
         await pilot.press("enter")
         await until(pilot, lambda: len(calls) == 2 or any(
             s == "error" for _, s in screen.notices), timeout=60)
-        if len(calls) == 2:      # ms-swift installed: its flags were checked, with a warning
+        if len(calls) == 2:      # ms-swift installed: its flags were checked, with a note
             assert any("NPROC_PER_NODE is unset" in t for t, s in screen.notices
-                       if s == "warning")
+                       if s == "information")
             await app.pop_screen()
         await pilot.press("i")
-        app.screen.query_one(Input).value = "deepspeed train.py"
+        app.screen.query_one(Input).value = "mpirun -np 2 python train.py"
         await pilot.press("enter")
         await until(pilot, lambda: "launcher" in screen.notices[-1][0], timeout=60)
         assert screen.notices[-1][1] == "error" and type(app.screen) is RunsScreen

@@ -591,6 +591,8 @@ class RunsScreen(TunedeckScreen):
             return
         for w in imported.warnings:
             self.post_message(Notice(f"import: {w}", "warning"))
+        for n in imported.notes:     # how the command was read, where it differs from a guess
+            self.post_message(Notice(f"import: {n}", "information"))
         self.post_message(OpenScreen("compose", spec=spec, title="imported command"))
 
     def action_delete(self) -> None:
