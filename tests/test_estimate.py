@@ -111,11 +111,12 @@ def test_cli_estimate_json(tmp_path, td_home):
     m.mkdir()
     (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
     spec = tmp_path / "s.toml"
-    # ms-swift's measured 92.8 GiB (dropout 0.05): the swift backend's loss and allocator
+    # ms-swift's measured 92.8 GiB (dropout 0.05, --gradient_checkpointing false as measured;
+    # ms-swift's default is on): the swift backend's loss and allocator
     spec.write_text(f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
                     f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\nmax_length = 2048\n'
                     '[method]\nlora_rank = 8\nlora_dropout = 0.05\n[train]\n'
-                    'per_device_batch_size = 4\n')
+                    'per_device_batch_size = 4\ngradient_checkpointing = false\n')
     out = json.loads(cli("estimate", str(spec), "--gpus", "1", "--gpu-mem", "139.8",
                          "--gpu-name", "NVIDIA H200", "--json", home=td_home).stdout)
     assert abs(out["reserved_gib"] - 92.8) / 92.8 < 0.15
@@ -198,7 +199,8 @@ def test_swift_speed_flags_offer_what_the_installed_version_has():
     """ms-swift runs get the speed switches measured on H200 (Liger, compile, padding-free),
     only those the installed ms-swift knows, never one the run already sets; padding-free
     only as advice to switch to flash attention when the run uses sdpa."""
-    from tunedeck.core.estimate.advisor import LIGER_GAIN, PACKING_GAIN, advise, speed_flags
+    from tunedeck.core.estimate.advisor import advise
+    from tunedeck.core.swift.speed import LIGER_GAIN, PACKING_GAIN, speed_flags
 
     known = {"use_liger_kernel": {}, "torch_compile": {}, "padding_free": {}, "packing": {}}
     got = {f["flag"]: f for f in speed_flags(["--attn_impl", "flash_attn"], known=known)}
@@ -217,9 +219,34 @@ def test_swift_speed_flags_offer_what_the_installed_version_has():
                                                                     variable_length=False)}
     # an older ms-swift without these flags: nothing to offer
     assert speed_flags(["--attn_impl", "flash_attn"], known={"model": {}}) == []
-    # advise() fills them for swift runs only
-    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="builtin", swift_argv=[])
+    # advise() shows them for swift runs only
+    offered = speed_flags([], known=known)
+    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="builtin", speed_flags=offered)
     assert a.speed_flags == []
+    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="swift", speed_flags=offered)
+    assert [f["flag"] for f in a.speed_flags] == [f["flag"] for f in offered]
+
+
+def test_estimate_of_a_swift_spec_offers_the_speed_flags(tmp_path):
+    """`tunedeck estimate` of an ms-swift LoRA spec lists the switches the installed ms-swift
+    has and the spec does not set, with their measured gain."""
+    pytest.importorskip("swift")
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
+                    f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\n')
+    out = cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", home=tmp_path).stdout
+    assert "faster with the installed ms-swift" in out and "--use_liger_kernel true" in out
+    data = json.loads(cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", "--json",
+                          home=tmp_path).stdout)
+    assert {f["flag"] for f in data["advice"]["speed_flags"]} >= {"--use_liger_kernel"}
+    # a run that already asks for Liger is not told to
+    spec.write_text(spec.read_text() + '[swift]\nextra_args = ["--use_liger_kernel", "true"]\n')
+    data = json.loads(cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", "--json",
+                          home=tmp_path).stdout)
+    assert "--use_liger_kernel" not in {f["flag"] for f in data["advice"]["speed_flags"]}
 
 
 def test_builtin_trainer_plans_with_its_measured_utilisation():
