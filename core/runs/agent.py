@@ -437,6 +437,7 @@ class Agent:
         assert self.proc is not None
         last_progress = 0.0
         while True:
+            began = time.monotonic()
             done, rc, how = self._torchrun_done()
             new = self.ingest()
             if done:
@@ -450,7 +451,9 @@ class Agent:
                 self.record_pids()
                 last_progress = now
             self.tick_monitors(now, new)
-            self._sleep(TICK_S)
+            # ticks 0.5 s apart, not 0.5 s plus the tick's work: a line waits at most
+            # one period before it is in run.db
+            self._sleep(max(TICK_S - (time.monotonic() - began), 0.05))
 
     def _sleep(self, s: float) -> None:
         end = time.monotonic() + s
