@@ -284,16 +284,31 @@ def monitor_open(run_dir: Path) -> dict:
 
 # -- a live agent --------------------------------------------------------------------------
 
+def _paced() -> bool:
+    """Whether this checkout's Agent.supervise sleeps to the next tick (not a whole tick
+    after its work): the bench's loop does what the agent it measures does."""
+    import inspect
+
+    from tunedeck.core.runs.agent import Agent
+    return "began" in inspect.getsource(Agent.supervise)
+
+
+_SUPERVISE_PACED = False
+
+
 def agent_child(run_dir: Path, stop_file: Path) -> None:
     """The agent's supervise loop without torchrun: ingest, pids, stop check, monitors,
     then sleep to the next 0.5 s tick."""
     from tunedeck.core.runs.agent import Agent
     from tunedeck.core.runs.store import Store
 
+    global _SUPERVISE_PACED
+    _SUPERVISE_PACED = _paced()
     agent = Agent(run_dir)
     agent.store = Store(agent.rundir, write=True)
     last_pids = 0.0
     while not stop_file.exists():
+        began = time.monotonic()   # as Agent.supervise: ticks TICK_S apart
         new = agent.ingest()
         if agent.monitors is None:
             agent.monitors = agent.make_monitors()
@@ -303,7 +318,8 @@ def agent_child(run_dir: Path, stop_file: Path) -> None:
             agent.record_pids()
             last_pids = now
         agent.tick_monitors(now, new)
-        agent._sleep(TICK_S)
+        agent._sleep(max(TICK_S - (time.monotonic() - began), 0.05)
+                     if _SUPERVISE_PACED else TICK_S)
     agent.store.close()
 
 
