@@ -4,6 +4,8 @@ port, trainer values, batch, memory against recorded GPUs), save, presets, the a
 
 from __future__ import annotations
 
+import re
+
 import json
 import sys
 import time
@@ -254,9 +256,14 @@ async def test_swift_preview_follows_without_importing_ms_swift(gpus):
         await settled(pilot, screen, timeout=240)
         text = screen.preview_text()
         assert "-m swift.cli.sft" in text and "--tuner_type lora" in text, text
+        # each setting with its value and whose it is: unset keys are ms-swift's defaults
+        assert "ms-swift settings" in text
+        assert re.search(r"--lora_dropout 0\.05 +\(method\.lora_dropout: ms-swift [\d.]+ "
+                         r"default\)", text), text
         await type_into(pilot, screen, "method.lora_rank", "32")
         await settled(pilot, screen)
         assert "--lora_rank 32" in screen.preview_text()
+        assert "--lora_rank 32  (method.lora_rank: spec)" in screen.preview_text()
         # flags were checked by ms-swift's own parser, in a child process
         await type_into(pilot, screen, "swift.extra_args", "--no_such_flag 1")
         await settled(pilot, screen)

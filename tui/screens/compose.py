@@ -170,8 +170,29 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
                          if isinstance(value, list) else fmt_value(value))
                 body.append(f"{o.key} = ", style="dim")
                 body.append(shown + "\n", style="bold" if value != o.default else "")
+    if resolved.backend == "swift":
+        _swift_settings(body, spec)
     mem = min((g.memory_total_gib for g in gpus), default=None)
     return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus))
+
+
+def _swift_settings(body: Text, spec: RunSpec) -> None:
+    """What ms-swift will use for each setting tunedeck has a key for, and whose it is: the
+    spec's (a flag in the command), extra_args', or ms-swift's own default (no flag)."""
+    from tunedeck.core.backends.preview import swift_settings
+
+    rows = swift_settings(spec)
+    if not rows:
+        return
+    body.append("── ms-swift settings: value (from) ──\n", style="bold")
+    for r in rows:
+        value = "decided at run time" if r["value"] is None else (
+            " ".join(map(str, r["value"])) if isinstance(r["value"], list) else
+            str(r["value"]).lower() if isinstance(r["value"], bool) else str(r["value"]))
+        body.append(f"--{r['flag']} ", style="dim")
+        body.append(value, style="" if r["source"].startswith("ms-swift") else "bold")
+        body.append(f"  ({r['key']}: {r['source']})\n",
+                    style="dim" if r["source"].startswith("ms-swift") else "")
 
 
 # -- form fields --------------------------------------------------------------------------
