@@ -4,9 +4,8 @@ port, trainer values, batch, memory against recorded GPUs), save, presets, the a
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import sys
 import time
 from pathlib import Path
