@@ -20,7 +20,7 @@ from typing import Iterable
 
 from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.diagnose.loss import LossWatch, loss_findings
+from tunedeck.core.diagnose.loss import LossWatch, loss_findings, loss_record
 from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
 from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from tunedeck.core.diagnose.sources import run_sources
@@ -127,27 +127,9 @@ class _EventLoss:
         while True:
             before = self.tail.offset
             feed([r for _, e in self.tail.json_lines(1 << 20)
-                  if e.get("kind") == "step" and (r := _loss_record(e)) is not None])
+                  if e.get("kind") == "step" and (r := loss_record(e)) is not None])
             if self.tail.offset == before:
                 return
-
-
-def _loss_record(e: dict) -> dict | None:
-    """What the metrics parser makes of a step event, for the fields LossWatch reads."""
-    step = e.get("step")
-    if not isinstance(step, int):
-        return None
-    rec: dict = {"step": step}
-    for src, dst in (("loss", "loss"), ("lr", "learning_rate"), ("grad_norm", "grad_norm")):
-        v = e.get(src)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            rec[dst] = v
-    t = e.get("t")
-    if t is not None:
-        rec["t"] = t
-    if "loss" not in rec and "loss" in e:
-        rec["loss"] = math.nan   # the stream writes a NaN loss as null
-    return rec
 
 
 def diagnose_run(run_dir: str | Path) -> list[Finding]:

@@ -148,6 +148,25 @@ class LossWatch:
         return out
 
 
+def loss_record(e: dict[str, Any]) -> dict[str, Any] | None:
+    """What the metrics parser makes of a step event, for the fields LossWatch reads (step,
+    loss, learning_rate, grad_norm, t): a NaN loss written as null is NaN."""
+    step = e.get("step")
+    if not isinstance(step, int):
+        return None
+    rec: dict[str, Any] = {"step": step}
+    for src, dst in (("loss", "loss"), ("lr", "learning_rate"), ("grad_norm", "grad_norm")):
+        v = e.get(src)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            rec[dst] = v
+    t = e.get("t")
+    if t is not None:
+        rec["t"] = t
+    if "loss" not in rec and "loss" in e:
+        rec["loss"] = math.nan
+    return rec
+
+
 def loss_findings(recs: list[dict[str, Any]], source: str = "") -> list[Finding]:
     return LossWatch(source).feed(recs).findings()
 

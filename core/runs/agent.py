@@ -488,9 +488,10 @@ class Agent:
                 raise
             self._store_failed(why)
             return []
-        steps = [e for e in new if e.get("kind") == "step" and e.get("rank", 0) == 0]
-        if steps:
-            e = steps[-1]
+        # rank 0's newest step: looked for from the end
+        e = next((e for e in reversed(new) if e.get("kind") == "step"
+                  and e.get("rank", 0) == 0), None)
+        if e is not None:
             prog = dict(self.state.get("progress") or {})
             prog.update(step=e.get("step"), loss=e.get("loss"), lr=e.get("lr"),
                         tokens_per_s=e.get("tokens_per_s"), t=e.get("t"))

@@ -187,12 +187,10 @@ class LossMonitor:
 
     def __init__(self, ctx: MonitorContext) -> None:
         from tunedeck.core.diagnose.loss import LossWatch
-        from tunedeck.core.ingest.metrics import MetricsParser
 
         self.ctx = ctx
         self.rank = ctx.node_rank * max(ctx.spec.cluster.nproc_per_node, 1)
         self.watch = LossWatch(str(ctx.run.event_file(self.rank)))
-        self.parser = MetricsParser(self.rank)
         self.last = 0.0
         self.shown: list[dict] = []
 
@@ -207,9 +205,11 @@ class LossMonitor:
         self._save()
 
     def _feed(self, events: list[dict]) -> None:
-        recs = [self.parser.normalise("dict", e) for e in events
-                if e.get("kind") == "step" and e.get("rank") == self.rank]
-        self.watch.feed(r for r in recs if r is not None)
+        from tunedeck.core.diagnose.loss import loss_record
+
+        rank = self.rank
+        self.watch.feed([r for e in events if e.get("rank") == rank and e.get("kind") == "step"
+                         and (r := loss_record(e)) is not None])
 
     def _save(self) -> None:
         found = [f.to_json() for f in self.watch.findings()]

@@ -194,15 +194,17 @@ class Store:
     def ingest(self) -> list[dict[str, Any]]:
         """Move newly appended rank events into the database; returns them."""
         new: list[dict[str, Any]] = []
-        for path in self.run.event_files():
-            new.extend(self._ingest_file(path, None))
+        with self.db:   # one transaction for every file's lines (a commit each cost more)
+            for path in self.run.event_files():
+                new.extend(self._ingest_file(path, None))
         return new
 
     def ingest_probe(self) -> list[dict[str, Any]]:
         """Move new DataLoader probe records (kind data_wait) into the database."""
         new: list[dict[str, Any]] = []
-        for path in self.run.probe_files():
-            new.extend(self._ingest_file(path, "data_wait"))
+        with self.db:
+            for path in self.run.probe_files():
+                new.extend(self._ingest_file(path, "data_wait"))
         return new
 
     def _ingest_file(self, path: Path, only_kind: str | None) -> list[dict[str, Any]]:
@@ -233,13 +235,13 @@ class Store:
                          int(step) if isinstance(step, (int, float)) and
                          math.isfinite(step) else None, _num(e.get("t")), ln))
             events.append(e)
-        with self.db:
-            self.db.executemany(
-                "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows)
-            if only_kind is None:
-                self._add_series((r[0], e) for r, e in zip(rows, events))
-            self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
-                            (path.name, tail.offset))
+        # in the caller's transaction
+        self.db.executemany(
+            "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows)
+        if only_kind is None:
+            self._add_series((r[0], e) for r, e in zip(rows, events))
+        self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
+                        (path.name, tail.offset))
         return events
 
     def _create_series(self) -> None:
