@@ -224,22 +224,27 @@ class Store:
         file_rank = -1 if rank is None else rank
         rows = []
         events = []
+        ranked = []
         for ln, e in lines:
             r = e.get("rank")
-            if not isinstance(r, int) or isinstance(r, bool):
+            if type(r) is not int:
                 r = file_rank
                 if rank is not None:   # the probe may leave it out; the file names it
                     e["rank"] = rank
-            step = e.get("step")
-            rows.append((r, str(e.get("kind", "?")),
-                         int(step) if isinstance(step, (int, float)) and
-                         math.isfinite(step) else None, _num(e.get("t")), ln))
+            step, t, kind = e.get("step"), e.get("t"), e.get("kind", "?")
+            if type(step) is not int:
+                step = int(step) if isinstance(step, (int, float)) and \
+                    math.isfinite(step) else None
+            if type(t) is not float or t - t != 0.0:
+                t = _num(t)
+            rows.append((r, kind if type(kind) is str else str(kind), step, t, ln))
             events.append(e)
+            ranked.append((r, e))
         # in the caller's transaction
         self.db.executemany(
             "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows)
         if only_kind is None:
-            self._add_series((r[0], e) for r, e in zip(rows, events))
+            self._add_series(ranked)
         self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
                         (path.name, tail.offset))
         return events
@@ -370,7 +375,9 @@ class Store:
             # finite numbers as written; anything else (null, NaN, text, a bool) is None
             values = [v if (type(v) is float and v - v == 0.0) or type(v) is int
                       else _num(v) for v in map(e.get, metrics)]
-            steps.append((rank, step, _num(e.get("t")), *values, max_steps[rank],
+            t = e.get("t")
+            steps.append((rank, step, t if type(t) is float and t - t == 0.0 else _num(t),
+                          *values, max_steps[rank],
                           1 if values[0] is None and "loss" in e else None))
             for size in TIERS:
                 block = step // size
