@@ -81,6 +81,11 @@ class Snapshot:
     history: dict[str, Any] | None = None  # {"gpu": series, "rank": series}; None = unchanged
     nccl: list[RankNccl] | None = None     # None = unchanged since the last poll
     ranks: list[int] = field(default_factory=list)   # ranks that have logs or events
+    # the lead rank's phase between steps ({"phase": "compiling", "est_s", "shape", "t"}),
+    # None once steps resume; the last eager fallback stays (it is a warning for the run)
+    phase: dict[str, Any] | None = None
+    fallback: dict[str, Any] | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)   # multi-node: core/nodes/view
 
     @property
     def losses(self) -> list[float]:
@@ -146,11 +151,27 @@ class RunWatcher:
         self._polled = True
         ranks = sorted(set(self.ranks) | {s.rank for s in self.run.rank_logs(latest_only=True)
                                           if s.rank is not None})
+        findings = self._read_findings()
         return Snapshot(run=run, progress=self._progress(run, now), last_step=self.last_step,
                         loss_points=self.loss.points(), loss_stats=self.loss.stats(),
-                        checkpoints=list(self.checkpoints), findings=self._read_findings(),
+                        checkpoints=list(self.checkpoints), findings=findings,
                         telemetry=self.store.telemetry_latest(), history=hist, nccl=nccl,
-                        ranks=ranks)
+                        ranks=ranks, phase=self.phase if active else None,
+                        fallback=self.fallback, nodes=self._nodes(findings, now))
+
+    def _nodes(self, findings: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """Every node of a multi-node run as the head sees it (one file read per node)."""
+        if self._single_node:
+            return []
+        from tunedeck.core.nodes.view import node_rows
+
+        rows = node_rows(self.run_dir, findings, now)
+        if len(rows) <= 1:
+            self._single_node = True    # a plan's node count never changes
+            return []
+        return rows
+
+    _single_node = False
 
     def _read_findings(self) -> list[dict[str, Any]]:
         """Findings the agent stored; a finding refined by later evidence replaces itself."""
@@ -244,6 +265,18 @@ class RunWatcher:
             self.checkpoints.append(str(e["path"]))
         elif kind == "start" and isinstance(e.get("max_steps"), int):
             self.max_steps = e["max_steps"]
+        if kind == "phase":
+            if e.get("phase") == "compiling":
+                self.phase = e
+            else:
+                self.phase = None
+                if e.get("phase") == "eager_fallback":
+                    self.fallback = e
+        elif kind in ("step", "end", "start"):
+            self.phase = None
+
+    phase: dict[str, Any] | None = None
+    fallback: dict[str, Any] | None = None
 
     max_steps = 0
 

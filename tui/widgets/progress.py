@@ -3,6 +3,8 @@ status with the reason in full: the text wraps, it is never cut."""
 
 from __future__ import annotations
 
+import time
+
 from rich.markup import escape
 from rich.text import Text
 from textual.widgets import Static
@@ -61,7 +63,18 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
         chunks.append(f"[yellow]{wait}[/]" if hot else wait)
     else:
         chunks.append("data wait -")
+    if snap.phase is not None:      # a compile between steps: say so rather than look stuck
+        est = snap.phase.get("est_s")
+        since = fmt_duration(max(0.0, time.time() - snap.phase["t"])) \
+            if isinstance(snap.phase.get("t"), (int, float)) else "-"
+        chunks.insert(1, f"[bold yellow]compiling[/] a new batch shape "
+                         f"({'~' + fmt_duration(est) + ', ' if est else ''}{since} so far)")
     lines = flow(chunks, max(width, 20))
+    if snap.fallback is not None:
+        lines.append("[yellow]compile failed, training eager:[/] "
+                     + escape(str(snap.fallback.get("error") or "")[:200]))
+    for n in snap.nodes:
+        lines.append(node_line(n))
     if run.message:
         lines.append(f"[{style or 'b'}]{run.status}:[/] {escape(run.message)}")
     extra = []
@@ -77,6 +90,28 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
     if extra:
         lines.append("[dim]" + " · ".join(extra) + "[/dim]")
     return "\n".join(lines)
+
+
+def node_line(n: dict) -> str:
+    """One node of a multi-node run: where it is, how its link to the head is, what it does."""
+    reach = str(n.get("reach") or "-")
+    style = {"connected": "green", "here": "green", "done": "dim",
+             "shared fs": "green"}.get(reach, "yellow")
+    parts = [f"node {n.get('node')} [b]{escape(str(n.get('host') or '?'))}[/b]",
+             escape(str(n.get("status") or "-")), f"[{style}]{escape(reach)}[/]"]
+    if n.get("drops"):
+        parts.append(f"{n['drops']} drop(s)")
+    if n.get("step") is not None:
+        parts.append(f"step {n['step']}")
+    if n.get("slowest_rank") is not None:
+        parts.append(f"slowest rank {n['slowest_rank']}")
+    if n.get("gpus"):
+        parts.append(f"{n['gpus']} GPU(s)")
+    if n.get("findings"):
+        parts.append(f"[yellow]{n['findings']} finding(s)[/]")
+    if n.get("slurm"):
+        parts.append(f"Slurm {escape(str(n['slurm'].get('state')))}")
+    return "  " + " · ".join(parts)
 
 
 def _height(markup: str, width: int) -> int:
