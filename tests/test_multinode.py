@@ -132,6 +132,13 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert [r["node"] for r in rows] == [0, 1]
         assert rows[1]["host"] == "node1" and rows[1]["reach"] == "connected"
         assert rows[1]["status"] == "running" and rows[1]["ranks"] == [1]
+        # the monitor shows both nodes (its watcher reads them in its worker thread)
+        from tunedeck.core.runs.watch import RunWatcher
+        from tunedeck.tui.widgets.progress import progress_text
+
+        shown = progress_text(RunWatcher(run_dir).poll(history=False), 160)
+        assert "node 0" in shown and "node 1 [b]node1[/b] · running · [green]connected" in \
+            shown, shown
         # node 1 runs on the other host: its own run folder, its own network namespace
         node_state = _state(node_dir / "state.json")
         head_state = _state(run_dir / "state.json")
