@@ -307,3 +307,19 @@ def test_static_signs_loss_zero_with_nan_grads_and_data_time():
 def test_too_many_open_files_is_not_shared_memory():
     root = top(WRITTEN / "too_many_open_files_loader__plain.log")
     assert root.category == "too_many_open_files" and "ulimit" in root.fix
+
+
+def test_a_compile_fallback_event_is_a_warning_finding(tmp_path):
+    """The built-in trainer's eager_fallback phase (compile failed, training goes on eager)
+    reaches the findings as a warning with the compiler's error, not as an error."""
+    from tunedeck.core.diagnose.engine import diagnose_run
+
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "rank0.jsonl").write_text("\n".join(json.dumps(e) for e in [
+        {"t": 1.0, "kind": "start", "rank": 0, "max_steps": 10},
+        {"t": 2.0, "kind": "phase", "rank": 0, "phase": "eager_fallback", "step": 0,
+         "error": "BackendCompilerFailed: inductor raised CalledProcessError: cc not found"},
+        {"t": 3.0, "kind": "step", "rank": 0, "step": 1, "loss": 2.0}]) + "\n")
+    found = diagnose_run(tmp_path)
+    assert [(f.category, f.severity) for f in found] == [("compile_fallback", "warning")]
+    assert "cc not found" in " ".join(found[0].evidence)
