@@ -786,9 +786,8 @@ class MetricSources:
             main = f"SELECT step, {', '.join(cols)} FROM {table} WHERE rank = {rank}{cut_cond}"
         if rank not in self.tail_ranks:
             return main
-        tail_cols = [c if c != "loss_nan" else "loss_nan" for c in cols]
-        tail = (f"SELECT step, {', '.join(tail_cols)} FROM (SELECT kind, step, "
-                f"{', '.join(tail_cols)}, MIN(CASE WHEN kind = 0 THEN step END) OVER "
+        tail = (f"SELECT step, {', '.join(cols)} FROM (SELECT kind, step, "
+                f"{', '.join(cols)}, MIN(CASE WHEN kind = 0 THEN step END) OVER "
                 f"(PARTITION BY file ORDER BY off DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
                 f"PRECEDING) AS later FROM temp.tail_series WHERE rank = {rank}) WHERE kind = "
                 f"{_KIND_CODE[kind]} AND (later IS NULL OR step < later)")
