@@ -786,12 +786,17 @@ class MetricSources:
             main = f"SELECT step, {', '.join(cols)} FROM {table} WHERE rank = {rank}{cut_cond}"
         if rank not in self.tail_ranks:
             return main
-        tail = (f"SELECT step, {', '.join(cols)} FROM (SELECT kind, step, "
-                f"{', '.join(cols)}, MIN(CASE WHEN kind = 0 THEN step END) OVER "
-                f"(PARTITION BY file ORDER BY off DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
-                f"PRECEDING) AS later FROM temp.tail_series WHERE rank = {rank}) WHERE kind = "
-                f"{_KIND_CODE[kind]} AND (later IS NULL OR step < later)")
-        return f"SELECT * FROM ({main} UNION ALL {tail})"
+        return f"SELECT * FROM ({main} UNION ALL {self._tail(rank, kind, cols)})"
+
+    @staticmethod
+    def _tail(rank: int, kind: str, cols: Iterable[str]) -> str:
+        """The tail's rows of a rank that a later step row did not redo."""
+        cols = ", ".join(cols)
+        return (f"SELECT step, {cols} FROM (SELECT kind, step, {cols}, MIN(CASE WHEN kind = 0 "
+                f"THEN step END) OVER (PARTITION BY file ORDER BY off DESC ROWS BETWEEN "
+                f"UNBOUNDED PRECEDING AND 1 PRECEDING) AS later FROM temp.tail_series WHERE "
+                f"rank = {int(rank)}) WHERE kind = {_KIND_CODE[kind]} AND (later IS NULL OR "
+                f"step < later)")
 
     def rows(self, rank: int, kind: str, since: int | None = None, every: int | None = None,
              steps: Iterable[int] | None = None) -> Iterator[tuple]:
@@ -814,21 +819,45 @@ class MetricSources:
     def last_steps(self, rank: int, kind: str, n: int, since: int | None = None,
                    every: int | None = None) -> list[int]:
         """The rank's n highest steps (from `since` on, multiples of `every`)."""
+        rank, n = int(rank), int(n)
         cond = ([f"step >= {int(since)}"] if since is not None else []) + \
             ([f"step % {int(every)} = 0"] if every else [])
-        where = f" WHERE {' AND '.join(cond)}" if cond else ""
-        return [s for (s,) in self.db.execute(
-            f"SELECT step FROM ({self.sql(rank, kind)}){where} ORDER BY step DESC "
-            f"LIMIT {int(n)}")]
+        cut = self.cuts.get(rank)
+        table = "steps" if kind == "step" else "evals"
+        # each part by itself: run.db's backwards along its index, the tail's few rows (an
+        # ORDER BY over their union would sort the whole rank)
+        main = " AND ".join([f"rank = {rank}"] + cond + ([f"step < {int(cut)}"]
+                                                           if cut is not None else []))
+        got = [s for (s,) in self.db.execute(
+            f"SELECT step FROM {table} WHERE {main} ORDER BY step DESC LIMIT {n}")]
+        if rank in self.tail_ranks:
+            where = f" WHERE {' AND '.join(cond)}" if cond else ""
+            got += [s for (s,) in self.db.execute(
+                f"SELECT step FROM ({self._tail(rank, kind, ['t'])}){where} ORDER BY step "
+                f"DESC LIMIT {n}")]
+        return sorted(got, reverse=True)[:n]
 
     def span(self, rank: int, count: bool = True) -> tuple[int | None, int | None, int | None]:
-        """(count, first, last) of the rank's step rows; without `count` (None) the first
-        and last are index probes, not a pass over the rank's rows."""
-        if count:
-            return self.db.execute(f"SELECT COUNT(*), MIN(step), MAX(step) FROM "
-                                   f"({self.sql(rank, 'step')})").fetchone()
+        """(count, first, last) of the rank's step rows; the first and last are index
+        probes, the count is the closed 4096-step rollups' plus the rows past them (not a
+        pass over the rank's rows); without `count` it is None."""
         rank, cut = int(rank), self.cuts.get(rank)
         cut_cond = f" AND step < {int(cut)}" if cut is not None else ""
+        if count:
+            _, first, last = self.span(rank, count=False)
+            if first is None:
+                return 0, None, None
+            below = f" AND block < {int(cut) // 4096}" if cut is not None else ""
+            closed, top = self.db.execute(f"SELECT SUM(n), MAX(block) FROM steps_4096 WHERE "
+                                          f"rank = {rank}{below}").fetchone()
+            start = 0 if top is None else (top + 1) * 4096
+            n = (closed or 0) + self.db.execute(
+                f"SELECT COUNT(*) FROM steps WHERE rank = {rank} AND step >= {start}"
+                f"{cut_cond}").fetchone()[0]
+            if rank in self.tail_ranks:
+                n += self.db.execute(f"SELECT COUNT(*) FROM "
+                                     f"({self._tail(rank, 'step', ['t'])})").fetchone()[0]
+            return n, first, last
         ends = [v for q in ("MIN", "MAX") for (v,) in self.db.execute(
             f"SELECT {q}(step) FROM steps WHERE rank = {rank}{cut_cond}") if v is not None]
         if rank in self.tail_ranks:
