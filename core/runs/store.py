@@ -873,12 +873,15 @@ class MetricSources:
         rank's steps outside it are looked at, by index."""
         if lead_span is not None:
             a, b = int(lead_span[0]), int(lead_span[1])
-            outside = f"WHERE (step < {a} OR step > {b})"
-            have = f"SELECT step FROM ({self.sql(lead, 'eval')})"
-            return [s for (s,) in self.db.execute(
-                f"SELECT step FROM ({self.sql(rank, 'step')}) {outside} AND step NOT IN "
-                f"({have}) UNION SELECT step FROM ({self.sql(rank, 'eval')}) {outside} AND "
-                f"step NOT IN ({have}) ORDER BY step")]
+            have = {s for (s,) in self.db.execute(
+                f"SELECT step FROM ({self.sql(lead, 'eval')})")}
+            got: set[int] = set()
+            for kind in ("step", "eval"):
+                for outside in (f"step < {a}", f"step > {b}"):   # each an index range
+                    got.update(s for (s,) in self.db.execute(
+                        f"SELECT step FROM ({self.sql(rank, kind)}) WHERE {outside}")
+                        if s not in have)
+            return sorted(got)
         have = (f"SELECT step FROM ({self.sql(lead, 'step')}) UNION "
                 f"SELECT step FROM ({self.sql(lead, 'eval')})")
         return [s for (s,) in self.db.execute(
