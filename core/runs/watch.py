@@ -164,6 +164,10 @@ class RunWatcher:
         if self._single_node:
             return []
         from tunedeck.core.nodes.view import node_rows
+        from tunedeck.core.runs.doctor import plan_problem
+
+        if plan_problem(self.run.read_plan()):   # damaged or not a plan: no nodes to show
+            return []
 
         rows = node_rows(self.run_dir, findings, now)
         if len(rows) <= 1:

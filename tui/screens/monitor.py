@@ -115,6 +115,7 @@ class MonitorScreen(TunedeckScreen):
         self._log_polling = threading.Lock()
         self._findings_seen = False
         self._closed = False
+        self._read_error = ""
 
     def compose(self) -> ComposeResult:
         yield TitleBar(f"monitor · {self.run_ref}")
@@ -168,6 +169,12 @@ class MonitorScreen(TunedeckScreen):
         try:
             if not self._closed:
                 self._poll()
+        except Exception as e:  # noqa: BLE001 - a run's files the reader cannot take: say so
+            # (once; the next tick tries again), never leave the screen on "reading…" for good
+            text = f"cannot read this run: {e} (`tunedeck doctor {self.run_ref}` says more)"
+            if text != self._read_error:
+                self._read_error = text
+                self.post_message(ActionDone(text, "error"))
         finally:
             self._polling.release()
 
