@@ -34,6 +34,7 @@ CHAT_TEMPLATE = (
 # Sized so one optimizer step on 2 CPU ranks (batch 4, 128 tokens) takes a few tens of ms.
 MODEL_SHAPE = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2)
+MAX_POSITIONS = 4096     # its config's max_position_embeddings (the estimate reads it too)
 # ~1/sqrt(hidden) instead of Qwen2's 0.02: LoRA on frozen random weights needs features large
 # enough to steer the (tied, frozen) output head; at 0.02 the demo loss stalls near ln(vocab).
 INIT_STD = 0.1
@@ -154,7 +155,7 @@ def _build_into(data: bytes, out: Path) -> None:
 
     vocab = len(tokenizer)
     config = Qwen2Config(
-        vocab_size=vocab, max_position_embeddings=4096, tie_word_embeddings=True,
+        vocab_size=vocab, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=INIT_STD, **MODEL_SHAPE)
     torch.manual_seed(SEED)
