@@ -29,19 +29,29 @@ __import__("checkout").use()  # tunedeck from this checkout unless installed
 SEQ, BATCH = 2048, 4
 
 
-def make_model(out: Path) -> Path:
+# Qwen2.5 shapes a bench can build (random weights): the 7B of the speed table, the 1.5B that
+# full fine-tuning fits on one GPU with fp32 master weights
+SHAPES = {
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+               tie_word_embeddings=False),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                 tie_word_embeddings=True),
+}
+
+
+def make_model(out: Path, size: str = "7b") -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
 
-    model_dir = out / "qwen2.5-7b-random"
+    model_dir = out / ("qwen2.5-7b-random" if size == "7b" else f"qwen2.5-{size}-random")
     if (model_dir / "config.json").exists():
         return model_dir
-    cfg = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                      tie_word_embeddings=False, max_position_embeddings=32768,
-                      rope_theta=1e6, torch_dtype="bfloat16")
+    cfg = Qwen2Config(**SHAPES[size], max_position_embeddings=32768, rope_theta=1e6,
+                      torch_dtype="bfloat16")
     t0 = time.time()
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

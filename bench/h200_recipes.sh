@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# QLoRA / full fine-tuning against ms-swift and the fused-LoRA check, in one device call:
+#   bash bench/h200_recipes.sh OUTDIR [RECIPES] [TRAINER_CASES]
+# Wheels (ms-swift 4.6 and its needs, textual, tomli-w, liger...) come in .gpu/*.whl and
+# bitsandbytes unpacked as .gpu/bitsandbytes_pkg (its CUDA 13 library only), carried with the
+# call. RECIPES go to bench/recipes_vs_swift.py (default qlora-7b,full-1.5b); TRAINER_CASES to
+# bench/trainer_bench.sh (default none), e.g. ours-default-1,ours-default-1-fused.
+set -uo pipefail
+OUT=${1:?usage: h200_recipes.sh OUTDIR [RECIPES] [TRAINER_CASES]}
+RECIPES=${2:-qlora-7b,full-1.5b}
+CASES=${3:-}
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 MODELSCOPE_OFFLINE=1 PYTHON=python3
+T0=$SECONDS
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .gpu/*.whl || exit 1
+if [[ -d .gpu/bitsandbytes_pkg ]]; then   # transformers asks importlib.metadata for its version
+  rm -rf /tmp/site/bitsandbytes && cp -r .gpu/bitsandbytes_pkg /tmp/site/bitsandbytes
+  mkdir -p /tmp/site/bitsandbytes-0.50.2.dist-info
+  printf 'Metadata-Version: 2.1\nName: bitsandbytes\nVersion: 0.50.2\n' \
+    > /tmp/site/bitsandbytes-0.50.2.dist-info/METADATA
+fi
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, transformers, peft, swift, bitsandbytes; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'ms-swift', swift.__version__, 'bitsandbytes', bitsandbytes.__version__)"
+echo "install: $((SECONDS - T0)) s"
+W=/tmp/h200r
+mkdir -p "$W" "$OUT"
+if [[ -n $CASES ]]; then
+  CASE_TIMEOUT=200 bash bench/trainer_bench.sh "$W/t" 3 8 "$CASES"
+  cp "$W/t/table.txt" "$OUT/trainer_table.txt" 2>/dev/null
+  echo "trainer cases: $((SECONDS - T0)) s"
+fi
+if [[ $RECIPES != none ]]; then
+  python3 bench/recipes_vs_swift.py "$W/r" --recipes "$RECIPES" 2>&1 | tee "$OUT/recipes.log"
+  cp "$W/r/recipes.json" "$W/r/recipes.md" "$OUT/" 2>/dev/null
+fi
+tar czf "$OUT/results.tgz" -C "$W" --exclude='*.safetensors' --exclude='*-random' \
+  --exclude='cache' --exclude='output' --exclude='ms' --exclude='hf' . 2>/dev/null
+echo "total: $((SECONDS - T0)) s"
