@@ -44,3 +44,58 @@ def test_metrics_output_unchanged_on_fixtures(ref):
 @pytest.mark.parametrize("case", ["restart", "files_only", "old_db", "wide"])
 def test_metrics_output_unchanged_on_synthetic_runs(synthetic, case):
     check(f"synthetic:{case}", synthetic[case])
+
+
+def _row(step, /, **over):
+    row = dict(step=step, t=1764632952.123456 + step, loss=2.0 + 1 / (step + 3), lr=1e-05,
+               grad_norm=0.30000000000000004, tokens_per_s=13653.0, step_s=0.6, epoch=step // 3,
+               tokens=8192, data_wait_s=1e-4, mem_gib=61.3, max_steps=1000, loss_nan=None)
+    row.update(over)
+    return tuple(row.values())
+
+
+def test_native_step_text_is_the_python_text():
+    """The native writer of full step rows prints what the Python format prints (float
+    repr of every awkward kind) and stops at the first row Python must read."""
+    from tunedeck.core.ingest.native import fastscan
+    from tunedeck.core.runs.metrics import _rendered
+
+    if fastscan is None:
+        pytest.skip("native module not built")
+    odd = [1e-05, 1e16, 1.5e300, -0.0, 5e-324, 123456789.0, 0.1 + 0.2, 2**53 + 1.0, -7]
+    rows = [_row(s, loss=odd[s % len(odd)], epoch=2**40 + s, max_steps=None if s % 2 else 9)
+            for s in range(1, 40)]
+    for rank in (0, 1023):
+        text, nxt = fastscan.step_text(rows, 0, 1 << 62, rank, False)
+        assert nxt == len(rows)
+        assert text == ",\n".join(_rendered(rank, r) for r in rows)
+        text, nxt = fastscan.step_text(rows, 5, 1 << 62, rank, False)
+        assert (text, nxt) == (",\n".join(_rendered(rank, r) for r in rows[5:]), len(rows))
+    # each row Python must read stops it there, with the rows before it written
+    for bad in (dict(t=None), dict(mem_gib=None), dict(loss_nan=1), dict(loss=float("nan")),
+                dict(lr="0.1"), dict(max_steps=2.0), dict(tokens=True), dict(step=2**70)):
+        rs = rows[:3] + [_row(4, **bad)] + rows[4:]
+        text, nxt = fastscan.step_text(rs, 0, 1 << 62, 0, False)
+        assert (text, nxt) == (",\n".join(_rendered(0, r) for r in rows[:3]), 3), bad
+    assert fastscan.step_text(rows, 0, 4, 0, False)[1] == 3       # steps from 4 on: Python's
+    # max_steps wanted: step 1 lacks it, step 2 has it, step 3 lacks it
+    assert fastscan.step_text(rows, 0, 1 << 62, 0, True) == ("", 0)
+    assert fastscan.step_text(rows, 1, 1 << 62, 0, True) == (_rendered(0, rows[1]), 2)
+    assert fastscan.step_text([], 0, 1 << 62, 0, False) == ("", 0)
+
+
+@pytest.mark.parametrize("case", ["restart", "files_only", "old_db", "wide"])
+def test_metrics_json_same_with_and_without_native_writer(synthetic, case, monkeypatch):
+    import io
+
+    from tunedeck.core.runs import metrics as m
+
+    def dump() -> str:
+        out = io.StringIO()
+        recs = m.iter_records(synthetic[case], text=True)
+        m.write_json(recs, out, plain=recs.plain)
+        return out.getvalue()
+
+    native = dump()
+    monkeypatch.setattr(m, "fastscan", None)
+    assert dump() == native

@@ -1054,6 +1054,134 @@ done:
     return out;
 }
 
+/* step_text(rows, start, stop_step, rank, need_max_steps) -> (text, next)
+ *
+ * `tunedeck metrics --json`'s text of a trainer's full step rows (core/runs/metrics.py
+ * `_FULL`): rows are run.db's (step, t, loss, lr, grad_norm, tokens_per_s, step_s, epoch,
+ * tokens, data_wait_s, mem_gib, max_steps, loss_nan) tuples in step order; from rows[start]
+ * on, each row below stop_step with every value an int or a finite float, no loss_nan and
+ * (with need_max_steps) a max_steps is written as json.dump(indent=2) prints its record inside
+ * a list (floats as repr), the records joined by ",\n". It stops at the first other row:
+ * `next` is its index, for Python to read. Python's own float repr is used, so the text is
+ * byte for byte what the Python path prints. */
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} Buf;
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (b->n + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->n + n) cap *= 2;
+        char *p = PyMem_Realloc(b->p, cap);
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
+}
+
+/* an exact int or a finite float as repr writes it; 1 if the value is neither */
+static int buf_num(Buf *b, PyObject *v) {
+    char tmp[32];
+    if (PyFloat_CheckExact(v)) {
+        double d = PyFloat_AS_DOUBLE(v);
+        if (!isfinite(d)) return 1;
+        char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!s) return -1;
+        int rc = buf_put(b, s, strlen(s));
+        PyMem_Free(s);
+        return rc;
+    }
+    if (PyLong_CheckExact(v)) {
+        int over = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &over);
+        if (over) return 1;
+        if (x == -1 && PyErr_Occurred()) return -1;
+        int k = snprintf(tmp, sizeof tmp, "%lld", x);
+        return buf_put(b, tmp, k);
+    }
+    return 1;
+}
+
+/* output key (and the text before the value) of each row column written, in output order */
+static const int step_cols[] = {2, 3, 4, 5, 6, 7, -1, 1, 8, 9, 10};
+static const char *step_keys[] = {
+    ",\n    \"loss\": ", ",\n    \"learning_rate\": ", ",\n    \"grad_norm\": ",
+    ",\n    \"tokens_per_s\": ", ",\n    \"step_s\": ", ",\n    \"epoch\": ", ",\n    \"rank\": ",
+    ",\n    \"t\": ", ",\n    \"tokens\": ", ",\n    \"data_wait_s\": ", ",\n    \"mem_gib\": "};
+
+static PyObject *py_step_text(PyObject *self, PyObject *args) {
+    PyObject *rows, *rank;
+    Py_ssize_t start;
+    long long stop_step;
+    int need_max;
+    if (!PyArg_ParseTuple(args, "O!nLOp", &PyList_Type, &rows, &start, &stop_step, &rank,
+                          &need_max))
+        return NULL;
+    if (!PyLong_CheckExact(rank)) {
+        PyErr_SetString(PyExc_TypeError, "rank must be an int");
+        return NULL;
+    }
+    Buf b = {NULL, 0, 0};
+    Py_ssize_t n = PyList_GET_SIZE(rows), i = start < 0 ? 0 : start;
+    for (; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 13) break;
+        PyObject *step = PyTuple_GET_ITEM(row, 0), *ms = PyTuple_GET_ITEM(row, 11);
+        if (!PyLong_CheckExact(step) || PyTuple_GET_ITEM(row, 12) != Py_None) break;
+        int over = 0;
+        long long s = PyLong_AsLongLongAndOverflow(step, &over);
+        if (over || s >= stop_step) break;
+        int has_max = 0;   /* written when truthy, as Python's `if row[11]` */
+        if (ms != Py_None) {
+            if (!PyLong_CheckExact(ms)) break;
+            has_max = PyObject_IsTrue(ms);
+        }
+        if (!has_max && need_max) break;
+        int ok = 1;
+        for (int c = 1; c <= 10; c++) {
+            PyObject *v = PyTuple_GET_ITEM(row, c);
+            if (v == Py_None || !(PyLong_CheckExact(v) || (PyFloat_CheckExact(v) &&
+                                  isfinite(PyFloat_AS_DOUBLE(v))))) {
+                ok = 0;
+                break;
+            }
+        }
+        if (!ok) break;
+        Py_ssize_t mark = b.n;
+        const char *head = b.n ? ",\n  {\n    \"step\": " : "  {\n    \"step\": ";
+        int rc = buf_put(&b, head, strlen(head));
+        if (!rc) rc = buf_num(&b, step);
+        for (int k = 0; k < 11 && !rc; k++) {
+            rc = buf_put(&b, step_keys[k], strlen(step_keys[k]));
+            if (!rc) rc = buf_num(&b, step_cols[k] < 0 ? rank : PyTuple_GET_ITEM(row, step_cols[k]));
+        }
+        if (!rc && has_max) {
+            rc = buf_put(&b, ",\n    \"max_steps\": ", strlen(",\n    \"max_steps\": "));
+            if (!rc) rc = buf_num(&b, ms);
+        }
+        if (!rc) rc = buf_put(&b, "\n  }", 4);
+        if (rc < 0) {
+            PyMem_Free(b.p);
+            return NULL;
+        }
+        if (rc > 0) {   /* a value repr cannot write (checked above; kept for safety) */
+            b.n = mark;
+            break;
+        }
+    }
+    PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", b.n, NULL);
+    PyMem_Free(b.p);
+    if (!text) return NULL;
+    return Py_BuildValue("(Nn)", text, i);
+}
+
 static PyMethodDef methods[] = {
     {"matcher", py_matcher, METH_VARARGS, "matcher(report_tokens, fact_tokens) -> capsule"},
     {"classify", py_classify, METH_VARARGS,
@@ -1063,6 +1191,8 @@ static PyMethodDef methods[] = {
      "(stop, n, steps, values, present, ints, order, ascending, max_steps, bar_step)"},
     {"rows", py_rows, METH_VARARGS,
      "rows(steps, values, present, ints, order, rank, start, stop) -> [dict, ...]"},
+    {"step_text", py_step_text, METH_VARARGS,
+     "step_text(rows, start, stop_step, rank, need_max_steps) -> (text, next)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@ from typing import IO, Any, Iterable, Iterator
 
 from tunedeck.core.ingest.metrics import FileMetrics, MetricsParser, merge_by_step, \
     records_from_file
+from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.rundir import RunDir, event_rank
 from tunedeck.core.runs.store import METRIC_STEP_COLS, MetricSources, Store
 
@@ -222,7 +223,19 @@ def _stream(store: Store, since: int | None, every: int | None,
             return _merged(src, s, mine, others)
         return mine
 
-    for row in steps:
+    need_max = "max_steps" in fill_keys
+    for row, chunk in _batched(steps, text and fastscan is not None):
+        if chunk is not None:
+            # rows in a batch: the run of full rows before the next eval or merged step is
+            # written by the native module in one call (the same text, ~5x faster)
+            stop = min(ev[0] if ev is not None else never, nx)
+            body, nxt = fastscan.step_text(chunk, row, stop if stop < never else _NO_STOP,
+                                           lead, need_max)
+            if nxt > row:
+                yield Rendered(body)
+                chunk.skip = nxt
+                continue
+            row = chunk[row]
         s = row[0]
         while (ev is not None and ev[0] < s) or nx < s:
             first = min(ev[0] if ev is not None else never, nx)
@@ -249,6 +262,28 @@ def _stream(store: Store, since: int | None, every: int | None,
         rec = others_only(min(ev[0] if ev is not None else never, nx))
         if rec is not None:
             yield rec
+
+
+_NO_STOP = 1 << 62
+
+
+class _Batch(list):
+    """A fetched batch of rows; `skip` is the next index to hand out."""
+    skip = 0
+
+
+def _batched(cur: Iterator[tuple], batches: bool) -> Iterator[tuple[Any, _Batch | None]]:
+    """The cursor's rows as (row, None); with `batches`, as (index, batch) from batches
+    fetched 4096 at a time (the consumer may move `batch.skip` past rows it wrote)."""
+    if not batches:
+        for row in cur:
+            yield row, None
+        return
+    while batch := _Batch(cur.fetchmany(4096)):
+        while batch.skip < len(batch):
+            i = batch.skip
+            batch.skip = i + 1
+            yield i, batch
 
 
 def _where_others_count(src: MetricSources, lead: int, others: list[int]
@@ -362,24 +397,26 @@ def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000,
     numbers are encoded a batch at a time by the C encoder and re-indented (no key or value
     of such a record holds a brace or a quote-comma). `plain`: the caller knows every value
     is a number or None."""
-    it = iter(recs)
-    first = True
-    while chunk := list(itertools.islice(it, batch)):
-        items: list[str] = []
-        dicts: list[dict[str, Any]] = []
-        for r in chunk:
-            if type(r) is Rendered:
-                if dicts:
-                    items.append(_encode(dicts, plain))
-                    dicts = []
-                items.append(r)
-            else:
-                dicts.append(r)
-        if dicts:
-            items.append(_encode(dicts, plain))
-        out.write(("[\n" if first else ",\n") + ",\n".join(items))
-        first = False
-    out.write("[]\n" if first else "\n]\n")
+    sep = "[\n"
+    dicts: list[dict[str, Any]] = []
+    for r in recs:
+        if type(r) is Rendered:   # text already (possibly thousands of rows): out at once
+            if dicts:
+                out.write(sep + _encode(dicts, plain))
+                sep = ",\n"
+                dicts = []
+            out.write(sep + r)
+            sep = ",\n"
+        else:
+            dicts.append(r)
+            if len(dicts) >= batch:
+                out.write(sep + _encode(dicts, plain))
+                sep = ",\n"
+                dicts = []
+    if dicts:
+        out.write(sep + _encode(dicts, plain))
+        sep = ",\n"
+    out.write("[]\n" if sep == "[\n" else "\n]\n")
 
 
 def _encode(recs: list[dict[str, Any]], plain: bool) -> str:
