@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tunedeck.core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
 from tunedeck.core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
@@ -41,7 +42,7 @@ def hub_cache_dir(model_id: str) -> Path | None:
 
 def arch_for_spec(spec) -> ModelArch:
     """The spec's model shape: the built-in demo, a local folder, or a cached hub id."""
-    from tunedeck.core.demo import BUILTIN_TINY, MODEL_SHAPE, VOCAB_SIZE
+    from tunedeck.core.demo import BUILTIN_TINY, MAX_POSITIONS, MODEL_SHAPE, VOCAB_SIZE
 
     path = spec.model.path
     if path == BUILTIN_TINY:
@@ -50,7 +51,8 @@ def arch_for_spec(spec) -> ModelArch:
                          heads=MODEL_SHAPE["num_attention_heads"],
                          kv_heads=MODEL_SHAPE["num_key_value_heads"],
                          intermediate=MODEL_SHAPE["intermediate_size"], vocab=VOCAB_SIZE,
-                         tie_embeddings=True, qkv_bias=True, model_type="qwen2")
+                         tie_embeddings=True, qkv_bias=True, model_type="qwen2",
+                         max_len=MAX_POSITIONS)
     p = Path(path).expanduser()
     if p.is_dir() or p.name == "config.json":
         return load_arch(p)
@@ -102,6 +104,7 @@ class SpecEstimate:
     throughput: Throughput | None
     gpu_name: str
     gpu_mem_gib: float | None
+    spec: Any = None        # the resolved spec these numbers are of
 
     def to_json(self) -> dict:
         mem = self.memory.to_json()
@@ -151,4 +154,4 @@ def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
                         world_size=inp.world_size, tokens_per_step=eff * inp.seq_len,
                         steps=r.train.max_steps, peak=peak, mfu=mfu,
                         gradient_checkpointing=inp.gradient_checkpointing)
-    return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib)
+    return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib, r)

@@ -30,6 +30,7 @@ class ModelArch:
     head_dim: int = 0            # 0 = hidden // heads
     qkv_bias: bool = False
     model_type: str = "llama"
+    max_len: int = 0             # longest sequence the config allows (0 = it names none)
 
     @property
     def hd(self) -> int:
@@ -118,7 +119,20 @@ def arch_from_config(cfg: dict, source: str = "config.json") -> ModelArch:
         vocab=int(vocab), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(_get(cfg, "head_dim", default=0) or 0),
         qkv_bias=bool(_get(cfg, "attention_bias", default=mtype in ("qwen2",))),
-        model_type=mtype)
+        model_type=mtype, max_len=max_model_len(cfg))
+
+
+# the config keys a model's length limit goes by, as ms-swift reads them (the smallest wins)
+MAX_LEN_KEYS = ("seq_length", "max_position_embeddings", "n_positions", "model_max_length",
+                "seq_len", "max_seq_len", "max_sequence_length", "max_seq_length")
+
+
+def max_model_len(cfg: dict) -> int:
+    """The longest sequence a config allows: what ms-swift truncates at when --max_length is
+    not given (0 when the config names no limit)."""
+    found = [int(v) for k in MAX_LEN_KEYS if isinstance(v := cfg.get(k), (int, float))
+             and not isinstance(v, bool) and v > 0]
+    return min(found, default=0)
 
 
 def load_arch(path: str | Path) -> ModelArch:
@@ -141,11 +155,11 @@ def load_arch(path: str | Path) -> ModelArch:
 QWEN25 = {
     "0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 vocab_size=151936, tie_word_embeddings=True),
+                 vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
     "1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960,
                  num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 vocab_size=151936, tie_word_embeddings=True),
+                 vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
     "7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
                num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               vocab_size=152064, tie_word_embeddings=False),
+               vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=32768),
 }

@@ -53,9 +53,12 @@ class Context:
 
     @property
     def estimate(self):
-        """Memory estimate of the resolved spec, or the error text when it cannot be made."""
+        """Memory estimate of the run the spec starts (ms-swift's defaults for keys an
+        ms-swift spec leaves unset, as `tunedeck estimate` and the compose form show it), or
+        the error text when it cannot be made."""
         def make():
-            from tunedeck.core.estimate import ArchError, estimate_spec
+            from tunedeck.core.estimate import ArchError
+            from tunedeck.core.swift.run_estimate import estimate_run
 
             try:
                 facts = self.gpus
@@ -63,11 +66,21 @@ class Context:
                 gpus = n if self.resolved.cluster.device == "cuda" else None
                 mem = min((g.memory_total_gib for g in facts.gpus), default=None)
                 name = facts.gpus[0].name if facts.gpus else ""
-                return estimate_spec(copy.deepcopy(self.spec), gpus=gpus, gpu_name=name,
-                                     gpu_mem_gib=mem)
+                return estimate_run(copy.deepcopy(self.spec), gpus=gpus, gpu_name=name,
+                                    gpu_mem_gib=mem)
             except ArchError as e:
                 return str(e)
         return self.memo("estimate", make)
+
+    @property
+    def run(self) -> RunSpec:
+        """The resolved spec as its backend runs it (ms-swift's defaults for the keys an
+        ms-swift spec leaves unset): for the batch and size figures, never for a plan."""
+        def make():
+            from tunedeck.core.swift.run_estimate import as_run
+
+            return as_run(self.resolved)[0]
+        return self.memo("run", make)
 
     def procs_per_node(self) -> int:
         return max(self.resolved.cluster.nproc_per_node, 1)

@@ -13,6 +13,7 @@ from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.swift.flags import FlagTableError
+from tunedeck.core.swift.run_estimate import as_run, length_is_bound
 
 MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
@@ -37,7 +38,12 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     fix = ("enable train.gradient_checkpointing, lower per_device_batch_size / "
            "data.max_length, or shard (`tunedeck estimate` suggests a strategy)")
     # the one value that always helps; whether it is enough shows on the next run
-    gc = None if ctx.spec.train.gradient_checkpointing else {"train.gradient_checkpointing": True}
+    gc = None if ctx.run.train.gradient_checkpointing else {"train.gradient_checkpointing": True}
+    if per > cap and length_is_bound(ctx.spec):
+        # sized at the longest sample ms-swift allows: short data may well fit, so not a wall
+        return result(id, title, "warn", detail + ": will not fit if a batch reaches "
+                      f"{ctx.run.data.max_length} tokens (data.max_length unset)",
+                      "set data.max_length to the data's longest sample; " + fix, gc)
     if per > cap:
         return result(id, title, "fail", detail + ": will not fit", fix, gc)
     if per > cap * MARGIN:
@@ -54,15 +60,15 @@ def _eff(spec, procs: int) -> int:
 def check_effective_batch(ctx: Context) -> CheckResult:
     id, title = "train.batch", "Effective batch size (vs the preset)"
     procs = ctx.procs_per_node()
-    t = ctx.resolved.train
-    eff = _eff(ctx.resolved, procs)
+    t = ctx.run.train
+    eff = _eff(ctx.run, procs)
     detail = (f"{eff} = {t.per_device_batch_size} per device × {t.grad_accum} accumulation × "
               f"{procs * ctx.resolved.cluster.nnodes} rank(s)")
     base = ctx.base
     if base is not None:
         from tunedeck.core.estimate.resolve import resolve
 
-        rb = resolve(base, gpu_count=len(ctx.gpus.gpus))
+        rb = as_run(resolve(base, gpu_count=len(ctx.gpus.gpus)))[0]
         beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))
         if beff != eff:
             # keep the file's batch by accumulation alone, when it divides evenly

@@ -74,8 +74,8 @@ def check_shm(ctx: Context, shm: Path = SHM) -> CheckResult:
                       "mount a tmpfs on /dev/shm or set data.num_workers = 0")
     du = shutil.disk_usage(shm)
     procs = ctx.procs_per_node()
-    t = ctx.spec.train
-    batch = t.per_device_batch_size * ctx.spec.data.max_length * 8 * 3   # ids, labels, mask
+    run = ctx.run
+    batch = run.train.per_device_batch_size * run.data.max_length * 8 * 3  # ids, labels, mask
     need = procs * w * max(2 * batch, SHM_MIN_PER_WORKER)
     detail = (f"{du.free / GIB:.2f} GiB free of {du.total / GIB:.2f} GiB for {procs} "
               f"rank(s) × {w} worker(s) (want ≥ {need / GIB:.2f} GiB)")

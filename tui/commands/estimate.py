@@ -25,14 +25,16 @@ def register(sub) -> None:
 
 def cmd_estimate(args) -> int:
     from tunedeck.core.estimate.advisor import advise, dataset_tokens
-    from tunedeck.core.estimate import DEFAULT_MFU, ArchError, estimate_spec, peak_tflops
+    from tunedeck.core.estimate import DEFAULT_MFU, ArchError, peak_tflops
     from tunedeck.core.spec import SpecError, load_spec
+    from tunedeck.core.swift.run_estimate import estimate_run
 
     try:
         spec = load_spec(args.spec, args.set)
         swift_flags = _swift_speed_flags(spec)
-        est = estimate_spec(_as_swift_runs_it(spec), gpus=args.gpus, gpu_name=args.gpu_name,
-                            gpu_mem_gib=args.gpu_mem, mfu=args.mfu or DEFAULT_MFU)
+        # the run it starts: ms-swift's defaults where an ms-swift spec sets nothing
+        est = estimate_run(spec, gpus=args.gpus, gpu_name=args.gpu_name,
+                           gpu_mem_gib=args.gpu_mem, mfu=args.mfu or DEFAULT_MFU)
     except (SpecError, ArchError) as e:
         print(f"tunedeck: {e}", file=sys.stderr)
         return 2
@@ -40,7 +42,8 @@ def cmd_estimate(args) -> int:
     mem_cap = est.gpu_mem_gib or args.gpu_mem or 80.0
     n_gpus = args.gpus or (est.inputs.world_size // spec.cluster.nnodes
                            if est.inputs.device == "cuda" else 1)
-    rows, tokens = dataset_tokens(spec.data.path, spec.data.max_length) if spec.data.path \
+    run = est.spec or spec
+    rows, tokens = dataset_tokens(run.data.path, run.data.max_length) if run.data.path \
         else (0, 0)
     advice = advise(est.inputs, gpus=max(n_gpus, 1), gpu_mem_gib=mem_cap, data_tokens=tokens,
                     peak_tflops=peak_tflops(est.gpu_name) or 989.0, backend=spec.backend,
@@ -85,20 +88,6 @@ def cmd_estimate(args) -> int:
         print("  apply: " + " ".join(f"--set {k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}"
                                     for k, v in advice.overrides.items()))
     return 0
-
-
-def _as_swift_runs_it(spec):
-    """For an ms-swift spec, the spec with ms-swift's own defaults where the user set nothing
-    (the batch and LoRA sizes ms-swift will use), so the estimate is of the run it starts."""
-    if spec.backend != "swift":
-        return spec
-    from tunedeck.core.swift.flags import FlagTableError, flag_tables
-    from tunedeck.core.swift.keymap import estimate_view
-
-    try:
-        return estimate_view(spec, flag_tables())
-    except FlagTableError:
-        return spec
 
 
 def _swift_speed_flags(spec) -> list[dict]:

@@ -1,0 +1,87 @@
+"""The estimate of the run a spec starts: the one path `tunedeck estimate`, the compose form
+and the preflight memory check all take, so the three show one number for one spec.
+
+An ms-swift spec's unset key emits no flag and ms-swift's own default applies, so the numbers
+take that default rather than tunedeck's (`keymap.estimate_view`: a micro batch of 1, its LoRA
+sizes, gradient checkpointing on), and an unset data.max_length is the model's own length
+limit, where ms-swift truncates without --max_length. This sits in core/swift, not in
+core/estimate, because it is the lowest layer that sees both the estimator and ms-swift's
+tables. Other backends' specs pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunedeck.core.estimate import DEFAULT_MFU, ArchError, SpecEstimate, arch_for_spec, estimate_spec
+from tunedeck.core.estimate.resolve import resolve
+from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
+from tunedeck.core.swift.flags import FlagTableError, flag_tables
+from tunedeck.core.swift.keymap import effective_values, estimate_view
+
+
+def _tables() -> dict | None:
+    try:
+        return flag_tables()
+    except FlagTableError:      # no table to read defaults from: tunedeck's stand in
+        return None
+
+
+def _model_limit(spec: RunSpec) -> int:
+    try:
+        return arch_for_spec(spec).max_len
+    except ArchError:
+        return 0
+
+
+def run_defaults(spec: RunSpec) -> dict[str, tuple[Any, str]]:
+    """For each ms-swift setting `spec` leaves unset: (the value ms-swift runs with, None
+    where it decides at run time; where that comes from). Empty for other backends."""
+    if spec.backend != "swift":
+        return {}
+    out = {r["key"]: (r["value"], r["source"]) for r in effective_values(spec, _tables())
+           if r["source"].startswith("ms-swift")}
+    value, source = out.get("data.max_length", (0, ""))
+    if source and value is None:
+        limit = _model_limit(spec)
+        if limit:
+            out["data.max_length"] = (limit, f"the model's length limit, {source}")
+    return out
+
+
+def length_is_bound(spec: RunSpec) -> bool:
+    """Whether the figures of `spec`'s run are sized at ms-swift's length limit rather than a
+    length the user chose (the data decides how long batches really get)."""
+    return spec.backend == "swift" and not is_set(spec, "data.max_length")
+
+
+def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """`spec` as its backend will run it, for the numbers only (never for a plan), and what
+    the figures had to assume."""
+    if spec.backend != "swift":
+        return spec, []
+    view = estimate_view(spec, _tables())
+    if not length_is_bound(spec):
+        return view, []
+    limit, source = run_defaults(spec).get("data.max_length", (None, ""))
+    if isinstance(limit, int) and check_option("data.max_length", limit)[1] is None:
+        view = set_values(view, {"data.max_length": limit})
+        view.explicit = set(spec.explicit)
+        return view, [f"data.max_length unset: ms-swift truncates at {limit} tokens "
+                      f"({source}), so the figures assume batches that long; set it to the "
+                      "data's longest sample for a tighter one"]
+    return view, [f"data.max_length unset and ms-swift's limit unknown here: the figures "
+                  f"assume {view.data.max_length} tokens"]
+
+
+def estimate_run(spec: RunSpec, *, gpus: int | None = None, gpu_name: str = "",
+                 gpu_mem_gib: float | None = None, mfu: float = DEFAULT_MFU) -> SpecEstimate:
+    """`estimate_spec` of the run `spec` starts (arguments as there); `.spec` is the spec the
+    numbers are of, ms-swift's defaults in place."""
+    if spec.backend == "swift":
+        # the view's Megatron batch math divides by the data-parallel size: resolve first
+        spec = resolve(spec, gpu_count=gpus)
+    view, notes = as_run(spec)
+    est = estimate_spec(view, gpus=gpus, gpu_name=gpu_name, gpu_mem_gib=gpu_mem_gib, mfu=mfu)
+    est.memory.notes.extend(notes)
+    return est
