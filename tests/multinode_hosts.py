@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IFACE = "td0"          # both ends carry the same name, one per namespace
 SSH_PORT = 2222
@@ -68,6 +69,24 @@ class Hosts:
             # processes left in a namespace keep nothing of it alive once it is deleted
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
+    def start_sshd(self, i: int) -> subprocess.Popen:
+        with open(self.root / f"sshd{i}.log", "ab") as err:
+            return subprocess.Popen(["ip", "netns", "exec", self.names[i], SSHD, "-D", "-e",
+                                     "-f", str(self.root / f"sshd{i}.conf")],
+                                    stdout=subprocess.DEVNULL, stderr=err)
+
+    def restart_sshd(self, i: int) -> None:
+        """Host i's sshd again (a test took it away to make the host unreachable)."""
+        if self.sshd[i].poll() is None:
+            return
+        self.sshd[i].wait()
+        self.sshd[i] = self.start_sshd(i)
+        deadline = time.monotonic() + 20
+        while self.ssh(i, "true", timeout=10).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {self.addrs[i]} did not come back")
+            time.sleep(0.2)
+
     def ssh(self, i: int, *remote: str, timeout: float = 20) -> subprocess.CompletedProcess:
         return subprocess.run(self.netns_argv(0, ["ssh", "-F", str(self.ssh_config),
                                                   "-o", "BatchMode=yes", self.aliases[i],
@@ -110,9 +129,7 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
                 "PermitRootLogin prohibit-password", "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
                 f"PidFile {root / f'sshd{i}.pid'}", "LogLevel ERROR", ""]))
-            hosts.sshd.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(cfg)],
-                stdout=subprocess.DEVNULL, stderr=open(root / f"sshd{i}.log", "wb")))
+            hosts.sshd.append(hosts.start_sshd(i))
             alias = f"node{i}"
             hosts.aliases.append(alias)
             known.append(f"[{hosts.addrs[i]}]:{SSH_PORT} {(root / f'host{i}_key.pub').read_text().split(' ')[0]} "
@@ -138,3 +155,29 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
     except BaseException:
         hosts.close()
         raise
+
+
+def demo_spec(path: Path, name: str, steps: int, cluster: str, run: str = "",
+              save_steps: int = 0) -> Path:
+    """The CPU demo (built-in trainer, tiny model, LoRA) with this `[cluster]` body and
+    `[run]` body: the spec every multi-node test launches (ssh and Slurm alike)."""
+    path.write_text(f'''name = "{name}"
+backend = "builtin"
+[model]
+path = "builtin:tiny-qwen2"
+[data]
+path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+max_length = 128
+[method]
+type = "lora"
+[train]
+max_steps = {steps}
+per_device_batch_size = 4
+save_steps = {save_steps}
+[cluster]
+device = "cpu"
+{cluster.strip()}
+[run]
+{run.strip()}
+''')
+    return path

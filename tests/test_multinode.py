@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tests.multinode_hosts import IFACE, make_hosts, unavailable
+from tests.multinode_hosts import IFACE, demo_spec, make_hosts, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -42,34 +42,18 @@ def hosts(tmp_path_factory):
         h.close()
 
 
-def _spec(path: Path, hosts, steps: int, node1: str = "node1", join_s: int = 120) -> Path:
-    path.write_text(f'''name = "two-hosts"
-backend = "builtin"
-[model]
-path = "builtin:tiny-qwen2"
-[data]
-path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
-max_length = 128
-[method]
-type = "lora"
-[train]
-max_steps = {steps}
-per_device_batch_size = 4
-save_steps = 0
-[cluster]
+def _spec(path: Path, hosts, steps: int, node1: str = "node1", join_s: int = 120,
+          run: str = "", save_steps: int = 0) -> Path:
+    return demo_spec(path, "two-hosts", steps, save_steps=save_steps,
+                     run="stop_grace_s = 20\n" + run, cluster=f'''
 nnodes = 2
-device = "cpu"
 nproc_per_node = 1
 master_addr = "{hosts.addrs[0]}"
 launcher = "ssh"
 hosts = ["node0", "{node1}"]
 interface = "{IFACE}"
 remote_home = ["{path.parent / 'node1-home'}"]
-join_timeout_s = {join_s}
-[run]
-stop_grace_s = 20
-''')
-    return path
+join_timeout_s = {join_s}''')
 
 
 def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | list:
@@ -113,9 +97,27 @@ def _kill_marked(run_id: str) -> list[int]:
     return killed
 
 
-def _cleanup(*run_ids: str) -> None:
+def _cleanup(*run_ids: str, agents: tuple[Path, ...] = ()) -> None:
+    """Kill what is left: the agents of the given run folders (a node's agent may be
+    restarting its torchrun), then every process marked with a run id."""
+    for d in agents:
+        pid = _state(d / "state.json").get("agent_pid")
+        try:
+            p = psutil.Process(pid)
+            if "tunedeck.core.runs.agent" in " ".join(p.cmdline()):
+                p.kill()
+        except (psutil.Error, TypeError, ValueError):
+            pass
     for rid in run_ids:
         _kill_marked(rid)
+
+
+def _events(path: Path, kind: str) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    return [e for e in map(json.loads, filter(None, lines)) if kind in ("", e.get("kind"))]
 
 
 def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both(
@@ -246,8 +248,16 @@ def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
         print(f"node_lost {lost[0]['t'] - killed_at:.2f}s after the kill, head ended "
               f"{head['ended'] - killed_at:.2f}s after")
         assert head["ended"] - killed_at < 40
+        # the end names the node everywhere: stop.json, the status line, the node table
+        assert head["status"] == "failed" and "node 1 (node1) was lost mid-run" in \
+            head["message"] and "the rest of the run was stopped" in head["message"], head
+        stop = _state(run_dir / "stop.json")
+        assert stop["node"] == 1 and stop["by"].startswith("node 1 (node1) was lost"), stop
+        status = _head_cli(hosts, home, "status", run_id)
+        assert status["status"] == "failed" and "node 1 (node1)" in status["message"]
         rows = _head_cli(hosts, home, "nodes", run_id)
-        assert rows[1]["findings"] >= 1
+        assert rows[1]["findings"] >= 1 and rows[1]["status"] == "lost", rows[1]
+        assert rows[1]["reach"] == "lost" and "node 1" in rows[1]["message"]
     finally:
         _cleanup(run_id, f"{run_id}.node1")
 
@@ -267,3 +277,60 @@ def test_preflight_asks_every_node_over_ssh(hosts, tmp_path):
     assert "node 1 (node1): ok" in ok["detail"]
     fail = check(bad)
     assert fail["status"] == "fail" and "node 1 (ghost): ssh exited 255" in fail["detail"]
+
+
+def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts, tmp_path):
+    """max_restarts > 0: node 1's ranks are killed mid-run; both nodes' agents start the next
+    attempt (the head's hosts the rendezvous again, node 1's rejoins it), rank 0 resumes from
+    the newest checkpoint (on the head: rank 0 reads and broadcasts it) and the step count
+    continues from there. Then a stop while node 1 cannot be reached names it."""
+    home = tmp_path / "head-home"
+    spec = _spec(tmp_path / "spec.toml", hosts, steps=100000, save_steps=4,
+                 run="max_restarts = 1\nrestart_pause_s = 1")
+    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
+    try:
+        wait_for(lambda: list((run_dir / "output").glob("checkpoint-*")) and all(
+            (r["step"] or 0) >= 6 for r in _head_cli(hosts, home, "nodes", run_id)), 240,
+            "a checkpoint and steps on both nodes")
+        ranks = _state(node_dir / "state.json")["worker_pids"]
+        assert ranks
+        for pid in ranks:                       # node 1's ranks die; its agent lives
+            os.kill(pid, signal.SIGKILL)
+        starts = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
+                          [1:] and s, 180, "node 1's ranks to start again")
+        again = starts[-1]
+        assert again["restart"] == 1 and again["resumed_from"].startswith(
+            str(run_dir / "output" / "checkpoint-"))
+        resumed = again["start_step"]
+        wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
+                 >= resumed + 3, 120, "steps after the resume")
+        # the step count shows the resume: attempt 0 went past the checkpoint, attempt 1
+        # continues right after it
+        events = _events(run_dir / "events" / "rank1.jsonl", "")
+        second = [i for i, e in enumerate(events) if e["kind"] == "start"][1]
+        before = [e["step"] for e in events[:second] if e["kind"] == "step"]
+        after = [e["step"] for e in events[second:] if e["kind"] == "step"]
+        assert 4 <= resumed <= max(before) and resumed % 4 == 0, (resumed, before)
+        assert after[:3] == [resumed + 1, resumed + 2, resumed + 3], after
+        head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
+        assert head["status"] == node["status"] == "running"
+        assert head["attempt"] == node["attempt"] == 1
+        assert not [f for f in _findings(run_dir) if f["category"] == "node_lost"]
+
+        # node 1 cannot be reached any more (its sshd is gone, the link dropped): a stop
+        # ends the head and names node 1 as not reached
+        hosts.sshd[1].kill()
+        agent = psutil.Process(head["agent_pid"])
+        for p in agent.children():
+            if p.name() == "ssh":
+                p.kill()
+        done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
+        assert done["status"] == "stopped", done
+        assert "node 1 (node1) could not be reached to stop it" in done["message"], done
+        assert [f for f in _findings(run_dir) if f["category"] == "node_not_stopped"
+                and f["node"] == 1]
+    finally:
+        _cleanup(run_id, f"{run_id}.node1", agents=(node_dir,))
+        hosts.restart_sshd(1)

@@ -157,3 +157,30 @@ def test_a_node_that_cannot_be_stopped_is_named_when_the_run_ends(tmp_path, monk
     assert f.node == 1 and "node 1 (gpu7)" in f.summary and "255" in f.summary
     assert "tunedeck stop r1.node1" in f.fix
     assert json.loads((run.path / "nodes" / "node1" / "link.json").read_text())["host"] == "gpu7"
+
+
+def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_path):
+    from tests.test_manage import make_run
+    from tunedeck.core.runs.watch import RunWatcher
+
+    run_dir = make_run(tmp_path / "runs", "20261202-020000-two-0a0a", status="running",
+                       cluster__nnodes=2, cluster__master_addr="10.0.0.1")
+    nd = run_dir / "nodes" / "node1"
+    nd.mkdir(parents=True)
+    (nd / "state.json").write_text(json.dumps({"status": "running"}))   # as last streamed
+    (nd / "link.json").write_text(json.dumps({"node": 1, "connected": True, "started": True,
+                                              "gone": "the agent of node 1 is gone"}))
+    w = RunWatcher(run_dir)
+    rows = w.poll(history=False).nodes
+    assert [r["node"] for r in rows] == [0, 1]
+    assert rows[1]["status"] == "lost" and rows[1]["reach"] == "lost"
+    assert "agent of node 1 is gone" in rows[1]["message"]
+    # the plan never changes after launch: the watcher does not read it again
+    (run_dir / "plan.json").write_text("{not json")
+    assert [r["node"] for r in w.poll(history=False).nodes] == [0, 1]
+    # a watcher that first finds it damaged shows no nodes, for good
+    w2 = RunWatcher(run_dir)
+    assert w2.poll(history=False).nodes == []
+    (run_dir / "plan.json").write_text(json.dumps({"nnodes": 2, "nproc_per_node": 1,
+                                                   "nodes": [{}, {}]}))
+    assert w2.poll(history=False).nodes == []

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
+from tests.multinode_hosts import demo_spec
 
 pytestmark = pytest.mark.slow
 
@@ -121,28 +122,8 @@ def _cli(slurm, home: Path, *args: str, timeout: float = 200):
 
 
 def _spec(path: Path, steps: int) -> Path:
-    path.write_text(f'''name = "slurm-demo"
-backend = "builtin"
-[model]
-path = "builtin:tiny-qwen2"
-[data]
-path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
-max_length = 128
-[method]
-type = "lora"
-[train]
-max_steps = {steps}
-per_device_batch_size = 4
-save_steps = 0
-[cluster]
-device = "cpu"
-cpu_procs = 2
-launcher = "slurm"
-slurm_args = ["--time=20"]
-[run]
-stop_grace_s = 30
-''')
-    return path
+    return demo_spec(path, "slurm-demo", steps, run="stop_grace_s = 30",
+                     cluster='cpu_procs = 2\nlauncher = "slurm"\nslurm_args = ["--time=20"]')
 
 
 def test_export_slurm_starts_one_agent_per_node_with_srun(tmp_path):

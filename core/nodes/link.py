@@ -255,6 +255,7 @@ class NodesMonitor:
         self.written: dict[int, dict] = {}
         self.reported: set[tuple[str, int]] = set()
         self.stop_sent: str | None = None
+        self.end_notes: list[str] = []      # said in the run's end message (the agent adds)
         self.head_stopped_for: str | None = None
         for link in self.links:
             link.start()
@@ -278,8 +279,11 @@ class NodesMonitor:
         grace = 0.0 if mode == "hard" else float(req.get("grace_s") or
                                                    min(self.spec.run.stop_grace_s, 60.0))
         deadline = time.monotonic() + grace + FINAL_WAIT_S
+        # a node unreachable for LOST_AFTER_S is not waited for: it is named below
         while time.monotonic() < deadline and any(
-                not (l.ended or l.gone) and (l.connected or l.started) for l in self.links):
+                not (l.ended or l.gone) and (l.connected or l.started and
+                                             time.time() - l.last_seen < LOST_AFTER_S)
+                for l in self.links):
             time.sleep(0.2)
         now = time.time()
         for link in self.links:
@@ -293,6 +297,7 @@ class NodesMonitor:
         """The run is over here, but this node never said its part ended: name it."""
         k, host = link.node.rank, link.node.host
         why = link.last_error or f"no answer for {now - link.last_seen:.0f}s"
+        self.end_notes.append(f"node {k} ({host}) could not be reached to stop it: {why}")
         self._finding(Finding(
             category="node_not_stopped", severity="warning",
             summary=f"node {k} ({host}) could not be reached to stop it: {why}",
@@ -351,7 +356,8 @@ class NodesMonitor:
                     f"`tunedeck preflight` checks each node.",
                 node=k, host=link.node.host, t=now, evidence=[why],
                 source=f"logs/ssh-node{k}.log"))
-        if final or ("lost", k) in self.reported or not self.joined(k):
+        if final or ("lost", k) in self.reported or not self.joined(k) \
+                or self.ctx.stopping():     # stopping: a node not reached is named at close
             return
         lost = ""
         status = link.remote_state.get("status")
@@ -375,15 +381,18 @@ class NodesMonitor:
                 f"checkpoint once the node is back.",
             node=k, host=link.node.host, t=now, evidence=[lost],
             source=f"nodes/node{k}/link.json"))
-        self._stop_head(f"node {k} was lost")
+        self._stop_head(f"node {k} ({link.node.host}) was lost mid-run: {lost}", k)
 
-    def _stop_head(self, why: str) -> None:
+    def _stop_head(self, why: str, node: int) -> None:
+        """stop.json names the node (the agent's status line and end message say it), and
+        `failed` makes the end a failure, not a stop someone asked for."""
         if self.head_stopped_for or self.ctx.stopping():
             return
         self.head_stopped_for = why
         log.warning("%s: stopping the other nodes", why)
         write_json_atomic(self.run.stop_request, {"mode": "graceful", "t": time.time(),
-                                                  "grace_s": STOP_GRACE_S, "by": why})
+                                                  "grace_s": STOP_GRACE_S, "by": why,
+                                                  "node": node, "failed": True})
         os.kill(os.getpid(), signal.SIGUSR1)     # the agent (this process) reads it now
 
     def _finding(self, f: Finding) -> None:

@@ -88,10 +88,12 @@ def _last_json(path: str, tail: int = 4096) -> dict[str, Any]:
 
 
 def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
-              now: float | None = None) -> list[dict[str, Any]]:
+              now: float | None = None, plan: dict[str, Any] | None = None
+              ) -> list[dict[str, Any]]:
+    """`plan`: plan.json as the caller read it once (it never changes after launch)."""
     run = RunDir(run_dir)
     now = time.time() if now is None else now
-    plan = run.read_plan()
+    plan = run.read_plan() if plan is None else plan
     nproc = int(plan.get("nproc_per_node") or 0)
     nodes = plan.get("nodes") or []
     head = run.read_state() or {}
@@ -121,17 +123,23 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                 st = src.read_state() or {}
             if link.get("ended"):
                 reach = "done"
+            elif link.get("gone"):        # its streamer may still answer; its agent is dead
+                reach = "lost"
             elif link.get("connected"):
                 reach = "connected"
-            elif link.get("gone"):
-                reach = "lost"
             elif link:
                 reach = "reconnecting" if link.get("started") else "unreached"
             elif src is not run:
                 reach = "shared fs"
             else:
                 reach = "not started by tunedeck"
-            row.update(status=st.get("status") or ("unreached" if link else None), reach=reach,
+            status = st.get("status") or ("unreached" if link else None)
+            if link.get("gone") and status not in ("succeeded", "failed", "stopped"):
+                status = "lost"       # its agent died: the last state it sent is stale
+            elif reach == "reconnecting" and head.get("status") in ("succeeded", "failed",
+                                                                     "stopped"):
+                reach = "unreached"   # the head has hung up: nothing reconnects any more
+            row.update(status=status, reach=reach,
                        message=link.get("error") or link.get("gone") or st.get("message"),
                        drops=link.get("drops", 0),
                        last_seen_s=(now - link["last_seen"]) if isinstance(

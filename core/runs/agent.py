@@ -580,7 +580,9 @@ class Agent:
             mode = "hard" if req.get("mode") == "hard" else "graceful"
             grace = _grace(req.get("grace_s"), self.spec.run.stop_grace_s)
             self.stop_mode = mode
-            self.save(stop_requested=mode, message=f"{mode} stop requested")
+            by = _stop_cause(req)
+            self.save(stop_requested=mode,
+                      message=f"{mode} stop requested" + (f": {by}" if by else ""))
             self.stop_deadline = now if mode == "hard" else now + grace
             log.info("%s stop requested%s", mode, f"; grace {grace:.0f}s" if mode != "hard"
                      else "")
@@ -645,17 +647,28 @@ class Agent:
             time.sleep(IO_RETRY_S)
             self.retry_io(force=True)
         new = self.ingest_all()
+        notes: list[str] = []
         for m in self.monitors or []:
             try:
                 m.close(new)
+                notes += list(getattr(m, "end_notes", None) or [])
             except Exception:
                 log.exception("monitor %s failed at close", type(m).__name__)
         self._close_store()
-        if not self.stop_mode and (req := self.rundir.read_stop()):
+        req = self.rundir.read_stop()
+        if not self.stop_mode and req:
             # asked to stop while no agent watched (an adopted run that ended meanwhile)
             self.stop_mode = "hard" if req.get("mode") == "hard" else "graceful"
-        if self.stop_mode:
+        by = _stop_cause(req)
+        if self.stop_mode and req and req.get("failed"):
+            # the run stopped itself because part of it failed (a node was lost): a failure
+            # that names its cause, not a stop someone asked for
+            status, msg = "failed", f"{by}; the rest of the run was stopped " \
+                                    f"({self.stop_mode.replace('_pending', '')})"
+        elif self.stop_mode:
             status, msg = "stopped", f"stopped ({self.stop_mode.replace('_pending', '')})"
+            if by:
+                msg += f": {by}"
         elif rc == 0:
             status, msg = "succeeded", "completed"
         elif rc is None:
@@ -666,6 +679,8 @@ class Agent:
         if self.adopted and rc is not None and how:
             msg += f"; adopted after its agent was lost: exit code {rc} from what the ranks " \
                    f"left ({how})"
+        for note in notes:       # e.g. a node that could not be reached to stop it
+            msg += f"; {note}"
         if leftovers:
             msg += f"; could not kill pids {leftovers}"
         if "run.db" in self.paused:
@@ -683,6 +698,13 @@ class Agent:
 
 
 PAUSED_WHAT = {"run.db": "run.db ingest and telemetry", "state.json": "state.json writes"}
+
+
+def _stop_cause(req: dict[str, Any] | None) -> str:
+    """Who or what asked for a stop, when the request says (a lost node names itself;
+    "head"/"scancel" are only routes and say nothing to the user)."""
+    by = (req or {}).get("by")
+    return by if isinstance(by, str) and by not in ("head", "scancel") else ""
 
 
 def _grace(value: Any, default: float) -> float:

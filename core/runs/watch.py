@@ -160,22 +160,24 @@ class RunWatcher:
                         fallback=self.fallback, nodes=self._nodes(findings, now))
 
     def _nodes(self, findings: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-        """Every node of a multi-node run as the head sees it (one file read per node)."""
-        if self._single_node:
+        """Every node of a multi-node run as the head sees it (one file read per node). The
+        plan never changes after launch: read and judged once, on the first poll that finds
+        it (a damaged or single-node plan means no node rows for good)."""
+        if self._node_plan is None:
+            plan = self.run.read_plan()
+            if not plan and not self.run.plan.exists():
+                return []            # not written yet: ask again next poll
+            from tunedeck.core.runs.doctor import plan_problem
+
+            multi = not plan_problem(plan) and len(plan.get("nodes") or []) > 1
+            self._node_plan = plan if multi else {}
+        if not self._node_plan:
             return []
         from tunedeck.core.nodes.view import node_rows
-        from tunedeck.core.runs.doctor import plan_problem
 
-        if plan_problem(self.run.read_plan()):   # damaged or not a plan: no nodes to show
-            return []
+        return node_rows(self.run_dir, findings, now, plan=self._node_plan)
 
-        rows = node_rows(self.run_dir, findings, now)
-        if len(rows) <= 1:
-            self._single_node = True    # a plan's node count never changes
-            return []
-        return rows
-
-    _single_node = False
+    _node_plan: dict[str, Any] | None = None    # {}: decided, no nodes to show
 
     def _read_findings(self) -> list[dict[str, Any]]:
         """Findings the agent stored; a finding refined by later evidence replaces itself."""
