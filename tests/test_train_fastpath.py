@@ -165,7 +165,11 @@ def test_fused_lora_equals_peft(monkeypatch):
             init_lora_weights=False))
 
     x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
-    assert fuse_lora(model()) == 0   # off by default
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert fuse_lora(model(), cpu) == 0     # CPU: peft's own layers unless asked
+    assert fuse_lora(model(), cuda) == 14   # CUDA: on by default (no GPU needed to swap)
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "0")
+    assert fuse_lora(model(), cuda) == 0
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
 
     def run(m, autocast=False):

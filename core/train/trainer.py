@@ -271,7 +271,7 @@ class Trainer:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
         if self.method == "lora" and spec.parallel.strategy == "ddp":
-            fuse_lora(model)   # the adapter inside the frozen matmul's memory passes
+            fuse_lora(model, d.device)   # the adapter inside the frozen matmul's passes
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
