@@ -34,12 +34,13 @@ __import__("checkout").use()  # tunedeck from this checkout unless installed
 import swift_7b  # noqa: E402  (the model folder and the chats that fill max_length)
 
 SEQ, BATCH = swift_7b.SEQ, swift_7b.BATCH
-RECIPES = {  # name: (model shape, method keys)
-    "qlora-7b": ("7b", {"type": "qlora", "quant_bits": 4, "lora_rank": 8, "lora_alpha": 32,
-                        "lora_dropout": 0.05, "target_modules": ["all-linear"]}),
-    "lora-7b": ("7b", {"type": "lora", "lora_rank": 8, "lora_alpha": 32,
-                       "lora_dropout": 0.05, "target_modules": ["all-linear"]}),
-    "full-1.5b": ("1.5b", {"type": "full"}),
+LORA = {"lora_rank": 8, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["all-linear"]}
+RECIPES = {  # name: (model shape, method keys, more [train] keys)
+    "qlora-7b": ("7b", {"type": "qlora", "quant_bits": 4, **LORA}, {}),
+    "lora-7b": ("7b", {"type": "lora", **LORA}, {}),
+    "full-1.5b": ("1.5b", {"type": "full"}, {}),
+    # the built-in trainer without compile: what compile adds to a full fine-tune's memory
+    "full-1.5b-eager": ("1.5b", {"type": "full"}, {"compile": False}),
 }
 SWIFT_PASS = ["--model_type", "qwen2", "--template", "qwen", "--check_model", "false",
               "--report_to", "none", "--save_strategy", "no"]
@@ -50,7 +51,7 @@ def toml_value(v) -> str:
 
 
 def write_spec(path: Path, backend: str, model_dir: Path, data: Path, method: dict,
-               steps: int) -> Path:
+               steps: int, train: dict | None = None) -> Path:
     lr = 1e-5 if method["type"] == "full" else 1e-4
     lines = [f'name = "{path.stem}"', f'backend = "{backend}"', "[model]",
              f"path = {toml_value(str(model_dir))}", 'dtype = "bfloat16"', 'attn_impl = "sdpa"',
@@ -58,9 +59,13 @@ def write_spec(path: Path, backend: str, model_dir: Path, data: Path, method: di
              'truncation = "right"', "num_workers = 2", "[method]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in method.items()]
     lines += ["[train]", f"max_steps = {steps}", f"per_device_batch_size = {BATCH}",
-              f"learning_rate = {lr}", "warmup_steps = 2", "save_steps = 0",
-              "gradient_checkpointing = false",
-              "[cluster]", 'device = "cuda"', "nproc_per_node = 1"]
+              # written although 1 is tunedeck's default: ms-swift's own default accumulates
+              # ceil(16 / batch / GPUs) micro-batches, 4 here
+              "grad_accum = 1", f"learning_rate = {lr}", "warmup_steps = 2", "save_steps = 0",
+              "gradient_checkpointing = false"]
+    lines += [f"{k} = {str(v).lower() if isinstance(v, bool) else toml_value(v)}"
+              for k, v in (train or {}).items()]
+    lines += ["[cluster]", 'device = "cuda"', "nproc_per_node = 1"]
     if backend == "swift":
         lines += ["[swift]", f"extra_args = {toml_value(SWIFT_PASS)}"]
     path.write_text("\n".join(lines) + "\n")
@@ -95,13 +100,13 @@ def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def one(out: Path, recipe: str, backend: str, a, env: dict) -> dict:
-    size, method = RECIPES[recipe]
+    size, method, train = RECIPES[recipe]
     model_dir = swift_7b.make_model(out, size)
     data = out / "long_chat.jsonl"
     if not data.exists():
         swift_7b.make_data(out, model_dir, BATCH * (a.steps + 4))
     spec = write_spec(out / f"{recipe}-{backend}.toml", backend, model_dir, data, method,
-                      a.steps)
+                      a.steps, train)
     est = cli(env, "estimate", str(spec), "--json", "--gpus", "1")
     estimate = json.loads(est.stdout) if est.returncode == 0 else {"error": est.stderr[-300:]}
     print(f"$ tunedeck launch {spec.name} --wait --json", flush=True)
