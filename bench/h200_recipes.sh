@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # QLoRA / full fine-tuning against ms-swift and the fused-LoRA check, in one device call:
-#   bash bench/h200_recipes.sh OUTDIR [RECIPES] [TRAINER_CASES]
+#   bash bench/h200_recipes.sh OUTDIR [RECIPES] [TRAINER_CASES] [--launch]
 # Wheels (ms-swift 4.6 and its needs, textual, tomli-w, liger...) come in .gpu/*.whl and
 # bitsandbytes unpacked as .gpu/bitsandbytes_pkg (its CUDA 13 library only), carried with the
 # call. RECIPES go to bench/recipes_vs_swift.py (default qlora-7b,full-1.5b); TRAINER_CASES to
-# bench/trainer_bench.sh (default none), e.g. ours-default-1,ours-default-1-fused.
+# bench/trainer_bench.sh (default none), e.g. ours-default-1,ours-default-1-peft; --launch runs
+# the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py) on the recipes' 7B folder.
 set -uo pipefail
 OUT=${1:?usage: h200_recipes.sh OUTDIR [RECIPES] [TRAINER_CASES]}
 RECIPES=${2:-qlora-7b,full-1.5b}
 CASES=${3:-}
+LAUNCH=${4:-}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 MODELSCOPE_OFFLINE=1 PYTHON=python3
@@ -35,6 +37,11 @@ fi
 if [[ $RECIPES != none ]]; then
   python3 bench/recipes_vs_swift.py "$W/r" --recipes "$RECIPES" 2>&1 | tee "$OUT/recipes.log"
   cp "$W/r/recipes.json" "$W/r/recipes.md" "$OUT/" 2>/dev/null
+fi
+if [[ $LAUNCH == --launch ]]; then
+  timeout 240 python3 bench/builtin_7b_launch.py "$W/launch" --model-root "$W/r/qlora-7b" \
+    --steps 12 2>&1 | tail -40
+  cp "$W/launch/launch.json" "$OUT/" 2>/dev/null
 fi
 tar czf "$OUT/results.tgz" -C "$W" --exclude='*.safetensors' --exclude='*-random' \
   --exclude='cache' --exclude='output' --exclude='ms' --exclude='hf' . 2>/dev/null
