@@ -1182,6 +1182,211 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nn)", text, i);
 }
 
+/* pick_steps(lines, keys) -> [None | (rank, step, t, *values, has_first_key), ...]
+ *
+ * The agent's reading of a trainer's step event line without a dict (core/runs/store.py):
+ * a line that is one flat JSON object with "kind": "step", an int "rank", an int "step" >= 0
+ * and a number "t" gives its rank, step, t and the value of each of `keys` (an int or a
+ * finite float as json.loads makes it, None where absent or null), and whether the first key
+ * was there at all. Any other line is None, for json.loads: other kinds, escapes in strings,
+ * nested values, NaN/Infinity, a bool or a string under one of `keys`, a repeated key the
+ * agent reads, malformed JSON. */
+#define PICK_MAX_KEYS 32
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* a JSON number at p (strict grammar); its end, or NULL */
+static const char *pick_number(const char *p, const char *end, int *is_float) {
+    const char *q = p;
+    *is_float = 0;
+    if (q < end && *q == '-') q++;
+    if (q >= end) return NULL;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9') while (q < end && *q >= '0' && *q <= '9') q++;
+    else return NULL;
+    if (q < end && *q == '.') {
+        q++;
+        *is_float = 1;
+        if (q >= end || *q < '0' || *q > '9') return NULL;
+        while (q < end && *q >= '0' && *q <= '9') q++;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        *is_float = 1;
+        if (q < end && (*q == '+' || *q == '-')) q++;
+        if (q >= end || *q < '0' || *q > '9') return NULL;
+        while (q < end && *q >= '0' && *q <= '9') q++;
+    }
+    return q;
+}
+
+/* the number's object as json.loads makes it (int or float); NULL with no error set when
+ * Python should read it (too long, not finite) */
+static PyObject *pick_obj(const char *p, const char *q, int is_float) {
+    char tmp[64];
+    Py_ssize_t n = q - p;
+    if (n >= (Py_ssize_t)sizeof tmp) return NULL;
+    memcpy(tmp, p, n);
+    tmp[n] = 0;
+    if (!is_float) return PyLong_FromString(tmp, NULL, 10);
+    double d = PyOS_string_to_double(tmp, NULL, NULL);
+    if (d == -1.0 && PyErr_Occurred()) return NULL;
+    if (!isfinite(d)) return NULL;
+    return PyFloat_FromDouble(d);
+}
+
+/* index of key [k, k+n) among the wanted ones: -1 rank, -2 step, -3 t, -4 kind, >= 0 keys[i],
+ * -9 none */
+static int pick_key(const char *k, Py_ssize_t n, const char **names, const Py_ssize_t *lens,
+                     int nkeys) {
+    if (n == 4 && !memcmp(k, "rank", 4)) return -1;
+    if (n == 4 && !memcmp(k, "step", 4)) return -2;
+    if (n == 1 && k[0] == 't') return -3;
+    if (n == 4 && !memcmp(k, "kind", 4)) return -4;
+    for (int i = 0; i < nkeys; i++)
+        if (lens[i] == n && !memcmp(names[i], k, n)) return i;
+    return -9;
+}
+
+/* one line; a new tuple, Py_None (borrowed, Python reads it) or NULL on error */
+static PyObject *pick_line(const char *p, const char *end, const char **names,
+                           const Py_ssize_t *lens, int nkeys) {
+    PyObject *vals[PICK_MAX_KEYS + 3] = {NULL};   /* rank, step, t, keys... */
+    int seen_kind = 0, kind_step = 0;
+    unsigned long long seen = 0;
+    PyObject *res = Py_None;
+    while (p < end && is_ws(*p)) p++;
+    if (p >= end || *p++ != '{') goto out;
+    while (p < end && is_ws(*p)) p++;
+    if (p < end && *p == '}') goto out;        /* {}: no kind */
+    for (;;) {
+        while (p < end && is_ws(*p)) p++;
+        if (p >= end || *p != '"') goto out;
+        const char *k = ++p;
+        while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) p++;
+        if (p >= end || *p != '"') goto out;
+        int idx = pick_key(k, p - k, names, lens, nkeys);
+        p++;
+        while (p < end && is_ws(*p)) p++;
+        if (p >= end || *p++ != ':') goto out;
+        while (p < end && is_ws(*p)) p++;
+        if (p >= end) goto out;
+        if (idx != -9) {
+            int bit = idx + 4;   /* -4..nkeys-1 -> 0.. */
+            if (seen >> bit & 1) goto out;   /* json.loads keeps the last: Python's */
+            seen |= 1ULL << bit;
+        }
+        char c = *p;
+        if (c == '"') {
+            const char *v = ++p;
+            while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) p++;
+            if (p >= end || *p != '"') goto out;
+            if (idx == -4) {
+                seen_kind = 1;
+                kind_step = p - v == 4 && !memcmp(v, "step", 4);
+            } else if (idx != -9) goto out;   /* a string where the agent wants a number */
+            p++;
+        } else if (c == 'n' && end - p >= 4 && !memcmp(p, "null", 4)) {
+            if (idx >= -3 && idx < 0) goto out;   /* rank, step, t: Python's */
+            if (idx == -4) goto out;
+            p += 4;
+        } else if ((c == 't' && end - p >= 4 && !memcmp(p, "true", 4)) ||
+                   (c == 'f' && end - p >= 5 && !memcmp(p, "false", 5))) {
+            if (idx != -9) goto out;
+            p += c == 't' ? 4 : 5;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            int fl;
+            const char *q = pick_number(p, end, &fl);
+            if (!q) goto out;
+            if (idx == -4) goto out;
+            if (idx != -9) {
+                if ((idx == -1 || idx == -2) && fl) goto out;
+                PyObject *o = pick_obj(p, q, fl);
+                if (!o) {
+                    if (PyErr_Occurred()) res = NULL;
+                    goto out;
+                }
+                int slot = idx == -1 ? 0 : idx == -2 ? 1 : idx == -3 ? 2 : idx + 3;
+                vals[slot] = o;
+            }
+            p = q;
+        } else goto out;   /* nested values, NaN, Infinity: Python's */
+        while (p < end && is_ws(*p)) p++;
+        if (p >= end) goto out;
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        if (*p != '}') goto out;
+        p++;
+        break;
+    }
+    while (p < end && is_ws(*p)) p++;
+    if (p != end || !seen_kind || !kind_step || !vals[0] || !vals[1] || !vals[2]) goto out;
+    if (PyLong_AsLongLong(vals[1]) < 0) {   /* a negative step (or a huge one): Python's */
+        PyErr_Clear();
+        goto out;
+    }
+    if (PyLong_AsLongLong(vals[0]) == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        goto out;
+    }
+    res = PyTuple_New(nkeys + 4);
+    if (!res) goto out;
+    for (int i = 0; i < nkeys + 3; i++) {
+        PyObject *o = vals[i] ? vals[i] : Py_None;
+        if (!vals[i]) Py_INCREF(Py_None);
+        vals[i] = NULL;
+        PyTuple_SET_ITEM(res, i, o);
+    }
+    PyObject *had = (seen >> 4 & 1) ? Py_True : Py_False;
+    Py_INCREF(had);
+    PyTuple_SET_ITEM(res, nkeys + 3, had);
+out:
+    for (int i = 0; i < nkeys + 3; i++) Py_XDECREF(vals[i]);
+    return res;
+}
+
+static PyObject *py_pick_steps(PyObject *self, PyObject *args) {
+    PyObject *lines, *keys;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &lines, &PyTuple_Type, &keys)) return NULL;
+    int nkeys = (int)PyTuple_GET_SIZE(keys);
+    if (nkeys > PICK_MAX_KEYS) {
+        PyErr_SetString(PyExc_ValueError, "too many keys");
+        return NULL;
+    }
+    const char *names[PICK_MAX_KEYS];
+    Py_ssize_t lens[PICK_MAX_KEYS];
+    for (int i = 0; i < nkeys; i++) {
+        PyObject *k = PyTuple_GET_ITEM(keys, i);
+        if (!PyUnicode_Check(k) || !(names[i] = PyUnicode_AsUTF8AndSize(k, &lens[i]))) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "keys must be str");
+            return NULL;
+        }
+    }
+    Py_ssize_t n = PyList_GET_SIZE(lines);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ln = PyList_GET_ITEM(lines, i), *r = Py_None;
+        Py_ssize_t len;
+        const char *p;
+        if (PyUnicode_Check(ln) && (p = PyUnicode_AsUTF8AndSize(ln, &len))) {
+            r = pick_line(p, p + len, names, lens, nkeys);
+            if (!r) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (r == Py_None) Py_INCREF(r);
+        } else {
+            PyErr_Clear();
+            Py_INCREF(r);
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"matcher", py_matcher, METH_VARARGS, "matcher(report_tokens, fact_tokens) -> capsule"},
     {"classify", py_classify, METH_VARARGS,
@@ -1191,6 +1396,8 @@ static PyMethodDef methods[] = {
      "(stop, n, steps, values, present, ints, order, ascending, max_steps, bar_step)"},
     {"rows", py_rows, METH_VARARGS,
      "rows(steps, values, present, ints, order, rank, start, stop) -> [dict, ...]"},
+    {"pick_steps", py_pick_steps, METH_VARARGS,
+     "pick_steps(lines, keys) -> [None | (rank, step, t, *values, has_first_key), ...]"},
     {"step_text", py_step_text, METH_VARARGS,
      "step_text(rows, start, stop_step, rank, need_max_steps) -> (text, next)"},
     {NULL, NULL, 0, NULL},

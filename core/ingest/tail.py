@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tunedeck.core.ingest.parsers.assemble import LineAssembler
 
@@ -145,23 +145,15 @@ class Tail:
     def json_lines(self, max_bytes: int | None = None) -> list[tuple[str, dict]]:
         """New JSON-object lines as (the line as written, its object), parsed once: a store
         keeps the line itself, never a re-encoding of it."""
-        out: list[tuple[str, dict]] = []
-        loads = json.loads
+        lines = self.object_lines(max_bytes)
+        return [(ln, o) for ln, o in zip(lines, decode_lines(lines)) if type(o) is dict]
+
+    def object_lines(self, max_bytes: int | None = None) -> list[str]:
+        """New lines that may hold a JSON object (stripped, starting with `{`), undecoded."""
+        out: list[str] = []
         for _, chunk in self.chunks(count_lines=False, max_bytes=max_bytes):
-            lines = [ln for ln in map(str.strip, chunk.decode("utf-8", errors="replace")
-                                      .split("\n")) if ln[:1] == "{"]
-            try:   # one decoder call for the chunk: most of a line's cost is the call
-                objs = loads("[" + ",".join(lines) + "]")
-                if len(objs) != len(lines):
-                    raise ValueError("a line held more than one value")
-            except ValueError:
-                objs = []
-                for ln in lines:   # a bad line among them: one at a time
-                    try:
-                        objs.append(loads(ln))
-                    except ValueError:
-                        objs.append(None)
-            out.extend((ln, o) for ln, o in zip(lines, objs) if type(o) is dict)
+            out.extend(ln for ln in map(str.strip, chunk.decode("utf-8", errors="replace")
+                                        .split("\n")) if ln[:1] == "{")
         return out
 
     def logical_lines(self, final: bool = False) -> list[tuple[int, str]]:
@@ -176,6 +168,25 @@ class Tail:
         if final:
             out.extend((self.lineno, s) for s in self.assembler.flush())
         return out
+
+
+def decode_lines(lines: list[str]) -> list[Any]:
+    """Each line's JSON value (None for a line that is not one)."""
+    if not lines:
+        return []
+    try:   # one decoder call for them all: most of a line's cost is the call
+        objs = json.loads("[" + ",".join(lines) + "]")
+        if len(objs) == len(lines):
+            return objs
+    except ValueError:
+        pass
+    objs = []
+    for ln in lines:   # a bad line among them (or one holding two values): one at a time
+        try:
+            objs.append(json.loads(ln))
+        except ValueError:
+            objs.append(None)
+    return objs
 
 
 class RankLogTail:

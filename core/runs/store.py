@@ -27,7 +27,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from tunedeck.core.ingest.tail import Tail
+from tunedeck.core.ingest.native import fastscan
+from tunedeck.core.ingest.tail import Tail, decode_lines
 from tunedeck.core.rundir import RunDir, event_rank
 from tunedeck.core.telemetry.store import TelemetryStore, read_latest, read_series
 
@@ -118,6 +119,18 @@ def _tier_sql(size: int) -> str:
     return f"INSERT OR REPLACE INTO steps_{size} " + _tier_select(size)
 
 
+def _rollup_sql(size: int, finer: int) -> str:
+    """A rank's tier-`size` blocks [?, ?] from tier `finer`'s (64 rows for a 4096-step block,
+    not 4096: aggregating the steps again cost the agent as much as the 64-step tier did)."""
+    k = size // finer
+    return (f"INSERT OR REPLACE INTO steps_{size} SELECT rank, block / {k}, SUM(n), "
+            "MIN(step_min), MAX(step_max), "
+            + ", ".join(f"MIN({m}_min), SUM({m}_sum), SUM({m}_cnt), MAX({m}_max)"
+                        for m in STEP_METRICS)
+            + f" FROM steps_{finer} WHERE rank = ? AND block >= ? * {k} AND "
+            f"block < (? + 1) * {k} GROUP BY block / {k}")
+
+
 # What a reader has not seen in run.db yet, parsed from the files' tails (a temp table of the
 # reader's own connection: a dead agent's whole backlog stays in SQLite, not in Python).
 _TAIL_SCHEMA = ("CREATE TEMP TABLE IF NOT EXISTS tail_series (file TEXT NOT NULL, "
@@ -191,12 +204,16 @@ class Store:
     # restart) catches up over a few ticks instead of holding it all in memory at once.
     INGEST_BYTES = 8 << 20
 
-    def ingest(self) -> list[dict[str, Any]]:
-        """Move newly appended rank events into the database; returns them."""
+    def ingest(self, newest_steps: int | None = None, every_step_of: int | None = None
+               ) -> list[dict[str, Any]]:
+        """Move newly appended rank events into the database; returns them. With
+        `newest_steps`, a rank's step events come back only as its `newest_steps` newest of
+        this call (every one for rank `every_step_of`): the rest go to run.db without ever
+        becoming a dict."""
         new: list[dict[str, Any]] = []
         with self.db:   # one transaction for every file's lines (a commit each cost more)
             for path in self.run.event_files():
-                new.extend(self._ingest_file(path, None))
+                new.extend(self._ingest_file(path, None, newest_steps, every_step_of))
         return new
 
     def ingest_probe(self) -> list[dict[str, Any]]:
@@ -207,7 +224,8 @@ class Store:
                 new.extend(self._ingest_file(path, "data_wait"))
         return new
 
-    def _ingest_file(self, path: Path, only_kind: str | None) -> list[dict[str, Any]]:
+    def _ingest_file(self, path: Path, only_kind: str | None, newest_steps: int | None = None,
+                     every_step_of: int | None = None) -> list[dict[str, Any]]:
         assert self.db is not None and self.write, "only the agent's Store ingests"
         tail = self._tails.get(path.name)
         if tail is None:
@@ -215,17 +233,31 @@ class Store:
         before = tail.offset
         # each line parsed once; run.db keeps the line as written (no re-encoding) with the
         # few fields readers index by
-        lines = tail.json_lines(self.INGEST_BYTES)
+        lines = tail.object_lines(self.INGEST_BYTES)
         if tail.offset == before:
             return []
+        # a trainer's step line: its fields picked by the native module (no dict); any other
+        # line (or every line, without the module) decoded by json
+        picks = fastscan.pick_steps(lines, STEP_METRICS) if fastscan is not None and \
+            only_kind is None else [None] * len(lines)
+        wanted = _wanted(picks, newest_steps, every_step_of)
+        objs = iter(decode_lines([ln for ln, p, w in zip(lines, picks, wanted)
+                                  if p is None or w]))
         rank = event_rank(path)
-        if only_kind:
-            lines = [(ln, e) for ln, e in lines if e.get("kind") == only_kind]
         file_rank = -1 if rank is None else rank
         rows = []
         events = []
-        ranked = []
-        for ln, e in lines:
+        ranked: list[tuple[int, Any]] = []
+        for ln, pick, want in zip(lines, picks, wanted):
+            if pick is not None:
+                if want and type(e := next(objs)) is dict:
+                    events.append(e)
+                rows.append((pick[0], "step", pick[1], pick[2], ln))
+                ranked.append((pick[0], pick))
+                continue
+            e = next(objs)
+            if type(e) is not dict or (only_kind and e.get("kind") != only_kind):
+                continue
             r = e.get("rank")
             if type(r) is not int:
                 r = file_rank
@@ -328,28 +360,37 @@ class Store:
             if evals:
                 self.db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", evals)
                 evals.clear()
-            for size, rank, block in closed:
-                self.db.execute(_tier_sql(size), (rank, block * size, block * size + size - 1))
+            for size, rank, block in closed:   # a block's finer blocks are closed before it
+                if size == TIERS[0]:
+                    self.db.execute(_tier_sql(size), (rank, block * size,
+                                                      block * size + size - 1))
+                else:
+                    self.db.execute(_rollup_sql(size, TIERS[TIERS.index(size) - 1]),
+                                    (rank, block, block))
             closed.clear()
 
         max_steps, last_step, open_block = self._max_steps, self._last_step, self._blocks
         metrics = STEP_METRICS
+        nk = len(metrics)
         for rank, e in ranked_events:
-            kind = e.get("kind")
-            if kind != "step" and kind != "eval":
-                if kind == "start":
-                    ms = e.get("max_steps")
-                    if isinstance(ms, int) and not isinstance(ms, bool):
-                        max_steps[rank] = ms or None
-                continue
-            step = e.get("step")
-            if type(step) is not int or step < 0:
-                step = _step_of(e)
-                if step is None:
+            if type(e) is tuple:   # a picked step line: (rank, step, t, *values, had loss)
+                step = e[1]
+            else:
+                kind = e.get("kind")
+                if kind != "step" and kind != "eval":
+                    if kind == "start":
+                        ms = e.get("max_steps")
+                        if isinstance(ms, int) and not isinstance(ms, bool):
+                            max_steps[rank] = ms or None
                     continue
+                step = e.get("step")
+                if type(step) is not int or step < 0:
+                    step = _step_of(e)
+                    if step is None:
+                        continue
             if rank not in max_steps:
                 max_steps[rank] = self._last_max_steps(rank)
-            if kind == "eval":
+            if type(e) is dict and kind == "eval":
                 ev = _num(e.get("eval_loss"))
                 if ev is None:   # an eval event naming it "loss"
                     ev = _num(e.get("loss"))
@@ -372,13 +413,17 @@ class Store:
                                     (rank, step // size))
                     open_block[(rank, size)] = step // size   # reopened with the steps left
             last_step[rank] = step
-            # finite numbers as written; anything else (null, NaN, text, a bool) is None
-            values = [v if (type(v) is float and v - v == 0.0) or type(v) is int
-                      else _num(v) for v in map(e.get, metrics)]
-            t = e.get("t")
-            steps.append((rank, step, t if type(t) is float and t - t == 0.0 else _num(t),
-                          *values, max_steps[rank],
-                          1 if values[0] is None and "loss" in e else None))
+            if type(e) is tuple:   # already finite numbers or None
+                steps.append((rank, step, e[2], *e[3:3 + nk], max_steps[rank],
+                              1 if e[3] is None and e[3 + nk] else None))
+            else:
+                # finite numbers as written; anything else (null, NaN, text, a bool) is None
+                values = [v if (type(v) is float and v - v == 0.0) or type(v) is int
+                          else _num(v) for v in map(e.get, metrics)]
+                t = e.get("t")
+                steps.append((rank, step, t if type(t) is float and t - t == 0.0 else _num(t),
+                              *values, max_steps[rank],
+                              1 if values[0] is None and "loss" in e else None))
             for size in TIERS:
                 block = step // size
                 if open_block[(rank, size)] != block:   # the steps moved past it: complete
@@ -894,6 +939,24 @@ class MetricSources:
         cond = f"{col} IS NOT NULL" + (" OR loss_nan IS NOT NULL" if col == "loss" else "")
         return self.db.execute(f"SELECT 1 FROM ({self.sql(rank, kind)}) WHERE {cond} "
                                f"LIMIT 1").fetchone() is not None
+
+
+def _wanted(picks: list, newest: int | None, every_of: int | None) -> list[bool]:
+    """Which picked step lines the caller gets as dicts: all without `newest`, else each
+    rank's `newest` last ones (and every one of rank `every_of`)."""
+    if newest is None:
+        return [True] * len(picks)
+    out = [False] * len(picks)
+    seen: dict[int, int] = {}
+    for i in range(len(picks) - 1, -1, -1):
+        p = picks[i]
+        if p is not None:
+            r = p[0]
+            n = seen.get(r, 0)
+            if n < newest or r == every_of:
+                out[i] = True
+                seen[r] = n + 1
+    return out
 
 
 def _num(v: Any) -> int | float | None:
