@@ -45,7 +45,7 @@ from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import adopt, procs
-from tunedeck.core.runs.monitors import MonitorContext, make_monitors
+from tunedeck.core.runs.monitors import DetectorMonitor, MonitorContext, make_monitors
 from tunedeck.core.runs.state import TERMINAL
 from tunedeck.core.runs.store import Store
 from tunedeck.core.spec import load_spec, mask_argv
@@ -439,7 +439,7 @@ class Agent:
         while True:
             began = time.monotonic()
             done, rc, how = self._torchrun_done()
-            new = self.ingest()
+            new = self.ingest(live=True)
             if done:
                 return rc, how
             self.retry_io()
@@ -477,11 +477,14 @@ class Agent:
                 log.exception("monitor %s failed; disabled", type(m).__name__)
                 self.monitors.remove(m)
 
-    def ingest(self) -> list[dict[str, Any]]:
+    def ingest(self, live: bool = False) -> list[dict[str, Any]]:
+        """New events; `live`: only the step events the monitors read (each rank's newest,
+        every one of the loss watch's rank), the rest never decoded."""
         if self.store is None:
             return []
         try:
-            new = self.store.ingest()
+            new = self.store.ingest(*((DetectorMonitor.STEPS_PER_TICK, self.node_rank * max(
+                self.spec.cluster.nproc_per_node, 1)) if live else ()))
         except Exception as e:
             why = io_error(e)
             if why is None:
