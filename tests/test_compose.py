@@ -404,3 +404,63 @@ async def test_a_value_put_in_the_form_leaves_the_cursor_at_its_end(gpus, tmp_pa
         name.focus()
         await pilot.press("ctrl+u", *"e2e")
         await until(pilot, lambda: screen.spec.name == "e2e", what="the new name")
+
+
+@pytest.mark.skipif(not __import__("importlib.util").util.find_spec("swift"),
+                    reason="ms-swift not installed")
+async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(gpus, tmp_path):
+    """A key an ms-swift spec leaves unset passes no flag: its box is empty, with the value
+    ms-swift will use as the placeholder (not as a value); typing sets it (its flag appears),
+    emptying the box unsets it again. The memory line is the one `tunedeck estimate` prints."""
+    from tunedeck.core.estimate import QWEN25
+
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    spec = load_spec(REPO / "presets" / "swift-ddp-lora-2gpu.toml")
+    spec = set_values(spec, {"model.path": str(m)})
+    for key in ("train.per_device_batch_size", "data.max_length", "method.lora_rank",
+                "train.gradient_checkpointing"):
+        spec = set_values(spec, {key: OPTIONS[key].default})
+        spec.explicit.discard(key)
+    gpus(h200s())
+    screen = ComposeScreen(spec)
+    box = lambda key: screen.query_one("#" + widget_id(key), Input)  # noqa: E731
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen, timeout=240)
+        batch = box("train.per_device_batch_size")
+        assert batch.value == "" and re.match(r"1 · ms-swift [\d.]+ default", batch.placeholder)
+        assert box("method.lora_rank").placeholder.startswith("8 · ms-swift")
+        assert box("data.max_length").placeholder.startswith("32768 · the model's length limit")
+        gc = screen.query_one("#" + widget_id("train.gradient_checkpointing"), Select)
+        assert gc.value is Select.NULL and gc.prompt.startswith("true · ms-swift")
+        assert box("data.path").placeholder == ""      # a key with a value says nothing
+        assert "effective batch 16 = 1 per device x 2" in screen.preview_text()
+        unset_row = "--per_device_train_batch_size 1  (train.per_device_batch_size: ms-swift"
+        assert unset_row in screen.preview_text()
+        await type_into(pilot, screen, "train.per_device_batch_size", "4")
+        await settled(pilot, screen)
+        assert "--per_device_train_batch_size 4  (train.per_device_batch_size: spec)" \
+            in screen.preview_text()
+        await type_into(pilot, screen, "train.per_device_batch_size", "")
+        await settled(pilot, screen)
+        assert unset_row in screen.preview_text()
+        assert "--per_device_train_batch_size 4" not in screen.preview_text()
+        assert not screen.field_errors and "train.per_device_batch_size" not in \
+            screen.spec.explicit
+        gc.value = False
+        await pilot.pause()
+        await settled(pilot, screen)
+        assert "--gradient_checkpointing false" in screen.preview_text()
+
+
+async def test_choosing_false_in_a_yes_no_field_sets_it(gpus):
+    """`false` is a choice like any other (it was once taken for "nothing chosen")."""
+    screen = ComposeScreen(demo_spec(**{"train.gradient_checkpointing": True}), DEMO)
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        screen.query_one("#" + widget_id("train.gradient_checkpointing"), Select).value = False
+        await pilot.pause()
+        await settled(pilot, screen)
+        assert screen.spec.train.gradient_checkpointing is False
+        assert "train.gradient_checkpointing = false" in screen.preview_text()

@@ -286,3 +286,80 @@ def test_spec_estimate_knows_the_builtin_trainer():
     spec.backend = "swift"
     inp = inputs_for_spec(spec, Q7, device="cuda", procs_per_node=1)
     assert not (inp.loss_chunk_elems or inp.compiled or inp.expandable_segments)
+
+
+HAS_SWIFT = __import__("importlib.util").util.find_spec("swift") is not None
+
+
+def _unset_swift_spec(tmp_path, extra: str = ""):
+    """An ms-swift LoRA spec of the 7B shape that leaves batch, length and LoRA sizes unset."""
+    m = tmp_path / "m"
+    m.mkdir(exist_ok=True)
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    path = tmp_path / "s.toml"
+    path.write_text(f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
+                    f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\n{extra}')
+    return path
+
+
+@pytest.mark.skipif(not HAS_SWIFT, reason="ms-swift not installed")
+def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_preflight(
+        tmp_path, td_home):
+    """`tunedeck estimate`, the compose form's memory line and the preflight memory check all
+    size the run ms-swift starts (its micro batch of 1, gradient checkpointing on, LoRA r8
+    with dropout 0.05, batches up to the model's 32768 tokens), not tunedeck's defaults."""
+    from tunedeck.core.estimate import estimate_spec
+    from tunedeck.core.preflight.config import check_effective_batch, check_gpu_memory
+    from tunedeck.core.preflight.runner import make_context
+    from tunedeck.core.spec import load_spec
+    from tunedeck.core.telemetry.gpus import Gpu, GpuFacts
+    from tunedeck.tui.screens.compose import build_preview
+
+    path = _unset_swift_spec(tmp_path)
+    facts = GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(2)],
+                     driver="580.1")
+    spec = load_spec(path)
+    cli_out = json.loads(cli("estimate", str(path), "--gpus", "2", "--gpu-mem", "139.8",
+                             "--gpu-name", "NVIDIA H200", "--json", home=td_home).stdout)
+    ctx = make_context(spec=spec, gpu_probe=lambda: facts)
+    fit = check_gpu_memory(ctx)
+    composed = build_preview(spec, facts)
+    figure = cli_out["per_gpu_gib"]
+    assert round(composed.estimate.memory.per_gpu_gib, 2) == figure
+    assert f"≈{figure:.1f} GiB per GPU" in fit.detail
+    assert f"memory ≈ {figure:.1f} GiB per GPU" in composed.facts.plain
+    i = cli_out["inputs"]
+    assert (i["micro_batch"], i["seq_len"], i["lora_rank"], i["lora_dropout"],
+            i["gradient_checkpointing"]) == (1, 32768, 8, 0.05, True)
+    assert any("data.max_length unset" in n for n in cli_out["notes"])
+    # tunedeck's own defaults (batch 4 x 128 tokens) give another number: the old answer
+    ours = estimate_spec(spec, gpus=2, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
+    assert abs(ours.memory.per_gpu_gib - figure) > 1.0
+    # the batch line and check agree too: 1 per device x 2 ranks x no accumulation
+    assert "effective batch 2 = 1 per device" in composed.facts.plain
+    assert check_effective_batch(ctx).detail.startswith("2 = 1 per device")
+
+
+@pytest.mark.skipif(not HAS_SWIFT, reason="ms-swift not installed")
+def test_a_figure_sized_at_ms_swifts_length_limit_warns_rather_than_blocks(tmp_path):
+    """Past a GPU only at the longest batch ms-swift allows, the data decides: a warning that
+    names data.max_length; with the length set, the same overflow still fails."""
+    from tunedeck.core.preflight.config import check_gpu_memory
+    from tunedeck.core.preflight.runner import make_context
+    from tunedeck.core.spec import load_spec
+    from tunedeck.core.telemetry.gpus import Gpu, GpuFacts
+
+    small = GpuFacts(gpus=[Gpu(0, "NVIDIA A10G", 22.0, (8, 6))], driver="580.1")
+    unset = check_gpu_memory(make_context(spec=load_spec(_unset_swift_spec(tmp_path)),
+                                          gpu_probe=lambda: small))
+    assert unset.status == "warn" and "data.max_length" in unset.fix, unset
+    long = load_spec(_unset_swift_spec(tmp_path, "max_length = 32768\n"))
+    assert check_gpu_memory(make_context(spec=long, gpu_probe=lambda: small)).status == "fail"
+
+
+def test_the_length_limit_is_read_as_ms_swift_reads_it():
+    from tunedeck.core.estimate.arch import max_model_len
+
+    assert arch_from_config(QWEN25["7b"]).max_len == 32768
+    assert max_model_len({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048
+    assert max_model_len({"hidden_size": 8}) == 0

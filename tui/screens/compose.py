@@ -22,7 +22,7 @@ import shlex
 import threading
 import time
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,8 +37,9 @@ from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
 from tunedeck.core.spec import (GROUPS, OPTIONS, Option, RunSpec, SpecError, check_option,
-                                cross_checks, get_value, is_secret_name, mask_env, mask_spec,
-                                parse_value, resolve_paths, set_values)
+                                cross_checks, get_value, is_secret_name, is_set, mask_env,
+                                mask_spec, parse_value, resolve_paths, set_values)
+from tunedeck.core.swift.keymap import BY_KEY as SWIFT_KEYED
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
 from tunedeck.tui.screens.preflight import fmt_value, pin_port
@@ -53,6 +54,15 @@ TRAINER_KEYS = ("cluster.device", "cluster.dist_backend", "cluster.collective_ti
 DRIVERS = frozenset(k for o in OPTIONS.values() for k in (o.when or {}))
 FIT_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim"}
 _KEY_AT_START = re.compile(r"^(env\.[A-Za-z0-9_]+|[a-z_]+(?:\.[a-z_0-9]+)*)")
+# what an empty box of an ms-swift key says until the preview names the value
+UNSET_HINT = "unset: ms-swift's default"
+
+
+def runs_default(spec: RunSpec, key: str) -> bool:
+    """Whether `key`'s field stands for ms-swift's own default: an ms-swift spec leaves a key
+    with an ms-swift flag unset, so no flag is passed. Its box is empty and shows, dim, the
+    value ms-swift will use; emptying a box unsets the key again."""
+    return spec.backend == "swift" and key in SWIFT_KEYED and not is_set(spec, key)
 
 # ms-swift's flag table: a subprocess the first time per installed version (then a cache
 # file). Read once per process, under a lock, so two previews never start two of them.
@@ -90,6 +100,8 @@ class PreviewData:
     estimate: Any = None   # SpecEstimate, or why there is none (str)
     gpu_mem_gib: float | None = None
     gpu_count: int = 0
+    # key -> the value ms-swift runs with for a key the spec leaves unset (dim in its box)
+    hints: dict[str, str] = field(default_factory=dict)
 
 
 def _chosen(facts: GpuFacts, spec: RunSpec) -> list:
@@ -108,6 +120,7 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     from tunedeck.core.preflight.base import Context
     from tunedeck.core.preflight.config import MARGIN, check_gpu_memory
     from tunedeck.core.rundir import RunDir
+    from tunedeck.core.swift.run_estimate import run_defaults
 
     gpus = _chosen(facts, spec)
     try:
@@ -123,9 +136,10 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
                    f"{resolved.parallel.strategy}\n")
     facts_t.append(f"port {c.master_port}", style="bold")
     facts_t.append(f" ({port_note or 'cluster.master_port'})\n", style="dim")
-    facts_t.append(describe(resolved, plan.world_size) + "\n")
-
+    # the batch and the memory of the run it starts (ms-swift's defaults where unset), the
+    # numbers preflight and `tunedeck estimate` give for the same spec
     ctx = Context(spec=spec, resolved=resolved, gpu_probe=lambda: facts)
+    facts_t.append(describe(ctx.run, plan.world_size) + "\n")
     est = ctx.estimate
     fit = check_gpu_memory(ctx)
     if isinstance(est, str):
@@ -173,7 +187,14 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     if resolved.backend == "swift":
         _swift_settings(body, spec)
     mem = min((g.memory_total_gib for g in gpus), default=None)
-    return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus))
+    hints = {k: f"{swift_value_text(v)} · {src}" for k, (v, src) in run_defaults(spec).items()}
+    return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus), hints)
+
+
+def swift_value_text(v: Any) -> str:
+    """A value ms-swift takes, as its command line spells it (None: decided at run time)."""
+    return ("decided at run time" if v is None else " ".join(map(str, v)) if isinstance(v, list)
+            else str(v).lower() if isinstance(v, bool) else str(v))
 
 
 def _swift_settings(body: Text, spec: RunSpec) -> None:
@@ -186,9 +207,7 @@ def _swift_settings(body: Text, spec: RunSpec) -> None:
         return
     body.append("── ms-swift settings: value (from) ──\n", style="bold")
     for r in rows:
-        value = "decided at run time" if r["value"] is None else (
-            " ".join(map(str, r["value"])) if isinstance(r["value"], list) else
-            str(r["value"]).lower() if isinstance(r["value"], bool) else str(r["value"]))
+        value = swift_value_text(r["value"])
         body.append(f"--{r['flag']} ", style="dim")
         body.append(value, style="" if r["source"].startswith("ms-swift") else "bold")
         body.append(f"  ({r['key']}: {r['source']})\n",
@@ -236,6 +255,8 @@ class FieldRow(Widget):
         super().__init__(id="f-" + option.key.replace(".", "--"))
         self.option = option
         self.value = get_value(spec, option.key)
+        self.unset = runs_default(spec, option.key)
+        self.hint = UNSET_HINT      # the value ms-swift uses, once a preview has named it
         self.problem = ""
 
     def compose(self) -> ComposeResult:
@@ -243,15 +264,20 @@ class FieldRow(Widget):
         with Horizontal():
             yield Label(o.key, classes="field-key")
             wid = widget_id(o.key)
-            if o.choices:
-                yield Select([(str(c), c) for c in o.choices], value=self.value,
-                             allow_blank=False, compact=True, id=wid)
-            elif o.type is bool:   # a choice too: "true"/"false" reads where a box's colour
-                yield Select([("false", False), ("true", True)], value=bool(self.value),
-                             allow_blank=False, compact=True, id=wid)
+            # an ms-swift key may be left unset: blank, ms-swift's value shown dim instead
+            blank_ok = o.key in SWIFT_KEYED
+            if o.choices or o.type is bool:
+                # a bool is a choice too: "true"/"false" reads where a box's colour would not
+                choices = [(str(c), c) for c in o.choices] if o.choices else [
+                    ("false", False), ("true", True)]
+                value = o.type(self.value) if o.type is bool else self.value
+                yield Select(choices, value=Select.NULL if self.unset else value,
+                             allow_blank=blank_ok, prompt=self.hint, compact=True, id=wid)
             else:
-                yield Input(field_text(o, self.value), compact=True, id=wid,
-                            select_on_focus=False)
+                # the hint only in an unset box: an empty value elsewhere is a value
+                yield Input("" if self.unset else field_text(o, self.value), compact=True,
+                            id=wid, select_on_focus=False,
+                            placeholder=self.hint if self.unset else "")
         yield Static("", classes="field-error", markup=False)
 
     def set_problem(self, text: str) -> None:
@@ -261,20 +287,35 @@ class FieldRow(Widget):
         self.set_class(bool(text), "-error")
         self.query_one(".field-error", Static).update(text)
 
-    def show(self, value: Any) -> None:
-        """Put `value` in the input (a preset, a fix, the advisor); its Changed event then
-        finds nothing to change."""
+    def show(self, value: Any, unset: bool = False) -> None:
+        """Put `value` in the input (a preset, a fix, the advisor), or nothing for an ms-swift
+        key left `unset`; its Changed event then finds nothing to change."""
+        self.unset = unset
         w = self.query_one("#" + widget_id(self.option.key))
         if isinstance(w, Input):
-            text = field_text(self.option, value)
+            w.placeholder = self.hint if unset else ""
+            text = "" if unset else field_text(self.option, value)
             if w.value != text:
                 w.value = text
                 # the cursor at the end, as after typing it (not where the old text left it:
                 # ctrl+u would then keep the tail of the new value)
                 w.cursor_position = len(text)
-        elif w.value != value:
-            w.value = value
-        self.set_class(value != self.option.default, "-changed")
+        else:
+            value = Select.NULL if unset else value
+            if w.value != value:
+                w.value = value
+        self.set_class(not unset and value != self.option.default, "-changed")
+
+    def set_hint(self, text: str) -> None:
+        """What an empty box says: the value ms-swift will use for this unset key."""
+        self.hint = text
+        w = self.query_one("#" + widget_id(self.option.key))
+        if isinstance(w, Input):
+            want = text if self.unset else ""
+            if w.placeholder != want:
+                w.placeholder = want
+        elif w.prompt != text:
+            w.prompt = text
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -465,7 +506,7 @@ class ComposeScreen(TunedeckScreen):
         self._secrets.update({k: v for k, v in self.spec.env.items()
                               if is_secret_name(k) and set(v) - {"*"}})
         for r in self.rows():
-            r.show(get_value(self.spec, r.option.key))
+            r.show(get_value(self.spec, r.option.key), runs_default(self.spec, r.option.key))
         self.field_errors.clear()
         self._apply_visibility()
         self._check()
@@ -511,6 +552,13 @@ class ComposeScreen(TunedeckScreen):
 
     def _edit(self, key: str, raw: Any, typed: bool) -> None:
         started = time.perf_counter()
+        if self.spec.backend == "swift" and key in SWIFT_KEYED and (
+                raw is Select.NULL or typed and not raw.strip()):
+            self._unset(key, started)
+            return
+        if raw is Select.NULL:     # the blank choice means nothing on other backends
+            self.row(key).show(get_value(self.spec, key))
+            return
         value, err = parse_value(key, raw) if typed else check_option(key, raw)
         if err:
             self.field_errors[key] = err
@@ -518,12 +566,35 @@ class ComposeScreen(TunedeckScreen):
             self.field_errors.pop(key, None)
             if key == "env":
                 value = self._keep_secrets(value)
-            if value != get_value(self.spec, key):
+            # typing the value the key already holds still sets an unset ms-swift key
+            if value != get_value(self.spec, key) or runs_default(self.spec, key):
                 self.spec = set_values(self.spec, {key: value})
                 self.dirty = True
+                self.row(key).unset = False
                 self.row(key).set_class(value != OPTIONS[key].default, "-changed")
                 if key in DRIVERS:
                     self._apply_visibility()
+                if key == "backend":    # ms-swift keys not set show empty there, and back
+                    for k in SWIFT_KEYED:
+                        self.row(k).show(get_value(self.spec, k), runs_default(self.spec, k))
+        self._check()
+        self._schedule_preview(started)
+
+    def _unset(self, key: str, started: float) -> None:
+        """An emptied ms-swift field: the key is unset again, so no flag is passed and
+        ms-swift's own default applies."""
+        self.field_errors.pop(key, None)
+        if is_set(self.spec, key):
+            spec = set_values(self.spec, {key: OPTIONS[key].default})
+            spec.explicit.discard(key)
+            self.spec = spec
+            self.dirty = True
+            row = self.row(key)     # its box is empty already: leave what is typed since
+            row.unset = True
+            row.set_hint(row.hint)
+            row.set_class(False, "-changed")
+            if key in DRIVERS:
+                self._apply_visibility()
         self._check()
         self._schedule_preview(started)
 
@@ -549,7 +620,7 @@ class ComposeScreen(TunedeckScreen):
     @on(Select.Changed)
     def _select_changed(self, event: Select.Changed) -> None:
         row = self._row_of(event.select)
-        if row is not None and event.value is not Select.BLANK:
+        if row is not None:
             self._edit(row.option.key, event.value, typed=False)
 
     def _row_of(self, widget: Widget) -> FieldRow | None:
@@ -650,6 +721,9 @@ class ComposeScreen(TunedeckScreen):
         if msg.generation != self.generation:
             return   # stale: the form changed since it was asked for
         self.preview = msg.data
+        if msg.data.hints:
+            for k in SWIFT_KEYED:
+                self.row(k).set_hint(msg.data.hints.get(k, UNSET_HINT))
         self.query_one("#side-facts", Static).update(self._verdict() + msg.data.facts)
         self.query_one("#preview", Static).update(msg.data.body)
         self.shown_generation = msg.generation
