@@ -284,6 +284,15 @@ def monitor_open(run_dir: Path) -> dict:
 
 # -- a live agent --------------------------------------------------------------------------
 
+def _live_ingest() -> bool:
+    """Whether this checkout's Agent.supervise asks the Store only for the step events its
+    monitors read (Agent.ingest(live=True)): the bench calls it as supervise does."""
+    import inspect
+
+    from tunedeck.core.runs.agent import Agent
+    return "live" in inspect.signature(Agent.ingest).parameters
+
+
 def _paced() -> bool:
     """Whether this checkout's Agent.supervise sleeps to the next tick (not a whole tick
     after its work): the bench's loop does what the agent it measures does."""
@@ -304,12 +313,13 @@ def agent_child(run_dir: Path, stop_file: Path) -> None:
 
     global _SUPERVISE_PACED
     _SUPERVISE_PACED = _paced()
+    live_kw = {"live": True} if _live_ingest() else {}
     agent = Agent(run_dir)
     agent.store = Store(agent.rundir, write=True)
     last_pids = 0.0
     while not stop_file.exists():
         began = time.monotonic()   # as Agent.supervise: ticks TICK_S apart
-        new = agent.ingest()
+        new = agent.ingest(**live_kw)
         if agent.monitors is None:
             agent.monitors = agent.make_monitors()
         agent.check_stop()
@@ -407,8 +417,8 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
                 top = None
             if top and top > seen:
                 t_seen = time.time()
-                lags.extend(t_seen - written[s] for s in range(seen + 1, top + 1)
-                            if s in written)
+                lags.extend(t_seen - written.pop(s) for s in range(seen + 1, top + 1)
+                            if s in written)   # popped: an hour's steps are not all kept
                 seen = top
         if now >= next_sample:
             _, r = proc_stat(child.pid)
