@@ -8,9 +8,11 @@ folder (the head uses them through TUNEDECK_SSH_CONFIG → ssh -F). Everything i
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,13 @@ class Hosts:
     def ssh_config(self) -> Path:
         return self.root / "ssh_config"
 
+    @property
+    def head_only(self) -> Path:
+        """A folder only the head sees: the other hosts' sshd (and so every ssh session
+        there) has an empty tmpfs mounted over it. A head home under it is a run folder on
+        the head's own disk; one anywhere else is on a filesystem both hosts share."""
+        return self.root / "head-only"
+
     def netns_argv(self, i: int, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.names[i], *argv]
 
@@ -70,10 +79,13 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
     def start_sshd(self, i: int) -> subprocess.Popen:
+        sshd = [SSHD, "-D", "-e", "-f", str(self.root / f"sshd{i}.conf")]
+        if i > 0:      # in a mount namespace of its own, without the head's private folder
+            sshd = [sys.executable, "-m", "tests.multinode_hosts", "hide",
+                    str(self.head_only), *sshd]
         with open(self.root / f"sshd{i}.log", "ab") as err:
-            return subprocess.Popen(["ip", "netns", "exec", self.names[i], SSHD, "-D", "-e",
-                                     "-f", str(self.root / f"sshd{i}.conf")],
-                                    stdout=subprocess.DEVNULL, stderr=err)
+            return subprocess.Popen(["ip", "netns", "exec", self.names[i], *sshd],
+                                    stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
 
     def restart_sshd(self, i: int) -> None:
         """Host i's sshd again (a test took it away to make the host unreachable)."""
@@ -96,6 +108,7 @@ class Hosts:
 
 def make_hosts(root: Path, n: int = 2) -> Hosts:
     root.mkdir(parents=True, exist_ok=True)
+    (root / "head-only").mkdir(exist_ok=True)
     tag = f"{os.getpid() % 100000}"
     subnet = 200 + os.getpid() % 50
     hosts = Hosts(root)
@@ -181,3 +194,22 @@ device = "cpu"
 {run.strip()}
 ''')
     return path
+
+
+def _hide_then_exec(folder: str, argv: list[str]) -> None:
+    """In a new mount namespace (private: nothing propagates back), an empty tmpfs over
+    `folder`, then exec `argv`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ms_rec, ms_private, clone_newns = 0x4000, 0x40000, 0x20000
+    if libc.unshare(clone_newns) != 0 or \
+            libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0 or \
+            libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 0, b"size=16m") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"hiding {folder}: {os.strerror(err)}")
+    os.execv(argv[0], argv)
+
+
+if __name__ == "__main__":          # python -m tests.multinode_hosts hide FOLDER ARGV...
+    if len(sys.argv) > 3 and sys.argv[1] == "hide":
+        _hide_then_exec(sys.argv[2], sys.argv[3:])
+    sys.exit("usage: python -m tests.multinode_hosts hide FOLDER ARGV...")

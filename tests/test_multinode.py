@@ -122,7 +122,7 @@ def _events(path: Path, kind: str) -> list[dict]:
 
 def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both(
         hosts, tmp_path):
-    home = tmp_path / "head-home"
+    home = hosts.head_only / tmp_path.name      # node 1 cannot see the head's run folder
     spec = _spec(tmp_path / "spec.toml", hosts, steps=100000)
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
@@ -163,6 +163,8 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
                         .get("drops", 0) >= 1 and d.get("connected") and d, 60,
                         "the link to come back")
         assert link["connects"] >= 2
+        assert link["shared"] is False and link["bytes"] > 0       # streamed, not shared
+        assert not (node_dir / "events" / "rank1.jsonl").is_symlink()
         wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
                  > steps_before + 2, 120, "node 1's steps after the reconnect")
 
@@ -286,7 +288,7 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
     continues from there. Then a stop while node 1 cannot be reached names it."""
     home = tmp_path / "head-home"
     spec = _spec(tmp_path / "spec.toml", hosts, steps=100000, save_steps=4,
-                 run="max_restarts = 1\nrestart_pause_s = 1")
+                 run="max_restarts = 2\nrestart_pause_s = 1")
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
@@ -294,6 +296,15 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
         wait_for(lambda: list((run_dir / "output").glob("checkpoint-*")) and all(
             (r["step"] or 0) >= 6 for r in _head_cli(hosts, home, "nodes", run_id)), 240,
             "a checkpoint and steps on both nodes")
+        # both hosts see the head's run folder at the same path: node 1 writes its records
+        # into it and the link carries none of them
+        link = _state(run_dir / "nodes" / "node1" / "link.json")
+        assert link["shared"] is True and link["bytes"] == 0, link
+        for rel in ("events/rank1.jsonl", "logs/node1", "logs/torchrun-node1.log"):
+            assert (node_dir / rel).is_symlink() and (node_dir / rel).resolve() == \
+                (run_dir / rel).resolve(), rel
+        assert (run_dir / "logs" / "agent-node1.log").stat().st_size > 0
+        assert _head_cli(hosts, home, "nodes", run_id)[1]["shared_fs"] is True
         ranks = _state(node_dir / "state.json")["worker_pids"]
         assert ranks
         for pid in ranks:                       # node 1's ranks die; its agent lives
@@ -319,6 +330,24 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
         assert head["attempt"] == node["attempt"] == 1
         assert not [f for f in _findings(run_dir) if f["category"] == "node_lost"]
 
+        # now the whole node dies (its agent too): the head asks it back over ssh, a new
+        # agent there adopts its run and starts attempt 2 with the head, again resumed
+        os.kill(node["agent_pid"], signal.SIGKILL)
+        _kill_marked(f"{run_id}.node1")
+        third = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
+                         [2:] and s[2], 180, "node 1 to come back")
+        assert third["restart"] == 2 and third["start_step"] >= resumed and \
+            third["resumed_from"].startswith(str(run_dir / "output" / "checkpoint-"))
+        wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
+                 > third["start_step"], 120, "steps after node 1 came back")
+        lost = [f for f in _findings(run_dir) if f["category"] == "node_lost"]
+        assert len(lost) == 1 and lost[0]["node"] == 1 and lost[0]["severity"] == "warning"
+        assert "node 1 (node1) was lost mid-run" in lost[0]["summary"] and \
+            "restarts from its newest checkpoint once the node is back" in lost[0]["summary"]
+        head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
+        assert head["status"] == node["status"] == "running"
+        assert head["attempt"] == node["attempt"] == 2 and node["adopted"]
+
         # node 1 cannot be reached any more (its sshd is gone, the link dropped): a stop
         # ends the head and names node 1 as not reached
         hosts.sshd[1].kill()
@@ -328,7 +357,8 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
                 p.kill()
         done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
         assert done["status"] == "stopped", done
-        assert "node 1 (node1) could not be reached to stop it" in done["message"], done
+        assert "node 1 (node1) could not be reached to stop it: ssh exited with 255" in \
+            done["message"] and "Connection refused" in done["message"], done
         assert [f for f in _findings(run_dir) if f["category"] == "node_not_stopped"
                 and f["node"] == 1]
     finally:

@@ -51,9 +51,24 @@ def node_state_file(run: RunDir, node: int) -> Path:
     return run.path / "nodes" / f"node{node}" / "state.json"
 
 
+def shared_marker(run: RunDir) -> dict[str, str]:
+    """A file with a fresh token in the run folder: a node that reads it back at the same
+    path shares the filesystem, and writes its records here in place of streaming them."""
+    import secrets
+
+    path = run.path / "nodes" / "shared-fs.marker"
+    token = secrets.token_hex(16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(token, encoding="utf-8")
+    return {"path": str(path), "token": token}
+
+
 class NodeLink(threading.Thread):
-    def __init__(self, run: RunDir, spec: RunSpec, node: Node):
+    def __init__(self, run: RunDir, spec: RunSpec, node: Node,
+                 marker: dict[str, str] | None = None):
         super().__init__(name=f"node{node.rank}-link", daemon=True)
+        self.marker = marker          # the shared-filesystem test (remote.sees_head_dir)
+        self.shared = False           # the node writes its records into our folder
         self.rundir = run
         self.spec = spec
         self.node = node
@@ -66,7 +81,10 @@ class NodeLink(threading.Thread):
         self.last_seen = time.time()
         self.first_error = ""
         self.last_error = ""
+        self.refused = False
         self.gone = ""
+        self.gone_at = 0.0
+        self.reviving: float | None = None   # since when the head asks the node back
         self.ended = False            # the node's run is over and all was received
         self.quit = threading.Event()
         self.pending_stop: dict[str, Any] | None = None
@@ -78,7 +96,7 @@ class NodeLink(threading.Thread):
         return {"node": self.node.rank, "host": self.node.host, "connected": self.connected,
                 "started": self.started, "connects": self.connects, "drops": self.drops,
                 "last_seen": self.last_seen, "error": self.last_error, "gone": self.gone,
-                "ended": self.ended, "bytes": self.received,
+                "ended": self.ended, "bytes": self.received, "shared": self.shared,
                 "remote_status": self.remote_state.get("status")}
 
     def stop_node(self, mode: str, grace_s: float | None) -> None:
@@ -89,6 +107,19 @@ class NodeLink(threading.Thread):
         if proc is not None and proc.stdin is not None:
             try:
                 proc.stdin.write(wire.frame(cmd))
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def revive(self) -> None:
+        """Ask the node to take part again (its agent adopts its run and starts the next
+        attempt); sent now when connected, else in the next hello."""
+        with self.lock:
+            self.reviving = time.time()
+            proc = self.proc
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.write(wire.frame({"op": "revive"}))
                 proc.stdin.flush()
             except (OSError, ValueError):
                 pass
@@ -128,18 +159,23 @@ class NodeLink(threading.Thread):
             h.update(spec=self.rundir.spec.read_text(encoding="utf-8"),
                      plan=self.rundir.read_plan(), secrets=read_json(self.rundir.secrets, {}),
                      head_dir=str(self.rundir.path), head_python=sys.executable,
-                     master_addr=self.spec.cluster.master_addr,
+                     master_addr=self.spec.cluster.master_addr, shared_marker=self.marker,
                      master_port=self.spec.cluster.master_port)
         with self.lock:
             if self.pending_stop:
                 h["stop"] = self.pending_stop
+            if self.reviving is not None:
+                h["revive"] = True
         return h
 
     def run(self) -> None:
         delay = 0.5
-        while not self.quit.is_set() and not self.ended and not self.gone:
+        while not self.quit.is_set() and not self.ended:
+            if self.gone and self.reviving is None:
+                self.quit.wait(0.5)      # nothing to reach until the head asks it back
+                continue
             self._connect_once()
-            if self.quit.is_set() or self.ended or self.gone:
+            if self.quit.is_set() or self.ended:
                 break
             self.quit.wait(delay)
             delay = min(delay * 2, RETRY_MAX_S)
@@ -164,6 +200,7 @@ class NodeLink(threading.Thread):
         with self.lock:
             self.proc = proc
         self.connects += 1
+        self.refused = False          # the node said why it refused (kept over ssh's exit)
         try:
             assert proc.stdin is not None and proc.stdout is not None
             try:
@@ -192,8 +229,8 @@ class NodeLink(threading.Thread):
                 log.warning("node %d (%s): connection dropped (ssh exit %s)",
                             self.node.rank, self.node.host, proc.returncode)
             self.connected = False
-            if proc.returncode and not self.ended and not self.last_error:
-                self._error(_ssh_error(errlog, proc.returncode))
+            if proc.returncode and not self.ended and not self.refused:
+                self._error(_ssh_error(errlog, proc.returncode))   # the newest reason
 
     def _error(self, why: str) -> None:
         self.last_error = why
@@ -219,14 +256,19 @@ class NodeLink(threading.Thread):
             self.remote_state = msg["data"]
             write_json_atomic(node_state_file(self.rundir, self.node.rank), self.remote_state)
         elif k == "hello":
+            self.shared = bool(msg.get("shared"))
             self.connected = True
             self.started = True
             self.last_error = ""
         elif k == "gone":
             self.gone = str(msg.get("why") or "the node's agent is gone")
+            self.gone_at = time.time()
+        elif k == "alive":              # an agent owns the node's run again
+            self.gone = ""
         elif k == "end":
             self.ended = True
         elif k == "error":
+            self.refused = True
             self._error(str(msg.get("why") or "the node refused"))
 
 
@@ -251,12 +293,15 @@ class NodesMonitor:
         self.spec: RunSpec = ctx.spec
         self.run: RunDir = ctx.run
         self.t0 = time.time()
-        self.links = [NodeLink(self.run, self.spec, n) for n in roster(self.spec)[1:]]
+        marker = shared_marker(self.run)
+        self.links = [NodeLink(self.run, self.spec, n, marker)
+                      for n in roster(self.spec)[1:]]
         self.written: dict[int, dict] = {}
         self.reported: set[tuple[str, int]] = set()
         self.stop_sent: str | None = None
         self.end_notes: list[str] = []      # said in the run's end message (the agent adds)
         self.head_stopped_for: str | None = None
+        self.revivals = 0                   # nodes asked back (each costs a restart)
         for link in self.links:
             link.start()
 
@@ -290,7 +335,10 @@ class NodesMonitor:
             self._judge(link, now, final=True)
             link.close()
             self._write(link, force=True)
-            if link.started and not link.ended and not link.gone:
+            if link.reviving is not None and not self.head_stopped_for:
+                self.end_notes.append(f"node {link.node.rank} ({link.node.host}) was lost "
+                                      f"and had not come back")
+            elif link.started and not link.ended and not link.gone:
                 self._unstopped(link, now)
 
     def _unstopped(self, link: NodeLink, now: float) -> None:
@@ -356,8 +404,13 @@ class NodesMonitor:
                     f"`tunedeck preflight` checks each node.",
                 node=k, host=link.node.host, t=now, evidence=[why],
                 source=f"logs/ssh-node{k}.log"))
-        if final or ("lost", k) in self.reported or not self.joined(k) \
-                or self.ctx.stopping():     # stopping: a node not reached is named at close
+        if final or not self.joined(k) or self.ctx.stopping():
+            return                  # stopping: a node not reached is named at close
+        host = link.node.host
+        if link.reviving is not None:
+            self._judge_revival(link, now)
+            return
+        if ("lost", k) in self.reported:
             return
         lost = ""
         status = link.remote_state.get("status")
@@ -366,22 +419,86 @@ class NodesMonitor:
         elif not link.connected and now - link.last_seen > LOST_AFTER_S and not link.ended:
             lost = (f"no answer for {now - link.last_seen:.0f}s"
                     + (f" ({link.last_error})" if link.last_error else ""))
-        elif status in TERMINAL and status != "succeeded" and not self.ctx.stopping():
+        elif status in TERMINAL and status != "succeeded":
             lost = f"its run ended {status}: {link.remote_state.get('message') or ''}".strip()
         if not lost:
             return
         self.reported.add(("lost", k))
+        max_r = self.spec.run.max_restarts
+        if self.revivals < max_r and status not in TERMINAL:
+            # restarts left: the run goes on when the node is back (its agent adopts its
+            # run and starts the next attempt; the head's next attempt hosts the rendezvous
+            # again and waits up to join_timeout_s; rank 0 resumes from the newest checkpoint)
+            self.revivals += 1
+            self._finding(Finding(
+                category="node_lost", severity="warning",
+                summary=f"node {k} ({host}) was lost mid-run: {lost}; the run restarts "
+                        f"from its newest checkpoint once the node is back",
+                cause=f"Node {k} stopped taking part in the run ({lost}). run.max_restarts "
+                      f"allows another attempt: the head asks node {k} back over ssh and "
+                      f"every node starts the next attempt, which resumes from the newest "
+                      f"checkpoint.",
+                fix=f"Nothing, if the node comes back within cluster.join_timeout_s "
+                    f"({self.spec.cluster.join_timeout_s}s); else look at node {k}'s logs "
+                    f"(logs/node{k}/, logs/agent-node{k}.log) for why it died.",
+                node=k, host=host, t=now, evidence=[lost], source=f"nodes/node{k}/link.json"))
+            self._end_attempt(link.gone_at if link.gone else link.last_seen)
+            link.revive()
+            return
         self._finding(Finding(
             category="node_lost", severity="error",
-            summary=f"node {k} ({link.node.host}) was lost mid-run: {lost}",
+            summary=f"node {k} ({host}) was lost mid-run: {lost}",
             cause=f"Node {k} stopped taking part in the run ({lost}); the ranks of the other "
                   f"nodes cannot finish a collective without it, so they were stopped.",
             fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
                 f"died (OOM killer, hardware, preemption); resume the run from its newest "
-                f"checkpoint once the node is back.",
-            node=k, host=link.node.host, t=now, evidence=[lost],
-            source=f"nodes/node{k}/link.json"))
-        self._stop_head(f"node {k} ({link.node.host}) was lost mid-run: {lost}", k)
+                f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
+            node=k, host=host, t=now, evidence=[lost], source=f"nodes/node{k}/link.json"))
+        self._stop_head(f"node {k} ({host}) was lost mid-run: {lost}", k)
+
+    def _judge_revival(self, link: NodeLink, now: float) -> None:
+        """A node asked back: back once an agent owns its run again and the link is up; not
+        back within join_timeout_s (what the head's attempt waits at the rendezvous) ends the
+        run as a failure that names it."""
+        k, host = link.node.rank, link.node.host
+        assert link.reviving is not None
+        if not link.gone and link.connected:
+            log.info("node %d (%s) is back after %.1fs", k, host, now - link.reviving)
+            link.reviving = None
+            self.reported.discard(("lost", k))
+            return
+        join_s = self.spec.cluster.join_timeout_s
+        if now - link.reviving < join_s or ("gone for good", k) in self.reported:
+            return
+        self.reported.add(("gone for good", k))
+        why = f"it did not come back within {join_s}s" + (
+            f" ({link.last_error or link.gone})" if link.last_error or link.gone else "")
+        self._finding(Finding(
+            category="node_lost", severity="error",
+            summary=f"node {k} ({host}) was lost mid-run: {why}",
+            cause=f"Node {k} was lost and asked back for the next attempt, but {why}; the "
+                  f"other nodes cannot train without it, so they were stopped.",
+            fix=f"Bring node {k} back (or replace it in cluster.hosts) and resume the run "
+                f"from its newest checkpoint (`tunedeck resume`).",
+            node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
+        self._stop_head(f"node {k} ({host}) was lost mid-run: {why}", k)
+
+    def _end_attempt(self, lost_at: float) -> None:
+        """The head's attempt that ran with the lost node cannot finish a collective (its
+        ranks may hang in one): SIGKILL it, so the agent starts the next attempt. An attempt
+        started after the loss is that next attempt, waiting at the rendezvous: left alone."""
+        from tunedeck.core.runs import procs
+
+        st = self.run.read_state() or {}
+        launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
+        if not launches or float(launches[-1].get("t") or 0) >= lost_at:
+            return
+        pids = [p for p in [st.get("torchrun_pid"), *(st.get("worker_pids") or [])]
+                if isinstance(p, int)]
+        killed = procs.signal_ours(st, pids, signal.SIGKILL)
+        if killed:
+            log.warning("ended the head's attempt %s (pids %s) for the lost node",
+                        st.get("attempt"), killed)
 
     def _stop_head(self, why: str, node: int) -> None:
         """stop.json names the node (the agent's status line and end message say it), and

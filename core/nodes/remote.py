@@ -65,8 +65,48 @@ def _rewrite(obj: Any, old: str, new: str) -> Any:
     return obj
 
 
+def sees_head_dir(marker: Any) -> bool:
+    """Is the head's run folder on a filesystem this node shares, at the same path? The head
+    wrote a marker file with a fresh token there; this node reads it back."""
+    if not isinstance(marker, dict) or not isinstance(marker.get("path"), str):
+        return False
+    try:
+        with open(marker["path"], encoding="utf-8") as f:
+            return f.read().strip() == str(marker.get("token") or "")
+    except OSError:
+        return False
+
+
+def share_records(run: RunDir, head_dir: str, node: int, nproc: int) -> None:
+    """The head's run folder is visible here: this node's records are written straight into
+    it, where the head reads them in place (its rank logs, its torchrun and agent logs, its
+    ranks' event files, its telemetry), through links from this node's own folder. Nothing
+    of them is streamed (the streamer skips links)."""
+    head = Path(head_dir)
+    targets = {run.logs / f"node{node}": head / "logs" / f"node{node}",
+               run.torchrun_log(node): head / "logs" / f"torchrun-node{node}.log",
+               run.agent_log: head / "logs" / f"agent-node{node}.log",
+               run.path / "telemetry.jsonl": head / "nodes" / f"node{node}" / "telemetry.jsonl"}
+    for r in range(node * nproc, (node + 1) * nproc):
+        targets[run.event_file(r)] = head / "events" / f"rank{r}.jsonl"
+    for mine, theirs in targets.items():
+        if theirs.suffix:            # a file: made now, so no reader meets a dangling link
+            theirs.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(theirs, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE))
+        else:
+            theirs.mkdir(parents=True, exist_ok=True)
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(theirs, mine)
+
+
+def shared(run: RunDir) -> bool:
+    """Does this node write its records into the head's folder (share_records)?"""
+    return run.agent_log.is_symlink()
+
+
 def materialise(run: RunDir, hello: dict[str, Any]) -> None:
-    """This node's run folder from the head's files, with node k's rank and paths."""
+    """This node's run folder from the head's files, with node k's rank and paths (its
+    records written into the head's folder when this node sees it: share_records)."""
     import tomli_w
 
     k = int(hello["node"])
@@ -93,8 +133,11 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
         node["env"].pop(key, None)        # the agent sets this node's own
     write_json_atomic(run.plan, plan)
     write_json_atomic(run.secrets, _rewrite(hello.get("secrets") or {}, head_dir, mine))
+    in_place = sees_head_dir(hello.get("shared_marker"))
+    if in_place:
+        share_records(run, head_dir, k, int(plan.get("nproc_per_node") or 1))
     write_json_atomic(run.path / "node.json", {"head_run_id": hello["run_id"], "node": k,
-                                               "head_dir": head_dir})
+                                               "head_dir": head_dir, "shared": in_place})
     run.write_state({"run_id": run.run_id, "name": spec.get("name", "run"),
                      "status": "pending", "message": f"node {k} of {hello['run_id']}",
                      "created": time.time(), "started": None, "ended": None,
@@ -150,6 +193,18 @@ def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
             pass
 
 
+def revive(run: RunDir) -> bool:
+    """The head asks this node back after losing it: when the node's agent is dead and its
+    run not over, a new agent adopts the run (its torchrun is gone, so it records the failed
+    attempt and starts the next one, which rejoins the head's rendezvous). True if started."""
+    from tunedeck.core.runs import adopt
+
+    st = run.read_state() or {}
+    if st.get("status") in TERMINAL or agent_alive(st, run):
+        return False
+    return adopt.request(run.path, st, force=True)
+
+
 class Streamer:
     """Sends what this node's records gained since the head's offsets."""
 
@@ -174,11 +229,13 @@ class Streamer:
         out = []
         root = self.run.path
         for top in ("logs", "events", "stacks"):
-            for dirpath, _dirs, names in os.walk(root / top):
+            for dirpath, _dirs, names in os.walk(root / top):   # never into a linked dir
                 for n in names:
-                    if not n.startswith("."):
-                        out.append(os.path.relpath(os.path.join(dirpath, n), root))
-        if (root / "telemetry.jsonl").exists():
+                    p = os.path.join(dirpath, n)
+                    if not n.startswith(".") and not os.path.islink(p):   # shared: in place
+                        out.append(os.path.relpath(p, root))
+        tel = root / "telemetry.jsonl"
+        if tel.exists() and not tel.is_symlink():
             out.append("telemetry.jsonl")
         return out
 
@@ -295,8 +352,11 @@ def serve(stdin, out) -> int:
         return 1
     if isinstance(hello.get("stop"), dict):      # asked while we were unreachable
         request_stop(run, hello["stop"].get("mode", "graceful"), hello["stop"].get("grace_s"))
+    elif hello.get("revive"):
+        revive(run)
     out.write(wire.frame({"k": "hello", "run": str(run.path), "pid": os.getpid(),
-                          "started": started, "host": os.uname().nodename}))
+                          "started": started, "host": os.uname().nodename,
+                          "shared": shared(run)}))
     out.flush()
     closed = threading.Event()
 
@@ -305,6 +365,8 @@ def serve(stdin, out) -> int:
             cmd = wire.parse(line) or {}
             if cmd.get("op") == "stop":
                 request_stop(run, str(cmd.get("mode")), cmd.get("grace_s"))
+            elif cmd.get("op") == "revive":
+                revive(run)
         closed.set()                 # the head hung up: the run goes on without us
 
     threading.Thread(target=commands, daemon=True).start()
@@ -323,6 +385,10 @@ def serve(stdin, out) -> int:
                 out.write(wire.frame({"k": "end"}))
                 out.flush()
                 return 0
+            if alive and gone_sent:     # the head asked the node back: an agent owns it
+                gone_sent = False
+                out.write(wire.frame({"k": "alive"}))
+                out.flush()
             if not alive and not over and not gone_sent:
                 gone_sent = True
                 out.write(wire.frame({"k": "gone", "why": f"the agent of node {k} "

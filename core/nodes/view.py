@@ -141,7 +141,7 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                 reach = "unreached"   # the head has hung up: nothing reconnects any more
             row.update(status=status, reach=reach,
                        message=link.get("error") or link.get("gone") or st.get("message"),
-                       drops=link.get("drops", 0),
+                       drops=link.get("drops", 0), shared_fs=bool(link.get("shared")),
                        last_seen_s=(now - link["last_seen"]) if isinstance(
                            link.get("last_seen"), (int, float)) else None)
             row.update(_gpus(_last_json(f"{nd}/telemetry.jsonl")))
