@@ -3,6 +3,7 @@ the ssh command line, the frames' paths and resumable writes, the node view's re
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 
@@ -94,7 +95,6 @@ def test_frames_stay_inside_the_run_and_a_resent_frame_changes_nothing(tmp_path)
 
 
 def test_the_node_streams_whole_lines_from_the_heads_offsets(tmp_path):
-    import io
 
     run = RunDir(tmp_path / node_run_id("r1", 1))
     (run.path / "events").mkdir(parents=True)
@@ -184,3 +184,71 @@ def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_p
     (run_dir / "plan.json").write_text(json.dumps({"nnodes": 2, "nproc_per_node": 1,
                                                    "nodes": [{}, {}]}))
     assert w2.poll(history=False).nodes == []
+
+
+def test_a_node_that_sees_the_head_folder_writes_its_records_there_and_streams_none(tmp_path):
+    from tunedeck.core.nodes.link import shared_marker
+    from tunedeck.core.nodes.remote import sees_head_dir, share_records, shared
+
+    head = RunDir(tmp_path / "head" / "r1")
+    head.create()
+    marker = shared_marker(head)
+    assert sees_head_dir(marker)
+    assert not sees_head_dir({**marker, "token": "another run's"})
+    assert not sees_head_dir({"path": str(tmp_path / "elsewhere"), "token": marker["token"]})
+    node = RunDir(tmp_path / "node" / "r1.node1")
+    node.create()
+    share_records(node, str(head.path), 1, 2)
+    assert shared(node)
+    with open(node.event_file(3), "a") as f:          # rank 3 = node 1's second rank
+        f.write('{"kind":"step","step":1}\n')
+    assert head.event_file(3).read_text() == '{"kind":"step","step":1}\n'
+    (node.logs / "node1" / "x_0").mkdir()
+    assert (head.logs / "node1" / "x_0").is_dir()
+    (node.path / "stacks").mkdir()
+    (node.path / "stacks" / "rank2.txt").write_text("dump\n")
+    out = io.BytesIO()
+    Streamer(node, 1, {}, out).pump(final=True)
+    sent = {json.loads(x)["f"] for x in out.getvalue().splitlines()}
+    assert sent == {"stacks/rank2.txt"}               # the rest is in place already
+
+
+def test_a_lost_node_with_restarts_left_is_asked_back_and_named_if_it_never_returns(
+        tmp_path, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from tunedeck.core.nodes import link as link_mod
+
+    monkeypatch.setattr(link_mod.NodeLink, "start", lambda self: None)
+    spec = loads_spec(BASE.replace("nnodes = 3", "nnodes = 2") +
+                      'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
+                      'join_timeout_s = 30\n[run]\nmax_restarts = 1\n')
+    run = RunDir(tmp_path / "r1")
+    run.create()
+    run.write_state({"attempt": 0, "launches": []})
+    (run.node_log_dir(1) / "x_0").mkdir(parents=True)     # node 1 had joined
+    saved, stops = [], []
+    ctx = SimpleNamespace(spec=spec, run=run, store=SimpleNamespace(save_finding=saved.append),
+                          stopping=lambda: False, node_rank=0)
+    mon = link_mod.NodesMonitor(ctx)
+    monkeypatch.setattr(mon, "_stop_head", lambda why, node: stops.append((why, node)))
+    (lk,) = mon.links
+    lk.started, lk.connected, lk.gone = True, True, "the agent of node 1 is gone"
+    t = time.time()
+    mon.tick(t, [])
+    assert lk.reviving is not None and not stops          # asked back, the run goes on
+    assert saved[-1].category == "node_lost" and saved[-1].severity == "warning"
+    mon.tick(t + 29, [])
+    assert not stops
+    mon.tick(t + 31, [])                                   # not back within join_timeout_s
+    assert stops and stops[0][1] == 1 and "did not come back within 30s" in stops[0][0]
+    assert saved[-1].severity == "error" and "node 1 (gpu7)" in saved[-1].summary
+    # a node that is back is judged afresh: a second loss, with no restart left, stops
+    lk.reviving, lk.gone, stops[:] = t, "", []
+    mon.reported.discard(("gone for good", 1))
+    mon.tick(t + 32, [])
+    assert lk.reviving is None
+    lk.gone = "the agent of node 1 is gone again"
+    mon.tick(t + 33, [])
+    assert stops and "gone again" in stops[0][0]
