@@ -10,6 +10,7 @@ master weights under bf16 autocast).
 
     python3 bench/recipes_vs_swift.py OUTDIR [--recipes qlora-7b,full-1.5b]
         [--backends builtin,swift] [--steps 16] [--warmup 5]
+    (a recipe written RECIPE:BACKEND runs on that backend only)
 
 Prints one JSON line per run and a table: tokens/s (steady, from `tunedeck metrics`), the GPU's
 peak memory as NVML saw it (sampled every 50 ms, what nvidia-smi shows), the trainer's own
@@ -176,10 +177,11 @@ def main() -> int:
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                MODELSCOPE_CACHE=str(out / "ms"), HF_HOME=str(out / "hf"))
     rows = []
-    for recipe in a.recipes.split(","):
+    for item in a.recipes.split(","):   # RECIPE or RECIPE:BACKEND
+        recipe, _, only = item.partition(":")
         sub = out / recipe
         sub.mkdir(parents=True, exist_ok=True)
-        for backend in a.backends.split(","):
+        for backend in [only] if only else a.backends.split(","):
             env_r = dict(env, TUNEDECK_HOME=str(sub / "home"))
             r = one(sub, recipe, backend, a, env_r)
             print(json.dumps({k: v for k, v in r.items() if k != "est_breakdown"}), flush=True)
