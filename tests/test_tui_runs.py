@@ -504,3 +504,35 @@ def test_snapshot_runs_list_filtered_marked_sorted(home, snap_compare):
 
 def test_snapshot_readonly(home, snap_compare):
     assert snap_compare(app_for(readonly=True), terminal_size=(80, 24), run_before=_ready)
+
+
+def test_the_monitor_colours_lost_and_damaged_runs_as_the_runs_list_does(tmp_path):
+    """A run whose agent is gone (`lost`) and one whose state.json cannot be read (`damaged`)
+    look the same in the monitor's progress pane as in the runs list (each status does)."""
+    import dataclasses
+
+    from rich.style import Style
+    from rich.text import Text
+    from tunedeck.core.runs.registry import list_runs
+    from tunedeck.core.runs.watch import RunWatcher
+    from tunedeck.tui.widgets.progress import progress_text
+
+    root = tmp_path / "runs"
+    make_run(root, "20251127-010000-live-1a1a", status="running")
+    damaged = make_run(root, "20251127-020000-bad-2b2b")
+    (damaged / "state.json").write_text("{")
+    screen = RunsScreen()
+    infos = {i.status: i for i in list_runs(root)}
+    assert set(infos) == {"running", "damaged"}
+    # a lost run reads like a running one but for its status (making one needs a dead agent
+    # whose ranks live on: tests/test_runs.py does that for real)
+    infos["lost"] = dataclasses.replace(infos["running"], status="lost")
+    for status, info in infos.items():
+        listed = screen._cells(info, NOW)[3]
+        assert listed.plain == status and listed.style, status
+        snap = RunWatcher(info.run_dir).poll(history=False)
+        snap = dataclasses.replace(snap, run=info)
+        shown = Text.from_markup(progress_text(snap, 160))
+        spans = [s for s in shown.spans if s.start == 0 and s.end == len(status)]
+        assert shown.plain.startswith(status) and \
+            [Style.parse(str(s.style)) for s in spans] == [Style.parse(listed.style)], status

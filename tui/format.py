@@ -11,6 +11,12 @@ import json
 import re
 import sys
 
+# a run's status word as every view colours it (the runs list, the monitor's progress pane);
+# `lost` and `damaged` are the readers' own words for a gone agent and an unreadable state.json
+RUN_STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
+                    "failed": "bold red", "stopped": "magenta", "lost": "bold yellow",
+                    "damaged": "bold red reverse"}
+
 # escape sequences a terminal acts on, removed whole (not just their ESC): CSI (colours, cursor
 # moves, clear screen), OSC (window title, hyperlinks) ended by BEL or ST, DCS/PM/APC/SOS, the
 # two-byte escapes (ESC c resets the terminal), and the 8-bit CSI/OSC forms

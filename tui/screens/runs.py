@@ -28,15 +28,11 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tunedeck.core.runs.registry import Registry, RunInfo
-from tunedeck.tui.format import clean, fmt_age, fmt_loss
+from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_age, fmt_loss
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.prompt import PromptScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
-
-STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
-                "failed": "bold red", "stopped": "magenta", "lost": "bold yellow",
-                "damaged": "bold red reverse"}
 
 # (key, header); the header keeps a slot for the sort arrow so its width never changes. Marks
 # get a column of their own, not row labels: DataTable measures labels only if no frame was
@@ -286,7 +282,7 @@ class RunsScreen(TunedeckScreen):
     def _cells(self, r: RunInfo, now: float) -> tuple:
         cached = self._static.get(r.run_id)
         if cached is None or cached[0] is not r:
-            style = STATUS_STYLE.get(r.status, "")
+            style = RUN_STATUS_STYLE.get(r.status, "")
             # a damaged run has no name to show: what is wrong with it goes there
             name = Text(clean(r.message.removeprefix("damaged: ")), style="red") if r.damaged \
                 else Text(clean(r.name))

@@ -10,11 +10,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tunedeck.core.runs.watch import Snapshot
-from tunedeck.tui.format import fmt_duration, fmt_loss, fmt_rate
+from tunedeck.tui.format import RUN_STATUS_STYLE, fmt_duration, fmt_loss, fmt_rate
 from tunedeck.tui.widgets.panes import colour_bar, fmt_pct
 
-STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
-                "failed": "bold red", "stopped": "magenta"}
 STARVED = 0.10   # a data-wait share worth a colour (the starvation detector warns at ~10 %)
 
 
@@ -40,7 +38,7 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
     run, p = snap.run, snap.progress
     if run is None:
         return "[dim]no state.json yet[/dim]"
-    style = STATUS_STYLE.get(run.status, "")
+    style = RUN_STATUS_STYLE.get(run.status, "")
     chunks = [f"[{style}]{run.status}[/]" if style else run.status]
     frac = p.step / p.max_steps if p.max_steps else None
     bar_w = max(4, min(20, width // 6))
