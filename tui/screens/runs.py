@@ -514,19 +514,28 @@ class RunsScreen(TunedeckScreen):
         if run is not None:
             self._clone(run)
 
-    @work(thread=True, group="runs-action", exit_on_error=False)
-    def _clone(self, run: RunInfo) -> None:
-        from tunedeck.core.runs.manage import ManageError, clone_spec
+    def _made(self, make: Callable[[RunInfo], Any], run: RunInfo, failed: str = "") -> Any:
+        """`make(run)` (a clone or resume spec; from a worker) with its notes said as
+        warnings, or None once the error is said."""
+        from tunedeck.core.runs.manage import ManageError
 
         try:
-            made = clone_spec(run)
+            made = make(run)
         except ManageError as e:
-            self.post_message(Notice(str(e), "error"))
-            return
+            self.post_message(Notice(f"{failed}{e}", "error"))
+            return None
         for note in made.notes:
             self.post_message(Notice(note, "warning"))
-        self.post_message(OpenScreen("compose", spec=made.spec,
-                                     title=f"clone of {run.run_id}"))
+        return made
+
+    @work(thread=True, group="runs-action", exit_on_error=False)
+    def _clone(self, run: RunInfo) -> None:
+        from tunedeck.core.runs.manage import clone_spec
+
+        made = self._made(clone_spec, run)
+        if made is not None:
+            self.post_message(OpenScreen("compose", spec=made.spec,
+                                         title=f"clone of {run.run_id}"))
 
     def action_resume(self) -> None:
         run = self.selected_run()
@@ -535,18 +544,13 @@ class RunsScreen(TunedeckScreen):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _resume(self, run: RunInfo) -> None:
-        from tunedeck.core.runs.manage import ManageError, resume_spec
+        from tunedeck.core.runs.manage import resume_spec
 
-        try:
-            made = resume_spec(run)
-        except ManageError as e:
-            self.post_message(Notice(f"cannot resume: {e}", "error"))
-            return
-        for note in made.notes:
-            self.post_message(Notice(note, "warning"))
-        self.post_message(Notice(f"resuming {clean(run.run_id)} from "
-                                  f"{clean(made.checkpoint.path.name)}"))
-        self.post_message(OpenScreen("preflight", made.spec, gate=True))
+        made = self._made(resume_spec, run, "cannot resume: ")
+        if made is not None:
+            self.post_message(Notice(f"resuming {clean(run.run_id)} from "
+                                     f"{clean(made.checkpoint.path.name)}"))
+            self.post_message(OpenScreen("preflight", made.spec, gate=True))
 
     def action_open_spec(self) -> None:
         def answered(path: str | None) -> None:
