@@ -65,6 +65,9 @@ def test_native_step_text_is_the_python_text():
     odd = [1e-05, 1e16, 1.5e300, -0.0, 5e-324, 123456789.0, 0.1 + 0.2, 2**53 + 1.0, -7]
     rows = [_row(s, loss=odd[s % len(odd)], epoch=2**40 + s, max_steps=None if s % 2 else 9)
             for s in range(1, 40)]
+    # a column repeating a value (the writer reuses its text) or flipping between 0.0 and -0.0
+    rows += [_row(s, loss=[0.0, -0.0, -0.0, 0.0, 1e-05, 1e-05][s % 6], mem_gib=61.3)
+             for s in range(40, 52)]
     for rank in (0, 1023):
         text, nxt = fastscan.step_text(rows, 0, 1 << 62, rank, False)
         assert nxt == len(rows)

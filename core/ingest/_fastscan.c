@@ -1086,15 +1086,31 @@ static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
     return 0;
 }
 
+/* a column's last float and its repr: columns that repeat a value from row to row (tokens,
+ * memory, a constant learning rate) are not converted again */
+typedef struct {
+    double d;
+    int n;   /* 0: nothing kept */
+    char s[40];
+} Last;
+
 /* an exact int or a finite float as repr writes it; 1 if the value is neither */
-static int buf_num(Buf *b, PyObject *v) {
+static int buf_num_at(Buf *b, PyObject *v, Last *last) {
     char tmp[32];
     if (PyFloat_CheckExact(v)) {
         double d = PyFloat_AS_DOUBLE(v);
         if (!isfinite(d)) return 1;
+        if (last && last->n && memcmp(&last->d, &d, sizeof d) == 0)   /* same bits: -0.0 too */
+            return buf_put(b, last->s, last->n);
         char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
         if (!s) return -1;
-        int rc = buf_put(b, s, strlen(s));
+        size_t n = strlen(s);
+        int rc = buf_put(b, s, n);
+        if (last && n < sizeof last->s) {
+            memcpy(last->s, s, n);
+            last->d = d;
+            last->n = (int)n;
+        }
         PyMem_Free(s);
         return rc;
     }
@@ -1108,6 +1124,8 @@ static int buf_num(Buf *b, PyObject *v) {
     }
     return 1;
 }
+
+static int buf_num(Buf *b, PyObject *v) { return buf_num_at(b, v, NULL); }
 
 /* output key (and the text before the value) of each row column written, in output order */
 static const int step_cols[] = {2, 3, 4, 5, 6, 7, -1, 1, 8, 9, 10};
@@ -1129,6 +1147,8 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
         return NULL;
     }
     Buf b = {NULL, 0, 0};
+    Last last[11];
+    for (int k = 0; k < 11; k++) last[k].n = 0;
     Py_ssize_t n = PyList_GET_SIZE(rows), i = start < 0 ? 0 : start;
     for (; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
@@ -1160,7 +1180,9 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
         if (!rc) rc = buf_num(&b, step);
         for (int k = 0; k < 11 && !rc; k++) {
             rc = buf_put(&b, step_keys[k], strlen(step_keys[k]));
-            if (!rc) rc = buf_num(&b, step_cols[k] < 0 ? rank : PyTuple_GET_ITEM(row, step_cols[k]));
+            if (!rc)
+                rc = buf_num_at(&b, step_cols[k] < 0 ? rank : PyTuple_GET_ITEM(row, step_cols[k]),
+                                &last[k]);
         }
         if (!rc && has_max) {
             rc = buf_put(&b, ",\n    \"max_steps\": ", strlen(",\n    \"max_steps\": "));
