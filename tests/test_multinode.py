@@ -307,6 +307,7 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
         assert _head_cli(hosts, home, "nodes", run_id)[1]["shared_fs"] is True
         ranks = _state(node_dir / "state.json")["worker_pids"]
         assert ranks
+        killed_at = time.time()
         for pid in ranks:                       # node 1's ranks die; its agent lives
             os.kill(pid, signal.SIGKILL)
         starts = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
@@ -315,6 +316,7 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
         assert again["restart"] == 1 and again["resumed_from"].startswith(
             str(run_dir / "output" / "checkpoint-"))
         resumed = again["start_step"]
+        print(f"ranks killed: node 1's attempt 1 started {again['t'] - killed_at:.1f}s later")
         wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
                  >= resumed + 3, 120, "steps after the resume")
         # the step count shows the resume: attempt 0 went past the checkpoint, attempt 1
@@ -332,10 +334,12 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
 
         # now the whole node dies (its agent too): the head asks it back over ssh, a new
         # agent there adopts its run and starts attempt 2 with the head, again resumed
+        killed_at = time.time()
         os.kill(node["agent_pid"], signal.SIGKILL)
         _kill_marked(f"{run_id}.node1")
         third = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
                          [2:] and s[2], 180, "node 1 to come back")
+        print(f"node killed: its attempt 2 started {third['t'] - killed_at:.1f}s later")
         assert third["restart"] == 2 and third["start_step"] >= resumed and \
             third["resumed_from"].startswith(str(run_dir / "output" / "checkpoint-"))
         wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
