@@ -424,3 +424,18 @@ def test_failures_sort_first_and_the_gate_record_names_them(tmp_path):
     assert rec["applied"] == {"data.num_workers": 0} and rec["summary"]["fail"] == 1
     assert gate_record(results[1:], by="cli")["status"] == "passed"
     assert gate_record(None, by="cli")["status"] == "skipped"
+
+
+def test_the_batch_check_counts_megatron_ranks_that_split_one_model_once():
+    """8 ranks as tp 4 x pp 2 are one data-parallel rank: the check's effective batch is the
+    one the compose form shows for the same spec (it was 8x that before)."""
+    from tunedeck.core.preflight.config import check_effective_batch
+    from tunedeck.core.spec import load_spec
+    from tunedeck.tui.screens.compose import build_preview
+
+    spec = load_spec(REPO / "presets" / "swift-megatron-lora-8xh100.toml")
+    facts = h200s(8)
+    r = check_effective_batch(make_context(spec=spec, gpu_probe=lambda: facts))
+    assert r.detail.startswith("16 = 1 per device × 16 accumulation × 1 data-parallel"), r
+    assert "effective batch 16 = 1 per device x 1 data-parallel" in \
+        build_preview(spec, facts).facts.plain

@@ -8,6 +8,7 @@ from importlib import metadata
 
 from tunedeck.core.backends import plan_run
 from tunedeck.core.backends.torchrun import torchrun_argv
+from tunedeck.core.estimate.batch import data_parallel_size, effective_batch
 from tunedeck.core.paths import runs_root
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
@@ -52,27 +53,27 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     return result(id, title, "pass", detail)
 
 
-def _eff(spec, procs: int) -> int:
-    t = spec.train
-    return t.per_device_batch_size * t.grad_accum * procs * spec.cluster.nnodes
+def _world(spec) -> int:
+    return max(spec.cluster.nproc_per_node, 1) * spec.cluster.nnodes
 
 
 def check_effective_batch(ctx: Context) -> CheckResult:
     id, title = "train.batch", "Effective batch size (vs the preset)"
-    procs = ctx.procs_per_node()
-    t = ctx.run.train
-    eff = _eff(ctx.run, procs)
+    run = ctx.run          # Megatron ranks that split one model count once, as in compose
+    world = ctx.procs_per_node() * run.cluster.nnodes
+    t, dp = run.train, data_parallel_size(run, world)
+    eff = effective_batch(run, world)
     detail = (f"{eff} = {t.per_device_batch_size} per device × {t.grad_accum} accumulation × "
-              f"{procs * ctx.resolved.cluster.nnodes} rank(s)")
+              f"{dp} data-parallel rank(s)")
     base = ctx.base
     if base is not None:
         from tunedeck.core.estimate.resolve import resolve
 
         rb = as_run(resolve(base, gpu_count=len(ctx.gpus.gpus)))[0]
-        beff = _eff(rb, max(rb.cluster.nproc_per_node, 1))
+        beff = effective_batch(rb, _world(rb))
         if beff != eff:
             # keep the file's batch by accumulation alone, when it divides evenly
-            per_step = t.per_device_batch_size * procs * ctx.resolved.cluster.nnodes
+            per_step = t.per_device_batch_size * dp
             keep = {"train.grad_accum": beff // per_step} \
                 if beff % per_step == 0 and beff >= per_step else None
             return result(id, title, "warn", f"{detail}; the spec file gives {beff}",
