@@ -98,6 +98,9 @@ def main() -> int:
     w = mp.Process(target=writer, args=(str(root), a.nodes, a.gpus, a.seconds))
     w.start()
     store = Store(root, write=True)
+    from tunedeck.core.rundir import RunDir
+
+    plan = RunDir(root).read_plan()      # the monitor reads it once (it never changes)
     lags: list[float] = []
     ticks: list[float] = []
     frames: list[float] = []
@@ -113,7 +116,7 @@ def main() -> int:
         if now >= next_frame:           # the monitor refreshes about once a second
             next_frame = now + 1.0
             f0 = time.perf_counter()
-            rows = node_rows(root, [])
+            rows = node_rows(root, [], plan=plan)
             lines = format_rows(rows)
             frames.append(time.perf_counter() - f0)
             assert len(rows) == a.nodes and len(lines) >= a.nodes
