@@ -332,6 +332,9 @@ def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_prefl
     assert (i["micro_batch"], i["seq_len"], i["lora_rank"], i["lora_dropout"],
             i["gradient_checkpointing"]) == (1, 32768, 8, 0.05, True)
     assert any("data.max_length unset" in n for n in cli_out["notes"])
+    # how long: ms-swift's epochs, with no ETA made of tunedeck's default step count
+    assert cli_out["length"].startswith("3 epochs (ms-swift")
+    assert cli_out["throughput"]["eta"] is None
     # tunedeck's own defaults (batch 4 x 128 tokens) give another number: the old answer
     ours = estimate_spec(spec, gpus=2, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
     assert abs(ours.memory.per_gpu_gib - figure) > 1.0

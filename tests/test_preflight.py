@@ -439,3 +439,15 @@ def test_the_batch_check_counts_megatron_ranks_that_split_one_model_once():
     assert r.detail.startswith("16 = 1 per device × 16 accumulation × 1 data-parallel"), r
     assert "effective batch 16 = 1 per device x 1 data-parallel" in \
         build_preview(spec, facts).facts.plain
+
+
+@pytest.mark.skipif(not __import__("importlib.util").util.find_spec("swift"),
+                    reason="ms-swift not installed")
+def test_an_ms_swift_run_is_checked_with_ms_swifts_save_schedule_and_length():
+    """Unset, ms-swift saves every 500 steps over 3 epochs: not tunedeck's "no saving, 100
+    steps", which the check once reported as a short run without checkpoints."""
+    from tunedeck.core.preflight.config import check_saving
+
+    spec = set_values(RunSpec(), {"backend": "swift"})
+    r = check_saving(make_context(spec=spec, gpu_probe=lambda: GpuFacts()))
+    assert r.status == "pass" and r.detail.startswith("every 500 steps; 3 epochs (ms-swift"), r

@@ -14,7 +14,7 @@ from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.swift.flags import FlagTableError
-from tunedeck.core.swift.run_estimate import as_run, length_is_bound
+from tunedeck.core.swift.run_estimate import as_run, length_is_bound, length_unless_steps
 
 MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
@@ -142,9 +142,14 @@ def check_backend(ctx: Context) -> CheckResult:
 
 def check_saving(ctx: Context) -> CheckResult:
     id, title = "train.saving", "Checkpoint saving configured"
-    t = ctx.spec.train
+    t = ctx.run.train       # an ms-swift run saves every 500 steps unless told otherwise
+    keep = f", keeping the newest {t.save_total_limit}" if t.save_total_limit else ""
+    length = length_unless_steps(ctx.spec)
+    if length:              # ms-swift's epochs: no step count to compare with
+        every = f"every {t.save_steps} steps{keep}" if t.save_steps else \
+            "as ms-swift's save strategy says"
+        return result(id, title, "pass", f"{every}; {length}")
     if t.save_steps:
-        keep = f", keeping the newest {t.save_total_limit}" if t.save_total_limit else ""
         if t.save_steps > t.max_steps:
             return result(id, title, "warn", f"save_steps {t.save_steps} > max_steps "
                           f"{t.max_steps}: only the final checkpoint", "lower train.save_steps",

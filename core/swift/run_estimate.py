@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunedeck.core.estimate import DEFAULT_MFU, ArchError, SpecEstimate, arch_for_spec, estimate_spec
+from tunedeck.core.estimate import (DEFAULT_MFU, ArchError, SpecEstimate, arch_for_spec,
+                                    estimate_spec)
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
 from tunedeck.core.swift.flags import FlagTableError, flag_tables
-from tunedeck.core.swift.keymap import effective_values, estimate_view
+from tunedeck.core.swift.keymap import effective_values, estimate_view, length_phrase
 
 
 def _tables() -> dict | None:
@@ -53,6 +54,15 @@ def length_is_bound(spec: RunSpec) -> bool:
     """Whether the figures of `spec`'s run are sized at ms-swift's length limit rather than a
     length the user chose (the data decides how long batches really get)."""
     return spec.backend == "swift" and not is_set(spec, "data.max_length")
+
+
+def length_unless_steps(spec: RunSpec) -> str | None:
+    """How long an ms-swift run trains when the spec does not say it in steps ("3 epochs
+    (ms-swift X default)"): a step count and its ETA would be tunedeck's default, not the
+    run's. None when the steps are the spec's."""
+    if spec.backend != "swift" or is_set(spec, "train.max_steps"):
+        return None
+    return length_phrase(spec, _tables())
 
 
 def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:

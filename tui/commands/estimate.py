@@ -27,7 +27,7 @@ def cmd_estimate(args) -> int:
     from tunedeck.core.estimate.advisor import advise, dataset_tokens
     from tunedeck.core.estimate import DEFAULT_MFU, ArchError, peak_tflops
     from tunedeck.core.spec import SpecError, load_spec
-    from tunedeck.core.swift.run_estimate import estimate_run
+    from tunedeck.core.swift.run_estimate import estimate_run, length_unless_steps
 
     try:
         spec = load_spec(args.spec, args.set)
@@ -39,6 +39,10 @@ def cmd_estimate(args) -> int:
         print(f"tunedeck: {e}", file=sys.stderr)
         return 2
     out = est.to_json()
+    length = length_unless_steps(spec)
+    if length and "throughput" in out:    # the steps, so the ETA, would be tunedeck's default
+        out["throughput"].update(eta=None, eta_s=None)
+    out["length"] = length or f"{spec.train.max_steps} steps"
     mem_cap = est.gpu_mem_gib or args.gpu_mem or 80.0
     n_gpus = args.gpus or (est.inputs.world_size // spec.cluster.nnodes
                            if est.inputs.device == "cuda" else 1)
@@ -73,8 +77,9 @@ def cmd_estimate(args) -> int:
     print(f"\neffective batch {out['effective_batch']}")
     if est.throughput:
         t = est.throughput
+        length = length or f"{spec.train.max_steps} steps ≈ {out['throughput']['eta']}"
         print(f"throughput ≈ {t.tokens_per_s_per_gpu:,.0f} tok/s per GPU ({est.gpu_name}, "
-              f"MFU {t.mfu:.0%}); {spec.train.max_steps} steps ≈ {out['throughput']['eta']}")
+              f"MFU {t.mfu:.0%}); {length}")
     print(f"\nadvice: {advice.strategy} on {advice.gpus} GPU(s)"
           + (", gradient checkpointing" if advice.gradient_checkpointing else "")
           + (", CPU offload" if advice.offload else ""))
