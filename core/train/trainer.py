@@ -347,6 +347,9 @@ class Trainer:
         self.before_step: list[Callable[[int], None]] = []
         self.after_step: list[Callable[[int], None]] = []
         self._install_test_faults()
+        if os.environ.get("TUNEDECK_MEM_TRACE"):   # where the peak goes (a debugging aid)
+            from tunedeck.core.train import memtrace
+            memtrace.install(self)
 
     def _install_test_faults(self) -> None:
         """Faults the tests inject (core/train/faults.py). The module is imported only when
