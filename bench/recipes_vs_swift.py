@@ -42,6 +42,7 @@ RECIPES = {  # name: (model shape, method keys, more [train] keys)
     "full-1.5b": ("1.5b", {"type": "full"}, {}),
     # the built-in trainer without compile: what compile adds to a full fine-tune's memory
     "full-1.5b-eager": ("1.5b", {"type": "full"}, {"compile": False}),
+    "qlora-7b-eager": ("7b", {"type": "qlora", "quant_bits": 4, **LORA}, {"compile": False}),
 }
 SWIFT_PASS = ["--model_type", "qwen2", "--template", "qwen", "--check_model", "false",
               "--report_to", "none", "--save_strategy", "no"]
@@ -102,7 +103,7 @@ def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 def one(out: Path, recipe: str, backend: str, a, env: dict) -> dict:
     size, method, train = RECIPES[recipe]
-    model_dir = swift_7b.make_model(out, size)
+    model_dir = swift_7b.make_model(out.parent / size, size)   # one folder per shape
     data = out / "long_chat.jsonl"
     if not data.exists():
         swift_7b.make_data(out, model_dir, BATCH * (a.steps + 4))
@@ -183,6 +184,9 @@ def main() -> int:
         sub.mkdir(parents=True, exist_ok=True)
         for backend in [only] if only else a.backends.split(","):
             env_r = dict(env, TUNEDECK_HOME=str(sub / "home"))
+            if env.get("TUNEDECK_MEM_TRACE"):   # core/train/memtrace.py, one folder a run
+                env_r["TUNEDECK_MEM_TRACE"] = str(Path(env["TUNEDECK_MEM_TRACE"]) /
+                                                  f"{recipe}-{backend}")
             r = one(sub, recipe, backend, a, env_r)
             print(json.dumps({k: v for k, v in r.items() if k != "est_breakdown"}), flush=True)
             rows.append(r)
