@@ -39,7 +39,7 @@ if [[ $RECIPES != none ]]; then
   cp "$W/r/recipes.json" "$W/r/recipes.md" "$OUT/" 2>/dev/null
 fi
 if [[ $LAUNCH == --launch ]]; then
-  timeout 240 python3 bench/builtin_7b_launch.py "$W/launch" --model-root "$W/r/qlora-7b" \
+  timeout 240 python3 bench/builtin_7b_launch.py "$W/launch" --model-root "$W/r/7b" \
     --steps 12 2>&1 | tail -40
   cp "$W/launch/launch.json" "$OUT/" 2>/dev/null
 fi
