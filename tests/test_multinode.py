@@ -365,6 +365,8 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
             done["message"] and "Connection refused" in done["message"], done
         assert [f for f in _findings(run_dir) if f["category"] == "node_not_stopped"
                 and f["node"] == 1]
+        row = _head_cli(hosts, home, "nodes", run_id)[1]
+        assert row["reach"] == "unreached" and "Connection refused" in row["message"], row
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(node_dir,))
         hosts.restart_sshd(1)
