@@ -252,3 +252,24 @@ def test_a_lost_node_with_restarts_left_is_asked_back_and_named_if_it_never_retu
     lk.gone = "the agent of node 1 is gone again"
     mon.tick(t + 33, [])
     assert stops and "gone again" in stops[0][0]
+
+
+def test_a_slurm_node_writes_its_records_into_the_run_folder(tmp_path):
+    from tests.test_manage import make_run
+    from tunedeck.core.nodes.slurm import prepare_node
+
+    run_dir = make_run(tmp_path / "runs", "20261202-030000-slurm-0a0a", status="running",
+                       cluster__nnodes=2, cluster__master_addr="10.0.0.1",
+                       cluster__launcher="slurm")
+    node = prepare_node(run_dir, 1, "10.0.0.1")
+    assert node.path == run_dir.parent / "20261202-030000-slurm-0a0a.node1"
+    head = RunDir(run_dir)
+    nproc = head.nproc_per_node
+    for r in range(nproc, 2 * nproc):           # node 1's ranks land in the run's events/
+        assert node.event_file(r).resolve() == head.event_file(r).resolve()
+    assert not node.event_file(0).exists()
+    assert node.agent_log.resolve() == (head.logs / "agent-node1.log").resolve()
+    plan = json.loads(node.plan.read_text())
+    assert plan["nodes"][1]["argv"][plan["nodes"][1]["argv"].index("--rdzv_endpoint") + 1] \
+        .startswith("10.0.0.1:")
+    assert prepare_node(run_dir, 1, "10.0.0.1").path == node.path    # again: the same folder

@@ -133,7 +133,8 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
         node["env"].pop(key, None)        # the agent sets this node's own
     write_json_atomic(run.plan, plan)
     write_json_atomic(run.secrets, _rewrite(hello.get("secrets") or {}, head_dir, mine))
-    in_place = sees_head_dir(hello.get("shared_marker"))
+    # Slurm says so itself (an allocation shares its filesystem); ssh nodes test it
+    in_place = hello.get("in_place") is True or sees_head_dir(hello.get("shared_marker"))
     if in_place:
         share_records(run, head_dir, k, int(plan.get("nproc_per_node") or 1))
     write_json_atomic(run.path / "node.json", {"head_run_id": hello["run_id"], "node": k,

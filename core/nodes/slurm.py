@@ -166,24 +166,31 @@ def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
             argv[i] = addr
 
 
-def node_task(run_dir: str) -> int:
-    node = int(os.environ.get("SLURM_NODEID", "0") or 0)
-    master = os.environ.get(MASTER_ENV, "")
+def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
+    """The run folder node `node`'s agent runs in: the run's own for node 0, else
+    <run id>.node<k> next to it, its records written into the run's folder (the allocation
+    shares the filesystem: remote.share_records), so node 0's agent ingests and diagnoses
+    every node's as an ssh run's head does."""
     head = RunDir(Path(run_dir).resolve())
     if node == 0:
-        run = head
-        plan = run.read_plan()
+        plan = head.read_plan()
         _set_rendezvous(plan, 0, master)
-        write_json_atomic(run.plan, plan)
-    else:
-        run = RunDir(head.path.parent / node_run_id(head.run_id, node))
-        if not run.state.exists():
-            plan = run_plan = head.read_plan()
-            _set_rendezvous(run_plan, node, master)
-            materialise(run, {"node": node, "head_dir": str(head.path), "run_id": head.run_id,
-                              "spec": head.spec.read_text(encoding="utf-8"), "plan": plan,
-                              "secrets": read_json(head.secrets, {}),
-                              "head_python": sys.executable, "master_addr": master})
+        write_json_atomic(head.plan, plan)
+        return head
+    run = RunDir(head.path.parent / node_run_id(head.run_id, node))
+    if not run.state.exists():
+        plan = head.read_plan()
+        _set_rendezvous(plan, node, master)
+        materialise(run, {"node": node, "head_dir": str(head.path), "run_id": head.run_id,
+                          "spec": head.spec.read_text(encoding="utf-8"), "plan": plan,
+                          "secrets": read_json(head.secrets, {}), "in_place": True,
+                          "head_python": sys.executable, "master_addr": master})
+    return run
+
+
+def node_task(run_dir: str) -> int:
+    node = int(os.environ.get("SLURM_NODEID", "0") or 0)
+    run = prepare_node(run_dir, node, os.environ.get(MASTER_ENV, ""))
     log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
