@@ -437,6 +437,13 @@ async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(g
         assert box("data.path").placeholder == ""      # a key with a value says nothing
         assert "effective batch 16 = 1 per device x 2" in screen.preview_text()
         unset_row = "--per_device_train_batch_size 1  (train.per_device_batch_size: ms-swift"
+        # ctrl+t gives the advice `tunedeck estimate` prints, ms-swift's speed flags with it
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: isinstance(pilot.app.screen, AdviceScreen), what="advice")
+        advice = str(pilot.app.screen.query_one("#advice-text").render())
+        assert "faster with the installed ms-swift" in advice and "--use_liger_kernel" in advice
+        await pilot.press("escape")
+        await until(pilot, lambda: pilot.app.screen is screen, what="back")
         assert unset_row in screen.preview_text()
         await type_into(pilot, screen, "train.per_device_batch_size", "4")
         await settled(pilot, screen)

@@ -12,6 +12,7 @@ from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estim
 from tests.conftest import REPO, cli
 
 Q7 = arch_from_config(QWEN25["7b"])
+HAS_SWIFT = __import__("importlib.util").util.find_spec("swift") is not None
 
 
 def anchor(**kw) -> MemoryInputs:
@@ -227,10 +228,12 @@ def test_swift_speed_flags_offer_what_the_installed_version_has():
     assert [f["flag"] for f in a.speed_flags] == [f["flag"] for f in offered]
 
 
+@pytest.mark.skipif(not HAS_SWIFT, reason="ms-swift not installed")
 def test_estimate_of_a_swift_spec_offers_the_speed_flags(tmp_path):
     """`tunedeck estimate` of an ms-swift LoRA spec lists the switches the installed ms-swift
     has and the spec does not set, with their measured gain."""
-    pytest.importorskip("swift")
+    # (find_spec, not importorskip: importing ms-swift here would break the TUI tests' check
+    # that the TUI process never imports it)
     m = tmp_path / "m"
     m.mkdir()
     (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
@@ -287,8 +290,6 @@ def test_spec_estimate_knows_the_builtin_trainer():
     inp = inputs_for_spec(spec, Q7, device="cuda", procs_per_node=1)
     assert not (inp.loss_chunk_elems or inp.compiled or inp.expandable_segments)
 
-
-HAS_SWIFT = __import__("importlib.util").util.find_spec("swift") is not None
 
 
 def _unset_swift_spec(tmp_path, extra: str = ""):

@@ -24,14 +24,12 @@ def register(sub) -> None:
 
 
 def cmd_estimate(args) -> int:
-    from tunedeck.core.estimate.advisor import advise, dataset_tokens
-    from tunedeck.core.estimate import DEFAULT_MFU, ArchError, peak_tflops
+    from tunedeck.core.estimate import DEFAULT_MFU, ArchError
     from tunedeck.core.spec import SpecError, load_spec
     from tunedeck.core.swift.run_estimate import estimate_run, length_unless_steps
 
     try:
         spec = load_spec(args.spec, args.set)
-        swift_flags = _swift_speed_flags(spec)
         # the run it starts: ms-swift's defaults where an ms-swift spec sets nothing
         est = estimate_run(spec, gpus=args.gpus, gpu_name=args.gpu_name,
                            gpu_mem_gib=args.gpu_mem, mfu=args.mfu or DEFAULT_MFU)
@@ -46,12 +44,7 @@ def cmd_estimate(args) -> int:
     mem_cap = est.gpu_mem_gib or args.gpu_mem or 80.0
     n_gpus = args.gpus or (est.inputs.world_size // spec.cluster.nnodes
                            if est.inputs.device == "cuda" else 1)
-    run = est.spec or spec
-    rows, tokens = dataset_tokens(run.data.path, run.data.max_length) if run.data.path \
-        else (0, 0)
-    advice = advise(est.inputs, gpus=max(n_gpus, 1), gpu_mem_gib=mem_cap, data_tokens=tokens,
-                    peak_tflops=peak_tflops(est.gpu_name) or 989.0, backend=spec.backend,
-                    speed_flags=swift_flags)
+    advice, rows, tokens = advice_for(est, spec, gpus=n_gpus, gpu_mem_gib=mem_cap)
     out["advice"] = advice.to_json()
     out["advice"]["per_gpu_gib"] = round(advice.per_gpu_gib, 2)
     out["data"] = {"rows": rows, "approx_tokens": tokens}
@@ -85,14 +78,37 @@ def cmd_estimate(args) -> int:
           + (", CPU offload" if advice.offload else ""))
     for r in advice.reasons:
         print(f"  - {r}")
-    if advice.speed_flags:
-        print("  faster with the installed ms-swift (measured on one H200):")
-        for f in advice.speed_flags:
-            print(f"    {f['flag']} {f['value']}  ~{f['gain']:.2f}x: {f['why']}")
+    for line in speed_flag_lines(advice):
+        print("  " + line)
     if advice.overrides:
         print("  apply: " + " ".join(f"--set {k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}"
                                     for k, v in advice.overrides.items()))
     return 0
+
+
+def advice_for(est, spec, *, gpus: int, gpu_mem_gib: float) -> tuple:
+    """(Advice, data rows, approximate data tokens) for an `estimate_run` of `spec`: the one
+    question `tunedeck estimate` and the compose form's ctrl+t both ask (the data counted at
+    the run's own length, the installed ms-swift's speed flags). Reads files: not on the UI
+    thread."""
+    from tunedeck.core.estimate import peak_tflops
+    from tunedeck.core.estimate.advisor import advise, dataset_tokens
+
+    run = est.spec or spec
+    rows, tokens = dataset_tokens(run.data.path, run.data.max_length) if run.data.path \
+        else (0, 0)
+    advice = advise(est.inputs, gpus=max(gpus, 1), gpu_mem_gib=gpu_mem_gib, data_tokens=tokens,
+                    peak_tflops=peak_tflops(est.gpu_name) or 989.0, backend=spec.backend,
+                    speed_flags=_swift_speed_flags(spec))
+    return advice, rows, tokens
+
+
+def speed_flag_lines(advice) -> list[str]:
+    """The advice's ms-swift speed flags as lines, under their heading ([] when none)."""
+    if not advice.speed_flags:
+        return []
+    return ["faster with the installed ms-swift (measured on one H200):"] + [
+        f"  {f['flag']} {f['value']}  ~{f['gain']:.2f}x: {f['why']}" for f in advice.speed_flags]
 
 
 def _swift_speed_flags(spec) -> list[dict]:

@@ -794,17 +794,13 @@ class ComposeScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="compose-advice", exit_on_error=False)
     def _advise(self, d: PreviewData, spec: RunSpec) -> None:
-        from tunedeck.core.estimate import peak_tflops
-        from tunedeck.core.estimate.advisor import advise, dataset_tokens
+        from tunedeck.tui.commands.estimate import advice_for, speed_flag_lines
 
         est = d.estimate
         cap = d.gpu_mem_gib or est.gpu_mem_gib or 80.0
         gpus = max(d.gpu_count or (est.inputs.world_size // max(spec.cluster.nnodes, 1)), 1)
-        _, tokens = dataset_tokens(spec.data.path, spec.data.max_length) if spec.data.path \
-            else (0, 0)
-        try:
-            a = advise(est.inputs, gpus=gpus, gpu_mem_gib=cap, data_tokens=tokens,
-                       peak_tflops=peak_tflops(est.gpu_name) or 989.0, backend=spec.backend)
+        try:   # the advice `tunedeck estimate` prints for this spec
+            a = advice_for(est, spec, gpus=gpus, gpu_mem_gib=cap)[0]
         except Exception as e:  # noqa: BLE001 - shown, not fatal
             self.post_message(AdviceReady(Text(""), {}, f"{type(e).__name__}: {e}"))
             return
@@ -815,6 +811,8 @@ class ComposeScreen(TunedeckScreen):
                  "per GPU\n")
         for r in a.reasons:
             t.append(f"  - {r}\n")
+        for line in speed_flag_lines(a):
+            t.append(line + "\n", style="dim" if line.startswith(" ") else "")
         if a.overrides:
             t.append("values: ", style="bold")
             t.append(", ".join(f"{k} = {fmt_value(v)}" for k, v in a.overrides.items()) + "\n")
