@@ -357,6 +357,7 @@ def test_a_figure_sized_at_ms_swifts_length_limit_warns_rather_than_blocks(tmp_p
     unset = check_gpu_memory(make_context(spec=load_spec(_unset_swift_spec(tmp_path)),
                                           gpu_probe=lambda: small))
     assert unset.status == "warn" and "data.max_length" in unset.fix, unset
+    assert "will not fit if a batch reaches 32768 tokens (data.max_length unset)" in unset.detail
     long = load_spec(_unset_swift_spec(tmp_path, "max_length = 32768\n"))
     assert check_gpu_memory(make_context(spec=long, gpu_probe=lambda: small)).status == "fail"
 
