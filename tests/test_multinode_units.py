@@ -244,14 +244,19 @@ def test_a_lost_node_with_restarts_left_is_asked_back_and_named_if_it_never_retu
     mon.tick(t + 31, [])                                   # not back within join_timeout_s
     assert stops and stops[0][1] == 1 and "did not come back within 30s" in stops[0][0]
     assert saved[-1].severity == "error" and "node 1 (gpu7)" in saved[-1].summary
-    # a node that is back is judged afresh: a second loss, with no restart left, stops
+    # a node that is back is judged afresh: a second loss, with no restart left (the head
+    # is in its attempt 1 of max_restarts 1, started before the loss), stops
     lk.reviving, lk.gone, stops[:] = t, "", []
     mon.reported.discard(("gone for good", 1))
     mon.tick(t + 32, [])
     assert lk.reviving is None
-    lk.gone = "the agent of node 1 is gone again"
+    run.write_state({"attempt": 1, "launches": [{"t": t + 1}]})
+    lk.gone, lk.gone_at = "the agent of node 1 is gone again", t + 33
     mon.tick(t + 33, [])
     assert stops and "gone again" in stops[0][0]
+    # the head restarted already for a loss (its ranks failed first): that attempt waits
+    run.write_state({"attempt": 1, "launches": [{"t": t + 41}]})
+    assert mon._restart_left(t + 40) and not mon._restart_left(t + 42)
 
 
 def test_a_slurm_node_writes_its_records_into_the_run_folder(tmp_path):

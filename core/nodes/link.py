@@ -301,7 +301,6 @@ class NodesMonitor:
         self.stop_sent: str | None = None
         self.end_notes: list[str] = []      # said in the run's end message (the agent adds)
         self.head_stopped_for: str | None = None
-        self.revivals = 0                   # nodes asked back (each costs a restart)
         for link in self.links:
             link.start()
 
@@ -424,12 +423,11 @@ class NodesMonitor:
         if not lost:
             return
         self.reported.add(("lost", k))
-        max_r = self.spec.run.max_restarts
-        if self.revivals < max_r and status not in TERMINAL:
+        lost_at = link.gone_at if link.gone else link.last_seen
+        if status not in TERMINAL and self._restart_left(lost_at):
             # restarts left: the run goes on when the node is back (its agent adopts its
             # run and starts the next attempt; the head's next attempt hosts the rendezvous
             # again and waits up to join_timeout_s; rank 0 resumes from the newest checkpoint)
-            self.revivals += 1
             self._finding(Finding(
                 category="node_lost", severity="warning",
                 summary=f"node {k} ({host}) was lost mid-run: {lost}; the run restarts "
@@ -442,7 +440,7 @@ class NodesMonitor:
                     f"({self.spec.cluster.join_timeout_s}s); else look at node {k}'s logs "
                     f"(logs/node{k}/, logs/agent-node{k}.log) for why it died.",
                 node=k, host=host, t=now, evidence=[lost], source=f"nodes/node{k}/link.json"))
-            self._end_attempt(link.gone_at if link.gone else link.last_seen)
+            self._end_attempt(lost_at)
             link.revive()
             return
         self._finding(Finding(
@@ -482,6 +480,16 @@ class NodesMonitor:
                 f"from its newest checkpoint (`tunedeck resume`).",
             node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
         self._stop_head(f"node {k} ({host}) was lost mid-run: {why}", k)
+
+    def _restart_left(self, lost_at: float) -> bool:
+        """Will the head run another attempt with the node back? Yes while run.max_restarts
+        allows one more, or when its current attempt started after the loss (its ranks
+        failed first and it restarted already: that attempt waits for the node)."""
+        st = self.run.read_state() or {}
+        attempt = int(st.get("attempt") or 0)
+        launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
+        since = float(launches[-1].get("t") or 0) if launches else 0.0
+        return attempt < self.spec.run.max_restarts or (attempt > 0 and since >= lost_at)
 
     def _end_attempt(self, lost_at: float) -> None:
         """The head's attempt that ran with the lost node cannot finish a collective (its
