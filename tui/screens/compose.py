@@ -193,8 +193,8 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
 
 def swift_value_text(v: Any) -> str:
     """A value ms-swift takes, as its command line spells it (None: decided at run time)."""
-    return ("decided at run time" if v is None else " ".join(map(str, v)) if isinstance(v, list)
-            else str(v).lower() if isinstance(v, bool) else str(v))
+    return ("decided at run time" if v is None else " ".join(map(str, v)) or "none"
+            if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v))
 
 
 def _swift_settings(body: Text, spec: RunSpec) -> None:
