@@ -325,8 +325,8 @@ def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_prefl
     ctx = make_context(spec=spec, gpu_probe=lambda: facts)
     fit = check_gpu_memory(ctx)
     composed = build_preview(spec, facts)
-    figure = cli_out["per_gpu_gib"]
-    assert round(composed.estimate.memory.per_gpu_gib, 2) == figure
+    figure = composed.estimate.memory.per_gpu_gib       # the CLI's JSON rounds to 0.01
+    assert round(figure, 2) == cli_out["per_gpu_gib"]
     assert f"≈{figure:.1f} GiB per GPU" in fit.detail
     assert f"memory ≈ {figure:.1f} GiB per GPU" in composed.facts.plain
     i = cli_out["inputs"]
@@ -339,9 +339,10 @@ def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_prefl
     # tunedeck's own defaults (batch 4 x 128 tokens) give another number: the old answer
     ours = estimate_spec(spec, gpus=2, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
     assert abs(ours.memory.per_gpu_gib - figure) > 1.0
-    # the batch line and check agree too: 1 per device x 2 ranks x no accumulation
-    assert "effective batch 2 = 1 per device" in composed.facts.plain
-    assert check_effective_batch(ctx).detail.startswith("2 = 1 per device")
+    # the batch line and check agree too: ms-swift accumulates to a global batch of 16
+    assert "effective batch 16 = 1 per device x 2 data-parallel x 8 accumulation" in \
+        composed.facts.plain
+    assert check_effective_batch(ctx).detail.startswith("16 = 1 per device × 8 accumulation")
 
 
 @pytest.mark.skipif(not HAS_SWIFT, reason="ms-swift not installed")
@@ -368,3 +369,14 @@ def test_the_length_limit_is_read_as_ms_swift_reads_it():
     assert arch_from_config(QWEN25["7b"]).max_len == 32768
     assert max_model_len({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048
     assert max_model_len({"hidden_size": 8}) == 0
+
+
+def test_an_unset_accumulation_is_ms_swifts_global_batch_of_16():
+    from tunedeck.core.spec import RunSpec, set_values
+    from tunedeck.core.swift.keymap import default_grad_accum
+
+    spec = set_values(RunSpec(), {"backend": "swift", "cluster.nproc_per_node": 2})
+    assert default_grad_accum(spec, 1) == 8 and default_grad_accum(spec, 3) == 3
+    assert default_grad_accum(set_values(spec, {"cluster.nproc_per_node": 8}), 4) == 1
+    grpo = set_values(spec, {"swift.command": "rlhf", "swift.rlhf_type": "grpo"})
+    assert default_grad_accum(grpo, 1) == 1

@@ -206,7 +206,8 @@ def test_preview_names_each_value_and_where_it_comes_from():
     assert rows["train.max_steps"]["value"] == -1
     assert "--seed 7  (spec: train.seed)" in settings_lines(p.settings)
     # the batch math and the length are those of the run ms-swift starts
-    assert "1 per device x 2 data-parallel x 1 accumulation" in p.summary
+    # (unset, ms-swift accumulates to a global batch of 16: 16 / 1 / 2 ranks)
+    assert "1 per device x 2 data-parallel x 8 accumulation" in p.summary
     assert "2 epochs" in p.summary and "100 steps" not in p.summary
     mega = import_command("NPROC_PER_NODE=8 megatron sft --model m --dataset d "
                           "--tensor_model_parallel_size 2").spec()

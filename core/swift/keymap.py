@@ -193,9 +193,9 @@ def effective_values(spec: RunSpec, tables: dict | None) -> list[dict[str, Any]]
 
 def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
     """A copy of `spec` for the batch math and memory estimate only (never for a plan): the
-    unset keys hold ms-swift's defaults where the spec can hold them (a micro batch of 1, no
-    accumulation, its LoRA rank and alpha), so the numbers are those of the run ms-swift
-    starts, not tunedeck's own defaults."""
+    unset keys hold ms-swift's defaults where the spec can hold them (a micro batch of 1, the
+    accumulation that makes a global batch of 16, its LoRA rank and alpha), so the numbers
+    are those of the run ms-swift starts, not tunedeck's own defaults."""
     import copy
 
     from tunedeck.core.spec import check_option, set_values
@@ -222,12 +222,13 @@ def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
     if not is_set(spec, "method.type") and tuner in ("lora", "full"):
         values["method.type"] = tuner         # Megatron's default is full
     if not is_set(spec, "train.grad_accum"):
-        values["train.grad_accum"] = 1        # ms-swift's None: no accumulation
+        micro = values.get("train.per_device_batch_size", spec.train.per_device_batch_size)
+        megatron = spec.swift.command.startswith("megatron")
+        values["train.grad_accum"] = 1 if megatron else default_grad_accum(spec, micro)
         gbs = known.get("global_batch_size", {}).get("default")
-        if spec.swift.command.startswith("megatron") and isinstance(gbs, int):
+        if megatron and isinstance(gbs, int):
             from tunedeck.core.estimate.batch import data_parallel_size
 
-            micro = values.get("train.per_device_batch_size", spec.train.per_device_batch_size)
             world = spec.cluster.nproc_per_node * spec.cluster.nnodes
             accum, rem = divmod(gbs, max(micro * data_parallel_size(spec, world), 1))
             if accum and not rem:
@@ -235,6 +236,15 @@ def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
     out = set_values(out, values)
     out.explicit = set(spec.explicit)        # what the user set stays what they set
     return out
+
+
+def default_grad_accum(spec: RunSpec, micro: int) -> int:
+    """The accumulation ms-swift picks when --gradient_accumulation_steps is not given: a
+    global batch of 16 (ceil(16 / micro batch / world size)); GRPO accumulates nothing."""
+    if spec.swift.command == "rlhf" and spec.swift.rlhf_type == "grpo":
+        return 1
+    world = max(spec.cluster.nproc_per_node, 1) * spec.cluster.nnodes
+    return max(1, math.ceil(16 / max(micro, 1) / world))
 
 
 def length_phrase(spec: RunSpec, tables: dict | None) -> str:

@@ -18,7 +18,8 @@ from tunedeck.core.estimate import (DEFAULT_MFU, ArchError, SpecEstimate, arch_f
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
 from tunedeck.core.swift.flags import FlagTableError, flag_tables
-from tunedeck.core.swift.keymap import effective_values, estimate_view, length_phrase
+from tunedeck.core.swift.keymap import (default_grad_accum, effective_values, estimate_view,
+                                        length_phrase)
 
 
 def _tables() -> dict | None:
@@ -36,8 +37,9 @@ def _model_limit(spec: RunSpec) -> int:
 
 
 def run_defaults(spec: RunSpec) -> dict[str, tuple[Any, str]]:
-    """For each ms-swift setting `spec` leaves unset: (the value ms-swift runs with, None
-    where it decides at run time; where that comes from). Empty for other backends."""
+    """For each ms-swift setting `spec` (resolved: the accumulation depends on the ranks)
+    leaves unset: (the value ms-swift runs with, None where it decides at run time; where
+    that comes from). Empty for other backends."""
     if spec.backend != "swift":
         return {}
     out = {r["key"]: (r["value"], r["source"]) for r in effective_values(spec, _tables())
@@ -47,6 +49,11 @@ def run_defaults(spec: RunSpec) -> dict[str, tuple[Any, str]]:
         limit = _model_limit(spec)
         if limit:
             out["data.max_length"] = (limit, f"the model's length limit, {source}")
+    value, source = out.get("train.grad_accum", (0, ""))
+    if source and value is None and not spec.swift.command.startswith("megatron"):
+        micro = out.get("train.per_device_batch_size", (spec.train.per_device_batch_size,))[0]
+        accum = default_grad_accum(spec, micro if isinstance(micro, int) else 1)
+        out["train.grad_accum"] = (accum, f"a global batch of 16, {source}")
     return out
 
 

@@ -187,7 +187,8 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     if resolved.backend == "swift":
         _swift_settings(body, spec)
     mem = min((g.memory_total_gib for g in gpus), default=None)
-    hints = {k: f"{swift_value_text(v)} · {src}" for k, (v, src) in run_defaults(spec).items()}
+    hints = {k: f"{swift_value_text(v)} · {src}"
+             for k, (v, src) in run_defaults(resolved).items()}
     return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus), hints)
 
 
