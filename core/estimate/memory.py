@@ -130,6 +130,13 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     if full:
         # trainable norm weights keep the normalized input; linears keep their inputs
         n += 2 * a * h + a * h * 2 + a * q + a * i
+        if m.master_fp32 and m.strategy == "ddp" and a < 4:
+            # fp32 weights outside the matmuls (embedding, norms) keep the residual stream
+            # fp32 under autocast: the layer's input, the residual after attention and both
+            # normalized inputs are saved in fp32. +10 h bytes a token over bf16 weights,
+            # counted tensor by tensor with saved-tensor hooks (tests/test_estimate_builtin.py).
+            # FSDP2 computes with bf16 copies of the masters (MixedPrecisionPolicy): no change.
+            n += 10 * h
     lora = ar.lora_modules(m.lora_targets) if m.method in ("lora", "qlora") else []
     shapes = ar.linear_shapes()
     if lora:
