@@ -58,13 +58,10 @@ def build_model(spec, path: Path, device: torch.device, dtype: torch.dtype):
     load_dtype = dtype if method in ("lora", "qlora") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=load_dtype, **kw)
     if method == "qlora":
-        # Not peft's prepare_model_for_kbit_training: it upcasts every unquantized weight
-        # (embeddings, norms, head) to fp32, and an fp32 norm weight turns the whole residual
-        # stream fp32 under autocast: 7B, batch 4 x 2048 on one H200 needed 105 GiB instead of
-        # ~45 (docs/benchmarks.md). The base stays frozen in the compute dtype; gradient
-        # checkpointing is non-reentrant (prepare below), so inputs need no grad either.
-        for p in model.parameters():
-            p.requires_grad_(False)
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=spec.train.gradient_checkpointing)
     return prepare(spec, model, device), method
 
 
