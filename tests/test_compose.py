@@ -431,7 +431,11 @@ async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(g
         batch = box("train.per_device_batch_size")
         assert batch.value == "" and re.match(r"1 · ms-swift [\d.]+ default", batch.placeholder)
         assert box("method.lora_rank").placeholder.startswith("8 · ms-swift")
-        assert box("data.max_length").placeholder.startswith("32768 · the model's length limit")
+        assert re.match(r"32768 · ms-swift [\d.]+ default: the model's length limit",
+                        box("data.max_length").placeholder)
+        # the settings pane says the same, not "decided at run time"
+        assert re.search(r"--max_length 32768  \(data\.max_length: ms-swift [\d.]+ default: "
+                         "the model's length limit", screen.preview_text())
         gc = screen.query_one("#" + widget_id("train.gradient_checkpointing"), Select)
         assert gc.value is Select.NULL and gc.prompt.startswith("true · ms-swift")
         assert box("data.path").placeholder == ""      # a key with a value says nothing

@@ -204,6 +204,9 @@ def test_preview_names_each_value_and_where_it_comes_from():
     assert rows["method.lora_alpha"]["source"].startswith("ms-swift ")
     assert rows["method.lora_alpha"]["value"] == 32          # ms-swift's default, not tunedeck's
     assert rows["train.max_steps"]["value"] == -1
+    # what ms-swift works out at start where tunedeck can tell it: 16 / 1 per device / 2 ranks
+    assert rows["train.grad_accum"]["value"] == 8
+    assert rows["train.grad_accum"]["source"].endswith("a global batch of 16")
     assert "--seed 7  (spec: train.seed)" in settings_lines(p.settings)
     # the batch math and the length are those of the run ms-swift starts
     # (unset, ms-swift accumulates to a global batch of 16: 16 / 1 / 2 ranks)

@@ -36,25 +36,33 @@ def _model_limit(spec: RunSpec) -> int:
         return 0
 
 
-def run_defaults(spec: RunSpec) -> dict[str, tuple[Any, str]]:
-    """For each ms-swift setting `spec` (resolved: the accumulation depends on the ranks)
-    leaves unset: (the value ms-swift runs with, None where it decides at run time; where
-    that comes from). Empty for other backends."""
+def run_settings(spec: RunSpec) -> list[dict[str, Any]]:
+    """`keymap.effective_values` of `spec` (resolved: the accumulation depends on the ranks),
+    with what ms-swift works out at start put in where tunedeck can tell it too: an unset
+    --max_length is the model's length limit, an unset accumulation makes a global batch
+    of 16. What the dry run, the compose form's pane and its empty boxes show."""
     if spec.backend != "swift":
-        return {}
-    out = {r["key"]: (r["value"], r["source"]) for r in effective_values(spec, _tables())
-           if r["source"].startswith("ms-swift")}
-    value, source = out.get("data.max_length", (0, ""))
-    if source and value is None:
-        limit = _model_limit(spec)
-        if limit:
-            out["data.max_length"] = (limit, f"the model's length limit, {source}")
-    value, source = out.get("train.grad_accum", (0, ""))
-    if source and value is None and not spec.swift.command.startswith("megatron"):
-        micro = out.get("train.per_device_batch_size", (spec.train.per_device_batch_size,))[0]
-        accum = default_grad_accum(spec, micro if isinstance(micro, int) else 1)
-        out["train.grad_accum"] = (accum, f"a global batch of 16, {source}")
-    return out
+        return []
+    rows = effective_values(spec, _tables())
+    micro = spec.train.per_device_batch_size
+    for r in rows:
+        if r["value"] is None and r["source"].startswith("ms-swift"):
+            if r["key"] == "data.max_length" and (limit := _model_limit(spec)):
+                r.update(value=limit, source=r["source"] + ": the model's length limit")
+            elif r["key"] == "train.grad_accum" and not spec.swift.command.startswith(
+                    "megatron"):
+                r.update(value=default_grad_accum(spec, micro),
+                         source=r["source"] + ": a global batch of 16")
+        elif r["key"] == "train.per_device_batch_size" and isinstance(r["value"], int):
+            micro = r["value"]      # comes before train.grad_accum in the table
+    return rows
+
+
+def run_defaults(spec: RunSpec) -> dict[str, tuple[Any, str]]:
+    """For each ms-swift setting `spec` leaves unset: (the value ms-swift runs with, None
+    where it decides at run time; where that comes from). Empty for other backends."""
+    return {r["key"]: (r["value"], r["source"]) for r in run_settings(spec)
+            if r["source"].startswith("ms-swift")}
 
 
 def length_is_bound(spec: RunSpec) -> bool:

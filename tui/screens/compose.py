@@ -185,7 +185,7 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
                 body.append(f"{o.key} = ", style="dim")
                 body.append(shown + "\n", style="bold" if value != o.default else "")
     if resolved.backend == "swift":
-        _swift_settings(body, spec)
+        _swift_settings(body, resolved)
     mem = min((g.memory_total_gib for g in gpus), default=None)
     hints = {k: f"{swift_value_text(v)} · {src}"
              for k, (v, src) in run_defaults(resolved).items()}
