@@ -58,16 +58,11 @@ def swift_settings(spec: RunSpec) -> list[dict]:
     default" (no flag: ms-swift's default for the installed version X, read from its own
     argument classes; None where the default is decided at run time, e.g. learning_rate by
     tuner). Empty for other backends."""
-    if spec.backend != "swift":
-        return []
-    from tunedeck.core.swift.flags import FlagTableError, flag_tables
-    from tunedeck.core.swift.keymap import effective_values
+    from tunedeck.core.swift.run_estimate import run_settings
 
-    try:
-        tables = flag_tables()
-    except FlagTableError:
-        tables = None
-    return effective_values(spec, tables)
+    # the same values the compose form and the estimate use (the model's length limit, the
+    # accumulation to a global batch of 16 where the table says "at run time")
+    return run_settings(spec)
 
 
 def settings_lines(rows: list[dict]) -> list[str]:
