@@ -3,8 +3,9 @@ and the preflight memory check all take, so the three show one number for one sp
 
 An ms-swift spec's unset key emits no flag and ms-swift's own default applies, so the numbers
 take that default rather than tunedeck's (`keymap.estimate_view`: a micro batch of 1, its LoRA
-sizes, gradient checkpointing on), and an unset data.max_length is the model's own length
-limit, where ms-swift truncates without --max_length. This sits in core/swift, not in
+sizes, gradient checkpointing on, the accumulation that makes a global batch of 16), and an
+unset data.max_length is the model's own length limit, where ms-swift truncates without
+--max_length. This sits in core/swift, not in
 core/estimate, because it is the lowest layer that sees both the estimator and ms-swift's
 tables. Other backends' specs pass through unchanged.
 """
@@ -104,7 +105,7 @@ def estimate_run(spec: RunSpec, *, gpus: int | None = None, gpu_name: str = "",
     """`estimate_spec` of the run `spec` starts (arguments as there); `.spec` is the spec the
     numbers are of, ms-swift's defaults in place."""
     if spec.backend == "swift":
-        # the view's Megatron batch math divides by the data-parallel size: resolve first
+        # the accumulation ms-swift picks depends on the ranks: resolve first
         spec = resolve(spec, gpu_count=gpus)
     view, notes = as_run(spec)
     est = estimate_spec(view, gpus=gpus, gpu_name=gpu_name, gpu_mem_gib=gpu_mem_gib, mfu=mfu)
