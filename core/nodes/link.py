@@ -495,15 +495,13 @@ class NodesMonitor:
         """The head's attempt that ran with the lost node cannot finish a collective (its
         ranks may hang in one): SIGKILL it, so the agent starts the next attempt. An attempt
         started after the loss is that next attempt, waiting at the rendezvous: left alone."""
-        from tunedeck.core.runs import procs
-
         st = self.run.read_state() or {}
         launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
         if not launches or float(launches[-1].get("t") or 0) >= lost_at:
             return
         pids = [p for p in [st.get("torchrun_pid"), *(st.get("worker_pids") or [])]
                 if isinstance(p, int)]
-        killed = procs.signal_ours(st, pids, signal.SIGKILL)
+        killed = self.ctx.signal_ours(st, pids, signal.SIGKILL)
         if killed:
             log.warning("ended the head's attempt %s (pids %s) for the lost node",
                         st.get("attempt"), killed)

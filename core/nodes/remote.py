@@ -149,15 +149,25 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
                          "max_steps", 0), "loss": None}})
 
 
-def start_agent(run: RunDir, timeout_s: float = 30.0) -> int:
+# a run's markers (tunedeck.core.runs.procs): an agent started here never inherits another's
+RUN_MARKERS = ("TUNEDECK_RUN_ID", "TUNEDECK_LAUNCH_ID", "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT")
+
+
+def spawn_agent(run: RunDir, *args: str) -> subprocess.Popen:
+    """This node's agent for `run`, detached (its own session, output to agent.log)."""
+    env = {k: v for k, v in os.environ.items() if k not in RUN_MARKERS}
     log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", AGENT_MODULE, str(run.path)],
+        return subprocess.Popen([sys.executable, "-m", AGENT_MODULE, str(run.path), *args],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, cwd=str(run.path),
-                                umask=0o077)
+                                env=env, umask=0o077)
     finally:
         os.close(log)
+
+
+def start_agent(run: RunDir, timeout_s: float = 30.0) -> int:
+    proc = spawn_agent(run)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (run.read_state() or {}).get("agent_pid") == proc.pid:
@@ -198,12 +208,14 @@ def revive(run: RunDir) -> bool:
     """The head asks this node back after losing it: when the node's agent is dead and its
     run not over, a new agent adopts the run (its torchrun is gone, so it records the failed
     attempt and starts the next one, which rejoins the head's rendezvous). True if started."""
-    from tunedeck.core.runs import adopt
-
     st = run.read_state() or {}
     if st.get("status") in TERMINAL or agent_alive(st, run):
         return False
-    return adopt.request(run.path, st, force=True)
+    try:
+        spawn_agent(run, "--adopt")   # the agent's adoption takes the run's lock and checks
+    except OSError:
+        return False
+    return True
 
 
 class Streamer:

@@ -566,7 +566,8 @@ class Agent:
         assert self.store is not None
         self.ctx = MonitorContext(run=self.rundir, spec=self.spec, store=self.store,
                                   node_rank=self.node_rank, rank_pids=self.rank_pids,
-                                  stopping=lambda: self.stop_mode is not None)
+                                  stopping=lambda: self.stop_mode is not None,
+                                  signal_ours=procs.signal_ours)
         try:
             return make_monitors(self.ctx)
         except Exception:
@@ -819,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
     if lock is None:
         log.info("another agent owns %s; leaving it to that one", run_dir)
         return 0
+    if adopting:   # asked by a reader or a remote node: the same gate adopt.request applies
+        why = adopt.why_not(run_dir, RunDir(run_dir).read_state() or {})
+        if why is not None:
+            log.info("not adopting %s: %s", run_dir, why)
+            return 0
     agent = None
     try:
         agent = Agent(run_dir)

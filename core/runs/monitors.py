@@ -38,6 +38,9 @@ class MonitorContext:
     node_rank: int
     rank_pids: Callable[[], dict[int, int]]      # rank → pid of this node's live ranks
     stopping: Callable[[], bool]                 # a stop was asked for (steps pause on purpose)
+    # signal the run's own processes among pids (procs.signal_ours: identity-checked), for
+    # monitors of the layers below runs (the nodes monitor ends an attempt with it)
+    signal_ours: Callable[[dict, list, int], list[int]]
 
 
 def _slow_s() -> float:
