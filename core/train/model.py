@@ -58,10 +58,14 @@ def build_model(spec, path: Path, device: torch.device, dtype: torch.dtype):
     load_dtype = dtype if method in ("lora", "qlora") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=load_dtype, **kw)
     if method == "qlora":
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=spec.train.gradient_checkpointing)
+        # Not peft's prepare_model_for_kbit_training: it upcasts the norms (and embedding and
+        # head) to fp32, a norm's fp32 output makes every 4-bit linear cast its output back to
+        # fp32, and so the MLP's saved intermediates double: +48 % activation bytes a token,
+        # counted on CPU with real bitsandbytes (tests/test_train_qlora.py); ~45 GiB on the 7B
+        # at 4 x 2048. Frozen in the compute dtype, the base saves what LoRA's does. Gradient
+        # checkpointing is non-reentrant (prepare below), so inputs need no grad either.
+        for p in model.parameters():
+            p.requires_grad_(False)
     return prepare(spec, model, device), method
 
 
@@ -70,7 +74,7 @@ def qlora_config(spec, dtype: torch.dtype):
         import bitsandbytes  # noqa: F401
     except ImportError:
         raise RuntimeError("method.type qlora needs bitsandbytes, which is not importable "
-                           "here (pip install bitsandbytes on a CUDA machine), or use "
+                           "here (pip install 'tunedeck[qlora]'), or use "
                            "method.type lora") from None
     from transformers import BitsAndBytesConfig
 

@@ -15,6 +15,7 @@ TORCHELASTIC_RESTART_COUNT > 0).
 
 from __future__ import annotations
 
+import logging
 import os
 import faulthandler
 import re
@@ -683,6 +684,9 @@ def main(run_dir: str | Path) -> int:
     # Segments that grow in place: reserved memory stays near allocated (shapes vary).
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
+    # bitsandbytes, when installed, is imported by peft for every LoRA run and warns on some
+    # CPUs that an optional kernel package is missing: noise in every rank's log
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     run_dir = Path(run_dir).resolve()
     _register_stack_dump(RunDir(run_dir))
     spec = load_spec(RunDir(run_dir).spec)
