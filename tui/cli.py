@@ -22,7 +22,7 @@ from pathlib import Path
 from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
-from tunedeck.tui.commands import (diagnose, doctor, estimate, importexport, nodes,
+from tunedeck.tui.commands import (delete, diagnose, doctor, estimate, importexport, nodes,
                                    preflight, stacks)
 from tunedeck.tui.format import clean
 from tunedeck.tui.format import fmt_age as _fmt_age
@@ -420,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor, nodes)
+COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor, nodes, delete)
 
 
 def main(argv: list[str] | None = None) -> int:
