@@ -102,3 +102,60 @@ def test_metrics_json_same_with_and_without_native_writer(synthetic, case, monke
     native = dump()
     monkeypatch.setattr(m, "fastscan", None)
     assert dump() == native
+
+
+def _gapped_run(path, steps: int):
+    """Rank 0 logs every 10th step (its rows are not one contiguous span), rank 1 every 5th
+    with an eval of its own and two steps past rank 0's last."""
+    from tunedeck.core.rundir import RunDir
+    from tunedeck.core.rundir.events import EventWriter
+    from tunedeck.core.runs.store import Store
+
+    run = RunDir(path)
+    for rank, every in ((0, 10), (1, 5)):
+        w = EventWriter(run.path, rank)
+        w.emit("start", world_size=2, max_steps=steps + 10, restart=0, start_step=0)
+        last = steps + (10 if rank else 0)
+        for s in range(every, last + 1, every):
+            w.emit("step", step=s, loss=2.0 + rank + 1 / s, lr=1e-4, grad_norm=0.5,
+                   tokens=512, step_s=0.1, data_wait_s=0.001, mem_gib=1.5,
+                   tokens_per_s=5120.0, epoch=0)
+            if rank and s % 1000 == 5:
+                w.emit("eval", step=s, eval_loss=1.0)
+        w.close()
+    with Store(run, write=True) as agent:
+        while agent.ingest():
+            pass
+    return run
+
+
+def test_last_n_reads_only_the_end_of_a_run_with_gaps(tmp_path, monkeypatch):
+    """`--last N` on a run whose lead logs every 10th step: the last N records of the whole
+    output, at a cost that does not grow with the run (SQLite's VM steps counted)."""
+    from tunedeck.core.runs import metrics as m
+    from tunedeck.core.runs.store import Store
+
+    ops = [0]
+    opened = Store._reader
+
+    def counting(self):
+        db = opened(self)
+        if db is not None:
+            def tick() -> int:
+                ops[0] += 1
+                return 0
+            db.set_progress_handler(tick, 100)
+        return db
+
+    cost = {}
+    for steps in (2_000, 40_000):
+        run = _gapped_run(tmp_path / str(steps), steps)
+        whole = list(m.iter_records(run.path))
+        for n in (1, 3, 7):
+            assert list(m.iter_records(run.path, last=n)) == whole[-n:]
+        monkeypatch.setattr(Store, "_reader", counting)
+        ops[0] = 0
+        assert list(m.iter_records(run.path, last=5)) == whole[-5:]
+        cost[steps] = ops[0]
+        monkeypatch.setattr(Store, "_reader", opened)
+    assert cost[40_000] < 3 * cost[2_000], cost

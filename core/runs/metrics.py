@@ -185,8 +185,16 @@ def _stream(store: Store, since: int | None, every: int | None,
         return
     src = store.metric_sources()
     lead, others = ranks[0], ranks[1:]
-    special, fill_keys = _where_others_count(src, lead, others)
-        # the N highest steps any record has: the lead's rows and the other ranks' own steps
+    floor = since
+    if last is not None and last > 0 and others:
+        # no step below the lead's own N-th highest can be among the N highest of all: the
+        # other ranks are asked only from there (a run logging every 10 steps, whose lead is
+        # not contiguous, compared every step of every rank for `--last 100`)
+        mine = sorted(set(src.last_steps(lead, "step", last, since, every)) | set(
+            src.last_steps(lead, "eval", last, since, every)), reverse=True)[:last]
+        if len(mine) == last:
+            floor = mine[-1]
+    special, fill_keys = _where_others_count(src, lead, others, floor)
     extra = sorted(s for s in special if (since is None or s >= since)
                    and (not every or s % every == 0))
     if last is not None:
@@ -286,24 +294,25 @@ def _batched(cur: Iterator[tuple], batches: bool) -> Iterator[tuple[Any, _Batch 
             yield i, batch
 
 
-def _where_others_count(src: MetricSources, lead: int, others: list[int]
-                        ) -> tuple[set[int], set[str]]:
-    """Steps where another rank adds a record or an eval the lead lacks, and the keys some
-    other rank ever has (a lead record lacking one is merged with the others')."""
+def _where_others_count(src: MetricSources, lead: int, others: list[int],
+                        floor: int | None = None) -> tuple[set[int], set[str]]:
+    """Steps (from `floor` on) where another rank adds a record or an eval the lead lacks,
+    and the keys some other rank ever has (a lead record lacking one is merged with the
+    others')."""
     special: set[int] = set()
     if not others:
         return special, set()
     n0, a0, b0 = src.span(lead)
     contiguous = n0 and n0 == b0 - a0 + 1
-    lead_evals = {s for (s, *_) in src.rows(lead, "eval")}
+    lead_evals = {s for (s, *_) in src.rows(lead, "eval", floor)}
     fill: set[str] = set()
     cols = [c for c in METRIC_STEP_COLS if c in _KEY_OF_COL]
     for r in others:
         n, a, b = src.span(r, count=False)
         if a is not None and not (contiguous and a >= a0 and b <= b0):
             # a live run: the others may be a few steps ahead of the lead
-            special.update(src.missing(r, lead, (a0, b0) if contiguous else None))
-        for (s, *_) in src.rows(r, "eval"):
+            special.update(src.missing(r, lead, (a0, b0) if contiguous else None, floor))
+        for (s, *_) in src.rows(r, "eval", floor):
             if s not in lead_evals:
                 special.add(s)
         for c in cols:

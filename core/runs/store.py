@@ -911,28 +911,29 @@ class MetricSources:
                 f"{int(cut) if cut is not None else 0}") if v is not None]
         return (None, min(ends), max(ends)) if ends else (0, None, None)
 
-    def missing(self, rank: int, lead: int, lead_span: tuple[int, int] | None = None
-                ) -> list[int]:
-        """Steps (step or eval rows) of `rank` where `lead` has no row of either kind.
-        `lead_span`: the lead's step rows are exactly these steps (no gap): only the
-        rank's steps outside it are looked at, by index."""
+    def missing(self, rank: int, lead: int, lead_span: tuple[int, int] | None = None,
+                since: int | None = None) -> list[int]:
+        """Steps (step or eval rows) of `rank` where `lead` has no row of either kind, from
+        `since` on. `lead_span`: the lead's step rows are exactly these steps (no gap): only
+        the rank's steps outside it are looked at, by index."""
+        low = f" AND step >= {int(since)}" if since is not None else ""
         if lead_span is not None:
             a, b = int(lead_span[0]), int(lead_span[1])
             have = {s for (s,) in self.db.execute(
-                f"SELECT step FROM ({self.sql(lead, 'eval')})")}
+                f"SELECT step FROM ({self.sql(lead, 'eval')}) WHERE 1{low}")}
             got: set[int] = set()
             for kind in ("step", "eval"):
                 for outside in (f"step < {a}", f"step > {b}"):   # each an index range
                     got.update(s for (s,) in self.db.execute(
-                        f"SELECT step FROM ({self.sql(rank, kind)}) WHERE {outside}")
+                        f"SELECT step FROM ({self.sql(rank, kind)}) WHERE {outside}{low}")
                         if s not in have)
             return sorted(got)
-        have = (f"SELECT step FROM ({self.sql(lead, 'step')}) UNION "
-                f"SELECT step FROM ({self.sql(lead, 'eval')})")
+        have = (f"SELECT step FROM ({self.sql(lead, 'step')}) WHERE 1{low} UNION "
+                f"SELECT step FROM ({self.sql(lead, 'eval')}) WHERE 1{low}")
         return [s for (s,) in self.db.execute(
-            f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step NOT IN ({have}) UNION "
-            f"SELECT step FROM ({self.sql(rank, 'eval')}) WHERE step NOT IN ({have}) "
-            f"ORDER BY step")]
+            f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step NOT IN ({have}){low} "
+            f"UNION SELECT step FROM ({self.sql(rank, 'eval')}) WHERE step NOT IN ({have})"
+            f"{low} ORDER BY step")]
 
     def has(self, rank: int, kind: str, col: str) -> bool:
         """Whether any of the rank's rows has a value there (stops at the first)."""
