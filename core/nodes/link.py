@@ -443,16 +443,13 @@ class NodesMonitor:
             self._end_attempt(lost_at)
             link.revive()
             return
-        self._finding(Finding(
-            category="node_lost", severity="error",
-            summary=f"node {k} ({host}) was lost mid-run: {lost}",
+        self._lost_for_good(
+            link, now, lost,
             cause=f"Node {k} stopped taking part in the run ({lost}); the ranks of the other "
                   f"nodes cannot finish a collective without it, so they were stopped.",
             fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
                 f"died (OOM killer, hardware, preemption); resume the run from its newest "
-                f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
-            node=k, host=host, t=now, evidence=[lost], source=f"nodes/node{k}/link.json"))
-        self._stop_head(f"node {k} ({host}) was lost mid-run: {lost}", k)
+                f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).")
 
     def _judge_revival(self, link: NodeLink, now: float) -> None:
         """A node asked back: back once an agent owns its run again and the link is up; not
@@ -471,15 +468,12 @@ class NodesMonitor:
         self.reported.add(("gone for good", k))
         why = f"it did not come back within {join_s}s" + (
             f" ({link.last_error or link.gone})" if link.last_error or link.gone else "")
-        self._finding(Finding(
-            category="node_lost", severity="error",
-            summary=f"node {k} ({host}) was lost mid-run: {why}",
+        self._lost_for_good(
+            link, now, why,
             cause=f"Node {k} was lost and asked back for the next attempt, but {why}; the "
                   f"other nodes cannot train without it, so they were stopped.",
             fix=f"Bring node {k} back (or replace it in cluster.hosts) and resume the run "
-                f"from its newest checkpoint (`tunedeck resume`).",
-            node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
-        self._stop_head(f"node {k} ({host}) was lost mid-run: {why}", k)
+                f"from its newest checkpoint (`tunedeck resume`).")
 
     def _restart_left(self, lost_at: float) -> bool:
         """Will the head run another attempt with the node back? Yes while run.max_restarts
@@ -517,6 +511,17 @@ class NodesMonitor:
                                                   "grace_s": STOP_GRACE_S, "by": why,
                                                   "node": node, "failed": True})
         os.kill(os.getpid(), signal.SIGUSR1)     # the agent (this process) reads it now
+
+    def _lost_for_good(self, link: NodeLink, now: float, why: str, cause: str,
+                       fix: str) -> None:
+        """A node the run cannot go on without: the finding names it, and the other nodes
+        are stopped with the same words."""
+        k, host = link.node.rank, link.node.host
+        summary = f"node {k} ({host}) was lost mid-run: {why}"
+        self._finding(Finding(
+            category="node_lost", severity="error", summary=summary, cause=cause, fix=fix,
+            node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
+        self._stop_head(summary, k)
 
     def _finding(self, f: Finding) -> None:
         log.warning("finding %s: %s", f.category, f.summary)
