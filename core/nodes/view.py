@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.nodes.remote import TERMINAL
 from tunedeck.core.rundir import RunDir, read_json
 
 STEP_TAIL = 2048            # a step event line is ~250 bytes: the last few are enough
@@ -134,10 +135,9 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
             else:
                 reach = "not started by tunedeck"
             status = st.get("status") or ("unreached" if link else None)
-            if link.get("gone") and status not in ("succeeded", "failed", "stopped"):
+            if link.get("gone") and status not in TERMINAL:
                 status = "lost"       # its agent died: the last state it sent is stale
-            elif reach == "reconnecting" and head.get("status") in ("succeeded", "failed",
-                                                                     "stopped"):
+            elif reach == "reconnecting" and head.get("status") in TERMINAL:
                 reach = "unreached"   # the head has hung up: nothing reconnects any more
             row.update(status=status, reach=reach,
                        message=link.get("error") or link.get("gone") or st.get("message"),
