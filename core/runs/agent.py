@@ -258,7 +258,9 @@ class Agent:
             history = list(self.state.get("adopted") or [])
             history.append({"t": time.time(), "agent_pid": me.pid, "lost_agent_pid": prev,
                             "lost_agent": before})
-            changes.update(adopted=history)
+            # in the same write as the new pid: a reader never sees the new owner with the
+            # lost agent's message (the adoption refines it once it has read the run)
+            changes.update(adopted=history, message=f"adopted: agent {prev} was lost")
         else:
             changes.update(status="pending", message="preparing")
         self.save(**changes)
