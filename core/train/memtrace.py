@@ -1,6 +1,7 @@
 """Where a step's peak GPU memory goes: TUNEDECK_MEM_TRACE=DIR records the CUDA allocator's
 history over the second step (the first one compiles and creates the optimizer's states) and
-writes DIR/mem_peak_rank<R>.txt: the live blocks at the step's peak, summed by the innermost
+writes DIR/mem_peak_<run>_rank<R>.txt (<run>: the run folder's name, so one DIR serves
+several runs): the live blocks at the step's peak, summed by the innermost
 frame in model code (tunedeck, transformers, peft, bitsandbytes, torch.nn), largest first.
 A debugging aid for the memory estimator; off unless the variable is set.
 """
@@ -58,6 +59,7 @@ def install(trainer) -> None:
     if not out or trainer.d.device.type != "cuda":
         return
     import torch
+    tag = trainer.stop_file.parent.name or "run"   # the run folder
 
     def hook(step: int) -> None:
         if step == STEP:
@@ -72,6 +74,6 @@ def install(trainer) -> None:
                      f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB)"]
             lines += [f"{b / 2**30:8.3f} GiB {n:6d} blocks  {s}" for s, (b, n) in rows]
             Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / f"mem_peak_rank{trainer.d.rank}.txt").write_text("\n".join(lines) + "\n")
+            (Path(out) / f"mem_peak_{tag}_rank{trainer.d.rank}.txt").write_text("\n".join(lines) + "\n")
 
     trainer.before_step.append(hook)
