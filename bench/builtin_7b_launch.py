@@ -4,7 +4,8 @@ presets/builtin-7b-lora-h200.toml as it is (compile on by default, its LoRA and 
 settings), with only what the machine needs set: a Qwen2.5-7B-shaped folder of random bf16
 weights and chats that fill max_length (both from bench/swift_7b.py), a few steps, no saves.
 
-    python3 bench/builtin_7b_launch.py OUTDIR [--steps 12] [--warmup 4]
+    python3 bench/builtin_7b_launch.py OUTDIR [--steps 12] [--warmup 4] [--set KEY=VALUE]...
+                                             [--name launch]
 
 Prints the launch's output and one JSON line: tokens/s (median over steps after the warm-up,
 from the metrics records), labelled tokens/s, peak memory, the compile phase from events.
@@ -34,6 +35,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--model-root", help="where the random 7B folder is (or is built); "
                     "default OUTDIR")
+    ap.add_argument("--set", action="append", default=[], dest="extra",
+                    help="one more spec override (e.g. method.fp8_base=true)")
+    ap.add_argument("--name", default="launch", help="the result file: OUTDIR/NAME.json")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +51,7 @@ def main() -> int:
     env = dict(os.environ, TUNEDECK_HOME=str(out / "home"), TUNEDECK_CACHE=str(out / "cache"),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(out / "hf"))
     sets = [f"model.path={model_dir}", f"data.path={data}", f"train.max_steps={a.steps}",
-            "train.save_steps=0", "train.warmup_steps=2", "data.num_workers=2"]
+            "train.save_steps=0", "train.warmup_steps=2", "data.num_workers=2", *a.extra]
     argv = [sys.executable, "-m", "tunedeck.tui", "launch", str(PRESET), "--wait", "--json"]
     for s in sets:
         argv += ["--set", s]
@@ -93,9 +97,10 @@ def main() -> int:
               "phases": [{k: p.get(k) for k in ("phase", "step", "est_s", "compile_s",
                                                  "graphs", "shape")} for p in phases],
               "loss_first": recs[0].get("loss") if recs else None,
-              "loss_last": recs[-1].get("loss") if recs else None}
+              "loss_last": recs[-1].get("loss") if recs else None,
+              "losses": [r.get("loss") for r in recs]}
     print(json.dumps(result))
-    (out / "launch.json").write_text(json.dumps(result, indent=1))
+    (out / f"{a.name}.json").write_text(json.dumps(result, indent=1))
     return proc.returncode
 
 

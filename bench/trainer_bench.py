@@ -112,8 +112,11 @@ def run(a) -> int:
         spec.train.grad_accum = p.train.grad_accum
         spec.train.gradient_checkpointing = p.train.gradient_checkpointing
         spec.train.compile = p.train.compile
+        spec.method.fp8_base = p.method.fp8_base
     if a.eager:
         spec.train.compile = False
+    if a.fp8:
+        spec.method.fp8_base = True
     spec.train.learning_rate = 1e-4
     spec.run.output_dir = str(Path(a.out) / "output")
 
@@ -283,6 +286,7 @@ def main(argv=None) -> int:
     r.add_argument("--ckpt", action="store_true", help="gradient checkpointing")
     r.add_argument("--compile", action="store_true", help="(the default now)")
     r.add_argument("--eager", action="store_true", help="train.compile = false")
+    r.add_argument("--fp8", action="store_true", help="method.fp8_base = true")
     r.add_argument("--preset", help="take method and batch settings from this spec file")
     r.add_argument("--profile", action="store_true", help="profile the step after warm-up")
     r.add_argument("--out", required=True)

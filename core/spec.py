@@ -133,6 +133,10 @@ class MethodSpec:
                                     when={"backend": TRAINERS, "method.type": LORA})
     quant_bits: int = opt(4, help="QLoRA: bits of the frozen base weights", choices=(4, 8),
                           when={"backend": TRAINERS, "method.type": ("qlora",)})
+    fp8_base: bool = opt(False, help="LoRA on an fp8 copy of the frozen base weights (GPUs "
+                         "with fp8 units: H100, H200, L40S...): ~1.15x tokens/s at 7B, each "
+                         "frozen product off by ~4 % (row-wise scales); off = bf16 products",
+                         when={"backend": ("builtin",), "method.type": ("lora",)})
     merge_lora: bool = opt(False, help="Also save the base model with the adapter merged in",
                            when={"backend": ("builtin",), "method.type": LORA},
                            group="checkpoints")
@@ -803,6 +807,15 @@ def _between_keys(spec: RunSpec) -> list[str]:
                    f"the builtin trainer runs ddp or fsdp2")
     if spec.backend == "script" and not (spec.script.path or spec.script.module):
         out.append("script.path or script.module is required for backend = \"script\"")
+    if spec.backend == "builtin" and spec.method.fp8_base:
+        if spec.method.type != "lora":
+            out.append(f"method.fp8_base applies to method.type lora, not {spec.method.type}")
+        elif spec.parallel.strategy != "ddp":
+            out.append(f"method.fp8_base needs parallel.strategy ddp (the fp8 copies are not "
+                       f"sharded); got {spec.parallel.strategy}")
+        elif spec.method.lora_dropout > 0:
+            out.append(f"method.fp8_base needs method.lora_dropout = 0 (the fp8 LoRA layer "
+                       f"has no dropout); got {spec.method.lora_dropout}")
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
     total = sum(len(f"{k}={v}".encode("utf-8", "replace")) + 1 for k, v in spec.env.items())

@@ -269,6 +269,14 @@ def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
     assert rs["gpu.bf16"].fix_set == {"model.dtype": "float16"}
     assert ctx_for(tmp_path, mixed, overrides=["model.dtype=float16"])["gpu.bf16"].status \
         != "fail"
+    assert rs["gpu.fp8"].status == "skip"          # method.fp8_base off
+    assert ctx_for(tmp_path, h200s(), overrides=["method.fp8_base=true"])["gpu.fp8"].status \
+        == "pass"
+    a100s = h200s()
+    a100s.gpus = [Gpu(g.index, "NVIDIA A100-SXM4-80GB", 80.0, (8, 0)) for g in a100s.gpus]
+    fp8 = ctx_for(tmp_path, a100s, overrides=["method.fp8_base=true"])["gpu.fp8"]
+    assert fp8.status == "fail" and "sm_80" in fp8.detail
+    assert fp8.fix_set == {"method.fp8_base": False}
     nop2p = h200s()
     nop2p.links = {(0, 1): ("across CPU sockets", False)}
     rs = ctx_for(tmp_path, nop2p)

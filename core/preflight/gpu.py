@@ -1,4 +1,4 @@
-"""GPU checks: count, uniformity, bf16, driver vs CUDA build, device order, NCCL, interconnect.
+"""GPU checks: count, uniformity, bf16, fp8 (method.fp8_base), driver vs CUDA build, device order, NCCL, interconnect.
 
 The facts come from core/telemetry/gpus.py (`ctx.gpus`, probed once per context). `GpuFacts`
 is plain data: tests build one by hand to exercise the rules.
@@ -111,6 +111,22 @@ def check_bf16(ctx: Context) -> CheckResult:
                   {"model.dtype": "float16"})
 
 
+def check_fp8(ctx: Context) -> CheckResult:
+    id, title = "gpu.fp8", "fp8 units for method.fp8_base"
+    spec = ctx.spec
+    if not (spec.backend == "builtin" and spec.method.type == "lora" and spec.method.fp8_base):
+        return result(id, title, "skip", "not applicable: method.fp8_base is off")
+    if (r := _skip_cpu(ctx, id, title)) or not (gs := chosen(ctx)):
+        return r or result(id, title, "skip", "no GPU to check")
+    old = [g for g in gs if g.cc < (8, 9)]
+    if not old:
+        return result(id, title, "pass", "compute capability ≥ 8.9 on all: fp8 products")
+    names = ", ".join(f"{g.index} ({g.name}, sm_{g.cc[0]}{g.cc[1]})" for g in old)
+    return result(id, title, "fail", f"method.fp8_base needs compute capability 8.9 or newer "
+                  f"(L40S, H100, H200...); {names} lack fp8 matrix units",
+                  "set method.fp8_base = false (bf16 products)", {"method.fp8_base": False})
+
+
 def _torch_cuda() -> tuple[str, tuple[int, int] | None]:
     try:
         v = metadata.version("torch")
@@ -220,5 +236,5 @@ def check_interconnect(ctx: Context) -> CheckResult:
     return result(id, title, "pass", detail)
 
 
-CHECKS = [check_gpu_count, check_gpu_uniform, check_bf16, check_driver, check_device_order,
+CHECKS = [check_gpu_count, check_gpu_uniform, check_bf16, check_fp8, check_driver, check_device_order,
           check_nccl, check_interconnect]

@@ -42,6 +42,83 @@ class _LoraLinear(torch.autograd.Function):
         return dx, None, None, da, db, None
 
 
+E4M3 = torch.float8_e4m3fn
+_E4M3_MAX = torch.finfo(E4M3).max
+
+
+def quant_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 values and the fp32 (rows, 1) factors that undo their scaling: one scale per row,
+    the row's largest magnitude mapped to e4m3's largest (448). Compile fuses it into one pass
+    with whatever produced `t`."""
+    amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = _E4M3_MAX / amax
+    return (t.float() * scale).clamp(-_E4M3_MAX, _E4M3_MAX).to(E4M3), scale.reciprocal()
+
+
+@torch.library.custom_op("tunedeck::fp8_mm", mutates_args=())
+def fp8_mm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+           bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """a·bᵀ (+ bias) from e4m3 a (M, K) and b (N, K), both row-major, with fp32 factors sa
+    (M, 1) and sb (1, N). An opaque op to the compiler: Inductor's own lowering of
+    _scaled_mm lost the transposed layout it requires in backward graphs (torch 2.13, CPU)."""
+    return torch._scaled_mm(a.contiguous(), b.t(), scale_a=sa, scale_b=sb, bias=bias,
+                            out_dtype=out_dtype)
+
+
+@fp8_mm.register_fake
+def _fp8_mm_shape(a, sa, b, sb, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+class _LoraLinearFP8(torch.autograd.Function):
+    """_LoraLinear with the frozen products in fp8: x·Wᵀ from e4m3 x (a scale per row) and
+    e4m3 W (a scale per output channel); dy·W from e4m3 dy (per row) and a second e4m3 copy
+    of W laid out the other way (a scale per input channel). The adapter's products and
+    gradients stay in the input's dtype. Hopper's fp8 GEMMs take only this layout pair
+    (row-major A, column-major B), hence the two copies: together the bytes of one bf16 W."""
+
+    @staticmethod
+    def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale):
+        x8, sx = quant_rows(x)
+        y = fp8_mm(x8, sx, w8, sw, bias, x.dtype)
+        u = x @ a.t()                                   # (N, r)
+        bs = b.t() * scale                              # (r, out)
+        y = y.addmm_(u, bs)                             # the adapter, added where y lies
+        ctx.save_for_backward(x, wt8, swt, a, bs, u)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, wt8, swt, a, bs, u = ctx.saved_tensors
+        dy8, sdy = quant_rows(dy)
+        dx = fp8_mm(dy8, sdy, wt8, swt, None, dy.dtype)
+        g = dy @ bs.t()                                 # (N, r) = s·dy·B
+        dx.addmm_(g, a)
+        da = g.t() @ x
+        db = (dy.t() @ u) * ctx.scale
+        return dx, None, None, None, None, None, da, db, None
+
+
+def to_fp8(module: nn.Module) -> None:
+    """Replace a LoRA Linear's frozen bf16 weight by its two e4m3 copies (same bytes): the
+    weight parameter is left empty, its element count kept for FLOP accounting."""
+    w = module.base_layer.weight.detach()
+    w8, sw = quant_rows(w)                              # (out, in), a scale per output
+    wt8, swt = quant_rows(w.t())                        # (in, out), a scale per input
+    # plain attributes, not buffers: DDP would broadcast buffers before every forward
+    module._tunedeck_fp8 = (w8, sw.t().contiguous(), wt8, swt.t().contiguous())
+    module._tunedeck_numel = w.numel()
+    module._tunedeck_wdtype = w.dtype
+    module.base_layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
+
+
+def base_numel(model: nn.Module) -> int:
+    """Parameters of the model outside LoRA's adapters, fp8-converted weights counted whole."""
+    n = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    return n + sum(getattr(m, "_tunedeck_numel", 0) for m in model.modules())
+
+
 def _fused_forward(self, x, *args, **kwargs):
     """forward of a peft LoRA Linear (one adapter, no dropout, not merged), fused."""
     if self.disable_adapters or self.merged or list(self.active_adapters) != ["default"]:
@@ -52,6 +129,15 @@ def _fused_forward(self, x, *args, **kwargs):
     a = self.lora_A["default"].weight
     b = self.lora_B["default"].weight
     shape = x.shape
+    fp8 = getattr(self, "_tunedeck_fp8", None)
+    if fp8 is not None:
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) \
+            else self._tunedeck_wdtype
+        with torch.autocast(dev, enabled=False):
+            bias = None if base.bias is None else base.bias.to(dt)
+            y = _LoraLinearFP8.apply(x.reshape(-1, shape[-1]).to(dt), *fp8, bias, a.to(dt),
+                                     b.to(dt), float(self.scaling["default"]))
+        return y.view(*shape[:-1], y.shape[-1])
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
@@ -77,19 +163,34 @@ def eligible(module: nn.Module) -> bool:
     return isinstance(drop, nn.Identity) or (isinstance(drop, nn.Dropout) and drop.p == 0)
 
 
-def fuse_lora(model: nn.Module, device: torch.device | None = None) -> int:
+def fp8_problem(device: torch.device) -> str | None:
+    """Why method.fp8_base cannot run on `device`, or None."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            return (f"method.fp8_base needs a GPU with fp8 matrix units (compute capability "
+                    f"8.9 or newer: L40S, H100, H200...); {torch.cuda.get_device_name(device)} "
+                    f"is {major}.{minor}. Set method.fp8_base = false")
+    return None
+
+
+def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = False) -> int:
     """Switch every eligible LoRA Linear of `model` to the fused forward; how many.
 
     On by default on CUDA, where it was measured under compile (7B, one H200: +2.2 % tokens/s
     and 1.5 GiB less reserved, docs/benchmarks.md); CPU runs keep peft's layers.
-    TUNEDECK_FUSED_LORA=0 turns it off anywhere, =1 on anywhere."""
+    TUNEDECK_FUSED_LORA=0 turns it off anywhere, =1 on anywhere. `fp8` (method.fp8_base)
+    always fuses, and moves each frozen weight to fp8 (to_fp8)."""
     forced = os.environ.get("TUNEDECK_FUSED_LORA", "")
-    on = forced == "1" or (forced != "0" and device is not None and device.type == "cuda")
+    on = fp8 or forced == "1" or (forced != "0" and device is not None
+                                  and device.type == "cuda")
     if not on:
         return 0
     n = 0
     for m in model.modules():
         if eligible(m):
+            if fp8:
+                to_fp8(m)
             m._tunedeck_peft_forward = m.forward
             m.forward = types.MethodType(_fused_forward, m)
             n += 1

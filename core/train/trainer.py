@@ -42,7 +42,7 @@ from tunedeck.core.train.fastpath import LayerCompiler, check_varlen, compile_wa
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
-from tunedeck.core.train.lora_fused import fuse_lora
+from tunedeck.core.train.lora_fused import base_numel, fp8_problem, fuse_lora
 from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
     resolve_model_path
 from tunedeck.core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, clip_grad_norm, \
@@ -272,7 +272,11 @@ class Trainer:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
         if self.method == "lora" and spec.parallel.strategy == "ddp":
-            fuse_lora(model, d.device)   # the adapter inside the frozen matmul's passes
+            fp8 = spec.method.fp8_base
+            why = fp8_problem(d.device) if fp8 else None
+            if why:
+                raise ValueError(why)
+            fuse_lora(model, d.device, fp8=fp8)   # the adapter inside the frozen matmul's passes
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
@@ -334,7 +338,7 @@ class Trainer:
 
         cfg = base_causal_lm(model).config
         self.flop_shape = dict(
-            n_params=sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
+            n_params=base_numel(model),
             layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, full=self.method == "full")
         self.peak = peak_tflops(torch.cuda.get_device_name(d.device)
                                 if d.device.type == "cuda" else None)
