@@ -93,6 +93,8 @@ def test_fp8_base_swaps_every_lora_linear_and_frees_the_bf16_weights():
     swapped = [mod for mod in m.modules() if hasattr(mod, "_tunedeck_fp8")]
     assert len(swapped) == 7 * LAYERS
     assert all(mod.base_layer.weight.numel() == 0 for mod in swapped)
+    # cuBLASLt's fp8 products take only row-major copies (CPU's take any layout)
+    assert all(t.is_contiguous() for mod in swapped for t in mod._tunedeck_fp8)
     fp8_bytes = sum(t.numel() * t.element_size() for mod in swapped
                     for t in mod._tunedeck_fp8[::2])
     assert fp8_bytes == 2 * sum(mod.in_features * mod.out_features for mod in swapped)

@@ -104,8 +104,10 @@ def to_fp8(module: nn.Module) -> None:
     """Replace a LoRA Linear's frozen bf16 weight by its two e4m3 copies (same bytes): the
     weight parameter is left empty, its element count kept for FLOP accounting."""
     w = module.base_layer.weight.detach()
-    w8, sw = quant_rows(w)                              # (out, in), a scale per output
-    wt8, swt = quant_rows(w.t())                        # (in, out), a scale per input
+    # contiguous both: an elementwise op keeps its input's strides, and cuBLASLt takes
+    # only a row-major (N, K) B (seen as column-major through .t())
+    w8, sw = quant_rows(w.contiguous())                 # (out, in), a scale per output
+    wt8, swt = quant_rows(w.t().contiguous())           # (in, out), a scale per input
     # plain attributes, not buffers: DDP would broadcast buffers before every forward
     module._tunedeck_fp8 = (w8, sw.t().contiguous(), wt8, swt.t().contiguous())
     module._tunedeck_numel = w.numel()
