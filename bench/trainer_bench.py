@@ -28,7 +28,8 @@ __import__("checkout").use()  # tunedeck from this checkout unless installed
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocab, tied (Qwen2.5 configs)
     "7b": (3584, 18944, 28, 28, 4, 152064, False),
-    "tiny": (128, 352, 4, 4, 2, 1024, True),
+    "tiny": (128, 352, 4, 4, 2, 1024, True),      # CPU self-test
+    "small": (512, 1536, 4, 8, 2, 8192, False),   # a quick GPU check
 }
 
 

@@ -146,3 +146,13 @@ def test_torchrun_trains_with_an_fp8_base(tmp_path, tiny_model):
     last = sum(e["loss"] for e in s0[-3:]) / 3
     assert last < first - 0.5, (first, last)
     _assert_loads_with_peft(run / "output" / f"checkpoint-{steps}", tiny_model)
+    # the start event counts the frozen weights that moved to fp8 (FLOPs and MFU use it)
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_train import read_events
+    start = read_events(run / "events" / "rank0.jsonl")[0]
+    bf16 = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(
+        r=16, lora_alpha=32, target_modules="all-linear"))
+    assert start["kind"] == "start"
+    assert start["total_params"] == sum(p.numel() for p in bf16.parameters())
