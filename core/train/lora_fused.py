@@ -55,49 +55,37 @@ def quant_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() * scale).clamp(-_E4M3_MAX, _E4M3_MAX).to(E4M3), scale.reciprocal()
 
 
-@torch.library.custom_op("tunedeck::fp8_mm", mutates_args=())
-def fp8_mm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-           bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """a·bᵀ (+ bias) from e4m3 a (M, K) and b (N, K), both row-major, with fp32 factors sa
-    (M, 1) and sb (1, N). An opaque op to the compiler: Inductor's own lowering of
-    _scaled_mm lost the transposed layout it requires in backward graphs (torch 2.13, CPU)."""
-    return torch._scaled_mm(a.contiguous(), b.t(), scale_a=sa, scale_b=sb, bias=bias,
-                            out_dtype=out_dtype)
-
-
-@fp8_mm.register_fake
-def _fp8_mm_shape(a, sa, b, sb, bias, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-
-
 class _LoraLinearFP8(torch.autograd.Function):
     """_LoraLinear with the frozen products in fp8: x·Wᵀ from e4m3 x (a scale per row) and
     e4m3 W (a scale per output channel); dy·W from e4m3 dy (per row) and a second e4m3 copy
     of W laid out the other way (a scale per input channel). The adapter's products and
     gradients stay in the input's dtype. Hopper's fp8 GEMMs take only this layout pair
-    (row-major A, column-major B), hence the two copies: together the bytes of one bf16 W."""
+    (row-major A, column-major B), hence the two copies: together the bytes of one bf16 W.
+
+    The adapter is added out of place. A first version added it in place (y.addmm_, as
+    _LoraLinear does) into the output of an opaque custom op wrapping _scaled_mm: compiled on
+    an H200 (torch 2.11) every gradient came out zero, though eager and CPU were right. This
+    form was right on the H200 eager and compiled (bench/fp8_check.py)."""
 
     @staticmethod
     def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale):
         x8, sx = quant_rows(x)
-        y = fp8_mm(x8, sx, w8, sw, bias, x.dtype)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
         u = x @ a.t()                                   # (N, r)
         bs = b.t() * scale                              # (r, out)
-        y = y.addmm_(u, bs)                             # the adapter, added where y lies
         ctx.save_for_backward(x, wt8, swt, a, bs, u)
         ctx.scale = scale
-        return y
+        return y + u @ bs
 
     @staticmethod
     def backward(ctx, dy):
         x, wt8, swt, a, bs, u = ctx.saved_tensors
         dy8, sdy = quant_rows(dy)
-        dx = fp8_mm(dy8, sdy, wt8, swt, None, dy.dtype)
+        dx = torch._scaled_mm(dy8, wt8.t(), scale_a=sdy, scale_b=swt, out_dtype=dy.dtype)
         g = dy @ bs.t()                                 # (N, r) = s·dy·B
-        dx.addmm_(g, a)
         da = g.t() @ x
         db = (dy.t() @ u) * ctx.scale
-        return dx, None, None, None, None, None, da, db, None
+        return dx + g @ a, None, None, None, None, None, da, db, None
 
 
 def to_fp8(module: nn.Module) -> None:
