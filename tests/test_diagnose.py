@@ -122,6 +122,19 @@ def test_loss_collapse_and_frozen_grad_norm(tmp_path):
     assert cats == ["grad" + "warning", "loss" + "warning"]
 
 
+def test_zero_gradients_are_an_error_that_points_at_the_compiler(tmp_path):
+    """The built-in trainer's events of a run whose compiled graph lost its backward: the
+    loss wanders near its start, grad_norm is 0.0 every step."""
+    ev = tmp_path / "events" / "rank0.jsonl"
+    ev.parent.mkdir()
+    ev.write_text("".join(json.dumps({"t": 1.0 + i, "kind": "step", "rank": 0, "step": i,
+                                      "loss": 12.55 + (i % 3) / 100, "grad_norm": 0.0,
+                                      "lr": 1e-4}) + "\n" for i in range(1, 9)))
+    [f] = [f for f in diagnose_run(tmp_path) if f.category == "loss_anomaly"]
+    assert f.severity == "error" and "exactly 0 from step 1 (8 steps)" in f.summary
+    assert "train.compile = false" in f.fix
+
+
 def test_line_rules_on_known_signatures(tmp_path):
     cases = {
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "

@@ -1,4 +1,5 @@
-"""loss_anomaly: NaN/inf loss, a loss that collapses to exactly zero, a frozen grad norm.
+"""loss_anomaly: NaN/inf loss, a loss that collapses to exactly zero, a frozen grad norm
+(exactly zero: nothing trains).
 
 `LossWatch` takes records as they come (`feed`) and keeps a few numbers, not the records,
 so the agent can watch a week-long run at a cost per step that never grows; `loss_findings`
@@ -133,7 +134,22 @@ class LossWatch:
                 evidence=[_fmt(r) for r in z.best_head], source=self.source,
                 t=z.best_head[0].get("t")))
         f = self.frozen
-        if f.best_len >= FROZEN_STEPS:
+        if f.best_len >= FROZEN_STEPS and f.best_head[0]["grad_norm"] == 0:
+            out.append(Finding(
+                category="loss_anomaly", severity="error",
+                summary=f"gradients are exactly 0 from step {f.best_head[0]['step']} "
+                        f"({f.best_len} steps): nothing is training",
+                cause="No gradient reaches any trainable parameter, so every update is zero "
+                      "and the loss can only wander: the adapters sit on modules the forward "
+                      "does not use, a custom layer detaches its input or runs under no_grad, "
+                      "or a compiled graph dropped the backward (then the steps also look "
+                      "faster and use less memory than they should).",
+                fix="Run a few steps with compile off (built-in: train.compile = false; "
+                    "ms-swift: no --torch_compile): if gradients appear, the compiled graph is "
+                    "at fault. Check that method.target_modules names modules of this model.",
+                evidence=[_fmt(r) for r in f.best_head], source=self.source,
+                t=f.best_head[0].get("t")))
+        elif f.best_len >= FROZEN_STEPS:
             out.append(Finding(
                 category="loss_anomaly", severity="warning",
                 summary=f"grad norm frozen at {f.best_head[0]['grad_norm']} from step "
