@@ -54,6 +54,16 @@ ODD = [
     '{"kind":"start","rank":0,"max_steps":500}',
     json.dumps(step(0, 23)),
     json.dumps(step(0, 23)),                                          # a repeated step
+    # ints past SQLite's 64 bits: a value becomes a float (or None past a float's range),
+    # a step or rank that cannot be one is not one (the agent used to stop on OverflowError)
+    json.dumps(step(0, 25, t=2**64)),
+    json.dumps(step(0, 26, tokens=2**64)),
+    json.dumps(step(0, 27, tokens=-(2**70), loss=10**400)),
+    '{"kind":"step","rank":18446744073709551616,"step":28,"t":5,"loss":1.0}',
+    '{"kind":"step","rank":0,"step":18446744073709551616,"t":5,"loss":1.0}',
+    '{"kind":"step","rank":0,"step":1e300,"t":5,"loss":1.0}',
+    '{"kind":"start","rank":0,"max_steps":18446744073709551616}',
+    json.dumps(step(0, 29)),
     '{"kind":"step","rank":0,"step":24,"t":5,"loss":1.0',             # cut short
 ]
 
@@ -86,6 +96,9 @@ def test_picked_lines_stored_as_the_json_path_stores_them(tmp_path, monkeypatch)
         with Store(run, write=True) as agent:
             got[mode] = (agent.ingest(), tables(run))
     assert got["native"] == got["json"]
+    steps = {row[1]: row for row in got["json"][1]["steps"] if row[0] == 0}
+    assert {25, 26, 27, 28, 29} <= set(steps) and max(steps) == 29
+    assert 2.0**64 in steps[26] and -(2.0**70) in steps[27] and steps[25][2] == 2.0**64
     # and the picker read the plain lines itself, handing the odd ones to Python
     picks = fastscan.pick_steps([json.dumps(step(0, 1))] + ODD, STEP_METRICS)
     assert picks[0] is not None and sum(p is None for p in picks) >= 12

@@ -1243,14 +1243,14 @@ static const char *pick_number(const char *p, const char *end, int *is_float) {
 }
 
 /* the number's object as json.loads makes it (int or float); NULL with no error set when
- * Python should read it (too long, not finite) */
+ * Python should read it (too long, not finite, an int that may not fit SQLite's 64 bits) */
 static PyObject *pick_obj(const char *p, const char *q, int is_float) {
     char tmp[64];
     Py_ssize_t n = q - p;
     if (n >= (Py_ssize_t)sizeof tmp) return NULL;
     memcpy(tmp, p, n);
     tmp[n] = 0;
-    if (!is_float) return PyLong_FromString(tmp, NULL, 10);
+    if (!is_float) return n > 18 ? NULL : PyLong_FromString(tmp, NULL, 10);
     double d = PyOS_string_to_double(tmp, NULL, NULL);
     if (d == -1.0 && PyErr_Occurred()) return NULL;
     if (!isfinite(d)) return NULL;

@@ -259,13 +259,13 @@ class Store:
             if type(e) is not dict or (only_kind and e.get("kind") != only_kind):
                 continue
             r = e.get("rank")
-            if type(r) is not int:
+            if _int64(r) is None:
                 r = file_rank
                 if rank is not None:   # the probe may leave it out; the file names it
                     e["rank"] = rank
             step, t, kind = e.get("step"), e.get("t"), e.get("kind", "?")
-            if type(step) is not int:
-                step = int(step) if isinstance(step, (int, float)) and \
+            if _int64(step) is None:
+                step = _int64(int(step)) if isinstance(step, (int, float)) and \
                     math.isfinite(step) else None
             if type(t) is not float or t - t != 0.0:
                 t = _num(t)
@@ -381,10 +381,10 @@ class Store:
                     if kind == "start":
                         ms = e.get("max_steps")
                         if isinstance(ms, int) and not isinstance(ms, bool):
-                            max_steps[rank] = ms or None
+                            max_steps[rank] = _int64(ms) or None
                     continue
                 step = e.get("step")
-                if type(step) is not int or step < 0:
+                if type(step) is not int or step < 0 or step > I64:
                     step = _step_of(e)
                     if step is None:
                         continue
@@ -418,7 +418,8 @@ class Store:
                               1 if e[3] is None and e[3 + nk] else None))
             else:
                 # finite numbers as written; anything else (null, NaN, text, a bool) is None
-                values = [v if (type(v) is float and v - v == 0.0) or type(v) is int
+                values = [v if (type(v) is float and v - v == 0.0) or
+                          (type(v) is int and -I64 - 1 <= v <= I64)
                           else _num(v) for v in map(e.get, metrics)]
                 t = e.get("t")
                 steps.append((rank, step, t if type(t) is float and t - t == 0.0 else _num(t),
@@ -960,12 +961,27 @@ def _wanted(picks: list, newest: int | None, every_of: int | None) -> list[bool]
     return out
 
 
+I64 = (1 << 63) - 1   # SQLite's integers: a larger Python int raises OverflowError
+
+
+def _int64(v: Any) -> int | None:
+    """An int SQLite can hold (a rank, a step, max_steps), else None: a line with a step of
+    2**64 is noise, not a reason for the agent to stop ingesting."""
+    return v if type(v) is int and -I64 - 1 <= v <= I64 else None
+
+
 def _num(v: Any) -> int | float | None:
-    """A finite number as written (an int stays an int), else None (null, NaN, a string)."""
+    """A finite number as written (an int stays an int, one past SQLite's 64 bits becomes a
+    float), else None (null, NaN, a string)."""
     if type(v) is float:
         return v if math.isfinite(v) else None
     if isinstance(v, int) and not isinstance(v, bool):
-        return v
+        if -I64 - 1 <= v <= I64:
+            return v
+        try:
+            return float(v)
+        except OverflowError:
+            return None
     if isinstance(v, float):
         return float(v) if math.isfinite(v) else None
     return None
@@ -975,7 +991,7 @@ def _step_of(e: dict[str, Any]) -> int | None:
     """The step of a step/eval event: an int, as the schema says (a float step is not one,
     as `tunedeck metrics` has always read it)."""
     step = e.get("step")
-    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+    if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= I64:
         return step
     return None
 
@@ -990,7 +1006,7 @@ def last_max_steps(db: sqlite3.Connection, rank: int) -> int | None:
             except (ValueError, AttributeError):
                 continue
             if isinstance(ms, int) and not isinstance(ms, bool):
-                return ms or None
+                return _int64(ms) or None
     except sqlite3.Error:
         pass
     return None
@@ -1012,14 +1028,14 @@ def _tail_row(name: str, off: int, line: bytes, file_rank: int | None,
     if kind == "start":
         ms = e.get("max_steps")
         if isinstance(ms, int) and not isinstance(ms, bool):
-            state[0] = ms or None
+            state[0] = _int64(ms) or None
         return None
     code = _KIND_CODE.get(kind)
     step = _step_of(e)
     if code is None or step is None:
         return None
     rank = e.get("rank")
-    rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else file_rank
+    rank = rank if _int64(rank) is not None else file_rank
     if rank is None:
         return None
     values = [_num(e.get(m)) for m in STEP_METRICS]
