@@ -148,21 +148,21 @@ async def test_log_y_and_the_eval_lr_grad_toggles(tmp_path):
         assert sum(1 for r in plot_rows(plot)[-4:] for ch in r if ch != " ") < low_linear
         await pilot.press("y")
         assert plot.rendered_text() == linear
-        # eval loss: ◆ markers, off with e
+        # eval loss: ◆ markers, off with t
         assert "◆" in "".join(plot_rows(plot))
-        await pilot.press("e")
+        await pilot.press("t")
         assert not plot.show_eval and "◆" not in plot.rendered_text()
-        await pilot.press("e")
+        await pilot.press("t")
         # learning rate and grad norm are fetched on demand, drawn on their own scale
         assert "lr" not in plot.windows[0].steps
         await pilot.press("r")
         await settled(pilot, plot)
         assert "lr" in plot.windows[0].steps and "lr 3.0e-6…3.0e-4" in header(plot)
-        await pilot.press("n")
+        await pilot.press("g")
         await settled(pilot, plot)
         assert plot.show_grad and "grad 0.5" in header(plot)
         with_both = plot.rendered_text()
-        await pilot.press("r", "n")
+        await pilot.press("r", "g")
         await settled(pilot, plot)
         assert "lr" not in plot.windows[0].steps and plot.rendered_text() != with_both
         assert plot.rendered_text() == linear
@@ -390,7 +390,7 @@ def test_snapshot_chart(snap_compare, snapshot_run, size):
 def test_snapshot_chart_zoomed_log_lr_grad(snap_compare, snapshot_run):
     async def zoom(pilot):
         await chart_ready(pilot)
-        await pilot.press("plus", "plus", "h", "y", "r", "n")
+        await pilot.press("plus", "plus", "h", "y", "r", "g")
         await chart_ready(pilot)
 
     assert snap_compare(ChartApp(snapshot_run.path), terminal_size=(160, 48), run_before=zoom)

@@ -250,6 +250,21 @@ async def test_log_rank_switch_search_and_first_error(fx_home):
         hl = [s for s in strip if s.style and s.style.bgcolor == HIT_STYLE.bgcolor]
         assert "".join(s.text for s in hl) == "via P2P", strip.text
         assert "/via P2P" in view.status()
+        # with the loss plot focused, n and e are still the monitor's (the plot's own
+        # toggles are t and g)
+        plot = screen.query_one("#loss-plot")
+        plot.focus()
+        await pilot.pause()
+        at, eval_on, grad_on = view.cursor, plot.show_eval, plot.show_grad
+        await pilot.press("n")
+        assert view.cursor == view.hits[(view.hits.index(at) + 1) % len(view.hits)]
+        await pilot.press("e")
+        await _until(pilot, lambda: "Watchdog caught" in view.cache[view.cursor][0],
+                     what="first error from the plot")
+        assert (plot.show_eval, plot.show_grad) == (eval_on, grad_on)
+        await pilot.press("g", "t")
+        assert (plot.show_eval, plot.show_grad) == (not eval_on, not grad_on)
+        view.focus()
         # ]: rank 1's log (pid 802), and the search starts over
         await pilot.press("right_square_bracket")
         await _until(pilot, lambda: view.state.rank == 1 and any(view.visible_lines()),

@@ -51,7 +51,8 @@ class CompareScreen(TunedeckScreen):
         Binding("0,home", "chart('home')", "Whole run", key_display="0", show=False),
         Binding("end", "chart('end')", "Newest steps", show=False),
         Binding("y", "chart('log_y')", "Log y", show=False),
-        Binding("e", "chart('toggle', 'show_eval')", "Eval loss", show=False),
+        Binding("t,e", "chart('toggle', 'show_eval')", "Eval loss", key_display="t",
+                show=False),
     ]
 
     def __init__(self, run_ids: list[str]):

@@ -31,7 +31,8 @@ Keys (when the plot has focus; `action_*` methods a screen can bind as well):
     + / -        zoom in / out (at the end while following, else about the centre)
     h l ← →      pan a quarter of the window        0 / home   whole run
     end          jump to the newest steps (follow)  y          log y axis
-    e            eval loss on/off                   r / n      learning rate / grad norm on/off
+    t            eval loss on/off                   r / g      learning rate / grad norm on/off
+(not e and n: the monitor, which holds this plot, binds those to first error and next match)
 The mouse wheel zooms too.
 """
 
@@ -596,9 +597,9 @@ class LossPlot(Widget, can_focus=True):
         Binding("0,home", "home", "Whole run", key_display="0"),
         Binding("end", "end", "Newest", show=False),
         Binding("y", "log_y", "Log y"),
-        Binding("e", "toggle('show_eval')", "Eval"),
+        Binding("t", "toggle('show_eval')", "Eval"),
         Binding("r", "toggle('show_lr')", "LR"),
-        Binding("n", "toggle('show_grad')", "Grad norm"),
+        Binding("g", "toggle('show_grad')", "Grad norm"),
     ]
 
     class DataReady(Message):
