@@ -29,10 +29,9 @@ from typing import Any
 
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.roster import local_addr_index
-from tunedeck.core.rundir import FILE_MODE, RunDir, write_json_atomic, \
+from tunedeck.core.rundir import FILE_MODE, TERMINAL, RunDir, write_json_atomic, \
     write_text_private
 
-TERMINAL = ("succeeded", "failed", "stopped")
 TICK_S = 0.25
 TELEMETRY_S = 2.0
 AGENT_MODULE = "tunedeck.core.runs.agent"

@@ -12,7 +12,7 @@ from pathlib import Path
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.estimate.resolve import free_port
 from tunedeck.core.paths import runs_root
-from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir import TERMINAL, RunDir
 
 CONNECT_TIMEOUT_S = 2.0
 SYS_NET = Path("/sys/class/net")
@@ -23,9 +23,7 @@ def _is_master(ctx: Context) -> bool:
     return ctx.spec.cluster.node_rank == 0
 
 
-# state.json statuses of a run that ended (core/runs/state.py TERMINAL; the runs layer sits
-# above this one, so the registry cannot be asked)
-ENDED = ("succeeded", "failed", "stopped")
+ENDED = TERMINAL   # state.json statuses of a run that ended
 PENDING_GRACE_S = 120.0   # a run with no agent yet holds its port this long after its creation
 
 

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from tunedeck.core.spec import RunSpec
 
 
+# state.json statuses of a run that ended: one list for every layer that asks (runs, nodes,
+# preflight's port check)
+TERMINAL = ("succeeded", "failed", "stopped")
 FILE_MODE = 0o600     # a run's files: its owner only (they hold commands, paths, secrets)
 DIR_MODE = 0o700
 

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-TERMINAL = ("succeeded", "failed", "stopped")
+from tunedeck.core.rundir import TERMINAL  # re-exported: the runs layer names it from here
 STATUSES = ("pending", "running", *TERMINAL)   # what the agent writes (readers add `lost`)
 
 

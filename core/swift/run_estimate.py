@@ -89,13 +89,15 @@ def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     view = estimate_view(spec, _tables())
     if not length_is_bound(spec):
         return view, []
-    limit, source = run_defaults(spec).get("data.max_length", (None, ""))
-    if isinstance(limit, int) and check_option("data.max_length", limit)[1] is None:
+    # what run_settings puts in for an unset --max_length, without its second pass over
+    # the flag tables
+    limit = _model_limit(spec)
+    if limit and check_option("data.max_length", limit)[1] is None:
         view = set_values(view, {"data.max_length": limit})
         view.explicit = set(spec.explicit)
         return view, [f"data.max_length unset: ms-swift truncates at {limit} tokens "
-                      f"({source}), so the figures assume batches that long; set it to the "
-                      "data's longest sample for a tighter one"]
+                      f"(the model's length limit), so the figures assume batches that long; "
+                      "set it to the data's longest sample for a tighter one"]
     return view, [f"data.max_length unset and ms-swift's limit unknown here: the figures "
                   f"assume {view.data.max_length} tokens"]
 
