@@ -56,3 +56,10 @@ def test_single_node_runs_list_no_nodes_and_a_node_line_says_its_link(tmp_path):
     for part in ("node 1", "gpu-b", "running", "reconnecting", "2 drop(s)", "step 40",
                  "slowest rank 9", "8 GPU(s)", "1 finding(s)"):
         assert part in line, (part, line)
+    assert "shared fs" not in line
+    shared = {"node": 1, "host": "gpu-b", "reach": "connected", "shared_fs": True,
+              "ranks": [8, 15], "step": 3, "slowest_rank": None, "findings": 0}
+    assert "shared fs" in node_line(shared)
+    from tunedeck.core.nodes.view import format_rows
+    assert "connected+fs" in format_rows([shared])[1]
+    assert "+fs" not in format_rows([dict(shared, shared_fs=False)])[1]

@@ -161,12 +161,15 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
 
 
 def format_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """`tunedeck nodes` as text; a link marked +fs shares the head's filesystem (the node's
+    records are written in place, not streamed)."""
     out = [f"{'node':>4}  {'host':<16} {'status':<10} {'link':<13} {'ranks':<9} {'step':>7} "
            f"{'slowest':>7} {'gpus':>4} {'finds':>5}"]
     for r in rows:
         ranks = f"{r['ranks'][0]}-{r['ranks'][-1]}" if r["ranks"] else "-"
+        reach = str(r.get("reach")) + ("+fs" if r.get("shared_fs") else "")
         out.append(f"{r['node']:>4}  {str(r.get('host') or '')[:16]:<16} "
-                   f"{str(r.get('status') or '-')[:10]:<10} {str(r.get('reach'))[:13]:<13} "
+                   f"{str(r.get('status') or '-')[:10]:<10} {reach[:13]:<13} "
                    f"{ranks:<9} {r['step'] if r['step'] is not None else '-':>7} "
                    f"{r['slowest_rank'] if r['slowest_rank'] is not None else '-':>7} "
                    f"{r.get('gpus', 0):>4} {r['findings']:>5}")

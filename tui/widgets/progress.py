@@ -97,6 +97,8 @@ def node_line(n: dict) -> str:
              "shared fs": "green"}.get(reach, "yellow")
     parts = [f"node {n.get('node')} [b]{escape(str(n.get('host') or '?'))}[/b]",
              escape(str(n.get("status") or "-")), f"[{style}]{escape(reach)}[/]"]
+    if n.get("shared_fs"):   # its records are written in place: nothing to stream or lose
+        parts.append("[dim]shared fs[/]")
     if n.get("drops"):
         parts.append(f"{n['drops']} drop(s)")
     if n.get("step") is not None:
