@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tunedeck.core.rundir import RunDir
 from tunedeck.tui.cli import main
 
 KINDS = ("truncated", "empty", "garbage", "wrong")
@@ -265,3 +266,25 @@ def test_an_empty_state_json_shows_instead_of_hiding_the_run(tmp_path, monkeypat
     (run_dir / "state.json").write_bytes(b"")
     rc, out, _ = _run(monkeypatch, capsys, tmp_path / "home", "ls")
     assert rc == 0 and "damaged: state.json: empty" in out
+
+
+def test_doctor_tells_a_spec_cut_at_a_line_from_a_whole_one(tmp_path):
+    """A spec.toml cut short can still be valid TOML; the keys it lost would come back as
+    defaults in a clone or a resume."""
+    from tunedeck.core.runs.doctor import _spec
+    from tunedeck.core.spec import RunSpec
+
+    run = RunDir(tmp_path)
+    spec = RunSpec(name="d")
+    spec.data.path = str(tmp_path / "chat.jsonl")
+    whole = spec.to_toml()
+    for text, problem in ((whole, None),
+                          (whole[:whole.index("\n[train]") + 1], "no [env] table"),
+                          (whole[:whole.index("lora_rank = ") + len("lora_rank = 1")],
+                           "no newline")):
+        run.spec.write_text(text)
+        got = _spec(run).problem
+        assert (got is None) if problem is None else (problem in got), (problem, got)
+    swift = RunSpec(name="s", backend="swift").to_toml()   # leaves unset keys out
+    run.spec.write_text(swift)
+    assert _spec(run).problem is None

@@ -62,9 +62,23 @@ def _spec(run: RunDir) -> FileCheck:
     if not run.spec.exists():
         return FileCheck("spec.toml", "missing", "clone and resume need it")
     try:
-        load_spec(run.spec)
+        spec = load_spec(run.spec)
     except SpecError as e:
         return FileCheck("spec.toml", str(e).splitlines()[0], "clone and resume need it")
+    # A file cut short can still be valid TOML ("lora_rank = 1" of 16, or whole tables
+    # gone): the keys left out would come back as defaults. tunedeck writes whole lines and,
+    # for the trainers' specs, every table, [env] last.
+    try:
+        raw = run.spec.read_bytes()
+    except OSError as e:
+        return FileCheck("spec.toml", f"cannot read: {e.strerror or e}", "clone and resume "
+                         "need it")
+    if raw and not raw.endswith(b"\n"):
+        return FileCheck("spec.toml", "cut short: its last line has no newline",
+                         "clone and resume need it; its settings may have lost values")
+    if spec.backend != "swift" and raw and b"\n[env]" not in raw:
+        return FileCheck("spec.toml", "cut short: no [env] table (written last)",
+                         "clone and resume need it; its settings may have lost values")
     return FileCheck("spec.toml", None)
 
 
