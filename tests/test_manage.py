@@ -97,6 +97,20 @@ def test_swift_version_folders_are_searched(tmp_path):
 
 # -- resume ------------------------------------------------------------------------------
 
+def test_a_spec_cut_short_is_neither_cloned_nor_resumed(root):
+    """Valid TOML all the same ("lora_rank = 1" of 16): its lost keys would be defaults."""
+    run_dir = make_run(root, "r-cut", status="stopped", step=120, max_steps=300,
+                       checkpoints=(50, 100))
+    spec = run_dir / "spec.toml"
+    text = spec.read_text()
+    spec.write_text(text[:text.index("[env]")])     # whole lines, [env] and beyond gone
+    for made in (clone_spec, resume_spec):
+        with pytest.raises(ManageError, match="damaged .*no \\[env\\] table"):
+            made(read_run(run_dir))
+    spec.write_text(text)
+    assert clone_spec(read_run(run_dir)).spec.name
+
+
 def test_resume_spec_continues_from_the_newest_complete_checkpoint(root):
     run_dir = make_run(root, "r-stopped", status="stopped", step=120, max_steps=300,
                        checkpoints=(50, 100))

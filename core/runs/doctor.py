@@ -56,6 +56,21 @@ def problems(checks: list[FileCheck]) -> list[FileCheck]:
     return [c for c in checks if c.problem]
 
 
+def cut_short(run: RunDir, backend: str) -> str | None:
+    """Why a spec.toml that loads was still cut short, or None. A cut file can be valid TOML
+    ("lora_rank = 1" of 16, whole tables gone) whose lost keys would come back as defaults;
+    tunedeck writes whole lines and, for the trainers' specs, every table, [env] last."""
+    try:
+        raw = run.spec.read_bytes()
+    except OSError as e:
+        return f"cannot read: {e.strerror or e}"
+    if raw and not raw.endswith(b"\n"):
+        return "cut short: its last line has no newline"
+    if backend != "swift" and raw and b"\n[env]" not in raw:
+        return "cut short: no [env] table (written last)"
+    return None
+
+
 def _spec(run: RunDir) -> FileCheck:
     from tunedeck.core.spec import SpecError, load_spec
 
@@ -65,20 +80,9 @@ def _spec(run: RunDir) -> FileCheck:
         spec = load_spec(run.spec)
     except SpecError as e:
         return FileCheck("spec.toml", str(e).splitlines()[0], "clone and resume need it")
-    # A file cut short can still be valid TOML ("lora_rank = 1" of 16, or whole tables
-    # gone): the keys left out would come back as defaults. tunedeck writes whole lines and,
-    # for the trainers' specs, every table, [env] last.
-    try:
-        raw = run.spec.read_bytes()
-    except OSError as e:
-        return FileCheck("spec.toml", f"cannot read: {e.strerror or e}", "clone and resume "
-                         "need it")
-    if raw and not raw.endswith(b"\n"):
-        return FileCheck("spec.toml", "cut short: its last line has no newline",
-                         "clone and resume need it; its settings may have lost values")
-    if spec.backend != "swift" and raw and b"\n[env]" not in raw:
-        return FileCheck("spec.toml", "cut short: no [env] table (written last)",
-                         "clone and resume need it; its settings may have lost values")
+    if why := cut_short(run, spec.backend):
+        return FileCheck("spec.toml", why, "clone and resume need it; its settings may have "
+                         "lost values")
     return FileCheck("spec.toml", None)
 
 

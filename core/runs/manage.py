@@ -34,6 +34,7 @@ from tunedeck.core.rundir.checkpoints import (
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.registry import RunInfo, list_runs
+from tunedeck.core.runs.doctor import cut_short
 from tunedeck.core.runs.state import TERMINAL, pid_alive
 from tunedeck.core.spec import RunSpec, SpecError, load_spec
 
@@ -56,9 +57,13 @@ def frozen_spec(run: RunInfo) -> RunSpec:
     if not path.is_file():
         raise ManageError(f"{run.run_id} has no spec.toml ({path})")
     try:
-        return read_secrets(run.run).unmask_spec(load_spec(path))
+        spec = load_spec(path)
     except SpecError as e:
         raise ManageError(f"{run.run_id}'s spec.toml does not load any more: {e}") from None
+    if why := cut_short(run.run, spec.backend):
+        raise ManageError(f"{run.run_id}'s spec.toml is damaged ({why}): its lost settings "
+                          f"would come back as defaults; see `tunedeck doctor {run.run_id}`")
+    return read_secrets(run.run).unmask_spec(spec)
 
 
 def run_output_dir(run: RunInfo) -> Path:
