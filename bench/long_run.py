@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()  # tunedeck from this checkout unless installed
 
 TICK_S = 0.5
+WINDOW_S = 300     # the live row's windows
 WEEK_S = 7 * 86400
 TARGETS = {
     "agent_rss": "flat, <= 300 MiB after 1 h",
@@ -397,7 +398,9 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
     time.sleep(1.0)    # the agent opens run.db and makes its monitors
     th = threading.Thread(target=writer, daemon=True)
     lags: list[float] = []
+    lag_at: list[tuple[float, float]] = []     # (seconds in, lag) for the windows
     rss: list[tuple[float, float]] = []
+    cpu_at: list[tuple[float, float]] = []     # (seconds in, the agent's CPU seconds)
     metrics_calls: list[tuple[float, float]] = []
     th.start()
     t_start = time.time()
@@ -417,12 +420,16 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
                 top = None
             if top and top > seen:
                 t_seen = time.time()
-                lags.extend(t_seen - written.pop(s) for s in range(seen + 1, top + 1)
-                            if s in written)   # popped: an hour's steps are not all kept
+                new = [t_seen - written.pop(s) for s in range(seen + 1, top + 1)
+                       if s in written]   # popped: an hour's steps are not all kept
+                lags.extend(new)
+                if new:
+                    lag_at.append((t_seen - t_start, max(new)))
                 seen = top
         if now >= next_sample:
-            _, r = proc_stat(child.pid)
+            c, r = proc_stat(child.pid)
             rss.append((now - t_start, r))
+            cpu_at.append((now - t_start, c))
             next_sample += 1.0
         if now >= next_metrics and now - t_start > 2 and not caller.is_alive():
             # in a thread: the lag probe keeps polling while the command runs
@@ -457,7 +464,19 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / \
             sum((x - mx) ** 2 for x in xs)
-    return {"seconds": elapsed, "lines": seen * ranks, "cpu_pct": 100 * (cpu1 - cpu0) / elapsed,
+    # per window (WINDOW_S): the agent's CPU and the worst lag a poll saw, to tell a cost
+    # that grows with the run from one that follows the machine
+    windows = []
+    for w0 in range(0, int(elapsed), WINDOW_S):
+        cs = [(t, c) for t, c in cpu_at if w0 <= t <= w0 + WINDOW_S]
+        ls = sorted(x for t, x in lag_at if w0 <= t < w0 + WINDOW_S)
+        if len(cs) > 1:
+            windows.append({"from_s": w0, "cpu_pct": round(100 * (cs[-1][1] - cs[0][1]) /
+                                                           (cs[-1][0] - cs[0][0]), 1),
+                            "lag_p99_poll": round(ls[min(int(0.99 * len(ls)), len(ls) - 1)],
+                                                  3) if ls else None,
+                            "load1": os.getloadavg()[0] if w0 + WINDOW_S > elapsed else None})
+    return {"seconds": elapsed, "lines": seen * ranks, "windows": windows, "cpu_pct": 100 * (cpu1 - cpu0) / elapsed,
             "rss_start_mib": first_rss, "rss_end_mib": rss[-1][1],
             "rss_max_mib": max(r for _, r in rss), "rss_slope_mib_per_min": slope * 60,
             "lag_p50": pct(0.5), "lag_p90": pct(0.9), "lag_p99": pct(0.99),
