@@ -400,7 +400,7 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
     lags: list[float] = []
     lag_at: list[tuple[float, float]] = []     # (seconds in, lag) for the windows
     rss: list[tuple[float, float]] = []
-    cpu_at: list[tuple[float, float]] = []     # (seconds in, the agent's CPU seconds)
+    cpu_at: list[tuple[float, float, float]] = []   # (seconds in, agent CPU s, load 1 min)
     metrics_calls: list[tuple[float, float]] = []
     th.start()
     t_start = time.time()
@@ -429,7 +429,7 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
         if now >= next_sample:
             c, r = proc_stat(child.pid)
             rss.append((now - t_start, r))
-            cpu_at.append((now - t_start, c))
+            cpu_at.append((now - t_start, c, os.getloadavg()[0]))
             next_sample += 1.0
         if now >= next_metrics and now - t_start > 2 and not caller.is_alive():
             # in a thread: the lag probe keeps polling while the command runs
@@ -468,14 +468,14 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
     # that grows with the run from one that follows the machine
     windows = []
     for w0 in range(0, int(elapsed), WINDOW_S):
-        cs = [(t, c) for t, c in cpu_at if w0 <= t <= w0 + WINDOW_S]
+        cs = [(t, c, ld) for t, c, ld in cpu_at if w0 <= t <= w0 + WINDOW_S]
         ls = sorted(x for t, x in lag_at if w0 <= t < w0 + WINDOW_S)
         if len(cs) > 1:
             windows.append({"from_s": w0, "cpu_pct": round(100 * (cs[-1][1] - cs[0][1]) /
                                                            (cs[-1][0] - cs[0][0]), 1),
                             "lag_p99_poll": round(ls[min(int(0.99 * len(ls)), len(ls) - 1)],
                                                   3) if ls else None,
-                            "load1": os.getloadavg()[0] if w0 + WINDOW_S > elapsed else None})
+                            "load1_end": round(cs[-1][2], 2)})
     return {"seconds": elapsed, "lines": seen * ranks, "windows": windows, "cpu_pct": 100 * (cpu1 - cpu0) / elapsed,
             "rss_start_mib": first_rss, "rss_end_mib": rss[-1][1],
             "rss_max_mib": max(r for _, r in rss), "rss_slope_mib_per_min": slope * 60,
