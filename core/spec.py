@@ -813,6 +813,9 @@ def _between_keys(spec: RunSpec) -> list[str]:
         elif spec.parallel.strategy != "ddp":
             out.append(f"method.fp8_base needs parallel.strategy ddp (the fp8 copies are not "
                        f"sharded); got {spec.parallel.strategy}")
+        elif spec.model.dtype in ("float16", "float32"):
+            out.append(f"method.fp8_base computes in bf16 (its fp8 products return bf16); "
+                       f"model.dtype is {spec.model.dtype}: set it to bfloat16 or auto")
         elif spec.method.lora_dropout > 0:
             out.append(f"method.fp8_base needs method.lora_dropout = 0 (the fp8 LoRA layer "
                        f"has no dropout); got {spec.method.lora_dropout}")

@@ -117,12 +117,16 @@ def test_an_fp8_base_needs_fp8_units(monkeypatch):
     assert "method.fp8_base" in why and "A100" in why and "8.0" in why
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     assert fp8_problem(torch.device("cuda", 0)) is None
+    why = fp8_problem(torch.device("cuda", 0), torch.float16)
+    assert "bf16" in why and "float16" in why and "model.dtype" in why
+    assert fp8_problem(torch.device("cpu"), torch.float32) is None   # CPU: any float
 
 
 @pytest.mark.parametrize("values, words", [
     ({"method.type": "qlora"}, "method.type lora, not qlora"),
     ({"parallel.strategy": "fsdp2"}, "parallel.strategy ddp"),
     ({"method.lora_dropout": 0.05}, "method.lora_dropout = 0"),
+    ({"model.dtype": "float16"}, "model.dtype is float16"),
 ])
 def test_fp8_base_combinations_that_cannot_run_are_named(values, words):
     from tunedeck.core.spec import RunSpec, cross_checks, set_values

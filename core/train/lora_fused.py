@@ -153,14 +153,19 @@ def eligible(module: nn.Module) -> bool:
     return isinstance(drop, nn.Identity) or (isinstance(drop, nn.Dropout) and drop.p == 0)
 
 
-def fp8_problem(device: torch.device) -> str | None:
-    """Why method.fp8_base cannot run on `device`, or None."""
+def fp8_problem(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why method.fp8_base cannot run on `device` computing in `dtype`, or None. CUDA's
+    row-wise scaled products return bf16 only; CPU's return any float dtype."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
             return (f"method.fp8_base needs a GPU with fp8 matrix units (compute capability "
                     f"8.9 or newer: L40S, H100, H200...); {torch.cuda.get_device_name(device)} "
                     f"is {major}.{minor}. Set method.fp8_base = false")
+        if dtype != torch.bfloat16:
+            return (f"method.fp8_base computes in bf16 on a GPU (its fp8 products return "
+                    f"bf16); model.dtype makes it {str(dtype).removeprefix('torch.')}. Set "
+                    f"model.dtype = \"bfloat16\" or method.fp8_base = false")
     return None
 
 

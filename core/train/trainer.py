@@ -273,7 +273,7 @@ class Trainer:
         self.model = model
         if self.method == "lora" and spec.parallel.strategy == "ddp":
             fp8 = spec.method.fp8_base
-            why = fp8_problem(d.device) if fp8 else None
+            why = fp8_problem(d.device, self.dtype) if fp8 else None
             if why:
                 raise ValueError(why)
             fuse_lora(model, d.device, fp8=fp8)   # the adapter inside the frozen matmul's passes
