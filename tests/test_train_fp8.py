@@ -105,6 +105,8 @@ def test_fp8_base_swaps_every_lora_linear_and_frees_the_bf16_weights():
     assert set(g) == set(ref_g) and all(torch.isfinite(t).all() and t.norm() > 0
                                         for t in g.values())
     assert set(m.state_dict()) == set(ref.state_dict())   # the adapters save like peft's
+    with m.disable_adapter(), pytest.raises(RuntimeError, match="fp8 copies"):
+        m(input_ids=x)   # peft's own forward would have met the emptied weight
 
 
 def test_an_fp8_base_needs_fp8_units(monkeypatch):

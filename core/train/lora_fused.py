@@ -112,6 +112,10 @@ def base_numel(model: nn.Module) -> int:
 def _fused_forward(self, x, *args, **kwargs):
     """forward of a peft LoRA Linear (one adapter, no dropout, not merged), fused."""
     if self.disable_adapters or self.merged or list(self.active_adapters) != ["default"]:
+        if hasattr(self, "_tunedeck_fp8"):   # peft's own forward would meet an empty weight
+            raise RuntimeError("method.fp8_base: this layer's frozen weight lives in fp8 "
+                               "copies; running it with the adapter disabled, merged or "
+                               "switched is not supported")
         return self._tunedeck_peft_forward(x, *args, **kwargs)
     base = self.base_layer
     dev = x.device.type
