@@ -1,4 +1,5 @@
-"""GPU checks: count, uniformity, bf16, fp8 (method.fp8_base), driver vs CUDA build, device order, NCCL, interconnect.
+"""GPU checks: count, uniformity, bf16, fp8 (method.fp8_base), driver vs CUDA build, device
+order, NCCL, interconnect.
 
 The facts come from core/telemetry/gpus.py (`ctx.gpus`, probed once per context). `GpuFacts`
 is plain data: tests build one by hand to exercise the rules.
@@ -236,5 +237,5 @@ def check_interconnect(ctx: Context) -> CheckResult:
     return result(id, title, "pass", detail)
 
 
-CHECKS = [check_gpu_count, check_gpu_uniform, check_bf16, check_fp8, check_driver, check_device_order,
-          check_nccl, check_interconnect]
+CHECKS = [check_gpu_count, check_gpu_uniform, check_bf16, check_fp8, check_driver,
+          check_device_order, check_nccl, check_interconnect]

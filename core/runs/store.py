@@ -380,8 +380,8 @@ class Store:
                 if kind != "step" and kind != "eval":
                     if kind == "start":
                         ms = e.get("max_steps")
-                        if isinstance(ms, int) and not isinstance(ms, bool):
-                            max_steps[rank] = _int64(ms) or None
+                        if (ms := _int64(ms)) is not None:
+                            max_steps[rank] = ms or None
                     continue
                 step = e.get("step")
                 if type(step) is not int or step < 0 or step > I64:
@@ -990,10 +990,8 @@ def _num(v: Any) -> int | float | None:
 def _step_of(e: dict[str, Any]) -> int | None:
     """The step of a step/eval event: an int, as the schema says (a float step is not one,
     as `tunedeck metrics` has always read it)."""
-    step = e.get("step")
-    if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= I64:
-        return step
-    return None
+    step = _int64(e.get("step"))
+    return step if step is not None and step >= 0 else None
 
 
 def last_max_steps(db: sqlite3.Connection, rank: int) -> int | None:
@@ -1005,8 +1003,8 @@ def last_max_steps(db: sqlite3.Connection, rank: int) -> int | None:
                 ms = json.loads(data).get("max_steps")
             except (ValueError, AttributeError):
                 continue
-            if isinstance(ms, int) and not isinstance(ms, bool):
-                return _int64(ms) or None
+            if (ms := _int64(ms)) is not None:
+                return ms or None
     except sqlite3.Error:
         pass
     return None
@@ -1027,8 +1025,8 @@ def _tail_row(name: str, off: int, line: bytes, file_rank: int | None,
     kind = e.get("kind")
     if kind == "start":
         ms = e.get("max_steps")
-        if isinstance(ms, int) and not isinstance(ms, bool):
-            state[0] = _int64(ms) or None
+        if (ms := _int64(ms)) is not None:
+            state[0] = ms or None
         return None
     code = _KIND_CODE.get(kind)
     step = _step_of(e)
