@@ -159,17 +159,23 @@ def _mount_tmpfs(path: Path, size: str) -> None:
                    check=True, capture_output=True)
 
 
-def _fill(path: Path) -> Path:
-    """Write until the file system says ENOSPC."""
+def _filler(path: Path) -> Path:
+    """An empty file made before the run starts: CI once got ENOSPC from creating the filler
+    itself on a disk with room (a tmpfs inode can fail to allocate), so filling only appends."""
     filler = path / "filler"
-    with open(filler, "wb") as f:
+    filler.touch()
+    return filler
+
+
+def _fill(path: Path) -> None:
+    """Append to the disk's filler until the file system says ENOSPC."""
+    with open(path / "filler", "ab") as f:
         try:
             while True:
                 f.write(b"\0" * (64 << 10))
                 f.flush()
         except OSError:
             pass
-    return filler
 
 
 def _can_mount() -> str | None:
@@ -211,6 +217,8 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
             (aside / name).mkdir(exist_ok=True)
             (run_dir / name).symlink_to(aside / name)
         (run_dir / "run.db").symlink_to(dbfs / "run.db")
+        _filler(dbfs)
+        _filler(run_dir)
         start_agent(run_dir)
         wait_for(lambda: _stored_steps(td_home, run_id) >= 3, 120, "steps in run.db")
 
