@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import DEMO
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.runs import launch
 from tunedeck.core.runs.manage import (ManageError, clone_spec, complete_checkpoints,
                                        delete_run, live_reason, newest_checkpoint, plan_delete,
@@ -93,6 +94,37 @@ def test_swift_version_folders_are_searched(tmp_path):
     write_checkpoint(out / "v1-20250102-120000" / "deeper", 99)   # not a checkpoint's place
     assert [c.step for c in complete_checkpoints(out)] == [10, 30]
     assert newest_checkpoint(out).path == out / "v1-20250102-120000" / "checkpoint-30"
+
+
+def test_a_restart_continues_from_the_last_checkpoint_written(tmp_path):
+    """attempt > 0: the latest write in the run's own folder (not the highest step: an older
+    run's checkpoint-500 left there, or a history resumed from an older step, must not win);
+    the first attempt: train.resume_from ("auto" = highest step)."""
+    out = tmp_path / "out"
+    old = write_checkpoint(out / "v0-20250101-120000", 500)       # an earlier run's
+    os.utime(old / "trainer_state.json", (1e9, 1e9))
+    mine = write_checkpoint(out / "v1-20250102-120000", 40)
+    given = write_checkpoint(tmp_path / "elsewhere", 7)
+    assert resume_point("", out, 1) == mine
+    assert resume_point(str(given), out, 2) == mine
+    assert resume_point("", out, 0) is None
+    assert resume_point(str(given), out, 0) == given
+    assert resume_point("auto", out, 0) == old
+    assert resume_point("", out, 1, nested=False) is None        # the built-in trainer's layout
+    assert resume_point(str(given), out, 1, nested=False) == given
+    assert resume_point("auto", tmp_path / "missing", 3) is None
+
+
+def test_a_restart_command_names_its_checkpoint_once():
+    from tunedeck.core.backends.base import Restart
+
+    r = Restart(Path("/o/v1/checkpoint-40"), "from checkpoint-40", "--resume_from_checkpoint")
+    argv = ["python", "-m", "swift.cli.sft", "--resume_from_checkpoint", "/o/checkpoint-2",
+            "--lr", "1", "--resume_from_checkpoint=/x", "--output_dir", "/o"]
+    assert r.argv(argv) == ["python", "-m", "swift.cli.sft", "--lr", "1", "--output_dir", "/o",
+                            "--resume_from_checkpoint", "/o/v1/checkpoint-40"]
+    assert Restart.at(None, "--resume_from_checkpoint").argv(argv) == argv     # step 0
+    assert Restart.at(Path("/o/checkpoint-3")).argv(argv) == argv   # the trainer looks itself
 
 
 # -- resume ------------------------------------------------------------------------------

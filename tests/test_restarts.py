@@ -57,6 +57,8 @@ def test_crashed_trainer_is_restarted_and_resumes(td_home, monkeypatch):
     starts = [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open()
               if '"start"' in x]
     assert starts[1]["resumed_from"].endswith("checkpoint-5") and starts[1]["start_step"] == 5
+    # the agent said where the restart would continue before the trainer found it
+    assert "restarting in 0.5s from checkpoint-5" in (run_dir / "logs" / "agent.log").read_text()
     steps = [r["step"] for r in cli_json("metrics", run_id, home=td_home)]
     assert steps == list(range(1, 13))
     # the loss curve continues: steps 6..7 were done twice, and the resumed ones are kept

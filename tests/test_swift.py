@@ -4,6 +4,8 @@ preset accepted by the installed ms-swift's own argument parser, and a real CPU 
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 
 import pytest
 
@@ -130,3 +132,64 @@ extra_args = ["--logging_steps", "1"]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(isinstance(r["loss"], float) and r["loss"] > 0 for r in recs)
     assert recs[0]["learning_rate"] > 0
+    # what the monitor writes as it closes (the end it read in logging.jsonl) reaches run.db
+    with closing(sqlite3.connect(td_home / "runs" / run_id / "run.db")) as db:
+        kinds = {k for (k,) in db.execute("SELECT kind FROM events")}
+    assert "end" in kinds, kinds
+
+
+@pytest.mark.slow
+@needs_swift
+def test_swift_restart_resumes_from_its_checkpoint(td_home, tmp_path):
+    """A real ms-swift CPU run whose rank 1 dies at step 5 of the first attempt (a plugin
+    callback), after checkpoint-4: the agent restarts it with --resume_from_checkpoint naming
+    that checkpoint, says so in the restart message, and ms-swift continues from step 5
+    rather than step 1."""
+    plugin = REPO / "tests" / "scripts" / "swift_crash_once.py"
+    spec = tmp_path / "swift.toml"
+    spec.write_text(f"""name = "swift-restart"
+backend = "swift"
+[model]
+path = "builtin:tiny-qwen2"
+[data]
+path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+max_length = 48
+[train]
+max_steps = 8
+save_steps = 2
+per_device_batch_size = 2
+learning_rate = 5e-3
+[run]
+max_restarts = 1
+restart_pause_s = 0.5
+[cluster]
+device = "cpu"
+cpu_procs = 2
+[env]
+SWIFT_CRASH_AT_STEP = "5"
+[swift]
+extra_args = ["--logging_steps", "1", "--external_plugins", "{plugin}",
+              "--callbacks", "crash_once"]
+""")
+    proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=600)
+    run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    run_dir = td_home / "runs" / run_id
+    state = json.loads((run_dir / "state.json").read_text())
+    log = (run_dir / "logs" / "agent.log").read_text()
+    assert proc.returncode == 0 and state["status"] == "succeeded", (state, log[-3000:])
+    assert [a["exit_code"] != 0 for a in state["attempts"]] == [True, False], state
+    # the restart line and the second attempt's command name the checkpoint
+    assert "restarting in 0.5s from checkpoint-4" in log, log[-3000:]
+    second = [ln for ln in log.splitlines() if "attempt 1: torchrun pid" in ln]
+    assert len(second) == 1 and second[0].count("--resume_from_checkpoint") == 1, second
+    assert second[0].split("--resume_from_checkpoint ")[1].split()[0].endswith("checkpoint-4")
+    # ms-swift went on from step 5 in its next version folder: no step 1-4 there
+    out = run_dir / "output"
+    logs = sorted(out.glob("v*-*/logging.jsonl"))
+    assert len(logs) == 2, logs
+    resumed = [r["global_step/max_steps"] for r in map(json.loads, logs[1].open())
+               if "loss" in r]
+    assert resumed and resumed[0].startswith("5/"), resumed
+    assert resumed[-1] == "8/8", resumed
+    steps = [r["step"] for r in cli_json("metrics", run_id, home=td_home)]
+    assert steps[-1] == 8 and set(range(1, 9)) <= set(steps), steps

@@ -10,6 +10,7 @@ done by the agent before torchrun starts (`tunedeck.core.runs.agent`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from tunedeck.core.backends.plan import LaunchPlan
@@ -35,6 +36,42 @@ def _no_checks(spec: RunSpec, local: bool) -> None:
 
 
 @dataclass(frozen=True)
+class Restart:
+    """Where a restarted attempt continues. `checkpoint` None: from step 0, or the trainer
+    finds its own (a user's script); `note` says which for the agent's restart message ("" when
+    the backend cannot tell); `flag`: how the trainer is told (ms-swift's), "" when it looks
+    for itself (the built-in trainer)."""
+    checkpoint: Path | None
+    note: str
+    flag: str = ""
+
+    @classmethod
+    def at(cls, path: Path | None, flag: str = "") -> Restart:
+        if path is None:
+            return cls(None, "from step 0: no checkpoint written yet")
+        return cls(path, f"from {path.name}", flag)
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """The attempt's command: the flag with this checkpoint replaces any the plan had."""
+        if not self.flag or self.checkpoint is None:
+            return argv
+        out: list[str] = []
+        skip = False
+        for w in argv:
+            if skip:
+                skip = False
+            elif w == self.flag:
+                skip = True
+            elif not w.startswith(self.flag + "="):
+                out.append(w)
+        return out + [self.flag, str(self.checkpoint)]
+
+
+def _restart_unknown(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
+    return Restart(None, "")
+
+
+@dataclass(frozen=True)
 class Backend:
     name: str
     # spec (resolved) + run directory → plan; pure
@@ -44,3 +81,5 @@ class Backend:
     check: Callable[[RunSpec, bool], None] = _no_checks
     # the monitors a run of this backend adds on this node (they turn its logs into events)
     monitors: Callable[[RunDir, RunSpec], list[Monitor]] = _no_monitors
+    # what an attempt after the first continues from, once the one before it has ended
+    restart: Callable[[RunSpec, RunDir, int], Restart] = _restart_unknown

@@ -3,10 +3,11 @@ The trainer writes the event stream itself, so the backend adds no monitor."""
 
 from __future__ import annotations
 
-from tunedeck.core.backends.base import Backend
+from tunedeck.core.backends.base import Backend, Restart
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.spec import RunSpec
 
 
@@ -14,4 +15,13 @@ def build_plan(spec: RunSpec, run: RunDir) -> LaunchPlan:
     return torchrun_plan(spec, run, ["-m", "tunedeck.core.train", "--run-dir", str(run.path)])
 
 
-BACKEND = Backend("builtin", build_plan)
+def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
+    """What the trainer's rank 0 will pick (tunedeck.core.train.trainer.resume_source); read
+    on the head only, the node whose output folder rank 0 writes."""
+    if spec.cluster.node_rank > 0:
+        return Restart(None, "")
+    return Restart.at(resume_point(spec.train.resume_from, run.output_dir(spec), attempt,
+                                   nested=False))
+
+
+BACKEND = Backend("builtin", build_plan, restart=restart)

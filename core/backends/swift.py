@@ -15,18 +15,20 @@ events/rank0.jsonl, the same stream the built-in trainer writes, read by the ing
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.backends.base import Backend, Monitor
+from tunedeck.core.backends.base import Backend, Monitor, Restart
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.parsers import parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail, Tail
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec, get_value, is_set
 from tunedeck.core.swift.flags import validate
@@ -182,7 +184,10 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
         if not flag or not wanted(flag) or not is_set(spec, kf.key):
             continue
         value = get_value(spec, kf.key)
-        if emits(kf, value):
+        if kf.key == "train.resume_from" and value == "auto":   # a folder to ms-swift
+            found = resume_point(value, Path(output_dir), 0) if output_dir else None
+            args += [f"--{flag}", str(found)] if found else []
+        elif emits(kf, value):
             args += [f"--{flag}", *encode(kf, value)]
     for key, flag in (("data.model_name", "model_name"), ("data.model_author", "model_author")):
         value = get_value(spec, key)
@@ -313,18 +318,20 @@ class SwiftLogMonitor:
         self.writer = EventWriter(run.path, 0, dedupe_steps=True)
         self.tail = RankLogTail(run, log_rank)
         self.jsonl: Tail | None = None
+        self.announced: Path | None = None   # what the logging rank said it writes
         self.parser = MetricsParser()       # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
 
     def _discover(self, lines: list[str]) -> None:
         for line in lines:
-            found = None
             for m in ANNOUNCE.finditer(line):
-                found = Path(m.group(1))
-            if found:
-                self._use(found)
-        if self.jsonl is None or not self.jsonl.path.exists():
+                self.announced = Path(m.group(1))
+        if self.announced is not None:
+            # the newest attempt's own file, followed even before ms-swift creates it: the
+            # older attempt's file still exists and must not win meanwhile
+            self._use(self.announced)
+        elif self.jsonl is None or not self.jsonl.path.exists():
             # restarts make new v<N>-<time> folders: follow the newest
             found = sorted(self.output_dir.glob("v*-*/logging.jsonl"),
                            key=lambda p: p.stat().st_mtime)
@@ -336,6 +343,7 @@ class SwiftLogMonitor:
 
     def _use(self, path: Path) -> None:
         if self.jsonl is None or path != self.jsonl.path:
+            logging.getLogger("tunedeck.agent").info("ms-swift's metrics: %s", path)
             self.jsonl = Tail(path)
 
     def _read_jsonl(self) -> None:
@@ -405,4 +413,19 @@ def cli_form(spec: RunSpec, output_dir: str | None) -> tuple[dict[str, str], lis
     return env, [*CLI_FORM[spec.swift.command], *args]
 
 
-BACKEND = Backend("swift", build_plan, check, monitors)
+RESUME_FLAG = "--resume_from_checkpoint"
+
+
+def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
+    """A restart continues from the last checkpoint ms-swift wrote (its next version folder
+    holds the new attempt), passed as --resume_from_checkpoint in place of any the plan had.
+    Not across nodes: ms-swift's rank 0 alone writes checkpoints, so a node that does not
+    share the head's folder would start from step 0 while the head resumes."""
+    if spec.cluster.nnodes > 1:
+        return Restart(None, "from step 0 (ms-swift on several nodes: `tunedeck resume` "
+                             "continues from its newest checkpoint once the run has ended)")
+    return Restart.at(resume_point(spec.train.resume_from, run.output_dir(spec), attempt),
+                      RESUME_FLAG)
+
+
+BACKEND = Backend("swift", build_plan, check, monitors, restart)

@@ -29,9 +29,8 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / f"checkpoint-{step}"
 
 
-def complete_checkpoints(output_dir: Path, nested: bool = True) -> list[Checkpoint]:
-    """Complete checkpoints, oldest step first; `nested` also looks one folder down
-    (ms-swift's version folders)."""
+def _found(output_dir: Path, nested: bool) -> list[tuple[int, float, Path]]:
+    """(step, when trainer_state.json was written, folder) of each complete checkpoint."""
     found: list[tuple[int, float, Path]] = []
 
     def look(folder: Path, depth: int) -> None:
@@ -52,10 +51,32 @@ def complete_checkpoints(output_dir: Path, nested: bool = True) -> list[Checkpoi
                 look(Path(e.path), 1)
 
     look(Path(output_dir), 0)
+    return found
+
+
+def complete_checkpoints(output_dir: Path, nested: bool = True) -> list[Checkpoint]:
+    """Complete checkpoints, oldest step first; `nested` also looks one folder down
+    (ms-swift's version folders)."""
     # ms-swift restarts its step count in each version folder: the later write wins a tie
-    return [Checkpoint(p, step) for step, _, p in sorted(found)]
+    return [Checkpoint(p, step) for step, _, p in sorted(_found(output_dir, nested))]
 
 
 def newest_checkpoint(output_dir: Path, nested: bool = True) -> Checkpoint | None:
     done = complete_checkpoints(output_dir, nested)
     return done[-1] if done else None
+
+
+def resume_point(want: str, output_dir: Path, attempt: int, nested: bool = True) -> Path | None:
+    """The checkpoint an attempt of a run starts from (None: step 0). A restart (attempt > 0)
+    continues from the last checkpoint written into the run's output folder: the latest write,
+    not the highest step, so a run resumed from an older checkpoint, or an output folder an
+    earlier run left checkpoints in, never sends it back to someone else's history. Without
+    one, or on the first attempt, train.resume_from: a folder, or "auto" = the highest step."""
+    if attempt > 0:
+        found = _found(output_dir, nested)
+        if found:
+            return max(found, key=lambda f: (f[1], f[0]))[2]
+    if want == "auto":
+        c = newest_checkpoint(output_dir, nested)
+        return c.path if c else None
+    return Path(want).expanduser() if want else None

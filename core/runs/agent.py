@@ -41,6 +41,8 @@ from typing import Any
 
 import psutil
 
+from tunedeck.core.backends import backend_of
+from tunedeck.core.backends.base import Restart
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.secrets import read_secrets
@@ -352,9 +354,12 @@ class Agent:
             _reap()
             attempt += 1
             pause = self.spec.run.restart_pause_s
+            where = self.restart_point(attempt).note
             self.save(attempt=attempt, message=f"attempt {attempt - 1} failed (exit code {rc});"
-                      f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s")
-            log.info("attempt %d failed with %s; restarting in %.1fs", attempt - 1, rc, pause)
+                      f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s"
+                      + (f", {where}" if where else ""))
+            log.info("attempt %d failed with %s; restarting in %.1fs %s", attempt - 1, rc,
+                     pause, where)
             if self.pause_unless_stopped(pause):
                 break
         return self.finish(rc, how)
@@ -372,7 +377,18 @@ class Agent:
         env["TUNEDECK_RUN_DIR"] = str(self.rundir.path)
         env["TUNEDECK_ATTEMPT"] = str(attempt)
         env["TUNEDECK_LAUNCH_ID"] = launch_id
+        if attempt > 0:
+            argv = self.restart_point(attempt).argv(argv)
         return argv, env
+
+    def restart_point(self, attempt: int) -> Restart:
+        """Where attempt N > 0 continues (the backend's reading of the output folder; the
+        attempt before it has ended, so the folder holds still while it is read)."""
+        try:
+            return backend_of(self.spec).restart(self.spec, self.rundir, attempt)
+        except Exception:   # never the run's end: the attempt starts as planned
+            log.exception("could not tell where attempt %d continues", attempt)
+            return Restart(None, "")
 
     def start_torchrun(self, attempt: int) -> None:
         node = self.plan["nodes"][self.node_rank]
@@ -660,6 +676,9 @@ class Agent:
                 notes += list(getattr(m, "end_notes", None) or [])
             except Exception:
                 log.exception("monitor %s failed at close", type(m).__name__)
+        # what the monitors wrote as they closed (a backend's last steps, its end) is in
+        # run.db too
+        self.ingest_all()
         self._close_store()
         req = self.rundir.read_stop()
         if not self.stop_mode and req:

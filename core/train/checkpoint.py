@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from tunedeck.core.rundir.checkpoints import STATE_FILE, checkpoint_path, newest_checkpoint
+from tunedeck.core.rundir.checkpoints import STATE_FILE, checkpoint_path
 from tunedeck.core.rundir.checkpoints import complete_checkpoints as _complete
 
 RNG_FILE = "rng_state.pt"
@@ -62,11 +62,6 @@ def read_state(path: Path) -> dict[str, Any]:
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoint folders of this trainer's output, oldest step first."""
     return [c.path for c in _complete(output_dir, nested=False)]
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    c = newest_checkpoint(output_dir, nested=False)
-    return c.path if c else None
 
 
 def rotate(output_dir: Path, keep: int, protect: Path | None = None) -> list[Path]:

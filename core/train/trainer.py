@@ -40,6 +40,7 @@ from tunedeck.core.train.data import Batches, load_datasets, make_loader, Packed
 from tunedeck.core.train.fastpath import LayerCompiler, check_varlen, compile_wanted, \
     is_compile_error, length_buckets, use_packed_attention
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
 from tunedeck.core.train.lora_fused import base_numel, fp8_problem, fuse_lora
@@ -368,15 +369,11 @@ class Trainer:
         """Rank 0 decides (it reads the output folder); the others follow."""
         want = self.spec.train.resume_from
         if self.d.rank == 0:
-            path: Path | str | None = None
-            if want and want != "auto":
-                path = Path(want).expanduser()
-                if not (path / ckpt.STATE_FILE).exists():
-                    path = f"train.resume_from: {path} is not a complete checkpoint " \
-                           f"(no {ckpt.STATE_FILE})"
-            elif want == "auto" or attempt() > 0:
-                path = ckpt.latest_checkpoint(self.output_dir)
+            path = resume_point(want, self.output_dir, attempt(), nested=False)
             found = str(path) if path is not None else None
+            if path is not None and not (path / ckpt.STATE_FILE).exists():
+                found = f"train.resume_from: {path} is not a complete checkpoint " \
+                        f"(no {ckpt.STATE_FILE})"
         else:
             found = None
         found = _bcast(found)
