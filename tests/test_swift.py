@@ -69,6 +69,20 @@ def test_flags_follow_the_spec():
 
 
 @needs_swift
+def test_resume_from_auto_names_a_folder_for_ms_swift(tmp_path):
+    """ms-swift takes a folder, never "auto": the newest complete checkpoint in the output
+    folder (its version folders too), or no flag when there is none yet."""
+    spec = _spec('[train]\nresume_from = "auto"\n')
+    assert "--resume_from_checkpoint" not in swift_args(spec, str(tmp_path))
+    ck = tmp_path / "v0-20260101-000000" / "checkpoint-6"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+    a = swift_args(spec, str(tmp_path))
+    assert a[a.index("--resume_from_checkpoint") + 1] == str(ck)
+    a = swift_args(_spec('[train]\nresume_from = "/ck/checkpoint-2"\n'), str(tmp_path))
+    assert a[a.index("--resume_from_checkpoint") + 1] == "/ck/checkpoint-2"
+
+
 def test_backend_refuses_flags_that_do_not_exist(tmp_path):
     spec = _spec('[swift]\nextra_args = ["--sp_size", "2", "--train_type", "lora"]\n')
     with pytest.raises(SwiftPlanError) as e:
