@@ -84,6 +84,44 @@ cpu_procs = 2
     assert all(r["loss"] > 0 for r in recs)
 
 
+@pytest.mark.slow
+def test_restarted_script_is_told_its_last_checkpoint(td_home, tmp_path):
+    """An HF Trainer script whose rank 1 dies after step 5 of the first attempt, with
+    checkpoint-4 written: the restart gets TUNEDECK_RESUME_FROM naming it, the script hands it
+    to trainer.train, and its console steps go on from 5."""
+    script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
+    data = REPO / "presets" / "data" / "demo_chat.jsonl"
+    spec = tmp_path / "script.toml"
+    spec.write_text(f"""name = "hf-restart"
+backend = "script"
+[script]
+path = "{script}"
+args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "2",
+        "--crash_at_step", "5", "--data", "{data}"]
+[data]
+path = "{data}"
+[run]
+max_restarts = 1
+restart_pause_s = 0.5
+[cluster]
+device = "cpu"
+cpu_procs = 2
+""")
+    proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
+    run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    run_dir = td_home / "runs" / run_id
+    log = (run_dir / "logs" / "agent.log").read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert "restarting in 0.5s from checkpoint-4 (TUNEDECK_RESUME_FROM for the script)" in log
+    state = json.loads((run_dir / "state.json").read_text())
+    assert [a["exit_code"] != 0 for a in state["attempts"]] == [True, False], state
+    # the second attempt logged steps 5-8 only (a fresh start logs 8 losses)
+    said = "".join(p.read_text(errors="replace") for p in RunDir(run_dir).rank_log_files(0))
+    assert said.count("{'loss'") == 4, said[-2000:]
+    steps = [r["step"] for r in cli_json("metrics", run_id, home=td_home)]
+    assert steps[-1] == 8 and set(range(1, 9)) <= set(steps), steps
+
+
 def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
     # transformers 4 prints a bare nan (which Python's literal_eval rejects), after a bar
     m = ConsoleMonitor(RunDir(tmp_path))

@@ -37,19 +37,24 @@ def _no_checks(spec: RunSpec, local: bool) -> None:
 
 @dataclass(frozen=True)
 class Restart:
-    """Where a restarted attempt continues. `checkpoint` None: from step 0, or the trainer
-    finds its own (a user's script); `note` says which for the agent's restart message ("" when
-    the backend cannot tell); `flag`: how the trainer is told (ms-swift's), "" when it looks
-    for itself (the built-in trainer)."""
+    """Where a restarted attempt continues. `checkpoint` None: from step 0, or the backend
+    cannot tell; `note` says which for the agent's restart message ("" when it cannot tell);
+    how the trainer is told: `flag` (ms-swift's) or the variable `var` (a user's script), or
+    neither when it looks for itself (the built-in trainer)."""
     checkpoint: Path | None
     note: str
     flag: str = ""
+    var: str = ""
 
     @classmethod
-    def at(cls, path: Path | None, flag: str = "") -> Restart:
+    def at(cls, path: Path | None, flag: str = "", var: str = "") -> Restart:
         if path is None:
             return cls(None, "from step 0: no checkpoint written yet")
-        return cls(path, f"from {path.name}", flag)
+        return cls(path, f"from {path.name}" + (f" ({var} for the script)" if var else ""),
+                   flag, var)
+
+    def environ(self) -> dict[str, str]:
+        return {self.var: str(self.checkpoint)} if self.var and self.checkpoint else {}
 
     def argv(self, argv: list[str]) -> list[str]:
         """The attempt's command: the flag with this checkpoint replaces any the plan had."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunedeck.core.backends.base import Backend, Monitor
+from tunedeck.core.backends.base import Backend, Monitor, Restart
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.parsers import LineAssembler, parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec
 
@@ -114,4 +115,18 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args))]
 
 
-BACKEND = Backend("script", build_plan, check, monitors)
+RESUME_VAR = "TUNEDECK_RESUME_FROM"
+
+
+def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
+    """A restarted script is told the last checkpoint written into its output folder
+    (checkpoint-<step>/ with trainer_state.json, as HF Trainer writes) in TUNEDECK_RESUME_FROM,
+    e.g. `trainer.train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM"))`; one
+    node only, as for ms-swift (a node not sharing the head's folder would not be told)."""
+    if spec.cluster.nnodes > 1:
+        return Restart(None, "")
+    path = resume_point("", run.output_dir(spec), attempt)
+    return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "")
+
+
+BACKEND = Backend("script", build_plan, check, monitors, restart)

@@ -378,7 +378,9 @@ class Agent:
         env["TUNEDECK_ATTEMPT"] = str(attempt)
         env["TUNEDECK_LAUNCH_ID"] = launch_id
         if attempt > 0:
-            argv = self.restart_point(attempt).argv(argv)
+            where = self.restart_point(attempt)
+            argv = where.argv(argv)
+            env.update(where.environ())
         return argv, env
 
     def restart_point(self, attempt: int) -> Restart:

@@ -1,5 +1,8 @@
 """A user's own HF Trainer script, as tunedeck's script backend would run it: it knows nothing
-of tunedeck. It fine-tunes the tiny demo model (built with tunedeck.core.demo) with LoRA on CPU or GPU.
+of tunedeck but the variables a script may read (TUNEDECK_OUTPUT_DIR, and on a restart
+TUNEDECK_RESUME_FROM). It fine-tunes the tiny demo model (built with tunedeck.core.demo) with
+LoRA on CPU or GPU. --crash_at_step N ends rank 1 after step N on the first attempt (restart
+tests).
 
     torchrun --nproc_per_node 2 tests/scripts/hf_trainer_script.py --data presets/data/demo_chat.jsonl \
         --max_steps 5 --logging_steps 1 --output_dir /tmp/out
@@ -21,6 +24,8 @@ def main() -> None:
     ap.add_argument("--max_steps", type=int, default=5)
     ap.add_argument("--logging_steps", type=int, default=1)
     ap.add_argument("--max_length", type=int, default=64)
+    ap.add_argument("--save_steps", type=int, default=0)
+    ap.add_argument("--crash_at_step", type=int, default=0)
     ap.add_argument("--output_dir", default=os.environ.get("TUNEDECK_OUTPUT_DIR", "hf_out"))
     args = ap.parse_args()
 
@@ -32,7 +37,14 @@ def main() -> None:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer,
-                              TrainingArguments)
+                              TrainerCallback, TrainingArguments)
+
+    class CrashOnce(TrainerCallback):
+        def on_step_end(self, targs, state, control, **kw):
+            if state.global_step == args.crash_at_step and os.environ.get("RANK") == "1" \
+                    and os.environ.get("TUNEDECK_ATTEMPT") == "0":
+                print(f"rank 1 crashes on purpose at step {state.global_step}", flush=True)
+                os._exit(3)
 
     tok = load_tokenizer(model_dir)
     rows = [json.loads(line) for line in open(args.data, encoding="utf-8") if line.strip()]
@@ -51,11 +63,14 @@ def main() -> None:
     cpu = not torch.cuda.is_available()
     targs = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=2,
-        learning_rate=5e-3, logging_steps=args.logging_steps, save_strategy="no",
+        learning_rate=5e-3, logging_steps=args.logging_steps,
+        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         report_to="none", use_cpu=cpu, ddp_backend="gloo" if cpu else None,
         ddp_find_unused_parameters=False, dataloader_num_workers=0, seed=1)
     Trainer(model=model, args=targs, train_dataset=Chats(),
-            data_collator=DataCollatorForLanguageModeling(tok, mlm=False)).train()
+            data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+            callbacks=[CrashOnce()] if args.crash_at_step else None).train(
+        resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM") or None)
 
 
 if __name__ == "__main__":
