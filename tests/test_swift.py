@@ -83,6 +83,31 @@ def test_resume_from_auto_names_a_folder_for_ms_swift(tmp_path):
     assert a[a.index("--resume_from_checkpoint") + 1] == "/ck/checkpoint-2"
 
 
+def test_a_restart_passes_a_checkpoint_only_where_ms_swift_takes_one(tmp_path):
+    """One node, sft: the last checkpoint written, as --resume_from_checkpoint. Megatron has no
+    such flag, and on several nodes a node may not see rank 0's folder: both start from step 0
+    and say why."""
+    from tunedeck.core.backends.swift import restart
+
+    out = tmp_path / "out"
+    ck = out / "v0-20260101-000000" / "checkpoint-6"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+    run = RunDir(tmp_path / "run")
+    one = _spec(f'[run]\noutput_dir = "{out}"\n')
+    r = restart(one, run, 1)
+    assert r.checkpoint == ck and r.argv(["-m", "swift.cli.sft"])[-2:] == \
+        ["--resume_from_checkpoint", str(ck)]
+    assert restart(one, run, 0).checkpoint is None     # the first attempt: train.resume_from
+    mega = _spec(f'[run]\noutput_dir = "{out}"\n[parallel]\nstrategy = "megatron"\n'
+                 '[swift]\ncommand = "megatron-sft"\n')
+    nodes = _spec(f'[run]\noutput_dir = "{out}"\n[cluster]\nnnodes = 2\n'
+                  'master_addr = "10.0.0.1"\nmaster_port = 29500\n')
+    for spec, why in ((mega, "--mcore_model"), (nodes, "several nodes")):
+        r = restart(spec, run, 1)
+        assert r.checkpoint is None and why in r.note and r.argv(["x"]) == ["x"], r
+
+
 def test_backend_refuses_flags_that_do_not_exist(tmp_path):
     spec = _spec('[swift]\nextra_args = ["--sp_size", "2", "--train_type", "lora"]\n')
     with pytest.raises(SwiftPlanError) as e:
