@@ -59,23 +59,29 @@ def test_plan_runs_script_or_module(tmp_path):
     assert plan_run(spec, RunDir(tmp_path), local=False)[1].nodes[0].argv[-1] == "/nonexistent.py"
 
 
-@pytest.mark.slow
-def test_hf_trainer_script_loss_in_metrics(td_home, tmp_path):
+def _hf_script_spec(tmp_path, name: str, args: str, more: str = ""):
+    """tests/scripts/hf_trainer_script.py on 2 CPU processes, logging every step."""
     script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
+    data = REPO / "presets" / "data" / "demo_chat.jsonl"
     spec = tmp_path / "script.toml"
-    spec.write_text(f"""name = "hf-script"
+    spec.write_text(f"""name = "{name}"
 backend = "script"
 [script]
 path = "{script}"
-args = ["--max_steps", "3", "--logging_steps", "1",
-        "--data", "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"]
+args = [{args}, "--logging_steps", "1", "--data", "{data}"]
 [data]
 # the agent prepares the (default) built-in model from it; the script then finds it cached
-path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+path = "{data}"
 [cluster]
 device = "cpu"
 cpu_procs = 2
-""")
+{more}""")
+    return spec
+
+
+@pytest.mark.slow
+def test_hf_trainer_script_loss_in_metrics(td_home, tmp_path):
+    spec = _hf_script_spec(tmp_path, "hf-script", '"--max_steps", "3"')
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
     assert proc.returncode == 0, proc.stderr
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
@@ -89,24 +95,9 @@ def test_restarted_script_is_told_its_last_checkpoint(td_home, tmp_path):
     """An HF Trainer script whose rank 1 dies after step 5 of the first attempt, with
     checkpoint-4 written: the restart gets TUNEDECK_RESUME_FROM naming it, the script hands it
     to trainer.train, and its console steps go on from 5."""
-    script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
-    data = REPO / "presets" / "data" / "demo_chat.jsonl"
-    spec = tmp_path / "script.toml"
-    spec.write_text(f"""name = "hf-restart"
-backend = "script"
-[script]
-path = "{script}"
-args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "2",
-        "--crash_at_step", "5", "--data", "{data}"]
-[data]
-path = "{data}"
-[run]
-max_restarts = 1
-restart_pause_s = 0.5
-[cluster]
-device = "cpu"
-cpu_procs = 2
-""")
+    spec = _hf_script_spec(tmp_path, "hf-restart", '"--max_steps", "8", "--save_steps", "2", '
+                           '"--crash_at_step", "5"',
+                           "[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n")
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     run_dir = td_home / "runs" / run_id

@@ -140,11 +140,10 @@ def test_swift_presets_accepted_by_ms_swift_parser(model_cache):
     assert len(names) >= 5
 
 
-@pytest.mark.slow
-@needs_swift
-def test_swift_cpu_run_shows_loss_in_metrics(td_home, tmp_path):
+def _cpu_spec(tmp_path, name: str, train: str, extra_args: str, more: str = ""):
+    """A 2-process CPU ms-swift run of the built-in tiny model on the demo chats."""
     spec = tmp_path / "swift.toml"
-    spec.write_text(f"""name = "swift-cpu"
+    spec.write_text(f"""name = "{name}"
 backend = "swift"
 [model]
 path = "builtin:tiny-qwen2"
@@ -152,15 +151,22 @@ path = "builtin:tiny-qwen2"
 path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
 max_length = 48
 [train]
-max_steps = 3
+{train}
 per_device_batch_size = 2
 learning_rate = 5e-3
 [cluster]
 device = "cpu"
 cpu_procs = 2
 [swift]
-extra_args = ["--logging_steps", "1"]
-""")
+extra_args = {extra_args}
+{more}""")
+    return spec
+
+
+@pytest.mark.slow
+@needs_swift
+def test_swift_cpu_run_shows_loss_in_metrics(td_home, tmp_path):
+    spec = _cpu_spec(tmp_path, "swift-cpu", 'max_steps = 3', '["--logging_steps", "1"]')
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     assert proc.returncode == 0, proc.stderr
@@ -185,31 +191,11 @@ def test_swift_restart_resumes_from_its_checkpoint(td_home, tmp_path):
     that checkpoint, says so in the restart message, and ms-swift continues from step 5
     rather than step 1."""
     plugin = REPO / "tests" / "scripts" / "swift_crash_once.py"
-    spec = tmp_path / "swift.toml"
-    spec.write_text(f"""name = "swift-restart"
-backend = "swift"
-[model]
-path = "builtin:tiny-qwen2"
-[data]
-path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
-max_length = 48
-[train]
-max_steps = 8
-save_steps = 2
-per_device_batch_size = 2
-learning_rate = 5e-3
-[run]
-max_restarts = 1
-restart_pause_s = 0.5
-[cluster]
-device = "cpu"
-cpu_procs = 2
-[env]
-SWIFT_CRASH_AT_STEP = "5"
-[swift]
-extra_args = ["--logging_steps", "1", "--external_plugins", "{plugin}",
-              "--callbacks", "crash_once"]
-""")
+    spec = _cpu_spec(tmp_path, "swift-restart", 'max_steps = 8\nsave_steps = 2',
+                     f'["--logging_steps", "1", "--external_plugins", "{plugin}", '
+                     '"--callbacks", "crash_once"]',
+                     '[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n'
+                     '[env]\nSWIFT_CRASH_AT_STEP = "5"\n')
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=600)
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     run_dir = td_home / "runs" / run_id
