@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import step_of
 from tunedeck.core.spec import RunSpec
 
 
@@ -25,6 +26,9 @@ class Monitor(Protocol):
     def tick(self, now: float, new_events: list[dict[str, Any]]) -> None: ...
 
     def close(self, new_events: list[dict[str, Any]]) -> None: ...
+
+    # optional, for monitors that number steps themselves: `restarted(step)` before the next
+    # attempt starts, which goes on after `step`
 
 
 def _no_monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
@@ -52,6 +56,11 @@ class Restart:
             return cls(None, "from step 0: no checkpoint written yet")
         return cls(path, f"from {path.name}" + (f" ({var} for the script)" if var else ""),
                    flag, var)
+
+    @property
+    def step(self) -> int:
+        """The step the attempt goes on after (0: from the start, or not known)."""
+        return step_of(self.checkpoint) if self.checkpoint else 0
 
     def environ(self) -> dict[str, str]:
         return {self.var: str(self.checkpoint)} if self.var and self.checkpoint else {}

@@ -103,6 +103,16 @@ class ConsoleMonitor:
     def tick(self, now: float, new_events: list) -> None:
         self._feed(self.tail.logical_lines())
 
+    def restarted(self, step: int) -> None:
+        """The attempt that ended is read to its last line; the next one's HF dicts count on
+        from the step it resumes after, and its repeats of earlier steps replace them."""
+        self._feed(self.tail.logical_lines())
+        self.parser = MetricsParser(logging_steps=self.parser.logging_steps)
+        self.parser.counted = step // (self.parser.logging_steps or 1)
+        self.parser.last_step = step
+        self.saw_records = False
+        self.writer.restart_at(step)
+
     def close(self, new_events: list) -> None:
         self._feed(self.tail.logical_lines())
         self.writer.close()

@@ -375,6 +375,15 @@ class SwiftLogMonitor:
         while self.pending and now - self.pending[0][0] >= CONSOLE_GRACE_S:
             self.writer.emit(**self.pending.pop(0)[1])
 
+    def restarted(self, step: int) -> None:
+        """The attempt that ended is read to its last line; the next one writes its own
+        logging.jsonl, whose repeats of earlier steps replace them."""
+        self.tick(time.time(), [])
+        for _, ev in self.pending:
+            self.writer.emit(**ev)
+        self.pending.clear()
+        self.writer.restart_at(step)
+
     def close(self, new_events: list) -> None:
         self.tick(time.time(), new_events)
         for _, ev in self.pending:

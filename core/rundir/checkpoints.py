@@ -25,6 +25,12 @@ class Checkpoint:
     step: int
 
 
+def step_of(path: Path) -> int:
+    """The step in a checkpoint folder's name; 0 when it has none."""
+    m = _NAME.fullmatch(Path(path).name)
+    return int(m.group(1)) if m else 0
+
+
 def checkpoint_path(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / f"checkpoint-{step}"
 

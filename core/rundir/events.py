@@ -125,6 +125,13 @@ class EventWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
 
+    def restart_at(self, step: int) -> None:
+        """A new attempt goes on after `step` (its checkpoint's, 0 from the start): the steps
+        it repeats are its own, not repeats to drop."""
+        if self._seen is not None:
+            self._seen.clear()
+        self.last_step = step
+
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()

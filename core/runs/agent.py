@@ -354,12 +354,13 @@ class Agent:
             _reap()
             attempt += 1
             pause = self.spec.run.restart_pause_s
-            where = self.restart_point(attempt).note
+            where = self.restart_point(attempt)
+            self.monitors_restarted(where.step)
             self.save(attempt=attempt, message=f"attempt {attempt - 1} failed (exit code {rc});"
                       f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s"
-                      + (f", {where}" if where else ""))
+                      + (f", {where.note}" if where.note else ""))
             log.info("attempt %d failed with %s; restarting in %.1fs %s", attempt - 1, rc,
-                     pause, where)
+                     pause, where.note)
             if self.pause_unless_stopped(pause):
                 break
         return self.finish(rc, how)
@@ -391,6 +392,14 @@ class Agent:
         except Exception:   # never the run's end: the attempt starts as planned
             log.exception("could not tell where attempt %d continues", attempt)
             return Restart(None, "")
+
+    def monitors_restarted(self, step: int) -> None:
+        for m in self.monitors or []:
+            if hasattr(m, "restarted"):
+                try:
+                    m.restarted(step)
+                except Exception:
+                    log.exception("monitor %s failed at a restart", type(m).__name__)
 
     def start_torchrun(self, attempt: int) -> None:
         node = self.plan["nodes"][self.node_rank]
