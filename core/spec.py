@@ -118,6 +118,11 @@ class DataSpec:
                             when={"backend": TRAINERS, "data.format": ("self_cognition",)})
 
 
+# method.fp8_base's GPUs: fp8 matrix units arrived with compute capability 8.9 (Ada, Hopper);
+# preflight checks it before launch, the trainer again on the rank's own device
+FP8_MIN_CC = (8, 9)
+
+
 @dataclass
 class MethodSpec:
     type: str = opt("lora", help="Fine-tuning method", choices=("full", "lora", "qlora"),

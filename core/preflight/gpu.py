@@ -12,6 +12,7 @@ import re
 from importlib import metadata
 
 from tunedeck.core.preflight.base import CheckResult, Context, result
+from tunedeck.core.spec import FP8_MIN_CC
 from tunedeck.core.telemetry.gpus import Gpu
 
 
@@ -119,7 +120,7 @@ def check_fp8(ctx: Context) -> CheckResult:
         return result(id, title, "skip", "not applicable: method.fp8_base is off")
     if (r := _skip_cpu(ctx, id, title)) or not (gs := chosen(ctx)):
         return r or result(id, title, "skip", "no GPU to check")
-    old = [g for g in gs if g.cc < (8, 9)]
+    old = [g for g in gs if g.cc < FP8_MIN_CC]
     if not old:
         return result(id, title, "pass", "compute capability ≥ 8.9 on all: fp8 products")
     names = ", ".join(f"{g.index} ({g.name}, sm_{g.cc[0]}{g.cc[1]})" for g in old)

@@ -17,6 +17,8 @@ import types
 import torch
 from torch import nn
 
+from tunedeck.core.spec import FP8_MIN_CC
+
 
 class _LoraLinear(torch.autograd.Function):
     """y = x·Wᵀ + bias + s·(x·Aᵀ)·Bᵀ for 2-d x in one dtype; W and bias frozen."""
@@ -162,7 +164,7 @@ def fp8_problem(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> st
     row-wise scaled products return bf16 only; CPU's return any float dtype."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) < (8, 9):
+        if (major, minor) < FP8_MIN_CC:
             return (f"method.fp8_base needs a GPU with fp8 matrix units (compute capability "
                     f"8.9 or newer: L40S, H100, H200...); {torch.cuda.get_device_name(device)} "
                     f"is {major}.{minor}. Set method.fp8_base = false")
