@@ -127,6 +127,24 @@ def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
     assert ev["kind"] == "step" and ev["loss"] is None and ev["grad_norm"] == 1.5
 
 
+def test_console_counts_from_the_step_a_restart_resumed_after(tmp_path):
+    """HF dicts carry no step: after a restart from checkpoint-4 the first one is step 5, both
+    for the agent that restarted the attempt and for one adopting it later (the launch's
+    from_step in state.json); the first attempt's 5 and 6 are replaced, not kept."""
+    run = RunDir(tmp_path)
+    dicts = ["{'loss': '%s', 'learning_rate': '0.001'}" % x for x in (9, 8, 7, 6, 5, 4)]
+    m = ConsoleMonitor(run)
+    m.parse(dicts)
+    m.restarted(4)
+    m.parse(["{'loss': '1.5', 'learning_rate': '0.001'}",
+             "{'loss': '1.25', 'learning_rate': '0.001'}"])
+    assert [(e["step"], e["loss"]) for e in _read(tmp_path)][-2:] == [(5, 1.5), (6, 1.25)]
+    run.write_state({"launches": [{"attempt": 0}, {"attempt": 1, "from_step": 4}]})
+    adopter = ConsoleMonitor(run, 0, 2)
+    adopter.parse(dicts[:2])
+    assert [e["step"] for e in _read(tmp_path)][-2:] == [6, 8]
+
+
 def test_plain_step_prints_and_repeated_steps(tmp_path):
     m = ConsoleMonitor(RunDir(tmp_path))
     m.parse(["epoch 0 step 1 loss 2.5", "Step: 2 | Loss: 2.25", "step=2, loss=2.25"])

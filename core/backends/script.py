@@ -66,6 +66,13 @@ def _hint_logging_steps(args: list[str]) -> int:
     return 1
 
 
+def from_step(run: RunDir) -> int:
+    """The step the run's newest attempt resumed after (the agent records it at launch)."""
+    launches = (run.read_state() or {}).get("launches") or [{}]
+    step = launches[-1].get("from_step") if isinstance(launches[-1], dict) else None
+    return step if isinstance(step, int) and step > 0 else 0
+
+
 class ConsoleMonitor:
     """Step events from rank 0's console (stdout and stderr of its newest attempt). HF dicts
     carry no step number: the n-th is step n x --logging_steps (from the script's args,
@@ -75,8 +82,9 @@ class ConsoleMonitor:
     def __init__(self, run: RunDir, rank: int = 0, logging_steps: int = 1):
         self.writer = EventWriter(run.path, rank, dedupe_steps=True)
         self.tail = RankLogTail(run, rank)
-        self.parser = MetricsParser(logging_steps=logging_steps)
-        self.saw_records = False
+        self.logging_steps = max(int(logging_steps), 1)
+        # an agent adopting a restarted attempt reads it from its start: count from its step
+        self._start_at(from_step(run))
 
     def parse(self, lines: list[str]) -> None:
         """Physical lines (`\r`-glued bar redraws and wrapped dicts are handled)."""
@@ -107,8 +115,11 @@ class ConsoleMonitor:
         """The attempt that ended is read to its last line; the next one's HF dicts count on
         from the step it resumes after, and its repeats of earlier steps replace them."""
         self._feed(self.tail.logical_lines())
-        self.parser = MetricsParser(logging_steps=self.parser.logging_steps)
-        self.parser.counted = step // (self.parser.logging_steps or 1)
+        self._start_at(step)
+
+    def _start_at(self, step: int) -> None:
+        self.parser = MetricsParser(logging_steps=self.logging_steps)
+        self.parser.counted = step // self.logging_steps
         self.parser.last_step = step
         self.saw_records = False
         self.writer.restart_at(step)

@@ -365,21 +365,21 @@ class Agent:
                 break
         return self.finish(rc, how)
 
-    def launch_command(self, node: dict[str, Any], attempt: int, launch_id: str
-                       ) -> tuple[list[str], dict[str, str]]:
+    def launch_command(self, node: dict[str, Any], attempt: int, launch_id: str,
+                       where: Restart | None = None) -> tuple[list[str], dict[str, str]]:
         """The command torchrun starts with: plan.json's node with the real values of what it
         masks (the run's 0600 secrets.json, tunedeck.core.rundir.secrets), on this agent's
         environment, then the run's own TUNEDECK_* variables, which nothing above overrides
         (the plan puts TUNEDECK_RUN_ID/RUN_DIR last already; an inherited environment or a
-        secrets file cannot change them either)."""
+        secrets file cannot change them either). `where`: the checkpoint a restart goes on
+        from, for a backend that is told it (ms-swift's flag, a script's variable)."""
         argv, node_env = read_secrets(self.rundir).node_command(node)
         env = {**os.environ, **node_env}
         env["TUNEDECK_RUN_ID"] = self.rundir.run_id
         env["TUNEDECK_RUN_DIR"] = str(self.rundir.path)
         env["TUNEDECK_ATTEMPT"] = str(attempt)
         env["TUNEDECK_LAUNCH_ID"] = launch_id
-        if attempt > 0:
-            where = self.restart_point(attempt)
+        if where is not None:
             argv = where.argv(argv)
             env.update(where.environ())
         return argv, env
@@ -406,11 +406,14 @@ class Agent:
         # the launch is recorded before torchrun exists: a process carrying its marker is
         # then always known to be the run's, even if this agent dies the next instant
         launch_id = secrets.token_hex(8)
+        where = self.restart_point(attempt) if attempt > 0 else None
         launches = [x for x in self.state.get("launches") or [] if isinstance(x, dict)]
         launches.append({"id": launch_id, "attempt": attempt, "boot": procs.boot_id(),
                          "after": procs.start_ticks(os.getpid()) or 0, "t": time.time()})
+        if where is not None and where.step:    # where an adopting agent's monitors count from
+            launches[-1]["from_step"] = where.step
         self.save(launches=launches)
-        argv, env = self.launch_command(node, attempt, launch_id)
+        argv, env = self.launch_command(node, attempt, launch_id, where)
         out = open(self.rundir.torchrun_log(self.node_rank), "ab")
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
