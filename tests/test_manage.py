@@ -12,7 +12,7 @@ from unittest import mock
 import psutil
 import pytest
 
-from tests.conftest import DEMO
+from tests.conftest import DEMO, REPO
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.runs import launch
@@ -35,6 +35,9 @@ def make_run(root: Path, run_id: str, *, name: str = "demo", status: str = "succ
     spec.name, spec.cluster.device = name, "cpu"
     spec.train.max_steps, spec.run.output_dir = max_steps, output_dir
     for key, value in spec_sets.items():
+        if key == "backend":
+            spec.backend = value
+            continue
         section, field_ = key.split("__")
         if section == "env":
             spec.env[field_] = value
@@ -158,6 +161,23 @@ def test_resume_spec_continues_from_the_newest_complete_checkpoint(root):
     made.spec.train.resume_from = frozen.train.resume_from
     made.spec.cluster.master_port = frozen.cluster.master_port
     assert made.spec == frozen
+
+
+def test_a_script_run_is_resumed_through_its_variable(root):
+    """A resumed script run is told TUNEDECK_RESUME_FROM (the same variable a restart sets),
+    and the notes say the script must read it; a clone starts from step 0 without it."""
+    from tunedeck.core.backends import plan_run
+
+    script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
+    run_dir = make_run(root, "s-1", status="failed", step=7, checkpoints=(4,),
+                       backend="script", script__path=str(script))
+    made = resume_spec(read_run(run_dir))
+    ck = str(run_dir / "output" / "checkpoint-4")
+    assert any("TUNEDECK_RESUME_FROM" in n and "reads it" in n for n in made.notes)
+    env = plan_run(made.spec, RunDir(root / "next"))[1].nodes[0].env
+    assert env["TUNEDECK_RESUME_FROM"] == ck
+    fresh = plan_run(clone_spec(read_run(run_dir)).spec, RunDir(root / "clone"))[1]
+    assert "TUNEDECK_RESUME_FROM" not in fresh.nodes[0].env
 
 
 def test_resume_refuses_without_a_checkpoint_and_for_other_statuses(root):

@@ -23,6 +23,9 @@ from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec
 
 
+RESUME_VAR = "TUNEDECK_RESUME_FROM"
+
+
 def script_path(spec: RunSpec) -> Path:
     """Absolute script path. Ranks run in the run directory, so a relative path is taken
     from where tunedeck is invoked, as torchrun itself would."""
@@ -50,9 +53,15 @@ def check(spec: RunSpec, local: bool) -> None:
 
 
 def build_plan(spec: RunSpec, run: RunDir) -> LaunchPlan:
-    # scripts that follow tunedeck's spec can read where outputs go
-    return torchrun_plan(spec, run, script_target(spec),
-                         {"TUNEDECK_OUTPUT_DIR": str(run.output_dir(spec))})
+    # scripts that follow tunedeck's spec can read where outputs go, and where to resume from
+    # (train.resume_from, as `tunedeck resume` sets it; a restart passes its own)
+    out = run.output_dir(spec)
+    env = {"TUNEDECK_OUTPUT_DIR": str(out)}
+    if spec.train.resume_from:
+        found = resume_point(spec.train.resume_from, out, 0)
+        if found is not None:
+            env[RESUME_VAR] = str(found)
+    return torchrun_plan(spec, run, script_target(spec), env)
 
 
 # -- metrics -----------------------------------------------------------------------------
@@ -136,9 +145,6 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args))]
 
 
-RESUME_VAR = "TUNEDECK_RESUME_FROM"
-
-
 def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restarted script is told the last checkpoint written into its output folder
     (checkpoint-<step>/ with trainer_state.json, as HF Trainer writes) in TUNEDECK_RESUME_FROM,
@@ -146,7 +152,7 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     node only, as for ms-swift (a node not sharing the head's folder would not be told)."""
     if spec.cluster.nnodes > 1:
         return Restart(None, "")
-    path = resume_point("", run.output_dir(spec), attempt)
+    path = resume_point(spec.train.resume_from, run.output_dir(spec), attempt)
     return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "")
 
 

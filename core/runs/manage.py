@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
+from tunedeck.core.backends.script import RESUME_VAR
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import (
@@ -135,6 +136,9 @@ def resume_spec(run: RunInfo) -> SpecFor:
     spec.run.output_dir = str(out)
     _single_node_port(spec)
     notes = []
+    if spec.backend == "script":
+        notes.append(f"the script is told {RESUME_VAR}={ckpt.path}; it resumes only if it "
+                     "reads it")
     if spec.train.max_steps and ckpt.step >= spec.train.max_steps:
         notes.append(f"checkpoint-{ckpt.step} is already at train.max_steps "
                      f"({spec.train.max_steps}): raise it to train further")
