@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What a device call carries in the ignored .gpu/ (the GPU machine has no network; its image has
+# torch, transformers, peft 0.21, nvidia-ml-py and psutil): ms-swift 4.6.0 and the packages it
+# needs that the image lacks (shared/research/swift-anchor.md), peft 0.20 (ms-swift pins <0.21),
+# textual and tomli-w (tunedeck itself), liger-kernel, and bitsandbytes unpacked with its CUDA
+# 13.0 library only (the whole wheel, 43 MB, would not fit the 64 MiB a call carries).
+#   bash bench/gpu_wheels.sh        # here, once per checkout; then run(carry=[".gpu"]) there
+# bench/h200_recipes.sh and bench/h200_fp8.sh install them on the device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+D=.gpu
+mkdir -p "$D"
+PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
+for v in 34 31 28 27 24 17 5; do PLAT+=(--platform "manylinux_2_${v}_x86_64"); done
+PLAT+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+WANT=(
+  # ms-swift 4.6.0 and what the image lacks, at the versions that ran there on 2026-11-30
+  addict==2.4.0 annotated_types==0.8.0 attrdict==2.0.1 binpacking==2.0.1 cffi==2.1.1
+  cpm_kernels==1.0.11 cryptography==50.0.2 dacite==1.9.2 datasets==4.8.4 defusedxml==0.7.1
+  dill==0.4.1 fastapi==0.165.0 fsspec==2026.2.0 httpcore2==2.16.2 httpx2==2.16.2
+  importlib_metadata==10.2.0 jiter==0.19.0 json_repair==0.64.6 lazy_importer==0.1.0
+  modelscope==1.40.2 modelscope_hub==0.5.1 ms_swift==4.6.0 multiprocess==0.70.19 nltk==3.10.4
+  openai==3.57.0 opentelemetry_api==1.45.2 peft==0.20.0 pycparser==3.12 pycryptodome==4.4.0
+  pydantic==2.14.4 pydantic_core==2.50.5 rouge==1.0.1 sniffio==1.3.1 starlette==1.10.0
+  trl==0.29.1 truststore==0.10.5 typing_extensions==4.16.0 typing_inspection==0.4.5
+  tzdata==2026.6 uvicorn==0.54.0 zstandard==0.25.0
+  # tunedeck and the speed comparisons
+  textual==8.2.8 tomli-w==1.2.0 liger-kernel==0.8.5
+)
+python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$D" "${WANT[@]}"
+if [[ ! -d $D/bitsandbytes_pkg ]]; then
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" bitsandbytes==0.50.2
+  python3 - "$tmp"/bitsandbytes-*.whl "$D/bitsandbytes_pkg" <<'EOF'
+import sys, zipfile
+from pathlib import Path
+wheel, dest = sys.argv[1], Path(sys.argv[2])
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        lib = name.rsplit("/", 1)[-1]
+        if not name.startswith("bitsandbytes/") or (lib.startswith("libbitsandbytes_")
+                                                    and lib != "libbitsandbytes_cuda130.so"):
+            continue
+        out = dest / name.removeprefix("bitsandbytes/")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(z.read(name))
+EOF
+  rm -rf "$tmp"
+fi
+du -sh "$D"
+ls "$D"/*.whl | wc -l
