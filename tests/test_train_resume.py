@@ -1,6 +1,7 @@
 """Real 2-rank torchrun on CPU: exact resume after a crash (the agent's relaunch with
-TUNEDECK_ATTEMPT), eval events, checkpoint rotation, LoRA merge, and FSDP2 (LoRA with packing,
-full fine-tuning) lowering the loss and writing loadable checkpoints."""
+TUNEDECK_ATTEMPT; DDP LoRA and FSDP2 full fine-tuning), eval events, checkpoint rotation, LoRA
+merge, and FSDP2 (LoRA with packing, full fine-tuning) lowering the loss and writing loadable
+checkpoints."""
 
 from __future__ import annotations
 
@@ -102,6 +103,25 @@ def test_crash_and_relaunch_resumes_exactly(tmp_path):
     assert not any("lora" in k for k in m.state_dict())
     with torch.no_grad():
         assert torch.isfinite(m(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
+
+
+@pytest.mark.slow
+def test_fsdp2_full_fine_tuning_resumes_exactly(tmp_path):
+    """FSDP2 shards the weights and the optimizer state: a crash two steps past checkpoint-4
+    and the agent's relaunch give the uninterrupted run's losses for steps 5-8."""
+    k, n = 4, 8
+    common = dict(parallel__strategy="fsdp2", method__type="full", train__max_steps=n,
+                  train__save_steps=k, train__gradient_checkpointing=True,
+                  train__learning_rate=1e-3)
+    a = _run_dir(tmp_path / "a", **common)
+    _torchrun(a)
+    b = _run_dir(tmp_path / "b", **common)
+    _torchrun(b, expect_rc=1, TUNEDECK_TEST_CRASH_AT_STEP=str(k + 2))
+    _torchrun(b, TUNEDECK_ATTEMPT="1", TUNEDECK_TEST_CRASH_AT_STEP=str(k + 2))
+    la, lb = _losses(a), _losses(b)
+    assert sorted(lb) == list(range(1, n + 1))
+    for s in range(k + 1, n + 1):
+        assert lb[s] == pytest.approx(la[s], rel=1e-5), (s, la[s], lb[s])
 
 
 @pytest.mark.slow
