@@ -370,3 +370,57 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(node_dir,))
         hosts.restart_sshd(1)
+
+
+def test_a_script_on_two_hosts_restarts_from_the_heads_checkpoint(hosts, tmp_path):
+    """A user's HF Trainer script on both hosts (node 1 sees the head's folder); the rank on
+    node 1 dies at step 7 of the first attempt, after checkpoint-4. The head decides where the
+    restart continues (restart.json), node 1's agent reads it there, both ranks are told
+    TUNEDECK_RESUME_FROM, and the second attempt logs steps 5-8 only."""
+    script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
+    data = REPO / "presets" / "data" / "demo_chat.jsonl"
+    home = tmp_path / "head-home"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'''name = "two-hosts-script"
+backend = "script"
+[script]
+path = "{script}"
+args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "4",
+        "--crash_at_step", "7", "--data", "{data}"]
+[data]
+path = "{data}"
+[cluster]
+device = "cpu"
+nnodes = 2
+nproc_per_node = 1
+master_addr = "{hosts.addrs[0]}"
+launcher = "ssh"
+hosts = ["node0", "node1"]
+interface = "{IFACE}"
+remote_home = ["{tmp_path / 'node1-home'}"]
+join_timeout_s = 120
+[run]
+max_restarts = 1
+restart_pause_s = 1
+stop_grace_s = 20
+''')
+    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
+    try:
+        final = wait_for(lambda: (s := _state(run_dir / "state.json")).get("status") in
+                         ("succeeded", "failed", "stopped") and s, 300, "the run to end")
+        head_log = (run_dir / "logs" / "agent.log").read_text()
+        node_log = (run_dir / "logs" / "agent-node1.log").read_text()
+        assert final["status"] == "succeeded", (final, head_log[-2000:], node_log[-2000:])
+        assert [a["exit_code"] != 0 for a in final["attempts"]] == [True, False]
+        said = "from checkpoint-4 (TUNEDECK_RESUME_FROM for the script)"
+        assert said in head_log and said in node_log, (head_log[-2000:], node_log[-2000:])
+        decision = _state(run_dir / "restart.json")
+        assert decision["attempt"] == 1 and decision["checkpoint"] == \
+            str(run_dir / "output" / "checkpoint-4"), decision
+        recs = _head_cli(hosts, home, "metrics", run_id)
+        assert [r["step"] for r in recs] == list(range(1, 9)), recs
+        assert _state(node_dir / "state.json")["attempt"] == 1
+    finally:
+        _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))

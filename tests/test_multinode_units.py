@@ -278,3 +278,53 @@ def test_a_slurm_node_writes_its_records_into_the_run_folder(tmp_path):
     assert plan["nodes"][1]["argv"][plan["nodes"][1]["argv"].index("--rdzv_endpoint") + 1] \
         .startswith("10.0.0.1:")
     assert prepare_node(run_dir, 1, "10.0.0.1").path == node.path    # again: the same folder
+
+
+def test_nodes_agree_on_where_a_restart_continues(tmp_path):
+    """ms-swift or a script on two ssh nodes: the head decides (its last checkpoint while every
+    node shares its folder, step 0 while one does not) and writes it; node 1 reads the decision
+    for this restart from the head's folder, not an older one, and is told the same."""
+    import os
+    import time
+
+    from tunedeck.core.backends.base import Restart
+    from tunedeck.core.nodes.link import link_file
+    from tunedeck.core.rundir import write_json_atomic
+    from tunedeck.core.runs import restarts
+
+    spec = loads_spec('backend = "script"\n[script]\npath = "x.py"\n[cluster]\nnnodes = 2\n'
+                      'launcher = "ssh"\nhosts = ["a", "b"]\nmaster_addr = "10.0.0.1"\n',
+                      source="<test>")
+    head, node = RunDir(tmp_path / "head"), RunDir(tmp_path / "node")
+    for r in (head, node):
+        r.path.mkdir()
+    ck = tmp_path / "head" / "output" / "checkpoint-8"
+    mine = Restart.at(ck, var="TUNEDECK_RESUME_FROM")
+    assert restarts.agreement_needed(spec, mine)
+    assert not restarts.agreement_needed(spec, Restart.at(ck))     # the built-in trainer
+
+    # node 1's link says it shares the head's folder: the head's checkpoint for everyone
+    link = link_file(head, 1)
+    link.parent.mkdir(parents=True)
+    write_json_atomic(link, {"node": 1, "shared": True})
+    said = restarts.head_decides(head, spec, mine, attempt=1)
+    assert said.checkpoint == ck and said.environ() == {"TUNEDECK_RESUME_FROM": str(ck)}
+    write_json_atomic(node.path / "node.json", {"head_dir": str(head.path), "shared": True})
+    there = restarts.head_folder(node)
+    assert there == head.path
+    assert restarts.head_said(there, 2, since=time.time() + 60) is None   # an older decision
+    theirs = restarts.follow(Restart.at(None, var="TUNEDECK_RESUME_FROM"),
+                             restarts.head_said(there, 1, since=0))
+    assert theirs.checkpoint == ck and theirs.environ() == said.environ()
+
+    # a node apart: the head says step 0, and that node does not wait for it
+    write_json_atomic(link, {"node": 1, "shared": False})
+    said = restarts.head_decides(head, spec, mine, attempt=2)
+    assert said.checkpoint is None and "node 1" in said.note and said.environ() == {}
+    assert restarts.head_said(there, 2, since=0).checkpoint is None
+    os.unlink(node.path / "node.json")
+    assert restarts.head_folder(node) is None
+    assert restarts.apart_here(mine).checkpoint is None
+    # nothing said in time: step 0, and why
+    assert restarts.follow(mine, None).checkpoint is None and "did not say" in \
+        restarts.follow(mine, None).note

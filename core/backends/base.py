@@ -53,7 +53,7 @@ class Restart:
     @classmethod
     def at(cls, path: Path | None, flag: str = "", var: str = "") -> Restart:
         if path is None:
-            return cls(None, "from step 0: no checkpoint written yet")
+            return cls(None, "from step 0: no checkpoint written yet", flag, var)
         return cls(path, f"from {path.name}" + (f" ({var} for the script)" if var else ""),
                    flag, var)
 

@@ -148,12 +148,10 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
 def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restarted script is told the last checkpoint written into its output folder
     (checkpoint-<step>/ with trainer_state.json, as HF Trainer writes) in TUNEDECK_RESUME_FROM,
-    e.g. `trainer.train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM"))`; one
-    node only, as for ms-swift (a node not sharing the head's folder would not be told)."""
-    if spec.cluster.nnodes > 1:
-        return Restart(None, "")
+    e.g. `trainer.train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM"))`; on
+    several nodes the head's reading, which every node follows (core/runs/restarts)."""
     path = resume_point(spec.train.resume_from, run.output_dir(spec), attempt)
-    return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "")
+    return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "", var=RESUME_VAR)
 
 
 BACKEND = Backend("script", build_plan, check, monitors, restart)

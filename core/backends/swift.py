@@ -427,15 +427,11 @@ RESUME_FLAG = "--resume_from_checkpoint"
 
 def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restart continues from the last checkpoint ms-swift wrote (its next version folder
-    holds the new attempt), passed as --resume_from_checkpoint in place of any the plan had.
-    Not across nodes: ms-swift's rank 0 alone writes checkpoints, so a node that does not
-    share the head's folder would start from step 0 while the head resumes."""
+    holds the new attempt), passed as --resume_from_checkpoint in place of any the plan had;
+    on several nodes the head's reading, which every node follows (core/runs/restarts)."""
     if is_megatron(spec):   # no such flag there: Megatron loads its own checkpoint format
         return Restart(None, "from step 0 (a Megatron run resumes through its own flags: "
                              "--mcore_model CHECKPOINT --finetune false in swift.extra_args)")
-    if spec.cluster.nnodes > 1:
-        return Restart(None, "from step 0 (ms-swift on several nodes: `tunedeck resume` "
-                             "continues from its newest checkpoint once the run has ended)")
     return Restart.at(resume_point(spec.train.resume_from, run.output_dir(spec), attempt),
                       RESUME_FLAG)
 

@@ -46,7 +46,7 @@ from tunedeck.core.backends.base import Restart
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.secrets import read_secrets
-from tunedeck.core.runs import adopt, procs
+from tunedeck.core.runs import adopt, procs, restarts
 from tunedeck.core.runs.monitors import DetectorMonitor, MonitorContext, make_monitors
 from tunedeck.core.runs.state import TERMINAL
 from tunedeck.core.runs.store import Store
@@ -336,9 +336,10 @@ class Agent:
     def _loop(self, attempt: int, history: list[dict[str, Any]], start: bool) -> int:
         rc: int | None = None
         how = ""
+        where: Restart | None = None
         while True:
             if start:
-                self.start_torchrun(attempt)
+                self.start_torchrun(attempt, where)
             start = True
             rc, how = self.supervise()
             entry: dict[str, Any] = {"attempt": attempt, "exit_code": rc, "ended": time.time()}
@@ -385,13 +386,39 @@ class Agent:
         return argv, env
 
     def restart_point(self, attempt: int) -> Restart:
-        """Where attempt N > 0 continues (the backend's reading of the output folder; the
-        attempt before it has ended, so the folder holds still while it is read)."""
+        """Where attempt N > 0 continues: the backend's reading of the output folder (the
+        attempt before it has ended, so the folder holds still while it is read); on several
+        nodes, for a trainer told from outside, what the head decided (core/runs/restarts)."""
         try:
-            return backend_of(self.spec).restart(self.spec, self.rundir, attempt)
+            mine = backend_of(self.spec).restart(self.spec, self.rundir, attempt)
+            if not restarts.agreement_needed(self.spec, mine):
+                return mine
+            if self.node_rank == 0:
+                return restarts.head_decides(self.rundir, self.spec, mine, attempt)
+            head = restarts.head_folder(self.rundir)
+            if head is None:
+                return restarts.apart_here(mine)
+            return restarts.follow(mine, self.wait_for_head(head, attempt))
         except Exception:   # never the run's end: the attempt starts as planned
             log.exception("could not tell where attempt %d continues", attempt)
             return Restart(None, "")
+
+    def wait_for_head(self, head: Path, attempt: int) -> Restart | None:
+        """The head's decision for this restart, read from its folder; None when a stop comes
+        first or it says nothing within cluster.join_timeout_s (the rendezvous would fail)."""
+        launches = [x for x in self.state.get("launches") or [] if isinstance(x, dict)]
+        since = float(launches[-1].get("t") or 0) if launches else 0.0
+        end = time.monotonic() + self.spec.cluster.join_timeout_s
+        self.save(message=f"attempt {attempt - 1} ended; waiting for the head's restart")
+        while time.monotonic() < end:
+            said = restarts.head_said(head, attempt, since)
+            if said is not None:
+                return said
+            if self.stop_mode or self.stop_requested():
+                return None
+            self.retry_io()
+            self._sleep(TICK_S)
+        return None
 
     def monitors_restarted(self, step: int) -> None:
         for m in self.monitors or []:
@@ -401,12 +428,13 @@ class Agent:
                 except Exception:
                     log.exception("monitor %s failed at a restart", type(m).__name__)
 
-    def start_torchrun(self, attempt: int) -> None:
+    def start_torchrun(self, attempt: int, where: Restart | None = None) -> None:
         node = self.plan["nodes"][self.node_rank]
         # the launch is recorded before torchrun exists: a process carrying its marker is
         # then always known to be the run's, even if this agent dies the next instant
         launch_id = secrets.token_hex(8)
-        where = self.restart_point(attempt) if attempt > 0 else None
+        if where is None and attempt > 0:
+            where = self.restart_point(attempt)
         launches = [x for x in self.state.get("launches") or [] if isinstance(x, dict)]
         launches.append({"id": launch_id, "attempt": attempt, "boot": procs.boot_id(),
                          "after": procs.start_ticks(os.getpid()) or 0, "t": time.time()})
