@@ -42,10 +42,9 @@ def hosts(tmp_path_factory):
         h.close()
 
 
-def _spec(path: Path, hosts, steps: int, node1: str = "node1", join_s: int = 120,
-          run: str = "", save_steps: int = 0) -> Path:
-    return demo_spec(path, "two-hosts", steps, save_steps=save_steps,
-                     run="stop_grace_s = 20\n" + run, cluster=f'''
+def _cluster(path: Path, hosts, node1: str = "node1", join_s: int = 120) -> str:
+    """The [cluster] body of a run over the two hosts, launched from the head over ssh."""
+    return f'''
 nnodes = 2
 nproc_per_node = 1
 master_addr = "{hosts.addrs[0]}"
@@ -53,7 +52,13 @@ launcher = "ssh"
 hosts = ["node0", "{node1}"]
 interface = "{IFACE}"
 remote_home = ["{path.parent / 'node1-home'}"]
-join_timeout_s = {join_s}''')
+join_timeout_s = {join_s}'''
+
+
+def _spec(path: Path, hosts, steps: int, node1: str = "node1", join_s: int = 120,
+          run: str = "", save_steps: int = 0) -> Path:
+    return demo_spec(path, "two-hosts", steps, save_steps=save_steps,
+                     run="stop_grace_s = 20\n" + run, cluster=_cluster(path, hosts, node1, join_s))
 
 
 def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | list:
@@ -391,14 +396,7 @@ args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "4",
 path = "{data}"
 [cluster]
 device = "cpu"
-nnodes = 2
-nproc_per_node = 1
-master_addr = "{hosts.addrs[0]}"
-launcher = "ssh"
-hosts = ["node0", "node1"]
-interface = "{IFACE}"
-remote_home = ["{tmp_path / 'node1-home'}"]
-join_timeout_s = 120
+{_cluster(spec, hosts).strip()}
 [run]
 max_restarts = 1
 restart_pause_s = 1

@@ -349,8 +349,8 @@ class Agent:
             self.save(attempts=history)
             if rc == 0 or self.stop_mode or attempt >= self.spec.run.max_restarts:
                 break
-            # A failed attempt: clear what is left of it, pause, start again. The trainer
-            # resumes from its newest checkpoint when TUNEDECK_ATTEMPT > 0.
+            # A failed attempt: clear what is left of it, pause, start again from where the
+            # backend (on several nodes, the head) says it continues.
             self.kill_all()
             _reap()
             attempt += 1
