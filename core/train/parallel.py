@@ -171,9 +171,14 @@ def wrap(module: CausalLMLoss, strategy: str, device: torch.device, world: int,
         # and one gradient-sized buffer less. No buffer broadcast before every forward: a
         # causal LM's buffers (rotary inv_freq) are the same on every rank, and that
         # collective made a fast rank's forward (compute_s) wait for a starved peer, so the
-        # straggler detector blamed the wrong rank.
+        # straggler detector blamed the wrong rank. (torch 2.13 renamed the switch and warns
+        # on every rank at the old name; the synced-at-init buffers are equal anyway.)
+        import inspect
+
+        no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in \
+            inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False}
         return DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
-                   gradient_as_bucket_view=True, broadcast_buffers=False)
+                   gradient_as_bucket_view=True, **no_sync)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
