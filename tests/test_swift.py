@@ -106,6 +106,37 @@ def test_a_restart_passes_a_checkpoint_only_where_ms_swift_takes_one(tmp_path):
     assert not r.flag       # nothing for the nodes to agree on: all start from step 0
 
 
+def test_the_log_monitor_follows_a_restart_without_the_announce_line(tmp_path):
+    """No "logging file will be saved in" line seen (its rank log missing): the monitor finds
+    logging.jsonl in the newest version folder; after a restart it moves to the next attempt's
+    folder, not back to the ended one, and that attempt's repeats replace the old steps."""
+    import os
+
+    from tunedeck.core.backends.swift import SwiftLogMonitor
+
+    def write(folder: str, steps: range, loss: float, when: float) -> None:
+        f = tmp_path / "out" / folder / "logging.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps({"loss": loss + s, "global_step/max_steps": f"{s}/6"})
+                             + "\n" for s in steps))
+        os.utime(f, (when, when))
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    m = SwiftLogMonitor(run, tmp_path / "out", 0)
+    write("v0-20260101-000000", range(1, 5), 10.0, 1e9)
+    m.tick(0.0, [])
+    m.restarted(2)
+    m.tick(0.0, [])                 # the next attempt's folder is not there yet
+    write("v1-20260101-000100", range(3, 7), 20.0, 1e9 + 100)
+    m.tick(0.0, [])
+    m.close([])
+    steps = [(e["step"], e["loss"]) for e in map(json.loads, run.event_file(0).open())
+             if e["kind"] == "step"]
+    assert steps == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0),
+                     (3, 23.0), (4, 24.0), (5, 25.0), (6, 26.0)], steps
+
+
 def test_backend_refuses_flags_that_do_not_exist(tmp_path):
     spec = _spec('[swift]\nextra_args = ["--sp_size", "2", "--train_type", "lora"]\n')
     with pytest.raises(SwiftPlanError) as e:

@@ -319,6 +319,7 @@ class SwiftLogMonitor:
         self.tail = RankLogTail(run, log_rank)
         self.jsonl: Tail | None = None
         self.announced: Path | None = None   # what the logging rank said it writes
+        self.ended: set[Path] = set()          # version folders' files of ended attempts
         self.parser = MetricsParser()       # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
@@ -332,9 +333,10 @@ class SwiftLogMonitor:
             # older attempt's file still exists and must not win meanwhile
             self._use(self.announced)
         elif self.jsonl is None or not self.jsonl.path.exists():
-            # restarts make new v<N>-<time> folders: follow the newest
-            found = sorted(self.output_dir.glob("v*-*/logging.jsonl"),
-                           key=lambda p: p.stat().st_mtime)
+            # restarts make new v<N>-<time> folders: follow the newest, never one that an
+            # attempt before has ended
+            found = sorted((p for p in self.output_dir.glob("v*-*/logging.jsonl")
+                            if p not in self.ended), key=lambda p: p.stat().st_mtime)
             direct = self.output_dir / "logging.jsonl"
             if found:
                 self._use(found[-1])
@@ -383,6 +385,10 @@ class SwiftLogMonitor:
             self.writer.emit(**ev)
         self.pending.clear()
         self.writer.restart_at(step)
+        self.announced = None
+        if self.jsonl is not None and self.jsonl.path.parent != self.output_dir:
+            self.ended.add(self.jsonl.path)     # the next attempt writes a folder of its own
+            self.jsonl = None
 
     def close(self, new_events: list) -> None:
         self.tick(time.time(), new_events)
