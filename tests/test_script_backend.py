@@ -118,6 +118,38 @@ def test_restarted_script_is_told_its_last_checkpoint(td_home, tmp_path):
     assert [r["loss"] for r in recs[4:]] == pytest.approx(second, rel=1e-3)
 
 
+@pytest.mark.slow
+def test_resume_and_clone_from_the_command_line(td_home, tmp_path):
+    """A script run fails at step 5 with checkpoint-4 written. `tunedeck resume` (the script's
+    args changed with --set) tells the new run TUNEDECK_RESUME_FROM, and its metrics go on at
+    step 5; `tunedeck clone` starts from step 0."""
+    data = REPO / "presets" / "data" / "demo_chat.jsonl"
+    spec = _hf_script_spec(tmp_path, "hf-resume", '"--max_steps", "6", "--save_steps", "4", '
+                                                  '"--crash_at_step", "5"')
+    proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
+    first = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    assert proc.returncode == 1 and cli_json("status", first, home=td_home)["status"] == "failed"
+    args = f'script.args=["--max_steps", "6", "--logging_steps", "1", "--save_steps", "4", ' \
+           f'"--data", "{data}"]'
+    proc = cli("resume", first, "--set", args, "--wait", "--json", home=td_home, check=False,
+               timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[0])
+    assert out["from"] == first and out["checkpoint"].endswith("checkpoint-4"), out
+    assert "TUNEDECK_RESUME_FROM" in proc.stderr and "reads it" in proc.stderr, proc.stderr
+    assert [r["step"] for r in cli_json("metrics", out["run_id"], home=td_home)] == [5, 6]
+    proc = cli("clone", first, "--set", args, "--set", "script.args=[]", "--no-preflight",
+               "--json", home=td_home, check=False)
+    assert proc.returncode == 0, proc.stderr
+    clone = json.loads(proc.stdout.splitlines()[0])
+    assert clone["checkpoint"] is None and clone["run_id"] not in (first, out["run_id"])
+    cli("stop", clone["run_id"], "--hard", "--wait", home=td_home, check=False)
+    runs = len(cli_json("ls", home=td_home))
+    bad = cli("resume", first, "--set", "train.nope=1", home=td_home, check=False)
+    assert bad.returncode == 2 and "train.nope" in bad.stderr, bad.stderr
+    assert len(cli_json("ls", home=td_home)) == runs        # nothing launched
+
+
 def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
     # transformers 4 prints a bare nan (which Python's literal_eval rejects), after a bar
     m = ConsoleMonitor(RunDir(tmp_path))

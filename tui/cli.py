@@ -22,7 +22,7 @@ from pathlib import Path
 from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
-from tunedeck.tui.commands import (delete, diagnose, doctor, estimate, importexport, nodes,
+from tunedeck.tui.commands import (again, delete, diagnose, doctor, estimate, importexport, nodes,
                                    preflight, stacks)
 from tunedeck.tui.format import clean
 from tunedeck.tui.format import fmt_age as _fmt_age
@@ -110,7 +110,8 @@ def _preflight_gate(args, spec) -> dict | None:
 
     if args.no_preflight:
         return gate_record(None, by="cli --no-preflight")
-    ctx = make_context(args.spec, args.set)
+    path = getattr(args, "spec", None)    # resume and clone check the spec they made
+    ctx = make_context(path, args.set) if path else make_context(spec=spec)
     results = list(run_checks(ctx))
     failed = failures(results)
     if not failed:
@@ -127,8 +128,8 @@ def _preflight_gate(args, spec) -> dict | None:
             print("         " + clean(" ".join(f"--set {k}={_toml_literal(v)}"
                                                for k, v in r.fix_set.items() if v is not None)),
                   file=out)
-    print(f"`tunedeck preflight {clean(args.spec)}` shows the whole checklist; --no-preflight "
-          "launches anyway (the run records it)", file=out)
+    whole = f"`tunedeck preflight {clean(path)}` shows the whole checklist; " if path else ""
+    print(f"{whole}--no-preflight launches anyway (the run records it)", file=out)
     if args.json:
         print(json.dumps({"error": "preflight failed",
                           "failed": [r.to_json() for r in failed]}), flush=True)
@@ -420,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor, nodes, delete)
+COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor, nodes, delete,
+                   again)
 
 
 def main(argv: list[str] | None = None) -> int:

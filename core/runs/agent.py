@@ -420,6 +420,16 @@ class Agent:
             self._sleep(TICK_S)
         return None
 
+    def resumed_step(self) -> int:
+        """The checkpoint step a run made to resume (train.resume_from) starts after."""
+        if not self.spec.train.resume_from:
+            return 0
+        try:
+            return backend_of(self.spec).restart(self.spec, self.rundir, 0).step
+        except Exception:
+            log.exception("could not read train.resume_from's step")
+            return 0
+
     def monitors_restarted(self, step: int) -> None:
         for m in self.monitors or []:
             if hasattr(m, "restarted"):
@@ -438,8 +448,11 @@ class Agent:
         launches = [x for x in self.state.get("launches") or [] if isinstance(x, dict)]
         launches.append({"id": launch_id, "attempt": attempt, "boot": procs.boot_id(),
                          "after": procs.start_ticks(os.getpid()) or 0, "t": time.time()})
-        if where is not None and where.step:    # where an adopting agent's monitors count from
-            launches[-1]["from_step"] = where.step
+        # the step it goes on after (a restart's, or a resumed run's first attempt): where
+        # the monitors that number steps themselves count from, an adopting agent's too
+        first = where.step if where is not None else self.resumed_step()
+        if first:
+            launches[-1]["from_step"] = first
         self.save(launches=launches)
         argv, env = self.launch_command(node, attempt, launch_id, where)
         out = open(self.rundir.torchrun_log(self.node_rank), "ab")
