@@ -377,14 +377,16 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
         hosts.restart_sshd(1)
 
 
-def test_a_script_on_two_hosts_restarts_from_the_heads_checkpoint(hosts, tmp_path):
-    """A user's HF Trainer script on both hosts (node 1 sees the head's folder); the rank on
-    node 1 dies at step 7 of the first attempt, after checkpoint-4. The head decides where the
-    restart continues (restart.json), node 1's agent reads it there, both ranks are told
-    TUNEDECK_RESUME_FROM, and the second attempt logs steps 5-8 only."""
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "apart"])
+def test_a_script_on_two_hosts_restarts_where_the_head_decides(hosts, tmp_path, shared):
+    """A user's HF Trainer script on both hosts; the rank on node 1 dies at step 7 of the first
+    attempt, after checkpoint-4. The head decides where the restart continues (restart.json).
+    Shared: node 1's agent reads the decision there, both ranks are told TUNEDECK_RESUME_FROM
+    and the second attempt logs steps 5-8 only. Apart (node 1 cannot see the head's folder):
+    both start from step 0 and say why, and the run still completes."""
     script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
     data = REPO / "presets" / "data" / "demo_chat.jsonl"
-    home = tmp_path / "head-home"
+    home = tmp_path / "head-home" if shared else hosts.head_only / tmp_path.name
     spec = tmp_path / "spec.toml"
     spec.write_text(f'''name = "two-hosts-script"
 backend = "script"
@@ -412,13 +414,21 @@ stop_grace_s = 20
         node_log = (run_dir / "logs" / "agent-node1.log").read_text()
         assert final["status"] == "succeeded", (final, head_log[-2000:], node_log[-2000:])
         assert [a["exit_code"] != 0 for a in final["attempts"]] == [True, False]
-        said = "from checkpoint-4 (TUNEDECK_RESUME_FROM for the script)"
-        assert said in head_log and said in node_log, (head_log[-2000:], node_log[-2000:])
         decision = _state(run_dir / "restart.json")
-        assert decision["attempt"] == 1 and decision["checkpoint"] == \
-            str(run_dir / "output" / "checkpoint-4"), decision
+        if shared:
+            said = "from checkpoint-4 (TUNEDECK_RESUME_FROM for the script)"
+            assert said in head_log and said in node_log, (head_log[-2000:], node_log[-2000:])
+            assert decision["checkpoint"] == str(run_dir / "output" / "checkpoint-4"), decision
+        else:
+            assert "from step 0 (node 1 not on the head's filesystem" in head_log, head_log
+            assert "from step 0 (this node is not on the head's filesystem)" in node_log
+            assert decision["checkpoint"] is None, decision
+        assert decision["attempt"] == 1
         recs = _head_cli(hosts, home, "metrics", run_id)
         assert [r["step"] for r in recs] == list(range(1, 9)), recs
+        if not shared:     # the second attempt's steps 1-8 replaced the first's 1-6
+            second = _state(run_dir / "state.json")["launches"][1]["t"]
+            assert all(r["t"] > second for r in recs), recs
         assert _state(node_dir / "state.json")["attempt"] == 1
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))
