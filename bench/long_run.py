@@ -476,7 +476,8 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
                             "lag_p99_poll": round(ls[min(int(0.99 * len(ls)), len(ls) - 1)],
                                                   3) if ls else None,
                             "load1_end": round(cs[-1][2], 2)})
-    return {"seconds": elapsed, "lines": seen * ranks, "windows": windows, "cpu_pct": 100 * (cpu1 - cpu0) / elapsed,
+    return {"seconds": elapsed, "lines": seen * ranks, "windows": windows,
+            "cpu_pct": 100 * (cpu1 - cpu0) / elapsed,
             "rss_start_mib": first_rss, "rss_end_mib": rss[-1][1],
             "rss_max_mib": max(r for _, r in rss), "rss_slope_mib_per_min": slope * 60,
             "lag_p50": pct(0.5), "lag_p90": pct(0.9), "lag_p99": pct(0.99),

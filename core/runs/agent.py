@@ -45,6 +45,7 @@ from tunedeck.core.backends import backend_of
 from tunedeck.core.backends.base import Restart
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import adopt, procs, restarts
 from tunedeck.core.runs.monitors import DetectorMonitor, MonitorContext, make_monitors
@@ -422,13 +423,9 @@ class Agent:
 
     def resumed_step(self) -> int:
         """The checkpoint step a run made to resume (train.resume_from) starts after."""
-        if not self.spec.train.resume_from:
-            return 0
-        try:
-            return backend_of(self.spec).restart(self.spec, self.rundir, 0).step
-        except Exception:
-            log.exception("could not read train.resume_from's step")
-            return 0
+        want = self.spec.train.resume_from
+        path = resume_point(want, self.rundir.output_dir(self.spec), 0) if want else None
+        return step_of(path) if path else 0
 
     def monitors_restarted(self, step: int) -> None:
         for m in self.monitors or []:
