@@ -5,6 +5,7 @@
 # textual and tomli-w (tunedeck itself), liger-kernel, and bitsandbytes unpacked with its CUDA
 # 13.0 library only (the whole wheel, 43 MB, would not fit the 64 MiB a call carries).
 #   bash bench/gpu_wheels.sh        # here, once per checkout; then run(carry=[".gpu"]) there
+#   bash bench/gpu_wheels.sh --unsloth   # also Unsloth for bench/h200_speed.sh
 # bench/h200_recipes.sh and bench/h200_fp8.sh install them on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,3 +50,30 @@ EOF
 fi
 du -sh "$D"
 ls "$D"/*.whl | wc -l
+
+# Unsloth 2026.10.9 and what it imports that the image and the wheels above lack; its wheel is
+# 28 MB of which 25 MB is a web studio it does not import, so only its package is unpacked
+# (.gpu/unsloth/site/). xformers is left out: Unsloth runs without it (SDPA).
+if [[ ${1:-} == --unsloth && ! -d $D/unsloth/site/unsloth ]]; then
+  mkdir -p "$D/unsloth"
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$D/unsloth" unsloth_zoo==2026.10.9 \
+    tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 shtab==1.13.0 protobuf==7.36.2 \
+    sentencepiece==0.2.3 hf_transfer==0.1.9 cut_cross_entropy==25.1.1 einops==0.8.2 \
+    msgspec==0.23.0 structlog==26.1.0 json5==0.17.3 typer==0.29.2 shellingham==1.5.4 \
+    nest_asyncio==1.6.0 torchao==0.18.0
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" unsloth==2026.10.9
+  python3 - "$tmp"/unsloth-*.whl "$D/unsloth/site" <<'EOF'
+import sys, zipfile
+from pathlib import Path
+wheel, dest = sys.argv[1], Path(sys.argv[2])
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("unsloth/") or (".dist-info/" in name and not name.endswith("RECORD")):
+            out = dest / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(z.read(name))
+EOF
+  rm -rf "$tmp"
+fi
+du -sh "$D"

@@ -14,9 +14,8 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHON=python3
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/*.whl || exit 1
-export PYTHONPATH=/tmp/site
+source bench/gpu_site.sh
+gpu_site || exit 1
 python3 bench/fp8_check.py cuda 2>&1 | grep -v -i "warn" | tee "$OUT/fp8_check.txt"
 if ! grep -q "^committed compile=True: .*0 of .* missing" "$OUT/fp8_check.txt" \
    || grep -q "^committed compile=True: .*grad norm 0.0000" "$OUT/fp8_check.txt"; then

@@ -15,15 +15,8 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 MODELSCOPE_OFFLINE=1 PYTHON=python3
 T0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/*.whl || exit 1
-if [[ -d .gpu/bitsandbytes_pkg ]]; then   # transformers asks importlib.metadata for its version
-  rm -rf /tmp/site/bitsandbytes && cp -r .gpu/bitsandbytes_pkg /tmp/site/bitsandbytes
-  mkdir -p /tmp/site/bitsandbytes-0.50.2.dist-info
-  printf 'Metadata-Version: 2.1\nName: bitsandbytes\nVersion: 0.50.2\n' \
-    > /tmp/site/bitsandbytes-0.50.2.dist-info/METADATA
-fi
-export PYTHONPATH=/tmp/site
+source bench/gpu_site.sh
+gpu_site || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, transformers, peft, swift, bitsandbytes; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'ms-swift', swift.__version__, 'bitsandbytes', bitsandbytes.__version__)"
 echo "install: $((SECONDS - T0)) s"

@@ -1,27 +1,21 @@
 #!/usr/bin/env bash
 # The single-H200 speed table of issue 17, in one device call (repo root on the GPU machine):
 #   bash bench/h200_speed.sh OUTDIR [CASES] [--launch]
-# Wheels (liger-kernel, textual, rich, tomli-w...) come as .whl/*.whl, Unsloth and its needs as
-# .whl/unsloth/ (wheels + the unpacked package in site/), the anchor as bench/anchor/
-# (copied from shared/anchors/lora_baseline.py). Cases are bench/trainer_bench.sh's; --launch
-# also runs the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
+# Wheels (liger-kernel, textual, tomli-w...) and Unsloth come in .gpu/ (`bash bench/gpu_wheels.sh
+# --unsloth`), the anchor as bench/anchor/ (copied from shared/anchors/lora_baseline.py):
+#   run(carry=[".gpu", "bench/anchor"], command="bash bench/h200_speed.sh $OUT")
+# Cases are bench/trainer_bench.sh's (the default: the table of issue 17); --launch also runs the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
 # Everything lands in /tmp/h200 (a 15 GB model folder among it); OUTDIR gets table.md,
 # results.tgz (events, logs, profiles) and launch.json.
 set -uo pipefail
 OUT=${1:?usage: h200_speed.sh OUTDIR [CASES] [--launch]}
-CASES=${2:-anchor-1,anchor-liger-1,anchor-compile-1,unsloth-1,ours-default-1,ours-chat-padded-1,ours-chat-packed-1}
+CASES=${2:-ours-default-1,anchor-1,anchor-liger-1,anchor-compile-1,unsloth-1,ours-default-1-bf16}
 LAUNCH=${3:-}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHON=python3
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-if [[ -d .whl/unsloth ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/usite .whl/unsloth/*.whl && cp -r .whl/unsloth/site/* /tmp/usite/ \
-    && export UNSLOTH_PATH=/tmp/usite
-fi
+source bench/gpu_site.sh
+gpu_site || exit 1
 W=/tmp/h200
 mkdir -p "$W" "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader

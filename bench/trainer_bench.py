@@ -116,8 +116,8 @@ def run(a) -> int:
         spec.method.fp8_base = p.method.fp8_base
     if a.eager:
         spec.train.compile = False
-    if a.fp8:
-        spec.method.fp8_base = True
+    if a.fp8 is not None:
+        spec.method.fp8_base = a.fp8
     spec.train.learning_rate = 1e-4
     spec.run.output_dir = str(Path(a.out) / "output")
 
@@ -287,7 +287,9 @@ def main(argv=None) -> int:
     r.add_argument("--ckpt", action="store_true", help="gradient checkpointing")
     r.add_argument("--compile", action="store_true", help="(the default now)")
     r.add_argument("--eager", action="store_true", help="train.compile = false")
-    r.add_argument("--fp8", action="store_true", help="method.fp8_base = true")
+    r.add_argument("--fp8", action="store_true", default=None, help="method.fp8_base = true")
+    r.add_argument("--no-fp8", action="store_false", dest="fp8",
+                   help="method.fp8_base = false (the preset's products in bf16)")
     r.add_argument("--preset", help="take method and batch settings from this spec file")
     r.add_argument("--profile", action="store_true", help="profile the step after warm-up")
     r.add_argument("--out", required=True)

@@ -6,14 +6,15 @@
 # full fine-tuning on 2 GPUs. --tiny: a tiny model on 2 CPU ranks, no anchor (script self-test).
 # CASES: comma-separated names to run (default: all), from
 #   anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8
-#   ours-default-1-peft ours-padded-1
+#   ours-default-1-bf16 ours-default-1-peft ours-padded-1
 #   ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 #   ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
 #   ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1
 #   ours-chat-packed-1 ours-fsdp2-full-2
 # ours-*: train.compile is on (the default) unless the name says eager, LoRA layers fused
-# (core/train/lora_fused.py, the CUDA default) unless it says peft, fp8 = method.fp8_base; ours-default-1 takes
-# the method and batch settings of presets/builtin-7b-lora-h200.toml. anchor-liger-1 needs
+# (core/train/lora_fused.py, the CUDA default) unless it says peft. ours-default-1 takes the
+# method and batch settings of presets/builtin-7b-lora-h200.toml (method.fp8_base on); -fp8
+# and -bf16 force the frozen products' precision either way. anchor-liger-1 needs
 # liger-kernel, unsloth-1 Unsloth (bench/unsloth_bench.py; it builds a 15 GB model folder).
 # e.g. bench/trainer_bench.sh OUT 3 10 anchor-1,ours-padded-1,anchor-2,ours-padded-2
 set -euo pipefail
@@ -24,7 +25,7 @@ if [[ "${1:-}" == "--tiny" ]]; then TINY=1; shift; fi
 WARMUP=${1:-3}
 STEPS=${2:-10}
 CASES=${3:-all}
-ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8 ours-default-1-peft ours-padded-1
+ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8 ours-default-1-bf16 ours-default-1-peft ours-padded-1
 ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
 ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1 ours-chat-packed-1
@@ -89,6 +90,8 @@ one() {  # one CASE
       "${common[@]}" --out "$OUT/$c" ;;
     ours-default-1-fp8) trun 1 "$c" $W run --case padded --preset presets/builtin-7b-lora-h200.toml \
       --fp8 "${common[@]}" --out "$OUT/$c" ;;
+    ours-default-1-bf16) trun 1 "$c" $W run --case padded --preset presets/builtin-7b-lora-h200.toml \
+      --no-fp8 "${common[@]}" --out "$OUT/$c" ;;
     ours-default-1-peft) TUNEDECK_FUSED_LORA=0 trun 1 "$c" $W run --case padded \
       --preset presets/builtin-7b-lora-h200.toml "${common[@]}" --out "$OUT/$c" ;;
     ours-padded-1) trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;

@@ -1,0 +1,20 @@
+# Sourced by the device scripts (bench/h200_*.sh): installs what the carried .gpu/ holds (see
+# bench/gpu_wheels.sh) into /tmp/site, bitsandbytes with the dist-info transformers asks for,
+# and Unsloth, when .gpu/unsloth/ is there, into /tmp/usite (UNSLOTH_PATH: only its case sees it,
+# since it patches transformers at import). Exports PYTHONPATH.
+gpu_site() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .gpu/*.whl || return 1
+  if [[ -d .gpu/bitsandbytes_pkg ]]; then   # transformers asks importlib.metadata for its version
+    rm -rf /tmp/site/bitsandbytes && cp -r .gpu/bitsandbytes_pkg /tmp/site/bitsandbytes
+    mkdir -p /tmp/site/bitsandbytes-0.50.2.dist-info
+    printf 'Metadata-Version: 2.1\nName: bitsandbytes\nVersion: 0.50.2\n' \
+      > /tmp/site/bitsandbytes-0.50.2.dist-info/METADATA
+  fi
+  if [[ -d .gpu/unsloth ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/usite .gpu/unsloth/*.whl && cp -r .gpu/unsloth/site/. /tmp/usite/ \
+      && export UNSLOTH_PATH=/tmp/usite
+  fi
+  export PYTHONPATH=/tmp/site
+}
