@@ -10,7 +10,7 @@
 #   ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 #   ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
 #   ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1
-#   ours-chat-packed-1 ours-fsdp2-full-2
+#   ours-chat-packed-1 ours-chat-padded-1-fp8 ours-chat-packed-1-fp8 ours-fsdp2-full-2
 # ours-*: train.compile is on (the default) unless the name says eager, LoRA layers fused
 # (core/train/lora_fused.py, the CUDA default) unless it says peft. ours-default-1 takes the
 # method and batch settings of presets/builtin-7b-lora-h200.toml (method.fp8_base on); -fp8
@@ -29,7 +29,7 @@ ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 
 ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
 ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1 ours-chat-packed-1
-ours-fsdp2-full-2"
+ours-chat-padded-1-fp8 ours-chat-packed-1-fp8 ours-fsdp2-full-2"
 if [[ $CASES == all ]]; then CASES=$(echo $ALL | tr ' ' ,); fi
 for c in ${CASES//,/ }; do
   [[ " $(echo $ALL) " == *" $c "* ]] || { echo "unknown case '$c'; known: $(echo $ALL)" >&2; exit 2; }
@@ -112,6 +112,8 @@ one() {  # one CASE
     ours-padded-2-eager) trun 2 "$c" $W run --case padded --eager "${common[@]}" --out "$OUT/$c" ;;
     ours-chat-padded-1) trun 1 "$c" $W run --case chat "${common[@]}" --out "$OUT/$c" ;;
     ours-chat-packed-1) trun 1 "$c" $W run --case packed "${common[@]}" --out "$OUT/$c" ;;
+    ours-chat-padded-1-fp8) trun 1 "$c" $W run --case chat --fp8 "${common[@]}" --out "$OUT/$c" ;;
+    ours-chat-packed-1-fp8) trun 1 "$c" $W run --case packed --fp8 "${common[@]}" --out "$OUT/$c" ;;
     ours-fsdp2-full-2) trun 2 "$c" $W run --case fsdp2 "${common[@]}" --out "$OUT/$c" ;;
   esac
 }
