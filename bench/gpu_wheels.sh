@@ -28,28 +28,31 @@ WANT=(
   # tunedeck and the speed comparisons
   textual==8.2.8 tomli-w==1.2.0 liger-kernel==0.8.5
 )
+unpack() {  # unpack WHEEL DEST STRIP KEEP...: its files under the KEEP prefixes into DEST,
+            # STRIP cut from their names; no RECORD, no CUDA library but 13.0's
+  python3 - "$@" <<'EOF'
+import sys, zipfile
+from pathlib import Path
+wheel, dest, strip, *keep = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        base = name.rsplit("/", 1)[-1]
+        if not name.startswith(tuple(keep)) or base == "RECORD" or (
+                base.startswith("libbitsandbytes_") and base != "libbitsandbytes_cuda130.so"):
+            continue
+        out = Path(dest) / name.removeprefix(strip)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(z.read(name))
+EOF
+}
+
 python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$D" "${WANT[@]}"
 if [[ ! -d $D/bitsandbytes_pkg ]]; then
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" bitsandbytes==0.50.2
-  python3 - "$tmp"/bitsandbytes-*.whl "$D/bitsandbytes_pkg" <<'EOF'
-import sys, zipfile
-from pathlib import Path
-wheel, dest = sys.argv[1], Path(sys.argv[2])
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        lib = name.rsplit("/", 1)[-1]
-        if not name.startswith("bitsandbytes/") or (lib.startswith("libbitsandbytes_")
-                                                    and lib != "libbitsandbytes_cuda130.so"):
-            continue
-        out = dest / name.removeprefix("bitsandbytes/")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(z.read(name))
-EOF
+  unpack "$tmp"/bitsandbytes-*.whl "$D/bitsandbytes_pkg" bitsandbytes/ bitsandbytes/
   rm -rf "$tmp"
 fi
-du -sh "$D"
-ls "$D"/*.whl | wc -l
 
 # Unsloth 2026.10.9 and what it imports that the image and the wheels above lack; its wheel is
 # 28 MB of which 25 MB is a web studio it does not import, so only its package is unpacked
@@ -63,17 +66,8 @@ if [[ ${1:-} == --unsloth && ! -d $D/unsloth/site/unsloth ]]; then
     nest_asyncio==1.6.0 torchao==0.18.0
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" unsloth==2026.10.9
-  python3 - "$tmp"/unsloth-*.whl "$D/unsloth/site" <<'EOF'
-import sys, zipfile
-from pathlib import Path
-wheel, dest = sys.argv[1], Path(sys.argv[2])
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if name.startswith("unsloth/") or (".dist-info/" in name and not name.endswith("RECORD")):
-            out = dest / name
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(z.read(name))
-EOF
+  unpack "$tmp"/unsloth-*.whl "$D/unsloth/site" "" unsloth/ unsloth-2026.10.9.dist-info/
   rm -rf "$tmp"
 fi
 du -sh "$D"
+ls "$D"/*.whl | wc -l
