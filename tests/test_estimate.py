@@ -220,12 +220,13 @@ def test_swift_speed_flags_offer_what_the_installed_version_has():
                                                                     variable_length=False)}
     # an older ms-swift without these flags: nothing to offer
     assert speed_flags(["--attn_impl", "flash_attn"], known={"model": {}}) == []
-    # advise() shows them for swift runs only
+    # advise() passes on what it is offered, except for inference
     offered = speed_flags([], known=known)
-    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="builtin", speed_flags=offered)
-    assert a.speed_flags == []
     a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="swift", speed_flags=offered)
     assert [f["flag"] for f in a.speed_flags] == [f["flag"] for f in offered]
+    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="swift", speed_flags=offered,
+               purpose="inference")
+    assert a.speed_flags == []
 
 
 @pytest.mark.skipif(not HAS_SWIFT, reason="ms-swift not installed")
@@ -252,11 +253,62 @@ def test_estimate_of_a_swift_spec_offers_the_speed_flags(tmp_path):
     assert "--use_liger_kernel" not in {f["flag"] for f in data["advice"]["speed_flags"]}
 
 
-def test_builtin_trainer_plans_with_its_measured_utilisation():
-    from tunedeck.core.estimate.speed import BUILTIN_COMPILED_MFU, DEFAULT_MFU, typical_mfu
+def test_builtin_trainer_plans_with_its_measured_utilisation(tmp_path):
+    """The throughput and ETA of a built-in run assume what that trainer was measured at with
+    the spec's own switches (compile, the fp8 base), not ms-swift's figure; --mfu still wins."""
+    from tunedeck.core.estimate.speed import (BUILTIN_COMPILED_MFU, BUILTIN_FP8_MFU,
+                                              DEFAULT_MFU, typical_mfu)
 
-    assert typical_mfu("builtin") == BUILTIN_COMPILED_MFU > DEFAULT_MFU
+    assert BUILTIN_FP8_MFU > typical_mfu("builtin") == BUILTIN_COMPILED_MFU > DEFAULT_MFU
     assert typical_mfu("builtin", compiled=False) == typical_mfu("swift") == DEFAULT_MFU
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
+
+    def mfu(*sets, extra=()):
+        argv = ["estimate", str(preset), "--gpus", "1", "--gpu-name", "NVIDIA H200",
+                "--gpu-mem", "141", "--json", "--set", f"model.path={m}", *extra]
+        for kv in sets:
+            argv += ["--set", kv]
+        out = json.loads(cli(*argv, home=tmp_path).stdout)
+        return out["throughput"]["mfu"], out["throughput"]["tokens_per_s_per_gpu"]
+
+    fp8, bf16 = mfu(), mfu("method.fp8_base=false")
+    assert fp8[0] == BUILTIN_FP8_MFU and bf16[0] == BUILTIN_COMPILED_MFU
+    # the 7B preset was measured at 22,219 and 17,031 tokens/s: the plan is within 5 %
+    assert abs(fp8[1] / 22219 - 1) < 0.05 and abs(bf16[1] / 17031 - 1) < 0.05
+    assert mfu("train.compile=false")[0] == DEFAULT_MFU
+    assert mfu(extra=["--mfu", "0.2"])[0] == 0.2
+
+
+def test_builtin_runs_are_offered_the_switches_measured_faster(tmp_path):
+    """A built-in LoRA run without the fp8 base, on a GPU with fp8 units, is told of it (with
+    its measured gain, as an override to apply); not on an A100, not when it is on; a run with
+    compile off is told of compile."""
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
+
+    def offered(gpu, *sets):
+        argv = ["estimate", str(preset), "--gpus", "1", "--gpu-name", gpu, "--gpu-mem", "141",
+                "--set", f"model.path={m}"]
+        for kv in sets:
+            argv += ["--set", kv]
+        text = cli(*argv, home=tmp_path).stdout
+        data = json.loads(cli(*argv, "--json", home=tmp_path).stdout)
+        return text, {f["flag"]: f for f in data["advice"]["speed_flags"]}
+
+    text, got = offered("NVIDIA H100 80GB HBM3", "method.fp8_base=false")
+    assert set(got) == {"method.fp8_base"} and got["method.fp8_base"]["gain"] > 1.2
+    assert "faster with the built-in trainer" in text
+    assert "--set method.fp8_base=true" in text
+    assert offered("NVIDIA A100-SXM4-80GB", "method.fp8_base=false")[1] == {}
+    assert offered("NVIDIA H200")[1] == {}                     # the preset has it on
+    assert offered("NVIDIA H200", "method.fp8_base=false", "method.lora_dropout=0.05")[1] == {}
+    _, got = offered("NVIDIA H200", "train.compile=false")
+    assert set(got) == {"train.compile"}
 
 
 @pytest.mark.parametrize("kw,measured", [

@@ -15,8 +15,8 @@ from typing import Any
 
 from tunedeck.core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
 from tunedeck.core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
-from tunedeck.core.estimate.speed import (DEFAULT_MFU, Throughput, flops_per_token, fmt_duration,
-                                 peak_tflops, throughput)
+from tunedeck.core.estimate.speed import (DEFAULT_MFU, UNKNOWN_GPU, Throughput, flops_per_token,
+                                          fmt_duration, peak_tflops, spec_mfu, throughput)
 
 __all__ = ["ArchError", "GIB", "MemoryEstimate", "MemoryInputs", "ModelArch", "QWEN25",
            "SpecEstimate", "Throughput", "arch_for_spec", "arch_from_config", "estimate_memory",
@@ -126,9 +126,10 @@ class SpecEstimate:
 
 
 def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
-                  gpu_mem_gib: float | None = None, mfu: float = DEFAULT_MFU) -> SpecEstimate:
+                  gpu_mem_gib: float | None = None, mfu: float | None = None) -> SpecEstimate:
     """Estimate for a spec. `gpus` forces GPUs per node (planning on a machine without them);
-    otherwise the spec is resolved against this machine's GPUs."""
+    otherwise the spec is resolved against this machine's GPUs. mfu: the utilisation assumed
+    for the throughput (default: what this spec's backend and switches were measured at)."""
     from tunedeck.core.estimate.resolve import resolve
     from tunedeck.core.telemetry.gpus import list_gpus
 
@@ -150,10 +151,11 @@ def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
     peak = peak_tflops(gpu_name) if gpu_name else None
     if device == "cuda" and peak is None:
         peak = 989.0  # unknown GPU: an H100-class peak, labelled as assumed below
-        gpu_name = gpu_name or "unknown GPU (H100-class peak assumed)"
+        gpu_name = gpu_name or UNKNOWN_GPU
     if device == "cuda":
         tp = throughput(inp.arch, seq_len=inp.seq_len, method=inp.method,
                         world_size=inp.world_size, tokens_per_step=eff * inp.seq_len,
-                        steps=r.train.max_steps, peak=peak, mfu=mfu,
+                        steps=r.train.max_steps, peak=peak,
+                        mfu=spec_mfu(r) if mfu is None else mfu,
                         gradient_checkpointing=inp.gradient_checkpointing)
     return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib, r)

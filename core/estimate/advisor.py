@@ -33,7 +33,8 @@ class Advice:
     per_gpu_gib: float = 0.0
     reasons: list[str] = field(default_factory=list)
     overrides: dict[str, object] = field(default_factory=dict)  # --set keys to apply it
-    speed_flags: list[dict] = field(default_factory=list)       # ms-swift: core/swift/speed.py
+    # switches worth adding: ms-swift flags (core/swift/speed.py), built-in spec keys (speed.py)
+    speed_flags: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -56,19 +57,23 @@ def dataset_tokens(path: str | Path, max_length: int) -> tuple[int, int]:
 
 def advise(base: MemoryInputs, *, gpus: int, gpu_mem_gib: float, data_tokens: int = 0,
            epochs: float = 1.0, purpose: str = "train", peak_tflops: float = 989.0,
-           backend: str = "builtin", speed_flags: list[dict] | None = None) -> Advice:
+           backend: str = "builtin", speed_flags: list[dict] | None = None,
+           mfu: float | None = None) -> Advice:
     """Recommend a strategy for `base` (its strategy/world size are ignored) on `gpus` GPUs of
-    `gpu_mem_gib` each. speed_flags: an ms-swift run's flags worth adding
-    (core/swift/speed.py; the caller asks, since this layer does not know ms-swift's flags)."""
+    `gpu_mem_gib` each. speed_flags: the run's switches worth adding (the caller asks: an
+    ms-swift run's from core/swift/speed.py, a built-in one's from speed.builtin_speed_flags).
+    mfu: the utilisation the hours assume (default: the backend's measured one)."""
     a = _advise(base, gpus=gpus, gpu_mem_gib=gpu_mem_gib, data_tokens=data_tokens,
-                epochs=epochs, purpose=purpose, peak_tflops=peak_tflops, backend=backend)
-    if backend == "swift" and speed_flags and purpose != "inference":
+                epochs=epochs, purpose=purpose, peak_tflops=peak_tflops, backend=backend,
+                mfu=typical_mfu(backend) if mfu is None else mfu)
+    if speed_flags and purpose != "inference":
         a.speed_flags = list(speed_flags)
     return a
 
 
 def _advise(base: MemoryInputs, *, gpus: int, gpu_mem_gib: float, data_tokens: int,
-            epochs: float, purpose: str, peak_tflops: float, backend: str) -> Advice:
+            epochs: float, purpose: str, peak_tflops: float, backend: str,
+            mfu: float) -> Advice:
     cap = gpu_mem_gib * MARGIN
     arch = base.arch
     if purpose == "inference":
@@ -80,7 +85,7 @@ def _advise(base: MemoryInputs, *, gpus: int, gpu_mem_gib: float, data_tokens: i
     def hours(world: int, gc: bool) -> float:
         tp = throughput(arch, seq_len=base.seq_len, method=base.method, world_size=world,
                         tokens_per_step=max(data_tokens, 1), steps=1, peak=peak_tflops,
-                        mfu=typical_mfu(backend), gradient_checkpointing=gc)
+                        mfu=mfu, gradient_checkpointing=gc)
         return tp.eta_s * epochs / 3600
 
     sharded = "fsdp2" if backend == "builtin" else "deepspeed"

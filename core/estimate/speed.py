@@ -13,24 +13,75 @@ from dataclasses import asdict, dataclass
 from tunedeck.core.estimate.arch import ModelArch
 
 DEFAULT_MFU = 0.35
-# tunedeck's built-in trainer with train.compile (the default) on a GPU, by this module's count:
-# 16,442 tok/s on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-01) ≈ 0.50;
-# eager it was 12,328 ≈ 0.37.
-BUILTIN_COMPILED_MFU = 0.50
+# tunedeck's built-in trainer with train.compile (the default) on a GPU, by this module's count,
+# on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-02): 17,031 tok/s with bf16
+# products ≈ 0.51; with method.fp8_base (the frozen products in fp8) 22,219 ≈ 0.67; eager
+# (2026-12-01) 12,328 ≈ 0.37.
+BUILTIN_COMPILED_MFU = 0.51
+BUILTIN_FP8_MFU = 0.67
+COMPILE_GAIN = 1.38        # compiled against eager, the same loop and GPU (2026-12-01)
+FP8_GAIN = 1.30            # fp8 frozen products against bf16, compiled (2026-12-02)
 
 
-def typical_mfu(backend: str, compiled: bool = True) -> float:
+def typical_mfu(backend: str, compiled: bool = True, fp8: bool = False) -> float:
     """The utilisation to plan with for a backend: measured for the built-in trainer, the
     ms-swift figure (DEFAULT_MFU) for everything else."""
     if backend == "builtin" and compiled:
-        return BUILTIN_COMPILED_MFU
+        return BUILTIN_FP8_MFU if fp8 else BUILTIN_COMPILED_MFU
     return DEFAULT_MFU
+
+
+def spec_mfu(spec) -> float:
+    """typical_mfu of what `spec` runs (its backend, compile and fp8 switches)."""
+    return typical_mfu(spec.backend, spec.train.compile,
+                       spec.method.type == "lora" and spec.method.fp8_base)
+
+
 # Dense bf16 peak TFLOP/s (no sparsity), matched against the NVML name.
 PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("H20", 148.0),
                ("B200", 2250.0), ("B100", 1750.0), ("GH200", 989.0), ("A100", 312.0),
                ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0),
                ("A10", 125.0), ("A6000", 155.0), ("4090", 165.0), ("3090", 71.0),
                ("V100", 125.0), ("T4", 65.0))
+
+
+# GPUs by name with and without fp8 matrix units (compute capability ≥ 8.9: Ada, Hopper,
+# Blackwell), for advice when only a name is known (planning away from the GPUs)
+FP8_GPUS = ("H200", "H100", "H800", "H20", "B200", "B100", "L40", "L4", "4090", "ADA")
+NO_FP8_GPUS = ("A100", "A800", "A10", "A6000", "3090", "V100", "T4")
+UNKNOWN_GPU = "unknown GPU (H100-class peak assumed)"   # the estimate's name for no GPU found
+
+
+def fp8_capable(gpu_name: str) -> bool | None:
+    """Whether a GPU of this name has fp8 units; None when the name is not known here."""
+    name = gpu_name.upper()
+    if gpu_name == UNKNOWN_GPU:
+        return None
+    if any(k in name for k in FP8_GPUS):
+        return True
+    if any(k in name for k in NO_FP8_GPUS):
+        return False
+    return None
+
+
+def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
+    """Built-in trainer switches that would make this run faster on `gpu_name`, measured on one
+    H200 (7B LoRA, docs/benchmarks.md), each {"flag" (a spec key), "value", "gain", "why"}."""
+    if spec.backend != "builtin" or spec.cluster.device == "cpu":
+        return []
+    out = []
+    if not spec.train.compile:
+        out.append({"flag": "train.compile", "value": "true", "gain": COMPILE_GAIN,
+                    "why": f"compiled decoder layers: ~{COMPILE_GAIN:.2f}x tokens/s after "
+                           "~20 s of compiling (shown as a phase in the monitor)"})
+    if (spec.method.type == "lora" and not spec.method.fp8_base and fp8_capable(gpu_name)
+            and spec.parallel.strategy == "ddp" and spec.method.lora_dropout == 0
+            and spec.model.dtype in ("bfloat16", "auto")):
+        out.append({"flag": "method.fp8_base", "value": "true", "gain": FP8_GAIN,
+                    "why": f"the frozen base's matmuls in fp8: ~{FP8_GAIN:.2f}x tokens/s, "
+                           "same memory, loss within ~1 % of bf16 over 30 steps; each "
+                           "product ~4 % off (finer than QLoRA's 4-bit base)"})
+    return out
 
 
 def peak_tflops(gpu_name: str) -> float | None:

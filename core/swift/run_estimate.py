@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunedeck.core.estimate import (DEFAULT_MFU, ArchError, SpecEstimate, arch_for_spec,
-                                    estimate_spec)
+from tunedeck.core.estimate import ArchError, SpecEstimate, arch_for_spec, estimate_spec
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
 from tunedeck.core.swift.flags import FlagTableError, flag_tables
@@ -103,7 +102,7 @@ def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
 
 
 def estimate_run(spec: RunSpec, *, gpus: int | None = None, gpu_name: str = "",
-                 gpu_mem_gib: float | None = None, mfu: float = DEFAULT_MFU) -> SpecEstimate:
+                 gpu_mem_gib: float | None = None, mfu: float | None = None) -> SpecEstimate:
     """`estimate_spec` of the run `spec` starts (arguments as there); `.spec` is the spec the
     numbers are of, ms-swift's defaults in place."""
     if spec.backend == "swift":

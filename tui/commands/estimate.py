@@ -18,13 +18,15 @@ def register(sub) -> None:
     s.add_argument("--gpu-mem", type=float, metavar="GIB", help="memory per GPU (default: "
                    "this node's, else 80)")
     s.add_argument("--gpu-name", default="", help="GPU model for the throughput peak, e.g. H100")
-    s.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs utilisation")
+    s.add_argument("--mfu", type=float, default=None,
+                   help="assumed model FLOPs utilisation (default: what the spec's backend "
+                   "and switches were measured at)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_estimate)
 
 
 def cmd_estimate(args) -> int:
-    from tunedeck.core.estimate import DEFAULT_MFU, ArchError
+    from tunedeck.core.estimate import ArchError
     from tunedeck.core.spec import SpecError, load_spec
     from tunedeck.core.swift.run_estimate import estimate_run, length_unless_steps
 
@@ -32,7 +34,7 @@ def cmd_estimate(args) -> int:
         spec = load_spec(args.spec, args.set)
         # the run it starts: ms-swift's defaults where an ms-swift spec sets nothing
         est = estimate_run(spec, gpus=args.gpus, gpu_name=args.gpu_name,
-                           gpu_mem_gib=args.gpu_mem, mfu=args.mfu or DEFAULT_MFU)
+                           gpu_mem_gib=args.gpu_mem, mfu=args.mfu)
     except (SpecError, ArchError) as e:
         print(f"tunedeck: {e}", file=sys.stderr)
         return 2
@@ -93,22 +95,35 @@ def advice_for(est, spec, *, gpus: int, gpu_mem_gib: float) -> tuple:
     thread."""
     from tunedeck.core.estimate import peak_tflops
     from tunedeck.core.estimate.advisor import advise, dataset_tokens
+    from tunedeck.core.estimate.speed import builtin_speed_flags
 
     run = est.spec or spec
     rows, tokens = dataset_tokens(run.data.path, run.data.max_length) if run.data.path \
         else (0, 0)
     advice = advise(est.inputs, gpus=max(gpus, 1), gpu_mem_gib=gpu_mem_gib, data_tokens=tokens,
                     peak_tflops=peak_tflops(est.gpu_name) or 989.0, backend=spec.backend,
-                    speed_flags=_swift_speed_flags(spec))
+                    speed_flags=_swift_speed_flags(spec) + (
+                        builtin_speed_flags(run, est.gpu_name) if est.throughput else []),
+                    mfu=est.throughput.mfu if est.throughput else None)
     return advice, rows, tokens
 
 
 def speed_flag_lines(advice) -> list[str]:
-    """The advice's ms-swift speed flags as lines, under their heading ([] when none)."""
+    """The advice's speed switches as lines, under their heading ([] when none): ms-swift
+    flags as they go on its command line, built-in spec keys as `--set` overrides."""
     if not advice.speed_flags:
         return []
-    return ["faster with the installed ms-swift (measured on one H200):"] + [
-        f"  {f['flag']} {f['value']}  ~{f['gain']:.2f}x: {f['why']}" for f in advice.speed_flags]
+    swift = advice.speed_flags[0]["flag"].startswith("--")
+    return [f"faster with {'the installed ms-swift' if swift else 'the built-in trainer'} "
+            "(measured on one H200):"] + [
+        f"  {_switch(f)}  ~{f['gain']:.2f}x: {f['why']}" for f in advice.speed_flags]
+
+
+def _switch(flag: dict) -> str:
+    """An ms-swift flag as on its command line; a built-in spec key as a --set override."""
+    if flag["flag"].startswith("--"):
+        return f"{flag['flag']} {flag['value']}"
+    return f"--set {flag['flag']}={flag['value']}"
 
 
 def _swift_speed_flags(spec) -> list[dict]:
