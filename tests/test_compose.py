@@ -213,10 +213,10 @@ async def test_estimate_turns_red_past_capacity_and_the_advice_is_one_key_away(g
         "vocab_size": 152064, "tie_word_embeddings": False}))
     # two 24 GiB GPUs, as a fake NVML reports them through the real probe
     gpus(probe_gpus(FakePynvml(2, name="NVIDIA A10G", total_mib=24576, cc=(8, 6))))
-    # batch 6: the built-in trainer's chunked loss lets batch 2-4 fit one 24 GiB GPU with
-    # gradient checkpointing; 6 needs FSDP2 over both
+    # batch 8: the built-in trainer's chunked loss and fused LoRA layers let batches up to 6
+    # fit one 24 GiB GPU with gradient checkpointing; 8 needs FSDP2 over both
     spec = demo_spec(**{"model.path": str(big), "data.max_length": 2048,
-                        "train.per_device_batch_size": 6, "cluster.device": "cuda"})
+                        "train.per_device_batch_size": 8, "cluster.device": "cuda"})
     screen = ComposeScreen(spec, DEMO)
     async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)

@@ -1,28 +1,44 @@
 """The memory estimate of the built-in trainer's full fine-tuning (fp32 master weights under bf16
-autocast), checked against what its layers really save for backward and against the H200 rows
-of docs/benchmarks.md (2026-12-02, `bench/recipes_vs_swift.py`)."""
+autocast) and of its fused LoRA layers, checked against what its layers really save for
+backward and against the H200 rows of docs/benchmarks.md (2026-12-02)."""
 
 import json
 
+import pytest
 import torch
 
 from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_spec
 from tunedeck.core.estimate.memory import _activation_bytes_per_token_layer
 from tunedeck.core.spec import load_spec
+from tests.conftest import REPO
 
 TINY = dict(model_type="qwen2", hidden_size=256, intermediate_size=1536, num_hidden_layers=1,
             num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
             tie_word_embeddings=True)
 
 
-def _saved_bytes_per_token(dtype: torch.dtype, batch: int = 2, seq: int = 256) -> float:
+def _saved_bytes_per_token(dtype: torch.dtype, batch: int = 2, seq: int = 256,
+                           lora: str = "") -> float:
     """Bytes one decoder layer saves for backward per token (weights and the shared RoPE
-    tables left out), counted storage by storage through saved-tensor hooks."""
+    tables left out), counted storage by storage through saved-tensor hooks. lora: "" (full
+    fine-tuning), "peft" (peft's LoRA layers, all-linear r=8) or "fused" (the trainer's)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
     cfg = Qwen2Config(**{k: v for k, v in TINY.items() if k != "model_type"})
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(dtype)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        from tunedeck.core.train.lora_fused import fuse_lora
+
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16,
+                                                 target_modules="all-linear"))
+        if lora == "fused":   # what CUDA runs; the same layers on CPU when asked
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("TUNEDECK_FUSED_LORA", "1")
+                assert fuse_lora(model, torch.device("cpu")) == 7
+        model = model.base_model.model
     layer = model.model.layers[0]
     x = torch.randn(batch, seq, TINY["hidden_size"], dtype=dtype, requires_grad=True)
     pe = model.model.rotary_emb(x, torch.arange(seq)[None])
@@ -32,8 +48,10 @@ def _saved_bytes_per_token(dtype: torch.dtype, batch: int = 2, seq: int = 256) -
 
     def pack(t):
         st = t.untyped_storage()
-        # weights cast for autocast are (out, in): their rows are not tokens
-        if st.data_ptr() not in skip and t.grad_fn.__class__.__name__ != "TBackward0":
+        # weights cast for autocast are (out, in): their rows are not tokens; nor are the
+        # adapters' cast copies (r = 8 rows), which do not grow with the batch
+        if (st.data_ptr() not in skip and t.grad_fn.__class__.__name__ != "TBackward0"
+                and not (t.dim() == 2 and t.shape[0] == 8)):
             seen[st.data_ptr()] = st.nbytes()
         return t
 
@@ -75,3 +93,31 @@ def test_builtin_full_finetune_rows_of_the_h200_within_15_percent(tmp_path):
         est = estimate_spec(load_spec(spec_path), gpus=1, gpu_name="NVIDIA H200",
                             gpu_mem_gib=139.8).memory.per_gpu_gib
         assert abs(est - measured) / measured < 0.15, (compile_, est, measured)
+
+
+def test_fused_lora_layers_save_what_the_estimate_says():
+    """The fused LoRA linears (the CUDA default) keep one copy of each shared input where peft's
+    casts keep one per module; the estimate counts both within 5 % of the layer's real saves."""
+    arch = arch_from_config(TINY)
+
+    def est(fused):
+        return _activation_bytes_per_token_layer(MemoryInputs(
+            arch, method="lora", lora_rank=8, micro_batch=2, seq_len=256, fused_lora=fused))
+
+    peft, fused = (_saved_bytes_per_token(torch.bfloat16, lora=k) for k in ("peft", "fused"))
+    assert fused < peft - 4 * TINY["hidden_size"]      # q/k/v and gate/up inputs shared
+    for on, measured in ((False, peft), (True, fused)):
+        assert abs(est(on) - measured) / measured < 0.05, (on, est(on), measured)
+
+
+def test_the_7b_preset_row_of_the_h200_within_10_percent(tmp_path):
+    """presets/builtin-7b-lora-h200.toml on one H200 (fused layers, compiled, fp8 base and bf16
+    alike): 53.1 GiB allocated (docs/benchmarks.md, 2026-12-02). Counting peft's per-module
+    input copies the estimate said 60.8 (+14.5 %)."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    for fp8 in ("true", "false"):
+        spec = load_spec(REPO / "presets" / "builtin-7b-lora-h200.toml",
+                         [f"model.path={tmp_path}", f"method.fp8_base={fp8}"])
+        est = estimate_spec(spec, gpus=1, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
+        assert est.inputs.fused_lora
+        assert abs(est.memory.allocated_gib / 53.1 - 1) < 0.10, est.memory.allocated_gib

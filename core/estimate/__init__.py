@@ -95,6 +95,9 @@ def inputs_for_spec(spec, arch: ModelArch | None = None, *, device: str | None =
         # the built-in trainer: chunked cross-entropy, compiled layers (CUDA), expandable segments
         loss_chunk_elems=2 ** 29 if spec.backend == "builtin" and device == "cuda" else 0,
         compiled=spec.backend == "builtin" and device == "cuda" and bool(t.compile),
+        # its LoRA linears fused on CUDA under DDP, without dropout (lora_fused.eligible)
+        fused_lora=(spec.backend == "builtin" and device == "cuda" and m.type == "lora"
+                    and m.lora_dropout == 0),
         expandable_segments=spec.backend == "builtin" and device == "cuda")
 
 

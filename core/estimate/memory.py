@@ -86,6 +86,8 @@ class MemoryInputs:
     # compiled, and expandable allocator segments (reserved ≈ allocated)
     loss_chunk_elems: int = 0
     compiled: bool = False
+    fused_lora: bool = False             # LoRA linears fused where DDP runs them
+                                         # (core/train/lora_fused.py, the CUDA default)
     expandable_segments: bool = False
 
     def to_json(self) -> dict:
@@ -116,6 +118,11 @@ class MemoryEstimate:
             "breakdown": {k: round(v, 2) for k, v in self.breakdown.items()}}
 
 
+# which input each adaptable linear of a decoder layer reads
+_SHARED_INPUT = {"q_proj": "x1", "k_proj": "x1", "v_proj": "x1", "gate_proj": "x2",
+                 "up_proj": "x2", "o_proj": "o", "down_proj": "d"}
+
+
 def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     """Bytes one decoder layer keeps for backward per token (no checkpointing)."""
     a = m.compute_bytes
@@ -140,12 +147,17 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     lora = ar.lora_modules(m.lora_targets) if m.method in ("lora", "qlora") else []
     shapes = ar.linear_shapes()
     if lora:
+        # the distinct inputs of the adapted linears (q/k/v share one, gate/up another)
+        inputs = {"x1": h, "x2": h, "o": q, "d": i}
+        distinct = sum(inputs[s] for s in {_SHARED_INPUT[mod] for mod in lora})
         if a == 4 and not full:
             # fp32 compute: peft's cast is a no-op, lora_A saves the shared inputs themselves
-            shared = {"q_proj": "x1", "k_proj": "x1", "v_proj": "x1", "gate_proj": "x2",
-                      "up_proj": "x2", "o_proj": "o", "down_proj": "d"}
-            seen = {shared[mod] for mod in lora}
-            n += 4 * sum({"x1": h, "x2": h, "o": q, "d": i}[s] for s in seen)
+            n += 4 * distinct
+        if m.fused_lora and m.strategy == "ddp" and a != 4:
+            # the fused layer saves its input as it comes, one copy per shared input, where
+            # peft's casts make one per module (counted with saved-tensor hooks:
+            # tests/test_estimate_builtin.py)
+            return float(n + a * distinct + a * m.lora_rank * len(lora))
         for mod in lora:
             d_in = shapes[mod][0]
             if a != 4:
