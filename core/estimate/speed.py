@@ -37,11 +37,14 @@ def spec_mfu(spec) -> float:
                        spec.method.type == "lora" and spec.method.fp8_base)
 
 
-# Dense bf16 peak TFLOP/s (no sparsity), matched against the NVML name.
-PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("H20", 148.0),
-               ("B200", 2250.0), ("B100", 1750.0), ("GH200", 989.0), ("A100", 312.0),
-               ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0),
-               ("A10", 125.0), ("A6000", 155.0), ("4090", 165.0), ("3090", 71.0),
+# Dense (no sparsity) bf16 tensor-core peak TFLOP/s, by a substring of the upper-cased NVML
+# name, first match wins (so GB200 before B200, H100 PCIe before H100, A10G before A10). The
+# trainer's MFU and the estimate's throughput both read it.
+PEAK_TFLOPS = (("GB200", 2500.0), ("B200", 2250.0), ("B100", 1750.0), ("GH200", 989.0),
+               ("H200", 989.0), ("H100 PCIE", 756.0), ("H100", 989.0), ("H800", 989.0),
+               ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0),
+               ("L40", 181.0), ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0),
+               ("RTX 6000 ADA", 364.0), ("4090", 165.0), ("A6000", 155.0), ("3090", 71.0),
                ("V100", 125.0), ("T4", 65.0))
 
 
@@ -84,7 +87,9 @@ def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
     return out
 
 
-def peak_tflops(gpu_name: str) -> float | None:
+def peak_tflops(gpu_name: str | None) -> float | None:
+    if not gpu_name:
+        return None
     name = gpu_name.upper()
     for key, tf in PEAK_TFLOPS:
         if key in name:

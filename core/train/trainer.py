@@ -42,7 +42,8 @@ from tunedeck.core.train.fastpath import LayerCompiler, check_varlen, compile_wa
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
-from tunedeck.core.train.flops import mfu, peak_tflops, step_flops
+from tunedeck.core.estimate.speed import peak_tflops
+from tunedeck.core.train.flops import mfu, step_flops
 from tunedeck.core.train.lora_fused import base_numel, fp8_problem, fuse_lora
 from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
     resolve_model_path
