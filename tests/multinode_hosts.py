@@ -69,6 +69,19 @@ class Hosts:
     def netns_argv(self, i: int, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.names[i], *argv]
 
+    def named_argv(self, i: int, argv: list[str]) -> list[str]:
+        """argv on host i where the hosts resolve by their aliases (node0, node1...): its
+        network namespace, and a mount namespace of its own with a hosts file naming them
+        bound over /etc/hosts (nothing outside changes). Unlike `ip netns exec` it keeps
+        this machine's /sys, whose cgroup mounts slurmd needs."""
+        names = self.root / "hosts"
+        if not names.exists():
+            names.write_text(Path("/etc/hosts").read_text() + "".join(
+                f"{a} {n}\n" for a, n in zip(self.addrs, self.aliases)))
+        return ["nsenter", f"--net=/run/netns/{self.names[i]}", "unshare", "--mount",
+                "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && '
+                'exec "$@"', str(names), *argv]
+
     def close(self) -> None:
         for p in self.sshd:
             if p.poll() is None:

@@ -32,9 +32,16 @@ def _free_port() -> int:
 
 
 class Slurm:
-    def __init__(self, root: Path):
+    """slurmctld and one slurmd per node, all on this machine, configured in `root` with free
+    ports. nodes: (name, address) pairs; run(i, argv): the argv that runs a command on node i
+    (default: as it is; tests/test_slurm_nodes.py puts each node in a network namespace).
+    The controller runs on node 0."""
+
+    def __init__(self, root: Path, nodes=(("localhost", "127.0.0.1"),), run=None):
         self.root = root
         self.conf = root / "slurm.conf"
+        self.nodes = list(nodes)
+        self.run = run or (lambda i, argv: argv)
         self.procs: list[subprocess.Popen] = []
 
     @property
@@ -42,46 +49,50 @@ class Slurm:
         return dict(os.environ, SLURM_CONF=str(self.conf))
 
     def start(self) -> None:
-        for d in ("state", "spool"):
-            (self.root / d).mkdir(parents=True, exist_ok=True)
         r = self.root
+        (r / "state").mkdir(parents=True, exist_ok=True)
         cpus = os.cpu_count() or 2
+        names = ",".join(n for n, _ in self.nodes)
         self.conf.write_text("\n".join([
-            "ClusterName=tunedecktest", "SlurmctldHost=localhost",
+            "ClusterName=tunedecktest", f"SlurmctldHost=localhost({self.nodes[0][1]})",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
             "AuthType=auth/none", "CredType=cred/none", "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}",
-            f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd.pid'}",
-            f"SlurmctldLogFile={r / 'slurmctld.log'}", f"SlurmdLogFile={r / 'slurmd.log'}",
+            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool-%n'}",
+            f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={r / 'slurmctld.log'}", f"SlurmdLogFile={r / 'slurmd-%n.log'}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "SchedulerType=sched/backfill", "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU", "ReturnToService=2", "KillWait=5",
             "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
-            f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
-            "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP", ""]))
-        for argv in (["slurmctld", "-D", "-f", str(self.conf)],
-                     ["slurmd", "-D", "-f", str(self.conf), "-N", "localhost"]):
-            self.procs.append(subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL,
-                                               stderr=open(r / f"{argv[0]}.out", "wb")))
+            *(f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN" for n, a in self.nodes),
+            f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP", ""]))
+        daemons = [(0, "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])]
+        daemons += [(i, f"slurmd-{n}", ["slurmd", "-D", "-f", str(self.conf), "-N", n])
+                    for i, (n, _) in enumerate(self.nodes)]
+        for i, name, argv in daemons:
+            self.procs.append(subprocess.Popen(self.run(i, argv), env=self.env,
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=open(r / f"{name}.out", "wb")))
             time.sleep(0.5)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 break
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env,
-                                 capture_output=True, text=True).stdout.strip()
-            if out in ("idle", "mix", "alloc"):
+            out = subprocess.run(self.run(0, ["sinfo", "-h", "-N", "-o", "%t"]), env=self.env,
+                                 capture_output=True, text=True).stdout.split()
+            if len(out) == len(self.nodes) and set(out) <= {"idle", "mix", "alloc"}:
                 return
             time.sleep(0.3)
-        logs = " ".join((r / f).read_text(errors="replace")[-300:]
-                        for f in ("slurmctld.out", "slurmd.out") if (r / f).exists())
+        logs = " ".join(f.read_text(errors="replace")[-300:] for f in sorted(r.glob("*.out")))
         raise RuntimeError(f"the Slurm daemons did not come up: {logs.strip()}")
 
     def scontrol(self, *args: str) -> None:
-        subprocess.run(["scontrol", *args], env=self.env, check=True, capture_output=True)
+        subprocess.run(self.run(0, ["scontrol", *args]), env=self.env, check=True,
+                       capture_output=True)
 
     def close(self) -> None:
-        subprocess.run(["scancel", "--user=root"], env=self.env, capture_output=True)
+        subprocess.run(self.run(0, ["scancel", "--user=root"]), env=self.env,
+                       capture_output=True)
         for p in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
@@ -92,15 +103,23 @@ class Slurm:
                     p.wait()
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
+def slurm_missing() -> str | None:
+    """Why a test Slurm cannot run here (None: it can)."""
     missing = [t for t in ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
                if not shutil.which(t)]
     if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; Debian: "
-                    f"apt-get install slurm-wlm)")
+        return (f"Slurm is not installed ({', '.join(missing)} missing; Debian: "
+                f"apt-get install slurm-wlm)")
     if os.geteuid() != 0:
-        pytest.skip("the test's slurmd runs jobs as root and needs root")
+        return "the test's slurmd runs jobs as root and needs root"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = slurm_missing()
+    if why:
+        pytest.skip(why)
     s = Slurm(tmp_path_factory.mktemp("slurm"))
     try:
         s.start()

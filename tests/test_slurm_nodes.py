@@ -1,0 +1,128 @@
+"""Two Slurm nodes: the two network-namespace hosts of tests/multinode_hosts.py, each with its
+own slurmd (the controller beside node 0's), node names resolved through a hosts file only
+their processes see. `tunedeck launch` submits from node 0; srun starts one agent per node; the
+ranks meet over the veth link; a restart after node 1's ranks die resumes both nodes from the
+head's checkpoint (an allocation shares its filesystem); `stop` scancels the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, wait_for
+from tunedeck.core.rundir import RunDir
+from tests.multinode_hosts import IFACE, demo_spec, make_hosts, unavailable
+from tests.test_multinode import _cleanup, _events, _state
+from tests.test_slurm import Slurm, slurm_missing
+
+pytestmark = pytest.mark.slow
+_why = slurm_missing() or unavailable() or next(
+    (f"{t} is not installed (util-linux)" for t in ("nsenter", "unshare")
+     if not shutil.which(t)), None)
+if _why:
+    pytestmark = [pytestmark, pytest.mark.skip(reason=f"two Slurm nodes cannot run: {_why}")]
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    hosts = make_hosts(tmp_path_factory.mktemp("hosts"))
+    slurm = Slurm(hosts.root / "slurm", nodes=list(zip(hosts.aliases, hosts.addrs)),
+                  run=hosts.named_argv)
+    try:
+        slurm.start()
+        yield hosts, slurm
+    finally:
+        slurm.close()
+        hosts.close()
+
+
+def _cli(hosts, slurm, home: Path, *args: str, timeout: float = 200):
+    """The real `tunedeck` command line, run on node 0 (where sbatch and squeue reach the
+    controller)."""
+    env = dict(slurm.env, TUNEDECK_HOME=str(home))
+    proc = subprocess.run(hosts.named_argv(0, [sys.executable, "-m", "tunedeck.tui", *args,
+                                               "--json"]),
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    assert proc.stdout.strip(), f"tunedeck {args} ({proc.returncode}): {proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def _netns_of(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, tmp_path):
+    hosts, slurm = nodes
+    home = tmp_path / "home"
+    spec = demo_spec(tmp_path / "s.toml", "slurm-two", 100000, save_steps=4,
+                     run="stop_grace_s = 30\nmax_restarts = 1\nrestart_pause_s = 1",
+                     cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
+                             f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"')
+    out = _cli(hosts, slurm, home, "launch", str(spec), "--no-preflight")
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    node_dir = run_dir.parent / f"{run_id}.node1"
+    try:
+        wait_for(lambda: list((run_dir / "output").glob("checkpoint-*")) and all(
+            (r["step"] or 0) >= 6 for r in _cli(hosts, slurm, home, "nodes", run_id)), 240,
+            "a checkpoint and steps on both nodes")
+        head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
+        job = head["slurm_job"]
+        # each node's agent is the job's task on its own host, its ranks too
+        for state, i in ((head, 0), (node, 1)):
+            environ = Path(f"/proc/{state['agent_pid']}/environ").read_bytes().split(b"\0")
+            assert f"SLURM_JOB_ID={job}".encode() in environ
+            assert f"SLURM_NODEID={i}".encode() in environ
+            ns = os.stat(f"/run/netns/{hosts.names[i]}").st_ino
+            assert _netns_of(state["agent_pid"]) == f"net:[{ns}]", i
+            assert all(_netns_of(p) == _netns_of(state["agent_pid"])
+                       for p in state["worker_pids"])
+        # node 1 met the rendezvous at the allocation's first host
+        argv = RunDir(node_dir).read_plan()["nodes"][1]["argv"]
+        assert argv[argv.index("--rdzv_endpoint") + 1].startswith("node0:"), argv
+        # both nodes' losses are the same all-reduced numbers
+        s0 = {e["step"]: e["loss"] for e in _events(run_dir / "events" / "rank0.jsonl",
+                                                    "step")}
+        s1 = {e["step"]: e["loss"] for e in _events(run_dir / "events" / "rank1.jsonl",
+                                                    "step")}
+        assert [s0[k] for k in range(1, 6)] == [s1[k] for k in range(1, 6)]
+
+        killed_at = time.time()
+        for pid in node["worker_pids"]:              # node 1's ranks die; its agent lives
+            os.kill(pid, signal.SIGKILL)
+        starts = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
+                          [1:] and s, 180, "node 1's ranks to start again")
+        again = starts[-1]
+        print(f"node 1's ranks killed: attempt 1 started {again['t'] - killed_at:.1f}s later")
+        # under Slurm the nodes share the run folder: both resume from the head's checkpoint
+        assert again["restart"] == 1 and again["resumed_from"].startswith(
+            str(run_dir / "output" / "checkpoint-")), again
+        resumed = again["start_step"]
+        assert resumed >= 4 and resumed % 4 == 0
+        head0 = _events(run_dir / "events" / "rank0.jsonl", "start")[-1]
+        assert head0["restart"] == 1 and head0["start_step"] == resumed
+        wait_for(lambda: (_cli(hosts, slurm, home, "nodes", run_id)[1]["step"] or 0)
+                 >= resumed + 3, 120, "steps after the resume")
+        events = _events(run_dir / "events" / "rank1.jsonl", "")
+        second = [i for i, e in enumerate(events) if e["kind"] == "start"][1]
+        after = [e["step"] for e in events[second:] if e["kind"] == "step"]
+        assert after[:3] == [resumed + 1, resumed + 2, resumed + 3], after
+
+        done = _cli(hosts, slurm, home, "stop", run_id, "--wait")
+        assert done["status"] == "stopped", done
+        ends = _events(run_dir / "events" / "rank0.jsonl", "end")
+        assert ends and ends[-1]["reason"] == "stopped"
+        queue = subprocess.run(hosts.named_argv(0, ["squeue", "-h", "-j", job]),
+                               env=slurm.env, capture_output=True, text=True).stdout.strip()
+        assert queue == ""
+        assert _state(node_dir / "state.json")["status"] in ("stopped", "succeeded")
+    finally:
+        _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))
