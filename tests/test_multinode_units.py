@@ -328,3 +328,71 @@ def test_nodes_agree_on_where_a_restart_continues(tmp_path):
     # nothing said in time: step 0, and why
     assert restarts.follow(mine, None).checkpoint is None and "did not say" in \
         restarts.follow(mine, None).note
+
+
+def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_head_ended(
+        tmp_path):
+    """Under Slurm every agent exits 0 (srun ends nothing), so each reads the others' state
+    on the shared disk: a node's failed run stops the head's as a failure naming it, and a
+    head's failed run stops the node's; each agent is woken by SIGUSR1."""
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from tunedeck.core.nodes.slurm import NodesWatch
+    from tunedeck.core.rundir import write_json_atomic
+
+    woken = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: woken.append(1))
+    try:
+        spec = loads_spec('backend = "script"\n[script]\npath = "/x/t.py"\n[cluster]\n'
+                          'nnodes = 2\nlauncher = "slurm"\n')
+        head = RunDir(tmp_path / "runs" / "r1")
+        node = RunDir(tmp_path / "runs" / node_run_id("r1", 1))
+        for d in (head, node):
+            d.path.mkdir(parents=True)
+            write_json_atomic(d.state, {"status": "running"})
+        (node.path / "node.json").write_text(json.dumps({"head_dir": str(head.path)}))
+        saved = []
+        stopping = {"head": False, "node": False}
+
+        def ctx(run, rank, who):
+            return SimpleNamespace(run=run, spec=spec, node_rank=rank,
+                                   stopping=lambda: stopping[who],
+                                   store=SimpleNamespace(save_finding=saved.append))
+
+        hw, nw = NodesWatch(ctx(head, 0, "head")), NodesWatch(ctx(node, 1, "node"))
+        hw.tick(time.time(), [])
+        nw.tick(time.time(), [])
+        assert not head.stop_request.exists() and not node.stop_request.exists()
+        # node 1's run failed: the head stops, as a failure that names node 1
+        write_json_atomic(node.state, {"status": "failed", "host": "gpu7",
+                                       "message": "torchrun exited with code 1"})
+        hw.tick(time.time(), [])
+        req = head.read_stop()
+        assert req["failed"] is True and req["node"] == 1 and req["by"] == (
+            "node 1 (gpu7) was lost mid-run: its run ended failed: torchrun exited with code 1")
+        assert saved and saved[0].category == "node_lost" and saved[0].node == 1
+        assert woken == [1]
+        hw.tick(time.time(), [])                 # said once
+        assert len(saved) == 1
+        # the other way: the head's run failed while a node runs on
+        write_json_atomic(node.state, {"status": "running"})
+        nw2 = NodesWatch(ctx(node, 1, "node"))
+        write_json_atomic(head.state, {"status": "failed", "message": "torchrun exited "
+                                                                        "with code 1"})
+        nw2.tick(time.time(), [])
+        req = node.read_stop()
+        assert req["by"] == "the head's run ended failed: torchrun exited with code 1"
+        assert "failed" not in req and woken == [1, 1]
+        # a run that is stopping already is left to it; a succeeded head stops nobody
+        node.stop_request.unlink()
+        stopping["node"] = True
+        NodesWatch(ctx(node, 1, "node")).tick(time.time(), [])
+        assert not node.stop_request.exists()
+        stopping["node"] = False
+        write_json_atomic(head.state, {"status": "succeeded"})
+        NodesWatch(ctx(node, 1, "node")).tick(time.time(), [])
+        assert not node.stop_request.exists()
+    finally:
+        signal.signal(signal.SIGUSR1, old)

@@ -60,16 +60,23 @@ def _netns_of(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
+def _launch(hosts, slurm, tmp_path: Path, run: str, save_steps: int = 0):
+    """The CPU demo over the two Slurm nodes, one rank each, launched from node 0: (run id,
+    its folder, node 1's folder)."""
+    spec = demo_spec(tmp_path / "s.toml", "slurm-two", 100000, save_steps=save_steps, run=run,
+                     cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
+                             f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"')
+    out = _cli(hosts, slurm, tmp_path / "home", "launch", str(spec), "--no-preflight")
+    run_dir = Path(out["run_dir"])
+    return out["run_id"], run_dir, run_dir.parent / f"{out['run_id']}.node1"
+
+
 def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, tmp_path):
     hosts, slurm = nodes
     home = tmp_path / "home"
-    spec = demo_spec(tmp_path / "s.toml", "slurm-two", 100000, save_steps=4,
-                     run="stop_grace_s = 30\nmax_restarts = 1\nrestart_pause_s = 1",
-                     cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
-                             f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"')
-    out = _cli(hosts, slurm, home, "launch", str(spec), "--no-preflight")
-    run_id, run_dir = out["run_id"], Path(out["run_dir"])
-    node_dir = run_dir.parent / f"{run_id}.node1"
+    run_id, run_dir, node_dir = _launch(
+        hosts, slurm, tmp_path, "stop_grace_s = 30\nmax_restarts = 1\nrestart_pause_s = 1",
+        save_steps=4)
     try:
         wait_for(lambda: list((run_dir / "output").glob("checkpoint-*")) and all(
             (r["step"] or 0) >= 6 for r in _cli(hosts, slurm, home, "nodes", run_id)), 240,
@@ -124,5 +131,49 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
                                env=slurm.env, capture_output=True, text=True).stdout.strip()
         assert queue == ""
         assert _state(node_dir / "state.json")["status"] in ("stopped", "succeeded")
+    finally:
+        _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))
+
+
+@pytest.mark.parametrize("dies", ["node1", "head"])
+def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
+    """No restarts left: a node whose run fails ends the head's as a failure that names it;
+    a head whose run fails stops the nodes. Every agent exits 0, so without this the rest
+    would wait in a collective until its timeout and the job would hold the allocation."""
+    hosts, slurm = nodes
+    home = tmp_path / "home"
+    run_id, run_dir, node_dir = _launch(hosts, slurm, tmp_path,
+                                        "stop_grace_s = 20\nmax_restarts = 0")
+    try:
+        wait_for(lambda: all((r["step"] or 0) >= 3
+                             for r in _cli(hosts, slurm, home, "nodes", run_id)), 240,
+                 "steps on both nodes")
+        job = _state(run_dir / "state.json")["slurm_job"]
+        victim = _state((node_dir if dies == "node1" else run_dir) / "state.json")
+        t0 = time.monotonic()
+        for pid in victim["worker_pids"]:
+            os.kill(pid, signal.SIGKILL)
+        ended = wait_for(lambda: all(_state(d / "state.json").get("status") in
+                                     ("failed", "stopped") for d in (run_dir, node_dir)),
+                         90, "both nodes' runs to end")
+        print(f"{dies}'s ranks killed: both ended {time.monotonic() - t0:.1f}s later")
+        head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
+        assert ended and head["status"] == "failed", head
+        if dies == "node1":
+            # the head names node 1 whether its watch stopped it or its own ranks' end (gloo
+            # sees a peer die at once; NCCL ranks would wait in the collective) came first
+            assert node["status"] == "failed"
+            assert "node 1 (" in head["message"] and "was lost mid-run: its run ended " \
+                "failed" in head["message"], head["message"]
+            from tunedeck.core.runs.store import read_findings
+            lost = [f for f in read_findings(run_dir) if f["category"] == "node_lost"]
+            assert lost and lost[0]["node"] == 1 and lost[0]["severity"] == "error"
+        elif node["status"] == "stopped":     # the watch came before node 1's own ranks' end
+            assert "the head's run ended failed: torchrun exited with code" in \
+                node["message"], node["message"]
+        # the agents are gone, and so is the job
+        wait_for(lambda: subprocess.run(
+            hosts.named_argv(0, ["squeue", "-h", "-j", job]), env=slurm.env,
+            capture_output=True, text=True).stdout.strip() == "", 60, "the job to leave")
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))

@@ -14,19 +14,27 @@ towards it, into its node's command before its agent starts.
 
 Stopping: `scancel --signal=TERM` first (srun passes it to each agent: a graceful stop that
 checkpoints), then `scancel` (Slurm's TERM + KILL) after the grace period.
+
+A node's run that ends without succeeding, and a head's that does, end the others too
+(`NodesWatch`): every agent exits 0, so srun alone would let the rest wait in a collective
+until its timeout.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.nodes.remote import materialise, node_run_id, route_addr
+from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.nodes.remote import TERMINAL, materialise, node_run_id, route_addr
 from tunedeck.core.nodes.roster import local_addr_index
 from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
 from tunedeck.core.spec import RunSpec
@@ -34,6 +42,9 @@ from tunedeck.core.spec import RunSpec
 TASK_MODULE = "tunedeck.core.nodes.slurm"
 SCRIPT = "slurm.sh"
 MASTER_ENV = "TUNEDECK_MASTER_ADDR"
+
+
+log = logging.getLogger("tunedeck.nodes")
 
 
 class SlurmError(RuntimeError):
@@ -148,6 +159,108 @@ def export_script(spec: RunSpec, run_dir: str | Path) -> str:
             f"folder named below first\n{rest}")
 
 
+# -- the nodes of a running job, through the shared filesystem --------------------------------
+
+STOP_GRACE_S = 15.0       # a node's run failed: the others get this long to checkpoint and go
+
+
+class NodesWatch:
+    """Ticked by each agent of a Slurm run over several nodes. The head reads the other
+    nodes' state.json (their folders sit next to its own): one whose run ended without
+    succeeding (its restarts spent, or stopped alone) ends the head's run as a failure naming
+    it. A node reads the head's: a head that ended without succeeding stops this node."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+        self.run: RunDir = ctx.run
+        c = ctx.spec.cluster
+        if ctx.node_rank == 0:
+            self.watched = {k: self.run.path.parent / node_run_id(self.run.run_id, k)
+                            for k in range(1, c.nnodes)}
+        else:
+            head = read_json(self.run.path / "node.json", {}).get("head_dir")
+            self.watched = {0: Path(head)} if head else {}
+        self.seen: dict[int, int] = {}      # state.json mtimes already read
+        self.done = False
+        self.end_notes: list[str] = []
+
+    def tick(self, now: float, new_events: list[dict]) -> None:
+        if self.done or self.ctx.stopping():
+            return
+        for k, folder in self.watched.items():
+            st = self._changed(k, folder / "state.json")
+            if st and st.get("status") in TERMINAL and st["status"] != "succeeded":
+                self.done = True
+                if k == 0:
+                    why = _ended("the head's run", st)
+                    log.warning("%s: stopping this node", why)
+                    self._stop(self.run, why)
+                else:
+                    self._node_failed(k, str(st.get("host") or "?"), _ended("its run", st),
+                                      now)
+                return
+
+    def close(self, new_events: list[dict]) -> None:
+        """The head's run is over: a node that failed before the tick saw it (its ranks'
+        end also ended the head's) is still named. A node sees the head's end by itself."""
+        if self.done or self.ctx.node_rank != 0:
+            return
+        for k, folder in self.watched.items():
+            st = read_json(folder / "state.json", {})
+            if isinstance(st, dict) and st.get("status") in ("failed", "stopped"):
+                summary = self._node_failed(k, str(st.get("host") or "?"),
+                                            _ended("its run", st), time.time(), stop=False)
+                self.end_notes.append(summary)
+                return
+
+    def _changed(self, k: int, path: Path) -> dict[str, Any] | None:
+        try:
+            m = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        if self.seen.get(k) == m:
+            return None
+        self.seen[k] = m
+        st = read_json(path, {})
+        return st if isinstance(st, dict) else None
+
+    def _node_failed(self, k: int, host: str, why: str, now: float,
+                     stop: bool = True) -> str:
+        summary = f"node {k} ({host}) was lost mid-run: {why}"
+        try:
+            self.ctx.store.save_finding(Finding(
+                category="node_lost", severity="error", summary=summary,
+                cause=f"Node {k}'s part of the run ended ({why}); the ranks of the other nodes "
+                      f"cannot finish a collective without it, so they were stopped.",
+                fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why "
+                    f"it failed; resume the run from its newest checkpoint "
+                    f"(`tunedeck resume {self.run.run_id}`).",
+                node=k, host=host, t=now, evidence=[why],
+                source=f"{node_run_id(self.run.run_id, k)}/state.json"))
+        except Exception:
+            log.exception("could not store the finding")
+        if stop:
+            log.warning("%s: stopping the run", summary)
+            self._stop(self.run, summary, node=k)
+        return summary
+
+    def _stop(self, run: RunDir, by: str, node: int | None = None) -> None:
+        """stop.json in `run`'s folder (its agent polls it); `node`: the run stops because
+        that node failed, which makes its end a failure naming it."""
+        req: dict[str, Any] = {"mode": "graceful", "t": time.time(), "grace_s": STOP_GRACE_S,
+                               "by": by}
+        if node is not None:
+            req.update(failed=True, node=node)
+        write_json_atomic(run.stop_request, req)
+        if run.path == self.run.path:        # this agent's own: read it now, not next tick
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def _ended(whose: str, state: dict[str, Any]) -> str:
+    msg = state.get("message") or ""
+    return f"{whose} ended {state.get('status')}" + (f": {msg}" if msg else "")
+
+
 # -- the task srun starts on each node ---------------------------------------------------------
 
 def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
@@ -215,4 +328,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["batch_script", "write_script", "submit", "queue_state", "cancel", "node_task",
-           "export_script", "SlurmError"]
+           "export_script", "SlurmError", "NodesWatch"]

@@ -242,6 +242,10 @@ def make_monitors(ctx: MonitorContext) -> list[Any]:
         from tunedeck.core.nodes.link import NodesMonitor   # the other nodes, over ssh
 
         monitors.append(NodesMonitor(ctx))
+    if c.launcher == "slurm" and c.nnodes > 1:
+        from tunedeck.core.nodes.slurm import NodesWatch   # the others, on the shared disk
+
+        monitors.append(NodesWatch(ctx))
     try:
         monitors.extend(backend_of(ctx.spec).monitors(ctx.run, ctx.spec))
     except Exception:
