@@ -356,15 +356,37 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         saved = []
         stopping = {"head": False, "node": False}
 
+        signalled = []
+
         def ctx(run, rank, who):
             return SimpleNamespace(run=run, spec=spec, node_rank=rank,
                                    stopping=lambda: stopping[who],
-                                   store=SimpleNamespace(save_finding=saved.append))
+                                   store=SimpleNamespace(save_finding=saved.append),
+                                   signal_ours=lambda st, pids, sig: signalled.append(
+                                       (pids, sig)) or pids)
 
         hw, nw = NodesWatch(ctx(head, 0, "head")), NodesWatch(ctx(node, 1, "node"))
         hw.tick(time.time(), [])
         nw.tick(time.time(), [])
         assert not head.stop_request.exists() and not node.stop_request.exists()
+        # node 1's attempt 0 failed and it waits to restart: the head's attempt, started
+        # before, ends (its ranks could wait in a collective for node 1 forever)
+        write_json_atomic(head.state, {"status": "running", "attempt": 0, "torchrun_pid": 11,
+                                       "worker_pids": [12], "launches": [{"t": 100.0}]})
+        write_json_atomic(node.state, {"status": "running", "attempt": 1, "attempts": [
+            {"attempt": 0, "exit_code": 1, "ended": 200.0}]})
+        hw.tick(time.time(), [])
+        assert signalled == [([11, 12], signal.SIGKILL)]
+        # the head's next attempt (started after node 1's ended) is left alone
+        write_json_atomic(head.state, {"status": "running", "attempt": 1, "torchrun_pid": 13,
+                                       "worker_pids": [14], "launches": [{"t": 100.0},
+                                                                         {"t": 250.0}]})
+        write_json_atomic(node.state, {"status": "running", "attempt": 1, "note": "x",
+                                       "attempts": [{"attempt": 0, "exit_code": 1,
+                                                     "ended": 200.0}]})
+        hw.tick(time.time(), [])
+        assert len(signalled) == 1
+        write_json_atomic(head.state, {"status": "running"})
         # node 1's run failed: the head stops, as a failure that names node 1
         write_json_atomic(node.state, {"status": "failed", "host": "gpu7",
                                        "message": "torchrun exited with code 1"})

@@ -168,7 +168,9 @@ class NodesWatch:
     """Ticked by each agent of a Slurm run over several nodes. The head reads the other
     nodes' state.json (their folders sit next to its own): one whose run ended without
     succeeding (its restarts spent, or stopped alone) ends the head's run as a failure naming
-    it. A node reads the head's: a head that ended without succeeding stops this node."""
+    it, and one whose attempt failed (it restarts) ends the head's attempt so that all start
+    the next one. A node reads the head's: a head that ended without succeeding stops this
+    node."""
 
     def __init__(self, ctx: Any):
         self.ctx = ctx
@@ -181,6 +183,7 @@ class NodesWatch:
             head = read_json(self.run.path / "node.json", {}).get("head_dir")
             self.watched = {0: Path(head)} if head else {}
         self.seen: dict[int, int] = {}      # state.json mtimes already read
+        self.ended_for = 0.0                # the node attempt's end the head's was ended for
         self.done = False
         self.end_notes: list[str] = []
 
@@ -189,6 +192,8 @@ class NodesWatch:
             return
         for k, folder in self.watched.items():
             st = self._changed(k, folder / "state.json")
+            if st and k > 0 and st.get("status") not in TERMINAL:
+                self._node_restarting(k, st)
             if st and st.get("status") in TERMINAL and st["status"] != "succeeded":
                 self.done = True
                 if k == 0:
@@ -223,6 +228,24 @@ class NodesWatch:
         self.seen[k] = m
         st = read_json(path, {})
         return st if isinstance(st, dict) else None
+
+    def _node_restarting(self, k: int, st: dict[str, Any]) -> None:
+        """Node k's attempt failed and it waits for the head's next one: the head's attempt,
+        started before that, cannot finish a collective without node k (NCCL ranks would wait
+        in it until the watchdog's timeout), so it ends now and the agent starts the next."""
+        ended = [a for a in st.get("attempts") or []
+                 if isinstance(a, dict) and a.get("exit_code") != 0 and a.get("ended")]
+        mine = self.run.read_state() or {}
+        launches = [x for x in mine.get("launches") or [] if isinstance(x, dict)]
+        if not ended or not launches or float(launches[-1].get("t") or 0) >= float(
+                ended[-1]["ended"]) or self.ended_for >= float(ended[-1]["ended"]):
+            return
+        self.ended_for = float(ended[-1]["ended"])
+        pids = [p for p in [mine.get("torchrun_pid"), *(mine.get("worker_pids") or [])]
+                if isinstance(p, int)]
+        killed = self.ctx.signal_ours(mine, pids, signal.SIGKILL)
+        log.warning("node %d's attempt %s failed: ended this node's attempt %s (pids %s)", k,
+                    ended[-1].get("attempt"), mine.get("attempt"), killed)
 
     def _node_failed(self, k: int, host: str, why: str, now: float,
                      stop: bool = True) -> str:

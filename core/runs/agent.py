@@ -393,6 +393,13 @@ class Agent:
         try:
             mine = backend_of(self.spec).restart(self.spec, self.rundir, attempt)
             if not restarts.agreement_needed(self.spec, mine):
+                # the trainer finds its checkpoint itself (the head's rank 0 broadcasts it);
+                # the nodes still start after the head's attempt has ended
+                if self.spec.cluster.nnodes > 1 and self.node_rank == 0:
+                    restarts.announce(self.rundir, attempt, mine)
+                elif self.spec.cluster.nnodes > 1 and (
+                        head := restarts.head_folder(self.rundir)) is not None:
+                    self.wait_for_head(head, attempt)
                 return mine
             if self.node_rank == 0:
                 return restarts.head_decides(self.rundir, self.spec, mine, attempt)

@@ -50,10 +50,17 @@ def head_decides(run: RunDir, spec: RunSpec, mine: Restart, attempt: int) -> Res
         mine = replace(mine, checkpoint=None, note=f"from step 0 ({apart} not on the head's "
                                                    "filesystem: they could not read its "
                                                    "checkpoint)")
+    announce(run, attempt, mine)
+    return mine
+
+
+def announce(run: RunDir, attempt: int, mine: Restart) -> None:
+    """restart.json: the head's attempt before `attempt` has ended and where the next one
+    continues. Nodes that see it start theirs only then: one that starts while the head's
+    old torchrun still holds the rendezvous meets it closed and fails for good."""
     write_json_atomic(run.path / DECISION, {
         "attempt": attempt, "t": time.time(), "note": mine.note,
         "checkpoint": str(mine.checkpoint) if mine.checkpoint else None})
-    return mine
 
 
 def head_folder(run: RunDir) -> Path | None:
