@@ -416,5 +416,16 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         write_json_atomic(head.state, {"status": "succeeded"})
         NodesWatch(ctx(node, 1, "node")).tick(time.time(), [])
         assert not node.stop_request.exists()
+        # at the head's end: a node that failed unseen is still named; one stopped with
+        # the whole job (a stop asked for) is not a loss
+        write_json_atomic(node.state, {"status": "failed", "host": "gpu7", "message": "x"})
+        late = NodesWatch(ctx(head, 0, "head"))
+        late.close([])
+        assert late.end_notes == ["node 1 (gpu7) was lost mid-run: its run ended failed: x"]
+        write_json_atomic(node.state, {"status": "stopped", "message": "stopped (graceful)"})
+        stopping["head"] = True
+        quiet = NodesWatch(ctx(head, 0, "head"))
+        quiet.close([])
+        assert quiet.end_notes == [] and len(saved) == 2
     finally:
         signal.signal(signal.SIGUSR1, old)

@@ -208,11 +208,11 @@ class NodesWatch:
     def close(self, new_events: list[dict]) -> None:
         """The head's run is over: a node that failed before the tick saw it (its ranks'
         end also ended the head's) is still named. A node sees the head's end by itself."""
-        if self.done or self.ctx.node_rank != 0:
-            return
+        if self.done or self.ctx.node_rank != 0 or self.ctx.stopping():
+            return                   # a stop someone asked for ends every node: not a loss
         for k, folder in self.watched.items():
             st = read_json(folder / "state.json", {})
-            if isinstance(st, dict) and st.get("status") in ("failed", "stopped"):
+            if isinstance(st, dict) and st.get("status") == "failed":
                 summary = self._node_failed(k, str(st.get("host") or "?"),
                                             _ended("its run", st), time.time(), stop=False)
                 self.end_notes.append(summary)
