@@ -44,6 +44,11 @@ def _stored_steps(home, run_id) -> int:
     db = sqlite3.connect(f"file:{home / 'runs' / run_id / 'run.db'}?mode=ro", uri=True)
     try:
         return db.execute("SELECT COUNT(*) FROM steps WHERE rank = 0").fetchone()[0]
+    except sqlite3.OperationalError as e:
+        # read between the agent creating the file and committing its schema: none yet
+        if "no such table" in str(e):
+            return 0
+        raise
     finally:
         db.close()
 
