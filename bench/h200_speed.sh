@@ -4,7 +4,8 @@
 # Wheels (liger-kernel, textual, tomli-w...) and Unsloth come in .gpu/ (`bash bench/gpu_wheels.sh
 # --unsloth`), the anchor as bench/anchor/ (copied from shared/anchors/lora_baseline.py):
 #   run(carry=[".gpu", "bench/anchor"], command="bash bench/h200_speed.sh $OUT")
-# Cases are bench/trainer_bench.sh's (the default: the table of issue 17); --launch also runs the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
+# Cases are bench/trainer_bench.sh's (the default: the table of issue 17); --launch also runs
+# the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
 # Everything lands in /tmp/h200 (a 15 GB model folder among it); OUTDIR gets table.md,
 # results.tgz (events, logs, profiles) and launch.json.
 set -uo pipefail

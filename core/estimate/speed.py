@@ -37,34 +37,32 @@ def spec_mfu(spec) -> float:
                        spec.method.type == "lora" and spec.method.fp8_base)
 
 
-# Dense (no sparsity) bf16 tensor-core peak TFLOP/s, by a substring of the upper-cased NVML
-# name, first match wins (so GB200 before B200, H100 PCIe before H100, A10G before A10). The
-# trainer's MFU and the estimate's throughput both read it.
-PEAK_TFLOPS = (("GB200", 2500.0), ("B200", 2250.0), ("B100", 1750.0), ("GH200", 989.0),
-               ("H200", 989.0), ("H100 PCIE", 756.0), ("H100", 989.0), ("H800", 989.0),
-               ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0),
-               ("L40", 181.0), ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0),
-               ("RTX 6000 ADA", 364.0), ("4090", 165.0), ("A6000", 155.0), ("3090", 71.0),
-               ("V100", 125.0), ("T4", 65.0))
-
-
-# GPUs by name with and without fp8 matrix units (compute capability ≥ 8.9: Ada, Hopper,
-# Blackwell), for advice when only a name is known (planning away from the GPUs)
-FP8_GPUS = ("H200", "H100", "H800", "H20", "B200", "B100", "L40", "L4", "4090", "ADA")
-NO_FP8_GPUS = ("A100", "A800", "A10", "A6000", "3090", "V100", "T4")
+# Dense (no sparsity) bf16 tensor-core peak TFLOP/s and whether the GPU has fp8 matrix units
+# (compute capability ≥ 8.9), by a substring of the upper-cased NVML name, first match wins (so
+# GB200 before B200, H100 PCIe before H100, A10G before A10). The trainer's MFU, the estimate's
+# throughput and the advisor (planning by name, away from the GPUs) all read it.
+GPUS = (("GB200", 2500.0, True), ("B200", 2250.0, True), ("B100", 1750.0, True),
+        ("GH200", 989.0, True), ("H200", 989.0, True), ("H100 PCIE", 756.0, True),
+        ("H100", 989.0, True), ("H800", 989.0, True), ("H20", 148.0, True),
+        ("A100", 312.0, False), ("A800", 312.0, False), ("L40S", 362.0, True),
+        ("L40", 181.0, True), ("L4", 121.0, True), ("A10G", 70.0, False), ("A10", 125.0, False),
+        ("RTX 6000 ADA", 364.0, True), ("4090", 165.0, True), ("A6000", 155.0, False),
+        ("3090", 71.0, False), ("V100", 125.0, False), ("T4", 65.0, False),
+        ("ADA", None, True))     # other Ada cards: fp8, peak not listed
 UNKNOWN_GPU = "unknown GPU (H100-class peak assumed)"   # the estimate's name for no GPU found
+
+
+def _gpu(gpu_name: str | None) -> tuple[str, float | None, bool] | None:
+    if not gpu_name or gpu_name == UNKNOWN_GPU:
+        return None
+    name = gpu_name.upper()
+    return next((g for g in GPUS if g[0] in name), None)
 
 
 def fp8_capable(gpu_name: str) -> bool | None:
     """Whether a GPU of this name has fp8 units; None when the name is not known here."""
-    name = gpu_name.upper()
-    if gpu_name == UNKNOWN_GPU:
-        return None
-    if any(k in name for k in FP8_GPUS):
-        return True
-    if any(k in name for k in NO_FP8_GPUS):
-        return False
-    return None
+    g = _gpu(gpu_name)
+    return g[2] if g else None
 
 
 def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
@@ -88,13 +86,8 @@ def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
 
 
 def peak_tflops(gpu_name: str | None) -> float | None:
-    if not gpu_name:
-        return None
-    name = gpu_name.upper()
-    for key, tf in PEAK_TFLOPS:
-        if key in name:
-            return tf
-    return None
+    g = _gpu(gpu_name)
+    return g[1] if g else None
 
 
 def flops_per_token(arch: ModelArch, seq_len: int, method: str,

@@ -28,7 +28,7 @@ from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.nodes import wire
-from tunedeck.core.nodes.remote import TERMINAL, node_run_id
+from tunedeck.core.nodes.remote import TERMINAL, end_attempt_before, node_run_id, write_stop
 from tunedeck.core.nodes.roster import Node, roster
 from tunedeck.core.nodes.ssh import ssh_argv
 from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
@@ -489,16 +489,9 @@ class NodesMonitor:
         """The head's attempt that ran with the lost node cannot finish a collective (its
         ranks may hang in one): SIGKILL it, so the agent starts the next attempt. An attempt
         started after the loss is that next attempt, waiting at the rendezvous: left alone."""
-        st = self.run.read_state() or {}
-        launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
-        if not launches or float(launches[-1].get("t") or 0) >= lost_at:
-            return
-        pids = [p for p in [st.get("torchrun_pid"), *(st.get("worker_pids") or [])]
-                if isinstance(p, int)]
-        killed = self.ctx.signal_ours(st, pids, signal.SIGKILL)
+        killed = end_attempt_before(self.run, self.ctx, lost_at)
         if killed:
-            log.warning("ended the head's attempt %s (pids %s) for the lost node",
-                        st.get("attempt"), killed)
+            log.warning("ended the head's attempt (pids %s) for the lost node", killed)
 
     def _stop_head(self, why: str, node: int) -> None:
         """stop.json names the node (the agent's status line and end message say it), and
@@ -507,9 +500,7 @@ class NodesMonitor:
             return
         self.head_stopped_for = why
         log.warning("%s: stopping the other nodes", why)
-        write_json_atomic(self.run.stop_request, {"mode": "graceful", "t": time.time(),
-                                                  "grace_s": STOP_GRACE_S, "by": why,
-                                                  "node": node, "failed": True})
+        write_stop(self.run, "graceful", STOP_GRACE_S, by=why, node=node)
         os.kill(os.getpid(), signal.SIGUSR1)     # the agent (this process) reads it now
 
     def _lost_for_good(self, link: NodeLink, now: float, why: str, cause: str,

@@ -189,18 +189,43 @@ def agent_alive(state: dict[str, Any], run: RunDir) -> bool:
     return AGENT_MODULE.encode() in cmd and str(run.path).encode() in cmd
 
 
-def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
+def write_stop(run: RunDir, mode: str, grace_s: Any = None, by: str = "head",
+               node: int | None = None) -> None:
+    """stop.json for `run`'s agent (it polls it). `by` is said in its end message; `node`: the
+    run stops because that node failed, which makes its end a failure naming it."""
     req: dict[str, Any] = {"mode": "hard" if mode == "hard" else "graceful", "t": time.time(),
-                           "by": "head"}
+                           "by": by}
     if isinstance(grace_s, (int, float)):
         req["grace_s"] = float(grace_s)
+    if node is not None:
+        req.update(failed=True, node=node)
     write_json_atomic(run.stop_request, req)
+
+
+def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
+    """The head's stop for this node's run: stop.json, and its agent woken now."""
+    write_stop(run, mode, grace_s)
     st = run.read_state() or {}
     if agent_alive(st, run):
         try:
             os.kill(st["agent_pid"], signal.SIGUSR1)
         except OSError:
             pass
+
+
+def end_attempt_before(run: RunDir, ctx: Any, t: float) -> list[int] | None:
+    """SIGKILL this node's attempt (torchrun and ranks) when it started before `t`, when
+    another node's part of it ended: its ranks could wait in a collective for that node until
+    a timeout; the agent then starts the next. None when the attempt started after `t` (the
+    next one already, waiting at the rendezvous): left alone. ctx: the agent's monitor
+    context (its identity-checked `signal_ours`)."""
+    st = run.read_state() or {}
+    launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
+    if not launches or float(launches[-1].get("t") or 0) >= t:
+        return None
+    pids = [p for p in [st.get("torchrun_pid"), *(st.get("worker_pids") or [])]
+            if isinstance(p, int)]
+    return ctx.signal_ours(st, pids, signal.SIGKILL)
 
 
 def revive(run: RunDir) -> bool:

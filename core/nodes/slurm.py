@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.nodes.remote import TERMINAL, materialise, node_run_id, route_addr
+from tunedeck.core.nodes.link import STOP_GRACE_S
+from tunedeck.core.nodes.remote import TERMINAL, end_attempt_before, materialise, node_run_id, \
+    route_addr, write_stop
 from tunedeck.core.nodes.roster import local_addr_index
 from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
 from tunedeck.core.spec import RunSpec
@@ -161,8 +163,6 @@ def export_script(spec: RunSpec, run_dir: str | Path) -> str:
 
 # -- the nodes of a running job, through the shared filesystem --------------------------------
 
-STOP_GRACE_S = 15.0       # a node's run failed: the others get this long to checkpoint and go
-
 
 class NodesWatch:
     """Ticked by each agent of a Slurm run over several nodes. The head reads the other
@@ -199,7 +199,7 @@ class NodesWatch:
                 if k == 0:
                     why = _ended("the head's run", st)
                     log.warning("%s: stopping this node", why)
-                    self._stop(self.run, why)
+                    self._stop(why)
                 else:
                     self._node_failed(k, str(st.get("host") or "?"), _ended("its run", st),
                                       now)
@@ -235,17 +235,14 @@ class NodesWatch:
         in it until the watchdog's timeout), so it ends now and the agent starts the next."""
         ended = [a for a in st.get("attempts") or []
                  if isinstance(a, dict) and a.get("exit_code") != 0 and a.get("ended")]
-        mine = self.run.read_state() or {}
-        launches = [x for x in mine.get("launches") or [] if isinstance(x, dict)]
-        if not ended or not launches or float(launches[-1].get("t") or 0) >= float(
-                ended[-1]["ended"]) or self.ended_for >= float(ended[-1]["ended"]):
+        if not ended or self.ended_for >= float(ended[-1]["ended"]):
+            return
+        killed = end_attempt_before(self.run, self.ctx, float(ended[-1]["ended"]))
+        if killed is None:
             return
         self.ended_for = float(ended[-1]["ended"])
-        pids = [p for p in [mine.get("torchrun_pid"), *(mine.get("worker_pids") or [])]
-                if isinstance(p, int)]
-        killed = self.ctx.signal_ours(mine, pids, signal.SIGKILL)
-        log.warning("node %d's attempt %s failed: ended this node's attempt %s (pids %s)", k,
-                    ended[-1].get("attempt"), mine.get("attempt"), killed)
+        log.warning("node %d's attempt %s failed: ended this node's attempt (pids %s)", k,
+                    ended[-1].get("attempt"), killed)
 
     def _node_failed(self, k: int, host: str, why: str, now: float,
                      stop: bool = True) -> str:
@@ -264,19 +261,13 @@ class NodesWatch:
             log.exception("could not store the finding")
         if stop:
             log.warning("%s: stopping the run", summary)
-            self._stop(self.run, summary, node=k)
+            self._stop(summary, node=k)
         return summary
 
-    def _stop(self, run: RunDir, by: str, node: int | None = None) -> None:
-        """stop.json in `run`'s folder (its agent polls it); `node`: the run stops because
-        that node failed, which makes its end a failure naming it."""
-        req: dict[str, Any] = {"mode": "graceful", "t": time.time(), "grace_s": STOP_GRACE_S,
-                               "by": by}
-        if node is not None:
-            req.update(failed=True, node=node)
-        write_json_atomic(run.stop_request, req)
-        if run.path == self.run.path:        # this agent's own: read it now, not next tick
-            os.kill(os.getpid(), signal.SIGUSR1)
+    def _stop(self, by: str, node: int | None = None) -> None:
+        """This agent's run stops (remote.write_stop), read now rather than next tick."""
+        write_stop(self.run, "graceful", STOP_GRACE_S, by=by, node=node)
+        os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def _ended(whose: str, state: dict[str, Any]) -> str:
