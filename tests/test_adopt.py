@@ -160,7 +160,8 @@ def test_run_that_ended_unwatched_gets_its_true_status(td_home, monkeypatch):
 
 def _mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                    str(path)],
                    check=True, capture_output=True)
 
 

@@ -12,10 +12,11 @@ import re
 import sys
 
 # a run's status word as every view colours it (the runs list, the monitor's progress pane);
-# `lost` and `damaged` are the readers' own words for a gone agent and an unreadable state.json
+# `lost`, `damaged` and `foreign` are the readers' own words for a gone agent, an unreadable
+# state.json and another user's run (shown read-only, never acted on)
 RUN_STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
                     "failed": "bold red", "stopped": "magenta", "lost": "bold yellow",
-                    "damaged": "bold red reverse"}
+                    "damaged": "bold red reverse", "foreign": "dim italic"}
 
 # escape sequences a terminal acts on, removed whole (not just their ESC): CSI (colours, cursor
 # moves, clear screen), OSC (window title, hyperlinks) ended by BEL or ST, DCS/PM/APC/SOS, the

@@ -29,7 +29,7 @@ from typing import Any
 
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.roster import local_addr_index
-from tunedeck.core.rundir import FILE_MODE, TERMINAL, RunDir, write_json_atomic, \
+from tunedeck.core.rundir import FILE_MODE, TERMINAL, RunDir, ownership, write_json_atomic, \
     write_text_private
 
 TICK_S = 0.25
@@ -377,6 +377,10 @@ def serve(stdin, out) -> int:
         return 2
     started = False
     try:
+        if os.path.lexists(run.path):
+            # a folder already there must be this user's (a shared home: another user could
+            # have made it first, with a plan and pids of their choosing)
+            ownership.check(run.path)
         if not run.state.exists():
             if hello.get("op") != "start":
                 raise RuntimeError(f"{run.path} does not exist on {os.uname().nodename}")

@@ -38,7 +38,7 @@ from tunedeck.core.nodes.link import STOP_GRACE_S
 from tunedeck.core.nodes.remote import TERMINAL, end_attempt_before, materialise, node_run_id, \
     route_addr, write_stop
 from tunedeck.core.nodes.roster import local_addr_index
-from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
+from tunedeck.core.rundir import RunDir, ownership, read_json, write_json_atomic
 from tunedeck.core.spec import RunSpec
 
 TASK_MODULE = "tunedeck.core.nodes.slurm"
@@ -226,6 +226,8 @@ class NodesWatch:
         if self.seen.get(k) == m:
             return None
         self.seen[k] = m
+        if ownership.problem(path.parent, files=(path.name,)) is not None:
+            return None      # not this user's: it must not end this run (a shared home)
         st = read_json(path, {})
         return st if isinstance(st, dict) else None
 
@@ -317,8 +319,17 @@ def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
 
 def node_task(run_dir: str) -> int:
     node = int(os.environ.get("SLURM_NODEID", "0") or 0)
+    # the run folder, and a node's folder next to it, must be this user's own: the agent runs
+    # its plan (core/rundir/ownership.py; the agent refuses too, this keeps agent.log closed)
+    head = Path(os.path.abspath(run_dir))
+    real = head.resolve()
+    for folder in [head] + ([real.parent / node_run_id(real.name, node)] if node else []):
+        why = ownership.problem(folder) if os.path.lexists(folder) else None
+        if why is not None:
+            print(f"tunedeck: refusing {folder}: {why}", file=sys.stderr)
+            return 2
     run = prepare_node(run_dir, node, os.environ.get(MASTER_ENV, ""))
-    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)

@@ -13,6 +13,11 @@ a reader's environment turns the trigger off (a viewer that must not start anyth
 One agent per run at a time: every agent holds an exclusive flock on the run directory for
 its life (`lock_owner`); a second adopter started meanwhile finds it held and exits.
 
+Only the user's own runs are adopted: an adoption runs plan.json's argv as whoever adopts, so
+a run directory that fails core/rundir/ownership.py's rule (the folder or a file the agent
+reads owned by another user, writable by others, a symlink) is refused by `why_not`
+("foreign: <why>"), `request`, `spawn` and `ensure_agent`, and by the agent itself.
+
 What the adopter can know, and what not:
   - its processes: torchrun and the ranks by the identity state.json recorded (pid + start
     time + boot id) and by the launch marker in their environments (core/runs/procs.py);
@@ -43,13 +48,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.rundir import FILE_MODE, RunDir
+from tunedeck.core.rundir import FILE_MODE, RunDir, ownership
 from tunedeck.core.runs import procs
 from tunedeck.core.runs.launch import AGENT_UMASK
 
 ADOPT_EVERY_S = 10.0
 MAX_AGENT_CRASHES = 3
 NO_ADOPT_ENV = "TUNEDECK_NO_ADOPT"
+FOREIGN_PREFIX = "foreign: "     # how `why_not` begins for a run that is not the user's
 
 _last_try: dict[str, float] = {}
 
@@ -82,9 +88,13 @@ def lock_owner(run_dir: Path, wait_s: float = 0.0) -> int | None:
 # -- when to adopt ----------------------------------------------------------------------------
 
 def why_not(run_dir: Path, state: dict[str, Any]) -> str | None:
-    """None when a new agent may adopt the run now; else why not."""
+    """None when a new agent may adopt the run now; else why not ("foreign: <why>" for a run
+    directory that is not this user's own: core/rundir/ownership.py)."""
     from tunedeck.core.runs.state import TERMINAL
 
+    foreign = ownership.problem(run_dir)
+    if foreign is not None:
+        return FOREIGN_PREFIX + foreign
     if state.get("status") in TERMINAL:
         return "the run is over"
     if not state.get("agent_pid"):
@@ -119,19 +129,22 @@ def request(run_dir: Path, state: dict[str, Any], force: bool = False) -> bool:
     _last_try[key] = now
     try:
         spawn(run_dir)
-    except OSError:
+    except (OSError, ownership.ForeignRun):
         return False
     return True
 
 
 def spawn(run_dir: Path) -> subprocess.Popen:
     """`python -m tunedeck.core.runs.agent RUN_DIR --adopt`, detached like a launch's (its
-    own session, output to agent.log, umask 077)."""
+    own session, output to agent.log, umask 077). Raises `ownership.ForeignRun` for a run
+    that is not this user's (nothing is opened or started)."""
+    ownership.check(run_dir)
     run = RunDir(run_dir)
     env = dict(os.environ)
     for k in (procs.RUN_ID_ENV, procs.LAUNCH_ID_ENV, "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT"):
         env.pop(k, None)   # never the marker of a run the reader may be running inside
-    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                  FILE_MODE)
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path), "--adopt"],
@@ -144,14 +157,20 @@ def spawn(run_dir: Path) -> subprocess.Popen:
 
 def ensure_agent(run_dir: Path, timeout_s: float = 20.0) -> bool:
     """The run has a live agent when this returns True: the one it had, or a new one that
-    adopted it (started here and waited for). False when none could take it."""
+    adopted it (started here and waited for). False when none could take it, and for a run
+    that is not this user's (nothing is started; `ownership.problem` says why)."""
+    if ownership.problem(run_dir) is not None:
+        return False
     run = RunDir(run_dir)
     state = run.read_state() or {}
     if procs.owner_alive(state):
         return True
     if why_not(run_dir, state) is not None:
         return False
-    proc = spawn(run_dir)
+    try:
+        proc = spawn(run_dir)
+    except ownership.ForeignRun:
+        return False
     _last_try[str(run_dir)] = time.monotonic()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

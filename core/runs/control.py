@@ -12,6 +12,17 @@ blocks until the run is over: a graceful stop escalates to SIGKILL after the gra
 itself (the agent enforces it), so the wait is bounded (timeout_s, default grace + 30 s).
 Every process that is signalled is checked against its recorded identity first
 (core/runs/procs.py): a stop never reaches a process that merely reuses a recorded pid.
+
+Only the user's own runs are stopped: a run directory that fails core/rundir/ownership.py's
+rule (another user's, writable by others, a symlink) names pids and a Slurm job its writer
+chose, so `stop` and `request_stop` raise `ForeignRun` before anything is written or signalled.
+
+A run launched a moment ago has state.json before its agent has taken it (launch's
+`start_agent` returns once the agent has written its pid): a stop in that window waits for the
+agent (which reads stop.json before it starts anything and ends "stopped before start") instead
+of taking the run for one whose agent is gone. Only when no agent comes, or the agent is gone,
+does the stop end the run from here, and then its words say what it did: processes killed
+only when some were.
 """
 
 from __future__ import annotations
@@ -20,46 +31,135 @@ import os
 import signal
 import time
 
+from tunedeck.core.rundir import ownership, write_json_atomic
+from tunedeck.core.rundir.ownership import ForeignRun
 from tunedeck.core.runs import adopt, procs
 from tunedeck.core.runs.registry import RunInfo, read_run
-from tunedeck.core.rundir import write_json_atomic
 from tunedeck.core.runs.state import TERMINAL
+
+__all__ = ["ForeignRun", "request_stop", "stop", "wait_stopped"]
+
+# How long after its state.json was written a run may still be without an agent: launch's
+# start_agent waits 20 s for the agent's pid, the agent up to 30 s for the run's lock.
+START_WAIT_S = 30.0
+
+
+def _check_owner(run: RunInfo) -> None:
+    """ForeignRun unless the run is this user's own (checked now, not as it was listed)."""
+    if run.foreign:
+        raise ForeignRun(run.run_dir, run.message.removeprefix("foreign: "))
+    ownership.check(run.run_dir)
 
 
 def request_stop(run: RunInfo, hard: bool = False, grace_s: float | None = None) -> None:
-    """Write stop.json and wake the agent (adopting the run first when its agent is gone).
-    Returns once an agent has the request, or once the run was killed from here."""
+    """Write stop.json and wake the agent (adopting the run first when its agent is gone;
+    waiting for it when the run was launched a moment ago and its agent has not taken it yet).
+    Returns once an agent has the request, or once the run was ended from here. Raises
+    ForeignRun for a run that is not this user's: nothing is written or signalled."""
+    _check_owner(run)
     req = {"mode": "hard" if hard else "graceful", "t": time.time()}
     if grace_s is not None:
         req["grace_s"] = grace_s
     write_json_atomic(run.run.stop_request, req)
     state = run.run.read_state() or run.state
+    if _unowned(state):
+        # launched a moment ago: the agent has not written its pid yet. It reads stop.json
+        # before it starts anything; the run is not one whose agent is gone.
+        state = _await_agent(run, state)
+        if _unowned(state):
+            _stop_unstarted(run)
+            return
     if procs.owner_alive(state) or adopt.ensure_agent(run.run_dir):
-        state = run.run.read_state() or state
-        pid = state.get("agent_pid")
-        if procs.owner_alive(state):
-            try:
-                os.kill(pid, signal.SIGUSR1)   # verified just above: it is the agent
-            except ProcessLookupError:
-                pass
+        _wake(run.run.read_state() or state)
         return
     if procs.owner_alive(state) is None:
         return   # recorded on another host: its agent there reads stop.json
     _stop_orphaned(run)
 
 
+def _unowned(state: dict) -> bool:
+    """Not over, and no agent has taken it yet (a launch starting its agent, or one that died
+    before it could). A Slurm job's agents start when the job does (`_stop_slurm`)."""
+    return not (state.get("agent_pid") or state.get("slurm_job")) \
+        and state.get("status") not in TERMINAL
+
+
+def _await_agent(run: RunInfo, state: dict) -> dict:
+    """state.json once an agent has taken the run or the run has ended, waiting until
+    START_WAIT_S after the run was written (a run abandoned long ago is not waited for)."""
+    try:
+        created = float(state.get("created") or 0.0)
+    except (TypeError, ValueError):
+        created = 0.0
+    deadline = time.monotonic() + max(0.0, min(START_WAIT_S,
+                                               created + START_WAIT_S - time.time()))
+    while _unowned(state) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        state = run.run.read_state() or state
+    return state
+
+
+def _stop_unstarted(run: RunInfo) -> None:
+    """No agent ever took the run (its launch ended before starting one): record it stopped,
+    under the owner lock so that an agent taking the run meanwhile is not overwritten (one
+    that comes later finds stop.json and ends the run the same way)."""
+    fd = adopt.lock_owner(run.run_dir)
+    if fd is None:   # an agent holds the run now: it reads stop.json before it starts
+        return
+    try:
+        st = run.run.read_state() or dict(run.state)
+        if not _unowned(st):
+            if procs.owner_alive(st):
+                _wake(st)
+            return
+        st.update(status="stopped", ended=time.time(), worker_pids=[],
+                  message="stopped before start: no agent had taken the run (its launch "
+                          "ended before starting one)")
+        run.run.write_state(st)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _wake(state: dict) -> None:
+    """SIGUSR1 to the run's agent, verified by identity just before, so it reads stop.json
+    now rather than at its next tick. Only once it handles the signal: an agent that has just
+    written its pid may not have installed its handlers yet, and SIGUSR1 would kill it (it
+    looks for stop.json by itself before it starts anything)."""
+    pid = state.get("agent_pid")
+    if procs.owner_alive(state) and procs.catches(pid, signal.SIGUSR1):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+
 def _stop_orphaned(run: RunInfo) -> None:
     """No agent, and none could adopt the run: kill what is left of it (by identity) and
-    record it."""
-    st = run.run.read_state() or run.state
-    if st.get("status") in TERMINAL:
-        return
-    left = procs.kill_run(st)
-    msg = "stopped (agent was gone; processes killed)"
-    if left:
-        msg += f"; could not kill pids {left}"
-    st.update(status="stopped", ended=time.time(), worker_pids=[], message=msg)
-    run.run.write_state(st)
+    record it, saying what was done. Under the owner lock where it can be had: an agent that
+    took the run meanwhile is woken instead."""
+    ownership.check(run.run_dir)
+    fd = adopt.lock_owner(run.run_dir)
+    try:
+        st = run.run.read_state() or run.state
+        if st.get("status") in TERMINAL:
+            return
+        if fd is None and procs.owner_alive(st):   # an agent took the run after all
+            _wake(st)
+            return
+        found, groups = procs.run_processes(st)
+        left = procs.kill_run(st) if found or groups else []
+        if found:
+            msg = f"stopped (agent was gone; {len(found)} processes killed)"
+        else:
+            msg = "stopped (agent was gone; none of its processes was running)"
+        if left:
+            msg += f"; could not kill pids {left}"
+        st.update(status="stopped", ended=time.time(), worker_pids=[], message=msg)
+        run.run.write_state(st)
+    finally:
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
 
 def wait_stopped(run: RunInfo, timeout_s: float) -> RunInfo:
@@ -76,7 +176,10 @@ def wait_stopped(run: RunInfo, timeout_s: float) -> RunInfo:
 def stop(run: RunInfo, hard: bool = False, grace_s: float | None = None,
          timeout_s: float | None = None, wait: bool = True) -> RunInfo:
     """Ask the run to stop. `wait`: until it is over or `timeout_s` has passed (default: the
-    grace period, after which the agent SIGKILLs, plus 30 s); else return at once."""
+    grace period, after which the agent SIGKILLs, plus 30 s); else return at once. Raises
+    ForeignRun for a run that is not this user's (nothing is written, signalled or
+    cancelled)."""
+    _check_owner(run)
     if not run.needs_stop:
         return run
     if run.state.get("slurm_job"):

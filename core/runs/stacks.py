@@ -8,6 +8,10 @@ Two ways, best first:
   rank's stderr: there a dump would read as a traceback, in the log view and to the diagnosis.
   SIGUSR1 is sent only to the built-in trainer: by default the signal kills a process.
 A hung rank is the one whose stack is not inside a collective (all_reduce, barrier, ...).
+
+Only the user's own runs: the pids come from state.json, so a run directory that fails
+core/rundir/ownership.py's rule (another user's, writable by others) is refused before any pid
+is signalled or attached to (`ForeignRun`, a ValueError).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir import RunDir, ownership
 from tunedeck.core.spec import load_spec
 
 DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
@@ -82,8 +86,10 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
 def dump_stacks(run_dir: str | Path, ranks: list[int] | None = None,
                 timeout_s: float = 20.0) -> list[StackDump]:
     """One dump per live rank (or per rank in `ranks`). Raises ValueError when the run has no
-    live rank process (finished, stopped, or not started yet)."""
+    live rank process (finished, stopped, or not started yet), and its `ForeignRun` when the
+    run is not this user's (nothing is signalled)."""
     run_dir = Path(run_dir)
+    ownership.check(run_dir)
     pids = rank_pids(run_dir)
     if ranks is not None:
         missing = sorted(set(ranks) - set(pids))
