@@ -33,9 +33,9 @@ CHECKED = ("state.json", "spec.toml", "plan.json", "secrets.json", "stop.json", 
 
 def _wrong(rel: str, old: bytes) -> bytes:
     """Well-formed for its format, wrong in its types."""
-    if rel == "state.json":
+    if rel == "state.json":   # a vital key: a wrong value in any other reads as missing
         state = json.loads(old)
-        state["progress"] = "abc"
+        state["status"] = ["abc"]
         return json.dumps(state).encode()
     if rel == "spec.toml":
         return b'name = 7\n[train]\nmax_steps = "abc"\nlearning_rate = [1]\n'
@@ -121,7 +121,8 @@ def test_ls_lists_every_run_and_names_the_damaged_state(damaged_home, monkeypatc
     listed = {r["run_id"]: r for r in json.loads(out)}
     assert set(listed) == {healthy, *cases.values()}
     assert listed[cases[("state.json", "wrong")]]["message"] == \
-        "damaged: state.json: progress: expected an object, got 'abc'"
+        "damaged: state.json: status: expected one of pending, running, succeeded, failed, " \
+        "stopped, got ['abc']"
 
 
 VERBS = (("status",), ("status", "--json"), ("metrics",), ("metrics", "--json"), ("logs",),
@@ -237,16 +238,19 @@ async def test_tui_lists_damaged_runs_and_their_monitor_says_why(damaged_home, m
                 await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), 10, "back")
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"progress": {"step": 3, "loss": "0.5"}}, "progress.loss: expected a number, got '0.5'"),
-    ({"created": "yesterday"}, "created: expected a number"),
-    ({"status": "bogus"}, "status: expected one of pending, running"),
-    ({"worker_pids": ["x"]}, "worker_pids: expected a list of integers"),
-    ({"progress": {"step": 1.5}}, "progress.step: expected an integer"),
-    ({"ended": float("nan")}, "ended: expected a number"),
-    ({"run_id": None}, "run_id: expected a string"),
+@pytest.mark.parametrize("change, named, vital", [
+    ({"progress": {"step": 3, "loss": "0.5"}}, "progress.loss: expected a number, got '0.5'",
+     False),
+    ({"created": "yesterday"}, "created: expected a number", False),
+    ({"status": "bogus"}, "status: expected one of pending, running", True),
+    ({"worker_pids": ["x"]}, "worker_pids: expected a list of integers", False),
+    ({"progress": {"step": 1.5}}, "progress.step: expected an integer", False),
+    ({"ended": float("nan")}, "ended: expected a number", False),
+    ({"run_id": None}, "run_id: expected a string", True),
 ])
-def test_each_mistyped_state_key_is_named(tmp_path, monkeypatch, capsys, change, named):
+def test_each_mistyped_state_key_is_named(tmp_path, monkeypatch, capsys, change, named, vital):
+    """A vital key (run_id, status) of the wrong type makes the run damaged; any other reads
+    as missing (the run stays readable and stoppable) and `doctor` names it."""
     from tunedeck.core.runs.state import new_state
 
     home = tmp_path / "home"
@@ -257,7 +261,15 @@ def test_each_mistyped_state_key_is_named(tmp_path, monkeypatch, capsys, change,
     rc, out, _ = _run(monkeypatch, capsys, home, "ls", "--json")
     runs = {r["run_id"]: r for r in json.loads(out)}
     assert rc == 0 and runs["20261201-000000-good-0001"]["status"] == "pending"
-    assert runs["20261201-000001-bad-0002"]["message"].startswith(f"damaged: state.json: {named}")
+    bad = runs["20261201-000001-bad-0002"]
+    if vital:
+        assert bad["message"].startswith(f"damaged: state.json: {named}")
+        return
+    assert bad["status"] == "pending" and not bad["message"].startswith("damaged"), bad
+    assert bad["step"] in (0, 3) and bad["loss"] is None
+    rc, out, _ = _run(monkeypatch, capsys, home, "doctor", "20261201-000001-bad-0002", "--json")
+    problems = {f["file"]: f["problem"] for f in json.loads(out)[0]["files"] if f["problem"]}
+    assert named in problems.get("state.json", ""), problems
 
 
 def test_an_empty_state_json_shows_instead_of_hiding_the_run(tmp_path, monkeypatch, capsys):

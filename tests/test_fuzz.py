@@ -9,7 +9,9 @@ asks for ever happens (a shell substitution, a `;` chain, an injected TOML table
 
 from __future__ import annotations
 
+import math
 import string
+import time
 import tomllib
 from pathlib import Path
 
@@ -133,3 +135,112 @@ def test_fuzzed_pasted_commands_import_or_are_refused(tmp_path, command):
     # nothing the paste carried became a live key it did not ask for
     assert "LD_PRELOAD" not in spec.env
     _plans_or_refuses(spec, tmp_path)
+
+
+# -- run records: a rank's event lines and state.json ----------------------------------------
+# A rank's file is data another process wrote (a user's script, a probe, a damaged disk); a
+# state.json may be old, edited or half-understood. Neither may crash a reader, make a live
+# run unreadable or unstoppable, or reach state.json as anything but strict JSON.
+
+odd_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+    st.lists(st.integers(-3, 3), max_size=2), st.dictionaries(st.text(max_size=3),
+                                                              st.integers(), max_size=2))
+EVENT_KEYS = ("step", "loss", "lr", "t", "tokens_per_s", "rank", "grad_norm", "step_s",
+              "data_wait_s", "mem_gib", "tokens", "kind", "max_steps")
+event_lines = st.lists(st.one_of(
+    st.fixed_dictionaries({"kind": st.sampled_from(["step", "eval", "start", "end"]),
+                           "rank": st.one_of(st.just(0), odd_values)},
+                          optional={k: odd_values for k in EVENT_KEYS if k not in ("kind",
+                                                                                   "rank")}),
+    st.sampled_from(["[1, 2]", '"step"', "{", "null", '{"kind": "step", "step": 1e999}'])),
+    min_size=1, max_size=6)
+
+
+@pytest.fixture(scope="module")
+def fuzz_run(tmp_path_factory):
+    """One planned run (spec.toml, plan.json, state.json) whose agent state the event
+    fuzz drives in-process."""
+    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.spec import loads_spec
+
+    data = Path(__file__).resolve().parent.parent / "presets" / "data" / "demo_chat.jsonl"
+    spec = loads_spec(f'name = "fuzz"\n[data]\npath = "{data}"\n[cluster]\ndevice = "cpu"\n'
+                      'cpu_procs = 2\n', source="<fuzz>")
+    return prepare_run(spec, tmp_path_factory.mktemp("fuzz-home") / "runs")
+
+
+@SETTINGS
+@given(event_lines)
+def test_fuzzed_event_lines_never_reach_state_json_or_hide_the_run(fuzz_run, monkeypatch,
+                                                                   lines):
+    import json as _json
+
+    from tunedeck.core.runs.agent import Agent
+    from tunedeck.core.runs.registry import read_run
+    from tunedeck.core.runs.store import Store
+
+    monkeypatch.setenv("TUNEDECK_FAKE_NVML", "2")
+    agent = Agent(fuzz_run)
+    agent.state["status"] = "running"
+    agent.store = Store(agent.rundir, write=True)
+    try:
+        agent.monitors = agent.make_monitors()
+        made = [type(m).__name__ for m in agent.monitors]
+        assert made
+        text = "".join((x if isinstance(x, str) else _json.dumps(x)) + "\n" for x in lines)
+        with open(agent.rundir.event_file(0), "a") as f:
+            f.write(text)
+        new = agent.ingest(live=True)
+        agent.tick_monitors(time.time(), new)
+        left = [type(m).__name__ for m in agent.monitors]
+        assert left == made, f"an event line disabled {set(made) - set(left)}"
+    finally:
+        agent.store.close()
+
+    def refuse(name):
+        raise AssertionError(f"state.json holds {name}")
+    state = _json.loads(agent.rundir.state.read_text(), parse_constant=refuse)
+    prog = state["progress"]
+    assert type(prog["step"]) is int and 0 <= prog["step"] < 2**63
+    for k in ("loss", "lr", "tokens_per_s", "t"):
+        assert prog.get(k) is None or (type(prog[k]) in (int, float)
+                                       and math.isfinite(prog[k])), (k, prog)
+    info = read_run(agent.rundir.path)
+    assert info is not None and not info.damaged, info and info.message
+
+
+state_changes = st.dictionaries(
+    st.sampled_from(["run_id", "name", "status", "message", "created", "started", "ended",
+                     "agent_pid", "torchrun_pid", "worker_pids", "pgids", "pid_identity",
+                     "rank_pids", "launches", "progress", "exit_code", "master_port",
+                     "attempt", "stop_requested", "beat", "survivors", "attempts"]),
+    st.one_of(odd_values, st.fixed_dictionaries(
+        {}, optional={k: odd_values for k in ("step", "max_steps", "loss", "lr", "t")})),
+    max_size=4)
+
+
+@SETTINGS
+@given(state_changes)
+def test_fuzzed_state_fields_damage_only_themselves(tmp_path, changes):
+    import json as _json
+
+    from tunedeck.core.runs.registry import read_run
+    from tunedeck.core.runs.state import fatal_problem, new_state, state_problem
+
+    run_dir = tmp_path / "runs" / "20261203-000000-fuzz-0001"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = {**new_state(run_dir.name, "fuzz", 10), **changes}
+    (run_dir / "state.json").write_text(_json.dumps(state))
+    info = read_run(run_dir)
+    assert info is not None
+    if fatal_problem(_json.loads(_json.dumps(state))) is not None:
+        assert info.damaged and not info.needs_stop
+        return
+    assert not info.damaged, (info.message, state_problem(state))
+    assert type(info.step) is int and type(info.max_steps) is int
+    for v in (info.loss, info.tokens_per_s, info.created, info.started, info.ended):
+        assert v is None or (type(v) in (int, float) and math.isfinite(v)), info
+    assert info.exit_code is None or type(info.exit_code) is int
+    info.to_json()

@@ -25,6 +25,7 @@ what it and the ranks write inside is private too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -44,8 +45,24 @@ DIR_MODE = 0o700
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers never see a half-written file: temp file (0600), fsync, rename."""
-    write_text_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    """Readers never see a half-written file: temp file (0600), fsync, rename. Strict JSON:
+    a NaN or infinity (which other JSON readers refuse) is written as null."""
+    write_text_private(path, json.dumps(strict_json(data), indent=2, sort_keys=True,
+                                        allow_nan=False) + "\n")
+
+
+def strict_json(data: Any) -> Any:
+    """`data` with every float that is not finite replaced by None (containers copied only
+    when they hold one)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        vals = {k: strict_json(v) for k, v in data.items()}
+        return data if all(vals[k] is v for k, v in data.items()) else vals
+    if isinstance(data, (list, tuple)):
+        items = [strict_json(v) for v in data]
+        return data if all(a is b for a, b in zip(items, data)) else items
+    return data
 
 
 def write_text_private(path: Path, text: str, mode: int = FILE_MODE) -> None:

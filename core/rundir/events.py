@@ -87,6 +87,42 @@ def json_value(v: Any) -> Any:
     return v
 
 
+# The type of each field a reader relies on. An event line is data another process wrote (a
+# user's script, a damaged disk): `clean_event` drops a field whose value is not of its type,
+# so a reader sees it as missing instead of failing on it.
+_INT_FIELDS = ("rank", "step", "tokens", "label_tokens", "epoch", "world_size", "max_steps",
+               "restart", "start_step", "trainable_params", "total_params", "eval_tokens")
+_NUM_FIELDS = ("loss", "lr", "grad_norm", "mem_reserved_gib", "step_s", "data_wait_s",
+               "compute_s", "mem_gib", "tokens_per_s", "mfu", "eval_loss", "token_acc")
+_STR_FIELDS = ("kind", "device", "model", "method", "dtype", "strategy", "resumed_from",
+               "path", "phase", "reason", "error")
+T_MAX = 1e11     # unix seconds past any real clock (year 5138): a time beyond is noise
+_I64 = 1 << 63
+
+
+def clean_event(e: dict[str, Any]) -> dict[str, Any]:
+    """`e` (changed in place) without the fields whose values are not of the schema's type:
+    ints (not bools) that fit 64 bits and are not negative, finite numbers, strings, and a
+    `t` that is a plausible unix time."""
+    for k in [k for k, v in e.items() if not _field_ok(k, v)]:
+        del e[k]
+    return e
+
+
+def _field_ok(key: str, v: Any) -> bool:
+    if v is None:
+        return key != "kind"
+    if key == "t":
+        return type(v) in (int, float) and 0 <= v < T_MAX
+    if key in _INT_FIELDS:
+        return type(v) is int and 0 <= v < _I64
+    if key in _NUM_FIELDS:   # an int past a float's range is no number a reader can use
+        return (type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) < 1e308)
+    if key in _STR_FIELDS:
+        return type(v) is str
+    return True
+
+
 class EventWriter:
     """Appends events of one rank; each line is flushed and written with one write call.
 

@@ -8,9 +8,17 @@ agent will record how), and reading it starts a new agent that adopts it (core/r
 TUNEDECK_NO_ADOPT=1 turns that off for a reader). Only a run no agent can adopt (recorded
 before identities, its agent crashing again and again) shows `failed` (the agent is gone).
 
+A run directory that is not this user's own (core/rundir/ownership.py: the run folder or its
+state.json owned by someone else, writable by others, a symlink) is `foreign` ("foreign:
+<why>"): listed read-only with the progress its state.json records (a team sharing a home
+watches each other's runs), never adopted, and `needs_stop` is False (nothing is signalled).
+Its state.json is read without following a symlink, never blocking on a FIFO, at most 4 MiB.
+
 `list_runs` reads everything once (the CLI). A viewer that asks again and again (the TUI's runs
 list, every second) keeps a `Registry`: it lists the runs root only when the root's mtime
-changes, and re-reads a state.json only when its stat signature (mtime, size, inode) changes.
+changes, and re-reads a state.json only when its stat signature (mtime, size, inode, owner,
+mode) changes; a changed one is checked against the ownership rule as it is read (two lstat
+calls: the run folder and state.json).
 A finished run is not even stat'ed every time: each scan looks at a tenth of them in turn, so
 an idle TUI over thousands of finished runs costs a few hundred stats a second (which matters
 on NFS), while a new or deleted run shows at once (the root's mtime moves).
@@ -18,6 +26,7 @@ on NFS), while a new or deleted run shows at once (the root's mtime moves).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,9 +35,10 @@ from typing import Any
 
 from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
-from tunedeck.core.rundir import RunDir, json_problem
+from tunedeck.core.rundir import RunDir, json_problem, ownership
 from tunedeck.core.runs import adopt, procs
-from tunedeck.core.runs.state import TERMINAL, pid_alive, state_problem
+from tunedeck.core.runs.state import (TERMINAL, clean_state, fatal_problem, pid_alive,
+                                      stale_for)
 
 
 class RunNotFound(LookupError):
@@ -51,6 +61,7 @@ class RunInfo:
     tokens_per_s: float | None
     exit_code: int | None
     state: dict[str, Any] = field(repr=False)
+    stale_s: float | None = None    # a live run whose agent has not written for this long
 
     @property
     def run(self) -> RunDir:
@@ -65,10 +76,22 @@ class RunInfo:
         return self.status == DAMAGED
 
     @property
+    def foreign(self) -> bool:
+        """Another user's run (or one others can write): shown, never acted on. It counts as
+        `active`, so nothing that refuses a live run (delete, resume) touches it either."""
+        return self.status == FOREIGN
+
+    @property
     def needs_stop(self) -> bool:
         """Not ended as far as state.json records: its processes may still be alive even
         when the agent is gone (then `status` reads lost, or failed when none lives). A
-        damaged state.json names no process that could be signalled safely."""
+        damaged state.json names no process that could be signalled safely; a foreign run's
+        pids are not this user's to signal."""
+        return not (self.damaged or self.foreign) and self.state.get("status") not in TERMINAL
+
+    @property
+    def recorded_live(self) -> bool:
+        """state.json records no end (whatever this reader may do about it)."""
         return not self.damaged and self.state.get("status") not in TERMINAL
 
     def age_s(self, now: float | None = None) -> float:
@@ -83,15 +106,23 @@ class RunInfo:
                 "agent_pid": self.state.get("agent_pid"),
                 "torchrun_pid": self.state.get("torchrun_pid"),
                 "worker_pids": self.state.get("worker_pids", []),
-                "stop_requested": self.state.get("stop_requested")}
+                "stop_requested": self.state.get("stop_requested"),
+                "stale_s": self.stale_s,
+                "output_shared_with": self.state.get("output_shared_with")}
 
 
 DAMAGED = "damaged"
+FOREIGN = "foreign"
+STATE_FILE = "state.json"
 
 
 def read_run(run_dir: Path) -> RunInfo | None:
     """The run in `run_dir`; None when the folder holds no state.json (not a run, or not yet);
-    a `damaged` RunInfo when state.json cannot be trusted."""
+    a `foreign` RunInfo when the folder or its state.json is not this user's own, a `damaged`
+    one when state.json cannot be trusted."""
+    foreign = ownership.problem(run_dir, files=(STATE_FILE,))
+    if foreign is not None:
+        return foreign_info(run_dir, foreign)
     state, why = json_problem(RunDir(run_dir).state)
     if why == "missing":
         return None
@@ -111,19 +142,58 @@ def damaged_info(run_dir: Path, file: str, why: str) -> RunInfo:
                    exit_code=None, state={"status": DAMAGED})
 
 
+def foreign_info(run_dir: Path, why: str,
+                 state: dict[str, Any] | None = None) -> RunInfo | None:
+    """Another user's run as its state.json says (read here without trusting it: no symlink,
+    no FIFO, bounded; or `state` as the caller read it), status `foreign`; None when there is
+    no state.json (not a run). Its id is its folder's name, whatever the file claims. Nothing
+    here adopts or signals."""
+    if state is None:
+        try:
+            raw = ownership.read_untrusted(RunDir(run_dir).state)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            raw = b""
+        try:
+            state = json.loads(raw.decode("utf-8")) if raw.strip() else None
+        except (ValueError, RecursionError):
+            state = None
+    state = clean_state(state) if isinstance(state, dict) and \
+        fatal_problem(state) is None else {}
+    try:
+        created = state.get("created") or os.lstat(run_dir).st_mtime
+    except OSError:
+        created = 0.0
+    prog = state.get("progress") or {}
+    return RunInfo(run_id=run_dir.name, run_dir=run_dir, name=str(state.get("name") or ""),
+                   status=FOREIGN, message=f"foreign: {why}", created=created,
+                   started=state.get("started"), ended=state.get("ended"),
+                   step=int(prog.get("step") or 0), max_steps=int(prog.get("max_steps") or 0),
+                   loss=prog.get("loss"), tokens_per_s=prog.get("tokens_per_s"),
+                   exit_code=state.get("exit_code"),
+                   state={**state, "status": state.get("status", "pending")})
+
+
 def info_from_state(run_dir: Path, state: dict[str, Any] | None,
                     why: str | None = None) -> RunInfo | None:
-    """A run's info from its state.json content (a damaged one when it cannot be trusted)."""
-    why = why or state_problem(state)
+    """A run's info from its state.json content: a damaged one when a vital key cannot be
+    trusted; any other key of the wrong type reads as missing (core/runs/state.py)."""
+    why = why or fatal_problem(state)
     if why:
         return damaged_info(run_dir, "state.json", why)
     assert isinstance(state, dict)
+    state = clean_state(state)
     status = state.get("status", "pending")
     message = state.get("message", "")
     if status not in TERMINAL and state.get("agent_pid") and not _owner_alive(state):
         # the agent died without recording an end (SIGKILL, a crash, a host reboot)
+        blocked = adopt.why_not(run_dir, state)
+        if blocked is not None and blocked.startswith(adopt.FOREIGN_PREFIX):
+            # a file the adoption would read (plan.json, spec.toml, ...) is not the user's
+            return foreign_info(run_dir, blocked.removeprefix(adopt.FOREIGN_PREFIX), state)
         alive = procs.live_processes(state)
-        adoptable = adopt.why_not(run_dir, state) is None
+        adoptable = blocked is None
         if alive:
             status = "lost"
             message = f"agent lost, ranks still running ({len(alive)} processes)"
@@ -143,7 +213,17 @@ def info_from_state(run_dir: Path, state: dict[str, Any] | None,
                    started=state.get("started"), ended=state.get("ended"),
                    step=int(prog.get("step") or 0), max_steps=int(prog.get("max_steps") or 0),
                    loss=prog.get("loss"), tokens_per_s=prog.get("tokens_per_s"),
-                   exit_code=state.get("exit_code"), state=state)
+                   exit_code=state.get("exit_code"), state=state,
+                   stale_s=_stale(status, state))
+
+
+def _stale(status: str, state: dict[str, Any]) -> float | None:
+    """Whole seconds since a running run's agent last wrote its beat, once that is too long
+    (a frozen or hung agent: the progress shown is old); None otherwise."""
+    if status not in ("pending", "running"):
+        return None
+    age = stale_for(state)
+    return None if age is None else float(int(age))
 
 
 def _owner_alive(state: dict[str, Any]) -> bool:
@@ -152,6 +232,13 @@ def _owner_alive(state: dict[str, Any]) -> bool:
             str(state.get("agent_pid")) in state["pid_identity"]:
         return procs.owner_alive(state) is not False
     return pid_alive(state["agent_pid"], state.get("agent_create_time"))
+
+
+def _sig(st: os.stat_result) -> tuple[int, ...]:
+    """What a state.json's stat says that changes what the run shows: its content (mtime,
+    size, inode) and who may write it (owner, mode: core/rundir/ownership.py). A file swapped
+    for a symlink has another inode, so it is read again, and `read_run` lstats it."""
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid, st.st_mode)
 
 
 def _newest_first(runs: list[RunInfo]) -> list[RunInfo]:
@@ -166,7 +253,7 @@ RACY_S = 2.0
 @dataclass
 class _Entry:
     path: str                       # its state.json (a str: os.stat takes it as it is)
-    sig: tuple[int, int, int]       # state.json's (mtime_ns, size, inode) when it was read
+    sig: tuple[int, ...]            # state.json's `_sig` when it was read
     info: RunInfo | None            # None: a folder whose state.json is not a run's (yet)
     recheck: bool                   # read again next scan (racy mtime)
     live: bool                      # state.json does not record an end
@@ -216,7 +303,8 @@ class Registry:
                     st = stat(e.path)
                 except OSError:
                     st = None
-                if st is not None and (st.st_mtime_ns, st.st_size, st.st_ino) == e.sig:
+                if st is not None and (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid,
+                                       st.st_mode) == e.sig:
                     if e.live:
                         changed |= self._rederive(e)
                     continue
@@ -263,10 +351,11 @@ class Registry:
             return old is not None
         info = read_run(run_dir)
         self.reads += 1
-        live = info is not None and info.needs_stop
+        # a foreign run that is not over is looked at every scan too (its progress is shown)
+        live = info is not None and info.recorded_live
         slot = entry.slot if entry else len(self._entries) % self.finished_every
-        self._entries[name] = entry = _Entry(path, (st.st_mtime_ns, st.st_size, st.st_ino),
-                                             info, now - st.st_mtime < RACY_S, live, slot)
+        self._entries[name] = entry = _Entry(path, _sig(st), info,
+                                             now - st.st_mtime < RACY_S, live, slot)
         if info == old:
             entry.info = old    # keep the object: viewers compare identities
             return False
@@ -276,7 +365,7 @@ class Registry:
         """No write, but the agent may have died since: derive the info from the same state."""
         old = entry.info
         assert old is not None
-        if old.damaged:     # nothing to derive: only a new write can change it
+        if old.damaged or old.foreign:   # nothing to derive: only a new write can change it
             return False
         info = info_from_state(old.run_dir, old.state)
         if info == old:
@@ -291,7 +380,8 @@ def list_runs(root: Path | None = None) -> list[RunInfo]:
 
 
 def find_run(ref: str, root: Path | None = None) -> RunInfo:
-    """A run by id, unique id prefix, or name (the newest run of that name)."""
+    """A run by id, unique id prefix, or name (the newest run of that name, this user's own
+    first)."""
     root = root or runs_root()
     direct = root / ref
     if RunDir(direct).state.exists():
@@ -303,8 +393,8 @@ def find_run(ref: str, root: Path | None = None) -> RunInfo:
     if len(by_prefix) == 1:
         return by_prefix[0]
     by_name = [r for r in runs if r.name == ref]
-    if by_name:
-        return by_name[0]
+    if by_name:   # in a shared home, a name means this user's own run before another's
+        return next((r for r in by_name if not r.foreign), by_name[0])
     if len(by_prefix) > 1:
         ids = ", ".join(r.run_id for r in by_prefix[:5])
         raise RunNotFound(f"{ref!r} matches several runs: {ids}")

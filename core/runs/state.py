@@ -17,6 +17,8 @@ from typing import Any
 
 from tunedeck.core.rundir import TERMINAL  # re-exported: the runs layer names it from here
 STATUSES = ("pending", "running", *TERMINAL)   # what the agent writes (readers add `lost`)
+BEAT_S = 5.0            # a live agent writes state.json `beat` at least this often
+STALE_AFTER_S = 3 * BEAT_S   # ... so a run not over whose beat is older is marked stale
 
 
 def new_state(run_id: str, name: str, max_steps: int) -> dict[str, Any]:
@@ -67,6 +69,7 @@ def pid_alive(pid: int | None, create_time: float | None = None) -> bool:
 # A reader checks before trusting the file, so one damaged run shows as damaged instead of
 # breaking every command that lists runs.
 _INT, _NUM, _STR = "an integer", "a number", "a string"
+INT_LIMIT = 1 << 63
 _SCHEMA: dict[str, tuple[str, bool]] = {       # key: (kind, may be null)
     "run_id": (_STR, False), "name": (_STR, False), "status": (_STR, False),
     "message": (_STR, True), "host": (_STR, True),
@@ -77,17 +80,21 @@ _SCHEMA: dict[str, tuple[str, bool]] = {       # key: (kind, may be null)
     "worker_pids": ("a list of integers", True), "pgids": ("a list of integers", True),
     "pid_identity": ("an object", True), "rank_pids": ("an object", True),
     "launches": ("a list", True), "preflight": ("an object", True),
-    "progress": ("an object", True),
+    "progress": ("an object", True), "agent_crashes": (_INT, True),
+    "attempts": ("a list", True), "io_pauses": ("a list", True), "adopted": ("a list", True),
+    "beat": (_NUM, True), "survivors": ("a list of integers", True),
+    "forced_stop": ("an object", True), "db_restored": ("a list", True),
+    "output_shared_with": ("a list", True),
 }
 _PROGRESS: dict[str, str] = {"step": _INT, "max_steps": _INT, "loss": _NUM, "lr": _NUM,
                              "tokens_per_s": _NUM, "t": _NUM}
 
 
 def _is(kind: str, v: Any) -> bool:
-    if kind == _INT:
-        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == _INT:   # one that fits the 64-bit integers every reader (SQLite too) takes
+        return isinstance(v, int) and not isinstance(v, bool) and -INT_LIMIT <= v < INT_LIMIT
     if kind == _NUM:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return (type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) < 1e308)
     if kind == _STR:
         return isinstance(v, str)
     if kind == "a list of integers":
@@ -119,6 +126,68 @@ def state_problem(state: Any) -> str | None:
         if v is not None and not _is(kind, v):
             return f"progress.{key}: expected {kind}, got {_shown(v)}"
     return None
+
+
+# Without these a state.json says nothing a reader can use: the run is damaged. Any other key
+# that holds a wrong value is read as missing (`clean_state`), so one bad value copied from a
+# rank's file never hides a live run or makes it unstoppable; `state_problem` still names it
+# (`tunedeck doctor`).
+VITAL = ("run_id", "status")
+
+
+def fatal_problem(state: Any) -> str | None:
+    """Why `state` cannot be read as a run's state at all (a vital key), or None."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    if "run_id" not in state:
+        return "run_id: missing"
+    if not _is(_STR, state["run_id"]):
+        return f"run_id: expected {_STR}, got {_shown(state['run_id'])}"
+    status = state.get("status", "pending")
+    if status not in STATUSES:
+        return f"status: expected one of {', '.join(STATUSES)}, got {_shown(status)}"
+    return None
+
+
+def clean_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a readable state.json with each key (and progress field) that holds a wrong
+    value dropped, as if it had never been written."""
+    out: dict[str, Any] = {}
+    for key, v in state.items():
+        rule = _SCHEMA.get(key)
+        if rule is not None and not (v is None and rule[1]) and not _is(rule[0], v):
+            continue
+        out[key] = v
+    prog = out.get("progress")
+    if isinstance(prog, dict):
+        out["progress"] = {k: v for k, v in prog.items()
+                           if k not in _PROGRESS or v is None or _is(_PROGRESS[k], v)}
+    return out
+
+
+def progress_from_event(event: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any] | None:
+    """state.json's progress after a rank's step event, each value checked as the schema
+    says (a rank file is data: a loss of Infinity, a string or a list is dropped, never
+    copied); None when the event names no usable step."""
+    step = event.get("step")
+    if not _is(_INT, step) or step < 0:
+        return None
+    out = dict(progress)
+    out["step"] = step
+    for key in ("loss", "lr", "tokens_per_s", "t"):
+        v = event.get(key)
+        out[key] = v if _is(_NUM, v) else None
+    return out
+
+
+def stale_for(state: dict[str, Any], now: float | None = None) -> float | None:
+    """Seconds since a live run's agent last wrote state.json's beat, when that is longer
+    than STALE_AFTER_S (a frozen or hung agent: its progress is old news); else None."""
+    beat = state.get("beat")
+    if state.get("status") in TERMINAL or not _is(_NUM, beat):
+        return None
+    age = (time.time() if now is None else now) - beat
+    return age if age > STALE_AFTER_S else None
 
 
 def _shown(v: Any) -> str:

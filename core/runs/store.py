@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.tail import Tail, decode_lines
-from tunedeck.core.rundir import RunDir, event_rank
+from tunedeck.core.rundir import RunDir, event_rank, strict_json
+from tunedeck.core.rundir.events import clean_event
 from tunedeck.core.telemetry.store import TelemetryStore, read_latest, read_series
 
 SCHEMA = """
@@ -158,8 +161,11 @@ class Store:
         self._mem: sqlite3.Connection | None = None  # a reader's tail table before run.db exists
         self._tail_at: dict[str, tuple[int, Tail]] = {}   # file -> (first offset held, tail)
         self._tables: set[str] = set()
+        self.file_id: tuple[int, int] | None = None   # the writer's run.db (device, inode)
         if write:
             self.db = sqlite3.connect(self.run.db, timeout=10)
+            st = os.stat(self.run.db)
+            self.file_id = (st.st_dev, st.st_ino)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             had_series = self._has_table(self.db, "steps")
@@ -192,6 +198,51 @@ class Store:
             self._mem.close()
             self._mem = None
         self._tail_at.clear()
+
+    # -- the writer's file going away -----------------------------------------------------
+    def file_gone(self) -> str | None:
+        """The writer's run.db is no longer at its path: 'deleted' or 'replaced' (another
+        file there); None while it is the file this Store opened."""
+        if self.file_id is None:
+            return None
+        try:
+            st = os.stat(self.run.db)
+        except FileNotFoundError:
+            return "deleted"
+        except OSError:
+            return None
+        return None if (st.st_dev, st.st_ino) == self.file_id else "replaced"
+
+    def restore_file(self) -> str | None:
+        """Put this connection's database back at run.db (it still reads the unlinked file):
+        a full copy through SQLite's backup, written beside it and renamed into place. A file
+        that replaced it is kept as run.db.replaced-<time>; its name is returned."""
+        assert self.db is not None and self.write
+        self.db.commit()
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        folder = self.run.db.parent
+        tmp = folder / f".run.db.restore-{os.getpid()}"
+        for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-journal")):
+            p.unlink(missing_ok=True)
+        copy = sqlite3.connect(tmp)
+        try:
+            self.db.backup(copy)
+            copy.commit()
+        finally:
+            copy.close()
+        kept = None
+        if self.file_gone() == "replaced":
+            kept = f"run.db.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.rename(f"{self.run.db}{suffix}", folder / f"{kept}{suffix}")
+                except FileNotFoundError:
+                    pass
+        else:   # the deleted file's side files would be read as the new file's
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self.run.db}{suffix}").unlink(missing_ok=True)
+        os.rename(tmp, self.run.db)
+        return kept
 
     def __enter__(self) -> "Store":
         return self
@@ -251,7 +302,7 @@ class Store:
         for ln, pick, want in zip(lines, picks, wanted):
             if pick is not None:
                 if want and type(e := next(objs)) is dict:
-                    events.append(e)
+                    events.append(clean_event(dict(e)))
                 rows.append((pick[0], "step", pick[1], pick[2], ln))
                 ranked.append((pick[0], pick))
                 continue
@@ -270,7 +321,7 @@ class Store:
             if type(t) is not float or t - t != 0.0:
                 t = _num(t)
             rows.append((r, kind if type(kind) is str else str(kind), step, t, ln))
-            events.append(e)
+            events.append(clean_event(dict(e)))
             ranked.append((r, e))
         # in the caller's transaction
         self.db.executemany(
@@ -441,7 +492,13 @@ class Store:
     def save_finding(self, finding) -> bool:
         """Store a Finding once; returns False if the same finding was stored before."""
         assert self.db is not None and self.write
-        data = json.dumps(finding.to_json(), sort_keys=True, separators=(",", ":"))
+        # its time and rank may come from a rank's event line: stored as the schema says
+        t = _num(finding.t)
+        finding.t = float(t) if t is not None else time.time()
+        if finding.rank is not None and _int64(finding.rank) is None:
+            finding.rank = None
+        data = json.dumps(strict_json(finding.to_json()), sort_keys=True,
+                          separators=(",", ":"), allow_nan=False)
         # -1 for "no rank": SQLite's UNIQUE treats NULLs as all different, so a rank-less
         # finding was stored again on every diagnosis poll
         rank = finding.rank if finding.rank is not None else -1
