@@ -77,6 +77,7 @@ def cmd_launch(args) -> int:
     run_dir = _gated_launch(args, spec)
     if run_dir is None:
         return 1
+    again.say_shared(run_dir)
     run_id = run_dir.name
     if args.json:
         # one line, so scripts can read it while --wait keeps the process running
@@ -96,7 +97,8 @@ def _gated_launch(args, spec):
     if record is None:
         return None
     try:
-        return launch(spec, preflight=record)
+        return launch(spec, preflight=record,
+                      share_output=getattr(args, "share_output", False))
     except (LaunchError, OSError, ValueError) as e:
         _err(f"launch failed: {e}")
         return None
@@ -177,12 +179,19 @@ def cmd_ls(args) -> int:
             continue
         print(f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.status):<10} "
               f"{f'{r.step}/{r.max_steps}':>13} {_fmt_loss(r.loss):>8} "
-              f"{_fmt_age(r.age_s(now)):>5}")
+              f"{_fmt_age(r.age_s(now)):>5}" + _stale_note(r))
     damaged = sum(r.damaged for r in runs)
     if damaged:
         print(f"{damaged} damaged run(s): `tunedeck doctor RUN` says what is wrong",
               file=sys.stderr)
     return 0
+
+
+def _stale_note(run) -> str:
+    """A live run whose agent has gone quiet: its numbers are as old as this says."""
+    if run.stale_s is None:
+        return ""
+    return f"  stale: agent silent for {_fmt_age(run.stale_s)}"
 
 
 def cmd_status(args) -> int:
@@ -192,9 +201,13 @@ def cmd_status(args) -> int:
         return 0
     print(f"run       {clean(run.run_id)}\nname      {clean(run.name)}\n"
           f"status    {clean(run.status)}"
-          f"{' (' + clean(run.message) + ')' if run.message else ''}\n"
+          f"{' (' + clean(run.message) + ')' if run.message else ''}{_stale_note(run)}\n"
           f"step      {run.step}/{run.max_steps}\nloss      {_fmt_loss(run.loss)}\n"
           f"dir       {clean(run.run_dir)}")
+    shared = run.state.get("output_shared_with")
+    if isinstance(shared, list):
+        print(f"output    shared on purpose (--share-output) with "
+              f"{clean(', '.join(map(str, shared))) or 'no live run at launch'}")
     if run.exit_code is not None:
         print(f"exit code {run.exit_code}")
     return 0
@@ -246,19 +259,48 @@ def _step_arg(low: int):
 
 def cmd_logs(args) -> int:
     run = find_run(args.run)
+    rid, rank, logs = clean(run.run_id), args.rank, run.run.logs
+    # what is missing is said, with its path, on stderr and with exit 1: an empty answer
+    # would read as "the rank printed nothing"
+    if not logs.is_dir():
+        _err(f"{rid}: its logs folder is missing: {logs}")
+        return 1
+    plan = run.run.read_plan()
+    try:
+        world = int(plan.get("world_size") or 0) or \
+            int(plan.get("nproc_per_node") or 0) * int(plan.get("nnodes") or 0)
+    except (TypeError, ValueError):
+        world = 0
+    if rank < 0 or (world and rank >= world):
+        _err(f"{rid} has no rank {rank}: its ranks are 0 to {world - 1}" if world else
+             f"{rid} has no rank {rank}")
+        return 1
+    nproc = run.run.nproc_per_node
+    where = run.run.node_log_dir(rank // nproc if nproc else 0)
     if not args.follow:
-        for line in log_tail(run.run_dir, args.rank, args.lines):
+        files = run.run.rank_log_files(rank)
+        if not files:
+            if run.active:    # not started yet: nothing is missing
+                print(f"rank {rank} has written no log yet ({clean(run.status)})",
+                      file=sys.stderr)
+                return 0
+            _err(f"{rid}: rank {rank} left no log under {where}")
+            return 1
+        if not any(p.is_file() for p in files):
+            _err(f"{rid}: rank {rank}'s log files are missing: {files[0].parent}")
+            return 1
+        for line in log_tail(run.run_dir, rank, args.lines):
             print(line)
         return 0
     from tunedeck.core.ingest.tail import follow
 
     files: list[Path] = []
     while not files:  # the rank may not have started yet
-        files = run.run.rank_log_files(args.rank)
+        files = run.run.rank_log_files(rank)
         if files:
             break
         if find_run(run.run_id).status in TERMINAL:
-            print(f"rank {args.rank} wrote no logs", file=sys.stderr)
+            _err(f"{rid}: rank {rank} left no log under {where}")
             return 1
         time.sleep(0.5)
     for line in log_tail(run.run_dir, args.rank, args.lines):
@@ -272,12 +314,16 @@ def cmd_logs(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from tunedeck.core.runs.control import stop
+    from tunedeck.core.runs.control import ForeignRun, stop
 
     run = find_run(args.run)
     if run.damaged:
         _err(f"{clean(run.run_id)} is {clean(run.message)}: its processes cannot be told, so "
              f"nothing is signalled (`tunedeck doctor {clean(run.run_id)}`)")
+        return 1
+    if run.foreign:   # another user's run: its pids and plan are not this user's to act on
+        _err(f"{clean(run.run_id)} is {clean(run.message)}: only its owner can stop it, so "
+             f"nothing is signalled")
         return 1
     if not run.needs_stop:
         if args.json:
@@ -287,7 +333,11 @@ def cmd_stop(args) -> int:
         return 0
     how = "hard" if args.hard else "graceful"
     # The agent carries the stop out; waiting for the end is the user's choice (--wait).
-    done = stop(run, hard=args.hard, grace_s=args.grace, wait=args.wait)
+    try:
+        done = stop(run, hard=args.hard, grace_s=args.grace, wait=args.wait)
+    except ForeignRun as e:   # became another user's since it was read: nothing was signalled
+        _err(e)
+        return 1
     if args.json:
         _print_json(done.to_json())
     elif args.wait:
@@ -367,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-preflight", action="store_true", help="launch without the preflight "
                    "checklist (by default a failed check refuses the launch); the run "
                    "records that it was skipped")
+    s.add_argument("--share-output", action="store_true", help="launch even though a live "
+                   "run writes the spec's output folder (refused by default); the run records "
+                   "the runs it shares it with")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_launch)
 

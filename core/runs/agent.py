@@ -34,6 +34,7 @@ import sqlite3
 import subprocess
 import tempfile
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -49,7 +50,7 @@ from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import adopt, procs, restarts
 from tunedeck.core.runs.monitors import DetectorMonitor, MonitorContext, make_monitors
-from tunedeck.core.runs.state import TERMINAL
+from tunedeck.core.runs.state import BEAT_S, TERMINAL, progress_from_event
 from tunedeck.core.runs.store import Store
 from tunedeck.core.spec import load_spec, mask_argv
 from tunedeck.core.telemetry import proctree
@@ -116,6 +117,9 @@ class Agent:
         self.stop_mode: str | None = None
         self.stop_deadline: float | None = None
         self.killed_at: float | None = None
+        self.forced: dict[str, Any] | None = None   # a graceful stop that had to SIGKILL
+        self.grace_s = float(self.spec.run.stop_grace_s)
+        self.subreaper = False                   # orphans of the run re-parent to us
         self.termed: set[int] = set()            # ranks sent SIGTERM by a graceful stop
         self.store: Store | None = None
         self.ctx: MonitorContext | None = None
@@ -128,14 +132,16 @@ class Agent:
         self.paused_at: dict[str, float] = {}
         self.unsaved = False
         self.next_io_try = 0.0
+        self._save_lock = threading.RLock()
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
-        if "message" in changes:
-            self.base_message = str(changes["message"] or "")
-        self.state.update(changes)
-        self.state["message"] = self._message()
-        self._write_state()
+        with self._save_lock:   # the preparing thread saves too
+            if "message" in changes:
+                self.base_message = str(changes["message"] or "")
+            self.state.update(changes)
+            self.state["message"] = self._message()
+            self._write_state()
 
     def _message(self) -> str:
         if not self.paused:
@@ -222,6 +228,34 @@ class Agent:
                     m.rebind(store)
         return True
 
+    def check_db(self) -> None:
+        """run.db deleted or replaced under the agent (a user's `rm`, a sync tool): the agent
+        would write on into a file nobody can open. Put its database back at run.db (the
+        open connection still holds all of it) and go on through a new connection; the gap
+        is recorded in state.json `db_restored`."""
+        if self.store is None:
+            return
+        gone = self.store.file_gone()
+        if gone is None:
+            return
+        t0 = time.time()
+        try:
+            kept = self.store.restore_file()
+        except Exception as e:
+            log.exception("run.db was %s and could not be restored", gone)
+            why = io_error(e)
+            self._store_failed(why or f"run.db was {gone} and could not be restored ({e})")
+            return
+        self._close_store()
+        self._open_store()
+        note = {"t": t0, "why": gone, "restored": time.time()}
+        if kept:
+            note["kept"] = kept
+        log.warning("run.db was %s; restored from the agent's open connection%s", gone,
+                    f" (the file found there is kept as {kept})" if kept else "")
+        restored = [*(self.state.get("db_restored") or []), note]
+        self.save(db_restored=restored)
+
     def _store_failed(self, why: str) -> None:
         """run.db cannot be written: drop the connection (a later one starts from the offsets
         run.db holds, so nothing that failed is lost) and pause until space returns."""
@@ -270,7 +304,7 @@ class Agent:
 
     def run(self) -> int:
         self.take_ownership(adopted=False)
-        _become_subreaper()
+        self.subreaper = _become_subreaper()
         self.install_signals()
         # open before preparing: a failed preparation is stored as a finding, so
         # `tunedeck diagnose` and the monitor show its cause and fix like any other failure
@@ -286,7 +320,7 @@ class Agent:
             return 0
         lost = st.get("agent_pid")
         self.take_ownership(adopted=True)
-        _become_subreaper()          # for the torchruns it starts itself (restarts)
+        self.subreaper = _become_subreaper()   # for the torchruns it starts (restarts)
         self.install_signals()
         self._open_store()
         attempt = int(st.get("attempt") or 0)
@@ -316,7 +350,7 @@ class Agent:
 
     def _prepare_and_run(self) -> int:
         try:
-            self.prepare()
+            interrupted = self._prepare_unless_stopped()
         except Exception as e:  # a failed preparation is a failed run, with the reason
             log.exception("prepare failed")
             try:
@@ -328,11 +362,40 @@ class Agent:
             self._final_save(status="failed", ended=time.time(),
                              message=f"preparation failed: {e}")
             return 1
-        if self.stop_mode or self.stop_requested():
+        if interrupted or self.stop_mode or self.stop_requested():
             self._close_store()
-            self._final_save(status="stopped", ended=time.time(), message="stopped before start")
+            msg = "stopped before start"
+            if interrupted:
+                msg += f" (preparation had not finished: {interrupted})"
+            self._final_save(status="stopped", ended=time.time(), message=msg)
             return 0
         return self._loop(0, [], start=True)
+
+    def _prepare_unless_stopped(self) -> str:
+        """Prepare in a thread while this one watches for a stop, so a preparation that
+        blocks (a slow file system, a data path that never answers) never makes the run
+        unstoppable. '' when it finished; what it was doing when a stop came first (the
+        thread is abandoned: the agent exits soon after). Raises what preparation raised."""
+        box: dict[str, BaseException] = {}
+
+        def work() -> None:
+            try:
+                self.prepare()
+            except BaseException as e:   # handed to the watching thread
+                box["error"] = e
+
+        worker = threading.Thread(target=work, name="prepare", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)
+            self.heartbeat()
+            if worker.is_alive() and (self.stop_mode or self.stop_requested()):
+                log.warning("stop requested while preparing (%s); not waiting for it",
+                            self.base_message or "preparing")
+                return self.base_message or "preparing"
+        if "error" in box:
+            raise box["error"]
+        return ""
 
     def _loop(self, attempt: int, history: list[dict[str, Any]], start: bool) -> int:
         rc: int | None = None
@@ -526,13 +589,22 @@ class Agent:
             now = time.time()
             if now - last_progress >= 1.0:
                 self.record_pids()
+                self.check_db()
                 last_progress = now
             self.tick_monitors(now, new)
             # ticks 0.5 s apart, not 0.5 s plus the tick's work: a line waits at most
             # one period before it is in run.db
             self._sleep(max(TICK_S - (time.monotonic() - began), 0.05))
 
+    def heartbeat(self) -> None:
+        """state.json's `beat`: the agent is alive and not frozen, even while nothing else
+        changes (readers mark a run whose beat is older than 3 × BEAT_S as stale)."""
+        now = time.time()
+        if now - float(self.state.get("beat") or 0) >= BEAT_S:
+            self.save(beat=now)
+
     def _sleep(self, s: float) -> None:
+        self.heartbeat()
         end = time.monotonic() + s
         while time.monotonic() < end and not self.wake:
             time.sleep(0.05)
@@ -568,13 +640,12 @@ class Agent:
                 raise
             self._store_failed(why)
             return []
-        # rank 0's newest step: looked for from the end
+        # rank 0's newest step with a usable step number: looked for from the end
         e = next((e for e in reversed(new) if e.get("kind") == "step"
-                  and e.get("rank", 0) == 0), None)
-        if e is not None:
-            prog = dict(self.state.get("progress") or {})
-            prog.update(step=e.get("step"), loss=e.get("loss"), lr=e.get("lr"),
-                        tokens_per_s=e.get("tokens_per_s"), t=e.get("t"))
+                  and e.get("rank", 0) == 0
+                  and progress_from_event(e, {}) is not None), None)
+        prog = progress_from_event(e, self.state.get("progress") or {}) if e else None
+        if prog is not None:
             self.save(progress=prog)
         return new
 
@@ -660,6 +731,7 @@ class Agent:
         if req and self.stop_deadline is None:
             mode = "hard" if req.get("mode") == "hard" else "graceful"
             grace = _grace(req.get("grace_s"), self.spec.run.stop_grace_s)
+            self.grace_s = grace
             self.stop_mode = mode
             by = _stop_cause(req)
             self.save(stop_requested=mode,
@@ -676,6 +748,13 @@ class Agent:
             self.term_ranks()
         if self.stop_deadline is not None and now >= self.stop_deadline and (
                 self.killed_at is None or now - self.killed_at >= 5.0):
+            if self.stop_mode == "graceful" and self.forced is None:
+                left, _ = procs.run_processes(self.state, self._roots(),
+                                              exclude={os.getpid()})
+                if left:   # the grace is over and part of the run has not ended by itself
+                    self.forced = {"pids": sorted(left), "grace_s": self.grace_s}
+                    log.warning("graceful stop: %d processes still running after %.0fs; "
+                                "SIGKILL", len(left), self.grace_s)
             log.info("stop: SIGKILL to the whole run")
             self.killed_at = now
             self.kill_all()
@@ -696,11 +775,13 @@ class Agent:
             self.termed.update(sent)
             log.info("graceful stop: SIGTERM to ranks %s", sent)
 
-    def kill_all(self) -> list[int]:
+    def _roots(self) -> list[int]:
         # torchrun as a root only while it is our unreaped child (its pid cannot be reused)
-        roots = [self.proc.pid] if isinstance(self.proc, subprocess.Popen) \
+        return [self.proc.pid] if isinstance(self.proc, subprocess.Popen) \
             and self.proc.returncode is None else []
-        return procs.kill_run(self.state, roots=roots, exclude={os.getpid()})
+
+    def kill_all(self) -> list[int]:
+        return procs.kill_run(self.state, roots=self._roots(), exclude={os.getpid()})
 
     def _close_store(self) -> None:
         if self.store is not None:
@@ -739,6 +820,14 @@ class Agent:
         # run.db too
         self.ingest_all()
         self._close_store()
+        if self.subreaper:
+            # the monitors' own helpers have ended with them: whatever still hangs below the
+            # agent is what the run's processes left behind (re-parented to us)
+            orphans = [c.pid for c in psutil.Process().children(recursive=True)]
+            if orphans:
+                log.info("killing %d processes the run left behind: %s", len(orphans), orphans)
+            leftovers = sorted(set(leftovers) | set(procs.kill_descendants()))
+            _reap()
         req = self.rundir.read_stop()
         if not self.stop_mode and req:
             # asked to stop while no agent watched (an adopted run that ended meanwhile)
@@ -749,6 +838,13 @@ class Agent:
             # that names its cause, not a stop someone asked for
             status, msg = "failed", f"{by}; the rest of the run was stopped " \
                                     f"({self.stop_mode.replace('_pending', '')})"
+        elif self.stop_mode and self.forced:
+            status = "stopped"
+            msg = (f"stopped (forced after grace): {len(self.forced['pids'])} processes had "
+                   f"not ended {self.forced['grace_s']:.0f}s after the graceful stop and were "
+                   f"killed (SIGKILL), so no final checkpoint was written")
+            if by:
+                msg += f"; asked by {by}"
         elif self.stop_mode:
             status, msg = "stopped", f"stopped ({self.stop_mode.replace('_pending', '')})"
             if by:
@@ -759,7 +855,7 @@ class Agent:
             status, msg = "failed", f"torchrun ended while no agent watched it; its exit " \
                                     f"code is unknown ({how})"
         else:
-            status, msg = "failed", f"torchrun exited with code {rc}"
+            status, msg = "failed", f"torchrun {exit_words(rc)}"
         if self.adopted and rc is not None and how:
             msg += f"; adopted after its agent was lost: exit code {rc} from what the ranks " \
                    f"left ({how})"
@@ -767,6 +863,8 @@ class Agent:
             msg += f"; {note}"
         if leftovers:
             msg += f"; could not kill pids {leftovers}"
+        if self.forced:
+            self.state["forced_stop"] = self.forced
         if "run.db" in self.paused:
             msg += ("; run.db lacks the events written while the disk was full (the event "
                     "files have them)")
@@ -776,9 +874,20 @@ class Agent:
         self.paused.pop("run.db", None)
         self.paused_at.pop("run.db", None)
         self._final_save(status=status, exit_code=rc, ended=time.time(), message=msg,
-                         worker_pids=[])
+                         worker_pids=[], survivors=leftovers)
         log.info("run ended: %s (%s)", status, msg)
         return 0
+
+
+def exit_words(rc: int) -> str:
+    """How a process ended, from Popen's code (a negative one is the signal that ended it)."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"was killed by {name} (signal {-rc}; exit code {rc})"
+    return f"exited with code {rc}"
 
 
 PAUSED_WHAT = {"run.db": "run.db ingest and telemetry", "state.json": "state.json writes"}
@@ -840,6 +949,13 @@ def prepare_finding(e: BaseException, data_path: str) -> Finding:
             fix="Point data.path at an existing JSONL file (the demo's is "
                 "presets/data/demo_chat.jsonl), or copy the data to this host; "
                 "`tunedeck preflight SPEC` checks inputs before a launch.", **common)
+    if about_data and type(e).__name__ == "DataFileError":   # core/demo.py: named what it is
+        return Finding(
+            category="data_unreadable", summary=str(e),
+            cause=f"{e}; it was refused before reading (a pipe or a device can block or never "
+                  f"end), so nothing was built or trained; no rank was started.",
+            fix="Point data.path at a regular JSONL file (copy a stream to a file first); "
+                "`tunedeck preflight SPEC` checks inputs before a launch.", **common)
     if about_data:
         return Finding(
             category="data_unreadable", summary=f"the training data cannot be read: {e}",
@@ -870,13 +986,14 @@ def _same_path(a: str, b: str) -> bool:
         return str(a) == str(b)
 
 
-def _become_subreaper() -> None:
-    """Orphaned ranks re-parent to the agent instead of init, so it still sees and reaps them."""
+def _become_subreaper() -> bool:
+    """Orphaned ranks (and whatever a rank started that left its tree) re-parent to the agent
+    instead of init, so it still sees, kills and reaps them. True when the kernel agreed."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
-        pass
+        return False
 
 
 def _reap() -> None:
@@ -890,11 +1007,20 @@ def _reap() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tunedeck.core.rundir import ownership
+
     argv = sys.argv[1:] if argv is None else argv
-    run_dir = Path(argv[0]).resolve()
+    given = Path(os.path.abspath(argv[0]))   # not resolved: a planted symlink stays one
     adopting = "--adopt" in argv[1:]
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s agent: %(message)s")
+    # only the user's own run: its plan is what this agent would run, as this user
+    # (core/rundir/ownership.py); refused before anything is locked, read or written
+    foreign = ownership.problem(given)
+    if foreign is not None:
+        log.error("refusing %s: %s; an agent runs only its own user's runs", given, foreign)
+        return 2
+    run_dir = given.resolve()
     # one agent per run: held for this process's life, released by the kernel at its death
     lock = adopt.lock_owner(run_dir, wait_s=5.0 if adopting else 30.0)
     if lock is None:

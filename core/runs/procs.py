@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any, Iterable
 
 import psutil
@@ -263,18 +264,50 @@ def run_processes(state: dict[str, Any], roots=(), exclude: set[int] | None = No
 def kill_run(state: dict[str, Any], roots=(), exclude: set[int] | None = None,
              wait_s: float = 5.0) -> list[int]:
     """SIGKILL every process of the run (`run_processes`); returns pids still alive after
-    `wait_s` (should be [])."""
+    `wait_s` (should be []). `roots` are the caller's own children: killed but never waited
+    for here, since a wait reaps them and the caller's own wait would then read exit code 0
+    instead of the signal that ended them."""
     exclude = set(exclude or ()) | {os.getpid()}
     found, groups = run_processes(state, roots, exclude)
     kill_groups(groups)
     signal_pids(list(found), signal.SIGKILL)
-    _, alive = psutil.wait_procs(list(found.values()), timeout=wait_s)
+    alive = _wait_gone(found, set(roots), wait_s)
     # a last sweep catches anything forked while we were killing
     late, _ = run_processes(state, roots, exclude)
     late = {pid: p for pid, p in late.items() if pid not in found}
     signal_pids(list(late), signal.SIGKILL)
-    _, late_alive = psutil.wait_procs(list(late.values()), timeout=wait_s)
-    return sorted({p.pid for p in alive} | {p.pid for p in late_alive})
+    return sorted(alive | _wait_gone(late, set(roots), wait_s))
+
+
+def _wait_gone(found: dict[int, psutil.Process], unreaped: set[int], wait_s: float) -> set[int]:
+    """Wait until the processes are gone; the pids still alive. Those in `unreaped` are
+    watched without a wait(): a zombie among them counts as gone."""
+    _, alive = psutil.wait_procs([p for pid, p in found.items() if pid not in unreaped],
+                                 timeout=wait_s)
+    left = {p.pid for p in alive}
+    deadline = time.monotonic() + wait_s
+    for pid in unreaped & set(found):
+        while start_ticks(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if start_ticks(pid) is not None:
+            left.add(pid)
+    return left
+
+
+def kill_descendants(exclude: set[int] | None = None, wait_s: float = 5.0) -> list[int]:
+    """SIGKILL every live descendant of this process except `exclude` and reap them; the
+    pids still alive after `wait_s`. For an agent that is its run's subreaper: a rank's
+    children that left its tree (setsid, a cleaned environment) are re-parented to it when
+    the rank ends, and nothing else finds them."""
+    exclude = set(exclude or ())
+    try:
+        found = {c.pid: c for c in psutil.Process().children(recursive=True)
+                 if c.pid not in exclude}
+    except psutil.Error:
+        return []
+    signal_pids(list(found), signal.SIGKILL)
+    _, alive = psutil.wait_procs(list(found.values()), timeout=wait_s)
+    return sorted(p.pid for p in alive)
 
 
 def descendants(pid: int | None) -> list[psutil.Process]:

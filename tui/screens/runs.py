@@ -7,7 +7,9 @@ redrawn: an idle list of thousands of finished runs costs next to nothing (bench
 Keys: `/` filter (id, name, status; Esc clears), `s`/`S` sort column/direction (shown in the
 column header), space marks, `C` compares the marked runs, enter opens the monitor. Keys that
 change anything (new, clone, open, import, resume, delete) are `MUTATING`: hidden
-under --readonly. Screens other modules own are imported lazily through `SCREENS`.
+under --readonly; clone, resume and delete are hidden too while the run under the cursor is
+another user's (`foreign`: core/rundir/ownership.py). Screens other modules own are
+imported lazily through `SCREENS`.
 """
 
 from __future__ import annotations
@@ -165,6 +167,9 @@ class RunsScreen(TunedeckScreen):
     AUTO_FOCUS = "#runs-table"     # not the filter box, hidden until /
     MUTATING = frozenset({"new_run", "clone", "open_spec", "import_command", "resume",
                           "delete"})
+    # keys that act on the run under the cursor: hidden while it is another user's (foreign:
+    # shown read-only, never cloned, resumed or deleted from here)
+    RUN_ACTIONS = frozenset({"clone", "resume", "delete"})
     DEFAULT_CSS = """
     RunsScreen #runs-header { height: 1; padding: 0 1; color: $text-muted; }
     RunsScreen #runs-filter { display: none; height: 3; margin: 0 1; }
@@ -269,6 +274,23 @@ class RunsScreen(TunedeckScreen):
             self.marked &= ids
             self._static = {k: v for k, v in self._static.items() if k in ids}
         self.redraw()
+        self.refresh_bindings()     # the run under the cursor may have become foreign
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if super().check_action(action, parameters) is False:
+            return False
+        if action in self.RUN_ACTIONS:
+            try:
+                run = self.selected_run()
+            except Exception:   # before the table exists
+                return True
+            if run is not None and run.foreign:
+                return False
+        return True
+
+    @on(DataTable.RowHighlighted)
+    def _cursor_moved(self, _event: DataTable.RowHighlighted) -> None:
+        self.refresh_bindings()
 
     def view(self) -> list[RunInfo]:
         """The runs on screen, in screen order (filtered and sorted)."""
@@ -286,7 +308,10 @@ class RunsScreen(TunedeckScreen):
             # a damaged run has no name to show: what is wrong with it goes there
             name = Text(clean(r.message.removeprefix("damaged: ")), style="red") if r.damaged \
                 else Text(clean(r.name))
-            fixed = (clean(r.run_id), name, Text(clean(r.status), style=style),
+            status = Text(clean(r.status), style=style)
+            if r.stale_s is not None:   # its agent has gone quiet: the numbers are old
+                status = Text(f"{clean(r.status)} stale {fmt_age(r.stale_s)}", style="yellow")
+            fixed = (clean(r.run_id), name, status,
                      f"{r.step}/{r.max_steps}", fmt_loss(r.loss))
             self._static[r.run_id] = cached = (r, fixed)
         mark = MARK if r.run_id in self.marked else " "
@@ -532,7 +557,7 @@ class RunsScreen(TunedeckScreen):
     def _clone(self, run: RunInfo) -> None:
         from tunedeck.core.runs.manage import clone_spec
 
-        made = self._made(clone_spec, run)
+        made = self._made(clone_spec, run, "cannot clone: ")
         if made is not None:
             self.post_message(OpenScreen("compose", spec=made.spec,
                                          title=f"clone of {run.run_id}"))
