@@ -129,7 +129,12 @@ def vllm_command(spec: RunSpec) -> str:
     if model.startswith("builtin:"):
         from tunedeck.core.demo import tiny_model_dir
 
-        model = str(tiny_model_dir(spec.data.path))   # the agent builds it at launch
+        try:
+            model = str(tiny_model_dir(spec.data.path))   # the agent builds it at launch
+        except OSError as e:
+            said = str(e)
+            raise ValueError(said if said.startswith("data.path") else
+                             f"data.path: {said}") from None
     step = spec.train.max_steps
     # ms-swift nests checkpoints in a versioned v<N>-<time>/ folder; the others do not
     ckpt_glob = (f"{out_dir}/v*-*/checkpoint-{step}" if spec.backend == "swift"

@@ -70,8 +70,10 @@ def model_flags(spec: RunSpec) -> list[str]:
         # false skips a hub lookup that takes ~24 s to fail offline
         try:
             model = tiny_model_dir(spec.data.path)
-        except OSError as e:
-            raise SwiftPlanError(f"data.path: {e}") from None
+        except OSError as e:   # a DataFileError's sentence names data.path already
+            said = str(e)
+            raise SwiftPlanError(said if said.startswith("data.path") else
+                                 f"data.path: {said}") from None
         return ["--model", str(model), "--model_type", "qwen2",
                 "--template", "qwen", "--check_model", "false"]
     return ["--model", mp]

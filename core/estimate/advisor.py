@@ -43,16 +43,24 @@ class Advice:
 def dataset_tokens(path: str | Path, max_length: int) -> tuple[int, int]:
     """(rows, approximate tokens) of a JSONL file, without a tokenizer: characters / 3.5,
     capped at max_length per row."""
+    from tunedeck.core.demo import read_head
+
     rows = tokens = 0
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                if line.strip():
-                    rows += 1
-                    tokens += min(int(len(line) / CHARS_PER_TOKEN), max_length)
+    try:   # bounded: a FIFO or a device is refused unread, a huge file sampled from its head
+        head = read_head(path, SAMPLE_BYTES, timeout_s=10.0)
     except OSError:
         return 0, 0
+    for line in head.data.splitlines():
+        if line.strip():
+            rows += 1
+            tokens += min(int(len(line) / CHARS_PER_TOKEN), max_length)
+    if head.cut and head.data:   # the rest is assumed to look like the head
+        scale = head.size / len(head.data)
+        rows, tokens = int(rows * scale), int(tokens * scale)
     return rows, tokens
+
+
+SAMPLE_BYTES = 64 << 20
 
 
 def advise(base: MemoryInputs, *, gpus: int, gpu_mem_gib: float, data_tokens: int = 0,

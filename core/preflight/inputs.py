@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -16,6 +18,12 @@ TOKENIZE_ROWS = 200
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model",
                    "qwen.tiktoken")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# How much of a dataset preflight reads: the checklist runs on login nodes and in the form,
+# so a 100 GB dataset (or /dev/zero behind a symlink) costs it at most this much memory and
+# time. The trainer still reads and validates every row at launch.
+SCAN_MAX_BYTES = 64 << 20
+SCAN_MAX_LINES = 200_000
+SCAN_TIMEOUT_S = 20.0
 
 
 def _row_problem(obj, fmt: str) -> str | None:
@@ -62,27 +70,63 @@ def _texts(obj, fmt: str) -> list[str]:
     return [obj.get("system") or "", obj["query"], obj["response"]]
 
 
-def scan_dataset(path: Path, fmt: str) -> dict:
-    """Rows, bad rows (file:line: why) and the first good rows' texts."""
+class NotUtf8(ValueError):
+    def __init__(self, line: int, byte: int):
+        super().__init__(f"not UTF-8 text on line {line} (byte {byte})")
+        self.line, self.byte = line, byte
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def scan_dataset(path: Path, fmt: str, what: str = "data.path") -> dict:
+    """Rows, bad rows (file:line: why) and the first good rows' texts, of the file's first
+    SCAN_MAX_BYTES / SCAN_MAX_LINES lines, read and parsed within SCAN_TIMEOUT_S; `partial`
+    says how much that was when the file holds more ("" when all of it was read).
+
+    A path that is not a regular file raises DataFileError naming what it is, before
+    anything is opened (a FIFO would block the open, a device never ends); a line that is not
+    UTF-8 raises NotUtf8."""
+    from tunedeck.core.demo import read_head
+
+    deadline = time.monotonic() + SCAN_TIMEOUT_S
+    head = read_head(path, SCAN_MAX_BYTES, timeout_s=SCAN_TIMEOUT_S, what=what)
     rows, bad, samples, detected = 0, [], [], fmt if fmt != "auto" else ""
-    with open(path, encoding="utf-8", errors="strict") as f:
-        for no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                bad.append(f"{path}:{no}: not valid JSON: {e.msg} (column {e.colno})")
-                continue
-            detected = detected or _detect(obj)
-            why = _row_problem(obj, detected)
-            if why:
-                bad.append(f"{path}:{no}: {why}")
-                continue
-            rows += 1
-            if len(samples) < TOKENIZE_ROWS:
-                samples.append(_texts(obj, detected))
-    return {"rows": rows, "bad": bad, "samples": samples, "format": detected or "messages"}
+    partial = f"the first {_size(SCAN_MAX_BYTES)} of {_size(head.size)}" if head.cut else ""
+    if head.cut and not head.data:
+        bad.append(f"{path}:1: no line break in the first {_size(SCAN_MAX_BYTES)} of "
+                   f"{_size(head.size)}: not a JSONL file (one JSON object per line)")
+    offset = 0
+    for no, raw in enumerate(io.BytesIO(head.data), start=1):
+        if no > SCAN_MAX_LINES:
+            partial = f"the first {SCAN_MAX_LINES} lines of {_size(head.size)}"
+            break
+        if no % 1024 == 0 and time.monotonic() > deadline:
+            partial = f"the first {no - 1} lines ({SCAN_TIMEOUT_S:g} s)"
+            break
+        try:
+            line = raw.decode("utf-8", errors="strict")
+        except UnicodeDecodeError as e:
+            raise NotUtf8(no, offset + e.start) from None
+        offset += len(raw)
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            bad.append(f"{path}:{no}: not valid JSON: {e.msg} (column {e.colno})")
+            continue
+        detected = detected or _detect(obj)
+        why = _row_problem(obj, detected)
+        if why:
+            bad.append(f"{path}:{no}: {why}")
+            continue
+        rows += 1
+        if len(samples) < TOKENIZE_ROWS:
+            samples.append(_texts(obj, detected))
+    return {"rows": rows, "bad": bad, "samples": samples, "format": detected or "messages",
+            "partial": partial}
 
 
 def _tokenizer_file(ctx: Context) -> Path | None:
@@ -132,25 +176,34 @@ def check_dataset(ctx: Context) -> CheckResult:
     paths = [Path(d.path).expanduser()] + ([Path(d.val_path).expanduser()] if d.val_path else [])
     details, bad_all, fmt = [], [], d.format
     first = None
-    for p in paths:
+    from tunedeck.core.demo import DataFileError
+
+    for p, key in zip(paths, ("data.path", "data.val_path")):
         if not p.exists() and ctx.spec.backend == "swift" and "/" in str(d.path) \
                 and not str(d.path).startswith(("/", ".")):
             return result(id, title, "skip", f"{d.path}: not a local file (ms-swift dataset id)")
         try:
-            scan = scan_dataset(p, fmt)
+            scan = scan_dataset(p, fmt, key)
         except FileNotFoundError:
             return result(id, title, "fail", f"{p}: no such file",
-                          "fix data.path (relative paths start at the spec file's folder)")
-        except UnicodeDecodeError as e:
-            return result(id, title, "fail", f"{p}: not UTF-8 text near byte {e.start}",
-                          "convert the file to UTF-8 JSONL")
+                          f"fix {key} (relative paths start at the spec file's folder)")
+        except NotUtf8 as e:
+            return result(id, title, "fail", f"{p}: not UTF-8 text on line {e.line} "
+                          f"(near byte {e.byte})", "convert the file to UTF-8 JSONL")
+        except DataFileError as e:
+            # a FIFO, a device, a socket, a folder: named without being opened or read
+            return result(id, title, "fail", str(e),
+                          f"point {key} at a regular JSONL file (copy the data into a file; "
+                          "a pipe, a device or a folder cannot be read as a dataset)")
         except OSError as e:
             return result(id, title, "fail", f"{p}: cannot read: {e.strerror}",
                           "check the path and its permissions")
         fmt = scan["format"]
         first = first or scan
         bad_all += scan["bad"]
-        details.append(f"{p.name}: {scan['rows']} rows ({scan['format']})")
+        details.append(f"{p.name}: {scan['rows']} rows ({scan['format']})"
+                       + (f" in {scan['partial']} (the rest is read at launch)"
+                          if scan["partial"] else ""))
     if first and first["rows"] == 0:
         return result(id, title, "fail", f"{paths[0]}: no usable rows"
                       + (f"; {bad_all[0]}" if bad_all else ""), "check the file's format")

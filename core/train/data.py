@@ -26,8 +26,24 @@ from tunedeck.core.train.formats import DataError, Rows, read_rows  # noqa: F401
 IGNORE = -100
 
 
+def ensure_regular(path: str | Path, what: str = "data.path") -> None:
+    """A data file must be a regular file: a FIFO would block the rank on open (and the
+    others in their first collective), a device never ends. Raises DataError naming the path
+    and what it is, without opening it; a missing or unreadable file is left to read_rows,
+    which says so with the path."""
+    from tunedeck.core.demo import DataFileError, check_data_file
+
+    try:
+        check_data_file(path, what)
+    except DataFileError as e:
+        raise DataError(str(e)) from None
+    except OSError:
+        pass
+
+
 def read_conversations(path: str | Path, fmt: str = "auto", **kw):
     """Validated conversations of one file (raises DataError with file:line)."""
+    ensure_regular(path)
     return read_rows(path, fmt, **kw).conversations
 
 
@@ -297,7 +313,8 @@ def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
     """(train, eval or None) datasets for a DataSpec; warnings go to stderr on rank 0."""
     names = {"model_name": data_spec.model_name, "model_author": data_spec.model_author}
 
-    def read(path: str):
+    def read(path: str, what: str):
+        ensure_regular(path, what)
         rows = read_rows(path, data_spec.format, names=names,
                          skip_bad_rows=data_spec.skip_bad_rows)
         if rows.skipped and rank == 0:
@@ -307,9 +324,9 @@ def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
                   f"(data.skip_bad_rows):\n  {shown}{more}", file=sys.stderr, flush=True)
         return rows.conversations
 
-    train = read(data_spec.path)
+    train = read(data_spec.path, "data.path")
     if data_spec.val_path:
-        evals = read(data_spec.val_path)
+        evals = read(data_spec.val_path, "data.val_path")
     else:
         train, evals = split_rows(train, data_spec.val_split, seed)
 
