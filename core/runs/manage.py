@@ -34,6 +34,7 @@ from tunedeck.core.rundir.checkpoints import (
 )
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import procs
+from tunedeck.core.runs.launch import writes_now
 from tunedeck.core.runs.registry import RunInfo, list_runs
 from tunedeck.core.runs.doctor import cut_short
 from tunedeck.core.runs.state import TERMINAL, pid_alive
@@ -100,7 +101,12 @@ class SpecFor:
 
 
 def clone_spec(run: RunInfo) -> SpecFor:
-    """The run's frozen spec as a new run: fresh start, its own output folder."""
+    """The run's frozen spec as a new run: fresh start, its own output folder. Refuses a run
+    that has not ended (a clone copies an ended run's spec; the launch would refuse its output
+    folder anyway when it is the live run's own)."""
+    if writes_now(run):
+        raise ManageError(f"{run.run_id} is {run.status}: a clone copies an ended run's spec; "
+                          "stop it first (or wait for its end), then clone it")
     spec = copy.deepcopy(frozen_spec(run))
     notes = []
     if spec.train.resume_from:

@@ -4,6 +4,10 @@ screen's R and c make it, then the preflight gate and the launch (`launch`'s --s
 the same output folder; clone starts from step 0 into a folder of its own. What the user should
 know about the new spec (a cleared resume_from, a checkpoint already at max_steps, a script
 that must read TUNEDECK_RESUME_FROM) is printed before the launch.
+
+Both refuse a run that has not ended, and the launch refuses an output folder a live run writes
+(two resumes of one run would share it): `--share-output` launches anyway, recorded in the new
+run's state.json (`output_shared_with`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from tunedeck.tui.format import clean
 def register(subparsers) -> None:
     for name, hlp in (("resume", "continue a stopped or failed run from its newest complete "
                                  "checkpoint (a new run, same output folder)"),
-                      ("clone", "start a new run with an ended run's spec, from step 0")):
-        s = subparsers.add_parser(name, help=hlp)
+                      ("clone", "start a new run with an ended run's spec, from step 0 (a "
+                                "running run is refused: stop it first)")):
+        s = subparsers.add_parser(name, help=hlp, description=hlp)
         s.add_argument("run", help="run id, unique prefix or name")
         s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a key of the new run's spec (repeatable)")
@@ -26,6 +31,9 @@ def register(subparsers) -> None:
                        "exit 0 only if it succeeded")
         s.add_argument("--no-preflight", action="store_true", help="launch without the "
                        "preflight checklist (the run records it)")
+        s.add_argument("--share-output", action="store_true", help="launch even though a "
+                       "live run writes the output folder (refused by default; the new run "
+                       "records the runs it shares it with)")
         s.add_argument("--json", action="store_true")
         s.set_defaults(func=cmd_again, make=name)
 
@@ -55,6 +63,7 @@ def cmd_again(args) -> int:
     run_dir = _gated_launch(args, spec)
     if run_dir is None:
         return 1
+    say_shared(run_dir)
     if args.json:
         print(json.dumps({"run_id": run_dir.name, "run_dir": str(run_dir), "from": run.run_id,
                           "checkpoint": str(made.checkpoint.path) if made.checkpoint
@@ -62,3 +71,13 @@ def cmd_again(args) -> int:
     else:
         print(run_dir.name)
     return _wait(run_dir.name, quiet=args.json) if args.wait else 0
+
+
+def say_shared(run_dir) -> None:
+    """After a `--share-output` launch: which live runs write the same folder (stderr)."""
+    from tunedeck.core.runs.launch import shared_with
+
+    ids = shared_with(run_dir)
+    if ids:
+        print(f"note: {clean(run_dir.name)} shares its output folder with live run(s) "
+              f"{clean(', '.join(ids))} (--share-output)", file=sys.stderr)
