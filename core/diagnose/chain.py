@@ -24,7 +24,9 @@ import re
 from typing import TYPE_CHECKING
 
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, match_line
+from tunedeck.core.diagnose.rules import CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX, \
+    CHECKPOINT_FULL_SUMMARY, CONSEQUENCE_PATTERNS, SIGKILL_CAUSE, SIGKILL_FIX, WRITE_FAILED, \
+    match_line, saving_checkpoint
 from tunedeck.core.ingest.parsers.torchrun import signal_name
 
 if TYPE_CHECKING:
@@ -100,6 +102,10 @@ def _table_tracebacks(found: list[Finding], scanners) -> list[Finding]:
                     rule = hit[0]
                     cat, summary = rule.category, f"{rule.summary} (rank {fl.rank})"
                     cause, fix, sev = rule.cause, rule.fix, rule.severity
+                    if cat == "disk_full" and saving_checkpoint(lines):
+                        cat, summary = "checkpoint_write_failed", \
+                            f"{CHECKPOINT_FULL_SUMMARY} (rank {fl.rank})"
+                        cause, fix = CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX
                 else:
                     exc = next((ln for ln in reversed(lines) if _EXC_LINE.match(ln)), None)
                     if exc is None:
@@ -109,6 +115,10 @@ def _table_tracebacks(found: list[Finding], scanners) -> list[Finding]:
                     cause = f"An exception ended rank {fl.rank}; torchrun's report quotes it."
                     fix = ("Fix the error at the innermost frame of the traceback (your script, "
                            "data or config); re-run a single rank to reproduce it quickly.")
+                    if WRITE_FAILED.search(exc) and saving_checkpoint(lines):
+                        cat, summary = "checkpoint_write_failed", \
+                            f"{CHECKPOINT_FULL_SUMMARY} (rank {fl.rank})"
+                        cause, fix = CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX
                 if (cat, fl.rank) in have:
                     continue
                 have.add((cat, fl.rank))
@@ -155,11 +165,7 @@ def _exit_lines(found: list[Finding], scanners) -> list[Finding]:
 
 
 _SIGNAL_TEXT = {
-    "worker_sigkill": ("Something killed the rank with SIGKILL: most often the kernel's OOM "
-                       "killer (host memory), or a scheduler/user kill.",
-                       "Check `dmesg | grep -i -E 'killed process|oom'` and the host memory "
-                       "graph; lower host memory use (fewer dataloader workers, lazy "
-                       "tokenization, smaller prefetch) or run fewer ranks per node."),
+    "worker_sigkill": (SIGKILL_CAUSE, SIGKILL_FIX),
     "worker_segfault": ("Native code crashed (a CUDA extension, a mismatched library build, "
                         "or corrupted memory).",
                         "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
@@ -445,7 +451,9 @@ def _tier(f: Finding) -> int:
 _FOLLOWS_FROM = {
     "dataloader_shm": {"too_many_open_files"},
     "dataloader_worker_killed": {"too_many_open_files", "dataloader_shm", "oom_host"},
-    "io_error": {"disk_full"},
+    "io_error": {"disk_full", "checkpoint_write_failed"},
+    # one full disk: the checkpoint it stopped says more than a bare errno 28 elsewhere
+    "disk_full": {"checkpoint_write_failed"},
 }
 
 

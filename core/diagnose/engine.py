@@ -21,7 +21,10 @@ from typing import Iterable
 from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.loss import LossWatch, loss_findings, loss_record
-from tunedeck.core.diagnose.rules import CONSEQUENCE_PATTERNS, RULES, flag_advice
+from tunedeck.core.diagnose.exits import recorded_exits
+from tunedeck.core.diagnose.rules import CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX, \
+    CHECKPOINT_FULL_SUMMARY, CONSEQUENCE_PATTERNS, RULES, SIGKILL_CAUSE, SIGKILL_FIX, \
+    WRITE_FAILED, flag_advice, saving_checkpoint
 from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from tunedeck.core.diagnose.sources import run_sources
 from tunedeck.core.rundir import Source, source_for_file
@@ -58,9 +61,14 @@ class Diagnosis:
     Event files (kind "events") are data, not logs: no line of theirs goes through the log
     rules but the `error` an event carries (a failed `end`), and the loss anomalies come from
     the lowest rank's step events fed to a LossWatch as they are read (a few numbers kept,
-    never a record per step)."""
+    never a record per step).
 
-    def __init__(self, sources: list[Source], metrics: bool = True) -> None:
+    `runs`: run directories whose state.json records how torchrun ended (a signal that
+    killed it leaves no log line: core/diagnose/exits.py); read at each poll."""
+
+    def __init__(self, sources: list[Source], metrics: bool = True,
+                 runs: list[Path] | None = None) -> None:
+        self.runs = list(runs or [])
         # error.json files are read where torchrun's report names them (_apply_failures)
         self.scanners = [FileScanner(s, metrics=metrics and s.kind != "events") for s in sources
                          if s.kind != "error_json"]
@@ -81,7 +89,8 @@ class Diagnosis:
         if self.loss is not None:
             self.loss.poll()
         return build_findings(self.scanners, loss=self.metrics,
-                              watch=self.loss.watch if self.loss is not None else None)
+                              watch=self.loss.watch if self.loss is not None else None,
+                              recorded=[f for r in self.runs for f in recorded_exits(r)])
 
 
 class _EventErrors:
@@ -136,25 +145,30 @@ def diagnose_run(run_dir: str | Path) -> list[Finding]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no such run directory: {run_dir}")
-    return Diagnosis(run_sources(run_dir)).poll()
+    return Diagnosis(run_sources(run_dir), runs=[run_dir]).poll()
 
 
 def diagnose_files(paths: Iterable[str | Path]) -> list[Finding]:
     sources: list[Source] = []
+    runs: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             sources += run_sources(p)
+            runs.append(p)
         elif p.is_file():
             sources.append(source_for_file(p))
         else:
             raise FileNotFoundError(f"no such file or directory: {p}")
-    return Diagnosis(sources).poll()
+    return Diagnosis(sources, runs=runs).poll()
 
 
 # -- building findings ----------------------------------------------------------------------
 
 def build_findings(scanners: list[FileScanner], loss: bool = True,
-                   watch: LossWatch | None = None) -> list[Finding]:
+                   watch: LossWatch | None = None,
+                   recorded: list[Finding] | None = None) -> list[Finding]:
+    """`recorded`: findings from what the run recorded rather than logged (a launcher a
+    signal ended, exits.py); they take part in choosing the root cause like the rest."""
     found: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
     order: dict[int, int] = {}
@@ -202,6 +216,14 @@ def build_findings(scanners: list[FileScanner], loss: bool = True,
                 failures.append((sc, fl, rep.first_line))
 
     seq = _apply_failures(failures, found, add, seq)
+    for f in recorded or []:
+        if f.category == "launcher_killed" and f.severity == "error":
+            said = next((g for g in found if g.category == "launcher_signal"), None)
+            if said is not None:     # torchrun's log names the signal: the record backs it
+                said.evidence += [e for e in f.evidence if e not in said.evidence]
+                continue
+        seq += 1
+        add(f, seq)
     for f in _nccl_findings(scanners):
         seq += 1
         add(f, seq)
@@ -228,6 +250,7 @@ def build_findings(scanners: list[FileScanner], loss: bool = True,
 
 def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
     rule = hit.rule
+    category = rule.category
     summary, cause, fix = rule.summary, rule.cause, rule.fix
     if rule.category == "flag_error":
         flags, advice = flag_advice(hit.text)
@@ -244,6 +267,14 @@ def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
     elif rule.category == "dataloader_worker_killed":
         if tb is not None and _in_flight(tb):
             cause = rule.cause + _IN_FLIGHT_CAUSE
+    elif rule.category in ("disk_full", "checkpoint_write_failed"):
+        if rule.category == "disk_full" and tb is not None and saving_checkpoint(tb.lines):
+            category = "checkpoint_write_failed"
+            summary, cause, fix = CHECKPOINT_FULL_SUMMARY, CHECKPOINT_FULL_CAUSE, \
+                CHECKPOINT_FULL_FIX
+        m = re.search(r"writing file (\S+?):? file write failed|writing file (\S+)", hit.text)
+        if m and summary == CHECKPOINT_FULL_SUMMARY:
+            summary += f" (writing {m[1] or m[2]})"
     elif rule.category == "port_in_use":
         m = re.search(r"port: (\d+)", hit.text)
         if m:
@@ -253,7 +284,7 @@ def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
                                      | hit.groups).replace(" ()", "")
     if hit.rank is not None:
         summary += f" (rank {hit.rank})"
-    return Finding(category=rule.category, severity=rule.severity, summary=summary,
+    return Finding(category=category, severity=rule.severity, summary=summary,
                    cause=cause, fix=fix, rank=hit.rank, node=sc.source.node,
                    evidence=[f"{sc.ref(hit.lineno)}: {hit.text.strip()}"], t=hit.t,
                    source=sc.ref(hit.lineno))
@@ -274,6 +305,18 @@ def _from_traceback(sc: FileScanner, tb: Traceback) -> Finding | None:
     in_flight = _in_flight(tb)
     if _LOADER_EXITED.search(exc) or (in_flight and _LOADER_DEATH.search(exc)):
         return _loader_worker_death(sc, tb, who, in_flight)
+    if WRITE_FAILED.search(exc) and saving_checkpoint(tb.lines):
+        # an I/O failure inside a checkpoint save that no line rule names (the C++ stream
+        # error torch's zip writer raises first on a full disk)
+        return Finding(
+            category="checkpoint_write_failed", severity="error",
+            summary=f"{CHECKPOINT_FULL_SUMMARY}" + (f" (rank {tb.rank})" if tb.rank is not None
+                                                     else ""),
+            cause=CHECKPOINT_FULL_CAUSE, fix=CHECKPOINT_FULL_FIX, rank=tb.rank,
+            node=sc.source.node,
+            evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
+            [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
+            t=None, source=sc.ref(tb.start))
     consequence = bool(CONSEQUENCE_PATTERNS.search(exc))
     return Finding(
         category="rank_crashed", severity="error",
@@ -353,12 +396,8 @@ def _apply_failures(failures, found: list[Finding], add, seq: int) -> int:
 def _signal_finding(cat: str, fl: Failure, sc: FileScanner, evidence: list[str],
                     err: dict | None = None) -> Finding:
     texts = {
-        "worker_sigkill": ("rank {r} was killed (SIGKILL)",
-                           "Something killed the rank with SIGKILL: most often the kernel's "
-                           "OOM killer (host memory), or a scheduler/user kill.",
-                           "Check `dmesg | grep -i -E 'killed process|oom'` and the host "
-                           "memory graph; lower host memory use (fewer dataloader workers, "
-                           "lazy tokenization, smaller prefetch) or run fewer ranks per node."),
+        "worker_sigkill": ("rank {r} was killed (SIGKILL): the OOM killer or a kill -9",
+                           SIGKILL_CAUSE, SIGKILL_FIX),
         "worker_sigabrt": ("rank {r} aborted (SIGABRT)",
                            "The rank aborted itself: a C++ exception or an assertion in "
                            "torch/NCCL/CUDA (for example after a collective timeout).",

@@ -31,6 +31,61 @@ OOM_GPU_FIX = ("Lower train.per_device_batch_size (keep the effective batch with
                "the model (FSDP2 / ZeRO-3). If the message shows much reserved-but-unallocated "
                "memory, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
 
+# SIGKILL cannot be caught, so the killed process writes nothing: what sends it and how to
+# tell which one did (a rank's, torchrun's and a printed `Killed` line's findings all say it)
+SIGKILL_CAUSE = ("Something killed the process with SIGKILL, which cannot be caught, so it "
+                 "wrote nothing: most often the kernel's OOM killer (the host ran out of RAM, "
+                 "or the job's cgroup hit its memory limit), else a scheduler or a user's "
+                 "`kill -9`.")
+SIGKILL_CHECK = ("See whether the OOM killer did it: `dmesg -T | grep -i -E 'out of memory|"
+                 "killed process{pid}'` or `journalctl -k{since} | grep -i -E 'out of memory|"
+                 "killed process'` on that host; check host RAM (`free -g`) and the cgroup's "
+                 "limit and OOM count (`cat /sys/fs/cgroup/memory.max "
+                 "/sys/fs/cgroup/memory.events`; a Slurm job: `sacct -j JOB -o "
+                 "JobID,State,MaxRSS,ReqMem`). No OOM kill logged: the scheduler, a script or "
+                 "another user sent `kill -9` (the scheduler's log, `last`, who shares the "
+                 "account).")
+SIGKILL_FIX = (SIGKILL_CHECK.format(pid="", since="") + " An OOM kill: lower host memory use "
+               "(fewer dataloader workers, lazy tokenization, smaller prefetch), run fewer "
+               "ranks per node, or ask for more memory.")
+
+CHECKPOINT_FULL_SUMMARY = "checkpoint save failed: the disk (or quota) is full"
+CHECKPOINT_FULL_CAUSE = (
+    "Writing a checkpoint failed part-way because its filesystem ran out of space (or the "
+    "user's quota): checkpoints are the largest files a run writes, so a full disk shows "
+    "first there. PyTorch's zip writer reports the short write as `unexpected pos N vs M` / "
+    "`PytorchStreamWriter failed writing file ...: file write failed` rather than as "
+    "errno 28; safetensors, save_pretrained and plain file writes say `No space left on "
+    "device` or `Disk quota exceeded`. The program did not fail; its output disk did.")
+CHECKPOINT_FULL_FIX = (
+    "Free space where checkpoints go (`df -h` and `df -i` on the output folder; `quota -s` "
+    "for a quota), or point the output at a bigger disk (run.output_dir; ms-swift/HF "
+    "--output_dir); keep fewer checkpoints (train.save_total_limit / --save_total_limit, "
+    "--save_only_model to skip optimizer states) or save less often. Then resume from the "
+    "last complete checkpoint; the one being written is incomplete.")
+
+# frames of a traceback that was writing a checkpoint (torch.save, safetensors, HF/PEFT
+# save_pretrained, the trainers' save functions, torch.distributed.checkpoint): a full disk
+# met there is a failed checkpoint save
+CHECKPOINT_SAVE_FRAMES = re.compile(
+    r"torch/serialization\.py|safetensors/|torch/distributed/checkpoint/"
+    r"|tunedeck/core/train/checkpoint\.py|core/train/checkpoint\.py"
+    r"|, in (?:save|_save|save_pretrained|save_model|_save_checkpoint|save_checkpoint"
+    r"|save_file|save_state|_save_optimizer_and_scheduler|_save_rng_state|write_record"
+    r"|_write_files|_save_to_state_dict)\b")
+
+
+# an exception that says a write failed without saying why (the C++ stream error torch's zip
+# writer raises first on a full disk); inside a checkpoint save it is that save failing
+WRITE_FAILED = re.compile(r"basic_ios::clear|iostream error|write\(\): fd \d+ failed"
+                          r"|[Ww]rite failed")
+
+
+def saving_checkpoint(lines) -> bool:
+    """A traceback (its lines) that failed while writing a checkpoint."""
+    return any(CHECKPOINT_SAVE_FRAMES.search(ln) for ln in lines)
+
+
 RULES: list[Rule] = [
     _r("oom_gpu", "error",
        r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory"
@@ -162,6 +217,13 @@ RULES: list[Rule] = [
        "defaults to 64 MB).",
        "Run the container with --shm-size=16g (or --ipc=host), lower "
        "dataloader_num_workers, or set the sharing strategy to file_system."),
+    # a checkpoint written onto a full disk: before disk_full (safetensors' wording also says
+    # "No space left on device"); a disk_full line inside a save's traceback is renamed to this
+    # in engine.py
+    _r("checkpoint_write_failed", "error",
+       r"\bunexpected pos \d+ vs \d+|PytorchStreamWriter failed writing"
+       r"|Error while serializing: I/?[Oo] ?[Ee]rror",
+       CHECKPOINT_FULL_SUMMARY, CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX),
     # after the /dev/shm rule (its "No space left on device" names shm)
     _r("disk_full", "error",
        r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]"
@@ -340,12 +402,7 @@ RULES: list[Rule] = [
     _r("worker_sigkill", "error",
        r"^Killed\s*$|: line \d+: +\d+ Killed\b"
        r"|<Signals\.SIGKILL: 9>|returned non-zero exit status -9\b",
-       "a process was killed (SIGKILL)",
-       "Something killed the process with SIGKILL: most often the kernel's OOM killer (host "
-       "memory), or a scheduler/user kill.",
-       "Check `dmesg | grep -i -E 'killed process|oom'` and the host memory graph; lower host "
-       "memory use (fewer dataloader workers, lazy tokenization, smaller prefetch) or run "
-       "fewer ranks per node."),
+       "a process was killed (SIGKILL)", SIGKILL_CAUSE, SIGKILL_FIX),
 
     # generic wordings, last: on a line that also names the error, that rule wins
     _r("nccl_timeout", "error",

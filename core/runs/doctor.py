@@ -19,11 +19,15 @@ from tunedeck.core.runs.state import TERMINAL, state_problem
 @dataclass
 class FileCheck:
     file: str              # relative to the run directory
-    problem: str | None    # None: fine
+    problem: str | None    # None: fine (or absent, when `present` is False)
     note: str = ""         # what still works, or what it means
+    # False: an optional file that is not there (no stop requested, no run.db yet): nothing
+    # is wrong, and nothing was checked either, so it is never called "ok"
+    present: bool = True
 
-    def to_json(self) -> dict[str, str | None]:
-        return {"file": self.file, "problem": self.problem, "note": self.note}
+    def to_json(self) -> dict[str, str | bool | None]:
+        return {"file": self.file, "problem": self.problem, "note": self.note,
+                "present": self.present}
 
 
 # Bytes of an event file a check reads at most: a long run's files are large and the last
@@ -117,7 +121,8 @@ def plan_problem(plan: dict) -> str | None:
 def _secrets(run: RunDir) -> FileCheck:
     data, why = json_problem(run.secrets)
     if why == "missing":
-        return FileCheck("secrets.json", None, "missing: clone and resume use masked values")
+        return FileCheck("secrets.json", None, "missing: clone and resume use masked values",
+                         present=False)
     if why is None:
         for key, want in (("env", dict), ("lists", dict), ("nodes", dict)):
             if key in data and not isinstance(data[key], want):
@@ -130,7 +135,7 @@ def _secrets(run: RunDir) -> FileCheck:
 def _stop(run: RunDir) -> FileCheck:
     req, why = json_problem(run.stop_request)
     if why == "missing":
-        return FileCheck("stop.json", None)
+        return FileCheck("stop.json", None, "no stop requested", present=False)
     if why is None and req.get("mode") not in ("graceful", "hard"):
         why = f"mode: expected graceful or hard, got {req.get('mode')!r}"[:120]
     return FileCheck("stop.json", why, "" if not why else "the stop request is ignored")
@@ -139,7 +144,8 @@ def _stop(run: RunDir) -> FileCheck:
 def _db(run: RunDir, ended: bool) -> FileCheck:
     if not run.db.exists():
         return FileCheck("run.db", None, "not written yet" if not ended else
-                         "missing: metrics and telemetry come from the event files")
+                         "missing: metrics and telemetry come from the event files",
+                         present=False)
     try:
         con = sqlite3.connect(f"file:{run.db}?mode=ro", uri=True, timeout=5)
         try:

@@ -34,10 +34,14 @@ def cmd_doctor(args) -> int:
             continue
         print(f"{clean(run.run_id)}: {'ok' if not bad else f'{len(bad)} problem(s)'}")
         for c in checks if args.run else bad:
-            mark = "ok " if not c.problem else "BAD"
-            line = f"  {mark} {c.file}" + (f": {clean(c.problem)}" if c.problem else "")
-            if c.note:
-                line += f"  ({clean(c.note)})"
+            if c.problem:
+                line = f"  BAD {c.file}: {clean(c.problem)}" + \
+                    (f"  ({clean(c.note)})" if c.note else "")
+            elif not c.present:
+                # an optional file that is not there: not checked, so not "ok" either
+                line = f"  --  {c.file}: none" + (f"  ({clean(c.note)})" if c.note else "")
+            else:
+                line = f"  ok  {c.file}" + (f"  ({clean(c.note)})" if c.note else "")
             print(line)
     if not args.run:
         print(f"{len(report)} run(s) checked, {bad_runs} with problems")
