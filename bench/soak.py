@@ -79,13 +79,20 @@ class Soak:
             if k.startswith("TUNEDECK_") and k not in ("TUNEDECK_HOME", "TUNEDECK_CACHE"):
                 self.env.pop(k)
 
-    def cli(self, *args: str, no_adopt: bool = False, timeout: float = 300
-            ) -> subprocess.CompletedProcess:
+    def cli(
+        self, *args: str, no_adopt: bool = False, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         env = dict(self.env)
         if no_adopt:
             env["TUNEDECK_NO_ADOPT"] = "1"
-        return subprocess.run([sys.executable, "-m", "tunedeck.tui", *args], env=env,
-                              cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "tunedeck.tui", *args],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def json(self, *args: str, **kw):
         p = self.cli(*args, "--json", **kw)
@@ -100,8 +107,15 @@ class Soak:
             return {}
 
     def launch(self, steps: int) -> str:
-        out = self.json("launch", str(DEMO), "--set", f"train.max_steps={steps}",
-                        "--set", "train.save_steps=0", "--no-preflight")
+        out = self.json(
+            "launch",
+            str(DEMO),
+            "--set",
+            f"train.max_steps={steps}",
+            "--set",
+            "train.save_steps=0",
+            "--no-preflight",
+        )
         return out["run_id"]
 
     def wait(self, pred, timeout: float, poll: float = 0.3):
@@ -117,8 +131,9 @@ class Soak:
         return self.json("status", run_id, no_adopt=no_adopt)
 
     def wait_end(self, run_id: str, timeout: float = 300) -> dict:
-        return self.wait(lambda: (s := self.status(run_id))["status"] in TERMINAL and s,
-                         timeout, poll=0.5) or self.status(run_id)
+        return self.wait(
+            lambda: (s := self.status(run_id))["status"] in TERMINAL and s, timeout, poll=0.5
+        ) or self.status(run_id)
 
     def kill_agent(self, run_id: str, r: Result) -> dict:
         st = self.wait(lambda: (s := self.state(run_id)).get("agent_pid") and s, 30)
@@ -132,7 +147,7 @@ class Soak:
         t0 = time.monotonic()
         try:
             getattr(self, "s_" + scenario.replace("-", "_"))(r, rng)
-        except Exception as e:   # a scenario that breaks is a wrong outcome, not a crash
+        except Exception as e:  # a scenario that breaks is a wrong outcome, not a crash
             r.wrong.append(f"{type(e).__name__}: {e}"[:300])
         r.seconds = time.monotonic() - t0
         if r.run_id:
@@ -169,7 +184,7 @@ class Soak:
         time.sleep(rng.uniform(0.5, 5))
         self.kill_agent(r.run_id, r)
         self.expect_lost(r)
-        end = self.wait_end(r.run_id)           # these reads adopt it
+        end = self.wait_end(r.run_id)  # these reads adopt it
         self.expect(r, end, "succeeded", steps=steps)
         self.expect_adopted(r)
 
@@ -179,7 +194,7 @@ class Soak:
         time.sleep(rng.uniform(0, 2))
         self.kill_agent(r.run_id, r)
         self.expect_lost(r)
-        end = self.json("stop", r.run_id, "--wait")       # `stop` adopts it, then stops it gracefully
+        end = self.json("stop", r.run_id, "--wait")  # `stop` adopts it, then stops it gracefully
         self.expect(r, end, "stopped")
         if end.get("exit_code") != 0:
             r.wrong.append(f"adopted graceful stop exit code {end.get('exit_code')}")
@@ -194,8 +209,15 @@ class Soak:
         r.run_id, r.expected = self.launch(steps), "succeeded"
         self.wait(lambda: self.state(r.run_id).get("progress", {}).get("step", 0) >= 1, 120)
         st = self.kill_agent(r.run_id, r)
-        self.wait(lambda: _gone([self.state(r.run_id).get("torchrun_pid") or 0,
-                                 *self.state(r.run_id).get("worker_pids", [])]), 300)
+        self.wait(
+            lambda: _gone(
+                [
+                    self.state(r.run_id).get("torchrun_pid") or 0,
+                    *self.state(r.run_id).get("worker_pids", []),
+                ]
+            ),
+            300,
+        )
         seen = self.status(r.run_id, no_adopt=True)
         if seen["status"] != "lost":
             r.wrong.append(f"unread after its ranks ended: {seen['status']} (want lost)")
@@ -217,8 +239,9 @@ class Soak:
         live = procs.live_processes(st)
         seen = self.status(r.run_id, no_adopt=True)
         if live and seen["status"] != "lost":
-            r.wrong.append(f"after the agent's death with {len(live)} processes: "
-                           f"{seen['status']} (want lost)")
+            r.wrong.append(
+                f"after the agent's death with {len(live)} processes: {seen['status']} (want lost)"
+            )
         if not live and seen["status"] not in ("lost",) + TERMINAL:
             r.wrong.append(f"after the agent's death: {seen['status']}")
 
@@ -229,8 +252,7 @@ class Soak:
 
     def agent_log(self, run_id: str) -> str:
         try:
-            return (self.home / "runs" / run_id / "logs" / "agent.log").read_text(
-                errors="replace")
+            return (self.home / "runs" / run_id / "logs" / "agent.log").read_text(errors="replace")
         except OSError:
             return ""
 
@@ -253,10 +275,10 @@ class Soak:
             try:
                 for f in sorted((run_dir / "events").glob("rank*.jsonl")):
                     rank = int(f.stem[4:])
-                    in_file = {json.loads(x)["step"] for x in f.open()
-                               if '"kind": "step"' in x}
-                    stored = {s for (s,) in db.execute(
-                        "SELECT step FROM steps WHERE rank = ?", (rank,))}
+                    in_file = {json.loads(x)["step"] for x in f.open() if '"kind": "step"' in x}
+                    stored = {
+                        s for (s,) in db.execute("SELECT step FROM steps WHERE rank = ?", (rank,))
+                    }
                     lost += len(in_file - stored)
             finally:
                 db.close()
@@ -300,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(home)
     rng = random.Random(args.seed)
     plan = [(i, rng.choice(SCENARIOS), random.Random(rng.random())) for i in range(args.runs)]
-    print(f"soak: {args.runs} runs, seed {args.seed}, {args.jobs} at a time, home {home}",
-          flush=True)
+    print(
+        f"soak: {args.runs} runs, seed {args.seed}, {args.jobs} at a time, home {home}", flush=True
+    )
     results: list[Result] = []
     lock = threading.Lock()
     t0 = time.monotonic()
@@ -312,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             results.append(res)
             mark = "ok" if not (res.wrong or res.lost or res.left) else "WRONG"
-            print(f"{n:3d} {scenario:15s} {res.run_id:28s} {res.status:9s} step {res.steps:<5d}"
-                  f" {res.seconds:5.1f}s {mark} {'; '.join(res.wrong + res.notes)}"[:300],
-                  flush=True)
+            print(
+                f"{n:3d} {scenario:15s} {res.run_id:28s} {res.status:9s} step {res.steps:<5d}"
+                f" {res.seconds:5.1f}s {mark} {'; '.join(res.wrong + res.notes)}"[:300],
+                flush=True,
+            )
         return res
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -332,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrong statuses: {wrong}")
     for r in results:
         if r.wrong or r.lost or r.left:
-            print(f"  run {r.n} {r.scenario} {r.run_id}: wrong={r.wrong} lost={r.lost} "
-                  f"left={r.left} {r.notes}")
+            print(
+                f"  run {r.n} {r.scenario} {r.run_id}: wrong={r.wrong} lost={r.lost} "
+                f"left={r.left} {r.notes}"
+            )
     return 0 if not (left or lost or wrong) else 1
 
 

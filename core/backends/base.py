@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.rundir import RunDir
@@ -45,6 +46,7 @@ class Restart:
     cannot tell; `note` says which for the agent's restart message ("" when it cannot tell);
     how the trainer is told: `flag` (ms-swift's) or the variable `var` (a user's script), or
     neither when it looks for itself (the built-in trainer)."""
+
     checkpoint: Path | None
     note: str
     flag: str = ""
@@ -54,8 +56,9 @@ class Restart:
     def at(cls, path: Path | None, flag: str = "", var: str = "") -> Restart:
         if path is None:
             return cls(None, "from step 0: no checkpoint written yet", flag, var)
-        return cls(path, f"from {path.name}" + (f" ({var} for the script)" if var else ""),
-                   flag, var)
+        return cls(
+            path, f"from {path.name}" + (f" ({var} for the script)" if var else ""), flag, var
+        )
 
     @property
     def step(self) -> int:

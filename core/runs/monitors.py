@@ -15,7 +15,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from tunedeck.core.backends import backend_of
 from tunedeck.core.detect.stall import StallDetector
@@ -34,10 +35,10 @@ CHECK_EVERY_S = 1.0
 class MonitorContext:
     run: RunDir
     spec: RunSpec
-    store: Store                                 # the agent's (writable) store
+    store: Store  # the agent's (writable) store
     node_rank: int
-    rank_pids: Callable[[], dict[int, int]]      # rank → pid of this node's live ranks
-    stopping: Callable[[], bool]                 # a stop was asked for (steps pause on purpose)
+    rank_pids: Callable[[], dict[int, int]]  # rank → pid of this node's live ranks
+    stopping: Callable[[], bool]  # a stop was asked for (steps pause on purpose)
     # signal the run's own processes among pids (procs.signal_ours: identity-checked), for
     # monitors of the layers below runs (the nodes monitor ends an attempt with it)
     signal_ours: Callable[[dict, list, int], list[int]]
@@ -62,9 +63,13 @@ class TelemetryMonitor:
 
         spec = ctx.spec
         self.sampler = TelemetrySampler(
-            ctx.store.telemetry, interval_s=spec.run.telemetry_interval_s,
-            rank_pids=ctx.rank_pids, out_dir=spec.run.output_dir or None,
-            nvml=Nvml(lib=from_env()), slow_s=_slow_s())
+            ctx.store.telemetry,
+            interval_s=spec.run.telemetry_interval_s,
+            rank_pids=ctx.rank_pids,
+            out_dir=spec.run.output_dir or None,
+            nvml=Nvml(lib=from_env()),
+            slow_s=_slow_s(),
+        )
 
     def tick(self, now: float, new_events: list[dict]) -> None:
         self.sampler.tick(now, new_events)
@@ -88,8 +93,9 @@ class DetectorMonitor:
         floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
         self.detectors = [
             StarvationDetector(telemetry=telemetry, local_world=local_world),
-            StallDetector(floor_s=floor, pids=self.pids, telemetry=telemetry,
-                          local_world=local_world),
+            StallDetector(
+                floor_s=floor, pids=self.pids, telemetry=telemetry, local_world=local_world
+            ),
             StragglerDetector(telemetry=telemetry, local_world=local_world),
         ]
         self.last_check = 0.0
@@ -150,7 +156,7 @@ class DiagnosisMonitor:
     def __init__(self, ctx: MonitorContext) -> None:
         self.ctx = ctx
         self.diag = None
-        self.paths: tuple[str, ...] | None = None   # a run with no log yet is a key too
+        self.paths: tuple[str, ...] | None = None  # a run with no log yet is a key too
         self.last = 0.0
         self.first_seen: dict[tuple, float] = {}
 
@@ -178,7 +184,8 @@ class DiagnosisMonitor:
                 # the poll that first saw it; a fresh time on every poll would store the same
                 # finding again every INTERVAL_S (run.db dedups on identical content only)
                 finding.t = self.first_seen.setdefault(
-                    (finding.category, finding.rank, finding.node, finding.source), time.time())
+                    (finding.category, finding.rank, finding.node, finding.source), time.time()
+                )
             self.ctx.store.save_finding(finding)
 
 
@@ -211,8 +218,15 @@ class LossMonitor:
         from tunedeck.core.diagnose.loss import loss_record
 
         rank = self.rank
-        self.watch.feed([r for e in events if e.get("rank") == rank and e.get("kind") == "step"
-                         and (r := loss_record(e)) is not None])
+        self.watch.feed(
+            [
+                r
+                for e in events
+                if e.get("rank") == rank
+                and e.get("kind") == "step"
+                and (r := loss_record(e)) is not None
+            ]
+        )
 
     def _save(self) -> None:
         found = [f.to_json() for f in self.watch.findings()]
@@ -239,11 +253,11 @@ def make_monitors(ctx: MonitorContext) -> list[Any]:
     monitors += [DiagnosisMonitor(ctx), LossMonitor(ctx)]
     c = ctx.spec.cluster
     if c.launcher == "ssh" and c.nnodes > 1 and ctx.node_rank == 0:
-        from tunedeck.core.nodes.link import NodesMonitor   # the other nodes, over ssh
+        from tunedeck.core.nodes.link import NodesMonitor  # the other nodes, over ssh
 
         monitors.append(NodesMonitor(ctx))
     if c.launcher == "slurm" and c.nnodes > 1:
-        from tunedeck.core.nodes.slurm import NodesWatch   # the others, on the shared disk
+        from tunedeck.core.nodes.slurm import NodesWatch  # the others, on the shared disk
 
         monitors.append(NodesWatch(ctx))
     try:

@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_LINE = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
-                   r"NCCL (?P<level>INFO|WARN|ERROR|TRACE) (?P<msg>.*)")
+_LINE = re.compile(
+    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
+    r"NCCL (?P<level>INFO|WARN|ERROR|TRACE) (?P<msg>.*)"
+)
 _VERSION = re.compile(r"NCCL version (\S+)")
 _BOOTSTRAP = re.compile(r"Bootstrap ?: Using (\w[\w.-]*):")
 _NET_SOCKET = re.compile(r"NET/Socket ?: Using \[\d+\](\w[\w.-]*):")
@@ -31,21 +33,32 @@ def parse_nccl(line: str) -> dict[str, Any] | None:
     if not m:
         return None
     msg = m["msg"].rstrip()
-    out: dict[str, Any] = {"host": m["host"], "pid": int(m["pid"]), "dev": int(m["dev"]),
-                           "level": m["level"], "msg": msg, "kind": "other"}
+    out: dict[str, Any] = {
+        "host": m["host"],
+        "pid": int(m["pid"]),
+        "dev": int(m["dev"]),
+        "level": m["level"],
+        "msg": msg,
+        "kind": "other",
+    }
     if m["level"] != "INFO":
         out["kind"] = "warn"
         return out
     if " via " in msg:
         v = _VIA.search(msg)
         if v:
-            out.update(kind="transport", src=int(v[1]), dst=int(v[2]),
-                       transport=transport_name(v[3]))
+            out.update(
+                kind="transport", src=int(v[1]), dst=int(v[2]), transport=transport_name(v[3])
+            )
         return out
-    for kind, rx, key in ((
-            "version", _VERSION, "version"), ("bootstrap", _BOOTSTRAP, "interface"),
-            ("socket", _NET_SOCKET, "interface"), ("ib", _NET_IB, "device"),
-            ("network", _NETWORK, "network"), ("channels", _NCHANNELS, "channels")):
+    for kind, rx, key in (
+        ("version", _VERSION, "version"),
+        ("bootstrap", _BOOTSTRAP, "interface"),
+        ("socket", _NET_SOCKET, "interface"),
+        ("ib", _NET_IB, "device"),
+        ("network", _NETWORK, "network"),
+        ("channels", _NCHANNELS, "channels"),
+    ):
         v = rx.search(msg)
         if v:
             out["kind"] = kind
@@ -53,8 +66,9 @@ def parse_nccl(line: str) -> dict[str, Any] | None:
             return out
     v = _COMM.search(msg)
     if v:
-        out.update(kind="comm", rank=int(v[1]), nranks=int(v[2]), nnodes=int(v[3]),
-                   local_ranks=int(v[4]))
+        out.update(
+            kind="comm", rank=int(v[1]), nranks=int(v[2]), nnodes=int(v[3]), local_ranks=int(v[4])
+        )
     elif "NET/IB" in msg and "No device found" in msg:
         out["kind"] = "ib_none"
     return out
@@ -70,10 +84,10 @@ def transport_name(via: str) -> str:
 
 @dataclass
 class NcclSummary:
-    versions: dict[int, str] = field(default_factory=dict)      # pid → version
+    versions: dict[int, str] = field(default_factory=dict)  # pid → version
     interfaces: set[str] = field(default_factory=set)
     network: str | None = None
-    transports: dict[str, int] = field(default_factory=dict)    # name → channel links seen
+    transports: dict[str, int] = field(default_factory=dict)  # name → channel links seen
     nranks: int | None = None
     nnodes: int | None = None
     channels: int | None = None
@@ -81,7 +95,7 @@ class NcclSummary:
     ib_devices: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
     lines: int = 0
-    hosts: set[str] = field(default_factory=set)                # hosts that printed NCCL lines
+    hosts: set[str] = field(default_factory=set)  # hosts that printed NCCL lines
 
     def add(self, rec: dict[str, Any], count: bool = True) -> None:
         self.lines += count
