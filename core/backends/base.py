@@ -11,25 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 from collections.abc import Callable
 
 from tunedeck.core.backends.plan import LaunchPlan
+from tunedeck.core.monitoring import Monitor
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import step_of
 from tunedeck.core.spec import RunSpec
-
-
-class Monitor(Protocol):
-    """Something the agent calls every tick (~0.5 s; keep it well under 50 ms) while torchrun
-    runs, and once more at the end."""
-
-    def tick(self, now: float, new_events: list[dict[str, Any]]) -> None: ...
-
-    def close(self, new_events: list[dict[str, Any]]) -> None: ...
-
-    # optional, for monitors that number steps themselves: `restarted(step)` before the next
-    # attempt starts, which goes on after `step`
 
 
 def _no_monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:

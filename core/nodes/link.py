@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.remote import TERMINAL, end_attempt_before, node_run_id, write_stop
 from tunedeck.core.nodes.roster import Node, roster
@@ -316,7 +317,7 @@ class NodesMonitor:
     """Ticked by the head's agent: starts the links, writes what they know to
     nodes/node<k>/link.json, turns missing and lost nodes into findings, carries stops."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: MonitorContext):
         self.ctx = ctx
         self.spec: RunSpec = ctx.spec
         self.run: RunDir = ctx.run

@@ -27,6 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.roster import local_addr_index
 from tunedeck.core.rundir import (
@@ -252,7 +253,7 @@ def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
             pass
 
 
-def end_attempt_before(run: RunDir, ctx: Any, t: float) -> list[int] | None:
+def end_attempt_before(run: RunDir, ctx: MonitorContext, t: float) -> list[int] | None:
     """SIGKILL this node's attempt (torchrun and ranks) when it started before `t`, when
     another node's part of it ended: its ranks could wait in a collective for that node until
     a timeout; the agent then starts the next. None when the attempt started after `t` (the

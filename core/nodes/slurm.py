@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes.link import STOP_GRACE_S
 from tunedeck.core.nodes.remote import (
     TERMINAL,
@@ -183,7 +184,7 @@ class NodesWatch:
     the next one. A node reads the head's: a head that ended without succeeding stops this
     node."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: MonitorContext):
         self.ctx = ctx
         self.run: RunDir = ctx.run
         c = ctx.spec.cluster

@@ -4,7 +4,8 @@ the run's backend adds (tunedeck.core.backends: its `monitors`).
 `make_monitors(ctx)` is called once torchrun has started. Every monitor has
 tick(now, new_events) (~every 0.5 s, must stay well under 50 ms, and must not grow with the
 run's length) and close(new_events). One monitor failing to start never stops the others, nor
-the run. Monitors see the run through a `MonitorContext`, not the agent itself; its `store` may
+the run. Monitors see the run through a `MonitorContext` (tunedeck.core.monitoring, the layer
+below nodes and backends, whose monitors take it too), not the agent itself; its `store` may
 be replaced while they run (the agent reopens run.db after a full disk: a monitor that keeps
 something of the store has `rebind(store)`).
 """
@@ -14,34 +15,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 from tunedeck.core.backends import backend_of
 from tunedeck.core.detect.stall import StallDetector
 from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
-from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.store import Store
-from tunedeck.core.spec import RunSpec
+from tunedeck.core.monitoring import MonitorContext, MonitorStore
 
 log = logging.getLogger("tunedeck.monitors")
 
 CHECK_EVERY_S = 1.0
-
-
-@dataclass
-class MonitorContext:
-    run: RunDir
-    spec: RunSpec
-    store: Store  # the agent's (writable) store
-    node_rank: int
-    rank_pids: Callable[[], dict[int, int]]  # rank → pid of this node's live ranks
-    stopping: Callable[[], bool]  # a stop was asked for (steps pause on purpose)
-    # signal the run's own processes among pids (procs.signal_ours: identity-checked), for
-    # monitors of the layers below runs (the nodes monitor ends an attempt with it)
-    signal_ours: Callable[[dict, list, int], list[int]]
 
 
 def _slow_s() -> float:
@@ -77,7 +61,7 @@ class TelemetryMonitor:
     def close(self, new_events: list[dict]) -> None:
         self.sampler.close(new_events)
 
-    def rebind(self, store: Store) -> None:
+    def rebind(self, store: MonitorStore) -> None:
         """The agent opened run.db again (after a full disk): write through the new
         connection. The other monitors read `ctx.store` at each call."""
         self.sampler.tstore = store.telemetry
