@@ -97,8 +97,8 @@ def test_nccl_lines_from_the_h200_fixture(h200):
     assert s.interfaces == {"eth0"} and (s.nranks, s.nnodes, s.channels) == (2, 1, 24)
     assert s.ib_missing
     rec = parse_nccl("n1:9:9 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] via NET/IB/0/GDRDMA")
-    assert rec["transport"] == "IB"
-    assert parse_nccl("gpu7:1:2 [0] NCCL WARN NET/Socket : peer closed")["kind"] == "warn"
+    assert rec.transport == "IB"
+    assert parse_nccl("gpu7:1:2 [0] NCCL WARN NET/Socket : peer closed").kind == "warn"
 
 
 def test_childfailed_block(h200):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tunedeck.core.ingest.parsers.nccl import FACT_TOKENS as NCCL_FACT_TOKENS
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -607,8 +609,8 @@ def flag_advice(line: str) -> tuple[list[str], str]:
 # `TOKENS`: literals of which every line that can matter contains at least one. For the rules
 # they are derived from the rule regexes themselves (each alternative's longest literal run), so
 # a new rule cannot silently escape the prefilter: an alternative without a literal makes import
-# fail instead of missing lines. `TIME_HINT` finds lines that may carry a time stamp;
-# `NCCL_HEAD` / `NCCL_VIA` count plain NCCL INFO lines and their transports in bulk.
+# fail instead of missing lines (the NCCL INFO lines that carry a fact: `NCCL_FACT_TOKENS`, from
+# core/ingest/parsers/nccl.py). `TIME_HINT` finds lines that may carry a time stamp.
 
 import re._parser as _sre_parse  # noqa: E402  the stdlib's own regex parser, to read literals
 
@@ -676,16 +678,6 @@ _OTHER = (
     "data_time",  # per-step data vs step time
     "Loading checkpoint shards",  # host-memory sign before a SIGKILL
 )
-# literals of the NCCL INFO lines that carry a fact for NcclSummary (parse_nccl's kinds); the
-# native scanner hands such lines to Python in a batch instead of stopping at each one
-NCCL_FACT_TOKENS: tuple[bytes, ...] = (
-    b"NCCL version",
-    b"Bootstrap",
-    b"NET/",
-    b"Using network",
-    b"coll channels",
-    b"comm 0x",
-)
 TOKENS: tuple[bytes, ...] = tuple(
     sorted({t.encode() for t in (*_RULE_LITERALS, *_OTHER)} | set(NCCL_FACT_TOKENS))
 )
@@ -693,10 +685,4 @@ REPORT_TOKENS: tuple[bytes, ...] = tuple(t for t in TOKENS if t not in NCCL_FACT
 
 # glog and ISO stamps both contain HH:MM:SS
 TIME_HINT = re.compile(rb":\d\d:\d\d")
-# a plain `host:pid:tid [dev] NCCL INFO` line (at most one per line: anchored at its start)
-NCCL_HEAD = re.compile(rb"(?m)^[^\s:\[\]]+:\d+:\d+ \[\d+\] NCCL INFO ")
-NCCL_VIA = re.compile(
-    rb"NCCL INFO Channel \d+/\d+ : \d+\[[\w.]+\] -> \d+\[[\w.]+\]"
-    rb"(?: \[\w+\])? via (\S+)"
-)
 TIME_HINT_STR = re.compile(TIME_HINT.pattern.decode())

@@ -12,8 +12,6 @@ from typing import Any
 
 from tunedeck.core.diagnose.rules import (
     NCCL_FACT_TOKENS,
-    NCCL_HEAD,
-    NCCL_VIA,
     REPORT_TOKENS,
     TIME_HINT,
     TIME_HINT_STR,
@@ -25,7 +23,14 @@ from tunedeck.core.rundir import Source
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.native import fastscan
-from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
+from tunedeck.core.ingest.parsers.nccl import (
+    CHANNEL_VIA_BYTES,
+    INFO_HEAD_BYTES,
+    NcclSummary,
+    last_enqueued_work,
+    parse_nccl,
+    transport_name,
+)
 from tunedeck.core.ingest.parsers.normalize import normalize, rejoin
 from tunedeck.core.ingest.parsers.prefix import line_time, split_rank
 from tunedeck.core.ingest.parsers.torchrun import (
@@ -44,7 +49,6 @@ _RANK_IN_TEXT = re.compile(
 )
 _FRAME = re.compile(r' {1,4}File "[^"]+", line \d+, in ')
 _LOCAL_RANK_ARG = re.compile(r"--local[_-]rank=(\d+)")
-_LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 # a glog / logging level that says the line is only a warning (c10d retrying a connect,
 # binding IPv6 before IPv4): the rules it matches are warnings there, not failures
 _WARN_LEVEL = re.compile(
@@ -270,8 +274,8 @@ class FileScanner:
             rec = parse_nccl(raw.decode())
             if rec is not None:
                 self.nccl.add(rec, count=False)
-                if rec["kind"] == "comm":
-                    self.nccl_ranks[rec["pid"]] = rec["rank"]
+                if rec.kind == "comm":
+                    self.nccl_ranks[rec.pid] = rec.rank
         if other:
             self._cfp.plain_line()  # a plain line was the last one torchrun's parser saw
         while hint >= a:
@@ -306,8 +310,8 @@ class FileScanner:
         if not ascii_ and TIME_HINT_STR.search(span.decode("utf-8", errors="replace")):
             nccl = -1  # str \d also matches non-ASCII digits: let line_time decide, per line
         if nccl:
-            heads = len(NCCL_HEAD.findall(span)) if ascii_ else -2
-            vias = NCCL_VIA.findall(span) if heads == nccl else None
+            heads = len(INFO_HEAD_BYTES.findall(span)) if ascii_ else -2
+            vias = CHANNEL_VIA_BYTES.findall(span) if heads == nccl else None
             if vias is None or len(vias) != span.count(b" via "):
                 # something unusual about these NCCL lines: read them exactly, one by one
                 for i, raw in enumerate(span.split(b"\n")[:-1]):
@@ -366,9 +370,9 @@ class FileScanner:
             rec = parse_nccl(text)
             if rec is not None:
                 self.nccl.add(rec)
-                if rec["kind"] == "comm":
-                    self.nccl_ranks[rec["pid"]] = rec["rank"]
-                if rec["level"] == "INFO":
+                if rec.kind == "comm":
+                    self.nccl_ranks[rec.pid] = rec.rank
+                if rec.level == "INFO":
                     return
         report = self._cfp.feed(text, lineno)
         if report is not None:
@@ -376,9 +380,9 @@ class FileScanner:
         if self._cfp.in_report or (report is not None and self._cfp.consumed):
             return  # torchrun's report is read as a whole (engine._apply_failures)
         if "nqueued" in text and rank is not None:
-            m = _LAST_ENQ.search(text)
-            if m:
-                self.enqueued[rank] = int(m.group(1))
+            n = last_enqueued_work(text)
+            if n is not None:
+                self.enqueued[rank] = n
         if self._tb_feed(rank, lineno, text):
             # inside a traceback: frames are evidence, but the exception line is also a hit
             st = self._tb[rank]
