@@ -31,11 +31,28 @@ T0 = 1.7e9
 def step_line(rank: int, step: int, t: float) -> str:
     """One step event as the built-in trainer writes it (tunedeck.core.rundir.events)."""
     loss = 2.0 + 1.0 / (1 + step / 500) + (rank % 3) * 1e-4
-    return json.dumps({"t": t, "kind": "step", "rank": rank, "step": step, "loss": loss,
-                       "lr": 1e-4, "grad_norm": 0.5 + (step % 7) * 0.01, "tokens": 8192,
-                       "step_s": 0.5, "data_wait_s": 0.004, "compute_s": 0.31,
-                       "mem_gib": 61.3, "tokens_per_s": 16384.0, "epoch": step // 10000,
-                       "mfu": 0.41}) + "\n"
+    return (
+        json.dumps(
+            {
+                "t": t,
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "loss": loss,
+                "lr": 1e-4,
+                "grad_norm": 0.5 + (step % 7) * 0.01,
+                "tokens": 8192,
+                "step_s": 0.5,
+                "data_wait_s": 0.004,
+                "compute_s": 0.31,
+                "mem_gib": 61.3,
+                "tokens_per_s": 16384.0,
+                "epoch": step // 10000,
+                "mfu": 0.41,
+            }
+        )
+        + "\n"
+    )
 
 
 def make_run(root: Path, ranks: int, history: int) -> Path:
@@ -44,15 +61,29 @@ def make_run(root: Path, ranks: int, history: int) -> Path:
     from tunedeck.core.runs.store import Store
     from tunedeck.core.spec import loads_spec
 
-    spec = loads_spec(f'name = "bench-{history}"\n[data]\npath = "/dev/null"\n'
-                      f'[train]\nmax_steps = {history * 10}\n[cluster]\ndevice = "cpu"\n'
-                      f'cpu_procs = {ranks}\n', source="<bench>")
+    spec = loads_spec(
+        f'name = "bench-{history}"\n[data]\npath = "/dev/null"\n'
+        f'[train]\nmax_steps = {history * 10}\n[cluster]\ndevice = "cpu"\n'
+        f"cpu_procs = {ranks}\n",
+        source="<bench>",
+    )
     run = RunDir(prepare_run(spec, root))
     t = T0 - history * TICK_S
     for r in range(ranks):
         with open(run.event_file(r), "w") as f:
-            f.write(json.dumps({"t": t, "kind": "start", "rank": r, "world_size": ranks,
-                                "max_steps": history * 10, "start_step": 0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": t,
+                        "kind": "start",
+                        "rank": r,
+                        "world_size": ranks,
+                        "max_steps": history * 10,
+                        "start_step": 0,
+                    }
+                )
+                + "\n"
+            )
             chunk = []
             for s in range(1, history + 1):
                 chunk.append(step_line(r, s, t + s * TICK_S))
@@ -62,16 +93,19 @@ def make_run(root: Path, ranks: int, history: int) -> Path:
             f.write("".join(chunk))
         logs = run.node_log_dir(0) / "bench_x" / "attempt_0" / str(r)
         logs.mkdir(parents=True)
-        with open(logs / "stdout.log", "w") as f:   # the trainer prints every max_steps/50
+        with open(logs / "stdout.log", "w") as f:  # the trainer prints every max_steps/50
             f.writelines(f"[rank{r}]: step {s} loss 2.5\n" for s in range(1, history + 1, 200))
         (logs / "stderr.log").write_text("")
     t1 = time.time()
     n = 0
-    with Store(run, write=True) as store:   # an earlier agent life ingested all of it
+    with Store(run, write=True) as store:  # an earlier agent life ingested all of it
         while got := len(store.ingest()):
             n += got
-    print(f"  history: {ranks} x {history:,} steps ({n:,} events) ingested in "
-          f"{time.time() - t1:.0f} s; run.db {run.db.stat().st_size / 2**20:.0f} MiB", flush=True)
+    print(
+        f"  history: {ranks} x {history:,} steps ({n:,} events) ingested in "
+        f"{time.time() - t1:.0f} s; run.db {run.db.stat().st_size / 2**20:.0f} MiB",
+        flush=True,
+    )
     return run.path
 
 
@@ -87,7 +121,7 @@ def measure(run_dir: Path, ranks: int, history: int, ticks: int) -> dict:
     try:
         for i in range(ticks):
             now = T0 + i * TICK_S
-            for r, f in enumerate(files):   # every rank finishes one step per tick
+            for r, f in enumerate(files):  # every rank finishes one step per tick
                 f.write(step_line(r, history + i + 1, now))
                 f.flush()
             c0 = time.process_time()
@@ -103,15 +137,20 @@ def measure(run_dir: Path, ranks: int, history: int, ticks: int) -> dict:
             m.close([])
         agent.store.close()
     first_ms = [round(c * 1000, 1) for c in costs[:3]]
-    costs_ms = sorted(c * 1000 for c in costs[10:])   # the first ticks open files and tables
+    costs_ms = sorted(c * 1000 for c in costs[10:])  # the first ticks open files and tables
     mean = statistics.fmean(costs_ms)
-    return {"ranks": ranks, "history_steps": history, "ticks": len(costs_ms),
-            "monitors": [type(m).__name__ for m in agent.monitors],
-            "cpu_ms_per_tick_mean": round(mean, 3),
-            "p50": round(costs_ms[len(costs_ms) // 2], 3),
-            "p99": round(costs_ms[int(len(costs_ms) * 0.99)], 3),
-            "max": round(costs_ms[-1], 3), "first_ticks_ms": first_ms,
-            "core_pct_at_2hz": round(100 * mean / 1000 / TICK_S, 2)}
+    return {
+        "ranks": ranks,
+        "history_steps": history,
+        "ticks": len(costs_ms),
+        "monitors": [type(m).__name__ for m in agent.monitors],
+        "cpu_ms_per_tick_mean": round(mean, 3),
+        "p50": round(costs_ms[len(costs_ms) // 2], 3),
+        "p99": round(costs_ms[int(len(costs_ms) * 0.99)], 3),
+        "max": round(costs_ms[-1], 3),
+        "first_ticks_ms": first_ms,
+        "core_pct_at_2hz": round(100 * mean / 1000 / TICK_S, 2),
+    }
 
 
 def main() -> int:
@@ -121,7 +160,7 @@ def main() -> int:
     ap.add_argument("--history", default="1000,1000000")
     ap.add_argument("--ticks", type=int, default=600)
     args = ap.parse_args()
-    os.environ.setdefault("TUNEDECK_FAKE_NVML", str(args.ranks))   # GPU telemetry path too
+    os.environ.setdefault("TUNEDECK_FAKE_NVML", str(args.ranks))  # GPU telemetry path too
     os.environ["TUNEDECK_HOME"] = str(args.out / "home")
     results = []
     for h in (int(x) for x in args.history.split(",")):

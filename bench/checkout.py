@@ -34,13 +34,15 @@ def use() -> None:
     """Make `import tunedeck` work here and in child processes (no-op when installed)."""
     try:
         import tunedeck.core  # noqa: F401
+
         return
     except ImportError:
         pass
     base = str(link_dir())
     sys.path.insert(0, base)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [base, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        [base, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ from tunedeck.core.runs.state import TERMINAL  # noqa: E402
 from tunedeck.core.runs.store import read_events, read_findings  # noqa: E402
 
 POLL_S = 0.5
-TRIM_BYTES = 60_000   # per log file kept in a fixture (its end: where failures are)
-MAX_STEPS = 400       # step events kept per rank in a fixture (the last ones)
-WARMUP_STEPS = 10     # left out of the steady-state medians of `summary`
+TRIM_BYTES = 60_000  # per log file kept in a fixture (its end: where failures are)
+MAX_STEPS = 400  # step events kept per rank in a fixture (the last ones)
+WARMUP_STEPS = 10  # left out of the steady-state medians of `summary`
 
 
 def _steps(run_dir: Path, rank: int | None = None) -> list[dict]:
@@ -81,8 +81,10 @@ def wait_finding(run_dir: Path, category: str, timeout: float) -> int:
                 since.append(f"{f['t'] - first:.1f} s after step 1")
             if before:
                 since.append(f"{f['t'] - max(before):.1f} s after the last step before it")
-            print(f"found {category} (rank {f.get('rank')}, {f['severity']}) "
-                  f"{'; '.join(since)}: {f['summary']}")
+            print(
+                f"found {category} (rank {f.get('rank')}, {f['severity']}) "
+                f"{'; '.join(since)}: {f['summary']}"
+            )
             return 0
         run = read_run(run_dir)
         if run is not None and run.status in TERMINAL and time.monotonic() - t0 > 10:
@@ -99,8 +101,10 @@ def wait_end(run_dir: Path, timeout: float) -> int:
     while time.monotonic() - t0 < timeout:
         run = read_run(run_dir)
         if run is not None and run.status in TERMINAL:
-            print(f"run {run.status} after {time.monotonic() - t0:.1f} s: {run.message} "
-                  f"(exit code {run.state.get('exit_code')})")
+            print(
+                f"run {run.status} after {time.monotonic() - t0:.1f} s: {run.message} "
+                f"(exit code {run.state.get('exit_code')})"
+            )
             return 0
         time.sleep(POLL_S)
     print(f"timeout: run still going after {timeout:.0f} s")
@@ -130,11 +134,13 @@ def kill(run_dir: Path, rank: int, what: str) -> int:
     ranks, workers = _run_procs(run_dir, rank)
     targets = workers[:1] if what == "loader" else ranks
     if not targets:
-        print(f"no {what} process of rank {rank} found (ranks {[p.pid for p in ranks]}, "
-              f"workers {[p.pid for p in workers]})")
+        print(
+            f"no {what} process of rank {rank} found (ranks {[p.pid for p in ranks]}, "
+            f"workers {[p.pid for p in workers]})"
+        )
         return 1
     for p in targets:
-        desc = " ".join(p.cmdline()[:4])   # before the kill: a zombie has no command line
+        desc = " ".join(p.cmdline()[:4])  # before the kill: a zombie has no command line
         os.kill(p.pid, signal.SIGKILL)
         print(f"SIGKILL -> {what} of rank {rank}: pid {p.pid} ({desc})")
     return 0
@@ -158,11 +164,17 @@ def summary(run_dir: Path) -> dict:
         # the first steps on a GPU take seconds (kernel selection, allocator growth)
         steady = [e for e in mine if e["step"] > WARMUP_STEPS]
         out["ranks"][rank] = {
-            "steps": len(mine), "last_step": max(e["step"] for e in mine),
-            **{f"median_{k}": _median([e.get(k) for e in mine])
-               for k in ("step_s", "compute_s", "data_wait_s")},
-            **{f"steady_{k}": _median([e.get(k) for e in steady])
-               for k in ("step_s", "compute_s", "data_wait_s")}}
+            "steps": len(mine),
+            "last_step": max(e["step"] for e in mine),
+            **{
+                f"median_{k}": _median([e.get(k) for e in mine])
+                for k in ("step_s", "compute_s", "data_wait_s")
+            },
+            **{
+                f"steady_{k}": _median([e.get(k) for e in steady])
+                for k in ("step_s", "compute_s", "data_wait_s")
+            },
+        }
         start = [e for e in read_events(run_dir, "start", rank=rank)]
         if start:
             out["ranks"][rank]["device"] = start[-1].get("device")
@@ -178,22 +190,32 @@ def summary(run_dir: Path) -> dict:
         with Store(run_dir) as store:
             ser = store.telemetry_series("gpu", t0, t1, metrics=["util"])["series"]
         out["gpu_util_mean"] = {
-            g: round(sum(v for v in s["util"] if v is not None)
-                     / max(1, sum(v is not None for v in s["util"])), 1)
-            for g, s in ser.items()}
+            g: round(
+                sum(v for v in s["util"] if v is not None)
+                / max(1, sum(v is not None for v in s["util"])),
+                1,
+            )
+            for g, s in ser.items()
+        }
     for rank, r in out["ranks"].items():
-        print(f"rank {rank} ({r.get('device')}): {r['steps']} steps (last {r['last_step']}); "
-              f"median step_s {_fmt(r['median_step_s'])} compute_s "
-              f"{_fmt(r['median_compute_s'])} data_wait_s {_fmt(r['median_data_wait_s'])}; "
-              f"after step {WARMUP_STEPS}: step_s {_fmt(r['steady_step_s'])} compute_s "
-              f"{_fmt(r['steady_compute_s'])} data_wait_s {_fmt(r['steady_data_wait_s'])}")
+        print(
+            f"rank {rank} ({r.get('device')}): {r['steps']} steps (last {r['last_step']}); "
+            f"median step_s {_fmt(r['median_step_s'])} compute_s "
+            f"{_fmt(r['median_compute_s'])} data_wait_s {_fmt(r['median_data_wait_s'])}; "
+            f"after step {WARMUP_STEPS}: step_s {_fmt(r['steady_step_s'])} compute_s "
+            f"{_fmt(r['steady_compute_s'])} data_wait_s {_fmt(r['steady_data_wait_s'])}"
+        )
     for f in out["findings"]:
         tag = "root cause" if f["root_cause"] and f["severity"] == "error" else f["severity"]
-        print(f"finding [{tag}] {f['category']} rank {f['rank']} "
-              f"(+{f.get('after_first_step_s')} s): {f['summary']}")
+        print(
+            f"finding [{tag}] {f['category']} rank {f['rank']} "
+            f"(+{f.get('after_first_step_s')} s): {f['summary']}"
+        )
     if out.get("gpu_util_mean"):
-        print("GPU utilisation while stepping (mean %): " + ", ".join(
-            f"GPU {g} {u}" for g, u in sorted(out["gpu_util_mean"].items())))
+        print(
+            "GPU utilisation while stepping (mean %): "
+            + ", ".join(f"GPU {g} {u}" for g, u in sorted(out["gpu_util_mean"].items()))
+        )
     return out
 
 
@@ -205,7 +227,7 @@ def _tail(src: Path, dst: Path) -> None:
     data = src.read_bytes()
     if len(data) > TRIM_BYTES:
         data = data[-TRIM_BYTES:]
-        data = data[data.find(b"\n") + 1:]
+        data = data[data.find(b"\n") + 1 :]
     dst.write_bytes(data)
 
 
@@ -233,7 +255,8 @@ def trim(run_dir: Path, dest: Path) -> None:
         steps = [i for i, ln in enumerate(lines) if '"kind": "step"' in ln]
         cut = set(steps[:-MAX_STEPS]) if len(steps) > MAX_STEPS else set()
         (dest / "events" / src.name).write_text(
-            "".join(ln for i, ln in enumerate(lines) if i not in cut))
+            "".join(ln for i, ln in enumerate(lines) if i not in cut)
+        )
     if (run_dir / "run.db").exists():
         db_path = dest / "run.db"
         src_db = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True)

@@ -50,8 +50,7 @@ def nccl_text(n: int, rng: random.Random) -> str:
     for i in range(n):
         d = rng.randrange(8)
         t = rng.choices(templates, weights)[0]
-        out.append(t.format(h="gpu-node-07", p=800 + d, q=900 + d, d=d, e=(d + 1) % 8,
-                            c=i % 24))
+        out.append(t.format(h="gpu-node-07", p=800 + d, q=900 + d, d=d, e=(d + 1) % 8, c=i % 24))
     return "\n".join(out) + "\n"
 
 
@@ -59,10 +58,18 @@ def dict_text(n: int, start: int = 1) -> str:
     out = []
     for i in range(start, start + n):
         bar = f"Train: {i % 100:3d}%|████      | {i}/{start + n} [01:02<03:04,  3.21s/it]"
-        d = {"loss": f"{6.9 - (i % 1000) / 1000:.4g}", "grad_norm": "1.552",
-             "learning_rate": "9.045e-05", "token_acc": "0.015", "epoch": f"{i / 1000:.4g}",
-             "global_step/max_steps": f"{i}/{start + n}", "elapsed_time": "1h 2m 3s",
-             "remaining_time": "4m 14s", "memory(GiB)": "18.42", "train_speed(s/it)": "0.2286"}
+        d = {
+            "loss": f"{6.9 - (i % 1000) / 1000:.4g}",
+            "grad_norm": "1.552",
+            "learning_rate": "9.045e-05",
+            "token_acc": "0.015",
+            "epoch": f"{i / 1000:.4g}",
+            "global_step/max_steps": f"{i}/{start + n}",
+            "elapsed_time": "1h 2m 3s",
+            "remaining_time": "4m 14s",
+            "memory(GiB)": "18.42",
+            "train_speed(s/it)": "0.2286",
+        }
         out.append(bar + "\r" + str(d) if i % 2 else str(d))
     return "\n".join(out) + "\n"
 
@@ -111,7 +118,7 @@ def poll_cost(tmp: Path, size_mb: int) -> float:
         while f.tell() < size_mb << 20:
             f.write(block)
     fm = FileMetrics(p)
-    fm.poll()                              # catch up with what is there (not timed)
+    fm.poll()  # catch up with what is there (not timed)
     costs = []
     for k in range(5):
         with open(p, "a") as f:
@@ -130,41 +137,60 @@ def main(argv: list[str]) -> int:
     big = int(argv[argv.index("--big-mb") + 1]) if "--big-mb" in argv else 100
     tmp = Path(tempfile.mkdtemp(prefix="tunedeck-ingest-bench-"))
     rng = random.Random(7)
-    results = {"lines": lines, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-               "rows": []}
+    results = {
+        "lines": lines,
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "rows": [],
+    }
     try:
-        for kind, text, pattern in (("nccl", nccl_text(lines, rng), "NCCL"),
-                                    ("metrics dict", dict_text(lines), "loss")):
+        for kind, text, pattern in (
+            ("nccl", nccl_text(lines, rng), "NCCL"),
+            ("metrics dict", dict_text(lines), "loss"),
+        ):
             p = tmp / f"{kind.replace(' ', '_')}.log"
             p.write_text(text)
             g, count = time_grep(p, pattern)
             fmt = "nccl" if kind == "nccl" else "metrics"
             ours, ours_dicts = time_ours(p, fmt)
             py, _ = time_ours(p, fmt, native=False) if "--no-python" not in argv else (0, 0)
-            results["rows"].append({
-                "file": kind, "lines": lines, "mb": round(p.stat().st_size / 2**20, 1),
-                "grep_lines_per_s": round(lines / g), "grep_matches": count,
-                "ours_lines_per_s": round(lines / ours), "ratio": round(g / ours, 3),
-                "with_dicts_lines_per_s": round(lines / ours_dicts),
-                "python_lines_per_s": round(lines / py) if py else None,
-                "native": FileScanner.native and FileMetrics.native})
+            results["rows"].append(
+                {
+                    "file": kind,
+                    "lines": lines,
+                    "mb": round(p.stat().st_size / 2**20, 1),
+                    "grep_lines_per_s": round(lines / g),
+                    "grep_matches": count,
+                    "ours_lines_per_s": round(lines / ours),
+                    "ratio": round(g / ours, 3),
+                    "with_dicts_lines_per_s": round(lines / ours_dicts),
+                    "python_lines_per_s": round(lines / py) if py else None,
+                    "native": FileScanner.native and FileMetrics.native,
+                }
+            )
         results["poll_s_after_1mb"] = poll_cost(tmp, 1)
         results["poll_s_after_big"] = poll_cost(tmp, big)
         results["big_mb"] = big
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("| file | lines | MB | grep -c lines/s | tunedeck lines/s | ratio | "
-          "+ every record as a dict | pure-Python path |")
+    print(
+        "| file | lines | MB | grep -c lines/s | tunedeck lines/s | ratio | "
+        "+ every record as a dict | pure-Python path |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results["rows"]:
         py = f"{r['python_lines_per_s']:,}" if r["python_lines_per_s"] else "-"
-        print(f"| {r['file']} | {r['lines']} | {r['mb']} | {r['grep_lines_per_s']:,} | "
-              f"{r['ours_lines_per_s']:,} | {r['ratio']:.3f} | "
-              f"{r['with_dicts_lines_per_s']:,} | {py} |")
+        print(
+            f"| {r['file']} | {r['lines']} | {r['mb']} | {r['grep_lines_per_s']:,} | "
+            f"{r['ours_lines_per_s']:,} | {r['ratio']:.3f} | "
+            f"{r['with_dicts_lines_per_s']:,} | {py} |"
+        )
     if not results["rows"][0]["native"]:
         print("\n(native scanner not built: the pure-Python path was timed)")
-    print(f"\none poll of 200 new lines: {results['poll_s_after_1mb'] * 1e3:.2f} ms after 1 MB, "
-          f"{results['poll_s_after_big'] * 1e3:.2f} ms after {big} MB already read")
+    print(
+        f"\none poll of 200 new lines: {results['poll_s_after_1mb'] * 1e3:.2f} ms after 1 MB, "
+        f"{results['poll_s_after_big'] * 1e3:.2f} ms after {big} MB already read"
+    )
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "ingest_bench.json").write_text(json.dumps(results, indent=2))

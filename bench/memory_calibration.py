@@ -26,9 +26,16 @@ __import__("checkout").use()  # tunedeck from this checkout unless installed
 
 from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory  # noqa: E402
 
-TINY = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
-            tie_word_embeddings=True)
+TINY = dict(
+    model_type="qwen2",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    tie_word_embeddings=True,
+)
 STEPS = 3
 # name, size, method, strategy, gpus, gc, micro batch, seq, lora_dropout
 CONFIGS = [
@@ -47,15 +54,28 @@ CONFIGS = [
 def estimate_for(cfg: dict, c: tuple) -> dict:
     name, _, method, strategy, gpus, gc, mb, seq, drop = c
     cuda = os.environ.get("CALIB_TINY") != "1"
-    e = estimate_memory(MemoryInputs(
-        arch_from_config(cfg), method=method, lora_rank=8, lora_dropout=drop, micro_batch=mb,
-        seq_len=seq, strategy=strategy, world_size=gpus, gradient_checkpointing=gc,
-        device="cuda" if cuda else "cpu",
-        # run_one builds every model in fp32 on the GPU, then casts (or shards) it: the freed
-        # fp32 blocks are still reserved when the peak counters are reset
-        materialize_bytes=4))
-    return {"est_reserved_gib": round(e.reserved_gib, 2), "est_allocated_gib":
-            round(e.allocated_gib, 2), "est_per_gpu_gib": round(e.per_gpu_gib, 2)}
+    e = estimate_memory(
+        MemoryInputs(
+            arch_from_config(cfg),
+            method=method,
+            lora_rank=8,
+            lora_dropout=drop,
+            micro_batch=mb,
+            seq_len=seq,
+            strategy=strategy,
+            world_size=gpus,
+            gradient_checkpointing=gc,
+            device="cuda" if cuda else "cpu",
+            # run_one builds every model in fp32 on the GPU, then casts (or shards) it: the freed
+            # fp32 blocks are still reserved when the peak counters are reset
+            materialize_bytes=4,
+        )
+    )
+    return {
+        "est_reserved_gib": round(e.reserved_gib, 2),
+        "est_allocated_gib": round(e.allocated_gib, 2),
+        "est_per_gpu_gib": round(e.per_gpu_gib, 2),
+    }
 
 
 def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
@@ -67,8 +87,11 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
     fsdp_full = strategy == "fsdp2" and method == "full"
     dtype = torch.float32 if (fsdp_full or not cuda) else torch.bfloat16
     torch.manual_seed(0)
-    conf = Qwen2Config(**{k: v for k, v in cfg.items() if k != "model_type"},
-                       max_position_embeddings=max(seq, 4096), use_cache=False)
+    conf = Qwen2Config(
+        **{k: v for k, v in cfg.items() if k != "model_type"},
+        max_position_embeddings=max(seq, 4096),
+        use_cache=False,
+    )
     conf._attn_implementation = "sdpa"
     with torch.device(device):
         model = Qwen2ForCausalLM(conf).to(dtype)
@@ -79,14 +102,27 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
 
         if gc:
             model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=32,
-                                                 lora_dropout=drop, target_modules="all-linear"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                task_type="CAUSAL_LM",
+                r=8,
+                lora_alpha=32,
+                lora_dropout=drop,
+                target_modules="all-linear",
+            ),
+        )
     if strategy == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if cuda else MixedPrecisionPolicy()
-        for layer in model.model.layers if method == "full" else model.base_model.model.model.layers:
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if cuda
+            else MixedPrecisionPolicy()
+        )
+        for layer in (
+            model.model.layers if method == "full" else model.base_model.model.model.layers
+        ):
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         wrapped = model
@@ -102,8 +138,10 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
     if cuda:
         torch.cuda.synchronize()
         # what building the model left reserved (the peak counters start from it)
-        start = {"start_reserved_gib": round(torch.cuda.memory_reserved(device) / 2**30, 2),
-                 "start_allocated_gib": round(torch.cuda.memory_allocated(device) / 2**30, 2)}
+        start = {
+            "start_reserved_gib": round(torch.cuda.memory_reserved(device) / 2**30, 2),
+            "start_allocated_gib": round(torch.cuda.memory_allocated(device) / 2**30, 2),
+        }
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     for _ in range(STEPS):
@@ -112,8 +150,12 @@ def run_one(c: tuple, cfg: dict, device, rank: int, world: int) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    out = {"name": name, "loss": float(loss.detach()),
-           "step_s": round((time.time() - t0) / STEPS, 3), **start}
+    out = {
+        "name": name,
+        "loss": float(loss.detach()),
+        "step_s": round((time.time() - t0) / STEPS, 3),
+        **start,
+    }
     if cuda:
         torch.cuda.synchronize()
         out["measured_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 2)
@@ -132,8 +174,9 @@ def selected(only: str) -> list[tuple]:
     known = {c[0] for c in CONFIGS}
     bad = [n for n in names if n not in known]
     if bad:
-        raise ValueError(f"--only: unknown configuration {', '.join(bad)}; "
-                         f"known: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"--only: unknown configuration {', '.join(bad)}; known: {', '.join(sorted(known))}"
+        )
     return [c for c in CONFIGS if c[0] in names]
 
 
@@ -162,8 +205,18 @@ def worker(group: str, out_dir: Path, only: str = "") -> None:
             if cuda:
                 torch.cuda.empty_cache()
         res.update(estimate_for(cfg, c))
-        res.update({"method": c[2], "strategy": c[3], "gpus": c[4], "gc": c[5],
-                    "micro_batch": c[6], "seq": c[7], "lora_dropout": c[8], "size": c[1]})
+        res.update(
+            {
+                "method": c[2],
+                "strategy": c[3],
+                "gpus": c[4],
+                "gc": c[5],
+                "micro_batch": c[6],
+                "seq": c[7],
+                "lora_dropout": c[8],
+                "size": c[1],
+            }
+        )
         if rank == 0:
             with open(out_dir / "results.jsonl", "a") as f:
                 f.write(json.dumps(res) + "\n")
@@ -175,15 +228,20 @@ def worker(group: str, out_dir: Path, only: str = "") -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| config | est reserved | measured reserved | error % | est allocated | "
-             "measured allocated | reserved at start |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | est reserved | measured reserved | error % | est allocated | "
+        "measured allocated | reserved at start |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         m = r.get("measured_reserved_gib")
         err = f"{(r['est_reserved_gib'] - m) / m * 100:+.1f}" if m else "–"
-        lines.append(f"| {r['name']} | {r['est_reserved_gib']} | "
-                     f"{m if m is not None else r.get('error', 'n/a (CPU)')} | {err} | "
-                     f"{r['est_allocated_gib']} | {r.get('measured_allocated_gib', '–')} | "
-                     f"{r.get('start_reserved_gib', '–')} |")
+        lines.append(
+            f"| {r['name']} | {r['est_reserved_gib']} | "
+            f"{m if m is not None else r.get('error', 'n/a (CPU)')} | {err} | "
+            f"{r['est_allocated_gib']} | {r.get('measured_allocated_gib', '–')} | "
+            f"{r.get('start_reserved_gib', '–')} |"
+        )
     return "\n".join(lines)
 
 
@@ -200,7 +258,7 @@ def main(argv: list[str]) -> int:
             print("--only needs NAME[,NAME]", file=sys.stderr)
             return 2
         only = args[i + 1]
-        del args[i:i + 2]
+        del args[i : i + 2]
     if not args:
         print(__doc__)
         return 2
@@ -212,21 +270,45 @@ def main(argv: list[str]) -> int:
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.jsonl").unlink(missing_ok=True)
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0",
-               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               OMP_NUM_THREADS="1", CALIB_TINY="1" if tiny else "0")
+    env = dict(
+        os.environ,
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+        OMP_NUM_THREADS="1",
+        CALIB_TINY="1" if tiny else "0",
+    )
     me = str(Path(__file__).resolve())
     t0 = time.time()
     env1 = dict(env, CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
     if any(c[4] == 1 for c in chosen):
-        subprocess.run([sys.executable, me, "--worker", "1gpu", str(out), only], env=env1,
-                       check=False, timeout=400)
+        subprocess.run(
+            [sys.executable, me, "--worker", "1gpu", str(out), only],
+            env=env1,
+            check=False,
+            timeout=400,
+        )
     if any(c[4] == 2 for c in chosen):
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node", "2", me, "--worker", "2gpu", str(out), only],
-                       env=env, check=False, timeout=400)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                me,
+                "--worker",
+                "2gpu",
+                str(out),
+                only,
+            ],
+            env=env,
+            check=False,
+            timeout=400,
+        )
     res = out / "results.jsonl"
-    rows = [json.loads(l) for l in res.read_text().splitlines() if l] if res.exists() else []
+    rows = [json.loads(ln) for ln in res.read_text().splitlines() if ln] if res.exists() else []
     md = table(rows)
     (out / "table.md").write_text(md + f"\n\ntotal {time.time() - t0:.0f}s\n")
     print(md)

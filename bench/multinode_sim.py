@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import tempfile
@@ -36,19 +35,40 @@ def layout(root: Path, nodes: int, gpus: int) -> None:
     from tunedeck.core.rundir import write_json_atomic
 
     (root / "events").mkdir(parents=True)
-    write_json_atomic(root / "plan.json", {
-        "run_id": root.name, "backend": "builtin", "nproc_per_node": gpus, "nnodes": nodes,
-        "nodes": [{"node_rank": k, "host": f"gpu{k:03d}", "argv": [], "env": {}, "cwd": ""}
-                  for k in range(nodes)]})
-    write_json_atomic(root / "state.json", {"run_id": root.name, "status": "running",
-                                            "message": "", "created": time.time()})
+    write_json_atomic(
+        root / "plan.json",
+        {
+            "run_id": root.name,
+            "backend": "builtin",
+            "nproc_per_node": gpus,
+            "nnodes": nodes,
+            "nodes": [
+                {"node_rank": k, "host": f"gpu{k:03d}", "argv": [], "env": {}, "cwd": ""}
+                for k in range(nodes)
+            ],
+        },
+    )
+    write_json_atomic(
+        root / "state.json",
+        {"run_id": root.name, "status": "running", "message": "", "created": time.time()},
+    )
     for k in range(1, nodes):
         d = root / "nodes" / f"node{k}"
         d.mkdir(parents=True)
-        write_json_atomic(d / "link.json", {"node": k, "host": f"gpu{k:03d}",
-                                            "connected": True, "started": True, "drops": 0,
-                                            "last_seen": time.time(), "error": "", "gone": "",
-                                            "ended": False})
+        write_json_atomic(
+            d / "link.json",
+            {
+                "node": k,
+                "host": f"gpu{k:03d}",
+                "connected": True,
+                "started": True,
+                "drops": 0,
+                "last_seen": time.time(),
+                "error": "",
+                "gone": "",
+                "ended": False,
+            },
+        )
         write_json_atomic(d / "state.json", {"status": "running", "message": ""})
 
 
@@ -61,8 +81,10 @@ def writer(root: str, nodes: int, gpus: int, seconds: float) -> None:
         d = root_p / "logs" / f"node{r // gpus}" / "sim_0" / "attempt_0" / str(r % gpus)
         d.mkdir(parents=True, exist_ok=True)
         logs.append(open(d / "stdout.log", "a", buffering=1))
-    tel = [open(root_p / "nodes" / f"node{k}" / "telemetry.jsonl", "a", buffering=1)
-           for k in range(1, nodes)]
+    tel = [
+        open(root_p / "nodes" / f"node{k}" / "telemetry.jsonl", "a", buffering=1)
+        for k in range(1, nodes)
+    ]
     end = time.time() + seconds
     step = 0
     while time.time() < end:
@@ -70,15 +92,38 @@ def writer(root: str, nodes: int, gpus: int, seconds: float) -> None:
         step += 1
         for r in range(ranks):
             t = time.time()
-            ev[r].write(json.dumps({"t": t, "kind": "step", "rank": r, "step": step,
-                                    "loss": 2.0 + 1.0 / step, "lr": 1e-4, "grad_norm": 0.5,
-                                    "tokens": 8192, "step_s": 1.0 + (r == 777) * 0.3,
-                                    "data_wait_s": 0.004, "mem_gib": 61.3}) + "\n")
+            ev[r].write(
+                json.dumps(
+                    {
+                        "t": t,
+                        "kind": "step",
+                        "rank": r,
+                        "step": step,
+                        "loss": 2.0 + 1.0 / step,
+                        "lr": 1e-4,
+                        "grad_norm": 0.5,
+                        "tokens": 8192,
+                        "step_s": 1.0 + (r == 777) * 0.3,
+                        "data_wait_s": 0.004,
+                        "mem_gib": 61.3,
+                    }
+                )
+                + "\n"
+            )
             logs[r].write(f"step {step} loss {2.0 + 1.0 / step:.4f}\n")
         for i, f in enumerate(tel):
-            f.write(json.dumps({"t": time.time(), "node": i + 1, "gpus": [
-                {"index": g, "util": 95.0, "mem_used_mib": 70000.0} for g in range(gpus)]})
-                + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": time.time(),
+                        "node": i + 1,
+                        "gpus": [
+                            {"index": g, "util": 95.0, "mem_used_mib": 70000.0} for g in range(gpus)
+                        ],
+                    }
+                )
+                + "\n"
+            )
         time.sleep(max(0.0, 1.0 - (time.time() - t0)))
 
 
@@ -100,7 +145,7 @@ def main() -> int:
     store = Store(root, write=True)
     from tunedeck.core.rundir import RunDir
 
-    plan = RunDir(root).read_plan()      # the monitor reads it once (it never changes)
+    plan = RunDir(root).read_plan()  # the monitor reads it once (it never changes)
     lags: list[float] = []
     ticks: list[float] = []
     frames: list[float] = []
@@ -113,7 +158,7 @@ def main() -> int:
         ticks.append(now - t0)
         events += len(new)
         lags.extend(now - e["t"] for e in new if isinstance(e.get("t"), float))
-        if now >= next_frame:           # the monitor refreshes about once a second
+        if now >= next_frame:  # the monitor refreshes about once a second
             next_frame = now + 1.0
             f0 = time.perf_counter()
             rows = node_rows(root, [], plan=plan)
@@ -128,15 +173,25 @@ def main() -> int:
     store.close()
     lags.sort()
     q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
-    out = {"nodes": a.nodes, "gpus_per_node": a.gpus, "ranks": a.nodes * a.gpus,
-           "seconds": a.seconds, "events_ingested": events,
-           "lag_s": {"p50": round(q(lags, 0.5), 3), "p99": round(q(lags, 0.99), 3),
-                     "max": round(lags[-1], 3)},
-           "ingest_tick_s": {"p50": round(statistics.median(ticks), 3),
-                             "max": round(max(ticks), 3)},
-           "node_view_frame_ms": {"p50": round(statistics.median(frames) * 1e3, 1),
-                                  "max": round(max(frames) * 1e3, 1), "frames": len(frames)},
-           "slowest_rank_seen": [r["slowest_rank"] for r in rows if r["node"] == 97]}
+    out = {
+        "nodes": a.nodes,
+        "gpus_per_node": a.gpus,
+        "ranks": a.nodes * a.gpus,
+        "seconds": a.seconds,
+        "events_ingested": events,
+        "lag_s": {
+            "p50": round(q(lags, 0.5), 3),
+            "p99": round(q(lags, 0.99), 3),
+            "max": round(lags[-1], 3),
+        },
+        "ingest_tick_s": {"p50": round(statistics.median(ticks), 3), "max": round(max(ticks), 3)},
+        "node_view_frame_ms": {
+            "p50": round(statistics.median(frames) * 1e3, 1),
+            "max": round(max(frames) * 1e3, 1),
+            "frames": len(frames),
+        },
+        "slowest_rank_seen": [r["slowest_rank"] for r in rows if r["node"] == 97],
+    }
     print(json.dumps(out, indent=1))
     return 0
 

@@ -44,29 +44,65 @@ RECIPES = {  # name: (model shape, method keys, more [train] keys)
     "full-1.5b-eager": ("1.5b", {"type": "full"}, {"compile": False}),
     "qlora-7b-eager": ("7b", {"type": "qlora", "quant_bits": 4, **LORA}, {"compile": False}),
 }
-SWIFT_PASS = ["--model_type", "qwen2", "--template", "qwen", "--check_model", "false",
-              "--report_to", "none", "--save_strategy", "no"]
+SWIFT_PASS = [
+    "--model_type",
+    "qwen2",
+    "--template",
+    "qwen",
+    "--check_model",
+    "false",
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+]
 
 
 def toml_value(v) -> str:
     return json.dumps(v)  # strings, numbers and lists of strings read the same in TOML
 
 
-def write_spec(path: Path, backend: str, model_dir: Path, data: Path, method: dict,
-               steps: int, train: dict | None = None) -> Path:
+def write_spec(
+    path: Path,
+    backend: str,
+    model_dir: Path,
+    data: Path,
+    method: dict,
+    steps: int,
+    train: dict | None = None,
+) -> Path:
     lr = 1e-5 if method["type"] == "full" else 1e-4
-    lines = [f'name = "{path.stem}"', f'backend = "{backend}"', "[model]",
-             f"path = {toml_value(str(model_dir))}", 'dtype = "bfloat16"', 'attn_impl = "sdpa"',
-             "[data]", f"path = {toml_value(str(data))}", f"max_length = {SEQ}",
-             'truncation = "right"', "num_workers = 2", "[method]"]
+    lines = [
+        f'name = "{path.stem}"',
+        f'backend = "{backend}"',
+        "[model]",
+        f"path = {toml_value(str(model_dir))}",
+        'dtype = "bfloat16"',
+        'attn_impl = "sdpa"',
+        "[data]",
+        f"path = {toml_value(str(data))}",
+        f"max_length = {SEQ}",
+        'truncation = "right"',
+        "num_workers = 2",
+        "[method]",
+    ]
     lines += [f"{k} = {toml_value(v)}" for k, v in method.items()]
-    lines += ["[train]", f"max_steps = {steps}", f"per_device_batch_size = {BATCH}",
-              # written although 1 is tunedeck's default: ms-swift's own default accumulates
-              # ceil(16 / batch / GPUs) micro-batches, 4 here
-              "grad_accum = 1", f"learning_rate = {lr}", "warmup_steps = 2", "save_steps = 0",
-              "gradient_checkpointing = false"]
-    lines += [f"{k} = {str(v).lower() if isinstance(v, bool) else toml_value(v)}"
-              for k, v in (train or {}).items()]
+    lines += [
+        "[train]",
+        f"max_steps = {steps}",
+        f"per_device_batch_size = {BATCH}",
+        # written although 1 is tunedeck's default: ms-swift's own default accumulates
+        # ceil(16 / batch / GPUs) micro-batches, 4 here
+        "grad_accum = 1",
+        f"learning_rate = {lr}",
+        "warmup_steps = 2",
+        "save_steps = 0",
+        "gradient_checkpointing = false",
+    ]
+    lines += [
+        f"{k} = {str(v).lower() if isinstance(v, bool) else toml_value(v)}"
+        for k, v in (train or {}).items()
+    ]
     lines += ["[cluster]", 'device = "cuda"', "nproc_per_node = 1"]
     if backend == "swift":
         lines += ["[swift]", f"extra_args = {toml_value(SWIFT_PASS)}"]
@@ -79,6 +115,7 @@ class NvmlPeak:
 
     def __init__(self) -> None:
         import pynvml
+
         pynvml.nvmlInit()
         self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
         self.peak, self._stop = 0, threading.Event()
@@ -97,18 +134,24 @@ class NvmlPeak:
 
 
 def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunedeck.tui", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def one(out: Path, recipe: str, backend: str, a, env: dict) -> dict:
     size, method, train = RECIPES[recipe]
-    model_dir = swift_7b.make_model(out.parent / size, size)   # one folder per shape
+    model_dir = swift_7b.make_model(out.parent / size, size)  # one folder per shape
     data = out / "long_chat.jsonl"
     if not data.exists():
         swift_7b.make_data(out, model_dir, BATCH * (a.steps + 4))
-    spec = write_spec(out / f"{recipe}-{backend}.toml", backend, model_dir, data, method,
-                      a.steps, train)
+    spec = write_spec(
+        out / f"{recipe}-{backend}.toml", backend, model_dir, data, method, a.steps, train
+    )
     est = cli(env, "estimate", str(spec), "--json", "--gpus", "1")
     estimate = json.loads(est.stdout) if est.returncode == 0 else {"error": est.stderr[-300:]}
     print(f"$ tunedeck launch {spec.name} --wait --json", flush=True)
@@ -117,19 +160,28 @@ def one(out: Path, recipe: str, backend: str, a, env: dict) -> dict:
     proc = cli(env, "launch", str(spec), "--wait", "--json", "--no-preflight")
     nvml_peak = peak.stop()
     print(proc.stdout[-1500:], proc.stderr[-2500:], sep="\n", flush=True)
-    res = {"recipe": recipe, "backend": backend, "exit_code": proc.returncode,
-           "wall_s": round(time.time() - t0, 1), "nvml_peak_gib": nvml_peak,
-           "est_gib": estimate.get("per_gpu_gib"), "est_breakdown": estimate.get("breakdown"),
-           "est_error": estimate.get("error")}
+    res = {
+        "recipe": recipe,
+        "backend": backend,
+        "exit_code": proc.returncode,
+        "wall_s": round(time.time() - t0, 1),
+        "nvml_peak_gib": nvml_peak,
+        "est_gib": estimate.get("per_gpu_gib"),
+        "est_breakdown": estimate.get("breakdown"),
+        "est_error": estimate.get("error"),
+    }
     try:
         run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     except (IndexError, ValueError, KeyError):
         return res
     recs = json.loads(cli(env, "metrics", run_id, "--json").stdout or "[]")
-    res.update(run_id=run_id, steps=len(recs),
-               loss_first=recs[0].get("loss") if recs else None,
-               loss_last=recs[-1].get("loss") if recs else None,
-               trainer_mem_gib=max((r.get("mem_gib") or 0 for r in recs), default=None))
+    res.update(
+        run_id=run_id,
+        steps=len(recs),
+        loss_first=recs[0].get("loss") if recs else None,
+        loss_last=recs[-1].get("loss") if recs else None,
+        trainer_mem_gib=max((r.get("mem_gib") or 0 for r in recs), default=None),
+    )
     steady = [r for r in recs if r["step"] > a.warmup]
     if backend == "builtin":
         tps = [r["tokens_per_s"] for r in steady if r.get("tokens_per_s")]
@@ -141,7 +193,7 @@ def one(out: Path, recipe: str, backend: str, a, env: dict) -> dict:
         if last > a.warmup and a.warmup in speed:
             s_it = (last * speed[last] - a.warmup * speed[a.warmup]) / (last - a.warmup)
             res.update(steady_s_per_it=round(s_it, 4), tokens_per_s=round(BATCH * SEQ / s_it))
-    if res.get("tokens_per_s") is None and steady:   # no speed column: wall time per step
+    if res.get("tokens_per_s") is None and steady:  # no speed column: wall time per step
         ts = [r["time"] for r in steady if r.get("time")]
         if len(ts) > 1:
             res["tokens_per_s"] = round(BATCH * SEQ * (len(ts) - 1) / (ts[-1] - ts[0]))
@@ -153,15 +205,23 @@ def one(out: Path, recipe: str, backend: str, a, env: dict) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| recipe | backend | tokens/s | NVML peak GiB | trainer mem GiB | estimate GiB | "
-             "estimate vs NVML | loss first → last |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| recipe | backend | tokens/s | NVML peak GiB | trainer mem GiB | estimate GiB | "
+        "estimate vs NVML | loss first → last |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
-        err = (f"{(r['est_gib'] - r['nvml_peak_gib']) / r['nvml_peak_gib']:+.0%}"
-               if r.get("est_gib") and r.get("nvml_peak_gib") else "—")
-        lines.append(f"| {r['recipe']} | {r['backend']} | {r.get('tokens_per_s') or '—'} | "
-                     f"{r.get('nvml_peak_gib')} | {r.get('trainer_mem_gib') or '—'} | "
-                     f"{r.get('est_gib') or '—'} | {err} | "
-                     f"{r.get('loss_first')} → {r.get('loss_last')} |")
+        err = (
+            f"{(r['est_gib'] - r['nvml_peak_gib']) / r['nvml_peak_gib']:+.0%}"
+            if r.get("est_gib") and r.get("nvml_peak_gib")
+            else "—"
+        )
+        lines.append(
+            f"| {r['recipe']} | {r['backend']} | {r.get('tokens_per_s') or '—'} | "
+            f"{r.get('nvml_peak_gib')} | {r.get('trainer_mem_gib') or '—'} | "
+            f"{r.get('est_gib') or '—'} | {err} | "
+            f"{r.get('loss_first')} → {r.get('loss_last')} |"
+        )
     return "\n".join(lines)
 
 
@@ -174,19 +234,27 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     a = ap.parse_args()
     out = Path(a.out).resolve()
-    env = dict(os.environ, TUNEDECK_HOME=str(out / "home"), TUNEDECK_CACHE=str(out / "cache"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               MODELSCOPE_CACHE=str(out / "ms"), HF_HOME=str(out / "hf"))
+    env = dict(
+        os.environ,
+        TUNEDECK_HOME=str(out / "home"),
+        TUNEDECK_CACHE=str(out / "cache"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        MODELSCOPE_CACHE=str(out / "ms"),
+        HF_HOME=str(out / "hf"),
+    )
     rows = []
-    for item in a.recipes.split(","):   # RECIPE or RECIPE:BACKEND
+    for item in a.recipes.split(","):  # RECIPE or RECIPE:BACKEND
         recipe, _, only = item.partition(":")
         sub = out / recipe
         sub.mkdir(parents=True, exist_ok=True)
         for backend in [only] if only else a.backends.split(","):
             env_r = dict(env, TUNEDECK_HOME=str(sub / "home"))
-            if env.get("TUNEDECK_MEM_TRACE"):   # core/train/memtrace.py, one folder a run
-                env_r["TUNEDECK_MEM_TRACE"] = str(Path(env["TUNEDECK_MEM_TRACE"]) /
-                                                  f"{recipe}-{backend}")
+            if env.get("TUNEDECK_MEM_TRACE"):  # core/train/memtrace.py, one folder a run
+                env_r["TUNEDECK_MEM_TRACE"] = str(
+                    Path(env["TUNEDECK_MEM_TRACE"]) / f"{recipe}-{backend}"
+                )
             r = one(sub, recipe, backend, a, env_r)
             print(json.dumps({k: v for k, v in r.items() if k != "est_breakdown"}), flush=True)
             rows.append(r)

@@ -66,8 +66,19 @@ from tunedeck.core.runs import procs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "presets" / "demo.toml"
-SCENARIOS = ("complete", "graceful", "hard", "adopt-complete", "adopt-stop", "unwatched",
-             "foreign", "bad-values", "escaping", "fifo-data", "double-resume")
+SCENARIOS = (
+    "complete",
+    "graceful",
+    "hard",
+    "adopt-complete",
+    "adopt-stop",
+    "unwatched",
+    "foreign",
+    "bad-values",
+    "escaping",
+    "fifo-data",
+    "double-resume",
+)
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
 BAD_LINES = [
     '{"kind": "step", "rank": 0, "step": 900000, "loss": Infinity, "lr": NaN, "t": 1.0}',
@@ -102,7 +113,7 @@ class Result:
     steps: int = 0
     wrong: list[str] = field(default_factory=list)
     foreign: int = 0
-    injected_from: int | None = None   # steps from here on were written by the soak itself
+    injected_from: int | None = None  # steps from here on were written by the soak itself
     lost: int = 0
     left: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -116,13 +127,20 @@ class Soak:
             if k.startswith("TUNEDECK_") and k not in ("TUNEDECK_HOME", "TUNEDECK_CACHE"):
                 self.env.pop(k)
 
-    def cli(self, *args: str, no_adopt: bool = False, timeout: float = 300
-            ) -> subprocess.CompletedProcess:
+    def cli(
+        self, *args: str, no_adopt: bool = False, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         env = dict(self.env)
         if no_adopt:
             env["TUNEDECK_NO_ADOPT"] = "1"
-        return subprocess.run([sys.executable, "-m", "tunedeck.tui", *args], env=env,
-                              cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "tunedeck.tui", *args],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def json(self, *args: str, **kw):
         p = self.cli(*args, "--json", **kw)
@@ -137,8 +155,16 @@ class Soak:
             return {}
 
     def launch(self, steps: int, *more: str) -> str:
-        out = self.json("launch", str(DEMO), "--set", f"train.max_steps={steps}",
-                        "--set", "train.save_steps=0", "--no-preflight", *more)
+        out = self.json(
+            "launch",
+            str(DEMO),
+            "--set",
+            f"train.max_steps={steps}",
+            "--set",
+            "train.save_steps=0",
+            "--no-preflight",
+            *more,
+        )
         return out["run_id"]
 
     def wait(self, pred, timeout: float, poll: float = 0.3):
@@ -154,8 +180,9 @@ class Soak:
         return self.json("status", run_id, no_adopt=no_adopt)
 
     def wait_end(self, run_id: str, timeout: float = 300) -> dict:
-        return self.wait(lambda: (s := self.status(run_id))["status"] in TERMINAL and s,
-                         timeout, poll=0.5) or self.status(run_id)
+        return self.wait(
+            lambda: (s := self.status(run_id))["status"] in TERMINAL and s, timeout, poll=0.5
+        ) or self.status(run_id)
 
     def kill_agent(self, run_id: str, r: Result) -> dict:
         st = self.wait(lambda: (s := self.state(run_id)).get("agent_pid") and s, 30)
@@ -169,7 +196,7 @@ class Soak:
         t0 = time.monotonic()
         try:
             getattr(self, "s_" + scenario.replace("-", "_"))(r, rng)
-        except Exception as e:   # a scenario that breaks is a wrong outcome, not a crash
+        except Exception as e:  # a scenario that breaks is a wrong outcome, not a crash
             r.wrong.append(f"{type(e).__name__}: {e}"[:300])
         r.seconds = time.monotonic() - t0
         if r.run_id:
@@ -206,7 +233,7 @@ class Soak:
         time.sleep(rng.uniform(0.5, 5))
         self.kill_agent(r.run_id, r)
         self.expect_lost(r)
-        end = self.wait_end(r.run_id)           # these reads adopt it
+        end = self.wait_end(r.run_id)  # these reads adopt it
         self.expect(r, end, "succeeded", steps=steps)
         self.expect_adopted(r)
 
@@ -216,7 +243,7 @@ class Soak:
         time.sleep(rng.uniform(0, 2))
         self.kill_agent(r.run_id, r)
         self.expect_lost(r)
-        end = self.json("stop", r.run_id, "--wait")       # `stop` adopts it, then stops it gracefully
+        end = self.json("stop", r.run_id, "--wait")  # `stop` adopts it, then stops it gracefully
         self.expect(r, end, "stopped")
         if end.get("exit_code") != 0:
             r.wrong.append(f"adopted graceful stop exit code {end.get('exit_code')}")
@@ -231,8 +258,15 @@ class Soak:
         r.run_id, r.expected = self.launch(steps), "succeeded"
         self.wait(lambda: self.state(r.run_id).get("progress", {}).get("step", 0) >= 1, 120)
         st = self.kill_agent(r.run_id, r)
-        self.wait(lambda: _gone([self.state(r.run_id).get("torchrun_pid") or 0,
-                                 *self.state(r.run_id).get("worker_pids", [])]), 300)
+        self.wait(
+            lambda: _gone(
+                [
+                    self.state(r.run_id).get("torchrun_pid") or 0,
+                    *self.state(r.run_id).get("worker_pids", []),
+                ]
+            ),
+            300,
+        )
         seen = self.status(r.run_id, no_adopt=True)
         if seen["status"] != "lost":
             r.wrong.append(f"unread after its ranks ended: {seen['status']} (want lost)")
@@ -250,36 +284,74 @@ class Soak:
         run_dir = self.home / "runs" / rid
         mark = Path(tempfile.gettempdir()) / f"tunedeck-soak-planted-{os.getpid()}-{r.n}"
         mark.unlink(missing_ok=True)
-        victim = subprocess.Popen(["sleep", "300"])      # a pid the planted state names
+        victim = subprocess.Popen(["sleep", "300"])  # a pid the planted state names
         try:
             boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
             ticks = procs.start_ticks(victim.pid)
-            state = {"run_id": rid, "name": f"planted-{r.n}", "status": "running",
-                     "message": "", "created": time.time(), "agent_pid": 999999,
-                     "torchrun_pid": victim.pid, "worker_pids": [victim.pid],
-                     "pgids": [victim.pid], "rank_pids": {"0": victim.pid},
-                     "launches": [{"id": "x", "attempt": 0, "boot": boot, "after": 0,
-                                   "t": time.time(), "torchrun_pid": victim.pid}],
-                     "pid_identity": {"999999": {"start": 1, "boot": boot},
-                                      str(victim.pid): {"start": ticks, "boot": boot}},
-                     "host": os.uname().nodename, "progress": {"step": 5, "max_steps": 9}}
-            plan = {"nproc_per_node": 1, "nodes": [{"argv": ["/bin/sh", "-c", f"id > {mark}"],
-                                                    "env": {}, "cwd": "/tmp"}]}
-            code = ("import json, os, sys; d = sys.argv[1]; os.makedirs(d); "
-                    "[open(os.path.join(d, n), 'w').write(sys.argv[i]) for i, n in "
-                    "((2, 'state.json'), (3, 'plan.json'), (4, 'spec.toml'))]")
+            state = {
+                "run_id": rid,
+                "name": f"planted-{r.n}",
+                "status": "running",
+                "message": "",
+                "created": time.time(),
+                "agent_pid": 999999,
+                "torchrun_pid": victim.pid,
+                "worker_pids": [victim.pid],
+                "pgids": [victim.pid],
+                "rank_pids": {"0": victim.pid},
+                "launches": [
+                    {
+                        "id": "x",
+                        "attempt": 0,
+                        "boot": boot,
+                        "after": 0,
+                        "t": time.time(),
+                        "torchrun_pid": victim.pid,
+                    }
+                ],
+                "pid_identity": {
+                    "999999": {"start": 1, "boot": boot},
+                    str(victim.pid): {"start": ticks, "boot": boot},
+                },
+                "host": os.uname().nodename,
+                "progress": {"step": 5, "max_steps": 9},
+            }
+            plan = {
+                "nproc_per_node": 1,
+                "nodes": [{"argv": ["/bin/sh", "-c", f"id > {mark}"], "env": {}, "cwd": "/tmp"}],
+            }
+            code = (
+                "import json, os, sys; d = sys.argv[1]; os.makedirs(d); "
+                "[open(os.path.join(d, n), 'w').write(sys.argv[i]) for i, n in "
+                "((2, 'state.json'), (3, 'plan.json'), (4, 'spec.toml'))]"
+            )
             (self.home / "runs").mkdir(parents=True, exist_ok=True)
             os.chmod(self.home, 0o755)
-            os.chmod(self.home / "runs", 0o1777)     # a team's shared folder
+            os.chmod(self.home / "runs", 0o1777)  # a team's shared folder
             # a system python: the planter cannot reach this one (it may live in /root)
             python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-            subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                            python, "-I", "-c", code, str(run_dir), json.dumps(state),
-                            json.dumps(plan), DEMO.read_text()], check=True, timeout=30)
-            r.run_id = ""      # not ours: never `check`ed as one of our runs
+            subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    python,
+                    "-I",
+                    "-c",
+                    code,
+                    str(run_dir),
+                    json.dumps(state),
+                    json.dumps(plan),
+                    DEMO.read_text(),
+                ],
+                check=True,
+                timeout=30,
+            )
+            r.run_id = ""  # not ours: never `check`ed as one of our runs
             seen = self.status(rid)
             r.status = seen.get("status", "")
-            self.cli("ls", no_adopt=True)   # other scenarios' runs are not this one's to adopt
+            self.cli("ls", no_adopt=True)  # other scenarios' runs are not this one's to adopt
             self.cli("stop", rid)
             self.cli("stop", rid, "--hard")
             self.cli("stacks", rid)
@@ -323,11 +395,12 @@ class Soak:
         script = self.home / f"escaper-{r.n}.py"
         script.write_text(ESCAPER)
         spec = self.home / f"escaper-{r.n}.toml"
-        spec.write_text(f'name = "escaper"\nbackend = "script"\n[script]\npath = "{script}"\n'
-                        f'args = ["{tag}"]\n[data]\npath = "{DATA}"\n[cluster]\n'
-                        f'device = "cpu"\ncpu_procs = 2\n[run]\nstop_grace_s = 20\n')
-        r.run_id, r.expected = self.json("launch", str(spec), "--no-preflight")["run_id"], \
-            "stopped"
+        spec.write_text(
+            f'name = "escaper"\nbackend = "script"\n[script]\npath = "{script}"\n'
+            f'args = ["{tag}"]\n[data]\npath = "{DATA}"\n[cluster]\n'
+            f'device = "cpu"\ncpu_procs = 2\n[run]\nstop_grace_s = 20\n'
+        )
+        r.run_id, r.expected = self.json("launch", str(spec), "--no-preflight")["run_id"], "stopped"
         self.wait(lambda: len(_sleepers(tag)) >= 2, 120)
         time.sleep(rng.uniform(0, 2))
         end = self.json("stop", r.run_id, "--wait")
@@ -358,19 +431,26 @@ class Soak:
         r.notes.append(f"/dev/zero refused in {time.monotonic() - t0:.1f}s")
 
     def s_double_resume(self, r: Result, rng: random.Random) -> None:
-        first = self.launch(100000, "--set", "train.save_steps=2",
-                            "--set", "train.save_total_limit=2")
-        self.wait(lambda: list((self.home / "runs" / first / "output").glob("checkpoint-*")),
-                  180)
+        first = self.launch(
+            100000, "--set", "train.save_steps=2", "--set", "train.save_total_limit=2"
+        )
+        self.wait(lambda: list((self.home / "runs" / first / "output").glob("checkpoint-*")), 180)
         self.json("stop", first, "--wait")
         self.check(Result(r.n, r.scenario, run_id=first))
         env = dict(self.env)
         argv = [sys.executable, "-m", "tunedeck.tui", "resume", first, "--json"]
-        both = [subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        both = [
+            subprocess.Popen(
+                argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         outs = [p.communicate(timeout=300) for p in both]
-        ok = [json.loads(o.splitlines()[0])["run_id"] for (o, _), p in zip(outs, both)
-              if p.returncode == 0 and o.strip()]
+        ok = [
+            json.loads(o.splitlines()[0])["run_id"]
+            for (o, _), p in zip(outs, both)
+            if p.returncode == 0 and o.strip()
+        ]
         r.expected = "stopped"
         if len(ok) != 1:
             r.wrong.append(f"{len(ok)} of two simultaneous resumes launched")
@@ -398,8 +478,9 @@ class Soak:
         live = procs.live_processes(st)
         seen = self.status(r.run_id, no_adopt=True)
         if live and seen["status"] != "lost":
-            r.wrong.append(f"after the agent's death with {len(live)} processes: "
-                           f"{seen['status']} (want lost)")
+            r.wrong.append(
+                f"after the agent's death with {len(live)} processes: {seen['status']} (want lost)"
+            )
         if not live and seen["status"] not in ("lost",) + TERMINAL:
             r.wrong.append(f"after the agent's death: {seen['status']}")
 
@@ -410,8 +491,7 @@ class Soak:
 
     def agent_log(self, run_id: str) -> str:
         try:
-            return (self.home / "runs" / run_id / "logs" / "agent.log").read_text(
-                errors="replace")
+            return (self.home / "runs" / run_id / "logs" / "agent.log").read_text(errors="replace")
         except OSError:
             return ""
 
@@ -434,12 +514,17 @@ class Soak:
             try:
                 for f in sorted((run_dir / "events").glob("rank*.jsonl")):
                     rank = int(f.stem[4:])
-                    in_file = {e["step"] for x in f.open() if '"kind": "step"' in x
-                               and isinstance(e := json.loads(x), dict)
-                               and type(e.get("step")) is int
-                               and e["step"] < (r.injected_from or 2**63)}
-                    stored = {s for (s,) in db.execute(
-                        "SELECT step FROM steps WHERE rank = ?", (rank,))}
+                    in_file = {
+                        e["step"]
+                        for x in f.open()
+                        if '"kind": "step"' in x
+                        and isinstance(e := json.loads(x), dict)
+                        and type(e.get("step")) is int
+                        and e["step"] < (r.injected_from or 2**63)
+                    }
+                    stored = {
+                        s for (s,) in db.execute("SELECT step FROM steps WHERE rank = ?", (rank,))
+                    }
                     lost += len(in_file - stored)
             finally:
                 db.close()
@@ -486,8 +571,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (each has 2 ranks)")
     ap.add_argument("--home", type=Path, help="TUNEDECK_HOME (default: a new temp folder)")
-    ap.add_argument("--only", default="", help="comma-separated scenarios to draw from "
-                    f"(default: all of {', '.join(SCENARIOS)})")
+    ap.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated scenarios to draw from (default: all of {', '.join(SCENARIOS)})",
+    )
     args = ap.parse_args(argv)
     home = args.home or Path(tempfile.mkdtemp(prefix="tunedeck-soak-"))
     soak = Soak(home)
@@ -497,8 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     plan = [(i, rng.choice(drawn), random.Random(rng.random())) for i in range(args.runs)]
-    print(f"soak: {args.runs} runs, seed {args.seed}, {args.jobs} at a time, home {home}",
-          flush=True)
+    print(
+        f"soak: {args.runs} runs, seed {args.seed}, {args.jobs} at a time, home {home}", flush=True
+    )
     results: list[Result] = []
     lock = threading.Lock()
     t0 = time.monotonic()
@@ -509,9 +598,11 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             results.append(res)
             mark = "ok" if not (res.wrong or res.lost or res.left or res.foreign) else "WRONG"
-            print(f"{n:3d} {scenario:15s} {res.run_id:28s} {res.status:9s} step {res.steps:<5d}"
-                  f" {res.seconds:5.1f}s {mark} {'; '.join(res.wrong + res.notes)}"[:300],
-                  flush=True)
+            print(
+                f"{n:3d} {scenario:15s} {res.run_id:28s} {res.status:9s} step {res.steps:<5d}"
+                f" {res.seconds:5.1f}s {mark} {'; '.join(res.wrong + res.notes)}"[:300],
+                flush=True,
+            )
         return res
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -531,8 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"foreign actions: {foreign}")
     for r in results:
         if r.wrong or r.lost or r.left or r.foreign:
-            print(f"  run {r.n} {r.scenario} {r.run_id}: wrong={r.wrong} lost={r.lost} "
-                  f"left={r.left} {r.notes}")
+            print(
+                f"  run {r.n} {r.scenario} {r.run_id}: wrong={r.wrong} lost={r.lost} "
+                f"left={r.left} {r.notes}"
+            )
     return 0 if not (left or lost or wrong or foreign) else 1
 
 

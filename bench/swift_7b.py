@@ -32,12 +32,24 @@ SEQ, BATCH = 2048, 4
 # Qwen2.5 shapes a bench can build (random weights): the 7B of the speed table, the 1.5B that
 # full fine-tuning fits on one GPU with fp32 master weights
 SHAPES = {
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-               tie_word_embeddings=False),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-                 tie_word_embeddings=True),
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -50,8 +62,9 @@ def make_model(out: Path, size: str = "7b") -> Path:
     model_dir = out / ("qwen2.5-7b-random" if size == "7b" else f"qwen2.5-{size}-random")
     if (model_dir / "config.json").exists():
         return model_dir
-    cfg = Qwen2Config(**SHAPES[size], max_position_embeddings=32768, rope_theta=1e6,
-                      torch_dtype="bfloat16")
+    cfg = Qwen2Config(
+        **SHAPES[size], max_position_embeddings=32768, rope_theta=1e6, torch_dtype="bfloat16"
+    )
     t0 = time.time()
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -78,9 +91,17 @@ def make_data(out: Path, model_dir: Path, n: int) -> Path:
     with path.open("w") as f:
         for _ in range(n):
             answer = " ".join(rng.choice(words) for _ in range(SEQ * 2))
-            f.write(json.dumps({"messages": [
-                {"role": "user", "content": "Write a long answer."},
-                {"role": "assistant", "content": answer}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": "Write a long answer."},
+                            {"role": "assistant", "content": answer},
+                        ]
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -123,29 +144,55 @@ nproc_per_node = {a.gpus}
 extra_args = ["--model_type", "qwen2", "--template", "qwen", "--check_model", "false",
               "--report_to", "none", "--save_strategy", "no"]
 """)
-    env = dict(os.environ, TUNEDECK_HOME=str(out / "home"), TUNEDECK_CACHE=str(out / "cache"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               MODELSCOPE_CACHE=str(out / "ms"), HF_HOME=str(out / "hf"))
+    env = dict(
+        os.environ,
+        TUNEDECK_HOME=str(out / "home"),
+        TUNEDECK_CACHE=str(out / "cache"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        MODELSCOPE_CACHE=str(out / "ms"),
+        HF_HOME=str(out / "hf"),
+    )
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", "launch", str(spec), "--wait", "--json"],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui", "launch", str(spec), "--wait", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     print(proc.stdout[-2000:], proc.stderr[-3000:], sep="\n")
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
-    recs = json.loads(subprocess.run(
-        [sys.executable, "-m", "tunedeck.tui", "metrics", run_id, "--json"], cwd=REPO, env=env,
-        capture_output=True, text=True).stdout or "[]")
+    recs = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "tunedeck.tui", "metrics", run_id, "--json"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+        or "[]"
+    )
     # ms-swift's train_speed(s/it) is elapsed-since-start / steps, so the elapsed time at step k
     # is k * speed_k and the steady step time is (E_last - E_warmup) / (last - warmup)
     speed = {r["step"]: r["step_s"] for r in recs if r.get("step_s")}
     last = max(speed, default=0)
-    result = {"gpus": a.gpus, "exit_code": proc.returncode, "wall_s": round(time.time() - t0, 1),
-              "steps": len(recs), "loss_first": recs[0].get("loss") if recs else None,
-              "loss_last": recs[-1].get("loss") if recs else None}
+    result = {
+        "gpus": a.gpus,
+        "exit_code": proc.returncode,
+        "wall_s": round(time.time() - t0, 1),
+        "steps": len(recs),
+        "loss_first": recs[0].get("loss") if recs else None,
+        "loss_last": recs[-1].get("loss") if recs else None,
+    }
     if last > a.warmup and a.warmup in speed:
         s_it = (last * speed[last] - a.warmup * speed[a.warmup]) / (last - a.warmup)
-        result.update(steady_s_per_it=round(s_it, 4),
-                      tokens_per_s_per_gpu=round(BATCH * SEQ / s_it),
-                      swift_train_speed_last=speed[last])
+        result.update(
+            steady_s_per_it=round(s_it, 4),
+            tokens_per_s_per_gpu=round(BATCH * SEQ / s_it),
+            swift_train_speed_last=speed[last],
+        )
     print(json.dumps(result))
     (out / "swift_7b.json").write_text(json.dumps(result, indent=1))
     return proc.returncode

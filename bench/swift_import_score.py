@@ -62,12 +62,12 @@ def original(text: str) -> tuple[str, list[str]]:
         prev = words[i - 1] if i else ""
         m = re.search(r"swift/cli/(_megatron/)?(sft|pt|rlhf)\.py$", w)
         if m:
-            return ("megatron-" if m.group(1) else "") + m.group(2), words[i + 1:]
+            return ("megatron-" if m.group(1) else "") + m.group(2), words[i + 1 :]
         if w in ("swift.cli.sft", "swift.cli.pt", "swift.cli.rlhf") and prev == "-m":
-            return w.rsplit(".", 1)[1], words[i + 1:]
+            return w.rsplit(".", 1)[1], words[i + 1 :]
         if w in ("sft", "pt", "rlhf") and prev in ("swift", "megatron"):
             mega = prev == "megatron"
-            return ("megatron-" if mega else "") + w, expand_config(words[i + 1:])
+            return ("megatron-" if mega else "") + w, expand_config(words[i + 1 :])
     raise ValueError("no ms-swift command found")
 
 
@@ -117,7 +117,7 @@ def explicit_dests(argv: list[str], known: dict) -> set[str]:
         if w.startswith("--"):
             name = w[2:].partition("=")[0]
             info = known.get(name)
-            if info is None:      # an abbreviation argparse accepts
+            if info is None:  # an abbreviation argparse accepts
                 longer = [k for k in known if k.startswith(name)]
                 info = known[longer[0]] if len(longer) == 1 else None
             if info is not None:
@@ -134,9 +134,12 @@ def same(a, b) -> bool:
         return all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, str) and isinstance(b, str) and os.path.isabs(b) and not os.path.isabs(a):
         local = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(a)))
-        looks_local = a.startswith(("./", "../", "~")) or a.lower().endswith(
-            (".jsonl", ".json", ".csv", ".txt", ".parquet")) or os.path.exists(local)
-        return looks_local and local == b      # a hub id (`org/name#500`) is never a path
+        looks_local = (
+            a.startswith(("./", "../", "~"))
+            or a.lower().endswith((".jsonl", ".json", ".csv", ".txt", ".parquet"))
+            or os.path.exists(local)
+        )
+        return looks_local and local == b  # a hub id (`org/name#500`) is never a path
     return False
 
 
@@ -144,8 +147,11 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
     tables = flag_tables()
     rows = []
     for c in cases:
-        row = {"name": c["name"], "procs": (int(c.get("procs", 0)), int(c.get("nodes", 1))),
-               "refuse": c.get("refuse", "")}
+        row = {
+            "name": c["name"],
+            "procs": (int(c.get("procs", 0)), int(c.get("nodes", 1))),
+            "refuse": c.get("refuse", ""),
+        }
         try:
             command, argv = original(c["text"])
             known = tables["commands"][command]
@@ -154,7 +160,7 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
             row["command"], row["argv"] = "", []
             row["why"] = f"scorer: {e}"
         pasted = c["text"]
-        if one_line:   # as one line, line continuations already joined by a shell
+        if one_line:  # as one line, line continuations already joined by a shell
             import shlex
 
             pasted = shlex.join(shell_words(pasted))
@@ -165,12 +171,20 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
         t, cmd = r["trip"], r["command"] or "sft"
         jobs += [(cmd, r["argv"]), (cmd, t.exported), (cmd, t.dry_run)]
     parsed = parse_all(jobs)
-    totals = {"cases": len(rows), "imported": 0, "refused_with_reason": 0, "keeps": 0,
-              "adds_nothing": 0, "parser": 0, "processes": 0, "orig_parses": 0,
-              "parser_of_ok": 0}
+    totals = {
+        "cases": len(rows),
+        "imported": 0,
+        "refused_with_reason": 0,
+        "keeps": 0,
+        "adds_nothing": 0,
+        "parser": 0,
+        "processes": 0,
+        "orig_parses": 0,
+        "parser_of_ok": 0,
+    }
     for i, r in enumerate(rows):
         t = r["trip"]
-        orig, exp, dry = parsed[3 * i:3 * i + 3]
+        orig, exp, dry = parsed[3 * i : 3 * i + 3]
         if t.error.startswith("import:"):
             if r["refuse"] and r["refuse"] in t.error:
                 totals["refused_with_reason"] += 1
@@ -182,7 +196,7 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
             o = parsed[3 * i]
             totals["orig_parses"] += imported and not o.get("error") and not o.get("remaining")
             totals["imported"] += imported
-            totals["processes"] += imported and t.procs == r["procs"]   # the spec holds them
+            totals["processes"] += imported and t.procs == r["procs"]  # the spec holds them
             continue
         totals["imported"] += 1
         known = tables["commands"][r["command"]]
@@ -190,10 +204,16 @@ def score(cases: list[dict], verbose: bool, one_line: bool = False) -> dict:
         set_exp = explicit_dests(t.exported, known)
         ov, ev = orig.get("values", {}), exp.get("values", {})
         fails = []
-        changed = [f"{d}: {ov.get(d)!r} -> {ev.get(d)!r}" for d in sorted(set_orig)
-                   if not same(ov.get(d), ev.get(d))]
-        added = [f"{d}: {ev.get(d)!r} (default {ov.get(d)!r})" for d in sorted(set_exp - set_orig)
-                 if ov.get(d) != ev.get(d)]
+        changed = [
+            f"{d}: {ov.get(d)!r} -> {ev.get(d)!r}"
+            for d in sorted(set_orig)
+            if not same(ov.get(d), ev.get(d))
+        ]
+        added = [
+            f"{d}: {ev.get(d)!r} (default {ov.get(d)!r})"
+            for d in sorted(set_exp - set_orig)
+            if ov.get(d) != ev.get(d)
+        ]
         if orig.get("error") or orig.get("remaining"):
             changed.append(f"(the original itself: {orig.get('error')} {orig.get('remaining')})")
         totals["keeps"] += not changed
@@ -224,11 +244,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=str(CASES))
     ap.add_argument("-v", "--verbose", action="store_true")
-    ap.add_argument("--one-line", action="store_true",
-                    help="paste each command as one line (continuations joined)")
+    ap.add_argument(
+        "--one-line",
+        action="store_true",
+        help="paste each command as one line (continuations joined)",
+    )
     a = ap.parse_args()
     path = Path(a.cases).resolve()
-    os.chdir(path.parent)                 # config files and hostfiles are named from there
+    os.chdir(path.parent)  # config files and hostfiles are named from there
     t0 = time.monotonic()
     cases = read_cases(path)
     tot = score(cases, a.verbose, a.one_line)
@@ -238,12 +261,16 @@ def main() -> int:
         return f"{k}/{d} = {100 * k / d:.1f} %" if d else "-"
 
     print(f"cases: {n} ({Path(a.cases).name}), {time.monotonic() - t0:.1f} s")
-    print(f"imported:                          {pct(imp, n)} (refused with the expected "
-          f"reason: {tot['refused_with_reason']})")
+    print(
+        f"imported:                          {pct(imp, n)} (refused with the expected "
+        f"reason: {tot['refused_with_reason']})"
+    )
     print(f"export keeps every flag and value: {pct(tot['keeps'], imp)}")
     print(f"export adds no flag (off default): {pct(tot['adds_nothing'], imp)}")
-    print(f"dry-run passes ms-swift's parser:  {pct(tot['parser'], imp)} (of the commands "
-          f"ms-swift's parser accepts as pasted: {pct(tot['parser_of_ok'], tot['orig_parses'])})")
+    print(
+        f"dry-run passes ms-swift's parser:  {pct(tot['parser'], imp)} (of the commands "
+        f"ms-swift's parser accepts as pasted: {pct(tot['parser_of_ok'], tot['orig_parses'])})"
+    )
     print(f"same processes and nodes:          {pct(tot['processes'], imp)}")
     return 0
 

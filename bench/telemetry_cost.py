@@ -60,15 +60,18 @@ class TimedLib:
             finally:
                 self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
                 self.calls[name] = self.calls.get(name, 0) + 1
+
         return timed
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, float]]:
         return dict(self.calls), dict(self.cpu)
 
 
-RANK_CODE = ("import subprocess,sys,time;"
-             "kids=[subprocess.Popen([sys.executable,'-c','import time;time.sleep(3600)'])"
-             " for _ in range({workers})];time.sleep(3600)")
+RANK_CODE = (
+    "import subprocess,sys,time;"
+    "kids=[subprocess.Popen([sys.executable,'-c','import time;time.sleep(3600)'])"
+    " for _ in range({workers})];time.sleep(3600)"
+)
 
 
 def main(argv=None) -> int:
@@ -83,8 +86,13 @@ def main(argv=None) -> int:
     out = Path(a.outdir)
     out.mkdir(parents=True, exist_ok=True)
 
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK_CODE.format(workers=a.workers)],
-                              env=dict(os.environ, RANK=str(r))) for r in range(a.ranks)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_CODE.format(workers=a.workers)],
+            env=dict(os.environ, RANK=str(r)),
+        )
+        for r in range(a.ranks)
+    ]
     try:
         time.sleep(2.0)  # let the stand-ins start their workers
         if a.fake:
@@ -103,9 +111,14 @@ def main(argv=None) -> int:
         db = sqlite3.connect(db_path)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        sampler = TelemetrySampler(TelemetryStore(db), interval_s=1.0, nvml=nvml,
-                                   rank_pids=lambda: {i: p.pid for i, p in enumerate(ranks)}, out_dir=str(out),
-                                   slow_s=a.slow_s)
+        sampler = TelemetrySampler(
+            TelemetryStore(db),
+            interval_s=1.0,
+            nvml=nvml,
+            rank_pids=lambda: {i: p.pid for i, p in enumerate(ranks)},
+            out_dir=str(out),
+            slow_s=a.slow_s,
+        )
         first_c = time.process_time()
         sampler.sample()  # the first sample reads everything (slow tier of every GPU)
         first_ms = (time.process_time() - first_c) * 1e3
@@ -133,13 +146,18 @@ def main(argv=None) -> int:
             if dn <= 0:
                 continue
             per_call = (cpu1[name] - cpu0.get(name, 0.0)) / dn
-            per_fn[name] = {"tier": "fast" if name in FAST_FNS else "slow",
-                            "calls_per_gpu_per_s": round(dn / (gpus * seconds), 3),
-                            "cpu_ms_per_call": round(per_call * 1e3, 4)}
+            per_fn[name] = {
+                "tier": "fast" if name in FAST_FNS else "slow",
+                "calls_per_gpu_per_s": round(dn / (gpus * seconds), 3),
+                "cpu_ms_per_call": round(per_call * 1e3, 4),
+            }
 
         def tier_ms(tier):  # CPU ms per GPU per second spent in one tier's calls
-            return sum(f["calls_per_gpu_per_s"] * f["cpu_ms_per_call"]
-                       for f in per_fn.values() if tier in (None, f["tier"]))
+            return sum(
+                f["calls_per_gpu_per_s"] * f["cpu_ms_per_call"]
+                for f in per_fn.values()
+                if tier in (None, f["tier"])
+            )
 
         def mean_part(k):
             return statistics.mean(pt.get(k, 0.0) for pt in parts) * 1e3
@@ -149,17 +167,25 @@ def main(argv=None) -> int:
         per_gpu_ms = tier_ms(None) if per_fn else (nvml_ms / gpus if gpus else 0.0)
         calls_per_gpu_s = sum(f["calls_per_gpu_per_s"] for f in per_fn.values())
         res = {
-            "host": platform.node(), "python": platform.python_version(),
-            "nvml": nvml.status, "nvml_message": nvml.message, "driver": nvml.driver,
-            "gpu_names": nvml.names, "gpus": gpus, "fake_nvml": bool(a.fake),
-            "slow_s": sampler.slow_s, "samples": seconds, "processes_sampled": len(last["procs"]),
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "nvml": nvml.status,
+            "nvml_message": nvml.message,
+            "driver": nvml.driver,
+            "gpu_names": nvml.names,
+            "gpus": gpus,
+            "fake_nvml": bool(a.fake),
+            "slow_s": sampler.slow_s,
+            "samples": seconds,
+            "processes_sampled": len(last["procs"]),
             "cpu_ms_first_sample": round(first_ms, 3),
             "cpu_ms_per_sample_mean": round(statistics.mean(cpu) * 1e3, 3),
             "cpu_ms_per_sample_p95": round(sorted(cpu)[int(0.95 * (len(cpu) - 1))] * 1e3, 3),
             "cpu_ms_per_sample_max": round(max(cpu) * 1e3, 3),
             "wall_ms_per_sample_max": round(max(wall) * 1e3, 3),
-            "parts_cpu_ms_mean": {k: round(mean_part(k), 3)
-                                  for k in ("nvml", "procs", "host", "store")},
+            "parts_cpu_ms_mean": {
+                k: round(mean_part(k), 3) for k in ("nvml", "procs", "host", "store")
+            },
             "nvml_calls_per_gpu_per_s": round(calls_per_gpu_s, 3),
             "nvml_by_function": per_fn,
             "nvml_cpu_ms_per_gpu_per_s": round(per_gpu_ms, 3),

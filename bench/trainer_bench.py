@@ -28,8 +28,8 @@ __import__("checkout").use()  # tunedeck from this checkout unless installed
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocab, tied (Qwen2.5 configs)
     "7b": (3584, 18944, 28, 28, 4, 152064, False),
-    "tiny": (128, 352, 4, 4, 2, 1024, True),      # CPU self-test
-    "small": (512, 1536, 4, 8, 2, 8192, False),   # a quick GPU check
+    "tiny": (128, 352, 4, 4, 2, 1024, True),  # CPU self-test
+    "small": (512, 1536, 4, 8, 2, 8192, False),  # a quick GPU check
 }
 
 
@@ -37,13 +37,22 @@ def qwen_config(size: str):
     from transformers import Qwen2Config
 
     h, inter, layers, heads, kv, vocab, tie = SIZES[size]
-    return Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
-                       tie_word_embeddings=tie, max_position_embeddings=32768, rope_theta=1e6)
+    return Qwen2Config(
+        hidden_size=h,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        tie_word_embeddings=tie,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+    )
 
 
 class _Tok:
     """All the trainer needs of a tokenizer for synthetic data."""
+
     pad_token_id = 0
     eos_token_id = 0
 
@@ -106,6 +115,7 @@ def run(a) -> int:
     if a.preset:
         # the preset's own method and batch settings (model and data stay synthetic)
         from tunedeck.core.spec import load_spec
+
         p = load_spec(Path(a.preset))
         spec.method.lora_rank, spec.method.lora_alpha = p.method.lora_rank, p.method.lora_alpha
         spec.method.target_modules = p.method.target_modules
@@ -139,8 +149,16 @@ def run(a) -> int:
     n = max(64, per_step * (a.warmup + a.steps) * (6 if a.case != "padded" else 1))
     data = synthetic(a.case, n, a.seq, cfg.vocab_size, seed=1)
     events = EventWriter(a.out, d.rank)
-    tr = Trainer(spec, Path(a.out), d, events, StopFlag(), model=model, tokenizer=_Tok(),
-                 datasets=(data, None))
+    tr = Trainer(
+        spec,
+        Path(a.out),
+        d,
+        events,
+        StopFlag(),
+        model=model,
+        tokenizer=_Tok(),
+        datasets=(data, None),
+    )
     tr.save_at_end = False
     if a.profile and d.rank == 0:
         _profile_one_step(tr, a.warmup, Path(a.out) / "profile.txt")
@@ -149,6 +167,7 @@ def run(a) -> int:
     finally:
         events.close()
         import torch.distributed as dist
+
         dist.destroy_process_group()
     return 0
 
@@ -169,8 +188,11 @@ def _profile_one_step(tr, warmup: int, out: Path) -> None:
         if done == warmup + 1 and "p" in box:
             torch.cuda.synchronize()
             box["p"].__exit__(None, None, None)
-            out.write_text(box["p"].key_averages().table(
-                sort_by="self_device_time_total", row_limit=40, max_name_column_width=90))
+            out.write_text(
+                box["p"]
+                .key_averages()
+                .table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+            )
 
     tr.before_step.append(start)
     tr.after_step.append(stop)
@@ -191,24 +213,35 @@ def summarize(case_dir: Path, warmup: int) -> dict | None:
         toks = statistics.mean(e["tokens"] for e in steps)
         labels = statistics.mean(e.get("label_tokens", e["tokens"]) for e in steps)
         mfus = [e["mfu"] for e in steps if e.get("mfu") is not None]
-        per_rank.append(dict(tokens_per_s=toks / med, step_s=med, tokens=toks,
-                             label_tokens_per_s=labels / med,
-                             mem_gib=max(e["mem_gib"] for e in steps),
-                             reserved_gib=max(e.get("mem_reserved_gib") or 0 for e in steps),
-                             mfu=statistics.median(mfus) if mfus else None))
+        per_rank.append(
+            dict(
+                tokens_per_s=toks / med,
+                step_s=med,
+                tokens=toks,
+                label_tokens_per_s=labels / med,
+                mem_gib=max(e["mem_gib"] for e in steps),
+                reserved_gib=max(e.get("mem_reserved_gib") or 0 for e in steps),
+                mfu=statistics.median(mfus) if mfus else None,
+            )
+        )
     ev0 = read_events(ranks[0])
     start = next(e for e in ev0 if e["kind"] == "start")
     done = [e for e in ev0 if e["kind"] == "phase" and e.get("phase") == "training"]
-    return dict(world=start["world_size"], method=start["method"], strategy=start["strategy"],
-                tokens_per_s_per_gpu=statistics.mean(r["tokens_per_s"] for r in per_rank),
-                step_s=statistics.mean(r["step_s"] for r in per_rank),
-                peak_mem_gib=max(r["mem_gib"] for r in per_rank),
-                reserved_gib=max(r["reserved_gib"] for r in per_rank),
-                label_tokens_per_s=statistics.mean(r["label_tokens_per_s"] for r in per_rank),
-                compiles=len(done), graphs=done[-1]["graphs"] if done else 0,
-                compile_s=round(sum(e["compile_s"] for e in done), 1),
-                fallback=any(e.get("phase") == "eager_fallback" for e in ev0),
-                mfu=per_rank[0]["mfu"])
+    return dict(
+        world=start["world_size"],
+        method=start["method"],
+        strategy=start["strategy"],
+        tokens_per_s_per_gpu=statistics.mean(r["tokens_per_s"] for r in per_rank),
+        step_s=statistics.mean(r["step_s"] for r in per_rank),
+        peak_mem_gib=max(r["mem_gib"] for r in per_rank),
+        reserved_gib=max(r["reserved_gib"] for r in per_rank),
+        label_tokens_per_s=statistics.mean(r["label_tokens_per_s"] for r in per_rank),
+        compiles=len(done),
+        graphs=done[-1]["graphs"] if done else 0,
+        compile_s=round(sum(e["compile_s"] for e in done), 1),
+        fallback=any(e.get("phase") == "eager_fallback" for e in ev0),
+        mfu=per_rank[0]["mfu"],
+    )
 
 
 def _json_lines(case_dir: Path) -> list[dict]:
@@ -226,29 +259,54 @@ def _json_lines(case_dir: Path) -> list[dict]:
 def table(out: Path, warmup: int) -> str:
     """One row per case: tokens/s/GPU (labelled tokens/s where not all tokens carry loss),
     peak allocated and reserved GiB, MFU (989 TFLOP/s dense bf16 peak), compiles."""
-    rows = []   # name, world, tok/s, label tok/s, alloc, reserved, mfu, note
+    rows = []  # name, world, tok/s, label tok/s, alloc, reserved, mfu, note
     for case_dir in sorted(p for p in out.iterdir() if p.is_dir()):
         if case_dir.name.startswith(("anchor", "unsloth")):
             res = [r for r in _json_lines(case_dir) if "tokens_per_s_per_gpu" in r]
             if res:
                 tps = statistics.mean(r["tokens_per_s_per_gpu"] for r in res)
-                rows.append((case_dir.name, res[0].get("world", 1), tps, tps,
-                             max(r["peak_mem_gib"] for r in res),
-                             max(r.get("peak_reserved_gib") or 0 for r in res),
-                             res[0]["tflops_per_gpu"] / 989.0, ""))
+                rows.append(
+                    (
+                        case_dir.name,
+                        res[0].get("world", 1),
+                        tps,
+                        tps,
+                        max(r["peak_mem_gib"] for r in res),
+                        max(r.get("peak_reserved_gib") or 0 for r in res),
+                        res[0]["tflops_per_gpu"] / 989.0,
+                        "",
+                    )
+                )
             continue
         s = summarize(case_dir, warmup)
         if s:
-            note = f"{s['compiles']} compiles, {s['graphs']} graphs, {s['compile_s']} s" \
-                if s["compiles"] else ("eager (compile failed)" if s["fallback"] else "eager")
-            rows.append((case_dir.name, s["world"], s["tokens_per_s_per_gpu"],
-                         s["label_tokens_per_s"], s["peak_mem_gib"], s["reserved_gib"],
-                         s["mfu"], note))
-    lines = ["| case | GPUs | tokens/s/GPU | labelled tokens/s | peak alloc GiB | "
-             "peak reserved GiB | MFU | compile |", "|---|---|---|---|---|---|---|---|"]
+            note = (
+                f"{s['compiles']} compiles, {s['graphs']} graphs, {s['compile_s']} s"
+                if s["compiles"]
+                else ("eager (compile failed)" if s["fallback"] else "eager")
+            )
+            rows.append(
+                (
+                    case_dir.name,
+                    s["world"],
+                    s["tokens_per_s_per_gpu"],
+                    s["label_tokens_per_s"],
+                    s["peak_mem_gib"],
+                    s["reserved_gib"],
+                    s["mfu"],
+                    note,
+                )
+            )
+    lines = [
+        "| case | GPUs | tokens/s/GPU | labelled tokens/s | peak alloc GiB | "
+        "peak reserved GiB | MFU | compile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, world, tps, ltps, mem, res, m, note in rows:
-        lines.append(f"| {name} | {world} | {tps:,.0f} | {ltps:,.0f} | {mem:.1f} | {res:.1f} | "
-                     f"{'n/a' if m is None else f'{100 * m:.1f} %'} | {note} |")
+        lines.append(
+            f"| {name} | {world} | {tps:,.0f} | {ltps:,.0f} | {mem:.1f} | {res:.1f} | "
+            f"{'n/a' if m is None else f'{100 * m:.1f} %'} | {note} |"
+        )
     by = {r[0]: r for r in rows}
     notes = []
     base = "anchor-1"
@@ -257,18 +315,24 @@ def table(out: Path, warmup: int) -> str:
             notes.append(f"{name} / {base}: {by[name][2] / by[base][2]:.3f}")
     for ours in ("ours-default-1", "ours-padded-1"):
         if ours in by and "anchor-liger-1" in by:
-            notes.append(f"{ours} / anchor-liger-1: {by[ours][2] / by['anchor-liger-1'][2]:.3f}"
-                         f" (reserved {by[ours][5]:.1f} vs {by['anchor-liger-1'][5]:.1f} GiB)")
+            notes.append(
+                f"{ours} / anchor-liger-1: {by[ours][2] / by['anchor-liger-1'][2]:.3f}"
+                f" (reserved {by[ours][5]:.1f} vs {by['anchor-liger-1'][5]:.1f} GiB)"
+            )
     ref = by.get("ours-default-1") or by.get("ours-padded-1")
     if ref:
         for chat in ("ours-chat-padded-1", "ours-chat-packed-1"):
             if chat in by:
-                notes.append(f"{chat} vs {ref[0]} (fixed-length random tokens, all labelled): "
-                             f"tokens {by[chat][2] / ref[2]:.2f}x, labelled tokens "
-                             f"{by[chat][3] / ref[3]:.2f}x")
+                notes.append(
+                    f"{chat} vs {ref[0]} (fixed-length random tokens, all labelled): "
+                    f"tokens {by[chat][2] / ref[2]:.2f}x, labelled tokens "
+                    f"{by[chat][3] / ref[3]:.2f}x"
+                )
     if "ours-chat-padded-1" in by and "ours-chat-packed-1" in by:
-        notes.append(f"packed vs padded chat (labelled tokens/s): "
-                     f"{by['ours-chat-packed-1'][3] / by['ours-chat-padded-1'][3]:.2f}x")
+        notes.append(
+            f"packed vs padded chat (labelled tokens/s): "
+            f"{by['ours-chat-packed-1'][3] / by['ours-chat-padded-1'][3]:.2f}x"
+        )
     text = "\n".join(lines + [""] + notes) + "\n"
     (out / "table.md").write_text(text)
     return text
@@ -288,8 +352,12 @@ def main(argv=None) -> int:
     r.add_argument("--compile", action="store_true", help="(the default now)")
     r.add_argument("--eager", action="store_true", help="train.compile = false")
     r.add_argument("--fp8", action="store_true", default=None, help="method.fp8_base = true")
-    r.add_argument("--no-fp8", action="store_false", dest="fp8",
-                   help="method.fp8_base = false (the preset's products in bf16)")
+    r.add_argument(
+        "--no-fp8",
+        action="store_false",
+        dest="fp8",
+        help="method.fp8_base = false (the preset's products in bf16)",
+    )
     r.add_argument("--preset", help="take method and batch settings from this spec file")
     r.add_argument("--profile", action="store_true", help="profile the step after warm-up")
     r.add_argument("--out", required=True)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()  # tunedeck from this checkout unless installed
 
 T0 = 1.7e9
-SPIKE = 0.777777     # where in the run the one spike is (a fraction of the steps)
+SPIKE = 0.777777  # where in the run the one spike is (a fraction of the steps)
 
 
 def spike_at(steps: int) -> int:
@@ -43,11 +43,28 @@ def step_line(rank: int, step: int, spike: int) -> str:
     loss = 2.0 + 1.0 / (1 + step / 500) + ((step * 7919) % 97) * 1e-3
     if step == spike:
         loss = 40.0
-    return json.dumps({"t": T0 + step * 0.5, "kind": "step", "rank": rank, "step": step,
-                       "loss": loss, "lr": 1e-4 * min(1.0, step / 2000), "grad_norm":
-                       0.5 + (step % 7) * 0.01, "tokens": 8192, "step_s": 0.5,
-                       "data_wait_s": 0.004, "compute_s": 0.31, "mem_gib": 61.3,
-                       "tokens_per_s": 16384.0, "epoch": step // 100_000, "mfu": 0.41}) + "\n"
+    return (
+        json.dumps(
+            {
+                "t": T0 + step * 0.5,
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "loss": loss,
+                "lr": 1e-4 * min(1.0, step / 2000),
+                "grad_norm": 0.5 + (step % 7) * 0.01,
+                "tokens": 8192,
+                "step_s": 0.5,
+                "data_wait_s": 0.004,
+                "compute_s": 0.31,
+                "mem_gib": 61.3,
+                "tokens_per_s": 16384.0,
+                "epoch": step // 100_000,
+                "mfu": 0.41,
+            }
+        )
+        + "\n"
+    )
 
 
 def make_run(path: Path, ranks: int, steps: int) -> Path:
@@ -67,15 +84,36 @@ def make_run(path: Path, ranks: int, steps: int) -> Path:
     t = time.time()
     for r in range(ranks):
         with open(run.event_file(r), "w") as f:
-            f.write(json.dumps({"t": T0, "kind": "start", "rank": r, "world_size": ranks,
-                                "max_steps": steps, "start_step": 0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": T0,
+                        "kind": "start",
+                        "rank": r,
+                        "world_size": ranks,
+                        "max_steps": steps,
+                        "start_step": 0,
+                    }
+                )
+                + "\n"
+            )
             chunk = []
             for s in range(1, steps + 1):
                 chunk.append(step_line(r, s, spike_at(steps)))
                 if s % 500 == 0:
-                    chunk.append(json.dumps({"t": T0 + s * 0.5, "kind": "eval", "rank": r,
-                                             "step": s, "eval_loss": 1.9 + 1.0 / (1 + s / 500),
-                                             "eval_tokens": 4096}) + "\n")
+                    chunk.append(
+                        json.dumps(
+                            {
+                                "t": T0 + s * 0.5,
+                                "kind": "eval",
+                                "rank": r,
+                                "step": s,
+                                "eval_loss": 1.9 + 1.0 / (1 + s / 500),
+                                "eval_tokens": 4096,
+                            }
+                        )
+                        + "\n"
+                    )
                 if len(chunk) >= 20000:
                     f.write("".join(chunk))
                     chunk = []
@@ -86,9 +124,11 @@ def make_run(path: Path, ranks: int, steps: int) -> Path:
     with Store(run, write=True) as store:
         while got := len(store.ingest()):
             n += got
-    print(f"made {ranks} x {steps:,} steps: events written in {wrote:.0f} s, {n:,} events "
-          f"ingested in {time.time() - t:.0f} s; run.db {run.db.stat().st_size / 2**20:.0f} MiB",
-          flush=True)
+    print(
+        f"made {ranks} x {steps:,} steps: events written in {wrote:.0f} s, {n:,} events "
+        f"ingested in {time.time() - t:.0f} s; run.db {run.db.stat().st_size / 2**20:.0f} MiB",
+        flush=True,
+    )
     done.write_text(json.dumps({"ranks": ranks, "steps": steps}))
     return path
 
@@ -119,19 +159,32 @@ def bench_query(run: Path, ranks: int, steps: int, buckets: int, repeats: int) -
             store.step_series(rank, None, None, buckets, ("loss",))
             store.eval_series(rank, None, None, buckets)
             cold = (time.perf_counter() - t) * 1000
-            rows.append({"what": f"rank {rank}: first call of a fresh Store (whole run)",
-                         "best_ms": round(cold, 2), "median_ms": round(cold, 2)})
+            rows.append(
+                {
+                    "what": f"rank {rank}: first call of a fresh Store (whole run)",
+                    "best_ms": round(cold, 2),
+                    "median_ms": round(cold, 2),
+                }
+            )
             for name, a, b in windows:
                 for metrics in (("loss",), ("loss", "lr", "grad_norm")):
+
                     def q():
                         s = store.step_series(rank, a, b, buckets, metrics)
                         store.eval_series(rank, a, b, buckets)
                         q.n = len(s["step"])
                         q.top = max((v for v in s["loss_max"] if v is not None), default=None)
+
                     best, med = timed(q, repeats)
-                    rows.append({"what": f"rank {rank}: {name}, {'+'.join(metrics)}",
-                                 "buckets": q.n, "max_loss": q.top,
-                                 "best_ms": round(best, 2), "median_ms": round(med, 2)})
+                    rows.append(
+                        {
+                            "what": f"rank {rank}: {name}, {'+'.join(metrics)}",
+                            "buckets": q.n,
+                            "max_loss": q.top,
+                            "best_ms": round(best, 2),
+                            "median_ms": round(med, 2),
+                        }
+                    )
     return rows
 
 
@@ -147,23 +200,42 @@ def bench_render(run: Path, repeats: int) -> list[dict]:
         whole = src(None, None, buckets, ("loss", "lr", "grad_norm"))
         first, last = whole.extent()
         for log_y in (False, True):
-            frame = Frame(first, last, last, [TraceView("loss", "#5fafff", whole)],
-                          log_y=log_y, show_eval=True, show_lr=True, show_grad=True)
+            frame = Frame(
+                first,
+                last,
+                last,
+                [TraceView("loss", "#5fafff", whole)],
+                log_y=log_y,
+                show_eval=True,
+                show_lr=True,
+                show_grad=True,
+            )
 
             def draw():
                 lines = [Strip(segs, width) for segs in render_chart(frame, width, height)]
                 draw.lines = lines
+
             best, med = timed(draw, repeats * 3)
             # the one spike step reaches the top row (loss alone: nothing else is that high)
-            only_loss = Frame(first, last, last, [TraceView("loss", "#5fafff", whole)],
-                              log_y=log_y, show_eval=False)
+            only_loss = Frame(
+                first,
+                last,
+                last,
+                [TraceView("loss", "#5fafff", whole)],
+                log_y=log_y,
+                show_eval=False,
+            )
             top = "".join(s.text for s in render_chart(only_loss, width, height)[1])
-            rows.append({"what": f"render {width}x{height} from {sum(whole.steps['n']):,} steps "
-                                 f"in {len(whole.steps['step'])} buckets, eval+lr+grad"
-                                 f"{', log y' if log_y else ''}",
-                         "spike_cells_on_top_row": sum(ch >= "\u2800" and ch <= "\u28ff"
-                                                       for ch in top),
-                         "best_ms": round(best, 2), "median_ms": round(med, 2)})
+            rows.append(
+                {
+                    "what": f"render {width}x{height} from {sum(whole.steps['n']):,} steps "
+                    f"in {len(whole.steps['step'])} buckets, eval+lr+grad"
+                    f"{', log y' if log_y else ''}",
+                    "spike_cells_on_top_row": sum(ch >= "\u2800" and ch <= "\u28ff" for ch in top),
+                    "best_ms": round(best, 2),
+                    "median_ms": round(med, 2),
+                }
+            )
     src.close()
     return rows
 
@@ -197,18 +269,29 @@ def bench_widget(run: Path, repeats: int) -> list[dict]:
                 for y in range(48):
                     plot.render_line(y)
                 round_trips.append((time.perf_counter() - t) * 1000)
-            rows.append({"what": "widget 160x48: refresh_data() -> query in the worker -> "
-                                 "lines drawn (whole run, loss+lr)",
-                         "best_ms": round(min(round_trips), 2),
-                         "median_ms": round(statistics.median(round_trips), 2)})
+            rows.append(
+                {
+                    "what": "widget 160x48: refresh_data() -> query in the worker -> "
+                    "lines drawn (whole run, loss+lr)",
+                    "best_ms": round(min(round_trips), 2),
+                    "median_ms": round(statistics.median(round_trips), 2),
+                }
+            )
 
             def redraw():
                 plot._lines = None
                 for y in range(48):
                     plot.render_line(y)
+
             best, med = timed(redraw, repeats * 3)
-            rows.append({"what": "widget 160x48: a redraw (a key like y or e): every line",
-                         "best_ms": round(best, 2), "median_ms": round(med, 2)})
+            rows.append(
+                {
+                    "what": "widget 160x48: a redraw (a key like y or e): every line",
+                    "best_ms": round(best, 2),
+                    "median_ms": round(med, 2),
+                }
+            )
+
     asyncio.run(go())
     return rows
 
@@ -223,9 +306,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     run = make_run(args.out / "run", args.ranks, args.steps)
     results = {"ranks": args.ranks, "steps": args.steps}
-    for name, rows in (("query", bench_query(run, args.ranks, args.steps, 306, args.repeats)),
-                       ("render", bench_render(run, args.repeats)),
-                       ("widget", bench_widget(run, args.repeats))):
+    for name, rows in (
+        ("query", bench_query(run, args.ranks, args.steps, 306, args.repeats)),
+        ("render", bench_render(run, args.repeats)),
+        ("widget", bench_widget(run, args.repeats)),
+    ):
         print(f"{name}:")
         for row in rows:
             print("  " + json.dumps(row))

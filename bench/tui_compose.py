@@ -7,7 +7,12 @@ the screen's own record
 pane; includes the 30 ms debounce). Also times build_preview alone (the worker's part).
 Usage: python bench/tui_compose.py [N] [--real-gpus]
 """
-import asyncio, os, statistics, sys, time
+
+import asyncio
+import os
+import statistics
+import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,7 +35,11 @@ if not REAL:
 
 class Host(App):
     def __init__(self, s):
-        super().__init__(); self.s = s; self.readonly = False; self.refresh_s = 1.0
+        super().__init__()
+        self.s = s
+        self.readonly = False
+        self.refresh_s = 1.0
+
     def on_mount(self):
         self.push_screen(self.s)
 
@@ -38,7 +47,9 @@ class Host(App):
 async def settle(pilot, s, timeout=300):
     t = time.monotonic()
     while time.monotonic() - t < timeout:
-        await asyncio.sleep(0.002)   # not pilot.pause: it pings every widget, which the screen would pay for
+        await asyncio.sleep(
+            0.002
+        )  # not pilot.pause: it pings every widget, which the screen would pay for
         if s.preview is not None and not s.preview_pending:
             return
     raise TimeoutError
@@ -53,10 +64,10 @@ async def run(name, spec):
         s.latencies.clear()
         inp = s.query_one("#" + C.widget_id("train.max_steps"), Input)
         for i in range(N):
-            await asyncio.sleep(0.15)          # a typist's pace between edits
+            await asyncio.sleep(0.15)  # a typist's pace between edits
             g0 = s.generation
             inp.value = str(100 + i)
-            while s.generation == g0:          # the edit reached the screen
+            while s.generation == g0:  # the edit reached the screen
                 await asyncio.sleep(0.001)
             await settle(pilot, s)
             assert f"{100 + i}" in s.preview_text()
@@ -65,41 +76,62 @@ async def run(name, spec):
 
 
 def row(name, first, lat):
-    q = lambda p: lat[min(int(p * len(lat)), len(lat) - 1)]
-    return (f"| {name} | {first * 1000:.0f} | {len(lat)} | {statistics.median(lat):.1f} | "
-            f"{q(0.9):.1f} | {max(lat):.1f} |")
+    def q(p):
+        return lat[min(int(p * len(lat)), len(lat) - 1)]
+
+    return (
+        f"| {name} | {first * 1000:.0f} | {len(lat)} | {statistics.median(lat):.1f} | "
+        f"{q(0.9):.1f} | {max(lat):.1f} |"
+    )
 
 
 def worker_only(spec, facts, n=30):
     out = []
     for _ in range(n):
-        t = time.perf_counter(); C.build_preview(spec, facts); out.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        C.build_preview(spec, facts)
+        out.append((time.perf_counter() - t) * 1000)
     return statistics.median(out), max(out)
 
 
 async def main():
     demo = load_spec(PRESETS_DIR / "demo.toml")
-    swift = set_values(load_spec(PRESETS_DIR / "demo.toml"), {"backend": "swift", "name": "swift-demo"})
+    swift = set_values(
+        load_spec(PRESETS_DIR / "demo.toml"), {"backend": "swift", "name": "swift-demo"}
+    )
     swift7b = load_spec(PRESETS_DIR / "swift-ddp-lora-2gpu.toml")
-    print(f"# python {sys.version.split()[0]}, {os.cpu_count()} cpus, N={N} edits per spec, "
-          f"GPU facts: {'this machine (NVML)' if REAL else 'recorded 2x H200'}")
-    print("| spec | first preview ms (mount, incl. flag table) | edits | median ms | p90 ms | max ms |")
+    print(
+        f"# python {sys.version.split()[0]}, {os.cpu_count()} cpus, N={N} edits per spec, "
+        f"GPU facts: {'this machine (NVML)' if REAL else 'recorded 2x H200'}"
+    )
+    print(
+        "| spec | first preview ms (mount, incl. flag table) | edits | median ms | p90 ms | max ms |"
+    )
     print("|---|---|---|---|---|---|")
-    for name, spec in (("builtin demo", demo), ("swift demo (tiny, CPU)", swift),
-                       ("swift 7B DDP preset", swift7b)):
+    for name, spec in (
+        ("builtin demo", demo),
+        ("swift demo (tiny, CPU)", swift),
+        ("swift 7B DDP preset", swift7b),
+    ):
         first, lat = await run(name, spec)
         print(row(name, first, lat))
     facts = probe_gpus(topology=False) if REAL else H200
     for name, spec in (("builtin demo", demo), ("swift 7B DDP preset", swift7b)):
         med, mx = worker_only(set_values(spec, {"cluster.master_port": 29500}), facts)
-        print(f"build_preview alone (the worker's part), {name}: median {med:.1f} ms, "
-              f"max {mx:.1f} ms")
+        print(
+            f"build_preview alone (the worker's part), {name}: median {med:.1f} ms, max {mx:.1f} ms"
+        )
     from tunedeck.core.telemetry.gpus import list_gpus
+
     ts = []
     for _ in range(10):
-        t = time.perf_counter(); n = len(list_gpus()); ts.append((time.perf_counter() - t) * 1000)
-    print(f"list_gpus() (NVML init+query+shutdown; estimate_spec calls it once per preview): "
-          f"{n} GPU(s), median {statistics.median(ts):.1f} ms, max {max(ts):.1f} ms")
+        t = time.perf_counter()
+        n = len(list_gpus())
+        ts.append((time.perf_counter() - t) * 1000)
+    print(
+        f"list_gpus() (NVML init+query+shutdown; estimate_spec calls it once per preview): "
+        f"{n} GPU(s), median {statistics.median(ts):.1f} ms, max {max(ts):.1f} ms"
+    )
 
 
 asyncio.run(main())

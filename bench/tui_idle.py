@@ -52,19 +52,26 @@ def synthesize(root: Path, n: int, seed: int = 0) -> list[str]:
     for i in range(n):
         spec.name = rng.choice(("demo", "lora-7b", "qlora-72b", "sweep", "fsdp2-full"))
         spec.train.max_steps = rng.choice((100, 200, 500, 1000))
-        run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now - i * 3600))}-" \
-                 f"{spec.name}-{i:04x}"
+        run_id = (
+            f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now - i * 3600))}-{spec.name}-{i:04x}"
+        )
         with mock.patch.object(launch, "new_run_id", lambda _name, r=run_id: r):
             run_dir = launch.prepare_run(spec, root)
         rd = RunDir(run_dir)
         st = rd.read_state()
         status = STATUSES[i % 3]
         created = now - i * 3600 - 600
-        steps = spec.train.max_steps if status == "succeeded" else \
-            rng.randrange(spec.train.max_steps)
-        st.update(status=status, created=created, started=created + 5, ended=created + 500,
-                  exit_code={"succeeded": 0, "failed": 1}.get(status),
-                  message="" if status == "succeeded" else f"{status} at step {steps}")
+        steps = (
+            spec.train.max_steps if status == "succeeded" else rng.randrange(spec.train.max_steps)
+        )
+        st.update(
+            status=status,
+            created=created,
+            started=created + 5,
+            ended=created + 500,
+            exit_code={"succeeded": 0, "failed": 1}.get(status),
+            message="" if status == "succeeded" else f"{status} at step {steps}",
+        )
         st["progress"].update(step=steps, loss=round(2.5 - steps / 1000, 4), t=created + 500)
         rd.write_state(st)
         ids.append(run_id)
@@ -83,8 +90,13 @@ def registry_cost(root: Path, rescans: int = 20) -> dict:
     for _ in range(rescans):
         reg.scan()
     warm = (time.perf_counter() - t) / rescans
-    return {"runs": len(runs), "cold_s": cold, "rescan_s": warm, "cold_reads": reads,
-            "rescan_reads": (reg.reads - reads) / rescans}
+    return {
+        "runs": len(runs),
+        "cold_s": cold,
+        "rescan_s": warm,
+        "cold_reads": reads,
+        "rescan_reads": (reg.reads - reads) / rescans,
+    }
 
 
 class Tmux:
@@ -94,15 +106,15 @@ class Tmux:
         self.env.pop("TMUX", None)
 
     def __call__(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], env=self.env,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], env=self.env, capture_output=True, text=True
+        ).stdout
 
     def kill(self) -> None:
         self("kill-server")
 
 
-def run_tui(home: Path, newest: str, idle_s: float, settle_s: float,
-            checkout: Path | None) -> dict:
+def run_tui(home: Path, newest: str, idle_s: float, settle_s: float, checkout: Path | None) -> dict:
     import psutil
 
     tmp = Path(tempfile.mkdtemp(prefix="tunedeck-tmux-"))
@@ -117,9 +129,29 @@ def run_tui(home: Path, newest: str, idle_s: float, settle_s: float,
     env = [f"{k}={v}" for k, v in child.items()]
     try:
         t0 = time.perf_counter()
-        subprocess.run(["tmux", "-L", tmux.socket, "new-session", "-d", "-s", "tui", "-x",
-                        "160", "-y", "48", "env", *env, sys.executable, "-m", "tunedeck.tui"],
-                       env=tmux.env, check=True, cwd=tmp)
+        subprocess.run(
+            [
+                "tmux",
+                "-L",
+                tmux.socket,
+                "new-session",
+                "-d",
+                "-s",
+                "tui",
+                "-x",
+                "160",
+                "-y",
+                "48",
+                "env",
+                *env,
+                sys.executable,
+                "-m",
+                "tunedeck.tui",
+            ],
+            env=tmux.env,
+            check=True,
+            cwd=tmp,
+        )
         painted = listed = None
         while time.perf_counter() - t0 < 60:
             screen = tmux("capture-pane", "-p", "-t", "tui")
@@ -140,12 +172,22 @@ def run_tui(home: Path, newest: str, idle_s: float, settle_s: float,
         c1, w1 = proc.cpu_times(), time.perf_counter()
         cpu = (c1.user + c1.system) - (c0.user + c0.system)
         rss = proc.memory_info().rss
-        code = subprocess.run([sys.executable, "-c", "import tunedeck.tui.screens.runs as m; "
-                               "print(m.__file__)"], env={**os.environ, **child},
-                              capture_output=True, text=True).stdout
-        return {"first_paint_s": painted, "runs_listed_s": listed, "idle_cpu_s": cpu,
-                "idle_wall_s": w1 - w0, "idle_core_pct": 100.0 * cpu / (w1 - w0),
-                "rss_mib": rss / 2**20, "cmd": cmd, "code": code.strip()}
+        code = subprocess.run(
+            [sys.executable, "-c", "import tunedeck.tui.screens.runs as m; print(m.__file__)"],
+            env={**os.environ, **child},
+            capture_output=True,
+            text=True,
+        ).stdout
+        return {
+            "first_paint_s": painted,
+            "runs_listed_s": listed,
+            "idle_cpu_s": cpu,
+            "idle_wall_s": w1 - w0,
+            "idle_core_pct": 100.0 * cpu / (w1 - w0),
+            "rss_mib": rss / 2**20,
+            "cmd": cmd,
+            "code": code.strip(),
+        }
     finally:
         tmux.kill()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -166,25 +208,34 @@ def main() -> int:
     try:
         t = time.perf_counter()
         ids = synthesize(home / "runs", args.runs)
-        print(f"synthesized {len(ids)} finished runs in {time.perf_counter() - t:.1f} s "
-              f"under {home}")
+        print(
+            f"synthesized {len(ids)} finished runs in {time.perf_counter() - t:.1f} s under {home}"
+        )
         # runs a user left are older than the registry's racy window (files written within
         # it are read again, in case their mtime did not move): wait it out
         from tunedeck.core.runs.registry import RACY_S
 
         time.sleep(RACY_S + 0.5)
         reg = registry_cost(home / "runs")
-        print(f"registry: {reg['runs']} runs; cold scan {reg['cold_s'] * 1e3:.1f} ms "
-              f"({reg['cold_reads']} state.json read); idle rescan "
-              f"{reg['rescan_s'] * 1e3:.2f} ms ({reg['rescan_reads']:.0f} read)")
-        r = run_tui(home, ids[0], args.idle, args.settle,
-                    args.checkout.resolve() if args.checkout else None)
+        print(
+            f"registry: {reg['runs']} runs; cold scan {reg['cold_s'] * 1e3:.1f} ms "
+            f"({reg['cold_reads']} state.json read); idle rescan "
+            f"{reg['rescan_s'] * 1e3:.2f} ms ({reg['rescan_reads']:.0f} read)"
+        )
+        r = run_tui(
+            home, ids[0], args.idle, args.settle, args.checkout.resolve() if args.checkout else None
+        )
         print(f"tui code: {r['code']}")
-        print(f"first frame: title at {r['first_paint_s']:.2f} s, newest run listed at "
-              f"{r['runs_listed_s']:.2f} s" if r["runs_listed_s"] is not None else
-              f"first frame: title at {r['first_paint_s']}, runs never listed")
-        print(f"idle: {r['idle_cpu_s']:.2f} CPU s over {r['idle_wall_s']:.1f} s = "
-              f"{r['idle_core_pct']:.2f} % of one core; RSS {r['rss_mib']:.0f} MiB")
+        print(
+            f"first frame: title at {r['first_paint_s']:.2f} s, newest run listed at "
+            f"{r['runs_listed_s']:.2f} s"
+            if r["runs_listed_s"] is not None
+            else f"first frame: title at {r['first_paint_s']}, runs never listed"
+        )
+        print(
+            f"idle: {r['idle_cpu_s']:.2f} CPU s over {r['idle_wall_s']:.1f} s = "
+            f"{r['idle_core_pct']:.2f} % of one core; RSS {r['rss_mib']:.0f} MiB"
+        )
         return 0
     finally:
         if args.keep is None:

@@ -31,21 +31,39 @@ def main() -> int:
     from unsloth import FastLanguageModel
     import torch
 
-    print(f"unsloth {getattr(unsloth, '__version__', '?')} imported in {time.time() - t0:.0f} s",
-          flush=True)
+    print(
+        f"unsloth {getattr(unsloth, '__version__', '?')} imported in {time.time() - t0:.0f} s",
+        flush=True,
+    )
     model, _tok = FastLanguageModel.from_pretrained(
-        a.model, max_seq_length=a.seq, dtype=torch.bfloat16, load_in_4bit=False,
-        load_in_8bit=False, full_finetuning=False)
+        a.model,
+        max_seq_length=a.seq,
+        dtype=torch.bfloat16,
+        load_in_4bit=False,
+        load_in_8bit=False,
+        full_finetuning=False,
+    )
     n_params = sum(p.numel() for p in model.parameters())
     model = FastLanguageModel.get_peft_model(
-        model, r=a.rank, lora_alpha=4 * a.rank, lora_dropout=0.0, bias="none",
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj"],
-        use_gradient_checkpointing=False)
+        model,
+        r=a.rank,
+        lora_alpha=4 * a.rank,
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        use_gradient_checkpointing=False,
+    )
     FastLanguageModel.for_training(model)
     cfg = model.config
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
-                            fused=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     g = torch.Generator(device="cpu").manual_seed(0)
     times = []
     for step in range(a.warmup + a.steps):
@@ -64,13 +82,20 @@ def main() -> int:
     step_s = sorted(times)[len(times) // 2]
     tok_s = a.bs * a.seq / step_s
     L, h = cfg.num_hidden_layers, cfg.hidden_size
-    flops_tok = 4 * n_params + 3 * (4 * L * a.seq * h * 2 // 2)   # the anchor's count
-    res = dict(world=1, size="7b", params=n_params, seq=a.seq, bs=a.bs,
-               median_step_s=round(step_s, 4), tokens_per_s_per_gpu=round(tok_s),
-               tflops_per_gpu=round(tok_s * flops_tok / 1e12, 1),
-               peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2 ** 30, 1),
-               peak_reserved_gib=round(torch.cuda.max_memory_reserved() / 2 ** 30, 1),
-               unsloth=True)
+    flops_tok = 4 * n_params + 3 * (4 * L * a.seq * h * 2 // 2)  # the anchor's count
+    res = dict(
+        world=1,
+        size="7b",
+        params=n_params,
+        seq=a.seq,
+        bs=a.bs,
+        median_step_s=round(step_s, 4),
+        tokens_per_s_per_gpu=round(tok_s),
+        tflops_per_gpu=round(tok_s * flops_tok / 1e12, 1),
+        peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        peak_reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 1),
+        unsloth=True,
+    )
     print(json.dumps(res), flush=True)
     with open(os.path.join(a.out, "unsloth.json"), "w") as f:
         json.dump(res, f)

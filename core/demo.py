@@ -39,9 +39,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # Sized so one optimizer step on 2 CPU ranks (batch 4, 128 tokens) takes a few tens of ms.
-MODEL_SHAPE = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                   num_attention_heads=4, num_key_value_heads=2)
-MAX_POSITIONS = 4096     # its config's max_position_embeddings (the estimate reads it too)
+MODEL_SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+MAX_POSITIONS = 4096  # its config's max_position_embeddings (the estimate reads it too)
 # ~1/sqrt(hidden) instead of Qwen2's 0.02: LoRA on frozen random weights needs features large
 # enough to steer the (tied, frozen) output head; at 0.02 the demo loss stalls near ln(vocab).
 INIT_STD = 0.1
@@ -62,6 +67,7 @@ _CHUNK = 1 << 20
 # blocks), opens it O_NONBLOCK as a second guard, and reads a bounded number of bytes within a
 # deadline. The trainer (inside the ranks) refuses the same files by name before reading.
 
+
 class DataFileError(OSError):
     """A data file that cannot be read safely: not a regular file, or too slow to read. An
     OSError with `filename` set, so whoever maps OSErrors about the data file (the agent's
@@ -79,10 +85,13 @@ def file_kind(mode: int) -> str:
     """What a non-regular file is, in words (the stat mode of a regular file gives "")."""
     if stat.S_ISREG(mode):
         return ""
-    for test, words in ((stat.S_ISFIFO, "a FIFO (named pipe)"),
-                        (stat.S_ISCHR, "a character device"),
-                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                        (stat.S_ISDIR, "a directory")):
+    for test, words in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
         if test(mode):
             return words
     return "not a regular file"
@@ -107,13 +116,19 @@ def check_data_file(path: str | Path, what: str = "data.path") -> os.stat_result
 class Head:
     """The first bytes of a data file: `data` (whole lines only when cut), `size` (the
     file's), `cut` (the file holds more than was read)."""
+
     data: bytes
     size: int
     cut: bool
 
 
-def read_head(path: str | Path, max_bytes: int, *, timeout_s: float = DATA_READ_TIMEOUT_S,
-              what: str = "data.path") -> Head:
+def read_head(
+    path: str | Path,
+    max_bytes: int,
+    *,
+    timeout_s: float = DATA_READ_TIMEOUT_S,
+    what: str = "data.path",
+) -> Head:
     """At most `max_bytes` of a regular file, within `timeout_s`. When the file is longer,
     the last partial line is left out (a line longer than `max_bytes` leaves nothing)."""
     check_data_file(path, what)
@@ -129,9 +144,13 @@ def read_head(path: str | Path, max_bytes: int, *, timeout_s: float = DATA_READ_
         parts, got = [], 0
         while got < max_bytes:
             if time.monotonic() > deadline:
-                raise DataFileError(path, f"reading {what} {path} took longer than "
-                                    f"{timeout_s:g} s (read {got >> 20} MiB): a slow or hung "
-                                    f"file system?", errno.ETIMEDOUT)
+                raise DataFileError(
+                    path,
+                    f"reading {what} {path} took longer than "
+                    f"{timeout_s:g} s (read {got >> 20} MiB): a slow or hung "
+                    f"file system?",
+                    errno.ETIMEDOUT,
+                )
             b = os.read(fd, min(_CHUNK, max_bytes - got))
             if not b:
                 break
@@ -226,8 +245,10 @@ def _filler_words(n: int) -> list[str]:
     """Made-up words, always the same, so a small corpus still fills the vocabulary."""
     rng = random.Random(SEED)
     cons, vows = "bcdfghjklmnprstvwz", "aeiou"
-    return ["".join(rng.choice(cons) + rng.choice(vows) for _ in range(rng.randint(2, 4)))
-            for _ in range(n)]
+    return [
+        "".join(rng.choice(cons) + rng.choice(vows) for _ in range(rng.randint(2, 4)))
+        for _ in range(n)
+    ]
 
 
 def _train_tokenizer(texts: list[str]):
@@ -238,8 +259,11 @@ def _train_tokenizer(texts: list[str]):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+            vocab_size=VOCAB_SIZE,
+            special_tokens=SPECIALS,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(corpus, trainer=trainer)
         return tok
 
@@ -268,16 +292,28 @@ def _build_into(data: bytes, out: Path) -> None:
 
     raw = _train_tokenizer(_texts(data))
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, bos_token=None, eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", unk_token=None, additional_special_tokens=SPECIALS[1:2],
-        model_max_length=4096, chat_template=CHAT_TEMPLATE)
+        tokenizer_object=raw,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=SPECIALS[1:2],
+        model_max_length=4096,
+        chat_template=CHAT_TEMPLATE,
+    )
     tokenizer.save_pretrained(out)
 
     vocab = len(tokenizer)
     config = Qwen2Config(
-        vocab_size=vocab, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, initializer_range=INIT_STD, **MODEL_SHAPE)
+        vocab_size=vocab,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=INIT_STD,
+        **MODEL_SHAPE,
+    )
     torch.manual_seed(SEED)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -285,6 +321,8 @@ def _build_into(data: bytes, out: Path) -> None:
     model.save_pretrained(out)
     missing = [f for f in ("config.json", "model.safetensors") if not (out / f).exists()]
     if missing:
-        raise RuntimeError(f"building the demo model wrote no {', '.join(missing)}; if "
-                           "torch.distributed is initialized, build it before (transformers "
-                           "saves only on rank 0)")
+        raise RuntimeError(
+            f"building the demo model wrote no {', '.join(missing)}; if "
+            "torch.distributed is initialized, build it before (transformers "
+            "saves only on rank 0)"
+        )

@@ -30,16 +30,23 @@ class SpecError(ValueError):
         super().__init__(f"invalid run spec{where}:\n  " + "\n  ".join(problems))
 
 
-def opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None = None,
-        min: float | None = None, max: float | None = None, factory: Any = None,
-        when: dict[str, Any] | None = None, group: str | None = None) -> Any:
+def opt(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    choices: tuple | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    factory: Any = None,
+    when: dict[str, Any] | None = None,
+    group: str | None = None,
+) -> Any:
     """`min`/`max`: inclusive bounds of a number (every int and float option declares both;
     floats are also always finite: no nan, no inf).
     `when`: {dotted key: allowed values (a tuple) or a predicate}; the option matters only
     when every listed key agrees (the form hides it otherwise; loading ignores it).
     `group`: the form section, when not the one of its table (GROUP_OF_TABLE)."""
-    meta = {"help": help, "choices": choices, "min": min, "max": max, "when": when,
-            "group": group}
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "when": when, "group": group}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -47,8 +54,8 @@ def opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple | None 
 
 # -- bounds ----------------------------------------------------------------------------------
 
-INT32 = 2**31 - 1          # counts that reach ms-swift / Megatron / torch as C ints
-SEED_MAX = 2**32 - 1       # numpy's seed range (torch takes more; ms-swift seeds numpy too)
+INT32 = 2**31 - 1  # counts that reach ms-swift / Megatron / torch as C ints
+SEED_MAX = 2**32 - 1  # numpy's seed range (torch takes more; ms-swift seeds numpy too)
 DAY_S = 86400.0
 # Linux's MAX_ARG_STRLEN: one argument or one NAME=VALUE of a new process, its NUL included;
 # a longer one makes exec fail (E2BIG), which crashed the agent
@@ -61,7 +68,7 @@ RESERVED_ENV = "TUNEDECK_"  # the run's id, folder and attempt: set by tunedeck 
 
 # -- applicability (`when=`) -----------------------------------------------------------------
 
-TRAINERS = ("builtin", "swift")        # backends that read the model/data/method/train tables
+TRAINERS = ("builtin", "swift")  # backends that read the model/data/method/train tables
 LORA = ("lora", "qlora")
 
 
@@ -71,51 +78,96 @@ def _multi_node(n: int) -> bool:
 
 @dataclass
 class ModelSpec:
-    path: str = opt("builtin:tiny-qwen2", help="Model directory or hub id; builtin:tiny-qwen2 "
-                    "builds a tiny random Qwen2 for demos and tests")
-    dtype: str = opt("auto", help="Weights/compute dtype; auto = bf16 on GPUs that support it, "
-                     "fp32 on CPU", choices=("auto", "float32", "bfloat16", "float16"),
-                     when={"backend": TRAINERS})
+    path: str = opt(
+        "builtin:tiny-qwen2",
+        help="Model directory or hub id; builtin:tiny-qwen2 "
+        "builds a tiny random Qwen2 for demos and tests",
+    )
+    dtype: str = opt(
+        "auto",
+        help="Weights/compute dtype; auto = bf16 on GPUs that support it, fp32 on CPU",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        when={"backend": TRAINERS},
+    )
     # transformers' attn_implementation names, which ms-swift's --attn_impl takes too (its
     # own alias flash_attn is imported into swift.extra_args as written)
-    attn_impl: str = opt("sdpa", help="Attention kernel", choices=(
-        "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
-        when={"backend": TRAINERS})
+    attn_impl: str = opt(
+        "sdpa",
+        help="Attention kernel",
+        choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
+        when={"backend": TRAINERS},
+    )
 
 
 @dataclass
 class DataSpec:
-    path: str = opt("", help="Training data (.jsonl or .json; see data.format); relative "
-                    "paths are resolved from the spec file's folder")
-    datasets: list[str] = opt(help="ms-swift datasets, in order, each as written: hub ids with "
-                              "#N subsets and :split, or files (resolved from the spec file's "
-                              "folder when they exist or look like paths); after data.path",
-                              factory=list, when={"backend": ("swift",)})
-    val_datasets: list[str] = opt(help="ms-swift eval datasets (--val_dataset), each as written",
-                                  factory=list, when={"backend": ("swift",)})
-    max_length: int = opt(128, help="Tokens per sample; longer samples are truncated", min=8,
-                          max=1 << 24,
-                          when={"backend": TRAINERS})
-    num_workers: int = opt(0, help="DataLoader worker processes per rank", min=0, max=512,
-                           when={"backend": TRAINERS})
-    format: str = opt("auto", help="Row format; auto detects it from the first row",
-                      choices=("auto", "messages", "query_response", "alpaca", "self_cognition"),
-                      when={"backend": TRAINERS})
-    val_split: float = opt(0.0, help="Rows held out for eval: a fraction below 1, a row count "
-                           "from 1 up (0 = none)", min=0.0, max=float(INT32),
-                           when={"backend": TRAINERS})
-    val_path: str = opt("", help="Separate eval file; overrides data.val_split",
-                        when={"backend": TRAINERS})
-    truncation: str = opt("right", help="What to do with samples over max_length",
-                          choices=("right", "left", "drop"), when={"backend": TRAINERS})
-    skip_bad_rows: bool = opt(False, help="Skip malformed rows (with a warning) instead of "
-                              "failing with file:line", when={"backend": ("builtin",)})
-    packing: bool = opt(False, help="Pack samples into full-length rows (padding-free)",
-                        when={"backend": TRAINERS})
-    model_name: str = opt("", help="Self-cognition: the name the model should give itself",
-                          when={"backend": TRAINERS, "data.format": ("self_cognition",)})
-    model_author: str = opt("", help="Self-cognition: the author the model should name",
-                            when={"backend": TRAINERS, "data.format": ("self_cognition",)})
+    path: str = opt(
+        "",
+        help="Training data (.jsonl or .json; see data.format); relative "
+        "paths are resolved from the spec file's folder",
+    )
+    datasets: list[str] = opt(
+        help="ms-swift datasets, in order, each as written: hub ids with "
+        "#N subsets and :split, or files (resolved from the spec file's "
+        "folder when they exist or look like paths); after data.path",
+        factory=list,
+        when={"backend": ("swift",)},
+    )
+    val_datasets: list[str] = opt(
+        help="ms-swift eval datasets (--val_dataset), each as written",
+        factory=list,
+        when={"backend": ("swift",)},
+    )
+    max_length: int = opt(
+        128,
+        help="Tokens per sample; longer samples are truncated",
+        min=8,
+        max=1 << 24,
+        when={"backend": TRAINERS},
+    )
+    num_workers: int = opt(
+        0, help="DataLoader worker processes per rank", min=0, max=512, when={"backend": TRAINERS}
+    )
+    format: str = opt(
+        "auto",
+        help="Row format; auto detects it from the first row",
+        choices=("auto", "messages", "query_response", "alpaca", "self_cognition"),
+        when={"backend": TRAINERS},
+    )
+    val_split: float = opt(
+        0.0,
+        help="Rows held out for eval: a fraction below 1, a row count from 1 up (0 = none)",
+        min=0.0,
+        max=float(INT32),
+        when={"backend": TRAINERS},
+    )
+    val_path: str = opt(
+        "", help="Separate eval file; overrides data.val_split", when={"backend": TRAINERS}
+    )
+    truncation: str = opt(
+        "right",
+        help="What to do with samples over max_length",
+        choices=("right", "left", "drop"),
+        when={"backend": TRAINERS},
+    )
+    skip_bad_rows: bool = opt(
+        False,
+        help="Skip malformed rows (with a warning) instead of failing with file:line",
+        when={"backend": ("builtin",)},
+    )
+    packing: bool = opt(
+        False, help="Pack samples into full-length rows (padding-free)", when={"backend": TRAINERS}
+    )
+    model_name: str = opt(
+        "",
+        help="Self-cognition: the name the model should give itself",
+        when={"backend": TRAINERS, "data.format": ("self_cognition",)},
+    )
+    model_author: str = opt(
+        "",
+        help="Self-cognition: the author the model should name",
+        when={"backend": TRAINERS, "data.format": ("self_cognition",)},
+    )
 
 
 # method.fp8_base's GPUs: fp8 matrix units arrived with compute capability 8.9 (Ada, Hopper);
@@ -125,198 +177,366 @@ FP8_MIN_CC = (8, 9)
 
 @dataclass
 class MethodSpec:
-    type: str = opt("lora", help="Fine-tuning method", choices=("full", "lora", "qlora"),
-                    when={"backend": TRAINERS})
-    lora_rank: int = opt(8, help="LoRA rank r", min=1, max=1 << 16,
-                         when={"backend": TRAINERS, "method.type": LORA})
-    lora_alpha: int = opt(16, help="LoRA alpha (scaling = alpha / r)", min=1, max=1 << 20,
-                          when={"backend": TRAINERS, "method.type": LORA})
-    lora_dropout: float = opt(0.0, help="Dropout on the LoRA branch", min=0.0, max=1.0,
-                              when={"backend": TRAINERS, "method.type": LORA})
-    target_modules: list[str] = opt(help="Modules LoRA adapts; [\"all-linear\"] for every linear "
-                                    "layer but the output head", factory=lambda: ["all-linear"],
-                                    when={"backend": TRAINERS, "method.type": LORA})
-    quant_bits: int = opt(4, help="QLoRA: bits of the frozen base weights", choices=(4, 8),
-                          when={"backend": TRAINERS, "method.type": ("qlora",)})
-    fp8_base: bool = opt(False, help="LoRA on fp8 copies of the frozen base weights (GPUs "
-                         "with fp8 units: H100, H200, L40S...): their matmuls ~1.6x faster, "
-                         "each product off by ~4 % (row-wise scales); off = bf16 products",
-                         when={"backend": ("builtin",), "method.type": ("lora",)})
-    merge_lora: bool = opt(False, help="Also save the base model with the adapter merged in",
-                           when={"backend": ("builtin",), "method.type": LORA},
-                           group="checkpoints")
+    type: str = opt(
+        "lora",
+        help="Fine-tuning method",
+        choices=("full", "lora", "qlora"),
+        when={"backend": TRAINERS},
+    )
+    lora_rank: int = opt(
+        8, help="LoRA rank r", min=1, max=1 << 16, when={"backend": TRAINERS, "method.type": LORA}
+    )
+    lora_alpha: int = opt(
+        16,
+        help="LoRA alpha (scaling = alpha / r)",
+        min=1,
+        max=1 << 20,
+        when={"backend": TRAINERS, "method.type": LORA},
+    )
+    lora_dropout: float = opt(
+        0.0,
+        help="Dropout on the LoRA branch",
+        min=0.0,
+        max=1.0,
+        when={"backend": TRAINERS, "method.type": LORA},
+    )
+    target_modules: list[str] = opt(
+        help='Modules LoRA adapts; ["all-linear"] for every linear layer but the output head',
+        factory=lambda: ["all-linear"],
+        when={"backend": TRAINERS, "method.type": LORA},
+    )
+    quant_bits: int = opt(
+        4,
+        help="QLoRA: bits of the frozen base weights",
+        choices=(4, 8),
+        when={"backend": TRAINERS, "method.type": ("qlora",)},
+    )
+    fp8_base: bool = opt(
+        False,
+        help="LoRA on fp8 copies of the frozen base weights (GPUs "
+        "with fp8 units: H100, H200, L40S...): their matmuls ~1.6x faster, "
+        "each product off by ~4 % (row-wise scales); off = bf16 products",
+        when={"backend": ("builtin",), "method.type": ("lora",)},
+    )
+    merge_lora: bool = opt(
+        False,
+        help="Also save the base model with the adapter merged in",
+        when={"backend": ("builtin",), "method.type": LORA},
+        group="checkpoints",
+    )
 
 
 @dataclass
 class TrainSpec:
-    max_steps: int = opt(100, help="Optimizer steps to run", min=1, max=INT32,
-                        when={"backend": TRAINERS})
-    num_epochs: float = opt(0.0, help="Passes over the data (ms-swift --num_train_epochs); "
-                            "0 = not set: train.max_steps, or ms-swift's default", min=0.0,
-                            max=1e6, when={"backend": ("swift",)})
-    per_device_batch_size: int = opt(4, help="Samples per rank per micro-step", min=1,
-                                     max=1 << 20,
-                                     when={"backend": TRAINERS})
-    grad_accum: int = opt(1, help="Micro-steps accumulated per optimizer step", min=1,
-                          max=1 << 20,
-                          when={"backend": TRAINERS})
-    learning_rate: float = opt(1e-4, help="Peak learning rate", min=0.0, max=1e3,
-                               when={"backend": TRAINERS})
-    weight_decay: float = opt(0.0, help="AdamW weight decay", min=0.0, max=1e3,
-                              when={"backend": TRAINERS})
-    warmup_steps: int = opt(0, help="Linear warm-up steps", min=0, max=INT32,
-                           when={"backend": TRAINERS})
-    lr_scheduler: str = opt("cosine", help="Decay after warm-up",
-                            choices=("cosine", "linear", "constant"), when={"backend": TRAINERS})
-    max_grad_norm: float = opt(1.0, help="Gradient clipping norm; 0 disables", min=0.0,
-                               max=1e6,
-                               when={"backend": TRAINERS})
-    seed: int = opt(42, help="Seed for weights init, LoRA init and data order", min=0,
-                    max=SEED_MAX,
-                    when={"backend": TRAINERS})
-    save_steps: int = opt(0, help="Checkpoint every N steps; 0 = only at the end and on stop",
-                          min=0, max=INT32, when={"backend": TRAINERS}, group="checkpoints")
-    save_total_limit: int = opt(0, help="Keep only the newest N checkpoints; 0 = keep all",
-                                min=0, max=INT32, when={"backend": TRAINERS}, group="checkpoints")
-    eval_steps: int = opt(0, help="Eval loss every N steps; 0 = never", min=0, max=INT32,
-                          when={"backend": TRAINERS})
-    gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to "
-                                       "save memory", when={"backend": TRAINERS})
-    resume_from: str = opt("", help="Checkpoint folder to resume from; \"auto\" = the newest "
-                           "in the output directory", when={"backend": TRAINERS},
-                           group="checkpoints")
-    compile: bool = opt(True, help="torch.compile the decoder layers (CUDA only; CPU runs "
-                        "stay eager; falls back to eager if compiling fails)",
-                        when={"backend": TRAINERS})
+    max_steps: int = opt(
+        100, help="Optimizer steps to run", min=1, max=INT32, when={"backend": TRAINERS}
+    )
+    num_epochs: float = opt(
+        0.0,
+        help="Passes over the data (ms-swift --num_train_epochs); "
+        "0 = not set: train.max_steps, or ms-swift's default",
+        min=0.0,
+        max=1e6,
+        when={"backend": ("swift",)},
+    )
+    per_device_batch_size: int = opt(
+        4, help="Samples per rank per micro-step", min=1, max=1 << 20, when={"backend": TRAINERS}
+    )
+    grad_accum: int = opt(
+        1,
+        help="Micro-steps accumulated per optimizer step",
+        min=1,
+        max=1 << 20,
+        when={"backend": TRAINERS},
+    )
+    learning_rate: float = opt(
+        1e-4, help="Peak learning rate", min=0.0, max=1e3, when={"backend": TRAINERS}
+    )
+    weight_decay: float = opt(
+        0.0, help="AdamW weight decay", min=0.0, max=1e3, when={"backend": TRAINERS}
+    )
+    warmup_steps: int = opt(
+        0, help="Linear warm-up steps", min=0, max=INT32, when={"backend": TRAINERS}
+    )
+    lr_scheduler: str = opt(
+        "cosine",
+        help="Decay after warm-up",
+        choices=("cosine", "linear", "constant"),
+        when={"backend": TRAINERS},
+    )
+    max_grad_norm: float = opt(
+        1.0, help="Gradient clipping norm; 0 disables", min=0.0, max=1e6, when={"backend": TRAINERS}
+    )
+    seed: int = opt(
+        42,
+        help="Seed for weights init, LoRA init and data order",
+        min=0,
+        max=SEED_MAX,
+        when={"backend": TRAINERS},
+    )
+    save_steps: int = opt(
+        0,
+        help="Checkpoint every N steps; 0 = only at the end and on stop",
+        min=0,
+        max=INT32,
+        when={"backend": TRAINERS},
+        group="checkpoints",
+    )
+    save_total_limit: int = opt(
+        0,
+        help="Keep only the newest N checkpoints; 0 = keep all",
+        min=0,
+        max=INT32,
+        when={"backend": TRAINERS},
+        group="checkpoints",
+    )
+    eval_steps: int = opt(
+        0, help="Eval loss every N steps; 0 = never", min=0, max=INT32, when={"backend": TRAINERS}
+    )
+    gradient_checkpointing: bool = opt(
+        False, help="Recompute activations in backward to save memory", when={"backend": TRAINERS}
+    )
+    resume_from: str = opt(
+        "",
+        help='Checkpoint folder to resume from; "auto" = the newest in the output directory',
+        when={"backend": TRAINERS},
+        group="checkpoints",
+    )
+    compile: bool = opt(
+        True,
+        help="torch.compile the decoder layers (CUDA only; CPU runs "
+        "stay eager; falls back to eager if compiling fails)",
+        when={"backend": TRAINERS},
+    )
 
 
 @dataclass
 class ParallelSpec:
-    strategy: str = opt("ddp", help="How ranks share the work",
-                        choices=("ddp", "fsdp2", "deepspeed", "megatron"),
-                        when={"backend": TRAINERS})
-    cpu_offload: bool = opt(False, help="FSDP2: keep parameters and optimizer on the CPU",
-                            when={"backend": TRAINERS, "parallel.strategy": ("fsdp2",)})
-    zero_stage: int = opt(2, help="DeepSpeed ZeRO stage", choices=(0, 1, 2, 3),
-                          when={"backend": ("swift",), "parallel.strategy": ("deepspeed",)})
-    zero_offload: str = opt("none", help="DeepSpeed offload target",
-                            choices=("none", "optimizer", "all"),
-                            when={"backend": ("swift",), "parallel.strategy": ("deepspeed",)})
-    tp: int = opt(1, help="Megatron tensor-parallel size", min=1, max=1 << 16,
-                  when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    pp: int = opt(1, help="Megatron pipeline-parallel size", min=1, max=1 << 16,
-                  when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    cp: int = opt(1, help="Megatron context-parallel size", min=1, max=1 << 16,
-                  when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    ep: int = opt(1, help="Megatron expert-parallel size", min=1, max=1 << 16,
-                  when={"backend": ("swift",), "parallel.strategy": ("megatron",)})
-    sequence_parallel: bool = opt(False, help="Megatron sequence parallel (needs tp > 1)",
-                                  when={"backend": ("swift",),
-                                        "parallel.strategy": ("megatron",)})
+    strategy: str = opt(
+        "ddp",
+        help="How ranks share the work",
+        choices=("ddp", "fsdp2", "deepspeed", "megatron"),
+        when={"backend": TRAINERS},
+    )
+    cpu_offload: bool = opt(
+        False,
+        help="FSDP2: keep parameters and optimizer on the CPU",
+        when={"backend": TRAINERS, "parallel.strategy": ("fsdp2",)},
+    )
+    zero_stage: int = opt(
+        2,
+        help="DeepSpeed ZeRO stage",
+        choices=(0, 1, 2, 3),
+        when={"backend": ("swift",), "parallel.strategy": ("deepspeed",)},
+    )
+    zero_offload: str = opt(
+        "none",
+        help="DeepSpeed offload target",
+        choices=("none", "optimizer", "all"),
+        when={"backend": ("swift",), "parallel.strategy": ("deepspeed",)},
+    )
+    tp: int = opt(
+        1,
+        help="Megatron tensor-parallel size",
+        min=1,
+        max=1 << 16,
+        when={"backend": ("swift",), "parallel.strategy": ("megatron",)},
+    )
+    pp: int = opt(
+        1,
+        help="Megatron pipeline-parallel size",
+        min=1,
+        max=1 << 16,
+        when={"backend": ("swift",), "parallel.strategy": ("megatron",)},
+    )
+    cp: int = opt(
+        1,
+        help="Megatron context-parallel size",
+        min=1,
+        max=1 << 16,
+        when={"backend": ("swift",), "parallel.strategy": ("megatron",)},
+    )
+    ep: int = opt(
+        1,
+        help="Megatron expert-parallel size",
+        min=1,
+        max=1 << 16,
+        when={"backend": ("swift",), "parallel.strategy": ("megatron",)},
+    )
+    sequence_parallel: bool = opt(
+        False,
+        help="Megatron sequence parallel (needs tp > 1)",
+        when={"backend": ("swift",), "parallel.strategy": ("megatron",)},
+    )
 
 
 @dataclass
 class ClusterSpec:
     nnodes: int = opt(1, help="Number of nodes", min=1, max=1 << 16)
-    nproc_per_node: int = opt(0, help="Processes per node; 0 = one per visible GPU, or "
-                              "cluster.cpu_procs without GPUs", min=0, max=1024)
-    cpu_procs: int = opt(2, help="Processes per node when no GPU is present", min=1,
-                         max=1024,
-                         when={"cluster.device": ("auto", "cpu")})
-    gpus: str = opt("", help="CUDA_VISIBLE_DEVICES for the run, e.g. \"0,1\"; empty = all",
-                    when={"cluster.device": ("auto", "cuda")})
+    nproc_per_node: int = opt(
+        0,
+        help="Processes per node; 0 = one per visible GPU, or cluster.cpu_procs without GPUs",
+        min=0,
+        max=1024,
+    )
+    cpu_procs: int = opt(
+        2,
+        help="Processes per node when no GPU is present",
+        min=1,
+        max=1024,
+        when={"cluster.device": ("auto", "cpu")},
+    )
+    gpus: str = opt(
+        "",
+        help='CUDA_VISIBLE_DEVICES for the run, e.g. "0,1"; empty = all',
+        when={"cluster.device": ("auto", "cuda")},
+    )
     device: str = opt("auto", help="Where ranks compute", choices=("auto", "cuda", "cpu"))
-    dist_backend: str = opt("auto", help="torch.distributed backend; auto = nccl on GPUs, "
-                            "gloo on CPU", choices=("auto", "nccl", "gloo"))
+    dist_backend: str = opt(
+        "auto",
+        help="torch.distributed backend; auto = nccl on GPUs, gloo on CPU",
+        choices=("auto", "nccl", "gloo"),
+    )
     master_addr: str = opt("127.0.0.1", help="Rendezvous host (node 0)")
-    master_port: int = opt(0, help="Rendezvous port; 0 = pick a free one at launch", min=0,
-                           max=65535)
-    node_rank: int = opt(0, help="This node's rank", min=0, max=(1 << 16) - 1,
-                         when={"cluster.nnodes": _multi_node})
-    join_timeout_s: int = opt(600, help="Seconds a node waits for its peers to join", min=1,
-                              max=INT32,
-                              when={"cluster.nnodes": _multi_node})
-    collective_timeout_s: int = opt(0, help="Seconds a collective waits for every rank "
-                                    "before the run fails (NCCL watchdog; ms-swift "
-                                    "--ddp_timeout); 0 = the default (torch: 10 min, "
-                                    "ms-swift: 208 days)", min=0, max=INT32,
-                                    when={"backend": TRAINERS})
+    master_port: int = opt(
+        0, help="Rendezvous port; 0 = pick a free one at launch", min=0, max=65535
+    )
+    node_rank: int = opt(
+        0, help="This node's rank", min=0, max=(1 << 16) - 1, when={"cluster.nnodes": _multi_node}
+    )
+    join_timeout_s: int = opt(
+        600,
+        help="Seconds a node waits for its peers to join",
+        min=1,
+        max=INT32,
+        when={"cluster.nnodes": _multi_node},
+    )
+    collective_timeout_s: int = opt(
+        0,
+        help="Seconds a collective waits for every rank "
+        "before the run fails (NCCL watchdog; ms-swift "
+        "--ddp_timeout); 0 = the default (torch: 10 min, "
+        "ms-swift: 208 days)",
+        min=0,
+        max=INT32,
+        when={"backend": TRAINERS},
+    )
     # the node roster (tunedeck.core.nodes checks the per-node lists against nnodes)
-    launcher: str = opt("manual", help="How the other nodes start: manual = by hand (tunedeck "
-                        "starts this node only), ssh = over the system ssh from this node "
-                        "(node 0), slurm = one sbatch job", choices=("manual", "ssh", "slurm"),
-                        when={"cluster.nnodes": _multi_node})
-    hosts: list[str] = opt(help="SSH destination of each node, node 0 (this one) first: "
-                           "host, user@host or a name from ~/.ssh/config", factory=list,
-                           when={"cluster.launcher": ("ssh",)})
-    node_gpus: list[str] = opt(help="CUDA_VISIBLE_DEVICES of each node, one entry per node; "
-                               "empty = cluster.gpus on every node", factory=list,
-                               when={"cluster.nnodes": _multi_node})
-    interface: str = opt("", help="Network interface the ranks talk over (GLOO_SOCKET_IFNAME, "
-                         "NCCL_SOCKET_IFNAME); empty = their own choice",
-                         when={"cluster.nnodes": _multi_node})
-    remote_home: list[str] = opt(help="TUNEDECK_HOME on the other nodes, one for all or one per "
-                                 "node; empty = each remote user's default", factory=list,
-                                 when={"cluster.launcher": ("ssh",)})
-    remote_python: list[str] = opt(help="Python with tunedeck installed on the other nodes, one "
-                                   "for all or one per node; empty = this Python's path",
-                                   factory=list, when={"cluster.launcher": ("ssh",)})
-    slurm_args: list[str] = opt(help="Extra sbatch options, e.g. --partition=gpu", factory=list,
-                                when={"cluster.launcher": ("slurm",)})
+    launcher: str = opt(
+        "manual",
+        help="How the other nodes start: manual = by hand (tunedeck "
+        "starts this node only), ssh = over the system ssh from this node "
+        "(node 0), slurm = one sbatch job",
+        choices=("manual", "ssh", "slurm"),
+        when={"cluster.nnodes": _multi_node},
+    )
+    hosts: list[str] = opt(
+        help="SSH destination of each node, node 0 (this one) first: "
+        "host, user@host or a name from ~/.ssh/config",
+        factory=list,
+        when={"cluster.launcher": ("ssh",)},
+    )
+    node_gpus: list[str] = opt(
+        help="CUDA_VISIBLE_DEVICES of each node, one entry per node; "
+        "empty = cluster.gpus on every node",
+        factory=list,
+        when={"cluster.nnodes": _multi_node},
+    )
+    interface: str = opt(
+        "",
+        help="Network interface the ranks talk over (GLOO_SOCKET_IFNAME, "
+        "NCCL_SOCKET_IFNAME); empty = their own choice",
+        when={"cluster.nnodes": _multi_node},
+    )
+    remote_home: list[str] = opt(
+        help="TUNEDECK_HOME on the other nodes, one for all or one per "
+        "node; empty = each remote user's default",
+        factory=list,
+        when={"cluster.launcher": ("ssh",)},
+    )
+    remote_python: list[str] = opt(
+        help="Python with tunedeck installed on the other nodes, one "
+        "for all or one per node; empty = this Python's path",
+        factory=list,
+        when={"cluster.launcher": ("ssh",)},
+    )
+    slurm_args: list[str] = opt(
+        help="Extra sbatch options, e.g. --partition=gpu",
+        factory=list,
+        when={"cluster.launcher": ("slurm",)},
+    )
 
 
 @dataclass
 class RunPolicy:
-    max_restarts: int = opt(0, help="torchrun restarts of the worker group after a failure",
-                            min=0, max=10_000)
-    stop_grace_s: float = opt(60.0, help="Seconds a graceful stop waits before SIGKILL",
-                              min=0.0, max=7 * DAY_S)
-    output_dir: str = opt("", help="Where checkpoints go; empty = <run dir>/output",
-                          group="checkpoints")
-    restart_pause_s: float = opt(5.0, help="Pause between a failure and the next attempt",
-                                 min=0.0, max=DAY_S)
-    telemetry_interval_s: float = opt(1.0, help="Seconds between telemetry samples", min=0.1,
-                                      max=3600.0)
-    dataloader_probe: bool = opt(True, help="Time DataLoader waits in ms-swift/HF/script ranks "
-                                 "(a small probe injected at launch)",
-                                 when={"backend": ("swift", "script")})
+    max_restarts: int = opt(
+        0, help="torchrun restarts of the worker group after a failure", min=0, max=10_000
+    )
+    stop_grace_s: float = opt(
+        60.0, help="Seconds a graceful stop waits before SIGKILL", min=0.0, max=7 * DAY_S
+    )
+    output_dir: str = opt(
+        "", help="Where checkpoints go; empty = <run dir>/output", group="checkpoints"
+    )
+    restart_pause_s: float = opt(
+        5.0, help="Pause between a failure and the next attempt", min=0.0, max=DAY_S
+    )
+    telemetry_interval_s: float = opt(
+        1.0, help="Seconds between telemetry samples", min=0.1, max=3600.0
+    )
+    dataloader_probe: bool = opt(
+        True,
+        help="Time DataLoader waits in ms-swift/HF/script ranks (a small probe injected at launch)",
+        when={"backend": ("swift", "script")},
+    )
 
 
 @dataclass
 class SwiftSpec:
-    command: str = opt("sft", help="ms-swift entry point",
-                       choices=("sft", "pt", "rlhf", "megatron-sft", "megatron-pt",
-                                "megatron-rlhf"),
-                       when={"backend": ("swift",)})
-    rlhf_type: str = opt("", help="rlhf: dpo, grpo, kto, orpo, simpo, cpo, ppo, gkd",
-                         when={"backend": ("swift",), "swift.command": ("rlhf",
-                                                                        "megatron-rlhf")})
-    use_vllm: bool = opt(False, help="GRPO: generate with vLLM",
-                         when={"backend": ("swift",), "swift.command": ("rlhf",)},
-                         group="method")
-    vllm_mode: str = opt("colocate", help="GRPO: vLLM beside training or a separate server",
-                         choices=("colocate", "server"),
-                         when={"backend": ("swift",), "swift.use_vllm": (True,)},
-                         group="method")
-    extra_args: list[str] = opt(help="Flags passed to ms-swift unchanged", factory=list,
-                                when={"backend": ("swift",)})
+    command: str = opt(
+        "sft",
+        help="ms-swift entry point",
+        choices=("sft", "pt", "rlhf", "megatron-sft", "megatron-pt", "megatron-rlhf"),
+        when={"backend": ("swift",)},
+    )
+    rlhf_type: str = opt(
+        "",
+        help="rlhf: dpo, grpo, kto, orpo, simpo, cpo, ppo, gkd",
+        when={"backend": ("swift",), "swift.command": ("rlhf", "megatron-rlhf")},
+    )
+    use_vllm: bool = opt(
+        False,
+        help="GRPO: generate with vLLM",
+        when={"backend": ("swift",), "swift.command": ("rlhf",)},
+        group="method",
+    )
+    vllm_mode: str = opt(
+        "colocate",
+        help="GRPO: vLLM beside training or a separate server",
+        choices=("colocate", "server"),
+        when={"backend": ("swift",), "swift.use_vllm": (True,)},
+        group="method",
+    )
+    extra_args: list[str] = opt(
+        help="Flags passed to ms-swift unchanged", factory=list, when={"backend": ("swift",)}
+    )
 
 
 @dataclass
 class ScriptSpec:
-    path: str = opt("", help="Training script (.py) run by each rank",
-                    when={"backend": ("script",)})
-    module: str = opt("", help="Or a module run as python -m MODULE",
-                      when={"backend": ("script",)})
-    args: list[str] = opt(help="Arguments after the script", factory=list,
-                          when={"backend": ("script",)})
+    path: str = opt(
+        "", help="Training script (.py) run by each rank", when={"backend": ("script",)}
+    )
+    module: str = opt("", help="Or a module run as python -m MODULE", when={"backend": ("script",)})
+    args: list[str] = opt(
+        help="Arguments after the script", factory=list, when={"backend": ("script",)}
+    )
 
 
 @dataclass
 class RunSpec:
     name: str = opt("run", help="A short name shown in the runs list")
-    backend: str = opt("builtin", help="What torchrun runs",
-                       choices=("builtin", "swift", "script"))
+    backend: str = opt("builtin", help="What torchrun runs", choices=("builtin", "swift", "script"))
     model: ModelSpec = opt(help="The model", factory=ModelSpec)
     data: DataSpec = opt(help="The dataset", factory=DataSpec)
     method: MethodSpec = opt(help="Fine-tuning method", factory=MethodSpec)
@@ -326,8 +546,11 @@ class RunSpec:
     run: RunPolicy = opt(help="Restarts, stopping and outputs", factory=RunPolicy)
     swift: SwiftSpec = opt(help="ms-swift backend options", factory=SwiftSpec)
     script: ScriptSpec = opt(help="Custom script backend options", factory=ScriptSpec)
-    env: dict[str, str] = opt(help="Extra environment for every rank (NCCL_*, CUDA_*, ...)",
-                              factory=dict, group="environment")
+    env: dict[str, str] = opt(
+        help="Extra environment for every rank (NCCL_*, CUDA_*, ...)",
+        factory=dict,
+        group="environment",
+    )
 
     def __post_init__(self) -> None:
         # the dotted keys the user wrote (a file, --set, a form edit): for the ms-swift
@@ -356,16 +579,17 @@ class RunSpec:
 
 # -- option table ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Option:
-    key: str          # dotted, e.g. "train.learning_rate"
+    key: str  # dotted, e.g. "train.learning_rate"
     type: Any
     default: Any
     help: str
     choices: tuple | None
     min: float | None
     when: dict[str, Any] | None = field(default=None, hash=False, compare=False)
-    group: str = ""   # the form section (GROUPS)
+    group: str = ""  # the form section (GROUPS)
     max: float | None = None
 
     def applies(self, spec: "RunSpec") -> bool:
@@ -379,13 +603,29 @@ class Option:
 
 # The form's sections, in order: (id, title). An option's section is its `group=` or its
 # table's entry here.
-GROUPS = (("run", "run"), ("model", "model"), ("data", "data"), ("method", "method"),
-          ("parallelism", "parallelism"), ("cluster", "cluster and GPUs"),
-          ("training", "training"), ("checkpoints", "checkpoints"),
-          ("environment", "environment"))
-GROUP_OF_TABLE = {"": "run", "model": "model", "data": "data", "method": "method",
-                  "train": "training", "parallel": "parallelism", "cluster": "cluster",
-                  "run": "environment", "swift": "run", "script": "run"}
+GROUPS = (
+    ("run", "run"),
+    ("model", "model"),
+    ("data", "data"),
+    ("method", "method"),
+    ("parallelism", "parallelism"),
+    ("cluster", "cluster and GPUs"),
+    ("training", "training"),
+    ("checkpoints", "checkpoints"),
+    ("environment", "environment"),
+)
+GROUP_OF_TABLE = {
+    "": "run",
+    "model": "model",
+    "data": "data",
+    "method": "method",
+    "train": "training",
+    "parallel": "parallelism",
+    "cluster": "cluster",
+    "run": "environment",
+    "swift": "run",
+    "script": "run",
+}
 
 
 def _sections(cls: type) -> dict[str, dataclasses.Field]:
@@ -404,9 +644,19 @@ def options(cls: type = RunSpec, prefix: str = "") -> list[Option]:
             continue
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         group = f.metadata.get("group") or GROUP_OF_TABLE[prefix.rstrip(".")]
-        out.append(Option(key, typ, default, f.metadata.get("help", ""),
-                          f.metadata.get("choices"), f.metadata.get("min"),
-                          f.metadata.get("when"), group, f.metadata.get("max")))
+        out.append(
+            Option(
+                key,
+                typ,
+                default,
+                f.metadata.get("help", ""),
+                f.metadata.get("choices"),
+                f.metadata.get("min"),
+                f.metadata.get("when"),
+                group,
+                f.metadata.get("max"),
+            )
+        )
     return out
 
 
@@ -518,12 +768,15 @@ def set_values(spec: RunSpec, values: dict[str, Any]) -> RunSpec:
 
 # -- loading -----------------------------------------------------------------------------
 
+
 class _Locator:
     """Finds the line a dotted key was written on, for error messages (tomllib keeps none)."""
 
     _header = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\s*(#.*)?$")
-    _assign = re.compile(r"^\s*(\"[^\"]+\"|'[^']+'|[A-Za-z0-9_\-]+(?:\s*\.\s*[A-Za-z0-9_\-]+)*)"
-                         r"\s*=")
+    _assign = re.compile(
+        r"^\s*(\"[^\"]+\"|'[^']+'|[A-Za-z0-9_\-]+(?:\s*\.\s*[A-Za-z0-9_\-]+)*)"
+        r"\s*="
+    )
 
     def __init__(self, text: str, source: str):
         self.source = source
@@ -574,8 +827,10 @@ def _text_problem(key: str, text: str, extra_bytes: int = 0) -> str | None:
     except UnicodeEncodeError:
         return f"{key}: not valid Unicode text (a lone surrogate)"
     if n > ARG_MAX_BYTES:
-        return (f"{key}: {n} bytes is over the OS limit of {ARG_MAX_BYTES} bytes for one "
-                f"argument or environment variable (NAME=VALUE and its NUL)")
+        return (
+            f"{key}: {n} bytes is over the OS limit of {ARG_MAX_BYTES} bytes for one "
+            f"argument or environment variable (NAME=VALUE and its NUL)"
+        )
     return None
 
 
@@ -584,8 +839,10 @@ def _env_name_problem(name: str) -> str | None:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         return f"{key}: not a valid environment variable name"
     if name.startswith(RESERVED_ENV):
-        return (f"{key}: {RESERVED_ENV}* variables are set by tunedeck itself (the run's id, "
-                f"folder and attempt); use another name")
+        return (
+            f"{key}: {RESERVED_ENV}* variables are set by tunedeck itself (the run's id, "
+            f"folder and attempt); use another name"
+        )
     return None
 
 
@@ -604,8 +861,13 @@ def _check_env_var(name: str, value: Any) -> tuple[Any, str | None]:
 def _check_env(key: str, value: Any) -> tuple[Any, list[tuple[str, str]]]:
     """The env table: (the variables as stored, [(env.NAME, problem)])."""
     if not isinstance(value, dict):
-        return value, [(key, f"{key} must be a table of NAME = value, got "
-                             f"{type(value).__name__} {_short(value)}")]
+        return value, [
+            (
+                key,
+                f"{key} must be a table of NAME = value, got "
+                f"{type(value).__name__} {_short(value)}",
+            )
+        ]
     out: dict[str, str] = {}
     problems = []
     for name, v in value.items():
@@ -628,7 +890,7 @@ def _check_value(key: str, typ: Any, value: Any, opt_: Option | None) -> tuple[A
         if ok:
             try:
                 value = float(value)
-            except OverflowError:       # an int too large for a float
+            except OverflowError:  # an int too large for a float
                 value = math.inf if value > 0 else -math.inf
     elif typ is str:
         ok = isinstance(value, str)
@@ -643,28 +905,34 @@ def _check_value(key: str, typ: Any, value: Any, opt_: Option | None) -> tuple[A
     else:  # pragma: no cover - every declared type is handled above
         ok = True
     if not ok:
-        return value, (f"{key} must be {_type_name(typ)}, got {type(value).__name__} "
-                       f"{_short(value)}")
+        return value, (
+            f"{key} must be {_type_name(typ)}, got {type(value).__name__} {_short(value)}"
+        )
     if typ is float and not math.isfinite(value):
         return value, f"{key} must be a finite number, got {value!r}"
     if opt_ and opt_.choices and value not in opt_.choices:
-        return value, (f"{key} must be one of {', '.join(map(str, opt_.choices))}, "
-                       f"got {_short(value)}")
+        return value, (
+            f"{key} must be one of {', '.join(map(str, opt_.choices))}, got {_short(value)}"
+        )
     if isinstance(value, (int, float)) and not isinstance(value, bool) and opt_:
         if opt_.min is not None and value < opt_.min:
             return value, f"{key} must be >= {_bound(opt_.min)}, got {_short(value)}"
         if opt_.max is not None and value > opt_.max:
             return value, f"{key} must be <= {_bound(opt_.max)}, got {_short(value)}"
-    for text in (value if isinstance(value, list) else [value] if isinstance(value, str)
-                 else []):
+    for text in value if isinstance(value, list) else [value] if isinstance(value, str) else []:
         err = _text_problem(key, text)
         if err:
             return value, err
     return value, None
 
 
-def _build(cls: type, raw: dict[str, Any], prefix: str, problems: list[str],
-           where: typing.Callable[[str], str]) -> Any:
+def _build(
+    cls: type,
+    raw: dict[str, Any],
+    prefix: str,
+    problems: list[str],
+    where: typing.Callable[[str], str],
+) -> Any:
     hints = typing.get_type_hints(cls)
     fields_ = _sections(cls)
     kwargs: dict[str, Any] = {}
@@ -675,9 +943,11 @@ def _build(cls: type, raw: dict[str, Any], prefix: str, problems: list[str],
             near = [n for n in fields_ if n.startswith(name[:3])] if len(name) >= 3 else []
             hint = f" (did you mean {prefix + near[0]}?)" if near else ""
             known = ", ".join(fields_)
-            problems.append(f"{where(key)}unknown key {key!r}{hint}; "
-                            f"{'[' + prefix.rstrip('.') + '] takes' if prefix else 'known keys:'} "
-                            f"{known}")
+            problems.append(
+                f"{where(key)}unknown key {key!r}{hint}; "
+                f"{'[' + prefix.rstrip('.') + '] takes' if prefix else 'known keys:'} "
+                f"{known}"
+            )
             continue
         typ = hints[name]
         if dataclasses.is_dataclass(typ):
@@ -686,10 +956,10 @@ def _build(cls: type, raw: dict[str, Any], prefix: str, problems: list[str],
                 continue
             kwargs[name] = _build(typ, value, key + ".", problems, where)
             continue
-        if typing.get_origin(typ) is dict:       # the env table: one line per variable
+        if typing.get_origin(typ) is dict:  # the env table: one line per variable
             value, errs = _check_env(key, value)
             problems.extend(where(k) + err for k, err in errs)
-            if isinstance(value, dict):     # not a table: refused above, never used
+            if isinstance(value, dict):  # not a table: refused above, never used
                 kwargs[name] = value
             continue
         value, err = _check_value(key, typ, value, OPTIONS.get(key))
@@ -709,7 +979,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     try:
         doc = tomllib.loads(f"v = {value}")
-        parsed = doc["v"] if list(doc) == ["v"] else value   # `1\nx = 2` is not one literal
+        parsed = doc["v"] if list(doc) == ["v"] else value  # `1\nx = 2` is not one literal
     except (tomllib.TOMLDecodeError, RecursionError):
         parsed = value
     return key, parsed
@@ -741,21 +1011,29 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
     except OSError as e:
         raise SpecError([f"{path}: cannot read: {e.strerror or e}"]) from None
     except UnicodeDecodeError as e:
-        raise SpecError([f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                         f"{e.start}); save the spec as UTF-8"]) from None
-    return loads_spec(text, source=str(path), base_dir=path.resolve().parent,
-                      overrides=overrides)
+        raise SpecError(
+            [
+                f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                f"{e.start}); save the spec as UTF-8"
+            ]
+        ) from None
+    return loads_spec(text, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
 
 
-def loads_spec(text: str, source: str = "<spec>", base_dir: Path | None = None,
-               overrides: list[str] | None = None) -> RunSpec:
+def loads_spec(
+    text: str,
+    source: str = "<spec>",
+    base_dir: Path | None = None,
+    overrides: list[str] | None = None,
+) -> RunSpec:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"{source}: not valid TOML: {e}"]) from None
     except RecursionError:
-        raise SpecError([f"{source}: not valid TOML for a spec: arrays or tables nested too "
-                         "deep"]) from None
+        raise SpecError(
+            [f"{source}: not valid TOML for a spec: arrays or tables nested too deep"]
+        ) from None
     locator = _Locator(text, source)
     problems: list[str] = []
     override_keys: set[str] = set()
@@ -805,32 +1083,44 @@ def _between_keys(spec: RunSpec) -> list[str]:
     if spec.backend == "builtin" and not spec.data.path:
         out.append("data.path is required for the builtin trainer")
     if spec.cluster.node_rank >= spec.cluster.nnodes:
-        out.append(f"cluster.node_rank {spec.cluster.node_rank} must be < cluster.nnodes "
-                   f"{spec.cluster.nnodes}")
+        out.append(
+            f"cluster.node_rank {spec.cluster.node_rank} must be < cluster.nnodes "
+            f"{spec.cluster.nnodes}"
+        )
     if spec.backend == "builtin" and spec.parallel.strategy not in ("ddp", "fsdp2"):
-        out.append(f"parallel.strategy {spec.parallel.strategy} needs backend = \"swift\"; "
-                   f"the builtin trainer runs ddp or fsdp2")
+        out.append(
+            f'parallel.strategy {spec.parallel.strategy} needs backend = "swift"; '
+            f"the builtin trainer runs ddp or fsdp2"
+        )
     if spec.backend == "script" and not (spec.script.path or spec.script.module):
-        out.append("script.path or script.module is required for backend = \"script\"")
+        out.append('script.path or script.module is required for backend = "script"')
     if spec.backend == "builtin" and spec.method.fp8_base:
         if spec.method.type != "lora":
             out.append(f"method.fp8_base applies to method.type lora, not {spec.method.type}")
         elif spec.parallel.strategy != "ddp":
-            out.append(f"method.fp8_base needs parallel.strategy ddp (the fp8 copies are not "
-                       f"sharded); got {spec.parallel.strategy}")
+            out.append(
+                f"method.fp8_base needs parallel.strategy ddp (the fp8 copies are not "
+                f"sharded); got {spec.parallel.strategy}"
+            )
         elif spec.model.dtype in ("float16", "float32"):
-            out.append(f"method.fp8_base computes in bf16 (its fp8 products return bf16); "
-                       f"model.dtype is {spec.model.dtype}: set it to bfloat16 or auto")
+            out.append(
+                f"method.fp8_base computes in bf16 (its fp8 products return bf16); "
+                f"model.dtype is {spec.model.dtype}: set it to bfloat16 or auto"
+            )
         elif spec.method.lora_dropout > 0:
-            out.append(f"method.fp8_base needs method.lora_dropout = 0 (the fp8 LoRA layer "
-                       f"has no dropout); got {spec.method.lora_dropout}")
+            out.append(
+                f"method.fp8_base needs method.lora_dropout = 0 (the fp8 LoRA layer "
+                f"has no dropout); got {spec.method.lora_dropout}"
+            )
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
     total = sum(len(f"{k}={v}".encode("utf-8", "replace")) + 1 for k, v in spec.env.items())
     if total > ENV_TOTAL_BYTES:
-        out.append(f"env: its variables take {total} bytes in all; a process gets at most "
-                   f"{ENV_TOTAL_BYTES} of them from a spec (arguments and environment share "
-                   "the OS's ARG_MAX); pass large data in a file")
+        out.append(
+            f"env: its variables take {total} bytes in all; a process gets at most "
+            f"{ENV_TOTAL_BYTES} of them from a spec (arguments and environment share "
+            "the OS's ARG_MAX); pass large data in a file"
+        )
     return out
 
 
@@ -843,8 +1133,11 @@ def resolve_paths(spec: RunSpec, base: Path) -> None:
     for key in ("datasets", "val_datasets"):
         setattr(spec.data, key, [resolve_dataset(d, base) for d in getattr(spec.data, key)])
     mp = spec.model.path
-    if mp and not mp.startswith("builtin:") and (mp.startswith(".") or "/" in mp
-                                                 and (base / mp).exists()):
+    if (
+        mp
+        and not mp.startswith("builtin:")
+        and (mp.startswith(".") or "/" in mp and (base / mp).exists())
+    ):
         if not Path(mp).expanduser().is_absolute():
             spec.model.path = str((base / mp).resolve())
 
@@ -886,8 +1179,16 @@ def resolve_dataset(entry: str, base: Path) -> str:
 # --model_author, AUTHOR, BYPASS, --max_new_tokens and --new_special_tokens (TOKENS, a count, is
 # no credential word), PGPASSWORD (one word: set it as PG_PASSWORD or mask it by hand).
 
-STRONG_SECRET_WORDS = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS",
-                       "CREDS", "AUTHORIZATION")
+STRONG_SECRET_WORDS = (
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "CREDS",
+    "AUTHORIZATION",
+)
 STRONG_SECRET_PAIRS = (("API", "KEY"), ("PRIVATE", "KEY"))
 WEAK_SECRET_WORDS = ("TOKEN", "PASS", "AUTH")
 MASK = "****"
@@ -896,24 +1197,31 @@ MASK = "****"
 def _word_forms(word: str, last: bool) -> list[str]:
     up, low, cap = word, word.lower(), word.capitalize()
     end = "(?=[^A-Za-z]*$)" if last else ""
-    return [rf"(?<![A-Z]){up}(?![A-Za-z]){end}",    # HF_TOKEN, TOKEN2, myTOKEN
-            rf"(?<![A-Za-z]){low}(?![a-z]){end}",   # hub_token, api-key
-            rf"{cap}(?![a-z]){end}"]                # hubToken, HFToken
+    return [
+        rf"(?<![A-Z]){up}(?![A-Za-z]){end}",  # HF_TOKEN, TOKEN2, myTOKEN
+        rf"(?<![A-Za-z]){low}(?![a-z]){end}",  # hub_token, api-key
+        rf"{cap}(?![a-z]){end}",
+    ]  # hubToken, HFToken
 
 
 def _pair_forms(a: str, b: str) -> list[str]:
     sep = r"[_\-.]?"
-    return [rf"(?<![A-Z]){a}{sep}{b}(?![A-Za-z])",                       # API_KEY, APIKEY
-            rf"(?<![A-Za-z]){a.lower()}{sep}{b.lower()}(?![a-z])",       # api_key, api-key
-            rf"(?<![A-Za-z]){a.lower()}{sep}{b.capitalize()}(?![a-z])",  # apiKey
-            rf"{a.capitalize()}{sep}{b.capitalize()}(?![a-z])"]          # myApiKey, ApiKey
+    return [
+        rf"(?<![A-Z]){a}{sep}{b}(?![A-Za-z])",  # API_KEY, APIKEY
+        rf"(?<![A-Za-z]){a.lower()}{sep}{b.lower()}(?![a-z])",  # api_key, api-key
+        rf"(?<![A-Za-z]){a.lower()}{sep}{b.capitalize()}(?![a-z])",  # apiKey
+        rf"{a.capitalize()}{sep}{b.capitalize()}(?![a-z])",
+    ]  # myApiKey, ApiKey
 
 
-SECRET_PATTERN = re.compile("|".join(
-    [f for w in STRONG_SECRET_WORDS for f in _word_forms(w, last=False)]
-    + [f for a, b in STRONG_SECRET_PAIRS for f in _pair_forms(a, b)]
-    + [f for w in WEAK_SECRET_WORDS for f in _word_forms(w, last=True)]))
-_ASSIGN = re.compile(r"([+~]*[A-Za-z_][\w.\-]*)=(.*)", re.S)   # NAME=value, +a.b_key=value
+SECRET_PATTERN = re.compile(
+    "|".join(
+        [f for w in STRONG_SECRET_WORDS for f in _word_forms(w, last=False)]
+        + [f for a, b in STRONG_SECRET_PAIRS for f in _pair_forms(a, b)]
+        + [f for w in WEAK_SECRET_WORDS for f in _word_forms(w, last=True)]
+    )
+)
+_ASSIGN = re.compile(r"([+~]*[A-Za-z_][\w.\-]*)=(.*)", re.S)  # NAME=value, +a.b_key=value
 
 
 def is_secret_name(name: str) -> bool:

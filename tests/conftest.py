@@ -25,8 +25,11 @@ def private_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("user-home")
     mp = pytest.MonkeyPatch()
     mp.setenv("HOME", str(home))
-    for var, sub in (("XDG_DATA_HOME", ".local/share"), ("XDG_CACHE_HOME", ".cache"),
-                     ("XDG_CONFIG_HOME", ".config")):
+    for var, sub in (
+        ("XDG_DATA_HOME", ".local/share"),
+        ("XDG_CACHE_HOME", ".cache"),
+        ("XDG_CONFIG_HOME", ".config"),
+    ):
         mp.setenv(var, str(home / sub))
     mp.setenv("TUNEDECK_HOME", str(home / ".local" / "share" / "tunedeck"))
     for var in ("TMUX", "TMUX_PANE"):
@@ -48,14 +51,35 @@ class Tmux:
         self.env.pop("TMUX", None)
 
     def __call__(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", self.socket, *args], env=self.env,
-                              capture_output=True, text=True, check=check)
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+        )
 
     def start(self, name: str, argv: list[str], size=(120, 36), env=None, cwd=REPO) -> None:
         """A detached session running `argv` with this environment (plus `env`)."""
-        subprocess.run(["tmux", "-L", self.socket, "new-session", "-d", "-s", name,
-                        "-x", str(size[0]), "-y", str(size[1]), *argv],
-                       env={**self.env, **(env or {})}, cwd=cwd, check=True)
+        subprocess.run(
+            [
+                "tmux",
+                "-L",
+                self.socket,
+                "new-session",
+                "-d",
+                "-s",
+                name,
+                "-x",
+                str(size[0]),
+                "-y",
+                str(size[1]),
+                *argv,
+            ],
+            env={**self.env, **(env or {})},
+            cwd=cwd,
+            check=True,
+        )
 
     def screen(self, name: str) -> str:
         return self("capture-pane", "-p", "-t", name).stdout
@@ -108,16 +132,25 @@ def _stop_leftovers(home: Path) -> None:
             stop(run, hard=True, timeout_s=30)
 
 
-def cli(*args: str, home: Path, check: bool = True, timeout: float = 300,
-        **kw) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, home: Path, check: bool = True, timeout: float = 300, **kw
+) -> subprocess.CompletedProcess:
     """Run the real `tunedeck` command line in a child process."""
     env = dict(os.environ, TUNEDECK_HOME=str(home))
     env.setdefault("TUNEDECK_CACHE", os.environ.get("TUNEDECK_CACHE", ""))
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=timeout, **kw)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+        **kw,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"tunedeck {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"tunedeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -139,8 +172,15 @@ def stop_run(home: Path, run_id: str, *flags: str) -> dict:
     """`tunedeck stop` (which returns once the request is recorded), then the run's end as
     `status` reports it."""
     cli_json("stop", run_id, *flags, home=home, timeout=120)
-    return wait_for(lambda: (s := cli_json("status", run_id, home=home))["status"]
-                    in ("stopped", "failed", "succeeded") and s, 120, "the run's end")
+    return wait_for(
+        lambda: (
+            (s := cli_json("status", run_id, home=home))["status"]
+            in ("stopped", "failed", "succeeded")
+            and s
+        ),
+        120,
+        "the run's end",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -174,6 +214,7 @@ def make_run_dir(path: Path, **sections) -> Path:
 
 # -- TUI tests ------------------------------------------------------------------------------
 
+
 async def until(pilot, pred, timeout: float = 60.0, what: str = "condition"):
     """Let the app run until `pred()` holds (it returns as soon as it does)."""
     deadline = time.monotonic() + timeout
@@ -192,7 +233,7 @@ def screen_host(screen, readonly: bool = False, refresh_s: float = 0.2):
         def __init__(self):
             super().__init__()
             self.readonly = readonly
-            self.refresh_s = refresh_s    # the monitor polls at the app's rate
+            self.refresh_s = refresh_s  # the monitor polls at the app's rate
 
         def on_mount(self) -> None:
             self.push_screen(screen)

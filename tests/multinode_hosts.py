@@ -19,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-IFACE = "td0"          # both ends carry the same name, one per namespace
+IFACE = "td0"  # both ends carry the same name, one per namespace
 SSH_PORT = 2222
 
 
@@ -50,9 +50,9 @@ def _run(*argv: str) -> None:
 @dataclass
 class Hosts:
     root: Path
-    names: list[str] = field(default_factory=list)      # namespace per host
+    names: list[str] = field(default_factory=list)  # namespace per host
     addrs: list[str] = field(default_factory=list)
-    aliases: list[str] = field(default_factory=list)    # Host names in ssh_config
+    aliases: list[str] = field(default_factory=list)  # Host names in ssh_config
     sshd: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -76,11 +76,23 @@ class Hosts:
         this machine's /sys, whose cgroup mounts slurmd needs."""
         names = self.root / "hosts"
         if not names.exists():
-            names.write_text(Path("/etc/hosts").read_text() + "".join(
-                f"{a} {n}\n" for a, n in zip(self.addrs, self.aliases)))
-        return ["nsenter", f"--net=/run/netns/{self.names[i]}", "unshare", "--mount",
-                "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && '
-                'exec "$@"', str(names), *argv]
+            names.write_text(
+                Path("/etc/hosts").read_text()
+                + "".join(f"{a} {n}\n" for a, n in zip(self.addrs, self.aliases))
+            )
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.names[i]}",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"',
+            str(names),
+            *argv,
+        ]
 
     def close(self) -> None:
         for p in self.sshd:
@@ -93,12 +105,22 @@ class Hosts:
 
     def start_sshd(self, i: int) -> subprocess.Popen:
         sshd = [SSHD, "-D", "-e", "-f", str(self.root / f"sshd{i}.conf")]
-        if i > 0:      # in a mount namespace of its own, without the head's private folder
-            sshd = [sys.executable, "-m", "tests.multinode_hosts", "hide",
-                    str(self.head_only), *sshd]
+        if i > 0:  # in a mount namespace of its own, without the head's private folder
+            sshd = [
+                sys.executable,
+                "-m",
+                "tests.multinode_hosts",
+                "hide",
+                str(self.head_only),
+                *sshd,
+            ]
         with open(self.root / f"sshd{i}.log", "ab") as err:
-            return subprocess.Popen(["ip", "netns", "exec", self.names[i], *sshd],
-                                    stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
+            return subprocess.Popen(
+                ["ip", "netns", "exec", self.names[i], *sshd],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=REPO,
+            )
 
     def restart_sshd(self, i: int) -> None:
         """Host i's sshd again (a test took it away to make the host unreachable)."""
@@ -113,10 +135,23 @@ class Hosts:
             time.sleep(0.2)
 
     def ssh(self, i: int, *remote: str, timeout: float = 20) -> subprocess.CompletedProcess:
-        return subprocess.run(self.netns_argv(0, ["ssh", "-F", str(self.ssh_config),
-                                                  "-o", "BatchMode=yes", self.aliases[i],
-                                                  *remote]),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self.netns_argv(
+                0,
+                [
+                    "ssh",
+                    "-F",
+                    str(self.ssh_config),
+                    "-o",
+                    "BatchMode=yes",
+                    self.aliases[i],
+                    *remote,
+                ],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def make_hosts(root: Path, n: int = 2) -> Hosts:
@@ -126,7 +161,7 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
     subnet = 200 + os.getpid() % 50
     hosts = Hosts(root)
     try:
-        os.makedirs("/run/sshd", exist_ok=True)        # sshd's privilege separation dir
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation dir
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "id_test"))
         (root / "authorized_keys").write_text((root / "id_test.pub").read_text())
         os.chmod(root / "authorized_keys", 0o600)
@@ -149,22 +184,44 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
             key = root / f"host{i}_key"
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
             cfg = root / f"sshd{i}.conf"
-            cfg.write_text("\n".join([
-                f"ListenAddress {hosts.addrs[i]}", f"Port {SSH_PORT}", f"HostKey {key}",
-                f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
-                f"PidFile {root / f'sshd{i}.pid'}", "LogLevel ERROR", ""]))
+            cfg.write_text(
+                "\n".join(
+                    [
+                        f"ListenAddress {hosts.addrs[i]}",
+                        f"Port {SSH_PORT}",
+                        f"HostKey {key}",
+                        f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                        "PermitRootLogin prohibit-password",
+                        "PasswordAuthentication no",
+                        "KbdInteractiveAuthentication no",
+                        "UsePAM no",
+                        "StrictModes no",
+                        f"PidFile {root / f'sshd{i}.pid'}",
+                        "LogLevel ERROR",
+                        "",
+                    ]
+                )
+            )
             hosts.sshd.append(hosts.start_sshd(i))
             alias = f"node{i}"
             hosts.aliases.append(alias)
-            known.append(f"[{hosts.addrs[i]}]:{SSH_PORT} {(root / f'host{i}_key.pub').read_text().split(' ')[0]} "
-                         f"{(root / f'host{i}_key.pub').read_text().split(' ')[1]}")
-            config += [f"Host {alias}", f"  HostName {hosts.addrs[i]}", f"  Port {SSH_PORT}",
-                       "  User root", f"  IdentityFile {root / 'id_test'}",
-                       "  IdentitiesOnly yes", f"  UserKnownHostsFile {root / 'known_hosts'}",
-                       "  GlobalKnownHostsFile /dev/null", "  StrictHostKeyChecking yes",
-                       "  LogLevel ERROR", ""]
+            known.append(
+                f"[{hosts.addrs[i]}]:{SSH_PORT} {(root / f'host{i}_key.pub').read_text().split(' ')[0]} "
+                f"{(root / f'host{i}_key.pub').read_text().split(' ')[1]}"
+            )
+            config += [
+                f"Host {alias}",
+                f"  HostName {hosts.addrs[i]}",
+                f"  Port {SSH_PORT}",
+                "  User root",
+                f"  IdentityFile {root / 'id_test'}",
+                "  IdentitiesOnly yes",
+                f"  UserKnownHostsFile {root / 'known_hosts'}",
+                "  GlobalKnownHostsFile /dev/null",
+                "  StrictHostKeyChecking yes",
+                "  LogLevel ERROR",
+                "",
+            ]
         (root / "known_hosts").write_text("\n".join(known) + "\n")
         hosts.ssh_config.write_text("\n".join(config))
         deadline = time.monotonic() + 20
@@ -174,8 +231,10 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
                 if r.returncode == 0:
                     break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd on {hosts.addrs[i]} did not answer: {r.stderr}"
-                                       f"{(root / f'sshd{i}.log').read_text()}")
+                    raise RuntimeError(
+                        f"sshd on {hosts.addrs[i]} did not answer: {r.stderr}"
+                        f"{(root / f'sshd{i}.log').read_text()}"
+                    )
                 time.sleep(0.2)
         return hosts
     except BaseException:
@@ -183,8 +242,9 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
         raise
 
 
-def demo_spec(path: Path, name: str, steps: int, cluster: str, run: str = "",
-              save_steps: int = 0) -> Path:
+def demo_spec(
+    path: Path, name: str, steps: int, cluster: str, run: str = "", save_steps: int = 0
+) -> Path:
     """The CPU demo (built-in trainer, tiny model, LoRA) with this `[cluster]` body and
     `[run]` body: the spec every multi-node test launches (ssh and Slurm alike)."""
     path.write_text(f'''name = "{name}"
@@ -192,7 +252,7 @@ backend = "builtin"
 [model]
 path = "builtin:tiny-qwen2"
 [data]
-path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+path = "{REPO / "presets" / "data" / "demo_chat.jsonl"}"
 max_length = 128
 [method]
 type = "lora"
@@ -214,15 +274,17 @@ def _hide_then_exec(folder: str, argv: list[str]) -> None:
     `folder`, then exec `argv`."""
     libc = ctypes.CDLL(None, use_errno=True)
     ms_rec, ms_private, clone_newns = 0x4000, 0x40000, 0x20000
-    if libc.unshare(clone_newns) != 0 or \
-            libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0 or \
-            libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 0, b"size=16m") != 0:
+    if (
+        libc.unshare(clone_newns) != 0
+        or libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0
+        or libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 0, b"size=16m") != 0
+    ):
         err = ctypes.get_errno()
         raise OSError(err, f"hiding {folder}: {os.strerror(err)}")
     os.execv(argv[0], argv)
 
 
-if __name__ == "__main__":          # python -m tests.multinode_hosts hide FOLDER ARGV...
+if __name__ == "__main__":  # python -m tests.multinode_hosts hide FOLDER ARGV...
     if len(sys.argv) > 3 and sys.argv[1] == "hide":
         _hide_then_exec(sys.argv[2], sys.argv[3:])
     sys.exit("usage: python -m tests.multinode_hosts hide FOLDER ARGV...")

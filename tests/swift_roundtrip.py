@@ -38,8 +38,7 @@ def flag_tables() -> dict:
     if _TABLES is None:
         import importlib.metadata as md
 
-        name = (f"flags-v2-swift{md.version('ms-swift')}-tf{md.version('transformers')}"
-                ".json.gz")
+        name = f"flags-v2-swift{md.version('ms-swift')}-tf{md.version('transformers')}.json.gz"
         path = HERE / "core" / "swift" / "tables" / name
         if path.exists():
             _TABLES = json.loads(gzip.decompress(path.read_bytes()))
@@ -49,10 +48,16 @@ def flag_tables() -> dict:
 
 
 def _run_check(mode: str, stdin: str | None) -> str:
-    with tempfile.TemporaryDirectory() as cwd:   # no swift/ folder of anyone's in the way
-        proc = subprocess.run([sys.executable, str(CHECK), mode], input=stdin, cwd=cwd,
-                              capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    with tempfile.TemporaryDirectory() as cwd:  # no swift/ folder of anyone's in the way
+        proc = subprocess.run(
+            [sys.executable, str(CHECK), mode],
+            input=stdin,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
     out = proc.stdout.rpartition("@@TUNEDECK@@")[2]
     if proc.returncode or not out:
         raise RuntimeError(f"ms-swift's parser: {proc.stderr[-800:]}")
@@ -69,11 +74,11 @@ def shell_words(text: str) -> list[str]:
     out, quote, i = [], "", 0
     while i < len(text):
         c = text[i]
-        if c == "\\" and quote != "'" and text[i + 1:i + 2] == "\n":
+        if c == "\\" and quote != "'" and text[i + 1 : i + 2] == "\n":
             i += 2
             continue
         if c == "\\" and quote != "'":
-            out.append(text[i:i + 2])
+            out.append(text[i : i + 2])
             i += 2
             continue
         if c in "'\"" and quote in ("", c):
@@ -82,20 +87,21 @@ def shell_words(text: str) -> list[str]:
         i += 1
     return shlex.split("".join(out))
 
+
 LAUNCHER_ENV = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass
 class Trip:
     command: str
-    swift_command: str = ""              # sft, megatron-rlhf, ... ("" = not ms-swift)
-    original: list[str] = field(default_factory=list)   # the ms-swift argv as pasted
-    exported: list[str] = field(default_factory=list)   # export --format swift, after `swift sft`
-    dry_run: list[str] = field(default_factory=list)    # the plan's argv after -m swift.cli.X
+    swift_command: str = ""  # sft, megatron-rlhf, ... ("" = not ms-swift)
+    original: list[str] = field(default_factory=list)  # the ms-swift argv as pasted
+    exported: list[str] = field(default_factory=list)  # export --format swift, after `swift sft`
+    dry_run: list[str] = field(default_factory=list)  # the plan's argv after -m swift.cli.X
     export_env: dict[str, str] = field(default_factory=dict)
-    procs: tuple[int, int] = (0, 0)      # (nproc_per_node, nnodes) of the plan
+    procs: tuple[int, int] = (0, 0)  # (nproc_per_node, nnodes) of the plan
     warnings: list[str] = field(default_factory=list)
-    error: str = ""                      # where it stopped, one line
+    error: str = ""  # where it stopped, one line
 
 
 def exported_words(text: str) -> tuple[dict[str, str], list[str]]:
@@ -106,14 +112,19 @@ def exported_words(text: str) -> tuple[dict[str, str], list[str]]:
     i = 0
     while i < len(lines) and lines[i].startswith(("#", "set ", "export ", "\n")):
         if lines[i].startswith("export "):
-            k, _, v = lines[i][len("export "):].strip().partition("=")
+            k, _, v = lines[i][len("export ") :].strip().partition("=")
             env[k] = shlex.split(v)[0] if v else ""
         i += 1
     return env, shell_words("".join(lines[i:]))
 
 
-def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
-               tmp: str = "/tmp/tunedeck-roundtrip", spec_dir: Path | None = None) -> Trip:
+def round_trip(
+    command: str,
+    swift_argv: list[str] | None = None,
+    gpus: int = 8,
+    tmp: str = "/tmp/tunedeck-roundtrip",
+    spec_dir: Path | None = None,
+) -> Trip:
     """`swift_argv`: the ms-swift flags of `command` as ms-swift sees them (the caller knows
     them; the scorer reads them from the command). `spec_dir`: write the spec file there and
     load it as `tunedeck export FILE` does (relative paths resolve from that folder), instead
@@ -129,13 +140,14 @@ def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
         if spec_dir is not None:
             from tunedeck.core.spec import load_spec
 
-            with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=spec_dir,
-                                             encoding="utf-8") as f:
+            with tempfile.NamedTemporaryFile(
+                "w", suffix=".toml", dir=spec_dir, encoding="utf-8"
+            ) as f:
                 f.write(imp.to_toml())
                 f.flush()
                 spec = load_spec(f.name)
         else:
-            spec = loads_spec(imp.to_toml(), source="<imported>")   # what `import -o` writes
+            spec = loads_spec(imp.to_toml(), source="<imported>")  # what `import -o` writes
     except ValueError as e:
         trip.error = f"load: {e}"
         return trip
@@ -150,11 +162,11 @@ def round_trip(command: str, swift_argv: list[str] | None = None, gpus: int = 8,
         trip.procs = (resolved.cluster.nproc_per_node, resolved.cluster.nnodes)
         env, words = exported_words(export(resolved, "swift"))
         trip.export_env = env
-        trip.exported = words[2:]                     # after `swift sft` / `megatron rlhf`
+        trip.exported = words[2:]  # after `swift sft` / `megatron rlhf`
         planned, plan = plan_run(spec, RunDir(tmp), gpu_count=gpus)
         argv = plan.nodes[0].argv
         i = next(i for i, w in enumerate(argv) if w.startswith("swift.cli."))
-        trip.dry_run = argv[i + 1:]
+        trip.dry_run = argv[i + 1 :]
         trip.procs = (planned.cluster.nproc_per_node, planned.cluster.nnodes)
     except ValueError as e:
         trip.error = f"export/dry-run: {str(e).splitlines()[0]} {' '.join(str(e).splitlines()[1:])}"
@@ -197,7 +209,7 @@ def table_parse(command: str, argv: list[str]) -> dict:
             if flag.startswith("no_") and info["type"] == "bool" and info["nargs"] == 0:
                 values[name] = ["false"]
         elif name is not None:
-            values[name].append(w)                # type: ignore[union-attr]
+            values[name].append(w)  # type: ignore[union-attr]
         else:
             remaining.append(w)
     bools = {i["dest"] for i in known.values() if i["type"] == "bool"}

@@ -21,7 +21,6 @@ from tunedeck.core.runs import procs
 from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
 
 
-
 pytestmark = pytest.mark.slow
 
 
@@ -76,8 +75,15 @@ def _kill_agent(home, run_id) -> dict:
 
 
 def test_killed_agent_is_adopted_and_the_run_stops_gracefully(td_home, monkeypatch):
-    out = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
-                   "--set", "train.save_steps=0", home=td_home)
+    out = cli_json(
+        "launch",
+        str(DEMO),
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        "train.save_steps=0",
+        home=td_home,
+    )
     run_id = out["run_id"]
     wait_for(lambda: _status(td_home, run_id)["step"] >= 3, 120, "steps")
     before = _kill_agent(td_home, run_id)
@@ -98,20 +104,31 @@ def test_killed_agent_is_adopted_and_the_run_stops_gracefully(td_home, monkeypat
     monkeypatch.delenv("TUNEDECK_NO_ADOPT")
     ls = cli_json("ls", home=td_home)
     assert [r["status"] for r in ls if r["run_id"] == run_id] == ["lost"]
-    adopted = wait_for(lambda: (s := _status(td_home, run_id))["status"] == "running"
-                       and s["agent_pid"] != before["agent_pid"] and s, 30, "the adoption")
+    adopted = wait_for(
+        lambda: (
+            (s := _status(td_home, run_id))["status"] == "running"
+            and s["agent_pid"] != before["agent_pid"]
+            and s
+        ),
+        30,
+        "the adoption",
+    )
     assert adopted["message"].startswith("adopted: agent"), adopted
     new_agent = adopted["agent_pid"]
     st = _state(td_home, run_id)
     assert procs.same_process(new_agent, st["pid_identity"][str(new_agent)])
     assert st["adopted"][-1]["lost_agent_pid"] == before["agent_pid"]
     # the same processes, found by identity, not restarted
-    assert st["torchrun_pid"] == before["torchrun_pid"] and sorted(st["worker_pids"]) == \
-        sorted(ranks)
+    assert st["torchrun_pid"] == before["torchrun_pid"] and sorted(st["worker_pids"]) == sorted(
+        ranks
+    )
     # steps keep arriving, into run.db too (ingest resumed from its offsets: no gap)
     n0 = len(_steps(td_home, run_id))
-    wait_for(lambda: _stored_steps(td_home, run_id) > max(stored_at_loss, n0) + 5, 60,
-             "the adopted run's steps in run.db")
+    wait_for(
+        lambda: _stored_steps(td_home, run_id) > max(stored_at_loss, n0) + 5,
+        60,
+        "the adopted run's steps in run.db",
+    )
     recs = _steps(td_home, run_id)
     assert recs == list(range(1, len(recs) + 1)), "a step was lost or repeated"
 
@@ -140,15 +157,23 @@ def test_run_that_ended_unwatched_gets_its_true_status(td_home, monkeypatch):
     monkeypatch.setenv("TUNEDECK_NO_ADOPT", "1")
     wait_for(lambda: _status(td_home, run_id)["step"] >= 3, 120, "steps")
     before = _kill_agent(td_home, run_id)
-    wait_for(lambda: _gone([before["torchrun_pid"], *before["worker_pids"]]), 180,
-             "the ranks to finish on their own")
-    gone = _status(td_home, run_id)   # not failed: how it ended is not known yet
+    wait_for(
+        lambda: _gone([before["torchrun_pid"], *before["worker_pids"]]),
+        180,
+        "the ranks to finish on their own",
+    )
+    gone = _status(td_home, run_id)  # not failed: how it ended is not known yet
     assert gone["status"] == "lost" and "processes have ended" in gone["message"], gone
     monkeypatch.delenv("TUNEDECK_NO_ADOPT")
-    cli("status", run_id, home=td_home)    # reading it adopts it
+    cli("status", run_id, home=td_home)  # reading it adopts it
     # the adopter says it is reading how the run ended, then records the end it found
-    final = wait_for(lambda: (s := _status(td_home, run_id))["status"] in
-                     ("succeeded", "failed", "stopped") and s, 60, "the adopter to record the end")
+    final = wait_for(
+        lambda: (
+            (s := _status(td_home, run_id))["status"] in ("succeeded", "failed", "stopped") and s
+        ),
+        60,
+        "the adopter to record the end",
+    )
     assert final["status"] == "succeeded" and final["exit_code"] == 0, final
     assert "every rank recorded its end" in final["message"]
     assert _stored_steps(td_home, run_id) == steps
@@ -158,11 +183,14 @@ def test_run_that_ended_unwatched_gets_its_true_status(td_home, monkeypatch):
 
 # -- a full disk --------------------------------------------------------------------------------
 
+
 def _mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
-                    str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        check=True,
+        capture_output=True,
+    )
 
 
 def _filler(path: Path) -> Path:
@@ -205,7 +233,7 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
     from tunedeck.core.spec import load_spec
 
     steps = 70
-    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")   # ~20 s of training
+    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")  # ~20 s of training
     spec = load_spec(DEMO, [f"train.max_steps={steps}", "train.save_steps=0"])
     run_dir = prepare_run(spec, td_home / "runs")
     run_id = run_dir.name
@@ -230,8 +258,11 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
 
         # 1. run.db's disk is full: the agent says why in state.json; the run goes on
         _fill(dbfs)
-        said = wait_for(lambda: "disk full" in (m := _state(td_home, run_id)["message"])
-                        and m, 30, "the reason in state.json")
+        said = wait_for(
+            lambda: "disk full" in (m := _state(td_home, run_id)["message"]) and m,
+            30,
+            "the reason in state.json",
+        )
         assert "run.db ingest and telemetry paused; the run goes on" in said, said
         held = _stored_steps(td_home, run_id)
         ev = aside / "events" / "rank0.jsonl"
@@ -250,18 +281,28 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
         time.sleep(IO_RETRY)
         frozen = _state(td_home, run_id)
         assert frozen["progress"]["step"] < _stored_steps(td_home, run_id) - 3, frozen
-        assert psutil.pid_exists(st["agent_pid"]) and \
-            psutil.Process(st["agent_pid"]).status() != "zombie", "the agent died"
+        assert (
+            psutil.pid_exists(st["agent_pid"])
+            and psutil.Process(st["agent_pid"]).status() != "zombie"
+        ), "the agent died"
         log = (aside / "logs" / "agent.log").read_text()
         assert "state.json paused until space returns" in log, log[-3000:]
 
         # 3. space returns: state.json catches up, the run completes with every step
         (run_dir / "filler").unlink()
-        resumed = wait_for(lambda: "disk full" not in (s := _state(td_home, run_id))
-                           ["message"] and s, 30, "the pause to end")
+        resumed = wait_for(
+            lambda: "disk full" not in (s := _state(td_home, run_id))["message"] and s,
+            30,
+            "the pause to end",
+        )
         assert resumed["status"] in ("running", "succeeded"), resumed
-        final = wait_for(lambda: (s := _state(td_home, run_id))["status"] in
-                         ("succeeded", "failed", "stopped") and s, 180, "the end")
+        final = wait_for(
+            lambda: (
+                (s := _state(td_home, run_id))["status"] in ("succeeded", "failed", "stopped") and s
+            ),
+            180,
+            "the end",
+        )
         assert final["status"] == "succeeded", final
         assert "paused" in final["message"] and "full disk" in final["message"], final
         assert {p["what"] for p in final["io_pauses"]} == {"run.db", "state.json"}

@@ -15,8 +15,9 @@ def test_delete_keeps_outputs_unless_named_and_dry_run_touches_nothing(td_home):
     run_dir = make_run(root, "20261202-010000-demo-aaaa", checkpoints=(50, 100))
     out = run_dir / "output"
     assert out.is_dir()
-    plan = json.loads(cli("delete", "20261202-010000-demo-aaaa", "--dry-run", "--json",
-                          home=td_home).stdout)
+    plan = json.loads(
+        cli("delete", "20261202-010000-demo-aaaa", "--dry-run", "--json", home=td_home).stdout
+    )
     assert plan["checkpoints"] == 2 and plan["outputs_deletable"]
     assert plan["output_dir"] == str(out.resolve()) and (run_dir / "state.json").exists()
 
@@ -26,11 +27,21 @@ def test_delete_keeps_outputs_unless_named_and_dry_run_touches_nothing(td_home):
     assert "20261202-010000-demo-aaaa" not in cli("ls", home=td_home).stdout
 
     other = make_run(root, "20261202-020000-demo-bbbb", checkpoints=(10,))
-    wrong = cli("delete", "20261202-020000-demo-bbbb", "--outputs", str(td_home), home=td_home, check=False)
+    wrong = cli(
+        "delete", "20261202-020000-demo-bbbb", "--outputs", str(td_home), home=td_home, check=False
+    )
     assert wrong.returncode == 1 and "is not the output folder" in wrong.stderr
-    assert (other / "state.json").exists()                       # nothing deleted
-    gone = json.loads(cli("delete", "20261202-020000-demo-bbbb", "--outputs", str(other / "output"), "--json",
-                          home=td_home).stdout)
+    assert (other / "state.json").exists()  # nothing deleted
+    gone = json.loads(
+        cli(
+            "delete",
+            "20261202-020000-demo-bbbb",
+            "--outputs",
+            str(other / "output"),
+            "--json",
+            home=td_home,
+        ).stdout
+    )
     assert gone["kept"] is None and not other.exists()
 
 
@@ -44,8 +55,7 @@ def test_delete_refuses_live_runs_and_shared_outputs(tmp_path):
     assert "Traceback" not in p.stderr and (live / "state.json").exists()
 
     shared = tmp_path / "shared-out"
-    a = make_run(root, "20261202-040000-a-dddd", name="a", output_dir=str(shared),
-                 checkpoints=(5,))
+    a = make_run(root, "20261202-040000-a-dddd", name="a", output_dir=str(shared), checkpoints=(5,))
     make_run(root, "20261202-050000-b-eeee", name="b", output_dir=str(shared))
     p = cli("delete", "20261202-040000-a-dddd", "--outputs", str(shared), home=td_home, check=False)
     assert p.returncode == 1 and "uses it too" in p.stderr

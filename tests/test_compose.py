@@ -28,24 +28,33 @@ DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
 
 def h200s(n: int = 2) -> GpuFacts:
     """A 2×H200 node as NVML described it (shared/fixtures/h200)."""
-    return GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
-                    driver="580.1", cuda_driver=(13, 0))
+    return GpuFacts(
+        gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
+        driver="580.1",
+        cuda_driver=(13, 0),
+    )
 
 
 @pytest.fixture
 def gpus(monkeypatch):
     """Recorded GPU facts instead of this machine's, for the form and the gate."""
+
     def use(facts: GpuFacts) -> None:
         monkeypatch.setattr(ComposeScreen, "gpu_probe", staticmethod(lambda: facts))
         monkeypatch.setattr(PreflightScreen, "gpu_probe", staticmethod(lambda: facts))
+
     use(GpuFacts(error="no GPU (recorded)"))
     return use
 
 
 async def settled(pilot, screen: ComposeScreen, timeout: float = 60.0):
     """The preview on screen is the one of the form as it is now."""
-    await until(pilot, lambda: screen.preview is not None and not screen.preview_pending,
-                timeout, "the preview")
+    await until(
+        pilot,
+        lambda: screen.preview is not None and not screen.preview_pending,
+        timeout,
+        "the preview",
+    )
 
 
 def demo_spec(**values) -> RunSpec:
@@ -65,6 +74,7 @@ def shown(screen, key: str) -> bool:
 
 
 # -- the form and the preview --------------------------------------------------------------
+
 
 async def test_every_option_has_a_field_and_edits_change_the_command(gpus):
     screen = ComposeScreen(demo_spec(), DEMO)
@@ -94,8 +104,9 @@ async def test_a_bad_value_shows_its_problem_under_the_field(gpus):
         row = screen.row("train.max_steps")
         assert row.has_class("-error")
         assert "train.max_steps must be int, got str 'ten'" in str(
-            row.query_one(".field-error").render())
-        assert screen.spec.train.max_steps == 3          # the last good value stays
+            row.query_one(".field-error").render()
+        )
+        assert screen.spec.train.max_steps == 3  # the last good value stays
         await settled(pilot, screen)
         assert "✗ 1 problem(s): train.max_steps must be int" in screen.preview_text()
         # a problem blocks the launch and the save: the form would not be what runs
@@ -103,15 +114,17 @@ async def test_a_bad_value_shows_its_problem_under_the_field(gpus):
         await pilot.pause()
         assert not isinstance(pilot.app.screen, PreflightScreen)
         await type_into(pilot, screen, "train.max_steps", "0")
-        assert "train.max_steps must be >= 1, got 0" in str(
-            row.query_one(".field-error").render())
+        assert "train.max_steps must be >= 1, got 0" in str(row.query_one(".field-error").render())
         await type_into(pilot, screen, "train.max_steps", "7")
         assert not row.has_class("-error") and screen.spec.train.max_steps == 7
         # a rule between keys lands under the key it names
         await type_into(pilot, screen, "data.path", "")
         data_row = screen.row("data.path")
-        assert data_row.has_class("-error") and "data.path is required for the builtin " \
-            "trainer" in str(data_row.query_one(".field-error").render())
+        assert data_row.has_class(
+            "-error"
+        ) and "data.path is required for the builtin trainer" in str(
+            data_row.query_one(".field-error").render()
+        )
         choice = screen.query_one("#" + widget_id("parallel.strategy"), Select)
         assert [v for _, v in choice._options] == list(OPTIONS["parallel.strategy"].choices)
 
@@ -196,7 +209,7 @@ async def test_port_is_picked_once_and_kept_for_the_launch(gpus):
         await pilot.press("ctrl+l")
         await until(pilot, lambda: isinstance(pilot.app.screen, PreflightScreen), what="gate")
         assert pilot.app.screen.spec.cluster.master_port == port
-        assert screen.spec.cluster.master_port == 0      # the form keeps "pick at launch"
+        assert screen.spec.cluster.master_port == 0  # the form keeps "pick at launch"
         await pilot.press("escape")
         await until(pilot, lambda: pilot.app.screen is screen, what="back")
         await type_into(pilot, screen, "cluster.master_port", "29555")
@@ -207,16 +220,32 @@ async def test_port_is_picked_once_and_kept_for_the_launch(gpus):
 async def test_estimate_turns_red_past_capacity_and_the_advice_is_one_key_away(gpus, tmp_path):
     big = tmp_path / "qwen7b"
     big.mkdir()
-    (big / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
-        "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
-        "vocab_size": 152064, "tie_word_embeddings": False}))
+    (big / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 3584,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "intermediate_size": 18944,
+                "vocab_size": 152064,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     # two 24 GiB GPUs, as a fake NVML reports them through the real probe
     gpus(probe_gpus(FakePynvml(2, name="NVIDIA A10G", total_mib=24576, cc=(8, 6))))
     # batch 8: the built-in trainer's chunked loss and fused LoRA layers let batches up to 6
     # fit one 24 GiB GPU with gradient checkpointing; 8 needs FSDP2 over both
-    spec = demo_spec(**{"model.path": str(big), "data.max_length": 2048,
-                        "train.per_device_batch_size": 8, "cluster.device": "cuda"})
+    spec = demo_spec(
+        **{
+            "model.path": str(big),
+            "data.max_length": 2048,
+            "train.per_device_batch_size": 8,
+            "cluster.device": "cuda",
+        }
+    )
     screen = ComposeScreen(spec, DEMO)
     async with screen_host(screen).run_test(size=(160, 48)) as pilot:
         await settled(pilot, screen)
@@ -245,8 +274,9 @@ async def test_estimate_turns_red_past_capacity_and_the_advice_is_one_key_away(g
         assert "GPU1 NVIDIA H200 139.8 GiB: fits" in screen.preview_text()
 
 
-@pytest.mark.skipif(not __import__("importlib.util").util.find_spec("swift"),
-                    reason="ms-swift not installed")
+@pytest.mark.skipif(
+    not __import__("importlib.util").util.find_spec("swift"), reason="ms-swift not installed"
+)
 async def test_swift_preview_follows_without_importing_ms_swift(gpus):
     spec = load_spec(REPO / "presets" / "swift-ddp-lora-2gpu.toml")
     gpus(h200s())
@@ -257,8 +287,11 @@ async def test_swift_preview_follows_without_importing_ms_swift(gpus):
         assert "-m swift.cli.sft" in text and "--tuner_type lora" in text, text
         # each setting with its value and whose it is: unset keys are ms-swift's defaults
         assert "ms-swift settings" in text
-        assert re.search(r"--lora_dropout 0\.05 +\(method\.lora_dropout: ms-swift [\d.]+ "
-                         r"default\)", text), text
+        assert re.search(
+            r"--lora_dropout 0\.05 +\(method\.lora_dropout: ms-swift [\d.]+ "
+            r"default\)",
+            text,
+        ), text
         await type_into(pilot, screen, "method.lora_rank", "32")
         await settled(pilot, screen)
         assert "--lora_rank 32" in screen.preview_text()
@@ -319,12 +352,12 @@ async def test_stale_previews_are_dropped_and_the_last_edit_wins(gpus):
         await settled(pilot, screen)
         before = len(screen.latencies)
         inp = screen.query_one("#" + widget_id("cluster.cpu_procs"), Input)
-        for text in ("1", "12", "123", "1000", "1024"):   # faster than the debounce
+        for text in ("1", "12", "123", "1000", "1024"):  # faster than the debounce
             inp.value = text
-        await pilot.pause()     # the Changed events reach the screen
+        await pilot.pause()  # the Changed events reach the screen
         await settled(pilot, screen)
         assert "--nproc_per_node 1024" in screen.preview_text()
-        assert len(screen.latencies) - before <= 2   # the first at once, the rest as one
+        assert len(screen.latencies) - before <= 2  # the first at once, the rest as one
         # an answer to an older edit that arrives late is dropped
         old = PreviewData(Text("stale"), Text("stale"), "pass")
         screen.post_message(PreviewReady(screen.generation - 1, time.perf_counter(), old))
@@ -334,20 +367,29 @@ async def test_stale_previews_are_dropped_and_the_last_edit_wins(gpus):
 
 # -- snapshots (fixed spec, port, paths and recorded GPUs) ------------------------------------
 
+
 def _snapshot_app(monkeypatch) -> App:
     monkeypatch.setenv("TUNEDECK_HOME", "/srv/tunedeck")
     monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
     monkeypatch.setattr(ComposeScreen, "gpu_probe", staticmethod(h200s))
     spec = RunSpec(name="snap")
-    spec = set_values(spec, {"data.path": "/data/chat.jsonl", "cluster.master_port": 29500,
-                             "method.lora_rank": 16, "train.max_steps": 300,
-                             "train.learning_rate": 2e-4, "train.save_steps": 100})
+    spec = set_values(
+        spec,
+        {
+            "data.path": "/data/chat.jsonl",
+            "cluster.master_port": 29500,
+            "method.lora_rank": 16,
+            "train.max_steps": 300,
+            "train.learning_rate": 2e-4,
+            "train.save_steps": 100,
+        },
+    )
     return screen_host(ComposeScreen(spec, title="snap"))
 
 
 async def _wait_preview(pilot) -> None:
     screen = pilot.app.screen
-    for inp in screen.query(Input):   # a blinking cursor would make the picture a coin toss
+    for inp in screen.query(Input):  # a blinking cursor would make the picture a coin toss
         inp.cursor_blink = False
     await settled(pilot, screen)
     await pilot.pause(0.1)
@@ -355,8 +397,7 @@ async def _wait_preview(pilot) -> None:
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 def test_compose_snapshot(snap_compare, monkeypatch, size):
-    assert snap_compare(_snapshot_app(monkeypatch), terminal_size=size,
-                        run_before=_wait_preview)
+    assert snap_compare(_snapshot_app(monkeypatch), terminal_size=size, run_before=_wait_preview)
 
 
 def test_build_preview_runs_without_a_screen():
@@ -374,11 +415,12 @@ async def test_go_to_a_field_by_its_key(gpus):
     screen = ComposeScreen(spec=demo_spec())
     async with screen_host(screen).run_test(size=(120, 40)) as pilot:
         await settled(pilot, screen)
-        for typed, key in (("max_steps", "train.max_steps"), ("cluster.master_port",
-                                                              "cluster.master_port")):
+        for typed, key in (
+            ("max_steps", "train.max_steps"),
+            ("cluster.master_port", "cluster.master_port"),
+        ):
             await pilot.press("ctrl+g")
-            await until(pilot, lambda: isinstance(pilot.app.screen, PromptScreen),
-                        what="prompt")
+            await until(pilot, lambda: isinstance(pilot.app.screen, PromptScreen), what="prompt")
             await pilot.press(*typed, "enter")
             await until(pilot, lambda: pilot.app.screen is screen, what="the form")
             await pilot.pause()
@@ -390,7 +432,7 @@ async def test_go_to_a_field_by_its_key(gpus):
 async def test_a_value_put_in_the_form_leaves_the_cursor_at_its_end(gpus, tmp_path):
     """A spec loaded into the form (a preset, a file): ctrl+u then clears the whole field,
     not all but the tail of the new value."""
-    screen = ComposeScreen()          # name "run" typed-in state, then the preset arrives
+    screen = ComposeScreen()  # name "run" typed-in state, then the preset arrives
     async with screen_host(screen).run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: isinstance(pilot.app.screen, PresetPicker), what="picker")
         picker = pilot.app.screen
@@ -406,8 +448,9 @@ async def test_a_value_put_in_the_form_leaves_the_cursor_at_its_end(gpus, tmp_pa
         await until(pilot, lambda: screen.spec.name == "e2e", what="the new name")
 
 
-@pytest.mark.skipif(not __import__("importlib.util").util.find_spec("swift"),
-                    reason="ms-swift not installed")
+@pytest.mark.skipif(
+    not __import__("importlib.util").util.find_spec("swift"), reason="ms-swift not installed"
+)
 async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(gpus, tmp_path):
     """A key an ms-swift spec leaves unset passes no flag: its box is empty, with the value
     ms-swift will use as the placeholder (not as a value); typing sets it (its flag appears),
@@ -419,8 +462,12 @@ async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(g
     (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
     spec = load_spec(REPO / "presets" / "swift-ddp-lora-2gpu.toml")
     spec = set_values(spec, {"model.path": str(m)})
-    for key in ("train.per_device_batch_size", "data.max_length", "method.lora_rank",
-                "train.gradient_checkpointing"):
+    for key in (
+        "train.per_device_batch_size",
+        "data.max_length",
+        "method.lora_rank",
+        "train.gradient_checkpointing",
+    ):
         spec = set_values(spec, {key: OPTIONS[key].default})
         spec.explicit.discard(key)
     gpus(h200s())
@@ -431,14 +478,19 @@ async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(g
         batch = box("train.per_device_batch_size")
         assert batch.value == "" and re.match(r"1 · ms-swift [\d.]+ default", batch.placeholder)
         assert box("method.lora_rank").placeholder.startswith("8 · ms-swift")
-        assert re.match(r"32768 · ms-swift [\d.]+ default: the model's length limit",
-                        box("data.max_length").placeholder)
+        assert re.match(
+            r"32768 · ms-swift [\d.]+ default: the model's length limit",
+            box("data.max_length").placeholder,
+        )
         # the settings pane says the same, not "decided at run time"
-        assert re.search(r"--max_length 32768  \(data\.max_length: ms-swift [\d.]+ default: "
-                         "the model's length limit", screen.preview_text())
+        assert re.search(
+            r"--max_length 32768  \(data\.max_length: ms-swift [\d.]+ default: "
+            "the model's length limit",
+            screen.preview_text(),
+        )
         gc = screen.query_one("#" + widget_id("train.gradient_checkpointing"), Select)
         assert gc.value is Select.NULL and gc.prompt.startswith("true · ms-swift")
-        assert box("data.path").placeholder == ""      # a key with a value says nothing
+        assert box("data.path").placeholder == ""  # a key with a value says nothing
         assert "effective batch 16 = 1 per device x 2" in screen.preview_text()
         unset_row = "--per_device_train_batch_size 1  (train.per_device_batch_size: ms-swift"
         # ctrl+t gives the advice `tunedeck estimate` prints, ms-swift's speed flags with it
@@ -451,14 +503,15 @@ async def test_an_unset_ms_swift_key_shows_ms_swifts_value_dim_and_stays_unset(g
         assert unset_row in screen.preview_text()
         await type_into(pilot, screen, "train.per_device_batch_size", "4")
         await settled(pilot, screen)
-        assert "--per_device_train_batch_size 4  (train.per_device_batch_size: spec)" \
+        assert (
+            "--per_device_train_batch_size 4  (train.per_device_batch_size: spec)"
             in screen.preview_text()
+        )
         await type_into(pilot, screen, "train.per_device_batch_size", "")
         await settled(pilot, screen)
         assert unset_row in screen.preview_text()
         assert "--per_device_train_batch_size 4" not in screen.preview_text()
-        assert not screen.field_errors and "train.per_device_batch_size" not in \
-            screen.spec.explicit
+        assert not screen.field_errors and "train.per_device_batch_size" not in screen.spec.explicit
         gc.value = False
         await pilot.pause()
         await settled(pilot, screen)

@@ -40,8 +40,7 @@ def failure_cases() -> list[tuple[Path, dict]]:
 
 def healthy_cases() -> list[Path]:
     rec = json.loads((CORPUS / "recorded.json").read_text())
-    out = [CORPUS / "recorded" / f"{n}.log" for n, e in rec.items()
-           if e["category"] is None]
+    out = [CORPUS / "recorded" / f"{n}.log" for n, e in rec.items() if e["category"] is None]
     written = json.loads((CORPUS / "written.json").read_text())
     out += [CORPUS / "written" / "healthy" / fn for fn in written["healthy"]]
     return out
@@ -78,22 +77,29 @@ def judge_metrics(path: Path, exp: dict) -> tuple[bool, str]:
     if not recs:
         return False, "no records"
     last = recs[-1]
-    ok = last["step"] == exp["last_step"] and math.isclose(last["loss"], exp["last_loss"],
-                                                           rel_tol=1e-4)
+    ok = last["step"] == exp["last_step"] and math.isclose(
+        last["loss"], exp["last_loss"], rel_tol=1e-4
+    )
     return ok, f"step {last['step']} loss {last['loss']}"
 
 
 def score() -> dict:
-    out = {"failures": defaultdict(lambda: [0, 0]), "healthy": [0, 0], "metrics": [0, 0],
-           "misses": []}
+    out = {
+        "failures": defaultdict(lambda: [0, 0]),
+        "healthy": [0, 0],
+        "metrics": [0, 0],
+        "misses": [],
+    }
     for path, exp in failure_cases():
         ok, got = judge_failure(path, exp)
         cat = exp["category"].split("|")[0]
         out["failures"][cat][0] += ok
         out["failures"][cat][1] += 1
         if not ok:
-            out["misses"].append(f"{path.name}: want {exp['category']} rank={exp.get('rank')}"
-                                 f" host={exp.get('host')}, got {got}")
+            out["misses"].append(
+                f"{path.name}: want {exp['category']} rank={exp.get('rank')}"
+                f" host={exp.get('host')}, got {got}"
+            )
     for path in healthy_cases():
         ok, got = judge_healthy(path)
         out["healthy"][0] += ok
@@ -105,8 +111,9 @@ def score() -> dict:
         out["metrics"][0] += ok
         out["metrics"][1] += 1
         if not ok:
-            out["misses"].append(f"{path.name}: want step {exp['last_step']} loss "
-                                 f"{exp['last_loss']}, got {got}")
+            out["misses"].append(
+                f"{path.name}: want step {exp['last_step']} loss {exp['last_loss']}, got {got}"
+            )
     return out
 
 

@@ -23,17 +23,34 @@ GARBAGE = b"\xff\xfe\x00\x1b[31m\x9b2J not what was written \xe2\x80\xae" * 40
 
 # a rank's stdout: the one rank log every demo run has
 RANK_LOG = "logs/node0/*/attempt_0/0/stdout.log"
-FILES = ("state.json", "spec.toml", "plan.json", "secrets.json", "stop.json", "run.db",
-         "events/rank0.jsonl", "logs/agent.log", "logs/torchrun-node0.log", RANK_LOG,
-         "launch.sh")
+FILES = (
+    "state.json",
+    "spec.toml",
+    "plan.json",
+    "secrets.json",
+    "stop.json",
+    "run.db",
+    "events/rank0.jsonl",
+    "logs/agent.log",
+    "logs/torchrun-node0.log",
+    RANK_LOG,
+    "launch.sh",
+)
 # files whose damage `tunedeck doctor` must name (the others are free text)
-CHECKED = ("state.json", "spec.toml", "plan.json", "secrets.json", "stop.json", "run.db",
-           "events/rank0.jsonl")
+CHECKED = (
+    "state.json",
+    "spec.toml",
+    "plan.json",
+    "secrets.json",
+    "stop.json",
+    "run.db",
+    "events/rank0.jsonl",
+)
 
 
 def _wrong(rel: str, old: bytes) -> bytes:
     """Well-formed for its format, wrong in its types."""
-    if rel == "state.json":   # a vital key: a wrong value in any other reads as missing
+    if rel == "state.json":  # a vital key: a wrong value in any other reads as missing
         state = json.loads(old)
         state["status"] = ["abc"]
         return json.dumps(state).encode()
@@ -46,10 +63,17 @@ def _wrong(rel: str, old: bytes) -> bytes:
     if rel == "stop.json":
         return b'{"mode": 3, "t": "soon", "grace_s": "x"}'
     if rel.startswith("events/"):
-        bad = {"kind": "step", "rank": "0", "step": "abc", "loss": "x", "t": "now",
-               "tokens_per_s": [], "lr": {}}
-        return (json.dumps(bad) + "\n").encode() * 20 + b"[1, 2]\n\"step\"\n"
-    return b"\x00\x01\x02" + GARBAGE     # free text: binary is its "wrong type"
+        bad = {
+            "kind": "step",
+            "rank": "0",
+            "step": "abc",
+            "loss": "x",
+            "t": "now",
+            "tokens_per_s": [],
+            "lr": {},
+        }
+        return (json.dumps(bad) + "\n").encode() * 20 + b'[1, 2]\n"step"\n'
+    return b"\x00\x01\x02" + GARBAGE  # free text: binary is its "wrong type"
 
 
 def _damage(run_dir: Path, rel: str, kind: str) -> Path:
@@ -58,17 +82,23 @@ def _damage(run_dir: Path, rel: str, kind: str) -> Path:
     if rel == "run.db":
         for side in ("run.db-wal", "run.db-shm"):
             (run_dir / side).unlink(missing_ok=True)
-        if kind == "wrong":     # a real database of some other shape
+        if kind == "wrong":  # a real database of some other shape
             path.unlink()
             con = sqlite3.connect(path)
-            con.executescript("CREATE TABLE events(x TEXT); INSERT INTO events VALUES ('a');"
-                              "CREATE TABLE steps(rank TEXT, step TEXT, loss TEXT);"
-                              "INSERT INTO steps VALUES ('r', 's', 'l');")
+            con.executescript(
+                "CREATE TABLE events(x TEXT); INSERT INTO events VALUES ('a');"
+                "CREATE TABLE steps(rank TEXT, step TEXT, loss TEXT);"
+                "INSERT INTO steps VALUES ('r', 's', 'l');"
+            )
             con.commit()
             con.close()
             return path
-    data = {"truncated": old[:len(old) // 2], "empty": b"", "garbage": GARBAGE,
-            "wrong": _wrong(rel, old)}[kind]
+    data = {
+        "truncated": old[: len(old) // 2],
+        "empty": b"",
+        "garbage": GARBAGE,
+        "wrong": _wrong(rel, old),
+    }[kind]
     path.write_bytes(data)
     return path
 
@@ -113,21 +143,33 @@ def test_ls_lists_every_run_and_names_the_damaged_state(damaged_home, monkeypatc
         assert line is not None, f"{rel} {kind}: the run is not listed"
         if rel == "state.json":
             assert "damaged: state.json: " in line, line
-        else:   # the run's status comes from state.json, which is fine
+        else:  # the run's status comes from state.json, which is fine
             assert "succeeded" in line, line
     assert "succeeded" in next(x for x in out.splitlines() if x.startswith(healthy))
     assert "damaged run(s)" in err and "tunedeck doctor" in err
     rc, out, _ = _run(monkeypatch, capsys, home, "ls", "--json")
     listed = {r["run_id"]: r for r in json.loads(out)}
     assert set(listed) == {healthy, *cases.values()}
-    assert listed[cases[("state.json", "wrong")]]["message"] == \
-        "damaged: state.json: status: expected one of pending, running, succeeded, failed, " \
+    assert (
+        listed[cases[("state.json", "wrong")]]["message"]
+        == "damaged: state.json: status: expected one of pending, running, succeeded, failed, "
         "stopped, got ['abc']"
+    )
 
 
-VERBS = (("status",), ("status", "--json"), ("metrics",), ("metrics", "--json"), ("logs",),
-         ("diagnose",), ("diagnose", "--json"), ("stop",), ("stacks",), ("doctor",),
-         ("doctor", "--json"))
+VERBS = (
+    ("status",),
+    ("status", "--json"),
+    ("metrics",),
+    ("metrics", "--json"),
+    ("logs",),
+    ("diagnose",),
+    ("diagnose", "--json"),
+    ("stop",),
+    ("stacks",),
+    ("doctor",),
+    ("doctor", "--json"),
+)
 
 
 @pytest.mark.parametrize("rel", FILES)
@@ -204,11 +246,17 @@ async def test_tui_lists_damaged_runs_and_their_monitor_says_why(damaged_home, m
     monkeypatch.setenv("TUNEDECK_NO_ADOPT", "1")
     app = TunedeckApp(refresh_s=0.2)
     async with app.run_test(size=(160, 60)) as pilot:
-        await until(pilot, lambda: (t := app.screen.query(DataTable)) and
-                    t.first().row_count == len(cases) + 1, 30, "every run listed")
+        await until(
+            pilot,
+            lambda: (t := app.screen.query(DataTable)) and t.first().row_count == len(cases) + 1,
+            30,
+            "every run listed",
+        )
         table = app.screen.query_one(DataTable)
-        rows = {str(table.get_row_at(i)[1]): [str(c) for c in table.get_row_at(i)]
-                for i in range(table.row_count)}
+        rows = {
+            str(table.get_row_at(i)[1]): [str(c) for c in table.get_row_at(i)]
+            for i in range(table.row_count)
+        }
         for kind in KINDS:
             row = rows[cases[("state.json", kind)]]
             assert "damaged" in row and any("state.json: " in c for c in row), row
@@ -224,30 +272,45 @@ async def test_tui_lists_damaged_runs_and_their_monitor_says_why(damaged_home, m
                 def shown() -> str:
                     views = screen.query(ProgressView)
                     return views.first().text if views else ""
-                await until(pilot, lambda: screen.snap is not None or "damaged" in shown(),
-                            20, f"{rel} {kind}: the monitor to show something")
+
+                await until(
+                    pilot,
+                    lambda: screen.snap is not None or "damaged" in shown(),
+                    20,
+                    f"{rel} {kind}: the monitor to show something",
+                )
                 text = shown()
                 if rel == "state.json":
                     assert "damaged: state.json" in text, f"{rel} {kind}: {text}"
                 else:
                     assert "succeeded" in text, f"{rel} {kind}: {text}"
                 log_status = screen.query_one("#log-status", Static)
-                await until(pilot, lambda: "reading" not in str(log_status.render()), 20,
-                            f"{rel} {kind}: the log pane to finish reading")
+                await until(
+                    pilot,
+                    lambda: "reading" not in str(log_status.render()),
+                    20,
+                    f"{rel} {kind}: the log pane to finish reading",
+                )
                 await pilot.press("escape")
                 await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), 10, "back")
 
 
-@pytest.mark.parametrize("change, named, vital", [
-    ({"progress": {"step": 3, "loss": "0.5"}}, "progress.loss: expected a number, got '0.5'",
-     False),
-    ({"created": "yesterday"}, "created: expected a number", False),
-    ({"status": "bogus"}, "status: expected one of pending, running", True),
-    ({"worker_pids": ["x"]}, "worker_pids: expected a list of integers", False),
-    ({"progress": {"step": 1.5}}, "progress.step: expected an integer", False),
-    ({"ended": float("nan")}, "ended: expected a number", False),
-    ({"run_id": None}, "run_id: expected a string", True),
-])
+@pytest.mark.parametrize(
+    "change, named, vital",
+    [
+        (
+            {"progress": {"step": 3, "loss": "0.5"}},
+            "progress.loss: expected a number, got '0.5'",
+            False,
+        ),
+        ({"created": "yesterday"}, "created: expected a number", False),
+        ({"status": "bogus"}, "status: expected one of pending, running", True),
+        ({"worker_pids": ["x"]}, "worker_pids: expected a list of integers", False),
+        ({"progress": {"step": 1.5}}, "progress.step: expected an integer", False),
+        ({"ended": float("nan")}, "ended: expected a number", False),
+        ({"run_id": None}, "run_id: expected a string", True),
+    ],
+)
 def test_each_mistyped_state_key_is_named(tmp_path, monkeypatch, capsys, change, named, vital):
     """A vital key (run_id, status) of the wrong type makes the run damaged; any other reads
     as missing (the run stays readable and stoppable) and `doctor` names it."""
@@ -290,13 +353,14 @@ def test_doctor_tells_a_spec_cut_at_a_line_from_a_whole_one(tmp_path):
     spec = RunSpec(name="d")
     spec.data.path = str(tmp_path / "chat.jsonl")
     whole = spec.to_toml()
-    for text, problem in ((whole, None),
-                          (whole[:whole.index("\n[train]") + 1], "no [env] table"),
-                          (whole[:whole.index("lora_rank = ") + len("lora_rank = 1")],
-                           "no newline")):
+    for text, problem in (
+        (whole, None),
+        (whole[: whole.index("\n[train]") + 1], "no [env] table"),
+        (whole[: whole.index("lora_rank = ") + len("lora_rank = 1")], "no newline"),
+    ):
         run.spec.write_text(text)
         got = _spec(run).problem
         assert (got is None) if problem is None else (problem in got), (problem, got)
-    swift = RunSpec(name="s", backend="swift").to_toml()   # leaves unset keys out
+    swift = RunSpec(name="s", backend="swift").to_toml()  # leaves unset keys out
     run.spec.write_text(swift)
     assert _spec(run).problem is None

@@ -38,8 +38,15 @@ def write_spec(tmp: Path, data: str | Path) -> Path:
 
 def preflight(spec: Path, home: Path, timeout: float = 60) -> dict:
     """`tunedeck preflight SPEC --json` under the memory limit: the data.rows check."""
-    p = cli("preflight", str(spec), "--json", home=home, check=False, timeout=timeout,
-            preexec_fn=_limited)
+    p = cli(
+        "preflight",
+        str(spec),
+        "--json",
+        home=home,
+        check=False,
+        timeout=timeout,
+        preexec_fn=_limited,
+    )
     assert p.stdout.strip(), p.stderr
     out = json.loads(p.stdout)
     return next(c for c in out["checks"] if c["id"] == "data.rows")
@@ -47,8 +54,15 @@ def preflight(spec: Path, home: Path, timeout: float = 60) -> dict:
 
 def child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=timeout, preexec_fn=_limited)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+        preexec_fn=_limited,
+    )
 
 
 @pytest.fixture
@@ -92,8 +106,7 @@ def test_preflight_reads_a_huge_file_only_up_to_its_bound(tmp_path, td_home, hug
     took = time.monotonic() - t
     # 8 GiB would not fit under the 1 GiB limit: only the first SCAN_MAX_BYTES were read
     assert r["status"] == "pass", r
-    assert f"40 rows (messages) in the first {SCAN_MAX_BYTES >> 20} MiB of 8.0 GiB" \
-        in r["detail"]
+    assert f"40 rows (messages) in the first {SCAN_MAX_BYTES >> 20} MiB of 8.0 GiB" in r["detail"]
     assert took < 60, took
 
 
@@ -102,8 +115,7 @@ def test_preflight_on_a_file_without_line_breaks_says_so(tmp_path, td_home):
     with open(p, "wb") as f:
         f.truncate(1 << 30)
     r = preflight(write_spec(tmp_path, p), td_home)
-    assert r["status"] == "fail" and "no line break in the first 64 MiB of 1.0 GiB" in \
-        r["detail"]
+    assert r["status"] == "fail" and "no line break in the first 64 MiB of 1.0 GiB" in r["detail"]
 
 
 def test_the_demo_model_reads_a_bounded_head_of_the_data(tmp_path, huge):
@@ -111,16 +123,20 @@ def test_the_demo_model_reads_a_bounded_head_of_the_data(tmp_path, huge):
     file is hashed within the 1 GiB limit, and names the same model as its head alone."""
     head = tmp_path / "head.jsonl"
     head.write_bytes(b"".join(DEMO_DATA.read_bytes().splitlines(keepends=True)[:40]))
-    code = ("import sys; from tunedeck.core.demo import tiny_model_dir; "
-            f"print(tiny_model_dir({str(huge)!r}, __import__('pathlib').Path({str(tmp_path)!r})))")
+    code = (
+        "import sys; from tunedeck.core.demo import tiny_model_dir; "
+        f"print(tiny_model_dir({str(huge)!r}, __import__('pathlib').Path({str(tmp_path)!r})))"
+    )
     t = time.monotonic()
     p = child(code)
     assert p.returncode == 0, p.stderr[-2000:]
     assert time.monotonic() - t < 30
     from tunedeck.core.demo import tiny_model_dir
+
     assert Path(p.stdout.strip()) == tiny_model_dir(head, tmp_path)
     # a small file keeps the name it always had (the hash of all its bytes)
     import hashlib
+
     digest = hashlib.sha256(DEMO_DATA.read_bytes() + b"\0builder=1").hexdigest()[:16]
     assert tiny_model_dir(DEMO_DATA, tmp_path).name == f"tiny-qwen2-{digest}"
 
@@ -131,7 +147,7 @@ import json, pathlib
 from tunedeck.core.demo import ensure_tiny_model
 from tunedeck.core.runs.agent import prepare_finding
 try:
-    ensure_tiny_model({str(fifo)!r}, pathlib.Path({str(tmp_path / 'cache')!r}))
+    ensure_tiny_model({str(fifo)!r}, pathlib.Path({str(tmp_path / "cache")!r}))
 except Exception as e:
     f = prepare_finding(e, {str(fifo)!r})
     print(json.dumps({{"type": type(e).__name__, "oserror": isinstance(e, OSError),
@@ -147,8 +163,9 @@ except Exception as e:
     assert out["text"] == f"data.path {fifo} is a FIFO (named pipe), not a regular file"
     assert out["category"] == "data_unreadable" and str(fifo) in out["summary"]
     # nothing was built, no lock or temp folder left for this data
-    assert not (tmp_path / "cache" / "models").exists() or \
-        not any((tmp_path / "cache" / "models").iterdir())
+    assert not (tmp_path / "cache" / "models").exists() or not any(
+        (tmp_path / "cache" / "models").iterdir()
+    )
 
 
 def _released(fn, fifo: Path, timeout: float = 20):
@@ -184,8 +201,7 @@ def test_the_trainer_refuses_a_fifo_by_name(fifo):
     spec.data.path, spec.data.val_path = str(DEMO_DATA), str(fifo)
     out = _released(lambda: load_datasets(spec.data, None, 0), fifo)
     assert isinstance(out.get("error"), DataError), out
-    assert str(out["error"]) == f"data.val_path {fifo} is a FIFO (named pipe), not a " \
-        "regular file"
+    assert str(out["error"]) == f"data.val_path {fifo} is a FIFO (named pipe), not a regular file"
 
 
 def test_read_head_guards_a_path_that_became_a_fifo(tmp_path, monkeypatch):
@@ -203,11 +219,16 @@ def test_read_head_guards_a_path_that_became_a_fifo(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_launch_without_preflight_fails_preparation_naming_the_fifo(td_home, fifo):
-    run_id = cli_json("launch", str(DEMO), "--no-preflight", "--set", f"data.path={fifo}",
-                      home=td_home)["run_id"]
-    st = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
-                  == "failed" and s, 60, "the failed preparation")
+    run_id = cli_json(
+        "launch", str(DEMO), "--no-preflight", "--set", f"data.path={fifo}", home=td_home
+    )["run_id"]
+    st = wait_for(
+        lambda: (s := cli_json("status", run_id, home=td_home))["status"] == "failed" and s,
+        60,
+        "the failed preparation",
+    )
     assert "is a FIFO (named pipe)" in st["message"] and str(fifo) in st["message"]
-    [f] = [f for f in cli_json("diagnose", run_id, home=td_home)
-           if f["category"] == "data_unreadable"]
+    [f] = [
+        f for f in cli_json("diagnose", run_id, home=td_home) if f["category"] == "data_unreadable"
+    ]
     assert str(fifo) in f["summary"] and "FIFO" in f["summary"]

@@ -16,8 +16,18 @@ T = 1_800_000_000.0
 
 
 def steps(rank, n, step_s, wait_s, t0=T, first=1, **extra):
-    return [{"kind": "step", "rank": rank, "step": first + i, "t": t0 + (i + 1) * step_s,
-             "step_s": step_s, "data_wait_s": wait_s, **extra} for i in range(n)]
+    return [
+        {
+            "kind": "step",
+            "rank": rank,
+            "step": first + i,
+            "t": t0 + (i + 1) * step_s,
+            "step_s": step_s,
+            "data_wait_s": wait_s,
+            **extra,
+        }
+        for i in range(n)
+    ]
 
 
 class SampleTelemetry:
@@ -41,8 +51,8 @@ def test_starvation_names_the_rank_once_per_episode():
     (f,) = d.check(now)
     assert f.category == "dataloader_starvation" and f.rank == 1
     assert "60%" in f.summary and "prefetch_factor" in f.fix and "persistent_workers" in f.fix
-    assert d.check(now) == []                          # reported once
-    d.update(steps(1, 80, 0.5, 0.0, t0=T + 20.5, first=41))   # recovered
+    assert d.check(now) == []  # reported once
+    d.update(steps(1, 80, 0.5, 0.0, t0=T + 20.5, first=41))  # recovered
     assert d.check(T + 60.5) == []
     d.update(steps(1, 80, 0.5, 0.4, t0=T + 60.5, first=121))  # starved again: new episode
     assert [x.rank for x in d.check(T + 100.5)] == [1]
@@ -53,14 +63,15 @@ def test_healthy_and_short_runs_are_not_flagged():
     d.update(steps(0, 100, 0.5, 0.02) + steps(1, 100, 0.5, 0.03))
     assert d.check(T + 50.5) == []
     d = StarvationDetector()
-    d.update(steps(1, 2, 0.5, 0.45))                   # two steps prove nothing
+    d.update(steps(1, 2, 0.5, 0.45))  # two steps prove nothing
     assert d.check(T + 1) == []
 
 
 def test_probe_records_feed_starvation():
     d = StarvationDetector(window_s=30)
-    d.update([{"kind": "data_wait", "rank": 2, "t": T + i, "wait_s": 0.5, "n": 3}
-              for i in range(1, 21)])
+    d.update(
+        [{"kind": "data_wait", "rank": 2, "t": T + i, "wait_s": 0.5, "n": 3} for i in range(1, 21)]
+    )
     (f,) = d.check(T + 20.5)
     assert f.rank == 2 and "(probe)" in f.evidence[0]
 
@@ -68,6 +79,7 @@ def test_probe_records_feed_starvation():
 @pytest.mark.skipif(not H200.exists(), reason="shared/fixtures/h200 not present")
 def test_h200_starved_run_flagged_and_corroborated_by_nvml():
     """The measured 7B LoRA run with 1 s of loader delay per step: utilisation 44 %."""
+
     def load(name):
         return json.loads((H200 / name).read_text())
 
@@ -85,21 +97,20 @@ def test_h200_starved_run_flagged_and_corroborated_by_nvml():
         if expect:
             f = found[0]
             assert "GPU utilisation confirms" in f.cause
-            assert any("utilisation mean 4" in e for e in f.evidence)   # ~44 %
+            assert any("utilisation mean 4" in e for e in f.evidence)  # ~44 %
 
 
 def test_stall_names_the_rank_behind():
     d = StallDetector(k=10, floor_s=30, pids={0: 100, 1: 101})
-    d.update([{"kind": "start", "rank": 0, "t": T}] + steps(0, 21, 0.2, 0)
-             + steps(1, 20, 0.2, 0))
+    d.update([{"kind": "start", "rank": 0, "t": T}] + steps(0, 21, 0.2, 0) + steps(1, 20, 0.2, 0))
     last = T + 21 * 0.2
-    assert d.check(last + 20) == []                    # under the floor
+    assert d.check(last + 20) == []  # under the floor
     (f,) = d.check(last + 31)
     assert f.category == "stall" and f.rank == 1 and "rank 1 stopped" in f.summary
     assert "py-spy dump --pid 101" in f.fix and "--pid 100" not in f.fix
-    assert d.check(last + 60) == []                    # once per episode
+    assert d.check(last + 60) == []  # once per episode
     d.update(steps(1, 1, 0.2, 0, t0=last + 60, first=21))
-    assert d.check(last + 61) == []                    # progress resumed
+    assert d.check(last + 61) == []  # progress resumed
 
 
 def test_stall_limit_scales_with_step_time_and_ignores_finished_runs():
@@ -110,15 +121,21 @@ def test_stall_limit_scales_with_step_time_and_ignores_finished_runs():
     assert d.check(last + 100) == []
     assert "all at step 10" in d.check(last + 121)[0].summary
     d = StallDetector(floor_s=30)
-    d.update(steps(0, 5, 1, 0) + steps(1, 5, 1, 0)
-             + [{"kind": "end", "rank": r, "t": T + 5, "step": 5} for r in (0, 1)])
+    d.update(
+        steps(0, 5, 1, 0)
+        + steps(1, 5, 1, 0)
+        + [{"kind": "end", "rank": r, "t": T + 5, "step": 5} for r in (0, 1)]
+    )
     assert d.check(T + 1000) == []
 
 
 def test_stall_names_the_rank_whose_gpu_idles_while_the_others_spin():
     # all ranks at step 20; NCCL keeps the waiting rank's GPU busy, the stuck one's idles
     last = T + 20 * 0.2
-    spin = {0: [(last + i, 100.0) for i in range(1, 40)], 1: [(last + i, 0.0) for i in range(1, 40)]}
+    spin = {
+        0: [(last + i, 100.0) for i in range(1, 40)],
+        1: [(last + i, 0.0) for i in range(1, 40)],
+    }
     d = StallDetector(floor_s=30, telemetry=SampleTelemetry(spin))
     d.update(steps(0, 20, 0.2, 0) + steps(1, 20, 0.2, 0))
     (f,) = d.check(last + 31)
@@ -134,8 +151,12 @@ def test_stall_names_the_rank_whose_gpu_idles_while_the_others_spin():
 
 def test_straggler_names_the_slowest_rank():
     d = StragglerDetector(window=20)
-    d.update(steps(0, 20, 0.50, 0.01) + steps(1, 20, 0.52, 0.0) + steps(2, 20, 0.9, 0.02)
-             + steps(3, 20, 0.51, 0.01))
+    d.update(
+        steps(0, 20, 0.50, 0.01)
+        + steps(1, 20, 0.52, 0.0)
+        + steps(2, 20, 0.9, 0.02)
+        + steps(3, 20, 0.51, 0.01)
+    )
     (f,) = d.check(T + 20)
     assert f.category == "straggler" and f.rank == 2 and "rank 2" in f.summary
     assert d.check(T + 21) == []
@@ -156,14 +177,18 @@ def test_straggler_is_reported_again_only_after_a_lasting_recovery():
         nonlocal t
         for _ in range(n):
             t += 1.0
-            d.update([{"kind": "step", "rank": r, "t": t, "compute_s": slow_s if r == 1 else 0.1}
-                      for r in (0, 1)])
+            d.update(
+                [
+                    {"kind": "step", "rank": r, "t": t, "compute_s": slow_s if r == 1 else 0.1}
+                    for r in (0, 1)
+                ]
+            )
             found.extend(d.check(t))
 
-    run(12, 0.3)        # slow: reported
-    run(6, 0.1)         # a short dip below the recovery line (6 checks)
-    run(12, 0.3)        # slow again: the same episode
+    run(12, 0.3)  # slow: reported
+    run(6, 0.1)  # a short dip below the recovery line (6 checks)
+    run(12, 0.3)  # slow again: the same episode
     assert [f.rank for f in found] == [1]
-    run(20, 0.1)        # a lasting recovery ...
-    run(12, 0.3)        # ... then a new episode is reported
+    run(20, 0.1)  # a lasting recovery ...
+    run(12, 0.3)  # ... then a new episode is reported
     assert [f.rank for f in found] == [1, 1]

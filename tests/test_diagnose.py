@@ -48,8 +48,8 @@ def test_h200_nccl_timeout_names_the_stuck_rank(h200):
     assert (root.category, root.rank) == ("nccl_timeout", 0)
     assert "rank 1 never started it" in root.summary and "ALLREDUCE" in root.summary
     cons = {f.category: f for f in fs if not f.root_cause}
-    assert cons["worker_sigabrt"].rank == 0     # the abort after the watchdog: a consequence
-    assert cons["worker_sigterm"].rank == 1     # torchrun stopping the other rank
+    assert cons["worker_sigabrt"].rank == 0  # the abort after the watchdog: a consequence
+    assert cons["worker_sigterm"].rank == 1  # torchrun stopping the other rank
     assert root.source.endswith("fault_timeout.log:7")
 
 
@@ -76,13 +76,16 @@ def test_h200_healthy_logs_have_no_errors(h200):
     assert diagnose_files([h200 / "ddp2_starved.log"]) == []
 
 
-@pytest.mark.parametrize("name,category,rank", [
-    ("crash", "rank_crashed", 1),
-    ("sigkill", "worker_sigkill", 1),
-    ("segfault", "worker_segfault", 1),
-    ("loader_killed", "dataloader_worker_killed", 1),
-    ("port_in_use", "port_in_use", None),
-])
+@pytest.mark.parametrize(
+    "name,category,rank",
+    [
+        ("crash", "rank_crashed", 1),
+        ("sigkill", "worker_sigkill", 1),
+        ("segfault", "worker_segfault", 1),
+        ("loader_killed", "dataloader_worker_killed", 1),
+        ("port_in_use", "port_in_use", None),
+    ],
+)
 def test_recorded_cpu_faults(name, category, rank):
     fs = diagnose_run(CPU / name)
     [root] = roots(fs)
@@ -114,8 +117,14 @@ def test_healthy_runs_and_nan_loss():
 
 
 def test_loss_collapse_and_frozen_grad_norm(tmp_path):
-    rows = [{"loss": 2.0 - i / 10 if i < 4 else 0.0, "grad_norm": 0.7,
-             "global_step/max_steps": f"{i}/12"} for i in range(1, 12)]
+    rows = [
+        {
+            "loss": 2.0 - i / 10 if i < 4 else 0.0,
+            "grad_norm": 0.7,
+            "global_step/max_steps": f"{i}/12",
+        }
+        for i in range(1, 12)
+    ]
     p = tmp_path / "logging.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cats = sorted(f.summary.split(" ")[0] + f.severity for f in diagnose_files([p]))
@@ -127,9 +136,23 @@ def test_zero_gradients_are_an_error_that_points_at_the_compiler(tmp_path):
     loss wanders near its start, grad_norm is 0.0 every step."""
     ev = tmp_path / "events" / "rank0.jsonl"
     ev.parent.mkdir()
-    ev.write_text("".join(json.dumps({"t": 1.0 + i, "kind": "step", "rank": 0, "step": i,
-                                      "loss": 12.55 + (i % 3) / 100, "grad_norm": 0.0,
-                                      "lr": 1e-4}) + "\n" for i in range(1, 9)))
+    ev.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "t": 1.0 + i,
+                    "kind": "step",
+                    "rank": 0,
+                    "step": i,
+                    "loss": 12.55 + (i % 3) / 100,
+                    "grad_norm": 0.0,
+                    "lr": 1e-4,
+                }
+            )
+            + "\n"
+            for i in range(1, 9)
+        )
+    )
     [f] = [f for f in diagnose_run(tmp_path) if f.category == "loss_anomaly"]
     assert f.severity == "error" and "exactly 0 from step 1 (8 steps)" in f.summary
     assert "train.compile = false" in f.fix
@@ -140,8 +163,7 @@ def test_line_rules_on_known_signatures(tmp_path):
         "RuntimeError: Expected all tensors to be on the same device, but found at least two "
         "devices, cuda:0 and cpu!": "device_mismatch",
         "RuntimeError: CUDA error: an illegal memory access was encountered": "cuda_fault",
-        "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)":
-        "dataloader_shm",
+        "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)": "dataloader_shm",
         "OSError: [Errno 24] Too many open files": "too_many_open_files",
         "RuntimeError: CUDA error: invalid device ordinal": "gpu_count_mismatch",
         "ValueError: Must flatten tensors with uniform dtype but got torch.float32 and "
@@ -156,26 +178,43 @@ def test_line_rules_on_known_signatures(tmp_path):
         "train.py: error: unrecognized arguments: --lora_rnak 8": "flag_error",
         "gpu1:88:88 [1] NCCL WARN NCCL version mismatch: rank 0 has 2.21.5, rank 1 has "
         "2.28.9": "nccl_version_mismatch",
-        "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly":
-        "dataloader_worker_killed",
+        "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly": "dataloader_worker_killed",
         "ValueError: FlatParameter requires uniform requires_grad: model.layers.0 has both "
         "parameters with requires_grad=True and False": "fsdp_mixed_requires_grad",
     }
     for text, category in cases.items():
         p = tmp_path / f"{category}.log"
-        p.write_text(f"W1130 10:00:00.000000 1 run.py:1] Setting OMP_NUM_THREADS environment "
-                     f"variable for each process to be 1 in default\n{text}\n")
+        p.write_text(
+            f"W1130 10:00:00.000000 1 run.py:1] Setting OMP_NUM_THREADS environment "
+            f"variable for each process to be 1 in default\n{text}\n"
+        )
         fs = diagnose_files([p])
         assert [f.category for f in fs] == [category], text
 
 
 def test_cli_json_on_files_and_unknown_run(tmp_path, h200):
-    proc = cli("diagnose", str(h200 / "fault_oom.log"), str(CPU / "swift_flag" / "console.log"),
-               "--json", home=tmp_path)
+    proc = cli(
+        "diagnose",
+        str(h200 / "fault_oom.log"),
+        str(CPU / "swift_flag" / "console.log"),
+        "--json",
+        home=tmp_path,
+    )
     data = json.loads(proc.stdout)
     assert {d["category"] for d in data} >= {"oom_gpu", "flag_error"}
-    assert set(data[0]) == {"category", "severity", "rank", "node", "host", "summary", "cause",
-                            "fix", "evidence", "root_cause", "source"}
+    assert set(data[0]) == {
+        "category",
+        "severity",
+        "rank",
+        "node",
+        "host",
+        "summary",
+        "cause",
+        "fix",
+        "evidence",
+        "root_cause",
+        "source",
+    }
     bad = cli("diagnose", "no-such-run", home=tmp_path, check=False)
     assert bad.returncode == 1 and "no-such-run" in bad.stderr
 
@@ -185,8 +224,7 @@ def test_generator_recreates_the_sigkill_fixture_live(tmp_path):
     """Re-record one fixture from a real torchrun run and diagnose it the same way."""
     import subprocess
 
-    subprocess.run([sys.executable, str(GEN), str(tmp_path), "sigkill"], check=True,
-                   timeout=240)
+    subprocess.run([sys.executable, str(GEN), str(tmp_path), "sigkill"], check=True, timeout=240)
     [root] = roots(diagnose_run(tmp_path / "sigkill"))
     assert (root.category, root.rank) == ("worker_sigkill", 1)
     assert "dmesg" in root.fix
@@ -196,8 +234,11 @@ def test_logging_jsonl_found_without_walking_checkpoints_or_logs(tmp_path):
     from tunedeck.core.rundir import RunDir
 
     want = tmp_path / "output" / "v0-20261130" / "logging.jsonl"
-    for p in (want, tmp_path / "output" / "v0-20261130" / "checkpoint-5" / "logging.jsonl",
-              tmp_path / "logs" / "node0" / "logging.jsonl"):
+    for p in (
+        want,
+        tmp_path / "output" / "v0-20261130" / "checkpoint-5" / "logging.jsonl",
+        tmp_path / "logs" / "node0" / "logging.jsonl",
+    ):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{}\n")
     assert RunDir(tmp_path).logging_jsonl_files() == [want]
@@ -228,13 +269,15 @@ def test_loss_watch_fed_step_by_step_finds_what_the_whole_list_gives():
         watch, i = LossWatch("s"), 0
         while i < len(recs):
             n = rng.randint(1, 5)
-            watch.feed(recs[i:i + n])
+            watch.feed(recs[i : i + n])
             i += n
-        assert [f.to_json() for f in watch.findings()] == \
-            [f.to_json() for f in loss_findings(recs, "s")]
+        assert [f.to_json() for f in watch.findings()] == [
+            f.to_json() for f in loss_findings(recs, "s")
+        ]
     # and a known case: NaN from step 3, the step before it quoted
-    recs = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}] + \
-        [{"step": s, "loss": float("nan")} for s in range(3, 9)]
+    recs = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}] + [
+        {"step": s, "loss": float("nan")} for s in range(3, 9)
+    ]
     [f] = loss_findings(recs)
     assert f.summary == "loss is nan from step 3 (6 of 8 steps)"
     assert f.evidence[0] == "step=2 loss=1.5" and len(f.evidence) == 5
@@ -275,21 +318,37 @@ def test_cuda_fault_through_the_watchdog_is_the_root_not_the_abort_or_timeouts()
 
 
 def test_watchdog_hang_is_a_stall_with_its_rank():
-    root = top(WRITTEN / "watchdog_terminating__wrap116.log")   # wrapped at 116 columns
+    root = top(WRITTEN / "watchdog_terminating__wrap116.log")  # wrapped at 116 columns
     assert (root.category, root.rank) == ("stall", 6)
 
 
 def test_error_in_torchrun_table_traceback(tmp_path):
     p = tmp_path / "table.log"
-    p.write_text("\n".join([
-        "=" * 60, "train.py FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
-        "Root Cause (first observed failure):", "[0]:", "  time      : 2024-02-01_10:00:00",
-        "  host      : gpu-7", "  rank      : 3 (local_rank: 3)", "  exitcode  : 1 (pid: 77)",
-        "  error_file: /tmp/torchelastic_x/3/error.json",
-        "  traceback : Traceback (most recent call last):",
-        '    File "train.py", line 80, in main', "      loss.backward()",
-        "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "=" * 60,
-        ""]))
+    p.write_text(
+        "\n".join(
+            [
+                "=" * 60,
+                "train.py FAILED",
+                "-" * 60,
+                "Failures:",
+                "  <NO_OTHER_FAILURES>",
+                "-" * 60,
+                "Root Cause (first observed failure):",
+                "[0]:",
+                "  time      : 2024-02-01_10:00:00",
+                "  host      : gpu-7",
+                "  rank      : 3 (local_rank: 3)",
+                "  exitcode  : 1 (pid: 77)",
+                "  error_file: /tmp/torchelastic_x/3/error.json",
+                "  traceback : Traceback (most recent call last):",
+                '    File "train.py", line 80, in main',
+                "      loss.backward()",
+                "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+                "=" * 60,
+                "",
+            ]
+        )
+    )
     root = top(p)
     assert (root.category, root.rank, root.host, root.root_cause) == ("oom_gpu", 3, "gpu-7", True)
 
@@ -328,11 +387,24 @@ def test_a_compile_fallback_event_is_a_warning_finding(tmp_path):
     from tunedeck.core.diagnose.engine import diagnose_run
 
     (tmp_path / "events").mkdir()
-    (tmp_path / "events" / "rank0.jsonl").write_text("\n".join(json.dumps(e) for e in [
-        {"t": 1.0, "kind": "start", "rank": 0, "max_steps": 10},
-        {"t": 2.0, "kind": "phase", "rank": 0, "phase": "eager_fallback", "step": 0,
-         "error": "BackendCompilerFailed: inductor raised CalledProcessError: cc not found"},
-        {"t": 3.0, "kind": "step", "rank": 0, "step": 1, "loss": 2.0}]) + "\n")
+    (tmp_path / "events" / "rank0.jsonl").write_text(
+        "\n".join(
+            json.dumps(e)
+            for e in [
+                {"t": 1.0, "kind": "start", "rank": 0, "max_steps": 10},
+                {
+                    "t": 2.0,
+                    "kind": "phase",
+                    "rank": 0,
+                    "phase": "eager_fallback",
+                    "step": 0,
+                    "error": "BackendCompilerFailed: inductor raised CalledProcessError: cc not found",
+                },
+                {"t": 3.0, "kind": "step", "rank": 0, "step": 1, "loss": 2.0},
+            ]
+        )
+        + "\n"
+    )
     found = diagnose_run(tmp_path)
     assert [(f.category, f.severity) for f in found] == [("compile_fallback", "warning")]
     assert "cc not found" in " ".join(found[0].evidence)

@@ -57,37 +57,51 @@ SAVE_PRETRAINED = [
 # name → the rank's stderr after `[rank0]: ` (each the way one torch/safetensors release says it)
 SHAPES = {
     # torch 2.x to a path: the C++ stream error, then the zip writer's position check
-    "torch2_path": TORCH_SAVE + ["RuntimeError: basic_ios::clear: iostream error"]
-    + TORCH_SAVE_TAIL + ["RuntimeError: [enforce fail at inline_container.cc:672] . "
-                         "unexpected pos 576 vs 534"],
+    "torch2_path": TORCH_SAVE
+    + ["RuntimeError: basic_ios::clear: iostream error"]
+    + TORCH_SAVE_TAIL
+    + ["RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"],
     # torch 2.x to an open file object: errno 28 first, then the same position check
-    "torch2_fileobj": TORCH_SAVE + ["OSError: [Errno 28] No space left on device"]
-    + TORCH_SAVE_TAIL + ["RuntimeError: [enforce fail at inline_container.cc:672] . "
-                         "unexpected pos 704 vs 598"],
+    "torch2_fileobj": TORCH_SAVE
+    + ["OSError: [Errno 28] No space left on device"]
+    + TORCH_SAVE_TAIL
+    + ["RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"],
     # torch 1.x / early 2.x: the writer names the record it could not write
-    "torch1_record": TORCH_SAVE + ["RuntimeError: [enforce fail at inline_container.cc:300] . "
-                                   "PytorchStreamWriter failed writing file data/3: file "
-                                   "write failed"]
-    + TORCH_SAVE_TAIL + ["RuntimeError: [enforce fail at inline_container.cc:603] . "
-                         "unexpected pos 1234567 vs 1234455"],
-    "torch_plain_writer": TORCH_SAVE + ["RuntimeError: PytorchStreamWriter failed writing "
-                                        "file data/0: file write failed"],
+    "torch1_record": TORCH_SAVE
+    + [
+        "RuntimeError: [enforce fail at inline_container.cc:300] . "
+        "PytorchStreamWriter failed writing file data/3: file "
+        "write failed"
+    ]
+    + TORCH_SAVE_TAIL
+    + [
+        "RuntimeError: [enforce fail at inline_container.cc:603] . "
+        "unexpected pos 1234567 vs 1234455"
+    ],
+    "torch_plain_writer": TORCH_SAVE
+    + ["RuntimeError: PytorchStreamWriter failed writing file data/0: file write failed"],
     # the legacy (non-zip) format
-    "torch_legacy": ["Traceback (most recent call last):",
-                     f'  File "{PY}/torch/serialization.py", line 1018, in save',
-                     "    _legacy_save(obj, opened_file, pickle_module, pickle_protocol)",
-                     f'  File "{PY}/torch/serialization.py", line 1178, in _legacy_save',
-                     "    storage._write_file(",
-                     "RuntimeError: write(): fd 3 failed with No space left on device"],
+    "torch_legacy": [
+        "Traceback (most recent call last):",
+        f'  File "{PY}/torch/serialization.py", line 1018, in save',
+        "    _legacy_save(obj, opened_file, pickle_module, pickle_protocol)",
+        f'  File "{PY}/torch/serialization.py", line 1178, in _legacy_save',
+        "    storage._write_file(",
+        "RuntimeError: write(): fd 3 failed with No space left on device",
+    ],
     # safetensors through save_pretrained, current and older wording; a quota
-    "safetensors": SAVE_PRETRAINED + [
+    "safetensors": SAVE_PRETRAINED
+    + [
         "safetensors._safetensors_rust.SafetensorError: Error while serializing: I/O error: "
-        "No space left on device (os error 28)"],
-    "safetensors_old": SAVE_PRETRAINED + [
+        "No space left on device (os error 28)"
+    ],
+    "safetensors_old": SAVE_PRETRAINED
+    + [
         "safetensors_rust.SafetensorError: Error while serializing: IoError(Os { code: 28, "
-        "kind: StorageFull, message: \"No space left on device\" })"],
-    "quota": SAVE_PRETRAINED[:4] + [
-        "    json.dump(config, f)", "OSError: [Errno 122] Disk quota exceeded"],
+        'kind: StorageFull, message: "No space left on device" })'
+    ],
+    "quota": SAVE_PRETRAINED[:4]
+    + ["    json.dump(config, f)", "OSError: [Errno 122] Disk quota exceeded"],
 }
 
 TORCHRUN_TABLE = """\
@@ -117,25 +131,43 @@ Root Cause (first observed failure):
 """
 
 
-def build_run(root: Path, rank0_stderr: list[str], *, state: dict | None = None,
-              table: bool = True, run_id: str = RUN_ID) -> Path:
+def build_run(
+    root: Path,
+    rank0_stderr: list[str],
+    *,
+    state: dict | None = None,
+    table: bool = True,
+    run_id: str = RUN_ID,
+) -> Path:
     """A run directory of 2 ranks on one node, as tunedeck lays it out."""
     run = root / run_id
     att = run / "logs" / "node0" / f"{run_id}_ab12cd34" / "attempt_0"
     for r in (0, 1):
         (att / str(r)).mkdir(parents=True)
         (att / str(r) / "stdout.log").write_text(
-            "".join(f"step {s}/400 loss {3.1 - s / 100:.4f}\n" for s in range(1, 6)))
+            "".join(f"step {s}/400 loss {3.1 - s / 100:.4f}\n" for s in range(1, 6))
+        )
     (att / "0" / "stderr.log").write_text("".join(f"[rank0]: {ln}\n" for ln in rank0_stderr))
     (att / "1" / "stderr.log").write_text("")
     (run / "logs" / "torchrun-node0.log").write_text(TORCHRUN_TABLE if table else "")
-    (run / "plan.json").write_text(json.dumps({"nproc_per_node": 2, "nnodes": 1,
-                                               "world_size": 2, "nodes": []}))
+    (run / "plan.json").write_text(
+        json.dumps({"nproc_per_node": 2, "nnodes": 1, "world_size": 2, "nodes": []})
+    )
     now = time.time()
-    st = {"run_id": run_id, "name": "ckpt", "status": "failed", "created": now - 60,
-          "started": now - 55, "ended": now, "exit_code": 1, "attempt": 0,
-          "message": "torchrun exited with code 1", "stop_requested": None,
-          "torchrun_pid": 900, "host": "localhost"}
+    st = {
+        "run_id": run_id,
+        "name": "ckpt",
+        "status": "failed",
+        "created": now - 60,
+        "started": now - 55,
+        "ended": now,
+        "exit_code": 1,
+        "attempt": 0,
+        "message": "torchrun exited with code 1",
+        "stop_requested": None,
+        "torchrun_pid": 900,
+        "host": "localhost",
+    }
     st.update(state or {})
     (run / "state.json").write_text(json.dumps(st))
     return run
@@ -153,6 +185,7 @@ def root_of(findings: list[dict]) -> dict:
 
 # -- a checkpoint save on a full disk -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_a_checkpoint_save_on_a_full_disk_is_named_as_such(tmp_path, shape):
     run = build_run(tmp_path, SHAPES[shape])
@@ -161,8 +194,9 @@ def test_a_checkpoint_save_on_a_full_disk_is_named_as_such(tmp_path, shape):
     assert root["category"] == "checkpoint_write_failed", (shape, root)
     assert root["rank"] == 0
     assert root["summary"].startswith("checkpoint save failed: the disk (or quota) is full")
-    assert "save_total_limit" in root["fix"] and "output_dir" in root["fix"] \
-        and "df -h" in root["fix"]
+    assert (
+        "save_total_limit" in root["fix"] and "output_dir" in root["fix"] and "df -h" in root["fix"]
+    )
     # the evidence is the failing save's own lines, with where they are
     text = "\n".join(root["evidence"])
     assert "stderr.log:" in text and SHAPES[shape][-1].strip()[:40] in text
@@ -173,10 +207,13 @@ def test_a_checkpoint_save_on_a_full_disk_is_named_as_such(tmp_path, shape):
 def test_the_built_in_trainers_own_save_and_a_table_traceback(tmp_path):
     """The same failure in tunedeck's own trainer (its checkpoint.py frames), and quoted in
     torchrun's table instead of a rank log."""
-    own = ["Traceback (most recent call last):",
-           '  File "/opt/venv/lib/python3.11/site-packages/tunedeck/core/train/checkpoint.py", '
-           "line 48, in write_checkpoint", "    write(tmp)",
-           "RuntimeError: basic_ios::clear: iostream error"]
+    own = [
+        "Traceback (most recent call last):",
+        '  File "/opt/venv/lib/python3.11/site-packages/tunedeck/core/train/checkpoint.py", '
+        "line 48, in write_checkpoint",
+        "    write(tmp)",
+        "RuntimeError: basic_ios::clear: iostream error",
+    ]
     root = root_of(diagnose(build_run(tmp_path / "a", own), tmp_path / "home"))
     assert (root["category"], root["rank"]) == ("checkpoint_write_failed", 0)
     table = TORCHRUN_TABLE.replace(
@@ -185,7 +222,8 @@ def test_the_built_in_trainers_own_save_and_a_table_traceback(tmp_path):
         "  traceback : Traceback (most recent call last):\n"
         f'    File "{PY}/torch/serialization.py", line 1003, in save\n'
         "      _save(\n"
-        "  RuntimeError: PytorchStreamWriter failed writing file data/7: file write failed")
+        "  RuntimeError: PytorchStreamWriter failed writing file data/7: file write failed",
+    )
     run = build_run(tmp_path / "b", [])
     (run / "logs" / "torchrun-node0.log").write_text(table)
     root = root_of(diagnose(run, tmp_path / "home"))
@@ -193,9 +231,12 @@ def test_the_built_in_trainers_own_save_and_a_table_traceback(tmp_path):
 
 
 def test_a_full_disk_outside_a_save_stays_a_full_disk(tmp_path):
-    lines = ["Traceback (most recent call last):",
-             '  File "/home/u/proj/train.py", line 50, in <module>',
-             "    log.write(line)", "OSError: [Errno 28] No space left on device"]
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/home/u/proj/train.py", line 50, in <module>',
+        "    log.write(line)",
+        "OSError: [Errno 28] No space left on device",
+    ]
     root = root_of(diagnose(build_run(tmp_path, lines), tmp_path / "home"))
     assert root["category"] == "disk_full", root
     # and a plain crash in a save function that is not about writing is still the user's
@@ -206,13 +247,22 @@ def test_a_full_disk_outside_a_save_stays_a_full_disk(tmp_path):
 
 # -- a launcher killed by a signal ---------------------------------------------------------------
 
+
 def test_torchrun_killed_by_sigkill_is_named_from_the_recorded_exit_code(tmp_path, td_home):
     runs = td_home / "runs"
     ended = time.time()
-    build_run(runs, [], table=False, state={
-        "exit_code": -9, "torchrun_pid": 43210, "ended": ended,
-        "message": "torchrun was killed by SIGKILL (signal 9; exit code -9)",
-        "attempts": [{"attempt": 0, "ended": ended, "exit_code": -9}]})
+    build_run(
+        runs,
+        [],
+        table=False,
+        state={
+            "exit_code": -9,
+            "torchrun_pid": 43210,
+            "ended": ended,
+            "message": "torchrun was killed by SIGKILL (signal 9; exit code -9)",
+            "attempts": [{"attempt": 0, "ended": ended, "exit_code": -9}],
+        },
+    )
     out = cli("diagnose", RUN_ID, home=td_home).stdout
     assert "no findings" not in out
     root = root_of(diagnose(RUN_ID, td_home))
@@ -220,8 +270,15 @@ def test_torchrun_killed_by_sigkill_is_named_from_the_recorded_exit_code(tmp_pat
     assert "SIGKILL" in root["summary"] and "OOM killer" in root["summary"]
     assert "kill -9" in root["cause"] and "cgroup" in root["cause"]
     fix = root["fix"].lower()
-    for needle in ("dmesg", "journalctl -k --since", "out of memory", "killed process 43210",
-                   "memory.max", "memory.events", "free -g"):
+    for needle in (
+        "dmesg",
+        "journalctl -k --since",
+        "out of memory",
+        "killed process 43210",
+        "memory.max",
+        "memory.events",
+        "free -g",
+    ):
         assert needle in fix, needle
     assert any("exit_code -9 (SIGKILL, torchrun pid 43210" in e for e in root["evidence"])
     # the text output says it the same way
@@ -231,43 +288,59 @@ def test_torchrun_killed_by_sigkill_is_named_from_the_recorded_exit_code(tmp_pat
 def test_a_stop_that_was_asked_for_is_not_blamed_on_a_kill(tmp_path, td_home):
     """`tunedeck stop --hard` ends torchrun with SIGKILL too: that is no failure."""
     runs = td_home / "runs"
-    build_run(runs, [], table=False, state={"status": "stopped", "exit_code": -9,
-                                            "stop_requested": "hard"})
+    build_run(
+        runs,
+        [],
+        table=False,
+        state={"status": "stopped", "exit_code": -9, "stop_requested": "hard"},
+    )
     fs = diagnose(RUN_ID, td_home)
     assert not any(f["category"] == "launcher_killed" for f in fs), fs
 
 
 def test_other_signals_and_a_restarted_attempt(tmp_path):
-    run = build_run(tmp_path, [], table=False, state={
-        "exit_code": -15, "attempts": [{"attempt": 0, "ended": time.time() - 30,
-                                        "exit_code": -9},
-                                       {"attempt": 1, "ended": time.time(),
-                                        "exit_code": -15}]})
+    run = build_run(
+        tmp_path,
+        [],
+        table=False,
+        state={
+            "exit_code": -15,
+            "attempts": [
+                {"attempt": 0, "ended": time.time() - 30, "exit_code": -9},
+                {"attempt": 1, "ended": time.time(), "exit_code": -15},
+            ],
+        },
+    )
     fs = diagnose(run, tmp_path / "home")
     root = root_of(fs)
     assert root["category"] == "launcher_killed" and "SIGTERM" in root["summary"]
     [earlier] = [f for f in fs if f["severity"] == "warning"]
-    assert "SIGKILL" in earlier["summary"] and "attempt 0; the run restarted" in \
-        earlier["summary"]
+    assert "SIGKILL" in earlier["summary"] and "attempt 0; the run restarted" in earlier["summary"]
 
 
 def test_a_rank_killed_by_sigkill_says_how_to_tell_who_killed_it(tmp_path):
-    table = TORCHRUN_TABLE.replace("exitcode  : 1 (pid: 901)", "exitcode  : -9 (pid: 901)") \
-        .replace("  traceback : To enable traceback see: https://pytorch.org/docs/stable/"
-                 "elastic/errors.html", "  traceback : Signal 9 (SIGKILL) received by PID 901")
+    table = TORCHRUN_TABLE.replace("exitcode  : 1 (pid: 901)", "exitcode  : -9 (pid: 901)").replace(
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/"
+        "elastic/errors.html",
+        "  traceback : Signal 9 (SIGKILL) received by PID 901",
+    )
     run = build_run(tmp_path, [], state={"exit_code": 1})
     (run / "logs" / "torchrun-node0.log").write_text(table)
     root = root_of(diagnose(run, tmp_path / "home"))
     assert (root["category"], root["rank"]) == ("worker_sigkill", 0)
     assert "OOM killer" in root["summary"] and "kill -9" in root["summary"]
-    assert "journalctl -k" in root["fix"] and "memory.events" in root["fix"] \
+    assert (
+        "journalctl -k" in root["fix"]
+        and "memory.events" in root["fix"]
         and "cgroup" in root["cause"]
+    )
 
 
 @pytest.mark.slow
 def test_sigkill_of_a_real_torchrun_is_named(td_home):
-    run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
-                      home=td_home)["run_id"]
+    run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000", home=td_home)[
+        "run_id"
+    ]
     state = td_home / "runs" / run_id / "state.json"
 
     def torchrun_training():
@@ -276,8 +349,15 @@ def test_sigkill_of_a_real_torchrun_is_named(td_home):
 
     pid = wait_for(torchrun_training, 180, "torchrun and a first step")
     os.kill(pid, signal.SIGKILL)
-    st = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
-                  in ("failed", "stopped", "succeeded") and s, 120, "the run's end")
+    st = wait_for(
+        lambda: (
+            (s := cli_json("status", run_id, home=td_home))["status"]
+            in ("failed", "stopped", "succeeded")
+            and s
+        ),
+        120,
+        "the run's end",
+    )
     assert st["status"] == "failed", st
     root = root_of(diagnose(run_id, td_home))
     assert root["category"] == "launcher_killed", root

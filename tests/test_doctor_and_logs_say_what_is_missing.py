@@ -34,10 +34,15 @@ def test_doctor_does_not_call_an_absent_stop_json_ok(td_home):
     # absent optional files are never "ok": secrets.json and run.db neither
     for name in ("secrets.json", "run.db"):
         lines = [ln for ln in out.splitlines() if name in ln]
-        assert not any(ln.strip().startswith("ok") and not (run_dir / name).exists()
-                       for ln in lines), out
-    files = {f["file"]: f for f in json.loads(
-        cli("doctor", RUN_ID, "--json", home=td_home, check=False).stdout)[0]["files"]}
+        assert not any(
+            ln.strip().startswith("ok") and not (run_dir / name).exists() for ln in lines
+        ), out
+    files = {
+        f["file"]: f
+        for f in json.loads(cli("doctor", RUN_ID, "--json", home=td_home, check=False).stdout)[0][
+            "files"
+        ]
+    }
     assert files["stop.json"]["present"] is False and files["stop.json"]["problem"] is None
     assert files["spec.toml"]["present"] is True
     # once there is one, it is checked and ok
@@ -67,8 +72,9 @@ def test_logs_of_a_rank_the_run_does_not_have(td_home):
         assert f"no rank {rank}" in p.stderr and "0 to 1" in p.stderr, p.stderr
     # rank 1 exists but left nothing (its folder is gone): said with the folder looked in
     p = cli("logs", RUN_ID, "--rank", "1", home=td_home, check=False, timeout=30)
-    assert p.returncode == 1 and "rank 1" in p.stderr and \
-        str(run_dir / "logs" / "node0") in p.stderr, p
+    assert (
+        p.returncode == 1 and "rank 1" in p.stderr and str(run_dir / "logs" / "node0") in p.stderr
+    ), p
     # the rank's folder is there, its files are not
     d = run_dir / "logs" / "node0" / f"{RUN_ID}_x1y2" / "attempt_0" / "0"
     for f in d.iterdir():

@@ -19,6 +19,7 @@ def _screen_has(tmux, name, *words, timeout=60.0, what=""):
     def ok():
         text = tmux.screen(name)
         return all(w in text for w in words) and text
+
     try:
         return wait_for(ok, timeout, what or " and ".join(words))
     except AssertionError as e:
@@ -43,8 +44,14 @@ def test_compose_gate_launch_then_reattach_from_a_new_terminal(td_home, tmux):
     tmux.keys("one", "C-g")
     _screen_has(tmux, "one", "Go to the field", what="the go-to prompt")
     _type(tmux, "one", "max_steps", "Enter", "C-u", str(STEPS))
-    wait_for(lambda: any(ln.split()[:2] == ["train.max_steps", str(STEPS)]
-                         for ln in tmux.screen("one").splitlines()), 30, "the edited field")
+    wait_for(
+        lambda: any(
+            ln.split()[:2] == ["train.max_steps", str(STEPS)]
+            for ln in tmux.screen("one").splitlines()
+        ),
+        30,
+        "the edited field",
+    )
 
     # the gate: the checklist runs; no failure, so l launches and the monitor opens
     tmux.keys("one", "C-l")
@@ -68,12 +75,16 @@ def test_compose_gate_launch_then_reattach_from_a_new_terminal(td_home, tmux):
     tmux.start("two", tui, size=(120, 40), env=env)
     _screen_has(tmux, "two", run_dir.name, what="the run in the list")
     tmux.keys("two", "Enter")
-    _screen_has(tmux, "two", "succeeded", f"step {STEPS}/{STEPS}", timeout=240,
-                what="the finished run")
+    _screen_has(
+        tmux, "two", "succeeded", f"step {STEPS}/{STEPS}", timeout=240, what="the finished run"
+    )
     assert _steps(run_dir) == STEPS
-    steps = [json.loads(x)["step"] for x in (run_dir / "events" / "rank0.jsonl").open()
-             if '"kind": "step"' in x]
-    assert steps == list(range(1, STEPS + 1))     # nothing lost while no one was watching
+    steps = [
+        json.loads(x)["step"]
+        for x in (run_dir / "events" / "rank0.jsonl").open()
+        if '"kind": "step"' in x
+    ]
+    assert steps == list(range(1, STEPS + 1))  # nothing lost while no one was watching
     # the chart's step axis reaches the run's end: the whole history is there, not the tail
     _screen_has(tmux, "two", f"all {STEPS} steps", what="the chart over the whole run")
     tmux.keys("two", "q")

@@ -8,7 +8,13 @@ import json
 import pytest
 
 from tunedeck.core.estimate.advisor import advise
-from tunedeck.core.estimate import QWEN25, MemoryInputs, arch_from_config, estimate_memory, load_arch
+from tunedeck.core.estimate import (
+    QWEN25,
+    MemoryInputs,
+    arch_from_config,
+    estimate_memory,
+    load_arch,
+)
 from tests.conftest import REPO, cli
 
 Q7 = arch_from_config(QWEN25["7b"])
@@ -22,15 +28,18 @@ def anchor(**kw) -> MemoryInputs:
 
 
 def test_param_counts_match_pytorch():
-    assert Q7.total_params() == 7_615_616_512                 # printed by the H200 bench
+    assert Q7.total_params() == 7_615_616_512  # printed by the H200 bench
     assert Q7.lora_params(8, ["all-linear"]) == 20_185_088
 
 
-@pytest.mark.parametrize("kw,measured", [
-    (dict(lora_dropout=0.05), 92.8),          # ms-swift 4.6 memory(GiB), max reserved
-    (dict(lora_dropout=0.0), 83.7),           # plain loop, bf16 autocast
-    (dict(lora_dropout=0.0, autocast=False), 101.6),   # plain loop without autocast
-])
+@pytest.mark.parametrize(
+    "kw,measured",
+    [
+        (dict(lora_dropout=0.05), 92.8),  # ms-swift 4.6 memory(GiB), max reserved
+        (dict(lora_dropout=0.0), 83.7),  # plain loop, bf16 autocast
+        (dict(lora_dropout=0.0, autocast=False), 101.6),  # plain loop without autocast
+    ],
+)
 def test_h200_calibration_points_within_15_percent(kw, measured):
     est = estimate_memory(anchor(**kw))
     assert abs(est.reserved_gib - measured) / measured < 0.15, (est.reserved_gib, measured)
@@ -40,13 +49,16 @@ def test_dropout_and_autocast_deltas_match_measurements():
     base = estimate_memory(anchor()).allocated_gib
     drop = estimate_memory(anchor(lora_dropout=0.05)).allocated_gib
     fp32 = estimate_memory(anchor(autocast=False)).allocated_gib
-    assert abs((drop - base) - 8.6) < 1.5      # measured 88.3 - 79.7 allocated
-    assert abs((fp32 - base) - 17.3) < 2.5     # measured 97.0 - 79.7 allocated
+    assert abs((drop - base) - 8.6) < 1.5  # measured 88.3 - 79.7 allocated
+    assert abs((fp32 - base) - 17.3) < 2.5  # measured 97.0 - 79.7 allocated
 
 
 def test_breakdown_sums_to_per_gpu():
-    for m in (anchor(), anchor(strategy="fsdp2", world_size=4, method="full"),
-              anchor(method="full", strategy="deepspeed", zero_stage=3, world_size=8)):
+    for m in (
+        anchor(),
+        anchor(strategy="fsdp2", world_size=4, method="full"),
+        anchor(method="full", strategy="deepspeed", zero_stage=3, world_size=8),
+    ):
         e = estimate_memory(m)
         assert abs(sum(e.breakdown.values()) - e.per_gpu_gib) < 0.01
 
@@ -58,12 +70,16 @@ def test_monotonic_properties():
     assert gc_on.per_gpu_gib < gc_off.per_gpu_gib
     # with little activation memory the optimizer step is the peak: checkpointing can't help
     small = dataclasses.replace(full, micro_batch=1, seq_len=256)
-    assert estimate_memory(dataclasses.replace(small, gradient_checkpointing=True)).per_gpu_gib \
+    assert (
+        estimate_memory(dataclasses.replace(small, gradient_checkpointing=True)).per_gpu_gib
         <= estimate_memory(small).per_gpu_gib
+    )
     a_on = estimate_memory(anchor(gradient_checkpointing=True)).breakdown["activations"]
     assert a_on < estimate_memory(anchor()).breakdown["activations"] / 5
-    z3 = [estimate_memory(dataclasses.replace(full, strategy="deepspeed", zero_stage=3,
-                                              world_size=w)) for w in (1, 2, 8)]
+    z3 = [
+        estimate_memory(dataclasses.replace(full, strategy="deepspeed", zero_stage=3, world_size=w))
+        for w in (1, 2, 8)
+    ]
     # the sharded part divides by world size (the gathered working set does not)
     bf16 = Q7.total_params() * 2 / 2**30
     w = [e.breakdown["weights"] for e in z3]
@@ -71,12 +87,15 @@ def test_monotonic_properties():
     assert w[0] - w[2] == pytest.approx(bf16 * 7 / 8, rel=0.01)
     opt = [e.breakdown["optimizer_states"] for e in z3]
     assert opt[2] == pytest.approx(opt[0] / 8, rel=0.01)
-    stages = [estimate_memory(dataclasses.replace(full, strategy="deepspeed", zero_stage=s,
-                                                  world_size=8)).per_gpu_gib for s in (0, 1, 2, 3)]
+    stages = [
+        estimate_memory(
+            dataclasses.replace(full, strategy="deepspeed", zero_stage=s, world_size=8)
+        ).per_gpu_gib
+        for s in (0, 1, 2, 3)
+    ]
     assert stages == sorted(stages, reverse=True)
     fs = estimate_memory(dataclasses.replace(full, strategy="fsdp2", world_size=8))
-    off = estimate_memory(dataclasses.replace(full, strategy="fsdp2", world_size=8,
-                                              offload="all"))
+    off = estimate_memory(dataclasses.replace(full, strategy="fsdp2", world_size=8, offload="all"))
     assert off.per_gpu_gib < fs.per_gpu_gib and off.cpu_offload_bytes > 0
     q = estimate_memory(anchor(method="qlora"))
     assert q.breakdown["weights"] < estimate_memory(anchor()).breakdown["weights"] / 2.5
@@ -97,11 +116,13 @@ def test_advisor_rules():
     assert advise(lora, gpus=2, gpu_mem_gib=139.8, data_tokens=10**6).strategy == "single-gpu"
     big = advise(lora, gpus=2, gpu_mem_gib=139.8, data_tokens=10**9)
     assert big.strategy == "ddp" and big.gpus == 2
-    full = advise(dataclasses.replace(lora, method="full"), gpus=2, gpu_mem_gib=139.8,
-                  data_tokens=10**8)
+    full = advise(
+        dataclasses.replace(lora, method="full"), gpus=2, gpu_mem_gib=139.8, data_tokens=10**8
+    )
     assert full.strategy in ("fsdp2", "zero3")
-    tight = advise(dataclasses.replace(lora, method="full"), gpus=1, gpu_mem_gib=80,
-                   data_tokens=10**8)
+    tight = advise(
+        dataclasses.replace(lora, method="full"), gpus=1, gpu_mem_gib=80, data_tokens=10**8
+    )
     assert tight.offload or tight.strategy == "none"
     inf = advise(lora, gpus=8, gpu_mem_gib=24, purpose="inference")
     assert inf.strategy == "vllm-tp" and inf.gpus >= 2 and "not DDP" in " ".join(inf.reasons)
@@ -114,20 +135,40 @@ def test_cli_estimate_json(tmp_path, td_home):
     spec = tmp_path / "s.toml"
     # ms-swift's measured 92.8 GiB (dropout 0.05, --gradient_checkpointing false as measured;
     # ms-swift's default is on): the swift backend's loss and allocator
-    spec.write_text(f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
-                    f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\nmax_length = 2048\n'
-                    '[method]\nlora_rank = 8\nlora_dropout = 0.05\n[train]\n'
-                    'per_device_batch_size = 4\ngradient_checkpointing = false\n')
-    out = json.loads(cli("estimate", str(spec), "--gpus", "1", "--gpu-mem", "139.8",
-                         "--gpu-name", "NVIDIA H200", "--json", home=td_home).stdout)
+    spec.write_text(
+        f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
+        f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\nmax_length = 2048\n'
+        "[method]\nlora_rank = 8\nlora_dropout = 0.05\n[train]\n"
+        "per_device_batch_size = 4\ngradient_checkpointing = false\n"
+    )
+    out = json.loads(
+        cli(
+            "estimate",
+            str(spec),
+            "--gpus",
+            "1",
+            "--gpu-mem",
+            "139.8",
+            "--gpu-name",
+            "NVIDIA H200",
+            "--json",
+            home=td_home,
+        ).stdout
+    )
     assert abs(out["reserved_gib"] - 92.8) / 92.8 < 0.15
-    assert set(out["breakdown"]) >= {"weights", "gradients", "optimizer_states", "activations",
-                                     "logits", "framework_overhead", "trainable_weights"}
+    assert set(out["breakdown"]) >= {
+        "weights",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "logits",
+        "framework_overhead",
+        "trainable_weights",
+    }
     assert out["advice"]["strategy"] and out["throughput"]["tokens_per_s_per_gpu"] > 1000
     txt = cli("estimate", str(spec), "--gpus", "2", home=td_home).stdout
     assert "per GPU" in txt and "advice:" in txt
-    bad = cli("estimate", str(spec), "--set", f"model.path={tmp_path}", home=td_home,
-              check=False)
+    bad = cli("estimate", str(spec), "--set", f"model.path={tmp_path}", home=td_home, check=False)
     assert bad.returncode == 2 and "config.json" in bad.stderr
 
 
@@ -145,8 +186,14 @@ def _bench_estimate(row: dict):
     c = next(c for c in CONFIGS if c[0] == row["name"])
     got = estimate_for(QWEN25[row["size"]], c)
     assert (c[2], c[3], c[4], c[5], c[6], c[7], c[8]) == (
-        row["method"], row["strategy"], row["gpus"], row["gc"], row["micro_batch"], row["seq"],
-        row["lora_dropout"]), f"{row['name']}: bench config differs from the fixture"
+        row["method"],
+        row["strategy"],
+        row["gpus"],
+        row["gc"],
+        row["micro_batch"],
+        row["seq"],
+        row["lora_dropout"],
+    ), f"{row['name']}: bench config differs from the fixture"
     return got
 
 
@@ -162,24 +209,41 @@ def test_every_h200_calibration_row_within_15_percent(row, monkeypatch):
 def test_calibration_breakdown_sums_and_names_the_mechanisms():
     rows = {r["name"]: r for r in _calibration_rows()}
     for r in rows.values():
-        e = estimate_memory(MemoryInputs(
-            arch_from_config(QWEN25[r["size"]]), method=r["method"], micro_batch=r["micro_batch"],
-            seq_len=r["seq"], lora_dropout=r["lora_dropout"], strategy=r["strategy"],
-            world_size=r["gpus"], gradient_checkpointing=r["gc"], materialize_bytes=4))
+        e = estimate_memory(
+            MemoryInputs(
+                arch_from_config(QWEN25[r["size"]]),
+                method=r["method"],
+                micro_batch=r["micro_batch"],
+                seq_len=r["seq"],
+                lora_dropout=r["lora_dropout"],
+                strategy=r["strategy"],
+                world_size=r["gpus"],
+                gradient_checkpointing=r["gc"],
+                materialize_bytes=4,
+            )
+        )
         assert abs(sum(e.breakdown.values()) - e.per_gpu_gib) < 0.01, r["name"]
     # FSDP2 7B full at micro-batch 1: the optimizer step (sharded fp32 states + foreach
     # temporary) is the peak, not the activations
-    fs_in = MemoryInputs(Q7, method="full", micro_batch=1, strategy="fsdp2", world_size=2,
-                         gradient_checkpointing=True)
+    fs_in = MemoryInputs(
+        Q7,
+        method="full",
+        micro_batch=1,
+        strategy="fsdp2",
+        world_size=2,
+        gradient_checkpointing=True,
+    )
     fs = estimate_memory(fs_in)
     assert fs.peak_phase.startswith("backward end")
     fused = estimate_memory(dataclasses.replace(fs_in, fused_optimizer=True))
-    assert fused.allocated_gib < fs.allocated_gib - 10      # no 14 GiB sqrt(v) temporary
+    assert fused.allocated_gib < fs.allocated_gib - 10  # no 14 GiB sqrt(v) temporary
     # 7B LoRA with checkpointing: the loss's cached blocks dominate what is reserved, and a
     # model built in fp32 and then cast leaves its fp32 blocks reserved
     gc = anchor(gradient_checkpointing=True)
-    loaded, built = estimate_memory(gc), estimate_memory(dataclasses.replace(gc,
-                                                                             materialize_bytes=4))
+    loaded, built = (
+        estimate_memory(gc),
+        estimate_memory(dataclasses.replace(gc, materialize_bytes=4)),
+    )
     assert loaded.breakdown["logits"] > loaded.breakdown["activations"] * 5
     assert any("reserves 16.2 GiB" in n for n in loaded.notes)
     assert built.reserved_gib > loaded.reserved_gib + 10
@@ -190,7 +254,9 @@ def test_bench_only_option_selects_and_rejects(tmp_path, capsys):
     from bench.memory_calibration import main, selected
 
     assert [c[0] for c in selected("7b-lora-gc-1gpu, 7b-full-fsdp2-gc")] == [
-        "7b-lora-gc-1gpu", "7b-full-fsdp2-gc"]
+        "7b-lora-gc-1gpu",
+        "7b-full-fsdp2-gc",
+    ]
     assert len(selected("")) == len(_calibration_rows())
     assert main([str(tmp_path), "--only", "nope"]) == 2
     assert "unknown configuration nope" in capsys.readouterr().err
@@ -210,22 +276,25 @@ def test_swift_speed_flags_offer_what_the_installed_version_has():
     assert got["--padding_free"]["gain"] == PACKING_GAIN
     assert "flash" not in got["--padding_free"]["why"]
     # already set (either spelling), or packing on: not offered again
-    got = speed_flags(["--use_liger_kernel=false", "--packing", "true", "--attn_impl",
-                       "flash_attn"], known=known)
+    got = speed_flags(
+        ["--use_liger_kernel=false", "--packing", "true", "--attn_impl", "flash_attn"], known=known
+    )
     assert [f["flag"] for f in got] == ["--torch_compile"]
     # sdpa: padding-free is offered with what it needs; fixed-length data: not at all
     sdpa = {f["flag"]: f for f in speed_flags(["--attn_impl", "sdpa"], known=known)}
     assert "--attn_impl flash_attn" in sdpa["--padding_free"]["why"]
-    assert "--padding_free" not in {f["flag"] for f in speed_flags([], known=known,
-                                                                    variable_length=False)}
+    assert "--padding_free" not in {
+        f["flag"] for f in speed_flags([], known=known, variable_length=False)
+    }
     # an older ms-swift without these flags: nothing to offer
     assert speed_flags(["--attn_impl", "flash_attn"], known={"model": {}}) == []
     # advise() passes on what it is offered, except for inference
     offered = speed_flags([], known=known)
     a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="swift", speed_flags=offered)
     assert [f["flag"] for f in a.speed_flags] == [f["flag"] for f in offered]
-    a = advise(anchor(), gpus=1, gpu_mem_gib=141, backend="swift", speed_flags=offered,
-               purpose="inference")
+    a = advise(
+        anchor(), gpus=1, gpu_mem_gib=141, backend="swift", speed_flags=offered, purpose="inference"
+    )
     assert a.speed_flags == []
 
 
@@ -239,25 +308,33 @@ def test_estimate_of_a_swift_spec_offers_the_speed_flags(tmp_path):
     m.mkdir()
     (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
     spec = tmp_path / "s.toml"
-    spec.write_text(f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
-                    f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\n')
+    spec.write_text(
+        f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
+        f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\n'
+    )
     out = cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", home=tmp_path).stdout
     assert "faster with the installed ms-swift" in out and "--use_liger_kernel true" in out
-    data = json.loads(cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", "--json",
-                          home=tmp_path).stdout)
+    data = json.loads(
+        cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", "--json", home=tmp_path).stdout
+    )
     assert {f["flag"] for f in data["advice"]["speed_flags"]} >= {"--use_liger_kernel"}
     # a run that already asks for Liger is not told to
     spec.write_text(spec.read_text() + '[swift]\nextra_args = ["--use_liger_kernel", "true"]\n')
-    data = json.loads(cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", "--json",
-                          home=tmp_path).stdout)
+    data = json.loads(
+        cli("estimate", str(spec), "--gpus", "2", "--gpu-mem", "80", "--json", home=tmp_path).stdout
+    )
     assert "--use_liger_kernel" not in {f["flag"] for f in data["advice"]["speed_flags"]}
 
 
 def test_builtin_trainer_plans_with_its_measured_utilisation(tmp_path):
     """The throughput and ETA of a built-in run assume what that trainer was measured at with
     the spec's own switches (compile, the fp8 base), not ms-swift's figure; --mfu still wins."""
-    from tunedeck.core.estimate.speed import (BUILTIN_COMPILED_MFU, BUILTIN_FP8_MFU,
-                                              DEFAULT_MFU, typical_mfu)
+    from tunedeck.core.estimate.speed import (
+        BUILTIN_COMPILED_MFU,
+        BUILTIN_FP8_MFU,
+        DEFAULT_MFU,
+        typical_mfu,
+    )
 
     assert BUILTIN_FP8_MFU > typical_mfu("builtin") == BUILTIN_COMPILED_MFU > DEFAULT_MFU
     assert typical_mfu("builtin", compiled=False) == typical_mfu("swift") == DEFAULT_MFU
@@ -267,8 +344,20 @@ def test_builtin_trainer_plans_with_its_measured_utilisation(tmp_path):
     preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
 
     def mfu(*sets, extra=()):
-        argv = ["estimate", str(preset), "--gpus", "1", "--gpu-name", "NVIDIA H200",
-                "--gpu-mem", "141", "--json", "--set", f"model.path={m}", *extra]
+        argv = [
+            "estimate",
+            str(preset),
+            "--gpus",
+            "1",
+            "--gpu-name",
+            "NVIDIA H200",
+            "--gpu-mem",
+            "141",
+            "--json",
+            "--set",
+            f"model.path={m}",
+            *extra,
+        ]
         for kv in sets:
             argv += ["--set", kv]
         out = json.loads(cli(*argv, home=tmp_path).stdout)
@@ -292,8 +381,18 @@ def test_builtin_runs_are_offered_the_switches_measured_faster(tmp_path):
     preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
 
     def offered(gpu, *sets):
-        argv = ["estimate", str(preset), "--gpus", "1", "--gpu-name", gpu, "--gpu-mem", "141",
-                "--set", f"model.path={m}"]
+        argv = [
+            "estimate",
+            str(preset),
+            "--gpus",
+            "1",
+            "--gpu-name",
+            gpu,
+            "--gpu-mem",
+            "141",
+            "--set",
+            f"model.path={m}",
+        ]
         for kv in sets:
             argv += ["--set", kv]
         text = cli(*argv, home=tmp_path).stdout
@@ -305,23 +404,27 @@ def test_builtin_runs_are_offered_the_switches_measured_faster(tmp_path):
     assert "faster with the built-in trainer" in text
     assert "--set method.fp8_base=true" in text
     assert offered("NVIDIA A100-SXM4-80GB", "method.fp8_base=false")[1] == {}
-    assert offered("NVIDIA H200")[1] == {}                     # the preset has it on
+    assert offered("NVIDIA H200")[1] == {}  # the preset has it on
     assert offered("NVIDIA H200", "method.fp8_base=false", "method.lora_dropout=0.05")[1] == {}
     _, got = offered("NVIDIA H200", "train.compile=false")
     assert set(got) == {"train.compile"}
 
 
-@pytest.mark.parametrize("kw,measured", [
-    # built-in trainer on H200 (docs/benchmarks.md, 2026-12-01 and the issue-17 table):
-    # chunked loss, fused AdamW, expandable segments; max_memory_allocated / reserved GiB
-    (dict(), 69.8),                                              # eager, allocated
-    (dict(compiled=True), 62.4),                                 # compiled, r8, 4 x 2048
-    (dict(compiled=True, lora_rank=16, grad_accum=4), 54.8),     # the 7B preset's settings
-    (dict(compiled=True, micro_batch=8), 109.0),                 # micro-batch 8 x 2048
-])
+@pytest.mark.parametrize(
+    "kw,measured",
+    [
+        # built-in trainer on H200 (docs/benchmarks.md, 2026-12-01 and the issue-17 table):
+        # chunked loss, fused AdamW, expandable segments; max_memory_allocated / reserved GiB
+        (dict(), 69.8),  # eager, allocated
+        (dict(compiled=True), 62.4),  # compiled, r8, 4 x 2048
+        (dict(compiled=True, lora_rank=16, grad_accum=4), 54.8),  # the 7B preset's settings
+        (dict(compiled=True, micro_batch=8), 109.0),  # micro-batch 8 x 2048
+    ],
+)
 def test_builtin_trainer_memory_within_15_percent(kw, measured):
-    e = estimate_memory(anchor(fused_optimizer=True, loss_chunk_elems=2 ** 29,
-                               expandable_segments=True, **kw))
+    e = estimate_memory(
+        anchor(fused_optimizer=True, loss_chunk_elems=2**29, expandable_segments=True, **kw)
+    )
     got = e.reserved_gib if kw else e.allocated_gib
     assert abs(got - measured) <= 0.15 * measured, (got, measured)
     # the chunked loss holds one chunk, not the batch's fp32 logits
@@ -343,21 +446,23 @@ def test_spec_estimate_knows_the_builtin_trainer():
     assert not (inp.loss_chunk_elems or inp.compiled or inp.expandable_segments)
 
 
-
 def _unset_swift_spec(tmp_path, extra: str = ""):
     """An ms-swift LoRA spec of the 7B shape that leaves batch, length and LoRA sizes unset."""
     m = tmp_path / "m"
     m.mkdir(exist_ok=True)
     (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
     path = tmp_path / "s.toml"
-    path.write_text(f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
-                    f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\n{extra}')
+    path.write_text(
+        f'backend = "swift"\n[model]\npath = "{m}"\n[data]\npath = '
+        f'"{REPO / "presets" / "data" / "demo_chat.jsonl"}"\n{extra}'
+    )
     return path
 
 
 @pytest.mark.skipif(not HAS_SWIFT, reason="ms-swift not installed")
 def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_preflight(
-        tmp_path, td_home):
+    tmp_path, td_home
+):
     """`tunedeck estimate`, the compose form's memory line and the preflight memory check all
     size the run ms-swift starts (its micro batch of 1, gradient checkpointing on, LoRA r8
     with dropout 0.05, batches up to the model's 32768 tokens), not tunedeck's defaults."""
@@ -369,21 +474,37 @@ def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_prefl
     from tunedeck.tui.screens.compose import build_preview
 
     path = _unset_swift_spec(tmp_path)
-    facts = GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(2)],
-                     driver="580.1")
+    facts = GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(2)], driver="580.1")
     spec = load_spec(path)
-    cli_out = json.loads(cli("estimate", str(path), "--gpus", "2", "--gpu-mem", "139.8",
-                             "--gpu-name", "NVIDIA H200", "--json", home=td_home).stdout)
+    cli_out = json.loads(
+        cli(
+            "estimate",
+            str(path),
+            "--gpus",
+            "2",
+            "--gpu-mem",
+            "139.8",
+            "--gpu-name",
+            "NVIDIA H200",
+            "--json",
+            home=td_home,
+        ).stdout
+    )
     ctx = make_context(spec=spec, gpu_probe=lambda: facts)
     fit = check_gpu_memory(ctx)
     composed = build_preview(spec, facts)
-    figure = composed.estimate.memory.per_gpu_gib       # the CLI's JSON rounds to 0.01
+    figure = composed.estimate.memory.per_gpu_gib  # the CLI's JSON rounds to 0.01
     assert round(figure, 2) == cli_out["per_gpu_gib"]
     assert f"≈{figure:.1f} GiB per GPU" in fit.detail
     assert f"memory ≈ {figure:.1f} GiB per GPU" in composed.facts.plain
     i = cli_out["inputs"]
-    assert (i["micro_batch"], i["seq_len"], i["lora_rank"], i["lora_dropout"],
-            i["gradient_checkpointing"]) == (1, 32768, 8, 0.05, True)
+    assert (
+        i["micro_batch"],
+        i["seq_len"],
+        i["lora_rank"],
+        i["lora_dropout"],
+        i["gradient_checkpointing"],
+    ) == (1, 32768, 8, 0.05, True)
     assert any("data.max_length unset" in n for n in cli_out["notes"])
     # how long: ms-swift's epochs, with no ETA made of tunedeck's default step count
     assert cli_out["length"].startswith("3 epochs (ms-swift")
@@ -392,8 +513,10 @@ def test_an_ms_swift_spec_gets_one_memory_figure_from_estimate_compose_and_prefl
     ours = estimate_spec(spec, gpus=2, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
     assert abs(ours.memory.per_gpu_gib - figure) > 1.0
     # the batch line and check agree too: ms-swift accumulates to a global batch of 16
-    assert "effective batch 16 = 1 per device x 2 data-parallel x 8 accumulation" in \
-        composed.facts.plain
+    assert (
+        "effective batch 16 = 1 per device x 2 data-parallel x 8 accumulation"
+        in composed.facts.plain
+    )
     assert check_effective_batch(ctx).detail.startswith("16 = 1 per device × 8 accumulation")
 
 
@@ -407,8 +530,9 @@ def test_a_figure_sized_at_ms_swifts_length_limit_warns_rather_than_blocks(tmp_p
     from tunedeck.core.telemetry.gpus import Gpu, GpuFacts
 
     small = GpuFacts(gpus=[Gpu(0, "NVIDIA A10G", 22.0, (8, 6))], driver="580.1")
-    unset = check_gpu_memory(make_context(spec=load_spec(_unset_swift_spec(tmp_path)),
-                                          gpu_probe=lambda: small))
+    unset = check_gpu_memory(
+        make_context(spec=load_spec(_unset_swift_spec(tmp_path)), gpu_probe=lambda: small)
+    )
     assert unset.status == "warn" and "data.max_length" in unset.fix, unset
     assert "will not fit if a batch reaches 32768 tokens (data.max_length unset)" in unset.detail
     long = load_spec(_unset_swift_spec(tmp_path, "max_length = 32768\n"))

@@ -12,13 +12,21 @@ from tunedeck.core.estimate.memory import _activation_bytes_per_token_layer
 from tunedeck.core.spec import load_spec
 from tests.conftest import REPO
 
-TINY = dict(model_type="qwen2", hidden_size=256, intermediate_size=1536, num_hidden_layers=1,
-            num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
-            tie_word_embeddings=True)
+TINY = dict(
+    model_type="qwen2",
+    hidden_size=256,
+    intermediate_size=1536,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    tie_word_embeddings=True,
+)
 
 
-def _saved_bytes_per_token(dtype: torch.dtype, batch: int = 2, seq: int = 256,
-                           lora: str = "") -> float:
+def _saved_bytes_per_token(
+    dtype: torch.dtype, batch: int = 2, seq: int = 256, lora: str = ""
+) -> float:
     """Bytes one decoder layer saves for backward per token (weights and the shared RoPE
     tables left out), counted storage by storage through saved-tensor hooks. lora: "" (full
     fine-tuning), "peft" (peft's LoRA layers, all-linear r=8) or "fused" (the trainer's)."""
@@ -32,9 +40,8 @@ def _saved_bytes_per_token(dtype: torch.dtype, batch: int = 2, seq: int = 256,
 
         from tunedeck.core.train.lora_fused import fuse_lora
 
-        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16,
-                                                 target_modules="all-linear"))
-        if lora == "fused":   # what CUDA runs; the same layers on CPU when asked
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+        if lora == "fused":  # what CUDA runs; the same layers on CPU when asked
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("TUNEDECK_FUSED_LORA", "1")
                 assert fuse_lora(model, torch.device("cpu")) == 7
@@ -50,8 +57,11 @@ def _saved_bytes_per_token(dtype: torch.dtype, batch: int = 2, seq: int = 256,
         st = t.untyped_storage()
         # weights cast for autocast are (out, in): their rows are not tokens; nor are the
         # adapters' cast copies (r = 8 rows), which do not grow with the batch
-        if (st.data_ptr() not in skip and t.grad_fn.__class__.__name__ != "TBackward0"
-                and not (t.dim() == 2 and t.shape[0] == 8)):
+        if (
+            st.data_ptr() not in skip
+            and t.grad_fn.__class__.__name__ != "TBackward0"
+            and not (t.dim() == 2 and t.shape[0] == 8)
+        ):
             seen[st.data_ptr()] = st.nbytes()
         return t
 
@@ -65,11 +75,12 @@ def test_fp32_master_weights_add_what_the_layer_really_saves():
     arch = arch_from_config(TINY)
 
     def est(master):
-        return _activation_bytes_per_token_layer(MemoryInputs(
-            arch, method="full", master_fp32=master, micro_batch=2, seq_len=256))
+        return _activation_bytes_per_token_layer(
+            MemoryInputs(arch, method="full", master_fp32=master, micro_batch=2, seq_len=256)
+        )
 
     fp32, bf16 = _saved_bytes_per_token(torch.float32), _saved_bytes_per_token(torch.bfloat16)
-    assert fp32 - bf16 > 8 * TINY["hidden_size"]      # the fp32 residual stream is real
+    assert fp32 - bf16 > 8 * TINY["hidden_size"]  # the fp32 residual stream is real
     for master, measured in ((True, fp32), (False, bf16)):
         assert abs(est(master) - measured) / measured < 0.05, (master, est(master), measured)
     # FSDP2 computes with bf16 copies of its fp32 masters: nothing added there
@@ -88,10 +99,12 @@ def test_builtin_full_finetune_rows_of_the_h200_within_15_percent(tmp_path):
         spec_path.write_text(
             f'backend = "builtin"\n[model]\npath = "{tmp_path}"\ndtype = "bfloat16"\n'
             f'[data]\npath = "{data}"\nmax_length = 2048\n[method]\ntype = "full"\n'
-            f'[train]\nper_device_batch_size = 4\ncompile = {compile_}\n'
-            f'[cluster]\ndevice = "cuda"\nnproc_per_node = 1\n')
-        est = estimate_spec(load_spec(spec_path), gpus=1, gpu_name="NVIDIA H200",
-                            gpu_mem_gib=139.8).memory.per_gpu_gib
+            f"[train]\nper_device_batch_size = 4\ncompile = {compile_}\n"
+            f'[cluster]\ndevice = "cuda"\nnproc_per_node = 1\n'
+        )
+        est = estimate_spec(
+            load_spec(spec_path), gpus=1, gpu_name="NVIDIA H200", gpu_mem_gib=139.8
+        ).memory.per_gpu_gib
         assert abs(est - measured) / measured < 0.15, (compile_, est, measured)
 
 
@@ -101,11 +114,14 @@ def test_fused_lora_layers_save_what_the_estimate_says():
     arch = arch_from_config(TINY)
 
     def est(fused):
-        return _activation_bytes_per_token_layer(MemoryInputs(
-            arch, method="lora", lora_rank=8, micro_batch=2, seq_len=256, fused_lora=fused))
+        return _activation_bytes_per_token_layer(
+            MemoryInputs(
+                arch, method="lora", lora_rank=8, micro_batch=2, seq_len=256, fused_lora=fused
+            )
+        )
 
     peft, fused = (_saved_bytes_per_token(torch.bfloat16, lora=k) for k in ("peft", "fused"))
-    assert fused < peft - 4 * TINY["hidden_size"]      # q/k/v and gate/up inputs shared
+    assert fused < peft - 4 * TINY["hidden_size"]  # q/k/v and gate/up inputs shared
     for on, measured in ((False, peft), (True, fused)):
         assert abs(est(on) - measured) / measured < 0.05, (on, est(on), measured)
 
@@ -116,8 +132,10 @@ def test_the_7b_preset_row_of_the_h200_within_10_percent(tmp_path):
     input copies the estimate said 60.8 (+14.5 %)."""
     (tmp_path / "config.json").write_text(json.dumps(QWEN25["7b"]))
     for fp8 in ("true", "false"):
-        spec = load_spec(REPO / "presets" / "builtin-7b-lora-h200.toml",
-                         [f"model.path={tmp_path}", f"method.fp8_base={fp8}"])
+        spec = load_spec(
+            REPO / "presets" / "builtin-7b-lora-h200.toml",
+            [f"model.path={tmp_path}", f"method.fp8_base={fp8}"],
+        )
         est = estimate_spec(spec, gpus=1, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
         assert est.inputs.fused_lora
         assert abs(est.memory.allocated_gib / 53.1 - 1) < 0.10, est.memory.allocated_gib

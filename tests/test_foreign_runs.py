@@ -38,7 +38,7 @@ from tunedeck.core.runs.registry import FOREIGN, Registry, find_run, read_run
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
-WATCH_S = 8.0     # how long a planted plan is given to run (an adoption starts it in ~2 s)
+WATCH_S = 8.0  # how long a planted plan is given to run (an adoption starts it in ~2 s)
 
 
 def _need_second_user() -> None:
@@ -49,14 +49,19 @@ def _need_second_user() -> None:
 
 
 def as_nobody(*argv: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                           "--", *argv], capture_output=True, text=True, timeout=30, **kw)
+    return subprocess.run(
+        [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        **kw,
+    )
 
 
 @dataclass
 class Shared:
-    base: Path          # root's 0755 folder under /tmp: markers go here
-    home: Path          # the shared TUNEDECK_HOME, 1777 like its runs/
+    base: Path  # root's 0755 folder under /tmp: markers go here
+    home: Path  # the shared TUNEDECK_HOME, 1777 like its runs/
     sleepers: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -111,21 +116,43 @@ def dead_pid_identity() -> tuple[int, dict]:
 def planted_state(run_id: str, **extra) -> dict:
     now = time.time()
     agent, ident = dead_pid_identity()
-    st = {"run_id": run_id, "name": "planted", "status": "running", "message": "",
-          "created": now - 120, "started": now - 110, "ended": None,
-          "agent_pid": agent, "agent_pgid": agent, "agent_create_time": now - 120,
-          "torchrun_pid": None, "worker_pids": [], "pgids": [],
-          "pid_identity": {str(agent): ident}, "launches": [],
-          "host": os.uname().nodename, "master_port": 29511, "attempt": 0, "exit_code": None,
-          "stop_requested": None,
-          "progress": {"step": 42, "max_steps": 200, "loss": 2.5, "lr": 0.001,
-                       "tokens_per_s": 1234.0, "t": now - 1}}
+    st = {
+        "run_id": run_id,
+        "name": "planted",
+        "status": "running",
+        "message": "",
+        "created": now - 120,
+        "started": now - 110,
+        "ended": None,
+        "agent_pid": agent,
+        "agent_pgid": agent,
+        "agent_create_time": now - 120,
+        "torchrun_pid": None,
+        "worker_pids": [],
+        "pgids": [],
+        "pid_identity": {str(agent): ident},
+        "launches": [],
+        "host": os.uname().nodename,
+        "master_port": 29511,
+        "attempt": 0,
+        "exit_code": None,
+        "stop_requested": None,
+        "progress": {
+            "step": 42,
+            "max_steps": 200,
+            "loss": 2.5,
+            "lr": 0.001,
+            "tokens_per_s": 1234.0,
+            "t": now - 1,
+        },
+    }
     st.update(extra)
     return st
 
 
-def plant(s: Shared, run_id: str, state: dict, argv: list[str],
-          extra: dict[str, str] | None = None) -> Path:
+def plant(
+    s: Shared, run_id: str, state: dict, argv: list[str], extra: dict[str, str] | None = None
+) -> Path:
     """runs/<run_id>/ made by user nobody like a real run: state.json, plan.json (node 0 runs
     `argv`), spec.toml (presets/demo.toml as a launch freezes it: the data path absolute),
     logs/agent.log and events/."""
@@ -134,10 +161,20 @@ def plant(s: Shared, run_id: str, state: dict, argv: list[str],
     run_dir = s.runs / run_id
     spec = DEMO.read_text().replace('path = "data/demo_chat.jsonl"', f'path = "{DATA}"')
     assert str(DATA) in spec
-    plan = {"nodes": [{"node_rank": 0, "argv": argv, "env": {}, "cwd": str(run_dir)}],
-            "nproc_per_node": 1, "nnodes": 1, "world_size": 1}
-    files = {"state.json": json.dumps(state), "plan.json": json.dumps(plan), "spec.toml": spec,
-             "logs/agent.log": "", "events/rank0.jsonl": "", **(extra or {})}
+    plan = {
+        "nodes": [{"node_rank": 0, "argv": argv, "env": {}, "cwd": str(run_dir)}],
+        "nproc_per_node": 1,
+        "nnodes": 1,
+        "world_size": 1,
+    }
+    files = {
+        "state.json": json.dumps(state),
+        "plan.json": json.dumps(plan),
+        "spec.toml": spec,
+        "logs/agent.log": "",
+        "events/rank0.jsonl": "",
+        **(extra or {}),
+    }
     for name, text in files.items():
         (stage / name).parent.mkdir(parents=True, exist_ok=True)
         (stage / name).write_text(text)
@@ -170,6 +207,7 @@ def tree(run_dir: Path) -> dict[str, tuple]:
 
 # -- the rule ---------------------------------------------------------------------------------
 
+
 def own_run(tmp_path: Path) -> Path:
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True, mode=0o700)
@@ -181,7 +219,7 @@ def own_run(tmp_path: Path) -> Path:
 
 def test_the_users_own_run_passes(tmp_path):
     run = own_run(tmp_path)
-    os.chmod(run, 0o755)            # readable by others is fine: only writing matters
+    os.chmod(run, 0o755)  # readable by others is fine: only writing matters
     os.chmod(run / "plan.json", 0o644)
     assert ownership.problem(run) is None
     ownership.check(run)
@@ -204,7 +242,7 @@ def test_a_file_others_can_write_fails(tmp_path):
 
 def test_a_symlink_never_passes(tmp_path):
     run = own_run(tmp_path)
-    victim = tmp_path / "victims-own-file.json"     # the user's own file, linked by another
+    victim = tmp_path / "victims-own-file.json"  # the user's own file, linked by another
     victim.write_text("{}")
     os.chmod(victim, 0o600)
     (run / "state.json").unlink()
@@ -224,7 +262,7 @@ def test_a_fifo_fails_and_is_never_read(tmp_path):
     assert ownership.problem(run) == "state.json is a FIFO"
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="FIFO"):
-        ownership.read_untrusted(run / "state.json")     # O_NONBLOCK: no writer, no wait
+        ownership.read_untrusted(run / "state.json")  # O_NONBLOCK: no writer, no wait
     assert time.monotonic() - t0 < 2
 
 
@@ -245,20 +283,21 @@ def test_a_folder_or_file_owned_by_another_uid_fails(tmp_path):
 
 # -- a run planted by another user -------------------------------------------------------------
 
+
 def test_a_planted_run_is_listed_foreign_and_never_adopted(shared):
     from tunedeck.core.demo import ensure_tiny_model
 
-    ensure_tiny_model(DATA)   # cached: an adoption would reach the planted argv at once
+    ensure_tiny_model(DATA)  # cached: an adoption would reach the planted argv at once
     marker = shared.base / "marker"
     run_id = "20261201-000000-planted-0bad"
-    run_dir = plant(shared, run_id, planted_state(run_id),
-                    ["/bin/sh", "-c", f"id > {marker}"])
+    run_dir = plant(shared, run_id, planted_state(run_id), ["/bin/sh", "-c", f"id > {marker}"])
     before = tree(run_dir)
     why = "the run folder is owned by uid 65534 (nobody)"
 
     listed = cli_json("ls", home=shared.home)
-    assert [(r["run_id"], r["status"], r["message"]) for r in listed] == \
-        [(run_id, FOREIGN, f"foreign: {why}")]
+    assert [(r["run_id"], r["status"], r["message"]) for r in listed] == [
+        (run_id, FOREIGN, f"foreign: {why}")
+    ]
     # read-only: what its state.json records is shown
     assert listed[0]["step"] == 42 and listed[0]["loss"] == 2.5 and listed[0]["name"] == "planted"
     plain = cli("ls", home=shared.home).stdout
@@ -284,9 +323,13 @@ def test_a_planted_run_is_listed_foreign_and_never_adopted(shared):
         adopt.spawn(run_dir)
     # and an agent started on it by hand refuses before writing anything
     for extra in (["--adopt"], []):
-        r = subprocess.run([sys.executable, "-m", "tunedeck.core.runs.agent", str(run_dir),
-                            *extra], capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, TUNEDECK_HOME=str(shared.home)))
+        r = subprocess.run(
+            [sys.executable, "-m", "tunedeck.core.runs.agent", str(run_dir), *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, TUNEDECK_HOME=str(shared.home)),
+        )
         assert r.returncode == 2 and why in r.stderr, r.stderr
 
     deadline = time.monotonic() + WATCH_S
@@ -299,24 +342,40 @@ def test_a_planted_run_is_listed_foreign_and_never_adopted(shared):
 
 
 def test_a_planted_runs_pids_are_never_signalled(shared):
-    victim = shared.sleeper()      # a live process of this user's, named by the planted state
+    victim = shared.sleeper()  # a live process of this user's, named by the planted state
     ident = procs.identity(victim.pid)
     run_id = "20261201-000000-planted-5160"
     state = planted_state(
-        run_id, torchrun_pid=victim.pid, worker_pids=[victim.pid], pgids=[victim.pid],
+        run_id,
+        torchrun_pid=victim.pid,
+        worker_pids=[victim.pid],
+        pgids=[victim.pid],
         rank_pids={"0": victim.pid},
-        launches=[{"id": "0123456789abcdef", "attempt": 0, "boot": procs.boot_id(),
-                   "after": 0, "t": time.time() - 100, "torchrun_pid": victim.pid}])
+        launches=[
+            {
+                "id": "0123456789abcdef",
+                "attempt": 0,
+                "boot": procs.boot_id(),
+                "after": 0,
+                "t": time.time() - 100,
+                "torchrun_pid": victim.pid,
+            }
+        ],
+    )
     state["pid_identity"][str(victim.pid)] = ident
-    run_dir = plant(shared, run_id, state, ["/bin/true"],
-                    extra={"stacks/rank0.txt": ""})   # what `stacks` signals a rank for
+    run_dir = plant(
+        shared, run_id, state, ["/bin/true"], extra={"stacks/rank0.txt": ""}
+    )  # what `stacks` signals a rank for
     before = tree(run_dir)
     why = "the run folder is owned by uid 65534 (nobody)"
 
     for flags in ([], ["--hard"], ["--wait"]):
         r = cli("stop", run_id, *flags, home=shared.home, check=False)
-        assert r.returncode == 1 and why in r.stderr and "nothing is signalled" in r.stderr, \
-            (flags, r.stdout, r.stderr)
+        assert r.returncode == 1 and why in r.stderr and "nothing is signalled" in r.stderr, (
+            flags,
+            r.stdout,
+            r.stderr,
+        )
     r = cli("stacks", run_id, home=shared.home, check=False)
     assert r.returncode == 1 and why in r.stderr, (r.stdout, r.stderr)
 
@@ -331,8 +390,9 @@ def test_a_planted_runs_pids_are_never_signalled(shared):
         stacks.dump_stacks(run_dir)
 
     time.sleep(1.0)
-    assert victim.poll() is None and procs.same_process(victim.pid, ident), \
+    assert victim.poll() is None and procs.same_process(victim.pid, ident), (
         "a pid named by another user's state.json was signalled"
+    )
     assert not agents_on(run_dir)
     assert not (run_dir / "stop.json").exists()
     assert tree(run_dir) == before
@@ -345,8 +405,11 @@ def test_a_run_of_this_user_in_the_shared_home_is_still_its_own(shared, monkeypa
     run_id = "20261201-000000-mine-0a0a"
     run_dir = shared.runs / run_id
     run_dir.mkdir(mode=0o700)
-    for name, text in (("state.json", json.dumps(planted_state(run_id))),
-                       ("plan.json", json.dumps({"nodes": []})), ("spec.toml", DEMO.read_text())):
+    for name, text in (
+        ("state.json", json.dumps(planted_state(run_id))),
+        ("plan.json", json.dumps({"nodes": []})),
+        ("spec.toml", DEMO.read_text()),
+    ):
         (run_dir / name).write_text(text)
         os.chmod(run_dir / name, 0o600)
     info = read_run(run_dir)
@@ -363,8 +426,12 @@ def test_a_node_folder_planted_before_the_head_reaches_it_is_refused(shared):
 
     head_id = "20261201-000000-head-1111"
     marker = shared.base / "node-marker"
-    node_dir = plant(shared, remote.node_run_id(head_id, 1), planted_state(
-        remote.node_run_id(head_id, 1)), ["/bin/sh", "-c", f"id > {marker}"])
+    node_dir = plant(
+        shared,
+        remote.node_run_id(head_id, 1),
+        planted_state(remote.node_run_id(head_id, 1)),
+        ["/bin/sh", "-c", f"id > {marker}"],
+    )
     before = tree(node_dir)
     for op in ({"op": "start"}, {"op": "attach", "revive": True}):
         hello = {"run_id": head_id, "node": 1, "home": str(shared.home), **op}
@@ -376,8 +443,7 @@ def test_a_node_folder_planted_before_the_head_reaches_it_is_refused(shared):
     assert not marker.exists() and not agents_on(node_dir) and tree(node_dir) == before
 
 
-async def test_the_runs_list_shows_a_foreign_run_and_hides_what_acts_on_it(tmp_path,
-                                                                           monkeypatch):
+async def test_the_runs_list_shows_a_foreign_run_and_hides_what_acts_on_it(tmp_path, monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("chown to another uid needs root")
     from tests.test_manage import make_run
@@ -388,8 +454,14 @@ async def test_the_runs_list_shows_a_foreign_run_and_hides_what_acts_on_it(tmp_p
     home = tmp_path / "home"
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     mine = make_run(home / "runs", "20251124-090000-mine-a1b2", status="succeeded")
-    theirs = make_run(home / "runs", "20251124-100000-theirs-c3d4", name="theirs",
-                      status="succeeded", step=30, max_steps=100)
+    theirs = make_run(
+        home / "runs",
+        "20251124-100000-theirs-c3d4",
+        name="theirs",
+        status="succeeded",
+        step=30,
+        max_steps=100,
+    )
     for p in [theirs, *theirs.rglob("*")]:
         os.lchown(p, NOBODY, NOBODY)
     assert RUN_STATUS_STYLE[FOREIGN]
@@ -415,6 +487,7 @@ async def test_the_runs_list_shows_a_foreign_run_and_hides_what_acts_on_it(tmp_p
 
 # -- a stop while a launch is still starting its agent ----------------------------------------
 
+
 def _prepared(home: Path) -> Path:
     """A run as `launch` leaves it between writing state.json and its agent taking it."""
     from tunedeck.core.runs.launch import prepare_run
@@ -433,12 +506,16 @@ def test_a_stop_before_the_agent_took_the_run_is_carried_out_by_the_agent(td_hom
     run_dir = _prepared(td_home)
     stopper = subprocess.Popen(
         [sys.executable, "-m", "tunedeck.tui", "stop", run_dir.name, "--wait", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        env=dict(os.environ, TUNEDECK_HOME=str(td_home)))
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
+    )
     try:
-        time.sleep(1.5)     # the stop has looked at the run by now
+        time.sleep(1.5)  # the stop has looked at the run by now
         said_early = json.loads((run_dir / "state.json").read_text())
-        start_agent(run_dir)     # what launch does next
+        start_agent(run_dir)  # what launch does next
         out, err = stopper.communicate(timeout=120)
     finally:
         if stopper.poll() is None:
@@ -449,7 +526,8 @@ def test_a_stop_before_the_agent_took_the_run_is_carried_out_by_the_agent(td_hom
     final = json.loads((run_dir / "state.json").read_text())
     assert done["status"] == final["status"] == "stopped", (done, final)
     assert done["message"] == final["message"] and final["message"].startswith(
-        "stopped before start"), (done["message"], final["message"])
+        "stopped before start"
+    ), (done["message"], final["message"])
     assert "agent was gone" not in done["message"] + final["message"]
     assert not procs.marked_processes(run_dir.name)
 
@@ -474,11 +552,11 @@ def test_the_owner_lock_keeps_a_late_stop_from_overwriting_a_starting_agent(td_h
     agent pid writes nothing: the agent reads stop.json and ends the run itself."""
     run_dir = _prepared(td_home)
     st = json.loads((run_dir / "state.json").read_text())
-    st["created"] = time.time() - 3600      # not waited for
+    st["created"] = time.time() - 3600  # not waited for
     (run_dir / "state.json").write_text(json.dumps(st))
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # as the agent's main() does
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the agent's main() does
         control.request_stop(read_run(run_dir))
         after = json.loads((run_dir / "state.json").read_text())
         assert after["status"] == "pending" and (run_dir / "stop.json").exists(), after

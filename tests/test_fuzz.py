@@ -25,23 +25,47 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import OPTIONS, SpecError, loads_spec, parse_override
 from tunedeck.core.swift.flags import FlagTableError
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow,
-                                           HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 # what a payload would leave behind if anything ever ran it
 MARK = "/tmp/tunedeck-fuzz-pwned"
-PAYLOADS = [f"$(touch {MARK})", f"`touch {MARK}`", f"; touch {MARK}", f"&& touch {MARK}",
-            f"| touch {MARK}", f"\ntouch {MARK}\n", "'\"\\", "\x00", "\x1b[31m", "\u202e",
-            '"\n[env]\nLD_PRELOAD = "/tmp/x.so"', "]]\n[[x]]", "\r\n", "\u2028"]
+PAYLOADS = [
+    f"$(touch {MARK})",
+    f"`touch {MARK}`",
+    f"; touch {MARK}",
+    f"&& touch {MARK}",
+    f"| touch {MARK}",
+    f"\ntouch {MARK}\n",
+    "'\"\\",
+    "\x00",
+    "\x1b[31m",
+    "\u202e",
+    '"\n[env]\nLD_PRELOAD = "/tmp/x.so"',
+    "]]\n[[x]]",
+    "\r\n",
+    "\u2028",
+]
 
-texts = st.one_of(st.sampled_from(PAYLOADS),
-                  st.text(alphabet=st.characters(codec="utf-8"), max_size=40),
-                  st.text(alphabet=string.printable, max_size=40))
-keys = st.sampled_from(sorted(OPTIONS) + ["env.X", "env.HF_TOKEN", "nope.key", "train",
-                                          "train.max_steps.x", ""])
-values = st.one_of(texts, st.integers(-10**30, 10**30), st.floats(allow_nan=True),
-                   st.booleans(), st.lists(st.integers(-5, 5), max_size=3))
+texts = st.one_of(
+    st.sampled_from(PAYLOADS),
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=40),
+    st.text(alphabet=string.printable, max_size=40),
+)
+keys = st.sampled_from(
+    sorted(OPTIONS) + ["env.X", "env.HF_TOKEN", "nope.key", "train", "train.max_steps.x", ""]
+)
+values = st.one_of(
+    texts,
+    st.integers(-(10**30), 10**30),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.lists(st.integers(-5, 5), max_size=3),
+)
 
 
 def _toml_value(v) -> str:
@@ -68,7 +92,7 @@ def _plans_or_refuses(spec, tmp: Path) -> None:
         _, plan = plan_run(spec, RunDir(tmp / "<run-id>"), local=False, gpu_count=0)
     except (ValueError, FlagTableError):
         return
-    for node in plan.nodes:   # argv stays a list of words: no shell ever sees it
+    for node in plan.nodes:  # argv stays a list of words: no shell ever sees it
         assert all(isinstance(a, str) for a in node.argv)
 
 
@@ -79,14 +103,14 @@ def test_fuzzed_spec_files_load_or_are_refused_naming_the_key(tmp_path, pairs):
     for key, value in pairs:
         if "." in key:
             section, _, name = key.rpartition(".")
-            lines.append(f'[{section}]\n{name} = {_toml_value(value)}')
+            lines.append(f"[{section}]\n{name} = {_toml_value(value)}")
         elif key:
             lines.append(f"{key} = {_toml_value(value)}")
     text = "\n".join(lines) + "\n"
     try:
         tomllib.loads(text)
     except tomllib.TOMLDecodeError:
-        pass   # invalid TOML must be refused by loads_spec too, with the file named
+        pass  # invalid TOML must be refused by loads_spec too, with the file named
     try:
         spec = loads_spec(text, source="fuzz.toml", base_dir=tmp_path)
     except SpecError as e:
@@ -116,11 +140,37 @@ def test_fuzzed_set_values_load_or_are_refused(tmp_path, key, raw):
 
 commands = st.builds(
     lambda head, words: " ".join([head, *words]),
-    st.sampled_from(["swift sft", "swift rlhf", "megatron sft", "torchrun --nproc_per_node 2",
-                     "NPROC_PER_NODE=2 swift sft", "CUDA_VISIBLE_DEVICES=0,1 swift pt"]),
-    st.lists(st.one_of(st.sampled_from(["--model", "--dataset", "--tuner_type", "lora",
-                                        "--hub_token", "--lr", "1e-4", "\\", "'", '"']),
-                       texts), max_size=8))
+    st.sampled_from(
+        [
+            "swift sft",
+            "swift rlhf",
+            "megatron sft",
+            "torchrun --nproc_per_node 2",
+            "NPROC_PER_NODE=2 swift sft",
+            "CUDA_VISIBLE_DEVICES=0,1 swift pt",
+        ]
+    ),
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                [
+                    "--model",
+                    "--dataset",
+                    "--tuner_type",
+                    "lora",
+                    "--hub_token",
+                    "--lr",
+                    "1e-4",
+                    "\\",
+                    "'",
+                    '"',
+                ]
+            ),
+            texts,
+        ),
+        max_size=8,
+    ),
+)
 
 
 @SETTINGS
@@ -131,7 +181,7 @@ def test_fuzzed_pasted_commands_import_or_are_refused(tmp_path, command):
     except (CommandImportError, FlagTableError):
         return
     text = imported.to_toml()
-    spec = loads_spec(text, source="imported.toml", base_dir=tmp_path)   # loads back
+    spec = loads_spec(text, source="imported.toml", base_dir=tmp_path)  # loads back
     # nothing the paste carried became a live key it did not ask for
     assert "LD_PRELOAD" not in spec.env
     _plans_or_refuses(spec, tmp_path)
@@ -143,19 +193,43 @@ def test_fuzzed_pasted_commands_import_or_are_refused(tmp_path, command):
 # run unreadable or unstoppable, or reach state.json as anything but strict JSON.
 
 odd_values = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**70, 2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-    st.lists(st.integers(-3, 3), max_size=2), st.dictionaries(st.text(max_size=3),
-                                                              st.integers(), max_size=2))
-EVENT_KEYS = ("step", "loss", "lr", "t", "tokens_per_s", "rank", "grad_norm", "step_s",
-              "data_wait_s", "mem_gib", "tokens", "kind", "max_steps")
-event_lines = st.lists(st.one_of(
-    st.fixed_dictionaries({"kind": st.sampled_from(["step", "eval", "start", "end"]),
-                           "rank": st.one_of(st.just(0), odd_values)},
-                          optional={k: odd_values for k in EVENT_KEYS if k not in ("kind",
-                                                                                   "rank")}),
-    st.sampled_from(["[1, 2]", '"step"', "{", "null", '{"kind": "step", "step": 1e999}'])),
-    min_size=1, max_size=6)
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-3, 3), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+EVENT_KEYS = (
+    "step",
+    "loss",
+    "lr",
+    "t",
+    "tokens_per_s",
+    "rank",
+    "grad_norm",
+    "step_s",
+    "data_wait_s",
+    "mem_gib",
+    "tokens",
+    "kind",
+    "max_steps",
+)
+event_lines = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {
+                "kind": st.sampled_from(["step", "eval", "start", "end"]),
+                "rank": st.one_of(st.just(0), odd_values),
+            },
+            optional={k: odd_values for k in EVENT_KEYS if k not in ("kind", "rank")},
+        ),
+        st.sampled_from(["[1, 2]", '"step"', "{", "null", '{"kind": "step", "step": 1e999}']),
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -166,15 +240,16 @@ def fuzz_run(tmp_path_factory):
     from tunedeck.core.spec import loads_spec
 
     data = Path(__file__).resolve().parent.parent / "presets" / "data" / "demo_chat.jsonl"
-    spec = loads_spec(f'name = "fuzz"\n[data]\npath = "{data}"\n[cluster]\ndevice = "cpu"\n'
-                      'cpu_procs = 2\n', source="<fuzz>")
+    spec = loads_spec(
+        f'name = "fuzz"\n[data]\npath = "{data}"\n[cluster]\ndevice = "cpu"\ncpu_procs = 2\n',
+        source="<fuzz>",
+    )
     return prepare_run(spec, tmp_path_factory.mktemp("fuzz-home") / "runs")
 
 
 @SETTINGS
 @given(event_lines)
-def test_fuzzed_event_lines_never_reach_state_json_or_hide_the_run(fuzz_run, monkeypatch,
-                                                                   lines):
+def test_fuzzed_event_lines_never_reach_state_json_or_hide_the_run(fuzz_run, monkeypatch, lines):
     import json as _json
 
     from tunedeck.core.runs.agent import Agent
@@ -201,24 +276,54 @@ def test_fuzzed_event_lines_never_reach_state_json_or_hide_the_run(fuzz_run, mon
 
     def refuse(name):
         raise AssertionError(f"state.json holds {name}")
+
     state = _json.loads(agent.rundir.state.read_text(), parse_constant=refuse)
     prog = state["progress"]
     assert type(prog["step"]) is int and 0 <= prog["step"] < 2**63
     for k in ("loss", "lr", "tokens_per_s", "t"):
-        assert prog.get(k) is None or (type(prog[k]) in (int, float)
-                                       and math.isfinite(prog[k])), (k, prog)
+        assert prog.get(k) is None or (type(prog[k]) in (int, float) and math.isfinite(prog[k])), (
+            k,
+            prog,
+        )
     info = read_run(agent.rundir.path)
     assert info is not None and not info.damaged, info and info.message
 
 
 state_changes = st.dictionaries(
-    st.sampled_from(["run_id", "name", "status", "message", "created", "started", "ended",
-                     "agent_pid", "torchrun_pid", "worker_pids", "pgids", "pid_identity",
-                     "rank_pids", "launches", "progress", "exit_code", "master_port",
-                     "attempt", "stop_requested", "beat", "survivors", "attempts"]),
-    st.one_of(odd_values, st.fixed_dictionaries(
-        {}, optional={k: odd_values for k in ("step", "max_steps", "loss", "lr", "t")})),
-    max_size=4)
+    st.sampled_from(
+        [
+            "run_id",
+            "name",
+            "status",
+            "message",
+            "created",
+            "started",
+            "ended",
+            "agent_pid",
+            "torchrun_pid",
+            "worker_pids",
+            "pgids",
+            "pid_identity",
+            "rank_pids",
+            "launches",
+            "progress",
+            "exit_code",
+            "master_port",
+            "attempt",
+            "stop_requested",
+            "beat",
+            "survivors",
+            "attempts",
+        ]
+    ),
+    st.one_of(
+        odd_values,
+        st.fixed_dictionaries(
+            {}, optional={k: odd_values for k in ("step", "max_steps", "loss", "lr", "t")}
+        ),
+    ),
+    max_size=4,
+)
 
 
 @SETTINGS

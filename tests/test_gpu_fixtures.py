@@ -25,6 +25,7 @@ from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.runs.store import Store, read_events, read_findings
 from tunedeck.tui.commands.diagnose import collect
 
+
 def _series(run_dir, kind, *args, **kw):
     with Store(run_dir) as store:
         return store.telemetry_series(kind, *args, **kw)
@@ -52,8 +53,7 @@ def roots(fs: list[Finding]) -> list[Finding]:
 
 def steady(name: str, rank: int, key: str, skip: int = 10) -> float:
     """Median of a step field after the first `skip` steps (a GPU's first steps take seconds)."""
-    xs = sorted(e[key] for e in read_events(run_dir(name), "step", rank=rank)
-                if e["step"] > skip)
+    xs = sorted(e[key] for e in read_events(run_dir(name), "step", rank=rank) if e["step"] > skip)
     return xs[len(xs) // 2]
 
 
@@ -61,7 +61,7 @@ class RecordedTelemetry:
     """The run's recorded 1 s GPU samples, answering what the detectors ask of the sampler."""
 
     def __init__(self, d: Path, t0: float, t1: float, local_world: int = 2):
-        ser = _series(d, "gpu", t0, t1, max_points=10 ** 6, metrics=["util"])
+        ser = _series(d, "gpu", t0, t1, max_points=10**6, metrics=["util"])
         assert ser["resolution_s"] == 1, ser["resolution_s"]
         self.util = {g: list(zip(s["t"], s["util"])) for g, s in ser["series"].items()}
         self.local_world = local_world
@@ -80,9 +80,11 @@ def replay(name: str, stall_floor_s: float = 60.0) -> tuple[list[Finding], float
     events = sorted(read_events(d), key=lambda e: e["t"])
     t0, t1 = events[0]["t"], state(name)["ended"]
     tel = RecordedTelemetry(d, t0, t1)
-    detectors = [StarvationDetector(telemetry=tel, local_world=2),
-                 StallDetector(floor_s=stall_floor_s, telemetry=tel, local_world=2),
-                 StragglerDetector(telemetry=tel, local_world=2)]
+    detectors = [
+        StarvationDetector(telemetry=tel, local_world=2),
+        StallDetector(floor_s=stall_floor_s, telemetry=tel, local_world=2),
+        StragglerDetector(telemetry=tel, local_world=2),
+    ]
     found: list[Finding] = []
     i, now = 0, t0
     while now <= t1:
@@ -101,8 +103,14 @@ def replay(name: str, stall_floor_s: float = 60.0) -> tuple[list[Finding], float
 def test_fixtures_are_gpu_runs_and_small():
     total = sum(f.stat().st_size for f in H200.rglob("*") if f.is_file())
     assert total < 2_000_000
-    for name in ("slow_rank", "starved_loader", "hung_rank", "loader_killed",
-                 "loader_killed_hang", "rank_killed"):
+    for name in (
+        "slow_rank",
+        "starved_loader",
+        "hung_rank",
+        "loader_killed",
+        "loader_killed_hang",
+        "rank_killed",
+    ):
         starts = read_events(run_dir(name), "start")
         assert {e["device"] for e in starts} == {"cuda:0", "cuda:1"}, name
         assert {e["world_size"] for e in starts} == {2}
@@ -117,14 +125,15 @@ def test_slow_rank_is_the_straggler_by_compute_time_not_step_time():
     assert abs(s1 - s0) / s0 < 0.05 and s0 > c1
 
     recorded = stored("slow_rank")
-    assert recorded and {(f["category"], f["rank"], f["severity"]) for f in recorded} == \
-        {("straggler", 1, "warning")}
+    assert recorded and {(f["category"], f["rank"], f["severity"]) for f in recorded} == {
+        ("straggler", 1, "warning")
+    }
 
     found, first = replay("slow_rank")
     # once: noisy warm-up steps must not make it "recover" and report again (it did, live)
     assert [(f.category, f.rank) for f in found] == [("straggler", 1)]
     f = found[0]
-    assert f.t - first < 15                  # named within seconds of the first step
+    assert f.t - first < 15  # named within seconds of the first step
     assert any("GPU utilisation, last 60 s: GPU 0 (rank 0)" in e for e in f.evidence)
     # healthy logs: nothing wrong in them
     assert [x for x in diagnose_run(run_dir("slow_rank")) if x.severity != "info"] == []
@@ -135,8 +144,11 @@ def test_starved_loader_names_rank_1_and_gpu_telemetry_shows_the_idle_gpu():
     assert steady("starved_loader", 0, "data_wait_s") < 0.01
 
     [rec] = stored("starved_loader")
-    assert (rec["category"], rec["rank"], rec["severity"]) == \
-        ("dataloader_starvation", 1, "warning")
+    assert (rec["category"], rec["rank"], rec["severity"]) == (
+        "dataloader_starvation",
+        1,
+        "warning",
+    )
 
     found, first = replay("starved_loader")
     assert [(f.category, f.rank) for f in found] == [("dataloader_starvation", 1)]
@@ -189,8 +201,11 @@ def test_hung_rank_through_the_cli(tmp_path):
     fs = json.loads(out.stdout)
     cats = {(f["category"], f["rank"]) for f in fs}
     assert ("nccl_timeout", 0) in cats and ("stall", None) in cats
-    assert [f["category"] for f in fs if f["root_cause"] and f["severity"] == "error"
-            and f["source"] != "events"] == ["nccl_timeout"]
+    assert [
+        f["category"]
+        for f in fs
+        if f["root_cause"] and f["severity"] == "error" and f["source"] != "events"
+    ] == ["nccl_timeout"]
 
 
 def test_killed_loader_worker_fails_the_run_with_rank_1_as_root_cause():
@@ -202,8 +217,10 @@ def test_killed_loader_worker_fails_the_run_with_rank_1_as_root_cause():
     assert {(f.category, f.rank) for f in fs if not f.root_cause} == {("worker_sigkill", 0)}
     st = state("loader_killed")
     assert st["status"] == "failed" and st["exit_code"] == 1
-    assert {f["category"] for f in stored("loader_killed")} == \
-        {"dataloader_worker_killed", "worker_sigkill"}
+    assert {f["category"] for f in stored("loader_killed")} == {
+        "dataloader_worker_killed",
+        "worker_sigkill",
+    }
     found, _ = replay("loader_killed")
     assert not [f for f in found if f.category in FAULT_CATEGORIES]
 
@@ -250,8 +267,9 @@ def test_worker_killed_with_a_batch_in_flight_is_a_dead_loader_worker(tmp_path):
     script = Path(__file__).resolve().parent / "scripts" / "loader_killed_in_flight.py"
     log = tmp_path / "stderr.log"
     with log.open("wb") as f:
-        rc = subprocess.run([sys.executable, str(script)], stdout=f, stderr=subprocess.STDOUT,
-                            timeout=120).returncode
+        rc = subprocess.run(
+            [sys.executable, str(script)], stdout=f, stderr=subprocess.STDOUT, timeout=120
+        ).returncode
     text = log.read_text()
     assert rc == 1 and "resource_sharer.py" in text, text[-2000:]
     [root] = roots(diagnose_files([log]))

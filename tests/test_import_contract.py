@@ -10,19 +10,21 @@ from tests.conftest import REPO
 
 
 def test_import_linter_contract_holds():
-    exe = shutil.which("lint-imports") or str(__import__("pathlib").Path(sys.executable).parent
-                                               / "lint-imports")
+    exe = shutil.which("lint-imports") or str(
+        __import__("pathlib").Path(sys.executable).parent / "lint-imports"
+    )
     proc = subprocess.run([exe], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 kept, 0 broken" in proc.stdout
 
 
 def test_cli_and_core_start_without_textual_or_torch():
-    code = ("import sys, tunedeck.tui.cli, tunedeck.core.runs.agent, tunedeck.core.runs.watch, tunedeck.core.runs.control;"
-            "bad=[m for m in ('textual','torch','transformers') if m in sys.modules];"
-            "print(bad); sys.exit(1 if bad else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True)
+    code = (
+        "import sys, tunedeck.tui.cli, tunedeck.core.runs.agent, tunedeck.core.runs.watch, tunedeck.core.runs.control;"
+        "bad=[m for m in ('textual','torch','transformers') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -36,9 +38,16 @@ def test_no_module_imports_the_source_folders_by_their_own_names():
         for path in (REPO / folder).rglob("*.py"):
             tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
             for node in ast.walk(tree):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
                     else []
-                bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
-                        if n.split(".")[0] in ("core", "tui")]
+                )
+                bad += [
+                    f"{path.relative_to(REPO)}:{node.lineno}: {n}"
+                    for n in names
+                    if n.split(".")[0] in ("core", "tui")
+                ]
     assert not bad, "\n".join(bad)

@@ -20,7 +20,7 @@ INJECT = '\n[env]\nLD_PRELOAD = "/tmp/evil.so"\nbackend = "script"\n'
 PAYLOADS = [
     INJECT,
     "\r" + INJECT.replace("\n", "\r\n"),
-    "\r[env]\rLD_PRELOAD = \"/tmp/evil.so\"",
+    '\r[env]\rLD_PRELOAD = "/tmp/evil.so"',
     '"\n[env]\nLD_PRELOAD = "/x"\n"',
     "'''\n[env]\nLD_PRELOAD = '/x'\n'''",
     "]]\n[[env]]\nx=1\n[env]\nLD_PRELOAD='/x'",
@@ -54,8 +54,20 @@ def _check(text: str, imp) -> dict:
 @needs_swift
 @pytest.mark.parametrize("payload", PAYLOADS, ids=IDS)
 def test_swift_words_with_payloads_load_back_as_meant(payload, model_cache):
-    command = shlex.join(["swift", "sft", "--model", "m", "--dataset", "d" + payload,
-                          "--my_flag", payload, "--output_dir", payload])
+    command = shlex.join(
+        [
+            "swift",
+            "sft",
+            "--model",
+            "m",
+            "--dataset",
+            "d" + payload,
+            "--my_flag",
+            payload,
+            "--output_dir",
+            payload,
+        ]
+    )
     if "\x00" in payload:
         return _nul_is_refused(command)
     imp = import_command(command)
@@ -71,23 +83,24 @@ def test_swift_words_with_payloads_load_back_as_meant(payload, model_cache):
 
 @pytest.mark.parametrize("payload", PAYLOADS, ids=IDS)
 def test_script_words_with_payloads_load_back_as_meant(payload):
-    command = shlex.join(["torchrun", "--nproc_per_node", "2", "train" + payload + ".py",
-                          "--note", payload])
+    command = shlex.join(
+        ["torchrun", "--nproc_per_node", "2", "train" + payload + ".py", "--note", payload]
+    )
     if "\x00" in payload:
         return _nul_is_refused(command)
     imp = import_command(command)
     loaded = _check(imp.to_toml(), imp)
     assert loaded["backend"] == "script" and "env" not in loaded
-    assert loaded["script"] == {"path": "train" + payload + ".py",
-                                "args": ["--note", payload]}
+    assert loaded["script"] == {"path": "train" + payload + ".py", "args": ["--note", payload]}
     assert loaded["cluster"] == {"nproc_per_node": 2, "device": "cuda"}
 
 
 @pytest.mark.parametrize("payload", PAYLOADS, ids=IDS)
 def test_environment_values_and_warnings_with_payloads(payload):
     """A value before the command (env) and a note that quotes user text."""
-    command = shlex.join(["NCCL_DEBUG=" + payload, "torchrun", "--monitor-interval", payload,
-                          "train.py"])
+    command = shlex.join(
+        ["NCCL_DEBUG=" + payload, "torchrun", "--monitor-interval", payload, "train.py"]
+    )
     if "\x00" in payload:
         return _nul_is_refused(command)
     imp = import_command(command)
@@ -104,8 +117,10 @@ def _nul_is_refused(command: str) -> None:
 
 
 def test_secrets_are_not_written_to_the_spec(model_cache):
-    imp = import_command("HF_TOKEN=hf_SECRET1 torchrun --nproc_per_node 1 train.py "
-                         "--api-key=SECRET2 --password SECRET3 --lr 1")
+    imp = import_command(
+        "HF_TOKEN=hf_SECRET1 torchrun --nproc_per_node 1 train.py "
+        "--api-key=SECRET2 --password SECRET3 --lr 1"
+    )
     text = imp.to_toml()
     assert "SECRET" not in text
     assert imp.raw["script"]["args"] == ["--lr", "1"]
@@ -115,8 +130,9 @@ def test_secrets_are_not_written_to_the_spec(model_cache):
 
 @needs_swift
 def test_swift_hub_token_is_not_kept_in_extra_args(model_cache):
-    imp = import_command("swift sft --model m --dataset d.jsonl --hub_token ms_SECRET "
-                         "--swanlab_token=sw_SECRET")
+    imp = import_command(
+        "swift sft --model m --dataset d.jsonl --hub_token ms_SECRET --swanlab_token=sw_SECRET"
+    )
     text = imp.to_toml()
     assert "SECRET" not in text
     assert "--hub_token" not in imp.raw.get("swift", {}).get("extra_args", [])

@@ -16,12 +16,18 @@ def test_swift_console_with_tqdm_glued_by_cr(tmp_path):
     lines = []
     for i in range(1, 6):
         bar = f"Train: {i * 20:3d}%|██   | {i}/5 [00:0{i}<00:01,  4.00it/s]"
-        d = {"loss": f"{7 - i / 10:.4g}", "grad_norm": "1.5", "learning_rate": "9e-05",
-             "epoch": f"{i / 10:.4g}", "global_step/max_steps": f"{i}/5",
-             "train_speed(s/it)": "0.25"}
+        d = {
+            "loss": f"{7 - i / 10:.4g}",
+            "grad_norm": "1.5",
+            "learning_rate": "9e-05",
+            "epoch": f"{i / 10:.4g}",
+            "global_step/max_steps": f"{i}/5",
+            "train_speed(s/it)": "0.25",
+        }
         lines.append(bar + "\r" + str(d) + "\r" + bar)
-    lines.append(str({"train_runtime": "0.838", "train_loss": "6.905",
-                      "global_step/max_steps": "5/5"}))
+    lines.append(
+        str({"train_runtime": "0.838", "train_loss": "6.905", "global_step/max_steps": "5/5"})
+    )
     p = tmp_path / "swift.log"
     p.write_text("\n".join(lines) + "\n")
     recs = records_from_file(p)
@@ -32,12 +38,26 @@ def test_swift_console_with_tqdm_glued_by_cr(tmp_path):
 
 def test_swift_logging_jsonl_and_iter_per_s(tmp_path):
     p = tmp_path / "logging.jsonl"
-    rows = [{"loss": 6.91, "grad_norm": 1.55, "learning_rate": 9e-05, "epoch": 0.08,
-             "global_step/max_steps": "1/2", "train_speed(iter/s)": 4.0},
-            {"loss": 6.89, "grad_norm": 1.60, "learning_rate": 6e-05, "epoch": 0.16,
-             "global_step/max_steps": "2/2", "train_speed(s/it)": 0.2},
-            {"eval_loss": 6.5, "epoch": 0.16, "global_step/max_steps": "2/2"},
-            {"train_runtime": 1.0, "train_loss": 6.9, "global_step/max_steps": "2/2"}]
+    rows = [
+        {
+            "loss": 6.91,
+            "grad_norm": 1.55,
+            "learning_rate": 9e-05,
+            "epoch": 0.08,
+            "global_step/max_steps": "1/2",
+            "train_speed(iter/s)": 4.0,
+        },
+        {
+            "loss": 6.89,
+            "grad_norm": 1.60,
+            "learning_rate": 6e-05,
+            "epoch": 0.16,
+            "global_step/max_steps": "2/2",
+            "train_speed(s/it)": 0.2,
+        },
+        {"eval_loss": 6.5, "epoch": 0.16, "global_step/max_steps": "2/2"},
+        {"train_runtime": 1.0, "train_loss": 6.9, "global_step/max_steps": "2/2"},
+    ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     recs = records_from_file(p)
     assert len(recs) == 2
@@ -52,7 +72,8 @@ def test_hf_trainer_dicts_take_the_step_from_the_bar(tmp_path):
         "{'loss': '6.893', 'grad_norm': '0.51', 'learning_rate': '4e-05', 'epoch': '0.5'}\n"
         " 67%|██████▋   | 20/30 [00:02<00:01,  9.1it/s]\r"
         "{'loss': '6.7', 'grad_norm': '0.5', 'learning_rate': '2e-05', 'epoch': '1'}\n"
-        "{'eval_loss': '6.6', 'eval_runtime': '0.1', 'epoch': '1'}\n")
+        "{'eval_loss': '6.6', 'eval_runtime': '0.1', 'epoch': '1'}\n"
+    )
     recs = records_from_file(p)
     assert [(r["step"], r["max_steps"]) for r in recs] == [(10, 30), (20, 30)]
     assert recs[1]["eval_loss"] == 6.6
@@ -63,13 +84,26 @@ def test_events_of_two_ranks_deduplicated_and_restart_wins(tmp_path):
     ev.mkdir()
     for rank in (0, 1):
         rows = [{"t": 1.0, "kind": "start", "rank": rank, "max_steps": 3}]
-        rows += [{"t": 1.0 + s, "kind": "step", "rank": rank, "step": s, "loss": 5.0 - s,
-                  "lr": 1e-4, "grad_norm": 0.5, "tokens_per_s": 100.0 + rank, "step_s": 0.1}
-                 for s in (1, 2)]
+        rows += [
+            {
+                "t": 1.0 + s,
+                "kind": "step",
+                "rank": rank,
+                "step": s,
+                "loss": 5.0 - s,
+                "lr": 1e-4,
+                "grad_norm": 0.5,
+                "tokens_per_s": 100.0 + rank,
+                "step_s": 0.1,
+            }
+            for s in (1, 2)
+        ]
         # a restart repeats step 2 with a different loss
-        rows += [{"t": 9.0, "kind": "start", "rank": rank, "max_steps": 3},
-                 {"t": 10.0, "kind": "step", "rank": rank, "step": 2, "loss": None, "lr": 1e-4},
-                 {"t": 11.0, "kind": "step", "rank": rank, "step": 3, "loss": 1.5, "lr": 1e-4}]
+        rows += [
+            {"t": 9.0, "kind": "start", "rank": rank, "max_steps": 3},
+            {"t": 10.0, "kind": "step", "rank": rank, "step": 2, "loss": None, "lr": 1e-4},
+            {"t": 11.0, "kind": "step", "rank": rank, "step": 3, "loss": 1.5, "lr": 1e-4},
+        ]
         (ev / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recs = records_from_run(tmp_path)
     assert [r["step"] for r in recs] == [1, 2, 3]

@@ -26,29 +26,52 @@ T0 = 1.7e9
 def _spec(ranks: int):
     from tunedeck.core.spec import loads_spec
 
-    return loads_spec(f'name = "long"\n[data]\npath = "/dev/null"\n[train]\n'
-                      f'max_steps = 100000000\n[cluster]\ndevice = "cpu"\n'
-                      f'cpu_procs = {ranks}\n', source="<test>")
+    return loads_spec(
+        f'name = "long"\n[data]\npath = "/dev/null"\n[train]\n'
+        f'max_steps = 100000000\n[cluster]\ndevice = "cpu"\n'
+        f"cpu_procs = {ranks}\n",
+        source="<test>",
+    )
 
 
 def step_line(rank: int, step: int) -> str:
-    return json.dumps({"t": T0 + step * 0.5, "kind": "step", "rank": rank, "step": step,
-                       "loss": 2.0 + 1 / (1 + step), "lr": 1e-4, "grad_norm": 0.5 + step % 7,
-                       "tokens": 8192, "step_s": 0.5, "data_wait_s": 0.004,
-                       "compute_s": 0.3, "mem_gib": 61.3, "tokens_per_s": 16384.0,
-                       "epoch": 0, "mfu": 0.41}) + "\n"
+    return (
+        json.dumps(
+            {
+                "t": T0 + step * 0.5,
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "loss": 2.0 + 1 / (1 + step),
+                "lr": 1e-4,
+                "grad_norm": 0.5 + step % 7,
+                "tokens": 8192,
+                "step_s": 0.5,
+                "data_wait_s": 0.004,
+                "compute_s": 0.3,
+                "mem_gib": 61.3,
+                "tokens_per_s": 16384.0,
+                "epoch": 0,
+                "mfu": 0.41,
+            }
+        )
+        + "\n"
+    )
 
 
-_LINE = ('{"t": %r, "kind": "step", "rank": %d, "step": %d, "loss": %r, "lr": 0.0001, '
-         '"grad_norm": 0.5, "tokens": 8192, "step_s": 0.5, "data_wait_s": 0.004, '
-         '"compute_s": 0.3, "mem_gib": 61.3, "tokens_per_s": 16384.0, "epoch": 0, '
-         '"mfu": 0.41}\n')
+_LINE = (
+    '{"t": %r, "kind": "step", "rank": %d, "step": %d, "loss": %r, "lr": 0.0001, '
+    '"grad_norm": 0.5, "tokens": 8192, "step_s": 0.5, "data_wait_s": 0.004, '
+    '"compute_s": 0.3, "mem_gib": 61.3, "tokens_per_s": 16384.0, "epoch": 0, '
+    '"mfu": 0.41}\n'
+)
 
 
 def fast_lines(rank: int, first: int, n: int) -> str:
     """n step lines in step_line's schema, formatted without json.dumps."""
-    return "".join(_LINE % (T0 + s * 0.5, rank, s, 2.0 + 1 / (1 + s))
-                   for s in range(first, first + n))
+    return "".join(
+        _LINE % (T0 + s * 0.5, rank, s, 2.0 + 1 / (1 + s)) for s in range(first, first + n)
+    )
 
 
 def synth_run(root: Path, ranks: int, steps: int) -> Path:
@@ -59,8 +82,9 @@ def synth_run(root: Path, ranks: int, steps: int) -> Path:
 
     run = RunDir(prepare_run(_spec(ranks), root))
     for r in range(ranks):
-        run.event_file(r).write_text(json.dumps({"t": T0, "kind": "start", "rank": r,
-                                                 "max_steps": 100000000}) + "\n")
+        run.event_file(r).write_text(
+            json.dumps({"t": T0, "kind": "start", "rank": r, "max_steps": 100000000}) + "\n"
+        )
     with Store(run, write=True) as store:
         store.ingest()
         db = store.db
@@ -69,13 +93,16 @@ def synth_run(root: Path, ranks: int, steps: int) -> Path:
                 "WITH RECURSIVE k(s) AS (SELECT 1 UNION ALL SELECT s + 1 FROM k WHERE s < ?) "
                 "INSERT INTO steps SELECT ?, s, ? + s * 0.5, 2.0 + 1.0 / (1 + s), 0.0001, "
                 "0.5 + s % 7, 16384.0, 0.5, 0.004, 61.3, 0.41, 0, 8192, 100000000, NULL FROM k",
-                (steps, r, T0))
+                (steps, r, T0),
+            )
             db.execute(
                 "WITH RECURSIVE k(s) AS (SELECT 1 UNION ALL SELECT s + 1 FROM k WHERE s < ?) "
                 "INSERT INTO events(rank, kind, step, t, data) SELECT ?, 'step', s, "
-                "? + s * 0.5, printf('{\"kind\": \"step\", \"rank\": %d, \"step\": %d}', ?, s) "
-                "FROM k", (steps, r, T0, r))
-        for size in TIERS:   # rebuilt from the steps by the next writer, as for an old run.db
+                '? + s * 0.5, printf(\'{"kind": "step", "rank": %d, "step": %d}\', ?, s) '
+                "FROM k",
+                (steps, r, T0, r),
+            )
+        for size in TIERS:  # rebuilt from the steps by the next writer, as for an old run.db
             db.execute(f"DROP TABLE steps_{size}")
         db.commit()
     Store(run, write=True).close()
@@ -132,11 +159,13 @@ def test_agent_memory_and_poll_cost_do_not_grow_from_10k_to_1m_steps(tmp_path, m
     monkeypatch.setenv("TUNEDECK_FAKE_NVML", "2")
     small = synth_run(tmp_path / "small", 2, 10_000)
     big = synth_run(tmp_path / "big", 2, 1_000_000)
-    agent_cost(small, 2, 10_000, ticks=8)    # imports and first-use costs out of the way
+    agent_cost(small, 2, 10_000, ticks=8)  # imports and first-use costs out of the way
     cpu_small, mem_small = agent_cost(small, 2, 10_000 + 32)
     cpu_big, mem_big = agent_cost(big, 2, 1_000_000)
-    print(f"per tick {cpu_small * 1e3:.2f} ms -> {cpu_big * 1e3:.2f} ms; "
-          f"held {mem_small / 2**20:.2f} MiB -> {mem_big / 2**20:.2f} MiB")
+    print(
+        f"per tick {cpu_small * 1e3:.2f} ms -> {cpu_big * 1e3:.2f} ms; "
+        f"held {mem_small / 2**20:.2f} MiB -> {mem_big / 2**20:.2f} MiB"
+    )
     # 100x the history: the same per-tick work (noise allowed) and the same memory
     assert cpu_big < 2.0 * cpu_small + 0.002
     assert mem_big < 1.3 * mem_small + (256 << 10)
@@ -150,17 +179,38 @@ def test_diagnose_reads_event_files_as_data(tmp_path):
 
     ev = tmp_path / "events"
     ev.mkdir()
-    lines0 = [json.dumps({"t": T0, "kind": "start", "rank": 0, "max_steps": 10,
-                          "model": "torch.OutOfMemoryError: CUDA out of memory. Tried to "
-                                   "allocate 2.00 GiB. GPU 0"})]
+    lines0 = [
+        json.dumps(
+            {
+                "t": T0,
+                "kind": "start",
+                "rank": 0,
+                "max_steps": 10,
+                "model": "torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                "allocate 2.00 GiB. GPU 0",
+            }
+        )
+    ]
     lines0 += [step_line(0, s).strip() for s in range(1, 6)]
-    lines0.append(json.dumps({"t": T0 + 6, "kind": "step", "rank": 0, "step": 6,
-                              "loss": None, "grad_norm": 0.5}))
+    lines0.append(
+        json.dumps(
+            {"t": T0 + 6, "kind": "step", "rank": 0, "step": 6, "loss": None, "grad_norm": 0.5}
+        )
+    )
     (ev / "rank0.jsonl").write_text("\n".join(lines0) + "\n")
     lines1 = [step_line(1, s).strip() for s in range(1, 4)]
-    lines1.append(json.dumps({"t": T0 + 9, "kind": "end", "rank": 1, "step": 3,
-                              "reason": "failed", "error": "RuntimeError: DataLoader worker "
-                              "(pid 1075) is killed by signal: Killed. "}))
+    lines1.append(
+        json.dumps(
+            {
+                "t": T0 + 9,
+                "kind": "end",
+                "rank": 1,
+                "step": 3,
+                "reason": "failed",
+                "error": "RuntimeError: DataLoader worker (pid 1075) is killed by signal: Killed. ",
+            }
+        )
+    )
     (ev / "rank1.jsonl").write_text("\n".join(lines1) + "\n")
     found = diagnose_run(tmp_path)
     cats = {(f.category, f.rank) for f in found}
@@ -173,8 +223,13 @@ def test_diagnose_reads_event_files_as_data(tmp_path):
 
 
 def metrics(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +241,15 @@ def cases(tmp_path_factory):
 def test_metrics_since_every_last_narrow_the_whole_output(cases, case):
     whole = json.loads(metrics(str(cases[case]), "--json").stdout)
     steps = [r["step"] for r in whole]
-    for args, want in ((["--since", "25"], [r for r in whole if r["step"] >= 25]),
-                       (["--every", "10"], [r for r in whole if r["step"] % 10 == 0]),
-                       (["--last", "5"], whole[-5:]),
-                       (["--since", "3", "--every", "2", "--last", "3"],
-                        [r for r in whole if r["step"] >= 3 and r["step"] % 2 == 0][-3:])):
+    for args, want in (
+        (["--since", "25"], [r for r in whole if r["step"] >= 25]),
+        (["--every", "10"], [r for r in whole if r["step"] % 10 == 0]),
+        (["--last", "5"], whole[-5:]),
+        (
+            ["--since", "3", "--every", "2", "--last", "3"],
+            [r for r in whole if r["step"] >= 3 and r["step"] % 2 == 0][-3:],
+        ),
+    ):
         got = json.loads(metrics(str(cases[case]), "--json", *args).stdout)
         assert got == want, (case, args, steps)
     text = metrics(str(cases[case]), "--last", "2").stdout.splitlines()
@@ -201,7 +260,7 @@ def test_metrics_refuses_bad_narrowing_in_one_line(cases):
     for args in (["--every", "0"], ["--last", "x"], ["--since", "-1"]):
         p = metrics(str(cases["restart"]), *args)
         assert p.returncode == 2 and "Traceback" not in p.stderr
-        assert len(p.stderr.strip().splitlines()) <= 3   # argparse: usage + the one error
+        assert len(p.stderr.strip().splitlines()) <= 3  # argparse: usage + the one error
 
 
 def test_metrics_streams_a_long_run(tmp_path):
@@ -213,8 +272,11 @@ def test_metrics_streams_a_long_run(tmp_path):
 
     def peak(*args: str) -> tuple[float, float, int]:
         t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
-                             stdout=subprocess.PIPE, cwd=REPO)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+        )
         n = sum(chunk.count(b"\n") for chunk in iter(lambda: p.stdout.read(1 << 20), b""))
         _, status, ru = __import__("os").wait4(p.pid, 0)
         assert status == 0
@@ -224,9 +286,23 @@ def test_metrics_streams_a_long_run(tmp_path):
     rss_big, _, lines_big = peak(str(runs[300_000]), "--json")
     assert lines_big > 25 * lines_small
     assert rss_big < rss_small * 1.25 + 8, (rss_small, rss_big)
-    got = json.loads(subprocess.run(
-        [sys.executable, "-m", "tunedeck.tui.cli", "metrics", str(runs[300_000]), "--json",
-         "--last", "3"], capture_output=True, text=True, cwd=REPO).stdout)
+    got = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tunedeck.tui.cli",
+                "metrics",
+                str(runs[300_000]),
+                "--json",
+                "--last",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        ).stdout
+    )
     assert [r["step"] for r in got] == [299_998, 299_999, 300_000]
     assert got[-1]["tokens"] == 8192 and isinstance(got[-1]["epoch"], int)
     del resource
@@ -236,8 +312,9 @@ def _ev(**e) -> str:
     return json.dumps(e) + "\n"
 
 
-@pytest.mark.parametrize("shape", ["others_ahead", "others_behind", "eval_only_other",
-                                   "lead_lacks_field"])
+@pytest.mark.parametrize(
+    "shape", ["others_ahead", "others_behind", "eval_only_other", "lead_lacks_field"]
+)
 def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
     """The SQL stream gives what the parsers' whole-run merge gives (the lowest rank wins,
     the others fill), on a run the agent's Store ingested."""
@@ -247,10 +324,12 @@ def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
 
     ev = tmp_path / "events"
     ev.mkdir()
-    spans = {"others_ahead": {0: (1, 20), 1: (1, 23), 2: (1, 21)},
-             "others_behind": {0: (5, 20), 1: (1, 20), 2: (3, 20)},
-             "eval_only_other": {0: (1, 20), 1: (1, 20)},
-             "lead_lacks_field": {0: (1, 20), 1: (1, 20)}}[shape]
+    spans = {
+        "others_ahead": {0: (1, 20), 1: (1, 23), 2: (1, 21)},
+        "others_behind": {0: (5, 20), 1: (1, 20), 2: (3, 20)},
+        "eval_only_other": {0: (1, 20), 1: (1, 20)},
+        "lead_lacks_field": {0: (1, 20), 1: (1, 20)},
+    }[shape]
     for r, (a, b) in spans.items():
         body = [_ev(t=T0, kind="start", rank=r, max_steps=30)]
         for s in range(a, b + 1):

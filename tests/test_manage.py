@@ -16,19 +16,36 @@ from tests.conftest import DEMO, REPO
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.runs import launch
-from tunedeck.core.runs.manage import (ManageError, clone_spec, complete_checkpoints,
-                                       delete_run, live_reason, newest_checkpoint, plan_delete,
-                                       resume_spec)
+from tunedeck.core.runs.manage import (
+    ManageError,
+    clone_spec,
+    complete_checkpoints,
+    delete_run,
+    live_reason,
+    newest_checkpoint,
+    plan_delete,
+    resume_spec,
+)
 from tunedeck.core.runs.registry import Registry, list_runs, read_run
 from tunedeck.core.spec import load_spec
 
-T0 = 1_764_000_000.0     # a fixed "created" for deterministic runs
+T0 = 1_764_000_000.0  # a fixed "created" for deterministic runs
 
 
-def make_run(root: Path, run_id: str, *, name: str = "demo", status: str = "succeeded",
-             created: float = T0, step: int = 100, max_steps: int = 100,
-             loss: float | None = 1.5, checkpoints: tuple[int, ...] = (),
-             output_dir: str = "", **spec_sets) -> Path:
+def make_run(
+    root: Path,
+    run_id: str,
+    *,
+    name: str = "demo",
+    status: str = "succeeded",
+    created: float = T0,
+    step: int = 100,
+    max_steps: int = 100,
+    loss: float | None = 1.5,
+    checkpoints: tuple[int, ...] = (),
+    output_dir: str = "",
+    **spec_sets,
+) -> Path:
     """A run directory written by `prepare_run` (spec.toml, plan.json, launch.sh,
     state.json), then ended as the agent records it; `checkpoints` are complete folders."""
     spec = load_spec(DEMO)
@@ -47,11 +64,15 @@ def make_run(root: Path, run_id: str, *, name: str = "demo", status: str = "succ
         run_dir = launch.prepare_run(spec, root)
     rd = RunDir(run_dir)
     st = rd.read_state()
-    st.update(status=status, created=created, started=created + 5,
-              ended=None if status in ("running", "pending") else created + 600,
-              exit_code={"succeeded": 0, "failed": 1}.get(status))
+    st.update(
+        status=status,
+        created=created,
+        started=created + 5,
+        ended=None if status in ("running", "pending") else created + 600,
+        exit_code={"succeeded": 0, "failed": 1}.get(status),
+    )
     st["progress"].update(step=step, max_steps=max_steps, loss=loss)
-    if status == "running":   # a live agent: this test process, as the agent records itself
+    if status == "running":  # a live agent: this test process, as the agent records itself
         me = psutil.Process()
         st.update(agent_pid=me.pid, agent_create_time=me.create_time())
     rd.write_state(st)
@@ -77,13 +98,14 @@ def root(tmp_path) -> Path:
 
 # -- checkpoints -------------------------------------------------------------------------
 
+
 def test_newest_complete_checkpoint_skips_partial_and_hidden_folders(tmp_path):
     out = tmp_path / "out"
     write_checkpoint(out, 50)
     write_checkpoint(out, 100)
-    write_checkpoint(out, 150, complete=False)          # rank 0 died mid-save
+    write_checkpoint(out, 150, complete=False)  # rank 0 died mid-save
     hidden = write_checkpoint(out, 200)
-    hidden.rename(out / ".checkpoint-200.tmp-123")      # the trainer's temp folder
+    hidden.rename(out / ".checkpoint-200.tmp-123")  # the trainer's temp folder
     (out / "checkpoint-x").mkdir()
     assert [c.step for c in complete_checkpoints(out)] == [50, 100]
     assert newest_checkpoint(out).path == out / "checkpoint-100"
@@ -94,7 +116,7 @@ def test_swift_version_folders_are_searched(tmp_path):
     out = tmp_path / "out"
     write_checkpoint(out / "v0-20250101-120000", 10)
     write_checkpoint(out / "v1-20250102-120000", 30)
-    write_checkpoint(out / "v1-20250102-120000" / "deeper", 99)   # not a checkpoint's place
+    write_checkpoint(out / "v1-20250102-120000" / "deeper", 99)  # not a checkpoint's place
     assert [c.step for c in complete_checkpoints(out)] == [10, 30]
     assert newest_checkpoint(out).path == out / "v1-20250102-120000" / "checkpoint-30"
 
@@ -104,7 +126,7 @@ def test_a_restart_continues_from_the_last_checkpoint_written(tmp_path):
     run's checkpoint-500 left there, or a history resumed from an older step, must not win);
     the first attempt: train.resume_from ("auto" = highest step)."""
     out = tmp_path / "out"
-    old = write_checkpoint(out / "v0-20250101-120000", 500)       # an earlier run's
+    old = write_checkpoint(out / "v0-20250101-120000", 500)  # an earlier run's
     os.utime(old / "trainer_state.json", (1e9, 1e9))
     mine = write_checkpoint(out / "v1-20250102-120000", 40)
     given = write_checkpoint(tmp_path / "elsewhere", 7)
@@ -113,7 +135,7 @@ def test_a_restart_continues_from_the_last_checkpoint_written(tmp_path):
     assert resume_point("", out, 0) is None
     assert resume_point(str(given), out, 0) == given
     assert resume_point("auto", out, 0) == old
-    assert resume_point("", out, 1, nested=False) is None        # the built-in trainer's layout
+    assert resume_point("", out, 1, nested=False) is None  # the built-in trainer's layout
     assert resume_point(str(given), out, 1, nested=False) == given
     assert resume_point("auto", tmp_path / "missing", 3) is None
 
@@ -122,23 +144,44 @@ def test_a_restart_command_names_its_checkpoint_once():
     from tunedeck.core.backends.base import Restart
 
     r = Restart(Path("/o/v1/checkpoint-40"), "from checkpoint-40", "--resume_from_checkpoint")
-    argv = ["python", "-m", "swift.cli.sft", "--resume_from_checkpoint", "/o/checkpoint-2",
-            "--lr", "1", "--resume_from_checkpoint=/x", "--output_dir", "/o"]
-    assert r.argv(argv) == ["python", "-m", "swift.cli.sft", "--lr", "1", "--output_dir", "/o",
-                            "--resume_from_checkpoint", "/o/v1/checkpoint-40"]
-    assert Restart.at(None, "--resume_from_checkpoint").argv(argv) == argv     # step 0
-    assert Restart.at(Path("/o/checkpoint-3")).argv(argv) == argv   # the trainer looks itself
+    argv = [
+        "python",
+        "-m",
+        "swift.cli.sft",
+        "--resume_from_checkpoint",
+        "/o/checkpoint-2",
+        "--lr",
+        "1",
+        "--resume_from_checkpoint=/x",
+        "--output_dir",
+        "/o",
+    ]
+    assert r.argv(argv) == [
+        "python",
+        "-m",
+        "swift.cli.sft",
+        "--lr",
+        "1",
+        "--output_dir",
+        "/o",
+        "--resume_from_checkpoint",
+        "/o/v1/checkpoint-40",
+    ]
+    assert Restart.at(None, "--resume_from_checkpoint").argv(argv) == argv  # step 0
+    assert Restart.at(Path("/o/checkpoint-3")).argv(argv) == argv  # the trainer looks itself
 
 
 # -- resume ------------------------------------------------------------------------------
 
+
 def test_a_spec_cut_short_is_neither_cloned_nor_resumed(root):
     """Valid TOML all the same ("lora_rank = 1" of 16): its lost keys would be defaults."""
-    run_dir = make_run(root, "r-cut", status="stopped", step=120, max_steps=300,
-                       checkpoints=(50, 100))
+    run_dir = make_run(
+        root, "r-cut", status="stopped", step=120, max_steps=300, checkpoints=(50, 100)
+    )
     spec = run_dir / "spec.toml"
     text = spec.read_text()
-    spec.write_text(text[:text.index("[env]")])     # whole lines, [env] and beyond gone
+    spec.write_text(text[: text.index("[env]")])  # whole lines, [env] and beyond gone
     for made in (clone_spec, resume_spec):
         with pytest.raises(ManageError, match="damaged .*no \\[env\\] table"):
             made(read_run(run_dir))
@@ -147,8 +190,9 @@ def test_a_spec_cut_short_is_neither_cloned_nor_resumed(root):
 
 
 def test_resume_spec_continues_from_the_newest_complete_checkpoint(root):
-    run_dir = make_run(root, "r-stopped", status="stopped", step=120, max_steps=300,
-                       checkpoints=(50, 100))
+    run_dir = make_run(
+        root, "r-stopped", status="stopped", step=120, max_steps=300, checkpoints=(50, 100)
+    )
     write_checkpoint(run_dir / "output", 150, complete=False)
     run = read_run(run_dir)
     frozen = load_spec(run_dir / "spec.toml")
@@ -169,8 +213,15 @@ def test_a_script_run_is_resumed_through_its_variable(root):
     from tunedeck.core.backends import plan_run
 
     script = REPO / "tests" / "scripts" / "hf_trainer_script.py"
-    run_dir = make_run(root, "s-1", status="failed", step=7, checkpoints=(4,),
-                       backend="script", script__path=str(script))
+    run_dir = make_run(
+        root,
+        "s-1",
+        status="failed",
+        step=7,
+        checkpoints=(4,),
+        backend="script",
+        script__path=str(script),
+    )
     made = resume_spec(read_run(run_dir))
     ck = str(run_dir / "output" / "checkpoint-4")
     assert any("TUNEDECK_RESUME_FROM" in n and "reads it" in n for n in made.notes)
@@ -201,11 +252,12 @@ def test_resume_notes_a_checkpoint_already_at_max_steps(root):
 
 # -- clone -------------------------------------------------------------------------------
 
+
 def test_clone_gets_its_own_output_folder_and_starts_fresh(root, tmp_path):
     run_dir = make_run(root, "c-1", train__resume_from="auto")
     made = clone_spec(read_run(run_dir))
     frozen = load_spec(run_dir / "spec.toml")
-    assert frozen.run.output_dir == str(run_dir / "output")    # plan_run froze it
+    assert frozen.run.output_dir == str(run_dir / "output")  # plan_run froze it
     assert made.spec.run.output_dir == "" and made.spec.train.resume_from == ""
     assert any("resume_from" in n for n in made.notes)
     assert made.spec.model == frozen.model and made.spec.train.max_steps == 100
@@ -213,20 +265,22 @@ def test_clone_gets_its_own_output_folder_and_starts_fresh(root, tmp_path):
 
     shared = tmp_path / "shared-out"
     made = clone_spec(read_run(make_run(root, "c-2", output_dir=str(shared))))
-    assert made.spec.run.output_dir == str(shared)      # the user's choice stays, with a note
+    assert made.spec.run.output_dir == str(shared)  # the user's choice stays, with a note
     assert any(str(shared) in n for n in made.notes)
 
 
 def test_clone_and_resume_get_the_real_secrets_not_the_masked_ones(root):
     """spec.toml holds secrets as ****; a clone or a resume must launch with the real ones."""
-    run_dir = make_run(root, "s-1", status="stopped", checkpoints=(50,),
-                       env__HF_TOKEN="hf_real_value")
+    run_dir = make_run(
+        root, "s-1", status="stopped", checkpoints=(50,), env__HF_TOKEN="hf_real_value"
+    )
     assert "hf_real_value" not in (run_dir / "spec.toml").read_text()
     assert clone_spec(read_run(run_dir)).spec.env["HF_TOKEN"] == "hf_real_value"
     assert resume_spec(read_run(run_dir)).spec.env["HF_TOKEN"] == "hf_real_value"
 
 
 # -- delete ------------------------------------------------------------------------------
+
 
 def test_delete_removes_records_and_keeps_the_output_folder(root):
     run_dir = make_run(root, "d-1", status="stopped", checkpoints=(50,))
@@ -250,7 +304,7 @@ def test_delete_outputs_only_when_that_folder_is_named(root, tmp_path):
     run = read_run(run_dir)
     with pytest.raises(ManageError, match="not the output folder"):
         delete_run(run, outputs=tmp_path, root=root)
-    assert (run_dir / "state.json").exists()        # refused before anything went
+    assert (run_dir / "state.json").exists()  # refused before anything went
     delete_run(run, outputs=run_dir / "output", root=root)
     assert not run_dir.exists()
 
@@ -299,6 +353,7 @@ def test_delete_never_takes_a_folder_holding_the_registry(root, tmp_path):
 
 # -- the incremental registry -----------------------------------------------------------
 
+
 def _age_files(root: Path, runs: list[str] | None = None) -> None:
     """The root and runs' state.json (all by default) a minute old, past the racy window, as
     files are on an idle machine."""
@@ -329,7 +384,7 @@ def test_registry_reads_nothing_again_for_unchanged_finished_runs(root):
     st = rd.read_state()
     st["name"] = "renamed"
     rd.write_state(st)
-    old = time.time() - 60      # past the racy window, as a finished run's file soon is
+    old = time.time() - 60  # past the racy window, as a finished run's file soon is
     os.utime(rd.state, (old, old))
     for _ in range(reg.finished_every):
         runs = reg.scan()
@@ -343,7 +398,7 @@ def test_registry_reads_nothing_again_for_unchanged_finished_runs(root):
     _age_files(root, ["g-new"])
     reads = reg.reads
     runs = reg.scan()
-    assert reg.listings == 2 and reg.reads - reads <= 2    # g-new (+ g-2 while racy)
+    assert reg.listings == 2 and reg.reads - reads <= 2  # g-new (+ g-2 while racy)
     assert [r.run_id for r in runs][0] == "g-new" and "g-0" not in {r.run_id for r in runs}
 
 
@@ -356,8 +411,9 @@ def test_registry_stats_finished_runs_in_turns_and_live_ones_every_time(root):
     reg.scan()
     real_stat = os.stat
     seen: list[str] = []
-    with mock.patch("os.stat", side_effect=lambda p, *a, **k: (seen.append(str(p)),
-                                                               real_stat(p, *a, **k))[1]):
+    with mock.patch(
+        "os.stat", side_effect=lambda p, *a, **k: (seen.append(str(p)), real_stat(p, *a, **k))[1]
+    ):
         for _ in range(10):
             reg.scan()
         per_run = {d.name: sum(f"/{d.name}/" in p for p in seen) for d in root.iterdir()}
@@ -371,8 +427,9 @@ def test_registry_stats_finished_runs_in_turns_and_live_ones_every_time(root):
 def test_registry_gives_list_runs_results(root):
     for i in range(4):
         make_run(root, f"h-{i}", created=T0 + 10 * i, status="failed" if i % 2 else "succeeded")
-    naive = sorted((r for d in root.iterdir() if (r := read_run(d))),
-                   key=lambda r: r.created, reverse=True)
+    naive = sorted(
+        (r for d in root.iterdir() if (r := read_run(d))), key=lambda r: r.created, reverse=True
+    )
     assert [r.to_json() for r in Registry(root).scan()] == [r.to_json() for r in naive]
     assert [r.to_json() for r in list_runs(root)] == [r.to_json() for r in naive]
     assert list_runs(root / "absent") == []

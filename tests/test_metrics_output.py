@@ -22,8 +22,12 @@ def synthetic(tmp_path_factory):
 
 
 def metrics(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
-                          capture_output=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 def check(name: str, path) -> None:
@@ -32,8 +36,9 @@ def check(name: str, path) -> None:
         want = GOLDEN[name][mode]
         assert p.returncode == want["rc"], p.stderr.decode()
         got = hashlib.sha256(p.stdout).hexdigest()
-        assert (got, len(p.stdout)) == (want["sha256"], want["bytes"]), \
+        assert (got, len(p.stdout)) == (want["sha256"], want["bytes"]), (
             f"{name} {mode}: output differs from the pinned one\n{p.stdout[:2000].decode()}"
+        )
 
 
 @pytest.mark.parametrize("ref", FIXTURE_REFS)
@@ -47,9 +52,21 @@ def test_metrics_output_unchanged_on_synthetic_runs(synthetic, case):
 
 
 def _row(step, /, **over):
-    row = dict(step=step, t=1764632952.123456 + step, loss=2.0 + 1 / (step + 3), lr=1e-05,
-               grad_norm=0.30000000000000004, tokens_per_s=13653.0, step_s=0.6, epoch=step // 3,
-               tokens=8192, data_wait_s=1e-4, mem_gib=61.3, max_steps=1000, loss_nan=None)
+    row = dict(
+        step=step,
+        t=1764632952.123456 + step,
+        loss=2.0 + 1 / (step + 3),
+        lr=1e-05,
+        grad_norm=0.30000000000000004,
+        tokens_per_s=13653.0,
+        step_s=0.6,
+        epoch=step // 3,
+        tokens=8192,
+        data_wait_s=1e-4,
+        mem_gib=61.3,
+        max_steps=1000,
+        loss_nan=None,
+    )
     row.update(over)
     return tuple(row.values())
 
@@ -63,11 +80,15 @@ def test_native_step_text_is_the_python_text():
     if fastscan is None:
         pytest.skip("native module not built")
     odd = [1e-05, 1e16, 1.5e300, -0.0, 5e-324, 123456789.0, 0.1 + 0.2, 2**53 + 1.0, -7]
-    rows = [_row(s, loss=odd[s % len(odd)], epoch=2**40 + s, max_steps=None if s % 2 else 9)
-            for s in range(1, 40)]
+    rows = [
+        _row(s, loss=odd[s % len(odd)], epoch=2**40 + s, max_steps=None if s % 2 else 9)
+        for s in range(1, 40)
+    ]
     # a column repeating a value (the writer reuses its text) or flipping between 0.0 and -0.0
-    rows += [_row(s, loss=[0.0, -0.0, -0.0, 0.0, 1e-05, 1e-05][s % 6], mem_gib=61.3)
-             for s in range(40, 52)]
+    rows += [
+        _row(s, loss=[0.0, -0.0, -0.0, 0.0, 1e-05, 1e-05][s % 6], mem_gib=61.3)
+        for s in range(40, 52)
+    ]
     for rank in (0, 1023):
         text, nxt = fastscan.step_text(rows, 0, 1 << 62, rank, False)
         assert nxt == len(rows)
@@ -75,12 +96,20 @@ def test_native_step_text_is_the_python_text():
         text, nxt = fastscan.step_text(rows, 5, 1 << 62, rank, False)
         assert (text, nxt) == (",\n".join(_rendered(rank, r) for r in rows[5:]), len(rows))
     # each row Python must read stops it there, with the rows before it written
-    for bad in (dict(t=None), dict(mem_gib=None), dict(loss_nan=1), dict(loss=float("nan")),
-                dict(lr="0.1"), dict(max_steps=2.0), dict(tokens=True), dict(step=2**70)):
+    for bad in (
+        dict(t=None),
+        dict(mem_gib=None),
+        dict(loss_nan=1),
+        dict(loss=float("nan")),
+        dict(lr="0.1"),
+        dict(max_steps=2.0),
+        dict(tokens=True),
+        dict(step=2**70),
+    ):
         rs = rows[:3] + [_row(4, **bad)] + rows[4:]
         text, nxt = fastscan.step_text(rs, 0, 1 << 62, 0, False)
         assert (text, nxt) == (",\n".join(_rendered(0, r) for r in rows[:3]), 3), bad
-    assert fastscan.step_text(rows, 0, 4, 0, False)[1] == 3       # steps from 4 on: Python's
+    assert fastscan.step_text(rows, 0, 4, 0, False)[1] == 3  # steps from 4 on: Python's
     # max_steps wanted: step 1 lacks it, step 2 has it, step 3 lacks it
     assert fastscan.step_text(rows, 0, 1 << 62, 0, True) == ("", 0)
     assert fastscan.step_text(rows, 1, 1 << 62, 0, True) == (_rendered(0, rows[1]), 2)
@@ -117,9 +146,19 @@ def _gapped_run(path, steps: int):
         w.emit("start", world_size=2, max_steps=steps + 10, restart=0, start_step=0)
         last = steps + (10 if rank else 0)
         for s in range(every, last + 1, every):
-            w.emit("step", step=s, loss=2.0 + rank + 1 / s, lr=1e-4, grad_norm=0.5,
-                   tokens=512, step_s=0.1, data_wait_s=0.001, mem_gib=1.5,
-                   tokens_per_s=5120.0, epoch=0)
+            w.emit(
+                "step",
+                step=s,
+                loss=2.0 + rank + 1 / s,
+                lr=1e-4,
+                grad_norm=0.5,
+                tokens=512,
+                step_s=0.1,
+                data_wait_s=0.001,
+                mem_gib=1.5,
+                tokens_per_s=5120.0,
+                epoch=0,
+            )
             if rank and s % 1000 == 5:
                 w.emit("eval", step=s, eval_loss=1.0)
         w.close()
@@ -141,9 +180,11 @@ def test_last_n_reads_only_the_end_of_a_run_with_gaps(tmp_path, monkeypatch):
     def counting(self):
         db = opened(self)
         if db is not None:
+
             def tick() -> int:
                 ops[0] += 1
                 return 0
+
             db.set_progress_handler(tick, 100)
         return db
 

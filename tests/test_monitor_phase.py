@@ -21,19 +21,29 @@ def _append(run_dir, *events) -> None:
 
 
 def test_compiling_shows_until_steps_resume_and_a_fallback_stays(tmp_path):
-    run_dir = make_run(tmp_path / "runs", "20261202-010000-demo-0a0a", status="running",
-                       step=3, max_steps=100)
-    _append(run_dir, {"kind": "step", "step": 3, "loss": 2.0},
-            {"kind": "phase", "phase": "compiling", "step": 3, "est_s": 20.0,
-             "shape": [4, 512]})
+    run_dir = make_run(
+        tmp_path / "runs", "20261202-010000-demo-0a0a", status="running", step=3, max_steps=100
+    )
+    _append(
+        run_dir,
+        {"kind": "step", "step": 3, "loss": 2.0},
+        {"kind": "phase", "phase": "compiling", "step": 3, "est_s": 20.0, "shape": [4, 512]},
+    )
     w = RunWatcher(run_dir)
     snap = w.poll(history=False)
     assert snap.phase is not None and snap.phase["phase"] == "compiling"
     text = progress_text(snap, 120)
     assert "compiling[/] a new batch shape (~0:20, " in text, text
-    _append(run_dir, {"kind": "phase", "phase": "eager_fallback", "step": 3,
-                      "error": "InductorError: no C compiler"},
-            {"kind": "step", "step": 4, "loss": 1.9})
+    _append(
+        run_dir,
+        {
+            "kind": "phase",
+            "phase": "eager_fallback",
+            "step": 3,
+            "error": "InductorError: no C compiler",
+        },
+        {"kind": "step", "step": 4, "loss": 1.9},
+    )
     snap = w.poll(history=False)
     assert snap.phase is None
     text = progress_text(snap, 120)
@@ -51,15 +61,44 @@ def test_a_finished_run_never_shows_compiling(tmp_path):
 def test_single_node_runs_list_no_nodes_and_a_node_line_says_its_link(tmp_path):
     run_dir = make_run(tmp_path / "runs", "20261202-010002-demo-0c0c")
     assert RunWatcher(run_dir).poll(history=False).nodes == []
-    line = node_line({"node": 1, "host": "gpu-b", "status": "running", "reach": "reconnecting",
-                      "drops": 2, "step": 40, "slowest_rank": 9, "gpus": 8, "findings": 1})
-    for part in ("node 1", "gpu-b", "running", "reconnecting", "2 drop(s)", "step 40",
-                 "slowest rank 9", "8 GPU(s)", "1 finding(s)"):
+    line = node_line(
+        {
+            "node": 1,
+            "host": "gpu-b",
+            "status": "running",
+            "reach": "reconnecting",
+            "drops": 2,
+            "step": 40,
+            "slowest_rank": 9,
+            "gpus": 8,
+            "findings": 1,
+        }
+    )
+    for part in (
+        "node 1",
+        "gpu-b",
+        "running",
+        "reconnecting",
+        "2 drop(s)",
+        "step 40",
+        "slowest rank 9",
+        "8 GPU(s)",
+        "1 finding(s)",
+    ):
         assert part in line, (part, line)
     assert "shared fs" not in line
-    shared = {"node": 1, "host": "gpu-b", "reach": "connected", "shared_fs": True,
-              "ranks": [8, 15], "step": 3, "slowest_rank": None, "findings": 0}
+    shared = {
+        "node": 1,
+        "host": "gpu-b",
+        "reach": "connected",
+        "shared_fs": True,
+        "ranks": [8, 15],
+        "step": 3,
+        "slowest_rank": None,
+        "findings": 0,
+    }
     assert "shared fs" in node_line(shared)
     from tunedeck.core.nodes.view import format_rows
+
     assert "connected+fs" in format_rows([shared])[1]
     assert "+fs" not in format_rows([dict(shared, shared_fs=False)])[1]

@@ -34,8 +34,10 @@ def hosts(tmp_path_factory):
     # a node that never answers: an address on the link that no host holds
     ghost = h.addrs[0].rsplit(".", 1)[0] + ".9"
     with open(h.ssh_config, "a") as f:
-        f.write(f"\nHost ghost\n  HostName {ghost}\n  ConnectTimeout 3\n  User root\n"
-                f"  IdentityFile {h.root / 'id_test'}\n  IdentitiesOnly yes\n")
+        f.write(
+            f"\nHost ghost\n  HostName {ghost}\n  ConnectTimeout 3\n  User root\n"
+            f"  IdentityFile {h.root / 'id_test'}\n  IdentitiesOnly yes\n"
+        )
     try:
         yield h
     finally:
@@ -51,24 +53,43 @@ master_addr = "{hosts.addrs[0]}"
 launcher = "ssh"
 hosts = ["node0", "{node1}"]
 interface = "{IFACE}"
-remote_home = ["{path.parent / 'node1-home'}"]
+remote_home = ["{path.parent / "node1-home"}"]
 join_timeout_s = {join_s}'''
 
 
-def _spec(path: Path, hosts, steps: int, node1: str = "node1", join_s: int = 120,
-          run: str = "", save_steps: int = 0) -> Path:
-    return demo_spec(path, "two-hosts", steps, save_steps=save_steps,
-                     run="stop_grace_s = 20\n" + run, cluster=_cluster(path, hosts, node1, join_s))
+def _spec(
+    path: Path,
+    hosts,
+    steps: int,
+    node1: str = "node1",
+    join_s: int = 120,
+    run: str = "",
+    save_steps: int = 0,
+) -> Path:
+    return demo_spec(
+        path,
+        "two-hosts",
+        steps,
+        save_steps=save_steps,
+        run="stop_grace_s = 20\n" + run,
+        cluster=_cluster(path, hosts, node1, join_s),
+    )
 
 
 def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | list:
     """The real `tunedeck` command line, run on the head host (its namespace)."""
     env = dict(os.environ, TUNEDECK_HOME=str(home), TUNEDECK_SSH_CONFIG=str(hosts.ssh_config))
-    proc = subprocess.run(hosts.netns_argv(0, [sys.executable, "-m", "tunedeck.tui", *args,
-                                               "--json"]),
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
-    assert proc.stdout.strip(), f"tunedeck {args} printed nothing ({proc.returncode}):\n" \
-                                f"{proc.stderr}"
+    proc = subprocess.run(
+        hosts.netns_argv(0, [sys.executable, "-m", "tunedeck.tui", *args, "--json"]),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+    assert proc.stdout.strip(), (
+        f"tunedeck {args} printed nothing ({proc.returncode}):\n{proc.stderr}"
+    )
     return json.loads(proc.stdout)
 
 
@@ -125,17 +146,23 @@ def _events(path: Path, kind: str) -> list[dict]:
     return [e for e in map(json.loads, filter(None, lines)) if kind in ("", e.get("kind"))]
 
 
-def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both(
-        hosts, tmp_path):
-    home = hosts.head_only / tmp_path.name      # node 1 cannot see the head's run folder
+def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both(hosts, tmp_path):
+    home = hosts.head_only / tmp_path.name  # node 1 cannot see the head's run folder
     spec = _spec(tmp_path / "spec.toml", hosts, steps=100000)
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
     try:
         # both nodes train: node 1's steps reach the head through the link
-        rows = wait_for(lambda: (r := _head_cli(hosts, home, "nodes", run_id)) and all(
-            (x["step"] or 0) >= 3 for x in r) and r, 240, "steps on both nodes")
+        rows = wait_for(
+            lambda: (
+                (r := _head_cli(hosts, home, "nodes", run_id))
+                and all((x["step"] or 0) >= 3 for x in r)
+                and r
+            ),
+            240,
+            "steps on both nodes",
+        )
         assert [r["node"] for r in rows] == [0, 1]
         assert rows[1]["host"] == "node1" and rows[1]["reach"] == "connected"
         assert rows[1]["status"] == "running" and rows[1]["ranks"] == [1]
@@ -144,15 +171,19 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         from tunedeck.tui.widgets.progress import progress_text
 
         shown = progress_text(RunWatcher(run_dir).poll(history=False), 160)
-        assert "node 0" in shown and "node 1 [b]node1[/b] · running · [green]connected" in \
-            shown, shown
+        assert "node 0" in shown and "node 1 [b]node1[/b] · running · [green]connected" in shown, (
+            shown
+        )
         # node 1 runs on the other host: its own run folder, its own network namespace
         node_state = _state(node_dir / "state.json")
         head_state = _state(run_dir / "state.json")
         assert node_state["status"] == "running"
-        assert _netns(node_state["torchrun_pid"]) == _netns(hosts.sshd[1].pid) != \
-            _netns(head_state["torchrun_pid"])
-        assert not (node_dir / "events" / "rank0.jsonl").exists()   # rank 0 is the head's
+        assert (
+            _netns(node_state["torchrun_pid"])
+            == _netns(hosts.sshd[1].pid)
+            != _netns(head_state["torchrun_pid"])
+        )
+        assert not (node_dir / "events" / "rank0.jsonl").exists()  # rank 0 is the head's
         # the rendezvous was c10d across the hosts
         argv = json.loads((run_dir / "plan.json").read_text())["nodes"][1]["argv"]
         assert "c10d" in argv and f"{hosts.addrs[0]}:" in " ".join(argv)
@@ -164,46 +195,68 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         steps_before = rows[1]["step"]
         for p in ssh:
             p.send_signal(signal.SIGKILL)
-        link = wait_for(lambda: (d := _state(run_dir / "nodes" / "node1" / "link.json"))
-                        .get("drops", 0) >= 1 and d.get("connected") and d, 60,
-                        "the link to come back")
+        link = wait_for(
+            lambda: (
+                (d := _state(run_dir / "nodes" / "node1" / "link.json")).get("drops", 0) >= 1
+                and d.get("connected")
+                and d
+            ),
+            60,
+            "the link to come back",
+        )
         assert link["connects"] >= 2
-        assert link["shared"] is False and link["bytes"] > 0       # streamed, not shared
+        assert link["shared"] is False and link["bytes"] > 0  # streamed, not shared
         assert not (node_dir / "events" / "rank1.jsonl").is_symlink()
-        wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
-                 > steps_before + 2, 120, "node 1's steps after the reconnect")
+        wait_for(
+            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) > steps_before + 2,
+            120,
+            "node 1's steps after the reconnect",
+        )
 
         # the telemetry of node 1 reached the head too
-        tel = [json.loads(x) for x in
-               (run_dir / "nodes" / "node1" / "telemetry.jsonl").read_text().splitlines()]
+        tel = [
+            json.loads(x)
+            for x in (run_dir / "nodes" / "node1" / "telemetry.jsonl").read_text().splitlines()
+        ]
         assert tel and any(r.get("rank") == 1 for t in tel for r in t["procs"]["ranks"])
 
         # stop ends both nodes
         done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
         assert done["status"] == "stopped", done
-        wait_for(lambda: _state(run_dir / "nodes" / "node1" / "link.json").get("ended"), 60,
-                 "node 1's last records")
+        wait_for(
+            lambda: _state(run_dir / "nodes" / "node1" / "link.json").get("ended"),
+            60,
+            "node 1's last records",
+        )
         assert _state(node_dir / "state.json")["status"] == "stopped"
         assert _state(run_dir / "nodes" / "node1" / "state.json")["status"] == "stopped"
         rows = _head_cli(hosts, home, "nodes", run_id)
         assert [r["status"] for r in rows] == ["stopped", "stopped"]
         from tunedeck.core.runs.procs import marked_processes
-        wait_for(lambda: not marked_processes(run_id) and
-                 not marked_processes(f"{run_id}.node1"), 30, "no process of either node left")
+
+        wait_for(
+            lambda: not marked_processes(run_id) and not marked_processes(f"{run_id}.node1"),
+            30,
+            "no process of either node left",
+        )
 
         # no record lost: every file of node 1 is on the head, byte for byte
         compared = 0
         for p in node_dir.rglob("*"):
             rel = p.relative_to(node_dir).as_posix()
-            if not p.is_file() or rel.split("/")[0] not in ("logs", "events") \
-                    or p.stat().st_size == 0:
+            if (
+                not p.is_file()
+                or rel.split("/")[0] not in ("logs", "events")
+                or p.stat().st_size == 0
+            ):
                 continue
             head = run_dir / ("logs/agent-node1.log" if rel == "logs/agent.log" else rel)
             assert head.read_bytes() == p.read_bytes(), rel
             compared += 1
-        assert compared >= 4     # agent, torchrun, rank log, events
-        steps = [json.loads(x) for x in (run_dir / "events" / "rank1.jsonl").open()
-                 if '"step"' in x]
+        assert compared >= 4  # agent, torchrun, rank log, events
+        steps = [
+            json.loads(x) for x in (run_dir / "events" / "rank1.jsonl").open() if '"step"' in x
+        ]
         numbers = [e["step"] for e in steps if e.get("kind") == "step"]
         assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
     finally:
@@ -214,15 +267,17 @@ def test_a_node_that_never_joins_is_named_by_the_join_timeout(hosts, tmp_path):
     home = tmp_path / "head-home"
     spec = _spec(tmp_path / "spec.toml", hosts, steps=50, node1="ghost", join_s=15)
     t0 = time.monotonic()
-    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight", "--wait",
-                    timeout=200)
+    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight", "--wait", timeout=200)
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     try:
-        found = [f for f in _findings(run_dir) if f["category"] == "rendezvous_unreachable"
-                 and f["node"] == 1]
+        found = [
+            f
+            for f in _findings(run_dir)
+            if f["category"] == "rendezvous_unreachable" and f["node"] == 1
+        ]
         assert found, _findings(run_dir)
         assert "node 1 (ghost)" in found[0]["summary"] and "15s" in found[0]["summary"]
-        assert "ssh" in found[0]["summary"]          # why: ssh could not reach it
+        assert "ssh" in found[0]["summary"]  # why: ssh could not reach it
         st = _state(run_dir / "state.json")
         assert st["status"] == "failed"
         took = found[0]["t"] - st["started"]
@@ -238,26 +293,39 @@ def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     try:
-        wait_for(lambda: all((r["step"] or 0) >= 3
-                             for r in _head_cli(hosts, home, "nodes", run_id)), 240,
-                 "steps on both nodes")
+        wait_for(
+            lambda: all((r["step"] or 0) >= 3 for r in _head_cli(hosts, home, "nodes", run_id)),
+            240,
+            "steps on both nodes",
+        )
         node_state = _state(run_dir / "nodes" / "node1" / "state.json")
         # the node dies: its agent, torchrun and ranks, all at once
         killed_at = time.time()
         os.kill(node_state["agent_pid"], signal.SIGKILL)
         _kill_marked(f"{run_id}.node1")
-        head = wait_for(lambda: (s := _state(run_dir / "state.json")).get("status") in
-                        ("failed", "stopped") and s, 60, "the head to stop")
+        head = wait_for(
+            lambda: (
+                (s := _state(run_dir / "state.json")).get("status") in ("failed", "stopped") and s
+            ),
+            60,
+            "the head to stop",
+        )
         lost = [f for f in _findings(run_dir) if f["category"] == "node_lost"]
-        assert lost and lost[0]["node"] == 1 and "node 1 (node1)" in lost[0]["summary"], \
-            _findings(run_dir)
+        assert lost and lost[0]["node"] == 1 and "node 1 (node1)" in lost[0]["summary"], _findings(
+            run_dir
+        )
         assert lost[0]["t"] - killed_at < 10
-        print(f"node_lost {lost[0]['t'] - killed_at:.2f}s after the kill, head ended "
-              f"{head['ended'] - killed_at:.2f}s after")
+        print(
+            f"node_lost {lost[0]['t'] - killed_at:.2f}s after the kill, head ended "
+            f"{head['ended'] - killed_at:.2f}s after"
+        )
         assert head["ended"] - killed_at < 40
         # the end names the node everywhere: stop.json, the status line, the node table
-        assert head["status"] == "failed" and "node 1 (node1) was lost mid-run" in \
-            head["message"] and "the rest of the run was stopped" in head["message"], head
+        assert (
+            head["status"] == "failed"
+            and "node 1 (node1) was lost mid-run" in head["message"]
+            and "the rest of the run was stopped" in head["message"]
+        ), head
         stop = _state(run_dir / "stop.json")
         assert stop["node"] == 1 and stop["by"].startswith("node 1 (node1) was lost"), stop
         status = _head_cli(hosts, home, "status", run_id)
@@ -270,10 +338,15 @@ def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
 
 
 def test_preflight_asks_every_node_over_ssh(hosts, tmp_path):
-    good = _head_cli(hosts, tmp_path / "h", "preflight",
-                     str(_spec(tmp_path / "good.toml", hosts, steps=10)))
-    bad = _head_cli(hosts, tmp_path / "h", "preflight",
-                    str(_spec(tmp_path / "bad.toml", hosts, steps=10, node1="ghost")))
+    good = _head_cli(
+        hosts, tmp_path / "h", "preflight", str(_spec(tmp_path / "good.toml", hosts, steps=10))
+    )
+    bad = _head_cli(
+        hosts,
+        tmp_path / "h",
+        "preflight",
+        str(_spec(tmp_path / "bad.toml", hosts, steps=10, node1="ghost")),
+    )
 
     def check(out):
         rows = out["checks"] if isinstance(out, dict) else out
@@ -292,38 +365,56 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
     the newest checkpoint (on the head: rank 0 reads and broadcasts it) and the step count
     continues from there. Then a stop while node 1 cannot be reached names it."""
     home = tmp_path / "head-home"
-    spec = _spec(tmp_path / "spec.toml", hosts, steps=100000, save_steps=4,
-                 run="max_restarts = 2\nrestart_pause_s = 1")
+    spec = _spec(
+        tmp_path / "spec.toml",
+        hosts,
+        steps=100000,
+        save_steps=4,
+        run="max_restarts = 2\nrestart_pause_s = 1",
+    )
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
     try:
-        wait_for(lambda: list((run_dir / "output").glob("checkpoint-*")) and all(
-            (r["step"] or 0) >= 6 for r in _head_cli(hosts, home, "nodes", run_id)), 240,
-            "a checkpoint and steps on both nodes")
+        wait_for(
+            lambda: (
+                list((run_dir / "output").glob("checkpoint-*"))
+                and all((r["step"] or 0) >= 6 for r in _head_cli(hosts, home, "nodes", run_id))
+            ),
+            240,
+            "a checkpoint and steps on both nodes",
+        )
         # both hosts see the head's run folder at the same path: node 1 writes its records
         # into it and the link carries none of them
         link = _state(run_dir / "nodes" / "node1" / "link.json")
         assert link["shared"] is True and link["bytes"] == 0, link
         for rel in ("events/rank1.jsonl", "logs/node1", "logs/torchrun-node1.log"):
-            assert (node_dir / rel).is_symlink() and (node_dir / rel).resolve() == \
-                (run_dir / rel).resolve(), rel
+            assert (node_dir / rel).is_symlink() and (node_dir / rel).resolve() == (
+                run_dir / rel
+            ).resolve(), rel
         assert (run_dir / "logs" / "agent-node1.log").stat().st_size > 0
         assert _head_cli(hosts, home, "nodes", run_id)[1]["shared_fs"] is True
         ranks = _state(node_dir / "state.json")["worker_pids"]
         assert ranks
         killed_at = time.time()
-        for pid in ranks:                       # node 1's ranks die; its agent lives
+        for pid in ranks:  # node 1's ranks die; its agent lives
             os.kill(pid, signal.SIGKILL)
-        starts = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
-                          [1:] and s, 180, "node 1's ranks to start again")
+        starts = wait_for(
+            lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))[1:] and s,
+            180,
+            "node 1's ranks to start again",
+        )
         again = starts[-1]
         assert again["restart"] == 1 and again["resumed_from"].startswith(
-            str(run_dir / "output" / "checkpoint-"))
+            str(run_dir / "output" / "checkpoint-")
+        )
         resumed = again["start_step"]
         print(f"ranks killed: node 1's attempt 1 started {again['t'] - killed_at:.1f}s later")
-        wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
-                 >= resumed + 3, 120, "steps after the resume")
+        wait_for(
+            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) >= resumed + 3,
+            120,
+            "steps after the resume",
+        )
         # the step count shows the resume: attempt 0 went past the checkpoint, attempt 1
         # continues right after it
         events = _events(run_dir / "events" / "rank1.jsonl", "")
@@ -342,17 +433,28 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
         killed_at = time.time()
         os.kill(node["agent_pid"], signal.SIGKILL)
         _kill_marked(f"{run_id}.node1")
-        third = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
-                         [2:] and s[2], 180, "node 1 to come back")
+        third = wait_for(
+            lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))[2:] and s[2],
+            180,
+            "node 1 to come back",
+        )
         print(f"node killed: its attempt 2 started {third['t'] - killed_at:.1f}s later")
-        assert third["restart"] == 2 and third["start_step"] >= resumed and \
-            third["resumed_from"].startswith(str(run_dir / "output" / "checkpoint-"))
-        wait_for(lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0)
-                 > third["start_step"], 120, "steps after node 1 came back")
+        assert (
+            third["restart"] == 2
+            and third["start_step"] >= resumed
+            and third["resumed_from"].startswith(str(run_dir / "output" / "checkpoint-"))
+        )
+        wait_for(
+            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) > third["start_step"],
+            120,
+            "steps after node 1 came back",
+        )
         lost = [f for f in _findings(run_dir) if f["category"] == "node_lost"]
         assert len(lost) == 1 and lost[0]["node"] == 1 and lost[0]["severity"] == "warning"
-        assert "node 1 (node1) was lost mid-run" in lost[0]["summary"] and \
-            "restarts from its newest checkpoint once the node is back" in lost[0]["summary"]
+        assert (
+            "node 1 (node1) was lost mid-run" in lost[0]["summary"]
+            and "restarts from its newest checkpoint once the node is back" in lost[0]["summary"]
+        )
         head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
         assert head["status"] == node["status"] == "running"
         assert head["attempt"] == node["attempt"] == 2 and node["adopted"]
@@ -366,10 +468,13 @@ def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts,
                 p.kill()
         done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
         assert done["status"] == "stopped", done
-        assert "node 1 (node1) could not be reached to stop it: ssh exited with 255" in \
-            done["message"] and "Connection refused" in done["message"], done
-        assert [f for f in _findings(run_dir) if f["category"] == "node_not_stopped"
-                and f["node"] == 1]
+        assert (
+            "node 1 (node1) could not be reached to stop it: ssh exited with 255" in done["message"]
+            and "Connection refused" in done["message"]
+        ), done
+        assert [
+            f for f in _findings(run_dir) if f["category"] == "node_not_stopped" and f["node"] == 1
+        ]
         row = _head_cli(hosts, home, "nodes", run_id)[1]
         assert row["reach"] == "unreached" and "Connection refused" in row["message"], row
     finally:
@@ -408,8 +513,15 @@ stop_grace_s = 20
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
     try:
-        final = wait_for(lambda: (s := _state(run_dir / "state.json")).get("status") in
-                         ("succeeded", "failed", "stopped") and s, 300, "the run to end")
+        final = wait_for(
+            lambda: (
+                (s := _state(run_dir / "state.json")).get("status")
+                in ("succeeded", "failed", "stopped")
+                and s
+            ),
+            300,
+            "the run to end",
+        )
         head_log = (run_dir / "logs" / "agent.log").read_text()
         node_log = (run_dir / "logs" / "agent-node1.log").read_text()
         assert final["status"] == "succeeded", (final, head_log[-2000:], node_log[-2000:])
@@ -426,7 +538,7 @@ stop_grace_s = 20
         assert decision["attempt"] == 1
         recs = _head_cli(hosts, home, "metrics", run_id)
         assert [r["step"] for r in recs] == list(range(1, 9)), recs
-        if not shared:     # the second attempt's steps 1-8 replaced the first's 1-6
+        if not shared:  # the second attempt's steps 1-8 replaced the first's 1-6
             second = _state(run_dir / "state.json")["launches"][1]["t"]
             assert all(r["t"] > second for r in recs), recs
         assert _state(node_dir / "state.json")["attempt"] == 1

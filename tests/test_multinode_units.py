@@ -25,17 +25,20 @@ def _spec(extra: str):
 
 
 def test_roster_problems_name_the_key_and_the_count():
-    s = _spec('launcher = "ssh"\nhosts = ["a", "b"]\nmaster_addr = "10.0.0.1"\n'
-              'node_gpus = ["0,1"]\n')
+    s = _spec(
+        'launcher = "ssh"\nhosts = ["a", "b"]\nmaster_addr = "10.0.0.1"\nnode_gpus = ["0,1"]\n'
+    )
     probs = roster_problems(s)
     assert any("cluster.hosts has 2 entries" in p and "(3)" in p for p in probs)
     assert any(p.startswith("cluster.node_gpus has 1 entries; it needs 3") for p in probs)
     s = _spec('launcher = "ssh"\nhosts = ["a", "-oProxyCommand=x", "c d"]\n')
     probs = roster_problems(s)
     assert sum("is not an ssh destination" in p for p in probs) == 2
-    assert any("loopback" in p for p in probs)          # master_addr 127.0.0.1
-    ok = _spec('launcher = "ssh"\nhosts = ["h0", "u@h1", "h2"]\nmaster_addr = "10.0.0.1"\n'
-               'remote_home = ["/scratch/td"]\n')
+    assert any("loopback" in p for p in probs)  # master_addr 127.0.0.1
+    ok = _spec(
+        'launcher = "ssh"\nhosts = ["h0", "u@h1", "h2"]\nmaster_addr = "10.0.0.1"\n'
+        'remote_home = ["/scratch/td"]\n'
+    )
     assert roster_problems(ok) == []
     nodes = roster(ok)
     assert [n.addr for n in nodes] == ["10.0.0.1", "h1", "h2"]
@@ -54,10 +57,12 @@ def test_bad_roster_values_are_refused_by_the_spec_loader():
 def test_place_sets_c10d_host_local_address_interface_and_gpus(tmp_path):
     from tunedeck.core.backends import plan_run
 
-    s = loads_spec(BASE.replace("nnodes = 3", "nnodes = 2") +
-                   'launcher = "ssh"\nhosts = ["h0", "h1"]\nmaster_addr = "10.0.0.1"\n'
-                   'master_port = 29400\ninterface = "ib0"\nnode_gpus = ["0,1", "2,3"]\n'
-                   'device = "cuda"\nnproc_per_node = 2\n')
+    s = loads_spec(
+        BASE.replace("nnodes = 3", "nnodes = 2")
+        + 'launcher = "ssh"\nhosts = ["h0", "h1"]\nmaster_addr = "10.0.0.1"\n'
+        'master_port = 29400\ninterface = "ib0"\nnode_gpus = ["0,1", "2,3"]\n'
+        'device = "cuda"\nnproc_per_node = 2\n'
+    )
     _, plan = plan_run(s, RunDir(tmp_path / "r"), local=False)
     place(s, plan)
     n0, n1 = plan.nodes
@@ -88,7 +93,7 @@ def test_frames_stay_inside_the_run_and_a_resent_frame_changes_nothing(tmp_path)
     assert wire.safe_rel("events/rank1.jsonl") == "events/rank1.jsonl"
     wire.write_at(tmp_path, "events/r.jsonl", 0, b"one\n")
     wire.write_at(tmp_path, "events/r.jsonl", 4, b"two\n")
-    wire.write_at(tmp_path, "events/r.jsonl", 4, b"two\n")    # resent after a reconnect
+    wire.write_at(tmp_path, "events/r.jsonl", 4, b"two\n")  # resent after a reconnect
     assert (tmp_path / "events" / "r.jsonl").read_bytes() == b"one\ntwo\n"
     msg = wire.parse(wire.data_frame("logs/a.log", 7, b"\x00\xffbin"))
     assert msg["o"] == 7 and msg["f"] == "logs/a.log"
@@ -103,29 +108,33 @@ def test_the_node_streams_whole_lines_from_the_heads_offsets(tmp_path):
     (run.path / "logs" / "agent.log").write_bytes(b"x\n")
     out = io.BytesIO()
     st = Streamer(run, 1, {"events/rank1.jsonl": 8}, out)
-    assert st.pump(final=False) is False          # half a line waits
+    assert st.pump(final=False) is False  # half a line waits
     frames = [json.loads(x) for x in out.getvalue().splitlines()]
     got = {f["f"]: (f["o"], __import__("base64").b64decode(f["d"])) for f in frames}
     assert got["events/rank1.jsonl"] == (8, b'{"a":2}\n')
     assert got["logs/agent-node1.log"] == (0, b"x\n")
     out.truncate(0)
     out.seek(0)
-    assert st.pump(final=True) is True            # the run is over: the rest goes too
+    assert st.pump(final=True) is True  # the run is over: the rest goes too
 
 
 def test_paths_of_the_head_become_the_nodes():
-    plan = {"nodes": [{"argv": ["--log_dir", "/h/runs/r1/logs/node1", "/h/runs/r10"],
-                       "cwd": "/h/runs/r1"}]}
+    plan = {
+        "nodes": [
+            {"argv": ["--log_dir", "/h/runs/r1/logs/node1", "/h/runs/r10"], "cwd": "/h/runs/r1"}
+        ]
+    }
     out = _rewrite(plan, "/h/runs/r1", "/n/runs/r1.node1")
-    assert out["nodes"][0]["argv"] == ["--log_dir", "/n/runs/r1.node1/logs/node1",
-                                       "/h/runs/r10"]
+    assert out["nodes"][0]["argv"] == ["--log_dir", "/n/runs/r1.node1/logs/node1", "/h/runs/r10"]
     assert out["nodes"][0]["cwd"] == "/n/runs/r1.node1"
 
 
 def test_last_step_reads_the_newest_step_from_the_end(tmp_path):
     p = tmp_path / "rank3.jsonl"
-    lines = [json.dumps({"kind": "step", "step": i, "step_s": 0.5, "pad": "x" * 300})
-             for i in range(1, 50)]
+    lines = [
+        json.dumps({"kind": "step", "step": i, "step_s": 0.5, "pad": "x" * 300})
+        for i in range(1, 50)
+    ]
     p.write_text("\n".join(lines) + "\n" + json.dumps({"kind": "end", "step": 49}) + "\n")
     assert last_step(p) == (49, 0.5)
     assert last_step(tmp_path / "none.jsonl") == (None, None)
@@ -139,17 +148,24 @@ def test_a_node_that_cannot_be_stopped_is_named_when_the_run_ends(tmp_path, monk
 
     monkeypatch.setattr(link_mod.NodeLink, "start", lambda self: None)
     monkeypatch.setattr(link_mod, "FINAL_WAIT_S", 0.0)
-    spec = loads_spec(BASE.replace("nnodes = 3", "nnodes = 2") +
-                      'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
-                      '[run]\nstop_grace_s = 0\n')
+    spec = loads_spec(
+        BASE.replace("nnodes = 3", "nnodes = 2")
+        + 'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
+        "[run]\nstop_grace_s = 0\n"
+    )
     run = RunDir(tmp_path / "r1")
     run.path.mkdir()
     saved = []
-    ctx = SimpleNamespace(spec=spec, run=run, store=SimpleNamespace(save_finding=saved.append),
-                          stopping=lambda: True, node_rank=0)
+    ctx = SimpleNamespace(
+        spec=spec,
+        run=run,
+        store=SimpleNamespace(save_finding=saved.append),
+        stopping=lambda: True,
+        node_rank=0,
+    )
     mon = link_mod.NodesMonitor(ctx)
     (lk,) = mon.links
-    lk.started, lk.last_seen = True, time.time() - 40      # answered once, then silence
+    lk.started, lk.last_seen = True, time.time() - 40  # answered once, then silence
     lk.last_error = "ssh exited with 255: Connection timed out"
     mon.close([])
     cats = {f.category: f for f in saved}
@@ -163,13 +179,21 @@ def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_p
     from tests.test_manage import make_run
     from tunedeck.core.runs.watch import RunWatcher
 
-    run_dir = make_run(tmp_path / "runs", "20261202-020000-two-0a0a", status="running",
-                       cluster__nnodes=2, cluster__master_addr="10.0.0.1")
+    run_dir = make_run(
+        tmp_path / "runs",
+        "20261202-020000-two-0a0a",
+        status="running",
+        cluster__nnodes=2,
+        cluster__master_addr="10.0.0.1",
+    )
     nd = run_dir / "nodes" / "node1"
     nd.mkdir(parents=True)
-    (nd / "state.json").write_text(json.dumps({"status": "running"}))   # as last streamed
-    (nd / "link.json").write_text(json.dumps({"node": 1, "connected": True, "started": True,
-                                              "gone": "the agent of node 1 is gone"}))
+    (nd / "state.json").write_text(json.dumps({"status": "running"}))  # as last streamed
+    (nd / "link.json").write_text(
+        json.dumps(
+            {"node": 1, "connected": True, "started": True, "gone": "the agent of node 1 is gone"}
+        )
+    )
     w = RunWatcher(run_dir)
     rows = w.poll(history=False).nodes
     assert [r["node"] for r in rows] == [0, 1]
@@ -181,8 +205,9 @@ def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_p
     # a watcher that first finds it damaged shows no nodes, for good
     w2 = RunWatcher(run_dir)
     assert w2.poll(history=False).nodes == []
-    (run_dir / "plan.json").write_text(json.dumps({"nnodes": 2, "nproc_per_node": 1,
-                                                   "nodes": [{}, {}]}))
+    (run_dir / "plan.json").write_text(
+        json.dumps({"nnodes": 2, "nproc_per_node": 1, "nodes": [{}, {}]})
+    )
     assert w2.poll(history=False).nodes == []
 
 
@@ -200,7 +225,7 @@ def test_a_node_that_sees_the_head_folder_writes_its_records_there_and_streams_n
     node.create()
     share_records(node, str(head.path), 1, 2)
     assert shared(node)
-    with open(node.event_file(3), "a") as f:          # rank 3 = node 1's second rank
+    with open(node.event_file(3), "a") as f:  # rank 3 = node 1's second rank
         f.write('{"kind":"step","step":1}\n')
     assert head.event_file(3).read_text() == '{"kind":"step","step":1}\n'
     (node.logs / "node1" / "x_0").mkdir()
@@ -210,38 +235,46 @@ def test_a_node_that_sees_the_head_folder_writes_its_records_there_and_streams_n
     out = io.BytesIO()
     Streamer(node, 1, {}, out).pump(final=True)
     sent = {json.loads(x)["f"] for x in out.getvalue().splitlines()}
-    assert sent == {"stacks/rank2.txt"}               # the rest is in place already
+    assert sent == {"stacks/rank2.txt"}  # the rest is in place already
 
 
 def test_a_lost_node_with_restarts_left_is_asked_back_and_named_if_it_never_returns(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     import time
     from types import SimpleNamespace
 
     from tunedeck.core.nodes import link as link_mod
 
     monkeypatch.setattr(link_mod.NodeLink, "start", lambda self: None)
-    spec = loads_spec(BASE.replace("nnodes = 3", "nnodes = 2") +
-                      'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
-                      'join_timeout_s = 30\n[run]\nmax_restarts = 1\n')
+    spec = loads_spec(
+        BASE.replace("nnodes = 3", "nnodes = 2")
+        + 'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
+        "join_timeout_s = 30\n[run]\nmax_restarts = 1\n"
+    )
     run = RunDir(tmp_path / "r1")
     run.create()
     run.write_state({"attempt": 0, "launches": []})
-    (run.node_log_dir(1) / "x_0").mkdir(parents=True)     # node 1 had joined
+    (run.node_log_dir(1) / "x_0").mkdir(parents=True)  # node 1 had joined
     saved, stops = [], []
-    ctx = SimpleNamespace(spec=spec, run=run, store=SimpleNamespace(save_finding=saved.append),
-                          stopping=lambda: False, node_rank=0)
+    ctx = SimpleNamespace(
+        spec=spec,
+        run=run,
+        store=SimpleNamespace(save_finding=saved.append),
+        stopping=lambda: False,
+        node_rank=0,
+    )
     mon = link_mod.NodesMonitor(ctx)
     monkeypatch.setattr(mon, "_stop_head", lambda why, node: stops.append((why, node)))
     (lk,) = mon.links
     lk.started, lk.connected, lk.gone = True, True, "the agent of node 1 is gone"
     t = time.time()
     mon.tick(t, [])
-    assert lk.reviving is not None and not stops          # asked back, the run goes on
+    assert lk.reviving is not None and not stops  # asked back, the run goes on
     assert saved[-1].category == "node_lost" and saved[-1].severity == "warning"
     mon.tick(t + 29, [])
     assert not stops
-    mon.tick(t + 31, [])                                   # not back within join_timeout_s
+    mon.tick(t + 31, [])  # not back within join_timeout_s
     assert stops and stops[0][1] == 1 and "did not come back within 30s" in stops[0][0]
     assert saved[-1].severity == "error" and "node 1 (gpu7)" in saved[-1].summary
     # a node that is back is judged afresh: a second loss, with no restart left (the head
@@ -263,21 +296,27 @@ def test_a_slurm_node_writes_its_records_into_the_run_folder(tmp_path):
     from tests.test_manage import make_run
     from tunedeck.core.nodes.slurm import prepare_node
 
-    run_dir = make_run(tmp_path / "runs", "20261202-030000-slurm-0a0a", status="running",
-                       cluster__nnodes=2, cluster__master_addr="10.0.0.1",
-                       cluster__launcher="slurm")
+    run_dir = make_run(
+        tmp_path / "runs",
+        "20261202-030000-slurm-0a0a",
+        status="running",
+        cluster__nnodes=2,
+        cluster__master_addr="10.0.0.1",
+        cluster__launcher="slurm",
+    )
     node = prepare_node(run_dir, 1, "10.0.0.1")
     assert node.path == run_dir.parent / "20261202-030000-slurm-0a0a.node1"
     head = RunDir(run_dir)
     nproc = head.nproc_per_node
-    for r in range(nproc, 2 * nproc):           # node 1's ranks land in the run's events/
+    for r in range(nproc, 2 * nproc):  # node 1's ranks land in the run's events/
         assert node.event_file(r).resolve() == head.event_file(r).resolve()
     assert not node.event_file(0).exists()
     assert node.agent_log.resolve() == (head.logs / "agent-node1.log").resolve()
     plan = json.loads(node.plan.read_text())
-    assert plan["nodes"][1]["argv"][plan["nodes"][1]["argv"].index("--rdzv_endpoint") + 1] \
-        .startswith("10.0.0.1:")
-    assert prepare_node(run_dir, 1, "10.0.0.1").path == node.path    # again: the same folder
+    assert plan["nodes"][1]["argv"][
+        plan["nodes"][1]["argv"].index("--rdzv_endpoint") + 1
+    ].startswith("10.0.0.1:")
+    assert prepare_node(run_dir, 1, "10.0.0.1").path == node.path  # again: the same folder
 
 
 def test_nodes_agree_on_where_a_restart_continues(tmp_path):
@@ -292,16 +331,18 @@ def test_nodes_agree_on_where_a_restart_continues(tmp_path):
     from tunedeck.core.rundir import write_json_atomic
     from tunedeck.core.runs import restarts
 
-    spec = loads_spec('backend = "script"\n[script]\npath = "x.py"\n[cluster]\nnnodes = 2\n'
-                      'launcher = "ssh"\nhosts = ["a", "b"]\nmaster_addr = "10.0.0.1"\n',
-                      source="<test>")
+    spec = loads_spec(
+        'backend = "script"\n[script]\npath = "x.py"\n[cluster]\nnnodes = 2\n'
+        'launcher = "ssh"\nhosts = ["a", "b"]\nmaster_addr = "10.0.0.1"\n',
+        source="<test>",
+    )
     head, node = RunDir(tmp_path / "head"), RunDir(tmp_path / "node")
     for r in (head, node):
         r.path.mkdir()
     ck = tmp_path / "head" / "output" / "checkpoint-8"
     mine = Restart.at(ck, var="TUNEDECK_RESUME_FROM")
     assert restarts.agreement_needed(spec, mine)
-    assert not restarts.agreement_needed(spec, Restart.at(ck))     # the built-in trainer
+    assert not restarts.agreement_needed(spec, Restart.at(ck))  # the built-in trainer
 
     # node 1's link says it shares the head's folder: the head's checkpoint for everyone
     link = link_file(head, 1)
@@ -312,9 +353,10 @@ def test_nodes_agree_on_where_a_restart_continues(tmp_path):
     write_json_atomic(node.path / "node.json", {"head_dir": str(head.path), "shared": True})
     there = restarts.head_folder(node)
     assert there == head.path
-    assert restarts.head_said(there, 2, since=time.time() + 60) is None   # an older decision
-    theirs = restarts.follow(Restart.at(None, var="TUNEDECK_RESUME_FROM"),
-                             restarts.head_said(there, 1, since=0))
+    assert restarts.head_said(there, 2, since=time.time() + 60) is None  # an older decision
+    theirs = restarts.follow(
+        Restart.at(None, var="TUNEDECK_RESUME_FROM"), restarts.head_said(there, 1, since=0)
+    )
     assert theirs.checkpoint == ck and theirs.environ() == said.environ()
 
     # a node apart: the head says step 0, and that node does not wait for it
@@ -326,12 +368,13 @@ def test_nodes_agree_on_where_a_restart_continues(tmp_path):
     assert restarts.head_folder(node) is None
     assert restarts.apart_here(mine).checkpoint is None
     # nothing said in time: step 0, and why
-    assert restarts.follow(mine, None).checkpoint is None and "did not say" in \
-        restarts.follow(mine, None).note
+    assert (
+        restarts.follow(mine, None).checkpoint is None
+        and "did not say" in restarts.follow(mine, None).note
+    )
 
 
-def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_head_ended(
-        tmp_path):
+def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_head_ended(tmp_path):
     """Under Slurm every agent exits 0 (srun ends nothing), so each reads the others' state
     on the shared disk: a node's failed run stops the head's as a failure naming it, and a
     head's failed run stops the node's; each agent is woken by SIGUSR1."""
@@ -345,8 +388,10 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
     woken = []
     old = signal.signal(signal.SIGUSR1, lambda *_: woken.append(1))
     try:
-        spec = loads_spec('backend = "script"\n[script]\npath = "/x/t.py"\n[cluster]\n'
-                          'nnodes = 2\nlauncher = "slurm"\n')
+        spec = loads_spec(
+            'backend = "script"\n[script]\npath = "/x/t.py"\n[cluster]\n'
+            'nnodes = 2\nlauncher = "slurm"\n'
+        )
         head = RunDir(tmp_path / "runs" / "r1")
         node = RunDir(tmp_path / "runs" / node_run_id("r1", 1))
         for d in (head, node):
@@ -359,11 +404,14 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         signalled = []
 
         def ctx(run, rank, who):
-            return SimpleNamespace(run=run, spec=spec, node_rank=rank,
-                                   stopping=lambda: stopping[who],
-                                   store=SimpleNamespace(save_finding=saved.append),
-                                   signal_ours=lambda st, pids, sig: signalled.append(
-                                       (pids, sig)) or pids)
+            return SimpleNamespace(
+                run=run,
+                spec=spec,
+                node_rank=rank,
+                stopping=lambda: stopping[who],
+                store=SimpleNamespace(save_finding=saved.append),
+                signal_ours=lambda st, pids, sig: signalled.append((pids, sig)) or pids,
+            )
 
         hw, nw = NodesWatch(ctx(head, 0, "head")), NodesWatch(ctx(node, 1, "node"))
         hw.tick(time.time(), [])
@@ -371,38 +419,72 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         assert not head.stop_request.exists() and not node.stop_request.exists()
         # node 1's attempt 0 failed and it waits to restart: the head's attempt, started
         # before, ends (its ranks could wait in a collective for node 1 forever)
-        write_json_atomic(head.state, {"status": "running", "attempt": 0, "torchrun_pid": 11,
-                                       "worker_pids": [12], "launches": [{"t": 100.0}]})
-        write_json_atomic(node.state, {"status": "running", "attempt": 1, "attempts": [
-            {"attempt": 0, "exit_code": 1, "ended": 200.0}]})
+        write_json_atomic(
+            head.state,
+            {
+                "status": "running",
+                "attempt": 0,
+                "torchrun_pid": 11,
+                "worker_pids": [12],
+                "launches": [{"t": 100.0}],
+            },
+        )
+        write_json_atomic(
+            node.state,
+            {
+                "status": "running",
+                "attempt": 1,
+                "attempts": [{"attempt": 0, "exit_code": 1, "ended": 200.0}],
+            },
+        )
         hw.tick(time.time(), [])
         assert signalled == [([11, 12], signal.SIGKILL)]
         # the head's next attempt (started after node 1's ended) is left alone
-        write_json_atomic(head.state, {"status": "running", "attempt": 1, "torchrun_pid": 13,
-                                       "worker_pids": [14], "launches": [{"t": 100.0},
-                                                                         {"t": 250.0}]})
-        write_json_atomic(node.state, {"status": "running", "attempt": 1, "note": "x",
-                                       "attempts": [{"attempt": 0, "exit_code": 1,
-                                                     "ended": 200.0}]})
+        write_json_atomic(
+            head.state,
+            {
+                "status": "running",
+                "attempt": 1,
+                "torchrun_pid": 13,
+                "worker_pids": [14],
+                "launches": [{"t": 100.0}, {"t": 250.0}],
+            },
+        )
+        write_json_atomic(
+            node.state,
+            {
+                "status": "running",
+                "attempt": 1,
+                "note": "x",
+                "attempts": [{"attempt": 0, "exit_code": 1, "ended": 200.0}],
+            },
+        )
         hw.tick(time.time(), [])
         assert len(signalled) == 1
         write_json_atomic(head.state, {"status": "running"})
         # node 1's run failed: the head stops, as a failure that names node 1
-        write_json_atomic(node.state, {"status": "failed", "host": "gpu7",
-                                       "message": "torchrun exited with code 1"})
+        write_json_atomic(
+            node.state,
+            {"status": "failed", "host": "gpu7", "message": "torchrun exited with code 1"},
+        )
         hw.tick(time.time(), [])
         req = head.read_stop()
-        assert req["failed"] is True and req["node"] == 1 and req["by"] == (
-            "node 1 (gpu7) was lost mid-run: its run ended failed: torchrun exited with code 1")
+        assert (
+            req["failed"] is True
+            and req["node"] == 1
+            and req["by"]
+            == ("node 1 (gpu7) was lost mid-run: its run ended failed: torchrun exited with code 1")
+        )
         assert saved and saved[0].category == "node_lost" and saved[0].node == 1
         assert woken == [1]
-        hw.tick(time.time(), [])                 # said once
+        hw.tick(time.time(), [])  # said once
         assert len(saved) == 1
         # the other way: the head's run failed while a node runs on
         write_json_atomic(node.state, {"status": "running"})
         nw2 = NodesWatch(ctx(node, 1, "node"))
-        write_json_atomic(head.state, {"status": "failed", "message": "torchrun exited "
-                                                                        "with code 1"})
+        write_json_atomic(
+            head.state, {"status": "failed", "message": "torchrun exited with code 1"}
+        )
         nw2.tick(time.time(), [])
         req = node.read_stop()
         assert req["by"] == "the head's run ended failed: torchrun exited with code 1"

@@ -19,8 +19,9 @@ from tunedeck.core.runs.nccl import MAX_ISSUES, NcclReader
 NCCL_LOG = REPO.parent / "shared" / "fixtures" / "h200" / "ddp2_nccl_info.log"
 HUNG = REPO / "tests" / "fixtures" / "h200" / "hung_rank"
 
-needs_recording = pytest.mark.skipif(not NCCL_LOG.exists(),
-                                     reason=f"{NCCL_LOG} is not in this checkout")
+needs_recording = pytest.mark.skipif(
+    not NCCL_LOG.exists(), reason=f"{NCCL_LOG} is not in this checkout"
+)
 
 
 def _rank_dir(run: Path, rank: int, attempt: str = "attempt_0") -> Path:
@@ -59,7 +60,7 @@ def test_recorded_nccl_info_per_rank(nccl_run):
         # every channel to the peer is direct P2P (CUMEM): 24 of them, however often listed
         assert (p.peer, p.transport, p.via, len(p.channels)) == (peer, "P2P", "P2P/CUMEM", 24)
         assert r.issues == [] and r.caught_up
-    assert not reader.poll()    # nothing new: nothing changed
+    assert not reader.poll()  # nothing new: nothing changed
 
 
 @needs_recording
@@ -95,7 +96,7 @@ def test_watchdog_errors_of_the_hung_rank_recording(tmp_path):
     reader = NcclReader(RunDir(run))
     reader.poll()
     r0, r1 = reader.summaries()
-    assert r0.version is None and not r0.peers      # NCCL_DEBUG was not set there
+    assert r0.version is None and not r0.peers  # NCCL_DEBUG was not set there
     first = r0.issues[0]
     assert first.level == "ERROR" and (first.file, first.line) == ("stderr.log", 1)
     assert "Watchdog caught collective operation timeout" in first.text
@@ -116,9 +117,11 @@ def test_a_log_without_nccl_and_a_new_attempt(tmp_path):
     assert s.nccl_lines == 0 and s.issues == [] and s.caught_up
     # torchrun starts again: NCCL initialises again, the summary starts over
     d2 = _rank_dir(run, 0, "attempt_1")
-    (d2 / "stdout.log").write_text("h:9:9 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
-                                   "h:9:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via "
-                                   "NET/IB/0/GDRDMA\n")
+    (d2 / "stdout.log").write_text(
+        "h:9:9 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+        "h:9:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via "
+        "NET/IB/0/GDRDMA\n"
+    )
     (d2 / "stderr.log").write_text("")
     assert reader.poll()
     s = reader.summary(0)

@@ -43,10 +43,14 @@ def test_a_live_runs_folder_is_refused_the_same_inside_or_around_it(root, tmp_pa
     out = tmp_path / "out"
     make_run(root, "live-1", name="first", status="running", output_dir=str(out))
     before = runs_in(root)
-    for mine, how in ((out, "writes it"), (out / "v0-20250101-120000", "lies inside"),
-                      (tmp_path, "holds"),
-                      # the same folder through a symlink and a relative path: real paths
-                      (tmp_path / "link", "writes it"), ("../../out", "writes it")):
+    for mine, how in (
+        (out, "writes it"),
+        (out / "v0-20250101-120000", "lies inside"),
+        (tmp_path, "holds"),
+        # the same folder through a symlink and a relative path: real paths
+        (tmp_path / "link", "writes it"),
+        ("../../out", "writes it"),
+    ):
         if mine == tmp_path / "link":
             mine.symlink_to(out)
         with pytest.raises(launch.OutputShared) as e:
@@ -55,7 +59,7 @@ def test_a_live_runs_folder_is_refused_the_same_inside_or_around_it(root, tmp_pa
         assert "live run live-1 (first, running)" in said and how in said, said
         assert str(out) in said and "--share-output" in said
         assert [r.run_id for r, _ in e.value.users] == ["live-1"]
-    assert runs_in(root) == before          # nothing written
+    assert runs_in(root) == before  # nothing written
 
     # asked to share: launched, and state.json says with whom
     run_dir = launch.prepare_run(demo_spec(str(out)), root, share_output=True)
@@ -80,7 +84,7 @@ def test_only_runs_that_can_still_write_count(root, tmp_path):
     st["created"] = time.time() - launch.ABANDONED_S - 60
     RunDir(abandoned).write_state(st)
     assert launch.output_users(Path(out), root) == []
-    launch.prepare_run(demo_spec(str(out)), root)      # allowed
+    launch.prepare_run(demo_spec(str(out)), root)  # allowed
 
     # the run just launched is pending: it holds the folder now
     with pytest.raises(launch.OutputShared, match="pending"):
@@ -101,15 +105,23 @@ def test_an_ms_swift_runs_own_output_dir_flag_counts(root, tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "spec.toml").write_text(
         'name = "sft"\nbackend = "swift"\n[run]\noutput_dir = "/somewhere/else"\n'
-        f'[swift]\nextra_args = ["--lora_rank", "8", "--output_dir={theirs}"]\n')
+        f'[swift]\nextra_args = ["--lora_rank", "8", "--output_dir={theirs}"]\n'
+    )
     me = psutil.Process()
-    RunDir(run_dir).write_state({"run_id": "swift-live", "name": "sft", "status": "running",
-                                 "created": time.time(), "agent_pid": me.pid,
-                                 "agent_create_time": me.create_time()})
+    RunDir(run_dir).write_state(
+        {
+            "run_id": "swift-live",
+            "name": "sft",
+            "status": "running",
+            "created": time.time(),
+            "agent_pid": me.pid,
+            "agent_create_time": me.create_time(),
+        }
+    )
     assert launch.run_written_folder(RunDir(run_dir)) == theirs.resolve()
     with pytest.raises(launch.OutputShared, match="swift-live"):
         launch.prepare_run(demo_spec(str(theirs / "v1-20250102-120000")), root)
-    launch.prepare_run(demo_spec("/somewhere/else"), root)     # not what it writes
+    launch.prepare_run(demo_spec("/somewhere/else"), root)  # not what it writes
 
 
 def test_launches_at_the_same_moment_do_not_both_pass(root, tmp_path):
@@ -135,25 +147,29 @@ def test_launches_at_the_same_moment_do_not_both_pass(root, tmp_path):
     assert all(made[0].name in str(e) for e in refused)
     assert launch.lock_path(root) == root.parent / "runs.launch.lock"
     assert launch.lock_path(root).is_file()
-    assert runs_in(root) == {p.name for p in root.iterdir()}     # only runs in the root
+    assert runs_in(root) == {p.name for p in root.iterdir()}  # only runs in the root
 
 
 def test_the_lock_is_reentrant_in_a_thread_and_exclusive_across_processes(root):
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from tunedeck.core.runs import launch\n"
-            "try:\n"
-            "    with launch.launch_lock(Path(sys.argv[1]), wait_s=0.3): print('got it')\n"
-            "except launch.LaunchError as e: print('refused:', e)\n")
+    code = (
+        "import sys; from pathlib import Path; from tunedeck.core.runs import launch\n"
+        "try:\n"
+        "    with launch.launch_lock(Path(sys.argv[1]), wait_s=0.3): print('got it')\n"
+        "except launch.LaunchError as e: print('refused:', e)\n"
+    )
     with launch.launch_lock(root):
-        with launch.launch_lock(root):      # launch → prepare_run: the same thread again
+        with launch.launch_lock(root):  # launch → prepare_run: the same thread again
             pass
-        other = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
-                               text=True, timeout=60)
+        other = subprocess.run(
+            [sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60
+        )
         assert "refused: another launch has held" in other.stdout, other
-    other = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
-                           text=True, timeout=60)
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60
+    )
     assert other.stdout.strip() == "got it", other
 
 

@@ -20,8 +20,16 @@ from tunedeck.core.runs.state import pid_alive
 
 pytestmark = pytest.mark.slow
 
-LONG = ("--set", 'cluster.device="cpu"', "--set", "train.max_steps=100000",
-        "--set", "train.save_steps=3", "--set", "run.stop_grace_s=60")
+LONG = (
+    "--set",
+    'cluster.device="cpu"',
+    "--set",
+    "train.max_steps=100000",
+    "--set",
+    "train.save_steps=3",
+    "--set",
+    "run.stop_grace_s=60",
+)
 
 
 def launch_long(home: Path, *more: str) -> str:
@@ -42,9 +50,17 @@ def ended(home: Path, run_id: str) -> None:
 def at_once(home: Path, *argvs: list[str]) -> list[subprocess.CompletedProcess]:
     """The commands started together, as two terminals would; their results."""
     env = dict(os.environ, TUNEDECK_HOME=str(home))
-    procs = [subprocess.Popen([sys.executable, "-m", "tunedeck.tui", *argv], env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv in argvs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tunedeck.tui", *argv],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in argvs
+    ]
     done = []
     for p, argv in zip(procs, argvs):
         out, err = p.communicate(timeout=300)
@@ -83,8 +99,10 @@ def test_two_resumes_at_once_launch_one_run_unless_told_to_share(td_home):
     shared = resume + ["--share-output"]
     c, d = at_once(td_home, shared, shared)
     one, two = launched(c), launched(d)
-    with_ = {one: state(td_home, one)["output_shared_with"],
-             two: state(td_home, two)["output_shared_with"]}
+    with_ = {
+        one: state(td_home, one)["output_shared_with"],
+        two: state(td_home, two)["output_shared_with"],
+    }
     assert sorted(with_.values()) == [[], [one]] or sorted(with_.values()) == [[], [two]], with_
     later = one if with_[one] else two
     assert "shares its output folder" in (c if later == one else d).stderr
@@ -94,15 +112,26 @@ def test_two_resumes_at_once_launch_one_run_unless_told_to_share(td_home):
 
 def test_a_live_runs_folder_is_refused_and_a_live_run_is_not_cloned(td_home, tmp_path):
     live = launch_long(td_home)
-    wait_for(lambda: cli_json("status", live, home=td_home)["status"] == "running", 120,
-             "the run to start")
+    wait_for(
+        lambda: cli_json("status", live, home=td_home)["status"] == "running",
+        120,
+        "the run to start",
+    )
     out = td_home / "runs" / live / "output"
     runs = len(cli_json("ls", home=td_home))
 
-    for folder in (out, out / "sub"):      # the same folder, or one inside it
-        p = cli("launch", str(DEMO), "--set", 'cluster.device="cpu"',
-                "--set", f'run.output_dir="{folder}"', "--no-preflight", home=td_home,
-                check=False)
+    for folder in (out, out / "sub"):  # the same folder, or one inside it
+        p = cli(
+            "launch",
+            str(DEMO),
+            "--set",
+            'cluster.device="cpu"',
+            "--set",
+            f'run.output_dir="{folder}"',
+            "--no-preflight",
+            home=td_home,
+            check=False,
+        )
         assert p.returncode == 1, p.stderr
         assert f"live run {live} (demo, running)" in p.stderr and str(out) in p.stderr
         assert "--share-output" in p.stderr and "Traceback" not in p.stderr
@@ -111,11 +140,21 @@ def test_a_live_runs_folder_is_refused_and_a_live_run_is_not_cloned(td_home, tmp
     assert p.returncode == 2 and f"cannot clone {live}" in p.stderr, p.stderr
     assert "running: a clone copies an ended run's spec" in p.stderr
     assert "ended run's spec" in cli("clone", "--help", home=td_home).stdout
-    assert len(cli_json("ls", home=td_home)) == runs         # nothing launched
+    assert len(cli_json("ls", home=td_home)) == runs  # nothing launched
 
-    p = cli("launch", str(DEMO), "--set", 'cluster.device="cpu"',
-            "--set", f'run.output_dir="{out}"', "--no-preflight", "--share-output", "--json",
-            home=td_home, check=False)
+    p = cli(
+        "launch",
+        str(DEMO),
+        "--set",
+        'cluster.device="cpu"',
+        "--set",
+        f'run.output_dir="{out}"',
+        "--no-preflight",
+        "--share-output",
+        "--json",
+        home=td_home,
+        check=False,
+    )
     sharer = launched(p)
     assert state(td_home, sharer)["output_shared_with"] == [live]
     assert f"with live run(s) {live} (--share-output)" in p.stderr

@@ -23,10 +23,26 @@ def home(tmp_path, monkeypatch) -> Path:
     writing the same output folder, as a resume of it would."""
     home = tmp_path / "home"
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
-    src = make_run(home / "runs", SRC, name="src", status="stopped", created=T0, step=50,
-                   max_steps=300, checkpoints=(50,))
-    make_run(home / "runs", LIVE, name="resumed", status="running", created=T0 + 86400,
-             step=60, max_steps=300, output_dir=str(src / "output"))
+    src = make_run(
+        home / "runs",
+        SRC,
+        name="src",
+        status="stopped",
+        created=T0,
+        step=50,
+        max_steps=300,
+        checkpoints=(50,),
+    )
+    make_run(
+        home / "runs",
+        LIVE,
+        name="resumed",
+        status="running",
+        created=T0 + 86400,
+        step=60,
+        max_steps=300,
+        output_dir=str(src / "output"),
+    )
     return home
 
 
@@ -46,8 +62,9 @@ async def test_c_on_a_live_run_says_why_and_opens_nothing(home, monkeypatch):
 async def test_r_into_a_folder_a_live_run_writes_is_refused_at_the_launch(home, monkeypatch):
     from tunedeck.tui.screens.preflight import PreflightScreen
 
-    monkeypatch.setattr(PreflightScreen, "gpu_probe", staticmethod(
-        lambda: GpuFacts(error="no GPU (recorded)")))
+    monkeypatch.setattr(
+        PreflightScreen, "gpu_probe", staticmethod(lambda: GpuFacts(error="no GPU (recorded)"))
+    )
     app = app_for()
     async with app.run_test(size=(160, 40)) as pilot:
         screen, _ = await loaded(app, pilot, 2)
@@ -56,9 +73,12 @@ async def test_r_into_a_folder_a_live_run_writes_is_refused_at_the_launch(home, 
         await until(pilot, lambda: isinstance(app.screen, PreflightScreen), what="the gate")
         gate = app.screen
         await until(pilot, lambda: gate.finished, what="the checks")
-        await pilot.press("O", "l")          # past any check this machine fails: the launch
-        await until(pilot, lambda: any("launch failed" in n.message
-                                       for n in app._notifications), what="the error")
+        await pilot.press("O", "l")  # past any check this machine fails: the launch
+        await until(
+            pilot,
+            lambda: any("launch failed" in n.message for n in app._notifications),
+            what="the error",
+        )
         said = next(n.message for n in app._notifications if "launch failed" in n.message)
         assert f"live run {LIVE} (resumed, running)" in said and "--share-output" in said
         assert isinstance(app.screen, PreflightScreen)

@@ -17,8 +17,9 @@ from tunedeck.core.telemetry.gpus import Gpu, GpuFacts, probe_gpus
 from tests.conftest import REPO, cli
 
 DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
-GOOD_ROW = {"messages": [{"role": "user", "content": "hi"},
-                         {"role": "assistant", "content": "hello"}]}
+GOOD_ROW = {
+    "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+}
 
 
 def write_spec(tmp: Path, extra: str = "", data: Path = DEMO_DATA) -> Path:
@@ -37,8 +38,7 @@ def check_fixed(spec_path: Path, cid: str, overrides=(), gpu_probe=None):
     ctx = make_context(spec_path, list(overrides), gpu_probe=gpu_probe)
     r = next(r for r in run_checks(ctx) if r.id == cid)
     assert r.fix_set, f"{cid} offers no value fix: {r}"
-    fixed = make_context(spec=set_values(ctx.spec, r.fix_set), base=ctx.base,
-                         gpu_probe=gpu_probe)
+    fixed = make_context(spec=set_values(ctx.spec, r.fix_set), base=ctx.base, gpu_probe=gpu_probe)
     return r, next(x for x in run_checks(fixed) if x.id == cid)
 
 
@@ -53,7 +53,7 @@ def test_port_taken_fails_and_offers_a_free_one(tmp_path):
         assert r.status == "fail" and str(port) in r.detail
         offered = int(r.fix.split("master_port = ")[1].split()[0])
         assert offered != port
-        assert r.fix_set == {"cluster.master_port": offered}   # the same port, as a value
+        assert r.fix_set == {"cluster.master_port": offered}  # the same port, as a value
         with socket.socket() as t:  # the offered port really is free
             t.bind(("127.0.0.1", offered))
         r, fixed = check_fixed(spec, "net.port")
@@ -70,13 +70,14 @@ def test_port_of_a_live_run_of_this_home_fails_with_its_id(tmp_path, monkeypatch
     from tunedeck.core.estimate.resolve import free_port
     from tunedeck.core.rundir import RunDir
 
-    td_home = tmp_path / "home"       # no td_home: its teardown would stop the "live" run,
-    monkeypatch.setenv("TUNEDECK_HOME", str(td_home))   # whose agent is this process
+    td_home = tmp_path / "home"  # no td_home: its teardown would stop the "live" run,
+    monkeypatch.setenv("TUNEDECK_HOME", str(td_home))  # whose agent is this process
     port = free_port()
     spec = write_spec(tmp_path, f"master_port = {port}")
     assert check(spec, "net.port").status == "pass"
-    live = RunDir(make_run(td_home / "runs", "20251124-090000-live-a1b2", name="live",
-                           status="running"))
+    live = RunDir(
+        make_run(td_home / "runs", "20251124-090000-live-a1b2", name="live", status="running")
+    )
     st = live.read_state()
     st["master_port"] = port
     live.write_state(st)
@@ -92,7 +93,7 @@ def test_port_of_a_live_run_of_this_home_fails_with_its_id(tmp_path, monkeypatch
     live.write_state(st)
     assert check(spec, "net.port").status == "pass"
     # a run whose agent is gone (a stale state.json) does not hold it either
-    st.update(status="running", agent_pid=2 ** 22 + 7, agent_create_time=1.0)
+    st.update(status="running", agent_pid=2**22 + 7, agent_create_time=1.0)
     live.write_state(st)
     assert check(spec, "net.port").status == "pass"
     st.update(status="failed")
@@ -101,8 +102,12 @@ def test_port_of_a_live_run_of_this_home_fails_with_its_id(tmp_path, monkeypatch
 
 def test_broken_dataset_line_names_file_and_line(tmp_path):
     data = tmp_path / "d.jsonl"
-    rows = [json.dumps(GOOD_ROW), '{"messages": [broken', json.dumps(GOOD_ROW),
-            json.dumps({"messages": [{"role": "user", "content": "no answer"}]})]
+    rows = [
+        json.dumps(GOOD_ROW),
+        '{"messages": [broken',
+        json.dumps(GOOD_ROW),
+        json.dumps({"messages": [{"role": "user", "content": "no answer"}]}),
+    ]
     data.write_text("\n".join(rows) + "\n")
     spec = write_spec(tmp_path, data=data)
     r = check(spec, "data.rows")
@@ -141,16 +146,26 @@ def test_unwritable_output_dir_fails_even_for_root(tmp_path):
     assert r.status == "fail" and "not writable" in r.detail
     r = check(spec, "host.output_dir", [f"run.output_dir={tmp_path / 'out' / 'deep'}"])
     assert r.status == "pass", r.detail
-    assert not (tmp_path / "out").exists()   # preflight creates nothing
+    assert not (tmp_path / "out").exists()  # preflight creates nothing
 
 
 def _model_dir(tmp: Path) -> Path:
     m = tmp / "model"
     m.mkdir(exist_ok=True)
-    (m / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-        "vocab_size": 100, "tie_word_embeddings": True}))
+    (m / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 128,
+                "vocab_size": 100,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     (m / "model.safetensors").write_bytes(b"\0" * 64)
     return m
 
@@ -189,7 +204,7 @@ def test_two_gpus_requested_where_none_exist(tmp_path):
     spec = write_spec(tmp_path)
     r = check(spec, "gpu.count", ["cluster.device=cuda", "cluster.nproc_per_node=2"])
     assert r.status == "fail" and "asks for 2 GPU" in r.detail and "none are visible" in r.detail
-    assert check(spec, "gpu.count").status == "skip"      # device cpu: not applicable
+    assert check(spec, "gpu.count").status == "skip"  # device cpu: not applicable
 
 
 def test_nccl_socket_ifname_must_exist(tmp_path):
@@ -233,23 +248,26 @@ def test_backend_versions_and_saving(tmp_path):
 
 # -- GPU rules on recorded facts (a 2×H200 box like shared/fixtures/h200/env.txt) ------------
 
+
 def h200s(n=2, **kw) -> GpuFacts:
-    f = GpuFacts(gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
-                 driver="580.1", cuda_driver=(13, 0), **kw)
+    f = GpuFacts(
+        gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
+        driver="580.1",
+        cuda_driver=(13, 0),
+        **kw,
+    )
     f.links = {(0, 1): ("NVLink", True)} if n == 2 else {}
     return f
 
 
 def gpu_spec(tmp_path, extra=""):
-    return write_spec(tmp_path, extra).read_text().replace('device = "cpu"',
-                                                           'device = "cuda"')
+    return write_spec(tmp_path, extra).read_text().replace('device = "cpu"', 'device = "cuda"')
 
 
 def ctx_for(tmp_path, facts, extra="", overrides=()):
     p = tmp_path / "g.toml"
     p.write_text(gpu_spec(tmp_path, extra))
-    return {r.id: r for r in run_checks(make_context(p, list(overrides),
-                                                     gpu_probe=lambda: facts))}
+    return {r.id: r for r in run_checks(make_context(p, list(overrides), gpu_probe=lambda: facts))}
 
 
 def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
@@ -267,11 +285,11 @@ def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
     rs = ctx_for(tmp_path, mixed, overrides=["model.dtype=bfloat16"])
     assert rs["gpu.uniform"].status == "warn" and rs["gpu.bf16"].status == "fail"
     assert rs["gpu.bf16"].fix_set == {"model.dtype": "float16"}
-    assert ctx_for(tmp_path, mixed, overrides=["model.dtype=float16"])["gpu.bf16"].status \
-        != "fail"
-    assert rs["gpu.fp8"].status == "skip"          # method.fp8_base off
-    assert ctx_for(tmp_path, h200s(), overrides=["method.fp8_base=true"])["gpu.fp8"].status \
-        == "pass"
+    assert ctx_for(tmp_path, mixed, overrides=["model.dtype=float16"])["gpu.bf16"].status != "fail"
+    assert rs["gpu.fp8"].status == "skip"  # method.fp8_base off
+    assert (
+        ctx_for(tmp_path, h200s(), overrides=["method.fp8_base=true"])["gpu.fp8"].status == "pass"
+    )
     a100s = h200s()
     a100s.gpus = [Gpu(g.index, "NVIDIA A100-SXM4-80GB", 80.0, (8, 0)) for g in a100s.gpus]
     fp8 = ctx_for(tmp_path, a100s, overrides=["method.fp8_base=true"])["gpu.fp8"]
@@ -280,8 +298,9 @@ def test_gpu_rules_on_recorded_facts(tmp_path, monkeypatch):
     nop2p = h200s()
     nop2p.links = {(0, 1): ("across CPU sockets", False)}
     rs = ctx_for(tmp_path, nop2p)
-    assert rs["gpu.interconnect"].status == "warn" and "NCCL_P2P_DISABLE" in \
-        rs["gpu.interconnect"].fix
+    assert (
+        rs["gpu.interconnect"].status == "warn" and "NCCL_P2P_DISABLE" in rs["gpu.interconnect"].fix
+    )
     assert rs["gpu.interconnect"].fix_set == {"env.NCCL_P2P_DISABLE": "1"}
     rs = ctx_for(tmp_path, h200s(), overrides=["env.NCCL_P2P_DISABLE=1"])
     assert rs["gpu.interconnect"].status == "warn" and "remove" in rs["gpu.interconnect"].fix
@@ -300,15 +319,17 @@ def test_gpu_rules_on_facts_probed_from_fake_nvml(tmp_path, monkeypatch):
     rs = ctx_for(tmp_path, probe_gpus(fake))
     assert rs["gpu.count"].status == "pass" and "2 GPU(s)" in rs["gpu.count"].detail
     assert rs["gpu.uniform"].detail == "2 × NVIDIA H200, 140 GiB"
-    assert rs["gpu.interconnect"].status == "pass" and rs["gpu.interconnect"].detail == \
-        "0-1: NVLink"
-    old = FakePynvml(2, cc=(7, 0), nvlinks=0, p2p=False)     # V100-like, PCIe, P2P broken
+    assert (
+        rs["gpu.interconnect"].status == "pass" and rs["gpu.interconnect"].detail == "0-1: NVLink"
+    )
+    old = FakePynvml(2, cc=(7, 0), nvlinks=0, p2p=False)  # V100-like, PCIe, P2P broken
     rs = ctx_for(tmp_path, probe_gpus(old), overrides=["model.dtype=bfloat16"])
     assert rs["gpu.bf16"].status == "fail" and "sm_70" in rs["gpu.bf16"].detail
     assert rs["gpu.interconnect"].status == "warn"
     assert "across CPU sockets (no P2P)" in rs["gpu.interconnect"].detail
-    rs = ctx_for(tmp_path, probe_gpus(FakePynvml(no_driver=True)),
-                 overrides=["cluster.nproc_per_node=2"])
+    rs = ctx_for(
+        tmp_path, probe_gpus(FakePynvml(no_driver=True)), overrides=["cluster.nproc_per_node=2"]
+    )
     assert rs["gpu.count"].status == "fail" and "no NVIDIA driver" in rs["gpu.count"].detail
 
 
@@ -320,15 +341,28 @@ def test_cli_exit_codes_and_json(tmp_path, td_home):
     assert {c["id"] for c in out["checks"]} >= {"net.port", "data.rows", "model.files"}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        p = cli("preflight", str(spec), "--set", f"cluster.master_port={s.getsockname()[1]}",
-                home=td_home, check=False)
+        p = cli(
+            "preflight",
+            str(spec),
+            "--set",
+            f"cluster.master_port={s.getsockname()[1]}",
+            home=td_home,
+            check=False,
+        )
     assert p.returncode == 1 and "[FAIL] Rendezvous port" in p.stdout
 
 
 @pytest.mark.slow
 def test_smoke_run_launches_three_real_steps(tmp_path, td_home):
-    p = cli("preflight", str(REPO / "presets" / "demo.toml"), "--smoke", "--json",
-            home=td_home, check=False, timeout=600)
+    p = cli(
+        "preflight",
+        str(REPO / "presets" / "demo.toml"),
+        "--smoke",
+        "--json",
+        home=td_home,
+        check=False,
+        timeout=600,
+    )
     out = json.loads(p.stdout)
     smoke = out["checks"][-1]
     assert smoke["id"] == "smoke.run" and smoke["status"] == "pass", (smoke, p.stderr)
@@ -362,7 +396,7 @@ async def test_preflight_screen_fills_live_and_reruns(tmp_path, td_home):
         await settled()
         table = screen.query_one("#checks", DataTable)
         assert table.row_count == len(screen.results) >= 15
-        assert screen.check_action("launch", ()) is False    # gate=False: a checklist only
+        assert screen.check_action("launch", ()) is False  # gate=False: a checklist only
         assert "fail" not in screen.sub_title.split(", ")[2] or "0 failed" in screen.sub_title
         screen.sub_title = ""
         await pilot.press("r")
@@ -377,13 +411,16 @@ def test_plan_check_builds_the_launch_command_or_names_what_stops_it(tmp_path):
     spec = write_spec(tmp_path)
     r = check(spec, "spec.plan")
     assert r.status == "pass" and "-m tunedeck.core.train" in r.detail
-    bad = write_spec(tmp_path, '[swift]\ncommand = "megatron-sft"\n[parallel]\n'
-                               'strategy = "megatron"\n').read_text()
+    bad = write_spec(
+        tmp_path, '[swift]\ncommand = "megatron-sft"\n[parallel]\nstrategy = "megatron"\n'
+    ).read_text()
     spec.write_text('backend = "swift"\n' + bad)
     r = check(spec, "spec.plan")
     assert r.status == "fail" and "megatron commands need GPUs" in r.detail
-    spec.write_text(f'name = "t"\nbackend = "script"\n[script]\npath = "{tmp_path}/gone.py"\n'
-                    '[cluster]\ndevice = "cpu"\n')
+    spec.write_text(
+        f'name = "t"\nbackend = "script"\n[script]\npath = "{tmp_path}/gone.py"\n'
+        '[cluster]\ndevice = "cpu"\n'
+    )
     r = check(spec, "spec.plan")
     assert r.status == "fail" and "script.path" in r.detail and "gone.py" in r.detail
 
@@ -391,17 +428,30 @@ def test_plan_check_builds_the_launch_command_or_names_what_stops_it(tmp_path):
 def _big_model_dir(tmp: Path) -> Path:
     m = tmp / "big"
     m.mkdir()
-    (m / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
-        "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
-        "vocab_size": 152064, "tie_word_embeddings": False}))
+    (m / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 3584,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "intermediate_size": 18944,
+                "vocab_size": 152064,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     return m
 
 
 def test_memory_fit_offers_gradient_checkpointing(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    small = GpuFacts(gpus=[Gpu(i, "NVIDIA A10G", 22.0, (8, 6)) for i in range(2)],
-                     driver="550.1", cuda_driver=(12, 4))
+    small = GpuFacts(
+        gpus=[Gpu(i, "NVIDIA A10G", 22.0, (8, 6)) for i in range(2)],
+        driver="550.1",
+        cuda_driver=(12, 4),
+    )
     extra = f'[model]\npath = "{_big_model_dir(tmp_path)}"\n[method]\ntype = "full"\n'
     rs = ctx_for(tmp_path, small, extra, ["data.max_length=4096"])
     r = rs["mem.fit"]
@@ -425,8 +475,9 @@ def test_failures_sort_first_and_the_gate_record_names_them(tmp_path):
     assert results[0].id == "net.port" and results[0].status == "fail"
     ranks = [("fail", "warn", "pass", "skip").index(r.status) for r in results]
     assert ranks == sorted(ranks)
-    rec = gate_record(results, by="tui", overridden=True, overridden_at=123.0,
-                      applied={"data.num_workers": 0})
+    rec = gate_record(
+        results, by="tui", overridden=True, overridden_at=123.0, applied={"data.num_workers": 0}
+    )
     assert rec["status"] == "overridden" and rec["overridden"] and rec["overridden_at"] == 123.0
     assert [f["id"] for f in rec["failed"]] == ["net.port"] and rec["failed"][0]["fix"]
     assert rec["applied"] == {"data.num_workers": 0} and rec["summary"]["fail"] == 1
@@ -445,12 +496,15 @@ def test_the_batch_check_counts_megatron_ranks_that_split_one_model_once():
     facts = h200s(8)
     r = check_effective_batch(make_context(spec=spec, gpu_probe=lambda: facts))
     assert r.detail.startswith("16 = 1 per device × 16 accumulation × 1 data-parallel"), r
-    assert "effective batch 16 = 1 per device x 1 data-parallel" in \
-        build_preview(spec, facts).facts.plain
+    assert (
+        "effective batch 16 = 1 per device x 1 data-parallel"
+        in build_preview(spec, facts).facts.plain
+    )
 
 
-@pytest.mark.skipif(not __import__("importlib.util").util.find_spec("swift"),
-                    reason="ms-swift not installed")
+@pytest.mark.skipif(
+    not __import__("importlib.util").util.find_spec("swift"), reason="ms-swift not installed"
+)
 def test_an_ms_swift_run_is_checked_with_ms_swifts_save_schedule_and_length():
     """Unset, ms-swift saves every 500 steps over 3 epochs: not tunedeck's "no saving, 100
     steps", which the check once reported as a short run without checkpoints."""
@@ -462,7 +516,8 @@ def test_an_ms_swift_run_is_checked_with_ms_swifts_save_schedule_and_length():
 
 
 def test_the_h200_preset_trains_on_an_fp8_base_and_preflight_says_how_to_run_it_elsewhere(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     # the preset's frozen products run in fp8 (22k against 17k tokens/s, docs/benchmarks.md);
     # on GPUs without fp8 units its preflight fails before any process starts, with the fix
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -30,21 +30,33 @@ RUN_A, RUN_B = "20251124-090000-demo-a1b2", "20251125-080000-demo-c3d4"
 
 # Actions that change something a shared session must not touch. A screen binding one of these
 # must list it in MUTATING (a screen that is not ReadonlyAware cannot hide it at all).
-CHANGES_THINGS = {"stop", "kill", "launch", "delete", "resume", "override", "save", "new_run",
-                  "clone", "import_command", "open_spec"}
+CHANGES_THINGS = {
+    "stop",
+    "kill",
+    "launch",
+    "delete",
+    "resume",
+    "override",
+    "save",
+    "new_run",
+    "clone",
+    "import_command",
+    "open_spec",
+}
 
 
 def _screen_classes() -> list:
     params = []
     for info in sorted(pkgutil.iter_modules(screens_pkg.__path__), key=lambda i: i.name):
-        if info.name == "base":     # the bases, not screens
+        if info.name == "base":  # the bases, not screens
             continue
         name = f"{screens_pkg.__name__}.{info.name}"
         try:
             mod = importlib.import_module(name)
-        except ImportError as e:     # a screen another engineer has not landed yet
-            params.append(pytest.param(None, id=info.name,
-                                       marks=pytest.mark.skip(reason=f"{name}: {e}")))
+        except ImportError as e:  # a screen another engineer has not landed yet
+            params.append(
+                pytest.param(None, id=info.name, marks=pytest.mark.skip(reason=f"{name}: {e}"))
+            )
             continue
         for _, cls in inspect.getmembers(mod, inspect.isclass):
             if issubclass(cls, Screen) and cls.__module__ == name:
@@ -67,18 +79,29 @@ def _bindings(cls) -> list[Binding]:
 def _args_for(cls, home: Path) -> dict:
     """Required constructor arguments, by parameter name."""
     spec = load_spec(home / "runs" / RUN_A / "spec.toml")
-    known = {"run_ids": [RUN_A, RUN_B], "run_ref": RUN_A, "run_id": RUN_A, "spec": spec,
-             "question": "Sure?", "under": RunsScreen(), "dumps": [], "default": "x.toml",
-             "text": Text("advice"), "can_apply": True, "path": home / "runs" / RUN_A /
-             "spec.toml", "spec_path": home / "runs" / RUN_A / "spec.toml"}
+    known = {
+        "run_ids": [RUN_A, RUN_B],
+        "run_ref": RUN_A,
+        "run_id": RUN_A,
+        "spec": spec,
+        "question": "Sure?",
+        "under": RunsScreen(),
+        "dumps": [],
+        "default": "x.toml",
+        "text": Text("advice"),
+        "can_apply": True,
+        "path": home / "runs" / RUN_A / "spec.toml",
+        "spec_path": home / "runs" / RUN_A / "spec.toml",
+    }
     out = {}
     for name, p in inspect.signature(cls).parameters.items():
-        if p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL,
-                                                                  p.VAR_KEYWORD):
+        if p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if name not in known:
-            pytest.fail(f"tests/test_readonly.py cannot build {cls.__name__}({name}=...): "
-                        "add the argument to _args_for")
+            pytest.fail(
+                f"tests/test_readonly.py cannot build {cls.__name__}({name}=...): "
+                "add the argument to _args_for"
+            )
         out[name] = known[name]
     return out
 
@@ -112,13 +135,13 @@ async def test_readonly_hides_mutating_actions_everywhere(cls, home):
         screen = cls(**_args_for(cls, home))
         await app.push_screen(screen)
         await _until(pilot, lambda: app.screen is screen and screen.is_mounted)
-        await pilot.pause(0.2)      # the footer composes its keys once bindings are ready
+        await pilot.pause(0.2)  # the footer composes its keys once bindings are ready
         shown, drawn, palette, helped = _visible(app, screen)
         assert not shown & mutating, f"footer shows {shown & mutating}"
         assert not drawn & mutating, f"footer draws {drawn & mutating}"
         assert not palette & titles, f"ctrl+p offers {palette & titles}"
         assert not helped & titles, f"? lists {helped & titles}"
-        for action in mutating:     # the keys are off too (Textual asks check_action)
+        for action in mutating:  # the keys are off too (Textual asks check_action)
             assert screen.check_action(action, ()) is False
 
 
@@ -128,7 +151,9 @@ def test_actions_that_change_things_are_declared_mutating(cls):
     if not risky:
         return
     assert issubclass(cls, ReadonlyAware), f"{cls.__name__} cannot hide {risky}"
-    assert risky <= set(cls.MUTATING), f"{cls.__name__}: {risky - set(cls.MUTATING)} not in MUTATING"
+    assert risky <= set(cls.MUTATING), (
+        f"{cls.__name__}: {risky - set(cls.MUTATING)} not in MUTATING"
+    )
 
 
 async def test_runs_screen_shows_its_mutating_keys_unless_readonly(home):
@@ -139,8 +164,14 @@ async def test_runs_screen_shows_its_mutating_keys_unless_readonly(home):
         await pilot.pause(0.2)
         shown, drawn, palette, helped = _visible(app, app.screen)
         assert {"new_run", "clone", "resume", "delete"} <= shown & drawn
-        assert {"New", "Clone", "Resume", "Delete", "Import command", "Open spec file"} \
-            <= palette & helped
+        assert {
+            "New",
+            "Clone",
+            "Resume",
+            "Delete",
+            "Import command",
+            "Open spec file",
+        } <= palette & helped
 
 
 async def test_readonly_runs_screen_keys_do_nothing(home, monkeypatch):
@@ -148,12 +179,18 @@ async def test_readonly_runs_screen_keys_do_nothing(home, monkeypatch):
 
     pushed = []
     for which in ("compose", "preflight"):
-        monkeypatch.setitem(runs_mod.SCREENS, which,
-                            lambda w=which: (lambda *a, **k: pushed.append(w)))
+        monkeypatch.setitem(
+            runs_mod.SCREENS, which, lambda w=which: lambda *a, **k: pushed.append(w)
+        )
     app = TunedeckApp(readonly=True, refresh_s=0.2)
     async with app.run_test(size=(120, 30)) as pilot:
-        await _until(pilot, lambda: isinstance(app.screen, RunsScreen)
-                     and app.screen.query_one("#runs-table").row_count == 2)
+        await _until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, RunsScreen)
+                and app.screen.query_one("#runs-table").row_count == 2
+            ),
+        )
         screen = app.screen
         for key in ("d", "n", "c", "R", "o", "i"):
             await pilot.press(key)
@@ -174,12 +211,17 @@ async def test_readonly_runs_screen_keys_do_nothing(home, monkeypatch):
 async def test_palette_offers_the_current_screens_commands(home):
     app = TunedeckApp(refresh_s=0.2)
     async with app.run_test(size=(120, 30)) as pilot:
-        await _until(pilot, lambda: isinstance(app.screen, RunsScreen)
-                     and app.screen.query_one("#runs-table").row_count == 2)
+        await _until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, RunsScreen)
+                and app.screen.query_one("#runs-table").row_count == 2
+            ),
+        )
         screen = app.screen
         titles = [c.title for c in app.get_system_commands(screen)]
-        assert titles[:3] == ["Monitor", "Filter", "Sort"]   # the screen's own first
-        assert "Quit" in titles and "Theme" in titles        # then Textual's
+        assert titles[:3] == ["Monitor", "Filter", "Sort"]  # the screen's own first
+        assert "Quit" in titles and "Theme" in titles  # then Textual's
         # through the real palette: ctrl+p, type, enter runs the screen's action
         await pilot.press("ctrl+p")
         await _until(pilot, lambda: app.screen is not screen)
@@ -198,5 +240,4 @@ async def test_readonly_palette_has_no_mutating_command(home):
         await _until(pilot, lambda: isinstance(app.screen, RunsScreen))
         titles = {c.title for c in app.get_system_commands(app.screen)}
         assert "Filter" in titles
-        assert not titles & {"New", "Clone", "Resume", "Delete", "Import command",
-                             "Open spec file"}
+        assert not titles & {"New", "Clone", "Resume", "Delete", "Import command", "Open spec file"}

@@ -45,23 +45,37 @@ def test_crashed_trainer_is_restarted_and_resumes(td_home, monkeypatch):
     from tests.conftest import cli, cli_json
 
     monkeypatch.setenv("TUNEDECK_TEST_CRASH_AT_STEP", "8")
-    out = cli("launch", str(DEMO), "--wait", "--json", "--set", "train.max_steps=12",
-              "--set", "train.save_steps=5", "--set", "run.max_restarts=1",
-              "--set", "run.restart_pause_s=0.5", home=td_home)
+    out = cli(
+        "launch",
+        str(DEMO),
+        "--wait",
+        "--json",
+        "--set",
+        "train.max_steps=12",
+        "--set",
+        "train.save_steps=5",
+        "--set",
+        "run.max_restarts=1",
+        "--set",
+        "run.restart_pause_s=0.5",
+        home=td_home,
+    )
     run_id = json.loads(out.stdout)["run_id"]
     st = cli_json("status", run_id, home=td_home)
     assert st["status"] == "succeeded"
     run_dir = td_home / "runs" / run_id
     state = json.loads((run_dir / "state.json").read_text())
     assert [a["exit_code"] != 0 for a in state["attempts"]] == [True, False]
-    starts = [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open()
-              if '"start"' in x]
+    starts = [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open() if '"start"' in x]
     assert starts[1]["resumed_from"].endswith("checkpoint-5") and starts[1]["start_step"] == 5
     # the agent said where the restart would continue before the trainer found it
     assert "restarting in 0.5s from checkpoint-5" in (run_dir / "logs" / "agent.log").read_text()
     steps = [r["step"] for r in cli_json("metrics", run_id, home=td_home)]
     assert steps == list(range(1, 13))
     # the loss curve continues: steps 6..7 were done twice, and the resumed ones are kept
-    logged = [json.loads(x)["step"] for x in (run_dir / "events" / "rank0.jsonl").open()
-              if '"kind": "step"' in x]
+    logged = [
+        json.loads(x)["step"]
+        for x in (run_dir / "events" / "rank0.jsonl").open()
+        if '"kind": "step"' in x
+    ]
     assert logged.count(6) == 2 and logged.count(12) == 1

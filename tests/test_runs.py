@@ -59,15 +59,32 @@ def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path, tmux):
     steps = 120
     # launch --wait in a child, kill it once the run is going
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tunedeck.tui", "launch", str(DEMO), "--wait", "--json",
-         "--set", f"train.max_steps={steps}"],
-        cwd=REPO, env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "tunedeck.tui",
+            "launch",
+            str(DEMO),
+            "--wait",
+            "--json",
+            "--set",
+            f"train.max_steps={steps}",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     run_id = json.loads(launcher.stdout.readline())["run_id"]
     wait_for(lambda: _status(td_home, run_id)["step"] >= 3, 120, "the run to take steps")
     # a TUI watching the run, in a real terminal, killed the same way
-    tmux.start("tui", [sys.executable, "-m", "tunedeck.tui", "--readonly"], size=(100, 30),
-               env={"TUNEDECK_HOME": str(td_home)})
+    tmux.start(
+        "tui",
+        [sys.executable, "-m", "tunedeck.tui", "--readonly"],
+        size=(100, 30),
+        env={"TUNEDECK_HOME": str(td_home)},
+    )
     pane_pid = int(tmux("list-panes", "-t", "tui", "-F", "#{pane_pid}").stdout.split()[0])
     wait_for(lambda: run_id in tmux.screen("tui"), 30, "the TUI to list the run")
     os.kill(pane_pid, signal.SIGKILL)
@@ -75,16 +92,27 @@ def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path, tmux):
     launcher.wait()
     at_kill = _status(td_home, run_id)
     assert at_kill["status"] == "running" and at_kill["step"] < steps
-    final = wait_for(lambda: (s := _status(td_home, run_id))["status"] != "running" and s,
-                     300, "the run to finish")
+    final = wait_for(
+        lambda: (s := _status(td_home, run_id))["status"] != "running" and s,
+        300,
+        "the run to finish",
+    )
     assert final["status"] == "succeeded", final
     recs = cli_json("metrics", run_id, home=td_home)
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
 
 
 def _long_run(home, steps=100000, extra=()):
-    out = cli_json("launch", str(DEMO), "--set", f"train.max_steps={steps}",
-                   "--set", "train.save_steps=0", *extra, home=home)
+    out = cli_json(
+        "launch",
+        str(DEMO),
+        "--set",
+        f"train.max_steps={steps}",
+        "--set",
+        "train.save_steps=0",
+        *extra,
+        home=home,
+    )
     run_id = out["run_id"]
     wait_for(lambda: _status(home, run_id)["step"] >= 3, 120, "the run to take steps")
     return run_id
@@ -140,14 +168,21 @@ def test_stop_when_the_agent_is_gone(td_home, monkeypatch):
 
 
 def _load_adapter(path):
-    code = ("import sys; from tunedeck.core.demo import ensure_tiny_model; "
-            "from transformers import AutoModelForCausalLM; from peft import PeftModel; "
-            "base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(sys.argv[2])); "
-            "m = PeftModel.from_pretrained(base, sys.argv[1]); "
-            "print(sum(p.numel() for n, p in m.named_parameters() if 'lora_' in n))")
+    code = (
+        "import sys; from tunedeck.core.demo import ensure_tiny_model; "
+        "from transformers import AutoModelForCausalLM; from peft import PeftModel; "
+        "base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(sys.argv[2])); "
+        "m = PeftModel.from_pretrained(base, sys.argv[1]); "
+        "print(sum(p.numel() for n, p in m.named_parameters() if 'lora_' in n))"
+    )
     data = str(REPO / "presets" / "data" / "demo_chat.jsonl")
-    proc = subprocess.run([sys.executable, "-c", code, str(path), data], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path), data],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.split()[-1]) > 0
 

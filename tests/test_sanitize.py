@@ -15,27 +15,36 @@ from tests.test_manage import make_run
 
 EVIL = "ev\x1b[2J\x1b[31mil\x1b]0;pwned\x07\x07\u202eoh\u2066x\u2067y\u2068z\u2069\x00\x9b1m\r\nend"
 # what a terminal could act on: C0/C1 controls, DEL, bidi embeddings/overrides/isolates/marks
-BAD_CHARS = {*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xa0)), "\u061c",
-             "\u200e", "\u200f", *map(chr, range(0x202a, 0x202f)),
-             *map(chr, range(0x2066, 0x206a)), "\u2028", "\u2029"}
+BAD_CHARS = {
+    *map(chr, range(0x20)),
+    "\x7f",
+    *map(chr, range(0x80, 0xA0)),
+    "\u061c",
+    "\u200e",
+    "\u200f",
+    *map(chr, range(0x202A, 0x202F)),
+    *map(chr, range(0x2066, 0x206A)),
+    "\u2028",
+    "\u2029",
+}
 
 TABLE = [
-    ("\x1b[31mred\x1b[0m", "red"),                # CSI (colours, cursor moves, clear screen)
+    ("\x1b[31mred\x1b[0m", "red"),  # CSI (colours, cursor moves, clear screen)
     ("a\x1b[2Jb", "ab"),
-    ("a\x1b]0;title\x07b", "ab"),                 # OSC (window title), BEL-terminated
-    ("a\x1b]8;;http://x\x1b\\b", "ab"),           # OSC, ST-terminated (hyperlinks)
-    ("a\x1bcb", "ab"),                            # a two-byte escape (RIS: reset terminal)
+    ("a\x1b]0;title\x07b", "ab"),  # OSC (window title), BEL-terminated
+    ("a\x1b]8;;http://x\x1b\\b", "ab"),  # OSC, ST-terminated (hyperlinks)
+    ("a\x1bcb", "ab"),  # a two-byte escape (RIS: reset terminal)
     ("bell\x07", "bell"),
     ("nul\x00l", "null"),
-    ("\u202eevil", "evil"),                       # RIGHT-TO-LEFT OVERRIDE
-    ("a\u2066b\u2067c\u2068d\u2069e", "abcde"),   # bidi isolates
-    ("a\u200fb\u200ec\u061cd", "abcd"),           # bidi marks
-    ("a\x9b31mb", "ab"),                          # 8-bit CSI
-    ("a\x85b\u2028c", "a b c"),                   # NEL, LINE SEPARATOR: a line break each
+    ("\u202eevil", "evil"),  # RIGHT-TO-LEFT OVERRIDE
+    ("a\u2066b\u2067c\u2068d\u2069e", "abcde"),  # bidi isolates
+    ("a\u200fb\u200ec\u061cd", "abcd"),  # bidi marks
+    ("a\x9b31mb", "ab"),  # 8-bit CSI
+    ("a\x85b\u2028c", "a b c"),  # NEL, LINE SEPARATOR: a line break each
     ("tab\there", "tab here"),
     ("two\r\nlines", "two lines"),
     ("lone \udc80 surrogate", "lone  surrogate"),
-    ("café 训练 🚀 ok-name_1", "café 训练 🚀 ok-name_1"),   # plain text stays
+    ("café 训练 🚀 ok-name_1", "café 训练 🚀 ok-name_1"),  # plain text stays
 ]
 
 
@@ -72,7 +81,7 @@ def test_cli_prints_names_and_messages_clean(td_home):
         _assert_clean(proc.stdout)
         _assert_clean(proc.stderr)
     shown = clean(EVIL)
-    assert shown == "evilohxyz end"          # the printable text itself stays
+    assert shown == "evilohxyz end"  # the printable text itself stays
     out = cli("status", run_id, home=td_home).stdout
     assert f"name      {shown}\n" in out and f"boom {shown}" in out
     assert shown in cli("ls", home=td_home).stdout
@@ -104,8 +113,13 @@ async def test_runs_list_shows_names_clean(td_home, monkeypatch):
     run_id = _evil_run(td_home)
     app = TunedeckApp(refresh_s=0.1)
     async with app.run_test(size=(160, 30)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RunsScreen)
-                    and app.screen.query_one("#runs-table", DataTable).row_count == 1)
+        await until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, RunsScreen)
+                and app.screen.query_one("#runs-table", DataTable).row_count == 1
+            ),
+        )
         table = app.screen.query_one("#runs-table", DataTable)
         cells = [str(c) for c in table.get_row(run_id)]
         for c in cells:

@@ -41,19 +41,31 @@ def test_console_parsing(tmp_path):
 
 def test_tqdm_only_script(tmp_path):
     m = ConsoleMonitor(RunDir(tmp_path))
-    m.parse(["Loading weights: 100%|##########| 50/50 [00:00<00:00, 6347.89it/s]",
-             "epoch 0:  40%|####      | 4/10 [00:02<00:03,  2.00it/s, loss=1.25]",
-             "epoch 0:  50%|#####     | 5/10 [00:02<00:03,  2.00it/s, loss=1.2]"])
+    m.parse(
+        [
+            "Loading weights: 100%|##########| 50/50 [00:00<00:00, 6347.89it/s]",
+            "epoch 0:  40%|####      | 4/10 [00:02<00:03,  2.00it/s, loss=1.25]",
+            "epoch 0:  50%|#####     | 5/10 [00:02<00:03,  2.00it/s, loss=1.2]",
+        ]
+    )
     ev = _read(tmp_path)
     assert [(e["step"], e["loss"], e["step_s"]) for e in ev] == [(4, 1.25, 0.5), (5, 1.2, 0.5)]
 
 
 def test_plan_runs_script_or_module(tmp_path):
-    spec = resolve(loads_spec('backend = "script"\n[script]\nmodule = "pkg.train"\n'
-                              'args = ["--x", "1"]\n[cluster]\ndevice = "cpu"\n'))
+    spec = resolve(
+        loads_spec(
+            'backend = "script"\n[script]\nmodule = "pkg.train"\n'
+            'args = ["--x", "1"]\n[cluster]\ndevice = "cpu"\n'
+        )
+    )
     argv = plan_run(spec, RunDir(tmp_path))[1].nodes[0].argv
-    assert argv[:3][1:] == ["-m", "torch.distributed.run"] and argv[-4:] == ["-m", "pkg.train",
-                                                                             "--x", "1"]
+    assert argv[:3][1:] == ["-m", "torch.distributed.run"] and argv[-4:] == [
+        "-m",
+        "pkg.train",
+        "--x",
+        "1",
+    ]
     spec = resolve(loads_spec('backend = "script"\n[script]\npath = "/nonexistent.py"\n'))
     with pytest.raises(ValueError, match="script.path"):
         plan_run(spec, RunDir(tmp_path))
@@ -98,9 +110,12 @@ def test_restarted_script_is_told_its_last_checkpoint(td_home, tmp_path):
     logged, checkpoint-4 written): the restart gets TUNEDECK_RESUME_FROM naming it, the script
     hands it to trainer.train and logs steps 5-8 again, which the metrics number 5-8 (HF's
     dicts carry no step) and keep in place of the first attempt's 5 and 6."""
-    spec = _hf_script_spec(tmp_path, "hf-restart", '"--max_steps", "8", "--save_steps", "4", '
-                           '"--crash_at_step", "7"',
-                           "[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n")
+    spec = _hf_script_spec(
+        tmp_path,
+        "hf-restart",
+        '"--max_steps", "8", "--save_steps", "4", "--crash_at_step", "7"',
+        "[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n",
+    )
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     run_dir = td_home / "runs" / run_id
@@ -124,22 +139,36 @@ def test_resume_and_clone_from_the_command_line(td_home, tmp_path):
     args changed with --set) tells the new run TUNEDECK_RESUME_FROM, and its metrics go on at
     step 5; `tunedeck clone` starts from step 0."""
     data = REPO / "presets" / "data" / "demo_chat.jsonl"
-    spec = _hf_script_spec(tmp_path, "hf-resume", '"--max_steps", "6", "--save_steps", "4", '
-                                                  '"--crash_at_step", "5"')
+    spec = _hf_script_spec(
+        tmp_path, "hf-resume", '"--max_steps", "6", "--save_steps", "4", "--crash_at_step", "5"'
+    )
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
     first = json.loads(proc.stdout.splitlines()[0])["run_id"]
     assert proc.returncode == 1 and cli_json("status", first, home=td_home)["status"] == "failed"
-    args = f'script.args=["--max_steps", "6", "--logging_steps", "1", "--save_steps", "4", ' \
-           f'"--data", "{data}"]'
-    proc = cli("resume", first, "--set", args, "--wait", "--json", home=td_home, check=False,
-               timeout=400)
+    args = (
+        f'script.args=["--max_steps", "6", "--logging_steps", "1", "--save_steps", "4", '
+        f'"--data", "{data}"]'
+    )
+    proc = cli(
+        "resume", first, "--set", args, "--wait", "--json", home=td_home, check=False, timeout=400
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[0])
     assert out["from"] == first and out["checkpoint"].endswith("checkpoint-4"), out
     assert "TUNEDECK_RESUME_FROM" in proc.stderr and "reads it" in proc.stderr, proc.stderr
     assert [r["step"] for r in cli_json("metrics", out["run_id"], home=td_home)] == [5, 6]
-    proc = cli("clone", first, "--set", args, "--set", "script.args=[]", "--no-preflight",
-               "--json", home=td_home, check=False)
+    proc = cli(
+        "clone",
+        first,
+        "--set",
+        args,
+        "--set",
+        "script.args=[]",
+        "--no-preflight",
+        "--json",
+        home=td_home,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     clone = json.loads(proc.stdout.splitlines()[0])
     assert clone["checkpoint"] is None and clone["run_id"] not in (first, out["run_id"])
@@ -147,7 +176,7 @@ def test_resume_and_clone_from_the_command_line(td_home, tmp_path):
     runs = len(cli_json("ls", home=td_home))
     bad = cli("resume", first, "--set", "train.nope=1", home=td_home, check=False)
     assert bad.returncode == 2 and "train.nope" in bad.stderr, bad.stderr
-    assert len(cli_json("ls", home=td_home)) == runs        # nothing launched
+    assert len(cli_json("ls", home=td_home)) == runs  # nothing launched
 
 
 def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
@@ -155,7 +184,7 @@ def test_console_nan_loss_is_kept_and_written_as_json_null(tmp_path):
     m = ConsoleMonitor(RunDir(tmp_path))
     m.parse(["Train: 5%|█| 5/100 [00:01<00:19]\r{'loss': nan, 'grad_norm': 1.5}"])
     [line] = (tmp_path / "events" / "rank0.jsonl").read_text().splitlines()
-    ev = json.loads(line)   # strict JSON, no bare NaN
+    ev = json.loads(line)  # strict JSON, no bare NaN
     assert ev["kind"] == "step" and ev["loss"] is None and ev["grad_norm"] == 1.5
 
 
@@ -168,8 +197,9 @@ def test_console_counts_from_the_step_a_restart_resumed_after(tmp_path):
     m = ConsoleMonitor(run)
     m.parse(dicts)
     m.restarted(4)
-    m.parse(["{'loss': '1.5', 'learning_rate': '0.001'}",
-             "{'loss': '1.25', 'learning_rate': '0.001'}"])
+    m.parse(
+        ["{'loss': '1.5', 'learning_rate': '0.001'}", "{'loss': '1.25', 'learning_rate': '0.001'}"]
+    )
     assert [(e["step"], e["loss"]) for e in _read(tmp_path)][-2:] == [(5, 1.5), (6, 1.25)]
     run.write_state({"launches": [{"attempt": 0}, {"attempt": 1, "from_step": 4}]})
     adopter = ConsoleMonitor(run, 0, 2)

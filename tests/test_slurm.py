@@ -53,33 +53,67 @@ class Slurm:
         (r / "state").mkdir(parents=True, exist_ok=True)
         cpus = os.cpu_count() or 2
         names = ",".join(n for n, _ in self.nodes)
-        self.conf.write_text("\n".join([
-            "ClusterName=tunedecktest", f"SlurmctldHost=localhost({self.nodes[0][1]})",
-            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-            "AuthType=auth/none", "CredType=cred/none", "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool-%n'}",
-            f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
-            f"SlurmctldLogFile={r / 'slurmctld.log'}", f"SlurmdLogFile={r / 'slurmd-%n.log'}",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
-            "SchedulerType=sched/backfill", "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU", "ReturnToService=2", "KillWait=5",
-            "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
-            *(f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN" for n, a in self.nodes),
-            f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP", ""]))
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=tunedecktest",
+                    f"SlurmctldHost=localhost({self.nodes[0][1]})",
+                    f"SlurmctldPort={_free_port()}",
+                    f"SlurmdPort={_free_port()}",
+                    "AuthType=auth/none",
+                    "CredType=cred/none",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    f"StateSaveLocation={r / 'state'}",
+                    f"SlurmdSpoolDir={r / 'spool-%n'}",
+                    f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
+                    f"SlurmctldLogFile={r / 'slurmctld.log'}",
+                    f"SlurmdLogFile={r / 'slurmd-%n.log'}",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "MpiDefault=none",
+                    "SchedulerType=sched/backfill",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_CPU",
+                    "ReturnToService=2",
+                    "KillWait=5",
+                    "JobCompType=jobcomp/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    *(
+                        f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN"
+                        for n, a in self.nodes
+                    ),
+                    f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
         daemons = [(0, "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])]
-        daemons += [(i, f"slurmd-{n}", ["slurmd", "-D", "-f", str(self.conf), "-N", n])
-                    for i, (n, _) in enumerate(self.nodes)]
+        daemons += [
+            (i, f"slurmd-{n}", ["slurmd", "-D", "-f", str(self.conf), "-N", n])
+            for i, (n, _) in enumerate(self.nodes)
+        ]
         for i, name, argv in daemons:
-            self.procs.append(subprocess.Popen(self.run(i, argv), env=self.env,
-                                               stdout=subprocess.DEVNULL,
-                                               stderr=open(r / f"{name}.out", "wb")))
+            self.procs.append(
+                subprocess.Popen(
+                    self.run(i, argv),
+                    env=self.env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(r / f"{name}.out", "wb"),
+                )
+            )
             time.sleep(0.5)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 break
-            out = subprocess.run(self.run(0, ["sinfo", "-h", "-N", "-o", "%t"]), env=self.env,
-                                 capture_output=True, text=True).stdout.split()
+            out = subprocess.run(
+                self.run(0, ["sinfo", "-h", "-N", "-o", "%t"]),
+                env=self.env,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
             if len(out) == len(self.nodes) and set(out) <= {"idle", "mix", "alloc"}:
                 return
             time.sleep(0.3)
@@ -87,12 +121,12 @@ class Slurm:
         raise RuntimeError(f"the Slurm daemons did not come up: {logs.strip()}")
 
     def scontrol(self, *args: str) -> None:
-        subprocess.run(self.run(0, ["scontrol", *args]), env=self.env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            self.run(0, ["scontrol", *args]), env=self.env, check=True, capture_output=True
+        )
 
     def close(self) -> None:
-        subprocess.run(self.run(0, ["scancel", "--user=root"]), env=self.env,
-                       capture_output=True)
+        subprocess.run(self.run(0, ["scancel", "--user=root"]), env=self.env, capture_output=True)
         for p in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
@@ -105,11 +139,16 @@ class Slurm:
 
 def slurm_missing() -> str | None:
     """Why a test Slurm cannot run here (None: it can)."""
-    missing = [t for t in ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
-               if not shutil.which(t)]
+    missing = [
+        t
+        for t in ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
+        if not shutil.which(t)
+    ]
     if missing:
-        return (f"Slurm is not installed ({', '.join(missing)} missing; Debian: "
-                f"apt-get install slurm-wlm)")
+        return (
+            f"Slurm is not installed ({', '.join(missing)} missing; Debian: "
+            f"apt-get install slurm-wlm)"
+        )
     if os.geteuid() != 0:
         return "the test's slurmd runs jobs as root and needs root"
     return None
@@ -134,24 +173,39 @@ def slurm(tmp_path_factory):
 
 def _cli(slurm, home: Path, *args: str, timeout: float = 200):
     env = dict(slurm.env, TUNEDECK_HOME=str(home))
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", *args, "--json"],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
     assert proc.stdout.strip(), f"tunedeck {args} ({proc.returncode}): {proc.stderr}"
     return json.loads(proc.stdout)
 
 
 def _spec(path: Path, steps: int) -> Path:
-    return demo_spec(path, "slurm-demo", steps, run="stop_grace_s = 30",
-                     cluster='cpu_procs = 2\nlauncher = "slurm"\nslurm_args = ["--time=20"]')
+    return demo_spec(
+        path,
+        "slurm-demo",
+        steps,
+        run="stop_grace_s = 30",
+        cluster='cpu_procs = 2\nlauncher = "slurm"\nslurm_args = ["--time=20"]',
+    )
 
 
 def test_export_slurm_starts_one_agent_per_node_with_srun(tmp_path):
     spec = _spec(tmp_path / "s.toml", 10)
     text = spec.read_text().replace("[cluster]\n", "[cluster]\nnnodes = 4\n")
     spec.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", "export", str(spec),
-                           "--format", "slurm"], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, TUNEDECK_HOME=str(tmp_path / "h")))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui", "export", str(spec), "--format", "slurm"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, TUNEDECK_HOME=str(tmp_path / "h")),
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "#!/usr/bin/env bash"
@@ -159,21 +213,28 @@ def test_export_slurm_starts_one_agent_per_node_with_srun(tmp_path):
     assert "#SBATCH --time=20" in lines
     srun = [x for x in lines if x.startswith("exec srun")]
     assert srun and "-m tunedeck.core.nodes.slurm" in srun[0]
-    assert "torch.distributed.run" not in proc.stdout      # the agents start torchrun
+    assert "torch.distributed.run" not in proc.stdout  # the agents start torchrun
 
 
 def test_launch_submits_shows_pending_watches_and_scancels(slurm, tmp_path):
     home = tmp_path / "home"
     spec = _spec(tmp_path / "s.toml", 100000)
-    slurm.scontrol("update", "PartitionName=debug", "State=DOWN")   # the job must wait
+    slurm.scontrol("update", "PartitionName=debug", "State=DOWN")  # the job must wait
     try:
         out = _cli(slurm, home, "launch", str(spec), "--no-preflight")
         run_id, run_dir = out["run_id"], Path(out["run_dir"])
         st = json.loads((run_dir / "state.json").read_text())
         job = st["slurm_job"]
         assert (run_dir / "slurm.sh").exists() and st["status"] == "pending"
-        rows = wait_for(lambda: (r := _cli(slurm, home, "nodes", run_id))[0].get(
-            "slurm", {}).get("state") == "PENDING" and r, 30, "the job to pend")
+        rows = wait_for(
+            lambda: (
+                (r := _cli(slurm, home, "nodes", run_id))[0].get("slurm", {}).get("state")
+                == "PENDING"
+                and r
+            ),
+            30,
+            "the job to pend",
+        )
         assert rows[0]["slurm"]["job"] == job and rows[0]["status"] == "pending"
         assert _cli(slurm, home, "status", run_id)["status"] == "pending"
     finally:
@@ -184,17 +245,17 @@ def test_launch_submits_shows_pending_watches_and_scancels(slurm, tmp_path):
     assert st["status"] == "running" and st["slurm_job"] == job
     assert (run_dir / "events" / "rank1.jsonl").exists()
     environ = Path(f"/proc/{st['agent_pid']}/environ").read_bytes().split(b"\0")
-    assert f"SLURM_JOB_ID={job}".encode() in environ        # the agent is the job's task
+    assert f"SLURM_JOB_ID={job}".encode() in environ  # the agent is the job's task
     t0 = time.monotonic()
     done = _cli(slurm, home, "stop", run_id, "--wait")
     assert done["status"] == "stopped", done
     assert time.monotonic() - t0 < 60
-    ends = [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open()
-            if '"end"' in x]
-    assert ends and ends[-1]["reason"] == "stopped"          # graceful: the trainer ended
+    ends = [json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open() if '"end"' in x]
+    assert ends and ends[-1]["reason"] == "stopped"  # graceful: the trainer ended
     assert list((run_dir / "output").glob("checkpoint-*")), "a graceful stop checkpoints"
-    gone = subprocess.run(["squeue", "-h", "-j", job], env=slurm.env, capture_output=True,
-                          text=True).stdout.strip()
+    gone = subprocess.run(
+        ["squeue", "-h", "-j", job], env=slurm.env, capture_output=True, text=True
+    ).stdout.strip()
     assert gone == ""
 
 
@@ -202,14 +263,14 @@ def test_stop_of_a_queued_job_cancels_it(slurm, tmp_path):
     home = tmp_path / "home"
     slurm.scontrol("update", "PartitionName=debug", "State=DOWN")
     try:
-        out = _cli(slurm, home, "launch", str(_spec(tmp_path / "s.toml", 10)),
-                   "--no-preflight")
+        out = _cli(slurm, home, "launch", str(_spec(tmp_path / "s.toml", 10)), "--no-preflight")
         run_id = out["run_id"]
         done = _cli(slurm, home, "stop", run_id, "--wait")
         assert done["status"] == "stopped" and "before it started" in done["message"]
         job = json.loads((Path(out["run_dir"]) / "state.json").read_text())["slurm_job"]
-        gone = subprocess.run(["squeue", "-h", "-j", job], env=slurm.env,
-                              capture_output=True, text=True).stdout.strip()
+        gone = subprocess.run(
+            ["squeue", "-h", "-j", job], env=slurm.env, capture_output=True, text=True
+        ).stdout.strip()
         assert gone == ""
     finally:
         slurm.scontrol("update", "PartitionName=debug", "State=UP")

@@ -25,9 +25,18 @@ from tests.test_multinode import _cleanup, _events, _state
 from tests.test_slurm import Slurm, slurm_missing
 
 pytestmark = pytest.mark.slow
-_why = slurm_missing() or unavailable() or next(
-    (f"{t} is not installed (util-linux)" for t in ("nsenter", "unshare")
-     if not shutil.which(t)), None)
+_why = (
+    slurm_missing()
+    or unavailable()
+    or next(
+        (
+            f"{t} is not installed (util-linux)"
+            for t in ("nsenter", "unshare")
+            if not shutil.which(t)
+        ),
+        None,
+    )
+)
 if _why:
     pytestmark = [pytestmark, pytest.mark.skip(reason=f"two Slurm nodes cannot run: {_why}")]
 
@@ -35,8 +44,9 @@ if _why:
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
     hosts = make_hosts(tmp_path_factory.mktemp("hosts"))
-    slurm = Slurm(hosts.root / "slurm", nodes=list(zip(hosts.aliases, hosts.addrs)),
-                  run=hosts.named_argv)
+    slurm = Slurm(
+        hosts.root / "slurm", nodes=list(zip(hosts.aliases, hosts.addrs)), run=hosts.named_argv
+    )
     try:
         slurm.start()
         yield hosts, slurm
@@ -49,9 +59,14 @@ def _cli(hosts, slurm, home: Path, *args: str, timeout: float = 200):
     """The real `tunedeck` command line, run on node 0 (where sbatch and squeue reach the
     controller)."""
     env = dict(slurm.env, TUNEDECK_HOME=str(home))
-    proc = subprocess.run(hosts.named_argv(0, [sys.executable, "-m", "tunedeck.tui", *args,
-                                               "--json"]),
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    proc = subprocess.run(
+        hosts.named_argv(0, [sys.executable, "-m", "tunedeck.tui", *args, "--json"]),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
     assert proc.stdout.strip(), f"tunedeck {args} ({proc.returncode}): {proc.stderr}"
     return json.loads(proc.stdout)
 
@@ -63,9 +78,15 @@ def _netns_of(pid: int) -> str:
 def _launch(hosts, slurm, tmp_path: Path, run: str, save_steps: int = 0):
     """The CPU demo over the two Slurm nodes, one rank each, launched from node 0: (run id,
     its folder, node 1's folder)."""
-    spec = demo_spec(tmp_path / "s.toml", "slurm-two", 100000, save_steps=save_steps, run=run,
-                     cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
-                             f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"')
+    spec = demo_spec(
+        tmp_path / "s.toml",
+        "slurm-two",
+        100000,
+        save_steps=save_steps,
+        run=run,
+        cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
+        f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"',
+    )
     out = _cli(hosts, slurm, tmp_path / "home", "launch", str(spec), "--no-preflight")
     run_dir = Path(out["run_dir"])
     return out["run_id"], run_dir, run_dir.parent / f"{out['run_id']}.node1"
@@ -75,12 +96,21 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
     hosts, slurm = nodes
     home = tmp_path / "home"
     run_id, run_dir, node_dir = _launch(
-        hosts, slurm, tmp_path, "stop_grace_s = 30\nmax_restarts = 1\nrestart_pause_s = 1",
-        save_steps=4)
+        hosts,
+        slurm,
+        tmp_path,
+        "stop_grace_s = 30\nmax_restarts = 1\nrestart_pause_s = 1",
+        save_steps=4,
+    )
     try:
-        wait_for(lambda: list((run_dir / "output").glob("checkpoint-*")) and all(
-            (r["step"] or 0) >= 6 for r in _cli(hosts, slurm, home, "nodes", run_id)), 240,
-            "a checkpoint and steps on both nodes")
+        wait_for(
+            lambda: (
+                list((run_dir / "output").glob("checkpoint-*"))
+                and all((r["step"] or 0) >= 6 for r in _cli(hosts, slurm, home, "nodes", run_id))
+            ),
+            240,
+            "a checkpoint and steps on both nodes",
+        )
         head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
         job = head["slurm_job"]
         # each node's agent is the job's task on its own host, its ranks too
@@ -90,34 +120,38 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
             assert f"SLURM_NODEID={i}".encode() in environ
             ns = os.stat(f"/run/netns/{hosts.names[i]}").st_ino
             assert _netns_of(state["agent_pid"]) == f"net:[{ns}]", i
-            assert all(_netns_of(p) == _netns_of(state["agent_pid"])
-                       for p in state["worker_pids"])
+            assert all(_netns_of(p) == _netns_of(state["agent_pid"]) for p in state["worker_pids"])
         # node 1 met the rendezvous at the allocation's first host
         argv = RunDir(node_dir).read_plan()["nodes"][1]["argv"]
         assert argv[argv.index("--rdzv_endpoint") + 1].startswith("node0:"), argv
         # both nodes' losses are the same all-reduced numbers
-        s0 = {e["step"]: e["loss"] for e in _events(run_dir / "events" / "rank0.jsonl",
-                                                    "step")}
-        s1 = {e["step"]: e["loss"] for e in _events(run_dir / "events" / "rank1.jsonl",
-                                                    "step")}
+        s0 = {e["step"]: e["loss"] for e in _events(run_dir / "events" / "rank0.jsonl", "step")}
+        s1 = {e["step"]: e["loss"] for e in _events(run_dir / "events" / "rank1.jsonl", "step")}
         assert [s0[k] for k in range(1, 6)] == [s1[k] for k in range(1, 6)]
 
         killed_at = time.time()
-        for pid in node["worker_pids"]:              # node 1's ranks die; its agent lives
+        for pid in node["worker_pids"]:  # node 1's ranks die; its agent lives
             os.kill(pid, signal.SIGKILL)
-        starts = wait_for(lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))
-                          [1:] and s, 180, "node 1's ranks to start again")
+        starts = wait_for(
+            lambda: (s := _events(run_dir / "events" / "rank1.jsonl", "start"))[1:] and s,
+            180,
+            "node 1's ranks to start again",
+        )
         again = starts[-1]
         print(f"node 1's ranks killed: attempt 1 started {again['t'] - killed_at:.1f}s later")
         # under Slurm the nodes share the run folder: both resume from the head's checkpoint
         assert again["restart"] == 1 and again["resumed_from"].startswith(
-            str(run_dir / "output" / "checkpoint-")), again
+            str(run_dir / "output" / "checkpoint-")
+        ), again
         resumed = again["start_step"]
         assert resumed >= 4 and resumed % 4 == 0
         head0 = _events(run_dir / "events" / "rank0.jsonl", "start")[-1]
         assert head0["restart"] == 1 and head0["start_step"] == resumed
-        wait_for(lambda: (_cli(hosts, slurm, home, "nodes", run_id)[1]["step"] or 0)
-                 >= resumed + 3, 120, "steps after the resume")
+        wait_for(
+            lambda: (_cli(hosts, slurm, home, "nodes", run_id)[1]["step"] or 0) >= resumed + 3,
+            120,
+            "steps after the resume",
+        )
         events = _events(run_dir / "events" / "rank1.jsonl", "")
         second = [i for i, e in enumerate(events) if e["kind"] == "start"][1]
         after = [e["step"] for e in events[second:] if e["kind"] == "step"]
@@ -127,8 +161,12 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
         assert done["status"] == "stopped" and "lost" not in done["message"], done
         ends = _events(run_dir / "events" / "rank0.jsonl", "end")
         assert ends and ends[-1]["reason"] == "stopped"
-        queue = subprocess.run(hosts.named_argv(0, ["squeue", "-h", "-j", job]),
-                               env=slurm.env, capture_output=True, text=True).stdout.strip()
+        queue = subprocess.run(
+            hosts.named_argv(0, ["squeue", "-h", "-j", job]),
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         assert queue == ""
         assert _state(node_dir / "state.json")["status"] in ("stopped", "succeeded")
     finally:
@@ -142,20 +180,28 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
     would wait in a collective until its timeout and the job would hold the allocation."""
     hosts, slurm = nodes
     home = tmp_path / "home"
-    run_id, run_dir, node_dir = _launch(hosts, slurm, tmp_path,
-                                        "stop_grace_s = 20\nmax_restarts = 0")
+    run_id, run_dir, node_dir = _launch(
+        hosts, slurm, tmp_path, "stop_grace_s = 20\nmax_restarts = 0"
+    )
     try:
-        wait_for(lambda: all((r["step"] or 0) >= 3
-                             for r in _cli(hosts, slurm, home, "nodes", run_id)), 240,
-                 "steps on both nodes")
+        wait_for(
+            lambda: all((r["step"] or 0) >= 3 for r in _cli(hosts, slurm, home, "nodes", run_id)),
+            240,
+            "steps on both nodes",
+        )
         job = _state(run_dir / "state.json")["slurm_job"]
         victim = _state((node_dir if dies == "node1" else run_dir) / "state.json")
         t0 = time.monotonic()
         for pid in victim["worker_pids"]:
             os.kill(pid, signal.SIGKILL)
-        ended = wait_for(lambda: all(_state(d / "state.json").get("status") in
-                                     ("failed", "stopped") for d in (run_dir, node_dir)),
-                         90, "both nodes' runs to end")
+        ended = wait_for(
+            lambda: all(
+                _state(d / "state.json").get("status") in ("failed", "stopped")
+                for d in (run_dir, node_dir)
+            ),
+            90,
+            "both nodes' runs to end",
+        )
         print(f"{dies}'s ranks killed: both ended {time.monotonic() - t0:.1f}s later")
         head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
         assert ended and head["status"] == "failed", head
@@ -163,17 +209,31 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
             # the head names node 1 whether its watch stopped it or its own ranks' end (gloo
             # sees a peer die at once; NCCL ranks would wait in the collective) came first
             assert node["status"] == "failed"
-            assert "node 1 (" in head["message"] and "was lost mid-run: its run ended " \
-                "failed" in head["message"], head["message"]
+            assert (
+                "node 1 (" in head["message"]
+                and "was lost mid-run: its run ended failed" in head["message"]
+            ), head["message"]
             from tunedeck.core.runs.store import read_findings
+
             lost = [f for f in read_findings(run_dir) if f["category"] == "node_lost"]
             assert lost and lost[0]["node"] == 1 and lost[0]["severity"] == "error"
-        elif node["status"] == "stopped":     # the watch came before node 1's own ranks' end
-            assert "the head's run ended failed: torchrun exited with code" in \
-                node["message"], node["message"]
+        elif node["status"] == "stopped":  # the watch came before node 1's own ranks' end
+            assert "the head's run ended failed: torchrun exited with code" in node["message"], (
+                node["message"]
+            )
         # the agents are gone, and so is the job
-        wait_for(lambda: subprocess.run(
-            hosts.named_argv(0, ["squeue", "-h", "-j", job]), env=slurm.env,
-            capture_output=True, text=True).stdout.strip() == "", 60, "the job to leave")
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    hosts.named_argv(0, ["squeue", "-h", "-j", job]),
+                    env=slurm.env,
+                    capture_output=True,
+                    text=True,
+                ).stdout.strip()
+                == ""
+            ),
+            60,
+            "the job to leave",
+        )
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))

@@ -20,7 +20,9 @@ def test_demo_preset_loads_and_resolves_data_path():
 
 def test_unknown_key_names_key_and_line(tmp_path):
     f = tmp_path / "bad.toml"
-    f.write_text('name = "x"\n[data]\npath = "d.jsonl"\n\n[train]\nmax_steps = 5\nlearnin_rate = 1\n')
+    f.write_text(
+        'name = "x"\n[data]\npath = "d.jsonl"\n\n[train]\nmax_steps = 5\nlearnin_rate = 1\n'
+    )
     with pytest.raises(SpecError) as e:
         load_spec(f)
     msg = str(e.value)
@@ -47,9 +49,16 @@ def test_bad_choice_and_toml_syntax(tmp_path):
 
 
 def test_set_overrides_typed_values_and_errors():
-    spec = loads_spec('[data]\npath = "x.jsonl"\n', overrides=[
-        "train.learning_rate=3e-4", "train.max_steps=7", "model.path=/models/qwen",
-        "env.NCCL_DEBUG=INFO", 'method.target_modules=["q_proj","v_proj"]'])
+    spec = loads_spec(
+        '[data]\npath = "x.jsonl"\n',
+        overrides=[
+            "train.learning_rate=3e-4",
+            "train.max_steps=7",
+            "model.path=/models/qwen",
+            "env.NCCL_DEBUG=INFO",
+            'method.target_modules=["q_proj","v_proj"]',
+        ],
+    )
     assert spec.train.learning_rate == 3e-4 and spec.train.max_steps == 7
     assert spec.model.path == "/models/qwen"
     assert spec.env == {"NCCL_DEBUG": "INFO"}
@@ -71,10 +80,13 @@ def test_every_option_has_help():
 
 
 def test_secrets_are_masked_in_plans():
-    assert mask_env({"HF_TOKEN": "abc", "NCCL_DEBUG": "INFO"}) == {"HF_TOKEN": "****",
-                                                                  "NCCL_DEBUG": "INFO"}
-    plan = LaunchPlan("r", "builtin", 2, 1, [NodeCommand(0, "h", ["python"],
-                                                          {"WANDB_API_KEY": "k"}, "/")])
+    assert mask_env({"HF_TOKEN": "abc", "NCCL_DEBUG": "INFO"}) == {
+        "HF_TOKEN": "****",
+        "NCCL_DEBUG": "INFO",
+    }
+    plan = LaunchPlan(
+        "r", "builtin", 2, 1, [NodeCommand(0, "h", ["python"], {"WANDB_API_KEY": "k"}, "/")]
+    )
     assert "k'" not in plan.to_shell() and "WANDB_API_KEY='****'" in plan.to_shell()
     assert plan.to_json()["nodes"][0]["env"]["WANDB_API_KEY"] == "****"
 
@@ -82,11 +94,17 @@ def test_secrets_are_masked_in_plans():
 def test_resolve_picks_cpu_defaults_without_gpus():
     spec = resolve(RunSpec(), gpu_count=0)
     assert (spec.cluster.device, spec.cluster.nproc_per_node, spec.cluster.dist_backend) == (
-        "cpu", 2, "gloo")
+        "cpu",
+        2,
+        "gloo",
+    )
     assert spec.cluster.master_port > 0
     gpu = resolve(RunSpec(), gpu_count=8)
     assert (gpu.cluster.device, gpu.cluster.nproc_per_node, gpu.cluster.dist_backend) == (
-        "cuda", 8, "nccl")
+        "cuda",
+        8,
+        "nccl",
+    )
 
 
 def test_broken_preset_launches_nothing(tmp_path, td_home):
@@ -102,7 +120,27 @@ def test_broken_preset_launches_nothing(tmp_path, td_home):
 def test_secret_flags_are_masked_in_every_form():
     from tunedeck.core.spec import mask_argv
 
-    argv = ["HF_TOKEN=abc", "swift", "sft", "--hub_token=tok1", "--hub_token", "tok2",
-            "--model_author", "Ann", "--model", "m"]
-    assert mask_argv(argv) == ["HF_TOKEN=****", "swift", "sft", "--hub_token=****",
-                               "--hub_token", "****", "--model_author", "Ann", "--model", "m"]
+    argv = [
+        "HF_TOKEN=abc",
+        "swift",
+        "sft",
+        "--hub_token=tok1",
+        "--hub_token",
+        "tok2",
+        "--model_author",
+        "Ann",
+        "--model",
+        "m",
+    ]
+    assert mask_argv(argv) == [
+        "HF_TOKEN=****",
+        "swift",
+        "sft",
+        "--hub_token=****",
+        "--hub_token",
+        "****",
+        "--model_author",
+        "Ann",
+        "--model",
+        "m",
+    ]

@@ -11,8 +11,15 @@ import math
 
 import pytest
 
-from tunedeck.core.spec import OPTIONS, SpecError, check_option, load_spec, loads_spec, \
-    set_values, RunSpec
+from tunedeck.core.spec import (
+    OPTIONS,
+    SpecError,
+    check_option,
+    load_spec,
+    loads_spec,
+    set_values,
+    RunSpec,
+)
 from tests.conftest import REPO, cli
 
 DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -47,10 +54,14 @@ BAD = [
     ('env.X="a\\u0000b"', "env.X: a NUL character cannot be passed to a process"),
     ('model.path="a\\u0000b"', "model.path: a NUL character cannot be passed to a process"),
     ('script.args=["ok", "a\\u0000b"]', "script.args: a NUL character cannot be passed"),
-    ("env.TUNEDECK_RUN_ID=20260101-000000-other-abcd", "env.TUNEDECK_RUN_ID: TUNEDECK_* "
-     "variables are set by tunedeck itself"),
-    ("env.TUNEDECK_ATTEMPT=3", "env.TUNEDECK_ATTEMPT: TUNEDECK_* variables are set by "
-     "tunedeck itself"),
+    (
+        "env.TUNEDECK_RUN_ID=20260101-000000-other-abcd",
+        "env.TUNEDECK_RUN_ID: TUNEDECK_* variables are set by tunedeck itself",
+    ),
+    (
+        "env.TUNEDECK_ATTEMPT=3",
+        "env.TUNEDECK_ATTEMPT: TUNEDECK_* variables are set by tunedeck itself",
+    ),
 ]
 
 
@@ -76,18 +87,28 @@ def test_the_form_and_fixes_refuse_the_same(item, problem):
 
 
 def test_bounds_hold_at_their_edges():
-    ok = loads_spec(BASE, overrides=["cluster.master_port=65535", "train.seed=4294967295",
-                                     "train.seed=0", "cluster.master_port=0",
-                                     "method.lora_dropout=1.0", "train.learning_rate=0"])
+    ok = loads_spec(
+        BASE,
+        overrides=[
+            "cluster.master_port=65535",
+            "train.seed=4294967295",
+            "train.seed=0",
+            "cluster.master_port=0",
+            "method.lora_dropout=1.0",
+            "train.learning_rate=0",
+        ],
+    )
     assert ok.cluster.master_port == 0 and ok.train.seed == 0
     assert loads_spec(BASE, overrides=["cluster.master_port=1"]).cluster.master_port == 1
 
 
 def test_toml_refusals_name_file_and_line(tmp_path):
     f = tmp_path / "s.toml"
-    f.write_text(BASE + '[cluster]\nmaster_port = 70000\n[train]\nlearning_rate = nan\n'
-                 'seed = 100000000000000000000000000\n[env]\nOK = "1"\n'
-                 'TUNEDECK_RUN_ID = "x"\nBAD = "a\\u0000b"\n')
+    f.write_text(
+        BASE + "[cluster]\nmaster_port = 70000\n[train]\nlearning_rate = nan\n"
+        'seed = 100000000000000000000000000\n[env]\nOK = "1"\n'
+        'TUNEDECK_RUN_ID = "x"\nBAD = "a\\u0000b"\n'
+    )
     with pytest.raises(SpecError) as e:
         load_spec(f)
     assert e.value.problems == [
@@ -143,13 +164,19 @@ def test_non_utf8_and_deep_files_are_one_line_refusals(tmp_path):
     assert e.value.problems[0].startswith("--set train.seed: train.seed must be int")
 
 
-@pytest.mark.parametrize("content", [b'name = "caf\xe9"\n', ("a = " + "[" * 5000 + "]" * 5000)
-                                     .encode(), b"\xff\xfe\x00"])
+@pytest.mark.parametrize(
+    "content", [b'name = "caf\xe9"\n', ("a = " + "[" * 5000 + "]" * 5000).encode(), b"\xff\xfe\x00"]
+)
 def test_cli_verbs_refuse_bad_files_without_a_traceback(content, tmp_path, td_home):
     f = tmp_path / "s.toml"
     f.write_bytes(content)
-    for verb in (["launch", str(f)], ["launch", str(f), "--dry-run"], ["preflight", str(f)],
-                 ["export", str(f)], ["estimate", str(f)]):
+    for verb in (
+        ["launch", str(f)],
+        ["launch", str(f), "--dry-run"],
+        ["preflight", str(f)],
+        ["export", str(f)],
+        ["estimate", str(f)],
+    ):
         proc = cli(*verb, home=td_home, check=False)
         assert proc.returncode != 0, verb
         assert "Traceback" not in proc.stderr, (verb, proc.stderr)
@@ -158,8 +185,9 @@ def test_cli_verbs_refuse_bad_files_without_a_traceback(content, tmp_path, td_ho
 
 def test_dry_run_of_a_spec_a_backend_refuses_is_one_line(tmp_path, td_home):
     missing = tmp_path / "s.toml"
-    missing.write_text('name = "x"\nbackend = "script"\n[script]\npath = "nope.py"\n'
-                       '[cluster]\ndevice = "cpu"\n')
+    missing.write_text(
+        'name = "x"\nbackend = "script"\n[script]\npath = "nope.py"\n[cluster]\ndevice = "cpu"\n'
+    )
     proc = cli("launch", str(missing), "--dry-run", home=td_home, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -174,8 +202,10 @@ def test_dry_run_of_a_swift_plan_error_is_one_line(tmp_path, td_home):
     if installed_version() is None:
         pytest.skip("ms-swift not installed")
     f = tmp_path / "s.toml"
-    f.write_text(f'name = "x"\nbackend = "swift"\n[data]\npath = "{DEMO_DATA}"\n'
-                 '[swift]\ncommand = "megatron-sft"\n[cluster]\ndevice = "cpu"\n')
+    f.write_text(
+        f'name = "x"\nbackend = "swift"\n[data]\npath = "{DEMO_DATA}"\n'
+        '[swift]\ncommand = "megatron-sft"\n[cluster]\ndevice = "cpu"\n'
+    )
     proc = cli("launch", str(f), "--dry-run", home=td_home, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

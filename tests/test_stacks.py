@@ -26,15 +26,28 @@ def _step(run_dir, rank: int) -> int:
 def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
     # rank 1 stops after step 3; rank 0 then waits for it in DDP's gradient all-reduce
     monkeypatch.setenv("TUNEDECK_TEST_HANG_RANK", "1:3")
-    monkeypatch.setenv("TUNEDECK_STALL_FLOOR_S", "5")    # the default floor is 60 s
-    out = cli("launch", str(DEMO), "--json", "--set", "train.max_steps=1000",
-              "--set", "train.save_steps=0", home=td_home)
+    monkeypatch.setenv("TUNEDECK_STALL_FLOOR_S", "5")  # the default floor is 60 s
+    out = cli(
+        "launch",
+        str(DEMO),
+        "--json",
+        "--set",
+        "train.max_steps=1000",
+        "--set",
+        "train.save_steps=0",
+        home=td_home,
+    )
     run_id = json.loads(out.stdout)["run_id"]
     run_dir = td_home / "runs" / run_id
     try:
         wait_for(lambda: _step(run_dir, 0) >= 3, 180, "three steps")
-        wait_for(lambda: len(json.loads((run_dir / "state.json").read_text())
-                             .get("worker_pids") or []) == 2, 30, "both rank pids")
+        wait_for(
+            lambda: (
+                len(json.loads((run_dir / "state.json").read_text()).get("worker_pids") or []) == 2
+            ),
+            30,
+            "both rank pids",
+        )
         res = cli("stacks", run_id, "--json", home=td_home)
         dumps = {d["rank"]: d for d in json.loads(res.stdout)}
         assert set(dumps) == {0, 1}
@@ -54,8 +67,11 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         [line1] = [ln for ln in text.splitlines() if ln.startswith("=== rank 1 ")]
         assert "NOT in a collective: the others wait for it" in line1, text
         # the agent flags the stall by itself (no GPU here to tell which rank idles)
-        stall = wait_for(lambda: next((f for f in read_findings(run_dir)
-                                       if f["category"] == "stall"), None), 60, "a stall")
+        stall = wait_for(
+            lambda: next((f for f in read_findings(run_dir) if f["category"] == "stall"), None),
+            60,
+            "a stall",
+        )
         assert stall["severity"] == "error" and "step 3" in stall["summary"]
         # one rank only, through the core API; a rank that does not exist is named
         assert [d.rank for d in dump_stacks(run_dir, ranks=[1])] == [1]

@@ -32,6 +32,7 @@ def _state(home: Path, run_id: str) -> dict:
 def _strict(text: str) -> dict:
     def refuse(name):
         raise AssertionError(f"state.json holds {name}: not strict JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -62,8 +63,15 @@ def test_bad_values_in_a_rank_file_never_make_the_run_unstoppable(td_home):
     try:
         with open(events, "a") as f:
             f.write("\n".join(BAD_LINES) + "\n")
-        seen = wait_for(lambda: (s := _strict((run_dir / "state.json").read_text()))
-                        ["progress"].get("step") == 900001 and s, 30, "the agent's ingest")
+        seen = wait_for(
+            lambda: (
+                (s := _strict((run_dir / "state.json").read_text()))["progress"].get("step")
+                == 900001
+                and s
+            ),
+            30,
+            "the agent's ingest",
+        )
         # the usable step is taken, its bad values are dropped, nothing else is copied
         assert seen["progress"]["loss"] is None and seen["progress"]["t"] is None, seen
         assert seen["progress"]["lr"] is None
@@ -78,7 +86,7 @@ def test_bad_values_in_a_rank_file_never_make_the_run_unstoppable(td_home):
 
 # -- 3 and 4: every process, the right words, the real exit code ------------------------
 
-ESCAPER = r'''
+ESCAPER = r"""
 import os, signal, subprocess, sys, time
 rank = int(os.environ["RANK"])
 clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -92,7 +100,7 @@ while True:
     step += 1
     print(f"step {step} loss {1.0 / step:.4f}", flush=True)
     time.sleep(0.5)
-'''
+"""
 
 
 def _sleepers(tag: str) -> list[psutil.Process]:
@@ -107,13 +115,18 @@ def test_children_that_leave_a_rank_do_not_survive_a_graceful_stop(td_home, tmp_
     script = tmp_path / "escaper.py"
     script.write_text(ESCAPER)
     spec = tmp_path / "escaper.toml"
-    spec.write_text(f'name = "escaper"\nbackend = "script"\n[script]\npath = "{script}"\n'
-                    f'[data]\npath = "{REPO / "presets/data/demo_chat.jsonl"}"\n'
-                    f'[cluster]\ndevice = "cpu"\ncpu_procs = 2\n[run]\nstop_grace_s = 20\n')
+    spec.write_text(
+        f'name = "escaper"\nbackend = "script"\n[script]\npath = "{script}"\n'
+        f'[data]\npath = "{REPO / "presets/data/demo_chat.jsonl"}"\n'
+        f'[cluster]\ndevice = "cpu"\ncpu_procs = 2\n[run]\nstop_grace_s = 20\n'
+    )
     run_id = cli_json("launch", str(spec), home=td_home)["run_id"]
     try:
-        wait_for(lambda: len(_sleepers("600")) == 2 and len(_sleepers("601")) == 2, 120,
-                 "each rank's two children")
+        wait_for(
+            lambda: len(_sleepers("600")) == 2 and len(_sleepers("601")) == 2,
+            120,
+            "each rank's two children",
+        )
         done = stop_run(td_home, run_id)
         assert done["status"] == "stopped", done
         assert done["message"].startswith("stopped (graceful)"), done
@@ -150,6 +163,7 @@ def test_a_hard_stop_records_the_signal_that_ended_torchrun(td_home):
 
 # -- 5: a stop while the agent prepares ------------------------------------------------------
 
+
 def test_a_stop_reaches_a_run_whose_preparation_blocks(td_home, tmp_path):
     """Another run building the same demo model on a slow disk holds its lock: this run's
     agent waits in preparation, and a hard stop still ends it at once."""
@@ -158,27 +172,44 @@ def test_a_stop_reaches_a_run_whose_preparation_blocks(td_home, tmp_path):
     data = tmp_path / "data.jsonl"
     shutil.copy(REPO / "presets" / "data" / "demo_chat.jsonl", data)
     with open(data, "a") as f:
-        f.write(json.dumps({"messages": [{"role": "user", "content": str(time.time())},
-                                         {"role": "assistant", "content": "ok"}]}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": str(time.time())},
+                        {"role": "assistant", "content": "ok"},
+                    ]
+                }
+            )
+            + "\n"
+        )
     model = tiny_model_dir(data)
     model.parent.mkdir(parents=True, exist_ok=True)
     with open(model.parent / f".{model.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        run_id = cli_json("launch", str(DEMO), "--no-preflight", "--set",
-                          f'data.path="{data}"', home=td_home)["run_id"]
+        run_id = cli_json(
+            "launch", str(DEMO), "--no-preflight", "--set", f'data.path="{data}"', home=td_home
+        )["run_id"]
         wait_for(lambda: "building" in _state(td_home, run_id)["message"], 30, "preparation")
         t0 = time.monotonic()
         done = stop_run(td_home, run_id, "--hard")
         assert time.monotonic() - t0 < 20
         assert done["status"] == "stopped", done
-        assert done["message"].startswith("stopped before start (preparation had not "
-                                          "finished"), done
+        assert done["message"].startswith("stopped before start (preparation had not finished"), (
+            done
+        )
         pid = _state(td_home, run_id)["agent_pid"]
-        wait_for(lambda: not psutil.pid_exists(pid) or
-                 psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10, "the agent's exit")
+        wait_for(
+            lambda: (
+                not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            ),
+            10,
+            "the agent's exit",
+        )
 
 
 # -- 7: run.db deleted or replaced mid-run ----------------------------------------------------
+
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_run_db_deleted_mid_run_comes_back_whole(td_home, how):
@@ -187,22 +218,25 @@ def test_run_db_deleted_mid_run_comes_back_whole(td_home, how):
     db = run_dir / "run.db"
     wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= 3, 120, "3 steps")
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        before = con.execute("SELECT count(*) FROM telemetry").fetchone()[0] \
-            if con.execute("SELECT name FROM sqlite_master WHERE name='telemetry'").fetchone() \
+        before = (
+            con.execute("SELECT count(*) FROM telemetry").fetchone()[0]
+            if con.execute("SELECT name FROM sqlite_master WHERE name='telemetry'").fetchone()
             else 0
+        )
         findings_before = con.execute("SELECT count(*) FROM findings").fetchone()[0]
     for side in ("", "-wal", "-shm"):
         Path(f"{db}{side}").unlink(missing_ok=True)
     if how == "replaced":
-        sqlite3.connect(db).close()     # an empty database in its place
+        sqlite3.connect(db).close()  # an empty database in its place
     wait_for(lambda: _state(td_home, run_id).get("db_restored"), 20, "the agent to notice")
     note = _state(td_home, run_id)["db_restored"][-1]
     assert note["why"] == how, note
     if how == "replaced":
         assert (run_dir / note["kept"]).exists(), note
     step_now = cli_json("status", run_id, home=td_home)["step"]
-    wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= step_now + 2, 120,
-             "more steps")
+    wait_for(
+        lambda: cli_json("status", run_id, home=td_home)["step"] >= step_now + 2, 120, "more steps"
+    )
     done = stop_run(td_home, run_id)
     assert done["status"] == "stopped", done
     steps = [r["step"] for r in cli_json("metrics", run_id, home=td_home)]
@@ -216,6 +250,7 @@ def test_run_db_deleted_mid_run_comes_back_whole(td_home, how):
 
 
 # -- a frozen agent ---------------------------------------------------------------------------
+
 
 def test_a_frozen_agent_shows_as_stale_with_how_long(td_home):
     from tunedeck.core.runs.state import STALE_AFTER_S
@@ -232,6 +267,9 @@ def test_a_frozen_agent_shows_as_stale_with_how_long(td_home):
         assert status["stale_s"] > STALE_AFTER_S, status
     finally:
         os.kill(agent, signal.SIGCONT)
-    wait_for(lambda: cli_json("status", run_id, home=td_home).get("stale_s") is None, 20,
-             "the beat to come back")
+    wait_for(
+        lambda: cli_json("status", run_id, home=td_home).get("stale_s") is None,
+        20,
+        "the beat to come back",
+    )
     assert stop_run(td_home, run_id)["status"] == "stopped"

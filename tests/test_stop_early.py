@@ -21,8 +21,15 @@ GRACE_S = 30
 
 @pytest.mark.parametrize("delay_s", [0.1, 1.0, 2.5])
 def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
-    out = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
-                   "--set", f"run.stop_grace_s={GRACE_S}", home=td_home)
+    out = cli_json(
+        "launch",
+        str(DEMO),
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        f"run.stop_grace_s={GRACE_S}",
+        home=td_home,
+    )
     run_id = out["run_id"]
     time.sleep(delay_s)
     t0 = time.monotonic()
@@ -38,7 +45,7 @@ def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
     for f in sorted((run_dir / "events").glob("rank*.jsonl")):
         evs = [json.loads(x) for x in f.open()]
         ends += [e for e in evs if e["kind"] == "end"]
-    if st["message"].startswith("stopped before start"):   # torchrun never started
+    if st["message"].startswith("stopped before start"):  # torchrun never started
         assert not ends
     else:
         assert st["exit_code"] == 0, st
@@ -47,15 +54,25 @@ def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
 
 
 def test_cli_stop_returns_at_once_and_the_agent_finishes_it(td_home):
-    run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000",
-                      "--set", f"run.stop_grace_s={GRACE_S}", home=td_home)["run_id"]
+    run_id = cli_json(
+        "launch",
+        str(DEMO),
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        f"run.stop_grace_s={GRACE_S}",
+        home=td_home,
+    )["run_id"]
     wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= 1, 120, "a step")
     t0 = time.monotonic()
     out = cli("stop", run_id, home=td_home)
     assert time.monotonic() - t0 < 5.0, "stop without --wait must not wait for the end"
     assert "stop requested" in out.stdout and (td_home / "runs" / run_id / "stop.json").exists()
-    done = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
-                    == "stopped" and s, 60, "the agent to finish the stop")
+    done = wait_for(
+        lambda: (s := cli_json("status", run_id, home=td_home))["status"] == "stopped" and s,
+        60,
+        "the agent to finish the stop",
+    )
     assert done["exit_code"] == 0, done
     assert not procs.marked_processes(run_id)
 

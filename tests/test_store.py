@@ -21,14 +21,17 @@ def test_events_ingested_once_and_readers_see_the_rest(tmp_path):
     run = RunDir(tmp_path)
     _append(run.event_file(0), {"kind": "step", "rank": 0, "step": 1, "loss": 2.0})
     _append(run.event_file(1), {"kind": "step", "rank": 1, "step": 1, "loss": 2.0})
-    _append(run.probe_file(1), {"kind": "data_wait", "wait_s": 0.5, "n": 3})   # no rank
+    _append(run.probe_file(1), {"kind": "data_wait", "wait_s": 0.5, "n": 3})  # no rank
     agent = Store(run, write=True)
     assert len(agent.ingest()) == 2 and agent.ingest() == []
     [probe] = agent.ingest_probe()
     assert probe["rank"] == 1 and agent.ingest_probe() == []
     # not ingested yet (the agent is behind, or gone): readers still get it, from the file
-    _append(run.event_file(0), {"kind": "step", "rank": 0, "step": 2, "loss": 1.5},
-            {"kind": "end", "rank": 0, "step": 2})
+    _append(
+        run.event_file(0),
+        {"kind": "step", "rank": 0, "step": 2, "loss": 1.5},
+        {"kind": "end", "rank": 0, "step": 2},
+    )
     with Store(run) as viewer:
         assert [e["step"] for e in viewer.events("step", rank=0)] == [1, 2]
         assert len(viewer.events()) == 5

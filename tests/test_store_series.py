@@ -22,16 +22,35 @@ def loss_at(step: int) -> float:
     return 2.0 + 1.0 / (1 + step / 100) + (step % 7) * 0.01
 
 
-def write_attempt(run: RunDir, steps, rank: int = 0, loss=loss_at, start_step: int = 0,
-                  eval_every: int = 0, spike: dict | None = None) -> None:
+def write_attempt(
+    run: RunDir,
+    steps,
+    rank: int = 0,
+    loss=loss_at,
+    start_step: int = 0,
+    eval_every: int = 0,
+    spike: dict | None = None,
+) -> None:
     """Events the way the built-in trainer writes them (its EventWriter, its fields)."""
     w = EventWriter(run.path, rank)
     w.emit("start", world_size=1, max_steps=10**7, restart=0, start_step=start_step)
     for s in steps:
         value = (spike or {}).get(s, loss(s))
-        w.emit("step", step=s, loss=value, lr=1e-4 * (1 + s % 3), grad_norm=0.5, tokens=512,
-               step_s=0.1, data_wait_s=0.001, compute_s=0.05, mem_gib=1.5,
-               tokens_per_s=5120.0, epoch=0, mfu=None)
+        w.emit(
+            "step",
+            step=s,
+            loss=value,
+            lr=1e-4 * (1 + s % 3),
+            grad_norm=0.5,
+            tokens=512,
+            step_s=0.1,
+            data_wait_s=0.001,
+            compute_s=0.05,
+            mem_gib=1.5,
+            tokens_per_s=5120.0,
+            epoch=0,
+            mfu=None,
+        )
         if eval_every and s % eval_every == 0:
             w.emit("eval", step=s, eval_loss=value - 0.5, eval_tokens=100)
     w.emit("end", step=steps[-1] if steps else 0, reason="completed", loss=None)
@@ -108,8 +127,7 @@ def test_one_spike_survives_any_decimation(tmp_path, buckets, tier):
     ingest_all(run)
     with Store(run) as viewer:
         s = viewer.step_series(0, buckets=buckets)
-        used = max((t for t in TIERS if s["width"] % t == 0 and s["width"] >= 2 * t),
-                   default=None)
+        used = max((t for t in TIERS if s["width"] % t == 0 and s["width"] >= 2 * t), default=None)
         assert used == tier
         assert sum(s["n"]) == 20000 and len(s["step"]) <= buckets + 1
         i = max(range(len(s["step"])), key=lambda k: s["loss_max"][k])
@@ -161,14 +179,13 @@ def restarted_run(run: RunDir) -> None:
     """Attempt 1 reaches step 150 (evals at 50, 100, 150), dies; attempt 2 resumes from the
     checkpoint at 100 and has reached 130 so far, with another loss."""
     write_attempt(run, list(range(1, 151)), loss=lambda s: 1.0, eval_every=50)
-    write_attempt(run, list(range(101, 131)), loss=lambda s: 2.0, start_step=100,
-                  eval_every=10)
+    write_attempt(run, list(range(101, 131)), loss=lambda s: 2.0, start_step=100, eval_every=10)
 
 
 def check_restarted(viewer: Store) -> None:
     s = viewer.step_series(0, buckets=1000)
     got = flat(s)
-    assert sorted(got) == list(range(1, 131))          # 131..150 were the dead attempt's
+    assert sorted(got) == list(range(1, 131))  # 131..150 were the dead attempt's
     assert all(got[k] == 1.0 for k in range(1, 101))
     assert all(got[k] == 2.0 for k in range(101, 131))
     assert viewer.step_range(0) == (1, 130)
@@ -195,11 +212,10 @@ def test_a_restart_split_between_run_db_and_the_tail(tmp_path):
     run = RunDir(tmp_path)
     write_attempt(run, list(range(1, 151)), loss=lambda s: 1.0, eval_every=50)
     ingest_all(run)
-    write_attempt(run, list(range(101, 131)), loss=lambda s: 2.0, start_step=100,
-                  eval_every=10)
+    write_attempt(run, list(range(101, 131)), loss=lambda s: 2.0, start_step=100, eval_every=10)
     with Store(run) as viewer:
         check_restarted(viewer)
-        ingest_all(run)           # the agent catches up while the viewer stays open
+        ingest_all(run)  # the agent catches up while the viewer stays open
         check_restarted(viewer)
 
 
@@ -211,8 +227,7 @@ def blocks_match_steps(run: RunDir) -> None:
     for size in TIERS:
         kept = db.execute(f"SELECT * FROM steps_{size} ORDER BY rank, block").fetchall()
         db.execute(f"DELETE FROM steps_{size}")
-        for rank, last in db.execute("SELECT rank, MAX(step) FROM steps GROUP BY rank"
-                                     ).fetchall():
+        for rank, last in db.execute("SELECT rank, MAX(step) FROM steps GROUP BY rank").fetchall():
             db.execute(_tier_sql(size), (rank, 0, last // size * size - 1))
         fresh = db.execute(f"SELECT * FROM steps_{size} ORDER BY rank, block").fetchall()
         db.rollback()
@@ -227,13 +242,13 @@ def blocks_match_steps(run: RunDir) -> None:
 def test_ingest_in_small_pieces_gives_the_same_series(tmp_path, monkeypatch):
     run = RunDir(tmp_path)
     restarted_run(run)
-    monkeypatch.setattr(Store, "INGEST_BYTES", 2000)   # a restart catching up over ticks
+    monkeypatch.setattr(Store, "INGEST_BYTES", 2000)  # a restart catching up over ticks
     agent = Store(run, write=True)
     with Store(run) as viewer:
         while agent.ingest():
-            check_restarted(viewer)   # whatever part is in run.db, the rest from the tail
-            agent.close()             # and the agent restarts between ticks: the open
-            agent = Store(run, write=True)   # block is read back from run.db
+            check_restarted(viewer)  # whatever part is in run.db, the rest from the tail
+            agent.close()  # and the agent restarts between ticks: the open
+            agent = Store(run, write=True)  # block is read back from run.db
     agent.close()
     with Store(run) as viewer:
         check_restarted(viewer)
@@ -264,7 +279,7 @@ def test_viewer_sees_the_tail_and_never_counts_a_step_twice(tmp_path):
         w.close()
         s = viewer.step_series(0, buckets=7)
         assert sum(s["n"]) == 160 and s["last"] == 160
-        agent.ingest()      # now in run.db: the viewer's tail must drop it
+        agent.ingest()  # now in run.db: the viewer's tail must drop it
         assert sum(viewer.step_series(0, buckets=7)["n"]) == 160
         w = EventWriter(run.path, 0)
         w.emit("step", step=161, loss=9.0)
@@ -282,7 +297,7 @@ def test_old_run_db_reads_the_same_and_the_agent_fills_the_tables(tmp_path):
     with Store(run) as viewer:
         new = viewer.step_series(0, buckets=17, metrics=("loss", "lr"))
     drop_numeric_tables(run)
-    with Store(run) as viewer:    # no numeric tables: the same series from the JSON blobs
+    with Store(run) as viewer:  # no numeric tables: the same series from the JSON blobs
         check_restarted(viewer)
         assert same(viewer.step_series(0, buckets=17, metrics=("loss", "lr")), new)
         assert viewer.step_range(1) == (1, 40)
@@ -310,7 +325,8 @@ def test_recorded_h200_run_db_without_events_tables(tmp_path):
         assert s["step"] == [e["step"] for e in steps]
         assert s["loss"] == pytest.approx([e["loss"] for e in steps])
         assert viewer.step_range(1)[1] == max(
-            json.loads(x).get("step") or 0 for x in run.event_file(1).read_text().splitlines())
+            json.loads(x).get("step") or 0 for x in run.event_file(1).read_text().splitlines()
+        )
 
 
 def test_no_run_db_yet(tmp_path):
@@ -319,7 +335,7 @@ def test_no_run_db_yet(tmp_path):
     assert not run.db.exists()
     with Store(run) as viewer:
         assert sum(viewer.step_series(0)["n"]) == 10
-        ingest_all(run)          # run.db appears: read against its offsets from now on
+        ingest_all(run)  # run.db appears: read against its offsets from now on
         assert sum(viewer.step_series(0)["n"]) == 10
         assert viewer.step_series(2)["first"] is None
 
@@ -330,8 +346,7 @@ def test_rollups_across_restarts_and_agent_lives(tmp_path, monkeypatch):
     window reads the later attempt's steps."""
     run = RunDir(tmp_path)
     write_attempt(run, list(range(1, 9001)), loss=lambda s: 1.0 + s % 5)
-    write_attempt(run, list(range(3001, 10001)), loss=lambda s: 2.0 + s % 3,
-                  start_step=3000)
+    write_attempt(run, list(range(3001, 10001)), loss=lambda s: 2.0 + s % 3, start_step=3000)
     monkeypatch.setattr(Store, "INGEST_BYTES", 150_000)
     ticks = 0
     while True:

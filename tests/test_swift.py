@@ -36,36 +36,48 @@ def test_every_preset_loads():
 
 
 def test_flags_follow_the_spec():
-    a = swift_args(_spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 3\n'
-                         'zero_offload = "all"\n'), "/o")
+    a = swift_args(
+        _spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 3\nzero_offload = "all"\n'), "/o"
+    )
     assert a[a.index("--deepspeed") + 1] == "zero3_offload"
     a = swift_args(_spec('[method]\ntype = "qlora"\n'), "/o")
-    assert "--bnb_4bit_quant_type" not in a     # ms-swift's defaults (nf4, double quant)
+    assert "--bnb_4bit_quant_type" not in a  # ms-swift's defaults (nf4, double quant)
     assert a[a.index("--tuner_type") + 1] == "lora"
     assert a[a.index("--quant_method") + 1] == "bnb" and a[a.index("--quant_bits") + 1] == "4"
     a = swift_args(_spec('[parallel]\nstrategy = "fsdp2"\n'), "/o")
     assert a[a.index("--fsdp") + 1] == "fsdp2" and "--ddp_find_unused_parameters" not in a
     a = swift_args(_spec(), "/o")  # DDP LoRA on 2 GPUs: only what the spec sets
     assert a == ["--model", "Qwen/Qwen2.5-0.5B", "--dataset", "d.jsonl", "--output_dir", "/o"]
-    a = swift_args(_spec('[parallel]\nstrategy = "megatron"\ntp = 2\nsequence_parallel = true\n'
-                         '[swift]\ncommand = "megatron-sft"\n[train]\ngrad_accum = 4\n'
-                         'per_device_batch_size = 2\n', gpus=8), "/o")
+    a = swift_args(
+        _spec(
+            '[parallel]\nstrategy = "megatron"\ntp = 2\nsequence_parallel = true\n'
+            '[swift]\ncommand = "megatron-sft"\n[train]\ngrad_accum = 4\n'
+            "per_device_batch_size = 2\n",
+            gpus=8,
+        ),
+        "/o",
+    )
     assert a[a.index("--tensor_model_parallel_size") + 1] == "2"
     assert a[a.index("--sequence_parallel") + 1] == "true"
     assert a[a.index("--global_batch_size") + 1] == str(2 * 4 * 4)  # micro x dp(8/2) x accum
-    a = swift_args(_spec('[swift]\ncommand = "rlhf"\nrlhf_type = "grpo"\nuse_vllm = true\n'
-                         'vllm_mode = "server"\n'), "/o")
+    a = swift_args(
+        _spec(
+            '[swift]\ncommand = "rlhf"\nrlhf_type = "grpo"\nuse_vllm = true\nvllm_mode = "server"\n'
+        ),
+        "/o",
+    )
     assert a[a.index("--vllm_mode") + 1] == "server" and a[a.index("--use_vllm") + 1] == "true"
     # ms-swift 3.x took --train_type
-    assert "--train_type" in swift_args(_spec('[method]\ntype = "full"\n'), "/o",
-                                        version="3.12.6")
+    assert "--train_type" in swift_args(_spec('[method]\ntype = "full"\n'), "/o", version="3.12.6")
     # a finite collective timeout reaches ms-swift (its default is 208 days)
-    a = swift_args(_spec('[cluster]\ncollective_timeout_s = 1800\n'), "/o")
+    a = swift_args(_spec("[cluster]\ncollective_timeout_s = 1800\n"), "/o")
     assert a[a.index("--ddp_timeout") + 1] == "1800"
     assert "--ddp_timeout" not in swift_args(_spec(), "/o")
     with pytest.raises(SwiftPlanError, match="zero_stage"):
-        swift_args(_spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 1\n'
-                         'zero_offload = "all"\n'), "/o")
+        swift_args(
+            _spec('[parallel]\nstrategy = "deepspeed"\nzero_stage = 1\nzero_offload = "all"\n'),
+            "/o",
+        )
 
 
 @needs_swift
@@ -96,14 +108,18 @@ def test_a_restart_passes_a_checkpoint_only_where_ms_swift_takes_one(tmp_path):
     run = RunDir(tmp_path / "run")
     one = _spec(f'[run]\noutput_dir = "{out}"\n')
     r = restart(one, run, 1)
-    assert r.checkpoint == ck and r.argv(["-m", "swift.cli.sft"])[-2:] == \
-        ["--resume_from_checkpoint", str(ck)]
-    assert restart(one, run, 0).checkpoint is None     # the first attempt: train.resume_from
-    mega = _spec(f'[run]\noutput_dir = "{out}"\n[parallel]\nstrategy = "megatron"\n'
-                 '[swift]\ncommand = "megatron-sft"\n')
+    assert r.checkpoint == ck and r.argv(["-m", "swift.cli.sft"])[-2:] == [
+        "--resume_from_checkpoint",
+        str(ck),
+    ]
+    assert restart(one, run, 0).checkpoint is None  # the first attempt: train.resume_from
+    mega = _spec(
+        f'[run]\noutput_dir = "{out}"\n[parallel]\nstrategy = "megatron"\n'
+        '[swift]\ncommand = "megatron-sft"\n'
+    )
     r = restart(mega, run, 1)
     assert r.checkpoint is None and "--mcore_model" in r.note and r.argv(["x"]) == ["x"], r
-    assert not r.flag       # nothing for the nodes to agree on: all start from step 0
+    assert not r.flag  # nothing for the nodes to agree on: all start from step 0
 
 
 def test_the_log_monitor_follows_a_restart_without_the_announce_line(tmp_path):
@@ -117,8 +133,12 @@ def test_the_log_monitor_follows_a_restart_without_the_announce_line(tmp_path):
     def write(folder: str, steps: range, loss: float, when: float) -> None:
         f = tmp_path / "out" / folder / "logging.jsonl"
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text("".join(json.dumps({"loss": loss + s, "global_step/max_steps": f"{s}/6"})
-                             + "\n" for s in steps))
+        f.write_text(
+            "".join(
+                json.dumps({"loss": loss + s, "global_step/max_steps": f"{s}/6"}) + "\n"
+                for s in steps
+            )
+        )
         os.utime(f, (when, when))
 
     run = RunDir(tmp_path / "run")
@@ -127,14 +147,25 @@ def test_the_log_monitor_follows_a_restart_without_the_announce_line(tmp_path):
     write("v0-20260101-000000", range(1, 5), 10.0, 1e9)
     m.tick(0.0, [])
     m.restarted(2)
-    m.tick(0.0, [])                 # the next attempt's folder is not there yet
+    m.tick(0.0, [])  # the next attempt's folder is not there yet
     write("v1-20260101-000100", range(3, 7), 20.0, 1e9 + 100)
     m.tick(0.0, [])
     m.close([])
-    steps = [(e["step"], e["loss"]) for e in map(json.loads, run.event_file(0).open())
-             if e["kind"] == "step"]
-    assert steps == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0),
-                     (3, 23.0), (4, 24.0), (5, 25.0), (6, 26.0)], steps
+    steps = [
+        (e["step"], e["loss"])
+        for e in map(json.loads, run.event_file(0).open())
+        if e["kind"] == "step"
+    ]
+    assert steps == [
+        (1, 11.0),
+        (2, 12.0),
+        (3, 13.0),
+        (4, 14.0),
+        (3, 23.0),
+        (4, 24.0),
+        (5, 25.0),
+        (6, 26.0),
+    ], steps
 
 
 def test_backend_refuses_flags_that_do_not_exist(tmp_path):
@@ -177,7 +208,7 @@ backend = "swift"
 [model]
 path = "builtin:tiny-qwen2"
 [data]
-path = "{REPO / 'presets' / 'data' / 'demo_chat.jsonl'}"
+path = "{REPO / "presets" / "data" / "demo_chat.jsonl"}"
 max_length = 48
 [train]
 {train}
@@ -195,7 +226,7 @@ extra_args = {extra_args}
 @pytest.mark.slow
 @needs_swift
 def test_swift_cpu_run_shows_loss_in_metrics(td_home, tmp_path):
-    spec = _cpu_spec(tmp_path, "swift-cpu", 'max_steps = 3', '["--logging_steps", "1"]')
+    spec = _cpu_spec(tmp_path, "swift-cpu", "max_steps = 3", '["--logging_steps", "1"]')
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=400)
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     assert proc.returncode == 0, proc.stderr
@@ -220,11 +251,13 @@ def test_swift_restart_resumes_from_its_checkpoint(td_home, tmp_path):
     --resume_from_checkpoint naming that checkpoint and says so; ms-swift goes on from step 5
     rather than step 1, and the metrics keep its second 5 and 6, not the first."""
     plugin = REPO / "tests" / "scripts" / "swift_crash_once.py"
-    spec = _cpu_spec(tmp_path, "swift-restart", 'max_steps = 8\nsave_steps = 4',
-                     f'["--logging_steps", "1", "--external_plugins", "{plugin}", '
-                     '"--callbacks", "crash_once"]',
-                     '[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n'
-                     '[env]\nSWIFT_CRASH_AT_STEP = "7"\n')
+    spec = _cpu_spec(
+        tmp_path,
+        "swift-restart",
+        "max_steps = 8\nsave_steps = 4",
+        f'["--logging_steps", "1", "--external_plugins", "{plugin}", "--callbacks", "crash_once"]',
+        '[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n[env]\nSWIFT_CRASH_AT_STEP = "7"\n',
+    )
     proc = cli("launch", str(spec), "--wait", "--json", home=td_home, check=False, timeout=600)
     run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
     run_dir = td_home / "runs" / run_id

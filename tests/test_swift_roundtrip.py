@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(installed_version() is None, reason="ms-swift no
 
 BASE = {"model": ["org/base-model"]}
 # fields that do not come back as written, each with the import warning or reason that says so
-CREDENTIALS = {"hub_token", "api_key", "swanlab_token", "swanlab_secret"}   # never in a spec
+CREDENTIALS = {"hub_token", "api_key", "swanlab_token", "swanlab_secret"}  # never in a spec
 # what a CPU run adds beside --use_cpu (tunedeck's resolve: fp32 on CPU; gloo for DDP)
 ADDED_WITH = {"use_cpu": {"torch_dtype", "ddp_backend"}}
 
@@ -54,18 +54,23 @@ def cases(command: str) -> list[tuple[str, list[str]]]:
     rlhf_types = known.get("rlhf_type", {}).get("choices") or []
     out = []
     for n, (name, info) in enumerate(sorted(known.items())):
-        if name != info.get("dest") or name in NOT_SETTABLE:   # --no_x, --x-y spellings
+        if name != info.get("dest") or name in NOT_SETTABLE:  # --no_x, --x-y spellings
             continue
         argv = [] if name in BASE else [f"--{k}" for k in BASE] + BASE["model"]
         if rlhf_types and name != "rlhf_type" and not command.startswith("megatron"):
-            argv += ["--rlhf_type", rlhf_types[n % len(rlhf_types)]]   # every type in turn
+            argv += ["--rlhf_type", rlhf_types[n % len(rlhf_types)]]  # every type in turn
         argv += [f"--{name}", *non_default(name, info)]
         out.append((name, argv))
     return out
 
 
-CLI = {"sft": "swift sft", "pt": "swift pt", "rlhf": "swift rlhf",
-       "megatron-sft": "megatron sft", "megatron-rlhf": "megatron rlhf"}
+CLI = {
+    "sft": "swift sft",
+    "pt": "swift pt",
+    "rlhf": "swift rlhf",
+    "megatron-sft": "megatron sft",
+    "megatron-rlhf": "megatron rlhf",
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,7 @@ def trips():
     for command, _, t in rows:
         jobs += [(command, t.original), (command, t.exported), (command, t.dry_run)]
     parsed = parse_all(jobs)
-    return [(c, n, t, parsed[3 * i:3 * i + 3]) for i, (c, n, t) in enumerate(rows)]
+    return [(c, n, t, parsed[3 * i : 3 * i + 3]) for i, (c, n, t) in enumerate(rows)]
 
 
 def _differences(name: str, a: dict, b: dict, ignore: set[str]) -> list[str]:
@@ -106,14 +111,18 @@ def test_every_field_survives_import_export_and_dry_run(trips):
         if orig.get("error") or orig.get("remaining"):
             failures.append(f"{command} --{name}: generated argv rejected: {orig}")
             continue
-        for label, got, ignore in (("export", exp, set()),
-                                   ("dry-run", dry, {"output_dir"} - {name})):
+        for label, got, ignore in (
+            ("export", exp, set()),
+            ("dry-run", dry, {"output_dir"} - {name}),
+        ):
             if got.get("error") or got.get("remaining"):
-                failures.append(f"{command} --{name} {label}: {got.get('error')} "
-                                f"{got.get('remaining')}")
+                failures.append(
+                    f"{command} --{name} {label}: {got.get('error')} {got.get('remaining')}"
+                )
                 continue
-            diff = _differences(name, orig["values"], got["values"],
-                                ignore | ADDED_WITH.get(name, set()))
+            diff = _differences(
+                name, orig["values"], got["values"], ignore | ADDED_WITH.get(name, set())
+            )
             if diff:
                 failures.append(f"{command} --{name} {label}: {'; '.join(diff)}")
     assert failures == [], f"{len(failures)} fields changed:\n" + "\n".join(failures[:40])

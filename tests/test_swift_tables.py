@@ -34,23 +34,37 @@ def test_shipped_table_matches_the_installed_ms_swift(built):
 
 
 def test_import_is_fast_without_any_cache(tmp_path):
-    env = dict(os.environ, TUNEDECK_CACHE=str(tmp_path / "cache"),
-               TUNEDECK_HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env = dict(
+        os.environ,
+        TUNEDECK_CACHE=str(tmp_path / "cache"),
+        TUNEDECK_HOME=str(tmp_path / "home"),
+        XDG_CACHE_HOME=str(tmp_path / "xdg"),
+    )
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui", "import",
-                           "NPROC_PER_NODE=2 swift sft --model Qwen/Qwen2.5-7B-Instruct "
-                           "--dataset 'AI-ModelScope/alpaca-gpt4-data-zh#500' --train_type lora"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunedeck.tui",
+            "import",
+            "NPROC_PER_NODE=2 swift sft --model Qwen/Qwen2.5-7B-Instruct "
+            "--dataset 'AI-ModelScope/alpaca-gpt4-data-zh#500' --train_type lora",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     took = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 0, proc.stderr
-    assert "--tuner_type" in proc.stderr            # checked against ms-swift's table
+    assert "--tuner_type" in proc.stderr  # checked against ms-swift's table
     # CPU, not wall time: other tests share the machine (was 5.4-5.7 s of CPU; now ~0.15)
     assert cpu < 2.0, f"tunedeck import used {cpu:.2f} s of CPU"
     assert took < 10, f"tunedeck import took {took:.2f} s"
-    assert not (tmp_path / "cache" / "swift").exists()   # the shipped table, nothing built
+    assert not (tmp_path / "cache" / "swift").exists()  # the shipped table, nothing built
 
 
 def test_an_unshipped_version_is_read_once_and_cached(tmp_path, monkeypatch, built):

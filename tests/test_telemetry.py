@@ -19,16 +19,16 @@ from tunedeck.core.telemetry.sampler import TelemetrySampler
 from tunedeck.core.runs.store import Store
 from tunedeck.core.telemetry.store import TelemetryStore
 
+
 def _series(run_dir, kind, *args, **kw):
     with Store(run_dir) as store:
         return store.telemetry_series(kind, *args, **kw)
 
 
-
 def test_real_pynvml_without_driver_is_a_state_not_a_crash():
     n = Nvml()
     samples = n.sample()
-    if n.status == "ok":       # a machine with a GPU: the real path works too
+    if n.status == "ok":  # a machine with a GPU: the real path works too
         assert len(samples) == n.count
         return
     assert samples == [] and n.status in ("no_driver", "error")
@@ -48,15 +48,15 @@ def test_nvml_session_starts_stops_and_turns_every_failure_into_a_reason(monkeyp
     assert fake.inits == 0
     with pytest.raises(NvmlUnavailable) as e:
         with nvml_session(fake) as nv:
-            nv.nvmlDeviceGetHandleByIndex(5)                # an NVMLError inside the block
+            nv.nvmlDeviceGetHandleByIndex(5)  # an NVMLError inside the block
     assert e.value.status == "error" and e.value.reason.startswith("NVML query failed")
-    assert fake.inits == 0                                  # shut down all the same
+    assert fake.inits == 0  # shut down all the same
     with pytest.raises(NvmlUnavailable) as e:
         nvml_start(FakePynvml(init_error=pynvml.NVML_ERROR_UNKNOWN))
     assert e.value.status == "error" and e.value.reason.startswith("NVML failed to start")
     n = Nvml(FakePynvml(init_error=pynvml.NVML_ERROR_UNKNOWN))
     assert n.sample() == [] and n.status == "error" and "NVML failed to start" in n.message
-    monkeypatch.setitem(sys.modules, "pynvml", None)        # nvidia-ml-py not installed
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
     with pytest.raises(NvmlUnavailable) as e:
         nvml_start()
     assert (e.value.status, e.value.reason) == ("no_driver", "nvidia-ml-py is not installed")
@@ -71,8 +71,13 @@ def test_only_the_entry_point_imports_pynvml():
     importers = set()
     for path in core.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n.split(".")[0] == "pynvml" for n in names):
                 importers.add(path.relative_to(core).as_posix())
     assert importers == {"telemetry/nvml.py"}
@@ -82,15 +87,18 @@ def test_probe_reads_two_nvlinked_fake_h200s():
     fake = FakePynvml(2, driver="580.65", cuda_version=12080)
     facts = probe_gpus(fake)
     assert facts.error == "" and (facts.driver, facts.cuda_driver) == ("580.65", (12, 8))
-    assert [(g.index, g.name, g.memory_total_gib, g.cc) for g in facts.gpus] == \
-        [(0, "Fake H200", 140.4, (9, 0)), (1, "Fake H200", 140.4, (9, 0))]
+    assert [(g.index, g.name, g.memory_total_gib, g.cc) for g in facts.gpus] == [
+        (0, "Fake H200", 140.4, (9, 0)),
+        (1, "Fake H200", 140.4, (9, 0)),
+    ]
     assert facts.links == {(0, 1): ("NVLink", True)}
-    assert fake.inits == 0                                  # NVML shut down after the probe
+    assert fake.inits == 0  # NVML shut down after the probe
 
 
 def test_probe_degrades_unsupported_queries_as_before():
-    facts = probe_gpus(FakePynvml(3, unsupported={"cc", "nvlink", "p2p", "cuda_version"},
-                                  topology=30))
+    facts = probe_gpus(
+        FakePynvml(3, unsupported={"cc", "nvlink", "p2p", "cuda_version"}, topology=30)
+    )
     assert [g.cc for g in facts.gpus] == [(0, 0)] * 3 and facts.cuda_driver is None
     assert facts.links == {k: ("PCIe host bridge", True) for k in [(0, 1), (0, 2), (1, 2)]}
     facts = probe_gpus(FakePynvml(2, nvlinks=0, unsupported={"topology"}, p2p=False))
@@ -102,7 +110,7 @@ def test_probe_without_usable_nvml_gives_a_reason_and_no_gpus():
     facts = probe_gpus(FakePynvml(4, no_driver=True))
     assert facts.gpus == [] and facts.links == {}
     assert facts.error == "no NVIDIA driver (NVML Shared Library Not Found)"
-    fake = FakePynvml(4, unsupported={"mem"})              # fails half way through the GPUs
+    fake = FakePynvml(4, unsupported={"mem"})  # fails half way through the GPUs
     facts = probe_gpus(fake)
     assert facts.gpus == [] and facts.error.startswith("NVML query failed")
     assert fake.inits == 0 and list_gpus(fake) == []
@@ -119,20 +127,20 @@ def test_list_gpus_and_visible_count_on_the_fake(monkeypatch):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", sel)
         assert visible_gpu_count(lib=fake) == want, sel
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
-    assert visible_gpu_count("1", lib=fake) == 1            # the spec's list wins
+    assert visible_gpu_count("1", lib=fake) == 1  # the spec's list wins
     assert visible_gpu_count(lib=FakePynvml(4, no_driver=True)) == 0
 
 
 def test_unsupported_queries_are_na_and_not_asked_again():
     fake = FakePynvml(2, unsupported={"power", "pcie"})
-    n = Nvml(fake, slow_every=1)                     # every field on every sample
+    n = Nvml(fake, slow_every=1)  # every field on every sample
     s = n.sample(100.0)
     assert s[0]["power_w"] is None and s[0]["pcie_rx_kbs"] is None
     assert s[0]["util"] is not None and s[0]["temp_c"] == 45 and s[1]["temp_c"] == 46
-    assert s[0]["nvlink_rx_kbs"] is None             # a rate needs two readings
+    assert s[0]["nvlink_rx_kbs"] is None  # a rate needs two readings
     calls = fake.calls
     s2 = n.sample(101.0)
-    assert s2[0]["nvlink_rx_kbs"] == 5e6             # KiB/s from the cumulative counter
+    assert s2[0]["nvlink_rx_kbs"] == 5e6  # KiB/s from the cumulative counter
     # power and PCIe (2 counters) x 2 GPUs are not asked again: 6 calls fewer per sample
     per_sample = fake.calls - calls
     fake2 = FakePynvml(2)
@@ -156,9 +164,11 @@ def test_process_sampler_maps_ranks_and_workers():
     read from /proc as the agent does, its worker found under it."""
     from tunedeck.core.telemetry import proctree
 
-    code = ("import subprocess,sys,time;"
-            "c=subprocess.Popen([sys.executable,'-c','import time;time.sleep(60)']);"
-            "time.sleep(60)")
+    code = (
+        "import subprocess,sys,time;"
+        "c=subprocess.Popen([sys.executable,'-c','import time;time.sleep(60)']);"
+        "time.sleep(60)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, RANK="3"))
     try:
         ps = ProcessSampler(rescan_s=0)
@@ -186,7 +196,7 @@ def test_process_sampler_maps_ranks_and_workers():
 
 
 def test_host_sample(tmp_path):
-    h = host_sample(str(tmp_path / "not" / "yet"))   # output dirs appear late: parent's disk
+    h = host_sample(str(tmp_path / "not" / "yet"))  # output dirs appear late: parent's disk
     assert h["mem_total_mib"] > 0 and h["disk_free_mib"] > 0
     assert h["shm_free_mib"] is None or h["shm_free_mib"] >= 0
 
@@ -194,10 +204,15 @@ def test_host_sample(tmp_path):
 def test_sampler_respects_interval_and_stores(tmp_path):
     db = sqlite3.connect(tmp_path / "run.db")
     fake = FakePynvml(2, procs={1: [(os.getpid(), 700)]})
-    s = TelemetrySampler(TelemetryStore(db), interval_s=1.0, nvml=Nvml(fake),
-                         rank_pids=lambda: {0: os.getpid()}, out_dir=str(tmp_path))
+    s = TelemetrySampler(
+        TelemetryStore(db),
+        interval_s=1.0,
+        nvml=Nvml(fake),
+        rank_pids=lambda: {0: os.getpid()},
+        out_dir=str(tmp_path),
+    )
     t = 1_800_000_000.0
-    for i in range(20):                   # agent ticks every 0.5 s for 10 s
+    for i in range(20):  # agent ticks every 0.5 s for 10 s
         s.tick(t + i * 0.5, [])
     assert s.samples == 10
     s.close()
@@ -208,7 +223,7 @@ def test_sampler_respects_interval_and_stores(tmp_path):
     assert latest["status"]["nvml"] == "ok"
     gp = latest["procs"]["gpu_procs"]
     assert gp == [{"gpu": 1, "pid": os.getpid(), "mib": 700.0, "rank": 0}]
-    assert s.gpu_for_rank(0) == 1                    # from NVML's process list
+    assert s.gpu_for_rank(0) == 1  # from NVML's process list
     assert s.gpu_util(0, t, t + 10) is not None
 
 
@@ -218,10 +233,16 @@ def test_nvml_calls_per_gpu_stay_within_budget_at_1hz(tmp_path):
     tick, and still reads utilisation and memory every second."""
     db = sqlite3.connect(tmp_path / "run.db")
     fake = FakePynvml(8, procs={5: [(os.getpid(), 900)]})
-    s = TelemetrySampler(TelemetryStore(db), interval_s=1.0, nvml=Nvml(fake),
-                         rank_pids=lambda: {0: os.getpid()}, out_dir=str(tmp_path), slow_s=10.0)
+    s = TelemetrySampler(
+        TelemetryStore(db),
+        interval_s=1.0,
+        nvml=Nvml(fake),
+        rank_pids=lambda: {0: os.getpid()},
+        out_dir=str(tmp_path),
+        slow_s=10.0,
+    )
     t = 1_800_000_000.0
-    s.sample(t)                                      # the first sample reads everything
+    s.sample(t)  # the first sample reads everything
     first = fake.calls
     per_tick, samples = [], []
     for i in range(1, 101):
@@ -231,17 +252,19 @@ def test_nvml_calls_per_gpu_stay_within_budget_at_1hz(tmp_path):
     s.close()
     per_gpu_s = (fake.calls - first) / (8 * 100)
     assert per_gpu_s <= 3.0, f"{per_gpu_s:.2f} NVML calls per GPU per second"
-    assert fake.calls_by["util"] == fake.calls_by["mem"] == 8 * 101   # every GPU, every s
-    assert fake.calls_by["power"] < fake.calls_by["util"] / 5           # the slow tier
-    slow_set = 8                                     # power, temp, 2 clocks, 2 PCIe, NVLink, procs
-    assert max(per_tick) <= 2 * 8 + slow_set         # at most one GPU's slow set per tick
+    assert fake.calls_by["util"] == fake.calls_by["mem"] == 8 * 101  # every GPU, every s
+    assert fake.calls_by["power"] < fake.calls_by["util"] / 5  # the slow tier
+    slow_set = 8  # power, temp, 2 clocks, 2 PCIe, NVLink, procs
+    assert max(per_tick) <= 2 * 8 + slow_set  # at most one GPU's slow set per tick
     # slow fields carry the last known value; each GPU's is refreshed every 10 samples
     for smp in samples:
         assert all(g["power_w"] is not None and g["temp_c"] is not None for g in smp["gpus"])
     slow_ts = {g["slow_t"] for smp in samples for g in smp["gpus"] if g["gpu"] == 3}
     assert len(slow_ts) in (10, 11)
-    assert all(smp["gpu_procs"] == [{"gpu": 5, "pid": os.getpid(), "mib": 900.0, "rank": 0}]
-               for smp in samples)
+    assert all(
+        smp["gpu_procs"] == [{"gpu": 5, "pid": os.getpid(), "mib": 900.0, "rank": 0}]
+        for smp in samples
+    )
     # NVLink rates come from counter deltas across the 10 s between two slow reads
     rates = {g["nvlink_rx_kbs"] for smp in samples[20:] for g in smp["gpus"]}
     assert rates == {5e5}
@@ -257,7 +280,7 @@ def test_process_sampler_reads_dead_and_live_processes_cheaply():
         ps.sample({0: p.pid})
         time.sleep(1.0)
         ranks, rows = ps.sample({0: p.pid})
-        assert rows[0]["role"] == "rank" and rows[0]["cpu_pct"] > 10   # a spinning loop
+        assert rows[0]["role"] == "rank" and rows[0]["cpu_pct"] > 10  # a spinning loop
         assert rows[0]["rss_mib"] > 1 and rows[0]["threads"] >= 1
     finally:
         p.kill()
@@ -272,9 +295,24 @@ def test_cost_bench_runs_on_the_fake_and_reports_tiers(tmp_path):
     from pathlib import Path
 
     bench = Path(__file__).resolve().parents[1] / "bench" / "telemetry_cost.py"
-    r = subprocess.run([sys.executable, str(bench), str(tmp_path), "--duration", "3",
-                        "--fake", "4", "--ranks", "2", "--workers", "1"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            str(tmp_path),
+            "--duration",
+            "3",
+            "--fake",
+            "4",
+            "--ranks",
+            "2",
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "telemetry_cost.json").read_text())
     assert res["gpus"] == 4 and res["processes_sampled"] == 4

@@ -12,6 +12,7 @@ import pytest
 from tunedeck.core.runs.store import Store
 from tunedeck.core.telemetry.store import RAW_KEEP_S, TelemetryStore
 
+
 def _series(run_dir, kind, *args, **kw):
     with Store(run_dir) as store:
         return store.telemetry_series(kind, *args, **kw)
@@ -22,43 +23,84 @@ T0 = 1_800_000_000.0  # a round start time (bucket edges fall on whole minutes)
 
 def _gpu(t: float, g: int) -> dict:
     util = 50 + 45 * math.sin(t / 300 + g)
-    return {"util": round(util), "mem_util": round(util / 2), "mem_used_mib": 90_000 + g,
-            "mem_total_mib": 143_771, "power_w": round(300 + util, 1), "temp_c": 50 + g,
-            "sm_mhz": 1980, "mem_mhz": 3201, "pcie_rx_kbs": random.randint(0, 5000),
-            "pcie_tx_kbs": random.randint(0, 5000), "nvlink_rx_kbs": None,
-            "nvlink_tx_kbs": None}
+    return {
+        "util": round(util),
+        "mem_util": round(util / 2),
+        "mem_used_mib": 90_000 + g,
+        "mem_total_mib": 143_771,
+        "power_w": round(300 + util, 1),
+        "temp_c": 50 + g,
+        "sm_mhz": 1980,
+        "mem_mhz": 3201,
+        "pcie_rx_kbs": random.randint(0, 5000),
+        "pcie_tx_kbs": random.randint(0, 5000),
+        "nvlink_rx_kbs": None,
+        "nvlink_tx_kbs": None,
+    }
 
 
 def _feed(ts: TelemetryStore, t: float, gpus: int = 8) -> None:
     ts.add("gpu", t, [(g, _gpu(t, g)) for g in range(gpus)])
-    ts.add("rank", t, [(r, {"cpu_pct": 100.0, "rss_mib": 3000.0 + r, "threads": 40,
-                            "workers": 4, "workers_cpu_pct": 300.0,
-                            "workers_rss_mib": 8000.0}) for r in range(gpus)])
-    ts.add("host", t, [(0, {"cpu_pct": 35.0, "mem_used_mib": 200_000, "mem_total_mib": 2_000_000,
-                            "shm_free_mib": 900_000, "disk_free_mib": 5_000_000})])
+    ts.add(
+        "rank",
+        t,
+        [
+            (
+                r,
+                {
+                    "cpu_pct": 100.0,
+                    "rss_mib": 3000.0 + r,
+                    "threads": 40,
+                    "workers": 4,
+                    "workers_cpu_pct": 300.0,
+                    "workers_rss_mib": 8000.0,
+                },
+            )
+            for r in range(gpus)
+        ],
+    )
+    ts.add(
+        "host",
+        t,
+        [
+            (
+                0,
+                {
+                    "cpu_pct": 35.0,
+                    "mem_used_mib": 200_000,
+                    "mem_total_mib": 2_000_000,
+                    "shm_free_mib": 900_000,
+                    "disk_free_mib": 5_000_000,
+                },
+            )
+        ],
+    )
 
 
 def test_buckets_hold_min_mean_max(tmp_path):
     db = sqlite3.connect(tmp_path / "run.db")
     ts = TelemetryStore(db)
-    for i in range(125):                      # 2 min 5 s at 1 Hz, 1 GPU, util = i % 10
+    for i in range(125):  # 2 min 5 s at 1 Hz, 1 GPU, util = i % 10
         t = T0 + i
         ts.add("gpu", t, [(0, {"util": i % 10, "power_w": None})])
     ts.flush_buckets()
     db.close()
     s = _series(tmp_path, "gpu", T0, T0 + 125, max_points=1000, metrics=["util", "power_w"])
     assert s["resolution_s"] == 1 and len(s["series"][0]["t"]) == 125
-    rows = sqlite3.connect(tmp_path / "run.db").execute(
-        "SELECT t, n, util_min, util, util_max, power_w FROM tel_gpu_10 ORDER BY t").fetchall()
-    assert rows[0] == (T0, 10, 0, 4.5, 9, None)     # power N/A stays N/A, not 0
-    assert len(rows) == 13 and rows[-1][1] == 5      # the partial last bucket is kept
+    rows = (
+        sqlite3.connect(tmp_path / "run.db")
+        .execute("SELECT t, n, util_min, util, util_max, power_w FROM tel_gpu_10 ORDER BY t")
+        .fetchall()
+    )
+    assert rows[0] == (T0, 10, 0, 4.5, 9, None)  # power N/A stays N/A, not 0
+    assert len(rows) == 13 and rows[-1][1] == 5  # the partial last bucket is kept
     # a window that asks for fewer points is grouped: each point covers 25 s
     s = _series(tmp_path, "gpu", T0, T0 + 125, max_points=5, metrics=["util"])
     g = s["series"][0]
     assert s["step_s"] >= 25 and len(g["t"]) <= 6
     assert min(g["util_min"]) == 0 and max(g["util_max"]) == 9
-    assert all(m == 4.5 for m in g["util"][:-1])      # full groups: mean of 0..9
-    assert g["util"][-1] == 2.0                        # the last group holds only 0..4
+    assert all(m == 4.5 for m in g["util"][:-1])  # full groups: mean of 0..9
+    assert g["util"][-1] == 2.0  # the last group holds only 0..4
 
 
 def test_unknown_metric_is_named(tmp_path):
@@ -84,8 +126,7 @@ def test_week_of_eight_gpus_stays_small_and_queries_fast(tmp_path):
     week = 7 * 86400
     start = time.monotonic()
     t, n = T0, 0
-    for until, step in ((T0 + week - 86400, 60), (T0 + week - RAW_KEEP_S, 10),
-                        (T0 + week, 1)):
+    for until, step in ((T0 + week - 86400, 60), (T0 + week - RAW_KEEP_S, 10), (T0 + week, 1)):
         while t < until:
             _feed(ts, t)
             t += step
@@ -106,7 +147,7 @@ def test_week_of_eight_gpus_stays_small_and_queries_fast(tmp_path):
     q = time.monotonic()
     whole = _series(tmp_path, "gpu", T0, end, max_points=500)
     whole_s = time.monotonic() - q
-    assert whole["resolution_s"] == 60                        # a week reads 60 s buckets
+    assert whole["resolution_s"] == 60  # a week reads 60 s buckets
     assert len(whole["series"]) == 8
     assert all(len(s["t"]) <= 501 for s in whole["series"].values())
     recent = _series(tmp_path, "gpu", end - 300, end, max_points=500)
@@ -119,5 +160,7 @@ def test_week_of_eight_gpus_stays_small_and_queries_fast(tmp_path):
     assert _series(tmp_path, "host", T0, end)["series"][0]["cpu_pct"][0] == 35.0
     # loose: the machine is shared with other test runs
     assert whole_s < 5, f"week query took {whole_s:.2f}s"
-    print(f"\nweek sim: {n} samples in {feed_s:.1f}s, {size_mb:.1f} MB, "
-          f"week query {whole_s * 1000:.0f} ms")
+    print(
+        f"\nweek sim: {n} samples in {feed_s:.1f}s, {size_mb:.1f} MB, "
+        f"week query {whole_s * 1000:.0f} ms"
+    )

@@ -42,6 +42,7 @@ def tiny_model(tiny_cache) -> Path:
 
 # -- unit tests ---------------------------------------------------------------------------
 
+
 def test_tiny_model_is_built_once(tiny_model, tiny_cache):
     t = time.perf_counter()
     again = ensure_tiny_model(DATA)
@@ -62,11 +63,13 @@ def test_tiny_tokenizer_round_trips(tiny_model):
 
 def test_labels_cover_only_assistant_turns(tiny_model):
     tok = load_tokenizer(tiny_model)
-    msgs = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "What is 2 + 3?"},
-            {"role": "assistant", "content": "2 + 3 = 5."},
-            {"role": "user", "content": "And times 4?"},
-            {"role": "assistant", "content": "5 * 4 = 20."}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "2 + 3 = 5."},
+        {"role": "user", "content": "And times 4?"},
+        {"role": "assistant", "content": "5 * 4 = 20."},
+    ]
     enc = encode(tok, msgs, max_length=512)
     ids, labels = enc["input_ids"], enc["labels"]
     assert len(ids) == len(labels)
@@ -93,17 +96,21 @@ def test_truncation(tiny_model):
     assert len(enc["input_ids"]) == 16 and set(enc["labels"]) == {IGNORE}
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('{"messages": [', "not valid JSON"),
-    ('["a"]', 'expected a JSON object'),
-    ('{"messages": []}', "non-empty list"),
-    ('{"messages": [{"role": "bot", "content": "x"}]}', "messages[0].role"),
-    ('{"messages": [{"role": "user", "content": 3}]}', "messages[0].content"),
-    ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"messages": [', "not valid JSON"),
+        ('["a"]', "expected a JSON object"),
+        ('{"messages": []}', "non-empty list"),
+        ('{"messages": [{"role": "bot", "content": "x"}]}', "messages[0].role"),
+        ('{"messages": [{"role": "user", "content": 3}]}', "messages[0].content"),
+        ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, line, problem):
-    good = json.dumps({"messages": [{"role": "user", "content": "a"},
-                                    {"role": "assistant", "content": "b"}]})
+    good = json.dumps(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    )
     path = tmp_path / "bad.jsonl"
     path.write_text(f"{good}\n\n{line}\n{good}\n")
     with pytest.raises(DataError) as e:
@@ -120,18 +127,32 @@ def test_demo_data_is_valid():
 
 # -- real torchrun ------------------------------------------------------------------------
 
+
 def _run_dir(tmp_path: Path, **train) -> Path:
     return make_run_dir(tmp_path / "run", **{f"train__{k}": v for k, v in train.items()})
 
 
 def _torchrun(run: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "tunedeck.core.train", "--run-dir", str(run)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "tunedeck.core.train",
+        "--run-dir",
+        str(run),
+    ]
     with open(log, "wb") as out:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _wait(proc: subprocess.Popen, log: Path, timeout: float = 90) -> int:
@@ -187,11 +208,20 @@ def test_torchrun_trains_and_checkpoints(tmp_path, tiny_model):
         assert end["kind"] == "end" and end["reason"] == "completed" and end["step"] == steps
 
     out = run / "output"
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-10", "checkpoint-20",
-                                                     "checkpoint-30"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint-10",
+        "checkpoint-20",
+        "checkpoint-30",
+    ]
     ckpt = out / "checkpoint-30"
-    for f in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json",
-              "optimizer.pt", "scheduler.pt", "trainer_state.json"):
+    for f in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+        "optimizer.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+    ):
         assert (ckpt / f).exists(), f
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert state["step"] == steps and state["seed"] == 42
@@ -211,8 +241,11 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path, tiny_model):
             assert time.monotonic() < deadline, "no steps:\n" + log.read_text()[-4000:]
             time.sleep(0.1)
         # Like the agent: SIGTERM to the worker pids themselves, not to a process group.
-        workers = [c for c in psutil.Process(proc.pid).children()
-                   if "tunedeck.core.train" in " ".join(c.cmdline())]
+        workers = [
+            c
+            for c in psutil.Process(proc.pid).children()
+            if "tunedeck.core.train" in " ".join(c.cmdline())
+        ]
         assert len(workers) == 2
         for w in workers:
             w.send_signal(signal.SIGTERM)
@@ -236,15 +269,25 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path, tiny_model):
 @pytest.mark.slow
 def test_concurrent_builders_share_one_build(tmp_path):
     """Two processes asking for the demo model at once: one builds, both get it whole."""
-    code = ("import sys; from pathlib import Path; from tunedeck.core.demo import ensure_tiny_model; "
-            "print(ensure_tiny_model(sys.argv[1], Path(sys.argv[2])))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(DATA), str(tmp_path)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for _ in range(2)]
+    code = (
+        "import sys; from pathlib import Path; from tunedeck.core.demo import ensure_tiny_model; "
+        "print(ensure_tiny_model(sys.argv[1], Path(sys.argv[2])))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(DATA), str(tmp_path)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1]
     built = Path(outs[0])
     assert (built / "config.json").exists() and (built / "model.safetensors").exists()
-    assert [p.name for p in (tmp_path / "models").iterdir()
-            if not p.name.endswith(".lock")] == [built.name]
+    assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")] == [
+        built.name
+    ]

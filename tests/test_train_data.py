@@ -11,8 +11,18 @@ torch = pytest.importorskip("torch", reason="the train extra is not installed")
 
 from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
 from tunedeck.core.spec import DataSpec
-from tunedeck.core.train.data import (IGNORE, Batches, Collator, FlatCollator, PackedDataset,
-                             TokenizedDataset, encode, load_datasets, make_loader, split_rows)
+from tunedeck.core.train.data import (
+    IGNORE,
+    Batches,
+    Collator,
+    FlatCollator,
+    PackedDataset,
+    TokenizedDataset,
+    encode,
+    load_datasets,
+    make_loader,
+    split_rows,
+)
 from tunedeck.core.train.formats import DataError, read_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +51,7 @@ def _labelled(tok, conv, max_length=512, truncation="right") -> list[str]:
 
 # -- formats ------------------------------------------------------------------------------
 
+
 def test_query_response_with_history_and_system(tok):
     rows = read_rows(FIX / "query_response.jsonl")
     assert rows.format == "query_response" and rows.lines == [1, 2]
@@ -53,8 +64,10 @@ def test_query_response_with_history_and_system(tok):
 def test_alpaca(tok):
     rows = read_rows(FIX / "alpaca.jsonl")
     assert rows.format == "alpaca"
-    assert rows.conversations[0] == [{"role": "user", "content": "Convert to MiB.\n2 GiB"},
-                                     {"role": "assistant", "content": "2048 MiB."}]
+    assert rows.conversations[0] == [
+        {"role": "user", "content": "Convert to MiB.\n2 GiB"},
+        {"role": "assistant", "content": "2048 MiB."},
+    ]
     assert rows.conversations[1][0] == {"role": "system", "content": "Be friendly."}
     assert rows.conversations[1][1]["content"] == "Say hi."  # empty input adds nothing
     assert _labelled(tok, rows.conversations[0]) == ["2048 MiB.<|im_end|>"]
@@ -93,12 +106,15 @@ def test_undetectable_format_asks_for_data_format(tmp_path):
         read_rows(p)
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('{"query": "a"', "not valid JSON"),
-    ('{"query": 3, "response": "b"}', '"query" must be a string'),
-    ('{"query": "a", "response": "b", "history": [["x"]]}', "history[0]"),
-    ('{"response": "b"}', 'missing "query"'),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"query": "a"', "not valid JSON"),
+        ('{"query": 3, "response": "b"}', '"query" must be a string'),
+        ('{"query": "a", "response": "b", "history": [["x"]]}', "history[0]"),
+        ('{"response": "b"}', 'missing "query"'),
+    ],
+)
 def test_bad_rows_fail_with_file_line_or_are_skipped(tmp_path, line, problem, capsys):
     good = '{"query": "q", "response": "r"}'
     p = tmp_path / "d.jsonl"
@@ -132,9 +148,11 @@ def test_truncation_policies(tok):
     right = encode(tok, LONG, 16, "right")
     left = encode(tok, LONG, 16, "left")
     assert right["input_ids"] == full["input_ids"][:16] and set(right["labels"]) == {IGNORE}
-    assert left["input_ids"] == full["input_ids"][n - 16:]
-    assert tok.decode([i for i, l in zip(left["input_ids"], left["labels"]) if l != IGNORE]) \
-        == "the end<|im_end|>"  # left keeps the reply
+    assert left["input_ids"] == full["input_ids"][n - 16 :]
+    assert (
+        tok.decode([i for i, lab in zip(left["input_ids"], left["labels"]) if lab != IGNORE])
+        == "the end<|im_end|>"
+    )  # left keeps the reply
     assert encode(tok, LONG, 16, "drop") is None
     assert encode(tok, LONG, n, "drop") == full
 
@@ -153,15 +171,15 @@ def test_split_is_seeded_and_disjoint():
 def test_val_path_overrides_split(tok):
     spec = DataSpec(path=str(DATA), val_path=str(FIX / "alpaca.jsonl"), val_split=0.5)
     train, ev = load_datasets(spec, tok, seed=1)
-    assert len(ev) == 2 and len(train) == sum(1 for l in DATA.read_text().splitlines() if l)
+    assert len(ev) == 2 and len(train) == sum(1 for ln in DATA.read_text().splitlines() if ln)
 
 
 def test_padded_batch_targets_are_shifted_labels(tok):
     ds = TokenizedDataset(read_rows(DATA).conversations[:4], tok, 128)
     b = Collator(tok.pad_token_id)([ds[0], ds[1]])
     n0 = len(ds[0]["input_ids"])
-    assert b["targets"][0, :n0 - 1].tolist() == ds[0]["labels"][1:]
-    assert (b["targets"][0, n0 - 1:] == IGNORE).all() and b["doc_lens"].tolist()[0] == n0
+    assert b["targets"][0, : n0 - 1].tolist() == ds[0]["labels"][1:]
+    assert (b["targets"][0, n0 - 1 :] == IGNORE).all() and b["doc_lens"].tolist()[0] == n0
 
 
 def test_packing_is_document_aware(tok, tmp_path):
@@ -192,8 +210,11 @@ def test_packing_is_document_aware(tok, tmp_path):
     assert not torch.allclose(a, c, rtol=1e-4)
     chunked = CausalLMLoss(model, chunk=7).eval()
     with torch.no_grad():
-        assert torch.allclose(chunked(flat["input_ids"], flat["targets"],
-                                      position_ids=flat["position_ids"]), a, rtol=1e-5)
+        assert torch.allclose(
+            chunked(flat["input_ids"], flat["targets"], position_ids=flat["position_ids"]),
+            a,
+            rtol=1e-5,
+        )
 
 
 def test_data_position_resumes_exactly(tok):

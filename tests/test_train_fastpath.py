@@ -17,9 +17,15 @@ import torch
 from tunedeck.core.estimate.resolve import free_port
 from tunedeck.core.rundir.events import read_events
 from tunedeck.core.train.data import IGNORE, Collator, FlatCollator, PackedDataset
-from tunedeck.core.train.fastpath import (LayerCompiler, bucket_length, is_compile_error,
-                                          length_buckets, packed_attention,
-                                          reference_packed_attention, use_packed_attention)
+from tunedeck.core.train.fastpath import (
+    LayerCompiler,
+    bucket_length,
+    is_compile_error,
+    length_buckets,
+    packed_attention,
+    reference_packed_attention,
+    use_packed_attention,
+)
 from tunedeck.core.train.parallel import CausalLMLoss
 from tunedeck.core.train.trainer import forward_inputs
 from tests.conftest import make_run_dir
@@ -32,8 +38,14 @@ def test_length_buckets():
     assert length_buckets(1000) == [128, 192, 256, 384, 512, 768, 1000]
     assert length_buckets(100) == [100]
     b = length_buckets(2048)
-    assert [bucket_length(n, b) for n in (1, 128, 129, 700, 1537, 2048)] == \
-        [128, 128, 192, 768, 2048, 2048]
+    assert [bucket_length(n, b) for n in (1, 128, 129, 700, 1537, 2048)] == [
+        128,
+        128,
+        192,
+        768,
+        2048,
+        2048,
+    ]
 
 
 def _samples(n, seed=0, max_len=2048, labelled_from=0.5):
@@ -50,16 +62,16 @@ def _samples(n, seed=0, max_len=2048, labelled_from=0.5):
 def test_bucketed_collator_keeps_shapes_few():
     samples = _samples(400)
     coll = Collator(0, length_buckets(2048))
-    shapes = {tuple(coll(samples[i:i + 4])["input_ids"].shape) for i in range(0, 400, 4)}
+    shapes = {tuple(coll(samples[i : i + 4])["input_ids"].shape) for i in range(0, 400, 4)}
     assert {s[1] for s in shapes} <= set(length_buckets(2048))
     assert len(shapes) <= len(length_buckets(2048))
-    plain = {tuple(Collator(0)(samples[i:i + 4])["input_ids"].shape) for i in range(0, 400, 4)}
-    assert len(plain) > 2 * len(shapes)   # what compiling each batch's own length would cost
+    plain = {tuple(Collator(0)(samples[i : i + 4])["input_ids"].shape) for i in range(0, 400, 4)}
+    assert len(plain) > 2 * len(shapes)  # what compiling each batch's own length would cost
     b = coll(samples[:4])
-    for r, s in enumerate(samples[:4]):   # padding carries no loss and is masked
+    for r, s in enumerate(samples[:4]):  # padding carries no loss and is masked
         k = len(s["input_ids"])
         assert b["attention_mask"][r, :k].all() and not b["attention_mask"][r, k:].any()
-        assert (b["targets"][r, k - 1:] == IGNORE).all()
+        assert (b["targets"][r, k - 1 :] == IGNORE).all()
 
 
 class _Base:
@@ -82,28 +94,39 @@ def test_packed_rows_have_one_length():
         cu = b["cu_seqlens"].tolist()
         assert cu[0] == 0 and cu[-1] == 4 * 512
         seg = [y - x for x, y in zip(cu, cu[1:])]
-        assert seg[:len(docs)] == [len(d["input_ids"]) for d in docs]
-        assert all(0 < k <= 512 for k in seg)   # fillers within a document's bound
+        assert seg[: len(docs)] == [len(d["input_ids"]) for d in docs]
+        assert all(0 < k <= 512 for k in seg)  # fillers within a document's bound
         assert b["doc_lens"].tolist() == [len(d["input_ids"]) for d in docs]
-        real = sum(seg[:len(docs)])
-        assert (b["targets"][0, real:] == IGNORE).all()   # fillers carry no loss
+        real = sum(seg[: len(docs)])
+        assert (b["targets"][0, real:] == IGNORE).all()  # fillers carry no loss
         pos = b["position_ids"][0]
         for s, k in zip(cu, seg):
-            assert pos[s:s + k].tolist() == list(range(k))
+            assert pos[s : s + k].tolist() == list(range(k))
 
 
 def test_reference_packed_attention_is_per_document_attention():
     torch.manual_seed(0)
-    cu = torch.tensor([0, 5, 5, 12, 20], dtype=torch.int32)   # a zero-length document too
+    cu = torch.tensor([0, 5, 5, 12, 20], dtype=torch.int32)  # a zero-length document too
     q, k, v = torch.randn(20, 4, 8), torch.randn(20, 2, 8), torch.randn(20, 2, 8)
     got = reference_packed_attention(q, k, v, cu, None)
     for s, e in ((0, 5), (5, 12), (12, 20)):
         want = torch.nn.functional.scaled_dot_product_attention(
-            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
-            is_causal=True, enable_gqa=True).transpose(0, 1)
+            q[s:e].transpose(0, 1),
+            k[s:e].transpose(0, 1),
+            v[s:e].transpose(0, 1),
+            is_causal=True,
+            enable_gqa=True,
+        ).transpose(0, 1)
         assert torch.allclose(got[s:e], want, atol=1e-5)
-    out, w = packed_attention(None, q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                              v.transpose(0, 1)[None], None, cu_seq_lens_q=cu, max_length_q=8)
+    out, w = packed_attention(
+        None,
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        None,
+        cu_seq_lens_q=cu,
+        max_length_q=8,
+    )
     assert w is None and torch.allclose(out[0], got)
 
 
@@ -114,22 +137,30 @@ def test_packed_attention_in_the_model_equals_padded_loss():
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
-                      max_position_embeddings=256)
+    cfg = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=97,
+        max_position_embeddings=256,
+    )
     cfg._attn_implementation = "sdpa"
 
     def model():
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(cfg)
-        return get_peft_model(m, LoraConfig(r=4, target_modules=["q_proj", "down_proj"],
-                                            init_lora_weights=False))
+        return get_peft_model(
+            m, LoraConfig(r=4, target_modules=["q_proj", "down_proj"], init_lora_weights=False)
+        )
 
     docs = _samples(5, seed=3, max_len=60)
     cpu = torch.device("cpu")
     padded = Collator(0)(docs)
     flat = FlatCollator(0, fixed_len=sum(len(d["input_ids"]) for d in docs) + 37, max_doc=60)(
-        [docs])
+        [docs]
+    )
 
     def run(m, b, packed_max):
         m.zero_grad(set_to_none=True)
@@ -155,19 +186,32 @@ def test_fused_lora_equals_peft(monkeypatch):
 
     from tunedeck.core.train.lora_fused import eligible, fuse_lora
 
-    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=97)
+    cfg = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=97,
+    )
 
     def model(dropout=0.0):
         torch.manual_seed(0)
-        return get_peft_model(AutoModelForCausalLM.from_config(cfg), LoraConfig(
-            r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear",
-            init_lora_weights=False))
+        return get_peft_model(
+            AutoModelForCausalLM.from_config(cfg),
+            LoraConfig(
+                r=4,
+                lora_alpha=8,
+                lora_dropout=dropout,
+                target_modules="all-linear",
+                init_lora_weights=False,
+            ),
+        )
 
     x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fuse_lora(model(), cpu) == 0     # CPU: peft's own layers unless asked
-    assert fuse_lora(model(), cuda) == 14   # CUDA: on by default (no GPU needed to swap)
+    assert fuse_lora(model(), cpu) == 0  # CPU: peft's own layers unless asked
+    assert fuse_lora(model(), cuda) == 14  # CUDA: on by default (no GPU needed to swap)
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "0")
     assert fuse_lora(model(), cuda) == 0
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
@@ -182,10 +226,10 @@ def test_fused_lora_equals_peft(monkeypatch):
     for autocast, tol in ((False, 1e-5), (True, 0.1)):
         ref_loss, ref_g = run(model(), autocast)
         m = model()
-        assert fuse_lora(m) == 14   # 7 projections x 2 layers
+        assert fuse_lora(m) == 14  # 7 projections x 2 layers
         loss, g = run(m, autocast)
         assert torch.allclose(loss, ref_loss, rtol=tol), (loss, ref_loss)
-        for k in ref_g:   # bf16 rounds in another order: compare as vectors
+        for k in ref_g:  # bf16 rounds in another order: compare as vectors
             assert (g[k] - ref_g[k]).norm() <= tol * ref_g[k].norm(), k
     assert fuse_lora(model(dropout=0.1)) == 0
     assert not any(eligible(mod) for mod in model(dropout=0.1).modules())
@@ -207,7 +251,7 @@ def test_compile_errors_are_told_from_model_errors():
     torch._dynamo.reset()
 
 
-class _Layer(torch.nn.Module):   # not torch.nn's own code, which dynamo does not trace
+class _Layer(torch.nn.Module):  # not torch.nn's own code, which dynamo does not trace
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
@@ -234,6 +278,7 @@ def test_layer_compiler_phases_and_graph_cap():
     c = LayerCompiler(layers, max_shapes=3, events=ev, backend="eager")
     c.setup()
     from tunedeck.core.train.fastpath import graphs_compiled
+
     g0 = graphs_compiled()
     step = 0
     for t in (128, 128, 192, 256, 128, 192, 256):
@@ -244,8 +289,14 @@ def test_layer_compiler_phases_and_graph_cap():
         step += 1
         c.after_step(step, 0.1)
     phases = [(f["phase"], f.get("shape")) for k, f in ev.got]
-    assert phases == [("compiling", [1, 128]), ("training", None), ("compiling", [1, 192]),
-                      ("training", None), ("compiling", [1, 256]), ("training", None)]
+    assert phases == [
+        ("compiling", [1, 128]),
+        ("training", None),
+        ("compiling", [1, 192]),
+        ("training", None),
+        ("compiling", [1, 256]),
+        ("training", None),
+    ]
     # two graphs a shape at most: the first layer's input needs no gradient, the others' do
     assert 1 <= graphs_compiled() - g0 <= 2 * 3
     c.fall_back(RuntimeError("x"), step)
@@ -255,13 +306,32 @@ def test_layer_compiler_phases_and_graph_cap():
 
 # -- real torchrun ------------------------------------------------------------------------
 
+
 def _torchrun(run: Path, env: dict) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "tunedeck.core.train", "--run-dir", str(run)]
-    return subprocess.run(argv, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=240)
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "tunedeck.core.train",
+        "--run-dir",
+        str(run),
+    ]
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def _events(run: Path, rank: int) -> list[dict]:
@@ -274,13 +344,14 @@ def test_failed_compile_falls_back_to_eager(tmp_path):
     run = make_run_dir(tmp_path / "run", train__max_steps=3, train__compile=True)
     p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager", "TUNEDECK_TEST_COMPILE_FAIL": "1"})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    assert (p.stdout + p.stderr).count("torch.compile failed") == 2   # once per rank
+    assert (p.stdout + p.stderr).count("torch.compile failed") == 2  # once per rank
     for rank in (0, 1):
         ev = _events(run, rank)
         phases = [e["phase"] for e in ev if e["kind"] == "phase"]
         assert phases == ["compiling", "eager_fallback"]
         assert "injected compiler failure" in next(
-            e["error"] for e in ev if e["kind"] == "phase" and e["phase"] == "eager_fallback")
+            e["error"] for e in ev if e["kind"] == "phase" and e["phase"] == "eager_fallback"
+        )
         steps = [e for e in ev if e["kind"] == "step"]
         assert [e["step"] for e in steps] == [1, 2, 3]
         assert all(e["loss"] is not None and e["loss"] > 0 for e in steps)
@@ -290,8 +361,9 @@ def test_failed_compile_falls_back_to_eager(tmp_path):
 def test_compiled_run_buckets_shapes(tmp_path):
     """A compiled run (dynamo's eager backend) on variable-length chat data: every new
     padded shape is a bucket, announced by a 'compiling' phase; no compile on CPU by default."""
-    run = make_run_dir(tmp_path / "run", train__max_steps=4, train__compile=True,
-                       data__max_length=512)
+    run = make_run_dir(
+        tmp_path / "run", train__max_steps=4, train__compile=True, data__max_length=512
+    )
     p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager"})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     ev = _events(run, 0)
@@ -302,4 +374,4 @@ def test_compiled_run_buckets_shapes(tmp_path):
     run2 = make_run_dir(tmp_path / "run2", train__max_steps=2, train__compile=True)
     p = _torchrun(run2, {})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    assert not [e for e in _events(run2, 0) if e["kind"] == "phase"]   # CPU: eager
+    assert not [e for e in _events(run2, 0) if e["kind"] == "phase"]  # CPU: eager

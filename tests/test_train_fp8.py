@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from tests.conftest import make_run_dir
-from tests.test_train import DATA, _assert_loads_with_peft, _steps, _torchrun, _wait, \
-    tiny_cache, tiny_model  # noqa: F401  (fixtures)
+from tests.test_train import (
+    DATA,
+    _assert_loads_with_peft,
+    _steps,
+    _torchrun,
+    _wait,
+    tiny_cache,  # noqa: F401  (a fixture)
+    tiny_model,  # noqa: F401  (a fixture)
+)
 
 H, LAYERS, V = 64, 2, 97
 
@@ -18,11 +25,19 @@ def _model(seed=0):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(hidden_size=H, intermediate_size=128, num_hidden_layers=LAYERS,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=V)
+    cfg = Qwen2Config(
+        hidden_size=H,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+    )
     torch.manual_seed(seed)
-    return get_peft_model(AutoModelForCausalLM.from_config(cfg), LoraConfig(
-        r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    return get_peft_model(
+        AutoModelForCausalLM.from_config(cfg),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False),
+    )
 
 
 def _loss_and_grads(m, x):
@@ -34,13 +49,13 @@ def _loss_and_grads(m, x):
 def test_quant_rows_keeps_each_row_within_e4m3():
     from tunedeck.core.train.lora_fused import quant_rows
 
-    t = torch.randn(8, 300) * torch.logspace(-6, 4, 8)[:, None]   # rows 10 decades apart
+    t = torch.randn(8, 300) * torch.logspace(-6, 4, 8)[:, None]  # rows 10 decades apart
     q, inv = quant_rows(t)
     assert q.dtype == torch.float8_e4m3fn and inv.shape == (8, 1)
     back = q.float() * inv
     rel = (back - t).norm(dim=1) / t.norm(dim=1)
-    assert (rel < 0.05).all(), rel          # 3 mantissa bits: ~2-3 % a row, whatever its scale
-    assert (q.float().abs().amax(dim=1) == 448).all()   # each row spans e4m3's whole range
+    assert (rel < 0.05).all(), rel  # 3 mantissa bits: ~2-3 % a row, whatever its scale
+    assert (q.float().abs().amax(dim=1) == 448).all()  # each row spans e4m3's whole range
 
 
 def test_fp8_lora_linear_computes_what_it_says():
@@ -59,15 +74,15 @@ def test_fp8_lora_linear_computes_what_it_says():
     dy = torch.randn(n, out, generator=g)
     w8, sw = quant_rows(w)
     wt8, swt = quant_rows(w.t())
-    y = _LoraLinearFP8.apply(x, w8, sw.t().contiguous(), wt8, swt.t().contiguous(), bias, a, b,
-                             s)
+    y = _LoraLinearFP8.apply(x, w8, sw.t().contiguous(), wt8, swt.t().contiguous(), bias, a, b, s)
     y.backward(dy)
 
-    deq = lambda q, inv: q.float() * inv   # noqa: E731
+    deq = lambda q, inv: q.float() * inv  # noqa: E731
     xd = x.detach()
-    want_y = deq(*quant_rows(xd)) @ deq(w8, sw).t() + bias + s * (xd @ a.detach().t()) @ \
-        b.detach().t()
-    gu = s * dy @ b.detach()                                     # (n, r)
+    want_y = (
+        deq(*quant_rows(xd)) @ deq(w8, sw).t() + bias + s * (xd @ a.detach().t()) @ b.detach().t()
+    )
+    gu = s * dy @ b.detach()  # (n, r)
     want_dx = deq(*quant_rows(dy)) @ deq(wt8, swt).t() + gu @ a.detach()
     assert torch.allclose(y.detach(), want_y, rtol=1e-4, atol=1e-4)
     assert torch.allclose(x.grad, want_dx, rtol=1e-4, atol=1e-4)
@@ -89,24 +104,24 @@ def test_fp8_base_swaps_every_lora_linear_and_frees_the_bf16_weights():
 
     m = _model()
     assert fuse_lora(m, torch.device("cpu"), fp8=True) == 7 * LAYERS
-    assert base_numel(m) == n_before      # FLOP accounting still sees the whole model
+    assert base_numel(m) == n_before  # FLOP accounting still sees the whole model
     swapped = [mod for mod in m.modules() if hasattr(mod, "_tunedeck_fp8")]
     assert len(swapped) == 7 * LAYERS
     assert all(mod.base_layer.weight.numel() == 0 for mod in swapped)
     # cuBLASLt's fp8 products take only row-major copies (CPU's take any layout)
     assert all(t.is_contiguous() for mod in swapped for t in mod._tunedeck_fp8)
-    fp8_bytes = sum(t.numel() * t.element_size() for mod in swapped
-                    for t in mod._tunedeck_fp8[::2])
+    fp8_bytes = sum(t.numel() * t.element_size() for mod in swapped for t in mod._tunedeck_fp8[::2])
     assert fp8_bytes == 2 * sum(mod.in_features * mod.out_features for mod in swapped)
     loss, g = _loss_and_grads(m, x)
     assert loss != ref_loss and abs(loss - ref_loss) <= 0.02 * ref_loss, (loss, ref_loss)
     # every adapter gets a gradient (their size differs from fp32's: this 2-layer random
     # model amplifies rounding ~8x, bf16's too, so the values are checked per layer above)
-    assert set(g) == set(ref_g) and all(torch.isfinite(t).all() and t.norm() > 0
-                                        for t in g.values())
-    assert set(m.state_dict()) == set(ref.state_dict())   # the adapters save like peft's
+    assert set(g) == set(ref_g) and all(
+        torch.isfinite(t).all() and t.norm() > 0 for t in g.values()
+    )
+    assert set(m.state_dict()) == set(ref.state_dict())  # the adapters save like peft's
     with m.disable_adapter(), pytest.raises(RuntimeError, match="fp8 copies"):
-        m(input_ids=x)   # peft's own forward would have met the emptied weight
+        m(input_ids=x)  # peft's own forward would have met the emptied weight
 
 
 def test_an_fp8_base_needs_fp8_units(monkeypatch):
@@ -121,15 +136,18 @@ def test_an_fp8_base_needs_fp8_units(monkeypatch):
     assert fp8_problem(torch.device("cuda", 0)) is None
     why = fp8_problem(torch.device("cuda", 0), torch.float16)
     assert "bf16" in why and "float16" in why and "model.dtype" in why
-    assert fp8_problem(torch.device("cpu"), torch.float32) is None   # CPU: any float
+    assert fp8_problem(torch.device("cpu"), torch.float32) is None  # CPU: any float
 
 
-@pytest.mark.parametrize("values, words", [
-    ({"method.type": "qlora"}, "method.type lora, not qlora"),
-    ({"parallel.strategy": "fsdp2"}, "parallel.strategy ddp"),
-    ({"method.lora_dropout": 0.05}, "method.lora_dropout = 0"),
-    ({"model.dtype": "float16"}, "model.dtype is float16"),
-])
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        ({"method.type": "qlora"}, "method.type lora, not qlora"),
+        ({"parallel.strategy": "fsdp2"}, "parallel.strategy ddp"),
+        ({"method.lora_dropout": 0.05}, "method.lora_dropout = 0"),
+        ({"model.dtype": "float16"}, "model.dtype is float16"),
+    ],
+)
 def test_fp8_base_combinations_that_cannot_run_are_named(values, words):
     from tunedeck.core.spec import RunSpec, cross_checks, set_values
 
@@ -140,10 +158,11 @@ def test_fp8_base_combinations_that_cannot_run_are_named(values, words):
 
 
 @pytest.mark.slow
-def test_torchrun_trains_with_an_fp8_base(tmp_path, tiny_model):
+def test_torchrun_trains_with_an_fp8_base(tmp_path, tiny_model):  # noqa: F811 (fixture)
     steps = 20
-    run = make_run_dir(tmp_path / "run", train__max_steps=steps, train__save_steps=steps,
-                       method__fp8_base=True)
+    run = make_run_dir(
+        tmp_path / "run", train__max_steps=steps, train__save_steps=steps, method__fp8_base=True
+    )
     log = tmp_path / "torchrun.log"
     _wait(_torchrun(run, log), log)
     s0, s1 = _steps(run, 0), _steps(run, 1)
@@ -157,8 +176,11 @@ def test_torchrun_trains_with_an_fp8_base(tmp_path, tiny_model):
     from transformers import AutoModelForCausalLM
 
     from tests.test_train import read_events
+
     start = read_events(run / "events" / "rank0.jsonl")[0]
-    bf16 = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(
-        r=16, lora_alpha=32, target_modules="all-linear"))
+    bf16 = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
+    )
     assert start["kind"] == "start"
     assert start["total_params"] == sum(p.numel() for p in bf16.parameters())

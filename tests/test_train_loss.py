@@ -35,8 +35,7 @@ def _grads(fn, h0, w, autocast):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         loss = fn(h0 * 2)
     (loss * 0.3).backward()
-    return [loss.detach().float(), h0.grad.clone(),
-            w.grad.clone() if w.requires_grad else None]
+    return [loss.detach().float(), h0.grad.clone(), w.grad.clone() if w.requires_grad else None]
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -48,20 +47,24 @@ def test_linear_cross_entropy_matches_autograd(autocast, head_trains, chunk):
     w = torch.randn(50, 16, generator=g).requires_grad_(head_trains)
     t = torch.randint(0, 50, (37,), generator=g)
     t[::4] = IGNORE
-    ref = _grads(lambda h: F.cross_entropy((h @ w.t()).float(), t, ignore_index=IGNORE,
-                                           reduction="sum"), h0, w, autocast)
+    ref = _grads(
+        lambda h: F.cross_entropy((h @ w.t()).float(), t, ignore_index=IGNORE, reduction="sum"),
+        h0,
+        w,
+        autocast,
+    )
     pos = (t != IGNORE).nonzero().squeeze(1)
     tol = 2e-2 if autocast else 1e-5
-    for fn in (lambda h: linear_cross_entropy(h, w, t, chunk),
-               # only the labelled rows, the caller vouching that all are labelled
-               lambda h: linear_cross_entropy(h.index_select(0, pos), w, t[pos], chunk,
-                                              all_valid=True)):
+    for fn in (
+        lambda h: linear_cross_entropy(h, w, t, chunk),
+        # only the labelled rows, the caller vouching that all are labelled
+        lambda h: linear_cross_entropy(h.index_select(0, pos), w, t[pos], chunk, all_valid=True),
+    ):
         got = _grads(fn, h0, w, autocast)
         for a, b in zip(ref, got):
             if a is not None:
                 assert b.dtype == a.dtype
-                assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), \
-                    (a - b).abs().max()
+                assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), (a - b).abs().max()
 
 
 def test_no_grad_and_empty_selection():
@@ -79,7 +82,7 @@ def test_no_grad_and_empty_selection():
 
 def test_chunks_are_balanced():
     assert rows_per_chunk(8188, 152064) == 2730  # 3 chunks of ≤ 2^29 logits, evenly cut
-    assert rows_per_chunk(100, 1000) == 100      # small: one chunk
+    assert rows_per_chunk(100, 1000) == 100  # small: one chunk
     assert rows_per_chunk(100, 1000, chunk=7) == 7
 
 
@@ -94,14 +97,15 @@ def test_forward_inputs_skip_what_the_batch_allows(tiny):
     want = (padded["targets"].flatten() != IGNORE).nonzero().squeeze(1)
     assert torch.equal(kw["label_pos"], want)
     # same length, fully labelled rows: no mask (plain causal attention), no selection
-    full = {"input_ids": torch.ones(2, 8, dtype=torch.long),
-            "targets": torch.ones(2, 8, dtype=torch.long),
-            "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    full = {
+        "input_ids": torch.ones(2, 8, dtype=torch.long),
+        "targets": torch.ones(2, 8, dtype=torch.long),
+        "attention_mask": torch.ones(2, 8, dtype=torch.long),
+    }
     kw = forward_inputs(full, cpu)
     assert set(kw) == {"input_ids", "targets"}
     flat = FlatCollator()([ds[0], ds[1]])
-    assert set(forward_inputs(flat, cpu)) == {"input_ids", "targets", "position_ids",
-                                              "label_pos"}
+    assert set(forward_inputs(flat, cpu)) == {"input_ids", "targets", "position_ids", "label_pos"}
 
 
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
@@ -115,30 +119,46 @@ def test_loss_module_matches_transformers_loss_and_grads(tiny):
     path, tok = tiny
     ds = TokenizedDataset(read_rows(DATA).conversations[:6], tok, 128)
     b = Collator(tok.pad_token_id)([ds[i] for i in range(4)])
-    labels = torch.where(b["attention_mask"].bool(), torch.tensor(
-        [ds[i]["labels"] + [IGNORE] * (b["input_ids"].shape[1] - len(ds[i]["labels"]))
-         for i in range(4)]), IGNORE)
+    labels = torch.where(
+        b["attention_mask"].bool(),
+        torch.tensor(
+            [
+                ds[i]["labels"] + [IGNORE] * (b["input_ids"].shape[1] - len(ds[i]["labels"]))
+                for i in range(4)
+            ]
+        ),
+        IGNORE,
+    )
     n = int((b["targets"] != IGNORE).sum())
 
     def lora(targets):
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa")
-        m = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
-                                            init_lora_weights=False))
+        m = get_peft_model(
+            base, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
+        )
         return m
 
     def run(m, fn):
         m.zero_grad(set_to_none=True)
         loss = fn(m)
         loss.backward()
-        return loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()
-                               if p.requires_grad and "lm_head" not in k}
+        return loss.detach(), {
+            k: p.grad.clone()
+            for k, p in m.named_parameters()
+            if p.requires_grad and "lm_head" not in k
+        }
 
-    ref_loss, ref_g = run(lora(["q_proj", "v_proj"]), lambda m: m(
-        input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss)
+    ref_loss, ref_g = run(
+        lora(["q_proj", "v_proj"]),
+        lambda m: (
+            m(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss
+        ),
+    )
     kw = forward_inputs(b, torch.device("cpu"))
-    ours_loss, ours_g = run(lora(["q_proj", "v_proj"]),
-                            lambda m: CausalLMLoss(m, chunk=5)(**kw) / n)
+    ours_loss, ours_g = run(
+        lora(["q_proj", "v_proj"]), lambda m: CausalLMLoss(m, chunk=5)(**kw) / n
+    )
     assert torch.allclose(ours_loss, ref_loss, rtol=1e-5), (ours_loss, ref_loss)
     assert ref_g.keys() == ours_g.keys() and ref_g
     for k in ref_g:

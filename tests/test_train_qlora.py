@@ -7,10 +7,12 @@ import importlib.util
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
-                                reason="bitsandbytes not installed (pip install 'tunedeck[qlora]')")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None,
+    reason="bitsandbytes not installed (pip install 'tunedeck[qlora]')",
+)
 
-H, I, LAYERS, B, T = 64, 384, 2, 2, 64
+H, INTER, LAYERS, B, T = 64, 384, 2, 2, 64
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +21,15 @@ def model_dir(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("qwen-tiny")
     torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=H, intermediate_size=I, num_hidden_layers=LAYERS,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
-                      tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=500,
+        tie_word_embeddings=False,
+    )
     AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(path)
     return path
 
@@ -57,7 +65,7 @@ def _saved(model) -> tuple[float, list]:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model.get_base_model().model(input_ids=x)
     total = sum(n for n, _, _ in seen.values()) / (B * T) / LAYERS
-    return total, [dt for _, dt, last in seen.values() if last == I]
+    return total, [dt for _, dt, last in seen.values() if last == INTER]
 
 
 def test_a_4bit_base_saves_what_a_16bit_lora_base_saves(model_dir):

@@ -35,28 +35,54 @@ _run_dir = make_run_dir
 
 def _torchrun(run: Path, expect_rc: int = 0, **env) -> None:
     log = run / f"torchrun-{len(list(run.glob('torchrun-*')))}.log"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "tunedeck.core.train", "--run-dir", str(run)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "tunedeck.core.train",
+        "--run-dir",
+        str(run),
+    ]
     with open(log, "wb") as out:
-        proc = subprocess.run(argv, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
-                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=240)
+        proc = subprocess.run(
+            argv,
+            cwd=REPO,
+            env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=240,
+        )
     assert proc.returncode == expect_rc, log.read_text()[-4000:]
 
 
 def _losses(run: Path, rank: int = 0) -> dict[int, float]:
     """step → loss; a step repeated after a restart: the later one wins (as the ingester)."""
-    return {e["step"]: e["loss"] for e in read_events(run / "events" / f"rank{rank}.jsonl")
-            if e["kind"] == "step"}
+    return {
+        e["step"]: e["loss"]
+        for e in read_events(run / "events" / f"rank{rank}.jsonl")
+        if e["kind"] == "step"
+    }
 
 
 @pytest.mark.slow
 def test_crash_and_relaunch_resumes_exactly(tmp_path):
     k, n = 5, 10
-    common = dict(train__max_steps=n, train__save_steps=k, train__save_total_limit=1,
-                  method__lora_dropout=0.1,  # dropout: the RNG streams must be restored too
-                  data__val_split=0.1, train__eval_steps=k)
+    common = dict(
+        train__max_steps=n,
+        train__save_steps=k,
+        train__save_total_limit=1,
+        method__lora_dropout=0.1,  # dropout: the RNG streams must be restored too
+        data__val_split=0.1,
+        train__eval_steps=k,
+    )
     a = _run_dir(tmp_path / "a", method__merge_lora=True, **common)
     _torchrun(a)
     b = _run_dir(tmp_path / "b", **common)
@@ -80,8 +106,11 @@ def test_crash_and_relaunch_resumes_exactly(tmp_path):
     assert [e["reason"] for e in ev if e["kind"] == "end"] == ["failed", "completed"]
 
     # eval events: same in both runs (the eval set and weights are the same)
-    ea = [(e["step"], e["eval_loss"]) for e in read_events(a / "events" / "rank0.jsonl")
-          if e["kind"] == "eval"]
+    ea = [
+        (e["step"], e["eval_loss"])
+        for e in read_events(a / "events" / "rank0.jsonl")
+        if e["kind"] == "eval"
+    ]
     eb = {e["step"]: e["eval_loss"] for e in ev if e["kind"] == "eval"}
     assert [s for s, _ in ea] == [k, n]
     assert all(e["eval_tokens"] > 0 for e in ev if e["kind"] == "eval")
@@ -110,9 +139,14 @@ def test_fsdp2_full_fine_tuning_resumes_exactly(tmp_path):
     """FSDP2 shards the weights and the optimizer state: a crash two steps past checkpoint-4
     and the agent's relaunch give the uninterrupted run's losses for steps 5-8."""
     k, n = 4, 8
-    common = dict(parallel__strategy="fsdp2", method__type="full", train__max_steps=n,
-                  train__save_steps=k, train__gradient_checkpointing=True,
-                  train__learning_rate=1e-3)
+    common = dict(
+        parallel__strategy="fsdp2",
+        method__type="full",
+        train__max_steps=n,
+        train__save_steps=k,
+        train__gradient_checkpointing=True,
+        train__learning_rate=1e-3,
+    )
     a = _run_dir(tmp_path / "a", **common)
     _torchrun(a)
     b = _run_dir(tmp_path / "b", **common)
@@ -127,10 +161,19 @@ def test_fsdp2_full_fine_tuning_resumes_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_fsdp2_lowers_the_loss(tmp_path, method):
-    extra = dict(data__packing=True) if method == "lora" else \
-        dict(train__gradient_checkpointing=True, train__learning_rate=1e-3)
-    run = _run_dir(tmp_path / "run", parallel__strategy="fsdp2", method__type=method,
-                   train__max_steps=12, train__save_steps=6, **extra)
+    extra = (
+        dict(data__packing=True)
+        if method == "lora"
+        else dict(train__gradient_checkpointing=True, train__learning_rate=1e-3)
+    )
+    run = _run_dir(
+        tmp_path / "run",
+        parallel__strategy="fsdp2",
+        method__type=method,
+        train__max_steps=12,
+        train__save_steps=6,
+        **extra,
+    )
     _torchrun(run)
     losses = _losses(run)
     assert sorted(losses) == list(range(1, 13)) and losses == _losses(run, 1)
@@ -158,9 +201,14 @@ def test_fsdp2_lowers_the_loss(tmp_path, method):
         return  # (runtime budget) the resume below is the harder case: sharded Adam state
     # an explicit train.resume_from under FSDP2 (sharded optimizer state gathered and
     # re-sharded) continues exactly
-    again = _run_dir(tmp_path / "again", parallel__strategy="fsdp2", method__type=method,
-                     train__max_steps=12, train__resume_from=str(run / "output" / "checkpoint-6"),
-                     **extra)
+    again = _run_dir(
+        tmp_path / "again",
+        parallel__strategy="fsdp2",
+        method__type=method,
+        train__max_steps=12,
+        train__resume_from=str(run / "output" / "checkpoint-6"),
+        **extra,
+    )
     _torchrun(again)
     resumed = _losses(again)
     assert sorted(resumed) == list(range(7, 13))

@@ -34,10 +34,12 @@ async def test_runs_list_then_monitor_shows_last_loss(finished_demo, monkeypatch
         table = app.screen.query_one("#runs-table", DataTable)
         await _until(pilot, lambda: table.row_count == 1)
         row = table.get_row_at(0)
-        assert row[1] == run_id and "succeeded" in str(row[3])   # column 0: the mark
+        assert row[1] == run_id and "succeeded" in str(row[3])  # column 0: the mark
         await pilot.press("enter")
-        await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
-                     and app.screen.loss_shown is not None)
+        await _until(
+            pilot,
+            lambda: isinstance(app.screen, MonitorScreen) and app.screen.loss_shown is not None,
+        )
         screen = app.screen
         last = _last_step_event(home / "runs" / run_id)
         assert screen.loss_shown == last["loss"]
@@ -71,17 +73,22 @@ async def test_monitor_stop_asks_for_confirmation(td_home, monkeypatch):
     from tests.conftest import DEMO, cli_json
 
     run_id = cli_json("launch", str(DEMO), "--set", "train.max_steps=100000", home=td_home)[
-        "run_id"]
+        "run_id"
+    ]
     try:
         wait_for(lambda: cli_json("status", run_id, home=td_home)["step"] >= 2, 120, "steps")
         app = TunedeckApp(open_run=run_id, refresh_s=0.2)
         async with app.run_test(size=(120, 40)) as pilot:
-            await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
-                         and app.screen.snap is not None)
+            await _until(
+                pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snap is not None
+            )
             # `d`: every rank's stack, fetched off the event loop, in a modal
             await pilot.press("d")
-            await _until(pilot, lambda: isinstance(app.screen, StacksScreen)
-                         and app.screen.query("#stacks-text"), timeout=30)
+            await _until(
+                pilot,
+                lambda: isinstance(app.screen, StacksScreen) and app.screen.query("#stacks-text"),
+                timeout=30,
+            )
             text = str(app.screen.query_one("#stacks-text", Static).content)
             assert "rank 0" in text and "rank 1" in text and "File " in text, text[:500]
             await pilot.press("escape")
@@ -95,8 +102,11 @@ async def test_monitor_stop_asks_for_confirmation(td_home, monkeypatch):
             await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("y")
             await _until(pilot, lambda: (td_home / "runs" / run_id / "stop.json").exists())
-        st = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
-                      == "stopped" and s, 60, "the stop")
+        st = wait_for(
+            lambda: (s := cli_json("status", run_id, home=td_home))["status"] == "stopped" and s,
+            60,
+            "the stop",
+        )
         assert st["stop_requested"] == "graceful"
     finally:
         cli_json("stop", run_id, "--hard", home=td_home)
@@ -115,8 +125,12 @@ async def test_readonly_hides_stop(finished_demo, monkeypatch):
 
 def test_tui_in_a_real_terminal(finished_demo, tmux):
     home, run_id, _ = finished_demo
-    tmux.start("tui", [sys.executable, "-m", "tunedeck.tui"], size=(110, 32),
-               env={"TUNEDECK_HOME": str(home)})
+    tmux.start(
+        "tui",
+        [sys.executable, "-m", "tunedeck.tui"],
+        size=(110, 32),
+        env={"TUNEDECK_HOME": str(home)},
+    )
     wait_for(lambda: run_id in tmux.screen("tui"), 30, "the runs list")
     tmux.keys("tui", "Enter")
     last = _last_step_event(home / "runs" / run_id)
@@ -128,13 +142,19 @@ def test_tui_in_a_real_terminal(finished_demo, tmux):
 @pytest.mark.slow
 def test_demo_command_launches_and_monitors_live(td_home, tmux):
     """The README's main job: `tunedeck demo` starts the demo and shows it live to the end."""
-    tmux.start("demo", [sys.executable, "-m", "tunedeck.tui", "demo", "--set",
-                        "train.max_steps=60"], size=(120, 36),
-               env={"TUNEDECK_HOME": str(td_home)})
+    tmux.start(
+        "demo",
+        [sys.executable, "-m", "tunedeck.tui", "demo", "--set", "train.max_steps=60"],
+        size=(120, 36),
+        env={"TUNEDECK_HOME": str(td_home)},
+    )
     screen = lambda: tmux.screen("demo")  # noqa: E731
     wait_for(lambda: "running" in screen() and "step " in screen(), 120, "a live monitor")
-    wait_for(lambda: "succeeded" in screen() and "step 60/60" in screen(), 180,
-             "the end of the demo on screen")
+    wait_for(
+        lambda: "succeeded" in screen() and "step 60/60" in screen(),
+        180,
+        "the end of the demo on screen",
+    )
     assert "rank 0 log" in screen()
     tmux.keys("demo", "q")
     runs = list((td_home / "runs").iterdir())
@@ -142,9 +162,14 @@ def test_demo_command_launches_and_monitors_live(td_home, tmux):
 
 
 def test_tui_refuses_without_a_terminal(td_home):
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.tui"], cwd=REPO, capture_output=True,
-                          text=True, env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunedeck.tui"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 2 and "needs a terminal" in proc.stderr
 
 
@@ -167,8 +192,14 @@ async def test_new_run_from_a_preset_previews_checks_and_launches(td_home):
         await pilot.press("enter")
         await _until(pilot, lambda: isinstance(app.screen, ComposeScreen))
         compose = app.screen
-        await _until(pilot, lambda: compose.spec.name == "demo" and compose.preview is not None
-                     and not compose.preview_pending)
+        await _until(
+            pilot,
+            lambda: (
+                compose.spec.name == "demo"
+                and compose.preview is not None
+                and not compose.preview_pending
+            ),
+        )
         text = compose.preview_text()
         assert "effective batch" in text and "-m tunedeck.core.train" in text
         assert "train.max_steps = 200" in text

@@ -18,8 +18,14 @@ from tunedeck.core.rundir import RunDir, write_json_atomic
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.runs.store import Store
 from tunedeck.tui.screens.compare import CompareScreen
-from tunedeck.tui.widgets.lossplot import (Frame, LossPlot, RunSource, TraceView, Window,
-                                           render_chart)
+from tunedeck.tui.widgets.lossplot import (
+    Frame,
+    LossPlot,
+    RunSource,
+    TraceView,
+    Window,
+    render_chart,
+)
 
 
 def curve(s: int) -> float:
@@ -27,8 +33,15 @@ def curve(s: int) -> float:
     return 1.5 + 3.5 * math.exp(-s / 150) + 0.08 * math.sin(s * 1.3)
 
 
-def write_run(path: Path, steps: int, loss=curve, eval_every: int = 50,
-              spike: dict | None = None, ingest: bool = True, first: int = 1) -> RunDir:
+def write_run(
+    path: Path,
+    steps: int,
+    loss=curve,
+    eval_every: int = 50,
+    spike: dict | None = None,
+    ingest: bool = True,
+    first: int = 1,
+) -> RunDir:
     run = RunDir(path)
     run.path.mkdir(parents=True, exist_ok=True)
     w = EventWriter(run.path, 0)
@@ -36,10 +49,21 @@ def write_run(path: Path, steps: int, loss=curve, eval_every: int = 50,
         w.emit("start", world_size=1, max_steps=steps, restart=0, start_step=0)
     for s in range(first, first + steps):
         value = (spike or {}).get(s, loss(s))
-        w.emit("step", step=s, loss=value, lr=3e-4 * min(1.0, s / 100),
-               grad_norm=0.8 + 0.3 * math.cos(s / 40), tokens=512, step_s=0.1,
-               data_wait_s=0.001, compute_s=0.05, mem_gib=1.0, tokens_per_s=5120.0, epoch=0,
-               mfu=None)
+        w.emit(
+            "step",
+            step=s,
+            loss=value,
+            lr=3e-4 * min(1.0, s / 100),
+            grad_norm=0.8 + 0.3 * math.cos(s / 40),
+            tokens=512,
+            step_s=0.1,
+            data_wait_s=0.001,
+            compute_s=0.05,
+            mem_gib=1.0,
+            tokens_per_s=5120.0,
+            epoch=0,
+            mfu=None,
+        )
         if eval_every and s % eval_every == 0:
             w.emit("eval", step=s, eval_loss=value + 0.2, eval_tokens=64)
     w.close()
@@ -69,7 +93,7 @@ def plot_rows(plot: LossPlot) -> list[str]:
     """The plot area's rows (no header, no x axis), y labels cut off."""
     lines = plot.rendered_text().split("\n")[1:-2]
     cut = lines[0].index("│") if "│" in lines[0] else lines[0].index("┤")
-    return [ln[cut + 1:] for ln in lines]
+    return [ln[cut + 1 :] for ln in lines]
 
 
 def header(plot: LossPlot) -> str:
@@ -98,7 +122,7 @@ async def test_zoom_pan_home_change_what_is_drawn(tmp_path):
         assert plot.view == (501, 1000)
         await settled(pilot, plot)
         steps = plot.windows[0].steps
-        assert (steps["start"], steps["end"]) == (501, 1000)   # re-queried for the window
+        assert (steps["start"], steps["end"]) == (501, 1000)  # re-queried for the window
         assert min(steps["step"]) == 501 and sum(steps["n"]) == 500
         assert "steps 501–1,000 of 1,000" in header(plot) and "following" in header(plot)
         assert plot.rendered_text() != whole
@@ -116,12 +140,12 @@ async def test_zoom_pan_home_change_what_is_drawn(tmp_path):
             await pilot.press("l")
         assert plot.view == (501, 1000) and plot.following
         await pilot.press("plus", "plus", "plus", "plus", "plus", "plus", "plus")
-        assert plot.view == (991, 1000)          # never narrower than MIN_SPAN steps
+        assert plot.view == (991, 1000)  # never narrower than MIN_SPAN steps
         await settled(pilot, plot)
         assert plot.windows[0].steps["step"] == list(range(991, 1001))
         await pilot.press("minus")
         assert plot.view == (981, 1000)
-        await pilot.press("0")                   # home: the whole run
+        await pilot.press("0")  # home: the whole run
         assert plot.view is None
         await settled(pilot, plot)
         assert plot.rendered_text() == whole
@@ -135,7 +159,7 @@ async def test_log_y_and_the_eval_lr_grad_toggles(tmp_path):
         await settled(pilot, plot)
         linear = plot.rendered_text()
         labels = [ln.split("┤")[0].strip() for ln in linear.split("\n") if "┤" in ln]
-        assert {"20", "40"} <= set(labels) and "5" not in labels    # evenly spaced
+        assert {"20", "40"} <= set(labels) and "5" not in labels  # evenly spaced
         # most of the curve sits on the bottom rows in linear y; log y spreads it out
         rows = plot_rows(plot)
         low_linear = sum(1 for r in rows[-4:] for ch in r if ch != " ")
@@ -143,7 +167,7 @@ async def test_log_y_and_the_eval_lr_grad_toggles(tmp_path):
         assert plot.log_y
         logged = plot.rendered_text()
         labels = [ln.split("┤")[0].strip() for ln in logged.split("\n") if "┤" in ln]
-        assert {"2", "5", "10", "50"} <= set(labels) and "40" not in labels   # 1-2-5 per decade
+        assert {"2", "5", "10", "50"} <= set(labels) and "40" not in labels  # 1-2-5 per decade
         assert "log y" in header(plot)
         assert sum(1 for r in plot_rows(plot)[-4:] for ch in r if ch != " ") < low_linear
         await pilot.press("y")
@@ -176,17 +200,17 @@ async def test_a_single_spike_survives_the_whole_run_view(tmp_path):
         await settled(pilot, plot)
         rows = plot_rows(plot)
         top = [i for i, ch in enumerate(rows[0]) if ch != " "]
-        assert len(top) == 1                     # one column reaches the top: the spike's
+        assert len(top) == 1  # one column reaches the top: the spike's
         assert top[0] == pytest.approx(15001 / 20000 * len(rows[0]), abs=1.5)
         # panned and zoomed, the spike stays in view as long as its step is in the window
         await pilot.press("plus", "plus")
         await settled(pilot, plot)
         assert plot.view == (15001, 20000)
         assert [i for i, ch in enumerate(plot_rows(plot)[0]) if ch != " "] == [0]
-        await pilot.press("l")                   # at the end already: nothing moves
+        await pilot.press("l")  # at the end already: nothing moves
         await pilot.press("h", "h", "h", "h", "h", "h", "h", "h")
         await settled(pilot, plot)
-        assert plot.view == (5001, 10000)        # panned off it: the y axis is the curve's
+        assert plot.view == (5001, 10000)  # panned off it: the y axis is the curve's
         assert max(plot.windows[0].steps["loss_max"]) < 2
         labels = [ln.split("┤")[0] for ln in plot.rendered_text().split("\n") if "┤" in ln]
         assert max(float(x) for x in labels) < 2
@@ -245,7 +269,7 @@ async def test_queries_run_off_the_event_loop(tmp_path):
         plot = app.query_one(LossPlot)
         await pilot.pause(0.2)
         assert not plot.loaded and "reading…" in plot.rendered_text()
-        await pilot.press("y")                 # the event loop is free while the query waits
+        await pilot.press("y")  # the event loop is free while the query waits
         assert plot.log_y
         for _ in range(5):
             plot.refresh_data()
@@ -253,7 +277,7 @@ async def test_queries_run_off_the_event_loop(tmp_path):
         await settled(pilot, plot)
         assert plot.loaded and calls and not any(main for main, _, _ in calls)
         windows = [c for c in calls if c[1] is not None]
-        assert len(windows) <= 3               # not one query per request
+        assert len(windows) <= 3  # not one query per request
     real.close()
 
 
@@ -264,7 +288,7 @@ async def test_no_steps_yet_and_a_missing_run(tmp_path):
         plot = app.query_one(LossPlot)
         await settled(pilot, plot)
         assert "no steps yet" in plot.rendered_text()
-        await pilot.press("plus", "h", "0", "y")   # nothing to zoom: no error
+        await pilot.press("plus", "h", "0", "y")  # nothing to zoom: no error
         assert plot.view is None
 
     def broken(*args):
@@ -281,45 +305,66 @@ def test_render_from_buckets_is_pure_and_fast():
     """The drawing takes decimated buckets only: 1M steps in 300 buckets draw like 300."""
     n = 306
     width = 1_000_000 // n
-    steps = {"first": 1, "last": 1_000_000, "step": [1 + i * width for i in range(n)],
-             "step_max": [(i + 1) * width for i in range(n)], "n": [width] * n,
-             "nan": [0] * n, "loss": [2.0 + 0.4 / (1 + i) for i in range(n)],
-             "loss_min": [1.9] * n, "loss_max": [2.5] * n}
+    steps = {
+        "first": 1,
+        "last": 1_000_000,
+        "step": [1 + i * width for i in range(n)],
+        "step_max": [(i + 1) * width for i in range(n)],
+        "n": [width] * n,
+        "nan": [0] * n,
+        "loss": [2.0 + 0.4 / (1 + i) for i in range(n)],
+        "loss_min": [1.9] * n,
+        "loss_max": [2.5] * n,
+    }
     steps["loss_max"][200] = 40.0
-    frame = Frame(1, 1_000_000, 1_000_000, [TraceView("loss", "#5fafff",
-                                                      Window(steps, {"first": None}))])
+    frame = Frame(
+        1, 1_000_000, 1_000_000, [TraceView("loss", "#5fafff", Window(steps, {"first": None}))]
+    )
     t = time.perf_counter()
     lines = render_chart(frame, 160, 48)
     took = time.perf_counter() - t
     assert len(lines) == 48 and all(sum(len(s.text) for s in ln) == 160 for ln in lines)
     top = "".join(s.text for s in lines[1])
-    assert sum(1 for ch in top[7:] if ch != " ") == 1      # the spike, and only it
+    assert sum(1 for ch in top[7:] if ch != " ") == 1  # the spike, and only it
     assert "1M" in "".join(s.text for s in lines[-1])
-    assert took < 0.5   # ~6 ms measured (bench/tui_chart.py); generous for a loaded CI box
+    assert took < 0.5  # ~6 ms measured (bench/tui_chart.py); generous for a loaded CI box
 
 
 # -- Compare -----------------------------------------------------------------------------
 
-RUNS = (("20260101-000000-aaaa", "lora-r16", 400, 1.0),
-        ("20260101-000000-bbbb", "lora-r64", 300, 0.85),
-        ("20260101-000000-cccc", "full-ft", 250, 1.15))
+RUNS = (
+    ("20260101-000000-aaaa", "lora-r16", 400, 1.0),
+    ("20260101-000000-bbbb", "lora-r64", 300, 0.85),
+    ("20260101-000000-cccc", "full-ft", 250, 1.15),
+)
 
 
 def make_registry(home: Path) -> None:
     for i, (run_id, name, steps, scale) in enumerate(RUNS):
-        run = write_run(home / "runs" / run_id, steps, loss=lambda s, k=scale: k * curve(s),
-                        ingest=i != 2)           # the last one: the reader reads the file
-        write_json_atomic(run.state, {"run_id": run_id, "name": name, "status": "succeeded",
-                                      "created": 1.7e9 + i, "progress": {
-                                          "step": steps, "max_steps": steps,
-                                          "loss": round(scale * curve(steps), 4)}})
+        run = write_run(
+            home / "runs" / run_id, steps, loss=lambda s, k=scale: k * curve(s), ingest=i != 2
+        )  # the last one: the reader reads the file
+        write_json_atomic(
+            run.state,
+            {
+                "run_id": run_id,
+                "name": name,
+                "status": "succeeded",
+                "created": 1.7e9 + i,
+                "progress": {
+                    "step": steps,
+                    "max_steps": steps,
+                    "loss": round(scale * curve(steps), 4),
+                },
+            },
+        )
 
 
 class CompareApp(App):
     def __init__(self, run_ids):
         super().__init__()
         self.run_ids = run_ids
-        self.refresh_s = 60.0     # the tests refresh by hand
+        self.refresh_s = 60.0  # the tests refresh by hand
 
     def on_mount(self):
         self.push_screen(CompareScreen(self.run_ids))
@@ -343,12 +388,13 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         screen = app.screen
         plot = screen.query_one(LossPlot)
         assert [t.label for t in plot.traces] == ids and len(set(screen.run_colors)) == 4
-        assert plot.extent == (1, 400)           # the longest run sets the whole view
-        assert [sum(w.steps["n"]) if w else None for w in plot.windows] == [400, 300, 250,
-                                                                            None]
+        assert plot.extent == (1, 400)  # the longest run sets the whole view
+        assert [sum(w.steps["n"]) if w else None for w in plot.windows] == [400, 300, 250, None]
         legend = str(screen.query_one("#compare-legend", Static).render()).split("\n")
-        assert legend[0] == ("━━ lora-r16  succeeded  step 400/400  loss 1.6634  best eval "
-                             "1.8634  20260101-000000-aaaa")
+        assert legend[0] == (
+            "━━ lora-r16  succeeded  step 400/400  loss 1.6634  best eval "
+            "1.8634  20260101-000000-aaaa"
+        )
         assert "best eval" in legend[1] and "full-ft" in legend[2]
         assert legend[3] == "━━ nope  not found"
         head = header(plot)
@@ -357,8 +403,7 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         await pilot.press("plus")
         assert plot.view == (201, 400)
         await settled(pilot, plot)
-        assert [sum(w.steps["n"]) if w else None for w in plot.windows] == [200, 100, 50,
-                                                                            None]
+        assert [sum(w.steps["n"]) if w else None for w in plot.windows] == [200, 100, 50, None]
         assert [w.steps["first"] if w else None for w in plot.windows] == [1, 1, 1, None]
         assert not plot.check_action("toggle", ("show_lr",))
         await pilot.press("r")
@@ -383,8 +428,7 @@ async def chart_ready(pilot):
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 def test_snapshot_chart(snap_compare, snapshot_run, size):
-    assert snap_compare(ChartApp(snapshot_run.path), terminal_size=size,
-                        run_before=chart_ready)
+    assert snap_compare(ChartApp(snapshot_run.path), terminal_size=size, run_before=chart_ready)
 
 
 def test_snapshot_chart_zoomed_log_lr_grad(snap_compare, snapshot_run):
@@ -400,15 +444,16 @@ def test_snapshot_chart_zoomed_log_lr_grad(snap_compare, snapshot_run):
 def test_snapshot_compare(snap_compare, tmp_path, monkeypatch, size):
     monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "home"))
     make_registry(tmp_path / "home")
-    assert snap_compare(CompareApp([r[0] for r in RUNS]), terminal_size=size,
-                        run_before=compare_ready)
+    assert snap_compare(
+        CompareApp([r[0] for r in RUNS]), terminal_size=size, run_before=compare_ready
+    )
 
 
 _ = asyncio  # pytest-asyncio runs the async tests (asyncio_mode = auto)
 
 
 async def test_nan_losses_are_marked(tmp_path):
-    run = write_run(tmp_path / "run", 200, spike={120: float("nan")})   # written as null
+    run = write_run(tmp_path / "run", 200, spike={120: float("nan")})  # written as null
     app = ChartApp(run.path)
     async with app.run_test(size=(80, 16)) as pilot:
         plot = app.query_one(LossPlot)

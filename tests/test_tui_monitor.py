@@ -41,12 +41,15 @@ FIXED_HOME = Path("/tmp/tunedeck-test-monitor-fixture")
 T0 = 1796043570.0
 NCCL_LOG = REPO.parent / "shared" / "fixtures" / "h200" / "ddp2_nccl_info.log"
 HUNG = REPO / "tests" / "fixtures" / "h200" / "hung_rank"
-MESSAGE = ("torchrun exited with code 1: rank 0 (pid 801) failed after the NCCL watchdog "
-           "timed out an ALLREDUCE (SeqNum=69, Timeout(ms)=20000) while rank 1 hung in its "
-           "DataLoader; see the findings")
+MESSAGE = (
+    "torchrun exited with code 1: rank 0 (pid 801) failed after the NCCL watchdog "
+    "timed out an ALLREDUCE (SeqNum=69, Timeout(ms)=20000) while rank 1 hung in its "
+    "DataLoader; see the findings"
+)
 
 
 # -- the fixture run -----------------------------------------------------------------------
+
 
 def _nccl_lines(pid: str) -> str:
     """One process's lines of the recorded NCCL INFO log (the shared checkout's)."""
@@ -63,84 +66,173 @@ def build_run(home: Path, run_id: str = RUN_ID) -> Path:
     rd = RunDir(run)
     rd.create()
     (run / "spec.toml").write_text('name = "fx-monitor"\nbackend = "builtin"\n')
-    (run / "plan.json").write_text(json.dumps({"nproc_per_node": 2, "nnodes": 1,
-                                               "world_size": 2, "nodes": []}))
-    state = {"run_id": run_id, "name": "fx-monitor", "status": "failed", "message": MESSAGE,
-             "created": T0 - 30, "started": T0, "ended": T0 + 600, "exit_code": 1,
-             "host": "vm", "attempt": 0,
-             "progress": {"step": 200, "max_steps": 1000, "loss": 1.4, "t": T0 + 590}}
+    (run / "plan.json").write_text(
+        json.dumps({"nproc_per_node": 2, "nnodes": 1, "world_size": 2, "nodes": []})
+    )
+    state = {
+        "run_id": run_id,
+        "name": "fx-monitor",
+        "status": "failed",
+        "message": MESSAGE,
+        "created": T0 - 30,
+        "started": T0,
+        "ended": T0 + 600,
+        "exit_code": 1,
+        "host": "vm",
+        "attempt": 0,
+        "progress": {"step": 200, "max_steps": 1000, "loss": 1.4, "t": T0 + 590},
+    }
     rd.write_state(state)
     # events: rank 1 waits for data, so the pane names it
     for rank in (0, 1):
         with open(rd.event_file(rank), "w") as f:
-            f.write(json.dumps({"t": T0 + 5, "kind": "start", "rank": rank, "world_size": 2,
-                                "max_steps": 1000}) + "\n")
+            f.write(
+                json.dumps(
+                    {"t": T0 + 5, "kind": "start", "rank": rank, "world_size": 2, "max_steps": 1000}
+                )
+                + "\n"
+            )
             for step in range(1, 201):
                 loss = 2.0 + 5.0 * math.exp(-step / 40) + 0.1 * math.sin(step / 3)
                 wait = 0.002 if rank == 0 else 0.09
-                f.write(json.dumps({
-                    "t": T0 + 10 + step * 2.5, "kind": "step", "rank": rank, "step": step,
-                    "epoch": step / 150, "loss": round(loss, 4), "lr": 1e-4, "tokens": 8192,
-                    "step_s": 0.3, "data_wait_s": wait, "mem_gib": 40.0,
-                    "tokens_per_s": 27000.0, "mfu": 0.412}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t": T0 + 10 + step * 2.5,
+                            "kind": "step",
+                            "rank": rank,
+                            "step": step,
+                            "epoch": step / 150,
+                            "loss": round(loss, 4),
+                            "lr": 1e-4,
+                            "tokens": 8192,
+                            "step_s": 0.3,
+                            "data_wait_s": wait,
+                            "mem_gib": 40.0,
+                            "tokens_per_s": 27000.0,
+                            "mfu": 0.412,
+                        }
+                    )
+                    + "\n"
+                )
                 if step % 100 == 0 and rank == 0:
-                    f.write(json.dumps({"t": T0 + 11 + step * 2.5, "kind": "checkpoint",
-                                        "rank": 0, "step": step,
-                                        "path": f"{run}/output/checkpoint-{step}"}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "t": T0 + 11 + step * 2.5,
+                                "kind": "checkpoint",
+                                "rank": 0,
+                                "step": step,
+                                "path": f"{run}/output/checkpoint-{step}",
+                            }
+                        )
+                        + "\n"
+                    )
     # rank logs: the recorded NCCL INFO lines of each process, steps, rank 0's watchdog
     att = rd.node_log_dir(0) / f"{run_id}_fx" / "attempt_0"
     hung_logs = sorted((HUNG / "logs" / "node0").glob("*/attempt_0"))[0]
     for rank, pid in ((0, "801"), (1, "802")):
         d = att / str(rank)
         d.mkdir(parents=True)
-        steps = "".join(f"step {s}/1000 loss {2.0 + 5.0 * math.exp(-s / 40):.4f} lr 0.0001\n"
-                        for s in range(1, 201))
+        steps = "".join(
+            f"step {s}/1000 loss {2.0 + 5.0 * math.exp(-s / 40):.4f} lr 0.0001\n"
+            for s in range(1, 201)
+        )
         (d / "stdout.log").write_text(_nccl_lines(pid) + steps)
         (d / "stderr.log").write_text((hung_logs / str(rank) / "stderr.log").read_text())
     # run.db: findings and telemetry through the real Store
     with Store(rd, write=True) as store:
-        store.save_finding(Finding(
-            category="nccl_timeout", severity="error",
-            summary="NCCL watchdog timed out an ALLREDUCE on rank 0 (waiting for rank 1)",
-            cause="Rank 1 stopped calling collectives; rank 0 waited 20 s in the all-reduce "
-                  "and the watchdog took the process down.",
-            fix="Find why rank 1 stopped (stack dump with d while it hangs); raise "
+        store.save_finding(
+            Finding(
+                category="nccl_timeout",
+                severity="error",
+                summary="NCCL watchdog timed out an ALLREDUCE on rank 0 (waiting for rank 1)",
+                cause="Rank 1 stopped calling collectives; rank 0 waited 20 s in the all-reduce "
+                "and the watchdog took the process down.",
+                fix="Find why rank 1 stopped (stack dump with d while it hangs); raise "
                 "cluster.collective_timeout_s only for slow but progressing steps.",
-            rank=0, evidence=["[rank0]:[E1130 13:05:52] Watchdog caught collective operation "
-                              "timeout: WorkNCCL(SeqNum=69, OpType=ALLREDUCE)"],
-            t=T0 + 560, source="stderr.log:1"))
-        store.save_finding(Finding(
-            category="dataloader_starvation", severity="warning",
-            summary="rank 1 waits for data 30% of each step",
-            cause="Rank 1's DataLoader cannot keep up; the GPU idles while it waits.",
-            fix="Raise data.num_workers, enable pin_memory and persistent_workers.",
-            rank=1, evidence=["data wait 0.090 s of 0.300 s per step (last 50 steps)"],
-            t=T0 + 300))
+                rank=0,
+                evidence=[
+                    "[rank0]:[E1130 13:05:52] Watchdog caught collective operation "
+                    "timeout: WorkNCCL(SeqNum=69, OpType=ALLREDUCE)"
+                ],
+                t=T0 + 560,
+                source="stderr.log:1",
+            )
+        )
+        store.save_finding(
+            Finding(
+                category="dataloader_starvation",
+                severity="warning",
+                summary="rank 1 waits for data 30% of each step",
+                cause="Rank 1's DataLoader cannot keep up; the GPU idles while it waits.",
+                fix="Raise data.num_workers, enable pin_memory and persistent_workers.",
+                rank=1,
+                evidence=["data wait 0.090 s of 0.300 s per step (last 50 steps)"],
+                t=T0 + 300,
+            )
+        )
         tel = store.telemetry
         for i in range(600):
             t = T0 + i
             gpus = []
             for g in (0, 1):
                 util = 95.0 if g == 0 else (40.0 + 30 * math.sin(i / 20))
-                gpus.append({"gpu": g, "t": t, "util": util, "mem_util": 30.0,
-                             "mem_used_mib": 40000.0 + 50 * min(i, 200) + g * 1000,
-                             "mem_total_mib": 143771.0, "power_w": 300.0 + 3 * util,
-                             "temp_c": 40.0 + util / 4})
+                gpus.append(
+                    {
+                        "gpu": g,
+                        "t": t,
+                        "util": util,
+                        "mem_util": 30.0,
+                        "mem_used_mib": 40000.0 + 50 * min(i, 200) + g * 1000,
+                        "mem_total_mib": 143771.0,
+                        "power_w": 300.0 + 3 * util,
+                        "temp_c": 40.0 + util / 4,
+                    }
+                )
             tel.add("gpu", t, [(g["gpu"], g) for g in gpus])
-            tel.add("rank", t, [(r, {"cpu_pct": 100.0 - 30 * r, "rss_mib": 3000.0 + r})
-                                for r in (0, 1)])
-            tel.add("host", t, [(0, {"cpu_pct": 20.0, "mem_used_mib": 60000.0,
-                                     "mem_total_mib": 257811.0})])
-        tel.set_latest("status", T0, {"nvml": "ok", "message": "", "driver": "580.159.04",
-                                      "gpus": ["NVIDIA H200", "NVIDIA H200"],
-                                      "interval_s": 1.0})
+            tel.add(
+                "rank", t, [(r, {"cpu_pct": 100.0 - 30 * r, "rss_mib": 3000.0 + r}) for r in (0, 1)]
+            )
+            tel.add(
+                "host",
+                t,
+                [(0, {"cpu_pct": 20.0, "mem_used_mib": 60000.0, "mem_total_mib": 257811.0})],
+            )
+        tel.set_latest(
+            "status",
+            T0,
+            {
+                "nvml": "ok",
+                "message": "",
+                "driver": "580.159.04",
+                "gpus": ["NVIDIA H200", "NVIDIA H200"],
+                "interval_s": 1.0,
+            },
+        )
         tel.set_latest("gpus", T0 + 599, gpus)
-        tel.set_latest("procs", T0 + 599, {
-            "ranks": [], "procs": [],
-            "gpu_procs": [{"gpu": 0, "pid": 801, "mib": 40000, "rank": 0},
-                          {"gpu": 1, "pid": 802, "mib": 41000, "rank": 1}]})
-        tel.set_latest("host", T0 + 599, {"cpu_pct": 20.0, "mem_used_mib": 60000.0,
-                                          "mem_total_mib": 257811.0, "shm_free_mib": 128000.0})
+        tel.set_latest(
+            "procs",
+            T0 + 599,
+            {
+                "ranks": [],
+                "procs": [],
+                "gpu_procs": [
+                    {"gpu": 0, "pid": 801, "mib": 40000, "rank": 0},
+                    {"gpu": 1, "pid": 802, "mib": 41000, "rank": 1},
+                ],
+            },
+        )
+        tel.set_latest(
+            "host",
+            T0 + 599,
+            {
+                "cpu_pct": 20.0,
+                "mem_used_mib": 60000.0,
+                "mem_total_mib": 257811.0,
+                "shm_free_mib": 128000.0,
+            },
+        )
         tel.flush_buckets()
     return run
 
@@ -162,10 +254,14 @@ def _ready(app) -> bool:
 
     view = s.query_one(LogView)
     plot = s.query_one(LossPlot)
-    return (view.total > 0 and any(view.visible_lines())
-            and s.query_one(NcclView).ranks is not None
-            and s.query_one(HardwareView).history is not None
-            and plot.loaded and plot.up_to_date)
+    return (
+        view.total > 0
+        and any(view.visible_lines())
+        and s.query_one(NcclView).ranks is not None
+        and s.query_one(HardwareView).history is not None
+        and plot.loaded
+        and plot.up_to_date
+    )
 
 
 async def _open(pilot, app):
@@ -175,6 +271,7 @@ async def _open(pilot, app):
 
 
 # -- panes ---------------------------------------------------------------------------------
+
 
 async def test_progress_pane_status_in_full_and_rates(fx_home):
     app = TunedeckApp(open_run=RUN_ID, refresh_s=0.2)
@@ -188,11 +285,11 @@ async def test_progress_pane_status_in_full_and_rates(fx_home):
         events = (fx_home / "runs" / RUN_ID / "events" / "rank0.jsonl").read_text()
         last = [e for e in map(json.loads, events.splitlines()) if e["kind"] == "step"][-1]
         assert "epoch 1.33" in plain and f"loss {last['loss']:.4f}" in plain
-        assert "tokens/s 54.0k" in plain            # both ranks together
+        assert "tokens/s 54.0k" in plain  # both ranks together
         assert "MFU 41.2%" in plain
         # rank 1 waits 0.09 s of every 0.3 s step; rank 0 0.002 s
         assert "data wait 15.3%" in plain and "worst rank 1 30.0%" in plain
-        assert "ETA -" in plain and "elapsed 10:00" in plain   # ended: no ETA
+        assert "ETA -" in plain and "elapsed 10:00" in plain  # ended: no ETA
         assert "checkpoint-200" in plain and str(fx_home) not in plain
         snap = screen.snap
         assert snap.progress.worst_wait == (1, pytest.approx(0.3))
@@ -228,7 +325,7 @@ async def test_log_rank_switch_search_and_first_error(fx_home):
         view = screen.query_one(LogView)
         # rank 0: stdout (its NCCL lines from pid 801, steps), then stderr
         assert view.state.rank == 0 and view.follow
-        await pilot.press("e")       # the first error line: the watchdog's first E line
+        await pilot.press("e")  # the first error line: the watchdog's first E line
         await _until(pilot, lambda: view.cursor is not None, what="first error")
         assert "Watchdog caught collective operation timeout" in view.cache[view.cursor][0]
         assert view.cache[view.cursor][1] == RankLog.STDERR and not view.follow
@@ -237,7 +334,7 @@ async def test_log_rank_switch_search_and_first_error(fx_home):
         await pilot.press(*"via P2P")
         await pilot.press("enter")
         await _until(pilot, lambda: view.hits, what="search hits")
-        assert len(view.hits) == 24         # rank 0 -> 1, one line per channel
+        assert len(view.hits) == 24  # rank 0 -> 1, one line per channel
         first = view.cursor
         assert "via P2P/CUMEM" in view.cache[first][0] and "vm:801:" in view.cache[first][0]
         await pilot.press("n")
@@ -259,21 +356,26 @@ async def test_log_rank_switch_search_and_first_error(fx_home):
         await pilot.press("n")
         assert view.cursor == view.hits[(view.hits.index(at) + 1) % len(view.hits)]
         await pilot.press("e")
-        await _until(pilot, lambda: "Watchdog caught" in view.cache[view.cursor][0],
-                     what="first error from the plot")
+        await _until(
+            pilot,
+            lambda: "Watchdog caught" in view.cache[view.cursor][0],
+            what="first error from the plot",
+        )
         assert (plot.show_eval, plot.show_grad) == (eval_on, grad_on)
         await pilot.press("g", "t")
         assert (plot.show_eval, plot.show_grad) == (not eval_on, not grad_on)
         view.focus()
         # ]: rank 1's log (pid 802), and the search starts over
         await pilot.press("right_square_bracket")
-        await _until(pilot, lambda: view.state.rank == 1 and any(view.visible_lines()),
-                     what="rank 1's log")
+        await _until(
+            pilot, lambda: view.state.rank == 1 and any(view.visible_lines()), what="rank 1's log"
+        )
         assert screen.query_one("#log-pane").border_title == "rank 1 log"
-        assert view.query is None and not view.hits     # a search belongs to its log
+        assert view.query is None and not view.hits  # a search belongs to its log
         await pilot.press("g")
-        await _until(pilot, lambda: view.visible_lines()[0].startswith("vm:802:"),
-                     what="rank 1's first line")
+        await _until(
+            pilot, lambda: view.visible_lines()[0].startswith("vm:802:"), what="rank 1's first line"
+        )
         assert not any("vm:801:" in ln for ln in view.visible_lines())
         await pilot.press("left_square_bracket")
         await _until(pilot, lambda: view.state.rank == 0, what="back to rank 0")
@@ -293,16 +395,22 @@ async def test_log_follow_pauses_on_scroll_up_and_resumes(fx_home):
         view = screen.query_one(LogView)
         view.focus()
         append("A")
-        await _until(pilot, lambda: "A line 29" in view.visible_lines()[-1:][0],
-                     what="following the new lines")
+        await _until(
+            pilot,
+            lambda: "A line 29" in view.visible_lines()[-1:][0],
+            what="following the new lines",
+        )
         assert view.follow
         # scrolling up pauses: new lines come in below, the view stays where it was
         await pilot.press("pageup")
         await _until(pilot, lambda: not view.follow, what="paused")
         top = view.scroll_offset.y
         append("B")
-        await _until(pilot, lambda: view.total and view.state and
-                     view.total >= 200 + 60, what="B lines indexed")
+        await _until(
+            pilot,
+            lambda: view.total and view.state and view.total >= 200 + 60,
+            what="B lines indexed",
+        )
         await pilot.pause(0.3)
         assert view.scroll_offset.y == top and not view.follow
         assert "paused" in view.status()
@@ -312,8 +420,11 @@ async def test_log_follow_pauses_on_scroll_up_and_resumes(fx_home):
         await _until(pilot, lambda: "B line 29" in view.visible_lines()[-1], what="B at end")
         for tag in ("C", "D", "E"):
             append(tag)
-            await _until(pilot, lambda t=tag: f"{t} line 29" in view.visible_lines()[-1],
-                         what=f"{tag} at the end")
+            await _until(
+                pilot,
+                lambda t=tag: f"{t} line 29" in view.visible_lines()[-1],
+                what=f"{tag} at the end",
+            )
         # scrolling back down to the bottom by hand resumes too
         await pilot.press("pageup")
         await _until(pilot, lambda: not view.follow, what="paused again")
@@ -354,22 +465,24 @@ async def test_findings_pane_and_evidence_one_key_away(fx_home):
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await _open(pilot, app)
         box = screen.query_one(FindingsList)
-        assert [f["category"] for f in box.findings] == ["nccl_timeout",
-                                                         "dataloader_starvation"]
+        assert [f["category"] for f in box.findings] == ["nccl_timeout", "dataloader_starvation"]
         assert "2, 1 error" in screen.query_one("#findings-pane").border_title
         prompt = str(box.get_option_at_index(0).prompt)
         assert "nccl_timeout rank 0" in prompt and "fix: Find why rank 1 stopped" in prompt
         box.focus()
         await pilot.press("down", "enter")
-        await _until(pilot, lambda: isinstance(app.screen, FindingScreen)
-                     and app.screen.query("#finding-text"), what="details")
+        await _until(
+            pilot,
+            lambda: isinstance(app.screen, FindingScreen) and app.screen.query("#finding-text"),
+            what="details",
+        )
         detail = str(app.screen.query_one("#finding-text").render())
         assert "dataloader_starvation" in detail and "rank 1" in detail
         assert "cause" in detail and "Raise data.num_workers" in detail
-        assert "data wait 0.090 s of 0.300 s" in detail        # the evidence line
+        assert "data wait 0.090 s of 0.300 s" in detail  # the evidence line
         await pilot.press("escape")
         await _until(pilot, lambda: isinstance(app.screen, MonitorScreen), what="back")
-        await pilot.press("v")      # from any pane: the highlighted finding
+        await pilot.press("v")  # from any pane: the highlighted finding
         await _until(pilot, lambda: isinstance(app.screen, FindingScreen), what="v")
 
 
@@ -380,14 +493,24 @@ async def test_new_findings_appear_with_a_notice(fx_home):
         box = screen.query_one(FindingsList)
         assert len(box.findings) == 2 and not app._notifications
         with Store(fx_home / "runs" / RUN_ID, write=True) as store:
-            store.save_finding(Finding(category="straggler", severity="warning",
-                                       summary="rank 1 computes 1.6x slower",
-                                       cause="slow GPU", fix="check its clocks", rank=1,
-                                       t=T0 + 400))
+            store.save_finding(
+                Finding(
+                    category="straggler",
+                    severity="warning",
+                    summary="rank 1 computes 1.6x slower",
+                    cause="slow GPU",
+                    fix="check its clocks",
+                    rank=1,
+                    t=T0 + 400,
+                )
+            )
         await _until(pilot, lambda: len(box.findings) == 3, what="the new finding")
         # notify() posts a message: the toast lands on the app's next turn, not at once
-        await _until(pilot, lambda: any("straggler" in n.message for n in app._notifications),
-                     what="the notice")
+        await _until(
+            pilot,
+            lambda: any("straggler" in n.message for n in app._notifications),
+            what="the notice",
+        )
 
 
 async def test_tab_moves_between_panes_and_m_maximises(fx_home):
@@ -401,8 +524,14 @@ async def test_tab_moves_between_panes_and_m_maximises(fx_home):
             while w is not None and not (w.id or "").endswith("-pane"):
                 w = w.parent
             order.append(w.id if w is not None else None)
-        assert order == ["progress-pane", "loss-pane", "findings-pane", "hw-pane",
-                         "nccl-pane", "log-pane"]
+        assert order == [
+            "progress-pane",
+            "loss-pane",
+            "findings-pane",
+            "hw-pane",
+            "nccl-pane",
+            "log-pane",
+        ]
         await pilot.press("m")
         assert screen.maximized is screen.query_one("#log-pane")
         await pilot.pause()
@@ -422,11 +551,10 @@ async def test_loss_pane_charts_the_whole_run_and_zooms(fx_home):
         plot = screen.query_one("#loss-pane").query_one(LossPlot)
         await _until(pilot, lambda: plot.loaded and plot.extent is not None, what="the chart")
         first, last = plot.extent
-        assert first <= 1 and last == screen.snap.progress.step   # the whole run
+        assert first <= 1 and last == screen.snap.progress.step  # the whole run
         plot.focus()
         await pilot.press("plus")
-        await _until(pilot, lambda: plot.view is not None and plot.up_to_date,
-                     what="a zoomed view")
+        await _until(pilot, lambda: plot.view is not None and plot.up_to_date, what="a zoomed view")
         lo, hi = plot.view
         assert hi - lo < last - first
         await pilot.press("0")
@@ -465,19 +593,29 @@ async def test_readonly_hides_stop_and_kill(fx_home):
 async def test_preparation_failure_shows_as_a_finding_with_its_fix(td_home, monkeypatch):
     missing = "/nonexistent/tunedeck-test/" + "very-long-folder-name/" * 4 + "train.jsonl"
     # (a launch checks the data first; the file may still vanish before the agent starts)
-    run_id = cli_json("launch", str(DEMO), "--no-preflight", "--set",
-                      f"data.path={missing}", home=td_home)["run_id"]
-    st = wait_for(lambda: (s := cli_json("status", run_id, home=td_home))["status"]
-                  == "failed" and s, 60, "the failed preparation")
+    run_id = cli_json(
+        "launch", str(DEMO), "--no-preflight", "--set", f"data.path={missing}", home=td_home
+    )["run_id"]
+    st = wait_for(
+        lambda: (s := cli_json("status", run_id, home=td_home))["status"] == "failed" and s,
+        60,
+        "the failed preparation",
+    )
     assert missing in st["message"]
     # the agent stored it: `tunedeck diagnose` names it with the fix
     out = cli("diagnose", run_id, home=td_home).stdout
     assert "data_missing" in out and "Point data.path at an existing JSONL file" in out
     app = TunedeckApp(open_run=run_id, refresh_s=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
-        await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
-                     and app.screen.snap is not None and app.screen.query_one(
-                         FindingsList).findings, what="the finding in the monitor")
+        await _until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, MonitorScreen)
+                and app.screen.snap is not None
+                and app.screen.query_one(FindingsList).findings
+            ),
+            what="the finding in the monitor",
+        )
         screen = app.screen
         [f] = screen.query_one(FindingsList).findings
         assert f["category"] == "data_missing" and missing in f["summary"]
@@ -486,10 +624,13 @@ async def test_preparation_failure_shows_as_a_finding_with_its_fix(td_home, monk
         # the status line keeps the whole path at 80 columns (wrapped, not cut)
         plain = re.sub(r"\[/?[^\]]*\]", "", screen.query_one(ProgressView).text)
         assert missing in plain.replace("\n", "")
-        assert screen.query_one(LogView).total == 0     # no rank ever started
+        assert screen.query_one(LogView).total == 0  # no rank ever started
         await pilot.press("v")
-        await _until(pilot, lambda: isinstance(app.screen, FindingScreen)
-                     and app.screen.query("#finding-text"), what="details")
+        await _until(
+            pilot,
+            lambda: isinstance(app.screen, FindingScreen) and app.screen.query("#finding-text"),
+            what="details",
+        )
         detail = str(app.screen.query_one("#finding-text").render())
         assert "FileNotFoundError" in detail and "Point data.path" in detail
 
@@ -499,10 +640,15 @@ async def test_cpu_demo_shows_per_rank_cpu_and_rss(finished_demo, monkeypatch):
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     app = TunedeckApp(open_run=run_id, refresh_s=0.2)
     async with app.run_test(size=(160, 48)) as pilot:
-        await _until(pilot, lambda: isinstance(app.screen, MonitorScreen)
-                     and app.screen.snap is not None
-                     and app.screen.query_one(HardwareView).history is not None,
-                     what="the monitor")
+        await _until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, MonitorScreen)
+                and app.screen.snap is not None
+                and app.screen.query_one(HardwareView).history is not None
+            ),
+            what="the monitor",
+        )
         hw = app.screen.query_one(HardwareView)
         text = hw.text
         assert "no GPU telemetry" in text and "NVML:" in text
@@ -515,22 +661,36 @@ async def test_cpu_demo_shows_per_rank_cpu_and_rss(finished_demo, monkeypatch):
 
 # -- stack dumps in their own view ---------------------------------------------------------
 
+
 async def test_stacks_view_labels_the_rank_others_wait_for(fx_home):
     from tunedeck.core.runs.stacks import StackDump
     from tunedeck.tui.screens.stacks import StacksScreen
 
-    dumps = [StackDump(0, 801, "faulthandler",
-                       'Thread 0x7f (most recent call first):\n  File "trainer.py", line 60 '
-                       'in all_reduce_result'),
-             StackDump(1, 802, "faulthandler",
-                       'Current thread 0x7e (most recent call first):\n  File "faults.py", '
-                       'line 30 in _test_hang')]
+    dumps = [
+        StackDump(
+            0,
+            801,
+            "faulthandler",
+            'Thread 0x7f (most recent call first):\n  File "trainer.py", line 60 '
+            "in all_reduce_result",
+        ),
+        StackDump(
+            1,
+            802,
+            "faulthandler",
+            'Current thread 0x7e (most recent call first):\n  File "faults.py", '
+            "line 30 in _test_hang",
+        ),
+    ]
     app = TunedeckApp(open_run=RUN_ID, refresh_s=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
         await _open(pilot, app)
         app.push_screen(StacksScreen(dumps))
-        await _until(pilot, lambda: isinstance(app.screen, StacksScreen)
-                     and app.screen.query("#stacks-text"), what="stacks")
+        await _until(
+            pilot,
+            lambda: isinstance(app.screen, StacksScreen) and app.screen.query("#stacks-text"),
+            what="stacks",
+        )
         text = str(app.screen.query_one("#stacks-text").render())
         assert "rank 0 (pid 801, faulthandler): waiting in a collective" in text
         assert "rank 1 (pid 802, faulthandler): NOT in a collective" in text
@@ -542,25 +702,26 @@ async def test_stacks_view_labels_the_rank_others_wait_for(fx_home):
 
 # -- the log index (core/runs/watch.py) ----------------------------------------------------
 
+
 def test_log_index_reads_any_window_without_reading_the_file(tmp_path):
     import random
 
     rng = random.Random(7)
     lines = [f"L{i} " + "x" * rng.choice([0, 5, 80, 400, 3000]) for i in range(60000)]
-    lines[777] = "y" * 300_000                      # one very long line
+    lines[777] = "y" * 300_000  # one very long line
     path = tmp_path / "stdout.log"
     path.write_text("\n".join(lines) + "\nhalf a line")
     ix = LogFileIndex(path)
-    assert ix.update(max_bytes=1 << 20) > 0 and ix.lines < len(lines)   # a slice at a time
+    assert ix.update(max_bytes=1 << 20) > 0 and ix.lines < len(lines)  # a slice at a time
     while ix.scanned < path.stat().st_size:
         ix.update(max_bytes=1 << 20)
-    assert ix.lines == len(lines)                   # the unterminated line waits
+    assert ix.lines == len(lines)  # the unterminated line waits
     size = path.stat().st_size
-    assert len(ix.cp_line) < size // (32 << 10)     # sparse: ~one checkpoint per 64 kB
+    assert len(ix.cp_line) < size // (32 << 10)  # sparse: ~one checkpoint per 64 kB
     scanned = ix.bytes_read
     for _ in range(300):
         start, n = rng.randrange(len(lines)), rng.randint(1, 60)
-        assert ix.read(start, n) == [ln[:4000] for ln in lines[start:start + n]]
+        assert ix.read(start, n) == [ln[:4000] for ln in lines[start : start + n]]
     # a window costs about its own bytes plus the distance to a checkpoint, never the file
     before = ix.bytes_read
     ix.read(50000, 40)
@@ -570,7 +731,7 @@ def test_log_index_reads_any_window_without_reading_the_file(tmp_path):
     with open(path, "a") as f:
         f.write(" now whole\nnext\n")
     assert ix.update() == 2 and ix.read(len(lines), 2) == ["half a line now whole", "next"]
-    path.write_text("short\n")                      # truncated: start over
+    path.write_text("short\n")  # truncated: start over
     assert ix.update() == -1 and ix.update() == 1 and ix.read(0, 1) == ["short"]
 
 
@@ -590,8 +751,14 @@ def test_rank_log_orders_stdout_and_stderr_as_they_arrive(tmp_path):
         f.write("o3\n")
     log.update()
     # one poll's worth: stdout's new lines, then stderr's
-    assert [t for t, _ in log.lines(0, 10)] == ["o1", "o2", "e1", "o3", "e2",
-                                                 "Traceback (most recent call last):"]
+    assert [t for t, _ in log.lines(0, 10)] == [
+        "o1",
+        "o2",
+        "e1",
+        "o3",
+        "e2",
+        "Traceback (most recent call last):",
+    ]
     assert log.first_error() == 5
     assert log.search(re.compile(rb"[oe]2")) == [1, 4]
     # a new torchrun attempt: a new view
@@ -600,8 +767,7 @@ def test_rank_log_orders_stdout_and_stderr_as_they_arrive(tmp_path):
     d2.mkdir(parents=True)
     (d2 / "stdout.log").write_text("again\n")
     st = log.update()
-    assert st.generation != gen and st.attempt == "attempt_1" and log.lines(0, 5) == [
-        ("again", 0)]
+    assert st.generation != gen and st.attempt == "attempt_1" and log.lines(0, 5) == [("again", 0)]
 
 
 def test_a_big_log_opens_at_its_tail_then_gets_its_head(tmp_path, monkeypatch):
@@ -611,7 +777,7 @@ def test_a_big_log_opens_at_its_tail_then_gets_its_head(tmp_path, monkeypatch):
     monkeypatch.setattr(watch, "TAIL_BYTES", 64 << 10)
     d = tmp_path / "run" / "logs" / "node0" / "x_1" / "attempt_0" / "0"
     d.mkdir(parents=True)
-    lines = [f"line {i} " + "x" * (i % 97) for i in range(60000)]     # ~4.6 MB
+    lines = [f"line {i} " + "x" * (i % 97) for i in range(60000)]  # ~4.6 MB
     (d / "stdout.log").write_text("\n".join(lines) + "\n")
     (d / "stderr.log").write_text("err 0\n")
     log = RankLog(RunDir(tmp_path / "run"), 0)
@@ -621,7 +787,7 @@ def test_a_big_log_opens_at_its_tail_then_gets_its_head(tmp_path, monkeypatch):
     assert 500 < tail < 2000 and not log.caught_up and st.indexed < st.size
     assert log.lines(0, 1)[0][0] == lines[-tail]
     assert log.lines(tail - 1, 2) == [(lines[-1], 0), ("err 0", 1)]
-    with open(d / "stdout.log", "a") as f:       # the run goes on while it is indexed
+    with open(d / "stdout.log", "a") as f:  # the run goes on while it is indexed
         f.write("new 1\n")
     gen = st.generation
     while not log.caught_up:
@@ -644,9 +810,21 @@ def test_watcher_reads_a_long_event_file_from_its_end(tmp_path):
     ev = RunDir(run).event_file(0)
     with open(ev, "a") as f:
         for step in range(201, 60001):
-            f.write(json.dumps({"t": T0 + 600 + step, "kind": "step", "rank": 0,
-                                "step": step, "loss": 1.0 + 1000 / step, "step_s": 1.0,
-                                "data_wait_s": 0.5, "tokens_per_s": 100.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": T0 + 600 + step,
+                        "kind": "step",
+                        "rank": 0,
+                        "step": step,
+                        "loss": 1.0 + 1000 / step,
+                        "step_s": 1.0,
+                        "data_wait_s": 0.5,
+                        "tokens_per_s": 100.0,
+                    }
+                )
+                + "\n"
+            )
     assert ev.stat().st_size > 8 << 20
     w = RunWatcher(run)
     try:
@@ -655,10 +833,10 @@ def test_watcher_reads_a_long_event_file_from_its_end(tmp_path):
         assert snap.loss_stats["sampled"] and snap.loss_stats["steps"] == 60000
         assert 100 < len(snap.loss_points) <= 400
         assert snap.loss_points[0] > snap.loss_points[-1]
-        assert st.offset == ev.stat().st_size     # caught up from near the end
+        assert st.offset == ev.stat().st_size  # caught up from near the end
         assert snap.progress.step == 60000 and snap.progress.worst_wait[0] == 0
         assert snap.progress.worst_wait[1] == pytest.approx(0.5)
-        assert snap.history is not None and w.poll().history is None   # ended: once
+        assert snap.history is not None and w.poll().history is None  # ended: once
     finally:
         w.close()
 
@@ -671,13 +849,25 @@ def test_data_wait_share_from_the_probe_for_other_backends(tmp_path):
     rd.write_state({"run_id": "r", "status": "running", "created": T0, "started": T0})
     with open(rd.event_file(0), "w") as f:
         for step in range(1, 30):
-            f.write(json.dumps({"t": T0 + step, "kind": "step", "rank": 0, "step": step,
-                                "loss": 2.0}) + "\n")
+            f.write(
+                json.dumps({"t": T0 + step, "kind": "step", "rank": 0, "step": step, "loss": 2.0})
+                + "\n"
+            )
     for rank, wait in ((0, 0.05), (1, 0.6)):
         with open(rd.probe_file(rank), "w") as f:
-            for i in range(120):     # once a second; only the last minute counts
-                f.write(json.dumps({"t": T0 + i, "kind": "data_wait", "rank": rank,
-                                    "wait_s": wait if i >= 60 else 0.0, "n": 10}) + "\n")
+            for i in range(120):  # once a second; only the last minute counts
+                f.write(
+                    json.dumps(
+                        {
+                            "t": T0 + i,
+                            "kind": "data_wait",
+                            "rank": rank,
+                            "wait_s": wait if i >= 60 else 0.0,
+                            "n": 10,
+                        }
+                    )
+                    + "\n"
+                )
     w = RunWatcher(run)
     try:
         p = w.poll().progress
@@ -688,6 +878,7 @@ def test_data_wait_share_from_the_probe_for_other_backends(tmp_path):
 
 
 # -- snapshots -----------------------------------------------------------------------------
+
 
 def _snapshot_app():
     build_run(FIXED_HOME)

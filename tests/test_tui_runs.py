@@ -27,21 +27,42 @@ from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.prompt import PromptScreen, join_pasted_lines
 from tunedeck.tui.screens.runs import RunsScreen
 
-NOW = T0 + 3 * 86400      # the pinned clock: ages on screen never move
+NOW = T0 + 3 * 86400  # the pinned clock: ages on screen never move
 
 # fixed ids and created times; every status and a run without a loss
 RUNS = [
-    ("20251124-090000-demo-a1b2", dict(name="demo", status="succeeded", created=T0,
-                                       loss=1.2345, checkpoints=(100,))),
-    ("20251124-100000-lora-7b-c3d4", dict(name="lora-7b", status="failed", created=T0 + 3600,
-                                          step=40, max_steps=500, loss=2.5)),
-    ("20251125-080000-qlora-e5f6", dict(name="qlora", status="stopped", created=T0 + 86400,
-                                        step=150, max_steps=300, loss=0.9,
-                                        checkpoints=(50, 100))),
-    ("20251126-120000-sweep-0a0b", dict(name="sweep", status="failed", created=T0 + 2 * 86400,
-                                        step=0, max_steps=100, loss=None)),
-    ("20251126-230000-fsdp-1c1d", dict(name="fsdp", status="succeeded",
-                                       created=NOW - 300, step=200, max_steps=200, loss=0.45)),
+    (
+        "20251124-090000-demo-a1b2",
+        dict(name="demo", status="succeeded", created=T0, loss=1.2345, checkpoints=(100,)),
+    ),
+    (
+        "20251124-100000-lora-7b-c3d4",
+        dict(name="lora-7b", status="failed", created=T0 + 3600, step=40, max_steps=500, loss=2.5),
+    ),
+    (
+        "20251125-080000-qlora-e5f6",
+        dict(
+            name="qlora",
+            status="stopped",
+            created=T0 + 86400,
+            step=150,
+            max_steps=300,
+            loss=0.9,
+            checkpoints=(50, 100),
+        ),
+    ),
+    (
+        "20251126-120000-sweep-0a0b",
+        dict(
+            name="sweep", status="failed", created=T0 + 2 * 86400, step=0, max_steps=100, loss=None
+        ),
+    ),
+    (
+        "20251126-230000-fsdp-1c1d",
+        dict(
+            name="fsdp", status="succeeded", created=NOW - 300, step=200, max_steps=200, loss=0.45
+        ),
+    ),
 ]
 
 
@@ -76,8 +97,13 @@ def app_for(**kw) -> TunedeckApp:
 
 
 async def loaded(app, pilot, n: int = len(RUNS)) -> tuple[RunsScreen, DataTable]:
-    await until(pilot, lambda: isinstance(app.screen, RunsScreen)
-                and app.screen.query_one("#runs-table", DataTable).row_count == n)
+    await until(
+        pilot,
+        lambda: (
+            isinstance(app.screen, RunsScreen)
+            and app.screen.query_one("#runs-table", DataTable).row_count == n
+        ),
+    )
     return app.screen, app.screen.query_one("#runs-table", DataTable)
 
 
@@ -91,6 +117,7 @@ def select(screen: RunsScreen, run_id: str) -> None:
 
 
 # -- view keys ---------------------------------------------------------------------------
+
 
 async def test_rows_newest_first_with_ages_from_the_clock(home):
     app = app_for()
@@ -117,9 +144,9 @@ async def test_filter_narrows_rows_and_escape_clears(home):
         await pilot.press("space", *"sw")
         await until(pilot, lambda: table.row_count == 1)
         assert column(table, "name") == ["sweep"]
-        await pilot.press("enter")          # back to the table, the filter stays
+        await pilot.press("enter")  # back to the table, the filter stays
         assert app.focused is table and table.row_count == 1
-        await pilot.press("slash", "ctrl+a", "ctrl+k", *"e5f6")   # by id
+        await pilot.press("slash", "ctrl+a", "ctrl+k", *"e5f6")  # by id
         await until(pilot, lambda: column(table, "name") == ["qlora"])
         await pilot.press("escape")
         await until(pilot, lambda: table.row_count == 5)
@@ -133,19 +160,19 @@ async def test_sort_cycles_columns_and_the_header_shows_it(home):
         screen, table = await loaded(app, pilot)
         labels = lambda: [str(c.label).strip() for c in table.columns.values()]  # noqa: E731
         assert labels() == ["", "RUN", "NAME", "STATUS", "STEP", "LOSS", "AGE ▲"]
-        await pilot.press("s")                      # RUN ascending
+        await pilot.press("s")  # RUN ascending
         assert labels()[1] == "RUN ▲" and "AGE" in labels()
         assert column(table, "run") == sorted(r for r, _ in RUNS)
-        await pilot.press("S")                      # RUN descending
+        await pilot.press("S")  # RUN descending
         assert labels()[1] == "RUN ▼"
         assert column(table, "run") == sorted((r for r, _ in RUNS), reverse=True)
-        await pilot.press("s", "s", "s", "s")        # NAME, STATUS, STEP, LOSS
+        await pilot.press("s", "s", "s", "s")  # NAME, STATUS, STEP, LOSS
         assert screen.sort_column == "loss" and not screen.sort_descending
         assert column(table, "loss") == ["0.4500", "0.9000", "1.2345", "2.5000", "-"]
-        await pilot.press("S")                      # no loss yet: last either way
+        await pilot.press("S")  # no loss yet: last either way
         assert column(table, "loss") == ["2.5000", "1.2345", "0.9000", "0.4500", "-"]
         assert "sort LOSS ▼" in str(screen.query_one("#runs-header", Static).render())
-        await pilot.press("s")                      # back to AGE
+        await pilot.press("s")  # back to AGE
         assert column(table, "run") == [r for r, _ in reversed(RUNS)]
 
 
@@ -178,26 +205,29 @@ async def test_marks_then_compare_pushes_the_compare_screen(home, monkeypatch):
         await until(pilot, lambda: type(app.screen).__name__ == "CompareScreen")
         # in list order, newest first
         assert calls == [(([RUNS[2][0], RUNS[0][0]],), {})]
-        await pilot.press("escape")         # the recorder has no keys: leave through the app
+        await pilot.press("escape")  # the recorder has no keys: leave through the app
         await app.pop_screen()
-        await pilot.press("space")          # unmark the one under the cursor
+        await pilot.press("space")  # unmark the one under the cursor
         assert screen.marked == {RUNS[0][0]}
-        await pilot.press("escape")         # no filter: esc clears the marks
+        await pilot.press("escape")  # no filter: esc clears the marks
         assert not screen.marked and "●" not in column(table, "mark")
 
 
 async def test_only_changed_rows_are_redrawn(home):
     app = app_for()
     async with app.run_test(size=(160, 40)) as pilot:
-        await _ready(pilot)     # the first draw has settled
+        await _ready(pilot)  # the first draw has settled
         screen, table = await loaded(app, pilot)
         calls: list[tuple] = []
         for name in ("update_cell", "add_row", "remove_row", "sort", "clear"):
             real = getattr(table, name)
-            setattr(table, name, lambda *a, _n=name, _r=real, **k: (calls.append((_n, a)),
-                                                                    _r(*a, **k))[1])
+            setattr(
+                table,
+                name,
+                lambda *a, _n=name, _r=real, **k: (calls.append((_n, a)), _r(*a, **k))[1],
+            )
         generation = screen.generation
-        await pilot.pause(0.5)              # several refreshes of an unchanged registry
+        await pilot.pause(0.5)  # several refreshes of an unchanged registry
         assert calls == [] and screen.generation == generation
         from tunedeck.core.rundir import RunDir
 
@@ -219,10 +249,10 @@ async def test_ages_move_with_the_clock_and_nothing_else_is_redrawn(home):
         calls: list[tuple] = []
         real = table.update_cell
         table.update_cell = lambda *a, **k: (calls.append(a), real(*a, **k))[1]
-        now[0] += 30                        # fsdp is 5m30s old: no age text moves
+        now[0] += 30  # fsdp is 5m30s old: no age text moves
         await pilot.pause(0.4)
         assert calls == []
-        now[0] += 40                        # 6m10s: only that cell changes
+        now[0] += 40  # 6m10s: only that cell changes
         await until(pilot, lambda: calls)
         await pilot.pause(0.3)
         assert [(a[0], str(a[1]), a[2]) for a in calls] == [(RUNS[4][0], "age", "6m")]
@@ -238,6 +268,7 @@ def test_age_text_is_stable_until_the_predicted_time(age):
 
 
 # -- keys that open other screens ---------------------------------------------------------
+
 
 async def test_new_clone_open_push_compose(home, monkeypatch, tmp_path):
     calls = recorder(monkeypatch, "compose", "ComposeScreen")
@@ -286,9 +317,13 @@ async def test_import_pushes_compose_with_the_imported_spec(home, monkeypatch):
         assert isinstance(app.screen, PromptScreen)
         box = app.screen.query_one(Input)
         # a command pasted from a script: lines continued with a backslash
-        box.post_message(events.Paste("torchrun --nnodes=2 --nproc_per_node=4 \\\n"
-                                      "  --rdzv_endpoint=10.0.0.1:29400 \\\n"
-                                      "  train.py --lr 3e-4\n"))
+        box.post_message(
+            events.Paste(
+                "torchrun --nnodes=2 --nproc_per_node=4 \\\n"
+                "  --rdzv_endpoint=10.0.0.1:29400 \\\n"
+                "  train.py --lr 3e-4\n"
+            )
+        )
         await pilot.pause()
         await pilot.press("enter")
         await until(pilot, lambda: calls or screen.notices, timeout=60)
@@ -302,14 +337,19 @@ async def test_import_pushes_compose_with_the_imported_spec(home, monkeypatch):
 
         # warnings are shown, errors too (and nothing is pushed)
         await pilot.press("i")
-        app.screen.query_one(Input).value = ("CUDA_VISIBLE_DEVICES=0,1 swift sft --model m "
-                                             "--dataset d.jsonl")
+        app.screen.query_one(Input).value = (
+            "CUDA_VISIBLE_DEVICES=0,1 swift sft --model m --dataset d.jsonl"
+        )
         await pilot.press("enter")
-        await until(pilot, lambda: len(calls) == 2 or any(
-            s == "error" for _, s in screen.notices), timeout=60)
-        if len(calls) == 2:      # ms-swift installed: its flags were checked, with a note
-            assert any("NPROC_PER_NODE is unset" in t for t, s in screen.notices
-                       if s == "information")
+        await until(
+            pilot,
+            lambda: len(calls) == 2 or any(s == "error" for _, s in screen.notices),
+            timeout=60,
+        )
+        if len(calls) == 2:  # ms-swift installed: its flags were checked, with a note
+            assert any(
+                "NPROC_PER_NODE is unset" in t for t, s in screen.notices if s == "information"
+            )
             await app.pop_screen()
         await pilot.press("i")
         app.screen.query_one(Input).value = "mpirun -np 2 python train.py"
@@ -319,8 +359,10 @@ async def test_import_pushes_compose_with_the_imported_spec(home, monkeypatch):
 
 
 def test_pasted_continued_lines_become_one_command():
-    assert join_pasted_lines("swift sft \\\n  --model m \\\n\n  --lr 1\n") == \
-        "swift sft --model m --lr 1"
+    assert (
+        join_pasted_lines("swift sft \\\n  --model m \\\n\n  --lr 1\n")
+        == "swift sft --model m --lr 1"
+    )
 
 
 async def test_resume_builds_the_resume_spec_and_pushes_preflight(home, monkeypatch):
@@ -328,7 +370,7 @@ async def test_resume_builds_the_resume_spec_and_pushes_preflight(home, monkeypa
     app = app_for()
     async with app.run_test(size=(160, 40)) as pilot:
         screen, _ = await loaded(app, pilot)
-        src = home / "runs" / RUNS[2][0]              # stopped, checkpoints 50 and 100
+        src = home / "runs" / RUNS[2][0]  # stopped, checkpoints 50 and 100
         write_checkpoint(src / "output", 150, complete=False)
         select(screen, RUNS[2][0])
         await pilot.press("R")
@@ -340,17 +382,18 @@ async def test_resume_builds_the_resume_spec_and_pushes_preflight(home, monkeypa
         assert type(app.screen).__name__ == "PreflightScreen"
         await app.pop_screen()
 
-        select(screen, RUNS[1][0])                    # failed, no checkpoint
+        select(screen, RUNS[1][0])  # failed, no checkpoint
         await pilot.press("R")
         await until(pilot, lambda: "no complete checkpoint" in screen.notices[-1][0])
         assert screen.notices[-1][1] == "error" and len(calls) == 1
-        select(screen, RUNS[0][0])                    # succeeded
+        select(screen, RUNS[0][0])  # succeeded
         await pilot.press("R")
         await until(pilot, lambda: "finished all its steps" in screen.notices[-1][0])
         assert len(calls) == 1
 
 
 # -- delete ------------------------------------------------------------------------------
+
 
 async def test_delete_asks_and_removes_only_the_records(home):
     run_id = RUNS[2][0]
@@ -368,18 +411,19 @@ async def test_delete_asks_and_removes_only_the_records(home):
 
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("enter")          # the default answer is No
+        await pilot.press("enter")  # the default answer is No
         await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
         assert (run_dir / "state.json").exists()
 
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen)
-                    and app.screen.yes_key == "D")
+        await until(
+            pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.yes_key == "D"
+        )
         second = app.screen.question
         assert str((run_dir / "output").resolve()) in second and "2 complete checkpoint" in second
-        await pilot.press("y")              # y does not answer the second question
+        await pilot.press("y")  # y does not answer the second question
         await pilot.pause(0.2)
         assert isinstance(app.screen, ConfirmScreen) and run_dir.joinpath("state.json").exists()
         await pilot.press("n")
@@ -399,8 +443,9 @@ async def test_delete_outputs_after_the_second_confirmation(home):
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen)
-                    and app.screen.yes_key == "D")
+        await until(
+            pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.yes_key == "D"
+        )
         await pilot.press("D")
         await until(pilot, lambda: table.row_count == 4)
     assert not (home / "runs" / run_id).exists()
@@ -421,6 +466,7 @@ async def test_delete_refuses_a_running_run(home):
 
 
 # -- the real screens, once their modules have landed -----------------------------------
+
 
 def _real(module: str, cls: str, needs: str = ""):
     mod = pytest.importorskip(module, reason=f"{module} has not landed yet")
@@ -479,6 +525,7 @@ async def test_real_compare_screen_opens(home):
 
 # -- snapshots ---------------------------------------------------------------------------
 
+
 async def _ready(pilot) -> None:
     screen, table = await loaded(pilot.app, pilot)
     # what is on screen: whole ids (the columns were measured and the rows redrawn)
@@ -534,5 +581,6 @@ def test_the_monitor_colours_lost_and_damaged_runs_as_the_runs_list_does(tmp_pat
         snap = dataclasses.replace(snap, run=info)
         shown = Text.from_markup(progress_text(snap, 160))
         spans = [s for s in shown.spans if s.start == 0 and s.end == len(status)]
-        assert shown.plain.startswith(status) and \
-            [Style.parse(str(s.style)) for s in spans] == [Style.parse(listed.style)], status
+        assert shown.plain.startswith(status) and [Style.parse(str(s.style)) for s in spans] == [
+            Style.parse(listed.style)
+        ], status

@@ -7,7 +7,7 @@ only update widgets.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -31,13 +31,18 @@ class TunedeckApp(App):
         Binding("question_mark", "help", "Keys", key_display="?"),
     ]
 
-    def __init__(self, open_run: str | None = None, readonly: bool = False,
-                 refresh_s: float = 1.0, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        open_run: str | None = None,
+        readonly: bool = False,
+        refresh_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ):
         super().__init__()
         self.open_run = open_run
         self.readonly = readonly
         self.refresh_s = refresh_s
-        self.clock = clock    # "now" for ages on screen; tests pin it for stable snapshots
+        self.clock = clock  # "now" for ages on screen; tests pin it for stable snapshots
 
     def on_mount(self) -> None:
         self.push_screen(RunsScreen())

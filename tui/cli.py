@@ -22,8 +22,17 @@ from pathlib import Path
 from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.runs.registry import RunNotFound, find_run, list_runs, log_tail
 from tunedeck.core.runs.state import TERMINAL
-from tunedeck.tui.commands import (again, delete, diagnose, doctor, estimate, importexport, nodes,
-                                   preflight, stacks)
+from tunedeck.tui.commands import (
+    again,
+    delete,
+    diagnose,
+    doctor,
+    estimate,
+    importexport,
+    nodes,
+    preflight,
+    stacks,
+)
 from tunedeck.tui.format import clean
 from tunedeck.tui.format import fmt_age as _fmt_age
 from tunedeck.tui.format import fmt_loss as _fmt_loss
@@ -50,6 +59,7 @@ def _one_line(e: BaseException) -> str:
 
 # -- subcommands -------------------------------------------------------------------------
 
+
 def cmd_launch(args) -> int:
     from tunedeck.core.spec import SpecError, load_spec
 
@@ -66,7 +76,7 @@ def cmd_launch(args) -> int:
 
         try:
             p = preview(spec)
-        except (ValueError, OSError, FlagTableError) as e:   # the backend refuses the spec
+        except (ValueError, OSError, FlagTableError) as e:  # the backend refuses the spec
             _err(_one_line(e))
             return EXIT_USAGE
         print(p.script, end="")
@@ -97,8 +107,7 @@ def _gated_launch(args, spec):
     if record is None:
         return None
     try:
-        return launch(spec, preflight=record,
-                      share_output=getattr(args, "share_output", False))
+        return launch(spec, preflight=record, share_output=getattr(args, "share_output", False))
     except (LaunchError, OSError, ValueError) as e:
         _err(f"launch failed: {e}")
         return None
@@ -112,7 +121,7 @@ def _preflight_gate(args, spec) -> dict | None:
 
     if args.no_preflight:
         return gate_record(None, by="cli --no-preflight")
-    path = getattr(args, "spec", None)    # resume and clone check the spec they made
+    path = getattr(args, "spec", None)  # resume and clone check the spec they made
     ctx = make_context(path, args.set) if path else make_context(spec=spec)
     results = list(run_checks(ctx))
     failed = failures(results)
@@ -127,14 +136,24 @@ def _preflight_gate(args, spec) -> dict | None:
         if r.fix:
             print(f"         fix: {clean(r.fix)}", file=out)
         if r.fix_set:
-            print("         " + clean(" ".join(f"--set {k}={_toml_literal(v)}"
-                                               for k, v in r.fix_set.items() if v is not None)),
-                  file=out)
+            print(
+                "         "
+                + clean(
+                    " ".join(
+                        f"--set {k}={_toml_literal(v)}"
+                        for k, v in r.fix_set.items()
+                        if v is not None
+                    )
+                ),
+                file=out,
+            )
     whole = f"`tunedeck preflight {clean(path)}` shows the whole checklist; " if path else ""
     print(f"{whole}--no-preflight launches anyway (the run records it)", file=out)
     if args.json:
-        print(json.dumps({"error": "preflight failed",
-                          "failed": [r.to_json() for r in failed]}), flush=True)
+        print(
+            json.dumps({"error": "preflight failed", "failed": [r.to_json() for r in failed]}),
+            flush=True,
+        )
     return None
 
 
@@ -149,8 +168,10 @@ def _wait(ref: str, quiet: bool = False) -> int:
     last = None
     while True:
         run = find_run(ref)
-        line = (f"{clean(run.run_id)}: {clean(run.status)} step {run.step}/{run.max_steps} "
-                f"loss {_fmt_loss(run.loss)}")
+        line = (
+            f"{clean(run.run_id)}: {clean(run.status)} step {run.step}/{run.max_steps} "
+            f"loss {_fmt_loss(run.loss)}"
+        )
         if line != last and not quiet:
             print(line, file=sys.stderr)
             last = line
@@ -174,16 +195,19 @@ def cmd_ls(args) -> int:
     width = max([4] + [len(n) for n in names.values()])
     print(f"{'RUN':<32} {'NAME':<{width}} {'STATUS':<10} {'STEP':>13} {'LOSS':>8} {'AGE':>5}")
     for r in runs:
-        if r.damaged:   # what is wrong instead of numbers it does not have
+        if r.damaged:  # what is wrong instead of numbers it does not have
             print(f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.message)}")
             continue
-        print(f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.status):<10} "
-              f"{f'{r.step}/{r.max_steps}':>13} {_fmt_loss(r.loss):>8} "
-              f"{_fmt_age(r.age_s(now)):>5}" + _stale_note(r))
+        print(
+            f"{clean(r.run_id):<32} {names[r.run_id]:<{width}} {clean(r.status):<10} "
+            f"{f'{r.step}/{r.max_steps}':>13} {_fmt_loss(r.loss):>8} "
+            f"{_fmt_age(r.age_s(now)):>5}" + _stale_note(r)
+        )
     damaged = sum(r.damaged for r in runs)
     if damaged:
-        print(f"{damaged} damaged run(s): `tunedeck doctor RUN` says what is wrong",
-              file=sys.stderr)
+        print(
+            f"{damaged} damaged run(s): `tunedeck doctor RUN` says what is wrong", file=sys.stderr
+        )
     return 0
 
 
@@ -199,15 +223,19 @@ def cmd_status(args) -> int:
     if args.json:
         _print_json(run.to_json())
         return 0
-    print(f"run       {clean(run.run_id)}\nname      {clean(run.name)}\n"
-          f"status    {clean(run.status)}"
-          f"{' (' + clean(run.message) + ')' if run.message else ''}{_stale_note(run)}\n"
-          f"step      {run.step}/{run.max_steps}\nloss      {_fmt_loss(run.loss)}\n"
-          f"dir       {clean(run.run_dir)}")
+    print(
+        f"run       {clean(run.run_id)}\nname      {clean(run.name)}\n"
+        f"status    {clean(run.status)}"
+        f"{' (' + clean(run.message) + ')' if run.message else ''}{_stale_note(run)}\n"
+        f"step      {run.step}/{run.max_steps}\nloss      {_fmt_loss(run.loss)}\n"
+        f"dir       {clean(run.run_dir)}"
+    )
     shared = run.state.get("output_shared_with")
     if isinstance(shared, list):
-        print(f"output    shared on purpose (--share-output) with "
-              f"{clean(', '.join(map(str, shared))) or 'no live run at launch'}")
+        print(
+            f"output    shared on purpose (--share-output) with "
+            f"{clean(', '.join(map(str, shared))) or 'no live run at launch'}"
+        )
     if run.exit_code is not None:
         print(f"exit code {run.exit_code}")
     return 0
@@ -219,22 +247,25 @@ def cmd_metrics(args) -> int:
     from tunedeck.core.runs.metrics import iter_records, write_json
 
     try:  # a run id/prefix/name, a run directory, or a log/metrics file of any known format
-        recs = iter_records(args.run, since=args.since, every=args.every, last=args.last,
-                            text=args.json)
+        recs = iter_records(
+            args.run, since=args.since, every=args.every, last=args.last, text=args.json
+        )
         plain = recs.plain
-        first = next(recs, None)   # a bad line of a file fails here, before any output
+        first = next(recs, None)  # a bad line of a file fails here, before any output
     except FileNotFoundError as e:
         raise RunNotFound(str(e)) from None
     recs = chain(() if first is None else (first,), recs)
-    try:   # streamed: a week-long run is never held whole, `| head` stops it early
+    try:  # streamed: a week-long run is never held whole, `| head` stops it early
         if args.json:
             write_json(recs, sys.stdout, plain=plain)
             return 0
         out = [f"{'STEP':>6} {'LOSS':>9} {'LR':>10} {'GRAD':>8} {'TOK/S':>9}\n"]
         for r in recs:
-            out.append(f"{r['step']:>6} {_fmt_loss(r.get('loss')):>9} "
-                       f"{r.get('learning_rate') or 0:>10.3e} {r.get('grad_norm') or 0:>8.3f} "
-                       f"{r.get('tokens_per_s') or 0:>9.0f}\n")
+            out.append(
+                f"{r['step']:>6} {_fmt_loss(r.get('loss')):>9} "
+                f"{r.get('learning_rate') or 0:>10.3e} {r.get('grad_norm') or 0:>8.3f} "
+                f"{r.get('tokens_per_s') or 0:>9.0f}\n"
+            )
             if len(out) >= 4096:
                 sys.stdout.write("".join(out))
                 out.clear()
@@ -254,6 +285,7 @@ def _step_arg(low: int):
         if n < low:
             raise argparse.ArgumentTypeError(f"{n} is below {low}")
         return n
+
     return parse
 
 
@@ -267,22 +299,25 @@ def cmd_logs(args) -> int:
         return 1
     plan = run.run.read_plan()
     try:
-        world = int(plan.get("world_size") or 0) or \
-            int(plan.get("nproc_per_node") or 0) * int(plan.get("nnodes") or 0)
+        world = int(plan.get("world_size") or 0) or int(plan.get("nproc_per_node") or 0) * int(
+            plan.get("nnodes") or 0
+        )
     except (TypeError, ValueError):
         world = 0
     if rank < 0 or (world and rank >= world):
-        _err(f"{rid} has no rank {rank}: its ranks are 0 to {world - 1}" if world else
-             f"{rid} has no rank {rank}")
+        _err(
+            f"{rid} has no rank {rank}: its ranks are 0 to {world - 1}"
+            if world
+            else f"{rid} has no rank {rank}"
+        )
         return 1
     nproc = run.run.nproc_per_node
     where = run.run.node_log_dir(rank // nproc if nproc else 0)
     if not args.follow:
         files = run.run.rank_log_files(rank)
         if not files:
-            if run.active:    # not started yet: nothing is missing
-                print(f"rank {rank} has written no log yet ({clean(run.status)})",
-                      file=sys.stderr)
+            if run.active:  # not started yet: nothing is missing
+                print(f"rank {rank} has written no log yet ({clean(run.status)})", file=sys.stderr)
                 return 0
             _err(f"{rid}: rank {rank} left no log under {where}")
             return 1
@@ -318,12 +353,16 @@ def cmd_stop(args) -> int:
 
     run = find_run(args.run)
     if run.damaged:
-        _err(f"{clean(run.run_id)} is {clean(run.message)}: its processes cannot be told, so "
-             f"nothing is signalled (`tunedeck doctor {clean(run.run_id)}`)")
+        _err(
+            f"{clean(run.run_id)} is {clean(run.message)}: its processes cannot be told, so "
+            f"nothing is signalled (`tunedeck doctor {clean(run.run_id)}`)"
+        )
         return 1
-    if run.foreign:   # another user's run: its pids and plan are not this user's to act on
-        _err(f"{clean(run.run_id)} is {clean(run.message)}: only its owner can stop it, so "
-             f"nothing is signalled")
+    if run.foreign:  # another user's run: its pids and plan are not this user's to act on
+        _err(
+            f"{clean(run.run_id)} is {clean(run.message)}: only its owner can stop it, so "
+            f"nothing is signalled"
+        )
         return 1
     if not run.needs_stop:
         if args.json:
@@ -335,7 +374,7 @@ def cmd_stop(args) -> int:
     # The agent carries the stop out; waiting for the end is the user's choice (--wait).
     try:
         done = stop(run, hard=args.hard, grace_s=args.grace, wait=args.wait)
-    except ForeignRun as e:   # became another user's since it was read: nothing was signalled
+    except ForeignRun as e:  # became another user's since it was read: nothing was signalled
         _err(e)
         return 1
     if args.json:
@@ -343,8 +382,10 @@ def cmd_stop(args) -> int:
     elif args.wait:
         print(f"{done.run_id}: {done.status} ({done.message})")
     else:
-        print(f"{done.run_id}: {how} stop requested; the agent carries it out "
-              f"(`tunedeck status {done.run_id}`, or `stop --wait` to wait for the end)")
+        print(
+            f"{done.run_id}: {how} stop requested; the agent carries it out "
+            f"(`tunedeck status {done.run_id}`, or `stop --wait` to wait for the end)"
+        )
     if not args.wait:
         return 0
     return 0 if done.status in TERMINAL else 1
@@ -385,7 +426,7 @@ def cmd_demo(args) -> int:
         except SpecError as e:
             _err(e)
             return EXIT_USAGE
-        run_dir = _gated_launch(args, spec)   # the same checklist as every launch
+        run_dir = _gated_launch(args, spec)  # the same checklist as every launch
         if run_dir is None:
             return 1
         run_id = run_dir.name
@@ -398,28 +439,44 @@ def cmd_demo(args) -> int:
 
 # -- parser ------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tunedeck",
         description="Launch, watch and stop distributed fine-tuning runs. "
-                    f"Runs live under $TUNEDECK_HOME/runs (now {runs_root()}).")
+        f"Runs live under $TUNEDECK_HOME/runs (now {runs_root()}).",
+    )
     p.add_argument("--readonly", action="store_true", help="TUI without stop actions")
     sub = p.add_subparsers(dest="cmd")
 
     s = sub.add_parser("launch", help="start a run from a spec/preset TOML")
     s.add_argument("spec", help="spec file, e.g. presets/demo.toml")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec key, e.g. --set train.max_steps=50 (repeatable)")
+    s.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec key, e.g. --set train.max_steps=50 (repeatable)",
+    )
     s.add_argument("--name", help="run name (default: the spec's)")
-    s.add_argument("--wait", action="store_true", help="block until the run ends; exit 0 only "
-                   "if it succeeded")
+    s.add_argument(
+        "--wait", action="store_true", help="block until the run ends; exit 0 only if it succeeded"
+    )
     s.add_argument("--dry-run", action="store_true", help="print the launch script, start nothing")
-    s.add_argument("--no-preflight", action="store_true", help="launch without the preflight "
-                   "checklist (by default a failed check refuses the launch); the run "
-                   "records that it was skipped")
-    s.add_argument("--share-output", action="store_true", help="launch even though a live "
-                   "run writes the spec's output folder (refused by default); the run records "
-                   "the runs it shares it with")
+    s.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="launch without the preflight "
+        "checklist (by default a failed check refuses the launch); the run "
+        "records that it was skipped",
+    )
+    s.add_argument(
+        "--share-output",
+        action="store_true",
+        help="launch even though a live "
+        "run writes the spec's output folder (refused by default); the run records "
+        "the runs it shares it with",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_launch)
 
@@ -427,17 +484,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_ls)
 
-    for name, func, hlp in (("status", cmd_status, "show a run's status"),
-                            ("metrics", cmd_metrics, "per-step loss, lr, throughput")):
+    for name, func, hlp in (
+        ("status", cmd_status, "show a run's status"),
+        ("metrics", cmd_metrics, "per-step loss, lr, throughput"),
+    ):
         s = sub.add_parser(name, help=hlp)
-        s.add_argument("run", help="run id, unique prefix, or name (metrics: also a run "
-                       "directory or a log file)")
+        s.add_argument(
+            "run",
+            help="run id, unique prefix, or name (metrics: also a run directory or a log file)",
+        )
         s.add_argument("--json", action="store_true")
-        if name == "metrics":   # only what a script or a view shows, read in SQL
-            s.add_argument("--since", type=_step_arg(0), metavar="STEP",
-                           help="steps from STEP on")
-            s.add_argument("--every", type=_step_arg(1), metavar="N",
-                           help="only steps that are multiples of N")
+        if name == "metrics":  # only what a script or a view shows, read in SQL
+            s.add_argument("--since", type=_step_arg(0), metavar="STEP", help="steps from STEP on")
+            s.add_argument(
+                "--every", type=_step_arg(1), metavar="N", help="only steps that are multiples of N"
+            )
             s.add_argument("--last", type=_step_arg(1), metavar="N", help="the last N steps")
         s.set_defaults(func=func)
 
@@ -451,18 +512,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stop", help="stop a run: graceful (checkpoint) then SIGKILL after grace")
     s.add_argument("run")
     s.add_argument("--hard", action="store_true", help="SIGKILL every process of the run now")
-    s.add_argument("--grace", type=_grace_seconds,
-                   help="seconds before a graceful stop escalates")
-    s.add_argument("--wait", action="store_true",
-                   help="wait until the run has ended (exit 1 if it did not in time)")
+    s.add_argument("--grace", type=_grace_seconds, help="seconds before a graceful stop escalates")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the run has ended (exit 1 if it did not in time)",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_stop)
 
     s = sub.add_parser("demo", help="launch the CPU/GPU demo run and watch it in the TUI")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--no-tui", action="store_true", help="wait in the terminal instead")
-    s.add_argument("--no-preflight", action="store_true",
-                   help="launch without the preflight checklist (the run records it)")
+    s.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="launch without the preflight checklist (the run records it)",
+    )
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("tui", help="open the TUI (the default)")
@@ -474,8 +540,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMAND_MODULES = (preflight, estimate, diagnose, importexport, stacks, doctor, nodes, delete,
-                   again)
+COMMAND_MODULES = (
+    preflight,
+    estimate,
+    diagnose,
+    importexport,
+    stacks,
+    doctor,
+    nodes,
+    delete,
+    again,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,10 +561,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunNotFound as e:
         _err(e)
         return 1
-    except sqlite3.DatabaseError as e:   # a damaged run.db: that run's verbs say so, in a line
+    except sqlite3.DatabaseError as e:  # a damaged run.db: that run's verbs say so, in a line
         run = getattr(args, "run", None)
-        _err(f"a run's database (run.db) cannot be read: {e}; `tunedeck doctor"
-             f"{' ' + run if run else ''}` says what else is damaged")
+        _err(
+            f"a run's database (run.db) cannot be read: {e}; `tunedeck doctor"
+            f"{' ' + run if run else ''}` says what else is damaged"
+        )
         return 1
     except BrokenPipeError:
         return 0

@@ -14,21 +14,31 @@ import sys
 # a run's status word as every view colours it (the runs list, the monitor's progress pane);
 # `lost`, `damaged` and `foreign` are the readers' own words for a gone agent, an unreadable
 # state.json and another user's run (shown read-only, never acted on)
-RUN_STATUS_STYLE = {"running": "bold green", "pending": "yellow", "succeeded": "cyan",
-                    "failed": "bold red", "stopped": "magenta", "lost": "bold yellow",
-                    "damaged": "bold red reverse", "foreign": "dim italic"}
+RUN_STATUS_STYLE = {
+    "running": "bold green",
+    "pending": "yellow",
+    "succeeded": "cyan",
+    "failed": "bold red",
+    "stopped": "magenta",
+    "lost": "bold yellow",
+    "damaged": "bold red reverse",
+    "foreign": "dim italic",
+}
 
 # escape sequences a terminal acts on, removed whole (not just their ESC): CSI (colours, cursor
 # moves, clear screen), OSC (window title, hyperlinks) ended by BEL or ST, DCS/PM/APC/SOS, the
 # two-byte escapes (ESC c resets the terminal), and the 8-bit CSI/OSC forms
-_ESCAPES = re.compile(r"""
+_ESCAPES = re.compile(
+    r"""
       \x1b\[[0-?]*[ -/]*[@-~]
     | \x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?
     | \x1b[P^_X][^\x1b\x9c]*(?:\x1b\\|\x9c)?
     | \x1b[ -/]*[0-~]
     | \x9b[0-?]*[ -/]*[@-~]
     | [\x90\x9d\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?
-""", re.X)
+""",
+    re.X,
+)
 _BREAKS = re.compile("\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 # kept although invisible: they join emoji and ligatures and move nothing
 _KEEP_FORMAT = {"\u200c", "\u200d"}
@@ -46,8 +56,9 @@ def clean(text: object, multiline: bool = False) -> str:
     if text.isprintable():
         return text
     text = _BREAKS.sub("\n" if multiline else " ", _ESCAPES.sub("", text).replace("\t", " "))
-    return "".join(c for c in text
-                   if c.isprintable() or c in _KEEP_FORMAT or (multiline and c == "\n"))
+    return "".join(
+        c for c in text if c.isprintable() or c in _KEEP_FORMAT or (multiline and c == "\n")
+    )
 
 
 def fmt_age(seconds: float | None) -> str:

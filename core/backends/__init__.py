@@ -16,20 +16,21 @@ from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (builtin.BACKEND, swift.BACKEND,
-                                                     script.BACKEND)}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (builtin.BACKEND, swift.BACKEND, script.BACKEND)}
 
 
 def backend_of(spec: RunSpec) -> Backend:
     try:
         return BACKENDS[spec.backend]
     except KeyError:
-        raise ValueError(f"backend {spec.backend!r} is not available yet (one of "
-                         f"{', '.join(BACKENDS)})") from None
+        raise ValueError(
+            f"backend {spec.backend!r} is not available yet (one of {', '.join(BACKENDS)})"
+        ) from None
 
 
-def plan_run(spec: RunSpec, run: RunDir, local: bool = True,
-             gpu_count: int | None = None) -> tuple[RunSpec, LaunchPlan]:
+def plan_run(
+    spec: RunSpec, run: RunDir, local: bool = True, gpu_count: int | None = None
+) -> tuple[RunSpec, LaunchPlan]:
     """(the spec resolved for this machine, with its output_dir set, and its plan). Raises
     ValueError (SwiftPlanError...) naming the key when the spec cannot run. `local`: the plan
     runs here, so what it names must exist here (off for exports to another machine)."""

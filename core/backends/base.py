@@ -11,24 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
 
 from tunedeck.core.backends.plan import LaunchPlan
+from tunedeck.core.monitoring import Monitor
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import step_of
 from tunedeck.core.spec import RunSpec
-
-
-class Monitor(Protocol):
-    """Something the agent calls every tick (~0.5 s; keep it well under 50 ms) while torchrun
-    runs, and once more at the end."""
-
-    def tick(self, now: float, new_events: list[dict[str, Any]]) -> None: ...
-
-    def close(self, new_events: list[dict[str, Any]]) -> None: ...
-
-    # optional, for monitors that number steps themselves: `restarted(step)` before the next
-    # attempt starts, which goes on after `step`
 
 
 def _no_monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
@@ -45,6 +34,7 @@ class Restart:
     cannot tell; `note` says which for the agent's restart message ("" when it cannot tell);
     how the trainer is told: `flag` (ms-swift's) or the variable `var` (a user's script), or
     neither when it looks for itself (the built-in trainer)."""
+
     checkpoint: Path | None
     note: str
     flag: str = ""
@@ -54,8 +44,9 @@ class Restart:
     def at(cls, path: Path | None, flag: str = "", var: str = "") -> Restart:
         if path is None:
             return cls(None, "from step 0: no checkpoint written yet", flag, var)
-        return cls(path, f"from {path.name}" + (f" ({var} for the script)" if var else ""),
-                   flag, var)
+        return cls(
+            path, f"from {path.name}" + (f" ({var} for the script)" if var else ""), flag, var
+        )
 
     @property
     def step(self) -> int:

@@ -20,8 +20,9 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     on the head only, the node whose output folder rank 0 writes."""
     if spec.cluster.node_rank > 0:
         return Restart(None, "")
-    return Restart.at(resume_point(spec.train.resume_from, run.output_dir(spec), attempt,
-                                   nested=False))
+    return Restart.at(
+        resume_point(spec.train.resume_from, run.output_dir(spec), attempt, nested=False)
+    )
 
 
 BACKEND = Backend("builtin", build_plan, restart=restart)

@@ -41,10 +41,9 @@ def export(spec: RunSpec, fmt: str) -> str:
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
     if fmt == "swift" and spec.backend != "swift":
-        raise ExportError(f"--format swift needs backend = \"swift\" (this spec runs "
-                          f"{spec.backend})")
+        raise ExportError(f'--format swift needs backend = "swift" (this spec runs {spec.backend})')
     # the script of a script run may exist only on the target machine
-    own_output_dir = spec.run.output_dir     # what the user named, before the run's folder
+    own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     summary = f"# {batch.describe(spec)}\n"
     if fmt == "vllm":
@@ -61,21 +60,24 @@ def export(spec: RunSpec, fmt: str) -> str:
         return "\n".join(lines) + "\n"
     if fmt == "sh":
         return plan.to_shell(spec.cluster.node_rank).replace(
-            "set -euo pipefail\n", "set -euo pipefail\n" + summary, 1)
+            "set -euo pipefail\n", "set -euo pipefail\n" + summary, 1
+        )
     if fmt == "nodes":
         out = [summary.rstrip()]
         for node in plan.nodes:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in mask_env(node.env).items())
             out.append(f"\n# node {node.node_rank} of {plan.nnodes} ({node.host})")
-            out.append(f"cd {shlex.quote(node.cwd)} && env {env} \\\n  "
-                       + _wrap_argv(mask_argv(node.argv)))
+            out.append(
+                f"cd {shlex.quote(node.cwd)} && env {env} \\\n  " + _wrap_argv(mask_argv(node.argv))
+            )
         return "\n".join(out) + "\n"
     return slurm_script(spec, plan, summary)
 
 
 def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
-    if spec.cluster.launcher == "slurm":   # one tunedeck agent per node (tunedeck.core.nodes)
+    if spec.cluster.launcher == "slurm":  # one tunedeck agent per node (tunedeck.core.nodes)
         from tunedeck.core.nodes.slurm import export_script
+
         return export_script(spec, plan.nodes[0].cwd)
     c = spec.cluster
     node = plan.nodes[0]
@@ -93,28 +95,43 @@ def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
         rest.append(a)
     log_base = shlex.quote(str(RunDir(node.cwd).logs))
     if c.nnodes > 1:
-        inner = ('exec "$0" -m torch.distributed.run --node_rank "$SLURM_NODEID" '
-                 '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" '
-                 f'--log_dir {log_base}/node"$SLURM_NODEID" "$@"')
+        inner = (
+            'exec "$0" -m torch.distributed.run --node_rank "$SLURM_NODEID" '
+            '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" '
+            f'--log_dir {log_base}/node"$SLURM_NODEID" "$@"'
+        )
     else:
-        inner = ('exec "$0" -m torch.distributed.run --master_addr "$MASTER_ADDR" '
-                 f'--master_port "$MASTER_PORT" --log_dir {log_base}/node0 "$@"')
-    lines = ["#!/usr/bin/env bash",
-             f"#SBATCH --job-name={shlex.quote(spec.name)}",
-             f"#SBATCH --nodes={c.nnodes}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --cpus-per-task={max(4 * c.nproc_per_node, 4)}"]
+        inner = (
+            'exec "$0" -m torch.distributed.run --master_addr "$MASTER_ADDR" '
+            f'--master_port "$MASTER_PORT" --log_dir {log_base}/node0 "$@"'
+        )
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name={shlex.quote(spec.name)}",
+        f"#SBATCH --nodes={c.nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --cpus-per-task={max(4 * c.nproc_per_node, 4)}",
+    ]
     if c.device != "cpu":
         lines.append(f"#SBATCH --gpus-per-node={c.nproc_per_node}")
-    lines += ["#SBATCH --output=%x-%j.out", "set -euo pipefail", summary.rstrip(),
-              "# node 0 of the allocation is the rendezvous host",
-              'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-              f"export MASTER_PORT={c.master_port or 29500}"]
-    lines += _env_lines({k: v for k, v in node.env.items()
-                         if k not in ("MASTER_ADDR", "MASTER_PORT")})
+    lines += [
+        "#SBATCH --output=%x-%j.out",
+        "set -euo pipefail",
+        summary.rstrip(),
+        "# node 0 of the allocation is the rendezvous host",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export MASTER_PORT={c.master_port or 29500}",
+    ]
+    lines += _env_lines(
+        {k: v for k, v in node.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    )
     lines.append(f"mkdir -p {shlex.quote(node.cwd)} && cd {shlex.quote(node.cwd)}")
-    lines.append("srun --ntasks-per-node=1 bash -c " + shlex.quote(inner) + " \\\n  "
-                 + _wrap_argv(mask_argv([argv[0], *rest])))
+    lines.append(
+        "srun --ntasks-per-node=1 bash -c "
+        + shlex.quote(inner)
+        + " \\\n  "
+        + _wrap_argv(mask_argv([argv[0], *rest]))
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -130,18 +147,25 @@ def vllm_command(spec: RunSpec) -> str:
         from tunedeck.core.demo import tiny_model_dir
 
         try:
-            model = str(tiny_model_dir(spec.data.path))   # the agent builds it at launch
+            model = str(tiny_model_dir(spec.data.path))  # the agent builds it at launch
         except OSError as e:
             said = str(e)
-            raise ValueError(said if said.startswith("data.path") else
-                             f"data.path: {said}") from None
+            raise ValueError(
+                said if said.startswith("data.path") else f"data.path: {said}"
+            ) from None
     step = spec.train.max_steps
     # ms-swift nests checkpoints in a versioned v<N>-<time>/ folder; the others do not
-    ckpt_glob = (f"{out_dir}/v*-*/checkpoint-{step}" if spec.backend == "swift"
-                 else f"{out_dir}/checkpoint-{step}")
-    lines = ["#!/usr/bin/env bash", "set -euo pipefail",
-             f"# serve the result of {spec.name!r} with vLLM on one node",
-             f'CKPT=$(ls -d {_glob_quote(ckpt_glob)} | tail -n 1)']
+    ckpt_glob = (
+        f"{out_dir}/v*-*/checkpoint-{step}"
+        if spec.backend == "swift"
+        else f"{out_dir}/checkpoint-{step}"
+    )
+    lines = [
+        "#!/usr/bin/env bash",
+        "set -euo pipefail",
+        f"# serve the result of {spec.name!r} with vLLM on one node",
+        f"CKPT=$(ls -d {_glob_quote(ckpt_glob)} | tail -n 1)",
+    ]
     argv = ["vllm", "serve"]
     if spec.method.type in ("lora", "qlora"):
         argv += [model, "--tensor-parallel-size", str(tp), "--enable-lora"]
@@ -151,8 +175,10 @@ def vllm_command(spec: RunSpec) -> str:
             tail += ["--max-lora-rank", str(_lora_rank_bucket(spec.method.lora_rank))]
     else:
         argv, tail = ["vllm", "serve"], ["--tensor-parallel-size", str(tp)]
-        lines.append('test -f "$CKPT/config.json" || echo "warning: $CKPT holds no HF '
-                     'config.json (sharded FSDP/DeepSpeed state?); merge or convert it first" >&2')
+        lines.append(
+            'test -f "$CKPT/config.json" || echo "warning: $CKPT holds no HF '
+            'config.json (sharded FSDP/DeepSpeed state?); merge or convert it first" >&2'
+        )
     if spec.backend == "script":
         lines.append("# a custom script decides where it saves; adjust CKPT if needed")
     parts = [shlex.quote(a) for a in argv]
@@ -169,8 +195,12 @@ def _join_pairs(parts: list[str]) -> str:
     """Already-quoted words, one `--flag value` per line."""
     rows: list[str] = []
     for w in parts:
-        if rows and not w.startswith("-") and (rows[-1].startswith("-") or len(rows) == 1) \
-                and " " not in rows[-1]:
+        if (
+            rows
+            and not w.startswith("-")
+            and (rows[-1].startswith("-") or len(rows) == 1)
+            and " " not in rows[-1]
+        ):
             rows[-1] += " " + w
         else:
             rows.append(w)

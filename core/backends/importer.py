@@ -26,10 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.backends.swift import (CREDENTIAL_FLAGS, HUB_TOKEN_VARS, MODEL_FROM,
-                                           SECRET_FLAG_ENV)
+from tunedeck.core.backends.swift import (
+    CREDENTIAL_FLAGS,
+    HUB_TOKEN_VARS,
+    MODEL_FROM,
+    SECRET_FLAG_ENV,
+)
 from tunedeck.core.spec import MASK, SpecError, is_secret_name, loads_spec, mask_argv
-from tunedeck.core.swift.flags import FIXES_4X, VALUE_FIXES, fixes_for, flag_tables, split_flags, suggest
+from tunedeck.core.swift.flags import (
+    FIXES_4X,
+    VALUE_FIXES,
+    fixes_for,
+    flag_tables,
+    split_flags,
+    suggest,
+)
 from tunedeck.core.swift.version import ASSUMED, installed_version
 
 
@@ -51,8 +62,7 @@ class Imported:
         for prefix, messages in (("WARNING: ", self.warnings), ("note: ", self.notes)):
             for m in messages:
                 for i, line in enumerate(m.splitlines() or [""]):
-                    head.append("# " + (prefix if i == 0 else " " * len(prefix))
-                                + comment(line))
+                    head.append("# " + (prefix if i == 0 else " " * len(prefix)) + comment(line))
         return "\n".join(head) + "\n\n" + tomli_w.dumps(self.raw)
 
     def spec(self):
@@ -81,17 +91,19 @@ def _drop_secrets(out: Imported, words: list[str], key: str) -> list[str]:
         if w == m:
             continue
         keep[i] = False
-        if m == MASK and i > 0:        # the value of the flag before it
+        if m == MASK and i > 0:  # the value of the flag before it
             keep[i - 1] = False
             names.append(words[i - 1])
         else:
             names.append(m.partition("=")[0])
     if names:
-        out.warnings.append(f"{', '.join(names)}: secret values were not written to the spec; "
-                            f"pass them through an environment variable the program reads "
-                            f"(env.NAME is masked in the run's files), or add them back in "
-                            f"the form or with --set {key} (masked in the run's files too, but "
-                            f"`ps` shows command lines to every local user)")
+        out.warnings.append(
+            f"{', '.join(names)}: secret values were not written to the spec; "
+            f"pass them through an environment variable the program reads "
+            f"(env.NAME is masked in the run's files), or add them back in "
+            f"the form or with --set {key} (masked in the run's files too, but "
+            f"`ps` shows command lines to every local user)"
+        )
     return [w for w, k in zip(words, keep) if k]
 
 
@@ -101,55 +113,174 @@ def tomli_w_dumps(raw: dict) -> str:
     return tomli_w.dumps(raw)
 
 
-ENV_TO_CLUSTER = {"NPROC_PER_NODE": ("nproc_per_node", int), "NNODES": ("nnodes", int),
-                  "NODE_RANK": ("node_rank", int), "MASTER_ADDR": ("master_addr", str),
-                  "MASTER_PORT": ("master_port", int), "CUDA_VISIBLE_DEVICES": ("gpus", str)}
+ENV_TO_CLUSTER = {
+    "NPROC_PER_NODE": ("nproc_per_node", int),
+    "NNODES": ("nnodes", int),
+    "NODE_RANK": ("node_rank", int),
+    "MASTER_ADDR": ("master_addr", str),
+    "MASTER_PORT": ("master_port", int),
+    "CUDA_VISIBLE_DEVICES": ("gpus", str),
+}
 SWIFT_SUBCOMMANDS = {"sft": "sft", "pt": "pt", "rlhf": "rlhf"}
 MEGATRON_SUBCOMMANDS = {"sft": "megatron-sft", "pt": "megatron-pt", "rlhf": "megatron-rlhf"}
-SWIFT_MODULES = {"swift.cli.sft": "sft", "swift.cli.pt": "pt", "swift.cli.rlhf": "rlhf",
-                 "swift.cli._megatron.sft": "megatron-sft",
-                 "swift.cli._megatron.pt": "megatron-pt",
-                 "swift.cli._megatron.rlhf": "megatron-rlhf"}
+SWIFT_MODULES = {
+    "swift.cli.sft": "sft",
+    "swift.cli.pt": "pt",
+    "swift.cli.rlhf": "rlhf",
+    "swift.cli._megatron.sft": "megatron-sft",
+    "swift.cli._megatron.pt": "megatron-pt",
+    "swift.cli._megatron.rlhf": "megatron-rlhf",
+}
 # `-m MODULE SUBCOMMAND`: ms-swift's launcher modules, which take the subcommand next
-SWIFT_MAINS = {"swift": "swift", "swift.cli.main": "swift", "swift.cli._megatron.main": "megatron",
-               "swift.megatron": "megatron"}
-_TORCHRUN_VALUE = {"nproc_per_node", "nproc-per-node", "nnodes", "node_rank", "node-rank",
-                   "master_addr", "master-addr", "master_port", "master-port", "rdzv_endpoint",
-                   "rdzv-endpoint", "rdzv_backend", "rdzv-backend", "rdzv_id", "rdzv-id",
-                   "rdzv_conf", "rdzv-conf", "max_restarts", "max-restarts", "log_dir",
-                   "log-dir", "redirects", "tee", "monitor_interval", "monitor-interval",
-                   "start_method", "start-method", "role", "local_addr", "local-addr",
-                   "logs_specs", "logs-specs", "local_ranks_filter", "local-ranks-filter",
-                   "local_rank", "local-rank"}
-_TORCHRUN_BOOL = {"standalone", "use_env", "use-env", "no_python", "no-python", "module", "m",
-                  "run_path", "run-path"}
+SWIFT_MAINS = {
+    "swift": "swift",
+    "swift.cli.main": "swift",
+    "swift.cli._megatron.main": "megatron",
+    "swift.megatron": "megatron",
+}
+_TORCHRUN_VALUE = {
+    "nproc_per_node",
+    "nproc-per-node",
+    "nnodes",
+    "node_rank",
+    "node-rank",
+    "master_addr",
+    "master-addr",
+    "master_port",
+    "master-port",
+    "rdzv_endpoint",
+    "rdzv-endpoint",
+    "rdzv_backend",
+    "rdzv-backend",
+    "rdzv_id",
+    "rdzv-id",
+    "rdzv_conf",
+    "rdzv-conf",
+    "max_restarts",
+    "max-restarts",
+    "log_dir",
+    "log-dir",
+    "redirects",
+    "tee",
+    "monitor_interval",
+    "monitor-interval",
+    "start_method",
+    "start-method",
+    "role",
+    "local_addr",
+    "local-addr",
+    "logs_specs",
+    "logs-specs",
+    "local_ranks_filter",
+    "local-ranks-filter",
+    "local_rank",
+    "local-rank",
+}
+_TORCHRUN_BOOL = {
+    "standalone",
+    "use_env",
+    "use-env",
+    "no_python",
+    "no-python",
+    "module",
+    "m",
+    "run_path",
+    "run-path",
+}
 # accelerate launch: flags taking a value / flags alone
-_ACCEL_VALUE = {"config_file", "num_processes", "num_machines", "machine_rank",
-                "main_process_ip", "main_process_port", "mixed_precision", "gpu_ids",
-                "deepspeed_config_file", "zero_stage", "offload_optimizer_device",
-                "offload_param_device", "gradient_accumulation_steps", "dynamo_backend",
-                "num_cpu_threads_per_process", "rdzv_backend", "rdzv_conf", "max_restarts",
-                "monitor_interval", "fsdp_sharding_strategy", "fsdp_auto_wrap_policy",
-                "fsdp_transformer_layer_cls_to_wrap", "fsdp_state_dict_type",
-                "fsdp_offload_params", "fsdp_version", "deepspeed_hostfile",
-                "deepspeed_multinode_launcher", "same_network", "main_training_function",
-                "fsdp_backward_prefetch", "fsdp_min_num_params", "tpu_zone", "log_dir"}
-_ACCEL_BOOL = {"multi_gpu", "use_deepspeed", "use_fsdp", "cpu", "use_cpu", "debug", "quiet",
-               "m", "module", "no_python", "tee", "use_megatron_lm", "fsdp_cpu_ram_efficient_loading",
-               "fsdp_use_orig_params", "fsdp_sync_module_states", "fsdp_activation_checkpointing"}
+_ACCEL_VALUE = {
+    "config_file",
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "mixed_precision",
+    "gpu_ids",
+    "deepspeed_config_file",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "gradient_accumulation_steps",
+    "dynamo_backend",
+    "num_cpu_threads_per_process",
+    "rdzv_backend",
+    "rdzv_conf",
+    "max_restarts",
+    "monitor_interval",
+    "fsdp_sharding_strategy",
+    "fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_state_dict_type",
+    "fsdp_offload_params",
+    "fsdp_version",
+    "deepspeed_hostfile",
+    "deepspeed_multinode_launcher",
+    "same_network",
+    "main_training_function",
+    "fsdp_backward_prefetch",
+    "fsdp_min_num_params",
+    "tpu_zone",
+    "log_dir",
+}
+_ACCEL_BOOL = {
+    "multi_gpu",
+    "use_deepspeed",
+    "use_fsdp",
+    "cpu",
+    "use_cpu",
+    "debug",
+    "quiet",
+    "m",
+    "module",
+    "no_python",
+    "tee",
+    "use_megatron_lm",
+    "fsdp_cpu_ram_efficient_loading",
+    "fsdp_use_orig_params",
+    "fsdp_sync_module_states",
+    "fsdp_activation_checkpointing",
+}
 # deepspeed launcher
-_DS_VALUE = {"hostfile", "H", "include", "i", "exclude", "e", "num_nodes", "num_gpus",
-             "master_port", "master_addr", "launcher", "launcher_args", "ssh_port",
-             "bind_core_list", "elastic_training", "min_elastic_nodes", "max_elastic_nodes"}
-_DS_BOOL = {"no_python", "no_local_rank", "no_ssh_check", "force_multi", "save_pid",
-            "enable_each_rank_log", "autotuning", "module", "bind_cores_to_rank", "no_ssh"}
+_DS_VALUE = {
+    "hostfile",
+    "H",
+    "include",
+    "i",
+    "exclude",
+    "e",
+    "num_nodes",
+    "num_gpus",
+    "master_port",
+    "master_addr",
+    "launcher",
+    "launcher_args",
+    "ssh_port",
+    "bind_core_list",
+    "elastic_training",
+    "min_elastic_nodes",
+    "max_elastic_nodes",
+}
+_DS_BOOL = {
+    "no_python",
+    "no_local_rank",
+    "no_ssh_check",
+    "force_multi",
+    "save_pid",
+    "enable_each_rank_log",
+    "autotuning",
+    "module",
+    "bind_cores_to_rank",
+    "no_ssh",
+}
 _SHELL_VAR = re.compile(r"\$(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*|\()")
 
 
 def import_command(command: str) -> Imported:
     if "\x00" in command:
-        raise CommandImportError("the command holds a NUL character, which no process can "
-                                 "be passed")
+        raise CommandImportError(
+            "the command holds a NUL character, which no process can be passed"
+        )
     try:
         words = shlex.split(join_lines(command), comments=False)
     except ValueError as e:
@@ -161,15 +292,18 @@ def import_command(command: str) -> Imported:
             raise CommandImportError(
                 f"{clean_word(w)}: ${m.group(1).strip('{}(')} is an unexpanded shell variable; "
                 "tunedeck never runs a shell, so paste the command with its values (e.g. "
-                "what `echo` prints in the shell that sets them)")
+                "what `echo` prints in the shell that sets them)"
+            )
     out = Imported(raw={}, command=shlex.join(mask_argv(words)))
     cluster: dict[str, Any] = {}
     env: dict[str, str] = {}
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0], re.S):
         k, _, v = words.pop(0).partition("=")
         if v == MASK:
-            out.warnings.append(f"{k}={MASK} is a masked value from a tunedeck file, not the "
-                                "real one; left out (export the real value where you launch)")
+            out.warnings.append(
+                f"{k}={MASK} is a masked value from a tunedeck file, not the "
+                "real one; left out (export the real value where you launch)"
+            )
         elif k in ENV_TO_CLUSTER:
             key, conv = ENV_TO_CLUSTER[k]
             try:
@@ -177,8 +311,10 @@ def import_command(command: str) -> Imported:
             except ValueError:
                 raise CommandImportError(f"{k}={v!r}: expected a number") from None
         elif is_secret_name(k):
-            out.warnings.append(f"{k} is a secret and was not written to the spec; export it "
-                                "in the shell that launches (ranks inherit it)")
+            out.warnings.append(
+                f"{k} is a secret and was not written to the spec; export it "
+                "in the shell that launches (ranks inherit it)"
+            )
         else:
             env[k] = v
     if words and words[0] == "env":
@@ -198,8 +334,10 @@ def import_command(command: str) -> Imported:
             prog = ""
         elif rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
             if rest[1].endswith("launch"):
-                out.notes.append("torch.distributed.launch is deprecated; tunedeck runs "
-                                 "torch.distributed.run (torchrun)")
+                out.notes.append(
+                    "torch.distributed.launch is deprecated; tunedeck runs "
+                    "torch.distributed.run (torchrun)"
+                )
             prog, rest = "torchrun", rest[2:]
         elif rest and rest[0].endswith(".py"):
             if re.search(r"swift/cli/(?:_megatron/)?(sft|pt|rlhf)\.py$", rest[0]):
@@ -208,31 +346,40 @@ def import_command(command: str) -> Imported:
             out.notes.append("a plain `python script.py` runs as one torchrun rank")
             cluster.setdefault("nproc_per_node", 1)
         else:
-            raise CommandImportError(f"cannot tell what `{' '.join(words[:3])}` launches; "
-                                     "expected swift, megatron, torchrun, accelerate launch, "
-                                     "deepspeed or python -m torch.distributed.run")
+            raise CommandImportError(
+                f"cannot tell what `{' '.join(words[:3])}` launches; "
+                "expected swift, megatron, torchrun, accelerate launch, "
+                "deepspeed or python -m torch.distributed.run"
+            )
     if prog == "swift":
         if rest[:1] == ["megatron"]:
-            out.warnings.append("`swift megatron ...` does not exist (KeyError: 'megatron'); "
-                                "the command is `megatron sft`")
+            out.warnings.append(
+                "`swift megatron ...` does not exist (KeyError: 'megatron'); "
+                "the command is `megatron sft`"
+            )
             prog, rest = "megatron", rest[1:]
         else:
             sub = rest[0].replace("_", "-") if rest else ""
             if sub not in SWIFT_SUBCOMMANDS:
-                raise CommandImportError(f"`swift {sub}` is not a training command; tunedeck "
-                                         "imports swift sft, pt and rlhf")
+                raise CommandImportError(
+                    f"`swift {sub}` is not a training command; tunedeck "
+                    "imports swift sft, pt and rlhf"
+                )
             if not launched_by_torchrun:
                 # the swift launcher starts torchrun only when NPROC_PER_NODE or NNODES is set
                 cluster["nproc_per_node"] = 1
-                out.notes.append("NPROC_PER_NODE is unset, so ms-swift runs one process (a "
-                                 "model bigger than a GPU is spread over the visible ones); "
-                                 "set cluster.nproc_per_node for data-parallel ranks")
+                out.notes.append(
+                    "NPROC_PER_NODE is unset, so ms-swift runs one process (a "
+                    "model bigger than a GPU is spread over the visible ones); "
+                    "set cluster.nproc_per_node for data-parallel ranks"
+                )
             _swift(out, SWIFT_SUBCOMMANDS[sub], rest[1:], cluster, env)
     if prog == "megatron":
         sub = rest[0] if rest else ""
         if sub not in MEGATRON_SUBCOMMANDS:
-            raise CommandImportError(f"`megatron {sub}`: tunedeck imports megatron sft, pt "
-                                     "and rlhf")
+            raise CommandImportError(
+                f"`megatron {sub}`: tunedeck imports megatron sft, pt and rlhf"
+            )
         cluster.setdefault("nproc_per_node", 1)
         _swift(out, MEGATRON_SUBCOMMANDS[sub], rest[1:], cluster, env)
     elif prog == "torchrun":
@@ -242,9 +389,11 @@ def import_command(command: str) -> Imported:
     elif prog == "deepspeed":
         _deepspeed(out, rest, cluster, env)
     elif prog not in ("swift", ""):
-        raise CommandImportError(f"`{prog}` is not a launcher tunedeck knows (swift, megatron, "
-                                 "torchrun, accelerate launch, deepspeed, python -m "
-                                 "torch.distributed.run)")
+        raise CommandImportError(
+            f"`{prog}` is not a launcher tunedeck knows (swift, megatron, "
+            "torchrun, accelerate launch, deepspeed, python -m "
+            "torch.distributed.run)"
+        )
     if cluster:
         if cluster.get("gpus") or cluster.get("nproc_per_node"):
             cluster.setdefault("device", "cuda")
@@ -267,14 +416,14 @@ def join_lines(command: str) -> str:
     i = 0
     while i < len(command):
         c = command[i]
-        if c == "\\" and quote != "'" and command[i + 1:i + 3] == "\r\n":
+        if c == "\\" and quote != "'" and command[i + 1 : i + 3] == "\r\n":
             i += 3
             continue
-        if c == "\\" and quote != "'" and command[i + 1:i + 2] == "\n":
+        if c == "\\" and quote != "'" and command[i + 1 : i + 2] == "\n":
             i += 2
             continue
         if c == "\\" and quote != "'" and i + 1 < len(command):
-            out.append(command[i:i + 2])   # an escaped character stays escaped
+            out.append(command[i : i + 2])  # an escaped character stays escaped
             i += 2
             continue
         if c in "'\"" and quote in ("", c):
@@ -290,31 +439,47 @@ def clean_word(w: str) -> str:
 
 # -- launchers ---------------------------------------------------------------------------
 
-def _target(out: Imported, words: list[str], module: str, cluster: dict[str, Any],
-            env: dict[str, str], launcher: str) -> None:
+
+def _target(
+    out: Imported,
+    words: list[str],
+    module: str,
+    cluster: dict[str, Any],
+    env: dict[str, str],
+    launcher: str,
+) -> None:
     """What a launcher runs: ms-swift (its modules, its files, `-m swift sft`) or a script."""
     if module in SWIFT_MAINS:
         sub = words[0] if words else ""
         table = MEGATRON_SUBCOMMANDS if SWIFT_MAINS[module] == "megatron" else SWIFT_SUBCOMMANDS
         if sub.replace("_", "-") not in table:
-            raise CommandImportError(f"{launcher} -m {module} {sub}: tunedeck imports the "
-                                     f"training commands ({', '.join(table)})")
+            raise CommandImportError(
+                f"{launcher} -m {module} {sub}: tunedeck imports the "
+                f"training commands ({', '.join(table)})"
+            )
         _swift(out, table[sub.replace("_", "-")], words[1:], cluster, env)
         return
     if module:
         if module in SWIFT_MODULES:
             _swift(out, SWIFT_MODULES[module], words, cluster, env)
             return
-        out.raw.update(backend="script", script={
-            "module": module, "args": _drop_secrets(out, words, "script.args")})
+        out.raw.update(
+            backend="script",
+            script={"module": module, "args": _drop_secrets(out, words, "script.args")},
+        )
         return
     if not words:
         raise CommandImportError(f"{launcher} command without a script or -m module")
     script, args = words[0], words[1:]
     m = re.search(r"swift/cli/(?:(_megatron)/)?(sft|pt|rlhf)\.py$", script)
     if m:
-        _swift(out, SWIFT_MODULES[f"swift.cli.{'_megatron.' if m.group(1) else ''}{m.group(2)}"],
-               args, cluster, env)
+        _swift(
+            out,
+            SWIFT_MODULES[f"swift.cli.{'_megatron.' if m.group(1) else ''}{m.group(2)}"],
+            args,
+            cluster,
+            env,
+        )
         return
     args = _drop_secrets(out, args, "script.args")
     out.raw.update(backend="script", script={"path": script, "args": args})
@@ -322,8 +487,9 @@ def _target(out: Imported, words: list[str], module: str, cluster: dict[str, Any
         out.notes.append("script arguments are passed unchanged (script.args)")
 
 
-def _launcher_flags(words: list[str], value: set[str], boolean: set[str],
-                    launcher: str) -> tuple[dict[str, str], str, list[str]]:
+def _launcher_flags(
+    words: list[str], value: set[str], boolean: set[str], launcher: str
+) -> tuple[dict[str, str], str, list[str]]:
     """({flag: value}, module after -m, the words after the launcher's own flags)."""
     flags: dict[str, str] = {}
     i = 0
@@ -334,7 +500,7 @@ def _launcher_flags(words: list[str], value: set[str], boolean: set[str],
         name, eq, val = w.lstrip("-").partition("=")
         if name in ("m", "module") and launcher != "deepspeed":
             if i + 1 < len(words) and not eq:
-                return flags, words[i + 1], words[i + 2:]
+                return flags, words[i + 1], words[i + 2 :]
             i += 1
             continue
         if name in boolean or name.replace("-", "_") in boolean:
@@ -352,18 +518,20 @@ def _launcher_flags(words: list[str], value: set[str], boolean: set[str],
     return flags, "", words[i:]
 
 
-def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any],
-              env: dict[str, str]) -> None:
+def _torchrun(
+    out: Imported, words: list[str], cluster: dict[str, Any], env: dict[str, str]
+) -> None:
     flags, module, target = _launcher_flags(words, _TORCHRUN_VALUE, _TORCHRUN_BOOL, "torchrun")
-    cluster.setdefault("nproc_per_node", 1)     # torchrun's own default
+    cluster.setdefault("nproc_per_node", 1)  # torchrun's own default
     for key, val in flags.items():
         if key == "nproc_per_node":
             if val.isdigit():
                 cluster["nproc_per_node"] = int(val)
             else:
                 cluster["nproc_per_node"] = 0
-                out.notes.append(f"--nproc_per_node {val}: tunedeck uses one rank per visible "
-                                 "GPU by default")
+                out.notes.append(
+                    f"--nproc_per_node {val}: tunedeck uses one rank per visible GPU by default"
+                )
         elif key in ("nnodes", "node_rank", "master_port", "max_restarts"):
             num = val.split(":")[-1]
             if not num.isdigit():
@@ -380,8 +548,10 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any],
             if port.isdigit():
                 cluster["master_port"] = int(port)
         elif key in ("log_dir", "redirects", "tee", "rdzv_id", "rdzv_backend"):
-            out.notes.append(f"torchrun --{key} is set by tunedeck itself (per-rank logs, c10d "
-                             "rendezvous for several nodes)")
+            out.notes.append(
+                f"torchrun --{key} is set by tunedeck itself (per-rank logs, c10d "
+                "rendezvous for several nodes)"
+            )
         elif key == "rdzv_conf":
             m = re.search(r"join_timeout=(\d+)", val)
             if m:
@@ -393,11 +563,13 @@ def _torchrun(out: Imported, words: list[str], cluster: dict[str, Any],
     _target(out, target, module, cluster, env, "torchrun")
 
 
-def _accelerate(out: Imported, words: list[str], cluster: dict[str, Any],
-                env: dict[str, str]) -> None:
+def _accelerate(
+    out: Imported, words: list[str], cluster: dict[str, Any], env: dict[str, str]
+) -> None:
     if words[:1] != ["launch"]:
-        raise CommandImportError("`accelerate` without `launch`: tunedeck imports accelerate "
-                                 "launch commands")
+        raise CommandImportError(
+            "`accelerate` without `launch`: tunedeck imports accelerate launch commands"
+        )
     flags, module, target = _launcher_flags(words[1:], _ACCEL_VALUE, _ACCEL_BOOL, "accelerate")
     conf: dict[str, Any] = {}
     if flags.get("config_file"):
@@ -407,7 +579,7 @@ def _accelerate(out: Imported, words: list[str], cluster: dict[str, Any],
     procs = int(merged.get("num_processes") or 0)
     cluster["nnodes"] = machines
     if procs:
-        cluster["nproc_per_node"] = max(procs // machines, 1)   # accelerate counts them all
+        cluster["nproc_per_node"] = max(procs // machines, 1)  # accelerate counts them all
     else:
         cluster.setdefault("nproc_per_node", 0)
     if machines > 1:
@@ -418,23 +590,54 @@ def _accelerate(out: Imported, words: list[str], cluster: dict[str, Any],
         cluster["master_port"] = int(merged["main_process_port"])
     if merged.get("gpu_ids") and merged["gpu_ids"] != "all":
         cluster["gpus"] = merged["gpu_ids"]
-    left = sorted(k for k in merged if k not in (
-        "config_file", "num_machines", "num_processes", "machine_rank", "main_process_ip",
-        "main_process_port", "gpu_ids", "multi_gpu", "compute_environment", "debug",
-        "distributed_type", "downcast_bf16", "rdzv_backend", "same_network", "tpu_env",
-        "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "main_training_function"))
+    left = sorted(
+        k
+        for k in merged
+        if k
+        not in (
+            "config_file",
+            "num_machines",
+            "num_processes",
+            "machine_rank",
+            "main_process_ip",
+            "main_process_port",
+            "gpu_ids",
+            "multi_gpu",
+            "compute_environment",
+            "debug",
+            "distributed_type",
+            "downcast_bf16",
+            "rdzv_backend",
+            "same_network",
+            "tpu_env",
+            "tpu_use_cluster",
+            "tpu_use_sudo",
+            "use_cpu",
+            "main_training_function",
+        )
+    )
     left += sorted(k for k, v in conf.items() if isinstance(v, dict))
-    out.notes.append("accelerate launch imported as torchrun with the same processes and "
-                     "nodes" + (f"; not carried over: {', '.join(left)} (give ms-swift "
-                                "--deepspeed / --fsdp / --torch_dtype instead)" if left else ""))
+    out.notes.append(
+        "accelerate launch imported as torchrun with the same processes and "
+        "nodes"
+        + (
+            f"; not carried over: {', '.join(left)} (give ms-swift "
+            "--deepspeed / --fsdp / --torch_dtype instead)"
+            if left
+            else ""
+        )
+    )
     if left:
-        out.warnings.append(f"accelerate settings {', '.join(left)} are not carried over: "
-                            "tunedeck launches with torchrun")
+        out.warnings.append(
+            f"accelerate settings {', '.join(left)} are not carried over: "
+            "tunedeck launches with torchrun"
+        )
     _target(out, target, module, cluster, env, "accelerate launch")
 
 
-def _deepspeed(out: Imported, words: list[str], cluster: dict[str, Any],
-               env: dict[str, str]) -> None:
+def _deepspeed(
+    out: Imported, words: list[str], cluster: dict[str, Any], env: dict[str, str]
+) -> None:
     flags, _, target = _launcher_flags(words, _DS_VALUE, _DS_BOOL, "deepspeed")
     hosts: list[tuple[str, int]] = []
     hostfile = flags.get("hostfile") or flags.get("H")
@@ -442,9 +645,11 @@ def _deepspeed(out: Imported, words: list[str], cluster: dict[str, Any],
         try:
             text = Path(hostfile).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise CommandImportError(f"deepspeed --hostfile {hostfile}: cannot read it here "
-                                     f"({getattr(e, 'strerror', None) or e}); tunedeck needs "
-                                     "its hosts and slots") from None
+            raise CommandImportError(
+                f"deepspeed --hostfile {hostfile}: cannot read it here "
+                f"({getattr(e, 'strerror', None) or e}); tunedeck needs "
+                "its hosts and slots"
+            ) from None
         for line in text.splitlines():
             m = re.match(r"\s*([^\s#]+)\s+slots\s*=\s*(\d+)", line)
             if m:
@@ -464,16 +669,20 @@ def _deepspeed(out: Imported, words: list[str], cluster: dict[str, Any],
     elif hosts:
         cluster["nproc_per_node"] = hosts[0][1]
     else:
-        cluster.setdefault("nproc_per_node", 0)   # every visible GPU, as deepspeed does
+        cluster.setdefault("nproc_per_node", 0)  # every visible GPU, as deepspeed does
     if len(hosts) > 1:
         cluster["master_addr"] = flags.get("master_addr") or hosts[0][0]
         if len({n for _, n in hosts}) > 1:
-            out.warnings.append("the hostfile gives nodes different slot counts; tunedeck "
-                                "runs the same number of ranks on every node")
+            out.warnings.append(
+                "the hostfile gives nodes different slot counts; tunedeck "
+                "runs the same number of ranks on every node"
+            )
     if flags.get("master_port"):
         cluster["master_port"] = int(flags["master_port"])
-    out.notes.append("deepspeed launcher imported as torchrun with the same processes and "
-                     "nodes (tunedeck starts each node itself, no pdsh/ssh)")
+    out.notes.append(
+        "deepspeed launcher imported as torchrun with the same processes and "
+        "nodes (tunedeck starts each node itself, no pdsh/ssh)"
+    )
     _target(out, target, "", cluster, env, "deepspeed")
 
 
@@ -483,8 +692,9 @@ def _read_config(path: str, what: str) -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise CommandImportError(f"{what} {path}: cannot read it here "
-                                 f"({getattr(e, 'strerror', None) or e})") from None
+        raise CommandImportError(
+            f"{what} {path}: cannot read it here ({getattr(e, 'strerror', None) or e})"
+        ) from None
     try:
         if p.suffix == ".json":
             import json
@@ -495,12 +705,14 @@ def _read_config(path: str, what: str) -> dict[str, Any]:
 
             data = yaml.safe_load(text)
     except ImportError:
-        raise CommandImportError(f"{what} {path}: reading YAML needs PyYAML (installed with "
-                                 "ms-swift)") from None
+        raise CommandImportError(
+            f"{what} {path}: reading YAML needs PyYAML (installed with ms-swift)"
+        ) from None
     except Exception as e:  # noqa: BLE001 - any parser error is the file's problem
-        raise CommandImportError(f"{what} {path}: not valid {p.suffix.lstrip('.') or 'YAML'}: "
-                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                                 ) from None
+        raise CommandImportError(
+            f"{what} {path}: not valid {p.suffix.lstrip('.') or 'YAML'}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -520,8 +732,10 @@ def _config_words(out: Imported, path: str, env: dict[str, str]) -> list[str]:
         if k == "ENV" and isinstance(v, dict):
             for name, val in v.items():
                 if is_secret_name(str(name)):
-                    out.warnings.append(f"{name} (ENV of {path}) is a secret and was not "
-                                        "written to the spec; export it where you launch")
+                    out.warnings.append(
+                        f"{name} (ENV of {path}) is a secret and was not "
+                        "written to the spec; export it where you launch"
+                    )
                 else:
                     env.setdefault(str(name), str(val))
             continue
@@ -532,8 +746,9 @@ def _config_words(out: Imported, path: str, env: dict[str, str]) -> list[str]:
             words.append(json.dumps(v, ensure_ascii=False))
         else:
             words.append(str(v))
-    out.notes.append(f"{path}: its settings were read as flags (later command-line flags win, "
-                     "as in ms-swift)")
+    out.notes.append(
+        f"{path}: its settings were read as flags (later command-line flags win, as in ms-swift)"
+    )
     return words
 
 
@@ -561,8 +776,9 @@ def _items(argv: list[str]) -> list[tuple[str, list[str], list[str]]]:
     return out
 
 
-def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any],
-           env: dict[str, str]) -> None:
+def _swift(
+    out: Imported, command: str, argv: list[str], cluster: dict[str, Any], env: dict[str, str]
+) -> None:
     from tunedeck.core.spec import check_option
     from tunedeck.core.swift.keymap import NotRepresentable, decode, reverse
 
@@ -582,13 +798,15 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
         i = argv.index("--config")
         if i + 1 >= len(argv):
             raise CommandImportError("--config without a file")
-        argv = argv[:i] + _config_words(out, argv[i + 1], env) + argv[i + 2:]
+        argv = argv[:i] + _config_words(out, argv[i + 1], env) + argv[i + 2 :]
     items = _items(argv)
     if items and items[0][0] == "":
         first = items.pop(0)[1]
-        raise CommandImportError(f"{' '.join(first)}: words before the first flag; ms-swift "
-                                 "would stop on them (a config file must be .yaml, .yml or "
-                                 ".json)")
+        raise CommandImportError(
+            f"{' '.join(first)}: words before the first flag; ms-swift "
+            "would stop on them (a config file must be .yaml, .yml or "
+            ".json)"
+        )
     by_flag = reverse(command)
     extra: list[str] = []
     # ms-swift keeps the last of a repeated flag (argparse); so does the spec
@@ -605,14 +823,17 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
                 name = fix.flag
                 written = [f"--{name}", *values]
             elif fix is not None and not fix.flag:
-                out.warnings.append(suggest(name, known, version) + f"; dropped --{name} "
-                                    f"{' '.join(values)}")
+                out.warnings.append(
+                    suggest(name, known, version) + f"; dropped --{name} {' '.join(values)}"
+                )
                 continue
             else:
                 longer = sorted(k for k in known if k.startswith(name) and "-" not in k)
                 if len(longer) == 1:
-                    out.warnings.append(f"--{name} is an abbreviation ms-swift would take as "
-                                        f"--{longer[0]}; written out")
+                    out.warnings.append(
+                        f"--{name} is an abbreviation ms-swift would take as "
+                        f"--{longer[0]}; written out"
+                    )
                     name = longer[0]
                     written = [f"--{name}", *values]
         elif not known and name in FIXES_4X and FIXES_4X[name].flag:
@@ -622,15 +843,20 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
         canon = name.replace("-", "_")
         if canon in CREDENTIAL_FLAGS if (known and canon in known) else is_secret_name(canon):
             var = SECRET_FLAG_ENV.get(canon, "")
-            how = (f"export {var or HUB_TOKEN_VARS} in the shell that launches (ms-swift reads "
-                   "it when the flag is absent; ranks inherit it)" if canon in SECRET_FLAG_ENV
-                   else "add it back in the form or with --set swift.extra_args (masked in the "
-                   "run's files, but `ps` shows command lines to every local user)")
+            how = (
+                f"export {var or HUB_TOKEN_VARS} in the shell that launches (ms-swift reads "
+                "it when the flag is absent; ranks inherit it)"
+                if canon in SECRET_FLAG_ENV
+                else "add it back in the form or with --set swift.extra_args (masked in the "
+                "run's files, but `ps` shows command lines to every local user)"
+            )
             out.warnings.append(f"--{name} is a secret and was not written to the spec; {how}")
             continue
         if MASK in values:
-            out.warnings.append(f"--{name} {MASK} is a masked value from a tunedeck file, not "
-                                "the real one; left out")
+            out.warnings.append(
+                f"--{name} {MASK} is a masked value from a tunedeck file, not "
+                "the real one; left out"
+            )
             continue
         vfix = VALUE_FIXES.get(canon, {})
         if len(values) == 1 and values[0] in vfix:
@@ -642,8 +868,10 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
         named.append((canon if canon in known or not known else name, values, written))
     for i, (name, values, written) in enumerate(named):
         if name in last and named[last[name]][1] != values:
-            out.warnings.append(f"--{name} is given more than once; ms-swift keeps only the "
-                                f"last ({' '.join(values)}), and so does the spec")
+            out.warnings.append(
+                f"--{name} is given more than once; ms-swift keeps only the "
+                f"last ({' '.join(values)}), and so does the spec"
+            )
         last[name] = i
     quant: dict[str, tuple[list[str], list[str]]] = {}
     for i, (name, values, written) in enumerate(named):
@@ -663,7 +891,7 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
                 extra += written
                 continue
             value, err = check_option(kf.key, value)
-            if err:   # the spec's key cannot hold it as written: ms-swift gets it as written
+            if err:  # the spec's key cannot hold it as written: ms-swift gets it as written
                 extra += written
                 continue
             _set(raw, kf.key, value)
@@ -673,13 +901,16 @@ def _swift(out: Imported, command: str, argv: list[str], cluster: dict[str, Any]
     if extra:
         raw["swift"]["extra_args"] = extra
     if "path" not in raw.get("model", {}) and not any(
-            w.startswith("--") and w[2:].partition("=")[0] in MODEL_FROM for w in extra):
-        raise CommandImportError("the command has no --model (nor --adapters, --ckpt_dir or "
-                                 "--mcore_model naming one)")
+        w.startswith("--") and w[2:].partition("=")[0] in MODEL_FROM for w in extra
+    ):
+        raise CommandImportError(
+            "the command has no --model (nor --adapters, --ckpt_dir or --mcore_model naming one)"
+        )
 
 
-def _special(out: Imported, raw: dict, cluster: dict[str, Any], name: str, values: list[str],
-             quant: dict) -> bool:
+def _special(
+    out: Imported, raw: dict, cluster: dict[str, Any], name: str, values: list[str], quant: dict
+) -> bool:
     """Flags whose spec keys are more than one word to one key (keymap.SPECIAL). True when
     the flag went into the spec."""
     one = values[0] if len(values) == 1 else None
@@ -709,16 +940,20 @@ def _special(out: Imported, raw: dict, cluster: dict[str, Any], name: str, value
         _set(raw, "parallel.strategy", "fsdp2")
         return True
     if name == "ddp_backend" and one in ("nccl", "gloo"):
-        cluster["dist_backend"] = one    # for tunedeck's own checks; the flag stays as written
+        cluster["dist_backend"] = one  # for tunedeck's own checks; the flag stays as written
     if name in ("model_name", "model_author") and len(values) == 2 and values[0] == values[1]:
         _set(raw, f"data.{name}", values[0])
         return True
-    if name == "global_batch_size" and one and one.isdigit() and \
-            raw["swift"]["command"].startswith("megatron"):
+    if (
+        name == "global_batch_size"
+        and one
+        and one.isdigit()
+        and raw["swift"]["command"].startswith("megatron")
+    ):
         raw["_gbs"] = int(one)
         return True
     if name == "use_cpu" and (one or "true").lower() == "true":
-        cluster["device"] = "cpu"      # and the flag stays as written
+        cluster["device"] = "cpu"  # and the flag stays as written
     return False
 
 
@@ -733,9 +968,11 @@ def _finish_quant(out: Imported, raw: dict, quant: dict, extra: list[str]) -> No
         _set(raw, "method.quant_bits", int(bits[0]))
         return
     if "quant_bits" in quant and "quant_method" not in quant:
-        out.warnings.append(f"--quant_bits {' '.join(bits)} without --quant_method does not "
-                            "quantise in ms-swift (QLoRA is --quant_method bnb); kept as "
-                            "written")
+        out.warnings.append(
+            f"--quant_bits {' '.join(bits)} without --quant_method does not "
+            "quantise in ms-swift (QLoRA is --quant_method bnb); kept as "
+            "written"
+        )
     for name in ("quant_method", "quant_bits"):
         if name in quant:
             extra += [f"--{name}", *quant[name]]
@@ -757,6 +994,9 @@ def _finish_megatron_batch(out: Imported) -> None:
         return
     # not a whole number of micro-batches here (or no process count): kept as written
     out.raw.setdefault("swift", {}).setdefault("extra_args", []).extend(
-        ["--global_batch_size", str(gbs)])
-    out.notes.append(f"--global_batch_size {gbs} is kept as written (train.grad_accum could "
-                     f"not be derived from micro batch {micro} x data-parallel {dp})")
+        ["--global_batch_size", str(gbs)]
+    )
+    out.notes.append(
+        f"--global_batch_size {gbs} is kept as written (train.grad_accum could "
+        f"not be derived from micro batch {micro} x data-parallel {dp})"
+    )

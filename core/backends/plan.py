@@ -53,9 +53,11 @@ class LaunchPlan:
         i.e. for the launch.sh a launch writes into it, not for a preview (its run is not
         named yet) or an export to another machine."""
         node = self.nodes[node_rank]
-        lines = ["#!/usr/bin/env bash",
-                 f"# tunedeck run {self.run_id}, node {node.node_rank} of {self.nnodes}",
-                 "set -euo pipefail"]
+        lines = [
+            "#!/usr/bin/env bash",
+            f"# tunedeck run {self.run_id}, node {node.node_rank} of {self.nnodes}",
+            "set -euo pipefail",
+        ]
         run_dir = node.env.get("TUNEDECK_RUN_DIR")
         if guard is None:
             guard = bool(run_dir) and os.path.isdir(run_dir)
@@ -74,15 +76,19 @@ REPLAY_ENV = "TUNEDECK_REPLAY_INTO_RUN"
 
 def _guard_lines(run_id: str, run_dir: str) -> list[str]:
     state = shlex.quote(run_dir.rstrip("/") + "/state.json")
-    why = (f"launch.sh: {run_dir} already holds run {run_id}; running this script again "
-           f"would append to the event files, logs and checkpoints of that run, and tunedeck "
-           f"would show them as its own. Launch a new run instead (tunedeck launch, or clone "
-           f"the run in the TUI), or set {REPLAY_ENV}=1 to append anyway.")
-    return [f"# refuses to append to run {run_id}'s files unless {REPLAY_ENV}=1",
-            f"if [ -e {state} ] && [ \"${{{REPLAY_ENV}:-}}\" != 1 ]; then",
-            f"  echo {shlex.quote(why)} >&2",
-            "  exit 3",
-            "fi"]
+    why = (
+        f"launch.sh: {run_dir} already holds run {run_id}; running this script again "
+        f"would append to the event files, logs and checkpoints of that run, and tunedeck "
+        f"would show them as its own. Launch a new run instead (tunedeck launch, or clone "
+        f"the run in the TUI), or set {REPLAY_ENV}=1 to append anyway."
+    )
+    return [
+        f"# refuses to append to run {run_id}'s files unless {REPLAY_ENV}=1",
+        f'if [ -e {state} ] && [ "${{{REPLAY_ENV}:-}}" != 1 ]; then',
+        f"  echo {shlex.quote(why)} >&2",
+        "  exit 3",
+        "fi",
+    ]
 
 
 def _wrap_argv(argv: list[str]) -> str:
@@ -90,8 +96,12 @@ def _wrap_argv(argv: list[str]) -> str:
     parts: list[str] = []
     for a in argv:
         q = shlex.quote(a)
-        if parts and not a.startswith("-") and parts[-1].lstrip().startswith("-") \
-                and " " not in parts[-1].strip():
+        if (
+            parts
+            and not a.startswith("-")
+            and parts[-1].lstrip().startswith("-")
+            and " " not in parts[-1].strip()
+        ):
             parts[-1] += " " + q
         else:
             parts.append(q)

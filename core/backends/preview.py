@@ -22,17 +22,17 @@ from tunedeck.core.spec import RunSpec, mask_argv
 
 @dataclass
 class Preview:
-    spec: RunSpec          # resolved for this machine
-    script: str            # launch.sh for node 0 (secrets masked)
+    spec: RunSpec  # resolved for this machine
+    script: str  # launch.sh for node 0 (secrets masked)
     world_size: int
     effective_batch: int
-    summary: str           # one paragraph for people
-    warning: str = ""      # ps_warning: secrets the command line itself will carry
-    settings: list[dict] = field(default_factory=list)   # swift_settings (ms-swift runs)
+    summary: str  # one paragraph for people
+    warning: str = ""  # ps_warning: secrets the command line itself will carry
+    settings: list[dict] = field(default_factory=list)  # swift_settings (ms-swift runs)
 
 
 def ps_warning(plan: LaunchPlan) -> str:
-    """"" or one line naming the credential flags left in the command line: every local user
+    """ "" or one line naming the credential flags left in the command line: every local user
     sees a process's argv (`ps`, /proc/<pid>/cmdline) for as long as it runs. Secrets in the
     environment (env.NAME, ms-swift's --hub_token/--swanlab_token, moved there by the swift
     backend) are private to the run's owner."""
@@ -47,9 +47,11 @@ def ps_warning(plan: LaunchPlan) -> str:
             prev = word
     if not flags:
         return ""
-    return (f"warning: `ps` shows every local user the command line, and with it the value of "
-            f"{', '.join(flags)}: pass secrets as environment variables (env.NAME; masked in "
-            f"the run's files and kept in its private secrets file) where the program reads one")
+    return (
+        f"warning: `ps` shows every local user the command line, and with it the value of "
+        f"{', '.join(flags)}: pass secrets as environment variables (env.NAME; masked in "
+        f"the run's files and kept in its private secrets file) where the program reads one"
+    )
 
 
 def swift_settings(spec: RunSpec) -> list[dict]:
@@ -70,9 +72,15 @@ def settings_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         v = r["value"]
-        value = ("(as written there)" if r["source"] == "extra_args" else
-                 "(decided at run time)" if v is None else
-                 " ".join(map(str, v)) if isinstance(v, list) else str(v))
+        value = (
+            "(as written there)"
+            if r["source"] == "extra_args"
+            else "(decided at run time)"
+            if v is None
+            else " ".join(map(str, v))
+            if isinstance(v, list)
+            else str(v)
+        )
         out.append(f"--{r['flag']} {value}  ({r['source']}: {r['key']})")
     return out
 
@@ -81,7 +89,7 @@ def preview(spec: RunSpec, root: Path | None = None) -> Preview:
     spec, plan = plan_run(spec, RunDir((root or runs_root()) / "<run-id>"))
     t, c = spec.train, spec.cluster
     est, length = spec, f"{t.max_steps} steps"
-    if spec.backend == "swift":     # the numbers of the run ms-swift starts (its defaults)
+    if spec.backend == "swift":  # the numbers of the run ms-swift starts (its defaults)
         from tunedeck.core.swift.flags import FlagTableError, flag_tables
         from tunedeck.core.swift.keymap import estimate_view, length_phrase
 
@@ -91,10 +99,18 @@ def preview(spec: RunSpec, root: Path | None = None) -> Preview:
             tables = None
         est, length = estimate_view(spec, tables), length_phrase(spec, tables)
     eff = effective_batch(est, plan.world_size)  # data-parallel only (Megatron divides)
-    where = (f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), "
-             f"{c.dist_backend}")
-    summary = (f"{spec.name}: {spec.backend} backend, {est.method.type} on {spec.model.path}; "
-               f"{where}; {spec.parallel.strategy}. {describe(est, plan.world_size)}"
-               f"; {length}.")
-    return Preview(spec, plan.to_shell(c.node_rank), plan.world_size, eff, summary,
-                   ps_warning(plan), swift_settings(spec))
+    where = f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), {c.dist_backend}"
+    summary = (
+        f"{spec.name}: {spec.backend} backend, {est.method.type} on {spec.model.path}; "
+        f"{where}; {spec.parallel.strategy}. {describe(est, plan.world_size)}"
+        f"; {length}."
+    )
+    return Preview(
+        spec,
+        plan.to_shell(c.node_rank),
+        plan.world_size,
+        eff,
+        summary,
+        ps_warning(plan),
+        swift_settings(spec),
+    )

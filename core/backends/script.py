@@ -47,8 +47,11 @@ def check(spec: RunSpec, local: bool) -> None:
     if local and s.path and not script_path(spec).is_file():
         # a spec file's relative paths were resolved from its folder when it was loaded;
         # only a path still relative (a spec built in code) is taken from here
-        where = "" if Path(s.path).expanduser().is_absolute() else \
-            f" (relative paths are taken from {Path.cwd()})"
+        where = (
+            ""
+            if Path(s.path).expanduser().is_absolute()
+            else f" (relative paths are taken from {Path.cwd()})"
+        )
         raise ValueError(f"script.path: {script_path(spec)} is not a file{where}")
 
 
@@ -66,10 +69,14 @@ def build_plan(spec: RunSpec, run: RunDir) -> LaunchPlan:
 
 # -- metrics -----------------------------------------------------------------------------
 
+
 def _hint_logging_steps(args: list[str]) -> int:
     for i, a in enumerate(args):
-        val = a.split("=", 1)[1] if a.startswith("--logging_steps=") else (
-            args[i + 1] if a == "--logging_steps" and i + 1 < len(args) else None)
+        val = (
+            a.split("=", 1)[1]
+            if a.startswith("--logging_steps=")
+            else (args[i + 1] if a == "--logging_steps" and i + 1 < len(args) else None)
+        )
         if val and val.isdigit() and int(val) > 0:
             return int(val)
     return 1

@@ -34,13 +34,23 @@ from tunedeck.core.spec import RunSpec, get_value, is_set
 from tunedeck.core.swift.flags import validate
 from tunedeck.core.swift.version import ASSUMED, installed_version, tuner_flag
 
-ENTRY = {"sft": "swift.cli.sft", "pt": "swift.cli.pt", "rlhf": "swift.cli.rlhf",
-         "megatron-sft": "swift.cli._megatron.sft", "megatron-pt": "swift.cli._megatron.pt",
-         "megatron-rlhf": "swift.cli._megatron.rlhf"}
+ENTRY = {
+    "sft": "swift.cli.sft",
+    "pt": "swift.cli.pt",
+    "rlhf": "swift.cli.rlhf",
+    "megatron-sft": "swift.cli._megatron.sft",
+    "megatron-pt": "swift.cli._megatron.pt",
+    "megatron-rlhf": "swift.cli._megatron.rlhf",
+}
 # what a user types for the same thing (`tunedeck export --format swift`)
-CLI_FORM = {"sft": ["swift", "sft"], "pt": ["swift", "pt"], "rlhf": ["swift", "rlhf"],
-            "megatron-sft": ["megatron", "sft"], "megatron-pt": ["megatron", "pt"],
-            "megatron-rlhf": ["megatron", "rlhf"]}
+CLI_FORM = {
+    "sft": ["swift", "sft"],
+    "pt": ["swift", "pt"],
+    "rlhf": ["swift", "rlhf"],
+    "megatron-sft": ["megatron", "sft"],
+    "megatron-pt": ["megatron", "pt"],
+    "megatron-rlhf": ["megatron", "rlhf"],
+}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -70,12 +80,21 @@ def model_flags(spec: RunSpec) -> list[str]:
         # false skips a hub lookup that takes ~24 s to fail offline
         try:
             model = tiny_model_dir(spec.data.path)
-        except OSError as e:   # a DataFileError's sentence names data.path already
+        except OSError as e:  # a DataFileError's sentence names data.path already
             said = str(e)
-            raise SwiftPlanError(said if said.startswith("data.path") else
-                                 f"data.path: {said}") from None
-        return ["--model", str(model), "--model_type", "qwen2",
-                "--template", "qwen", "--check_model", "false"]
+            raise SwiftPlanError(
+                said if said.startswith("data.path") else f"data.path: {said}"
+            ) from None
+        return [
+            "--model",
+            str(model),
+            "--model_type",
+            "qwen2",
+            "--template",
+            "qwen",
+            "--check_model",
+            "false",
+        ]
     return ["--model", mp]
 
 
@@ -85,7 +104,8 @@ def datasets(spec: RunSpec) -> list[str]:
     d = spec.data
     out = ([d.path] if d.path else []) + list(d.datasets)
     if d.format == "self_cognition" and not any(
-            x.split("#")[0] == "swift/self-cognition" for x in out):
+        x.split("#")[0] == "swift/self-cognition" for x in out
+    ):
         out.append("swift/self-cognition")
     return out
 
@@ -94,16 +114,22 @@ def _strategy_flags(spec: RunSpec) -> list[str]:
     p = spec.parallel
     if is_megatron(spec):
         if p.strategy not in ("megatron", "ddp"):
-            raise SwiftPlanError(f"parallel.strategy {p.strategy}: megatron commands shard "
-                                 "with tp/pp/cp/ep; use strategy = \"megatron\"")
+            raise SwiftPlanError(
+                f"parallel.strategy {p.strategy}: megatron commands shard "
+                'with tp/pp/cp/ep; use strategy = "megatron"'
+            )
         return []
     if p.strategy == "megatron":
-        raise SwiftPlanError("parallel.strategy megatron needs swift.command megatron-sft, "
-                             "megatron-pt or megatron-rlhf")
+        raise SwiftPlanError(
+            "parallel.strategy megatron needs swift.command megatron-sft, "
+            "megatron-pt or megatron-rlhf"
+        )
     if p.strategy == "deepspeed":
         if p.zero_offload != "none" and p.zero_stage < 2:
-            raise SwiftPlanError(f"parallel.zero_offload {p.zero_offload} needs zero_stage 2 "
-                                 f"or 3 (got {p.zero_stage})")
+            raise SwiftPlanError(
+                f"parallel.zero_offload {p.zero_offload} needs zero_stage 2 "
+                f"or 3 (got {p.zero_stage})"
+            )
         if p.zero_offload == "none":
             return ["--deepspeed", f"zero{p.zero_stage}"]
         if p.zero_stage == 2 or p.zero_offload == "all":
@@ -112,37 +138,62 @@ def _strategy_flags(spec: RunSpec) -> list[str]:
         return ["--deepspeed", json.dumps(_zero3_optimizer_offload(), separators=(",", ":"))]
     if p.strategy == "fsdp2":
         if p.cpu_offload:
-            return ["--fsdp", json.dumps({
-                "fsdp": "full_shard auto_wrap offload",
-                "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": True,
-                                "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                                "cpu_ram_efficient_loading": True,
-                                "state_dict_type": "SHARDED_STATE_DICT",
-                                "activation_checkpointing": True}}, separators=(",", ":"))]
+            return [
+                "--fsdp",
+                json.dumps(
+                    {
+                        "fsdp": "full_shard auto_wrap offload",
+                        "fsdp_config": {
+                            "fsdp_version": 2,
+                            "reshard_after_forward": True,
+                            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                            "cpu_ram_efficient_loading": True,
+                            "state_dict_type": "SHARDED_STATE_DICT",
+                            "activation_checkpointing": True,
+                        },
+                    },
+                    separators=(",", ":"),
+                ),
+            ]
         return ["--fsdp", "fsdp2"]
     return []
 
 
 def _zero3_optimizer_offload() -> dict[str, Any]:
-    return {"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
-            "zero_optimization": {"stage": 3,
-                                  "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                  "overlap_comm": True, "contiguous_gradients": True,
-                                  "stage3_gather_16bit_weights_on_model_save": True},
-            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-            "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
+    return {
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+    }
 
 
 def _method_flags(spec: RunSpec, version: str) -> list[str]:
     m = spec.method
     if m.type == "qlora":
         if is_megatron(spec):
-            raise SwiftPlanError("method.type qlora: Megatron-SWIFT does not support QLoRA; "
-                                 "use lora")
+            raise SwiftPlanError(
+                "method.type qlora: Megatron-SWIFT does not support QLoRA; use lora"
+            )
         # ms-swift has no qlora tuner: QLoRA = lora on a bitsandbytes-quantised base (its
         # defaults are nf4 with double quantisation)
-        return [tuner_flag(version), "lora", "--quant_method", "bnb",
-                "--quant_bits", str(m.quant_bits)]
+        return [
+            tuner_flag(version),
+            "lora",
+            "--quant_method",
+            "bnb",
+            "--quant_bits",
+            str(m.quant_bits),
+        ]
     if is_set(spec, "method.type"):
         return [tuner_flag(version), m.type]
     return []
@@ -156,8 +207,10 @@ def _megatron_batch(spec: RunSpec) -> list[str]:
 
     t = spec.train
     world = spec.cluster.nproc_per_node * spec.cluster.nnodes
-    return ["--global_batch_size",
-            str(t.per_device_batch_size * data_parallel_size(spec, world) * t.grad_accum)]
+    return [
+        "--global_batch_size",
+        str(t.per_device_batch_size * data_parallel_size(spec, world) * t.grad_accum),
+    ]
 
 
 def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None) -> list[str]:
@@ -171,7 +224,7 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
     s, command = spec.swift, spec.swift.command
     extra = {w[2:].partition("=")[0] for w in s.extra_args if w.startswith("--")}
 
-    def wanted(flag: str) -> bool:    # extra_args win: they are what the user wrote
+    def wanted(flag: str) -> bool:  # extra_args win: they are what the user wrote
         return flag not in extra
 
     # ms-swift reads the model from a checkpoint's args.json (--adapters, --ckpt_dir) and
@@ -186,7 +239,7 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
         if not flag or not wanted(flag) or not is_set(spec, kf.key):
             continue
         value = get_value(spec, kf.key)
-        if kf.key == "train.resume_from" and value == "auto":   # a folder to ms-swift
+        if kf.key == "train.resume_from" and value == "auto":  # a folder to ms-swift
             found = resume_point(value, Path(output_dir), 0) if output_dir else None
             args += [f"--{flag}", str(found)] if found else []
         elif emits(kf, value):
@@ -194,13 +247,19 @@ def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None
     for key, flag in (("data.model_name", "model_name"), ("data.model_author", "model_author")):
         value = get_value(spec, key)
         if value and wanted(flag):
-            args += [f"--{flag}", value, value]   # ms-swift wants (zh, en)
+            args += [f"--{flag}", value, value]  # ms-swift wants (zh, en)
     args += _method_flags(spec, version) + _strategy_flags(spec)
     if is_megatron(spec):
         args += _megatron_batch(spec) if wanted("global_batch_size") else []
         if spec.train.gradient_checkpointing and wanted("recompute_granularity"):
-            args += ["--recompute_granularity", "full", "--recompute_method", "uniform",
-                     "--recompute_num_layers", "1"]
+            args += [
+                "--recompute_granularity",
+                "full",
+                "--recompute_method",
+                "uniform",
+                "--recompute_num_layers",
+                "1",
+            ]
     if spec.cluster.device == "cpu":
         if is_megatron(spec):
             raise SwiftPlanError("megatron commands need GPUs; cluster.device is cpu")
@@ -255,8 +314,9 @@ def uses_hf_hub(spec: RunSpec, args: list[str]) -> bool:
         name, eq, value = a.partition("=")
         if name in ("--use_hf", "--use-hf"):
             if not eq:
-                value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") \
-                    else "true"
+                value = (
+                    args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else "true"
+                )
             return _truthy(value)
     return _truthy(spec.env.get("USE_HF", os.environ.get("USE_HF")))
 
@@ -277,10 +337,11 @@ def secret_flags_to_env(spec: RunSpec, args: list[str]) -> tuple[list[str], dict
                     i += 1
                 else:
                     value = ""
-            var = SECRET_FLAG_ENV[canon] or ("HF_TOKEN" if uses_hf_hub(spec, args)
-                                             else "MODELSCOPE_API_TOKEN")
+            var = SECRET_FLAG_ENV[canon] or (
+                "HF_TOKEN" if uses_hf_hub(spec, args) else "MODELSCOPE_API_TOKEN"
+            )
             if value:
-                env[var] = value       # the flag wins over the variable, as in ms-swift
+                env[var] = value  # the flag wins over the variable, as in ms-swift
             i += 1
             continue
         out.append(a)
@@ -320,9 +381,9 @@ class SwiftLogMonitor:
         self.writer = EventWriter(run.path, 0, dedupe_steps=True)
         self.tail = RankLogTail(run, log_rank)
         self.jsonl: Tail | None = None
-        self.announced: Path | None = None   # what the logging rank said it writes
-        self.ended: set[Path] = set()          # version folders' files of ended attempts
-        self.parser = MetricsParser()       # logging.jsonl and console dicts carry their step
+        self.announced: Path | None = None  # what the logging rank said it writes
+        self.ended: set[Path] = set()  # version folders' files of ended attempts
+        self.parser = MetricsParser()  # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
 
@@ -337,8 +398,10 @@ class SwiftLogMonitor:
         elif self.jsonl is None or not self.jsonl.path.exists():
             # restarts make new v<N>-<time> folders: follow the newest, never one that an
             # attempt before has ended
-            found = sorted((p for p in self.output_dir.glob("v*-*/logging.jsonl")
-                            if p not in self.ended), key=lambda p: p.stat().st_mtime)
+            found = sorted(
+                (p for p in self.output_dir.glob("v*-*/logging.jsonl") if p not in self.ended),
+                key=lambda p: p.stat().st_mtime,
+            )
             direct = self.output_dir / "logging.jsonl"
             if found:
                 self._use(found[-1])
@@ -389,7 +452,7 @@ class SwiftLogMonitor:
         self.writer.restart_at(step)
         self.announced = None
         if self.jsonl is not None and self.jsonl.path.parent != self.output_dir:
-            self.ended.add(self.jsonl.path)     # the next attempt writes a folder of its own
+            self.ended.add(self.jsonl.path)  # the next attempt writes a folder of its own
             self.jsonl = None
 
     def close(self, new_events: list) -> None:
@@ -419,8 +482,12 @@ def cli_form(spec: RunSpec, output_dir: str | None) -> tuple[dict[str, str], lis
     c = spec.cluster
     env = {"NPROC_PER_NODE": str(c.nproc_per_node)}
     if c.nnodes > 1:
-        env.update(NNODES=str(c.nnodes), NODE_RANK=str(c.node_rank),
-                   MASTER_ADDR=c.master_addr, MASTER_PORT=str(c.master_port))
+        env.update(
+            NNODES=str(c.nnodes),
+            NODE_RANK=str(c.node_rank),
+            MASTER_ADDR=c.master_addr,
+            MASTER_PORT=str(c.master_port),
+        )
     if c.gpus:
         env["CUDA_VISIBLE_DEVICES"] = c.gpus
     env.update(swift_env(spec))
@@ -437,11 +504,15 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restart continues from the last checkpoint ms-swift wrote (its next version folder
     holds the new attempt), passed as --resume_from_checkpoint in place of any the plan had;
     on several nodes the head's reading, which every node follows (core/runs/restarts)."""
-    if is_megatron(spec):   # no such flag there: Megatron loads its own checkpoint format
-        return Restart(None, "from step 0 (a Megatron run resumes through its own flags: "
-                             "--mcore_model CHECKPOINT --finetune false in swift.extra_args)")
-    return Restart.at(resume_point(spec.train.resume_from, run.output_dir(spec), attempt),
-                      RESUME_FLAG)
+    if is_megatron(spec):  # no such flag there: Megatron loads its own checkpoint format
+        return Restart(
+            None,
+            "from step 0 (a Megatron run resumes through its own flags: "
+            "--mcore_model CHECKPOINT --finetune false in swift.extra_args)",
+        )
+    return Restart.at(
+        resume_point(spec.train.resume_from, run.output_dir(spec), attempt), RESUME_FLAG
+    )
 
 
 BACKEND = Backend("swift", build_plan, check, monitors, restart)

@@ -12,23 +12,39 @@ from tunedeck.core.spec import RunSpec
 
 def torchrun_argv(spec: RunSpec, run: RunDir, node_rank: int) -> list[str]:
     c = spec.cluster
-    argv = [sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(c.nnodes),
-            "--nproc_per_node", str(c.nproc_per_node),
-            # restarts are the agent's job (pause between attempts, resume, history)
-            "--max_restarts", "0",
-            # per-rank stdout/stderr files (the layout: tunedeck.core.rundir)
-            "--log_dir", str(run.node_log_dir(node_rank)),
-            "--redirects", "3",
-            "--rdzv_id", run.run_id]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(c.nnodes),
+        "--nproc_per_node",
+        str(c.nproc_per_node),
+        # restarts are the agent's job (pause between attempts, resume, history)
+        "--max_restarts",
+        "0",
+        # per-rank stdout/stderr files (the layout: tunedeck.core.rundir)
+        "--log_dir",
+        str(run.node_log_dir(node_rank)),
+        "--redirects",
+        "3",
+        "--rdzv_id",
+        run.run_id,
+    ]
     if c.nnodes == 1:
         argv += ["--master_addr", c.master_addr, "--master_port", str(c.master_port)]
     else:
         # c10d rendezvous: a missing node fails after join_timeout instead of hanging
-        argv += ["--rdzv_backend", "c10d",
-                 "--rdzv_endpoint", f"{c.master_addr}:{c.master_port}",
-                 "--rdzv_conf", f"join_timeout={c.join_timeout_s}",
-                 "--node_rank", str(node_rank)]
+        argv += [
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"{c.master_addr}:{c.master_port}",
+            "--rdzv_conf",
+            f"join_timeout={c.join_timeout_s}",
+            "--node_rank",
+            str(node_rank),
+        ]
     return argv
 
 
@@ -37,7 +53,7 @@ def run_env(run: RunDir) -> dict[str, str]:
     env.TUNEDECK_* keys too; the agent adds TUNEDECK_ATTEMPT and TUNEDECK_LAUNCH_ID the same
     way at start)."""
     return {
-        "TUNEDECK_RUN_ID": run.run_id,     # marks every process of the run (stop sweeps by it)
+        "TUNEDECK_RUN_ID": run.run_id,  # marks every process of the run (stop sweeps by it)
         "TUNEDECK_RUN_DIR": str(run.path),
     }
 
@@ -61,19 +77,22 @@ def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
     return env
 
 
-def torchrun_plan(spec: RunSpec, run: RunDir, target: list[str],
-                  defaults: dict[str, str] | None = None) -> LaunchPlan:
+def torchrun_plan(
+    spec: RunSpec, run: RunDir, target: list[str], defaults: dict[str, str] | None = None
+) -> LaunchPlan:
     """One torchrun per node running `target` (what follows torchrun's own flags); `defaults`
     are environment values the spec's own env may override."""
     c = spec.cluster
-    plan = LaunchPlan(run_id=run.run_id, backend=spec.backend, nproc_per_node=c.nproc_per_node,
-                      nnodes=c.nnodes)
+    plan = LaunchPlan(
+        run_id=run.run_id, backend=spec.backend, nproc_per_node=c.nproc_per_node, nnodes=c.nnodes
+    )
     for node in range(c.nnodes):
         env = base_env(spec, run)
         for k, v in (defaults or {}).items():
             env.setdefault(k, v)
         env.update(run_env(run))
         host = c.master_addr if node == 0 else f"node{node}"
-        plan.nodes.append(NodeCommand(node, host, torchrun_argv(spec, run, node) + target, env,
-                                      str(run.path)))
+        plan.nodes.append(
+            NodeCommand(node, host, torchrun_argv(spec, run, node) + target, env, str(run.path))
+        )
     return plan

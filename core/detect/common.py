@@ -32,8 +32,9 @@ def ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def rank_utils(tel: Telemetry | None, ranks, local_world: int | None, t0: float,
-               t1: float) -> dict[int, tuple[int, float]]:
+def rank_utils(
+    tel: Telemetry | None, ranks, local_world: int | None, t0: float, t1: float
+) -> dict[int, tuple[int, float]]:
     """rank → (its GPU, mean utilisation over [t0, t1]) for the ranks telemetry can place."""
     out: dict[int, tuple[int, float]] = {}
     if tel is None:

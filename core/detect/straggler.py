@@ -16,8 +16,15 @@ from tunedeck.core.diagnose.finding import Finding
 
 class StragglerDetector:
     RECOVER_CHECKS = 10
-    def __init__(self, window: int = 20, skew: float = 1.25, min_gap_s: float = 0.05,
-                 telemetry: Telemetry | None = None, local_world: int | None = None):
+
+    def __init__(
+        self,
+        window: int = 20,
+        skew: float = 1.25,
+        min_gap_s: float = 0.05,
+        telemetry: Telemetry | None = None,
+        local_world: int | None = None,
+    ):
         self.window = window
         self.skew = skew
         self.min_gap_s = min_gap_s
@@ -25,7 +32,7 @@ class StragglerDetector:
         self.local_world = local_world
         self.times: dict[int, deque] = {}
         self.flagged: set[int] = set()
-        self.calm = 0   # consecutive checks below the recovery line
+        self.calm = 0  # consecutive checks below the recovery line
 
     def update(self, events: list[dict]) -> None:
         for e in events:
@@ -42,8 +49,9 @@ class StragglerDetector:
                 self.times.setdefault(e["rank"], deque(maxlen=self.window)).append(c)
 
     def check(self, now: float) -> list:
-        full = {r: median(list(d)) for r, d in self.times.items()
-                if len(d) >= max(5, self.window // 2)}
+        full = {
+            r: median(list(d)) for r, d in self.times.items() if len(d) >= max(5, self.window // 2)
+        }
         if len(full) < 2:
             return []
         slow = max(full, key=full.get)
@@ -57,21 +65,38 @@ class StragglerDetector:
         if ratio < self.skew or full[slow] - rest < self.min_gap_s or slow in self.flagged:
             return []
         self.flagged.add(slow)
-        evidence = [f"median step time without data wait over the last {self.window} steps: "
-                    + ", ".join(f"rank {r} {v:.3f} s" for r, v in sorted(full.items()))]
-        utils = [f"GPU {g} (rank {r}) {u:.0f} %" for r, (g, u) in rank_utils(
-            self.telemetry, sorted(full), self.local_world, now - 60, now).items()]
+        evidence = [
+            f"median step time without data wait over the last {self.window} steps: "
+            + ", ".join(f"rank {r} {v:.3f} s" for r, v in sorted(full.items()))
+        ]
+        utils = [
+            f"GPU {g} (rank {r}) {u:.0f} %"
+            for r, (g, u) in rank_utils(
+                self.telemetry, sorted(full), self.local_world, now - 60, now
+            ).items()
+        ]
         if utils:
             evidence.append("GPU utilisation, last 60 s: " + ", ".join(utils))
-        return [Finding(
-            category="straggler", severity="warning", rank=slow, t=now,
-            summary=f"rank {slow} is a straggler: its steps take {ratio:.2f}x the others' "
-                    f"({full[slow]:.3f} s vs {rest:.3f} s)",
-            cause=(f"Rank {slow} computes each step {ratio:.2f}x slower than the median rank; in "
-                   "synchronous training every other rank waits for it, so the whole job runs "
-                   "at its pace."),
-            fix=("Check rank's GPU for throttling (temperature, power cap, clocks in the GPU "
-                 "panel), other processes sharing that GPU or its CPU cores, uneven sequence "
-                 "lengths per rank (use length grouping / packing), and a slower PCIe/NUMA "
-                 "placement; replace the GPU or exclude it (cluster.gpus) if it persists."),
-            evidence=evidence, source="events")]
+        return [
+            Finding(
+                category="straggler",
+                severity="warning",
+                rank=slow,
+                t=now,
+                summary=f"rank {slow} is a straggler: its steps take {ratio:.2f}x the others' "
+                f"({full[slow]:.3f} s vs {rest:.3f} s)",
+                cause=(
+                    f"Rank {slow} computes each step {ratio:.2f}x slower than the median rank; in "
+                    "synchronous training every other rank waits for it, so the whole job runs "
+                    "at its pace."
+                ),
+                fix=(
+                    "Check rank's GPU for throttling (temperature, power cap, clocks in the GPU "
+                    "panel), other processes sharing that GPU or its CPU cores, uneven sequence "
+                    "lengths per rank (use length grouping / packing), and a slower PCIe/NUMA "
+                    "placement; replace the GPU or exclude it (cluster.gpus) if it persists."
+                ),
+                evidence=evidence,
+                source="events",
+            )
+        ]

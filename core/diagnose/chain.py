@@ -24,24 +24,40 @@ import re
 from typing import TYPE_CHECKING
 
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.diagnose.rules import CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX, \
-    CHECKPOINT_FULL_SUMMARY, CONSEQUENCE_PATTERNS, SIGKILL_CAUSE, SIGKILL_FIX, WRITE_FAILED, \
-    match_line, saving_checkpoint
+from tunedeck.core.diagnose.rules import (
+    CHECKPOINT_FULL_CAUSE,
+    CHECKPOINT_FULL_FIX,
+    CHECKPOINT_FULL_SUMMARY,
+    CONSEQUENCE_PATTERNS,
+    SIGKILL_CAUSE,
+    SIGKILL_FIX,
+    WRITE_FAILED,
+    match_line,
+    saving_checkpoint,
+)
 from tunedeck.core.ingest.parsers.torchrun import signal_name
 
 if TYPE_CHECKING:
     from tunedeck.core.diagnose.scan import FileScanner
 
-SIGNALS = {"SIGKILL": "worker_sigkill", "SIGSEGV": "worker_segfault", "SIGBUS": "worker_segfault",
-           "SIGABRT": "worker_sigabrt", "SIGTERM": "worker_sigterm", "SIGHUP": "worker_sigterm",
-           "SIGINT": "worker_sigterm"}
+SIGNALS = {
+    "SIGKILL": "worker_sigkill",
+    "SIGSEGV": "worker_segfault",
+    "SIGBUS": "worker_segfault",
+    "SIGABRT": "worker_sigabrt",
+    "SIGTERM": "worker_sigterm",
+    "SIGHUP": "worker_sigterm",
+    "SIGINT": "worker_sigterm",
+}
 _TIER_SIGNAL = {"worker_sigkill", "worker_segfault", "worker_sigabrt"}
 _TIER_HANG = {"stall", "nccl_timeout"}
 _TIER_LINK = {"nccl_network"}
 _TIER_AFTER = {"worker_sigterm"}
-_LAUNCHER_FRAMES = re.compile(r"torch/distributed/(?:run|launch)\.py|elastic/agent/server"
-                              r"|launcher/api\.py|deepspeed/launcher|accelerate/commands"
-                              r"|bin/(?:torchrun|deepspeed|accelerate)\b")
+_LAUNCHER_FRAMES = re.compile(
+    r"torch/distributed/(?:run|launch)\.py|elastic/agent/server"
+    r"|launcher/api\.py|deepspeed/launcher|accelerate/commands"
+    r"|bin/(?:torchrun|deepspeed|accelerate)\b"
+)
 _LAUNCHER_EXC = re.compile(r"ChildFailedError|SignalException|CalledProcessError")
 _SOURCE_LINE = re.compile(r":(\d+)$")
 
@@ -65,6 +81,7 @@ def refine(found: list[Finding], scanners: "list[FileScanner]") -> list[Finding]
 
 # -- where: hosts ---------------------------------------------------------------------------
 
+
 def _hosts_from_lines(found: list[Finding], scanners) -> None:
     by_ref = {}
     for sc in scanners:
@@ -78,8 +95,7 @@ def _hosts_from_lines(found: list[Finding], scanners) -> None:
     for f in found:
         if f.host is None:
             f.host = by_ref.get(f.source) or by_ref.get(("rank", f.rank))
-        if f.host and f.host != "localhost" and f.severity == "error" and \
-                f.host not in f.summary:
+        if f.host and f.host != "localhost" and f.severity == "error" and f.host not in f.summary:
             f.summary += f" on {f.host}"
 
 
@@ -103,34 +119,55 @@ def _table_tracebacks(found: list[Finding], scanners) -> list[Finding]:
                     cat, summary = rule.category, f"{rule.summary} (rank {fl.rank})"
                     cause, fix, sev = rule.cause, rule.fix, rule.severity
                     if cat == "disk_full" and saving_checkpoint(lines):
-                        cat, summary = "checkpoint_write_failed", \
-                            f"{CHECKPOINT_FULL_SUMMARY} (rank {fl.rank})"
+                        cat, summary = (
+                            "checkpoint_write_failed",
+                            f"{CHECKPOINT_FULL_SUMMARY} (rank {fl.rank})",
+                        )
                         cause, fix = CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX
                 else:
                     exc = next((ln for ln in reversed(lines) if _EXC_LINE.match(ln)), None)
                     if exc is None:
                         continue
-                    cat, summary, sev = "rank_crashed", f"rank {fl.rank} crashed: {exc[:160]}", \
-                        "error"
+                    cat, summary, sev = (
+                        "rank_crashed",
+                        f"rank {fl.rank} crashed: {exc[:160]}",
+                        "error",
+                    )
                     cause = f"An exception ended rank {fl.rank}; torchrun's report quotes it."
-                    fix = ("Fix the error at the innermost frame of the traceback (your script, "
-                           "data or config); re-run a single rank to reproduce it quickly.")
+                    fix = (
+                        "Fix the error at the innermost frame of the traceback (your script, "
+                        "data or config); re-run a single rank to reproduce it quickly."
+                    )
                     if WRITE_FAILED.search(exc) and saving_checkpoint(lines):
-                        cat, summary = "checkpoint_write_failed", \
-                            f"{CHECKPOINT_FULL_SUMMARY} (rank {fl.rank})"
+                        cat, summary = (
+                            "checkpoint_write_failed",
+                            f"{CHECKPOINT_FULL_SUMMARY} (rank {fl.rank})",
+                        )
                         cause, fix = CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX
                 if (cat, fl.rank) in have:
                     continue
                 have.add((cat, fl.rank))
-                out.append(Finding(category=cat, severity=sev, summary=summary, cause=cause,
-                                   fix=fix, rank=fl.rank, node=sc.source.node,
-                                   evidence=[f"{sc.ref(rep.first_line)}: torchrun: rank "
-                                             f"{fl.rank}:"] + lines[-8:],
-                                   t=fl.time, source=sc.ref(rep.first_line), host=fl.host))
+                out.append(
+                    Finding(
+                        category=cat,
+                        severity=sev,
+                        summary=summary,
+                        cause=cause,
+                        fix=fix,
+                        rank=fl.rank,
+                        node=sc.source.node,
+                        evidence=[f"{sc.ref(rep.first_line)}: torchrun: rank {fl.rank}:"]
+                        + lines[-8:],
+                        t=fl.time,
+                        source=sc.ref(rep.first_line),
+                        host=fl.host,
+                    )
+                )
     return out
 
 
 # -- exits torchrun (or DeepSpeed's launcher) reported without a failure table --------------
+
 
 def _exit_lines(found: list[Finding], scanners) -> list[Finding]:
     covered = {(f.rank, f.category) for f in found}
@@ -157,28 +194,46 @@ def _exit_lines(found: list[Finding], scanners) -> list[Finding]:
                 continue
             covered.add((rank, cat))
             cause, fix = _SIGNAL_TEXT.get(cat, _SIGNAL_TEXT["rank_crashed"])
-            out.append(Finding(category=cat, severity="warning" if cat == "worker_sigterm"
-                               else "error", summary=summary, cause=cause, fix=fix, rank=rank,
-                               node=sc.source.node, evidence=ev, t=t, source=sc.ref(lineno),
-                               root_cause=cat != "worker_sigterm"))
+            out.append(
+                Finding(
+                    category=cat,
+                    severity="warning" if cat == "worker_sigterm" else "error",
+                    summary=summary,
+                    cause=cause,
+                    fix=fix,
+                    rank=rank,
+                    node=sc.source.node,
+                    evidence=ev,
+                    t=t,
+                    source=sc.ref(lineno),
+                    root_cause=cat != "worker_sigterm",
+                )
+            )
     return out
 
 
 _SIGNAL_TEXT = {
     "worker_sigkill": (SIGKILL_CAUSE, SIGKILL_FIX),
-    "worker_segfault": ("Native code crashed (a CUDA extension, a mismatched library build, "
-                        "or corrupted memory).",
-                        "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
-                        "compiled extensions (flash-attn, bitsandbytes, deepspeed ops) match "
-                        "the installed torch/CUDA."),
-    "worker_sigabrt": ("The rank aborted itself: a C++ exception or an assertion in "
-                       "torch/NCCL/CUDA (for example after a collective timeout).",
-                       "Read the rank's stderr just before the abort for the C++ error."),
-    "worker_sigterm": ("The launcher stops the other ranks once one fails.",
-                       "Nothing to fix here: see the root cause."),
-    "rank_crashed": ("The rank's program failed.",
-                     "Read the rank's own output for its error (torchrun --log_dir / "
-                     "--redirects 3 keep one file per rank)."),
+    "worker_segfault": (
+        "Native code crashed (a CUDA extension, a mismatched library build, or corrupted memory).",
+        "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
+        "compiled extensions (flash-attn, bitsandbytes, deepspeed ops) match "
+        "the installed torch/CUDA.",
+    ),
+    "worker_sigabrt": (
+        "The rank aborted itself: a C++ exception or an assertion in "
+        "torch/NCCL/CUDA (for example after a collective timeout).",
+        "Read the rank's stderr just before the abort for the C++ error.",
+    ),
+    "worker_sigterm": (
+        "The launcher stops the other ranks once one fails.",
+        "Nothing to fix here: see the root cause.",
+    ),
+    "rank_crashed": (
+        "The rank's program failed.",
+        "Read the rank's own output for its error (torchrun --log_dir / "
+        "--redirects 3 keep one file per rank).",
+    ),
 }
 
 
@@ -188,8 +243,7 @@ def _fold_unranked(found: list[Finding]) -> None:
     for f in list(found):
         if f.rank is not None or f.category not in (_TIER_SIGNAL | {"rank_crashed"}):
             continue
-        twins = [g for g in found if g is not f and g.category == f.category
-                 and g.rank is not None]
+        twins = [g for g in found if g is not f and g.category == f.category and g.rank is not None]
         if len(twins) == 1:
             for e in f.evidence:
                 if e not in twins[0].evidence:
@@ -202,21 +256,27 @@ def _fold_unranked(found: list[Finding]) -> None:
 # -- the launcher was stopped from outside ---------------------------------------------------
 
 _LAUNCHER_WORDS = {
-    "SIGHUP": ("torchrun was hung up (SIGHUP): the terminal or SSH session it ran in closed; "
-               "no rank failed",
-               "The launcher got SIGHUP, which a shell sends to its jobs when the terminal or "
-               "SSH connection closes (nohup does not protect torchrun's workers), and passed "
-               "it on to every rank.",
-               "Start the run detached: `tunedeck launch` (its agent outlives the session), or "
-               "inside tmux/screen, or with setsid; then reconnect and attach."),
-    "SIGTERM": ("torchrun was sent SIGTERM from outside (a scheduler time limit or "
-                "preemption, or a kill); no rank failed",
-                "The launcher received SIGTERM and shut its workers down.",
-                "Check the scheduler's log (time limit, preemption) or who sent the kill; "
-                "resume from the last checkpoint."),
-    "SIGINT": ("torchrun was interrupted (Ctrl-C); no rank failed",
-               "The launcher received SIGINT and shut its workers down.",
-               "Nothing failed; resume from the last checkpoint."),
+    "SIGHUP": (
+        "torchrun was hung up (SIGHUP): the terminal or SSH session it ran in closed; "
+        "no rank failed",
+        "The launcher got SIGHUP, which a shell sends to its jobs when the terminal or "
+        "SSH connection closes (nohup does not protect torchrun's workers), and passed "
+        "it on to every rank.",
+        "Start the run detached: `tunedeck launch` (its agent outlives the session), or "
+        "inside tmux/screen, or with setsid; then reconnect and attach.",
+    ),
+    "SIGTERM": (
+        "torchrun was sent SIGTERM from outside (a scheduler time limit or "
+        "preemption, or a kill); no rank failed",
+        "The launcher received SIGTERM and shut its workers down.",
+        "Check the scheduler's log (time limit, preemption) or who sent the kill; "
+        "resume from the last checkpoint.",
+    ),
+    "SIGINT": (
+        "torchrun was interrupted (Ctrl-C); no rank failed",
+        "The launcher received SIGINT and shut its workers down.",
+        "Nothing failed; resume from the last checkpoint.",
+    ),
 }
 
 
@@ -225,18 +285,25 @@ def _launcher_signal(found: list[Finding]) -> None:
         if f.category != "launcher_signal":
             continue
         text = " ".join(f.evidence)
-        slurm = re.search(r"(JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?",
-                          text)
-        if slurm:     # the scheduler ended the job: every task got SIGTERM, then SIGKILL
+        slurm = re.search(
+            r"(JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?", text
+        )
+        if slurm:  # the scheduler ended the job: every task got SIGTERM, then SIGKILL
             why = (slurm.group(3) or "").strip().lower()
-            f.summary = (f"Slurm cancelled the {slurm.group(1).lower()} on {slurm.group(2)}"
-                         + (f" ({why})" if why else " (scancel or the scheduler)")
-                         + "; no rank failed on its own")
-            f.cause = ("Slurm ended the job: its time limit, a preemption, a node failure, or "
-                       "an scancel by a user or an admin. The tasks' ends follow from it.")
-            f.fix = ("Check `sacct -j <job> -o JobID,State,ExitCode,Elapsed,Timelimit`; for a "
-                     "time limit raise --time or save checkpoints often enough to resume; for "
-                     "preemption use a requeue-able partition and resume from a checkpoint.")
+            f.summary = (
+                f"Slurm cancelled the {slurm.group(1).lower()} on {slurm.group(2)}"
+                + (f" ({why})" if why else " (scancel or the scheduler)")
+                + "; no rank failed on its own"
+            )
+            f.cause = (
+                "Slurm ended the job: its time limit, a preemption, a node failure, or "
+                "an scancel by a user or an admin. The tasks' ends follow from it."
+            )
+            f.fix = (
+                "Check `sacct -j <job> -o JobID,State,ExitCode,Elapsed,Timelimit`; for a "
+                "time limit raise --time or save checkpoints often enough to resume; for "
+                "preemption use a requeue-able partition and resume from a checkpoint."
+            )
             f.rank = None
             for g in found:
                 if g is not f and g.category in (_TIER_SIGNAL | _TIER_AFTER | {"rank_crashed"}):
@@ -247,27 +314,35 @@ def _launcher_signal(found: list[Finding]) -> None:
         if m:
             raw = m.group(1) or m.group(2)
             sig = raw if raw.startswith("SIG") else signal_name(int(raw))
-        summary, cause, fix = _LAUNCHER_WORDS.get(sig or "", (
-            f"torchrun was stopped by {sig or 'a signal'} from outside; no rank failed",
-            "The launcher received a signal and shut its workers down.",
-            "Find out who sent the signal."))
+        summary, cause, fix = _LAUNCHER_WORDS.get(
+            sig or "",
+            (
+                f"torchrun was stopped by {sig or 'a signal'} from outside; no rank failed",
+                "The launcher received a signal and shut its workers down.",
+                "Find out who sent the signal.",
+            ),
+        )
         f.summary, f.cause, f.fix, f.rank = summary, cause, fix, None
-        for g in found:      # the ranks it stopped, and its own traceback, follow from it
+        for g in found:  # the ranks it stopped, and its own traceback, follow from it
             if g is not f and g.category in (_TIER_SIGNAL | _TIER_AFTER | {"rank_crashed"}):
                 g.root_cause = False
 
 
 # -- which CUDA fault ------------------------------------------------------------------------
 
-_CUDA_KINDS = (("illegal memory access", "an illegal memory access"),
-               ("illegal instruction", "an illegal instruction"),
-               ("device-side assert", "a device-side assert"), ("Assertion `", "a device-side assert"),
-               ("Device-side assertion", "a device-side assert"),
-               ("ECC", "an uncorrectable ECC error (hardware)"), ("Xid", "a GPU Xid error (hardware)"),
-               ("fallen off the bus", "the GPU fell off the bus (hardware)"),
-               ("misaligned address", "a misaligned address"),
-               ("unspecified launch failure", "an unspecified launch failure"),
-               ("unhandled cuda error", "a CUDA error inside NCCL"))
+_CUDA_KINDS = (
+    ("illegal memory access", "an illegal memory access"),
+    ("illegal instruction", "an illegal instruction"),
+    ("device-side assert", "a device-side assert"),
+    ("Assertion `", "a device-side assert"),
+    ("Device-side assertion", "a device-side assert"),
+    ("ECC", "an uncorrectable ECC error (hardware)"),
+    ("Xid", "a GPU Xid error (hardware)"),
+    ("fallen off the bus", "the GPU fell off the bus (hardware)"),
+    ("misaligned address", "a misaligned address"),
+    ("unspecified launch failure", "an unspecified launch failure"),
+    ("unhandled cuda error", "a CUDA error inside NCCL"),
+)
 
 
 def _name_cuda_fault(found: list[Finding]) -> None:
@@ -283,6 +358,7 @@ def _name_cuda_fault(found: list[Finding]) -> None:
 
 # -- SIGKILL with host-memory signs is the OOM killer ----------------------------------------
 
+
 def _host_memory(found: list[Finding], scanners) -> None:
     kills = [f for f in found if f.category == "worker_sigkill" and f.root_cause]
     if not kills:
@@ -294,51 +370,76 @@ def _host_memory(found: list[Finding], scanners) -> None:
         return
     for f in kills:
         f.category = "oom_host"
-        where = "while loading the model" if shards and max(shards) < 100 else \
-            "after the model's checkpoint shards were loaded"
-        f.summary = f"rank {f.rank} was killed (SIGKILL) {where}: host RAM ran out" \
-            if f.rank is not None else f"a rank was killed (SIGKILL) {where}: host RAM ran out"
-        f.cause = ("Each rank loads its own copy of the model into host RAM before moving it "
-                   "to the GPU; with several ranks per node that can exceed the machine's "
-                   "memory, and the kernel's OOM killer sends SIGKILL (no Python error is "
-                   "printed).")
-        f.fix = ("Load with low_cpu_mem_usage=True and the compute dtype (torch_dtype=bf16), "
-                 "shard the load (FSDP/ZeRO-3 with cpu_ram_efficient_loading), run fewer ranks "
-                 "per node, or add swap/RAM; `dmesg | grep -i oom` confirms it.")
+        where = (
+            "while loading the model"
+            if shards and max(shards) < 100
+            else "after the model's checkpoint shards were loaded"
+        )
+        f.summary = (
+            f"rank {f.rank} was killed (SIGKILL) {where}: host RAM ran out"
+            if f.rank is not None
+            else f"a rank was killed (SIGKILL) {where}: host RAM ran out"
+        )
+        f.cause = (
+            "Each rank loads its own copy of the model into host RAM before moving it "
+            "to the GPU; with several ranks per node that can exceed the machine's "
+            "memory, and the kernel's OOM killer sends SIGKILL (no Python error is "
+            "printed)."
+        )
+        f.fix = (
+            "Load with low_cpu_mem_usage=True and the compute dtype (torch_dtype=bf16), "
+            "shard the load (FSDP/ZeRO-3 with cpu_ram_efficient_loading), run fewer ranks "
+            "per node, or add swap/RAM; `dmesg | grep -i oom` confirms it."
+        )
 
 
 def _launcher_tb(lines: list[str]) -> bool:
-    return any(_LAUNCHER_FRAMES.search(ln) for ln in lines) or \
-        any(_LAUNCHER_EXC.search(ln) for ln in lines[-2:])
+    return any(_LAUNCHER_FRAMES.search(ln) for ln in lines) or any(
+        _LAUNCHER_EXC.search(ln) for ln in lines[-2:]
+    )
 
 
 # -- exit code 1 everywhere, and no traceback in sight ----------------------------------------
 
+
 def _silent_exit_codes(found: list[Finding], scanners) -> None:
-    generic = [f for f in found if f.category == "rank_crashed" and "exit" in f.summary
-               and " crashed:" not in f.summary]
+    generic = [
+        f
+        for f in found
+        if f.category == "rank_crashed" and "exit" in f.summary and " crashed:" not in f.summary
+    ]
     if not generic:
         return
     own_tbs = [tb for sc in scanners for tb in sc.tracebacks if not _launcher_tb(tb.lines)]
-    specific = [f for f in found if f.severity == "error" and f.category != "rank_crashed"
-                and f.category not in _TIER_AFTER]
+    specific = [
+        f
+        for f in found
+        if f.severity == "error" and f.category != "rank_crashed" and f.category not in _TIER_AFTER
+    ]
     if own_tbs or specific:
         return
     ranks = sorted({f.rank for f in generic if f.rank is not None})
     for f in generic:
-        f.cause = ("The rank exited with an error code, and the log shown holds no Python "
-                   "traceback: the error went to a file not shown here (each rank's own "
-                   "stdout/stderr under torchrun's --log_dir, or a stderr that was not "
-                   "captured).")
-        f.fix = ("Run again with `torchrun --redirects 3 --log_dir DIR` (or `--tee 3`) and "
-                 "read the failing rank's file; with `tunedeck launch` every rank's output is "
-                 "kept (`tunedeck logs RUN --rank N`).")
+        f.cause = (
+            "The rank exited with an error code, and the log shown holds no Python "
+            "traceback: the error went to a file not shown here (each rank's own "
+            "stdout/stderr under torchrun's --log_dir, or a stderr that was not "
+            "captured)."
+        )
+        f.fix = (
+            "Run again with `torchrun --redirects 3 --log_dir DIR` (or `--tee 3`) and "
+            "read the failing rank's file; with `tunedeck launch` every rank's output is "
+            "kept (`tunedeck logs RUN --rank N`)."
+        )
     if len(ranks) > 1:
-        generic[0].summary = f"ranks {', '.join(map(str, ranks))} all exited with an error " \
-                             f"code and no traceback is in this log"
+        generic[0].summary = (
+            f"ranks {', '.join(map(str, ranks))} all exited with an error "
+            f"code and no traceback is in this log"
+        )
 
 
 # -- NCCL probing its plugins --------------------------------------------------------------
+
 
 def _nccl_probes(found: list[Finding], scanners) -> list[Finding]:
     probes = [f for f in found if f.category in ("nccl_socket_fallback", "ib_missing")]
@@ -358,8 +459,10 @@ def _nccl_probes(found: list[Finding], scanners) -> list[Finding]:
     keep.category, keep.rank = "nccl_socket_fallback", None
     if multi:
         keep.severity = "warning"
-        keep.summary = ("NCCL found no InfiniBand/EFA network and uses TCP sockets between "
-                        "nodes: inter-node all-reduce will be slow")
+        keep.summary = (
+            "NCCL found no InfiniBand/EFA network and uses TCP sockets between "
+            "nodes: inter-node all-reduce will be slow"
+        )
     else:
         keep.severity = "info"
         keep.summary = "NCCL probed for IB/EFA network plugins and found none (fine on one node)"
@@ -368,6 +471,7 @@ def _nccl_probes(found: list[Finding], scanners) -> list[Finding]:
 
 
 # -- static signs in a printed log --------------------------------------------------------
+
 
 def _loss_zero_nan(found: list[Finding], scanners) -> list[Finding]:
     """loss printed as 0.0 after real losses while grad_norm is nan: the loss is not zero,
@@ -383,20 +487,25 @@ def _loss_zero_nan(found: list[Finding], scanners) -> list[Finding]:
                 seen_loss = True
             if seen_loss and loss == 0.0 and isinstance(gn, float) and math.isnan(gn):
                 n = sum(1 for x in recs if x.get("loss") == 0.0)
-                return [Finding(
-                    category="loss_anomaly", severity="error",
-                    summary=f"loss 0.0 with grad_norm nan from step {r['step']} "
-                            f"({n} steps at 0.0)",
-                    cause="The loss drops to exactly 0 while the gradient norm is NaN: the "
-                          "gradients overflowed (fp16 / a too high learning rate) or a batch "
-                          "produced NaN, and the trainer reports 0 for skipped or corrupted "
-                          "steps. The weights may already be NaN; nothing is being learned.",
-                    fix="Train in bf16 instead of fp16, lower the learning rate, clip gradients "
+                return [
+                    Finding(
+                        category="loss_anomaly",
+                        severity="error",
+                        summary=f"loss 0.0 with grad_norm nan from step {r['step']} "
+                        f"({n} steps at 0.0)",
+                        cause="The loss drops to exactly 0 while the gradient norm is NaN: the "
+                        "gradients overflowed (fp16 / a too high learning rate) or a batch "
+                        "produced NaN, and the trainer reports 0 for skipped or corrupted "
+                        "steps. The weights may already be NaN; nothing is being learned.",
+                        fix="Train in bf16 instead of fp16, lower the learning rate, clip gradients "
                         "(max_grad_norm), and check the data for empty or all-masked samples; "
                         "resume from a checkpoint before the step named.",
-                    rank=sc.source.rank, node=sc.source.node,
-                    evidence=[f"step={r['step']} loss={loss} grad_norm=nan"],
-                    source=sc.name)]
+                        rank=sc.source.rank,
+                        node=sc.source.node,
+                        evidence=[f"step={r['step']} loss={loss} grad_norm=nan"],
+                        source=sc.name,
+                    )
+                ]
     return []
 
 
@@ -412,32 +521,41 @@ def _starvation(found: list[Finding], scanners) -> list[Finding]:
         if step <= 0 or data / step < 0.5:
             continue
         share = data / step
-        return [Finding(
-            category="dataloader_starvation", severity="warning",
-            summary=f"waiting for data takes {share:.0%} of each step",
-            cause="The logged data time is most of the step time: the GPUs wait for the "
-                  "DataLoader, so the run is as fast as the input pipeline, not the model.",
-            fix="Raise the DataLoader's num_workers, set pin_memory=True, persistent_workers="
+        return [
+            Finding(
+                category="dataloader_starvation",
+                severity="warning",
+                summary=f"waiting for data takes {share:.0%} of each step",
+                cause="The logged data time is most of the step time: the GPUs wait for the "
+                "DataLoader, so the run is as fast as the input pipeline, not the model.",
+                fix="Raise the DataLoader's num_workers, set pin_memory=True, persistent_workers="
                 "True and a prefetch_factor, move decoding/augmentation or tokenization "
                 "offline, or read from faster storage.",
-            rank=sc.source.rank, node=sc.source.node,
-            evidence=[f"{sc.ref(ln)}: data {d:g} s of {s:g} s" for ln, d, s in rows[-4:]],
-            source=sc.ref(rows[-1][0]))]
+                rank=sc.source.rank,
+                node=sc.source.node,
+                evidence=[f"{sc.ref(ln)}: data {d:g} s of {s:g} s" for ln, d, s in rows[-4:]],
+                source=sc.ref(rows[-1][0]),
+            )
+        ]
     return []
 
 
 # -- the chain -------------------------------------------------------------------------------
+
 
 def _tier(f: Finding) -> int:
     c = f.category
     if c in _TIER_AFTER:
         return 4
     if c == "rank_crashed":
-        if _LAUNCHER_EXC.search(f.summary) or f.summary.endswith("(most recent call last):") \
-                or any(_LAUNCHER_FRAMES.search(e) for e in f.evidence):
-            return 4    # the launcher's own traceback, or one cut before its exception
+        if (
+            _LAUNCHER_EXC.search(f.summary)
+            or f.summary.endswith("(most recent call last):")
+            or any(_LAUNCHER_FRAMES.search(e) for e in f.evidence)
+        ):
+            return 4  # the launcher's own traceback, or one cut before its exception
         if CONSEQUENCE_PATTERNS.search(f.summary) or " crashed:" not in f.summary:
-            return 3    # a peer's broken connection, or only an exit code
+            return 3  # a peer's broken connection, or only an exit code
         return 0
     if c in _TIER_LINK:
         return 3
@@ -479,10 +597,16 @@ def _mark_chain(found: list[Finding], scanners) -> None:
     tiers = {id(f): _tier(f) for f in errors}
     # the engine's own flags only said "not first in time"; what is a consequence by its
     # nature is decided here (tiers, the abort rule above, the launcher's signal)
-    cands = [f for f in errors if f.root_cause or f.category not in
-             (_TIER_SIGNAL | _TIER_AFTER | {"launcher_signal"})]
-    cands = [f for f in cands if not (f.category == "worker_sigabrt" and
-                                      (f.rank in explained or None in explained))] or errors
+    cands = [
+        f
+        for f in errors
+        if f.root_cause or f.category not in (_TIER_SIGNAL | _TIER_AFTER | {"launcher_signal"})
+    ]
+    cands = [
+        f
+        for f in cands
+        if not (f.category == "worker_sigabrt" and (f.rank in explained or None in explained))
+    ] or errors
     # a category that follows from another when both are there (an fd limit makes opening a
     # shared-memory segment fail; a dead worker follows from host OOM or /dev/shm)
     present = {f.category for f in errors}
@@ -500,9 +624,8 @@ def _mark_chain(found: list[Finding], scanners) -> None:
         root = min(top, key=lambda f: _line_of(f, scanners))
     else:
         root = min(top, key=key)
-    if root.rank is None:   # the rank the log shows for the same failure elsewhere
-        twin = next((f for f in errors if f.category == root.category and f.rank is not None),
-                    None)
+    if root.rank is None:  # the rank the log shows for the same failure elsewhere
+        twin = next((f for f in errors if f.category == root.category and f.rank is not None), None)
         if twin is not None:
             root.rank = twin.rank
         else:
@@ -520,17 +643,22 @@ def _stopped_from_outside(found: list[Finding], scanners) -> None:
     terms = [f for f in found if f.category == "worker_sigterm"]
     if not terms:
         return
-    first = {fl.rank for sc in scanners for rep in sc.reports for fl in rep.failures
-             if fl.root_cause}
+    first = {
+        fl.rank for sc in scanners for rep in sc.reports for fl in rep.failures if fl.root_cause
+    }
     root = next((f for f in terms if f.rank in first), terms[0])
     root.severity, root.root_cause = "error", True
     who = f"rank {root.rank}" if root.rank is not None else "a rank"
     root.summary = f"{who} was stopped by SIGTERM from outside the run; nothing failed before it"
-    root.cause = ("torchrun names this rank's SIGTERM as the first failure and no error "
-                  "precedes it: something outside sent it (a `kill`, a scheduler's time limit "
-                  "or preemption, a container stop).")
-    root.fix = ("Check the scheduler's log and who else can signal the job's processes; "
-                "resume from the last checkpoint.")
+    root.cause = (
+        "torchrun names this rank's SIGTERM as the first failure and no error "
+        "precedes it: something outside sent it (a `kill`, a scheduler's time limit "
+        "or preemption, a container stop)."
+    )
+    root.fix = (
+        "Check the scheduler's log and who else can signal the job's processes; "
+        "resume from the last checkpoint."
+    )
 
 
 def _rank_from_exits(root: Finding, scanners) -> None:
@@ -538,11 +666,20 @@ def _rank_from_exits(root: Finding, scanners) -> None:
     launcher reports as failed first: torchrun's `Root Cause` entry, else the one rank that
     `failed (exitcode: N)` / DeepSpeed's `exits with return code` named with a real failure
     (SIGTERM exits are the launcher stopping the others)."""
-    first = [(fl.rank, fl.host) for sc in scanners for rep in sc.reports for fl in rep.failures
-             if fl.root_cause and fl.rank is not None and fl.exitcode not in (-15, -1)]
+    first = [
+        (fl.rank, fl.host)
+        for sc in scanners
+        for rep in sc.reports
+        for fl in rep.failures
+        if fl.root_cause and fl.rank is not None and fl.exitcode not in (-15, -1)
+    ]
     if not first:
-        seen = {rec.get("local_rank") for sc in scanners for _, rec, _ in sc.torchrun_lines
-                if rec.get("kind") == "failed" and rec.get("exitcode") not in (-15, -1)}
+        seen = {
+            rec.get("local_rank")
+            for sc in scanners
+            for _, rec, _ in sc.torchrun_lines
+            if rec.get("kind") == "failed" and rec.get("exitcode") not in (-15, -1)
+        }
         seen.discard(None)
         first = [(r, None) for r in seen]
     if len({r for r, _ in first}) == 1:

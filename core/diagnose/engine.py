@@ -16,15 +16,24 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.loss import LossWatch, loss_findings, loss_record
 from tunedeck.core.diagnose.exits import recorded_exits
-from tunedeck.core.diagnose.rules import CHECKPOINT_FULL_CAUSE, CHECKPOINT_FULL_FIX, \
-    CHECKPOINT_FULL_SUMMARY, CONSEQUENCE_PATTERNS, RULES, SIGKILL_CAUSE, SIGKILL_FIX, \
-    WRITE_FAILED, flag_advice, saving_checkpoint
+from tunedeck.core.diagnose.rules import (
+    CHECKPOINT_FULL_CAUSE,
+    CHECKPOINT_FULL_FIX,
+    CHECKPOINT_FULL_SUMMARY,
+    CONSEQUENCE_PATTERNS,
+    RULES,
+    SIGKILL_CAUSE,
+    SIGKILL_FIX,
+    WRITE_FAILED,
+    flag_advice,
+    saving_checkpoint,
+)
 from tunedeck.core.diagnose.scan import FileScanner, Hit, Traceback, read_error_json
 from tunedeck.core.diagnose.sources import run_sources
 from tunedeck.core.rundir import Source, source_for_file
@@ -35,9 +44,13 @@ from tunedeck.core.ingest.parsers.torchrun import Failure
 
 MAX_EVIDENCE = 12
 GENERIC = ("rank_crashed", "worker_sigkill", "worker_sigabrt", "worker_segfault")
-_SIGNAL_CATEGORY = {"SIGKILL": "worker_sigkill", "SIGABRT": "worker_sigabrt",
-                    "SIGSEGV": "worker_segfault", "SIGBUS": "worker_segfault",
-                    "SIGTERM": "worker_sigterm"}
+_SIGNAL_CATEGORY = {
+    "SIGKILL": "worker_sigkill",
+    "SIGABRT": "worker_sigabrt",
+    "SIGSEGV": "worker_segfault",
+    "SIGBUS": "worker_segfault",
+    "SIGTERM": "worker_sigterm",
+}
 _NCCL_SEQ = re.compile(r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)")
 # A DataLoader worker killed while its batches were in flight: the rank fails fetching the
 # batch's shared tensor from the dead worker (multiprocessing's resource sharer). torch wraps
@@ -46,8 +59,10 @@ _NCCL_SEQ = re.compile(r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)")
 # through when it does not yet (seen on CPU: the run then had no root cause at all).
 _LOADER_FETCH = re.compile(r"torch/utils/data/(?:dataloader|_utils/pin_memory)\.py")
 _FD_SHARING = re.compile(r"resource_sharer\.py|rebuild_storage_fd")
-_LOADER_DEATH = re.compile(r"^(?:ConnectionResetError|ConnectionRefusedError|EOFError"
-                           r"|FileNotFoundError|BrokenPipeError)\b")
+_LOADER_DEATH = re.compile(
+    r"^(?:ConnectionResetError|ConnectionRefusedError|EOFError"
+    r"|FileNotFoundError|BrokenPipeError)\b"
+)
 _LOADER_EXITED = re.compile(r"DataLoader worker \(pid\(s\) [^)]*\) exited unexpectedly")
 
 
@@ -66,16 +81,24 @@ class Diagnosis:
     `runs`: run directories whose state.json records how torchrun ended (a signal that
     killed it leaves no log line: core/diagnose/exits.py); read at each poll."""
 
-    def __init__(self, sources: list[Source], metrics: bool = True,
-                 runs: list[Path] | None = None) -> None:
+    def __init__(
+        self, sources: list[Source], metrics: bool = True, runs: list[Path] | None = None
+    ) -> None:
         self.runs = list(runs or [])
         # error.json files are read where torchrun's report names them (_apply_failures)
-        self.scanners = [FileScanner(s, metrics=metrics and s.kind != "events") for s in sources
-                         if s.kind != "error_json"]
-        self.events = {id(sc): _EventErrors(sc) for sc in self.scanners
-                       if sc.source.kind == "events"}
-        lead = min((sc.source for sc in self.scanners if sc.source.kind == "events"),
-                   key=lambda s: (s.rank is None, s.rank or 0), default=None)
+        self.scanners = [
+            FileScanner(s, metrics=metrics and s.kind != "events")
+            for s in sources
+            if s.kind != "error_json"
+        ]
+        self.events = {
+            id(sc): _EventErrors(sc) for sc in self.scanners if sc.source.kind == "events"
+        }
+        lead = min(
+            (sc.source for sc in self.scanners if sc.source.kind == "events"),
+            key=lambda s: (s.rank is None, s.rank or 0),
+            default=None,
+        )
         self.loss = _EventLoss(lead) if lead is not None and metrics else None
         self.metrics = metrics
 
@@ -88,9 +111,12 @@ class Diagnosis:
                 sc.poll(final=final)
         if self.loss is not None:
             self.loss.poll()
-        return build_findings(self.scanners, loss=self.metrics,
-                              watch=self.loss.watch if self.loss is not None else None,
-                              recorded=[f for r in self.runs for f in recorded_exits(r)])
+        return build_findings(
+            self.scanners,
+            loss=self.metrics,
+            watch=self.loss.watch if self.loss is not None else None,
+            recorded=[f for r in self.runs for f in recorded_exits(r)],
+        )
 
 
 class _EventErrors:
@@ -104,7 +130,7 @@ class _EventErrors:
 
     def poll(self) -> None:
         for base, chunk in self.tail.chunks(count_lines=False):
-            counted, lineno = 0, base     # lines before `counted` are in `lineno`
+            counted, lineno = 0, base  # lines before `counted` are in `lineno`
             at = chunk.find(b'"error"')
             while at >= 0:
                 start = chunk.rfind(b"\n", 0, at) + 1
@@ -135,8 +161,13 @@ class _EventLoss:
         feed = self.watch.feed
         while True:
             before = self.tail.offset
-            feed([r for _, e in self.tail.json_lines(1 << 20)
-                  if e.get("kind") == "step" and (r := loss_record(e)) is not None])
+            feed(
+                [
+                    r
+                    for _, e in self.tail.json_lines(1 << 20)
+                    if e.get("kind") == "step" and (r := loss_record(e)) is not None
+                ]
+            )
             if self.tail.offset == before:
                 return
 
@@ -164,9 +195,13 @@ def diagnose_files(paths: Iterable[str | Path]) -> list[Finding]:
 
 # -- building findings ----------------------------------------------------------------------
 
-def build_findings(scanners: list[FileScanner], loss: bool = True,
-                   watch: LossWatch | None = None,
-                   recorded: list[Finding] | None = None) -> list[Finding]:
+
+def build_findings(
+    scanners: list[FileScanner],
+    loss: bool = True,
+    watch: LossWatch | None = None,
+    recorded: list[Finding] | None = None,
+) -> list[Finding]:
     """`recorded`: findings from what the run recorded rather than logged (a launcher a
     signal ended, exits.py); they take part in choosing the root cause like the rest."""
     found: list[Finding] = []
@@ -201,8 +236,11 @@ def build_findings(scanners: list[FileScanner], loss: bool = True,
             if tb is not None:
                 explained.add(id(tb))
                 frames = [ln for ln in tb.lines[1:] if ln.strip() and ln != hit.text]
-                f.evidence = [f"{sc.ref(tb.start)}: Traceback (most recent call last):"] + \
-                    frames[-(MAX_EVIDENCE - 2):] + [f"{sc.ref(hit.lineno)}: {hit.text.strip()}"]
+                f.evidence = (
+                    [f"{sc.ref(tb.start)}: Traceback (most recent call last):"]
+                    + frames[-(MAX_EVIDENCE - 2) :]
+                    + [f"{sc.ref(hit.lineno)}: {hit.text.strip()}"]
+                )
             add(f, seq)
         for tb in sc.tracebacks:
             if id(tb) in explained:
@@ -219,7 +257,7 @@ def build_findings(scanners: list[FileScanner], loss: bool = True,
     for f in recorded or []:
         if f.category == "launcher_killed" and f.severity == "error":
             said = next((g for g in found if g.category == "launcher_signal"), None)
-            if said is not None:     # torchrun's log names the signal: the record backs it
+            if said is not None:  # torchrun's log names the signal: the record backs it
                 said.evidence += [e for e in f.evidence if e not in said.evidence]
                 continue
         seq += 1
@@ -227,7 +265,7 @@ def build_findings(scanners: list[FileScanner], loss: bool = True,
     for f in _nccl_findings(scanners):
         seq += 1
         add(f, seq)
-    if watch is not None:   # the run's event stream: the loss watch read it as it went
+    if watch is not None:  # the run's event stream: the loss watch read it as it went
         for f in watch.findings():
             seq += 1
             add(f, seq)
@@ -243,9 +281,15 @@ def build_findings(scanners: list[FileScanner], loss: bool = True,
     _name_stuck_rank(found, enq)
     _mark_root_cause(found, failures, order)
     rank_sev = {"error": 0, "warning": 1, "info": 2}
-    found.sort(key=lambda f: (not f.root_cause, rank_sev.get(f.severity, 3),
-                              f.t if f.t is not None else math.inf, order[id(f)]))
-    return refine(found, scanners)   # the causal chain across files (diagnose/chain.py)
+    found.sort(
+        key=lambda f: (
+            not f.root_cause,
+            rank_sev.get(f.severity, 3),
+            f.t if f.t is not None else math.inf,
+            order[id(f)],
+        )
+    )
+    return refine(found, scanners)  # the causal chain across files (diagnose/chain.py)
 
 
 def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
@@ -263,15 +307,18 @@ def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
     elif rule.category == "nccl_timeout":
         m = _NCCL_SEQ.search(hit.text)
         if m:
-            summary = (f"{m[2]} #{m[1]} timed out after {int(m[3]) / 1000:g} s")
+            summary = f"{m[2]} #{m[1]} timed out after {int(m[3]) / 1000:g} s"
     elif rule.category == "dataloader_worker_killed":
         if tb is not None and _in_flight(tb):
             cause = rule.cause + _IN_FLIGHT_CAUSE
     elif rule.category in ("disk_full", "checkpoint_write_failed"):
         if rule.category == "disk_full" and tb is not None and saving_checkpoint(tb.lines):
             category = "checkpoint_write_failed"
-            summary, cause, fix = CHECKPOINT_FULL_SUMMARY, CHECKPOINT_FULL_CAUSE, \
-                CHECKPOINT_FULL_FIX
+            summary, cause, fix = (
+                CHECKPOINT_FULL_SUMMARY,
+                CHECKPOINT_FULL_CAUSE,
+                CHECKPOINT_FULL_FIX,
+            )
         m = re.search(r"writing file (\S+?):? file write failed|writing file (\S+)", hit.text)
         if m and summary == CHECKPOINT_FULL_SUMMARY:
             summary += f" (writing {m[1] or m[2]})"
@@ -279,15 +326,24 @@ def _from_hit(sc: FileScanner, hit: Hit, tb: Traceback | None) -> Finding:
         m = re.search(r"port: (\d+)", hit.text)
         if m:
             summary = f"rendezvous port {m[1]} already in use"
-    elif "{" in summary:    # a rule's summary names what its groups caught
-        summary = summary.format_map({k: "" for k in re.findall(r"\{(\w+)\}", summary)}
-                                     | hit.groups).replace(" ()", "")
+    elif "{" in summary:  # a rule's summary names what its groups caught
+        summary = summary.format_map(
+            {k: "" for k in re.findall(r"\{(\w+)\}", summary)} | hit.groups
+        ).replace(" ()", "")
     if hit.rank is not None:
         summary += f" (rank {hit.rank})"
-    return Finding(category=category, severity=rule.severity, summary=summary,
-                   cause=cause, fix=fix, rank=hit.rank, node=sc.source.node,
-                   evidence=[f"{sc.ref(hit.lineno)}: {hit.text.strip()}"], t=hit.t,
-                   source=sc.ref(hit.lineno))
+    return Finding(
+        category=category,
+        severity=rule.severity,
+        summary=summary,
+        cause=cause,
+        fix=fix,
+        rank=hit.rank,
+        node=sc.source.node,
+        evidence=[f"{sc.ref(hit.lineno)}: {hit.text.strip()}"],
+        t=hit.t,
+        source=sc.ref(hit.lineno),
+    )
 
 
 def _traceback_of(sc: FileScanner, hit: Hit) -> Traceback | None:
@@ -309,50 +365,72 @@ def _from_traceback(sc: FileScanner, tb: Traceback) -> Finding | None:
         # an I/O failure inside a checkpoint save that no line rule names (the C++ stream
         # error torch's zip writer raises first on a full disk)
         return Finding(
-            category="checkpoint_write_failed", severity="error",
-            summary=f"{CHECKPOINT_FULL_SUMMARY}" + (f" (rank {tb.rank})" if tb.rank is not None
-                                                     else ""),
-            cause=CHECKPOINT_FULL_CAUSE, fix=CHECKPOINT_FULL_FIX, rank=tb.rank,
+            category="checkpoint_write_failed",
+            severity="error",
+            summary=f"{CHECKPOINT_FULL_SUMMARY}"
+            + (f" (rank {tb.rank})" if tb.rank is not None else ""),
+            cause=CHECKPOINT_FULL_CAUSE,
+            fix=CHECKPOINT_FULL_FIX,
+            rank=tb.rank,
             node=sc.source.node,
-            evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
-            [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
-            t=None, source=sc.ref(tb.start))
+            evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"]
+            + [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1 :],
+            t=None,
+            source=sc.ref(tb.start),
+        )
     consequence = bool(CONSEQUENCE_PATTERNS.search(exc))
     return Finding(
-        category="rank_crashed", severity="error",
+        category="rank_crashed",
+        severity="error",
         summary=f"{who} crashed: {exc[:160]}",
-        cause=("The connection to another rank broke, usually because that rank died first."
-               if consequence else
-               f"An exception ended {who}; the traceback shows where."),
-        fix=("Look at the rank that failed first." if consequence else
-             "Fix the error at the innermost frame of the traceback (your script, data or "
-             "config); re-run a single rank to reproduce it quickly."),
-        rank=tb.rank, node=sc.source.node,
-        evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
-        [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
-        t=None, source=sc.ref(tb.start), root_cause=not consequence)
+        cause=(
+            "The connection to another rank broke, usually because that rank died first."
+            if consequence
+            else f"An exception ended {who}; the traceback shows where."
+        ),
+        fix=(
+            "Look at the rank that failed first."
+            if consequence
+            else "Fix the error at the innermost frame of the traceback (your script, data or "
+            "config); re-run a single rank to reproduce it quickly."
+        ),
+        rank=tb.rank,
+        node=sc.source.node,
+        evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"]
+        + [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1 :],
+        t=None,
+        source=sc.ref(tb.start),
+        root_cause=not consequence,
+    )
 
 
-_IN_FLIGHT_CAUSE = (" It died with batches still queued for the rank, which then failed "
-                    "fetching one from it.")
+_IN_FLIGHT_CAUSE = (
+    " It died with batches still queued for the rank, which then failed fetching one from it."
+)
 
 
 def _in_flight(tb: Traceback) -> bool:
     """The rank failed fetching a batch's shared tensor from a worker that is gone."""
-    return (any(_LOADER_FETCH.search(ln) for ln in tb.lines)
-            and any(_FD_SHARING.search(ln) for ln in tb.lines))
+    return any(_LOADER_FETCH.search(ln) for ln in tb.lines) and any(
+        _FD_SHARING.search(ln) for ln in tb.lines
+    )
 
 
 def _loader_worker_death(sc: FileScanner, tb: Traceback, who: str, in_flight: bool) -> Finding:
     rule = next(r for r in RULES if r.category == "dataloader_worker_killed")
     return Finding(
-        category=rule.category, severity=rule.severity,
+        category=rule.category,
+        severity=rule.severity,
         summary=f"{rule.summary} ({who}): {tb.exc_line[:120]}",
         cause=rule.cause + (_IN_FLIGHT_CAUSE if in_flight else ""),
-        fix=rule.fix, rank=tb.rank, node=sc.source.node,
-        evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"] +
-        [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1:],
-        t=None, source=sc.ref(tb.start))
+        fix=rule.fix,
+        rank=tb.rank,
+        node=sc.source.node,
+        evidence=[f"{sc.ref(tb.start)}: Traceback (most recent call last):"]
+        + [ln for ln in tb.lines[1:] if ln.strip()][-MAX_EVIDENCE + 1 :],
+        t=None,
+        source=sc.ref(tb.start),
+    )
 
 
 def _apply_failures(failures, found: list[Finding], add, seq: int) -> int:
@@ -369,11 +447,17 @@ def _apply_failures(failures, found: list[Finding], add, seq: int) -> int:
             if f.node is None:
                 f.node = sc.source.node
         sig = fl.signal or ""
-        cat = _SIGNAL_CATEGORY.get(sig) if fl.exitcode is not None and fl.exitcode < 0 \
+        cat = (
+            _SIGNAL_CATEGORY.get(sig)
+            if fl.exitcode is not None and fl.exitcode < 0
             else "rank_crashed"
-        ev_head = f"{sc.ref(first)}: torchrun: rank {fl.rank} exitcode {fl.exitcode}" + \
-            (f" ({sig})" if sig else "") + (f" on {fl.host}" if fl.host else "")
-        evidence = [ev_head] + fl.traceback[:MAX_EVIDENCE - 1]
+        )
+        ev_head = (
+            f"{sc.ref(first)}: torchrun: rank {fl.rank} exitcode {fl.exitcode}"
+            + (f" ({sig})" if sig else "")
+            + (f" on {fl.host}" if fl.host else "")
+        )
+        evidence = [ev_head] + fl.traceback[: MAX_EVIDENCE - 1]
         err = read_error_json(Path(fl.error_file)) if fl.error_file else None
         if err and err["traceback"]:
             evidence += [ln for ln in err["traceback"].splitlines() if ln.strip()][-3:]
@@ -393,38 +477,57 @@ def _apply_failures(failures, found: list[Finding], add, seq: int) -> int:
     return seq
 
 
-def _signal_finding(cat: str, fl: Failure, sc: FileScanner, evidence: list[str],
-                    err: dict | None = None) -> Finding:
+def _signal_finding(
+    cat: str, fl: Failure, sc: FileScanner, evidence: list[str], err: dict | None = None
+) -> Finding:
     texts = {
-        "worker_sigkill": ("rank {r} was killed (SIGKILL): the OOM killer or a kill -9",
-                           SIGKILL_CAUSE, SIGKILL_FIX),
-        "worker_sigabrt": ("rank {r} aborted (SIGABRT)",
-                           "The rank aborted itself: a C++ exception or an assertion in "
-                           "torch/NCCL/CUDA (for example after a collective timeout).",
-                           "Read the rank's stderr just before the abort for the C++ error."),
-        "worker_segfault": ("rank {r} crashed with a segmentation fault",
-                            "Native code crashed (a CUDA extension, a mismatched library "
-                            "build, or corrupted memory).",
-                            "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
-                            "compiled extensions (flash-attn, bitsandbytes, deepspeed ops) "
-                            "match the installed torch/CUDA."),
-        "worker_sigterm": ("rank {r} was stopped by torchrun (SIGTERM)",
-                           "torchrun stops the other ranks once one fails.",
-                           "Nothing to fix here: see the root cause."),
-        "rank_crashed": ("rank {r} exited with code {c}",
-                         "The rank's program failed.",
-                         "Read the rank's stderr (tunedeck logs RUN --rank {r})."),
+        "worker_sigkill": (
+            "rank {r} was killed (SIGKILL): the OOM killer or a kill -9",
+            SIGKILL_CAUSE,
+            SIGKILL_FIX,
+        ),
+        "worker_sigabrt": (
+            "rank {r} aborted (SIGABRT)",
+            "The rank aborted itself: a C++ exception or an assertion in "
+            "torch/NCCL/CUDA (for example after a collective timeout).",
+            "Read the rank's stderr just before the abort for the C++ error.",
+        ),
+        "worker_segfault": (
+            "rank {r} crashed with a segmentation fault",
+            "Native code crashed (a CUDA extension, a mismatched library "
+            "build, or corrupted memory).",
+            "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that "
+            "compiled extensions (flash-attn, bitsandbytes, deepspeed ops) "
+            "match the installed torch/CUDA.",
+        ),
+        "worker_sigterm": (
+            "rank {r} was stopped by torchrun (SIGTERM)",
+            "torchrun stops the other ranks once one fails.",
+            "Nothing to fix here: see the root cause.",
+        ),
+        "rank_crashed": (
+            "rank {r} exited with code {c}",
+            "The rank's program failed.",
+            "Read the rank's stderr (tunedeck logs RUN --rank {r}).",
+        ),
     }
     summary, cause, fix = texts.get(cat, texts["rank_crashed"])
     if cat == "rank_crashed" and err and err.get("message"):
         summary = "rank {r} crashed: " + err["message"][:160].replace("{", "(").replace("}", ")")
     sev = "warning" if cat == "worker_sigterm" else "error"
-    return Finding(category=cat, severity=sev,
-                   summary=summary.format(r=fl.rank, c=fl.exitcode),
-                   cause=cause, fix=fix.format(r=fl.rank), rank=fl.rank,
-                   node=sc.source.node, evidence=evidence, t=fl.time,
-                   source=evidence[0].split(": torchrun")[0],
-                   root_cause=cat != "worker_sigterm")
+    return Finding(
+        category=cat,
+        severity=sev,
+        summary=summary.format(r=fl.rank, c=fl.exitcode),
+        cause=cause,
+        fix=fix.format(r=fl.rank),
+        rank=fl.rank,
+        node=sc.source.node,
+        evidence=evidence,
+        t=fl.time,
+        source=evidence[0].split(": torchrun")[0],
+        root_cause=cat != "worker_sigterm",
+    )
 
 
 def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
@@ -436,33 +539,48 @@ def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
     for sc in scanners:  # fold every file's summary into one
         s.merge(sc.nccl)
     if s.transports or s.versions:
-        out.append(Finding(category="nccl_transport", severity="info",
-                           summary=s.describe() or "NCCL initialised",
-                           cause="What NCCL chose when it set up its communicators.",
-                           fix="Nothing to do. P2P between GPUs of one node means NVLink or "
-                               "PCIe; Socket between nodes is much slower than IB/RoCE.",
-                           evidence=[f"{k}: {v} channel links" for k, v in s.transports.items()],
-                           source=src))
+        out.append(
+            Finding(
+                category="nccl_transport",
+                severity="info",
+                summary=s.describe() or "NCCL initialised",
+                cause="What NCCL chose when it set up its communicators.",
+                fix="Nothing to do. P2P between GPUs of one node means NVLink or "
+                "PCIe; Socket between nodes is much slower than IB/RoCE.",
+                evidence=[f"{k}: {v} channel links" for k, v in s.transports.items()],
+                source=src,
+            )
+        )
     versions = set(s.versions.values())
     if len(versions) > 1:
-        out.append(Finding(category="nccl_version_mismatch", severity="error",
-                           summary="ranks use different NCCL versions: " +
-                                   ", ".join(sorted(versions)),
-                           cause="Ranks loaded different NCCL libraries.",
-                           fix="Use the same torch/NCCL build on every node.",
-                           evidence=[f"pid {p}: NCCL {v}" for p, v in s.versions.items()],
-                           source=src))
+        out.append(
+            Finding(
+                category="nccl_version_mismatch",
+                severity="error",
+                summary="ranks use different NCCL versions: " + ", ".join(sorted(versions)),
+                cause="Ranks loaded different NCCL libraries.",
+                fix="Use the same torch/NCCL build on every node.",
+                evidence=[f"pid {p}: NCCL {v}" for p, v in s.versions.items()],
+                source=src,
+            )
+        )
     if s.ib_missing and not s.ib_devices:
         multi = (s.nnodes or 1) > 1
-        out.append(Finding(
-            category="ib_missing", severity="warning" if multi else "info",
-            summary="no InfiniBand device: NCCL uses TCP sockets between nodes" if multi else
-                    "no InfiniBand device (fine on one node)",
-            cause="NCCL found no IB/RoCE device (NET/IB : No device found).",
-            fix="On one node nothing to do. Across nodes, install the RDMA driver "
+        out.append(
+            Finding(
+                category="ib_missing",
+                severity="warning" if multi else "info",
+                summary="no InfiniBand device: NCCL uses TCP sockets between nodes"
+                if multi
+                else "no InfiniBand device (fine on one node)",
+                cause="NCCL found no IB/RoCE device (NET/IB : No device found).",
+                fix="On one node nothing to do. Across nodes, install the RDMA driver "
                 "(rdma-core / MOFED) and expose /dev/infiniband to the job, or expect "
                 "inter-node all-reduce at TCP speed.",
-            evidence=["NET/IB : No device found"], source=src))
+                evidence=["NET/IB : No device found"],
+                source=src,
+            )
+        )
     return out
 
 
@@ -475,8 +593,12 @@ def _mark_root_cause(found: list[Finding], failures, order: dict[int, int]) -> N
 
     def key(f: Finding):
         generic = f.category in GENERIC
-        return (f.t if f.t is not None else math.inf,
-                0 if f.rank in torchrun_root else 1, generic, order[id(f)])
+        return (
+            f.t if f.t is not None else math.inf,
+            0 if f.rank in torchrun_root else 1,
+            generic,
+            order[id(f)],
+        )
 
     errors.sort(key=key)
     root = errors[0]

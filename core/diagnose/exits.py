@@ -29,20 +29,23 @@ _WORDS = {
         "from outside the run: the kernel's OOM killer (the host ran out of RAM, or the job's "
         "cgroup hit its memory limit; a cgroup set to kill as a group takes torchrun with the "
         "ranks), a scheduler or container runtime ending the job, or a `kill -9` by a user or "
-        "a script. It was not tunedeck's own stop (none was requested)."),
+        "a script. It was not tunedeck's own stop (none was requested).",
+    ),
     "SIGTERM": (
         "torchrun was ended by SIGTERM (exit code -15) from outside the run",
         "The launcher received SIGTERM before it could shut its ranks down: a scheduler's time "
         "limit or preemption, a container stop, or a `kill` by a user or a script. No rank "
-        "failed first. It was not tunedeck's own stop (none was requested)."),
+        "failed first. It was not tunedeck's own stop (none was requested).",
+    ),
     "SIGHUP": (
         "torchrun was hung up (SIGHUP, exit code -1)",
         "The launcher received SIGHUP, which a shell sends to its jobs when the terminal or "
-        "SSH session closes, or someone sent it. No rank failed first."),
+        "SSH session closes, or someone sent it. No rank failed first.",
+    ),
     "SIGINT": (
         "torchrun was interrupted (SIGINT, exit code -2)",
-        "The launcher received SIGINT (Ctrl-C or a `kill -INT`) and ended. No rank failed "
-        "first."),
+        "The launcher received SIGINT (Ctrl-C or a `kill -INT`) and ended. No rank failed first.",
+    ),
 }
 _CRASH = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE")
 
@@ -56,16 +59,19 @@ def recorded_exits(run_dir: str | Path) -> list[Finding]:
         state = run.read_state()
     except (OSError, ValueError):
         return []
-    if not isinstance(state, dict) or state.get("stop_requested") \
-            or state.get("status") == "stopped":
+    if (
+        not isinstance(state, dict)
+        or state.get("stop_requested")
+        or state.get("status") == "stopped"
+    ):
         return []
-    ends: list[dict[str, Any]] = [a for a in state.get("attempts") or []
-                                  if isinstance(a, dict)]
+    ends: list[dict[str, Any]] = [a for a in state.get("attempts") or [] if isinstance(a, dict)]
     code = state.get("exit_code")
     final = state.get("status") in ("failed", "succeeded") and _is_int(code)
     if final and (not ends or ends[-1].get("exit_code") != code):
-        ends.append({"attempt": state.get("attempt"), "exit_code": code,
-                     "ended": state.get("ended")})
+        ends.append(
+            {"attempt": state.get("attempt"), "exit_code": code, "ended": state.get("ended")}
+        )
     out = []
     for i, a in enumerate(ends):
         code = a.get("exit_code")
@@ -85,40 +91,65 @@ def _finding(run: RunDir, state: dict, signum: int, attempt: dict, last: bool) -
         summary, cause = _WORDS[sig]
     elif sig in _CRASH:
         summary = f"torchrun itself crashed with {sig} (exit code {-signum})"
-        cause = ("The launcher (not a rank) ended on a fatal signal of its own: native code in "
-                 "its process failed (a broken torch/Python install, corrupted memory).")
+        cause = (
+            "The launcher (not a rank) ended on a fatal signal of its own: native code in "
+            "its process failed (a broken torch/Python install, corrupted memory)."
+        )
     else:
         summary = f"torchrun was ended by {sig} (exit code {-signum})"
-        cause = (f"The launcher received {sig} from outside the run and ended before it "
-                 "could report anything. No rank failed first.")
+        cause = (
+            f"The launcher received {sig} from outside the run and ended before it "
+            "could report anything. No rank failed first."
+        )
     if sig == "SIGKILL":
         pid_words = f" {pid}" if _is_int(pid) else ""
         # the kernel logs the kill when it happens, up to a tick before the agent saw the end
         since = f" --since '{_stamp(t - 60)}'" if t else ""
-        fix = (f"{SIGKILL_CHECK.format(pid=pid_words, since=since)} Then relaunch or resume "
-               "from the last checkpoint (`tunedeck resume RUN`).")
+        fix = (
+            f"{SIGKILL_CHECK.format(pid=pid_words, since=since)} Then relaunch or resume "
+            "from the last checkpoint (`tunedeck resume RUN`)."
+        )
     elif sig in _CRASH:
-        fix = ("Run the same launch by hand (`launch.sh` in the run folder) with "
-               "PYTHONFAULTHANDLER=1 to see where it fails; reinstall torch if it persists.")
+        fix = (
+            "Run the same launch by hand (`launch.sh` in the run folder) with "
+            "PYTHONFAULTHANDLER=1 to see where it fails; reinstall torch if it persists."
+        )
     else:
-        fix = ("Check the scheduler's log (time limit, preemption), the container's events "
-               "and who else can signal your processes; resume from the last checkpoint.")
+        fix = (
+            "Check the scheduler's log (time limit, preemption), the container's events "
+            "and who else can signal your processes; resume from the last checkpoint."
+        )
     att = attempt.get("attempt")
     if not last:
-        summary += f" in attempt {att}; the run restarted" if att is not None else \
-            "; the run restarted"
+        summary += (
+            f" in attempt {att}; the run restarted" if att is not None else "; the run restarted"
+        )
     code = -signum
-    ev = f"{run.state}: exit_code {code} ({sig}" + \
-        (f", torchrun pid {pid}" if _is_int(pid) else "") + \
-        (f", attempt {att}" if att is not None else "") + (f", at {when}" if when else "") + ")"
+    ev = (
+        f"{run.state}: exit_code {code} ({sig}"
+        + (f", torchrun pid {pid}" if _is_int(pid) else "")
+        + (f", attempt {att}" if att is not None else "")
+        + (f", at {when}" if when else "")
+        + ")"
+    )
     if state.get("message") and last:
         ev2 = [f"{run.state}: message: {str(state['message'])[:200]}"]
     else:
         ev2 = []
-    return Finding(category=CATEGORY, severity="error" if last else "warning",
-                   summary=summary, cause=cause, fix=fix, rank=None, node=0,
-                   evidence=[ev, *ev2], t=t, source=str(run.state), root_cause=last,
-                   host=state.get("host") if isinstance(state.get("host"), str) else None)
+    return Finding(
+        category=CATEGORY,
+        severity="error" if last else "warning",
+        summary=summary,
+        cause=cause,
+        fix=fix,
+        rank=None,
+        node=0,
+        evidence=[ev, *ev2],
+        t=t,
+        source=str(run.state),
+        root_cause=last,
+        host=state.get("host") if isinstance(state.get("host"), str) else None,
+    )
 
 
 def _stamp(t: float) -> str:

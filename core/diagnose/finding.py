@@ -13,18 +13,18 @@ from typing import Any
 
 @dataclass
 class Finding:
-    category: str                 # e.g. "oom_gpu", "nccl_timeout", "dataloader_starvation"
-    severity: str                 # error | warning | info
-    summary: str                  # one line for the runs list / monitor
-    cause: str                    # what happened and why, in the user's terms
-    fix: str                      # what to do about it
+    category: str  # e.g. "oom_gpu", "nccl_timeout", "dataloader_starvation"
+    severity: str  # error | warning | info
+    summary: str  # one line for the runs list / monitor
+    cause: str  # what happened and why, in the user's terms
+    fix: str  # what to do about it
     rank: int | None = None
     node: int | None = None
     evidence: list[str] = field(default_factory=list)  # the log lines / numbers it rests on
-    t: float | None = None        # when it happened (first evidence), unix seconds
-    source: str = ""              # file (and line) the evidence came from
-    root_cause: bool = True       # False for consequences of an earlier failure
-    host: str | None = None       # the host name the log gave (torchrun's table, a prefix)
+    t: float | None = None  # when it happened (first evidence), unix seconds
+    source: str = ""  # file (and line) the evidence came from
+    root_cause: bool = True  # False for consequences of an earlier failure
+    host: str | None = None  # the host name the log gave (torchrun's table, a prefix)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,17 +9,20 @@ is the same watch fed a whole list at once (`tunedeck diagnose`).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from tunedeck.core.diagnose.finding import Finding
 
-FROZEN_STEPS = 5   # identical grad norms in a row before we call them frozen
+FROZEN_STEPS = 5  # identical grad norms in a row before we call them frozen
 ZERO_STEPS = 3
 BAD_GRAD_STEPS = 3  # nan/inf grad norms in a row before we call it divergence
-DIVERGED_FIX = ("Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
-                "train in bf16 instead of fp16, and check the data around that step for "
-                "empty, truncated or all-masked samples.")
-SHOWN = 4          # records quoted as evidence
+DIVERGED_FIX = (
+    "Lower the learning rate or add warmup, clip gradients (max_grad_norm 1.0), "
+    "train in bf16 instead of fp16, and check the data around that step for "
+    "empty, truncated or all-masked samples."
+)
+SHOWN = 4  # records quoted as evidence
 
 
 class _Run:
@@ -50,12 +53,12 @@ class LossWatch:
         self.n = 0
         self.prev: dict[str, Any] | None = None
         self.bad = 0
-        self.before_bad: dict[str, Any] | None = None   # the record before the first bad one
+        self.before_bad: dict[str, Any] | None = None  # the record before the first bad one
         self.bad_head: list[dict[str, Any]] = []
         self.had_nonzero = False
         self.zero = _Run()
         self.frozen = _Run()
-        self.bad_grad = _Run()    # consecutive steps whose grad norm is nan/inf
+        self.bad_grad = _Run()  # consecutive steps whose grad norm is nan/inf
 
     def feed(self, recs: Iterable[dict[str, Any]]) -> "LossWatch":
         for r in recs:
@@ -78,8 +81,11 @@ class LossWatch:
                 self.bad_grad.restart()
             if isinstance(g, (int, float)):
                 # a run in progress always ends at the previous record
-                if self.frozen.cur_len and self.prev is not None \
-                        and self.prev.get("grad_norm") == g:
+                if (
+                    self.frozen.cur_len
+                    and self.prev is not None
+                    and self.prev.get("grad_norm") == g
+                ):
                     self.frozen.extend(r)
                 else:
                     self.frozen.restart(r)
@@ -89,74 +95,116 @@ class LossWatch:
             self.n += 1
         return self
 
-    def _anomaly(self, severity: str, summary: str, cause: str, fix: str,
-                 shown: list[dict[str, Any]], first: dict[str, Any]) -> Finding:
-        return Finding(category="loss_anomaly", severity=severity, summary=summary,
-                       cause=cause, fix=fix, evidence=[_fmt(r) for r in shown],
-                       source=self.source, t=first.get("t"))
+    def _anomaly(
+        self,
+        severity: str,
+        summary: str,
+        cause: str,
+        fix: str,
+        shown: list[dict[str, Any]],
+        first: dict[str, Any],
+    ) -> Finding:
+        return Finding(
+            category="loss_anomaly",
+            severity=severity,
+            summary=summary,
+            cause=cause,
+            fix=fix,
+            evidence=[_fmt(r) for r in shown],
+            source=self.source,
+            t=first.get("t"),
+        )
 
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
         if self.bad:
             first = self.bad_head[0]
-            out.append(self._anomaly(
-                "error", f"loss is {first['loss']} from step {first['step']} "
-                         f"({self.bad} of {self.n} steps)",
-                "The loss became NaN/inf: the learning rate is too high, fp16 overflowed, "
-                "or a batch has no target tokens (all labels masked) or bad values.",
-                DIVERGED_FIX, ([self.before_bad] if self.before_bad else []) + self.bad_head,
-                first))
+            out.append(
+                self._anomaly(
+                    "error",
+                    f"loss is {first['loss']} from step {first['step']} "
+                    f"({self.bad} of {self.n} steps)",
+                    "The loss became NaN/inf: the learning rate is too high, fp16 overflowed, "
+                    "or a batch has no target tokens (all labels masked) or bad values.",
+                    DIVERGED_FIX,
+                    ([self.before_bad] if self.before_bad else []) + self.bad_head,
+                    first,
+                )
+            )
         g = self.bad_grad
         head = g.best_head if g.best_len >= BAD_GRAD_STEPS else g.cur_head
         # fp16's loss scaler skips a step now and then on an inf gradient: that is normal;
         # several in a row, or the log ending on them, is a run that has diverged
         if not self.bad and (g.best_len >= BAD_GRAD_STEPS or g.cur_len >= 2):
             first = head[0]
-            out.append(self._anomaly(
-                "error", f"gradients are {first['grad_norm']} from step {first['step']} "
-                         f"({max(g.best_len, g.cur_len)} steps in a row)",
-                "The gradient norm is NaN/inf step after step: the optimizer skips or "
-                "applies garbage updates, and a loss printed as 0.0 or a finite number "
-                "meanwhile hides it (the learning rate is too high, fp16 overflowed, or "
-                "a batch has no target tokens).", DIVERGED_FIX, head, first))
+            out.append(
+                self._anomaly(
+                    "error",
+                    f"gradients are {first['grad_norm']} from step {first['step']} "
+                    f"({max(g.best_len, g.cur_len)} steps in a row)",
+                    "The gradient norm is NaN/inf step after step: the optimizer skips or "
+                    "applies garbage updates, and a loss printed as 0.0 or a finite number "
+                    "meanwhile hides it (the learning rate is too high, fp16 overflowed, or "
+                    "a batch has no target tokens).",
+                    DIVERGED_FIX,
+                    head,
+                    first,
+                )
+            )
         z = self.zero
         if z.best_len >= ZERO_STEPS and self.had_nonzero:
             first = z.best_head[0]
-            out.append(self._anomaly(
-                "warning", f"loss collapsed to exactly 0 at step {first['step']} "
-                           f"({z.best_len} steps)",
-                "A loss of exactly zero means nothing is being learned from: all labels "
-                "are masked (-100), the loss is computed on padding, or the model saw the "
-                "answers in its input.",
-                "Check the label masking / template (ms-swift: --loss_scale, the chat "
-                "template), and that max_length does not truncate every answer.",
-                z.best_head, first))
+            out.append(
+                self._anomaly(
+                    "warning",
+                    f"loss collapsed to exactly 0 at step {first['step']} ({z.best_len} steps)",
+                    "A loss of exactly zero means nothing is being learned from: all labels "
+                    "are masked (-100), the loss is computed on padding, or the model saw the "
+                    "answers in its input.",
+                    "Check the label masking / template (ms-swift: --loss_scale, the chat "
+                    "template), and that max_length does not truncate every answer.",
+                    z.best_head,
+                    first,
+                )
+            )
         f = self.frozen
         if f.best_len >= FROZEN_STEPS:
             first = f.best_head[0]
             if first["grad_norm"] == 0:
-                out.append(self._anomaly(
-                    "error", f"gradients are exactly 0 from step {first['step']} "
-                             f"({f.best_len} steps): nothing is training",
-                    "No gradient reaches any trainable parameter, so every update is zero "
-                    "and the loss can only wander: the adapters sit on modules the forward "
-                    "does not use, a custom layer detaches its input or runs under no_grad, "
-                    "or a compiled graph dropped the backward (then the steps also look "
-                    "faster and use less memory than they should).",
-                    "Run a few steps with compile off (built-in: train.compile = false; "
-                    "ms-swift: no --torch_compile): if gradients appear, the compiled graph "
-                    "is at fault. Check that method.target_modules names modules of this "
-                    "model.", f.best_head, first))
+                out.append(
+                    self._anomaly(
+                        "error",
+                        f"gradients are exactly 0 from step {first['step']} "
+                        f"({f.best_len} steps): nothing is training",
+                        "No gradient reaches any trainable parameter, so every update is zero "
+                        "and the loss can only wander: the adapters sit on modules the forward "
+                        "does not use, a custom layer detaches its input or runs under no_grad, "
+                        "or a compiled graph dropped the backward (then the steps also look "
+                        "faster and use less memory than they should).",
+                        "Run a few steps with compile off (built-in: train.compile = false; "
+                        "ms-swift: no --torch_compile): if gradients appear, the compiled graph "
+                        "is at fault. Check that method.target_modules names modules of this "
+                        "model.",
+                        f.best_head,
+                        first,
+                    )
+                )
             else:
-                out.append(self._anomaly(
-                    "warning", f"grad norm frozen at {first['grad_norm']} from step "
-                               f"{first['step']} ({f.best_len} steps)",
-                    "The gradient norm is identical step after step: no parameter is being "
-                    "trained (all frozen, LoRA not attached, learning rate 0) or the loss "
-                    "does not depend on the inputs.",
-                    "Check trainable parameters (LoRA target modules exist in the model), "
-                    "the learning-rate schedule, and that gradients flow (no .detach() / "
-                    "no_grad).", f.best_head, first))
+                out.append(
+                    self._anomaly(
+                        "warning",
+                        f"grad norm frozen at {first['grad_norm']} from step "
+                        f"{first['step']} ({f.best_len} steps)",
+                        "The gradient norm is identical step after step: no parameter is being "
+                        "trained (all frozen, LoRA not attached, learning rate 0) or the loss "
+                        "does not depend on the inputs.",
+                        "Check trainable parameters (LoRA target modules exist in the model), "
+                        "the learning-rate schedule, and that gradients flow (no .detach() / "
+                        "no_grad).",
+                        f.best_head,
+                        first,
+                    )
+                )
         return out
 
 

@@ -10,37 +10,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.diagnose.rules import NCCL_FACT_TOKENS, NCCL_HEAD, NCCL_VIA, REPORT_TOKENS, TIME_HINT, \
-    TIME_HINT_STR, TOKENS, Rule, match_line
+from tunedeck.core.diagnose.rules import (
+    NCCL_FACT_TOKENS,
+    REPORT_TOKENS,
+    TIME_HINT,
+    TIME_HINT_STR,
+    TOKENS,
+    Rule,
+    match_line,
+)
 from tunedeck.core.rundir import Source
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.ingest.native import fastscan
-from tunedeck.core.ingest.parsers.nccl import NcclSummary, parse_nccl, transport_name
+from tunedeck.core.ingest.parsers.nccl import (
+    CHANNEL_VIA_BYTES,
+    INFO_HEAD_BYTES,
+    NcclSummary,
+    last_enqueued_work,
+    parse_nccl,
+    transport_name,
+)
 from tunedeck.core.ingest.parsers.normalize import normalize, rejoin
 from tunedeck.core.ingest.parsers.prefix import line_time, split_rank
-from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser, ChildFailedReport, parse_torchrun_line
+from tunedeck.core.ingest.parsers.torchrun import (
+    ChildFailedParser,
+    ChildFailedReport,
+    parse_torchrun_line,
+)
 
 MAX_TB_LINES = 80
-PASTE_MAX = 1 << 20    # files up to this size are checked for terminal wrapping when read whole
+PASTE_MAX = 1 << 20  # files up to this size are checked for terminal wrapping when read whole
 # a rank named in the message itself, when no prefix named one: `[Rank 3]`, the NCCL
 # watchdog's `[PG 0 Rank 3]` / `[PG ID 0 PG GUID 0(default_pg) Rank 3]`, DDP's `for rank 2:`
-_RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
-                           r"|\[Rank (\d+)\]|Duplicate GPU detected : rank (\d+)")
+_RANK_IN_TEXT = re.compile(
+    r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bfor rank (\d+):|\bon rank (\d+)\b"
+    r"|\[Rank (\d+)\]|Duplicate GPU detected : rank (\d+)"
+)
 _FRAME = re.compile(r' {1,4}File "[^"]+", line \d+, in ')
 _LOCAL_RANK_ARG = re.compile(r"--local[_-]rank=(\d+)")
-_LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 # a glog / logging level that says the line is only a warning (c10d retrying a connect,
 # binding IPv6 before IPv4): the rules it matches are warnings there, not failures
-_WARN_LEVEL = re.compile(r"^(?:\[[^\]]*\]:)?\[?W\d{3,4} |^(?:\[[^\]]*\]:)?\[W [\w.]+:\d+\]"
-                         r"|^WARNING[: ]|\[WARNING\]")
+_WARN_LEVEL = re.compile(
+    r"^(?:\[[^\]]*\]:)?\[?W\d{3,4} |^(?:\[[^\]]*\]:)?\[W [\w.]+:\d+\]"
+    r"|^WARNING[: ]|\[WARNING\]"
+)
 _DEMOTE_ON_WARN = {"rendezvous_unreachable", "port_in_use", "nccl_network"}
 # per-step timing of loggers that print data and step time: the PyTorch examples'
 # `Time  1.234 ( 1.300)  Data  1.100 ( 1.150)`, mmengine/detectron2's `time: 1.2 data_time: 1.1`
-_DATA_TIME = re.compile(r"\bTime\s+([\d.]+)\s*(?:\(\s*([\d.]+)\))?\s+Data\s+([\d.]+)\s*"
-                        r"(?:\(\s*([\d.]+)\))?")
-_DATA_TIME2 = re.compile(r"\btime: ([\d.]+),?\s+data_time: ([\d.]+)|"
-                         r"\bdata_time: ([\d.]+),?\s+time: ([\d.]+)")
+_DATA_TIME = re.compile(
+    r"\bTime\s+([\d.]+)\s*(?:\(\s*([\d.]+)\))?\s+Data\s+([\d.]+)\s*"
+    r"(?:\(\s*([\d.]+)\))?"
+)
+_DATA_TIME2 = re.compile(
+    r"\btime: ([\d.]+),?\s+data_time: ([\d.]+)|"
+    r"\bdata_time: ([\d.]+),?\s+time: ([\d.]+)"
+)
 _SHARDS = re.compile(r"Loading checkpoint shards:\s*(\d+)%")
 
 
@@ -52,7 +77,7 @@ class Hit:
     text: str
     t: float | None
     groups: dict[str, Any] = field(default_factory=dict)
-    host: str | None = None     # from the line's prefix (pdsh, compose, kubectl)
+    host: str | None = None  # from the line's prefix (pdsh, compose, kubectl)
 
 
 @dataclass
@@ -74,15 +99,18 @@ class _TbState:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.start = 0
-        self.mode = "none"   # none | in | after_exc
+        self.mode = "none"  # none | in | after_exc
 
 
 class FileScanner:
     # the native classifier when built; False forces the pure-Python fast path (tests)
     native: bool = fastscan is not None
     # (b"\n{" needs no token there: the classifier looks at each line's first byte)
-    _matcher = fastscan.matcher([t for t in REPORT_TOKENS if b"\n" not in t],
-                                 NCCL_FACT_TOKENS) if fastscan else None
+    _matcher = (
+        fastscan.matcher([t for t in REPORT_TOKENS if b"\n" not in t], NCCL_FACT_TOKENS)
+        if fastscan
+        else None
+    )
 
     def __init__(self, source: Source, year: int | None = None, metrics: bool = True) -> None:
         self.source = source
@@ -93,20 +121,20 @@ class FileScanner:
         self.reports: list[ChildFailedReport] = []
         self.torchrun_lines: list[tuple[int, dict[str, Any], float | None]] = []
         self.nccl = NcclSummary()
-        self.nccl_ranks: dict[int, int] = {}     # pid → NCCL rank seen in comm lines
+        self.nccl_ranks: dict[int, int] = {}  # pid → NCCL rank seen in comm lines
         self.metrics = MetricsParser(source.rank)
         # the agent reads metrics from the event stream instead: records would only pile up
         self.keep_metrics = metrics
         self._tb: dict[int | None, _TbState] = {}
         self._cfp = ChildFailedParser()
         self._last_t: float | None = None
-        self.enqueued: dict[int, int] = {}       # rank → last enqueued collective (watchdog)
+        self.enqueued: dict[int, int] = {}  # rank → last enqueued collective (watchdog)
         # what diagnose/chain.py weighs beyond single lines
-        self.hosts: set[str] = set()             # hosts named by line prefixes
-        self.ranks_seen: set[int] = set()        # ranks named by line prefixes
-        self.shards: int | None = None           # last "Loading checkpoint shards" percent
-        self.data_time: list[tuple[int, float, float]] = []   # (line, data s, step s)
-        self.lines_after_shards = 0              # error-free lines since the shards bar
+        self.hosts: set[str] = set()  # hosts named by line prefixes
+        self.ranks_seen: set[int] = set()  # ranks named by line prefixes
+        self.shards: int | None = None  # last "Loading checkpoint shards" percent
+        self.data_time: list[tuple[int, float, float]] = []  # (line, data s, step s)
+        self.lines_after_shards = 0  # error-free lines since the shards bar
 
     @property
     def name(self) -> str:
@@ -142,7 +170,7 @@ class FileScanner:
         except OSError:
             return
         if not data.endswith(b"\n"):
-            return      # still being written: read it line by line as it grows
+            return  # still being written: read it line by line as it grows
         lines = data.decode("utf-8", errors="replace").split("\n")[:-1]
         joined = rejoin(lines)
         if len(joined) == len(lines):
@@ -212,7 +240,8 @@ class FileScanner:
         while pos < n:
             if not self._busy():
                 stop, lines, heads, transports, facts, hint, other = classify(
-                    self._matcher, chunk, pos, n)
+                    self._matcher, chunk, pos, n
+                )
                 if lines:
                     self._passed_over(chunk, pos, heads, transports, facts, hint, other)
                     lineno += lines
@@ -224,8 +253,16 @@ class FileScanner:
             self._slow(lineno, chunk[pos:end], metric_lines)
             pos = end + 1
 
-    def _passed_over(self, chunk: bytes, a: int, heads: int, transports: dict[str, int],
-                     facts: list[bytes], hint: int, other: int) -> None:
+    def _passed_over(
+        self,
+        chunk: bytes,
+        a: int,
+        heads: int,
+        transports: dict[str, int],
+        facts: list[bytes],
+        hint: int,
+        other: int,
+    ) -> None:
         """What `_line` would have done with the lines the classifier passed over."""
         self.nccl.lines += heads
         tr = self.nccl.transports
@@ -237,13 +274,13 @@ class FileScanner:
             rec = parse_nccl(raw.decode())
             if rec is not None:
                 self.nccl.add(rec, count=False)
-                if rec["kind"] == "comm":
-                    self.nccl_ranks[rec["pid"]] = rec["rank"]
+                if rec.kind == "comm":
+                    self.nccl_ranks[rec.pid] = rec.rank
         if other:
-            self._cfp.plain_line()   # a plain line was the last one torchrun's parser saw
+            self._cfp.plain_line()  # a plain line was the last one torchrun's parser saw
         while hint >= a:
             # the last time stamp passed over is the one `_line` would have kept
-            t = self._time_of(split_rank(chunk[hint:chunk.index(b"\n", hint)].decode())[1])
+            t = self._time_of(split_rank(chunk[hint : chunk.index(b"\n", hint)].decode())[1])
             if t is not None:
                 self._last_t = t
                 return
@@ -271,10 +308,10 @@ class FileScanner:
         span = chunk[a:b]
         ascii_ = span.isascii()
         if not ascii_ and TIME_HINT_STR.search(span.decode("utf-8", errors="replace")):
-            nccl = -1   # str \d also matches non-ASCII digits: let line_time decide, per line
+            nccl = -1  # str \d also matches non-ASCII digits: let line_time decide, per line
         if nccl:
-            heads = len(NCCL_HEAD.findall(span)) if ascii_ else -2
-            vias = NCCL_VIA.findall(span) if heads == nccl else None
+            heads = len(INFO_HEAD_BYTES.findall(span)) if ascii_ else -2
+            vias = CHANNEL_VIA_BYTES.findall(span) if heads == nccl else None
             if vias is None or len(vias) != span.count(b" via "):
                 # something unusual about these NCCL lines: read them exactly, one by one
                 for i, raw in enumerate(span.split(b"\n")[:-1]):
@@ -286,7 +323,7 @@ class FileScanner:
                 name = transport_name(v.decode())
                 tr[name] = tr.get(name, 0) + 1
         if lines > nccl:
-            self._cfp.plain_line()   # a plain line was the last one torchrun's parser saw
+            self._cfp.plain_line()  # a plain line was the last one torchrun's parser saw
         return lines
 
     def _slow(self, lineno: int, raw: bytes, metric_lines: list[str]) -> None:
@@ -310,8 +347,11 @@ class FileScanner:
         if rank is None and "ank " in text:
             m = _RANK_IN_TEXT.search(text)
             rank = int(next(g for g in m.groups() if g is not None)) if m else None
-        if rank is None and "local_rank=" in text and ("<Signals." in text or "exit status" in
-                                                       text):
+        if (
+            rank is None
+            and "local_rank=" in text
+            and ("<Signals." in text or "exit status" in text)
+        ):
             # the old launcher's CalledProcessError quotes the failed child's own argv
             m = _LOCAL_RANK_ARG.search(text)
             rank = int(m.group(1)) if m else None
@@ -330,9 +370,9 @@ class FileScanner:
             rec = parse_nccl(text)
             if rec is not None:
                 self.nccl.add(rec)
-                if rec["kind"] == "comm":
-                    self.nccl_ranks[rec["pid"]] = rec["rank"]
-                if rec["level"] == "INFO":
+                if rec.kind == "comm":
+                    self.nccl_ranks[rec.pid] = rec.rank
+                if rec.level == "INFO":
                     return
         report = self._cfp.feed(text, lineno)
         if report is not None:
@@ -340,9 +380,9 @@ class FileScanner:
         if self._cfp.in_report or (report is not None and self._cfp.consumed):
             return  # torchrun's report is read as a whole (engine._apply_failures)
         if "nqueued" in text and rank is not None:
-            m = _LAST_ENQ.search(text)
-            if m:
-                self.enqueued[rank] = int(m.group(1))
+            n = last_enqueued_work(text)
+            if n is not None:
+                self.enqueued[rank] = n
         if self._tb_feed(rank, lineno, text):
             # inside a traceback: frames are evidence, but the exception line is also a hit
             st = self._tb[rank]
@@ -357,21 +397,32 @@ class FileScanner:
             rule, match = m
             if rule.category in _DEMOTE_ON_WARN and _WARN_LEVEL.search(raw):
                 rule = _as_warning(rule)
-            self.hits.append(Hit(rule, rank, lineno, text, t or self._last_t,
-                                 {k: v for k, v in match.groupdict().items() if v},
-                                 host=norm.host))
+            self.hits.append(
+                Hit(
+                    rule,
+                    rank,
+                    lineno,
+                    text,
+                    t or self._last_t,
+                    {k: v for k, v in match.groupdict().items() if v},
+                    host=norm.host,
+                )
+            )
 
     def _data_time(self, lineno: int, text: str) -> None:
         m = _DATA_TIME.search(text)
-        if m:   # prefer the running averages in brackets
+        if m:  # prefer the running averages in brackets
             step = float(m.group(2) or m.group(1))
             data = float(m.group(4) or m.group(3))
         else:
             m = _DATA_TIME2.search(text)
             if not m:
                 return
-            step, data = (float(m.group(1)), float(m.group(2))) if m.group(1) else \
-                (float(m.group(4)), float(m.group(3)))
+            step, data = (
+                (float(m.group(1)), float(m.group(2)))
+                if m.group(1)
+                else (float(m.group(4)), float(m.group(3)))
+            )
         if step > 0:
             self.data_time.append((lineno, data, step))
 
@@ -395,17 +446,18 @@ class FileScanner:
             if not text.strip() or text[:1] in " \t" or text.startswith("Traceback (most"):
                 st.lines.append(text)
             else:
-                st.lines.append(text)   # the exception line
+                st.lines.append(text)  # the exception line
                 st.mode = "after_exc"
             if len(st.lines) > MAX_TB_LINES:
-                del st.lines[1:len(st.lines) - MAX_TB_LINES + 10]
+                del st.lines[1 : len(st.lines) - MAX_TB_LINES + 10]
             return True
         # after the exception line: a chained exception continues the block
         if not text.strip():
             st.lines.append(text)
             return True
-        if text.startswith(("The above exception", "During handling")) or \
-                text.startswith("Traceback (most"):
+        if text.startswith(("The above exception", "During handling")) or text.startswith(
+            "Traceback (most"
+        ):
             st.lines.append(text)
             st.mode = "in"
             return True
@@ -435,7 +487,8 @@ def _as_warning(rule: Rule) -> Rule:
     w = _WARN_RULES.get(id(rule))
     if w is None:
         w = _WARN_RULES[id(rule)] = replace(
-            rule, severity="warning", summary=rule.summary + " (a warning; it was retried)")
+            rule, severity="warning", summary=rule.summary + " (a warning; it was retried)"
+        )
     return w
 
 
@@ -451,9 +504,11 @@ def read_error_json(path: Path) -> dict[str, Any] | None:
     if isinstance(msg, dict):
         info = msg.get("extraInfo") or {}
         ts = info.get("timestamp")
-        return {"message": str(msg.get("message", "")),
-                "traceback": str(info.get("py_callstack", "")),
-                "t": float(ts) if str(ts).isdigit() else None}
+        return {
+            "message": str(msg.get("message", "")),
+            "traceback": str(info.get("py_callstack", "")),
+            "t": float(ts) if str(ts).isdigit() else None,
+        }
     if isinstance(msg, str):
         return {"message": msg, "traceback": "", "t": None}
     return None

@@ -15,13 +15,39 @@ from typing import Any
 
 from tunedeck.core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
 from tunedeck.core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
-from tunedeck.core.estimate.speed import (DEFAULT_MFU, UNKNOWN_GPU, Throughput, flops_per_token,
-                                          fmt_duration, peak_tflops, spec_mfu, throughput)
+from tunedeck.core.estimate.speed import (
+    DEFAULT_MFU,
+    UNKNOWN_GPU,
+    Throughput,
+    flops_per_token,
+    fmt_duration,
+    peak_tflops,
+    spec_mfu,
+    throughput,
+)
 
-__all__ = ["ArchError", "GIB", "MemoryEstimate", "MemoryInputs", "ModelArch", "QWEN25",
-           "SpecEstimate", "Throughput", "arch_for_spec", "arch_from_config", "estimate_memory",
-           "estimate_spec", "flops_per_token", "fmt_duration", "hub_cache_dir", "inputs_for_spec",
-           "load_arch", "peak_tflops", "throughput", "DEFAULT_MFU"]
+__all__ = [
+    "ArchError",
+    "GIB",
+    "MemoryEstimate",
+    "MemoryInputs",
+    "ModelArch",
+    "QWEN25",
+    "SpecEstimate",
+    "Throughput",
+    "arch_for_spec",
+    "arch_from_config",
+    "estimate_memory",
+    "estimate_spec",
+    "flops_per_token",
+    "fmt_duration",
+    "hub_cache_dir",
+    "inputs_for_spec",
+    "load_arch",
+    "peak_tflops",
+    "throughput",
+    "DEFAULT_MFU",
+]
 
 
 def hub_cache_dir(model_id: str) -> Path | None:
@@ -29,7 +55,8 @@ def hub_cache_dir(model_id: str) -> Path | None:
     if "/" not in model_id or model_id.startswith(("/", ".", "~")):
         return None
     hf = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
+    )
     snaps = Path(hf) / ("models--" + model_id.replace("/", "--")) / "snapshots"
     if snaps.is_dir():
         for snap in sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
@@ -48,26 +75,38 @@ def arch_for_spec(spec) -> ModelArch:
 
     path = spec.model.path
     if path == BUILTIN_TINY:
-        return ModelArch(hidden=MODEL_SHAPE["hidden_size"],
-                         layers=MODEL_SHAPE["num_hidden_layers"],
-                         heads=MODEL_SHAPE["num_attention_heads"],
-                         kv_heads=MODEL_SHAPE["num_key_value_heads"],
-                         intermediate=MODEL_SHAPE["intermediate_size"], vocab=VOCAB_SIZE,
-                         tie_embeddings=True, qkv_bias=True, model_type="qwen2",
-                         max_len=MAX_POSITIONS)
+        return ModelArch(
+            hidden=MODEL_SHAPE["hidden_size"],
+            layers=MODEL_SHAPE["num_hidden_layers"],
+            heads=MODEL_SHAPE["num_attention_heads"],
+            kv_heads=MODEL_SHAPE["num_key_value_heads"],
+            intermediate=MODEL_SHAPE["intermediate_size"],
+            vocab=VOCAB_SIZE,
+            tie_embeddings=True,
+            qkv_bias=True,
+            model_type="qwen2",
+            max_len=MAX_POSITIONS,
+        )
     p = Path(path).expanduser()
     if p.is_dir() or p.name == "config.json":
         return load_arch(p)
     cached = hub_cache_dir(path)
     if cached:
         return load_arch(cached)
-    raise ArchError(f"model.path {path!r}: no config.json there or in the local hub cache; "
-                    "the estimate needs the model's config.json (a folder holding it is "
-                    "enough, no weights)")
+    raise ArchError(
+        f"model.path {path!r}: no config.json there or in the local hub cache; "
+        "the estimate needs the model's config.json (a folder holding it is "
+        "enough, no weights)"
+    )
 
 
-def inputs_for_spec(spec, arch: ModelArch | None = None, *, device: str | None = None,
-                    procs_per_node: int | None = None) -> MemoryInputs:
+def inputs_for_spec(
+    spec,
+    arch: ModelArch | None = None,
+    *,
+    device: str | None = None,
+    procs_per_node: int | None = None,
+) -> MemoryInputs:
     """Estimator inputs from a *resolved* spec (device and process count concrete)."""
     c, p, m, t = spec.cluster, spec.parallel, spec.method, spec.train
     device = device or (c.device if c.device != "auto" else "cpu")
@@ -80,25 +119,41 @@ def inputs_for_spec(spec, arch: ModelArch | None = None, *, device: str | None =
     elif p.strategy == "deepspeed":
         offload = p.zero_offload
     return MemoryInputs(
-        arch=arch or arch_for_spec(spec), method=m.type, lora_rank=m.lora_rank,
-        lora_targets=tuple(m.target_modules), lora_dropout=m.lora_dropout,
-        quant_bits=m.quant_bits, micro_batch=t.per_device_batch_size,
-        seq_len=spec.data.max_length, grad_accum=t.grad_accum, strategy=p.strategy,
-        zero_stage=p.zero_stage if p.strategy == "deepspeed" else 0, offload=offload,
-        world_size=procs * c.nnodes, tp=p.tp if p.strategy == "megatron" else 1,
+        arch=arch or arch_for_spec(spec),
+        method=m.type,
+        lora_rank=m.lora_rank,
+        lora_targets=tuple(m.target_modules),
+        lora_dropout=m.lora_dropout,
+        quant_bits=m.quant_bits,
+        micro_batch=t.per_device_batch_size,
+        seq_len=spec.data.max_length,
+        grad_accum=t.grad_accum,
+        strategy=p.strategy,
+        zero_stage=p.zero_stage if p.strategy == "deepspeed" else 0,
+        offload=offload,
+        world_size=procs * c.nnodes,
+        tp=p.tp if p.strategy == "megatron" else 1,
         pp=p.pp if p.strategy == "megatron" else 1,
-        gradient_checkpointing=t.gradient_checkpointing, compute_bytes=compute,
-        autocast=compute == 2, master_fp32=spec.backend == "builtin" and m.type == "full",
+        gradient_checkpointing=t.gradient_checkpointing,
+        compute_bytes=compute,
+        autocast=compute == 2,
+        master_fp32=spec.backend == "builtin" and m.type == "full",
         # the built-in trainer's AdamW is fused on CUDA (no foreach temporaries)
         fused_optimizer=spec.backend == "builtin" and device == "cuda" and not p.cpu_offload,
-        attn_impl=spec.model.attn_impl, device=device,
+        attn_impl=spec.model.attn_impl,
+        device=device,
         # the built-in trainer: chunked cross-entropy, compiled layers (CUDA), expandable segments
-        loss_chunk_elems=2 ** 29 if spec.backend == "builtin" and device == "cuda" else 0,
+        loss_chunk_elems=2**29 if spec.backend == "builtin" and device == "cuda" else 0,
         compiled=spec.backend == "builtin" and device == "cuda" and bool(t.compile),
         # its LoRA linears fused on CUDA under DDP, without dropout (lora_fused.eligible)
-        fused_lora=(spec.backend == "builtin" and device == "cuda" and m.type == "lora"
-                    and m.lora_dropout == 0),
-        expandable_segments=spec.backend == "builtin" and device == "cuda")
+        fused_lora=(
+            spec.backend == "builtin"
+            and device == "cuda"
+            and m.type == "lora"
+            and m.lora_dropout == 0
+        ),
+        expandable_segments=spec.backend == "builtin" and device == "cuda",
+    )
 
 
 @dataclass
@@ -109,27 +164,41 @@ class SpecEstimate:
     throughput: Throughput | None
     gpu_name: str
     gpu_mem_gib: float | None
-    spec: Any = None        # the resolved spec these numbers are of
+    spec: Any = None  # the resolved spec these numbers are of
 
     def to_json(self) -> dict:
         mem = self.memory.to_json()
-        out = {"per_gpu_gib": mem["per_gpu_gib"], "reserved_gib": mem["reserved_gib"],
-               "allocated_gib": mem["allocated_gib"], "breakdown": mem["breakdown"],
-               "peak_phase": mem["peak_phase"], "params": mem["params"],
-               "trainable_params": mem["trainable_params"],
-               "checkpoint_gib": round(mem["checkpoint_bytes"] / GIB, 3),
-               "notes": mem["notes"], "effective_batch": self.effective_batch,
-               "world_size": self.inputs.world_size, "device": self.inputs.device,
-               "gpu": self.gpu_name, "gpu_mem_gib": self.gpu_mem_gib,
-               "inputs": self.inputs.to_json()}
+        out = {
+            "per_gpu_gib": mem["per_gpu_gib"],
+            "reserved_gib": mem["reserved_gib"],
+            "allocated_gib": mem["allocated_gib"],
+            "breakdown": mem["breakdown"],
+            "peak_phase": mem["peak_phase"],
+            "params": mem["params"],
+            "trainable_params": mem["trainable_params"],
+            "checkpoint_gib": round(mem["checkpoint_bytes"] / GIB, 3),
+            "notes": mem["notes"],
+            "effective_batch": self.effective_batch,
+            "world_size": self.inputs.world_size,
+            "device": self.inputs.device,
+            "gpu": self.gpu_name,
+            "gpu_mem_gib": self.gpu_mem_gib,
+            "inputs": self.inputs.to_json(),
+        }
         if self.throughput:
             out["throughput"] = self.throughput.to_json()
             out["throughput"]["eta"] = fmt_duration(self.throughput.eta_s)
         return out
 
 
-def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
-                  gpu_mem_gib: float | None = None, mfu: float | None = None) -> SpecEstimate:
+def estimate_spec(
+    spec,
+    *,
+    gpus: int | None = None,
+    gpu_name: str = "",
+    gpu_mem_gib: float | None = None,
+    mfu: float | None = None,
+) -> SpecEstimate:
     """Estimate for a spec. `gpus` forces GPUs per node (planning on a machine without them);
     otherwise the spec is resolved against this machine's GPUs. mfu: the utilisation assumed
     for the throughput (default: what this spec's backend and switches were measured at)."""
@@ -156,9 +225,15 @@ def estimate_spec(spec, *, gpus: int | None = None, gpu_name: str = "",
         peak = 989.0  # unknown GPU: an H100-class peak, labelled as assumed below
         gpu_name = gpu_name or UNKNOWN_GPU
     if device == "cuda":
-        tp = throughput(inp.arch, seq_len=inp.seq_len, method=inp.method,
-                        world_size=inp.world_size, tokens_per_step=eff * inp.seq_len,
-                        steps=r.train.max_steps, peak=peak,
-                        mfu=spec_mfu(r) if mfu is None else mfu,
-                        gradient_checkpointing=inp.gradient_checkpointing)
+        tp = throughput(
+            inp.arch,
+            seq_len=inp.seq_len,
+            method=inp.method,
+            world_size=inp.world_size,
+            tokens_per_step=eff * inp.seq_len,
+            steps=r.train.max_steps,
+            peak=peak,
+            mfu=spec_mfu(r) if mfu is None else mfu,
+            gradient_checkpointing=inp.gradient_checkpointing,
+        )
     return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib, r)

@@ -27,10 +27,10 @@ class ModelArch:
     intermediate: int
     vocab: int
     tie_embeddings: bool = False
-    head_dim: int = 0            # 0 = hidden // heads
+    head_dim: int = 0  # 0 = hidden // heads
     qkv_bias: bool = False
     model_type: str = "llama"
-    max_len: int = 0             # longest sequence the config allows (0 = it names none)
+    max_len: int = 0  # longest sequence the config allows (0 = it names none)
 
     @property
     def hd(self) -> int:
@@ -47,9 +47,15 @@ class ModelArch:
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of every linear in one decoder layer."""
         h, i = self.hidden, self.intermediate
-        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim),
-                "v_proj": (h, self.kv_dim), "o_proj": (self.q_dim, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def layer_params(self) -> int:
         n = sum(a * b for a, b in self.linear_shapes().values())
@@ -64,8 +70,12 @@ class ModelArch:
         return 0 if self.tie_embeddings else self.vocab * self.hidden
 
     def total_params(self) -> int:
-        return (self.embedding_params() + self.layers * self.layer_params()
-                + self.hidden + self.head_params())
+        return (
+            self.embedding_params()
+            + self.layers * self.layer_params()
+            + self.hidden
+            + self.head_params()
+        )
 
     def linear_params(self) -> int:
         """Weights of the decoder linears (what QLoRA quantizes)."""
@@ -82,8 +92,9 @@ class ModelArch:
         targets = list(targets or [])
         if not targets or "all-linear" in targets or "all_linear" in targets:
             return list(LINEAR_NAMES)
-        return [m for m in LINEAR_NAMES if any(t == m or t.endswith("." + m) or m in t
-                                               for t in targets)]
+        return [
+            m for m in LINEAR_NAMES if any(t == m or t.endswith("." + m) or m in t for t in targets)
+        ]
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -101,37 +112,65 @@ def _get(cfg: dict, *names, default=None):
 def arch_from_config(cfg: dict, source: str = "config.json") -> ModelArch:
     """Shape from a HF config dict. Multimodal configs keep the LM under `text_config`."""
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
-        cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get(
-            "tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings"))}
+        cfg = {
+            **cfg["text_config"],
+            "tie_word_embeddings": cfg.get(
+                "tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings")
+            ),
+        }
     hidden = _get(cfg, "hidden_size", "n_embd", "d_model")
     layers = _get(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _get(cfg, "num_attention_heads", "n_head")
     vocab = _get(cfg, "vocab_size")
-    missing = [k for k, v in (("hidden_size", hidden), ("num_hidden_layers", layers),
-                              ("num_attention_heads", heads), ("vocab_size", vocab)) if not v]
+    missing = [
+        k
+        for k, v in (
+            ("hidden_size", hidden),
+            ("num_hidden_layers", layers),
+            ("num_attention_heads", heads),
+            ("vocab_size", vocab),
+        )
+        if not v
+    ]
     if missing:
         raise ArchError(f"{source}: missing {', '.join(missing)}; cannot size the model")
     mtype = str(cfg.get("model_type", "llama"))
     return ModelArch(
-        hidden=int(hidden), layers=int(layers), heads=int(heads),
+        hidden=int(hidden),
+        layers=int(layers),
+        heads=int(heads),
         kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
         intermediate=int(_get(cfg, "intermediate_size", "n_inner", default=4 * hidden)),
-        vocab=int(vocab), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        vocab=int(vocab),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(_get(cfg, "head_dim", default=0) or 0),
         qkv_bias=bool(_get(cfg, "attention_bias", default=mtype in ("qwen2",))),
-        model_type=mtype, max_len=max_model_len(cfg))
+        model_type=mtype,
+        max_len=max_model_len(cfg),
+    )
 
 
 # the config keys a model's length limit goes by, as ms-swift reads them (the smallest wins)
-MAX_LEN_KEYS = ("seq_length", "max_position_embeddings", "n_positions", "model_max_length",
-                "seq_len", "max_seq_len", "max_sequence_length", "max_seq_length")
+MAX_LEN_KEYS = (
+    "seq_length",
+    "max_position_embeddings",
+    "n_positions",
+    "model_max_length",
+    "seq_len",
+    "max_seq_len",
+    "max_sequence_length",
+    "max_seq_length",
+)
 
 
 def max_model_len(cfg: dict) -> int:
     """The longest sequence a config allows: what ms-swift truncates at when --max_length is
     not given (0 when the config names no limit)."""
-    found = [int(v) for k in MAX_LEN_KEYS if isinstance(v := cfg.get(k), (int, float))
-             and not isinstance(v, bool) and v > 0]
+    found = [
+        int(v)
+        for k in MAX_LEN_KEYS
+        if isinstance(v := cfg.get(k), (int, float)) and not isinstance(v, bool) and v > 0
+    ]
     return min(found, default=0)
 
 
@@ -153,13 +192,37 @@ def load_arch(path: str | Path) -> ModelArch:
 # Reference shapes (public Qwen2.5 configs) for the calibration bench, tests and the advisor's
 # examples; any other model is read from its own config.json.
 QWEN25 = {
-    "0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
-                 num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
-    "1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960,
-                 num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768),
-    "7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
-               num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=32768),
+    "0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "1.5b": dict(
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "7b": dict(
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+    ),
 }

@@ -24,15 +24,18 @@ def data_parallel_size(spec: RunSpec, world: int | None = None) -> int:
 
 
 def effective_batch(spec: RunSpec, world: int | None = None) -> int:
-    return spec.train.per_device_batch_size * data_parallel_size(spec, world) \
-        * spec.train.grad_accum
+    return (
+        spec.train.per_device_batch_size * data_parallel_size(spec, world) * spec.train.grad_accum
+    )
 
 
 def describe(spec: RunSpec, world: int | None = None) -> str:
     dp = data_parallel_size(spec, world)
-    return (f"effective batch {effective_batch(spec, world)} = "
-            f"{spec.train.per_device_batch_size} per device x {dp} data-parallel "
-            f"x {spec.train.grad_accum} accumulation")
+    return (
+        f"effective batch {effective_batch(spec, world)} = "
+        f"{spec.train.per_device_batch_size} per device x {dp} data-parallel "
+        f"x {spec.train.grad_accum} accumulation"
+    )
 
 
 @dataclass
@@ -60,8 +63,10 @@ def rescale_grad_accum(spec: RunSpec, new_world: int) -> Rescale:
     if spec.cluster.nnodes == 1:
         new.cluster.nproc_per_node = new_world
     got = effective_batch(new, new_world)
-    note = (f"grad_accum {spec.train.grad_accum} -> {accum} keeps the effective batch at {old}"
-            if got == old else
-            f"grad_accum {spec.train.grad_accum} -> {accum} gives effective batch {got} "
-            f"(was {old}; {old} is not a multiple of {per_step})")
+    note = (
+        f"grad_accum {spec.train.grad_accum} -> {accum} keeps the effective batch at {old}"
+        if got == old
+        else f"grad_accum {spec.train.grad_accum} -> {accum} gives effective batch {got} "
+        f"(was {old}; {old} is not a multiple of {per_step})"
+    )
     return Rescale(new, old, got, note)

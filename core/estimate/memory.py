@@ -49,16 +49,16 @@ CHUNK_LIVE_BYTES = 6
 # 62.2 GiB allocated compiled vs 69.8 eager, weights and loss chunk alike.
 COMPILED_ACT_FACTOR = 0.85
 # The loss over materialized logits, bytes per logit (see the module docstring).
-LOSS_LIVE_BYTES = 12         # log-softmax output + its grad + the upcast's grad (all fp32)
-CUDA_CONTEXT_GIB = 0.75      # CUDA context + kernels; not in torch's reserved count
-NCCL_BUFFERS_GIB = 0.75      # per-peer NCCL channels when world > 1
-DS_BUCKETS_ELEMS = 2e8       # DeepSpeed allgather/reduce buckets (ms-swift's zero configs)
+LOSS_LIVE_BYTES = 12  # log-softmax output + its grad + the upcast's grad (all fp32)
+CUDA_CONTEXT_GIB = 0.75  # CUDA context + kernels; not in torch's reserved count
+NCCL_BUFFERS_GIB = 0.75  # per-peer NCCL channels when world > 1
+DS_BUCKETS_ELEMS = 2e8  # DeepSpeed allgather/reduce buckets (ms-swift's zero configs)
 
 
 @dataclass
 class MemoryInputs:
     arch: ModelArch
-    method: str = "lora"                 # full | lora | qlora
+    method: str = "lora"  # full | lora | qlora
     lora_rank: int = 8
     lora_targets: tuple[str, ...] = ("all-linear",)
     lora_dropout: float = 0.0
@@ -66,19 +66,19 @@ class MemoryInputs:
     micro_batch: int = 1
     seq_len: int = 2048
     grad_accum: int = 1
-    strategy: str = "ddp"                # ddp | fsdp2 | deepspeed | megatron
+    strategy: str = "ddp"  # ddp | fsdp2 | deepspeed | megatron
     zero_stage: int = 0
-    offload: str = "none"                # none | optimizer | all (fsdp2 cpu_offload = all)
+    offload: str = "none"  # none | optimizer | all (fsdp2 cpu_offload = all)
     world_size: int = 1
     tp: int = 1
     pp: int = 1
     gradient_checkpointing: bool = False
-    compute_bytes: int = 2               # 2 = bf16/fp16 compute, 4 = fp32 (CPU)
-    autocast: bool = True                # forward under torch.autocast (HF bf16=True)
-    master_fp32: bool = False            # full FT keeps fp32 weights (built-in trainer)
-    fused_optimizer: bool = False        # fused AdamW (built-in trainer): no foreach temporary
-    materialize_bytes: int = 0           # weights first built at this width on the GPU, then
-                                         # cast/sharded (0 = loaded in their training dtype)
+    compute_bytes: int = 2  # 2 = bf16/fp16 compute, 4 = fp32 (CPU)
+    autocast: bool = True  # forward under torch.autocast (HF bf16=True)
+    master_fp32: bool = False  # full FT keeps fp32 weights (built-in trainer)
+    fused_optimizer: bool = False  # fused AdamW (built-in trainer): no foreach temporary
+    materialize_bytes: int = 0  # weights first built at this width on the GPU, then
+    # cast/sharded (0 = loaded in their training dtype)
     attn_impl: str = "sdpa"
     device: str = "cuda"
     # the built-in trainer: cross-entropy over head chunks of at most this many logits (0 = the
@@ -86,8 +86,8 @@ class MemoryInputs:
     # compiled, and expandable allocator segments (reserved ≈ allocated)
     loss_chunk_elems: int = 0
     compiled: bool = False
-    fused_lora: bool = False             # LoRA linears fused where DDP runs them
-                                         # (core/train/lora_fused.py, the CUDA default)
+    fused_lora: bool = False  # LoRA linears fused where DDP runs them
+    # (core/train/lora_fused.py, the CUDA default)
     expandable_segments: bool = False
 
     def to_json(self) -> dict:
@@ -99,28 +99,35 @@ class MemoryInputs:
 
 @dataclass
 class MemoryEstimate:
-    breakdown: dict[str, float]          # GiB at the peak phase; sums to per_gpu_gib
-    allocated_gib: float                 # torch.cuda.max_memory_allocated
-    reserved_gib: float                  # torch.cuda.max_memory_reserved
-    per_gpu_gib: float                   # what the device shows (reserved + context + NCCL)
+    breakdown: dict[str, float]  # GiB at the peak phase; sums to per_gpu_gib
+    allocated_gib: float  # torch.cuda.max_memory_allocated
+    reserved_gib: float  # torch.cuda.max_memory_reserved
+    per_gpu_gib: float  # what the device shows (reserved + context + NCCL)
     peak_phase: str
     params: int
     trainable_params: int
     tokens_per_micro_step: int
-    checkpoint_bytes: int                # one saved checkpoint (trainable weights + optimizer)
-    host_load_bytes: int                 # host RAM one process needs to load the weights
-    cpu_offload_bytes: int               # host RAM per rank held by offloaded states
+    checkpoint_bytes: int  # one saved checkpoint (trainable weights + optimizer)
+    host_load_bytes: int  # host RAM one process needs to load the weights
+    cpu_offload_bytes: int  # host RAM per rank held by offloaded states
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {k: (round(v, 2) if isinstance(v, float) else v)
-                for k, v in asdict(self).items()} | {
-            "breakdown": {k: round(v, 2) for k, v in self.breakdown.items()}}
+        return {
+            k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items()
+        } | {"breakdown": {k: round(v, 2) for k, v in self.breakdown.items()}}
 
 
 # which input each adaptable linear of a decoder layer reads
-_SHARED_INPUT = {"q_proj": "x1", "k_proj": "x1", "v_proj": "x1", "gate_proj": "x2",
-                 "up_proj": "x2", "o_proj": "o", "down_proj": "d"}
+_SHARED_INPUT = {
+    "q_proj": "x1",
+    "k_proj": "x1",
+    "v_proj": "x1",
+    "gate_proj": "x2",
+    "up_proj": "x2",
+    "o_proj": "o",
+    "down_proj": "d",
+}
 
 
 def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
@@ -129,11 +136,11 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     ar = m.arch
     h, i, q, kv = ar.hidden, ar.intermediate, ar.q_dim, ar.kv_dim
     full = m.method == "full"
-    n = 2 * 4 * h                            # two RMSNorms save an fp32 copy of their input
-    n += a * (q + 2 * kv) + a * q            # RoPE'd q, k, v and the attention output (SDPA)
-    if m.attn_impl == "eager":               # softmax probs and their dropout input, per head
+    n = 2 * 4 * h  # two RMSNorms save an fp32 copy of their input
+    n += a * (q + 2 * kv) + a * q  # RoPE'd q, k, v and the attention output (SDPA)
+    if m.attn_impl == "eager":  # softmax probs and their dropout input, per head
         n += 2 * a * ar.heads * m.seq_len
-    n += 3 * a * i                           # gate, up and SiLU(gate) outputs
+    n += 3 * a * i  # gate, up and SiLU(gate) outputs
     if full:
         # trainable norm weights keep the normalized input; linears keep their inputs
         n += 2 * a * h + a * h * 2 + a * q + a * i
@@ -164,8 +171,8 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
                 # peft casts the input to fp32; autocast casts it back: a new copy per module
                 n += (2 if m.autocast else 4) * d_in
             if m.lora_dropout > 0:
-                n += d_in * (1 + (4 if a == 4 else 0))   # bool mask (+ fp32 dropout output)
-            n += a * m.lora_rank                         # lora_A output, saved by lora_B
+                n += d_in * (1 + (4 if a == 4 else 0))  # bool mask (+ fp32 dropout output)
+            n += a * m.lora_rank  # lora_A output, saved by lora_B
     return float(n)
 
 
@@ -184,7 +191,7 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     if full:
         w_bytes = 4 if (m.master_fp32 or a == 4) else 2
         base_bytes = N * w_bytes
-        g_bytes, opt_bytes = w_bytes, 2 * w_bytes          # AdamW states in the params' dtype
+        g_bytes, opt_bytes = w_bytes, 2 * w_bytes  # AdamW states in the params' dtype
         if m.strategy == "deepspeed":
             w_bytes, g_bytes = 2, 2
             base_bytes = N * 2
@@ -196,12 +203,12 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     else:
         lin = ar.linear_params()
         if m.method == "qlora":
-            qb = 0.5 + 0.02 if m.quant_bits == 4 else 1.0 + 0.01   # + quantization constants
+            qb = 0.5 + 0.02 if m.quant_bits == 4 else 1.0 + 0.01  # + quantization constants
             base_bytes = lin * qb + (N - lin) * 2
         else:
             base_bytes = N * (4 if a == 4 else 2)
-        w_bytes, g_bytes, opt_bytes = 4, 4, 8                # peft keeps adapters in fp32
-    train_w = trainable * w_bytes if not full else 0          # LoRA weights (full: in base)
+        w_bytes, g_bytes, opt_bytes = 4, 4, 8  # peft keeps adapters in fp32
+    train_w = trainable * w_bytes if not full else 0  # LoRA weights (full: in base)
 
     # -- sharding ------------------------------------------------------------------------
     weights = base_bytes
@@ -209,17 +216,17 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     optim = trainable * opt_bytes
     opt_temp = 0.0
     buckets = 0.0
-    working = 0.0       # unsharded params gathered for the current (+ prefetched) layer
-    comm_pool = 0.0     # blocks reserved by the communication streams (FSDP2)
+    working = 0.0  # unsharded params gathered for the current (+ prefetched) layer
+    comm_pool = 0.0  # blocks reserved by the communication streams (FSDP2)
     layer_bytes = ar.layer_params() * 2
     edge_bytes = (ar.embedding_params() + ar.head_params()) * 2
     offload_host = 0.0
     s = m.strategy
     if s == "ddp":
         if full and m.master_fp32:
-            working = N * 2                         # autocast's bf16 copies of fp32 weights
+            working = N * 2  # autocast's bf16 copies of fp32 weights
         if world > 1:
-            buckets = grads                         # DDP's gradient buckets are a copy
+            buckets = grads  # DDP's gradient buckets are a copy
     elif s == "fsdp2":
         weights = base_bytes / world
         grads /= world
@@ -230,13 +237,18 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         # keeps a stream's freed blocks for that stream: the gathered root (embedding, head;
         # not resharded between forward and backward) and two layers, and, for full
         # fine-tuning, the fp32 reduce-scatter inputs of the root and one layer stay reserved.
-        comm_pool = edge_bytes + 2 * layer_bytes + (
-            (ar.embedding_params() + ar.head_params() + ar.layer_params()) * 4 if full else 0)
+        comm_pool = (
+            edge_bytes
+            + 2 * layer_bytes
+            + ((ar.embedding_params() + ar.head_params() + ar.layer_params()) * 4 if full else 0)
+        )
         if m.offload != "none":
             offload_host = weights + grads + optim + train_w
             weights = grads = optim = train_w = 0.0
-            notes.append("FSDP2 CPU offload: sharded params, grads and optimizer live in host "
-                         "RAM; each step copies them in and out (slower)")
+            notes.append(
+                "FSDP2 CPU offload: sharded params, grads and optimizer live in host "
+                "RAM; each step copies them in and out (slower)"
+            )
     elif s == "deepspeed":
         z = m.zero_stage
         buckets = DS_BUCKETS_ELEMS * 2 * 2 if world > 1 or z > 0 else 0.0
@@ -258,22 +270,24 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
                 offload_host += weights
                 weights = 0.0
             else:
-                notes.append("zero_offload = all offloads parameters only with ZeRO-3; "
-                             "stage < 3 offloads the optimizer")
+                notes.append(
+                    "zero_offload = all offloads parameters only with ZeRO-3; "
+                    "stage < 3 offloads the optimizer"
+                )
     elif s == "megatron":
         shard = max(m.tp * m.pp, 1)
         weights /= shard
         grads /= shard
         dp = max(world // shard, 1)
-        optim /= shard * dp                         # distributed optimizer over data parallel
+        optim /= shard * dp  # distributed optimizer over data parallel
         notes.append("Megatron: approximated as weights/(tp·pp), activations/tp")
     if m.device == "cuda" and not m.fused_optimizer and s in ("ddp", "fsdp2") and optim:
-        opt_temp = optim / 2        # foreach AdamW's sqrt(v): one state's size, on this rank
+        opt_temp = optim / 2  # foreach AdamW's sqrt(v): one state's size, on this rank
 
     # -- activations and the loss ---------------------------------------------------------
     per_layer = _activation_bytes_per_token_layer(m) * tokens
     layers = ar.layers / max(m.pp, 1)
-    layer_temp = 3 * a * ar.intermediate * tokens   # a layer's backward temporaries (MLP grads)
+    layer_temp = 3 * a * ar.intermediate * tokens  # a layer's backward temporaries (MLP grads)
     if m.gradient_checkpointing:
         # each layer keeps only its input; one layer at a time is recomputed in backward
         acts = layers * a * ar.hidden * tokens
@@ -316,13 +330,12 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     # communication streams serve only them.
     on_streams = working if s == "fsdp2" else 0.0
     frag = FRAGMENTATION_EXPANDABLE if m.expandable_segments else FRAGMENTATION
-    fwd_res = (max(fwd_base - on_streams, built) * (1 + frag)
-               + max(comm_pool, on_streams) + big)
+    fwd_res = max(fwd_base - on_streams, built) * (1 + frag) + max(comm_pool, on_streams) + big
     bwd_res = max(bwd, built) * (1 + frag) + comm_pool
     if fwd >= bwd:
         phase = "forward end / loss backward"
         g_shown, act_shown, logit_shown = accum_grads + head_grad, acts, logits
-        if transient > loss_live:       # a recomputed/backward layer, not the loss, peaks
+        if transient > loss_live:  # a recomputed/backward layer, not the loss, peaks
             act_shown, logit_shown = acts + transient, 0.0
         opt_shown = optim
     else:
@@ -346,17 +359,30 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         "framework_overhead": (reserved - allocated + outside) / GIB,
     }
     if m.method == "qlora":
-        notes.append("QLoRA: frozen linears in 4/8-bit with bitsandbytes; dequantized one "
-                     "layer at a time")
+        notes.append(
+            "QLoRA: frozen linears in 4/8-bit with bitsandbytes; dequantized one layer at a time"
+        )
     if loss_blocks > 0.15 * reserved and loss_blocks > GIB and not m.loss_chunk_elems:
-        notes.append(f"the loss over a {ar.vocab}-token vocabulary reserves "
-                     f"{loss_blocks / GIB:.1f} GiB (fp32 logits); a smaller micro-batch or a "
-                     "chunked/fused cross-entropy cuts it")
-    ckpt = trainable * (4 if not full else w_bytes) + trainable * (opt_bytes if s != "deepspeed"
-                                                                   else 12)
+        notes.append(
+            f"the loss over a {ar.vocab}-token vocabulary reserves "
+            f"{loss_blocks / GIB:.1f} GiB (fp32 logits); a smaller micro-batch or a "
+            "chunked/fused cross-entropy cuts it"
+        )
+    ckpt = trainable * (4 if not full else w_bytes) + trainable * (
+        opt_bytes if s != "deepspeed" else 12
+    )
     host_load = int(base_bytes if not full else N * (4 if m.master_fp32 else 2))
     return MemoryEstimate(
-        breakdown=breakdown, allocated_gib=allocated / GIB, reserved_gib=reserved / GIB,
-        per_gpu_gib=(reserved + outside) / GIB, peak_phase=phase, params=N,
-        trainable_params=trainable, tokens_per_micro_step=tokens, checkpoint_bytes=int(ckpt),
-        host_load_bytes=host_load, cpu_offload_bytes=int(offload_host), notes=notes)
+        breakdown=breakdown,
+        allocated_gib=allocated / GIB,
+        reserved_gib=reserved / GIB,
+        per_gpu_gib=(reserved + outside) / GIB,
+        peak_phase=phase,
+        params=N,
+        trainable_params=trainable,
+        tokens_per_micro_step=tokens,
+        checkpoint_bytes=int(ckpt),
+        host_load_bytes=host_load,
+        cpu_offload_bytes=int(offload_host),
+        notes=notes,
+    )

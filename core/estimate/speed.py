@@ -19,8 +19,8 @@ DEFAULT_MFU = 0.35
 # (2026-12-01) 12,328 ≈ 0.37.
 BUILTIN_COMPILED_MFU = 0.51
 BUILTIN_FP8_MFU = 0.67
-COMPILE_GAIN = 1.38        # compiled against eager, the same loop and GPU (2026-12-01)
-FP8_GAIN = 1.30            # fp8 frozen products against bf16, compiled (2026-12-02)
+COMPILE_GAIN = 1.38  # compiled against eager, the same loop and GPU (2026-12-01)
+FP8_GAIN = 1.30  # fp8 frozen products against bf16, compiled (2026-12-02)
 
 
 def typical_mfu(backend: str, compiled: bool = True, fp8: bool = False) -> float:
@@ -33,23 +33,41 @@ def typical_mfu(backend: str, compiled: bool = True, fp8: bool = False) -> float
 
 def spec_mfu(spec) -> float:
     """typical_mfu of what `spec` runs (its backend, compile and fp8 switches)."""
-    return typical_mfu(spec.backend, spec.train.compile,
-                       spec.method.type == "lora" and spec.method.fp8_base)
+    return typical_mfu(
+        spec.backend, spec.train.compile, spec.method.type == "lora" and spec.method.fp8_base
+    )
 
 
 # Dense (no sparsity) bf16 tensor-core peak TFLOP/s and whether the GPU has fp8 matrix units
 # (compute capability ≥ 8.9), by a substring of the upper-cased NVML name, first match wins (so
 # GB200 before B200, H100 PCIe before H100, A10G before A10). The trainer's MFU, the estimate's
 # throughput and the advisor (planning by name, away from the GPUs) all read it.
-GPUS = (("GB200", 2500.0, True), ("B200", 2250.0, True), ("B100", 1750.0, True),
-        ("GH200", 989.0, True), ("H200", 989.0, True), ("H100 PCIE", 756.0, True),
-        ("H100", 989.0, True), ("H800", 989.0, True), ("H20", 148.0, True),
-        ("A100", 312.0, False), ("A800", 312.0, False), ("L40S", 362.0, True),
-        ("L40", 181.0, True), ("L4", 121.0, True), ("A10G", 70.0, False), ("A10", 125.0, False),
-        ("RTX 6000 ADA", 364.0, True), ("4090", 165.0, True), ("A6000", 155.0, False),
-        ("3090", 71.0, False), ("V100", 125.0, False), ("T4", 65.0, False),
-        ("ADA", None, True))     # other Ada cards: fp8, peak not listed
-UNKNOWN_GPU = "unknown GPU (H100-class peak assumed)"   # the estimate's name for no GPU found
+GPUS = (
+    ("GB200", 2500.0, True),
+    ("B200", 2250.0, True),
+    ("B100", 1750.0, True),
+    ("GH200", 989.0, True),
+    ("H200", 989.0, True),
+    ("H100 PCIE", 756.0, True),
+    ("H100", 989.0, True),
+    ("H800", 989.0, True),
+    ("H20", 148.0, True),
+    ("A100", 312.0, False),
+    ("A800", 312.0, False),
+    ("L40S", 362.0, True),
+    ("L40", 181.0, True),
+    ("L4", 121.0, True),
+    ("A10G", 70.0, False),
+    ("A10", 125.0, False),
+    ("RTX 6000 ADA", 364.0, True),
+    ("4090", 165.0, True),
+    ("A6000", 155.0, False),
+    ("3090", 71.0, False),
+    ("V100", 125.0, False),
+    ("T4", 65.0, False),
+    ("ADA", None, True),
+)  # other Ada cards: fp8, peak not listed
+UNKNOWN_GPU = "unknown GPU (H100-class peak assumed)"  # the estimate's name for no GPU found
 
 
 def _gpu(gpu_name: str | None) -> tuple[str, float | None, bool] | None:
@@ -72,16 +90,33 @@ def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
         return []
     out = []
     if not spec.train.compile:
-        out.append({"flag": "train.compile", "value": "true", "gain": COMPILE_GAIN,
-                    "why": f"compiled decoder layers: ~{COMPILE_GAIN:.2f}x tokens/s after "
-                           "~20 s of compiling (shown as a phase in the monitor)"})
-    if (spec.method.type == "lora" and not spec.method.fp8_base and fp8_capable(gpu_name)
-            and spec.parallel.strategy == "ddp" and spec.method.lora_dropout == 0
-            and spec.model.dtype in ("bfloat16", "auto")):
-        out.append({"flag": "method.fp8_base", "value": "true", "gain": FP8_GAIN,
-                    "why": f"the frozen base's matmuls in fp8: ~{FP8_GAIN:.2f}x tokens/s, "
-                           "same memory, loss within ~1 % of bf16 over 30 steps; each "
-                           "product ~4 % off (finer than QLoRA's 4-bit base)"})
+        out.append(
+            {
+                "flag": "train.compile",
+                "value": "true",
+                "gain": COMPILE_GAIN,
+                "why": f"compiled decoder layers: ~{COMPILE_GAIN:.2f}x tokens/s after "
+                "~20 s of compiling (shown as a phase in the monitor)",
+            }
+        )
+    if (
+        spec.method.type == "lora"
+        and not spec.method.fp8_base
+        and fp8_capable(gpu_name)
+        and spec.parallel.strategy == "ddp"
+        and spec.method.lora_dropout == 0
+        and spec.model.dtype in ("bfloat16", "auto")
+    ):
+        out.append(
+            {
+                "flag": "method.fp8_base",
+                "value": "true",
+                "gain": FP8_GAIN,
+                "why": f"the frozen base's matmuls in fp8: ~{FP8_GAIN:.2f}x tokens/s, "
+                "same memory, loss within ~1 % of bf16 over 30 steps; each "
+                "product ~4 % off (finer than QLoRA's 4-bit base)",
+            }
+        )
     return out
 
 
@@ -90,8 +125,9 @@ def peak_tflops(gpu_name: str | None) -> float | None:
     return g[1] if g else None
 
 
-def flops_per_token(arch: ModelArch, seq_len: int, method: str,
-                    gradient_checkpointing: bool = False) -> float:
+def flops_per_token(
+    arch: ModelArch, seq_len: int, method: str, gradient_checkpointing: bool = False
+) -> float:
     n = arch.total_params() - arch.embedding_params()  # the lookup costs no FLOPs
     fwd = 2 * n + 4 * arch.layers * seq_len * arch.q_dim
     mult = 3.0 if method == "full" else 2.0
@@ -113,9 +149,18 @@ class Throughput:
         return {k: round(v, 3) for k, v in asdict(self).items()}
 
 
-def throughput(arch: ModelArch, *, seq_len: int, method: str, world_size: int,
-               tokens_per_step: int, steps: int, peak: float, mfu: float = DEFAULT_MFU,
-               gradient_checkpointing: bool = False) -> Throughput:
+def throughput(
+    arch: ModelArch,
+    *,
+    seq_len: int,
+    method: str,
+    world_size: int,
+    tokens_per_step: int,
+    steps: int,
+    peak: float,
+    mfu: float = DEFAULT_MFU,
+    gradient_checkpointing: bool = False,
+) -> Throughput:
     """tokens_per_step: all ranks together (effective batch × seq_len)."""
     fpt = flops_per_token(arch, seq_len, method, gradient_checkpointing)
     per_gpu = peak * 1e12 * mfu / fpt

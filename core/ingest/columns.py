@@ -9,7 +9,8 @@ long log's records are only ever counted, charted or stored. `RecordBatch` holds
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from tunedeck.core.ingest.native import fastscan
 
@@ -19,8 +20,15 @@ class RecordBatch:
 
     __slots__ = ("cols", "rank", "steps", "first", "last")
 
-    def __init__(self, steps: bytes, values: bytes, present: bytes, ints: bytes, order: bytes,
-                 rank: int | None) -> None:
+    def __init__(
+        self,
+        steps: bytes,
+        values: bytes,
+        present: bytes,
+        ints: bytes,
+        order: bytes,
+        rank: int | None,
+    ) -> None:
         self.cols = (steps, values, present, ints, order)
         self.rank = rank
         self.steps = memoryview(steps).cast("q")

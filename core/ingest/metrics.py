@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from tunedeck.core.ingest.columns import BatchList, RecordBatch
 from tunedeck.core.ingest.native import fastscan
@@ -38,12 +39,12 @@ class MetricsParser:
     def __init__(self, rank: int | None = None, logging_steps: int | None = None) -> None:
         self.rank = rank
         self.logging_steps = logging_steps
-        self.counted = 0               # step-less train dicts seen (with logging_steps)
+        self.counted = 0  # step-less train dicts seen (with logging_steps)
         self.by_step: dict[int, dict[str, Any]] = {}
         self.progress: dict[int, dict[str, Any]] = {}  # from tqdm bars, used if nothing else
         self.max_steps: int | None = None
         self.last_step = 0
-        self.top_step = -math.inf      # the highest step in by_step and batches
+        self.top_step = -math.inf  # the highest step in by_step and batches
         # native batches: steps rising, disjoint from each other and from by_step
         self.batches: list[RecordBatch] = []
         self.bar_step: int | None = None
@@ -60,8 +61,13 @@ class MetricsParser:
             if got is not None:
                 self._add(*got, touched)
 
-    def absorb(self, batch: RecordBatch, ascending: bool, touched: dict[int, dict[str, Any]],
-               new: list[RecordBatch]) -> None:
+    def absorb(
+        self,
+        batch: RecordBatch,
+        ascending: bool,
+        touched: dict[int, dict[str, Any]],
+        new: list[RecordBatch],
+    ) -> None:
         """Records the native reader made. The common case, steps rising past everything seen,
         needs no merging: the batch is kept whole, as columns (`batches`)."""
         if ascending and batch.first > self.top_step:
@@ -99,7 +105,7 @@ class MetricsParser:
         return self._normalise(fmt, raw)
 
     def _merge(self, step: int, rec: dict[str, Any], touched: dict[int, dict[str, Any]]) -> None:
-        if self.batches and step <= self.top_step:   # a restart repeating kept steps
+        if self.batches and step <= self.top_step:  # a restart repeating kept steps
             self.spill([b for b in self.batches if b.first <= step <= b.last])
         cur = self.by_step.get(step)
         if cur is None or "eval_loss" in rec and "loss" not in rec:
@@ -141,8 +147,18 @@ class MetricsParser:
     def _normalise(self, fmt: str, d: dict[str, Any]) -> dict[str, Any] | None:
         if fmt == "torchtitan":
             rec = {"step": d["step"]}
-            _copy(rec, d, (("loss", "loss"), ("grad_norm", "grad_norm"), ("lr", "learning_rate"),
-                           ("tps", "tokens_per_s"), ("memory_gib", "mem_gib"), ("mfu", "mfu")))
+            _copy(
+                rec,
+                d,
+                (
+                    ("loss", "loss"),
+                    ("grad_norm", "grad_norm"),
+                    ("lr", "learning_rate"),
+                    ("tps", "tokens_per_s"),
+                    ("memory_gib", "mem_gib"),
+                    ("mfu", "mfu"),
+                ),
+            )
             return self._finish(rec)
         if fmt == "plain":
             return self._finish(dict(d))
@@ -160,9 +176,19 @@ class MetricsParser:
             if kind not in ("step", "eval") or not isinstance(d.get("step"), int):
                 return None
             rec = {"step": d["step"]}
-            _copy(rec, d, (("loss", "loss"), ("lr", "learning_rate"),
-                           ("grad_norm", "grad_norm"), ("tokens_per_s", "tokens_per_s"),
-                           ("step_s", "step_s"), ("epoch", "epoch"), ("eval_loss", "eval_loss")))
+            _copy(
+                rec,
+                d,
+                (
+                    ("loss", "loss"),
+                    ("lr", "learning_rate"),
+                    ("grad_norm", "grad_norm"),
+                    ("tokens_per_s", "tokens_per_s"),
+                    ("step_s", "step_s"),
+                    ("epoch", "epoch"),
+                    ("eval_loss", "eval_loss"),
+                ),
+            )
             if kind == "eval" and "loss" in rec and "eval_loss" not in rec:
                 rec["eval_loss"] = rec.pop("loss")
             for k in _EVENT_EXTRA:
@@ -184,15 +210,31 @@ class MetricsParser:
         if _num(d.get("total_steps")) and not isinstance(d["total_steps"], bool):
             rec["max_steps"] = int(d["total_steps"])
         for key in ("step", "global_step", "steps", "current_steps", "iter"):
-            if "step" not in rec and isinstance(d.get(key), (int, float)) and \
-                    not isinstance(d.get(key), bool):
+            if (
+                "step" not in rec
+                and isinstance(d.get(key), (int, float))
+                and not isinstance(d.get(key), bool)
+            ):
                 rec["step"] = int(d[key])
-        _copy(rec, d, (("loss", "loss"), ("learning_rate", "learning_rate"), ("lr", "learning_rate"),
-                       ("grad_norm", "grad_norm"), ("epoch", "epoch"), ("eval_loss", "eval_loss"),
-                       ("train_speed(s/it)", "step_s"), ("tokens_per_second", "tokens_per_s"),
-                       ("train_tokens_per_second", "tokens_per_s"),
-                       ("tokens_per_s", "tokens_per_s"), ("samples_per_second", "samples_per_s"),
-                       ("memory(GiB)", "mem_gib"), ("token_acc", "token_acc")))
+        _copy(
+            rec,
+            d,
+            (
+                ("loss", "loss"),
+                ("learning_rate", "learning_rate"),
+                ("lr", "learning_rate"),
+                ("grad_norm", "grad_norm"),
+                ("epoch", "epoch"),
+                ("eval_loss", "eval_loss"),
+                ("train_speed(s/it)", "step_s"),
+                ("tokens_per_second", "tokens_per_s"),
+                ("train_tokens_per_second", "tokens_per_s"),
+                ("tokens_per_s", "tokens_per_s"),
+                ("samples_per_second", "samples_per_s"),
+                ("memory(GiB)", "mem_gib"),
+                ("token_acc", "token_acc"),
+            ),
+        )
         speed = d.get("train_speed(iter/s)")
         if _num(speed) and speed > 0:
             rec["step_s"] = 1.0 / speed
@@ -205,8 +247,11 @@ class MetricsParser:
                 self.counted += 0 if eval_only else 1
                 rec["step"] = self.counted * self.logging_steps
             else:
-                rec["step"] = self.bar_step if self.bar_step is not None else (
-                    self.last_step if eval_only else self.last_step + 1)
+                rec["step"] = (
+                    self.bar_step
+                    if self.bar_step is not None
+                    else (self.last_step if eval_only else self.last_step + 1)
+                )
         return self._finish(rec)
 
     def _finish(self, rec: dict[str, Any]) -> dict[str, Any]:
@@ -253,15 +298,17 @@ class FileMetrics:
             pos = 0
             while pos < n:
                 if not asm.is_open:
-                    pos, count, *cols, ascending, parser.max_steps, parser.bar_step = \
+                    pos, count, *cols, ascending, parser.max_steps, parser.bar_step = (
                         fastscan.dict_records(chunk, pos, n, parser.max_steps, parser.bar_step)
+                    )
                     if count:
                         parser.absorb(RecordBatch(*cols, parser.rank), ascending, touched, new)
                 end = _find_newline(chunk, pos, n)
                 if end < 0:
-                    break   # the cut end of an over-long line, dropped as Tail.logical_lines does
-                parser.feed_into(asm.feed_lines((str(chunk[pos:end], "utf-8", "replace"),)),
-                                 touched)
+                    break  # the cut end of an over-long line, dropped as Tail.logical_lines does
+                parser.feed_into(
+                    asm.feed_lines((str(chunk[pos:end], "utf-8", "replace"),)), touched
+                )
                 pos = end + 1
         if final:
             parser.feed_into(asm.flush(), touched)
@@ -316,5 +363,7 @@ def merge_by_step(sources: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any
 
 
 def to_json_safe(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-             for k, v in r.items()} for r in recs]
+    return [
+        {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+        for r in recs
+    ]

@@ -12,7 +12,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
 
 from tunedeck.core.ingest.parsers.assemble import LineAssembler
 
@@ -35,7 +36,7 @@ class Tail:
     def __init__(self, path: str | Path, offset: int = 0) -> None:
         self.path = Path(path)
         self.offset = offset
-        self.lineno = 0          # physical lines consumed so far (for file:line evidence)
+        self.lineno = 0  # physical lines consumed so far (for file:line evidence)
         self.assembler = LineAssembler()
 
     @classmethod
@@ -74,7 +75,7 @@ class Tail:
                 if not data:
                     break
                 end = data.rfind(b"\n")
-                while end < 0 and len(data) < MAX_LINE:   # a long line: read on
+                while end < 0 and len(data) < MAX_LINE:  # a long line: read on
                     more = f.read(READ_BYTES)
                     if not more:
                         break
@@ -83,7 +84,7 @@ class Tail:
                 if end < 0:
                     if len(data) < MAX_LINE:
                         break  # a line still being written: next poll
-                    end = len(data) - 1   # over-long: cut here
+                    end = len(data) - 1  # over-long: cut here
                 chunk = data[: end + 1]
                 self.offset += len(chunk)
                 f.seek(self.offset)
@@ -112,7 +113,7 @@ class Tail:
                 if not end:
                     if n < len(buf):
                         return  # a line still being written: next poll
-                    break       # a long line
+                    break  # a long line
                 self.offset += end
                 f.seek(self.offset)
                 yield view, end
@@ -123,8 +124,10 @@ class Tail:
         """New complete physical lines (a trailing `\\r` dropped)."""
         out: list[str] = []
         for _, chunk in self.chunks(max_bytes=max_bytes):
-            out.extend(ln.removesuffix("\r") for ln in
-                       chunk.decode("utf-8", errors="replace").split("\n")[:-1])
+            out.extend(
+                ln.removesuffix("\r")
+                for ln in chunk.decode("utf-8", errors="replace").split("\n")[:-1]
+            )
         return out
 
     def records(self, max_bytes: int | None = None) -> list[dict]:
@@ -152,8 +155,11 @@ class Tail:
         """New lines that may hold a JSON object (stripped, starting with `{`), undecoded."""
         out: list[str] = []
         for _, chunk in self.chunks(count_lines=False, max_bytes=max_bytes):
-            out.extend(ln for ln in map(str.strip, chunk.decode("utf-8", errors="replace")
-                                        .split("\n")) if ln[:1] == "{")
+            out.extend(
+                ln
+                for ln in map(str.strip, chunk.decode("utf-8", errors="replace").split("\n"))
+                if ln[:1] == "{"
+            )
         return out
 
     def logical_lines(self, final: bool = False) -> list[tuple[int, str]]:
@@ -174,14 +180,14 @@ def decode_lines(lines: list[str]) -> list[Any]:
     """Each line's JSON value (None for a line that is not one)."""
     if not lines:
         return []
-    try:   # one decoder call for them all: most of a line's cost is the call
+    try:  # one decoder call for them all: most of a line's cost is the call
         objs = json.loads("[" + ",".join(lines) + "]")
         if len(objs) == len(lines):
             return objs
     except ValueError:
         pass
     objs = []
-    for ln in lines:   # a bad line among them (or one holding two values): one at a time
+    for ln in lines:  # a bad line among them (or one holding two values): one at a time
         try:
             objs.append(json.loads(ln))
         except ValueError:
@@ -215,7 +221,7 @@ class RankLogTail:
         changed = self._follow()
         if changed and self.backlog is not None:
             lines = [ln for p in self.files for ln in tail_lines(p, self.backlog)]
-            return lines[-self.backlog:], True
+            return lines[-self.backlog :], True
         return [ln for t in self.tails for ln in t.lines(max_bytes)], changed
 
     def logical_lines(self) -> list[str]:
@@ -244,8 +250,9 @@ def tail_lines(path: Path, n: int, block: int = 64 * 1024) -> list[str]:
     return lines[-n:] if n > 0 else []
 
 
-def follow(paths: list[Path], poll_s: float = 0.5,
-           stop: Callable[[], bool] | None = None) -> Iterator[str]:
+def follow(
+    paths: list[Path], poll_s: float = 0.5, stop: Callable[[], bool] | None = None
+) -> Iterator[str]:
     """Yield lines appended to any of `paths` until `stop()` is true (`logs --follow`)."""
     tails = [Tail.at_end(p) for p in paths]
     while True:

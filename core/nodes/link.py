@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.remote import TERMINAL, end_attempt_before, node_run_id, write_stop
 from tunedeck.core.nodes.roster import Node, roster
@@ -36,10 +37,10 @@ from tunedeck.core.spec import RunSpec
 
 log = logging.getLogger("tunedeck.nodes")
 
-LOST_AFTER_S = 20.0       # no answer from a node this long (ssh keep-alives: ~15 s) = lost
+LOST_AFTER_S = 20.0  # no answer from a node this long (ssh keep-alives: ~15 s) = lost
 RETRY_MAX_S = 5.0
-STOP_GRACE_S = 15.0       # a node lost: the others get this long to checkpoint and go
-FINAL_WAIT_S = 30.0       # the head's run is over: how long the nodes' last records may take
+STOP_GRACE_S = 15.0  # a node lost: the others get this long to checkpoint and go
+FINAL_WAIT_S = 30.0  # the head's run is over: how long the nodes' last records may take
 REMOTE_MODULE = "tunedeck.core.nodes.remote"
 
 
@@ -64,17 +65,18 @@ def shared_marker(run: RunDir) -> dict[str, str]:
 
 
 class NodeLink(threading.Thread):
-    def __init__(self, run: RunDir, spec: RunSpec, node: Node,
-                 marker: dict[str, str] | None = None):
+    def __init__(
+        self, run: RunDir, spec: RunSpec, node: Node, marker: dict[str, str] | None = None
+    ):
         super().__init__(name=f"node{node.rank}-link", daemon=True)
-        self.marker = marker          # the shared-filesystem test (remote.sees_head_dir)
-        self.shared = False           # the node writes its records into our folder
+        self.marker = marker  # the shared-filesystem test (remote.sees_head_dir)
+        self.shared = False  # the node writes its records into our folder
         self.rundir = run
         self.spec = spec
         self.node = node
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
-        self.started = False          # the node acknowledged its start once
+        self.started = False  # the node acknowledged its start once
         self.connected = False
         self.connects = 0
         self.drops = 0
@@ -84,8 +86,8 @@ class NodeLink(threading.Thread):
         self.refused = False
         self.gone = ""
         self.gone_at = 0.0
-        self.reviving: float | None = None   # since when the head asks the node back
-        self.ended = False            # the node's run is over and all was received
+        self.reviving: float | None = None  # since when the head asks the node back
+        self.ended = False  # the node's run is over and all was received
         self.quit = threading.Event()
         self.pending_stop: dict[str, Any] | None = None
         self.remote_state: dict[str, Any] = {}
@@ -93,16 +95,26 @@ class NodeLink(threading.Thread):
 
     # -- what the monitor asks ---------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        return {"node": self.node.rank, "host": self.node.host, "connected": self.connected,
-                "started": self.started, "connects": self.connects, "drops": self.drops,
-                "last_seen": self.last_seen, "error": self.last_error, "gone": self.gone,
-                "ended": self.ended, "bytes": self.received, "shared": self.shared,
-                "remote_status": self.remote_state.get("status")}
+        return {
+            "node": self.node.rank,
+            "host": self.node.host,
+            "connected": self.connected,
+            "started": self.started,
+            "connects": self.connects,
+            "drops": self.drops,
+            "last_seen": self.last_seen,
+            "error": self.last_error,
+            "gone": self.gone,
+            "ended": self.ended,
+            "bytes": self.received,
+            "shared": self.shared,
+            "remote_status": self.remote_state.get("status"),
+        }
 
     def stop_node(self, mode: str, grace_s: float | None) -> None:
         cmd = {"op": "stop", "mode": mode, "grace_s": grace_s}
         with self.lock:
-            self.pending_stop = cmd          # also sent in the hello of a reconnect
+            self.pending_stop = cmd  # also sent in the hello of a reconnect
             proc = self.proc
         if proc is not None and proc.stdin is not None:
             try:
@@ -150,17 +162,26 @@ class NodeLink(threading.Thread):
         return out
 
     def hello(self) -> dict[str, Any]:
-        h: dict[str, Any] = {"op": "attach" if self.started else "start",
-                             "run_id": self.rundir.run_id, "node": self.node.rank,
-                             "home": self.node.home, "offsets": self.offsets()}
+        h: dict[str, Any] = {
+            "op": "attach" if self.started else "start",
+            "run_id": self.rundir.run_id,
+            "node": self.node.rank,
+            "home": self.node.home,
+            "offsets": self.offsets(),
+        }
         if not self.started:
             import sys
 
-            h.update(spec=self.rundir.spec.read_text(encoding="utf-8"),
-                     plan=self.rundir.read_plan(), secrets=read_json(self.rundir.secrets, {}),
-                     head_dir=str(self.rundir.path), head_python=sys.executable,
-                     master_addr=self.spec.cluster.master_addr, shared_marker=self.marker,
-                     master_port=self.spec.cluster.master_port)
+            h.update(
+                spec=self.rundir.spec.read_text(encoding="utf-8"),
+                plan=self.rundir.read_plan(),
+                secrets=read_json(self.rundir.secrets, {}),
+                head_dir=str(self.rundir.path),
+                head_python=sys.executable,
+                master_addr=self.spec.cluster.master_addr,
+                shared_marker=self.marker,
+                master_port=self.spec.cluster.master_port,
+            )
         with self.lock:
             if self.pending_stop:
                 h["stop"] = self.pending_stop
@@ -172,7 +193,7 @@ class NodeLink(threading.Thread):
         delay = 0.5
         while not self.quit.is_set() and not self.ended:
             if self.gone and self.reviving is None:
-                self.quit.wait(0.5)      # nothing to reach until the head asks it back
+                self.quit.wait(0.5)  # nothing to reach until the head asks it back
                 continue
             self._connect_once()
             if self.quit.is_set() or self.ended:
@@ -190,8 +211,13 @@ class NodeLink(threading.Thread):
         errlog = self.rundir.path / "logs" / f"ssh-node{self.node.rank}.log"
         err = open(errlog, "ab")
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=err, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
         except OSError as e:
             self._error(f"ssh could not start: {e}")
             return
@@ -200,7 +226,7 @@ class NodeLink(threading.Thread):
         with self.lock:
             self.proc = proc
         self.connects += 1
-        self.refused = False          # the node said why it refused (kept over ssh's exit)
+        self.refused = False  # the node said why it refused (kept over ssh's exit)
         try:
             assert proc.stdin is not None and proc.stdout is not None
             try:
@@ -226,11 +252,15 @@ class NodeLink(threading.Thread):
                 self.proc = None
             if self.connected and not self.ended:
                 self.drops += 1
-                log.warning("node %d (%s): connection dropped (ssh exit %s)",
-                            self.node.rank, self.node.host, proc.returncode)
+                log.warning(
+                    "node %d (%s): connection dropped (ssh exit %s)",
+                    self.node.rank,
+                    self.node.host,
+                    proc.returncode,
+                )
             self.connected = False
             if proc.returncode and not self.ended and not self.refused:
-                self._error(_ssh_error(errlog, proc.returncode))   # the newest reason
+                self._error(_ssh_error(errlog, proc.returncode))  # the newest reason
 
     def _error(self, why: str) -> None:
         self.last_error = why
@@ -263,7 +293,7 @@ class NodeLink(threading.Thread):
         elif k == "gone":
             self.gone = str(msg.get("why") or "the node's agent is gone")
             self.gone_at = time.time()
-        elif k == "alive":              # an agent owns the node's run again
+        elif k == "alive":  # an agent owns the node's run again
             self.gone = ""
         elif k == "end":
             self.ended = True
@@ -276,8 +306,7 @@ def _ssh_error(errlog: Path, rc: int) -> str:
     try:
         with open(errlog, "rb") as f:
             f.seek(max(0, errlog.stat().st_size - 2000))
-            lines = [x.strip() for x in f.read().decode(errors="replace").splitlines()
-                     if x.strip()]
+            lines = [x.strip() for x in f.read().decode(errors="replace").splitlines() if x.strip()]
     except OSError:
         lines = []
     last = lines[-1] if lines else ""
@@ -288,18 +317,17 @@ class NodesMonitor:
     """Ticked by the head's agent: starts the links, writes what they know to
     nodes/node<k>/link.json, turns missing and lost nodes into findings, carries stops."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: MonitorContext):
         self.ctx = ctx
         self.spec: RunSpec = ctx.spec
         self.run: RunDir = ctx.run
         self.t0 = time.time()
         marker = shared_marker(self.run)
-        self.links = [NodeLink(self.run, self.spec, n, marker)
-                      for n in roster(self.spec)[1:]]
+        self.links = [NodeLink(self.run, self.spec, n, marker) for n in roster(self.spec)[1:]]
         self.written: dict[int, dict] = {}
         self.reported: set[tuple[str, int]] = set()
         self.stop_sent: str | None = None
-        self.end_notes: list[str] = []      # said in the run's end message (the agent adds)
+        self.end_notes: list[str] = []  # said in the run's end message (the agent adds)
         self.head_stopped_for: str | None = None
         for link in self.links:
             link.start()
@@ -320,14 +348,18 @@ class NodesMonitor:
         for link in self.links:
             if not link.ended and not link.gone:
                 link.stop_node(mode, req.get("grace_s") if mode == "graceful" else None)
-        grace = 0.0 if mode == "hard" else float(req.get("grace_s") or
-                                                   min(self.spec.run.stop_grace_s, 60.0))
+        grace = (
+            0.0
+            if mode == "hard"
+            else float(req.get("grace_s") or min(self.spec.run.stop_grace_s, 60.0))
+        )
         deadline = time.monotonic() + grace + FINAL_WAIT_S
         # a node unreachable for LOST_AFTER_S is not waited for: it is named below
         while time.monotonic() < deadline and any(
-                not (l.ended or l.gone) and (l.connected or l.started and
-                                             time.time() - l.last_seen < LOST_AFTER_S)
-                for l in self.links):
+            not (k.ended or k.gone)
+            and (k.connected or k.started and time.time() - k.last_seen < LOST_AFTER_S)
+            for k in self.links
+        ):
             time.sleep(0.2)
         now = time.time()
         for link in self.links:
@@ -335,8 +367,9 @@ class NodesMonitor:
             link.close()
             self._write(link, force=True)
             if link.reviving is not None and not self.head_stopped_for:
-                self.end_notes.append(f"node {link.node.rank} ({link.node.host}) was lost "
-                                      f"and had not come back")
+                self.end_notes.append(
+                    f"node {link.node.rank} ({link.node.host}) was lost and had not come back"
+                )
             elif link.started and not link.ended and not link.gone:
                 self._unstopped(link, now)
 
@@ -345,14 +378,22 @@ class NodesMonitor:
         k, host = link.node.rank, link.node.host
         why = link.last_error or f"no answer for {now - link.last_seen:.0f}s"
         self.end_notes.append(f"node {k} ({host}) could not be reached to stop it: {why}")
-        self._finding(Finding(
-            category="node_not_stopped", severity="warning",
-            summary=f"node {k} ({host}) could not be reached to stop it: {why}",
-            cause=f"The run ended on this node, but node {k} did not confirm that its part "
-                  f"ended; its processes may still run there.",
-            fix=f"ssh {host} and run `tunedeck stop {node_run_id(self.run.run_id, k)}` "
+        self._finding(
+            Finding(
+                category="node_not_stopped",
+                severity="warning",
+                summary=f"node {k} ({host}) could not be reached to stop it: {why}",
+                cause=f"The run ended on this node, but node {k} did not confirm that its part "
+                f"ended; its processes may still run there.",
+                fix=f"ssh {host} and run `tunedeck stop {node_run_id(self.run.run_id, k)}` "
                 f"(with that node's TUNEDECK_HOME), or kill its ranks by hand.",
-            node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
+                node=k,
+                host=host,
+                t=now,
+                evidence=[why],
+                source=f"nodes/node{k}/link.json",
+            )
+        )
 
     # -- what the tick decides -----------------------------------------------------------
     def _forward_stop(self) -> None:
@@ -382,29 +423,45 @@ class NodesMonitor:
     def _judge(self, link: NodeLink, now: float, final: bool = False) -> None:
         k = link.node.rank
         join_s = self.spec.cluster.join_timeout_s
-        if ("join", k) not in self.reported and not self.joined(k) and (
-                now - self.t0 >= join_s or (final and now - self.t0 >= join_s * 0.9)):
+        if (
+            ("join", k) not in self.reported
+            and not self.joined(k)
+            and (now - self.t0 >= join_s or (final and now - self.t0 >= join_s * 0.9))
+        ):
             self.reported.add(("join", k))
-            why = link.first_error or link.last_error or (
-                "its agent started but its torchrun did not reach the rendezvous at "
-                f"{self.spec.cluster.master_addr}:{self.spec.cluster.master_port}"
-                if link.started else "it was never reached")
-            self._finding(Finding(
-                category="rendezvous_unreachable", severity="error",
-                summary=f"node {k} ({link.node.host}) did not join the rendezvous within "
-                        f"{join_s}s: {why}",
-                cause=f"Node {k} never joined: {why}. The other nodes wait for every node "
-                      f"until cluster.join_timeout_s, then torchrun gives up.",
-                fix=f"Check that `ssh {link.node.host}` works without a prompt from this "
+            why = (
+                link.first_error
+                or link.last_error
+                or (
+                    "its agent started but its torchrun did not reach the rendezvous at "
+                    f"{self.spec.cluster.master_addr}:{self.spec.cluster.master_port}"
+                    if link.started
+                    else "it was never reached"
+                )
+            )
+            self._finding(
+                Finding(
+                    category="rendezvous_unreachable",
+                    severity="error",
+                    summary=f"node {k} ({link.node.host}) did not join the rendezvous within "
+                    f"{join_s}s: {why}",
+                    cause=f"Node {k} never joined: {why}. The other nodes wait for every node "
+                    f"until cluster.join_timeout_s, then torchrun gives up.",
+                    fix=f"Check that `ssh {link.node.host}` works without a prompt from this "
                     f"node, that tunedeck and the same torch are installed there "
                     f"(cluster.remote_python), and that it reaches "
                     f"{self.spec.cluster.master_addr}:{self.spec.cluster.master_port} "
                     f"(firewall, cluster.master_addr, cluster.interface); "
                     f"`tunedeck preflight` checks each node.",
-                node=k, host=link.node.host, t=now, evidence=[why],
-                source=f"logs/ssh-node{k}.log"))
+                    node=k,
+                    host=link.node.host,
+                    t=now,
+                    evidence=[why],
+                    source=f"logs/ssh-node{k}.log",
+                )
+            )
         if final or not self.joined(k) or self.ctx.stopping():
-            return                  # stopping: a node not reached is named at close
+            return  # stopping: a node not reached is named at close
         host = link.node.host
         if link.reviving is not None:
             self._judge_revival(link, now)
@@ -416,8 +473,9 @@ class NodesMonitor:
         if link.gone:
             lost = link.gone
         elif not link.connected and now - link.last_seen > LOST_AFTER_S and not link.ended:
-            lost = (f"no answer for {now - link.last_seen:.0f}s"
-                    + (f" ({link.last_error})" if link.last_error else ""))
+            lost = f"no answer for {now - link.last_seen:.0f}s" + (
+                f" ({link.last_error})" if link.last_error else ""
+            )
         elif status in TERMINAL and status != "succeeded":
             lost = f"its run ended {status}: {link.remote_state.get('message') or ''}".strip()
         if not lost:
@@ -428,28 +486,39 @@ class NodesMonitor:
             # restarts left: the run goes on when the node is back (its agent adopts its
             # run and starts the next attempt; the head's next attempt hosts the rendezvous
             # again and waits up to join_timeout_s; rank 0 resumes from the newest checkpoint)
-            self._finding(Finding(
-                category="node_lost", severity="warning",
-                summary=f"node {k} ({host}) was lost mid-run: {lost}; the run restarts "
-                        f"from its newest checkpoint once the node is back",
-                cause=f"Node {k} stopped taking part in the run ({lost}). run.max_restarts "
-                      f"allows another attempt: the head asks node {k} back over ssh and "
-                      f"every node starts the next attempt, which resumes from the newest "
-                      f"checkpoint.",
-                fix=f"Nothing, if the node comes back within cluster.join_timeout_s "
+            self._finding(
+                Finding(
+                    category="node_lost",
+                    severity="warning",
+                    summary=f"node {k} ({host}) was lost mid-run: {lost}; the run restarts "
+                    f"from its newest checkpoint once the node is back",
+                    cause=f"Node {k} stopped taking part in the run ({lost}). run.max_restarts "
+                    f"allows another attempt: the head asks node {k} back over ssh and "
+                    f"every node starts the next attempt, which resumes from the newest "
+                    f"checkpoint.",
+                    fix=f"Nothing, if the node comes back within cluster.join_timeout_s "
                     f"({self.spec.cluster.join_timeout_s}s); else look at node {k}'s logs "
                     f"(logs/node{k}/, logs/agent-node{k}.log) for why it died.",
-                node=k, host=host, t=now, evidence=[lost], source=f"nodes/node{k}/link.json"))
+                    node=k,
+                    host=host,
+                    t=now,
+                    evidence=[lost],
+                    source=f"nodes/node{k}/link.json",
+                )
+            )
             self._end_attempt(lost_at)
             link.revive()
             return
         self._lost_for_good(
-            link, now, lost,
+            link,
+            now,
+            lost,
             cause=f"Node {k} stopped taking part in the run ({lost}); the ranks of the other "
-                  f"nodes cannot finish a collective without it, so they were stopped.",
+            f"nodes cannot finish a collective without it, so they were stopped.",
             fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
-                f"died (OOM killer, hardware, preemption); resume the run from its newest "
-                f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).")
+            f"died (OOM killer, hardware, preemption); resume the run from its newest "
+            f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
+        )
 
     def _judge_revival(self, link: NodeLink, now: float) -> None:
         """A node asked back: back once an agent owns its run again and the link is up; not
@@ -467,13 +536,17 @@ class NodesMonitor:
             return
         self.reported.add(("gone for good", k))
         why = f"it did not come back within {join_s}s" + (
-            f" ({link.last_error or link.gone})" if link.last_error or link.gone else "")
+            f" ({link.last_error or link.gone})" if link.last_error or link.gone else ""
+        )
         self._lost_for_good(
-            link, now, why,
+            link,
+            now,
+            why,
             cause=f"Node {k} was lost and asked back for the next attempt, but {why}; the "
-                  f"other nodes cannot train without it, so they were stopped.",
+            f"other nodes cannot train without it, so they were stopped.",
             fix=f"Bring node {k} back (or replace it in cluster.hosts) and resume the run "
-                f"from its newest checkpoint (`tunedeck resume`).")
+            f"from its newest checkpoint (`tunedeck resume`).",
+        )
 
     def _restart_left(self, lost_at: float) -> bool:
         """Will the head run another attempt with the node back? Yes while run.max_restarts
@@ -501,17 +574,27 @@ class NodesMonitor:
         self.head_stopped_for = why
         log.warning("%s: stopping the other nodes", why)
         write_stop(self.run, "graceful", STOP_GRACE_S, by=why, node=node)
-        os.kill(os.getpid(), signal.SIGUSR1)     # the agent (this process) reads it now
+        os.kill(os.getpid(), signal.SIGUSR1)  # the agent (this process) reads it now
 
-    def _lost_for_good(self, link: NodeLink, now: float, why: str, cause: str,
-                       fix: str) -> None:
+    def _lost_for_good(self, link: NodeLink, now: float, why: str, cause: str, fix: str) -> None:
         """A node the run cannot go on without: the finding names it, and the other nodes
         are stopped with the same words."""
         k, host = link.node.rank, link.node.host
         summary = f"node {k} ({host}) was lost mid-run: {why}"
-        self._finding(Finding(
-            category="node_lost", severity="error", summary=summary, cause=cause, fix=fix,
-            node=k, host=host, t=now, evidence=[why], source=f"nodes/node{k}/link.json"))
+        self._finding(
+            Finding(
+                category="node_lost",
+                severity="error",
+                summary=summary,
+                cause=cause,
+                fix=fix,
+                node=k,
+                host=host,
+                t=now,
+                evidence=[why],
+                source=f"nodes/node{k}/link.json",
+            )
+        )
         self._stop_head(summary, k)
 
     def _finding(self, f: Finding) -> None:
@@ -531,5 +614,4 @@ def read_links(run: RunDir) -> dict[int, dict[str, Any]]:
     return out
 
 
-__all__ = ["NodesMonitor", "NodeLink", "read_links", "link_file", "node_state_file",
-           "node_run_id"]
+__all__ = ["NodesMonitor", "NodeLink", "read_links", "link_file", "node_state_file", "node_run_id"]

@@ -37,8 +37,12 @@ def _gpu_procs() -> int | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=10)
+        r = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return len([x for x in r.stdout.splitlines() if x.strip()]) if r.returncode == 0 else None
@@ -49,11 +53,16 @@ def probe(host: str, port: int, paths: list[str]) -> dict:
         gpus = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         gpus = 0
-    return {"host": os.uname().nodename, "python": sys.executable,
-            "tunedeck": _version("tunedeck"), "torch": _version("torch"), "gpus": gpus,
-            "gpu_procs": _gpu_procs() if gpus else None,
-            "reach": _reach(host, port) if port else "not asked",
-            "missing": [p for p in paths if not os.path.exists(p)]}
+    return {
+        "host": os.uname().nodename,
+        "python": sys.executable,
+        "tunedeck": _version("tunedeck"),
+        "torch": _version("torch"),
+        "gpus": gpus,
+        "gpu_procs": _gpu_procs() if gpus else None,
+        "reach": _reach(host, port) if port else "not asked",
+        "missing": [p for p in paths if not os.path.exists(p)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,10 +27,17 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
 from tunedeck.core.nodes.roster import local_addr_index
-from tunedeck.core.rundir import FILE_MODE, TERMINAL, RunDir, ownership, write_json_atomic, \
-    write_text_private
+from tunedeck.core.rundir import (
+    FILE_MODE,
+    TERMINAL,
+    RunDir,
+    ownership,
+    write_json_atomic,
+    write_text_private,
+)
 
 TICK_S = 0.25
 TELEMETRY_S = 2.0
@@ -56,7 +63,7 @@ def route_addr(host: str, port: int) -> str | None:
 def _rewrite(obj: Any, old: str, new: str) -> Any:
     """Every string that names the head's run folder names this node's instead."""
     if isinstance(obj, str):
-        return new + obj[len(old):] if obj == old or obj.startswith(old + "/") else obj
+        return new + obj[len(old) :] if obj == old or obj.startswith(old + "/") else obj
     if isinstance(obj, list):
         return [_rewrite(x, old, new) for x in obj]
     if isinstance(obj, dict):
@@ -82,14 +89,16 @@ def share_records(run: RunDir, head_dir: str, node: int, nproc: int) -> None:
     ranks' event files, its telemetry), through links from this node's own folder. Nothing
     of them is streamed (the streamer skips links)."""
     head = Path(head_dir)
-    targets = {run.logs / f"node{node}": head / "logs" / f"node{node}",
-               run.torchrun_log(node): head / "logs" / f"torchrun-node{node}.log",
-               run.agent_log: head / "logs" / f"agent-node{node}.log",
-               run.path / "telemetry.jsonl": head / "nodes" / f"node{node}" / "telemetry.jsonl"}
+    targets = {
+        run.logs / f"node{node}": head / "logs" / f"node{node}",
+        run.torchrun_log(node): head / "logs" / f"torchrun-node{node}.log",
+        run.agent_log: head / "logs" / f"agent-node{node}.log",
+        run.path / "telemetry.jsonl": head / "nodes" / f"node{node}" / "telemetry.jsonl",
+    }
     for r in range(node * nproc, (node + 1) * nproc):
         targets[run.event_file(r)] = head / "events" / f"rank{r}.jsonl"
     for mine, theirs in targets.items():
-        if theirs.suffix:            # a file: made now, so no reader meets a dangling link
+        if theirs.suffix:  # a file: made now, so no reader meets a dangling link
             theirs.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(theirs, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE))
         else:
@@ -115,37 +124,55 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
     spec = tomllib.loads(hello["spec"])
     spec.setdefault("cluster", {})["node_rank"] = k
     if spec.get("run", {}).get("output_dir", "").startswith(head_dir):
-        spec["run"]["output_dir"] = mine + spec["run"]["output_dir"][len(head_dir):]
+        spec["run"]["output_dir"] = mine + spec["run"]["output_dir"][len(head_dir) :]
     write_text_private(run.spec, tomli_w.dumps(spec))
     plan = _rewrite(hello["plan"], head_dir, mine)
     node = plan["nodes"][k]
     argv = node["argv"]
     if argv and argv[0] == hello.get("head_python"):
-        argv[0] = sys.executable          # this node's Python (remote_python ran us)
+        argv[0] = sys.executable  # this node's Python (remote_python ran us)
     i = local_addr_index(argv)
     if i is not None and i < len(argv):
-        addr = route_addr(str(hello.get("master_addr") or ""),
-                          int(hello.get("master_port") or 0))
+        addr = route_addr(str(hello.get("master_addr") or ""), int(hello.get("master_port") or 0))
         if addr:
             argv[i] = addr
     for key in ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR"):
-        node["env"].pop(key, None)        # the agent sets this node's own
+        node["env"].pop(key, None)  # the agent sets this node's own
     write_json_atomic(run.plan, plan)
     write_json_atomic(run.secrets, _rewrite(hello.get("secrets") or {}, head_dir, mine))
     # Slurm says so itself (an allocation shares its filesystem); ssh nodes test it
     in_place = hello.get("in_place") is True or sees_head_dir(hello.get("shared_marker"))
     if in_place:
         share_records(run, head_dir, k, int(plan.get("nproc_per_node") or 1))
-    write_json_atomic(run.path / "node.json", {"head_run_id": hello["run_id"], "node": k,
-                                               "head_dir": head_dir, "shared": in_place})
-    run.write_state({"run_id": run.run_id, "name": spec.get("name", "run"),
-                     "status": "pending", "message": f"node {k} of {hello['run_id']}",
-                     "created": time.time(), "started": None, "ended": None,
-                     "agent_pid": None, "worker_pids": [], "pgids": [], "pid_identity": {},
-                     "launches": [], "host": os.uname().nodename, "attempt": 0,
-                     "exit_code": None, "stop_requested": None,
-                     "progress": {"step": 0, "max_steps": spec.get("train", {}).get(
-                         "max_steps", 0), "loss": None}})
+    write_json_atomic(
+        run.path / "node.json",
+        {"head_run_id": hello["run_id"], "node": k, "head_dir": head_dir, "shared": in_place},
+    )
+    run.write_state(
+        {
+            "run_id": run.run_id,
+            "name": spec.get("name", "run"),
+            "status": "pending",
+            "message": f"node {k} of {hello['run_id']}",
+            "created": time.time(),
+            "started": None,
+            "ended": None,
+            "agent_pid": None,
+            "worker_pids": [],
+            "pgids": [],
+            "pid_identity": {},
+            "launches": [],
+            "host": os.uname().nodename,
+            "attempt": 0,
+            "exit_code": None,
+            "stop_requested": None,
+            "progress": {
+                "step": 0,
+                "max_steps": spec.get("train", {}).get("max_steps", 0),
+                "loss": None,
+            },
+        }
+    )
 
 
 # a run's markers (tunedeck.core.runs.procs): an agent started here never inherits another's
@@ -157,10 +184,17 @@ def spawn_agent(run: RunDir, *args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in RUN_MARKERS}
     log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
-        return subprocess.Popen([sys.executable, "-m", AGENT_MODULE, str(run.path), *args],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, cwd=str(run.path),
-                                env=env, umask=0o077)
+        return subprocess.Popen(
+            [sys.executable, "-m", AGENT_MODULE, str(run.path), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=str(run.path),
+            env=env,
+            umask=0o077,
+        )
     finally:
         os.close(log)
 
@@ -172,8 +206,10 @@ def start_agent(run: RunDir, timeout_s: float = 30.0) -> int:
         if (run.read_state() or {}).get("agent_pid") == proc.pid:
             return proc.pid
         if proc.poll() is not None:
-            raise RuntimeError(f"the node's agent exited at once (code {proc.returncode}): "
-                               f"{run.agent_log.read_text(errors='replace')[-800:]}")
+            raise RuntimeError(
+                f"the node's agent exited at once (code {proc.returncode}): "
+                f"{run.agent_log.read_text(errors='replace')[-800:]}"
+            )
         time.sleep(0.05)
     raise RuntimeError(f"the node's agent did not start within {timeout_s:.0f}s")
 
@@ -189,12 +225,16 @@ def agent_alive(state: dict[str, Any], run: RunDir) -> bool:
     return AGENT_MODULE.encode() in cmd and str(run.path).encode() in cmd
 
 
-def write_stop(run: RunDir, mode: str, grace_s: Any = None, by: str = "head",
-               node: int | None = None) -> None:
+def write_stop(
+    run: RunDir, mode: str, grace_s: Any = None, by: str = "head", node: int | None = None
+) -> None:
     """stop.json for `run`'s agent (it polls it). `by` is said in its end message; `node`: the
     run stops because that node failed, which makes its end a failure naming it."""
-    req: dict[str, Any] = {"mode": "hard" if mode == "hard" else "graceful", "t": time.time(),
-                           "by": by}
+    req: dict[str, Any] = {
+        "mode": "hard" if mode == "hard" else "graceful",
+        "t": time.time(),
+        "by": by,
+    }
     if isinstance(grace_s, (int, float)):
         req["grace_s"] = float(grace_s)
     if node is not None:
@@ -213,7 +253,7 @@ def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
             pass
 
 
-def end_attempt_before(run: RunDir, ctx: Any, t: float) -> list[int] | None:
+def end_attempt_before(run: RunDir, ctx: MonitorContext, t: float) -> list[int] | None:
     """SIGKILL this node's attempt (torchrun and ranks) when it started before `t`, when
     another node's part of it ended: its ranks could wait in a collective for that node until
     a timeout; the agent then starts the next. None when the attempt started after `t` (the
@@ -223,8 +263,9 @@ def end_attempt_before(run: RunDir, ctx: Any, t: float) -> list[int] | None:
     launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
     if not launches or float(launches[-1].get("t") or 0) >= t:
         return None
-    pids = [p for p in [st.get("torchrun_pid"), *(st.get("worker_pids") or [])]
-            if isinstance(p, int)]
+    pids = [
+        p for p in [st.get("torchrun_pid"), *(st.get("worker_pids") or [])] if isinstance(p, int)
+    ]
     return ctx.signal_ours(st, pids, signal.SIGKILL)
 
 
@@ -236,7 +277,7 @@ def revive(run: RunDir) -> bool:
     if st.get("status") in TERMINAL or agent_alive(st, run):
         return False
     try:
-        spawn_agent(run, "--adopt")   # the agent's adoption takes the run's lock and checks
+        spawn_agent(run, "--adopt")  # the agent's adoption takes the run's lock and checks
     except OSError:
         return False
     return True
@@ -266,10 +307,10 @@ class Streamer:
         out = []
         root = self.run.path
         for top in ("logs", "events", "stacks"):
-            for dirpath, _dirs, names in os.walk(root / top):   # never into a linked dir
+            for dirpath, _dirs, names in os.walk(root / top):  # never into a linked dir
                 for n in names:
                     p = os.path.join(dirpath, n)
-                    if not n.startswith(".") and not os.path.islink(p):   # shared: in place
+                    if not n.startswith(".") and not os.path.islink(p):  # shared: in place
                         out.append(os.path.relpath(p, root))
         tel = root / "telemetry.jsonl"
         if tel.exists() and not tel.is_symlink():
@@ -292,7 +333,7 @@ class Streamer:
             except OSError:
                 continue
             if size == 0 and rel not in self.sent:
-                self.send(wire.data_frame(head, 0, b""))   # the file exists: say so
+                self.send(wire.data_frame(head, 0, b""))  # the file exists: say so
             while off < size:
                 with open(self.run.path / rel, "rb") as f:
                     f.seek(off)
@@ -302,7 +343,7 @@ class Streamer:
                     if cut:
                         data = data[:cut]
                     elif len(data) < wire.CHUNK:
-                        break        # half a line: wait for its end (readers parse lines)
+                        break  # half a line: wait for its end (readers parse lines)
                 self.send(wire.data_frame(head, off, data))
                 off += len(data)
             self.sent[rel] = off
@@ -387,17 +428,26 @@ def serve(stdin, out) -> int:
             materialise(run, hello)
             start_agent(run)
             started = True
-    except Exception as e:          # one line for the head's finding, not a traceback
+    except Exception as e:  # one line for the head's finding, not a traceback
         out.write(wire.frame({"k": "error", "why": f"{type(e).__name__}: {e}"}))
         out.flush()
         return 1
-    if isinstance(hello.get("stop"), dict):      # asked while we were unreachable
+    if isinstance(hello.get("stop"), dict):  # asked while we were unreachable
         request_stop(run, hello["stop"].get("mode", "graceful"), hello["stop"].get("grace_s"))
     elif hello.get("revive"):
         revive(run)
-    out.write(wire.frame({"k": "hello", "run": str(run.path), "pid": os.getpid(),
-                          "started": started, "host": os.uname().nodename,
-                          "shared": shared(run)}))
+    out.write(
+        wire.frame(
+            {
+                "k": "hello",
+                "run": str(run.path),
+                "pid": os.getpid(),
+                "started": started,
+                "host": os.uname().nodename,
+                "shared": shared(run),
+            }
+        )
+    )
     out.flush()
     closed = threading.Event()
 
@@ -408,7 +458,7 @@ def serve(stdin, out) -> int:
                 request_stop(run, str(cmd.get("mode")), cmd.get("grace_s"))
             elif cmd.get("op") == "revive":
                 revive(run)
-        closed.set()                 # the head hung up: the run goes on without us
+        closed.set()  # the head hung up: the run goes on without us
 
     threading.Thread(target=commands, daemon=True).start()
     st = Streamer(run, k, hello.get("offsets") or {}, out)
@@ -426,19 +476,26 @@ def serve(stdin, out) -> int:
                 out.write(wire.frame({"k": "end"}))
                 out.flush()
                 return 0
-            if alive and gone_sent:     # the head asked the node back: an agent owns it
+            if alive and gone_sent:  # the head asked the node back: an agent owns it
                 gone_sent = False
                 out.write(wire.frame({"k": "alive"}))
                 out.flush()
             if not alive and not over and not gone_sent:
                 gone_sent = True
-                out.write(wire.frame({"k": "gone", "why": f"the agent of node {k} "
-                                      f"(pid {state.get('agent_pid')}) is gone while its run "
-                                      f"is {state.get('status')}"}))
+                out.write(
+                    wire.frame(
+                        {
+                            "k": "gone",
+                            "why": f"the agent of node {k} "
+                            f"(pid {state.get('agent_pid')}) is gone while its run "
+                            f"is {state.get('status')}",
+                        }
+                    )
+                )
                 out.flush()
             closed.wait(TICK_S)
     except (BrokenPipeError, OSError):
-        pass                          # the connection dropped: the head reattaches
+        pass  # the connection dropped: the head reattaches
     return 0
 
 

@@ -14,15 +14,14 @@ from typing import Any
 from tunedeck.core.spec import RunSpec
 
 
-
 @dataclass
 class Node:
     rank: int
-    host: str            # the ssh destination ("" for node 0 under slurm/manual)
-    addr: str            # the host part of it: what torchrun's --local_addr starts as
-    gpus: str            # CUDA_VISIBLE_DEVICES ("" = the spec's)
-    home: str            # TUNEDECK_HOME on that node ("" = its default)
-    python: str          # the Python that runs tunedeck there
+    host: str  # the ssh destination ("" for node 0 under slurm/manual)
+    addr: str  # the host part of it: what torchrun's --local_addr starts as
+    gpus: str  # CUDA_VISIBLE_DEVICES ("" = the spec's)
+    home: str  # TUNEDECK_HOME on that node ("" = its default)
+    python: str  # the Python that runs tunedeck there
 
 
 def _per_node(key: str, values: list[str], n: int, one_for_all: bool) -> str | None:
@@ -31,8 +30,10 @@ def _per_node(key: str, values: list[str], n: int, one_for_all: bool) -> str | N
     if len(values) == n or (one_for_all and len(values) == 1):
         return None
     want = f"1 or {n}" if one_for_all else str(n)
-    return (f"cluster.{key} has {len(values)} entries; it needs {want} (one per node, "
-            f"cluster.nnodes = {n})")
+    return (
+        f"cluster.{key} has {len(values)} entries; it needs {want} (one per node, "
+        f"cluster.nnodes = {n})"
+    )
 
 
 def roster_problems(spec: RunSpec) -> list[str]:
@@ -43,15 +44,21 @@ def roster_problems(spec: RunSpec) -> list[str]:
         return out
     if c.launcher == "ssh":
         if len(c.hosts) != c.nnodes:
-            out.append(f"cluster.hosts has {len(c.hosts)} entries; launcher \"ssh\" needs one "
-                       f"ssh destination per node ({c.nnodes}), node 0 (this machine) first")
+            out.append(
+                f'cluster.hosts has {len(c.hosts)} entries; launcher "ssh" needs one '
+                f"ssh destination per node ({c.nnodes}), node 0 (this machine) first"
+            )
         for h in c.hosts:
             if not h.strip() or h.startswith("-") or any(ch.isspace() for ch in h):
-                out.append(f"cluster.hosts: {h!r} is not an ssh destination (host, "
-                           f"user@host or a ~/.ssh/config name)")
+                out.append(
+                    f"cluster.hosts: {h!r} is not an ssh destination (host, "
+                    f"user@host or a ~/.ssh/config name)"
+                )
         if c.master_addr in ("127.0.0.1", "localhost", "::1"):
-            out.append("cluster.master_addr is a loopback address; the other nodes must reach "
-                       "it: set node 0's address as the other nodes see it")
+            out.append(
+                "cluster.master_addr is a loopback address; the other nodes must reach "
+                "it: set node 0's address as the other nodes see it"
+            )
     for key, one in (("node_gpus", False), ("remote_home", True), ("remote_python", True)):
         err = _per_node(key, getattr(c, key), c.nnodes, one)
         if err:
@@ -69,7 +76,7 @@ def host_addr(dest: str) -> str:
     """`user@host:port`-free host part of an ssh destination (an ssh_config alias stays as
     it is; the remote side replaces it by its own address towards the rendezvous)."""
     host = dest.rpartition("@")[2]
-    if host.startswith("["):                       # [v6addr]
+    if host.startswith("["):  # [v6addr]
         return host[1:].partition("]")[0]
     return host
 
@@ -80,10 +87,16 @@ def roster(spec: RunSpec) -> list[Node]:
     for k in range(c.nnodes):
         host = c.hosts[k] if k < len(c.hosts) else ""
         addr = c.master_addr if k == 0 else host_addr(host)
-        out.append(Node(rank=k, host=host, addr=addr,
-                        gpus=c.node_gpus[k] if k < len(c.node_gpus) else "",
-                        home=_pick(c.remote_home, k - 1) if k else "",
-                        python=(_pick(c.remote_python, k - 1) if k else "") or sys.executable))
+        out.append(
+            Node(
+                rank=k,
+                host=host,
+                addr=addr,
+                gpus=c.node_gpus[k] if k < len(c.node_gpus) else "",
+                home=_pick(c.remote_home, k - 1) if k else "",
+                python=(_pick(c.remote_python, k - 1) if k else "") or sys.executable,
+            )
+        )
     return out
 
 
@@ -118,7 +131,7 @@ def _c10d_flags(argv: list[str], is_host: bool, addr: str) -> None:
     if "is_host=" not in argv[i + 1]:
         argv[i + 1] += f",is_host={'1' if is_host else '0'}"
     if "--local_addr" not in argv and addr:
-        argv[i + 2:i + 2] = ["--local_addr", addr]
+        argv[i + 2 : i + 2] = ["--local_addr", addr]
 
 
 def local_addr_index(argv: list[str]) -> int | None:

@@ -34,9 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes.link import STOP_GRACE_S
-from tunedeck.core.nodes.remote import TERMINAL, end_attempt_before, materialise, node_run_id, \
-    route_addr, write_stop
+from tunedeck.core.nodes.remote import (
+    TERMINAL,
+    end_attempt_before,
+    materialise,
+    node_run_id,
+    route_addr,
+    write_stop,
+)
 from tunedeck.core.nodes.roster import local_addr_index
 from tunedeck.core.rundir import RunDir, ownership, read_json, write_json_atomic
 from tunedeck.core.spec import RunSpec
@@ -58,22 +65,25 @@ def batch_script(spec: RunSpec, run_dir: str | Path, python: str | None = None) 
     run_dir = str(run_dir)
     python = python or sys.executable
     nproc = max(c.nproc_per_node, 1)
-    lines = ["#!/usr/bin/env bash",
-             f"#SBATCH --job-name={_sbatch_word(spec.name)}",
-             f"#SBATCH --nodes={c.nnodes}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --cpus-per-task={nproc if c.device == 'cpu' else max(4 * nproc, 4)}",
-             f"#SBATCH --output={_sbatch_word(run_dir + '/logs/slurm-%j.out')}"]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name={_sbatch_word(spec.name)}",
+        f"#SBATCH --nodes={c.nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --cpus-per-task={nproc if c.device == 'cpu' else max(4 * nproc, 4)}",
+        f"#SBATCH --output={_sbatch_word(run_dir + '/logs/slurm-%j.out')}",
+    ]
     if c.device != "cpu":
         lines.append(f"#SBATCH --gpus-per-node={nproc}")
     lines += [f"#SBATCH {_sbatch_word(a)}" for a in c.slurm_args]
-    lines += ["set -euo pipefail",
-              f"# tunedeck run {Path(run_dir).name}: one agent per node (node 0's owns the run)",
-              "# the rendezvous host: the first host of the allocation",
-              f'export {MASTER_ENV}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" '
-              f'| head -n 1)"',
-              "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
-              + shlex.join([python, "-m", TASK_MODULE, run_dir])]
+    lines += [
+        "set -euo pipefail",
+        f"# tunedeck run {Path(run_dir).name}: one agent per node (node 0's owns the run)",
+        "# the rendezvous host: the first host of the allocation",
+        f'export {MASTER_ENV}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        + shlex.join([python, "-m", TASK_MODULE, run_dir]),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -108,7 +118,7 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
 def submit(script: Path) -> str:
     why = available()
     if why:
-        raise SlurmError(f"cluster.launcher is \"slurm\" but {why}")
+        raise SlurmError(f'cluster.launcher is "slurm" but {why}')
     # held: the run records its job id before any agent of it can start and write state.json
     r = _run(["sbatch", "--parsable", "--hold", str(script)])
     if r.returncode != 0:
@@ -157,8 +167,10 @@ def export_script(spec: RunSpec, run_dir: str | Path) -> str:
     """`tunedeck export --format slurm` of a spec with cluster.launcher = "slurm": the script
     `tunedeck launch` submits for it (launch writes the run folder it names first)."""
     head, _, rest = batch_script(spec, run_dir).partition("\n")
-    return (f"{head}\n# what `tunedeck launch` submits for this spec: it writes the run "
-            f"folder named below first\n{rest}")
+    return (
+        f"{head}\n# what `tunedeck launch` submits for this spec: it writes the run "
+        f"folder named below first\n{rest}"
+    )
 
 
 # -- the nodes of a running job, through the shared filesystem --------------------------------
@@ -172,18 +184,20 @@ class NodesWatch:
     the next one. A node reads the head's: a head that ended without succeeding stops this
     node."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: MonitorContext):
         self.ctx = ctx
         self.run: RunDir = ctx.run
         c = ctx.spec.cluster
         if ctx.node_rank == 0:
-            self.watched = {k: self.run.path.parent / node_run_id(self.run.run_id, k)
-                            for k in range(1, c.nnodes)}
+            self.watched = {
+                k: self.run.path.parent / node_run_id(self.run.run_id, k)
+                for k in range(1, c.nnodes)
+            }
         else:
             head = read_json(self.run.path / "node.json", {}).get("head_dir")
             self.watched = {0: Path(head)} if head else {}
-        self.seen: dict[int, int] = {}      # state.json mtimes already read
-        self.ended_for = 0.0                # the node attempt's end the head's was ended for
+        self.seen: dict[int, int] = {}  # state.json mtimes already read
+        self.ended_for = 0.0  # the node attempt's end the head's was ended for
         self.done = False
         self.end_notes: list[str] = []
 
@@ -201,20 +215,20 @@ class NodesWatch:
                     log.warning("%s: stopping this node", why)
                     self._stop(why)
                 else:
-                    self._node_failed(k, str(st.get("host") or "?"), _ended("its run", st),
-                                      now)
+                    self._node_failed(k, str(st.get("host") or "?"), _ended("its run", st), now)
                 return
 
     def close(self, new_events: list[dict]) -> None:
         """The head's run is over: a node that failed before the tick saw it (its ranks'
         end also ended the head's) is still named. A node sees the head's end by itself."""
         if self.done or self.ctx.node_rank != 0 or self.ctx.stopping():
-            return                   # a stop someone asked for ends every node: not a loss
+            return  # a stop someone asked for ends every node: not a loss
         for k, folder in self.watched.items():
             st = read_json(folder / "state.json", {})
             if isinstance(st, dict) and st.get("status") == "failed":
-                summary = self._node_failed(k, str(st.get("host") or "?"),
-                                            _ended("its run", st), time.time(), stop=False)
+                summary = self._node_failed(
+                    k, str(st.get("host") or "?"), _ended("its run", st), time.time(), stop=False
+                )
                 self.end_notes.append(summary)
                 return
 
@@ -227,7 +241,7 @@ class NodesWatch:
             return None
         self.seen[k] = m
         if ownership.problem(path.parent, files=(path.name,)) is not None:
-            return None      # not this user's: it must not end this run (a shared home)
+            return None  # not this user's: it must not end this run (a shared home)
         st = read_json(path, {})
         return st if isinstance(st, dict) else None
 
@@ -235,30 +249,44 @@ class NodesWatch:
         """Node k's attempt failed and it waits for the head's next one: the head's attempt,
         started before that, cannot finish a collective without node k (NCCL ranks would wait
         in it until the watchdog's timeout), so it ends now and the agent starts the next."""
-        ended = [a for a in st.get("attempts") or []
-                 if isinstance(a, dict) and a.get("exit_code") != 0 and a.get("ended")]
+        ended = [
+            a
+            for a in st.get("attempts") or []
+            if isinstance(a, dict) and a.get("exit_code") != 0 and a.get("ended")
+        ]
         if not ended or self.ended_for >= float(ended[-1]["ended"]):
             return
         killed = end_attempt_before(self.run, self.ctx, float(ended[-1]["ended"]))
         if killed is None:
             return
         self.ended_for = float(ended[-1]["ended"])
-        log.warning("node %d's attempt %s failed: ended this node's attempt (pids %s)", k,
-                    ended[-1].get("attempt"), killed)
+        log.warning(
+            "node %d's attempt %s failed: ended this node's attempt (pids %s)",
+            k,
+            ended[-1].get("attempt"),
+            killed,
+        )
 
-    def _node_failed(self, k: int, host: str, why: str, now: float,
-                     stop: bool = True) -> str:
+    def _node_failed(self, k: int, host: str, why: str, now: float, stop: bool = True) -> str:
         summary = f"node {k} ({host}) was lost mid-run: {why}"
         try:
-            self.ctx.store.save_finding(Finding(
-                category="node_lost", severity="error", summary=summary,
-                cause=f"Node {k}'s part of the run ended ({why}); the ranks of the other nodes "
-                      f"cannot finish a collective without it, so they were stopped.",
-                fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why "
+            self.ctx.store.save_finding(
+                Finding(
+                    category="node_lost",
+                    severity="error",
+                    summary=summary,
+                    cause=f"Node {k}'s part of the run ended ({why}); the ranks of the other nodes "
+                    f"cannot finish a collective without it, so they were stopped.",
+                    fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why "
                     f"it failed; resume the run from its newest checkpoint "
                     f"(`tunedeck resume {self.run.run_id}`).",
-                node=k, host=host, t=now, evidence=[why],
-                source=f"{node_run_id(self.run.run_id, k)}/state.json"))
+                    node=k,
+                    host=host,
+                    t=now,
+                    evidence=[why],
+                    source=f"{node_run_id(self.run.run_id, k)}/state.json",
+                )
+            )
         except Exception:
             log.exception("could not store the finding")
         if stop:
@@ -278,6 +306,7 @@ def _ended(whose: str, state: dict[str, Any]) -> str:
 
 
 # -- the task srun starts on each node ---------------------------------------------------------
+
 
 def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
     argv = plan["nodes"][node]["argv"]
@@ -310,10 +339,20 @@ def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
     if not run.state.exists():
         plan = head.read_plan()
         _set_rendezvous(plan, node, master)
-        materialise(run, {"node": node, "head_dir": str(head.path), "run_id": head.run_id,
-                          "spec": head.spec.read_text(encoding="utf-8"), "plan": plan,
-                          "secrets": read_json(head.secrets, {}), "in_place": True,
-                          "head_python": sys.executable, "master_addr": master})
+        materialise(
+            run,
+            {
+                "node": node,
+                "head_dir": str(head.path),
+                "run_id": head.run_id,
+                "spec": head.spec.read_text(encoding="utf-8"),
+                "plan": plan,
+                "secrets": read_json(head.secrets, {}),
+                "in_place": True,
+                "head_python": sys.executable,
+                "master_addr": master,
+            },
+        )
     return run
 
 
@@ -336,14 +375,13 @@ def node_task(run_dir: str) -> int:
     os.umask(0o077)
     os.chdir(run.path)
     os.execv(sys.executable, [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path)])
-    return 0   # not reached
+    return 0  # not reached
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m tunedeck.core.nodes.slurm RUN_DIR (run by srun)",
-              file=sys.stderr)
+        print("usage: python -m tunedeck.core.nodes.slurm RUN_DIR (run by srun)", file=sys.stderr)
         return 2
     return node_task(argv[0])
 
@@ -352,5 +390,14 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["batch_script", "write_script", "submit", "queue_state", "cancel", "node_task",
-           "export_script", "SlurmError", "NodesWatch"]
+__all__ = [
+    "batch_script",
+    "write_script",
+    "submit",
+    "queue_state",
+    "cancel",
+    "node_task",
+    "export_script",
+    "SlurmError",
+    "NodesWatch",
+]

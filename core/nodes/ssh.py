@@ -20,16 +20,20 @@ ALIVE_COUNT = 3
 
 
 def ssh_argv(dest: str, remote: list[str], connect_timeout_s: int = 10) -> list[str]:
-    argv = ["ssh", "-T", "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={connect_timeout_s}",
-            "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
-            "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
+    argv = [
+        "ssh",
+        "-T",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={connect_timeout_s}",
+        "-o",
+        f"ServerAliveInterval={ALIVE_INTERVAL_S}",
+        "-o",
+        f"ServerAliveCountMax={ALIVE_COUNT}",
+    ]
     config = os.environ.get(CONFIG_ENV, "").strip()
     if config:
         argv += ["-F", config]
     # "--" ends ssh's options: a destination can never be read as one (roster refuses "-x")
     return argv + ["--", dest, shlex.join(remote)]
-
-
-def remote_command(python: str, module: str, *args: str) -> list[str]:
-    return [python, "-m", module, *args]

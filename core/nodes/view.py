@@ -18,7 +18,7 @@ from typing import Any
 from tunedeck.core.nodes.remote import TERMINAL
 from tunedeck.core.rundir import RunDir, read_json
 
-STEP_TAIL = 2048            # a step event line is ~250 bytes: the last few are enough
+STEP_TAIL = 2048  # a step event line is ~250 bytes: the last few are enough
 
 
 def last_step(path: str | Path) -> tuple[int | None, float | None]:
@@ -78,7 +78,7 @@ def _last_json(path: str, tail: int = 4096) -> dict[str, Any]:
         data = os.pread(fd, tail, max(0, size - tail))
     finally:
         os.close(fd)
-    for line in reversed(data.rstrip(b"\n").split(b"\n")[1 if size > tail else 0:]):
+    for line in reversed(data.rstrip(b"\n").split(b"\n")[1 if size > tail else 0 :]):
         try:
             d = json.loads(line)
         except ValueError:
@@ -88,9 +88,12 @@ def _last_json(path: str, tail: int = 4096) -> dict[str, Any]:
     return {}
 
 
-def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
-              now: float | None = None, plan: dict[str, Any] | None = None
-              ) -> list[dict[str, Any]]:
+def node_rows(
+    run_dir: str | Path,
+    findings: list[dict[str, Any]] | None = None,
+    now: float | None = None,
+    plan: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """`plan`: plan.json as the caller read it once (it never changes after launch)."""
     run = RunDir(run_dir)
     now = time.time() if now is None else now
@@ -107,15 +110,20 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
         src = run
         if k == 0:
             row.update(status=head.get("status"), reach="here", message=head.get("message"))
-            if head.get("slurm_job") and head.get("status") not in ("succeeded", "failed",
-                                                                      "stopped"):
+            if head.get("slurm_job") and head.get("status") not in (
+                "succeeded",
+                "failed",
+                "stopped",
+            ):
                 from tunedeck.core.nodes.slurm import queue_state
 
                 row["slurm"] = queue_state(str(head["slurm_job"])) or {
-                    "job": str(head["slurm_job"]), "state": "gone"}
+                    "job": str(head["slurm_job"]),
+                    "state": "gone",
+                }
             row.update(_gpus(_head_telemetry(run)))
         else:
-            nd = f"{base}/nodes/node{k}"      # strings: 128 nodes per frame
+            nd = f"{base}/nodes/node{k}"  # strings: 128 nodes per frame
             link = read_json(f"{nd}/link.json") or {}
             st = read_json(f"{nd}/state.json") or {}
             if not link and os.path.exists(f"{base}.node{k}/state.json"):
@@ -124,7 +132,7 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                 st = src.read_state() or {}
             if link.get("ended"):
                 reach = "done"
-            elif link.get("gone"):        # its streamer may still answer; its agent is dead
+            elif link.get("gone"):  # its streamer may still answer; its agent is dead
                 reach = "lost"
             elif link.get("connected"):
                 reach = "connected"
@@ -136,14 +144,19 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
                 reach = "not started by tunedeck"
             status = st.get("status") or ("unreached" if link else None)
             if link.get("gone") and status not in TERMINAL:
-                status = "lost"       # its agent died: the last state it sent is stale
+                status = "lost"  # its agent died: the last state it sent is stale
             elif reach == "reconnecting" and head.get("status") in TERMINAL:
-                reach = "unreached"   # the head has hung up: nothing reconnects any more
-            row.update(status=status, reach=reach,
-                       message=link.get("error") or link.get("gone") or st.get("message"),
-                       drops=link.get("drops", 0), shared_fs=bool(link.get("shared")),
-                       last_seen_s=(now - link["last_seen"]) if isinstance(
-                           link.get("last_seen"), (int, float)) else None)
+                reach = "unreached"  # the head has hung up: nothing reconnects any more
+            row.update(
+                status=status,
+                reach=reach,
+                message=link.get("error") or link.get("gone") or st.get("message"),
+                drops=link.get("drops", 0),
+                shared_fs=bool(link.get("shared")),
+                last_seen_s=(now - link["last_seen"])
+                if isinstance(link.get("last_seen"), (int, float))
+                else None,
+            )
             row.update(_gpus(_last_json(f"{nd}/telemetry.jsonl")))
         ev = f"{base}/events" if src is run else str(src.events)
         steps = {r: last_step(f"{ev}/rank{r}.jsonl") for r in ranks}
@@ -151,8 +164,9 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
         row["step"] = max(done.values()) if done else None
         if done:
             slow = max(steps, key=lambda r: ((steps[r][1] or 0.0), -(steps[r][0] or 0)))
-            row["slowest_rank"] = slow if steps[slow][1] is not None else min(
-                done, key=lambda r: done[r])
+            row["slowest_rank"] = (
+                slow if steps[slow][1] is not None else min(done, key=lambda r: done[r])
+            )
         else:
             row["slowest_rank"] = None
         row["findings"] = sum(1 for f in findings or [] if f.get("node") == k)
@@ -163,21 +177,26 @@ def node_rows(run_dir: str | Path, findings: list[dict[str, Any]] | None = None,
 def format_rows(rows: list[dict[str, Any]]) -> list[str]:
     """`tunedeck nodes` as text; a link marked +fs shares the head's filesystem (the node's
     records are written in place, not streamed)."""
-    out = [f"{'node':>4}  {'host':<16} {'status':<10} {'link':<13} {'ranks':<9} {'step':>7} "
-           f"{'slowest':>7} {'gpus':>4} {'finds':>5}"]
+    out = [
+        f"{'node':>4}  {'host':<16} {'status':<10} {'link':<13} {'ranks':<9} {'step':>7} "
+        f"{'slowest':>7} {'gpus':>4} {'finds':>5}"
+    ]
     for r in rows:
         ranks = f"{r['ranks'][0]}-{r['ranks'][-1]}" if r["ranks"] else "-"
         reach = str(r.get("reach")) + ("+fs" if r.get("shared_fs") else "")
-        out.append(f"{r['node']:>4}  {str(r.get('host') or '')[:16]:<16} "
-                   f"{str(r.get('status') or '-')[:10]:<10} {reach[:13]:<13} "
-                   f"{ranks:<9} {r['step'] if r['step'] is not None else '-':>7} "
-                   f"{r['slowest_rank'] if r['slowest_rank'] is not None else '-':>7} "
-                   f"{r.get('gpus', 0):>4} {r['findings']:>5}")
+        out.append(
+            f"{r['node']:>4}  {str(r.get('host') or '')[:16]:<16} "
+            f"{str(r.get('status') or '-')[:10]:<10} {reach[:13]:<13} "
+            f"{ranks:<9} {r['step'] if r['step'] is not None else '-':>7} "
+            f"{r['slowest_rank'] if r['slowest_rank'] is not None else '-':>7} "
+            f"{r.get('gpus', 0):>4} {r['findings']:>5}"
+        )
         if r.get("slurm"):
             q = r["slurm"]
-            out.append(f"      Slurm job {q['job']}: {q['state']}"
-                       + (f" ({q['reason']})" if q.get("reason") not in (None, "", "None")
-                          else ""))
+            out.append(
+                f"      Slurm job {q['job']}: {q['state']}"
+                + (f" ({q['reason']})" if q.get("reason") not in (None, "", "None") else "")
+            )
         if r.get("message") and r.get("status") not in ("running", "succeeded"):
             out.append(f"      {str(r['message'])[:90]}")
     return out

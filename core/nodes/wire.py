@@ -39,7 +39,7 @@ def parse(line: bytes) -> dict[str, Any] | None:
     try:
         obj = json.loads(line)
     except ValueError:
-        return None          # ssh's own chatter, a banner: not ours
+        return None  # ssh's own chatter, a banner: not ours
     return obj if isinstance(obj, dict) else None
 
 

@@ -6,8 +6,26 @@ with a detail and a fix (`fix_set`: the fix as spec values, where a value is the
 """
 
 from tunedeck.core.preflight.base import CheckResult, Context
-from tunedeck.core.preflight.runner import all_checks, failures, gate_record, make_context, \
-    ordered, run_checks, summary, summary_line
+from tunedeck.core.preflight.runner import (
+    all_checks,
+    failures,
+    gate_record,
+    make_context,
+    ordered,
+    run_checks,
+    summary,
+    summary_line,
+)
 
-__all__ = ["CheckResult", "Context", "all_checks", "failures", "gate_record", "make_context",
-           "ordered", "run_checks", "summary", "summary_line"]
+__all__ = [
+    "CheckResult",
+    "Context",
+    "all_checks",
+    "failures",
+    "gate_record",
+    "make_context",
+    "ordered",
+    "run_checks",
+    "summary",
+    "summary_line",
+]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from tunedeck.core.spec import RunSpec
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
@@ -17,7 +18,7 @@ STATUSES = ("pass", "warn", "fail", "skip")
 class CheckResult:
     id: str
     title: str
-    status: str          # pass | warn | fail | skip
+    status: str  # pass | warn | fail | skip
     detail: str
     fix: str = ""
     # the fix as values, when a value is the fix: dotted spec keys (`env.NAME`; None removes
@@ -56,6 +57,7 @@ class Context:
         """Memory estimate of the run the spec starts (ms-swift's defaults for keys an
         ms-swift spec leaves unset, as `tunedeck estimate` and the compose form show it), or
         the error text when it cannot be made."""
+
         def make():
             from tunedeck.core.estimate import ArchError
             from tunedeck.core.swift.run_estimate import estimate_run
@@ -66,27 +68,37 @@ class Context:
                 gpus = n if self.resolved.cluster.device == "cuda" else None
                 mem = min((g.memory_total_gib for g in facts.gpus), default=None)
                 name = facts.gpus[0].name if facts.gpus else ""
-                return estimate_run(copy.deepcopy(self.spec), gpus=gpus, gpu_name=name,
-                                    gpu_mem_gib=mem)
+                return estimate_run(
+                    copy.deepcopy(self.spec), gpus=gpus, gpu_name=name, gpu_mem_gib=mem
+                )
             except ArchError as e:
                 return str(e)
+
         return self.memo("estimate", make)
 
     @property
     def run(self) -> RunSpec:
         """The resolved spec as its backend runs it (ms-swift's defaults for the keys an
         ms-swift spec leaves unset): for the batch and size figures, never for a plan."""
+
         def make():
             from tunedeck.core.swift.run_estimate import as_run
 
             return as_run(self.resolved)[0]
+
         return self.memo("run", make)
 
     def procs_per_node(self) -> int:
         return max(self.resolved.cluster.nproc_per_node, 1)
 
 
-def result(id: str, title: str, status: str, detail: str, fix: str = "",
-           fix_set: dict[str, Any] | None = None) -> CheckResult:
+def result(
+    id: str,
+    title: str,
+    status: str,
+    detail: str,
+    fix: str = "",
+    fix_set: dict[str, Any] | None = None,
+) -> CheckResult:
     assert status in STATUSES, status
     return CheckResult(id, title, status, detail, fix, dict(fix_set or {}))

@@ -16,7 +16,7 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.swift.flags import FlagTableError
 from tunedeck.core.swift.run_estimate import as_run, length_is_bound, length_unless_steps
 
-MARGIN = 0.90           # use at most 90 % of a GPU: the estimate is ±15 %
+MARGIN = 0.90  # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
 
 
@@ -24,32 +24,55 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     id, title = "mem.fit", "Estimated GPU memory vs capacity"
     est = ctx.estimate
     if isinstance(est, str):
-        return result(id, title, "warn", f"no estimate: {est}", "point model.path at a folder "
-                      "with config.json")
+        return result(
+            id,
+            title,
+            "warn",
+            f"no estimate: {est}",
+            "point model.path at a folder with config.json",
+        )
     per = est.memory.per_gpu_gib
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.memory.breakdown.items() if v >= 0.05)
     if ctx.resolved.cluster.device != "cuda":
         return result(id, title, "skip", f"device cpu (≈{per:.2f} GiB per process: {parts})")
     gs = ctx.gpus.gpus
     if not gs:
-        return result(id, title, "skip", f"no GPU visible to compare with; estimate "
-                      f"{per:.1f} GiB per GPU ({parts})")
+        return result(
+            id,
+            title,
+            "skip",
+            f"no GPU visible to compare with; estimate {per:.1f} GiB per GPU ({parts})",
+        )
     cap = min(g.memory_total_gib for g in (chosen(ctx) or gs))
     detail = f"≈{per:.1f} GiB per GPU of {cap:.0f} GiB ({parts})"
-    fix = ("enable train.gradient_checkpointing, lower per_device_batch_size / "
-           "data.max_length, or shard (`tunedeck estimate` suggests a strategy)")
+    fix = (
+        "enable train.gradient_checkpointing, lower per_device_batch_size / "
+        "data.max_length, or shard (`tunedeck estimate` suggests a strategy)"
+    )
     # the one value that always helps; whether it is enough shows on the next run
     gc = None if ctx.run.train.gradient_checkpointing else {"train.gradient_checkpointing": True}
     if per > cap and length_is_bound(ctx.spec):
         # sized at the longest sample ms-swift allows: short data may well fit, so not a wall
-        return result(id, title, "warn", detail + ": will not fit if a batch reaches "
-                      f"{ctx.run.data.max_length} tokens (data.max_length unset)",
-                      "set data.max_length to the data's longest sample; " + fix, gc)
+        return result(
+            id,
+            title,
+            "warn",
+            detail + ": will not fit if a batch reaches "
+            f"{ctx.run.data.max_length} tokens (data.max_length unset)",
+            "set data.max_length to the data's longest sample; " + fix,
+            gc,
+        )
     if per > cap:
         return result(id, title, "fail", detail + ": will not fit", fix, gc)
     if per > cap * MARGIN:
-        return result(id, title, "warn", detail + f": above {MARGIN:.0%}, the estimate's "
-                      "margin of error could OOM", fix, gc)
+        return result(
+            id,
+            title,
+            "warn",
+            detail + f": above {MARGIN:.0%}, the estimate's margin of error could OOM",
+            fix,
+            gc,
+        )
     return result(id, title, "pass", detail)
 
 
@@ -59,12 +82,14 @@ def _world(spec) -> int:
 
 def check_effective_batch(ctx: Context) -> CheckResult:
     id, title = "train.batch", "Effective batch size (vs the preset)"
-    run = ctx.run          # Megatron ranks that split one model count once, as in compose
+    run = ctx.run  # Megatron ranks that split one model count once, as in compose
     world = ctx.procs_per_node() * run.cluster.nnodes
     t, dp = run.train, data_parallel_size(run, world)
     eff = effective_batch(run, world)
-    detail = (f"{eff} = {t.per_device_batch_size} per device × {t.grad_accum} accumulation × "
-              f"{dp} data-parallel rank(s)")
+    detail = (
+        f"{eff} = {t.per_device_batch_size} per device × {t.grad_accum} accumulation × "
+        f"{dp} data-parallel rank(s)"
+    )
     base = ctx.base
     if base is not None:
         from tunedeck.core.estimate.resolve import resolve
@@ -74,11 +99,20 @@ def check_effective_batch(ctx: Context) -> CheckResult:
         if beff != eff:
             # keep the file's batch by accumulation alone, when it divides evenly
             per_step = t.per_device_batch_size * dp
-            keep = {"train.grad_accum": beff // per_step} \
-                if beff % per_step == 0 and beff >= per_step else None
-            return result(id, title, "warn", f"{detail}; the spec file gives {beff}",
-                          f"scale train.learning_rate by about {eff / beff:.2g}× (or keep the "
-                          "batch with train.grad_accum)", keep)
+            keep = (
+                {"train.grad_accum": beff // per_step}
+                if beff % per_step == 0 and beff >= per_step
+                else None
+            )
+            return result(
+                id,
+                title,
+                "warn",
+                f"{detail}; the spec file gives {beff}",
+                f"scale train.learning_rate by about {eff / beff:.2g}× (or keep the "
+                "batch with train.grad_accum)",
+                keep,
+            )
     return result(id, title, "pass", detail)
 
 
@@ -86,8 +120,11 @@ def check_effective_batch(ctx: Context) -> CheckResult:
 def _requirements(spec) -> list[tuple[str, str, str]]:
     req = []
     if spec.backend == "builtin":
-        req += [("torch", "2.4", "FSDP2 fully_shard / DDP"), ("transformers", "4.45", "models"),
-                ("tokenizers", "0.19", "tokenizer")]
+        req += [
+            ("torch", "2.4", "FSDP2 fully_shard / DDP"),
+            ("transformers", "4.45", "models"),
+            ("tokenizers", "0.19", "tokenizer"),
+        ]
         if spec.method.type != "full":
             req.append(("peft", "0.10", "LoRA"))
     if spec.backend == "swift":
@@ -100,8 +137,13 @@ def _requirements(spec) -> list[tuple[str, str, str]]:
         if spec.backend != "builtin":
             req.append(("accelerate", "1.6", "FSDP2 in HF Trainer"))
     if p.strategy == "deepspeed":
-        req.append(("deepspeed", "0.14", f"ZeRO-{p.zero_stage}"
-                    + (" offload" if p.zero_offload != "none" else "")))
+        req.append(
+            (
+                "deepspeed",
+                "0.14",
+                f"ZeRO-{p.zero_stage}" + (" offload" if p.zero_offload != "none" else ""),
+            )
+        )
     if p.strategy == "megatron":
         req.append(("megatron-core", "0.12", "parallel.strategy megatron"))
     if spec.method.type == "qlora":
@@ -135,25 +177,38 @@ def check_backend(ctx: Context) -> CheckResult:
             ok.append(f"{dist} {v}")
     detail = ", ".join(dict.fromkeys(ok))
     if problems:
-        return result(id, title, "fail", "; ".join(problems) + (f"; ok: {detail}" if ok else ""),
-                      "pip install " + " ".join(dict.fromkeys(wanted)))
+        return result(
+            id,
+            title,
+            "fail",
+            "; ".join(problems) + (f"; ok: {detail}" if ok else ""),
+            "pip install " + " ".join(dict.fromkeys(wanted)),
+        )
     return result(id, title, "pass", detail or "nothing to check")
 
 
 def check_saving(ctx: Context) -> CheckResult:
     id, title = "train.saving", "Checkpoint saving configured"
-    t = ctx.run.train       # an ms-swift run saves every 500 steps unless told otherwise
+    t = ctx.run.train  # an ms-swift run saves every 500 steps unless told otherwise
     keep = f", keeping the newest {t.save_total_limit}" if t.save_total_limit else ""
     length = length_unless_steps(ctx.spec)
-    if length:              # ms-swift's epochs: no step count to compare with
-        every = f"every {t.save_steps} steps{keep}" if t.save_steps else \
-            "as ms-swift's save strategy says"
+    if length:  # ms-swift's epochs: no step count to compare with
+        every = (
+            f"every {t.save_steps} steps{keep}"
+            if t.save_steps
+            else "as ms-swift's save strategy says"
+        )
         return result(id, title, "pass", f"{every}; {length}")
     if t.save_steps:
         if t.save_steps > t.max_steps:
-            return result(id, title, "warn", f"save_steps {t.save_steps} > max_steps "
-                          f"{t.max_steps}: only the final checkpoint", "lower train.save_steps",
-                          {"train.save_steps": max(t.max_steps // 10, 1)})
+            return result(
+                id,
+                title,
+                "warn",
+                f"save_steps {t.save_steps} > max_steps {t.max_steps}: only the final checkpoint",
+                "lower train.save_steps",
+                {"train.save_steps": max(t.max_steps // 10, 1)},
+            )
         return result(id, title, "pass", f"every {t.save_steps} steps{keep}")
     est = ctx.estimate
     long_run = t.max_steps >= LONG_RUN_STEPS
@@ -164,12 +219,21 @@ def check_saving(ctx: Context) -> CheckResult:
 
         eta = f" (≈{fmt_duration(est.throughput.eta_s)})"
     if long_run:
-        return result(id, title, "warn", f"save_steps = 0: {t.max_steps} steps{eta} with a "
-                      "checkpoint only at the end or on a graceful stop; a crash loses it all",
-                      f"set train.save_steps (e.g. {max(t.max_steps // 10, 1)})",
-                      {"train.save_steps": max(t.max_steps // 10, 1)})
-    return result(id, title, "pass", f"short run ({t.max_steps} steps{eta}): checkpoint at the "
-                  "end and on stop")
+        return result(
+            id,
+            title,
+            "warn",
+            f"save_steps = 0: {t.max_steps} steps{eta} with a "
+            "checkpoint only at the end or on a graceful stop; a crash loses it all",
+            f"set train.save_steps (e.g. {max(t.max_steps // 10, 1)})",
+            {"train.save_steps": max(t.max_steps // 10, 1)},
+        )
+    return result(
+        id,
+        title,
+        "pass",
+        f"short run ({t.max_steps} steps{eta}): checkpoint at the end and on stop",
+    )
 
 
 def check_spec(ctx: Context) -> CheckResult:
@@ -181,25 +245,41 @@ def check_spec(ctx: Context) -> CheckResult:
     problems = cross_checks(ctx.spec)
     if problems:
         return result(id, title, "fail", "; ".join(problems), "change the keys named")
-    return result(id, title, "pass", f"{ctx.spec.backend} backend, {ctx.spec.method.type}, "
-                  f"{ctx.spec.parallel.strategy}")
+    return result(
+        id,
+        title,
+        "pass",
+        f"{ctx.spec.backend} backend, {ctx.spec.method.type}, {ctx.spec.parallel.strategy}",
+    )
 
 
 def check_plan(ctx: Context) -> CheckResult:
     id, title = "spec.plan", "The launch command can be built"
     try:
-        spec, plan = plan_run(ctx.spec, RunDir(runs_root() / "<run-id>"),
-                              gpu_count=len(ctx.gpus.gpus))
-    except FlagTableError as e:   # ms-swift missing or broken: env.backend says what to do
+        spec, plan = plan_run(
+            ctx.spec, RunDir(runs_root() / "<run-id>"), gpu_count=len(ctx.gpus.gpus)
+        )
+    except FlagTableError as e:  # ms-swift missing or broken: env.backend says what to do
         return result(id, title, "skip", f"ms-swift's flags could not be read: {e}")
     except ValueError as e:
         return result(id, title, "fail", str(e), "change the spec key the message names")
     node = min(spec.cluster.node_rank, len(plan.nodes) - 1)
     # what torchrun runs, after its own flags: `-m tunedeck.core.train ...`, `-m swift.cli.sft`
-    target = plan.nodes[node].argv[len(torchrun_argv(spec, RunDir("<run-id>"), node)):]
+    target = plan.nodes[node].argv[len(torchrun_argv(spec, RunDir("<run-id>"), node)) :]
     shown = " ".join(target[:2]) + (f" + {len(target) - 2} arguments" if len(target) > 2 else "")
-    return result(id, title, "pass", f"torchrun on {plan.nnodes} node(s) x "
-                  f"{plan.nproc_per_node} rank(s) runs {shown}")
+    return result(
+        id,
+        title,
+        "pass",
+        f"torchrun on {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s) runs {shown}",
+    )
 
 
-CHECKS = [check_spec, check_plan, check_gpu_memory, check_effective_batch, check_backend, check_saving]
+CHECKS = [
+    check_spec,
+    check_plan,
+    check_gpu_memory,
+    check_effective_batch,
+    check_backend,
+    check_saving,
+]

@@ -15,8 +15,13 @@ from tunedeck.core.preflight.base import CheckResult, Context, result
 ROLES = ("system", "user", "assistant", "tool")
 MAX_BAD_SHOWN = 5
 TOKENIZE_ROWS = 200
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model",
-                   "qwen.tiktoken")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "tiktoken.model",
+    "qwen.tiktoken",
+)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 # How much of a dataset preflight reads: the checklist runs on login nodes and in the form,
 # so a 100 GB dataset (or /dev/zero behind a symlink) costs it at most this much memory and
@@ -32,7 +37,7 @@ def _row_problem(obj, fmt: str) -> str | None:
     if fmt == "messages":
         msgs = obj.get("messages")
         if not isinstance(msgs, list) or not msgs:
-            return "\"messages\" must be a non-empty list"
+            return '"messages" must be a non-empty list'
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or m.get("role") not in ROLES:
                 return f"messages[{i}].role must be one of {', '.join(ROLES)}"
@@ -43,11 +48,11 @@ def _row_problem(obj, fmt: str) -> str | None:
     elif fmt in ("query_response", "self_cognition"):
         for k in ("query", "response"):
             if not isinstance(obj.get(k), str):
-                return f"\"{k}\" must be a string"
+                return f'"{k}" must be a string'
     elif fmt == "alpaca":
         for k in ("instruction", "output"):
             if not isinstance(obj.get(k), str):
-                return f"\"{k}\" must be a string"
+                return f'"{k}" must be a string'
     return None
 
 
@@ -95,8 +100,10 @@ def scan_dataset(path: Path, fmt: str, what: str = "data.path") -> dict:
     rows, bad, samples, detected = 0, [], [], fmt if fmt != "auto" else ""
     partial = f"the first {_size(SCAN_MAX_BYTES)} of {_size(head.size)}" if head.cut else ""
     if head.cut and not head.data:
-        bad.append(f"{path}:1: no line break in the first {_size(SCAN_MAX_BYTES)} of "
-                   f"{_size(head.size)}: not a JSONL file (one JSON object per line)")
+        bad.append(
+            f"{path}:1: no line break in the first {_size(SCAN_MAX_BYTES)} of "
+            f"{_size(head.size)}: not a JSONL file (one JSON object per line)"
+        )
     offset = 0
     for no, raw in enumerate(io.BytesIO(head.data), start=1):
         if no > SCAN_MAX_LINES:
@@ -125,8 +132,13 @@ def scan_dataset(path: Path, fmt: str, what: str = "data.path") -> dict:
         rows += 1
         if len(samples) < TOKENIZE_ROWS:
             samples.append(_texts(obj, detected))
-    return {"rows": rows, "bad": bad, "samples": samples, "format": detected or "messages",
-            "partial": partial}
+    return {
+        "rows": rows,
+        "bad": bad,
+        "samples": samples,
+        "format": detected or "messages",
+        "partial": partial,
+    }
 
 
 def _tokenizer_file(ctx: Context) -> Path | None:
@@ -163,9 +175,11 @@ def _token_stats(ctx: Context, samples: list[list[str]]) -> str:
     shown = " ".join(first.tokens[:12])
     ml = ctx.spec.data.max_length
     over = sum(n > ml for n in lens)
-    return (f"row 1 → {len(first.ids)} tokens [{shown}{' …' if len(first.ids) > 12 else ''}]; "
-            f"first {len(lens)} rows: mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens"
-            + (f", {over} over data.max_length {ml} ({ctx.spec.data.truncation})" if over else ""))
+    return (
+        f"row 1 → {len(first.ids)} tokens [{shown}{' …' if len(first.ids) > 12 else ''}]; "
+        f"first {len(lens)} rows: mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens"
+        + (f", {over} over data.max_length {ml} ({ctx.spec.data.truncation})" if over else "")
+    )
 
 
 def check_dataset(ctx: Context) -> CheckResult:
@@ -179,44 +193,82 @@ def check_dataset(ctx: Context) -> CheckResult:
     from tunedeck.core.demo import DataFileError
 
     for p, key in zip(paths, ("data.path", "data.val_path")):
-        if not p.exists() and ctx.spec.backend == "swift" and "/" in str(d.path) \
-                and not str(d.path).startswith(("/", ".")):
+        if (
+            not p.exists()
+            and ctx.spec.backend == "swift"
+            and "/" in str(d.path)
+            and not str(d.path).startswith(("/", "."))
+        ):
             return result(id, title, "skip", f"{d.path}: not a local file (ms-swift dataset id)")
         try:
             scan = scan_dataset(p, fmt, key)
         except FileNotFoundError:
-            return result(id, title, "fail", f"{p}: no such file",
-                          f"fix {key} (relative paths start at the spec file's folder)")
+            return result(
+                id,
+                title,
+                "fail",
+                f"{p}: no such file",
+                f"fix {key} (relative paths start at the spec file's folder)",
+            )
         except NotUtf8 as e:
-            return result(id, title, "fail", f"{p}: not UTF-8 text on line {e.line} "
-                          f"(near byte {e.byte})", "convert the file to UTF-8 JSONL")
+            return result(
+                id,
+                title,
+                "fail",
+                f"{p}: not UTF-8 text on line {e.line} (near byte {e.byte})",
+                "convert the file to UTF-8 JSONL",
+            )
         except DataFileError as e:
             # a FIFO, a device, a socket, a folder: named without being opened or read
-            return result(id, title, "fail", str(e),
-                          f"point {key} at a regular JSONL file (copy the data into a file; "
-                          "a pipe, a device or a folder cannot be read as a dataset)")
+            return result(
+                id,
+                title,
+                "fail",
+                str(e),
+                f"point {key} at a regular JSONL file (copy the data into a file; "
+                "a pipe, a device or a folder cannot be read as a dataset)",
+            )
         except OSError as e:
-            return result(id, title, "fail", f"{p}: cannot read: {e.strerror}",
-                          "check the path and its permissions")
+            return result(
+                id,
+                title,
+                "fail",
+                f"{p}: cannot read: {e.strerror}",
+                "check the path and its permissions",
+            )
         fmt = scan["format"]
         first = first or scan
         bad_all += scan["bad"]
-        details.append(f"{p.name}: {scan['rows']} rows ({scan['format']})"
-                       + (f" in {scan['partial']} (the rest is read at launch)"
-                          if scan["partial"] else ""))
+        details.append(
+            f"{p.name}: {scan['rows']} rows ({scan['format']})"
+            + (f" in {scan['partial']} (the rest is read at launch)" if scan["partial"] else "")
+        )
     if first and first["rows"] == 0:
-        return result(id, title, "fail", f"{paths[0]}: no usable rows"
-                      + (f"; {bad_all[0]}" if bad_all else ""), "check the file's format")
+        return result(
+            id,
+            title,
+            "fail",
+            f"{paths[0]}: no usable rows" + (f"; {bad_all[0]}" if bad_all else ""),
+            "check the file's format",
+        )
     detail = "; ".join(details)
     if bad_all:
         listed = "\n".join(bad_all[:MAX_BAD_SHOWN])
-        more = f"\n… and {len(bad_all) - MAX_BAD_SHOWN} more" if len(bad_all) > MAX_BAD_SHOWN else ""
+        more = (
+            f"\n… and {len(bad_all) - MAX_BAD_SHOWN} more" if len(bad_all) > MAX_BAD_SHOWN else ""
+        )
         status = "warn" if d.skip_bad_rows else "fail"
-        return result(id, title, status, f"{detail}; {len(bad_all)} bad row(s):\n{listed}{more}",
-                      "fix or delete those lines" + ("" if d.skip_bad_rows else
-                                                     ", or set data.skip_bad_rows = true"),
-                      None if d.skip_bad_rows or ctx.spec.backend != "builtin"
-                      else {"data.skip_bad_rows": True})
+        return result(
+            id,
+            title,
+            status,
+            f"{detail}; {len(bad_all)} bad row(s):\n{listed}{more}",
+            "fix or delete those lines"
+            + ("" if d.skip_bad_rows else ", or set data.skip_bad_rows = true"),
+            None
+            if d.skip_bad_rows or ctx.spec.backend != "builtin"
+            else {"data.skip_bad_rows": True},
+        )
     return result(id, title, "pass", f"{detail}; {_token_stats(ctx, first['samples'])}")
 
 
@@ -238,47 +290,83 @@ def check_model(ctx: Context) -> CheckResult:
     if mp == BUILTIN_TINY:
         return result(id, title, "pass", "built-in tiny Qwen2, built in code on first use")
     if mp.startswith("builtin:"):
-        return result(id, title, "fail", f"model.path {mp!r}: unknown builtin model",
-                      f"use {BUILTIN_TINY} or a model folder")
+        return result(
+            id,
+            title,
+            "fail",
+            f"model.path {mp!r}: unknown builtin model",
+            f"use {BUILTIN_TINY} or a model folder",
+        )
     p = Path(mp).expanduser()
     if p.is_dir():
         return _check_folder(id, title, p)
     if p.exists():
-        return result(id, title, "fail", f"model.path {mp}: a file, not a model folder",
-                      "point model.path at the folder holding config.json")
+        return result(
+            id,
+            title,
+            "fail",
+            f"model.path {mp}: a file, not a model folder",
+            "point model.path at the folder holding config.json",
+        )
     looks_local = mp.startswith(("/", ".", "~")) or mp.count("/") != 1
     if looks_local:
-        return result(id, title, "fail", f"model.path {mp}: no such folder",
-                      "fix model.path (relative paths start at the spec file's folder)")
+        return result(
+            id,
+            title,
+            "fail",
+            f"model.path {mp}: no such folder",
+            "fix model.path (relative paths start at the spec file's folder)",
+        )
     cached = hub_cache_dir(mp)
     if cached:
         r = _check_folder(id, title, cached)
         r.detail = f"hub id {mp} cached at {cached}; " + r.detail
         return r
-    offline = any(os.environ.get(k, "") not in ("", "0") for k in
-                  ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    offline = any(
+        os.environ.get(k, "") not in ("", "0") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
     if offline or not _hub_reachable():
         why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable from this node"
-        return result(id, title, "fail", f"hub id {mp} is not in the local cache and {why}",
-                      f"download it where there is network (huggingface-cli download {mp} "
-                      "--local-dir DIR) and set model.path to DIR")
-    return result(id, title, "warn", f"hub id {mp} is not cached: every node downloads it at "
-                  "launch", f"pre-download it (huggingface-cli download {mp})")
+        return result(
+            id,
+            title,
+            "fail",
+            f"hub id {mp} is not in the local cache and {why}",
+            f"download it where there is network (huggingface-cli download {mp} "
+            "--local-dir DIR) and set model.path to DIR",
+        )
+    return result(
+        id,
+        title,
+        "warn",
+        f"hub id {mp} is not cached: every node downloads it at launch",
+        f"pre-download it (huggingface-cli download {mp})",
+    )
 
 
 def _check_folder(id: str, title: str, p: Path) -> CheckResult:
     cfg = p / "config.json"
     if not cfg.exists():
-        return result(id, title, "fail", f"{cfg}: missing", "a model folder needs config.json "
-                      "(save_pretrained writes it)")
+        return result(
+            id,
+            title,
+            "fail",
+            f"{cfg}: missing",
+            "a model folder needs config.json (save_pretrained writes it)",
+        )
     try:
         conf = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         return result(id, title, "fail", f"{cfg}: unreadable: {e}", "re-download the model")
     toks = [n for n in TOKENIZER_FILES if (p / n).exists()]
     if not toks:
-        return result(id, title, "fail", f"{p}: no tokenizer ({', '.join(TOKENIZER_FILES)})",
-                      "copy the tokenizer files next to config.json")
+        return result(
+            id,
+            title,
+            "fail",
+            f"{p}: no tokenizer ({', '.join(TOKENIZER_FILES)})",
+            "copy the tokenizer files next to config.json",
+        )
     index = next(iter(p.glob("*.index.json")), None)
     if index:
         try:
@@ -287,15 +375,30 @@ def _check_folder(id: str, title: str, p: Path) -> CheckResult:
             return result(id, title, "fail", f"{index}: unreadable: {e}", "re-download it")
         missing = sorted(s for s in shards if not (p / s).exists())
         if missing:
-            return result(id, title, "fail", f"{p}: {len(missing)} weight shard(s) missing: "
-                          + ", ".join(missing[:3]), "finish the download")
+            return result(
+                id,
+                title,
+                "fail",
+                f"{p}: {len(missing)} weight shard(s) missing: " + ", ".join(missing[:3]),
+                "finish the download",
+            )
     weights = [f for f in p.iterdir() if f.suffix in WEIGHT_SUFFIXES]
     if not weights:
-        return result(id, title, "fail", f"{p}: no weights (*.safetensors / *.bin)",
-                      "finish the download or point model.path at the full folder")
+        return result(
+            id,
+            title,
+            "fail",
+            f"{p}: no weights (*.safetensors / *.bin)",
+            "finish the download or point model.path at the full folder",
+        )
     size = sum(f.stat().st_size for f in weights) / 2**30
-    return result(id, title, "pass", f"{conf.get('model_type', '?')} config, {toks[0]}, "
-                  f"{len(weights)} weight file(s), {size:.1f} GiB")
+    return result(
+        id,
+        title,
+        "pass",
+        f"{conf.get('model_type', '?')} config, {toks[0]}, "
+        f"{len(weights)} weight file(s), {size:.1f} GiB",
+    )
 
 
 CHECKS = [check_dataset, check_model]

@@ -23,8 +23,8 @@ def _is_master(ctx: Context) -> bool:
     return ctx.spec.cluster.node_rank == 0
 
 
-ENDED = TERMINAL   # state.json statuses of a run that ended
-PENDING_GRACE_S = 120.0   # a run with no agent yet holds its port this long after its creation
+ENDED = TERMINAL  # state.json statuses of a run that ended
+PENDING_GRACE_S = 120.0  # a run with no agent yet holds its port this long after its creation
 
 
 def _agent_alive(state: dict) -> bool:
@@ -85,25 +85,39 @@ def check_port(ctx: Context) -> CheckResult:
     holders = runs_on_port(c.master_port)
     if holders:
         spare = _spare_port(spare_host, c.master_port)
-        who = ", ".join(holders[:3]) + (f" and {len(holders) - 3} more" if len(holders) > 3
-                                        else "")
-        return result(id, title, "fail", f"port {c.master_port} is the rendezvous port of live "
-                      f"run {who} of this home: whichever starts second fails with "
-                      "EADDRINUSE", f"set cluster.master_port = {spare} (free now) or 0 to "
-                      "pick one at launch", {"cluster.master_port": spare})
+        who = ", ".join(holders[:3]) + (f" and {len(holders) - 3} more" if len(holders) > 3 else "")
+        return result(
+            id,
+            title,
+            "fail",
+            f"port {c.master_port} is the rendezvous port of live "
+            f"run {who} of this home: whichever starts second fails with "
+            "EADDRINUSE",
+            f"set cluster.master_port = {spare} (free now) or 0 to pick one at launch",
+            {"cluster.master_port": spare},
+        )
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind((host, c.master_port))
     except OSError as e:
         spare = _spare_port(spare_host, c.master_port)
         if e.errno == errno.EADDRNOTAVAIL:
-            return result(id, title, "fail", f"master_addr {c.master_addr} is not an address "
-                          "of this node, but node_rank 0 must host the rendezvous",
-                          "run node 0 on the master host or fix cluster.master_addr")
-        return result(id, title, "fail", f"{host}:{c.master_port} is taken ({e.strerror}); "
-                      "torchrun would fail with EADDRINUSE", f"set cluster.master_port = "
-                      f"{spare} (free now) or 0 to pick one at launch",
-                      {"cluster.master_port": spare})
+            return result(
+                id,
+                title,
+                "fail",
+                f"master_addr {c.master_addr} is not an address "
+                "of this node, but node_rank 0 must host the rendezvous",
+                "run node 0 on the master host or fix cluster.master_addr",
+            )
+        return result(
+            id,
+            title,
+            "fail",
+            f"{host}:{c.master_port} is taken ({e.strerror}); torchrun would fail with EADDRINUSE",
+            f"set cluster.master_port = {spare} (free now) or 0 to pick one at launch",
+            {"cluster.master_port": spare},
+        )
     finally:
         s.close()
     return result(id, title, "pass", f"{host}:{c.master_port} is free")
@@ -115,15 +129,23 @@ def check_master(ctx: Context) -> CheckResult:
     if c.nnodes <= 1:
         return result(id, title, "skip", "single node: rendezvous on this node")
     try:
-        infos = socket.getaddrinfo(c.master_addr, c.master_port or 29500,
-                                   type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(c.master_addr, c.master_port or 29500, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        return result(id, title, "fail", f"cannot resolve {c.master_addr!r}: {e.strerror}",
-                      "use the master's IP address or fix DNS / /etc/hosts")
+        return result(
+            id,
+            title,
+            "fail",
+            f"cannot resolve {c.master_addr!r}: {e.strerror}",
+            "use the master's IP address or fix DNS / /etc/hosts",
+        )
     addr = infos[0][4]
     if _is_master(ctx):
-        return result(id, title, "pass", f"{c.master_addr} → {addr[0]} (this node hosts it; "
-                      "the other nodes must reach it)")
+        return result(
+            id,
+            title,
+            "pass",
+            f"{c.master_addr} → {addr[0]} (this node hosts it; the other nodes must reach it)",
+        )
     s = socket.socket(infos[0][0], socket.SOCK_STREAM)
     s.settimeout(CONNECT_TIMEOUT_S)
     try:
@@ -131,15 +153,30 @@ def check_master(ctx: Context) -> CheckResult:
         return result(id, title, "pass", f"{addr[0]}:{addr[1]} accepts connections")
     except ConnectionRefusedError:
         # the host answered (RST): reachable, nothing listens until node 0 launches
-        return result(id, title, "pass", f"{addr[0]} is reachable (port {addr[1]} not "
-                      "listening yet, as expected before node 0 starts)")
+        return result(
+            id,
+            title,
+            "pass",
+            f"{addr[0]} is reachable (port {addr[1]} not "
+            "listening yet, as expected before node 0 starts)",
+        )
     except (socket.timeout, TimeoutError):
-        return result(id, title, "fail", f"no answer from {addr[0]}:{addr[1]} within "
-                      f"{CONNECT_TIMEOUT_S:.0f}s", "open the port in the firewall between "
-                      "nodes, or check the address is on the nodes' shared network")
+        return result(
+            id,
+            title,
+            "fail",
+            f"no answer from {addr[0]}:{addr[1]} within {CONNECT_TIMEOUT_S:.0f}s",
+            "open the port in the firewall between "
+            "nodes, or check the address is on the nodes' shared network",
+        )
     except OSError as e:
-        return result(id, title, "fail", f"cannot reach {addr[0]}:{addr[1]}: {e.strerror}",
-                      "check routing between the nodes")
+        return result(
+            id,
+            title,
+            "fail",
+            f"cannot reach {addr[0]}:{addr[1]}: {e.strerror}",
+            "check routing between the nodes",
+        )
     finally:
         s.close()
 
@@ -164,27 +201,43 @@ def check_nccl_env(ctx: Context, sys_net: Path = SYS_NET, sys_ib: Path = SYS_IB)
             exact = item.startswith("=")
             name = item.lstrip("=")
             if not any(h == name or (not exact and h.startswith(name)) for h in have):
-                problems.append(f"NCCL_SOCKET_IFNAME={ifname}: no interface {name!r} here "
-                                f"(have {', '.join(have) or 'none'})")
+                problems.append(
+                    f"NCCL_SOCKET_IFNAME={ifname}: no interface {name!r} here "
+                    f"(have {', '.join(have) or 'none'})"
+                )
     ib_devs = sorted(p.name for p in sys_ib.iterdir()) if sys_ib.is_dir() else []
     ib_off = env.get("NCCL_IB_DISABLE", "0") not in ("0", "")
     multi = ctx.spec.cluster.nnodes > 1
     if ib_devs and ib_off and multi:
-        warns.append(f"NCCL_IB_DISABLE is set but InfiniBand devices exist "
-                     f"({', '.join(ib_devs)}): multi-node traffic falls back to TCP sockets")
+        warns.append(
+            f"NCCL_IB_DISABLE is set but InfiniBand devices exist "
+            f"({', '.join(ib_devs)}): multi-node traffic falls back to TCP sockets"
+        )
     if not ib_devs and not ib_off and multi:
-        warns.append("no InfiniBand device: NCCL will use TCP sockets between nodes (set "
-                     "NCCL_IB_DISABLE=1 to skip probing, and NCCL_SOCKET_IFNAME)")
+        warns.append(
+            "no InfiniBand device: NCCL will use TCP sockets between nodes (set "
+            "NCCL_IB_DISABLE=1 to skip probing, and NCCL_SOCKET_IFNAME)"
+        )
     if multi and not ifname:
         warns.append("NCCL_SOCKET_IFNAME unset: NCCL guesses the interface between nodes")
     shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "no NCCL_* variables"
     if problems:
-        return result(id, title, "fail", "; ".join(problems),
-                      "set env.NCCL_SOCKET_IFNAME to an interface listed above")
+        return result(
+            id,
+            title,
+            "fail",
+            "; ".join(problems),
+            "set env.NCCL_SOCKET_IFNAME to an interface listed above",
+        )
     if warns:
-        return result(id, title, "warn", f"{shown}; " + "; ".join(warns),
-                      "set env.NCCL_SOCKET_IFNAME to the inter-node interface; keep IB enabled "
-                      "where it exists")
+        return result(
+            id,
+            title,
+            "warn",
+            f"{shown}; " + "; ".join(warns),
+            "set env.NCCL_SOCKET_IFNAME to the inter-node interface; keep IB enabled "
+            "where it exists",
+        )
     return result(id, title, "pass", shown + (f"; IB: {', '.join(ib_devs)}" if ib_devs else ""))
 
 
@@ -197,8 +250,12 @@ def check_nodes(ctx: Context) -> CheckResult:
     spec = ctx.resolved
     c = spec.cluster
     if c.nnodes <= 1 or c.launcher != "ssh":
-        return result(id, title, "skip", "one node, or the other nodes are not started over "
-                      "ssh (cluster.launcher)")
+        return result(
+            id,
+            title,
+            "skip",
+            "one node, or the other nodes are not started over ssh (cluster.launcher)",
+        )
     from concurrent.futures import ThreadPoolExecutor
 
     from tunedeck.core.nodes.probe import probe
@@ -206,10 +263,18 @@ def check_nodes(ctx: Context) -> CheckResult:
 
     problems = roster_problems(spec)
     if problems:
-        return result(id, title, "fail", "; ".join(problems),
-                      "give cluster.hosts one ssh destination per node, node 0 first")
-    paths = [p for p in (spec.data.path, spec.model.path)
-             if p and os.path.isabs(p) and not p.startswith("builtin:")]
+        return result(
+            id,
+            title,
+            "fail",
+            "; ".join(problems),
+            "give cluster.hosts one ssh destination per node, node 0 first",
+        )
+    paths = [
+        p
+        for p in (spec.data.path, spec.model.path)
+        if p and os.path.isabs(p) and not p.startswith("builtin:")
+    ]
     here = probe("", 0, [])
     with socket.socket(socket.AF_INET6 if ":" in c.master_addr else socket.AF_INET) as lsn:
         try:
@@ -217,11 +282,17 @@ def check_nodes(ctx: Context) -> CheckResult:
             lsn.listen(16)
             port = lsn.getsockname()[1]
         except OSError as e:
-            return result(id, title, "fail", f"cannot listen on {c.master_addr}: {e.strerror}",
-                          "cluster.master_addr must be an address of this node (node 0)")
+            return result(
+                id,
+                title,
+                "fail",
+                f"cannot listen on {c.master_addr}: {e.strerror}",
+                "cluster.master_addr must be an address of this node (node 0)",
+            )
         with ThreadPoolExecutor(max_workers=min(16, c.nnodes)) as pool:
-            answers = list(pool.map(lambda n: _ask_node(n, c.master_addr, port, paths),
-                                    roster(spec)[1:]))
+            answers = list(
+                pool.map(lambda n: _ask_node(n, c.master_addr, port, paths), roster(spec)[1:])
+            )
     bad, lines = [], []
     for node, ans in answers:
         if isinstance(ans, str):
@@ -237,13 +308,19 @@ def check_nodes(ctx: Context) -> CheckResult:
             why.append(f"missing {', '.join(ans['missing'])}")
         if ans.get("gpu_procs"):
             why.append(f"{ans['gpu_procs']} processes hold its GPUs now (nvidia-smi)")
-        (bad if why else lines).append(f"node {node.rank} ({node.host}): "
-                                       + ("; ".join(why) if why else
-                                          f"ok, torch {ans.get('torch')}, {ans.get('gpus')} GPUs"))
+        (bad if why else lines).append(
+            f"node {node.rank} ({node.host}): "
+            + ("; ".join(why) if why else f"ok, torch {ans.get('torch')}, {ans.get('gpus')} GPUs")
+        )
     if bad:
-        return result(id, title, "fail", "; ".join(bad + lines),
-                      "fix ssh (BatchMode: keys, known_hosts), install the same tunedeck and "
-                      "torch there (cluster.remote_python), copy the data, open the port")
+        return result(
+            id,
+            title,
+            "fail",
+            "; ".join(bad + lines),
+            "fix ssh (BatchMode: keys, known_hosts), install the same tunedeck and "
+            "torch there (cluster.remote_python), copy the data, open the port",
+        )
     return result(id, title, "pass", "; ".join(lines))
 
 
@@ -253,11 +330,13 @@ def _ask_node(node, host: str, port: int, paths: list[str]):
 
     from tunedeck.core.nodes.ssh import ssh_argv
 
-    argv = ssh_argv(node.host, [node.python, "-m", "tunedeck.core.nodes.probe", host,
-                                str(port), *paths])
+    argv = ssh_argv(
+        node.host, [node.python, "-m", "tunedeck.core.nodes.probe", host, str(port), *paths]
+    )
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return node, f"ssh: {e}"
     if r.returncode != 0:

@@ -52,8 +52,15 @@ class _Recorder:
     def _flush(self) -> None:
         if not self.n or self.sec is None:
             return
-        line = json.dumps({"t": self.sec + 1.0, "kind": "data_wait", "rank": self.rank,
-                           "wait_s": round(self.wait, 6), "n": self.n})
+        line = json.dumps(
+            {
+                "t": self.sec + 1.0,
+                "kind": "data_wait",
+                "rank": self.rank,
+                "wait_s": round(self.wait, 6),
+                "n": self.n,
+            }
+        )
         self.wait, self.n = 0.0, 0
         try:
             if self.f is None:
@@ -93,8 +100,9 @@ def _patch(mod) -> None:
         def __next__(self):
             worker_mod = modules.get("torch.utils.data._utils.worker")
             if getattr(_state, "depth", 0) or (
-                    worker_mod is not None and getattr(worker_mod, "_worker_info", None)):
-                return orig(self)       # nested loader, or inside a DataLoader worker
+                worker_mod is not None and getattr(worker_mod, "_worker_info", None)
+            ):
+                return orig(self)  # nested loader, or inside a DataLoader worker
             _state.depth = 1
             t0 = time.perf_counter()
             try:

@@ -38,17 +38,19 @@ if TYPE_CHECKING:
 
 
 # state.json statuses of a run that ended: one list for every layer that asks (runs, nodes,
-# preflight's port check)
-TERMINAL = ("succeeded", "failed", "stopped")
-FILE_MODE = 0o600     # a run's files: its owner only (they hold commands, paths, secrets)
+# preflight's port check), declared with the rest of state.json's shape
+from tunedeck.core.rundir.records import TERMINAL  # noqa: E402, F401  (re-exported)
+
+FILE_MODE = 0o600  # a run's files: its owner only (they hold commands, paths, secrets)
 DIR_MODE = 0o700
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Readers never see a half-written file: temp file (0600), fsync, rename. Strict JSON:
     a NaN or infinity (which other JSON readers refuse) is written as null."""
-    write_text_private(path, json.dumps(strict_json(data), indent=2, sort_keys=True,
-                                        allow_nan=False) + "\n")
+    write_text_private(
+        path, json.dumps(strict_json(data), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    )
 
 
 def strict_json(data: Any) -> Any:
@@ -91,7 +93,7 @@ def read_json(path: Path, default: Any = None) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError, RecursionError):   # ValueError: bad JSON or not UTF-8
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or not UTF-8
         return default
 
 
@@ -125,17 +127,18 @@ def json_problem(path: Path, want: type = dict) -> tuple[Any, str | None]:
 @dataclass
 class Source:
     """One file of a run and whose it is."""
+
     path: Path
     rank: int | None = None
     node: int | None = None
     attempt: int | None = None
-    kind: str = "log"          # log | torchrun | error_json | events | jsonl
+    kind: str = "log"  # log | torchrun | error_json | events | jsonl
 
 
 def _number_after(name: str, prefix: str, suffix: str = "") -> int | None:
     if not (name.startswith(prefix) and name.endswith(suffix)):
         return None
-    mid = name[len(prefix): len(name) - len(suffix)]
+    mid = name[len(prefix) : len(name) - len(suffix)]
     return int(mid) if mid.isdigit() else None
 
 
@@ -199,12 +202,13 @@ class RunDir:
         self.path.mkdir(mode=DIR_MODE)
         for d in (self.path, self.logs, self.events):
             d.mkdir(mode=DIR_MODE, exist_ok=True)
-            os.chmod(d, DIR_MODE)          # mkdir's mode is cut by the umask, never widened
+            os.chmod(d, DIR_MODE)  # mkdir's mode is cut by the umask, never widened
 
     def output_dir(self, spec: RunSpec) -> Path:
         """Where a run's checkpoints go: the spec's output_dir, else output/ in the run."""
-        return Path(spec.run.output_dir).expanduser() if spec.run.output_dir \
-            else self.path / "output"
+        return (
+            Path(spec.run.output_dir).expanduser() if spec.run.output_dir else self.path / "output"
+        )
 
     # -- JSON files --------------------------------------------------------------------
     def read_state(self) -> dict[str, Any] | None:
@@ -239,8 +243,10 @@ class RunDir:
         return self.path / "logs" / f"node{node}"
 
     def torchrun_logs(self) -> list[Source]:
-        return [Source(p, node=_number_after(p.stem, "torchrun-node"), kind="torchrun")
-                for p in sorted(self.logs.glob("torchrun-node*.log"))]
+        return [
+            Source(p, node=_number_after(p.stem, "torchrun-node"), kind="torchrun")
+            for p in sorted(self.logs.glob("torchrun-node*.log"))
+        ]
 
     def rank_logs(self, latest_only: bool = False) -> list[Source]:
         """stdout/stderr/error.json of every rank, ordered by (attempt, rank)."""
@@ -255,11 +261,15 @@ class RunDir:
             if latest_only and attempts:
                 first, attempts = len(attempts) - 1, attempts[-1:]
             for i, att in enumerate(attempts, first):
-                for local_dir in sorted((p for p in att.iterdir() if p.name.isdigit()),
-                                        key=lambda p: int(p.name)):
+                for local_dir in sorted(
+                    (p for p in att.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+                ):
                     rank = node * nproc + int(local_dir.name)
-                    for name, kind in (("stdout.log", "log"), ("stderr.log", "log"),
-                                       ("error.json", "error_json")):
+                    for name, kind in (
+                        ("stdout.log", "log"),
+                        ("stderr.log", "log"),
+                        ("error.json", "error_json"),
+                    ):
                         p = local_dir / name
                         if p.exists():
                             out.append(Source(p, rank, node, i, kind))
@@ -309,9 +319,18 @@ class RunDir:
         base = len(self.path.parts)
         for root, dirs, files in os.walk(self.path):
             depth = len(Path(root).parts) - base
-            dirs[:] = [] if depth >= max_depth else sorted(
-                d for d in dirs if not (d.startswith(("checkpoint-", ".")) or
-                                        (depth == 0 and d in ("logs", "events"))))
+            dirs[:] = (
+                []
+                if depth >= max_depth
+                else sorted(
+                    d
+                    for d in dirs
+                    if not (
+                        d.startswith(("checkpoint-", "."))
+                        or (depth == 0 and d in ("logs", "events"))
+                    )
+                )
+            )
             if "logging.jsonl" in files:
                 found.append(Path(root) / "logging.jsonl")
         return sorted(found)
@@ -325,13 +344,16 @@ def _attempt_dirs(node_dir: Path) -> list[Path]:
     """attempt_<n> folders of one node in time order. Each agent attempt is a torchrun
     invocation with its own <id>_<x>/ folder (torchrun's own restarts, attempt_<n>, inside)."""
     try:
-        invocations = sorted((p for p in node_dir.iterdir() if p.is_dir()),
-                             key=lambda p: p.stat().st_mtime)
+        invocations = sorted(
+            (p for p in node_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime
+        )
     except OSError:
         return []
-    return [a for inv in invocations
-            for a in sorted(inv.glob("attempt_*"), key=lambda p: _number_after(p.name, "attempt_")
-                            or 0)]
+    return [
+        a
+        for inv in invocations
+        for a in sorted(inv.glob("attempt_*"), key=lambda p: _number_after(p.name, "attempt_") or 0)
+    ]
 
 
 def _dir_nproc(node_dir: Path) -> int:

@@ -41,8 +41,7 @@ def _found(output_dir: Path, nested: bool) -> list[tuple[int, float, Path]]:
 
     def look(folder: Path, depth: int) -> None:
         try:
-            entries = [e for e in os.scandir(folder)
-                       if not e.name.startswith(".") and e.is_dir()]
+            entries = [e for e in os.scandir(folder) if not e.name.startswith(".") and e.is_dir()]
         except OSError:
             return
         for e in entries:

@@ -90,13 +90,48 @@ def json_value(v: Any) -> Any:
 # The type of each field a reader relies on. An event line is data another process wrote (a
 # user's script, a damaged disk): `clean_event` drops a field whose value is not of its type,
 # so a reader sees it as missing instead of failing on it.
-_INT_FIELDS = ("rank", "step", "tokens", "label_tokens", "epoch", "world_size", "max_steps",
-               "restart", "start_step", "trainable_params", "total_params", "eval_tokens")
-_NUM_FIELDS = ("loss", "lr", "grad_norm", "mem_reserved_gib", "step_s", "data_wait_s",
-               "compute_s", "mem_gib", "tokens_per_s", "mfu", "eval_loss", "token_acc")
-_STR_FIELDS = ("kind", "device", "model", "method", "dtype", "strategy", "resumed_from",
-               "path", "phase", "reason", "error")
-T_MAX = 1e11     # unix seconds past any real clock (year 5138): a time beyond is noise
+_INT_FIELDS = (
+    "rank",
+    "step",
+    "tokens",
+    "label_tokens",
+    "epoch",
+    "world_size",
+    "max_steps",
+    "restart",
+    "start_step",
+    "trainable_params",
+    "total_params",
+    "eval_tokens",
+)
+_NUM_FIELDS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "mem_reserved_gib",
+    "step_s",
+    "data_wait_s",
+    "compute_s",
+    "mem_gib",
+    "tokens_per_s",
+    "mfu",
+    "eval_loss",
+    "token_acc",
+)
+_STR_FIELDS = (
+    "kind",
+    "device",
+    "model",
+    "method",
+    "dtype",
+    "strategy",
+    "resumed_from",
+    "path",
+    "phase",
+    "reason",
+    "error",
+)
+T_MAX = 1e11  # unix seconds past any real clock (year 5138): a time beyond is noise
 _I64 = 1 << 63
 
 
@@ -116,7 +151,7 @@ def _field_ok(key: str, v: Any) -> bool:
         return type(v) in (int, float) and 0 <= v < T_MAX
     if key in _INT_FIELDS:
         return type(v) is int and 0 <= v < _I64
-    if key in _NUM_FIELDS:   # an int past a float's range is no number a reader can use
+    if key in _NUM_FIELDS:  # an int past a float's range is no number a reader can use
         return (type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) < 1e308)
     if key in _STR_FIELDS:
         return type(v) is str
@@ -178,9 +213,15 @@ def from_record(rec: dict[str, Any]) -> dict[str, Any] | None:
     (what the agent writes for runs whose ranks print their metrics)."""
     if "loss" in rec:
         ev: dict[str, Any] = {"kind": "step", "step": rec["step"], "loss": rec["loss"]}
-        for src, dst in (("learning_rate", "lr"), ("grad_norm", "grad_norm"),
-                         ("mem_gib", "mem_gib"), ("token_acc", "token_acc"), ("epoch", "epoch"),
-                         ("step_s", "step_s"), ("tokens_per_s", "tokens_per_s")):
+        for src, dst in (
+            ("learning_rate", "lr"),
+            ("grad_norm", "grad_norm"),
+            ("mem_gib", "mem_gib"),
+            ("token_acc", "token_acc"),
+            ("epoch", "epoch"),
+            ("step_s", "step_s"),
+            ("tokens_per_s", "tokens_per_s"),
+        ):
             if rec.get(src) is not None:
                 ev[dst] = rec[src]
         return ev

@@ -39,13 +39,19 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 RUN_FILES = ("state.json", "plan.json", "spec.toml", "secrets.json", "stop.json")
 FOLDER = "the run folder"
-READ_LIMIT = 4 << 20        # what `read_untrusted` reads at most (state.json is a few KiB)
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
-          stat.S_IFBLK: "a device", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
+READ_LIMIT = 4 << 20  # what `read_untrusted` reads at most (state.json is a few KiB)
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a symbolic link",
+}
 
 
 class ForeignRun(ValueError):
@@ -54,8 +60,10 @@ class ForeignRun(ValueError):
 
     def __init__(self, run_dir: Path | str, why: str):
         self.run_dir, self.why = Path(run_dir), why
-        super().__init__(f"{self.run_dir.name} is another user's run ({why}): tunedeck never "
-                         f"adopts, stops or signals a run that is not yours")
+        super().__init__(
+            f"{self.run_dir.name} is another user's run ({why}): tunedeck never "
+            f"adopts, stops or signals a run that is not yours"
+        )
 
 
 def user_name(uid: int) -> str:
@@ -68,8 +76,9 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def stat_problem(st: os.stat_result, what: str, folder: bool = False,
-                 uid: int | None = None) -> str | None:
+def stat_problem(
+    st: os.stat_result, what: str, folder: bool = False, uid: int | None = None
+) -> str | None:
     """Why one entry (its lstat result) cannot be trusted, or None. `what` names it in the
     reason ("state.json", FOLDER); `folder`: it must be a directory owned by `uid` (default:
     this process's effective uid), else a regular file owned by `uid` or root."""
@@ -88,8 +97,9 @@ def stat_problem(st: os.stat_result, what: str, folder: bool = False,
     return None
 
 
-def problem(run_dir: Path | str, files: Iterable[str] = RUN_FILES,
-            uid: int | None = None) -> str | None:
+def problem(
+    run_dir: Path | str, files: Iterable[str] = RUN_FILES, uid: int | None = None
+) -> str | None:
     """Why this user must not act on the run in `run_dir` (one line, e.g. "the run folder is
     owned by uid 65534 (nobody)", "state.json is writable by others"), or None when it is
     theirs. `files`: the names in the folder the caller reads (a missing one is no problem:

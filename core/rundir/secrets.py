@@ -40,8 +40,8 @@ LIST_KEYS = ("swift.extra_args", "script.args")
 
 @dataclass
 class NodeSecrets:
-    env: dict[str, str] = field(default_factory=dict)     # variable -> real value
-    argv: dict[int, str] = field(default_factory=dict)    # index in argv -> real word
+    env: dict[str, str] = field(default_factory=dict)  # variable -> real value
+    argv: dict[int, str] = field(default_factory=dict)  # index in argv -> real word
 
 
 @dataclass
@@ -51,8 +51,7 @@ class Secrets:
     nodes: dict[int, NodeSecrets] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.env or self.lists or any(n.env or n.argv
-                                                 for n in self.nodes.values()))
+        return bool(self.env or self.lists or any(n.env or n.argv for n in self.nodes.values()))
 
     def node_command(self, node: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         """(argv, env) with real values for one node of plan.json (masked as saved): what the
@@ -63,7 +62,7 @@ class Secrets:
         real = self.nodes.get(_int(node.get("node_rank")) or 0)
         if real is not None:
             for i, word in real.argv.items():
-                if 0 <= i < len(argv) and MASK in argv[i]:   # only what was masked
+                if 0 <= i < len(argv) and MASK in argv[i]:  # only what was masked
                     argv[i] = word
             for k, v in real.env.items():
                 if env.get(k) == MASK:
@@ -84,11 +83,15 @@ class Secrets:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, "env": dict(self.env),
-                "lists": {k: list(v) for k, v in self.lists.items()},
-                "nodes": {str(r): {"env": dict(n.env),
-                                   "argv": {str(i): w for i, w in n.argv.items()}}
-                          for r, n in self.nodes.items()}}
+        return {
+            "version": VERSION,
+            "env": dict(self.env),
+            "lists": {k: list(v) for k, v in self.lists.items()},
+            "nodes": {
+                str(r): {"env": dict(n.env), "argv": {str(i): w for i, w in n.argv.items()}}
+                for r, n in self.nodes.items()
+            },
+        }
 
 
 def split_secrets(spec: RunSpec, plan: Any) -> tuple[RunSpec, dict[str, Any], Secrets]:
@@ -131,8 +134,11 @@ def read_secrets(run: RunDir) -> Secrets:
         out.env = {str(k): v for k, v in env.items() if isinstance(v, str)}
     lists = data.get("lists")
     if isinstance(lists, dict):
-        out.lists = {k: v for k, v in lists.items() if k in LIST_KEYS and isinstance(v, list)
-                     and all(isinstance(w, str) for w in v)}
+        out.lists = {
+            k: v
+            for k, v in lists.items()
+            if k in LIST_KEYS and isinstance(v, list) and all(isinstance(w, str) for w in v)
+        }
     nodes = data.get("nodes")
     if isinstance(nodes, dict):
         for rank, n in nodes.items():
@@ -143,8 +149,11 @@ def read_secrets(run: RunDir) -> Secrets:
             if isinstance(n.get("env"), dict):
                 ns.env = {str(k): v for k, v in n["env"].items() if isinstance(v, str)}
             if isinstance(n.get("argv"), dict):
-                ns.argv = {i: w for i, w in ((_int(k), w) for k, w in n["argv"].items())
-                           if i is not None and isinstance(w, str)}
+                ns.argv = {
+                    i: w
+                    for i, w in ((_int(k), w) for k, w in n["argv"].items())
+                    if i is not None and isinstance(w, str)
+                }
             out.nodes[r] = ns
     return out
 

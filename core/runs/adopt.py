@@ -55,19 +55,20 @@ from tunedeck.core.runs.launch import AGENT_UMASK
 ADOPT_EVERY_S = 10.0
 MAX_AGENT_CRASHES = 3
 NO_ADOPT_ENV = "TUNEDECK_NO_ADOPT"
-FOREIGN_PREFIX = "foreign: "     # how `why_not` begins for a run that is not the user's
+FOREIGN_PREFIX = "foreign: "  # how `why_not` begins for a run that is not the user's
 
 _last_try: dict[str, float] = {}
 
 
 # -- one agent per run ----------------------------------------------------------------------
 
+
 def lock_owner(run_dir: Path, wait_s: float = 0.0) -> int | None:
     """Take the run's owner lock (an exclusive flock on the run directory, held for the
     agent's life, released by the kernel when it dies). Returns the fd to keep open; -1 when
     the file system has no flock (then there is no guard); None when another agent holds it."""
     try:
-        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)   # O_CLOEXEC: Python's default
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)  # O_CLOEXEC: Python's default
     except OSError:
         return -1
     deadline = time.monotonic() + wait_s
@@ -86,6 +87,7 @@ def lock_owner(run_dir: Path, wait_s: float = 0.0) -> int | None:
 
 
 # -- when to adopt ----------------------------------------------------------------------------
+
 
 def why_not(run_dir: Path, state: dict[str, Any]) -> str | None:
     """None when a new agent may adopt the run now; else why not ("foreign: <why>" for a run
@@ -142,15 +144,20 @@ def spawn(run_dir: Path) -> subprocess.Popen:
     run = RunDir(run_dir)
     env = dict(os.environ)
     for k in (procs.RUN_ID_ENV, procs.LAUNCH_ID_ENV, "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT"):
-        env.pop(k, None)   # never the marker of a run the reader may be running inside
-    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
-                  FILE_MODE)
+        env.pop(k, None)  # never the marker of a run the reader may be running inside
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path), "--adopt"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, cwd=str(run.path), env=env,
-            umask=AGENT_UMASK)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=str(run.path),
+            env=env,
+            umask=AGENT_UMASK,
+        )
     finally:
         os.close(log)
 
@@ -177,13 +184,14 @@ def ensure_agent(run_dir: Path, timeout_s: float = 20.0) -> bool:
         state = run.read_state() or {}
         if procs.owner_alive(state):
             return True
-        if proc.poll() is not None:   # it found another owner, or could not adopt
+        if proc.poll() is not None:  # it found another owner, or could not adopt
             return bool(procs.owner_alive(run.read_state() or {}))
         time.sleep(0.05)
     return bool(procs.owner_alive(run.read_state() or {}))
 
 
 # -- what an attempt left ---------------------------------------------------------------------
+
 
 def exit_code(run: RunDir, since: float, node: int = 0) -> tuple[int | None, str]:
     """torchrun's exit code on `node`, read from what the attempt that started at `since`
@@ -234,4 +242,3 @@ def _tail(path: Path, n: int = 16384) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-

@@ -51,6 +51,7 @@ from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.runs import adopt, procs, restarts
 from tunedeck.core.runs.monitors import DetectorMonitor, MonitorContext, make_monitors
 from tunedeck.core.runs.state import BEAT_S, TERMINAL, progress_from_event
+from tunedeck.core.runs.state import KEYS as STATE_KEYS
 from tunedeck.core.runs.store import Store
 from tunedeck.core.spec import load_spec, mask_argv
 from tunedeck.core.telemetry import proctree
@@ -58,8 +59,8 @@ from tunedeck.core.telemetry import proctree
 log = logging.getLogger("tunedeck.agent")
 
 TICK_S = 0.5
-IO_RETRY_S = 2.0            # a paused write (full disk) is tried again this often
-FINAL_WRITE_S = 24 * 3600   # how long the end of a run waits for state.json to be writable
+IO_RETRY_S = 2.0  # a paused write (full disk) is tried again this often
+FINAL_WRITE_S = 24 * 3600  # how long the end of a run waits for state.json to be writable
 FINAL_INGEST_WAIT_S = 60.0  # ... and for run.db, before recording the end without the rest
 
 
@@ -70,9 +71,9 @@ def io_error(e: BaseException) -> str | None:
         return f"disk full ({e.strerror or e})"
     if isinstance(e, sqlite3.Error):
         code = getattr(e, "sqlite_errorcode", None)
-        if code == 13 or "full" in str(e):                       # SQLITE_FULL
+        if code == 13 or "full" in str(e):  # SQLITE_FULL
             return f"disk full ({e})"
-        if isinstance(code, int) and code & 0xFF == 10:          # SQLITE_IOERR_*
+        if isinstance(code, int) and code & 0xFF == 10:  # SQLITE_IOERR_*
             return f"run.db I/O error ({e})"
     return None
 
@@ -98,10 +99,10 @@ class AdoptedTorchrun:
         launches = self.agent.state.get("launches") or [{}]
         since = float(launches[-1].get("t") or 0) if isinstance(launches[-1], dict) else 0.0
         self.agent.ingest_all()
-        self.returncode, self.how = adopt.exit_code(self.agent.rundir, since,
-                                                    self.agent.node_rank)
-        log.info("adopted torchrun %s ended: exit code %s (%s)", self.pid, self.returncode,
-                 self.how)
+        self.returncode, self.how = adopt.exit_code(self.agent.rundir, since, self.agent.node_rank)
+        log.info(
+            "adopted torchrun %s ended: exit code %s (%s)", self.pid, self.returncode, self.how
+        )
         return True
 
 
@@ -110,21 +111,21 @@ class Agent:
         self.rundir = RunDir(run_dir)
         self.state: dict[str, Any] = self.rundir.read_state() or {}
         self.spec = load_spec(self.rundir.spec)
-        self.plan = self.rundir.read_plan()      # read once: fixed for the run's life
+        self.plan = self.rundir.read_plan()  # read once: fixed for the run's life
         self.node_rank = self.spec.cluster.node_rank
         self.proc: subprocess.Popen | AdoptedTorchrun | None = None
         self.wake = False
         self.stop_mode: str | None = None
         self.stop_deadline: float | None = None
         self.killed_at: float | None = None
-        self.forced: dict[str, Any] | None = None   # a graceful stop that had to SIGKILL
+        self.forced: dict[str, Any] | None = None  # a graceful stop that had to SIGKILL
         self.grace_s = float(self.spec.run.stop_grace_s)
-        self.subreaper = False                   # orphans of the run re-parent to us
-        self.termed: set[int] = set()            # ranks sent SIGTERM by a graceful stop
+        self.subreaper = False  # orphans of the run re-parent to us
+        self.termed: set[int] = set()  # ranks sent SIGTERM by a graceful stop
         self.store: Store | None = None
         self.ctx: MonitorContext | None = None
-        self.monitors: list | None = None        # None: not made yet (they need run.db)
-        self.rank_of_pid: dict[int, int | None] = {}   # the ranks' RANK, read once per pid
+        self.monitors: list | None = None  # None: not made yet (they need run.db)
+        self.rank_of_pid: dict[int, int | None] = {}  # the ranks' RANK, read once per pid
         self.adopted = False
         # a full disk: what is paused and why; state.json changes kept in memory meanwhile
         self.base_message = str(self.state.get("message") or "")
@@ -136,7 +137,13 @@ class Agent:
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
-        with self._save_lock:   # the preparing thread saves too
+        unknown = set(changes) - STATE_KEYS
+        if unknown:  # a typo here would write a key no reader knows
+            raise KeyError(
+                f"state.json has no key {', '.join(sorted(unknown))}: declare it "
+                f"in core/rundir/records.py RunState"
+            )
+        with self._save_lock:  # the preparing thread saves too
             if "message" in changes:
                 self.base_message = str(changes["message"] or "")
             self.state.update(changes)
@@ -178,7 +185,7 @@ class Agent:
         self.next_io_try = time.monotonic() + IO_RETRY_S
         self.state["message"] = self._message()
         if what != "state.json":
-            self._write_state()      # say why (in memory if state.json cannot be written)
+            self._write_state()  # say why (in memory if state.json cannot be written)
 
     def _resume(self, what: str) -> None:
         why = self.paused.pop(what, None)
@@ -221,7 +228,7 @@ class Agent:
             self._pause("run.db", why)
             return False
         self.store = store
-        if self.ctx is not None:        # the monitors write through the new connection
+        if self.ctx is not None:  # the monitors write through the new connection
             self.ctx.store = store
             for m in self.monitors or []:
                 if hasattr(m, "rebind"):
@@ -251,8 +258,11 @@ class Agent:
         note = {"t": t0, "why": gone, "restored": time.time()}
         if kept:
             note["kept"] = kept
-        log.warning("run.db was %s; restored from the agent's open connection%s", gone,
-                    f" (the file found there is kept as {kept})" if kept else "")
+        log.warning(
+            "run.db was %s; restored from the agent's open connection%s",
+            gone,
+            f" (the file found there is kept as {kept})" if kept else "",
+        )
         restored = [*(self.state.get("db_restored") or []), note]
         self.save(db_restored=restored)
 
@@ -288,13 +298,23 @@ class Agent:
         ident = procs.identity(me.pid)
         if ident:
             table[str(me.pid)] = ident
-        changes: dict[str, Any] = dict(agent_pid=me.pid, agent_pgid=os.getpgrp(),
-                                       agent_create_time=me.create_time(), pid_identity=table)
+        changes: dict[str, Any] = dict(
+            agent_pid=me.pid,
+            agent_pgid=os.getpgrp(),
+            agent_create_time=me.create_time(),
+            pid_identity=table,
+        )
         if adopted:
             self.adopted = True
             history = list(self.state.get("adopted") or [])
-            history.append({"t": time.time(), "agent_pid": me.pid, "lost_agent_pid": prev,
-                            "lost_agent": before})
+            history.append(
+                {
+                    "t": time.time(),
+                    "agent_pid": me.pid,
+                    "lost_agent_pid": prev,
+                    "lost_agent": before,
+                }
+            )
             # in the same write as the new pid: a reader never sees the new owner with the
             # lost agent's message (the adoption refines it once it has read the run)
             changes.update(adopted=history, message=f"adopted: agent {prev} was lost")
@@ -315,12 +335,15 @@ class Agent:
         """Take over a run whose agent died (core/runs/adopt.py says what can be known)."""
         st = self.state
         if st.get("status") in TERMINAL or procs.owner_alive(st):
-            log.info("nothing to adopt: the run is %s, its agent pid %s",
-                     st.get("status"), st.get("agent_pid"))
+            log.info(
+                "nothing to adopt: the run is %s, its agent pid %s",
+                st.get("status"),
+                st.get("agent_pid"),
+            )
             return 0
         lost = st.get("agent_pid")
         self.take_ownership(adopted=True)
-        self.subreaper = _become_subreaper()   # for the torchruns it starts (restarts)
+        self.subreaper = _become_subreaper()  # for the torchruns it starts (restarts)
         self.install_signals()
         self._open_store()
         attempt = int(st.get("attempt") or 0)
@@ -328,24 +351,38 @@ class Agent:
         launches = [x for x in st.get("launches") or [] if isinstance(x, dict)]
         if not launches:
             # the lost agent died before it started torchrun: do what it was doing
-            log.info("adopting run %s from lost agent %s: torchrun never started",
-                     st.get("run_id"), lost)
+            log.info(
+                "adopting run %s from lost agent %s: torchrun never started", st.get("run_id"), lost
+            )
             self.save(message="adopted before start; preparing")
             return self._prepare_and_run()
         if "torchrun_pid" not in launches[-1]:
             # it died between recording the launch and recording torchrun: whatever carries
             # that launch's marker is the run's and unowned; start the attempt afresh
             left = procs.kill_run(st, exclude={os.getpid()})
-            log.info("adopting: launch %s has no recorded torchrun; cleared it (left: %s) "
-                     "and starting attempt %d again", launches[-1].get("id"), left, attempt)
+            log.info(
+                "adopting: launch %s has no recorded torchrun; cleared it (left: %s) "
+                "and starting attempt %d again",
+                launches[-1].get("id"),
+                left,
+                attempt,
+            )
             return self._loop(attempt, history, start=True)
         self.proc = AdoptedTorchrun(self, st.get("torchrun_pid"))
         alive = procs.live_processes(st)
-        log.info("adopting run %s from lost agent %s: torchrun %s, live processes %s",
-                 st.get("run_id"), lost, st.get("torchrun_pid"), alive)
-        self.save(message=f"adopted: agent {lost} was lost; {len(alive)} processes of the run "
-                          f"still running" if alive else
-                          f"adopted: agent {lost} was lost; reading how the run ended")
+        log.info(
+            "adopting run %s from lost agent %s: torchrun %s, live processes %s",
+            st.get("run_id"),
+            lost,
+            st.get("torchrun_pid"),
+            alive,
+        )
+        self.save(
+            message=f"adopted: agent {lost} was lost; {len(alive)} processes of the run "
+            f"still running"
+            if alive
+            else f"adopted: agent {lost} was lost; reading how the run ended"
+        )
         return self._loop(attempt, history, start=False)
 
     def _prepare_and_run(self) -> int:
@@ -359,8 +396,7 @@ class Agent:
             except Exception:
                 log.exception("could not store the preparation failure")
             self._close_store()
-            self._final_save(status="failed", ended=time.time(),
-                             message=f"preparation failed: {e}")
+            self._final_save(status="failed", ended=time.time(), message=f"preparation failed: {e}")
             return 1
         if interrupted or self.stop_mode or self.stop_requested():
             self._close_store()
@@ -381,7 +417,7 @@ class Agent:
         def work() -> None:
             try:
                 self.prepare()
-            except BaseException as e:   # handed to the watching thread
+            except BaseException as e:  # handed to the watching thread
                 box["error"] = e
 
         worker = threading.Thread(target=work, name="prepare", daemon=True)
@@ -390,8 +426,10 @@ class Agent:
             worker.join(0.1)
             self.heartbeat()
             if worker.is_alive() and (self.stop_mode or self.stop_requested()):
-                log.warning("stop requested while preparing (%s); not waiting for it",
-                            self.base_message or "preparing")
+                log.warning(
+                    "stop requested while preparing (%s); not waiting for it",
+                    self.base_message or "preparing",
+                )
                 return self.base_message or "preparing"
         if "error" in box:
             raise box["error"]
@@ -421,17 +459,26 @@ class Agent:
             pause = self.spec.run.restart_pause_s
             where = self.restart_point(attempt)
             self.monitors_restarted(where.step)
-            self.save(attempt=attempt, message=f"attempt {attempt - 1} failed (exit code {rc});"
-                      f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s"
-                      + (f", {where.note}" if where.note else ""))
-            log.info("attempt %d failed with %s; restarting in %.1fs %s", attempt - 1, rc,
-                     pause, where.note)
+            self.save(
+                attempt=attempt,
+                message=f"attempt {attempt - 1} failed (exit code {rc});"
+                f" restart {attempt}/{self.spec.run.max_restarts} in {pause:g}s"
+                + (f", {where.note}" if where.note else ""),
+            )
+            log.info(
+                "attempt %d failed with %s; restarting in %.1fs %s",
+                attempt - 1,
+                rc,
+                pause,
+                where.note,
+            )
             if self.pause_unless_stopped(pause):
                 break
         return self.finish(rc, how)
 
-    def launch_command(self, node: dict[str, Any], attempt: int, launch_id: str,
-                       where: Restart | None = None) -> tuple[list[str], dict[str, str]]:
+    def launch_command(
+        self, node: dict[str, Any], attempt: int, launch_id: str, where: Restart | None = None
+    ) -> tuple[list[str], dict[str, str]]:
         """The command torchrun starts with: plan.json's node with the real values of what it
         masks (the run's 0600 secrets.json, tunedeck.core.rundir.secrets), on this agent's
         environment, then the run's own TUNEDECK_* variables, which nothing above overrides
@@ -460,8 +507,10 @@ class Agent:
                 # the nodes still start after the head's attempt has ended
                 if self.spec.cluster.nnodes > 1 and self.node_rank == 0:
                     restarts.announce(self.rundir, attempt, mine)
-                elif self.spec.cluster.nnodes > 1 and (
-                        head := restarts.head_folder(self.rundir)) is not None:
+                elif (
+                    self.spec.cluster.nnodes > 1
+                    and (head := restarts.head_folder(self.rundir)) is not None
+                ):
                     self.wait_for_head(head, attempt)
                 return mine
             if self.node_rank == 0:
@@ -470,7 +519,7 @@ class Agent:
             if head is None:
                 return restarts.apart_here(mine)
             return restarts.follow(mine, self.wait_for_head(head, attempt))
-        except Exception:   # never the run's end: the attempt starts as planned
+        except Exception:  # never the run's end: the attempt starts as planned
             log.exception("could not tell where attempt %d continues", attempt)
             return Restart(None, "")
 
@@ -513,8 +562,15 @@ class Agent:
         if where is None and attempt > 0:
             where = self.restart_point(attempt)
         launches = [x for x in self.state.get("launches") or [] if isinstance(x, dict)]
-        launches.append({"id": launch_id, "attempt": attempt, "boot": procs.boot_id(),
-                         "after": procs.start_ticks(os.getpid()) or 0, "t": time.time()})
+        launches.append(
+            {
+                "id": launch_id,
+                "attempt": attempt,
+                "boot": procs.boot_id(),
+                "after": procs.start_ticks(os.getpid()) or 0,
+                "t": time.time(),
+            }
+        )
         # the step it goes on after (a restart's, or a resumed run's first attempt): where
         # the monitors that number steps themselves count from, an adopting agent's too
         first = where.step if where is not None else self.resumed_step()
@@ -524,27 +580,39 @@ class Agent:
         argv, env = self.launch_command(node, attempt, launch_id, where)
         out = open(self.rundir.torchrun_log(self.node_rank), "ab")
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, cwd=node["cwd"], env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=node["cwd"],
+                env=env,
+                start_new_session=True,
+            )
         finally:
             out.close()
         pid = self.proc.pid
-        table = {k: v for k, v in (self.state.get("pid_identity") or {}).items()
-                 if k == str(os.getpid())}
+        table = {
+            k: v for k, v in (self.state.get("pid_identity") or {}).items() if k == str(os.getpid())
+        }
         ident = procs.identity(pid)
         if ident:
             table[str(pid)] = ident
         launches[-1]["torchrun_pid"] = pid
-        changes: dict[str, Any] = dict(status="running", torchrun_pid=pid, pgids=[pid],
-                                       worker_pids=[], rank_pids={}, pid_identity=table,
-                                       launches=launches)
+        changes: dict[str, Any] = dict(
+            status="running",
+            torchrun_pid=pid,
+            pgids=[pid],
+            worker_pids=[],
+            rank_pids={},
+            pid_identity=table,
+            launches=launches,
+        )
         if attempt == 0 and not self.state.get("started"):
             changes.update(started=time.time(), message="")
         self.rank_of_pid = {}
         self.save(**changes)
-        log.info("attempt %d: torchrun pid %d: %s", attempt, pid,
-                 " ".join(mask_argv(argv)))
+        log.info("attempt %d: torchrun pid %d: %s", attempt, pid, " ".join(mask_argv(argv)))
 
     def pause_unless_stopped(self, seconds: float) -> bool:
         """Sleep before a restart; True if a stop was asked for meanwhile."""
@@ -632,8 +700,16 @@ class Agent:
         if self.store is None:
             return []
         try:
-            new = self.store.ingest(*((DetectorMonitor.STEPS_PER_TICK, self.node_rank * max(
-                self.spec.cluster.nproc_per_node, 1)) if live else ()))
+            new = self.store.ingest(
+                *(
+                    (
+                        DetectorMonitor.STEPS_PER_TICK,
+                        self.node_rank * max(self.spec.cluster.nproc_per_node, 1),
+                    )
+                    if live
+                    else ()
+                )
+            )
         except Exception as e:
             why = io_error(e)
             if why is None:
@@ -641,9 +717,16 @@ class Agent:
             self._store_failed(why)
             return []
         # rank 0's newest step with a usable step number: looked for from the end
-        e = next((e for e in reversed(new) if e.get("kind") == "step"
-                  and e.get("rank", 0) == 0
-                  and progress_from_event(e, {}) is not None), None)
+        e = next(
+            (
+                e
+                for e in reversed(new)
+                if e.get("kind") == "step"
+                and e.get("rank", 0) == 0
+                and progress_from_event(e, {}) is not None
+            ),
+            None,
+        )
         prog = progress_from_event(e, self.state.get("progress") or {}) if e else None
         if prog is not None:
             self.save(progress=prog)
@@ -670,7 +753,7 @@ class Agent:
             workers = proctree.children(tr)
             below = proctree.descendants(tr)
             groups = {tr}
-        else:   # torchrun is gone: the ranks it left, if they still are the run's
+        else:  # torchrun is gone: the ranks it left, if they still are the run's
             workers = procs.ours(st, st.get("worker_pids") or [])
             below = workers + [d for w in workers for d in proctree.descendants(w)]
             groups = set()
@@ -691,20 +774,26 @@ class Agent:
                 table[str(pid)] = i
         pgids = []
         for pgid in sorted(groups):
-            if (i := ident(pgid)) is not None:   # a group whose leader lives (and is ours)
+            if (i := ident(pgid)) is not None:  # a group whose leader lives (and is ours)
                 table[str(pgid)] = i
                 pgids.append(pgid)
         workers = [p for p in workers if str(p) in table]
         known = self.rank_of_pid
-        self.rank_of_pid = {pid: known[pid] if pid in known else proctree.rank_of(pid)
-                            for pid in workers}
+        self.rank_of_pid = {
+            pid: known[pid] if pid in known else proctree.rank_of(pid) for pid in workers
+        }
         # rank → pid: this is the one record of it (monitors, telemetry and stacks read it)
-        rank_pids = {str(r if r is not None else i): pid
-                     for i, (pid, r) in enumerate(self.rank_of_pid.items())}
-        if workers != st.get("worker_pids") or pgids != st.get("pgids") \
-                or rank_pids != st.get("rank_pids") or table != old:
-            self.save(worker_pids=workers, pgids=pgids, rank_pids=rank_pids,
-                      pid_identity=table)
+        rank_pids = {
+            str(r if r is not None else i): pid
+            for i, (pid, r) in enumerate(self.rank_of_pid.items())
+        }
+        if (
+            workers != st.get("worker_pids")
+            or pgids != st.get("pgids")
+            or rank_pids != st.get("rank_pids")
+            or table != old
+        ):
+            self.save(worker_pids=workers, pgids=pgids, rank_pids=rank_pids, pid_identity=table)
 
     def rank_pids(self) -> dict[int, int]:
         return {int(r): pid for r, pid in (self.state.get("rank_pids") or {}).items()}
@@ -712,10 +801,15 @@ class Agent:
     def make_monitors(self) -> list:
         """The agent's own monitors and the backend's; they never take the run down."""
         assert self.store is not None
-        self.ctx = MonitorContext(run=self.rundir, spec=self.spec, store=self.store,
-                                  node_rank=self.node_rank, rank_pids=self.rank_pids,
-                                  stopping=lambda: self.stop_mode is not None,
-                                  signal_ours=procs.signal_ours)
+        self.ctx = MonitorContext(
+            run=self.rundir,
+            spec=self.spec,
+            store=self.store,
+            node_rank=self.node_rank,
+            rank_pids=self.rank_pids,
+            stopping=lambda: self.stop_mode is not None,
+            signal_ours=procs.signal_ours,
+        )
         try:
             return make_monitors(self.ctx)
         except Exception:
@@ -734,27 +828,35 @@ class Agent:
             self.grace_s = grace
             self.stop_mode = mode
             by = _stop_cause(req)
-            self.save(stop_requested=mode,
-                      message=f"{mode} stop requested" + (f": {by}" if by else ""))
+            self.save(
+                stop_requested=mode, message=f"{mode} stop requested" + (f": {by}" if by else "")
+            )
             self.stop_deadline = now if mode == "hard" else now + grace
-            log.info("%s stop requested%s", mode, f"; grace {grace:.0f}s" if mode != "hard"
-                     else "")
+            log.info("%s stop requested%s", mode, f"; grace {grace:.0f}s" if mode != "hard" else "")
         elif req and req.get("mode") == "hard" and self.stop_mode != "hard":
             self.stop_mode = "hard"
             self.stop_deadline = now
             self.save(stop_requested="hard", message="hard stop requested")
-        if self.stop_mode == "graceful" and self.stop_deadline is not None \
-                and now < self.stop_deadline:
+        if (
+            self.stop_mode == "graceful"
+            and self.stop_deadline is not None
+            and now < self.stop_deadline
+        ):
             self.term_ranks()
-        if self.stop_deadline is not None and now >= self.stop_deadline and (
-                self.killed_at is None or now - self.killed_at >= 5.0):
+        if (
+            self.stop_deadline is not None
+            and now >= self.stop_deadline
+            and (self.killed_at is None or now - self.killed_at >= 5.0)
+        ):
             if self.stop_mode == "graceful" and self.forced is None:
-                left, _ = procs.run_processes(self.state, self._roots(),
-                                              exclude={os.getpid()})
-                if left:   # the grace is over and part of the run has not ended by itself
+                left, _ = procs.run_processes(self.state, self._roots(), exclude={os.getpid()})
+                if left:  # the grace is over and part of the run has not ended by itself
                     self.forced = {"pids": sorted(left), "grace_s": self.grace_s}
-                    log.warning("graceful stop: %d processes still running after %.0fs; "
-                                "SIGKILL", len(left), self.grace_s)
+                    log.warning(
+                        "graceful stop: %d processes still running after %.0fs; SIGKILL",
+                        len(left),
+                        self.grace_s,
+                    )
             log.info("stop: SIGKILL to the whole run")
             self.killed_at = now
             self.kill_all()
@@ -768,8 +870,11 @@ class Agent:
         backends' ranks at once."""
         self.record_pids()
         builtin = self.spec.backend == "builtin"
-        fresh = [p for p in self.state.get("worker_pids") or [] if p not in self.termed
-                 and (not builtin or procs.catches(p, signal.SIGTERM))]
+        fresh = [
+            p
+            for p in self.state.get("worker_pids") or []
+            if p not in self.termed and (not builtin or procs.catches(p, signal.SIGTERM))
+        ]
         sent = procs.signal_ours(self.state, fresh, signal.SIGTERM)
         if sent:
             self.termed.update(sent)
@@ -777,8 +882,11 @@ class Agent:
 
     def _roots(self) -> list[int]:
         # torchrun as a root only while it is our unreaped child (its pid cannot be reused)
-        return [self.proc.pid] if isinstance(self.proc, subprocess.Popen) \
-            and self.proc.returncode is None else []
+        return (
+            [self.proc.pid]
+            if isinstance(self.proc, subprocess.Popen) and self.proc.returncode is None
+            else []
+        )
 
     def kill_all(self) -> list[int]:
         return procs.kill_run(self.state, roots=self._roots(), exclude={os.getpid()})
@@ -836,13 +944,17 @@ class Agent:
         if self.stop_mode and req and req.get("failed"):
             # the run stopped itself because part of it failed (a node was lost): a failure
             # that names its cause, not a stop someone asked for
-            status, msg = "failed", f"{by}; the rest of the run was stopped " \
-                                    f"({self.stop_mode.replace('_pending', '')})"
+            status, msg = (
+                "failed",
+                f"{by}; the rest of the run was stopped ({self.stop_mode.replace('_pending', '')})",
+            )
         elif self.stop_mode and self.forced:
             status = "stopped"
-            msg = (f"stopped (forced after grace): {len(self.forced['pids'])} processes had "
-                   f"not ended {self.forced['grace_s']:.0f}s after the graceful stop and were "
-                   f"killed (SIGKILL), so no final checkpoint was written")
+            msg = (
+                f"stopped (forced after grace): {len(self.forced['pids'])} processes had "
+                f"not ended {self.forced['grace_s']:.0f}s after the graceful stop and were "
+                f"killed (SIGKILL), so no final checkpoint was written"
+            )
             if by:
                 msg += f"; asked by {by}"
         elif self.stop_mode:
@@ -852,29 +964,41 @@ class Agent:
         elif rc == 0:
             status, msg = "succeeded", "completed"
         elif rc is None:
-            status, msg = "failed", f"torchrun ended while no agent watched it; its exit " \
-                                    f"code is unknown ({how})"
+            status, msg = (
+                "failed",
+                f"torchrun ended while no agent watched it; its exit code is unknown ({how})",
+            )
         else:
             status, msg = "failed", f"torchrun {exit_words(rc)}"
         if self.adopted and rc is not None and how:
-            msg += f"; adopted after its agent was lost: exit code {rc} from what the ranks " \
-                   f"left ({how})"
-        for note in notes:       # e.g. a node that could not be reached to stop it
+            msg += (
+                f"; adopted after its agent was lost: exit code {rc} from what the ranks "
+                f"left ({how})"
+            )
+        for note in notes:  # e.g. a node that could not be reached to stop it
             msg += f"; {note}"
         if leftovers:
             msg += f"; could not kill pids {leftovers}"
         if self.forced:
             self.state["forced_stop"] = self.forced
         if "run.db" in self.paused:
-            msg += ("; run.db lacks the events written while the disk was full (the event "
-                    "files have them)")
+            msg += (
+                "; run.db lacks the events written while the disk was full (the event "
+                "files have them)"
+            )
         elif self.state.get("io_pauses"):
             secs = sum(p["to"] - p["from"] for p in self.state["io_pauses"])
             msg += f"; writes paused {secs:.0f}s for a full disk"
         self.paused.pop("run.db", None)
         self.paused_at.pop("run.db", None)
-        self._final_save(status=status, exit_code=rc, ended=time.time(), message=msg,
-                         worker_pids=[], survivors=leftovers)
+        self._final_save(
+            status=status,
+            exit_code=rc,
+            ended=time.time(),
+            message=msg,
+            worker_pids=[],
+            survivors=leftovers,
+        )
         log.info("run ended: %s (%s)", status, msg)
         return 0
 
@@ -935,48 +1059,67 @@ def prepare_finding(e: BaseException, data_path: str) -> Finding:
     demo model is built from it), or a demo model that could not be built."""
     # the exception first, then the frames that raised it (the whole traceback is in
     # logs/agent.log); the ^^^ marker lines say nothing on their own
-    frames = [ln for chunk in traceback.format_tb(e.__traceback__)[-3:]
-              for ln in chunk.rstrip("\n").splitlines() if ln.strip(" ^~")]
+    frames = [
+        ln
+        for chunk in traceback.format_tb(e.__traceback__)[-3:]
+        for ln in chunk.rstrip("\n").splitlines()
+        if ln.strip(" ^~")
+    ]
     evidence = [f"{type(e).__name__}: {e}", *frames]
     common = dict(severity="error", t=time.time(), source="logs/agent.log", evidence=evidence)
     fname = getattr(e, "filename", None)
     about_data = isinstance(e, OSError) and (fname is None or _same_path(fname, data_path))
     if isinstance(e, FileNotFoundError) and about_data:
         return Finding(
-            category="data_missing", summary=f"the training data does not exist: {data_path}",
+            category="data_missing",
+            summary=f"the training data does not exist: {data_path}",
             cause=f"data.path points at {data_path}, which does not exist on this host, so "
-                  f"nothing could be built or trained; no rank was started.",
+            f"nothing could be built or trained; no rank was started.",
             fix="Point data.path at an existing JSONL file (the demo's is "
-                "presets/data/demo_chat.jsonl), or copy the data to this host; "
-                "`tunedeck preflight SPEC` checks inputs before a launch.", **common)
-    if about_data and type(e).__name__ == "DataFileError":   # core/demo.py: named what it is
+            "presets/data/demo_chat.jsonl), or copy the data to this host; "
+            "`tunedeck preflight SPEC` checks inputs before a launch.",
+            **common,
+        )
+    if about_data and type(e).__name__ == "DataFileError":  # core/demo.py: named what it is
         return Finding(
-            category="data_unreadable", summary=str(e),
+            category="data_unreadable",
+            summary=str(e),
             cause=f"{e}; it was refused before reading (a pipe or a device can block or never "
-                  f"end), so nothing was built or trained; no rank was started.",
+            f"end), so nothing was built or trained; no rank was started.",
             fix="Point data.path at a regular JSONL file (copy a stream to a file first); "
-                "`tunedeck preflight SPEC` checks inputs before a launch.", **common)
+            "`tunedeck preflight SPEC` checks inputs before a launch.",
+            **common,
+        )
     if about_data:
         return Finding(
-            category="data_unreadable", summary=f"the training data cannot be read: {e}",
+            category="data_unreadable",
+            summary=f"the training data cannot be read: {e}",
             cause=f"Reading {data_path} failed ({type(e).__name__}), so the demo model could "
-                  f"not be built from it; no rank was started.",
+            f"not be built from it; no rank was started.",
             fix="Make the file readable by this user (permissions, a file rather than a "
-                "folder, a mounted file system), then launch again.", **common)
+            "folder, a mounted file system), then launch again.",
+            **common,
+        )
     if isinstance(e, (OSError, RuntimeError, ValueError)):
         return Finding(
-            category="model_unreadable", summary=f"the demo model could not be built: {e}",
+            category="model_unreadable",
+            summary=f"the demo model could not be built: {e}",
             cause=f"Building the tiny demo model from {data_path} failed with "
-                  f"{type(e).__name__}; no rank was started.",
+            f"{type(e).__name__}; no rank was started.",
             fix="Check that the cache folder ($TUNEDECK_CACHE, else ~/.cache/tunedeck) is "
-                "writable and has free space and that the data file is valid JSONL; "
-                "logs/agent.log has the whole traceback.", **common)
+            "writable and has free space and that the data file is valid JSONL; "
+            "logs/agent.log has the whole traceback.",
+            **common,
+        )
     return Finding(
-        category="prepare_failed", summary=f"preparation failed: {type(e).__name__}: {e}",
+        category="prepare_failed",
+        summary=f"preparation failed: {type(e).__name__}: {e}",
         cause="The agent failed while preparing the run's assets, before starting torchrun; "
-              "no rank was started.",
+        "no rank was started.",
         fix="Read the traceback in logs/agent.log (the evidence below is its end), fix the "
-            "spec or the environment, and launch again.", **common)
+        "spec or the environment, and launch again.",
+        **common,
+    )
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -1010,10 +1153,9 @@ def main(argv: list[str] | None = None) -> int:
     from tunedeck.core.rundir import ownership
 
     argv = sys.argv[1:] if argv is None else argv
-    given = Path(os.path.abspath(argv[0]))   # not resolved: a planted symlink stays one
+    given = Path(os.path.abspath(argv[0]))  # not resolved: a planted symlink stays one
     adopting = "--adopt" in argv[1:]
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s agent: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s agent: %(message)s")
     # only the user's own run: its plan is what this agent would run, as this user
     # (core/rundir/ownership.py); refused before anything is locked, read or written
     foreign = ownership.problem(given)
@@ -1026,7 +1168,7 @@ def main(argv: list[str] | None = None) -> int:
     if lock is None:
         log.info("another agent owns %s; leaving it to that one", run_dir)
         return 0
-    if adopting:   # asked by a reader or a remote node: the same gate adopt.request applies
+    if adopting:  # asked by a reader or a remote node: the same gate adopt.request applies
         why = adopt.why_not(run_dir, RunDir(run_dir).read_state() or {})
         if why is not None:
             log.info("not adopting %s: %s", run_dir, why)
@@ -1053,8 +1195,9 @@ def _record_crash(run_dir: Path, agent: Agent | None) -> None:
             return
         if procs.live_processes(state):
             state["agent_crashes"] = int(state.get("agent_crashes") or 0) + 1
-            state["message"] = msg + "; its processes live on and the next tunedeck " \
-                                     "command adopts the run"
+            state["message"] = (
+                msg + "; its processes live on and the next tunedeck command adopts the run"
+            )
         else:
             state.update(status="failed", ended=time.time(), message=msg)
         run.write_state(state)

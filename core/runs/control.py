@@ -73,15 +73,17 @@ def request_stop(run: RunInfo, hard: bool = False, grace_s: float | None = None)
         _wake(run.run.read_state() or state)
         return
     if procs.owner_alive(state) is None:
-        return   # recorded on another host: its agent there reads stop.json
+        return  # recorded on another host: its agent there reads stop.json
     _stop_orphaned(run)
 
 
 def _unowned(state: dict) -> bool:
     """Not over, and no agent has taken it yet (a launch starting its agent, or one that died
     before it could). A Slurm job's agents start when the job does (`_stop_slurm`)."""
-    return not (state.get("agent_pid") or state.get("slurm_job")) \
+    return (
+        not (state.get("agent_pid") or state.get("slurm_job"))
         and state.get("status") not in TERMINAL
+    )
 
 
 def _await_agent(run: RunInfo, state: dict) -> dict:
@@ -91,8 +93,7 @@ def _await_agent(run: RunInfo, state: dict) -> dict:
         created = float(state.get("created") or 0.0)
     except (TypeError, ValueError):
         created = 0.0
-    deadline = time.monotonic() + max(0.0, min(START_WAIT_S,
-                                               created + START_WAIT_S - time.time()))
+    deadline = time.monotonic() + max(0.0, min(START_WAIT_S, created + START_WAIT_S - time.time()))
     while _unowned(state) and time.monotonic() < deadline:
         time.sleep(0.05)
         state = run.run.read_state() or state
@@ -104,7 +105,7 @@ def _stop_unstarted(run: RunInfo) -> None:
     under the owner lock so that an agent taking the run meanwhile is not overwritten (one
     that comes later finds stop.json and ends the run the same way)."""
     fd = adopt.lock_owner(run.run_dir)
-    if fd is None:   # an agent holds the run now: it reads stop.json before it starts
+    if fd is None:  # an agent holds the run now: it reads stop.json before it starts
         return
     try:
         st = run.run.read_state() or dict(run.state)
@@ -112,9 +113,13 @@ def _stop_unstarted(run: RunInfo) -> None:
             if procs.owner_alive(st):
                 _wake(st)
             return
-        st.update(status="stopped", ended=time.time(), worker_pids=[],
-                  message="stopped before start: no agent had taken the run (its launch "
-                          "ended before starting one)")
+        st.update(
+            status="stopped",
+            ended=time.time(),
+            worker_pids=[],
+            message="stopped before start: no agent had taken the run (its launch "
+            "ended before starting one)",
+        )
         run.run.write_state(st)
     finally:
         if fd >= 0:
@@ -144,7 +149,7 @@ def _stop_orphaned(run: RunInfo) -> None:
         st = run.run.read_state() or run.state
         if st.get("status") in TERMINAL:
             return
-        if fd is None and procs.owner_alive(st):   # an agent took the run after all
+        if fd is None and procs.owner_alive(st):  # an agent took the run after all
             _wake(st)
             return
         found, groups = procs.run_processes(st)
@@ -173,8 +178,13 @@ def wait_stopped(run: RunInfo, timeout_s: float) -> RunInfo:
     return cur
 
 
-def stop(run: RunInfo, hard: bool = False, grace_s: float | None = None,
-         timeout_s: float | None = None, wait: bool = True) -> RunInfo:
+def stop(
+    run: RunInfo,
+    hard: bool = False,
+    grace_s: float | None = None,
+    timeout_s: float | None = None,
+    wait: bool = True,
+) -> RunInfo:
     """Ask the run to stop. `wait`: until it is over or `timeout_s` has passed (default: the
     grace period, after which the agent SIGKILLs, plus 30 s); else return at once. Raises
     ForeignRun for a run that is not this user's (nothing is written, signalled or
@@ -201,8 +211,9 @@ def _grace(run: RunInfo) -> float:
         return 60.0
 
 
-def _stop_slurm(run: RunInfo, job: str, hard: bool, grace_s: float | None,
-                timeout_s: float | None, wait: bool) -> RunInfo:
+def _stop_slurm(
+    run: RunInfo, job: str, hard: bool, grace_s: float | None, timeout_s: float | None, wait: bool
+) -> RunInfo:
     """A run Slurm holds: stop.json for its agents (read by node 0's, and by the trainer
     before its first step) and scancel: TERM to the job's steps first (each node's agent
     stops gracefully), the whole job after the grace period; a job still queued is just

@@ -18,16 +18,20 @@ from tunedeck.core.runs.state import TERMINAL, state_problem
 
 @dataclass
 class FileCheck:
-    file: str              # relative to the run directory
-    problem: str | None    # None: fine (or absent, when `present` is False)
-    note: str = ""         # what still works, or what it means
+    file: str  # relative to the run directory
+    problem: str | None  # None: fine (or absent, when `present` is False)
+    note: str = ""  # what still works, or what it means
     # False: an optional file that is not there (no stop requested, no run.db yet): nothing
     # is wrong, and nothing was checked either, so it is never called "ok"
     present: bool = True
 
     def to_json(self) -> dict[str, str | bool | None]:
-        return {"file": self.file, "problem": self.problem, "note": self.note,
-                "present": self.present}
+        return {
+            "file": self.file,
+            "problem": self.problem,
+            "note": self.note,
+            "present": self.present,
+        }
 
 
 # Bytes of an event file a check reads at most: a long run's files are large and the last
@@ -42,9 +46,16 @@ def check_run(run_dir: Path) -> list[FileCheck]:
     state, why = json_problem(run.state)
     why = why or state_problem(state)
     ended = isinstance(state, dict) and not why and state.get("status") in TERMINAL
-    checks = [FileCheck("state.json", why, "" if not why else
-                        "the run is listed as damaged; its processes cannot be told, so "
-                        "`stop` will not signal anything")]
+    checks = [
+        FileCheck(
+            "state.json",
+            why,
+            ""
+            if not why
+            else "the run is listed as damaged; its processes cannot be told, so "
+            "`stop` will not signal anything",
+        )
+    ]
     checks.append(_spec(run))
     checks.append(_plan(run))
     checks.append(_secrets(run))
@@ -85,8 +96,9 @@ def _spec(run: RunDir) -> FileCheck:
     except SpecError as e:
         return FileCheck("spec.toml", str(e).splitlines()[0], "clone and resume need it")
     if why := cut_short(run, spec.backend):
-        return FileCheck("spec.toml", why, "clone and resume need it; its settings may have "
-                         "lost values")
+        return FileCheck(
+            "spec.toml", why, "clone and resume need it; its settings may have lost values"
+        )
     return FileCheck("spec.toml", None)
 
 
@@ -94,8 +106,9 @@ def _plan(run: RunDir) -> FileCheck:
     plan, why = json_problem(run.plan)
     if why is None:
         why = plan_problem(plan)
-    return FileCheck("plan.json", why, "" if not why else
-                     "a new agent cannot adopt this run if its agent dies")
+    return FileCheck(
+        "plan.json", why, "" if not why else "a new agent cannot adopt this run if its agent dies"
+    )
 
 
 def plan_problem(plan: dict) -> str | None:
@@ -121,15 +134,19 @@ def plan_problem(plan: dict) -> str | None:
 def _secrets(run: RunDir) -> FileCheck:
     data, why = json_problem(run.secrets)
     if why == "missing":
-        return FileCheck("secrets.json", None, "missing: clone and resume use masked values",
-                         present=False)
+        return FileCheck(
+            "secrets.json", None, "missing: clone and resume use masked values", present=False
+        )
     if why is None:
         for key, want in (("env", dict), ("lists", dict), ("nodes", dict)):
             if key in data and not isinstance(data[key], want):
                 why = f"{key}: expected an object, got {type(data[key]).__name__}"
                 break
-    return FileCheck("secrets.json", why, "" if not why else
-                     "the run's secrets are lost: clone and resume get masked values")
+    return FileCheck(
+        "secrets.json",
+        why,
+        "" if not why else "the run's secrets are lost: clone and resume get masked values",
+    )
 
 
 def _stop(run: RunDir) -> FileCheck:
@@ -143,29 +160,41 @@ def _stop(run: RunDir) -> FileCheck:
 
 def _db(run: RunDir, ended: bool) -> FileCheck:
     if not run.db.exists():
-        return FileCheck("run.db", None, "not written yet" if not ended else
-                         "missing: metrics and telemetry come from the event files",
-                         present=False)
+        return FileCheck(
+            "run.db",
+            None,
+            "not written yet"
+            if not ended
+            else "missing: metrics and telemetry come from the event files",
+            present=False,
+        )
     try:
         con = sqlite3.connect(f"file:{run.db}?mode=ro", uri=True, timeout=5)
         try:
             rows = con.execute("PRAGMA quick_check").fetchall()
-            tables = {r[0] for r in con.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {
+                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
             if not REQUIRED_TABLES - tables:
                 con.execute("SELECT rank, kind FROM events LIMIT 1").fetchall()
         finally:
             con.close()
     except sqlite3.Error as e:
-        return FileCheck("run.db", f"not a readable database ({e})",
-                         "metrics, findings and telemetry of this run cannot be read")
+        return FileCheck(
+            "run.db",
+            f"not a readable database ({e})",
+            "metrics, findings and telemetry of this run cannot be read",
+        )
     bad = [r[0] for r in rows if r and r[0] != "ok"]
     if bad:
         return FileCheck("run.db", f"damaged ({bad[0]})")
     missing = sorted(REQUIRED_TABLES - tables)
     if missing:
-        return FileCheck("run.db", f"not a run's database (no {', '.join(missing)} table)",
-                         "metrics, findings and telemetry of this run cannot be read")
+        return FileCheck(
+            "run.db",
+            f"not a run's database (no {', '.join(missing)} table)",
+            "metrics, findings and telemetry of this run cannot be read",
+        )
     return FileCheck("run.db", None)
 
 
@@ -183,7 +212,7 @@ def _events(run: RunDir, ended: bool) -> list[FileCheck]:
             continue
         lines = data.split(b"\n")
         if size > EVENT_TAIL_BYTES:
-            lines = lines[1:]            # the first may be cut by where the read began
+            lines = lines[1:]  # the first may be cut by where the read began
         # a live writer may be mid-line: its last unterminated line is not damage
         last_open = not data.endswith(b"\n") and not ended
         bad = first = 0
@@ -202,8 +231,13 @@ def _events(run: RunDir, ended: bool) -> list[FileCheck]:
             continue
         if bad:
             where = "of the last 4 MiB " if size > EVENT_TAIL_BYTES else ""
-            out.append(FileCheck(name, f"{bad} line(s) {where}are not JSON objects "
-                                 f"(first: line {first})", "those lines are skipped"))
+            out.append(
+                FileCheck(
+                    name,
+                    f"{bad} line(s) {where}are not JSON objects (first: line {first})",
+                    "those lines are skipped",
+                )
+            )
         else:
             out.append(FileCheck(name, None))
     return out
@@ -216,8 +250,10 @@ def event_ok(e: object) -> bool:
         return False
     if not _is_int(e.get("rank")) or ("step" in e and not _is_int(e["step"])):
         return False
-    return all(e.get(k) is None or _is_num(e[k])
-               for k in ("t", "loss", "lr", "grad_norm", "tokens_per_s", "step_s"))
+    return all(
+        e.get(k) is None or _is_num(e[k])
+        for k in ("t", "loss", "lr", "grad_norm", "tokens_per_s", "step_s")
+    )
 
 
 def _is_int(v: object) -> bool:

@@ -33,7 +33,8 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
 
 import tomllib
 from tunedeck.core.backends import plan_run
@@ -56,8 +57,8 @@ if TYPE_CHECKING:
 
 # what the agent and every process it starts create is their owner's only
 AGENT_UMASK = 0o077
-LOCK_SUFFIX = ".launch.lock"   # <runs root>.launch.lock: $TUNEDECK_HOME/runs.launch.lock
-LOCK_WAIT_S = 120.0            # another launch holds it while its agent starts
+LOCK_SUFFIX = ".launch.lock"  # <runs root>.launch.lock: $TUNEDECK_HOME/runs.launch.lock
+LOCK_WAIT_S = 120.0  # another launch holds it while its agent starts
 # A run still "pending" with no agent (and no Slurm job) this long after it was written never
 # started: its launch died before the agent took over. It writes nothing.
 ABANDONED_S = 300.0
@@ -76,18 +77,23 @@ class OutputShared(LaunchError):
         said = []
         for run, theirs in users:
             who = f"live run {run.run_id} ({run.name}, {run.status})"
-            said.append(f"{who} writes it" if theirs == folder else
-                        f"it lies inside {theirs}, which {who} writes"
-                        if theirs in folder.parents else
-                        f"it holds {theirs}, which {who} writes")
+            said.append(
+                f"{who} writes it"
+                if theirs == folder
+                else f"it lies inside {theirs}, which {who} writes"
+                if theirs in folder.parents
+                else f"it holds {theirs}, which {who} writes"
+            )
         super().__init__(
             f"output folder {folder} is in use: {'; '.join(said)}. Two runs in one folder mix "
             "their checkpoints and delete each other's. Stop that run first, or give this one "
             "a folder of its own (--set run.output_dir=PATH), or launch with --share-output "
-            "to share it anyway (the new run's state.json records it)")
+            "to share it anyway (the new run's state.json records it)"
+        )
 
 
 # -- one live writer per output folder ------------------------------------------------------
+
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
     """The value of the last `--flag V` / `--flag=V` in argv (what argparse keeps)."""
@@ -96,7 +102,7 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
         if word == flag and i + 1 < len(argv):
             found = argv[i + 1]
         elif word.startswith(flag + "="):
-            found = word[len(flag) + 1:]
+            found = word[len(flag) + 1 :]
     return found
 
 
@@ -107,8 +113,11 @@ def written_folder(spec: RunSpec, run: RunDir) -> Path:
     `v<N>-<date>/` folders that each run numbers by listing it, and a restart resumes from the
     newest checkpoint anywhere below it: the whole folder is the run's. A relative folder is
     relative to the run directory (the ranks' working directory)."""
-    own = _flag_value(list(spec.swift.extra_args), "--output_dir") \
-        if spec.backend == "swift" else None
+    own = (
+        _flag_value(list(spec.swift.extra_args), "--output_dir")
+        if spec.backend == "swift"
+        else None
+    )
     out = Path(own).expanduser() if own else run.output_dir(spec)
     if not out.is_absolute():
         out = run.path / out
@@ -144,9 +153,12 @@ def writes_now(run: RunInfo, now: float | None = None) -> bool:
     recorded = st.get("status", "pending")
     if run.damaged or run.status in TERMINAL or recorded in TERMINAL:
         return False
-    abandoned = (recorded == "pending" and not st.get("agent_pid")
-                 and not st.get("slurm_job")
-                 and (now or time.time()) - run.created > ABANDONED_S)
+    abandoned = (
+        recorded == "pending"
+        and not st.get("agent_pid")
+        and not st.get("slurm_job")
+        and (now or time.time()) - run.created > ABANDONED_S
+    )
     return not abandoned
 
 
@@ -160,11 +172,12 @@ def _nested(a: Path, b: Path) -> bool:
 _registries: dict[str, Registry] = {}
 
 
-def output_users(folder: Path, root: Path | None = None,
-                 exclude: str = "") -> list[tuple[RunInfo, Path]]:
+def output_users(
+    folder: Path, root: Path | None = None, exclude: str = ""
+) -> list[tuple[RunInfo, Path]]:
     """The live runs under `root` whose output folder is `folder` (resolved), lies inside it
     or holds it, each with its folder."""
-    from tunedeck.core.runs.registry import Registry   # registry → adopt → this module
+    from tunedeck.core.runs.registry import Registry  # registry → adopt → this module
 
     root = Path(root or runs_root())
     users = []
@@ -211,7 +224,7 @@ def launch_lock(root: Path | None = None, wait_s: float = LOCK_WAIT_S) -> Iterat
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except PermissionError:      # another user's (a shared home): a shared lock still works
+    except PermissionError:  # another user's (a shared home): a shared lock still works
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         deadline = time.monotonic() + wait_s
@@ -221,20 +234,24 @@ def launch_lock(root: Path | None = None, wait_s: float = LOCK_WAIT_S) -> Iterat
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LaunchError(f"another launch has held {path} for {wait_s:.0f}s; "
-                                      "try again (or see which tunedeck process holds it)")
+                    raise LaunchError(
+                        f"another launch has held {path} for {wait_s:.0f}s; "
+                        "try again (or see which tunedeck process holds it)"
+                    )
                 time.sleep(0.05)
             except OSError as e:
-                raise LaunchError(f"cannot lock {path} ({e.strerror}): launches of this home "
-                                  "take it to check that no live run writes their output "
-                                  "folder") from None
+                raise LaunchError(
+                    f"cannot lock {path} ({e.strerror}): launches of this home "
+                    "take it to check that no live run writes their output "
+                    "folder"
+                ) from None
         depth[key] = 1
         try:
             yield
         finally:
             depth.pop(key, None)
     finally:
-        os.close(fd)     # releases the flock
+        os.close(fd)  # releases the flock
 
 
 def new_run_id(name: str) -> str:
@@ -242,8 +259,12 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
 
 
-def prepare_run(spec: RunSpec, root: Path | None = None,
-                preflight: dict[str, Any] | None = None, share_output: bool = False) -> Path:
+def prepare_run(
+    spec: RunSpec,
+    root: Path | None = None,
+    preflight: dict[str, Any] | None = None,
+    share_output: bool = False,
+) -> Path:
     """Resolve and plan the spec (raises ValueError before anything is written when it
     cannot run), then write spec.toml, plan.json, launch.sh and state.json. `preflight`: the
     gate's record (core.preflight.gate_record), kept in state.json so a run launched over a
@@ -256,7 +277,7 @@ def prepare_run(spec: RunSpec, root: Path | None = None,
         problems = roster_problems(spec)
         if problems:
             raise ValueError("; ".join(problems))
-        place(spec, plan)      # per node: host, GPUs, interface, c10d host and address
+        place(spec, plan)  # per node: host, GPUs, interface, c10d host and address
     saved, plan_json, hidden = split_secrets(spec, plan)
     with launch_lock(root):
         # checked at the last moment, under the lock: a launch that gets it later sees this
@@ -265,14 +286,29 @@ def prepare_run(spec: RunSpec, root: Path | None = None,
         users = output_users(folder, root, exclude=run.run_id)
         if users and not share_output:
             raise OutputShared(folder, users)
-        _write_run(run, spec, plan, saved, plan_json, hidden, preflight,
-                   [u.run_id for u, _ in users] if share_output else None)
+        _write_run(
+            run,
+            spec,
+            plan,
+            saved,
+            plan_json,
+            hidden,
+            preflight,
+            [u.run_id for u, _ in users] if share_output else None,
+        )
     return run.path
 
 
-def _write_run(run: RunDir, spec: RunSpec, plan, saved: RunSpec, plan_json: dict,
-               hidden: dict, preflight: dict[str, Any] | None,
-               shared_with: list[str] | None) -> None:
+def _write_run(
+    run: RunDir,
+    spec: RunSpec,
+    plan,
+    saved: RunSpec,
+    plan_json: dict,
+    hidden: dict,
+    preflight: dict[str, Any] | None,
+    shared_with: list[str] | None,
+) -> None:
     run.create()
     write_secrets(run, hidden)
     write_text_private(run.spec, saved.to_toml())
@@ -282,7 +318,7 @@ def _write_run(run: RunDir, spec: RunSpec, plan, saved: RunSpec, plan_json: dict
     state["master_port"] = spec.cluster.master_port
     if preflight is not None:
         state["preflight"] = preflight
-    if shared_with is not None:     # --share-output: the live runs it shares the folder with
+    if shared_with is not None:  # --share-output: the live runs it shares the folder with
         state["output_shared_with"] = shared_with
     run.write_state(state)
 
@@ -301,8 +337,14 @@ def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, cwd=str(run.path), umask=AGENT_UMASK)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=str(run.path),
+            umask=AGENT_UMASK,
+        )
     finally:
         os.close(log)
     deadline = time.monotonic() + timeout_s
@@ -315,8 +357,7 @@ def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
             _never_started(run, f"the run agent exited at once (code {rc})")
             raise LaunchError(f"the run agent exited at once (code {rc}):\n{tail}")
         time.sleep(0.05)
-    raise LaunchError(f"the run agent did not start within {timeout_s:.0f}s; "
-                      f"see {run.agent_log}")
+    raise LaunchError(f"the run agent did not start within {timeout_s:.0f}s; see {run.agent_log}")
 
 
 def _never_started(run: RunDir, why: str) -> None:
@@ -328,8 +369,12 @@ def _never_started(run: RunDir, why: str) -> None:
         run.write_state(st)
 
 
-def launch(spec: RunSpec, root: Path | None = None,
-           preflight: dict[str, Any] | None = None, share_output: bool = False) -> Path:
+def launch(
+    spec: RunSpec,
+    root: Path | None = None,
+    preflight: dict[str, Any] | None = None,
+    share_output: bool = False,
+) -> Path:
     """Write the run directory and start its agent (or submit it to Slurm), all under
     `launch_lock`: the output folder check, the run's state.json and its owner come into
     being before the next launch of this home looks. `OutputShared` when a live run writes
@@ -353,7 +398,7 @@ def submit_slurm(run_dir: Path, spec: RunSpec) -> str:
     try:
         from tunedeck.core.spec import load_spec
 
-        spec = load_spec(run.spec)         # resolved: processes per node, ports
+        spec = load_spec(run.spec)  # resolved: processes per node, ports
         job = submit(write_script(spec, run))
     except SlurmError as e:
         st = run.read_state() or {}

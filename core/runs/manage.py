@@ -52,6 +52,7 @@ class ManageError(ValueError):
 
 # -- a run's frozen spec and its folders -----------------------------------------------------
 
+
 def frozen_spec(run: RunInfo) -> RunSpec:
     """The spec the run was launched with (spec.toml, resolved at launch), with the real
     values of its secrets (spec.toml holds them masked; secrets.json, 0600, holds them)."""
@@ -63,8 +64,10 @@ def frozen_spec(run: RunInfo) -> RunSpec:
     except SpecError as e:
         raise ManageError(f"{run.run_id}'s spec.toml does not load any more: {e}") from None
     if why := cut_short(run.run, spec.backend):
-        raise ManageError(f"{run.run_id}'s spec.toml is damaged ({why}): its lost settings "
-                          f"would come back as defaults; see `tunedeck doctor {run.run_id}`")
+        raise ManageError(
+            f"{run.run_id}'s spec.toml is damaged ({why}): its lost settings "
+            f"would come back as defaults; see `tunedeck doctor {run.run_id}`"
+        )
     return read_secrets(run.run).unmask_spec(spec)
 
 
@@ -92,9 +95,11 @@ def _single_node_port(spec: RunSpec) -> None:
 
 # -- clone and resume ------------------------------------------------------------------------
 
+
 @dataclass
 class SpecFor:
     """A spec built from a run, and what the user should know about it."""
+
     spec: RunSpec
     notes: list[str] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
@@ -105,19 +110,24 @@ def clone_spec(run: RunInfo) -> SpecFor:
     that has not ended (a clone copies an ended run's spec; the launch would refuse its output
     folder anyway when it is the live run's own)."""
     if writes_now(run):
-        raise ManageError(f"{run.run_id} is {run.status}: a clone copies an ended run's spec; "
-                          "stop it first (or wait for its end), then clone it")
+        raise ManageError(
+            f"{run.run_id} is {run.status}: a clone copies an ended run's spec; "
+            "stop it first (or wait for its end), then clone it"
+        )
     spec = copy.deepcopy(frozen_spec(run))
     notes = []
     if spec.train.resume_from:
-        notes.append(f"train.resume_from ({spec.train.resume_from}) cleared: a clone starts "
-                     "from step 0")
+        notes.append(
+            f"train.resume_from ({spec.train.resume_from}) cleared: a clone starts from step 0"
+        )
         spec.train.resume_from = ""
     if run_output_dir(run).resolve() == run.run.output_dir(RunSpec()).resolve():
-        spec.run.output_dir = ""        # the new run gets <its run dir>/output
+        spec.run.output_dir = ""  # the new run gets <its run dir>/output
     elif spec.run.output_dir:
-        notes.append(f"run.output_dir is still {spec.run.output_dir}, the folder {run.run_id} "
-                     "wrote to: change it to keep the two runs' checkpoints apart")
+        notes.append(
+            f"run.output_dir is still {spec.run.output_dir}, the folder {run.run_id} "
+            "wrote to: change it to keep the two runs' checkpoints apart"
+        )
     _single_node_port(spec)
     return SpecFor(spec, notes)
 
@@ -126,38 +136,48 @@ def resume_spec(run: RunInfo) -> SpecFor:
     """The run's frozen spec continued from its newest complete checkpoint, writing to the same
     output folder. Refuses a run that is not stopped/failed or has no complete checkpoint."""
     if run.status not in RESUMABLE:
-        what = ("still running: it resumes by itself on a restart" if run.active
-                else "finished all its steps: clone it (c) to train further")
+        what = (
+            "still running: it resumes by itself on a restart"
+            if run.active
+            else "finished all its steps: clone it (c) to train further"
+        )
         raise ManageError(f"{run.run_id} is {run.status}; {what}")
     why = live_reason(run)
-    if why:    # ranks of a run whose agent died would write into the same folder
+    if why:  # ranks of a run whose agent died would write into the same folder
         raise ManageError(f"{why}: stop it before resuming it")
     spec = copy.deepcopy(frozen_spec(run))
     out = run_output_dir(run)
     ckpt = newest_checkpoint(out)
     if ckpt is None:
-        raise ManageError(f"{run.run_id} has no complete checkpoint in {out}: nothing to resume "
-                          "from (set train.save_steps so the next run writes some)")
+        raise ManageError(
+            f"{run.run_id} has no complete checkpoint in {out}: nothing to resume "
+            "from (set train.save_steps so the next run writes some)"
+        )
     spec.train.resume_from = str(ckpt.path)
     spec.run.output_dir = str(out)
     _single_node_port(spec)
     notes = []
     if spec.backend == "script":
-        notes.append(f"the script is told {RESUME_VAR}={ckpt.path}; it resumes only if it "
-                     "reads it")
+        notes.append(f"the script is told {RESUME_VAR}={ckpt.path}; it resumes only if it reads it")
     if spec.train.max_steps and ckpt.step >= spec.train.max_steps:
-        notes.append(f"checkpoint-{ckpt.step} is already at train.max_steps "
-                     f"({spec.train.max_steps}): raise it to train further")
+        notes.append(
+            f"checkpoint-{ckpt.step} is already at train.max_steps "
+            f"({spec.train.max_steps}): raise it to train further"
+        )
     return SpecFor(spec, notes, ckpt)
 
 
 # -- delete ----------------------------------------------------------------------------------
 
+
 def live_reason(run: RunInfo) -> str | None:
     """Why the run must not be touched, or None when nothing of it is alive."""
     st = run.state
-    abandoned = (run.status == "pending" and not st.get("agent_pid")
-                 and time.time() - run.created > ABANDONED_S)
+    abandoned = (
+        run.status == "pending"
+        and not st.get("agent_pid")
+        and time.time() - run.created > ABANDONED_S
+    )
     if run.active and not abandoned:
         return f"{run.run_id} is {run.status}"
     if pid_alive(st.get("agent_pid"), st.get("agent_create_time")):
@@ -177,6 +197,7 @@ def live_reason(run: RunInfo) -> str | None:
 class DeletePlan:
     """What `delete_run` would remove and keep. `output_dir` is set when the output folder
     exists; `outputs_kept_because` is set when it may not be deleted at all."""
+
     run_id: str
     run_dir: Path
     records: list[Path]
@@ -195,8 +216,11 @@ def _within(path: Path, folder: Path) -> bool:
 
 def _never_delete(out: Path, run_dir: Path, root: Path) -> str:
     """Why the output folder is not one we may delete, or ''."""
-    for name, guarded in (("the runs root", root), ("your home folder", Path.home()),
-                          ("this run's own directory", run_dir)):
+    for name, guarded in (
+        ("the runs root", root),
+        ("your home folder", Path.home()),
+        ("this run's own directory", run_dir),
+    ):
         if _within(guarded.resolve(), out):
             return f"it is or holds {name}"
     if out.parent == out:
@@ -215,9 +239,18 @@ def plan_delete(run: RunInfo, root: Path | None = None) -> DeletePlan:
     if _within(run_dir, out):
         # outputs in the run directory itself (or above it): only tunedeck's own files go
         rd = RunDir(run_dir)
-        named = [rd.spec, rd.plan, rd.launch_sh, rd.state, rd.stop_request, rd.db,
-                 rd.db.with_name("run.db-wal"), rd.db.with_name("run.db-shm"), rd.logs,
-                 rd.events]
+        named = [
+            rd.spec,
+            rd.plan,
+            rd.launch_sh,
+            rd.state,
+            rd.stop_request,
+            rd.db,
+            rd.db.with_name("run.db-wal"),
+            rd.db.with_name("run.db-shm"),
+            rd.logs,
+            rd.events,
+        ]
         records = [p for p in named if os.path.lexists(p)]
     else:
         records = sorted(p for p in run_dir.iterdir() if not _within(out, p))
@@ -240,21 +273,23 @@ def plan_delete(run: RunInfo, root: Path | None = None) -> DeletePlan:
 @dataclass
 class DeleteResult:
     removed: list[Path]
-    kept: Path | None       # the output folder when it stays
+    kept: Path | None  # the output folder when it stays
 
 
-def delete_run(run: RunInfo, outputs: Path | None = None, root: Path | None = None
-               ) -> DeleteResult:
+def delete_run(run: RunInfo, outputs: Path | None = None, root: Path | None = None) -> DeleteResult:
     """Delete the run's records, and its output folder only when `outputs` names that folder
     (the caller confirmed it with the user). Checks again that nothing of the run is alive."""
     plan = plan_delete(run, root)
     if outputs is not None:
         if plan.output_dir is None or Path(outputs).resolve() != plan.output_dir:
-            raise ManageError(f"{outputs} is not the output folder of {run.run_id} "
-                              f"({plan.output_dir or 'none on disk'}); nothing deleted")
+            raise ManageError(
+                f"{outputs} is not the output folder of {run.run_id} "
+                f"({plan.output_dir or 'none on disk'}); nothing deleted"
+            )
         if plan.outputs_kept_because:
-            raise ManageError(f"{plan.output_dir} is not deleted: "
-                              f"{plan.outputs_kept_because}; nothing deleted")
+            raise ManageError(
+                f"{plan.output_dir} is not deleted: {plan.outputs_kept_because}; nothing deleted"
+            )
     rd = RunDir(plan.run_dir)
     removed = []
     # state.json first: the run leaves every listing at once, and a crash halfway leaves no
@@ -267,13 +302,13 @@ def delete_run(run: RunInfo, outputs: Path | None = None, root: Path | None = No
         # renamed first, as the trainer's rotation does: never a half-deleted checkpoint folder
         # that still looks complete
         trash = plan.output_dir.with_name(f".deleting-{plan.output_dir.name}")
-        shutil.rmtree(trash, ignore_errors=True)    # left by an earlier, interrupted delete
+        shutil.rmtree(trash, ignore_errors=True)  # left by an earlier, interrupted delete
         os.rename(plan.output_dir, trash)
         shutil.rmtree(trash)
         removed.append(plan.output_dir)
         kept = None
     try:
-        plan.run_dir.rmdir()     # only when empty: kept outputs inside keep the folder
+        plan.run_dir.rmdir()  # only when empty: kept outputs inside keep the folder
     except OSError:
         pass
     return DeleteResult(removed, kept)

@@ -16,26 +16,45 @@ in SQL, so a script or a view asks only for what it shows.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any
+from collections.abc import Iterable, Iterator
 
-from tunedeck.core.ingest.metrics import FileMetrics, MetricsParser, merge_by_step, \
-    records_from_file
+from tunedeck.core.ingest.metrics import (
+    FileMetrics,
+    MetricsParser,
+    merge_by_step,
+    records_from_file,
+)
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.rundir import RunDir, event_rank
 from tunedeck.core.runs.store import METRIC_STEP_COLS, MetricSources, Store
 
 # the step row's columns by output key (METRIC_STEP_COLS order; 0 is the step)
-_OUT = (("loss", 2), ("learning_rate", 3), ("grad_norm", 4), ("tokens_per_s", 5),
-        ("step_s", 6), ("epoch", 7))
+_OUT = (
+    ("loss", 2),
+    ("learning_rate", 3),
+    ("grad_norm", 4),
+    ("tokens_per_s", 5),
+    ("step_s", 6),
+    ("epoch", 7),
+)
 _EXTRA = (("t", 1), ("tokens", 8), ("data_wait_s", 9), ("mem_gib", 10))
-_KEY_OF_COL = {"t": "t", "loss": "loss", "lr": "learning_rate", "grad_norm": "grad_norm",
-               "tokens_per_s": "tokens_per_s", "step_s": "step_s", "epoch": "epoch",
-               "tokens": "tokens", "data_wait_s": "data_wait_s", "mem_gib": "mem_gib",
-               "max_steps": "max_steps"}
+_KEY_OF_COL = {
+    "t": "t",
+    "loss": "loss",
+    "lr": "learning_rate",
+    "grad_norm": "grad_norm",
+    "tokens_per_s": "tokens_per_s",
+    "step_s": "step_s",
+    "epoch": "epoch",
+    "tokens": "tokens",
+    "data_wait_s": "data_wait_s",
+    "mem_gib": "mem_gib",
+    "max_steps": "max_steps",
+}
 
 
 def run_metric_files(run: RunDir) -> list[tuple[Path, int | None]]:
@@ -48,16 +67,21 @@ def run_metric_files(run: RunDir) -> list[tuple[Path, int | None]]:
     if jsonl:
         return [(jsonl[-1], 0)]
     logs = run.rank_logs(latest_only=True)
-    return [(s.path, s.rank) for s in logs if s.path.name == "stdout.log"] or \
-        [(s.path, s.rank) for s in logs if s.kind == "log"]
+    return [(s.path, s.rank) for s in logs if s.path.name == "stdout.log"] or [
+        (s.path, s.rank) for s in logs if s.kind == "log"
+    ]
 
 
 def records_from_run(run_dir: str | Path | RunDir) -> list[dict[str, Any]]:
     return list(iter_run(run_dir))
 
 
-def iter_run(run_dir: str | Path | RunDir, since: int | None = None, every: int | None = None,
-             last: int | None = None) -> Iterator[dict[str, Any]]:
+def iter_run(
+    run_dir: str | Path | RunDir,
+    since: int | None = None,
+    every: int | None = None,
+    last: int | None = None,
+) -> Iterator[dict[str, Any]]:
     """A run's records in step order, streamed where run.db allows it."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     if not run.path.is_dir():
@@ -100,8 +124,9 @@ def _records_from_events(run: RunDir) -> list[list[dict[str, Any]]]:
     return out
 
 
-def _narrow(recs: list[dict[str, Any]], since: int | None, every: int | None,
-            last: int | None) -> Iterator[dict[str, Any]]:
+def _narrow(
+    recs: list[dict[str, Any]], since: int | None, every: int | None, last: int | None
+) -> Iterator[dict[str, Any]]:
     if since is not None:
         recs = [r for r in recs if r["step"] >= since]
     if every:
@@ -113,15 +138,26 @@ def _narrow(recs: list[dict[str, Any]], since: int | None, every: int | None,
 
 # -- the SQL stream -------------------------------------------------------------------------
 
+
 def _record(rank: int, step: int, row: tuple | None, ev: tuple | None) -> dict[str, Any]:
     """One rank's record at a step, built as the parser builds it from that rank's events
     (same keys, same order; a NaN loss is None, as JSON prints it)."""
     if row is not None and row[12] is None and None not in row[1:11]:
         # a trainer's step: every field there (one dict display, no per-key test)
         rec: dict[str, Any] = {
-            "step": step, "loss": row[2], "learning_rate": row[3], "grad_norm": row[4],
-            "tokens_per_s": row[5], "step_s": row[6], "epoch": row[7], "rank": rank,
-            "t": row[1], "tokens": row[8], "data_wait_s": row[9], "mem_gib": row[10]}
+            "step": step,
+            "loss": row[2],
+            "learning_rate": row[3],
+            "grad_norm": row[4],
+            "tokens_per_s": row[5],
+            "step_s": row[6],
+            "epoch": row[7],
+            "rank": rank,
+            "t": row[1],
+            "tokens": row[8],
+            "data_wait_s": row[9],
+            "mem_gib": row[10],
+        }
         if row[11]:
             rec["max_steps"] = row[11]
     else:
@@ -135,10 +171,10 @@ def _record(rank: int, step: int, row: tuple | None, ev: tuple | None) -> dict[s
                 if row[i] is not None:
                     rec[key] = row[i]
             if row[12] and "loss" not in rec:
-                rec["loss"] = None   # written, but not a number
+                rec["loss"] = None  # written, but not a number
             if row[11]:
                 rec["max_steps"] = row[11]
-    if ev is not None:   # an eval merges into its step's record: its keys go last
+    if ev is not None:  # an eval merges into its step's record: its keys go last
         rec.update(_eval_part(rank, ev))
     return rec
 
@@ -160,24 +196,39 @@ class Rendered(str):
     `_FULL`: what json.dump(indent=2) prints for it, without a dict or the encoder)."""
 
 
-_FULL = ('  {\n    "step": %d,\n    "loss": %r,\n    "learning_rate": %r,\n    "grad_norm": %r,'
-         '\n    "tokens_per_s": %r,\n    "step_s": %r,\n    "epoch": %r,\n    "rank": %d,\n    '
-         '"t": %r,\n    "tokens": %r,\n    "data_wait_s": %r,\n    "mem_gib": %r')
+_FULL = (
+    '  {\n    "step": %d,\n    "loss": %r,\n    "learning_rate": %r,\n    "grad_norm": %r,'
+    '\n    "tokens_per_s": %r,\n    "step_s": %r,\n    "epoch": %r,\n    "rank": %d,\n    '
+    '"t": %r,\n    "tokens": %r,\n    "data_wait_s": %r,\n    "mem_gib": %r'
+)
 
 
 def _rendered(rank: int, row: tuple) -> Rendered | None:
     """`_record`'s JSON text for a full step row without an eval; None for any other."""
     if row[12] is not None or None in row[1:11]:
         return None
-    text = _FULL % (row[0], row[2], row[3], row[4], row[5], row[6], row[7], rank, row[1],
-                    row[8], row[9], row[10])
+    text = _FULL % (
+        row[0],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        rank,
+        row[1],
+        row[8],
+        row[9],
+        row[10],
+    )
     if row[11]:
         return Rendered(f'{text},\n    "max_steps": {row[11]!r}\n  }}')
     return Rendered(text + "\n  }")
 
 
-def _stream(store: Store, since: int | None, every: int | None,
-            last: int | None, text: bool = False) -> Iterator[dict[str, Any]]:
+def _stream(
+    store: Store, since: int | None, every: int | None, last: int | None, text: bool = False
+) -> Iterator[dict[str, Any]]:
     """The records; with `text`, a trainer's full step row comes as its JSON text
     (`Rendered`) unless another rank has to be merged into it."""
     ranks = store.metric_ranks()
@@ -190,20 +241,27 @@ def _stream(store: Store, since: int | None, every: int | None,
         # no step below the lead's own N-th highest can be among the N highest of all: the
         # other ranks are asked only from there (a run logging every 10 steps, whose lead is
         # not contiguous, compared every step of every rank for `--last 100`)
-        mine = sorted(set(src.last_steps(lead, "step", last, since, every)) | set(
-            src.last_steps(lead, "eval", last, since, every)), reverse=True)[:last]
+        mine = sorted(
+            set(src.last_steps(lead, "step", last, since, every))
+            | set(src.last_steps(lead, "eval", last, since, every)),
+            reverse=True,
+        )[:last]
         if len(mine) == last:
             floor = mine[-1]
     special, fill_keys = _where_others_count(src, lead, others, floor)
-    extra = sorted(s for s in special if (since is None or s >= since)
-                   and (not every or s % every == 0))
+    extra = sorted(
+        s for s in special if (since is None or s >= since) and (not every or s % every == 0)
+    )
     if last is not None:
         if last <= 0:
             return
         # the N highest steps any record has: the lead's rows and the other ranks' own steps
-        tops = sorted(set(src.last_steps(lead, "step", last, since, every)) | set(
-            src.last_steps(lead, "eval", last, since, every)) | set(extra),
-            reverse=True)[:last]
+        tops = sorted(
+            set(src.last_steps(lead, "step", last, since, every))
+            | set(src.last_steps(lead, "eval", last, since, every))
+            | set(extra),
+            reverse=True,
+        )[:last]
         if not tops:
             return
         since = tops[-1]
@@ -237,8 +295,9 @@ def _stream(store: Store, since: int | None, every: int | None,
             # rows in a batch: the run of full rows before the next eval or merged step is
             # written by the native module in one call (the same text, ~5x faster)
             stop = min(ev[0] if ev is not None else never, nx)
-            body, nxt = fastscan.step_text(chunk, row, stop if stop < never else _NO_STOP,
-                                           lead, need_max)
+            body, nxt = fastscan.step_text(
+                chunk, row, stop if stop < never else _NO_STOP, lead, need_max
+            )
             if nxt > row:
                 yield Rendered(body)
                 chunk.skip = nxt
@@ -253,8 +312,12 @@ def _stream(store: Store, since: int | None, every: int | None,
         if ev is not None and ev[0] == s:
             rec = _record(lead, s, row, ev)
             ev = next(evals, None)
-        elif text and nx != s and (row[11] or "max_steps" not in fill_keys) \
-                and (out := _rendered(lead, row)) is not None:   # has every key there is
+        elif (
+            text
+            and nx != s
+            and (row[11] or "max_steps" not in fill_keys)
+            and (out := _rendered(lead, row)) is not None
+        ):  # has every key there is
             yield out
             continue
         else:
@@ -277,6 +340,7 @@ _NO_STOP = 1 << 62
 
 class _Batch(list):
     """A fetched batch of rows; `skip` is the next index to hand out."""
+
     skip = 0
 
 
@@ -294,8 +358,9 @@ def _batched(cur: Iterator[tuple], batches: bool) -> Iterator[tuple[Any, _Batch 
             yield i, batch
 
 
-def _where_others_count(src: MetricSources, lead: int, others: list[int],
-                        floor: int | None = None) -> tuple[set[int], set[str]]:
+def _where_others_count(
+    src: MetricSources, lead: int, others: list[int], floor: int | None = None
+) -> tuple[set[int], set[str]]:
     """Steps (from `floor` on) where another rank adds a record or an eval the lead lacks,
     and the keys some other rank ever has (a lead record lacking one is merged with the
     others')."""
@@ -312,7 +377,7 @@ def _where_others_count(src: MetricSources, lead: int, others: list[int],
         if a is not None and not (contiguous and a >= a0 and b <= b0):
             # a live run: the others may be a few steps ahead of the lead
             special.update(src.missing(r, lead, (a0, b0) if contiguous else None, floor))
-        for (s, *_) in src.rows(r, "eval", floor):
+        for s, *_ in src.rows(r, "eval", floor):
             if s not in lead_evals:
                 special.add(s)
         for c in cols:
@@ -321,8 +386,9 @@ def _where_others_count(src: MetricSources, lead: int, others: list[int],
     return special, fill
 
 
-def _merged(src: MetricSources, step: int, lead_rec: dict[str, Any] | None,
-            others: list[int]) -> dict[str, Any] | None:
+def _merged(
+    src: MetricSources, step: int, lead_rec: dict[str, Any] | None, others: list[int]
+) -> dict[str, Any] | None:
     """The record at a step from every rank's, as the whole-run merge made it: the first
     rank's values win, each later rank fills what is missing and sets the key order."""
     merged = lead_rec
@@ -337,6 +403,7 @@ def _merged(src: MetricSources, step: int, lead_rec: dict[str, Any] | None,
 
 
 # -- output ---------------------------------------------------------------------------------
+
 
 def records(ref: str | Path) -> list[dict[str, Any]]:
     """`tunedeck metrics RUN_OR_FILE`: a file, a run directory, or a run id/prefix/name."""
@@ -359,15 +426,19 @@ class Records:
         return next(self.recs)
 
 
-def iter_records(ref: str | Path, since: int | None = None, every: int | None = None,
-                 last: int | None = None, text: bool = False) -> Records:
+def iter_records(
+    ref: str | Path,
+    since: int | None = None,
+    every: int | None = None,
+    last: int | None = None,
+    text: bool = False,
+) -> Records:
     """`tunedeck metrics RUN_OR_FILE`'s records. A missing run or file raises
     FileNotFoundError here, before the first record. `text`: for write_json (records may
     come as their JSON text)."""
     p = Path(ref)
     if p.is_file():
-        return Records(map(json_safe, _narrow(records_from_file(p), since, every, last)),
-                       False)
+        return Records(map(json_safe, _narrow(records_from_file(p), since, every, last)), False)
     run = RunDir(p if p.is_dir() else _find(str(ref)))
     if not run.path.is_dir():
         raise FileNotFoundError(f"no such run directory: {run.path}")
@@ -395,13 +466,16 @@ def _closing(store: Store, recs: Iterator[dict[str, Any]]) -> Iterator[dict[str,
 def json_safe(rec: dict[str, Any]) -> dict[str, Any]:
     for k, v in rec.items():
         if type(v) is float and not math.isfinite(v):
-            return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                    for k, v in rec.items()}
+            return {
+                k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in rec.items()
+            }
     return rec
 
 
-def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000,
-               plain: bool = False) -> None:
+def write_json(
+    recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000, plain: bool = False
+) -> None:
     """`json.dump(list(recs), out, indent=2)` and a newline, written as it goes: records of
     numbers are encoded a batch at a time by the C encoder and re-indented (no key or value
     of such a record holds a brace or a quote-comma). `plain`: the caller knows every value
@@ -409,7 +483,7 @@ def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000,
     sep = "[\n"
     dicts: list[dict[str, Any]] = []
     for r in recs:
-        if type(r) is Rendered:   # text already (possibly thousands of rows): out at once
+        if type(r) is Rendered:  # text already (possibly thousands of rows): out at once
             if dicts:
                 out.write(sep + _encode(dicts, plain))
                 sep = ",\n"
@@ -430,11 +504,12 @@ def write_json(recs: Iterable[dict[str, Any]], out: IO[str], batch: int = 2000,
 
 def _encode(recs: list[dict[str, Any]], plain: bool) -> str:
     """Records as json.dump(indent=2) prints them inside a list, joined by ",\\n"."""
-    if not plain and any(not _plain(r) for r in recs):   # text values: the exact encoder
+    if not plain and any(not _plain(r) for r in recs):  # text values: the exact encoder
         return ",\n".join("  " + json.dumps(r, indent=2).replace("\n", "\n  ") for r in recs)
     flat = json.dumps(recs)[2:-2]
-    return ("  {\n    " + flat.replace("}, {", "\n  },\n  {\n    ")
-            .replace(', "', ',\n    "') + "\n  }")
+    return (
+        "  {\n    " + flat.replace("}, {", "\n  },\n  {\n    ").replace(', "', ',\n    "') + "\n  }"
+    )
 
 
 def _plain(rec: dict[str, Any]) -> bool:

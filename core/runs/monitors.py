@@ -4,7 +4,8 @@ the run's backend adds (tunedeck.core.backends: its `monitors`).
 `make_monitors(ctx)` is called once torchrun has started. Every monitor has
 tick(now, new_events) (~every 0.5 s, must stay well under 50 ms, and must not grow with the
 run's length) and close(new_events). One monitor failing to start never stops the others, nor
-the run. Monitors see the run through a `MonitorContext`, not the agent itself; its `store` may
+the run. Monitors see the run through a `MonitorContext` (tunedeck.core.monitoring, the layer
+below nodes and backends, whose monitors take it too), not the agent itself; its `store` may
 be replaced while they run (the agent reopens run.db after a full disk: a monitor that keeps
 something of the store has `rebind(store)`).
 """
@@ -14,33 +15,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tunedeck.core.backends import backend_of
 from tunedeck.core.detect.stall import StallDetector
 from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
-from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.store import Store
-from tunedeck.core.spec import RunSpec
+from tunedeck.core.monitoring import MonitorContext, MonitorStore
 
 log = logging.getLogger("tunedeck.monitors")
 
 CHECK_EVERY_S = 1.0
-
-
-@dataclass
-class MonitorContext:
-    run: RunDir
-    spec: RunSpec
-    store: Store                                 # the agent's (writable) store
-    node_rank: int
-    rank_pids: Callable[[], dict[int, int]]      # rank → pid of this node's live ranks
-    stopping: Callable[[], bool]                 # a stop was asked for (steps pause on purpose)
-    # signal the run's own processes among pids (procs.signal_ours: identity-checked), for
-    # monitors of the layers below runs (the nodes monitor ends an attempt with it)
-    signal_ours: Callable[[dict, list, int], list[int]]
 
 
 def _slow_s() -> float:
@@ -62,9 +47,13 @@ class TelemetryMonitor:
 
         spec = ctx.spec
         self.sampler = TelemetrySampler(
-            ctx.store.telemetry, interval_s=spec.run.telemetry_interval_s,
-            rank_pids=ctx.rank_pids, out_dir=spec.run.output_dir or None,
-            nvml=Nvml(lib=from_env()), slow_s=_slow_s())
+            ctx.store.telemetry,
+            interval_s=spec.run.telemetry_interval_s,
+            rank_pids=ctx.rank_pids,
+            out_dir=spec.run.output_dir or None,
+            nvml=Nvml(lib=from_env()),
+            slow_s=_slow_s(),
+        )
 
     def tick(self, now: float, new_events: list[dict]) -> None:
         self.sampler.tick(now, new_events)
@@ -72,7 +61,7 @@ class TelemetryMonitor:
     def close(self, new_events: list[dict]) -> None:
         self.sampler.close(new_events)
 
-    def rebind(self, store: Store) -> None:
+    def rebind(self, store: MonitorStore) -> None:
         """The agent opened run.db again (after a full disk): write through the new
         connection. The other monitors read `ctx.store` at each call."""
         self.sampler.tstore = store.telemetry
@@ -88,8 +77,9 @@ class DetectorMonitor:
         floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
         self.detectors = [
             StarvationDetector(telemetry=telemetry, local_world=local_world),
-            StallDetector(floor_s=floor, pids=self.pids, telemetry=telemetry,
-                          local_world=local_world),
+            StallDetector(
+                floor_s=floor, pids=self.pids, telemetry=telemetry, local_world=local_world
+            ),
             StragglerDetector(telemetry=telemetry, local_world=local_world),
         ]
         self.last_check = 0.0
@@ -150,7 +140,7 @@ class DiagnosisMonitor:
     def __init__(self, ctx: MonitorContext) -> None:
         self.ctx = ctx
         self.diag = None
-        self.paths: tuple[str, ...] | None = None   # a run with no log yet is a key too
+        self.paths: tuple[str, ...] | None = None  # a run with no log yet is a key too
         self.last = 0.0
         self.first_seen: dict[tuple, float] = {}
 
@@ -178,7 +168,8 @@ class DiagnosisMonitor:
                 # the poll that first saw it; a fresh time on every poll would store the same
                 # finding again every INTERVAL_S (run.db dedups on identical content only)
                 finding.t = self.first_seen.setdefault(
-                    (finding.category, finding.rank, finding.node, finding.source), time.time())
+                    (finding.category, finding.rank, finding.node, finding.source), time.time()
+                )
             self.ctx.store.save_finding(finding)
 
 
@@ -211,8 +202,15 @@ class LossMonitor:
         from tunedeck.core.diagnose.loss import loss_record
 
         rank = self.rank
-        self.watch.feed([r for e in events if e.get("rank") == rank and e.get("kind") == "step"
-                         and (r := loss_record(e)) is not None])
+        self.watch.feed(
+            [
+                r
+                for e in events
+                if e.get("rank") == rank
+                and e.get("kind") == "step"
+                and (r := loss_record(e)) is not None
+            ]
+        )
 
     def _save(self) -> None:
         found = [f.to_json() for f in self.watch.findings()]
@@ -239,11 +237,11 @@ def make_monitors(ctx: MonitorContext) -> list[Any]:
     monitors += [DiagnosisMonitor(ctx), LossMonitor(ctx)]
     c = ctx.spec.cluster
     if c.launcher == "ssh" and c.nnodes > 1 and ctx.node_rank == 0:
-        from tunedeck.core.nodes.link import NodesMonitor   # the other nodes, over ssh
+        from tunedeck.core.nodes.link import NodesMonitor  # the other nodes, over ssh
 
         monitors.append(NodesMonitor(ctx))
     if c.launcher == "slurm" and c.nnodes > 1:
-        from tunedeck.core.nodes.slurm import NodesWatch   # the others, on the shared disk
+        from tunedeck.core.nodes.slurm import NodesWatch  # the others, on the shared disk
 
         monitors.append(NodesWatch(ctx))
     try:

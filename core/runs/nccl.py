@@ -17,39 +17,29 @@ summary for the rank (NCCL initialises again).
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunedeck.core.ingest.parsers.nccl import parse_nccl, transport_name
+from tunedeck.core.ingest.parsers.nccl import parse_nccl, torch_nccl_error
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.rundir import RunDir
 
-MAX_ISSUES = 200          # per rank: a flood of identical warnings says no more than 200 do
-_CHANNEL = re.compile(r"Channel (\d+)/\d+ : (\d+)\[[\w.]+\] -> (\d+)\[[\w.]+\]"
-                      r"(?: \[(\w+)\])? via (\S+)")
-_P2P_CHANNELS = re.compile(r"(\d+) p2p channels per peer")
-_GDR = re.compile(r"Connected all rings.* GDR (\d)")
-# PyTorch's side: glog error lines of ProcessGroupNCCL ("[rank0]:[E1130 13:05:52...]"),
-# NCCL result codes named in any line
-_TORCH_ERROR = re.compile(r"(?:^|\]:)\[?E\d{4} [\d:.]+ .*NCCL")
-_NCCL_CODE = re.compile(r"\bnccl(?:Internal|System|UnhandledCuda|Remote|InvalidUsage|"
-                        r"InvalidArgument)Error\b|NCCL error")
+MAX_ISSUES = 200  # per rank: a flood of identical warnings says no more than 200 do
 
 
 @dataclass
 class Peer:
     peer: int
-    transport: str                 # P2P, SHM, Socket, IB, NVLS, ... (transport_name)
-    via: str                       # as NCCL wrote it: P2P/CUMEM, SHM/direct/direct, NET/IB/0
+    transport: str  # P2P, SHM, Socket, IB, NVLS, ... (transport_name)
+    via: str  # as NCCL wrote it: P2P/CUMEM, SHM/direct/direct, NET/IB/0
     channels: set[int] = field(default_factory=set)
 
 
 @dataclass
 class NcclIssue:
-    level: str                     # WARN or ERROR
+    level: str  # WARN or ERROR
     text: str
-    file: str                      # stdout.log / stderr.log
+    file: str  # stdout.log / stderr.log
     line: int
 
 
@@ -59,7 +49,7 @@ class RankNccl:
     host: str | None = None
     pid: int | None = None
     version: str | None = None
-    network: str | None = None     # Socket, IB, ...
+    network: str | None = None  # Socket, IB, ...
     interfaces: list[str] = field(default_factory=list)
     ib_devices: list[str] = field(default_factory=list)
     ib_missing: bool = False
@@ -100,13 +90,18 @@ class NcclReader:
     def poll(self, max_bytes: int = 32 << 20) -> bool:
         """Read what the rank logs gained; True when any summary changed."""
         changed = False
-        ranks = sorted({s.rank for s in self.run.rank_logs(latest_only=True)
-                        if s.rank is not None and s.kind == "log"})
+        ranks = sorted(
+            {
+                s.rank
+                for s in self.run.rank_logs(latest_only=True)
+                if s.rank is not None and s.kind == "log"
+            }
+        )
         for rank in ranks:
             files = self.run.rank_log_files(rank)
             st = self._ranks.get(rank)
             if st is None or st.info.attempt_files != [str(p) for p in files]:
-                st = self._ranks[rank] = _RankState(rank, files)   # a new attempt
+                st = self._ranks[rank] = _RankState(rank, files)  # a new attempt
                 changed = True
             for tail in st.tails:
                 changed |= self._read(st.info, tail, max_bytes)
@@ -148,52 +143,44 @@ class NcclReader:
     def _line(self, info: RankNccl, text: str, file: str, line: int) -> bool:
         rec = parse_nccl(text)
         if rec is None:
-            if text.lstrip().startswith("frame #"):
-                return False     # C++ stack frames name ProcessGroupNCCL on every line
-            if _TORCH_ERROR.search(text) or _NCCL_CODE.search(text):
+            if torch_nccl_error(text):
                 return self._issue(info, "ERROR", text, file, line)
             return False
         info.nccl_lines += 1
-        info.host = info.host or rec["host"]
-        info.pid = info.pid or rec["pid"]
-        kind, msg = rec["kind"], rec["msg"]
+        info.host = info.host or rec.host
+        info.pid = info.pid or rec.pid
+        kind = rec.kind
         if kind == "warn":
-            return self._issue(info, "WARN" if rec["level"] == "WARN" else "ERROR",
-                               text, file, line)
+            return self._issue(info, "WARN" if rec.level == "WARN" else "ERROR", text, file, line)
         if kind == "transport":
-            m = _CHANNEL.search(msg)
-            if not m:
-                return False
-            channel, src, dst, via = int(m[1]), int(m[2]), int(m[3]), m[5]
+            src, dst, via = rec.src, rec.dst, rec.via
             me = info.rank
             peer = dst if src == me else src if dst == me else dst
             p = info.peers.get(peer)
             if p is None or p.via != via:
-                p = info.peers[peer] = Peer(peer, transport_name(via), via,
-                                            p.channels if p else set())
-            p.channels.add(channel)
+                p = info.peers[peer] = Peer(peer, rec.transport, via, p.channels if p else set())
+            p.channels.add(rec.channel)
             return True
         if kind == "version":
-            info.version = rec["version"]
+            info.version = rec.version
         elif kind in ("bootstrap", "socket"):
-            if rec["interface"] not in info.interfaces:
-                info.interfaces.append(rec["interface"])
+            if rec.interface not in info.interfaces:
+                info.interfaces.append(rec.interface)
         elif kind == "network":
-            info.network = rec["network"]
+            info.network = rec.network
         elif kind == "ib":
-            if rec["device"] not in info.ib_devices:
-                info.ib_devices.append(rec["device"])
+            if rec.device not in info.ib_devices:
+                info.ib_devices.append(rec.device)
         elif kind == "ib_none":
             info.ib_missing = True
         elif kind == "comm":
-            info.nranks, info.nnodes = rec["nranks"], rec["nnodes"]
+            info.nranks, info.nnodes = rec.nranks, rec.nnodes
         elif kind == "channels":
-            info.coll_channels = rec["channels"]
-            m = _P2P_CHANNELS.search(msg)
-            if m:
-                info.p2p_channels = int(m[1])
-        elif (m := _GDR.search(msg)) is not None:
-            info.gdr = m[1] == "1"
+            info.coll_channels = rec.channels
+            if rec.p2p_channels is not None:
+                info.p2p_channels = rec.p2p_channels
+        elif kind == "gdr":
+            info.gdr = rec.gdr
         else:
             return False
         return True

@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import psutil
 
@@ -42,6 +43,7 @@ _boot: str | None = None
 
 
 # -- identity -------------------------------------------------------------------------------
+
 
 def boot_id() -> str:
     """This boot's id ("" where the kernel has none: then start times alone identify)."""
@@ -64,7 +66,7 @@ def start_ticks(pid: int) -> int | None:
     except (OSError, ValueError):
         return None
     # the command name (field 2) may hold spaces and ')': the fields after the last ')'
-    rest = raw[raw.rfind(b")") + 2:].split()
+    rest = raw[raw.rfind(b")") + 2 :].split()
     try:
         if rest[0] in (b"Z", b"X"):
             return None
@@ -127,12 +129,13 @@ def owner_alive(state: dict[str, Any]) -> bool | None:
         if ident.get("boot", "") != boot_id():
             return None if state.get("host") != os.uname().nodename else False
         return same_process(pid, ident)
-    from tunedeck.core.runs.state import pid_alive   # a run recorded before identities
+    from tunedeck.core.runs.state import pid_alive  # a run recorded before identities
 
     return pid_alive(pid, state.get("agent_create_time"))
 
 
 # -- the launch marker ----------------------------------------------------------------------
+
 
 def launch_matches(state: dict[str, Any], env: dict[str, str], start: int | None) -> bool:
     """A process environment carries this run's marker and one of its launch ids, and the
@@ -166,13 +169,13 @@ def marked_processes(run_id: str, exclude: set[int] | None = None) -> list[psuti
     return found
 
 
-def launched_processes(state: dict[str, Any], exclude: set[int] | None = None
-                       ) -> list[psutil.Process]:
+def launched_processes(
+    state: dict[str, Any], exclude: set[int] | None = None
+) -> list[psutil.Process]:
     """Processes carrying one of the run's launch markers (`launch_matches`)."""
     if not state.get("launches"):
         return []
-    return [p for p in marked_processes(str(state.get("run_id")), exclude)
-            if _launch_ok(state, p)]
+    return [p for p in marked_processes(str(state.get("run_id")), exclude) if _launch_ok(state, p)]
 
 
 def _launch_ok(state: dict[str, Any], p: psutil.Process) -> bool:
@@ -183,6 +186,7 @@ def _launch_ok(state: dict[str, Any], p: psutil.Process) -> bool:
 
 
 # -- signals --------------------------------------------------------------------------------
+
 
 def signal_pids(pids, sig: int) -> None:
     """Signal pids as they are: only for pids just checked (`ours`) or known children."""
@@ -223,8 +227,9 @@ def kill_groups(pgids, sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def run_processes(state: dict[str, Any], roots=(), exclude: set[int] | None = None,
-                  sweep: bool = True) -> tuple[dict[int, psutil.Process], set[int]]:
+def run_processes(
+    state: dict[str, Any], roots=(), exclude: set[int] | None = None, sweep: bool = True
+) -> tuple[dict[int, psutil.Process], set[int]]:
     """The run's live processes and process groups, each verified.
 
     `roots`: pids the caller knows are the run's (the agent's own child torchrun); the
@@ -233,9 +238,14 @@ def run_processes(state: dict[str, Any], roots=(), exclude: set[int] | None = No
     identity matches; groups read from a verified live process count as they are."""
     exclude = set(exclude or ()) | {os.getpid()}
     found: dict[int, psutil.Process] = {}
-    tops = list(roots) + ours(state, [state.get("torchrun_pid"),
-                                      *(state.get("worker_pids") or []),
-                                      *(state.get("rank_pids") or {}).values()])
+    tops = list(roots) + ours(
+        state,
+        [
+            state.get("torchrun_pid"),
+            *(state.get("worker_pids") or []),
+            *(state.get("rank_pids") or {}).values(),
+        ],
+    )
     for r in dict.fromkeys(tops):
         try:
             p = psutil.Process(r)
@@ -249,7 +259,7 @@ def run_processes(state: dict[str, Any], roots=(), exclude: set[int] | None = No
             found[p.pid] = p
     for pid in exclude:
         found.pop(pid, None)
-    groups = set(ours(state, state.get("pgids") or []))   # the leader is ours
+    groups = set(ours(state, state.get("pgids") or []))  # the leader is ours
     for pid in found:
         try:
             groups.add(os.getpgid(pid))
@@ -261,8 +271,9 @@ def run_processes(state: dict[str, Any], roots=(), exclude: set[int] | None = No
     return found, groups
 
 
-def kill_run(state: dict[str, Any], roots=(), exclude: set[int] | None = None,
-             wait_s: float = 5.0) -> list[int]:
+def kill_run(
+    state: dict[str, Any], roots=(), exclude: set[int] | None = None, wait_s: float = 5.0
+) -> list[int]:
     """SIGKILL every process of the run (`run_processes`); returns pids still alive after
     `wait_s` (should be []). `roots` are the caller's own children: killed but never waited
     for here, since a wait reaps them and the caller's own wait would then read exit code 0
@@ -282,8 +293,9 @@ def kill_run(state: dict[str, Any], roots=(), exclude: set[int] | None = None,
 def _wait_gone(found: dict[int, psutil.Process], unreaped: set[int], wait_s: float) -> set[int]:
     """Wait until the processes are gone; the pids still alive. Those in `unreaped` are
     watched without a wait(): a zombie among them counts as gone."""
-    _, alive = psutil.wait_procs([p for pid, p in found.items() if pid not in unreaped],
-                                 timeout=wait_s)
+    _, alive = psutil.wait_procs(
+        [p for pid, p in found.items() if pid not in unreaped], timeout=wait_s
+    )
     left = {p.pid for p in alive}
     deadline = time.monotonic() + wait_s
     for pid in unreaped & set(found):
@@ -301,8 +313,9 @@ def kill_descendants(exclude: set[int] | None = None, wait_s: float = 5.0) -> li
     the rank ends, and nothing else finds them."""
     exclude = set(exclude or ())
     try:
-        found = {c.pid: c for c in psutil.Process().children(recursive=True)
-                 if c.pid not in exclude}
+        found = {
+            c.pid: c for c in psutil.Process().children(recursive=True) if c.pid not in exclude
+        }
     except psutil.Error:
         return []
     signal_pids(list(found), signal.SIGKILL)

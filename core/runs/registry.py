@@ -37,8 +37,7 @@ from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir, json_problem, ownership
 from tunedeck.core.runs import adopt, procs
-from tunedeck.core.runs.state import (TERMINAL, clean_state, fatal_problem, pid_alive,
-                                      stale_for)
+from tunedeck.core.runs.state import TERMINAL, clean_state, fatal_problem, pid_alive, stale_for
 
 
 class RunNotFound(LookupError):
@@ -61,7 +60,7 @@ class RunInfo:
     tokens_per_s: float | None
     exit_code: int | None
     state: dict[str, Any] = field(repr=False)
-    stale_s: float | None = None    # a live run whose agent has not written for this long
+    stale_s: float | None = None  # a live run whose agent has not written for this long
 
     @property
     def run(self) -> RunDir:
@@ -98,17 +97,27 @@ class RunInfo:
         return (now or time.time()) - self.created
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "name": self.name, "status": self.status,
-                "message": self.message, "step": self.step, "max_steps": self.max_steps,
-                "loss": self.loss, "tokens_per_s": self.tokens_per_s,
-                "created": self.created, "started": self.started, "ended": self.ended,
-                "exit_code": self.exit_code, "run_dir": str(self.run_dir),
-                "agent_pid": self.state.get("agent_pid"),
-                "torchrun_pid": self.state.get("torchrun_pid"),
-                "worker_pids": self.state.get("worker_pids", []),
-                "stop_requested": self.state.get("stop_requested"),
-                "stale_s": self.stale_s,
-                "output_shared_with": self.state.get("output_shared_with")}
+        return {
+            "run_id": self.run_id,
+            "name": self.name,
+            "status": self.status,
+            "message": self.message,
+            "step": self.step,
+            "max_steps": self.max_steps,
+            "loss": self.loss,
+            "tokens_per_s": self.tokens_per_s,
+            "created": self.created,
+            "started": self.started,
+            "ended": self.ended,
+            "exit_code": self.exit_code,
+            "run_dir": str(self.run_dir),
+            "agent_pid": self.state.get("agent_pid"),
+            "torchrun_pid": self.state.get("torchrun_pid"),
+            "worker_pids": self.state.get("worker_pids", []),
+            "stop_requested": self.state.get("stop_requested"),
+            "stale_s": self.stale_s,
+            "output_shared_with": self.state.get("output_shared_with"),
+        }
 
 
 DAMAGED = "damaged"
@@ -136,14 +145,25 @@ def damaged_info(run_dir: Path, file: str, why: str) -> RunInfo:
         created = os.stat(run_dir).st_mtime
     except OSError:
         created = 0.0
-    return RunInfo(run_id=run_dir.name, run_dir=run_dir, name="", status=DAMAGED,
-                   message=f"damaged: {file}: {why}", created=created, started=None,
-                   ended=None, step=0, max_steps=0, loss=None, tokens_per_s=None,
-                   exit_code=None, state={"status": DAMAGED})
+    return RunInfo(
+        run_id=run_dir.name,
+        run_dir=run_dir,
+        name="",
+        status=DAMAGED,
+        message=f"damaged: {file}: {why}",
+        created=created,
+        started=None,
+        ended=None,
+        step=0,
+        max_steps=0,
+        loss=None,
+        tokens_per_s=None,
+        exit_code=None,
+        state={"status": DAMAGED},
+    )
 
 
-def foreign_info(run_dir: Path, why: str,
-                 state: dict[str, Any] | None = None) -> RunInfo | None:
+def foreign_info(run_dir: Path, why: str, state: dict[str, Any] | None = None) -> RunInfo | None:
     """Another user's run as its state.json says (read here without trusting it: no symlink,
     no FIFO, bounded; or `state` as the caller read it), status `foreign`; None when there is
     no state.json (not a run). Its id is its folder's name, whatever the file claims. Nothing
@@ -159,24 +179,33 @@ def foreign_info(run_dir: Path, why: str,
             state = json.loads(raw.decode("utf-8")) if raw.strip() else None
         except (ValueError, RecursionError):
             state = None
-    state = clean_state(state) if isinstance(state, dict) and \
-        fatal_problem(state) is None else {}
+    state = clean_state(state) if isinstance(state, dict) and fatal_problem(state) is None else {}
     try:
         created = state.get("created") or os.lstat(run_dir).st_mtime
     except OSError:
         created = 0.0
     prog = state.get("progress") or {}
-    return RunInfo(run_id=run_dir.name, run_dir=run_dir, name=str(state.get("name") or ""),
-                   status=FOREIGN, message=f"foreign: {why}", created=created,
-                   started=state.get("started"), ended=state.get("ended"),
-                   step=int(prog.get("step") or 0), max_steps=int(prog.get("max_steps") or 0),
-                   loss=prog.get("loss"), tokens_per_s=prog.get("tokens_per_s"),
-                   exit_code=state.get("exit_code"),
-                   state={**state, "status": state.get("status", "pending")})
+    return RunInfo(
+        run_id=run_dir.name,
+        run_dir=run_dir,
+        name=str(state.get("name") or ""),
+        status=FOREIGN,
+        message=f"foreign: {why}",
+        created=created,
+        started=state.get("started"),
+        ended=state.get("ended"),
+        step=int(prog.get("step") or 0),
+        max_steps=int(prog.get("max_steps") or 0),
+        loss=prog.get("loss"),
+        tokens_per_s=prog.get("tokens_per_s"),
+        exit_code=state.get("exit_code"),
+        state={**state, "status": state.get("status", "pending")},
+    )
 
 
-def info_from_state(run_dir: Path, state: dict[str, Any] | None,
-                    why: str | None = None) -> RunInfo | None:
+def info_from_state(
+    run_dir: Path, state: dict[str, Any] | None, why: str | None = None
+) -> RunInfo | None:
     """A run's info from its state.json content: a damaged one when a vital key cannot be
     trusted; any other key of the wrong type reads as missing (core/runs/state.py)."""
     why = why or fatal_problem(state)
@@ -197,10 +226,9 @@ def info_from_state(run_dir: Path, state: dict[str, Any] | None,
         if alive:
             status = "lost"
             message = f"agent lost, ranks still running ({len(alive)} processes)"
-        elif adoptable:   # how it ended is in its files: not known before an agent reads them
+        elif adoptable:  # how it ended is in its files: not known before an agent reads them
             status = "lost"
-            message = ("agent lost, its processes have ended; a new agent records how the run "
-                       "ended")
+            message = "agent lost, its processes have ended; a new agent records how the run ended"
         else:
             status, message = "failed", "the run's agent is gone (killed or host restarted)"
         if adoptable:
@@ -208,13 +236,23 @@ def info_from_state(run_dir: Path, state: dict[str, Any] | None,
             # nothing of it lives, records how it ended); see core/runs/adopt.py
             adopt.request(run_dir, state)
     prog = state.get("progress") or {}
-    return RunInfo(run_id=state["run_id"], run_dir=run_dir, name=state.get("name", ""),
-                   status=status, message=message, created=state.get("created") or 0.0,
-                   started=state.get("started"), ended=state.get("ended"),
-                   step=int(prog.get("step") or 0), max_steps=int(prog.get("max_steps") or 0),
-                   loss=prog.get("loss"), tokens_per_s=prog.get("tokens_per_s"),
-                   exit_code=state.get("exit_code"), state=state,
-                   stale_s=_stale(status, state))
+    return RunInfo(
+        run_id=state["run_id"],
+        run_dir=run_dir,
+        name=state.get("name", ""),
+        status=status,
+        message=message,
+        created=state.get("created") or 0.0,
+        started=state.get("started"),
+        ended=state.get("ended"),
+        step=int(prog.get("step") or 0),
+        max_steps=int(prog.get("max_steps") or 0),
+        loss=prog.get("loss"),
+        tokens_per_s=prog.get("tokens_per_s"),
+        exit_code=state.get("exit_code"),
+        state=state,
+        stale_s=_stale(status, state),
+    )
 
 
 def _stale(status: str, state: dict[str, Any]) -> float | None:
@@ -228,8 +266,10 @@ def _stale(status: str, state: dict[str, Any]) -> float | None:
 
 def _owner_alive(state: dict[str, Any]) -> bool:
     """The agent lives, or this host cannot tell (the run was recorded on another host)."""
-    if isinstance(state.get("pid_identity"), dict) and \
-            str(state.get("agent_pid")) in state["pid_identity"]:
+    if (
+        isinstance(state.get("pid_identity"), dict)
+        and str(state.get("agent_pid")) in state["pid_identity"]
+    ):
         return procs.owner_alive(state) is not False
     return pid_alive(state["agent_pid"], state.get("agent_create_time"))
 
@@ -252,12 +292,12 @@ RACY_S = 2.0
 
 @dataclass
 class _Entry:
-    path: str                       # its state.json (a str: os.stat takes it as it is)
-    sig: tuple[int, ...]            # state.json's `_sig` when it was read
-    info: RunInfo | None            # None: a folder whose state.json is not a run's (yet)
-    recheck: bool                   # read again next scan (racy mtime)
-    live: bool                      # state.json does not record an end
-    slot: int                       # which of `finished_every` scans looks at it when ended
+    path: str  # its state.json (a str: os.stat takes it as it is)
+    sig: tuple[int, ...]  # state.json's `_sig` when it was read
+    info: RunInfo | None  # None: a folder whose state.json is not a run's (yet)
+    recheck: bool  # read again next scan (racy mtime)
+    live: bool  # state.json does not record an end
+    slot: int  # which of `finished_every` scans looks at it when ended
 
 
 class Registry:
@@ -280,9 +320,9 @@ class Registry:
         self._names: list[str] = []
         self._entries: dict[str, _Entry] = {}
         self._sorted: list[RunInfo] = []
-        self.generation = 0     # bumps whenever the list or any run's info changed
-        self.reads = 0          # state.json files read (tests and bench/tui_idle.py count them)
-        self.listings = 0       # listings of the root
+        self.generation = 0  # bumps whenever the list or any run's info changed
+        self.reads = 0  # state.json files read (tests and bench/tui_idle.py count them)
+        self.listings = 0  # listings of the root
 
     def scan(self, full: bool = False) -> list[RunInfo]:
         """The runs, newest first. `full`: stat every run and list the root now."""
@@ -303,8 +343,10 @@ class Registry:
                     st = stat(e.path)
                 except OSError:
                     st = None
-                if st is not None and (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid,
-                                       st.st_mode) == e.sig:
+                if (
+                    st is not None
+                    and (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid, st.st_mode) == e.sig
+                ):
                     if e.live:
                         changed |= self._rederive(e)
                     continue
@@ -345,7 +387,7 @@ class Registry:
         old = entry.info if entry else None
         try:
             st = os.stat(path)
-        except OSError:   # not a run (yet), or deleted
+        except OSError:  # not a run (yet), or deleted
             if entry is not None:
                 del self._entries[name]
             return old is not None
@@ -354,10 +396,11 @@ class Registry:
         # a foreign run that is not over is looked at every scan too (its progress is shown)
         live = info is not None and info.recorded_live
         slot = entry.slot if entry else len(self._entries) % self.finished_every
-        self._entries[name] = entry = _Entry(path, _sig(st), info,
-                                             now - st.st_mtime < RACY_S, live, slot)
+        self._entries[name] = entry = _Entry(
+            path, _sig(st), info, now - st.st_mtime < RACY_S, live, slot
+        )
         if info == old:
-            entry.info = old    # keep the object: viewers compare identities
+            entry.info = old  # keep the object: viewers compare identities
             return False
         return True
 
@@ -365,7 +408,7 @@ class Registry:
         """No write, but the agent may have died since: derive the info from the same state."""
         old = entry.info
         assert old is not None
-        if old.damaged or old.foreign:   # nothing to derive: only a new write can change it
+        if old.damaged or old.foreign:  # nothing to derive: only a new write can change it
             return False
         info = info_from_state(old.run_dir, old.state)
         if info == old:
@@ -393,7 +436,7 @@ def find_run(ref: str, root: Path | None = None) -> RunInfo:
     if len(by_prefix) == 1:
         return by_prefix[0]
     by_name = [r for r in runs if r.name == ref]
-    if by_name:   # in a shared home, a name means this user's own run before another's
+    if by_name:  # in a shared home, a name means this user's own run before another's
         return next((r for r in by_name if not r.foreign), by_name[0])
     if len(by_prefix) > 1:
         ids = ", ".join(r.run_id for r in by_prefix[:5])

@@ -34,12 +34,13 @@ def nodes_apart(run: RunDir, spec: RunSpec) -> str:
     """The nodes that do not see the head's run folder ("" when all do)."""
     c = spec.cluster
     if c.launcher == "slurm":
-        return ""          # an allocation shares its filesystem
+        return ""  # an allocation shares its filesystem
     if c.launcher != "ssh":
         return "nodes started by hand"
     links = read_links(run)
-    return ", ".join(f"node {k}" for k in range(1, c.nnodes)
-                     if not (links.get(k) or {}).get("shared"))
+    return ", ".join(
+        f"node {k}" for k in range(1, c.nnodes) if not (links.get(k) or {}).get("shared")
+    )
 
 
 def head_decides(run: RunDir, spec: RunSpec, mine: Restart, attempt: int) -> Restart:
@@ -47,9 +48,13 @@ def head_decides(run: RunDir, spec: RunSpec, mine: Restart, attempt: int) -> Res
     nodes to follow."""
     apart = nodes_apart(run, spec)
     if apart:
-        mine = replace(mine, checkpoint=None, note=f"from step 0 ({apart} not on the head's "
-                                                   "filesystem: they could not read its "
-                                                   "checkpoint)")
+        mine = replace(
+            mine,
+            checkpoint=None,
+            note=f"from step 0 ({apart} not on the head's "
+            "filesystem: they could not read its "
+            "checkpoint)",
+        )
     announce(run, attempt, mine)
     return mine
 
@@ -58,9 +63,15 @@ def announce(run: RunDir, attempt: int, mine: Restart) -> None:
     """restart.json: the head's attempt before `attempt` has ended and where the next one
     continues. Nodes that see it start theirs only then: one that starts while the head's
     old torchrun still holds the rendezvous meets it closed and fails for good."""
-    write_json_atomic(run.path / DECISION, {
-        "attempt": attempt, "t": time.time(), "note": mine.note,
-        "checkpoint": str(mine.checkpoint) if mine.checkpoint else None})
+    write_json_atomic(
+        run.path / DECISION,
+        {
+            "attempt": attempt,
+            "t": time.time(),
+            "note": mine.note,
+            "checkpoint": str(mine.checkpoint) if mine.checkpoint else None,
+        },
+    )
 
 
 def head_folder(run: RunDir) -> Path | None:
@@ -78,8 +89,9 @@ def head_said(head: Path, attempt: int, since: float) -> Restart | None:
     if not isinstance(d, dict):
         return None
     at, t = d.get("attempt"), d.get("t")
-    if not ((isinstance(at, int) and at >= attempt) or (isinstance(t, (int, float))
-                                                        and t >= since)):
+    if not (
+        (isinstance(at, int) and at >= attempt) or (isinstance(t, (int, float)) and t >= since)
+    ):
         return None
     cp = d.get("checkpoint")
     return Restart(Path(cp) if isinstance(cp, str) and cp else None, str(d.get("note") or ""))
@@ -88,11 +100,15 @@ def head_said(head: Path, attempt: int, since: float) -> Restart | None:
 def follow(mine: Restart, said: Restart | None) -> Restart:
     """This node's restart as the head decided it (told the same way as the head's ranks)."""
     if said is None:
-        return replace(mine, checkpoint=None, note="from step 0 (the head did not say where "
-                                                   "its restart continues)")
+        return replace(
+            mine,
+            checkpoint=None,
+            note="from step 0 (the head did not say where its restart continues)",
+        )
     return replace(mine, checkpoint=said.checkpoint, note=said.note)
 
 
 def apart_here(mine: Restart) -> Restart:
-    return replace(mine, checkpoint=None, note="from step 0 (this node is not on the head's "
-                                               "filesystem)")
+    return replace(
+        mine, checkpoint=None, note="from step 0 (this node is not on the head's filesystem)"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tunedeck.core.preflight.base import CheckResult, result
 from tunedeck.core.runs.control import stop
@@ -17,8 +17,12 @@ from tunedeck.core.spec import RunSpec
 SMOKE_STEPS = 3
 
 
-def smoke_run(spec: RunSpec, steps: int = SMOKE_STEPS, timeout_s: float = 1800,
-              on_status: Callable[[str], None] | None = None) -> CheckResult:
+def smoke_run(
+    spec: RunSpec,
+    steps: int = SMOKE_STEPS,
+    timeout_s: float = 1800,
+    on_status: Callable[[str], None] | None = None,
+) -> CheckResult:
     """Launch the real run for `steps` steps through tunedeck.core.runs.launch and wait for it."""
     id, title = "smoke.run", f"Smoke run ({steps} real steps)"
     s = copy.deepcopy(spec)
@@ -42,11 +46,25 @@ def smoke_run(spec: RunSpec, steps: int = SMOKE_STEPS, timeout_s: float = 1800,
             break
         if time.monotonic() > deadline:
             stop(run, hard=True)
-            return result(id, title, "fail", f"{run_id}: no end after {timeout_s:.0f}s",
-                          f"tunedeck logs {run_id}")
+            return result(
+                id,
+                title,
+                "fail",
+                f"{run_id}: no end after {timeout_s:.0f}s",
+                f"tunedeck logs {run_id}",
+            )
         time.sleep(0.5)
     if run.status == "succeeded":
-        return result(id, title, "pass", f"{run_id}: {run.step} steps, loss "
-                      f"{run.loss if run.loss is not None else '?'}")
-    return result(id, title, "fail", f"{run_id}: {run.status}"
-                  + (f" ({run.message})" if run.message else ""), f"tunedeck logs {run_id}")
+        return result(
+            id,
+            title,
+            "pass",
+            f"{run_id}: {run.step} steps, loss {run.loss if run.loss is not None else '?'}",
+        )
+    return result(
+        id,
+        title,
+        "fail",
+        f"{run_id}: {run.status}" + (f" ({run.message})" if run.message else ""),
+        f"tunedeck logs {run_id}",
+    )

@@ -34,15 +34,24 @@ DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
 # inside backward, so on CPU (gloo) a rank waiting for a hung peer shows only the autograd
 # engine; on a GPU collectives return at once and the wait is at the next copy to the host
 # (the built-in trainer's all_reduce_result).
-COLLECTIVES = ("all_reduce", "allreduce", "barrier", "all_gather", "reduce_scatter",
-               "broadcast", "_sync_params", "_engine_run_backward", "run_backward")
+COLLECTIVES = (
+    "all_reduce",
+    "allreduce",
+    "barrier",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "_sync_params",
+    "_engine_run_backward",
+    "run_backward",
+)
 
 
 @dataclass
 class StackDump:
     rank: int | None
     pid: int
-    method: str         # "py-spy", "faulthandler" or "none"
+    method: str  # "py-spy", "faulthandler" or "none"
     text: str
 
     @property
@@ -50,8 +59,13 @@ class StackDump:
         return any(c in self.text for c in COLLECTIVES)
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "pid": self.pid, "method": self.method, "text": self.text,
-                "in_collective": self.in_collective}
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "method": self.method,
+            "text": self.text,
+            "in_collective": self.in_collective,
+        }
 
 
 def suspects(dumps: list[StackDump]) -> list[StackDump]:
@@ -83,8 +97,9 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
     return out
 
 
-def dump_stacks(run_dir: str | Path, ranks: list[int] | None = None,
-                timeout_s: float = 20.0) -> list[StackDump]:
+def dump_stacks(
+    run_dir: str | Path, ranks: list[int] | None = None, timeout_s: float = 20.0
+) -> list[StackDump]:
     """One dump per live rank (or per rank in `ranks`). Raises ValueError when the run has no
     live rank process (finished, stopped, or not started yet), and its `ForeignRun` when the
     run is not this user's (nothing is signalled)."""
@@ -107,29 +122,42 @@ def dump_stacks(run_dir: str | Path, ranks: list[int] | None = None,
         elif builtin and DUMP_SIGNAL is not None:
             out.append(_faulthandler(run_dir, rank, pid, timeout_s))
         else:
-            out.append(StackDump(rank, pid, "none",
-                                 "py-spy is not installed (pip install py-spy), and only the "
-                                 "built-in trainer dumps its own stacks on request"))
+            out.append(
+                StackDump(
+                    rank,
+                    pid,
+                    "none",
+                    "py-spy is not installed (pip install py-spy), and only the "
+                    "built-in trainer dumps its own stacks on request",
+                )
+            )
     return out
 
 
 def _backend(run_dir: Path) -> str:
     try:
         return load_spec(RunDir(run_dir).spec).backend
-    except Exception:   # an unreadable spec: do not send signals to an unknown program
+    except Exception:  # an unreadable spec: do not send signals to an unknown program
         return "unknown"
 
 
 def _pyspy(exe: str, rank: int, pid: int, timeout_s: float) -> StackDump:
     try:
-        r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [exe, "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return StackDump(rank, pid, "py-spy", f"py-spy did not answer within {timeout_s:.0f} s")
     text = r.stdout if r.returncode == 0 else (r.stderr or r.stdout).strip()
     if r.returncode != 0 and "ermission" in text:
-        text += "\n(py-spy needs ptrace rights: run as the same user with " \
-                "kernel.yama.ptrace_scope=0, or as root)"
+        text += (
+            "\n(py-spy needs ptrace rights: run as the same user with "
+            "kernel.yama.ptrace_scope=0, or as root)"
+        )
     return StackDump(rank, pid, "py-spy", text)
 
 
@@ -137,9 +165,13 @@ def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> Stack
     path = RunDir(run_dir).stack_file(rank)
     try:
         start = path.stat().st_size
-    except OSError:   # a trainer older than the stack file, or a rank still starting
-        return StackDump(rank, pid, "faulthandler",
-                         f"no stack file {path}: the rank has not registered its handler")
+    except OSError:  # a trainer older than the stack file, or a rank still starting
+        return StackDump(
+            rank,
+            pid,
+            "faulthandler",
+            f"no stack file {path}: the rank has not registered its handler",
+        )
     try:
         os.kill(pid, DUMP_SIGNAL)
     except OSError as e:

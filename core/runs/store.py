@@ -27,7 +27,8 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.tail import Tail, decode_lines
@@ -62,8 +63,18 @@ CREATE TABLE IF NOT EXISTS findings (
 # type affinity since series format 2: an int the trainer wrote reads back an int, so
 # `tunedeck metrics` prints what the event said). New metrics go last: an older run.db gets
 # them by ALTER TABLE, which appends.
-STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "data_wait_s", "mem_gib",
-                "mfu", "epoch", "tokens")
+STEP_METRICS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "step_s",
+    "data_wait_s",
+    "mem_gib",
+    "mfu",
+    "epoch",
+    "tokens",
+)
 # Series format: 2 = typed values, `tokens`, `max_steps` (the rank's last start event's) and
 # `loss_nan` (a loss that was written but is not a number) in `steps`, `max_steps` in
 # `evals`; a run.db of format 1 (or none) is read by `tunedeck metrics` from its JSON events.
@@ -96,26 +107,40 @@ CREATE TABLE IF NOT EXISTS evals (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
 """
 # columns a format-1 table lacks, added when the agent opens it
-_ADDED_COLUMNS = {"steps": ("tokens", "max_steps INTEGER", "loss_nan INTEGER"),
-                  "evals": ("max_steps INTEGER",),
-                  **{f"steps_{size}": ("tokens_min REAL", "tokens_sum REAL", "tokens_cnt INTEGER",
-                                       "tokens_max REAL") for size in (64, 4096)}}
-STEP_COLS = 3 + len(STEP_METRICS) + 2     # rank, step, t, metrics, max_steps, loss_nan
+_ADDED_COLUMNS = {
+    "steps": ("tokens", "max_steps INTEGER", "loss_nan INTEGER"),
+    "evals": ("max_steps INTEGER",),
+    **{
+        f"steps_{size}": (
+            "tokens_min REAL",
+            "tokens_sum REAL",
+            "tokens_cnt INTEGER",
+            "tokens_max REAL",
+        )
+        for size in (64, 4096)
+    },
+}
+STEP_COLS = 3 + len(STEP_METRICS) + 2  # rank, step, t, metrics, max_steps, loss_nan
 
 # one rollup table per tier, same columns: n steps, their range, per metric min/sum/count/max
-_TIER_COLS = ("rank INTEGER NOT NULL, block INTEGER NOT NULL, n INTEGER NOT NULL, "
-              "step_min INTEGER NOT NULL, step_max INTEGER NOT NULL, "
-              + ", ".join(f"{m}_min REAL, {m}_sum REAL, {m}_cnt INTEGER, {m}_max REAL"
-                          for m in STEP_METRICS) + ", PRIMARY KEY (rank, block)")
-TIER_SCHEMA = {size: f"CREATE TABLE IF NOT EXISTS steps_{size} ({_TIER_COLS}) WITHOUT ROWID"
-               for size in TIERS}
+_TIER_COLS = (
+    "rank INTEGER NOT NULL, block INTEGER NOT NULL, n INTEGER NOT NULL, "
+    "step_min INTEGER NOT NULL, step_max INTEGER NOT NULL, "
+    + ", ".join(f"{m}_min REAL, {m}_sum REAL, {m}_cnt INTEGER, {m}_max REAL" for m in STEP_METRICS)
+    + ", PRIMARY KEY (rank, block)"
+)
+TIER_SCHEMA = {
+    size: f"CREATE TABLE IF NOT EXISTS steps_{size} ({_TIER_COLS}) WITHOUT ROWID" for size in TIERS
+}
 
 
 def _tier_select(size: int) -> str:
     """A rank's tier-`size` blocks over steps [?, ?], aggregated from the steps table."""
-    return (f"SELECT rank, step / {size}, COUNT(*), MIN(step), MAX(step), "
-            + ", ".join(f"MIN({m}), SUM({m}), COUNT({m}), MAX({m})" for m in STEP_METRICS)
-            + f" FROM steps WHERE rank = ? AND step >= ? AND step <= ? GROUP BY step / {size}")
+    return (
+        f"SELECT rank, step / {size}, COUNT(*), MIN(step), MAX(step), "
+        + ", ".join(f"MIN({m}), SUM({m}), COUNT({m}), MAX({m})" for m in STEP_METRICS)
+        + f" FROM steps WHERE rank = ? AND step >= ? AND step <= ? GROUP BY step / {size}"
+    )
 
 
 def _tier_sql(size: int) -> str:
@@ -126,21 +151,25 @@ def _rollup_sql(size: int, finer: int) -> str:
     """A rank's tier-`size` blocks [?, ?] from tier `finer`'s (64 rows for a 4096-step block,
     not 4096: aggregating the steps again cost the agent as much as the 64-step tier did)."""
     k = size // finer
-    return (f"INSERT OR REPLACE INTO steps_{size} SELECT rank, block / {k}, SUM(n), "
-            "MIN(step_min), MAX(step_max), "
-            + ", ".join(f"MIN({m}_min), SUM({m}_sum), SUM({m}_cnt), MAX({m}_max)"
-                        for m in STEP_METRICS)
-            + f" FROM steps_{finer} WHERE rank = ? AND block >= ? * {k} AND "
-            f"block < (? + 1) * {k} GROUP BY block / {k}")
+    return (
+        f"INSERT OR REPLACE INTO steps_{size} SELECT rank, block / {k}, SUM(n), "
+        "MIN(step_min), MAX(step_max), "
+        + ", ".join(f"MIN({m}_min), SUM({m}_sum), SUM({m}_cnt), MAX({m}_max)" for m in STEP_METRICS)
+        + f" FROM steps_{finer} WHERE rank = ? AND block >= ? * {k} AND "
+        f"block < (? + 1) * {k} GROUP BY block / {k}"
+    )
 
 
 # What a reader has not seen in run.db yet, parsed from the files' tails (a temp table of the
 # reader's own connection: a dead agent's whole backlog stays in SQLite, not in Python).
-_TAIL_SCHEMA = ("CREATE TEMP TABLE IF NOT EXISTS tail_series (file TEXT NOT NULL, "
-                "off INTEGER NOT NULL, rank INTEGER NOT NULL, kind INTEGER NOT NULL, "
-                "step INTEGER NOT NULL, t REAL, "
-                + ", ".join(STEP_METRICS + EVAL_METRICS) + ", max_steps INTEGER, "
-                "loss_nan INTEGER)")
+_TAIL_SCHEMA = (
+    "CREATE TEMP TABLE IF NOT EXISTS tail_series (file TEXT NOT NULL, "
+    "off INTEGER NOT NULL, rank INTEGER NOT NULL, kind INTEGER NOT NULL, "
+    "step INTEGER NOT NULL, t REAL, "
+    + ", ".join(STEP_METRICS + EVAL_METRICS)
+    + ", max_steps INTEGER, "
+    "loss_nan INTEGER)"
+)
 _TAIL_COLS = 6 + len(STEP_METRICS) + len(EVAL_METRICS) + 2
 _KIND_CODE = {"step": 0, "eval": 1}
 
@@ -154,14 +183,14 @@ class Store:
         self.db: sqlite3.Connection | None = None
         self._tails: dict[str, Tail] = {}
         self._telemetry: TelemetryStore | None = None
-        self._last_step: dict[int, int] = {}        # the writer's newest step per rank
+        self._last_step: dict[int, int] = {}  # the writer's newest step per rank
         self._max_steps: dict[int, int | None] = {}  # the writer's rank's last start's max_steps
         self._format: int | None = None
-        self._blocks: dict[tuple[int, int], int] = {}   # (rank, tier): the open block
+        self._blocks: dict[tuple[int, int], int] = {}  # (rank, tier): the open block
         self._mem: sqlite3.Connection | None = None  # a reader's tail table before run.db exists
-        self._tail_at: dict[str, tuple[int, Tail]] = {}   # file -> (first offset held, tail)
+        self._tail_at: dict[str, tuple[int, Tail]] = {}  # file -> (first offset held, tail)
         self._tables: set[str] = set()
-        self.file_id: tuple[int, int] | None = None   # the writer's run.db (device, inode)
+        self.file_id: tuple[int, int] | None = None  # the writer's run.db (device, inode)
         if write:
             self.db = sqlite3.connect(self.run.db, timeout=10)
             st = os.stat(self.run.db)
@@ -175,8 +204,10 @@ class Store:
             else:
                 self._add_columns()
             self._create_tiers()
-            self._tails = {name: Tail(self.run.events / name, off) for name, off in
-                           self.db.execute("SELECT file, offset FROM offsets")}
+            self._tails = {
+                name: Tail(self.run.events / name, off)
+                for name, off in self.db.execute("SELECT file, offset FROM offsets")
+            }
 
     def _reader(self) -> sqlite3.Connection | None:
         """The read-only connection, opened once run.db exists (a run that has not started
@@ -184,8 +215,9 @@ class Store:
         if self.db is None and self.run.db.exists():
             try:
                 # a viewer polls from worker threads, one poll at a time
-                self.db = sqlite3.connect(f"file:{self.run.db}?mode=ro", uri=True, timeout=10,
-                                          check_same_thread=False)
+                self.db = sqlite3.connect(
+                    f"file:{self.run.db}?mode=ro", uri=True, timeout=10, check_same_thread=False
+                )
             except sqlite3.Error:
                 return None
         return self.db
@@ -238,7 +270,7 @@ class Store:
                     os.rename(f"{self.run.db}{suffix}", folder / f"{kept}{suffix}")
                 except FileNotFoundError:
                     pass
-        else:   # the deleted file's side files would be read as the new file's
+        else:  # the deleted file's side files would be read as the new file's
             for suffix in ("-wal", "-shm"):
                 Path(f"{self.run.db}{suffix}").unlink(missing_ok=True)
         os.rename(tmp, self.run.db)
@@ -255,14 +287,15 @@ class Store:
     # restart) catches up over a few ticks instead of holding it all in memory at once.
     INGEST_BYTES = 8 << 20
 
-    def ingest(self, newest_steps: int | None = None, every_step_of: int | None = None
-               ) -> list[dict[str, Any]]:
+    def ingest(
+        self, newest_steps: int | None = None, every_step_of: int | None = None
+    ) -> list[dict[str, Any]]:
         """Move newly appended rank events into the database; returns them. With
         `newest_steps`, a rank's step events come back only as its `newest_steps` newest of
         this call (every one for rank `every_step_of`): the rest go to run.db without ever
         becoming a dict."""
         new: list[dict[str, Any]] = []
-        with self.db:   # one transaction for every file's lines (a commit each cost more)
+        with self.db:  # one transaction for every file's lines (a commit each cost more)
             for path in self.run.event_files():
                 new.extend(self._ingest_file(path, None, newest_steps, every_step_of))
         return new
@@ -275,8 +308,13 @@ class Store:
                 new.extend(self._ingest_file(path, "data_wait"))
         return new
 
-    def _ingest_file(self, path: Path, only_kind: str | None, newest_steps: int | None = None,
-                     every_step_of: int | None = None) -> list[dict[str, Any]]:
+    def _ingest_file(
+        self,
+        path: Path,
+        only_kind: str | None,
+        newest_steps: int | None = None,
+        every_step_of: int | None = None,
+    ) -> list[dict[str, Any]]:
         assert self.db is not None and self.write, "only the agent's Store ingests"
         tail = self._tails.get(path.name)
         if tail is None:
@@ -289,11 +327,13 @@ class Store:
             return []
         # a trainer's step line: its fields picked by the native module (no dict); any other
         # line (or every line, without the module) decoded by json
-        picks = fastscan.pick_steps(lines, STEP_METRICS) if fastscan is not None and \
-            only_kind is None else [None] * len(lines)
+        picks = (
+            fastscan.pick_steps(lines, STEP_METRICS)
+            if fastscan is not None and only_kind is None
+            else [None] * len(lines)
+        )
         wanted = _wanted(picks, newest_steps, every_step_of)
-        objs = iter(decode_lines([ln for ln, p, w in zip(lines, picks, wanted)
-                                  if p is None or w]))
+        objs = iter(decode_lines([ln for ln, p, w in zip(lines, picks, wanted) if p is None or w]))
         rank = event_rank(path)
         file_rank = -1 if rank is None else rank
         rows = []
@@ -312,12 +352,15 @@ class Store:
             r = e.get("rank")
             if _int64(r) is None:
                 r = file_rank
-                if rank is not None:   # the probe may leave it out; the file names it
+                if rank is not None:  # the probe may leave it out; the file names it
                     e["rank"] = rank
             step, t, kind = e.get("step"), e.get("t"), e.get("kind", "?")
             if _int64(step) is None:
-                step = _int64(int(step)) if isinstance(step, (int, float)) and \
-                    math.isfinite(step) else None
+                step = (
+                    _int64(int(step))
+                    if isinstance(step, (int, float)) and math.isfinite(step)
+                    else None
+                )
             if type(t) is not float or t - t != 0.0:
                 t = _num(t)
             rows.append((r, kind if type(kind) is str else str(kind), step, t, ln))
@@ -325,11 +368,13 @@ class Store:
             ranked.append((r, e))
         # in the caller's transaction
         self.db.executemany(
-            "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows)
+            "INSERT INTO events(rank, kind, step, t, data) VALUES (?,?,?,?,?)", rows
+        )
         if only_kind is None:
             self._add_series(ranked)
-        self.db.execute("INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)",
-                        (path.name, tail.offset))
+        self.db.execute(
+            "INSERT OR REPLACE INTO offsets(file, offset) VALUES (?,?)", (path.name, tail.offset)
+        )
         return events
 
     def _create_series(self) -> None:
@@ -341,13 +386,16 @@ class Store:
             for stmt in SERIES_SCHEMA.split(";") + list(TIER_SCHEMA.values()):
                 if stmt.strip():
                     self.db.execute(stmt)
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('series_format', ?)",
-                            (SERIES_FORMAT,))
+            self.db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('series_format', ?)", (SERIES_FORMAT,)
+            )
             last = 0
-            while True:   # in pages: an old run's events never all in memory at once
+            while True:  # in pages: an old run's events never all in memory at once
                 page = self.db.execute(
                     "SELECT id, rank, data FROM events WHERE kind IN ('step', 'eval') "
-                    "AND id > ? ORDER BY id LIMIT 20000", (last,)).fetchall()
+                    "AND id > ? ORDER BY id LIMIT 20000",
+                    (last,),
+                ).fetchall()
                 if not page:
                     break
                 last = page[-1][0]
@@ -382,7 +430,8 @@ class Store:
             for size in missing:
                 self.db.execute(TIER_SCHEMA[size])
                 for rank, last in self.db.execute(
-                        "SELECT rank, MAX(step) FROM steps GROUP BY rank").fetchall():
+                    "SELECT rank, MAX(step) FROM steps GROUP BY rank"
+                ).fetchall():
                     # closed blocks only: the one holding the newest step is still open
                     self.db.execute(_tier_sql(size), (rank, 0, last // size * size - 1))
             self.db.execute("COMMIT")
@@ -400,31 +449,31 @@ class Store:
         assert self.db is not None
         steps: list[tuple] = []
         evals: list[tuple] = []
-        closed: list[tuple[int, int, int]] = []    # (size, rank, block) to write
+        closed: list[tuple[int, int, int]] = []  # (size, rank, block) to write
 
         def flush() -> None:
             if steps:
                 self.db.executemany(
-                    f"INSERT OR REPLACE INTO steps VALUES ({','.join('?' * STEP_COLS)})",
-                    steps)
+                    f"INSERT OR REPLACE INTO steps VALUES ({','.join('?' * STEP_COLS)})", steps
+                )
                 steps.clear()
             if evals:
                 self.db.executemany("INSERT OR REPLACE INTO evals VALUES (?,?,?,?,?)", evals)
                 evals.clear()
-            for size, rank, block in closed:   # a block's finer blocks are closed before it
+            for size, rank, block in closed:  # a block's finer blocks are closed before it
                 if size == TIERS[0]:
-                    self.db.execute(_tier_sql(size), (rank, block * size,
-                                                      block * size + size - 1))
+                    self.db.execute(_tier_sql(size), (rank, block * size, block * size + size - 1))
                 else:
-                    self.db.execute(_rollup_sql(size, TIERS[TIERS.index(size) - 1]),
-                                    (rank, block, block))
+                    self.db.execute(
+                        _rollup_sql(size, TIERS[TIERS.index(size) - 1]), (rank, block, block)
+                    )
             closed.clear()
 
         max_steps, last_step, open_block = self._max_steps, self._last_step, self._blocks
         metrics = STEP_METRICS
         nk = len(metrics)
         for rank, e in ranked_events:
-            if type(e) is tuple:   # a picked step line: (rank, step, t, *values, had loss)
+            if type(e) is tuple:  # a picked step line: (rank, step, t, *values, had loss)
                 step = e[1]
             else:
                 kind = e.get("kind")
@@ -443,42 +492,65 @@ class Store:
                 max_steps[rank] = self._last_max_steps(rank)
             if type(e) is dict and kind == "eval":
                 ev = _num(e.get("eval_loss"))
-                if ev is None:   # an eval event naming it "loss"
+                if ev is None:  # an eval event naming it "loss"
                     ev = _num(e.get("loss"))
                 evals.append((rank, step, _num(e.get("t")), ev, max_steps[rank]))
                 continue
             last = last_step.get(rank)
             if last is None:
-                got = self.db.execute("SELECT MAX(step) FROM steps WHERE rank = ?",
-                                      (rank,)).fetchone()[0]
+                got = self.db.execute(
+                    "SELECT MAX(step) FROM steps WHERE rank = ?", (rank,)
+                ).fetchone()[0]
                 last = -1 if got is None else got
-                for size in TIERS:   # the block the last agent life left open
+                for size in TIERS:  # the block the last agent life left open
                     open_block[(rank, size)] = (last if last >= 0 else step) // size
             if step <= last:
                 flush()
                 for table in ("steps", "evals"):
-                    self.db.execute(f"DELETE FROM {table} WHERE rank = ? AND step >= ?",
-                                    (rank, step))
+                    self.db.execute(
+                        f"DELETE FROM {table} WHERE rank = ? AND step >= ?", (rank, step)
+                    )
                 for size in TIERS:
-                    self.db.execute(f"DELETE FROM steps_{size} WHERE rank = ? AND block >= ?",
-                                    (rank, step // size))
-                    open_block[(rank, size)] = step // size   # reopened with the steps left
+                    self.db.execute(
+                        f"DELETE FROM steps_{size} WHERE rank = ? AND block >= ?",
+                        (rank, step // size),
+                    )
+                    open_block[(rank, size)] = step // size  # reopened with the steps left
             last_step[rank] = step
-            if type(e) is tuple:   # already finite numbers or None
-                steps.append((rank, step, e[2], *e[3:3 + nk], max_steps[rank],
-                              1 if e[3] is None and e[3 + nk] else None))
+            if type(e) is tuple:  # already finite numbers or None
+                steps.append(
+                    (
+                        rank,
+                        step,
+                        e[2],
+                        *e[3 : 3 + nk],
+                        max_steps[rank],
+                        1 if e[3] is None and e[3 + nk] else None,
+                    )
+                )
             else:
                 # finite numbers as written; anything else (null, NaN, text, a bool) is None
-                values = [v if (type(v) is float and v - v == 0.0) or
-                          (type(v) is int and -I64 - 1 <= v <= I64)
-                          else _num(v) for v in map(e.get, metrics)]
+                values = [
+                    v
+                    if (type(v) is float and v - v == 0.0)
+                    or (type(v) is int and -I64 - 1 <= v <= I64)
+                    else _num(v)
+                    for v in map(e.get, metrics)
+                ]
                 t = e.get("t")
-                steps.append((rank, step, t if type(t) is float and t - t == 0.0 else _num(t),
-                              *values, max_steps[rank],
-                              1 if values[0] is None and "loss" in e else None))
+                steps.append(
+                    (
+                        rank,
+                        step,
+                        t if type(t) is float and t - t == 0.0 else _num(t),
+                        *values,
+                        max_steps[rank],
+                        1 if values[0] is None and "loss" in e else None,
+                    )
+                )
             for size in TIERS:
                 block = step // size
-                if open_block[(rank, size)] != block:   # the steps moved past it: complete
+                if open_block[(rank, size)] != block:  # the steps moved past it: complete
                     closed.append((size, rank, open_block[(rank, size)]))
                     open_block[(rank, size)] = block
         flush()
@@ -497,8 +569,9 @@ class Store:
         finding.t = float(t) if t is not None else time.time()
         if finding.rank is not None and _int64(finding.rank) is None:
             finding.rank = None
-        data = json.dumps(strict_json(finding.to_json()), sort_keys=True,
-                          separators=(",", ":"), allow_nan=False)
+        data = json.dumps(
+            strict_json(finding.to_json()), sort_keys=True, separators=(",", ":"), allow_nan=False
+        )
         # -1 for "no rank": SQLite's UNIQUE treats NULLs as all different, so a rank-less
         # finding was stored again on every diagnosis poll
         rank = finding.rank if finding.rank is not None else -1
@@ -506,7 +579,8 @@ class Store:
             cur = self.db.execute(
                 "INSERT OR IGNORE INTO findings(t, category, severity, rank, data) "
                 "VALUES (?,?,?,?,?)",
-                (finding.t, finding.category, finding.severity, rank, data))
+                (finding.t, finding.category, finding.severity, rank, data),
+            )
         return cur.rowcount > 0
 
     @property
@@ -518,8 +592,7 @@ class Store:
         return self._telemetry
 
     # -- readers -----------------------------------------------------------------------
-    def events(self, kind: str | None = None, rank: int | None = None
-               ) -> list[dict[str, Any]]:
+    def events(self, kind: str | None = None, rank: int | None = None) -> list[dict[str, Any]]:
         """All events of the run: what run.db holds plus anything not ingested yet."""
         out: list[dict[str, Any]] = []
         offsets: dict[str, int] = {}
@@ -533,11 +606,12 @@ class Store:
                 if rank is not None:
                     cond.append("rank = ?")
                     args.append(rank)
-                q = ("SELECT rank, data FROM events"
-                     + (" WHERE " + " AND ".join(cond) if cond else ""))
+                q = "SELECT rank, data FROM events" + (
+                    " WHERE " + " AND ".join(cond) if cond else ""
+                )
                 for r, d in db.execute(q + " ORDER BY id", args):
                     e = json.loads(d)
-                    if "rank" not in e and r >= 0:   # a probe line: its file names the rank
+                    if "rank" not in e and r >= 0:  # a probe line: its file names the rank
                         e["rank"] = r
                     out.append(e)
                 offsets = dict(db.execute("SELECT file, offset FROM offsets"))
@@ -557,8 +631,14 @@ class Store:
         got = self.step_series(rank, buckets=0, metrics=())
         return None if got["first"] is None else (got["first"], got["last"])
 
-    def step_series(self, rank: int = 0, start: int | None = None, end: int | None = None,
-                    buckets: int = 200, metrics: Iterable[str] = ("loss",)) -> dict[str, Any]:
+    def step_series(
+        self,
+        rank: int = 0,
+        start: int | None = None,
+        end: int | None = None,
+        buckets: int = 200,
+        metrics: Iterable[str] = ("loss",),
+    ) -> dict[str, Any]:
         """A rank's step metrics over steps [start, end] (None: the run's first / last step)
         in at most about `buckets` buckets, aggregated in SQL.
 
@@ -575,16 +655,33 @@ class Store:
             raise ValueError(f"unknown step metric(s): {', '.join(bad)}")
         return self._series("step", rank, start, end, buckets, names)
 
-    def eval_series(self, rank: int = 0, start: int | None = None, end: int | None = None,
-                    buckets: int = 200) -> dict[str, Any]:
+    def eval_series(
+        self, rank: int = 0, start: int | None = None, end: int | None = None, buckets: int = 200
+    ) -> dict[str, Any]:
         """Eval loss like `step_series` (metric "eval_loss"; first/last are the eval steps)."""
         return self._series("eval", rank, start, end, buckets, ["eval_loss"])
 
-    def _series(self, kind: str, rank: int, start: int | None, end: int | None, buckets: int,
-                metrics: list[str]) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": rank, "first": None, "last": None, "start": start,
-                               "end": end, "width": None, "step": [], "step_max": [],
-                               "n": [], "nan": []}
+    def _series(
+        self,
+        kind: str,
+        rank: int,
+        start: int | None,
+        end: int | None,
+        buckets: int,
+        metrics: list[str],
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rank": rank,
+            "first": None,
+            "last": None,
+            "start": start,
+            "end": end,
+            "width": None,
+            "step": [],
+            "step_max": [],
+            "n": [],
+            "nan": [],
+        }
         for m in metrics:
             out[m] = []
             out[m + "_min"] = []
@@ -597,35 +694,49 @@ class Store:
             cut = tail_min if tail_min is not None else None
             args: dict[str, Any] = {"rank": rank, "cut": cut}
             first, last = db.execute(
-                f"SELECT MIN(step), MAX(step) FROM ({main['range']})", args).fetchone()
+                f"SELECT MIN(step), MAX(step) FROM ({main['range']})", args
+            ).fetchone()
             if first is None:
                 return out
             out["first"], out["last"] = first, last
             lo = first if start is None else max(int(start), 0)
             hi = last if end is None else int(end)
             out["start"], out["end"] = lo, hi
-            if hi < lo or buckets <= 0:   # 0 buckets: the range only
+            if hi < lo or buckets <= 0:  # 0 buckets: the range only
                 return out
             buckets = int(buckets)
             span = hi - lo + 1
             args.update(lo=lo, hi=hi)
             # the coarsest tier whose whole-block buckets still give 3/4 of the buckets asked
             # for (a 1M-step run in 306: 244 buckets of 4096 steps, ~250 rows read)
-            size = next((t for t in reversed(TIERS) if main["blocks"] and
-                         span / (t * math.ceil(span / (buckets * t))) >= 0.75 * buckets), None)
+            size = next(
+                (
+                    t
+                    for t in reversed(TIERS)
+                    if main["blocks"]
+                    and span / (t * math.ceil(span / (buckets * t))) >= 0.75 * buckets
+                ),
+                None,
+            )
             if size is not None:
                 width = size * math.ceil(span / (buckets * size))
-                closed = {t: db.execute(f"SELECT MAX(block) FROM steps_{t} WHERE rank = ?",
-                                        (rank,)).fetchone()[0] for t in TIERS}
+                closed = {
+                    t: db.execute(
+                        f"SELECT MAX(block) FROM steps_{t} WHERE rank = ?", (rank,)
+                    ).fetchone()[0]
+                    for t in TIERS
+                }
                 q = self._block_query(main, metrics, lo, hi, size, width, cut, closed, args)
             else:
                 width = span / buckets if span > buckets else 1
                 args.update(n=min(buckets, span), span=span)
                 cols = ", ".join(f"MIN({m}), AVG({m}), MAX({m})" for m in metrics)
                 null_loss = "SUM(loss IS NULL)" if kind == "step" else "0"
-                q = (f"SELECT (step - :lo) * :n / :span AS b, MIN(step), MAX(step), COUNT(*), "
-                     f"{null_loss}{', ' + cols if cols else ''} FROM ({main['rows']}) "
-                     f"WHERE step BETWEEN :lo AND :hi GROUP BY b ORDER BY b")
+                q = (
+                    f"SELECT (step - :lo) * :n / :span AS b, MIN(step), MAX(step), COUNT(*), "
+                    f"{null_loss}{', ' + cols if cols else ''} FROM ({main['rows']}) "
+                    f"WHERE step BETWEEN :lo AND :hi GROUP BY b ORDER BY b"
+                )
             out["width"] = width
             for row in db.execute(q, args):
                 out["step"].append(row[1])
@@ -633,7 +744,7 @@ class Store:
                 out["n"].append(row[3])
                 out["nan"].append(row[4] or 0)
                 for i, m in enumerate(metrics):
-                    lo_v, mean, hi_v = row[5 + 3 * i: 8 + 3 * i]
+                    lo_v, mean, hi_v = row[5 + 3 * i : 8 + 3 * i]
                     out[m + "_min"].append(lo_v)
                     out[m].append(mean)
                     out[m + "_max"].append(hi_v)
@@ -642,14 +753,22 @@ class Store:
         return out
 
     @staticmethod
-    def _block_query(main: dict[str, str], metrics: list[str], lo: int, hi: int, size: int,
-                     width: int, cut: int | None, closed: dict[int, int | None],
-                     args: dict[str, Any]) -> str:
+    def _block_query(
+        main: dict[str, str],
+        metrics: list[str],
+        lo: int,
+        hi: int,
+        size: int,
+        width: int,
+        cut: int | None,
+        closed: dict[int, int | None],
+        args: dict[str, Any],
+    ) -> str:
         """Buckets of `width` steps (a multiple of `size`, aligned to it) from the whole
         blocks of tier `size` inside the window, whole finer blocks at its ragged edges (and
         over the open block, past `closed`: each tier's last written block), single rows at
         theirs and from the tail: every step in exactly one part."""
-        top = hi if cut is None else min(hi, cut - 1)       # run.db's part ends here
+        top = hi if cut is None else min(hi, cut - 1)  # run.db's part ends here
         args.update(origin=lo - lo % size, width=width)
         sep = ", " if metrics else ""
         block_cols = ", ".join(f"{m}_min, {m}_sum, {m}_cnt, {m}_max" for m in metrics)
@@ -659,35 +778,40 @@ class Store:
         def cover(a: int, b: int, tiers: list[int]) -> None:
             if a > b:
                 return
-            if not tiers:   # single rows (a range is one index search, never an OR)
-                arms.append(f"SELECT step AS s, step AS e, 1 AS n, loss IS NULL AS z{sep}"
-                            f"{row_cols} FROM ({main['rows']}) WHERE step BETWEEN {a} AND {b}")
+            if not tiers:  # single rows (a range is one index search, never an OR)
+                arms.append(
+                    f"SELECT step AS s, step AS e, 1 AS n, loss IS NULL AS z{sep}"
+                    f"{row_cols} FROM ({main['rows']}) WHERE step BETWEEN {a} AND {b}"
+                )
                 return
             t = tiers[0]
-            b0, b1 = -(-a // t), (b + 1) // t - 1            # whole blocks inside [a, b]
+            b0, b1 = -(-a // t), (b + 1) // t - 1  # whole blocks inside [a, b]
             b1 = min(b1, -1 if closed.get(t) is None else closed[t])
             if b1 < b0:
                 cover(a, b, tiers[1:])
                 return
-            arms.append(f"SELECT step_min AS s, step_max AS e, n, n - loss_cnt AS z{sep}"
-                        f"{block_cols} FROM steps_{t} WHERE rank = :rank "
-                        f"AND block BETWEEN {b0} AND {b1}")
+            arms.append(
+                f"SELECT step_min AS s, step_max AS e, n, n - loss_cnt AS z{sep}"
+                f"{block_cols} FROM steps_{t} WHERE rank = :rank "
+                f"AND block BETWEEN {b0} AND {b1}"
+            )
             cover(a, b0 * t - 1, tiers[1:])
             cover((b1 + 1) * t, b, tiers[1:])
 
         cover(lo, top, [t for t in reversed(TIERS) if t <= size])
-        cover(top + 1, hi, [])                              # the tail's rows
-        agg = ", ".join(f"MIN({m}_min), SUM({m}_sum) / SUM({m}_cnt), MAX({m}_max)"
-                        for m in metrics)
-        return (f"SELECT (s - :origin) / :width AS b, MIN(s), MAX(e), SUM(n), SUM(z)"
-                f"{sep}{agg} FROM ({' UNION ALL '.join(arms)}) GROUP BY b ORDER BY b")
+        cover(top + 1, hi, [])  # the tail's rows
+        agg = ", ".join(f"MIN({m}_min), SUM({m}_sum) / SUM({m}_cnt), MAX({m}_max)" for m in metrics)
+        return (
+            f"SELECT (s - :origin) / :width AS b, MIN(s), MAX(e), SUM(n), SUM(z)"
+            f"{sep}{agg} FROM ({' UNION ALL '.join(arms)}) GROUP BY b ORDER BY b"
+        )
 
     def _series_db(self) -> sqlite3.Connection:
         """run.db's connection, or (before run.db exists) a private in-memory one that holds
         only the tail table."""
         db = self._reader()
         if db is not None:
-            if self._mem is not None:   # run.db appeared: read the files against its offsets
+            if self._mem is not None:  # run.db appeared: read the files against its offsets
                 self._mem.close()
                 self._mem = None
                 self._tail_at.clear()
@@ -697,50 +821,62 @@ class Store:
         return self._mem
 
     def _has_table(self, db: sqlite3.Connection, name: str) -> bool:
-        if name not in self._tables and db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                (name,)).fetchone():
-            self._tables.add(name)   # tables are never dropped: remember only yes
+        if (
+            name not in self._tables
+            and db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+            ).fetchone()
+        ):
+            self._tables.add(name)  # tables are never dropped: remember only yes
         return name in self._tables
 
-    def _series_sources(self, db: sqlite3.Connection, kind: str, rank: int
-                        ) -> tuple[dict[str, str], int | None]:
+    def _series_sources(
+        self, db: sqlite3.Connection, kind: str, rank: int
+    ) -> tuple[dict[str, str], int | None]:
         """SQL for the rows of one kind for one rank (parameters :rank, :cut): `rows` (step
         and every column), `range` (step only) and whether `blocks` can be used; and the
         lowest step in the tail (the cut: run.db's rows from there on are superseded)."""
         self._sync_tail(db, rank)
-        tail_min = db.execute("SELECT MIN(step) FROM temp.tail_series WHERE rank = ? AND "
-                              "kind = 0", (rank,)).fetchone()[0]
+        tail_min = db.execute(
+            "SELECT MIN(step) FROM temp.tail_series WHERE rank = ? AND kind = 0", (rank,)
+        ).fetchone()[0]
         cols = STEP_METRICS if kind == "step" else EVAL_METRICS
         code = _KIND_CODE[kind]
         # the same rule as the writer's, over rows in file order: a row stays unless a later
         # step row has a step at or below its own (a later attempt redid it)
-        tail = (f"SELECT step, {', '.join(cols)} FROM (SELECT kind, step, {', '.join(cols)}, "
-                f"MIN(CASE WHEN kind = 0 THEN step END) OVER (PARTITION BY file ORDER BY off "
-                f"DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS later "
-                f"FROM temp.tail_series WHERE rank = :rank) "
-                f"WHERE kind = {code} AND (later IS NULL OR step < later)")
+        tail = (
+            f"SELECT step, {', '.join(cols)} FROM (SELECT kind, step, {', '.join(cols)}, "
+            f"MIN(CASE WHEN kind = 0 THEN step END) OVER (PARTITION BY file ORDER BY off "
+            f"DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS later "
+            f"FROM temp.tail_series WHERE rank = :rank) "
+            f"WHERE kind = {code} AND (later IS NULL OR step < later)"
+        )
         cut = "" if tail_min is None else " AND step < :cut"
         use_blocks = False
         if self._has_table(db, "steps"):
             table = "steps" if kind == "step" else "evals"
             main = f"SELECT step, {', '.join(cols)} FROM {table} WHERE rank = :rank{cut}"
             # MIN and MAX each one index probe, not a scan of the rank's rows
-            rng = (f"SELECT MIN(step) AS step FROM {table} WHERE rank = :rank{cut} UNION ALL "
-                   f"SELECT MAX(step) FROM {table} WHERE rank = :rank{cut} UNION ALL "
-                   f"SELECT step FROM ({tail})")
-            use_blocks = kind == "step" and all(self._has_table(db, f"steps_{t}")
-                                                 for t in TIERS)
+            rng = (
+                f"SELECT MIN(step) AS step FROM {table} WHERE rank = :rank{cut} UNION ALL "
+                f"SELECT MAX(step) FROM {table} WHERE rank = :rank{cut} UNION ALL "
+                f"SELECT step FROM ({tail})"
+            )
+            use_blocks = kind == "step" and all(self._has_table(db, f"steps_{t}") for t in TIERS)
         elif self._has_table(db, "events"):
             # run.db from before the numeric tables: the same rows from the JSON blobs
             values = ", ".join(
                 f"CASE WHEN json_type(data, '$.{m}') IN ('integer', 'real') "
-                f"THEN json_extract(data, '$.{m}') END AS {m}" for m in cols)
-            main = (f"SELECT step, {values} FROM (SELECT kind, step, data, "
-                    f"MIN(CASE WHEN kind = 'step' THEN step END) OVER (ORDER BY id DESC ROWS "
-                    f"BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS later FROM events "
-                    f"WHERE rank = :rank AND kind IN ('step', 'eval') AND step >= 0) "
-                    f"WHERE kind = '{kind}' AND (later IS NULL OR step < later){cut}")
+                f"THEN json_extract(data, '$.{m}') END AS {m}"
+                for m in cols
+            )
+            main = (
+                f"SELECT step, {values} FROM (SELECT kind, step, data, "
+                f"MIN(CASE WHEN kind = 'step' THEN step END) OVER (ORDER BY id DESC ROWS "
+                f"BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS later FROM events "
+                f"WHERE rank = :rank AND kind IN ('step', 'eval') AND step >= 0) "
+                f"WHERE kind = '{kind}' AND (later IS NULL OR step < later){cut}"
+            )
             rng = ""
         else:
             main = rng = ""
@@ -754,15 +890,18 @@ class Store:
         what was appended."""
         db.execute(_TAIL_SCHEMA)
         try:
-            offsets = dict(db.execute("SELECT file, offset FROM offsets")) \
-                if self._has_table(db, "offsets") else {}
+            offsets = (
+                dict(db.execute("SELECT file, offset FROM offsets"))
+                if self._has_table(db, "offsets")
+                else {}
+            )
         except sqlite3.Error:
             offsets = {}
         insert = f"INSERT INTO temp.tail_series VALUES ({','.join('?' * _TAIL_COLS)})"
         for path in self.run.event_files():
             file_rank = event_rank(path)
             if rank is not None and file_rank != rank:
-                continue   # a chart of rank 0 never parses the other ranks' backlogs
+                continue  # a chart of rank 0 never parses the other ranks' backlogs
             name, done = path.name, offsets.get(path.name, 0)
             held = self._tail_at.get(name)
             try:
@@ -770,17 +909,19 @@ class Store:
             except OSError:
                 continue
             if size == done and held is None:
-                continue   # all ingested: nothing to hold
+                continue  # all ingested: nothing to hold
             if held is None or not held[0] <= done < held[1].offset or size < held[1].offset:
                 if held is not None:
                     db.execute("DELETE FROM temp.tail_series WHERE file = ?", (name,))
                 # the max_steps in force where the tail starts: the last start run.db holds
-                state = [last_max_steps(db, file_rank) if done and file_rank is not None
-                         and self._has_table(db, "events") else None]
+                state = [
+                    last_max_steps(db, file_rank)
+                    if done and file_rank is not None and self._has_table(db, "events")
+                    else None
+                ]
                 held = (done, Tail(path, done), state)
             elif done > held[0]:
-                db.execute("DELETE FROM temp.tail_series WHERE file = ? AND off <= ?",
-                           (name, done))
+                db.execute("DELETE FROM temp.tail_series WHERE file = ? AND off <= ?", (name, done))
                 held = (done, held[1], held[2])
             self._tail_at[name] = held
             tail, state = held[1], held[2]
@@ -816,8 +957,9 @@ class Store:
         db = self._reader()
         if db is not None and self._has_table(db, "steps"):
             r = -(1 << 62)
-            while (r := db.execute("SELECT MIN(rank) FROM steps WHERE rank > ?",
-                                   (r,)).fetchone()[0]) is not None:
+            while (
+                r := db.execute("SELECT MIN(rank) FROM steps WHERE rank > ?", (r,)).fetchone()[0]
+            ) is not None:
                 ranks.add(r)
         return sorted(ranks, key=lambda r: (r < 0, r))
 
@@ -826,8 +968,9 @@ class Store:
         tail wins from its first step on, as in the charts), for `tunedeck metrics`."""
         db = self._series_db()
         self._sync_tail(db, None)
-        cuts = dict(db.execute("SELECT rank, MIN(step) FROM temp.tail_series WHERE kind = 0 "
-                               "GROUP BY rank"))
+        cuts = dict(
+            db.execute("SELECT rank, MIN(step) FROM temp.tail_series WHERE kind = 0 GROUP BY rank")
+        )
         tail_ranks = {r for (r,) in db.execute("SELECT DISTINCT rank FROM temp.tail_series")}
         return MetricSources(db, cuts, tail_ranks)
 
@@ -846,16 +989,34 @@ class Store:
         db = self._reader()
         return read_latest(db) if db is not None else {}
 
-    def telemetry_series(self, kind: str, t0: float, t1: float, max_points: int = 500,
-                         keys: Iterable[int] | None = None,
-                         metrics: Iterable[str] | None = None) -> dict[str, Any]:
+    def telemetry_series(
+        self,
+        kind: str,
+        t0: float,
+        t1: float,
+        max_points: int = 500,
+        keys: Iterable[int] | None = None,
+        metrics: Iterable[str] | None = None,
+    ) -> dict[str, Any]:
         """A telemetry window (see tunedeck.core.telemetry.store.read_series)."""
         return read_series(self._reader(), kind, t0, t1, max_points, keys, metrics)
 
 
 # what `tunedeck metrics` reads of a step and of an eval row, after the step
-METRIC_STEP_COLS = ("t", "loss", "lr", "grad_norm", "tokens_per_s", "step_s", "epoch", "tokens",
-                    "data_wait_s", "mem_gib", "max_steps", "loss_nan")
+METRIC_STEP_COLS = (
+    "t",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "step_s",
+    "epoch",
+    "tokens",
+    "data_wait_s",
+    "mem_gib",
+    "max_steps",
+    "loss_nan",
+)
 METRIC_EVAL_COLS = ("t", "eval_loss", "max_steps")
 
 
@@ -869,8 +1030,7 @@ class MetricSources:
         self.cuts = cuts
         self.tail_ranks = tail_ranks
 
-    def sql(self, rank: int, kind: str, every: int | None = None, since: int | None = None
-            ) -> str:
+    def sql(self, rank: int, kind: str, every: int | None = None, since: int | None = None) -> str:
         """`every`: run.db's part reads only the multiples of `every` (from `since`), one
         index probe each, so every 10,000th step of a 10M-step run reads 1,000 rows."""
         rank = int(rank)
@@ -881,10 +1041,12 @@ class MetricSources:
         if every and kind == "step":
             every = int(every)
             first = -(-max(int(since or 0), 0) // every) * every
-            main = (f"SELECT step, {', '.join(cols)} FROM (WITH RECURSIVE k(s) AS (SELECT "
-                    f"{first} UNION ALL SELECT s + {every} FROM k WHERE s + {every} <= "
-                    f"(SELECT MAX(step) FROM {table} WHERE rank = {rank})) SELECT d.* FROM k "
-                    f"JOIN {table} d ON d.rank = {rank} AND d.step = k.s){' WHERE 1' + cut_cond if cut_cond else ''}")
+            main = (
+                f"SELECT step, {', '.join(cols)} FROM (WITH RECURSIVE k(s) AS (SELECT "
+                f"{first} UNION ALL SELECT s + {every} FROM k WHERE s + {every} <= "
+                f"(SELECT MAX(step) FROM {table} WHERE rank = {rank})) SELECT d.* FROM k "
+                f"JOIN {table} d ON d.rank = {rank} AND d.step = k.s){' WHERE 1' + cut_cond if cut_cond else ''}"
+            )
         else:
             main = f"SELECT step, {', '.join(cols)} FROM {table} WHERE rank = {rank}{cut_cond}"
         if rank not in self.tail_ranks:
@@ -895,14 +1057,22 @@ class MetricSources:
     def _tail(rank: int, kind: str, cols: Iterable[str]) -> str:
         """The tail's rows of a rank that a later step row did not redo."""
         cols = ", ".join(cols)
-        return (f"SELECT step, {cols} FROM (SELECT kind, step, {cols}, MIN(CASE WHEN kind = 0 "
-                f"THEN step END) OVER (PARTITION BY file ORDER BY off DESC ROWS BETWEEN "
-                f"UNBOUNDED PRECEDING AND 1 PRECEDING) AS later FROM temp.tail_series WHERE "
-                f"rank = {int(rank)}) WHERE kind = {_KIND_CODE[kind]} AND (later IS NULL OR "
-                f"step < later)")
+        return (
+            f"SELECT step, {cols} FROM (SELECT kind, step, {cols}, MIN(CASE WHEN kind = 0 "
+            f"THEN step END) OVER (PARTITION BY file ORDER BY off DESC ROWS BETWEEN "
+            f"UNBOUNDED PRECEDING AND 1 PRECEDING) AS later FROM temp.tail_series WHERE "
+            f"rank = {int(rank)}) WHERE kind = {_KIND_CODE[kind]} AND (later IS NULL OR "
+            f"step < later)"
+        )
 
-    def rows(self, rank: int, kind: str, since: int | None = None, every: int | None = None,
-             steps: Iterable[int] | None = None) -> Iterator[tuple]:
+    def rows(
+        self,
+        rank: int,
+        kind: str,
+        since: int | None = None,
+        every: int | None = None,
+        steps: Iterable[int] | None = None,
+    ) -> Iterator[tuple]:
         """(step, *cols) in step order, from `since` on, only multiples of `every`, or only
         at `steps`."""
         cond = []
@@ -916,28 +1086,40 @@ class MetricSources:
                 return iter(())
             cond.append(f"step IN ({','.join(map(str, wanted))})")
         where = f" WHERE {' AND '.join(cond)}" if cond else ""
-        return self.db.execute(f"SELECT * FROM ({self.sql(rank, kind, every, since)}){where} "
-                               f"ORDER BY step")
+        return self.db.execute(
+            f"SELECT * FROM ({self.sql(rank, kind, every, since)}){where} ORDER BY step"
+        )
 
-    def last_steps(self, rank: int, kind: str, n: int, since: int | None = None,
-                   every: int | None = None) -> list[int]:
+    def last_steps(
+        self, rank: int, kind: str, n: int, since: int | None = None, every: int | None = None
+    ) -> list[int]:
         """The rank's n highest steps (from `since` on, multiples of `every`)."""
         rank, n = int(rank), int(n)
-        cond = ([f"step >= {int(since)}"] if since is not None else []) + \
-            ([f"step % {int(every)} = 0"] if every else [])
+        cond = ([f"step >= {int(since)}"] if since is not None else []) + (
+            [f"step % {int(every)} = 0"] if every else []
+        )
         cut = self.cuts.get(rank)
         table = "steps" if kind == "step" else "evals"
         # each part by itself: run.db's backwards along its index, the tail's few rows (an
         # ORDER BY over their union would sort the whole rank)
-        main = " AND ".join([f"rank = {rank}"] + cond + ([f"step < {int(cut)}"]
-                                                           if cut is not None else []))
-        got = [s for (s,) in self.db.execute(
-            f"SELECT step FROM {table} WHERE {main} ORDER BY step DESC LIMIT {n}")]
+        main = " AND ".join(
+            [f"rank = {rank}"] + cond + ([f"step < {int(cut)}"] if cut is not None else [])
+        )
+        got = [
+            s
+            for (s,) in self.db.execute(
+                f"SELECT step FROM {table} WHERE {main} ORDER BY step DESC LIMIT {n}"
+            )
+        ]
         if rank in self.tail_ranks:
             where = f" WHERE {' AND '.join(cond)}" if cond else ""
-            got += [s for (s,) in self.db.execute(
-                f"SELECT step FROM ({self._tail(rank, kind, ['t'])}){where} ORDER BY step "
-                f"DESC LIMIT {n}")]
+            got += [
+                s
+                for (s,) in self.db.execute(
+                    f"SELECT step FROM ({self._tail(rank, kind, ['t'])}){where} ORDER BY step "
+                    f"DESC LIMIT {n}"
+                )
+            ]
         return sorted(got, reverse=True)[:n]
 
     def span(self, rank: int, count: bool = True) -> tuple[int | None, int | None, int | None]:
@@ -951,53 +1133,89 @@ class MetricSources:
             if first is None:
                 return 0, None, None
             below = f" AND block < {int(cut) // 4096}" if cut is not None else ""
-            closed, top = self.db.execute(f"SELECT SUM(n), MAX(block) FROM steps_4096 WHERE "
-                                          f"rank = {rank}{below}").fetchone()
+            closed, top = self.db.execute(
+                f"SELECT SUM(n), MAX(block) FROM steps_4096 WHERE rank = {rank}{below}"
+            ).fetchone()
             start = 0 if top is None else (top + 1) * 4096
             n = (closed or 0) + self.db.execute(
-                f"SELECT COUNT(*) FROM steps WHERE rank = {rank} AND step >= {start}"
-                f"{cut_cond}").fetchone()[0]
+                f"SELECT COUNT(*) FROM steps WHERE rank = {rank} AND step >= {start}{cut_cond}"
+            ).fetchone()[0]
             if rank in self.tail_ranks:
-                n += self.db.execute(f"SELECT COUNT(*) FROM "
-                                     f"({self._tail(rank, 'step', ['t'])})").fetchone()[0]
+                n += self.db.execute(
+                    f"SELECT COUNT(*) FROM ({self._tail(rank, 'step', ['t'])})"
+                ).fetchone()[0]
             return n, first, last
-        ends = [v for q in ("MIN", "MAX") for (v,) in self.db.execute(
-            f"SELECT {q}(step) FROM steps WHERE rank = {rank}{cut_cond}") if v is not None]
+        ends = [
+            v
+            for q in ("MIN", "MAX")
+            for (v,) in self.db.execute(
+                f"SELECT {q}(step) FROM steps WHERE rank = {rank}{cut_cond}"
+            )
+            if v is not None
+        ]
         if rank in self.tail_ranks:
-            ends += [v for (v,) in self.db.execute(
-                f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step >= "
-                f"{int(cut) if cut is not None else 0}") if v is not None]
+            ends += [
+                v
+                for (v,) in self.db.execute(
+                    f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step >= "
+                    f"{int(cut) if cut is not None else 0}"
+                )
+                if v is not None
+            ]
         return (None, min(ends), max(ends)) if ends else (0, None, None)
 
-    def missing(self, rank: int, lead: int, lead_span: tuple[int, int] | None = None,
-                since: int | None = None) -> list[int]:
+    def missing(
+        self,
+        rank: int,
+        lead: int,
+        lead_span: tuple[int, int] | None = None,
+        since: int | None = None,
+    ) -> list[int]:
         """Steps (step or eval rows) of `rank` where `lead` has no row of either kind, from
         `since` on. `lead_span`: the lead's step rows are exactly these steps (no gap): only
         the rank's steps outside it are looked at, by index."""
         low = f" AND step >= {int(since)}" if since is not None else ""
         if lead_span is not None:
             a, b = int(lead_span[0]), int(lead_span[1])
-            have = {s for (s,) in self.db.execute(
-                f"SELECT step FROM ({self.sql(lead, 'eval')}) WHERE 1{low}")}
+            have = {
+                s
+                for (s,) in self.db.execute(
+                    f"SELECT step FROM ({self.sql(lead, 'eval')}) WHERE 1{low}"
+                )
+            }
             got: set[int] = set()
             for kind in ("step", "eval"):
-                for outside in (f"step < {a}", f"step > {b}"):   # each an index range
-                    got.update(s for (s,) in self.db.execute(
-                        f"SELECT step FROM ({self.sql(rank, kind)}) WHERE {outside}{low}")
-                        if s not in have)
+                for outside in (f"step < {a}", f"step > {b}"):  # each an index range
+                    got.update(
+                        s
+                        for (s,) in self.db.execute(
+                            f"SELECT step FROM ({self.sql(rank, kind)}) WHERE {outside}{low}"
+                        )
+                        if s not in have
+                    )
             return sorted(got)
-        have = (f"SELECT step FROM ({self.sql(lead, 'step')}) WHERE 1{low} UNION "
-                f"SELECT step FROM ({self.sql(lead, 'eval')}) WHERE 1{low}")
-        return [s for (s,) in self.db.execute(
-            f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step NOT IN ({have}){low} "
-            f"UNION SELECT step FROM ({self.sql(rank, 'eval')}) WHERE step NOT IN ({have})"
-            f"{low} ORDER BY step")]
+        have = (
+            f"SELECT step FROM ({self.sql(lead, 'step')}) WHERE 1{low} UNION "
+            f"SELECT step FROM ({self.sql(lead, 'eval')}) WHERE 1{low}"
+        )
+        return [
+            s
+            for (s,) in self.db.execute(
+                f"SELECT step FROM ({self.sql(rank, 'step')}) WHERE step NOT IN ({have}){low} "
+                f"UNION SELECT step FROM ({self.sql(rank, 'eval')}) WHERE step NOT IN ({have})"
+                f"{low} ORDER BY step"
+            )
+        ]
 
     def has(self, rank: int, kind: str, col: str) -> bool:
         """Whether any of the rank's rows has a value there (stops at the first)."""
         cond = f"{col} IS NOT NULL" + (" OR loss_nan IS NOT NULL" if col == "loss" else "")
-        return self.db.execute(f"SELECT 1 FROM ({self.sql(rank, kind)}) WHERE {cond} "
-                               f"LIMIT 1").fetchone() is not None
+        return (
+            self.db.execute(
+                f"SELECT 1 FROM ({self.sql(rank, kind)}) WHERE {cond} LIMIT 1"
+            ).fetchone()
+            is not None
+        )
 
 
 def _wanted(picks: list, newest: int | None, every_of: int | None) -> list[bool]:
@@ -1018,7 +1236,7 @@ def _wanted(picks: list, newest: int | None, every_of: int | None) -> list[bool]
     return out
 
 
-I64 = (1 << 63) - 1   # SQLite's integers: a larger Python int raises OverflowError
+I64 = (1 << 63) - 1  # SQLite's integers: a larger Python int raises OverflowError
 
 
 def _int64(v: Any) -> int | None:
@@ -1054,8 +1272,9 @@ def _step_of(e: dict[str, Any]) -> int | None:
 def last_max_steps(db: sqlite3.Connection, rank: int) -> int | None:
     """max_steps of a rank's last start event in run.db that names one (None: none, or 0)."""
     try:
-        for (data,) in db.execute("SELECT data FROM events WHERE kind = 'start' AND rank = ? "
-                                  "ORDER BY id DESC", (rank,)):
+        for (data,) in db.execute(
+            "SELECT data FROM events WHERE kind = 'start' AND rank = ? ORDER BY id DESC", (rank,)
+        ):
             try:
                 ms = json.loads(data).get("max_steps")
             except (ValueError, AttributeError):
@@ -1067,12 +1286,11 @@ def last_max_steps(db: sqlite3.Connection, rank: int) -> int | None:
     return None
 
 
-def _tail_row(name: str, off: int, line: bytes, file_rank: int | None,
-              state: list) -> tuple | None:
+def _tail_row(name: str, off: int, line: bytes, file_rank: int | None, state: list) -> tuple | None:
     """A tail_series row for one JSON line of an event file (None: not a step or eval).
     `state` is [the file's current max_steps]: a start line moves it."""
     if b'"step"' not in line and b'"eval"' not in line and b'"start"' not in line:
-        return None   # end, checkpoint lines: skip the parse
+        return None  # end, checkpoint lines: skip the parse
     try:
         e = json.loads(line)
     except ValueError:
@@ -1097,12 +1315,23 @@ def _tail_row(name: str, off: int, line: bytes, file_rank: int | None,
     ev = _num(e.get("eval_loss"))
     if code == 1 and ev is None:
         ev = _num(e.get("loss"))
-    return (name, off, rank, code, step, _num(e.get("t")), *values, ev, state[0],
-            1 if code == 0 and values[0] is None and "loss" in e else None)
+    return (
+        name,
+        off,
+        rank,
+        code,
+        step,
+        _num(e.get("t")),
+        *values,
+        ev,
+        state[0],
+        1 if code == 0 and values[0] is None and "loss" in e else None,
+    )
 
 
-def read_events(run_dir: str | Path | RunDir, kind: str | None = None,
-                rank: int | None = None) -> list[dict[str, Any]]:
+def read_events(
+    run_dir: str | Path | RunDir, kind: str | None = None, rank: int | None = None
+) -> list[dict[str, Any]]:
     """One query of a run's events (opens and closes its own Store)."""
     with Store(run_dir) as store:
         return store.events(kind, rank)

@@ -30,7 +30,8 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.rundir import RunDir, event_rank
@@ -38,19 +39,20 @@ from tunedeck.core.runs.nccl import NcclReader, RankNccl
 from tunedeck.core.runs.registry import RunInfo, read_run
 from tunedeck.core.runs.store import Store
 
-HISTORY_EVERY_S = 10.0      # the whole-run telemetry strip changes slowly: at most this
-                            # often, and no more than 4 times per cell of the strip
-HISTORY_POINTS = 240        # points per series; the view resamples to its width
-LOSS_POINTS = 400           # the loss sparkline's resolution
-EVENT_TAIL_BYTES = 64 << 10   # where an event file is first read from, back from its end
-                              # (~200 steps: the rates need RECENT_STEPS; the curve and its
-                              # stats come from run.db's series, not from these lines)
+HISTORY_EVERY_S = 10.0  # the whole-run telemetry strip changes slowly: at most this
+# often, and no more than 4 times per cell of the strip
+HISTORY_POINTS = 240  # points per series; the view resamples to its width
+LOSS_POINTS = 400  # the loss sparkline's resolution
+EVENT_TAIL_BYTES = 64 << 10  # where an event file is first read from, back from its end
+# (~200 steps: the rates need RECENT_STEPS; the curve and its
+# stats come from run.db's series, not from these lines)
 SAMPLE_BELOW_BYTES = 8 << 20  # smaller event files are read whole for the loss curve
-RECENT_STEPS = 50           # window of the rates (tokens/s, data-wait share, ETA)
+RECENT_STEPS = 50  # window of the rates (tokens/s, data-wait share, ETA)
 PROBE_WINDOW_S = 60.0
 
 
 # -- what a poll returns -------------------------------------------------------------------
+
 
 @dataclass
 class Progress:
@@ -59,11 +61,11 @@ class Progress:
     epoch: float | None = None
     loss: float | None = None
     lr: float | None = None
-    tokens_per_s: float | None = None     # all ranks together
-    mfu: float | None = None              # mean over ranks, a fraction
+    tokens_per_s: float | None = None  # all ranks together
+    mfu: float | None = None  # mean over ranks, a fraction
     eta_s: float | None = None
-    data_wait: float | None = None        # share of step time spent waiting for data
-    worst_wait: tuple[int, float] | None = None   # (rank, share) of the most starved rank
+    data_wait: float | None = None  # share of step time spent waiting for data
+    worst_wait: tuple[int, float] | None = None  # (rank, share) of the most starved rank
     elapsed_s: float | None = None
     ranks: int = 0
 
@@ -73,19 +75,19 @@ class Snapshot:
     run: RunInfo | None
     progress: Progress
     last_step: dict[str, Any] | None
-    loss_points: list[float]              # <= LOSS_POINTS, each the max of its steps
-    loss_stats: dict[str, Any]            # first, min, last, steps, sampled
+    loss_points: list[float]  # <= LOSS_POINTS, each the max of its steps
+    loss_stats: dict[str, Any]  # first, min, last, steps, sampled
     checkpoints: list[str] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)  # newest version of each
-    telemetry: dict[str, Any] = field(default_factory=dict)       # latest sample
+    telemetry: dict[str, Any] = field(default_factory=dict)  # latest sample
     history: dict[str, Any] | None = None  # {"gpu": series, "rank": series}; None = unchanged
-    nccl: list[RankNccl] | None = None     # None = unchanged since the last poll
-    ranks: list[int] = field(default_factory=list)   # ranks that have logs or events
+    nccl: list[RankNccl] | None = None  # None = unchanged since the last poll
+    ranks: list[int] = field(default_factory=list)  # ranks that have logs or events
     # the lead rank's phase between steps ({"phase": "compiling", "est_s", "shape", "t"}),
     # None once steps resume; the last eager fallback stays (it is a warning for the run)
     phase: dict[str, Any] | None = None
     fallback: dict[str, Any] | None = None
-    nodes: list[dict[str, Any]] = field(default_factory=list)   # multi-node: core/nodes/view
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # multi-node: core/nodes/view
 
     @property
     def losses(self) -> list[float]:
@@ -93,6 +95,7 @@ class Snapshot:
 
 
 # -- the watcher ---------------------------------------------------------------------------
+
 
 class RunWatcher:
     def __init__(self, run_dir: Path, rank: int = 0):
@@ -103,14 +106,15 @@ class RunWatcher:
         self.probes: dict[int, _ProbeWaits] = {}
         self.loss = LossCurve(LOSS_POINTS)
         self.step_times: collections.deque[tuple[int, float]] = collections.deque(
-            maxlen=RECENT_STEPS)
+            maxlen=RECENT_STEPS
+        )
         self.last_step: dict[str, Any] | None = None
         self.checkpoints: collections.deque[str] = collections.deque(maxlen=20)
         self.nccl = NcclReader(self.run)
         self._history_next = 0.0
         self._history_done = False
         self._polled = False
-        self.first_t: float | None = None     # the run's first event, when read
+        self.first_t: float | None = None  # the run's first event, when read
         self._findings_n = -1
         self._findings: list[dict[str, Any]] = []
         self._log_lock = threading.Lock()
@@ -143,21 +147,32 @@ class RunWatcher:
         now = time.time()
         active = run is not None and run.active
         if history is None:
-            history = (not self._history_done if not active else
-                       now >= self._history_next)
+            history = not self._history_done if not active else now >= self._history_next
         hist = self._history(run, now) if history else None
         nccl_changed = self.nccl.poll()
         nccl = self.nccl.summaries() if nccl_changed or not self._polled else None
         self._polled = True
-        ranks = sorted(set(self.ranks) | {s.rank for s in self.run.rank_logs(latest_only=True)
-                                          if s.rank is not None})
+        ranks = sorted(
+            set(self.ranks)
+            | {s.rank for s in self.run.rank_logs(latest_only=True) if s.rank is not None}
+        )
         findings = self._read_findings()
-        return Snapshot(run=run, progress=self._progress(run, now), last_step=self.last_step,
-                        loss_points=self.loss.points(), loss_stats=self.loss.stats(),
-                        checkpoints=list(self.checkpoints), findings=findings,
-                        telemetry=self.store.telemetry_latest(), history=hist, nccl=nccl,
-                        ranks=ranks, phase=self.phase if active else None,
-                        fallback=self.fallback, nodes=self._nodes(findings, now))
+        return Snapshot(
+            run=run,
+            progress=self._progress(run, now),
+            last_step=self.last_step,
+            loss_points=self.loss.points(),
+            loss_stats=self.loss.stats(),
+            checkpoints=list(self.checkpoints),
+            findings=findings,
+            telemetry=self.store.telemetry_latest(),
+            history=hist,
+            nccl=nccl,
+            ranks=ranks,
+            phase=self.phase if active else None,
+            fallback=self.fallback,
+            nodes=self._nodes(findings, now),
+        )
 
     def _nodes(self, findings: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Every node of a multi-node run as the head sees it (one file read per node). The
@@ -166,7 +181,7 @@ class RunWatcher:
         if self._node_plan is None:
             plan = self.run.read_plan()
             if not plan and not self.run.plan.exists():
-                return []            # not written yet: ask again next poll
+                return []  # not written yet: ask again next poll
             from tunedeck.core.runs.doctor import plan_problem
 
             multi = not plan_problem(plan) and len(plan.get("nodes") or []) > 1
@@ -177,7 +192,7 @@ class RunWatcher:
 
         return node_rows(self.run_dir, findings, now, plan=self._node_plan)
 
-    _node_plan: dict[str, Any] | None = None    # {}: decided, no nodes to show
+    _node_plan: dict[str, Any] | None = None  # {}: decided, no nodes to show
 
     def _read_findings(self) -> list[dict[str, Any]]:
         """Findings the agent stored; a finding refined by later evidence replaces itself."""
@@ -189,9 +204,14 @@ class RunWatcher:
         for f in rows:
             latest[(f.get("category"), f.get("rank"), f.get("node"), f.get("summary"))] = f
         order = {"error": 0, "warning": 1, "info": 2}
-        self._findings = sorted(latest.values(),
-                                key=lambda f: (not f.get("root_cause", True),
-                                               order.get(f.get("severity"), 3), f.get("t") or 0))
+        self._findings = sorted(
+            latest.values(),
+            key=lambda f: (
+                not f.get("root_cause", True),
+                order.get(f.get("severity"), 3),
+                f.get("t") or 0,
+            ),
+        )
         return self._findings
 
     def _history(self, run: RunInfo | None, now: float) -> dict[str, Any]:
@@ -206,10 +226,12 @@ class RunWatcher:
         t1 = run.ended or now
         if not t0 or t1 <= t0:
             return {"gpu": {}, "rank": {}, "t0": t0, "t1": t1}
-        gpu = self.store.telemetry_series("gpu", t0, t1, HISTORY_POINTS,
-                                          metrics=("util", "mem_used_mib", "power_w", "temp_c"))
-        rank = self.store.telemetry_series("rank", t0, t1, HISTORY_POINTS,
-                                           metrics=("cpu_pct", "rss_mib"))
+        gpu = self.store.telemetry_series(
+            "gpu", t0, t1, HISTORY_POINTS, metrics=("util", "mem_used_mib", "power_w", "temp_c")
+        )
+        rank = self.store.telemetry_series(
+            "rank", t0, t1, HISTORY_POINTS, metrics=("cpu_pct", "rss_mib")
+        )
         cell = max(gpu.get("step_s") or 0, rank.get("step_s") or 0)
         self._history_next = now + max(HISTORY_EVERY_S, cell / 4)
         return {"gpu": gpu, "rank": rank, "t0": t0, "t1": t1}
@@ -226,8 +248,8 @@ class RunWatcher:
                 if rank == min(self.ranks):
                     self._seed_loss(path, st)
             from_start = st.tail.offset == 0
-            lead = rank == min(self.ranks)     # the run's progress: its lowest rank's
-            for e in st.tail.records(max_bytes=16 << 20):   # the rest next poll
+            lead = rank == min(self.ranks)  # the run's progress: its lowest rank's
+            for e in st.tail.records(max_bytes=16 << 20):  # the rest next poll
                 if from_start and self.first_t is None and isinstance(e.get("t"), (int, float)):
                     self.first_t = float(e["t"])
                 st.add(e)
@@ -262,7 +284,7 @@ class RunWatcher:
             step = e["step"]
             if isinstance(e.get("loss"), (int, float)):
                 self.loss.add(step, float(e["loss"]))
-            while self.step_times and self.step_times[-1][0] >= step:   # a restart
+            while self.step_times and self.step_times[-1][0] >= step:  # a restart
                 self.step_times.pop()
             self.last_step = e
             if isinstance(e.get("t"), (int, float)):
@@ -299,7 +321,7 @@ class RunWatcher:
         mfus = [st.mfu for st in self.ranks.values() if st.mfu is not None]
         p.mfu = sum(mfus) / len(mfus) if mfus else None
         shares = {r: s for r, st in self.ranks.items() if (s := st.wait_share()) is not None}
-        if not shares:   # other backends: the DataLoader probe's records
+        if not shares:  # other backends: the DataLoader probe's records
             shares = {r: s for r, pw in self.probes.items() if (s := pw.share()) is not None}
         if shares:
             p.data_wait = sum(shares.values()) / len(shares)
@@ -333,13 +355,12 @@ class _RankEvents:
         except OSError:
             size = 0
         start = max(0, size - EVENT_TAIL_BYTES)
-        if start:   # begin on a line boundary (a cut first line would not parse anyway)
+        if start:  # begin on a line boundary (a cut first line would not parse anyway)
             with open(path, "rb") as f:
                 f.seek(start)
                 start += len(f.readline())
         self.tail = Tail(path, start)
-        self.recent: collections.deque[tuple[float, float]] = collections.deque(
-            maxlen=RECENT_STEPS)
+        self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=RECENT_STEPS)
         self.tokens_per_s: float | None = None
         self.mfu: float | None = None
         self.step = 0
@@ -379,7 +400,7 @@ class _ProbeWaits:
     def share(self) -> float | None:
         if len(self.recent) < 2:
             return None
-        span = self.recent[-1][0] - self.recent[0][0] + 1.0   # each record covers ~1 s
+        span = self.recent[-1][0] - self.recent[0][0] + 1.0  # each record covers ~1 s
         return min(sum(w for _, w in self.recent) / span, 1.0)
 
 
@@ -389,6 +410,7 @@ def _num(v: Any) -> float | None:
 
 # -- the loss curve ------------------------------------------------------------------------
 
+
 class LossCurve:
     """At most ~n points of a growing series, each the max of its bucket of steps (so a
     spike stays visible); buckets double in width when full. O(n) memory for any length."""
@@ -396,7 +418,7 @@ class LossCurve:
     def __init__(self, n: int = LOSS_POINTS):
         self.n = n
         self.width = 1
-        self.buckets: list[list] = []      # [bucket index, max loss]
+        self.buckets: list[list] = []  # [bucket index, max loss]
         self.first: float | None = None
         self.low: float | None = None
         self.last: float | None = None
@@ -405,10 +427,10 @@ class LossCurve:
         self.sampled = False
 
     def add(self, step: int, loss: float) -> None:
-        if loss != loss:   # NaN: shown by the findings, not the curve
+        if loss != loss:  # NaN: shown by the findings, not the curve
             return
         b = step // self.width
-        if step <= self.last_step:    # a restart repeats steps: drop what it overwrites
+        if step <= self.last_step:  # a restart repeats steps: drop what it overwrites
             while self.buckets and self.buckets[-1][0] > b:
                 self.buckets.pop()
             if self.buckets and self.buckets[-1][0] == b:
@@ -440,12 +462,19 @@ class LossCurve:
         if len(vals) <= self.n:
             return vals
         size = len(vals) / self.n
-        return [max(vals[int(i * size):max(int((i + 1) * size), int(i * size) + 1)])
-                for i in range(self.n)]
+        return [
+            max(vals[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)])
+            for i in range(self.n)
+        ]
 
     def stats(self) -> dict[str, Any]:
-        return {"first": self.first, "min": self.low, "last": self.last,
-                "steps": self.last_step, "sampled": self.sampled}
+        return {
+            "first": self.first,
+            "min": self.low,
+            "last": self.last,
+            "steps": self.last_step,
+            "sampled": self.sampled,
+        }
 
 
 def sample_steps(path: Path, n: int, end: int | None = None) -> list[tuple[int, float]]:
@@ -463,7 +492,7 @@ def sample_steps(path: Path, n: int, end: int | None = None) -> list[tuple[int, 
         last = -1
         for i in range(n):
             f.seek(int(i * size / n))
-            f.readline()        # the rest of a line cut by the seek
+            f.readline()  # the rest of a line cut by the seek
             for _ in range(16):  # a few lines: eval/checkpoint events sit between steps
                 if f.tell() >= size:
                     break
@@ -474,8 +503,12 @@ def sample_steps(path: Path, n: int, end: int | None = None) -> list[tuple[int, 
                     e = json.loads(line)
                 except ValueError:
                     continue
-                if e.get("kind") == "step" and isinstance(e.get("step"), int) and \
-                        isinstance(e.get("loss"), (int, float)) and e["step"] > last:
+                if (
+                    e.get("kind") == "step"
+                    and isinstance(e.get("step"), int)
+                    and isinstance(e.get("loss"), (int, float))
+                    and e["step"] > last
+                ):
                     out.append((e["step"], float(e["loss"])))
                     last = e["step"]
                     break
@@ -484,9 +517,9 @@ def sample_steps(path: Path, n: int, end: int | None = None) -> list[tuple[int, 
 
 # -- a rank's log --------------------------------------------------------------------------
 
-STRIDE_BYTES = 64 << 10     # one checkpoint (line number, byte offset) per 64 kB
+STRIDE_BYTES = 64 << 10  # one checkpoint (line number, byte offset) per 64 kB
 READ_BYTES = 1 << 20
-MAX_LINE_CHARS = 4000       # what a view shows of one line
+MAX_LINE_CHARS = 4000  # what a view shows of one line
 
 
 class LogFileIndex:
@@ -497,17 +530,17 @@ class LogFileIndex:
 
     def __init__(self, path: Path, start: int = 0):
         self.path = Path(path)
-        self.start = start        # a line start: an index of the file's tail (big logs)
+        self.start = start  # a line start: an index of the file's tail (big logs)
         self.reset()
 
     def reset(self) -> None:
-        self.scanned = self.start     # bytes counted so far
-        self.lines = 0                # complete lines (newlines seen) after `start`
-        self.complete_end = self.start    # offset just past the last newline
+        self.scanned = self.start  # bytes counted so far
+        self.lines = 0  # complete lines (newlines seen) after `start`
+        self.complete_end = self.start  # offset just past the last newline
         self.cp_line = array("q", [0])
         self.cp_off = array("q", [self.start])
         self._next_cp = self.start + STRIDE_BYTES
-        self.bytes_read = 0           # every byte this index read, scans and lookups
+        self.bytes_read = 0  # every byte this index read, scans and lookups
 
     @classmethod
     def tail_of(cls, path: Path, nbytes: int) -> "LogFileIndex":
@@ -517,7 +550,7 @@ class LogFileIndex:
         if start:
             with open(path, "rb") as f:
                 f.seek(start - 1)
-                start += len(f.readline()) - 1   # to just past the newline
+                start += len(f.readline()) - 1  # to just past the newline
         return cls(path, start)
 
     def size(self) -> int:
@@ -557,7 +590,7 @@ class LogFileIndex:
             rel = max(self._next_cp - base, 0)
             nl = chunk.find(b"\n", rel, n)
             if nl < 0:
-                break     # no line starts in the rest of this chunk: look on in the next
+                break  # no line starts in the rest of this chunk: look on in the next
             count += chunk.count(b"\n", pos, nl + 1)
             pos = nl + 1
             self.cp_line.append(count)
@@ -614,8 +647,13 @@ class LogFileIndex:
                         break
         return out
 
-    def find(self, what: "Matcher | re.Pattern[bytes]", limit: int, first_only: bool = False,
-             stop: Callable[[], bool] | None = None) -> list[int]:
+    def find(
+        self,
+        what: "Matcher | re.Pattern[bytes]",
+        limit: int,
+        first_only: bool = False,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[int]:
         """Numbers of the complete lines matching `what` (at most `limit`), in one streaming
         pass: 4 MB reads, each searched up to its last newline (the cut line is read again
         with the next one), without copying the chunk."""
@@ -631,7 +669,7 @@ class LogFileIndex:
                 if not data:
                     break
                 cut = data.rfind(b"\n") + 1
-                while not cut:        # one line longer than a read: read on to its end
+                while not cut:  # one line longer than a read: read on to its end
                     more = f.read(FIND_BYTES)
                     if not more:
                         cut = len(data)
@@ -642,7 +680,7 @@ class LogFileIndex:
                 pos, counted = 0, line
                 for s in m.starts(data, cut):
                     if s < pos:
-                        continue      # a second match on a line already counted
+                        continue  # a second match on a line already counted
                     counted += data.count(b"\n", pos, s)
                     hits.append(counted)
                     if first_only or len(hits) >= limit:
@@ -697,25 +735,27 @@ def _show(raw: bytes) -> str:
 # A Python traceback, an exception name, error-level log lines (logging's ERROR, glog's
 # "[E1130 13:05:52" as torch writes them in rank logs, "[rank0]:" before it). One regex:
 # a pass of its first-byte set is ~3x faster than a byte search per word.
-ERROR_PATTERN = re.compile(rb"Traceback \(most recent call last\)|Error\b|ERROR\b|"
-                           rb"CUDA error|NCCL WARN|\[E\d{4} \d")
+ERROR_PATTERN = re.compile(
+    rb"Traceback \(most recent call last\)|Error\b|ERROR\b|"
+    rb"CUDA error|NCCL WARN|\[E\d{4} \d"
+)
 ERRORS = Regex(ERROR_PATTERN)
 
 
-BIG_BYTES = 64 << 20        # a log bigger than this opens at its tail while it is indexed
+BIG_BYTES = 64 << 20  # a log bigger than this opens at its tail while it is indexed
 TAIL_BYTES = 4 << 20
 
 
 @dataclass
 class LogState:
     rank: int
-    generation: int                # changes when the view must start over
-    total: int                     # lines in the view
+    generation: int  # changes when the view must start over
+    total: int  # lines in the view
     files: list[str]
-    attempt: str | None            # torchrun's attempt folder of these files
-    indexed: int                   # bytes indexed so far
-    size: int                      # bytes in the files
-    bytes_read: int                # everything the index read, scans and lookups
+    attempt: str | None  # torchrun's attempt folder of these files
+    indexed: int  # bytes indexed so far
+    size: int  # bytes in the files
+    bytes_read: int  # everything the index read, scans and lookups
     # a view that grew at its top (a big log's head, once indexed): line n of generation
     # `moved_from` is line n + `moved_by` of this one
     moved_from: int | None = None
@@ -735,15 +775,15 @@ class RankLog:
         self.lock = threading.RLock()
         self.generation = 0
         self.files: list[Path] = []
-        self.index: list[LogFileIndex] = []       # whole files (built in slices)
-        self.shown: list[LogFileIndex] = []       # what the view's lines come from
+        self.index: list[LogFileIndex] = []  # whole files (built in slices)
+        self.shown: list[LogFileIndex] = []  # what the view's lines come from
         self._moved: tuple[int, int] | None = None
         self._clear()
 
     def _clear(self) -> None:
-        self.seg_file = array("b")        # which file a segment's lines come from
-        self.seg_first = array("q")       # its first line in that file
-        self.seg_view = array("q")        # its first line in the view
+        self.seg_file = array("b")  # which file a segment's lines come from
+        self.seg_first = array("q")  # its first line in that file
+        self.seg_view = array("q")  # its first line in the view
         self.placed = [0] * len(self.shown)
         self.total = 0
         self.generation += 1
@@ -758,12 +798,13 @@ class RankLog:
         whatever the size."""
         with self.lock:
             files = self.run.rank_log_files(self.rank)
-            if files != self.files:       # first look, or a new attempt
+            if files != self.files:  # first look, or a new attempt
                 self.files = files
                 self.index = [LogFileIndex(p) for p in files]
-                self.shown = [LogFileIndex.tail_of(p, TAIL_BYTES)
-                              if ix.size() > BIG_BYTES else ix
-                              for p, ix in zip(files, self.index)]
+                self.shown = [
+                    LogFileIndex.tail_of(p, TAIL_BYTES) if ix.size() > BIG_BYTES else ix
+                    for p, ix in zip(files, self.index)
+                ]
                 self._clear()
             for fi, ix in enumerate(self.index):
                 shown = self.shown[fi]
@@ -797,7 +838,7 @@ class RankLog:
         heads: list[tuple[int, int]] = []
         for fi in tails:
             full, tail = self.index[fi], self.shown[fi]
-            heads.append((fi, full.line_at(tail.start)))   # lines before the tail
+            heads.append((fi, full.line_at(tail.start)))  # lines before the tail
             self.shown[fi] = full
         moved = sum(h for _, h in heads)
         old_gen = self.generation
@@ -822,17 +863,24 @@ class RankLog:
         attempt = self.files[0].parent.parent.name if self.files else None
         moved_from, moved_by = self._moved or (None, 0)
         tails = [sh for fi, sh in enumerate(self.shown) if sh is not self.index[fi]]
-        return LogState(rank=self.rank, generation=self.generation, total=self.total,
-                        files=[str(p) for p in self.files], attempt=attempt,
-                        indexed=sum(ix.scanned for ix in self.index),
-                        size=sum(ix.size() for ix in self.index),
-                        bytes_read=sum(ix.bytes_read for ix in self.index + tails),
-                        moved_from=moved_from, moved_by=moved_by)
+        return LogState(
+            rank=self.rank,
+            generation=self.generation,
+            total=self.total,
+            files=[str(p) for p in self.files],
+            attempt=attempt,
+            indexed=sum(ix.scanned for ix in self.index),
+            size=sum(ix.size() for ix in self.index),
+            bytes_read=sum(ix.bytes_read for ix in self.index + tails),
+            moved_from=moved_from,
+            moved_by=moved_by,
+        )
 
     @property
     def caught_up(self) -> bool:
-        return all(ix.scanned >= ix.size() for ix in self.index) and \
-            all(sh is ix for sh, ix in zip(self.shown, self.index))
+        return all(ix.scanned >= ix.size() for ix in self.index) and all(
+            sh is ix for sh, ix in zip(self.shown, self.index)
+        )
 
     def lines(self, start: int, count: int) -> list[tuple[str, int]]:
         """View lines [start, start + count): (text, 0 for stdout / 1 for stderr)."""
@@ -867,16 +915,22 @@ class RankLog:
             seg_end = self.seg_view[i + 1] if i + 1 < len(self.seg_view) else self.total
             line = self.seg_view[i] + file_line - firsts[j]
             return line if line < seg_end else None
+
         return view
 
-    def search(self, what: "Matcher | re.Pattern[bytes]", limit: int = 10000,
-               stop: Callable[[], bool] | None = None) -> list[int]:
+    def search(
+        self,
+        what: "Matcher | re.Pattern[bytes]",
+        limit: int = 10000,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[int]:
         """View lines matching `what` (at most `limit` per file), in view order. Reads the
         files once, streaming."""
         with self.lock:
             index, gen = list(self.shown), self.generation
-        found: list[tuple[int, list[int]]] = [(fi, ix.find(what, limit, stop=stop))
-                                              for fi, ix in enumerate(index)]
+        found: list[tuple[int, list[int]]] = [
+            (fi, ix.find(what, limit, stop=stop)) for fi, ix in enumerate(index)
+        ]
         with self.lock:
             if gen != self.generation:
                 return []
@@ -891,11 +945,14 @@ class RankLog:
         `...Error`, `ERROR`, a CUDA error, an NCCL warning)."""
         with self.lock:
             index, gen = list(self.shown), self.generation
-        firsts = [(fi, ix.find(ERRORS, 1, first_only=True))
-                  for fi, ix in enumerate(index)]
+        firsts = [(fi, ix.find(ERRORS, 1, first_only=True)) for fi, ix in enumerate(index)]
         with self.lock:
             if gen != self.generation:
                 return None
-            views = [v for fi, lines in firsts for ln in lines
-                     if (v := self._view_of(fi)(ln)) is not None]
+            views = [
+                v
+                for fi, lines in firsts
+                for ln in lines
+                if (v := self._view_of(fi)(ln)) is not None
+            ]
         return min(views) if views else None

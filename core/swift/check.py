@@ -77,12 +77,15 @@ def _table_from_parser(p) -> dict[str, dict]:
             if not s.startswith("--") or s == "--help":
                 continue
             is_bool = getattr(a.type, "__name__", "") == "string_to_bool" or a.const is False
-            default = a.default if a.const is not False else True   # --no_x stores False
-            out[s[2:]] = {"bool": bool(is_bool),
-                          "choices": [str(c) for c in a.choices] if a.choices else None,
-                          "nargs": a.nargs if isinstance(a.nargs, str) else None,
-                          "type": _type_name(a), "dest": a.dest,
-                          "default": jsonable(default)}
+            default = a.default if a.const is not False else True  # --no_x stores False
+            out[s[2:]] = {
+                "bool": bool(is_bool),
+                "choices": [str(c) for c in a.choices] if a.choices else None,
+                "nargs": a.nargs if isinstance(a.nargs, str) else None,
+                "type": _type_name(a),
+                "dest": a.dest,
+                "default": jsonable(default),
+            }
     return out
 
 
@@ -90,12 +93,19 @@ def _ann_info(node: ast.expr) -> tuple[bool, list[str] | None, bool]:
     src = ast.unparse(node)
     choices = None
     if "Literal[" in src:
-        lit = next((n for n in ast.walk(node) if isinstance(n, ast.Subscript)
-                    and ast.unparse(n.value).endswith("Literal")), None)
+        lit = next(
+            (
+                n
+                for n in ast.walk(node)
+                if isinstance(n, ast.Subscript) and ast.unparse(n.value).endswith("Literal")
+            ),
+            None,
+        )
         if lit is not None:
             elts = lit.slice.elts if isinstance(lit.slice, ast.Tuple) else [lit.slice]
-            choices = [str(e.value) for e in elts if isinstance(e, ast.Constant)
-                       and e.value is not None]
+            choices = [
+                str(e.value) for e in elts if isinstance(e, ast.Constant) and e.value is not None
+            ]
     is_list = "List[" in src or "list[" in src
     return src == "bool" or src == "Optional[bool]", choices, is_list
 
@@ -132,17 +142,33 @@ def _megatron_table(command: str = "megatron-sft") -> dict[str, dict]:
                     is_bool, choices, is_list = _ann_info(st.annotation)
                     field = st.target.id
                     src = ast.unparse(st.annotation)
-                    typ = ("bool" if is_bool else "int" if re.search(r"\bint\b", src)
-                           and "str" not in src else "float" if re.search(r"\bfloat\b", src)
-                           and "str" not in src else "str")
-                    table[field] = {"bool": is_bool, "choices": choices,
-                                    "nargs": "+" if is_list else None, "type": typ,
-                                    "dest": field, "default": _ast_default(st.value)}
+                    typ = (
+                        "bool"
+                        if is_bool
+                        else "int"
+                        if re.search(r"\bint\b", src) and "str" not in src
+                        else "float"
+                        if re.search(r"\bfloat\b", src) and "str" not in src
+                        else "str"
+                    )
+                    table[field] = {
+                        "bool": is_bool,
+                        "choices": choices,
+                        "nargs": "+" if is_list else None,
+                        "type": typ,
+                        "dest": field,
+                        "default": _ast_default(st.value),
+                    }
                     table[field.replace("_", "-")] = table[field]
                     if is_bool:
-                        table["no_" + field] = {"bool": False, "choices": None, "nargs": 0,
-                                                "type": "bool", "dest": field,
-                                                "default": True}
+                        table["no_" + field] = {
+                            "bool": False,
+                            "choices": None,
+                            "nargs": 0,
+                            "type": "bool",
+                            "dest": field,
+                            "default": True,
+                        }
     return table
 
 
@@ -166,8 +192,12 @@ def check(jobs: list, values: bool = False) -> list[dict]:
     parsers: dict[str, object] = {}
     for command, argv in jobs:
         if command in MEGATRON:
-            results.append({"remaining": None, "error": "megatron classes need megatron-core; "
-                            "checked by name only"})
+            results.append(
+                {
+                    "remaining": None,
+                    "error": "megatron classes need megatron-core; checked by name only",
+                }
+            )
             continue
         p = parsers.get(command) or parsers.setdefault(command, _parser(command))
         try:

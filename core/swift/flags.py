@@ -22,6 +22,7 @@ from tunedeck.core.swift.version import installed_version, parse
 class Fix:
     """What an old or invented flag became. `flag` empty = removed with no replacement
     (old values such as --train_type qlora: VALUE_FIXES)."""
+
     flag: str
     why: str
     value_map: tuple[tuple[str, str], ...] = ()
@@ -34,50 +35,72 @@ FIXES_4X: dict[str, Fix] = {
     "train_type": Fix("tuner_type", "renamed in ms-swift 4.0; 4.1+ rejects --train_type"),
     "sft_type": Fix("tuner_type", "2.x name"),
     "model_id_or_path": Fix("model", "2.x name"),
-    "dtype": Fix("torch_dtype", "2.x name", value_map=(("bf16", "bfloat16"),
-                                                       ("fp16", "float16"),
-                                                       ("fp32", "float32"))),
-    "lora_target_modules": Fix("target_modules", "2.x name",
-                               value_map=(("ALL", "all-linear"), ("DEFAULT", "all-linear"))),
-    "use_flash_attn": Fix("attn_impl", "2.x name",
-                          value_map=(("true", "flash_attn"), ("True", "flash_attn"),
-                                     ("false", "sdpa"), ("False", "sdpa"))),
+    "dtype": Fix(
+        "torch_dtype",
+        "2.x name",
+        value_map=(("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")),
+    ),
+    "lora_target_modules": Fix(
+        "target_modules", "2.x name", value_map=(("ALL", "all-linear"), ("DEFAULT", "all-linear"))
+    ),
+    "use_flash_attn": Fix(
+        "attn_impl",
+        "2.x name",
+        value_map=(
+            ("true", "flash_attn"),
+            ("True", "flash_attn"),
+            ("false", "sdpa"),
+            ("False", "sdpa"),
+        ),
+    ),
     "batch_size": Fix("per_device_train_batch_size", "2.x name"),
     "dataset_test_ratio": Fix("split_dataset_ratio", "2.x name"),
-    "sp_size": Fix("sequence_parallel_size", "never existed; the Ulysses/ring size is "
-                   "--sequence_parallel_size"),
+    "sp_size": Fix(
+        "sequence_parallel_size", "never existed; the Ulysses/ring size is --sequence_parallel_size"
+    ),
     "tp_size": Fix("tensor_model_parallel_size", "Megatron-SWIFT has no --tp_size"),
     "pp_size": Fix("pipeline_model_parallel_size", "Megatron-SWIFT has no --pp_size"),
     "cp_size": Fix("context_parallel_size", "Megatron-SWIFT has no --cp_size"),
     "ep_size": Fix("expert_model_parallel_size", "Megatron-SWIFT has no --ep_size"),
-    "tensor_parallel_size": Fix("vllm_tensor_parallel_size", "vLLM flags are prefixed "
-                                "vllm_ since 3.5"),
-    "gpu_memory_utilization": Fix("vllm_gpu_memory_utilization", "vLLM flags are prefixed "
-                                  "vllm_ since 3.5"),
-    "vllm_device": Fix("", "removed in 3.x GRPO; use --use_vllm true --vllm_mode "
-                       "colocate|server"),
-    "num_infer_workers": Fix("", "removed in 3.x GRPO; use --use_vllm true --vllm_mode "
-                             "colocate|server"),
-    "fsdp_transformer_layer_cls_to_wrap": Fix("", "gone in transformers 5; --fsdp fsdp2 "
-                                              "wraps decoder layers itself"),
+    "tensor_parallel_size": Fix(
+        "vllm_tensor_parallel_size", "vLLM flags are prefixed vllm_ since 3.5"
+    ),
+    "gpu_memory_utilization": Fix(
+        "vllm_gpu_memory_utilization", "vLLM flags are prefixed vllm_ since 3.5"
+    ),
+    "vllm_device": Fix("", "removed in 3.x GRPO; use --use_vllm true --vllm_mode colocate|server"),
+    "num_infer_workers": Fix(
+        "", "removed in 3.x GRPO; use --use_vllm true --vllm_mode colocate|server"
+    ),
+    "fsdp_transformer_layer_cls_to_wrap": Fix(
+        "", "gone in transformers 5; --fsdp fsdp2 wraps decoder layers itself"
+    ),
     # Megatron 3.x (Megatron-LM) names
     "load": Fix("mcore_model", "Megatron 3.x name"),
     "save": Fix("output_dir", "Megatron 3.x name"),
     "log_interval": Fix("logging_steps", "Megatron 3.x name"),
     "save_interval": Fix("save_steps", "Megatron 3.x name"),
     "eval_interval": Fix("eval_steps", "Megatron 3.x name"),
-    "max_epochs": Fix("num_train_epochs", "Megatron 3.x name (swift sft still has "
-                      "--max_epochs)"),
+    "max_epochs": Fix("num_train_epochs", "Megatron 3.x name (swift sft still has --max_epochs)"),
     "num_workers": Fix("dataloader_num_workers", "Megatron 3.x name"),
 }
 # Values that are wrong even under the right flag name.
 VALUE_FIXES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
-    "tuner_type": {"qlora": (("--tuner_type", "lora", *_QLORA),
-                             "ms-swift has no qlora tuner: QLoRA is lora on a bnb 4-bit base")},
-    "deepspeed": {f"default-zero{i}": (("--deepspeed", f"zero{i}"), "2.x preset name")
-                  for i in range(4)},
-    "fsdp": {"full_shard auto_wrap": (("--fsdp", "fsdp2"), "ms-swift reads --fsdp as a "
-                                      "preset name or JSON, not the HF strategy string")},
+    "tuner_type": {
+        "qlora": (
+            ("--tuner_type", "lora", *_QLORA),
+            "ms-swift has no qlora tuner: QLoRA is lora on a bnb 4-bit base",
+        )
+    },
+    "deepspeed": {
+        f"default-zero{i}": (("--deepspeed", f"zero{i}"), "2.x preset name") for i in range(4)
+    },
+    "fsdp": {
+        "full_shard auto_wrap": (
+            ("--fsdp", "fsdp2"),
+            "ms-swift reads --fsdp as a preset name or JSON, not the HF strategy string",
+        )
+    },
 }
 # 3.x took the old names; the newer ones are refused there.
 FIXES_3X: dict[str, Fix] = {"tuner_type": Fix("train_type", "ms-swift 3.x name")}
@@ -88,6 +111,7 @@ def fixes_for(version: str) -> dict[str, Fix]:
 
 
 # -- flag tables -------------------------------------------------------------------------
+
 
 class FlagTableError(RuntimeError):
     pass
@@ -101,6 +125,7 @@ def _versions() -> tuple[str, str]:
             return md.version(name)
         except md.PackageNotFoundError:
             return "none"
+
     # HF TrainingArguments fields are part of the table, so transformers counts too
     return v("ms-swift"), v("transformers")
 
@@ -115,7 +140,7 @@ def _cache_key() -> str:
 # read them; tests/test_swift_tables.py checks each against the installed ms-swift.
 # Regenerate with `python -m tunedeck.core.swift.flags --ship`.
 SHIPPED = Path(__file__).resolve().parent / "tables"
-TABLE_FORMAT = "v2"          # v2: defaults, types and dests in every flag's entry
+TABLE_FORMAT = "v2"  # v2: defaults, types and dests in every flag's entry
 
 
 def shipped_path() -> Path:
@@ -128,9 +153,12 @@ def cache_path() -> Path:
     installed versions); TUNEDECK_CACHE moves it, as it moves every built asset."""
     import os as _os
 
-    root = Path(_os.environ["TUNEDECK_CACHE"]).expanduser() if _os.environ.get(
-        "TUNEDECK_CACHE") else Path(_os.environ.get("XDG_CACHE_HOME") or
-                                    Path.home() / ".cache").expanduser() / "tunedeck"
+    root = (
+        Path(_os.environ["TUNEDECK_CACHE"]).expanduser()
+        if _os.environ.get("TUNEDECK_CACHE")
+        else Path(_os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+        / "tunedeck"
+    )
     return root / "swift" / f"flags-{TABLE_FORMAT}-{_cache_key()}.json"
 
 
@@ -189,23 +217,35 @@ def run_check(args: list[str], stdin: str | None = None, timeout: float = 180) -
     # a user's folder may hold a `swift/` that would shadow ms-swift
     cwd = cache_dir()
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "tunedeck.core.swift.check", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=str(cwd))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunedeck.core.swift.check", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(cwd),
+    )
     out = proc.stdout.rpartition("@@TUNEDECK@@")[2]
     if proc.returncode != 0 or not out:
-        raise FlagTableError(f"could not read ms-swift's arguments (exit {proc.returncode}): "
-                             f"{proc.stderr.strip()[-800:]}")
+        raise FlagTableError(
+            f"could not read ms-swift's arguments (exit {proc.returncode}): "
+            f"{proc.stderr.strip()[-800:]}"
+        )
     return json.loads(out)
 
 
 def parser_check(jobs: list[tuple[str, list[str]]], values: bool = False) -> list[dict]:
     """ms-swift's own HfArgumentParser on each (command, argv), in one child process:
     remaining argv and errors, and with `values` every field as parsed."""
-    return run_check(["--parse" if values else "--check"],  # type: ignore[return-value]
-                     stdin=json.dumps(jobs))
+    return run_check(
+        ["--parse" if values else "--check"],  # type: ignore[return-value]
+        stdin=json.dumps(jobs),
+    )
 
 
 # -- validation --------------------------------------------------------------------------
+
 
 def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
     """[("--flag", [values...]), ...]; a value never starts with `--` (negative numbers are
@@ -232,8 +272,10 @@ def suggest(name: str, known: dict, version: str) -> str:
             return f"--{name} does not exist in ms-swift {version}: {fix.why}"
     longer = sorted(k for k in known if k.startswith(name) and "-" not in k)
     if longer:
-        return (f"--{name} is not an ms-swift {version} flag (argparse would silently take it "
-                f"as --{longer[0]}); write --{longer[0]}")
+        return (
+            f"--{name} is not an ms-swift {version} flag (argparse would silently take it "
+            f"as --{longer[0]}); write --{longer[0]}"
+        )
     import difflib
 
     close = difflib.get_close_matches(name, [k for k in known if "-" not in k], n=1)

@@ -19,9 +19,9 @@ from tunedeck.core.spec import OPTIONS, RunSpec, get_value, is_set
 
 @dataclass(frozen=True)
 class KeyFlag:
-    key: str                  # dotted spec key
-    flag: str | None          # swift sft/pt/rlhf flag (None: not a flag there)
-    megatron: str | None      # megatron sft/pt/rlhf flag
+    key: str  # dotted spec key
+    flag: str | None  # swift sft/pt/rlhf flag (None: not a flag there)
+    megatron: str | None  # megatron sft/pt/rlhf flag
     # spec value -> ms-swift value, where they are spelled differently (both directions)
     values: tuple[tuple[str, str], ...] = field(default=())
     zero_unset: bool = False  # 0 means "not set" in the spec (its help says what 0 does)
@@ -108,6 +108,7 @@ def reverse(command: str) -> dict[str, KeyFlag]:
 
 # -- values ------------------------------------------------------------------------------
 
+
 def fmt_float(v: float) -> str:
     """The shortest text that reads back as exactly `v` (1e-4, 0.05, 3)."""
     if v.is_integer() and abs(v) < 1e15:
@@ -137,7 +138,7 @@ def decode(kf: KeyFlag, words: list[str]) -> Any:
     typ = OPTIONS[kf.key].type
     if typ is bool:
         if not words:
-            return True                      # `--packing` alone: argparse's const
+            return True  # `--packing` alone: argparse's const
         if len(words) == 1 and words[0].lower() in ("true", "false"):
             return words[0].lower() == "true"
         raise NotRepresentable(words)
@@ -167,6 +168,7 @@ def emits(kf: KeyFlag, value: Any) -> bool:
 
 # -- effective values --------------------------------------------------------------------
 
+
 def effective_values(spec: RunSpec, tables: dict | None) -> list[dict[str, Any]]:
     """Each ms-swift setting of the table for `spec`'s command: its flag, the value the run
     gets and where it comes from ("spec", "ms-swift X default", or "extra_args")."""
@@ -182,12 +184,19 @@ def effective_values(spec: RunSpec, tables: dict | None) -> list[dict[str, Any]]
         if flag in extra:
             rows.append({"key": kf.key, "flag": flag, "value": None, "source": "extra_args"})
         elif is_set(spec, kf.key):
-            rows.append({"key": kf.key, "flag": flag, "value": get_value(spec, kf.key),
-                         "source": "spec"})
+            rows.append(
+                {"key": kf.key, "flag": flag, "value": get_value(spec, kf.key), "source": "spec"}
+            )
         else:
             info = known.get(flag, {})
-            rows.append({"key": kf.key, "flag": flag, "value": info.get("default"),
-                         "source": f"ms-swift {version} default"})
+            rows.append(
+                {
+                    "key": kf.key,
+                    "flag": flag,
+                    "value": info.get("default"),
+                    "source": f"ms-swift {version} default",
+                }
+            )
     return rows
 
 
@@ -207,8 +216,11 @@ def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
             continue
         kf = BY_KEY[row["key"]]
         v = row["value"]
-        words = [str(x) for x in v] if isinstance(v, list) else [
-            ("true" if v else "false") if isinstance(v, bool) else str(v)]
+        words = (
+            [str(x) for x in v]
+            if isinstance(v, list)
+            else [("true" if v else "false") if isinstance(v, bool) else str(v)]
+        )
         try:
             value = decode(kf, words)
         except NotRepresentable:
@@ -220,7 +232,7 @@ def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
     known = (tables or {}).get("commands", {}).get(spec.swift.command, {})
     tuner = known.get("tuner_type", {}).get("default")
     if not is_set(spec, "method.type") and tuner in ("lora", "full"):
-        values["method.type"] = tuner         # Megatron's default is full
+        values["method.type"] = tuner  # Megatron's default is full
     if not is_set(spec, "train.grad_accum"):
         micro = values.get("train.per_device_batch_size", spec.train.per_device_batch_size)
         megatron = spec.swift.command.startswith("megatron")
@@ -234,7 +246,7 @@ def estimate_view(spec: RunSpec, tables: dict | None) -> RunSpec:
             if accum and not rem:
                 values["train.grad_accum"] = accum
     out = set_values(out, values)
-    out.explicit = set(spec.explicit)        # what the user set stays what they set
+    out.explicit = set(spec.explicit)  # what the user set stays what they set
     return out
 
 
@@ -253,11 +265,16 @@ def length_phrase(spec: RunSpec, tables: dict | None) -> str:
         return f"{spec.train.max_steps} steps"
     if is_set(spec, "train.num_epochs") and spec.train.num_epochs:
         return f"{fmt_float(spec.train.num_epochs)} epochs"
-    if any(w.startswith(("--max_steps", "--num_train_epochs", "--train_iters"))
-           for w in spec.swift.extra_args):
+    if any(
+        w.startswith(("--max_steps", "--num_train_epochs", "--train_iters"))
+        for w in spec.swift.extra_args
+    ):
         return "length as in swift.extra_args"
     known = (tables or {}).get("commands", {}).get(spec.swift.command, {})
     epochs = known.get("num_train_epochs", {}).get("default")
     version = (tables or {}).get("version", "?")
-    return (f"{fmt_float(float(epochs))} epochs (ms-swift {version} default)" if epochs
-            else f"length: ms-swift {version} default")
+    return (
+        f"{fmt_float(float(epochs))} epochs (ms-swift {version} default)"
+        if epochs
+        else f"length: ms-swift {version} default"
+    )

@@ -18,14 +18,18 @@ from tunedeck.core.estimate import ArchError, SpecEstimate, arch_for_spec, estim
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
 from tunedeck.core.swift.flags import FlagTableError, flag_tables
-from tunedeck.core.swift.keymap import (default_grad_accum, effective_values, estimate_view,
-                                        length_phrase)
+from tunedeck.core.swift.keymap import (
+    default_grad_accum,
+    effective_values,
+    estimate_view,
+    length_phrase,
+)
 
 
 def _tables() -> dict | None:
     try:
         return flag_tables()
-    except FlagTableError:      # no table to read defaults from: tunedeck's stand in
+    except FlagTableError:  # no table to read defaults from: tunedeck's stand in
         return None
 
 
@@ -49,20 +53,24 @@ def run_settings(spec: RunSpec) -> list[dict[str, Any]]:
         if r["value"] is None and r["source"].startswith("ms-swift"):
             if r["key"] == "data.max_length" and (limit := _model_limit(spec)):
                 r.update(value=limit, source=r["source"] + ": the model's length limit")
-            elif r["key"] == "train.grad_accum" and not spec.swift.command.startswith(
-                    "megatron"):
-                r.update(value=default_grad_accum(spec, micro),
-                         source=r["source"] + ": a global batch of 16")
+            elif r["key"] == "train.grad_accum" and not spec.swift.command.startswith("megatron"):
+                r.update(
+                    value=default_grad_accum(spec, micro),
+                    source=r["source"] + ": a global batch of 16",
+                )
         elif r["key"] == "train.per_device_batch_size" and isinstance(r["value"], int):
-            micro = r["value"]      # comes before train.grad_accum in the table
+            micro = r["value"]  # comes before train.grad_accum in the table
     return rows
 
 
 def run_defaults(spec: RunSpec) -> dict[str, tuple[Any, str]]:
     """For each ms-swift setting `spec` leaves unset: (the value ms-swift runs with, None
     where it decides at run time; where that comes from). Empty for other backends."""
-    return {r["key"]: (r["value"], r["source"]) for r in run_settings(spec)
-            if r["source"].startswith("ms-swift")}
+    return {
+        r["key"]: (r["value"], r["source"])
+        for r in run_settings(spec)
+        if r["source"].startswith("ms-swift")
+    }
 
 
 def length_is_bound(spec: RunSpec) -> bool:
@@ -94,15 +102,25 @@ def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     if limit and check_option("data.max_length", limit)[1] is None:
         view = set_values(view, {"data.max_length": limit})
         view.explicit = set(spec.explicit)
-        return view, [f"data.max_length unset: ms-swift truncates at {limit} tokens "
-                      f"(the model's length limit), so the figures assume batches that long; "
-                      "set it to the data's longest sample for a tighter one"]
-    return view, [f"data.max_length unset and ms-swift's limit unknown here: the figures "
-                  f"assume {view.data.max_length} tokens"]
+        return view, [
+            f"data.max_length unset: ms-swift truncates at {limit} tokens "
+            f"(the model's length limit), so the figures assume batches that long; "
+            "set it to the data's longest sample for a tighter one"
+        ]
+    return view, [
+        f"data.max_length unset and ms-swift's limit unknown here: the figures "
+        f"assume {view.data.max_length} tokens"
+    ]
 
 
-def estimate_run(spec: RunSpec, *, gpus: int | None = None, gpu_name: str = "",
-                 gpu_mem_gib: float | None = None, mfu: float | None = None) -> SpecEstimate:
+def estimate_run(
+    spec: RunSpec,
+    *,
+    gpus: int | None = None,
+    gpu_name: str = "",
+    gpu_mem_gib: float | None = None,
+    mfu: float | None = None,
+) -> SpecEstimate:
     """`estimate_spec` of the run `spec` starts (arguments as there); `.spec` is the spec the
     numbers are of, ms-swift's defaults in place."""
     if spec.backend == "swift":

@@ -13,8 +13,9 @@ LIGER_GAIN, COMPILE_GAIN, PACKING_GAIN = 1.16, 1.08, 2.5
 FLASH_IMPLS = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 
 
-def speed_flags(argv: list[str], command: str = "sft", known: dict | None = None,
-                variable_length: bool = True) -> list[dict]:
+def speed_flags(
+    argv: list[str], command: str = "sft", known: dict | None = None, variable_length: bool = True
+) -> list[dict]:
     """ms-swift flags that would make this run faster and that the installed ms-swift has
     (known: its flag table for `command`; default read from the installed ms-swift; none
     installed: no suggestion), each {"flag", "value", "gain", "why"}. A flag the argv already
@@ -34,21 +35,39 @@ def speed_flags(argv: list[str], command: str = "sft", known: dict | None = None
         if flag in known and flag not in given:
             out.append({"flag": f"--{flag}", "value": value, "gain": gain, "why": why})
 
-    offer("use_liger_kernel", "true", LIGER_GAIN,
-          f"Liger's fused RoPE, RMSNorm, SwiGLU and linear cross-entropy: ~{LIGER_GAIN:.2f}x "
-          "tokens/s and ~30 % less peak memory on a 7B LoRA (measured, one H200)")
-    offer("torch_compile", "true", COMPILE_GAIN,
-          f"torch.compile: ~{COMPILE_GAIN:.2f}x tokens/s on a 7B LoRA once compiled (measured "
-          "per decoder layer; about a minute of compiling first)")
+    offer(
+        "use_liger_kernel",
+        "true",
+        LIGER_GAIN,
+        f"Liger's fused RoPE, RMSNorm, SwiGLU and linear cross-entropy: ~{LIGER_GAIN:.2f}x "
+        "tokens/s and ~30 % less peak memory on a 7B LoRA (measured, one H200)",
+    )
+    offer(
+        "torch_compile",
+        "true",
+        COMPILE_GAIN,
+        f"torch.compile: ~{COMPILE_GAIN:.2f}x tokens/s on a 7B LoRA once compiled (measured "
+        "per decoder layer; about a minute of compiling first)",
+    )
     if variable_length and not {"padding_free", "packing"} & on:
         attn = given.get("attn_impl", "")
         if attn in FLASH_IMPLS:
-            offer("padding_free", "true", PACKING_GAIN,
-                  f"no padding in variable-length batches: ~{PACKING_GAIN:.1f}x labelled "
-                  "tokens/s on chat data (measured with packing, one H200)")
+            offer(
+                "padding_free",
+                "true",
+                PACKING_GAIN,
+                f"no padding in variable-length batches: ~{PACKING_GAIN:.1f}x labelled "
+                "tokens/s on chat data (measured with packing, one H200)",
+            )
         elif "padding_free" in known and "padding_free" not in given:
-            out.append({"flag": "--padding_free", "value": "true", "gain": PACKING_GAIN,
-                        "why": f"no padding in variable-length batches (~{PACKING_GAIN:.1f}x "
-                               "labelled tokens/s on chat data) but ms-swift allows it only "
-                               "with --attn_impl flash_attn (flash-attn installed)"})
+            out.append(
+                {
+                    "flag": "--padding_free",
+                    "value": "true",
+                    "gain": PACKING_GAIN,
+                    "why": f"no padding in variable-length batches (~{PACKING_GAIN:.1f}x "
+                    "labelled tokens/s on chat data) but ms-swift allows it only "
+                    "with --attn_impl flash_attn (flash-attn installed)",
+                }
+            )
     return out

@@ -19,12 +19,12 @@ from typing import Any
 
 from tunedeck.core.telemetry.nvml import load_pynvml
 
-pynvml = load_pynvml()   # for its error classes only
+pynvml = load_pynvml()  # for its error classes only
 NVMLError = pynvml.NVMLError
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
 NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
-NVML_TOPOLOGY_SYSTEM = 50   # across CPU sockets
+NVML_TOPOLOGY_SYSTEM = 50  # across CPU sockets
 
 
 class FakePynvml:
@@ -44,12 +44,24 @@ class FakePynvml:
     NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
     NVML_P2P_STATUS_NOT_SUPPORTED = pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 
-    def __init__(self, gpus: int = 2, *, no_driver: bool = False, init_error: int = 0,
-                 unsupported=(), util=None,
-                 procs: dict[int, list[tuple[int, int]]] | None = None,
-                 total_mib: int = 143771, name: str = "Fake H200", cc: tuple[int, int] = (9, 0),
-                 driver: str = "fake-0.0", cuda_version: int = 13000, nvlinks: int = 18,
-                 topology: int = NVML_TOPOLOGY_SYSTEM, p2p: bool = True):
+    def __init__(
+        self,
+        gpus: int = 2,
+        *,
+        no_driver: bool = False,
+        init_error: int = 0,
+        unsupported=(),
+        util=None,
+        procs: dict[int, list[tuple[int, int]]] | None = None,
+        total_mib: int = 143771,
+        name: str = "Fake H200",
+        cc: tuple[int, int] = (9, 0),
+        driver: str = "fake-0.0",
+        cuda_version: int = 13000,
+        nvlinks: int = 18,
+        topology: int = NVML_TOPOLOGY_SYSTEM,
+        p2p: bool = True,
+    ):
         self.gpus = gpus
         self.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND if no_driver else init_error
         self.name, self.cc, self.driver, self.cuda_version = name, cc, driver, cuda_version
@@ -58,7 +70,7 @@ class FakePynvml:
         self.util = util or (lambda gpu, t: 50 + 45 * math.sin(t / 7 + gpu))
         self.procs = procs or {}
         self.total_mib = total_mib
-        self.inits = 0   # nvmlInit calls not yet shut down: 0 when every user closed NVML
+        self.inits = 0  # nvmlInit calls not yet shut down: 0 when every user closed NVML
         # sampling calls (not init's handle/name queries): in all, and by what they read,
         # so tests can hold the per-GPU call budget (each real call costs ~0.4 ms on a VM)
         self.calls = 0
@@ -108,7 +120,7 @@ class FakePynvml:
         self._refuse("nvlink")
         if not 0 <= link < self.nvlinks:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 1   # NVML_FEATURE_ENABLED
+        return 1  # NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetTopologyCommonAncestor(self, h1: int, h2: int) -> int:
         self._refuse("topology")
@@ -133,8 +145,9 @@ class FakePynvml:
     def nvmlDeviceGetMemoryInfo(self, h: int):
         self._check("mem")
         used = sum(m for _, m in self.procs.get(h, [])) or 1024
-        return SimpleNamespace(total=self.total_mib * 2**20, used=used * 2**20,
-                               free=(self.total_mib - used) * 2**20)
+        return SimpleNamespace(
+            total=self.total_mib * 2**20, used=used * 2**20, free=(self.total_mib - used) * 2**20
+        )
 
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         self._check("power")
@@ -155,13 +168,18 @@ class FakePynvml:
     def nvmlDeviceGetFieldValues(self, h: int, field_ids: list[int]):
         self._check("nvlink")
         self._nvlink_kib[h] += 5e6
-        return [SimpleNamespace(fieldId=f, nvmlReturn=0,
-                                value=SimpleNamespace(ullVal=int(self._nvlink_kib[h])))
-                for f in field_ids]
+        return [
+            SimpleNamespace(
+                fieldId=f, nvmlReturn=0, value=SimpleNamespace(ullVal=int(self._nvlink_kib[h]))
+            )
+            for f in field_ids
+        ]
 
     def _proc_list(self, h: int) -> list[Any]:
-        return [SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20)
-                for pid, mib in self.procs.get(h, [])]
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20)
+            for pid, mib in self.procs.get(h, [])
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h: int):
         self.calls += 1

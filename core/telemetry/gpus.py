@@ -19,28 +19,34 @@ class Gpu:
     index: int
     name: str
     memory_total_gib: float
-    cc: tuple[int, int] = (0, 0)     # compute capability
+    cc: tuple[int, int] = (0, 0)  # compute capability
     numa: int = -1
 
 
-GpuInfo = Gpu   # the launcher's name for it
+GpuInfo = Gpu  # the launcher's name for it
 
 
 @dataclass
 class GpuFacts:
     gpus: list[Gpu] = field(default_factory=list)
     driver: str = ""
-    cuda_driver: tuple[int, int] | None = None     # newest CUDA the driver supports
-    error: str = ""                                 # why NVML gave nothing
+    cuda_driver: tuple[int, int] | None = None  # newest CUDA the driver supports
+    error: str = ""  # why NVML gave nothing
     # (i, j) -> (link, p2p_ok): link is "NVLink", "PCIe switch", "PCIe host bridge",
     # "across CPU sockets", ...
     links: dict[tuple[int, int], tuple[str, bool]] = field(default_factory=dict)
 
 
 # nvmlDeviceGetTopologyCommonAncestor levels (NVML_TOPOLOGY_*)
-_TOPO = {0: "same board", 10: "PCIe switch", 20: "PCIe switches", 30: "PCIe host bridge",
-         40: "PCIe/CPU (same socket)", 50: "across CPU sockets"}
-_MAX_NVLINKS = 18   # NVML_NVLINK_MAX_LINKS
+_TOPO = {
+    0: "same board",
+    10: "PCIe switch",
+    20: "PCIe switches",
+    30: "PCIe host bridge",
+    40: "PCIe/CPU (same socket)",
+    50: "across CPU sockets",
+}
+_MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 
 def probe_gpus(lib: Any = None, *, topology: bool = True) -> GpuFacts:
@@ -89,8 +95,7 @@ def _link(nv: Any, hi: Any, hj: Any) -> tuple[str, bool]:
         except nv.NVMLError:
             pass
     try:
-        ok = nv.nvmlDeviceGetP2PStatus(hi, hj, nv.NVML_P2P_CAPS_INDEX_READ) \
-            == nv.NVML_P2P_STATUS_OK
+        ok = nv.nvmlDeviceGetP2PStatus(hi, hj, nv.NVML_P2P_CAPS_INDEX_READ) == nv.NVML_P2P_STATUS_OK
     except (nv.NVMLError, AttributeError):
         ok = True
     return link, ok

@@ -23,8 +23,7 @@ import psutil
 from tunedeck.core.telemetry import proctree
 
 HOST_METRICS = ("cpu_pct", "mem_used_mib", "mem_total_mib", "shm_free_mib", "disk_free_mib")
-RANK_METRICS = ("cpu_pct", "rss_mib", "threads", "workers", "workers_cpu_pct",
-                "workers_rss_mib")
+RANK_METRICS = ("cpu_pct", "rss_mib", "threads", "workers", "workers_cpu_pct", "workers_rss_mib")
 
 _MIB = 1 / 2**20
 SLOW_HOST_S = 10.0
@@ -39,15 +38,20 @@ def host_sample(out_dir: str | None, slow_s: float = SLOW_HOST_S) -> dict[str, A
     (these two re-read every `slow_s`; in between the last values)."""
     vm = psutil.virtual_memory()
     s: dict[str, Any] = {
-        "cpu_pct": round(psutil.cpu_percent(None), 1),   # since the previous call
+        "cpu_pct": round(psutil.cpu_percent(None), 1),  # since the previous call
         "mem_used_mib": round((vm.total - vm.available) * _MIB),
         "mem_total_mib": round(vm.total * _MIB),
     }
     now = time.monotonic()
     hit = _free_cache.get(out_dir)
     if hit is None or now - hit[0] >= slow_s:
-        hit = (now, {"shm_free_mib": _free_mib("/dev/shm"),
-                     "disk_free_mib": _free_mib(_existing(out_dir)) if out_dir else None})
+        hit = (
+            now,
+            {
+                "shm_free_mib": _free_mib("/dev/shm"),
+                "disk_free_mib": _free_mib(_existing(out_dir)) if out_dir else None,
+            },
+        )
         _free_cache[out_dir] = hit
     s.update(hit[1])
     return s
@@ -82,7 +86,7 @@ class _StatFile:
         self.fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         self.last: tuple[float, float] | None = None
         try:
-            self.read()            # prime: CPU % needs two readings
+            self.read()  # prime: CPU % needs two readings
         except OSError:
             self.close()
             raise
@@ -91,7 +95,7 @@ class _StatFile:
         """OSError (ESRCH) once the process is gone, even if its pid was reused."""
         raw = os.pread(self.fd, 4096, 0)
         # the command name may hold spaces and parentheses: fields start after the last ')'
-        f = raw[raw.rindex(b")") + 2:].split()
+        f = raw[raw.rindex(b")") + 2 :].split()
         # fields 14, 15 (utime, stime), 20 (num_threads), 24 (rss pages), counted from 1
         cpu = (int(f[11]) + int(f[12])) / _TICK
         now = time.monotonic()
@@ -99,8 +103,11 @@ class _StatFile:
         if self.last is not None and now > self.last[0]:
             pct = 100.0 * (cpu - self.last[1]) / (now - self.last[0])
         self.last = (now, cpu)
-        return {"cpu_pct": round(max(0.0, pct), 1),
-                "rss_mib": round(int(f[21]) * _PAGE * _MIB, 1), "threads": int(f[17])}
+        return {
+            "cpu_pct": round(max(0.0, pct), 1),
+            "rss_mib": round(int(f[21]) * _PAGE * _MIB, 1),
+            "threads": int(f[17]),
+        }
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -122,9 +129,11 @@ class _PsutilStat:
 
     def read(self) -> dict[str, Any]:
         with self.p.oneshot():
-            return {"cpu_pct": round(self.p.cpu_percent(None), 1),
-                    "rss_mib": round(self.p.memory_info().rss * _MIB, 1),
-                    "threads": self.p.num_threads()}
+            return {
+                "cpu_pct": round(self.p.cpu_percent(None), 1),
+                "rss_mib": round(self.p.memory_info().rss * _MIB, 1),
+                "threads": self.p.num_threads(),
+            }
 
     def close(self) -> None:
         pass
@@ -147,12 +156,12 @@ class ProcessSampler:
                 self._kids.pop(pid, None)
                 self._kids_at.pop(pid, None)
         new = [p for p in rank_pids if p not in self._kids_at]
-        due = [p for p in rank_pids if p in self._kids_at
-               and now - self._kids_at[p] >= self.rescan_s]
+        due = [
+            p for p in rank_pids if p in self._kids_at and now - self._kids_at[p] >= self.rescan_s
+        ]
         # new ranks at once; of the known ones only the most overdue this sample, unless
         # rescan_s is 0 (every sample, as tests ask)
-        todo = new + (due if self.rescan_s <= 0 else
-                      sorted(due, key=self._kids_at.__getitem__)[:1])
+        todo = new + (due if self.rescan_s <= 0 else sorted(due, key=self._kids_at.__getitem__)[:1])
         if not todo:
             return self._kids
         for root in todo:
@@ -183,9 +192,16 @@ class ProcessSampler:
             row = {"pid": pid, "rank": rank, "role": "rank", **row}
             alive.add(pid)
             rows.append(row)
-            agg = {"rank": rank, "pid": pid, "cpu_pct": row["cpu_pct"],
-                   "rss_mib": row["rss_mib"], "threads": row["threads"], "workers": 0,
-                   "workers_cpu_pct": 0.0, "workers_rss_mib": 0.0}
+            agg = {
+                "rank": rank,
+                "pid": pid,
+                "cpu_pct": row["cpu_pct"],
+                "rss_mib": row["rss_mib"],
+                "threads": row["threads"],
+                "workers": 0,
+                "workers_cpu_pct": 0.0,
+                "workers_rss_mib": 0.0,
+            }
             for kid in children.get(pid, ()):
                 w = self._one(kid)
                 if w is None:
@@ -197,7 +213,7 @@ class ProcessSampler:
                 agg["workers_cpu_pct"] = round(agg["workers_cpu_pct"] + w["cpu_pct"], 1)
                 agg["workers_rss_mib"] = round(agg["workers_rss_mib"] + w["rss_mib"], 1)
             ranks.append(agg)
-        for pid in list(self._stats):     # forget the dead: pids get reused
+        for pid in list(self._stats):  # forget the dead: pids get reused
             if pid not in alive:
                 self._stats.pop(pid).close()
         return ranks, rows

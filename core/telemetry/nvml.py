@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 
 class _NA:
@@ -45,20 +46,41 @@ _DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND, _FUNCTION_NOT_FOUND = 9, 12, 13
 _NO_DRIVER = (_DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND)
 
 # the metrics every GPU sample carries (None = N/A), in storage order
-GPU_METRICS = ("util", "mem_util", "mem_used_mib", "mem_total_mib", "power_w", "temp_c",
-               "sm_mhz", "mem_mhz", "pcie_rx_kbs", "pcie_tx_kbs", "nvlink_rx_kbs",
-               "nvlink_tx_kbs")
+GPU_METRICS = (
+    "util",
+    "mem_util",
+    "mem_used_mib",
+    "mem_total_mib",
+    "power_w",
+    "temp_c",
+    "sm_mhz",
+    "mem_mhz",
+    "pcie_rx_kbs",
+    "pcie_tx_kbs",
+    "nvlink_rx_kbs",
+    "nvlink_tx_kbs",
+)
 
-_PROC_FUNCS = ("nvmlDeviceGetComputeRunningProcesses_v3",
-               "nvmlDeviceGetComputeRunningProcesses_v2",
-               "nvmlDeviceGetComputeRunningProcesses")
+_PROC_FUNCS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
 # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: cumulative KiB over all links
 _FI_NVLINK_TX, _FI_NVLINK_RX = 138, 139
 # the slow set before its first read (or on a GPU that supports none of it)
-_EMPTY_SLOW: dict[str, Any] = {"slow_t": None, "power_w": None, "temp_c": None,
-                               "sm_mhz": None, "mem_mhz": None, "pcie_rx_kbs": None,
-                               "pcie_tx_kbs": None, "nvlink_rx_kbs": None,
-                               "nvlink_tx_kbs": None, "procs": ()}
+_EMPTY_SLOW: dict[str, Any] = {
+    "slow_t": None,
+    "power_w": None,
+    "temp_c": None,
+    "sm_mhz": None,
+    "mem_mhz": None,
+    "pcie_rx_kbs": None,
+    "pcie_tx_kbs": None,
+    "nvlink_rx_kbs": None,
+    "nvlink_tx_kbs": None,
+    "procs": (),
+}
 
 
 class NvmlUnavailable(Exception):
@@ -118,10 +140,10 @@ def nvml_session(lib: Any = None) -> Iterator[Any]:
 class Nvml:
     def __init__(self, lib: Any = None, slow_every: int = 10):
         self._lib = lib
-        self.slow_every = slow_every      # samples between two reads of a GPU's slow set
+        self.slow_every = slow_every  # samples between two reads of a GPU's slow set
         self._tick = 0
         self._slow: dict[int, dict[str, Any]] = {}
-        self.status = "uninitialised"     # ok | no_driver | error
+        self.status = "uninitialised"  # ok | no_driver | error
         self.message = ""
         self.driver = ""
         self._handles: list[Any] = []
@@ -170,11 +192,10 @@ class Nvml:
         try:
             return fn(*args)
         except self._lib.NVMLError as e:
-            if getattr(e, "value", None) in (_NOT_SUPPORTED, _NO_PERMISSION,
-                                             _FUNCTION_NOT_FOUND):
+            if getattr(e, "value", None) in (_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND):
                 self._unsupported.add((gpu, what))
             return NA
-        except (AttributeError, TypeError):   # symbol missing in this nvidia-ml-py
+        except (AttributeError, TypeError):  # symbol missing in this nvidia-ml-py
             self._unsupported.add((gpu, what))
             return NA
 
@@ -215,24 +236,48 @@ class Nvml:
         lib = self._lib
         s: dict[str, Any] = {"slow_t": now}
         s["power_w"] = _num(self._try(i, "power", lib.nvmlDeviceGetPowerUsage, h), 1e-3)
-        s["temp_c"] = _num(self._try(i, "temp", lib.nvmlDeviceGetTemperature, h,
-                                     getattr(lib, "NVML_TEMPERATURE_GPU", 0)))
-        s["sm_mhz"] = _num(self._try(i, "sm_clock", lib.nvmlDeviceGetClockInfo, h,
-                                     getattr(lib, "NVML_CLOCK_SM", 1)))
-        s["mem_mhz"] = _num(self._try(i, "mem_clock", lib.nvmlDeviceGetClockInfo, h,
-                                      getattr(lib, "NVML_CLOCK_MEM", 2)))
-        s["pcie_rx_kbs"] = _num(self._try(i, "pcie_rx", lib.nvmlDeviceGetPcieThroughput, h,
-                                          getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", 1)))
-        s["pcie_tx_kbs"] = _num(self._try(i, "pcie_tx", lib.nvmlDeviceGetPcieThroughput, h,
-                                          getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", 0)))
+        s["temp_c"] = _num(
+            self._try(
+                i, "temp", lib.nvmlDeviceGetTemperature, h, getattr(lib, "NVML_TEMPERATURE_GPU", 0)
+            )
+        )
+        s["sm_mhz"] = _num(
+            self._try(
+                i, "sm_clock", lib.nvmlDeviceGetClockInfo, h, getattr(lib, "NVML_CLOCK_SM", 1)
+            )
+        )
+        s["mem_mhz"] = _num(
+            self._try(
+                i, "mem_clock", lib.nvmlDeviceGetClockInfo, h, getattr(lib, "NVML_CLOCK_MEM", 2)
+            )
+        )
+        s["pcie_rx_kbs"] = _num(
+            self._try(
+                i,
+                "pcie_rx",
+                lib.nvmlDeviceGetPcieThroughput,
+                h,
+                getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", 1),
+            )
+        )
+        s["pcie_tx_kbs"] = _num(
+            self._try(
+                i,
+                "pcie_tx",
+                lib.nvmlDeviceGetPcieThroughput,
+                h,
+                getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", 0),
+            )
+        )
         s["nvlink_rx_kbs"], s["nvlink_tx_kbs"] = self._nvlink(i, h, now)
         s["procs"] = tuple(self._procs(i, h))
         return s
 
     def _nvlink(self, i: int, h, now: float) -> tuple[float | None, float | None]:
         """NVLink KiB/s from the cumulative data counters (None where there is no NVLink)."""
-        vals = self._try(i, "nvlink", self._lib.nvmlDeviceGetFieldValues, h,
-                         [_FI_NVLINK_TX, _FI_NVLINK_RX])
+        vals = self._try(
+            i, "nvlink", self._lib.nvmlDeviceGetFieldValues, h, [_FI_NVLINK_TX, _FI_NVLINK_RX]
+        )
         if vals is NA:
             return None, None
         try:

@@ -24,8 +24,8 @@ def task_children(pid: int) -> list[int] | None:
                 out.extend(int(x) for x in fh.read().split())
         except FileNotFoundError:
             if not os.path.exists(f"{base}/{tid}"):
-                continue                  # the thread ended meanwhile
-            return None                   # kernel without CONFIG_PROC_CHILDREN
+                continue  # the thread ended meanwhile
+            return None  # kernel without CONFIG_PROC_CHILDREN
         except OSError:
             continue
     return out

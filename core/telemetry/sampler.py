@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from tunedeck.core.telemetry.host import ProcessSampler, host_sample
 from tunedeck.core.telemetry.nvml import Nvml
@@ -22,10 +23,16 @@ from tunedeck.core.telemetry.store import TelemetryStore
 
 
 class TelemetrySampler:
-    def __init__(self, tstore: TelemetryStore | None, interval_s: float = 1.0,
-                 rank_pids: Callable[[], dict[int, int]] = dict, out_dir: str | None = None,
-                 nvml: Nvml | None = None, keep_recent_s: float = 120.0,
-                 slow_s: float = 10.0):
+    def __init__(
+        self,
+        tstore: TelemetryStore | None,
+        interval_s: float = 1.0,
+        rank_pids: Callable[[], dict[int, int]] = dict,
+        out_dir: str | None = None,
+        nvml: Nvml | None = None,
+        keep_recent_s: float = 120.0,
+        slow_s: float = 10.0,
+    ):
         self.tstore = tstore
         self.interval_s = max(0.1, float(interval_s))
         self.slow_s = max(self.interval_s, float(slow_s))
@@ -76,9 +83,13 @@ class TelemetrySampler:
             dq.append((now, g["util"]))
             while dq and dq[0][0] < now - self.keep_recent_s:
                 dq.popleft()
-        status = {"nvml": self.nvml.status, "message": self.nvml.message,
-                  "driver": self.nvml.driver, "gpus": self.nvml.names,
-                  "interval_s": self.interval_s}
+        status = {
+            "nvml": self.nvml.status,
+            "message": self.nvml.message,
+            "driver": self.nvml.driver,
+            "gpus": self.nvml.names,
+            "interval_s": self.interval_s,
+        }
         if self.tstore is not None:
             st = self.tstore
             st.add("gpu", now, [(g["gpu"], g) for g in gpus])
@@ -91,11 +102,21 @@ class TelemetrySampler:
             st.set_latest("procs", now, {"ranks": ranks, "procs": rows, "gpu_procs": gpu_procs})
             st.set_latest("host", now, host)
             st.commit()
-        self.costs = {"nvml": c1 - c0, "procs": c2 - c1, "host": c3 - c2,
-                      "store": time.process_time() - c3}
+        self.costs = {
+            "nvml": c1 - c0,
+            "procs": c2 - c1,
+            "host": c3 - c2,
+            "store": time.process_time() - c3,
+        }
         self.samples += 1
-        return {"gpus": gpus, "ranks": ranks, "procs": rows, "host": host,
-                "gpu_procs": gpu_procs, "status": status}
+        return {
+            "gpus": gpus,
+            "ranks": ranks,
+            "procs": rows,
+            "host": host,
+            "gpu_procs": gpu_procs,
+            "status": status,
+        }
 
     # -- for the detectors ----------------------------------------------------------------
     def gpu_util(self, gpu: int, t0: float, t1: float) -> float | None:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from tunedeck.core.telemetry.host import HOST_METRICS, RANK_METRICS
 from tunedeck.core.telemetry.nvml import GPU_METRICS
@@ -49,14 +50,19 @@ def schema() -> str:
         for res in TIERS:
             if res == 1:
                 cols = ", ".join(f"{m} REAL" for m in metrics)
-                parts.append(f"CREATE TABLE IF NOT EXISTS {_table(kind, 1)} "
-                             f"(t REAL NOT NULL, k INTEGER NOT NULL, {cols});")
+                parts.append(
+                    f"CREATE TABLE IF NOT EXISTS {_table(kind, 1)} "
+                    f"(t REAL NOT NULL, k INTEGER NOT NULL, {cols});"
+                )
             else:
                 cols = ", ".join(f"{m}_min REAL, {m} REAL, {m}_max REAL" for m in metrics)
-                parts.append(f"CREATE TABLE IF NOT EXISTS {_table(kind, res)} "
-                             f"(t REAL NOT NULL, k INTEGER NOT NULL, n INTEGER NOT NULL, {cols});")
-            parts.append(f"CREATE INDEX IF NOT EXISTS {_table(kind, res)}_t "
-                         f"ON {_table(kind, res)}(t);")
+                parts.append(
+                    f"CREATE TABLE IF NOT EXISTS {_table(kind, res)} "
+                    f"(t REAL NOT NULL, k INTEGER NOT NULL, n INTEGER NOT NULL, {cols});"
+                )
+            parts.append(
+                f"CREATE INDEX IF NOT EXISTS {_table(kind, res)}_t ON {_table(kind, res)}(t);"
+            )
     return "\n".join(parts)
 
 
@@ -96,8 +102,12 @@ class _Bucket:
 class TelemetryStore:
     """Writer. `add(kind, t, rows)` then `commit()`; the sampler commits once per sample."""
 
-    def __init__(self, db: sqlite3.Connection, raw_keep_s: float = RAW_KEEP_S,
-                 tier10_keep_s: float = TIER10_KEEP_S):
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        raw_keep_s: float = RAW_KEEP_S,
+        tier10_keep_s: float = TIER10_KEEP_S,
+    ):
         self.db = db
         self.db.executescript(schema())
         self.keep = {1: raw_keep_s, 10: tier10_keep_s}
@@ -105,11 +115,14 @@ class TelemetryStore:
         self._last_prune = 0.0
         self._sql = {}
         for kind, metrics in METRICS.items():
-            self._sql[(kind, 1)] = (f"INSERT INTO {_table(kind, 1)} VALUES "
-                                    f"({','.join('?' * (len(metrics) + 2))})")
+            self._sql[(kind, 1)] = (
+                f"INSERT INTO {_table(kind, 1)} VALUES ({','.join('?' * (len(metrics) + 2))})"
+            )
             for res in TIERS[1:]:
-                self._sql[(kind, res)] = (f"INSERT INTO {_table(kind, res)} VALUES "
-                                          f"({','.join('?' * (3 * len(metrics) + 3))})")
+                self._sql[(kind, res)] = (
+                    f"INSERT INTO {_table(kind, res)} VALUES "
+                    f"({','.join('?' * (3 * len(metrics) + 3))})"
+                )
 
     def add(self, kind: str, t: float, rows: Iterable[tuple[int, dict[str, Any]]]) -> None:
         """rows: (k, {metric: value or None}) for one sample time."""
@@ -134,8 +147,10 @@ class TelemetryStore:
             self._prune(t)
 
     def set_latest(self, kind: str, t: float, data: Any) -> None:
-        self.db.execute("INSERT OR REPLACE INTO tel_latest(kind, t, data) VALUES (?,?,?)",
-                        (kind, t, json.dumps(data, separators=(",", ":"))))
+        self.db.execute(
+            "INSERT OR REPLACE INTO tel_latest(kind, t, data) VALUES (?,?,?)",
+            (kind, t, json.dumps(data, separators=(",", ":"))),
+        )
 
     def _prune(self, now: float) -> None:
         self._last_prune = now
@@ -157,9 +172,16 @@ class TelemetryStore:
 
 # -- reading (on a connection the run's Store gives) ------------------------------------
 
-def read_series(db: sqlite3.Connection | None, kind: str, t0: float, t1: float,
-                max_points: int = 500, keys: Iterable[int] | None = None,
-                metrics: Iterable[str] | None = None) -> dict[str, Any]:
+
+def read_series(
+    db: sqlite3.Connection | None,
+    kind: str,
+    t0: float,
+    t1: float,
+    max_points: int = 500,
+    keys: Iterable[int] | None = None,
+    metrics: Iterable[str] | None = None,
+) -> dict[str, Any]:
     """At most ~max_points points per key between t0 and t1 from the finest tier that still
     holds t0. Returns {"resolution_s", "step_s", "series": {k: {"t": [...], m: [...],
     m+"_min": [...], m+"_max": [...]}}}; None where a value was N/A."""
@@ -188,11 +210,15 @@ def read_series(db: sqlite3.Connection | None, kind: str, t0: float, t1: float,
             if res == 1:
                 cols += [f"MIN({m})", f"AVG({m})", f"MAX({m})"]
             else:
-                cols += [f"MIN({m}_min)",
-                         f"SUM({m}*n)/NULLIF(SUM(CASE WHEN {m} IS NULL THEN 0 ELSE n END),0)",
-                         f"MAX({m}_max)"]
-        q = (f"SELECT CAST(t / {step} AS INTEGER) * {step} AS b, k, {', '.join(cols)} "
-             f"FROM {table} WHERE {where} GROUP BY b, k ORDER BY k, b")
+                cols += [
+                    f"MIN({m}_min)",
+                    f"SUM({m}*n)/NULLIF(SUM(CASE WHEN {m} IS NULL THEN 0 ELSE n END),0)",
+                    f"MAX({m}_max)",
+                ]
+        q = (
+            f"SELECT CAST(t / {step} AS INTEGER) * {step} AS b, k, {', '.join(cols)} "
+            f"FROM {table} WHERE {where} GROUP BY b, k ORDER BY k, b"
+        )
         series: dict[int, dict[str, list]] = {}
         for row in db.execute(q, args):
             b, k = row[0], row[1]
@@ -203,7 +229,7 @@ def read_series(db: sqlite3.Connection | None, kind: str, t0: float, t1: float,
                     s[m], s[m + "_min"], s[m + "_max"] = [], [], []
             s["t"].append(b)
             for i, m in enumerate(names):
-                lo, mean, hi = row[2 + 3 * i: 5 + 3 * i]
+                lo, mean, hi = row[2 + 3 * i : 5 + 3 * i]
                 s[m + "_min"].append(lo)
                 s[m].append(round(mean, 2) if mean is not None else None)
                 s[m + "_max"].append(hi)
@@ -212,8 +238,9 @@ def read_series(db: sqlite3.Connection | None, kind: str, t0: float, t1: float,
         return empty
 
 
-def _pick_tier(db: sqlite3.Connection, kind: str, t0: float, t1: float,
-               max_points: int) -> int | None:
+def _pick_tier(
+    db: sqlite3.Connection, kind: str, t0: float, t1: float, max_points: int
+) -> int | None:
     """Coarsest tier not coarser than the step the window needs, among tiers still holding t0;
     so a week-long window reads 60 s buckets and the last five minutes read raw samples."""
     need = (t1 - t0) / max(1, max_points)
@@ -221,14 +248,15 @@ def _pick_tier(db: sqlite3.Connection, kind: str, t0: float, t1: float,
     for res in TIERS:
         try:
             (first,) = db.execute(f"SELECT MIN(t) FROM {_table(kind, res)}").fetchone()
-        except sqlite3.OperationalError:   # no telemetry tables in this run.db
+        except sqlite3.OperationalError:  # no telemetry tables in this run.db
             return None
         if first is not None and first <= t0 + res:
             covering.append(res)
     if not covering:  # the window starts before any data: the tier with the oldest data
         for res in reversed(TIERS):
-            (n,) = db.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM {_table(kind, res)} "
-                              f"LIMIT 1)").fetchone()
+            (n,) = db.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM {_table(kind, res)} LIMIT 1)"
+            ).fetchone()
             if n:
                 covering = [res]
                 break
@@ -242,7 +270,8 @@ def read_latest(db: sqlite3.Connection) -> dict[str, Any]:
     """The last snapshot: {"status": {...nvml state...}, "gpus": [...], "procs": [...],
     "host": {...}} as the sampler stored it; {} when the run has no telemetry."""
     try:
-        return {kind: json.loads(data)
-                for kind, data in db.execute("SELECT kind, data FROM tel_latest")}
+        return {
+            kind: json.loads(data) for kind, data in db.execute("SELECT kind, data FROM tel_latest")
+        }
     except sqlite3.Error:
         return {}

@@ -7,8 +7,10 @@ from tunedeck.core.train.trainer import main
 
 
 def cli(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tunedeck.core.train",
-                                 description="tunedeck built-in trainer (one torchrun worker)")
+    ap = argparse.ArgumentParser(
+        prog="python -m tunedeck.core.train",
+        description="tunedeck built-in trainer (one torchrun worker)",
+    )
     ap.add_argument("--run-dir", required=True, help="run directory holding spec.toml")
     args = ap.parse_args(argv)
     return main(args.run_dir)

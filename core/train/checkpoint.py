@@ -23,7 +23,8 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,8 +35,9 @@ from tunedeck.core.rundir.checkpoints import complete_checkpoints as _complete
 RNG_FILE = "rng_state.pt"
 
 
-def write_checkpoint(output_dir: Path, step: int, write: Callable[[Path], None],
-                     state: dict[str, Any]) -> Path:
+def write_checkpoint(
+    output_dir: Path, step: int, write: Callable[[Path], None], state: dict[str, Any]
+) -> Path:
     """Run `write(tmp_folder)`, add trainer_state.json last, then rename into place."""
     final = checkpoint_path(output_dir, step)
     if final.exists():  # e.g. a save_steps checkpoint on the very step the run stopped
@@ -71,8 +73,7 @@ def rotate(output_dir: Path, keep: int, protect: Path | None = None) -> list[Pat
     if keep <= 0:
         return []
     done = complete_checkpoints(output_dir)
-    victims = [p for p in done[:-keep] if protect is None
-               or p.resolve() != Path(protect).resolve()]
+    victims = [p for p in done[:-keep] if protect is None or p.resolve() != Path(protect).resolve()]
     for p in victims:
         # Rename first so a crash mid-delete never leaves a half checkpoint that looks whole.
         trash = p.with_name(f".deleting-{p.name}")
@@ -83,9 +84,13 @@ def rotate(output_dir: Path, keep: int, protect: Path | None = None) -> list[Pat
 
 # -- RNG ----------------------------------------------------------------------------------
 
+
 def rng_state() -> dict[str, Any]:
-    st = {"python": random.getstate(), "numpy": np.random.get_state(),
-          "torch": torch.get_rng_state()}
+    st = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         st["cuda"] = torch.cuda.get_rng_state()
     return st

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -49,6 +49,7 @@ def read_conversations(path: str | Path, fmt: str = "auto", **kw):
 
 def assistant_spans(tokenizer, messages) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of the assistant replies."""
+
     def render(msgs, gen=False) -> str:
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
 
@@ -58,18 +59,21 @@ def assistant_spans(tokenizer, messages) -> tuple[str, list[tuple[int, int]]]:
         if m["role"] != "assistant":
             continue
         prompt = render(messages[:i], gen=True) if i else ""
-        end_text = render(messages[:i + 1])
+        end_text = render(messages[: i + 1])
         if not (text.startswith(end_text) and end_text.startswith(prompt)):
-            raise DataError("the chat template does not render conversations incrementally; "
-                            "cannot locate assistant replies")
+            raise DataError(
+                "the chat template does not render conversations incrementally; "
+                "cannot locate assistant replies"
+            )
         # Trailing whitespace after the end-of-turn token belongs to the template, not the reply.
         end = len(end_text.rstrip())
         spans.append((len(prompt), end))
     return text, spans
 
 
-def encode(tokenizer, messages, max_length: int,
-           truncation: str = "right") -> dict[str, list[int]] | None:
+def encode(
+    tokenizer, messages, max_length: int, truncation: str = "right"
+) -> dict[str, list[int]] | None:
     """Token ids and labels; None when the sample is over max_length and truncation is drop.
 
     right keeps the beginning (the usual choice); left keeps the end, i.e. the last replies of
@@ -161,6 +165,7 @@ class Collator:
         n = max(len(b["input_ids"]) for b in batch)
         if self.buckets:
             from tunedeck.core.train.fastpath import bucket_length
+
             n = bucket_length(n, self.buckets)
         ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
         targets = torch.full((len(batch), n), IGNORE, dtype=torch.long)
@@ -171,8 +176,12 @@ class Collator:
             targets[r, :k] = torch.tensor(_targets(b["labels"]))
             mask[r, :k] = 1
         lens = [len(b["input_ids"]) for b in batch]
-        return {"input_ids": ids, "targets": targets, "attention_mask": mask,
-                "doc_lens": torch.tensor(lens)}
+        return {
+            "input_ids": ids,
+            "targets": targets,
+            "attention_mask": mask,
+            "doc_lens": torch.tensor(lens),
+        }
 
 
 class FlatCollator:
@@ -198,7 +207,7 @@ class FlatCollator:
             pos += range(len(d["input_ids"]))
         seg = list(lens)
         short = self.fixed_len - len(ids)
-        while short > 0:   # filler documents, each within the longest a document may be
+        while short > 0:  # filler documents, each within the longest a document may be
             k = min(short, self.max_doc or short)
             ids += [self.pad_id] * k
             targets += [IGNORE] * k
@@ -208,10 +217,13 @@ class FlatCollator:
         cu = [0]
         for k in seg:
             cu.append(cu[-1] + k)
-        return {"input_ids": torch.tensor([ids]), "targets": torch.tensor([targets]),
-                "position_ids": torch.tensor([pos]),
-                "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
-                "doc_lens": torch.tensor(lens)}
+        return {
+            "input_ids": torch.tensor([ids]),
+            "targets": torch.tensor([targets]),
+            "position_ids": torch.tensor([pos]),
+            "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+            "doc_lens": torch.tensor(lens),
+        }
 
 
 class ResumableSampler(DistributedSampler):
@@ -230,24 +242,42 @@ def pad_id_of(tokenizer) -> int:
     return tokenizer.eos_token_id if pad is None else pad
 
 
-def make_loader(dataset: Dataset, *, batch_size: int, num_workers: int, seed: int,
-                rank: int, world_size: int, pin_memory: bool, flat: bool = False,
-                shuffle: bool = True, fixed_shapes: int = 0) -> DataLoader:
+def make_loader(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    num_workers: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    pin_memory: bool,
+    flat: bool = False,
+    shuffle: bool = True,
+    fixed_shapes: int = 0,
+) -> DataLoader:
     """fixed_shapes: the data's max_length, when batches should come in few shapes (a
     compiled model): padded batches in length buckets, packed rows filled to
     batch_size × max_length. 0: as long as the batch needs."""
     # drop_last keeps every rank at the same number of batches per epoch.
-    sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                               seed=seed, drop_last=shuffle)
+    sampler = ResumableSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=shuffle
+    )
     pad = pad_id_of(dataset.tokenizer)
     if flat:
         collate = FlatCollator(pad, batch_size * fixed_shapes, fixed_shapes)
     else:
         from tunedeck.core.train.fastpath import length_buckets
+
         collate = Collator(pad, length_buckets(fixed_shapes) if fixed_shapes else None)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                      collate_fn=collate, pin_memory=pin_memory,
-                      persistent_workers=num_workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
 
 
 class Batches:
@@ -300,13 +330,14 @@ def split_rows(convs: list, val_split: float, seed: int) -> tuple[list, list]:
         return convs, []
     n = int(val_split) if val_split >= 1 else max(1, round(len(convs) * val_split))
     if n >= len(convs):
-        raise DataError(f"data.val_split {val_split:g} leaves no training rows "
-                        f"({len(convs)} rows)")
+        raise DataError(f"data.val_split {val_split:g} leaves no training rows ({len(convs)} rows)")
     order = list(range(len(convs)))
     random.Random(seed).shuffle(order)
     held = set(order[:n])
-    return ([c for i, c in enumerate(convs) if i not in held],
-            [c for i, c in enumerate(convs) if i in held])
+    return (
+        [c for i, c in enumerate(convs) if i not in held],
+        [c for i, c in enumerate(convs) if i in held],
+    )
 
 
 def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
@@ -315,13 +346,16 @@ def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
 
     def read(path: str, what: str):
         ensure_regular(path, what)
-        rows = read_rows(path, data_spec.format, names=names,
-                         skip_bad_rows=data_spec.skip_bad_rows)
+        rows = read_rows(path, data_spec.format, names=names, skip_bad_rows=data_spec.skip_bad_rows)
         if rows.skipped and rank == 0:
             shown = "\n  ".join(rows.skipped[:5])
             more = f"\n  ... and {len(rows.skipped) - 5} more" if len(rows.skipped) > 5 else ""
-            print(f"warning: skipped {len(rows.skipped)} bad row(s) of {path} "
-                  f"(data.skip_bad_rows):\n  {shown}{more}", file=sys.stderr, flush=True)
+            print(
+                f"warning: skipped {len(rows.skipped)} bad row(s) of {path} "
+                f"(data.skip_bad_rows):\n  {shown}{more}",
+                file=sys.stderr,
+                flush=True,
+            )
         return rows.conversations
 
     train = read(data_spec.path, "data.path")
@@ -333,11 +367,16 @@ def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
     def tok(convs):
         ds = TokenizedDataset(convs, tokenizer, data_spec.max_length, data_spec.truncation)
         if ds.dropped and rank == 0:
-            print(f"warning: dropped {ds.dropped} sample(s) over data.max_length "
-                  f"{data_spec.max_length} (data.truncation = drop)", file=sys.stderr, flush=True)
+            print(
+                f"warning: dropped {ds.dropped} sample(s) over data.max_length "
+                f"{data_spec.max_length} (data.truncation = drop)",
+                file=sys.stderr,
+                flush=True,
+            )
         if len(ds) == 0:
-            raise DataError(f"{data_spec.path}: no sample fits data.max_length "
-                            f"{data_spec.max_length}")
+            raise DataError(
+                f"{data_spec.path}: no sample fits data.max_length {data_spec.max_length}"
+            )
         return ds
 
     return tok(train), (tok(evals) if evals else None)

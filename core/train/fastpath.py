@@ -32,7 +32,7 @@ def length_buckets(max_length: int, smallest: int = BUCKET_SMALLEST) -> list[int
     out, b = [], smallest
     while b < max_length:
         out.append(b)
-        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3   # 128, 192, 256, 384, 512, ...
+        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3  # 128, 192, 256, 384, 512, ...
     out.append(max_length)
     return out
 
@@ -47,9 +47,16 @@ def bucket_length(n: int, buckets: list[int]) -> int:
 
 # -- compile ------------------------------------------------------------------------------
 
-_COMPILE_ERROR_NAMES = {"BackendCompilerFailed", "Unsupported", "InternalTorchDynamoError",
-                        "TorchRuntimeError", "LoweringException", "InductorError",
-                        "UserError", "RestartAnalysis"}
+_COMPILE_ERROR_NAMES = {
+    "BackendCompilerFailed",
+    "Unsupported",
+    "InternalTorchDynamoError",
+    "TorchRuntimeError",
+    "LoweringException",
+    "InductorError",
+    "UserError",
+    "RestartAnalysis",
+}
 
 
 def is_compile_error(e: BaseException) -> bool:
@@ -58,8 +65,10 @@ def is_compile_error(e: BaseException) -> bool:
     seen = 0
     while e is not None and seen < 8:
         mod = type(e).__module__ or ""
-        if mod.startswith(("torch._dynamo", "torch._inductor", "torch._functorch")) \
-                or type(e).__name__ in _COMPILE_ERROR_NAMES:
+        if (
+            mod.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
+            or type(e).__name__ in _COMPILE_ERROR_NAMES
+        ):
             return True
         e = e.__cause__ or e.__context__
         seen += 1
@@ -101,14 +110,20 @@ class LayerCompiler:
     events: an EventWriter (or anything with emit(kind, **fields)); None in unit tests.
     """
 
-    def __init__(self, layers, max_shapes: int, events=None, rank: int = 0,
-                 backend: str | None = None, mode: str | None = None):
+    def __init__(
+        self,
+        layers,
+        max_shapes: int,
+        events=None,
+        rank: int = 0,
+        backend: str | None = None,
+        mode: str | None = None,
+    ):
         self.layers = list(layers)
         self.events, self.rank = events, rank
         self.max_shapes = max_shapes
         self.backend = backend or os.environ.get("TUNEDECK_COMPILE_BACKEND") or "inductor"
-        self.mode = mode if mode is not None else (os.environ.get("TUNEDECK_COMPILE_MODE")
-                                                    or None)
+        self.mode = mode if mode is not None else (os.environ.get("TUNEDECK_COMPILE_MODE") or None)
         self.enabled = False
         self.failed: str | None = None
         self.shapes: set[tuple] = set()
@@ -125,8 +140,9 @@ class LayerCompiler:
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 4 * self.max_shapes + 2))
         budget = os.environ.get("TUNEDECK_ACT_BUDGET")
-        if budget:   # a measurement switch: < 1 makes the partitioner recompute to save memory
+        if budget:  # a measurement switch: < 1 makes the partitioner recompute to save memory
             import torch._functorch.config as fconfig
+
             fconfig.activation_memory_budget = float(budget)
         kw = {"backend": self.backend}
         if self.mode and self.backend == "inductor":
@@ -145,8 +161,10 @@ class LayerCompiler:
             est = self.compile_s[0] if self.compile_s else FIRST_COMPILE_EST_S
             self._emit(phase="compiling", step=step, est_s=round(est, 1), shape=list(key[:2]))
             if self.rank == 0:
-                print(f"compiling the model for batch shape {tuple(key[:2])} "
-                      f"(~{est:.0f} s)", flush=True)
+                print(
+                    f"compiling the model for batch shape {tuple(key[:2])} (~{est:.0f} s)",
+                    flush=True,
+                )
 
     def after_step(self, step: int, step_s: float) -> None:
         """After the step that compiled: its time (compile + one step) and the graph count."""
@@ -154,8 +172,12 @@ class LayerCompiler:
             return
         self._compiling = None
         self.compile_s.append(time.perf_counter() - self._t0)
-        self._emit(phase="training", step=step, compile_s=round(self.compile_s[-1], 1),
-                   graphs=graphs_compiled())
+        self._emit(
+            phase="training",
+            step=step,
+            compile_s=round(self.compile_s[-1], 1),
+            graphs=graphs_compiled(),
+        )
 
     def fall_back(self, err: BaseException, step: int) -> None:
         """Compiling failed: run eager from now on, and say so (one line, and a phase event
@@ -163,16 +185,19 @@ class LayerCompiler:
         import torch._dynamo
 
         for layer in self.layers:
-            layer._compiled_call_impl = None   # nn.Module.compile's hook: back to the module
+            layer._compiled_call_impl = None  # nn.Module.compile's hook: back to the module
         torch._dynamo.reset()
         self.enabled = False
         self._compiling = None
         msg = error_text(err)
         self.failed = msg
         self._emit(phase="eager_fallback", step=step, error=msg)
-        print(f"warning: torch.compile failed ({msg}); training goes on without compiling "
-              f"(slower; set train.compile = false to skip the attempt)", file=sys.stderr,
-              flush=True)
+        print(
+            f"warning: torch.compile failed ({msg}); training goes on without compiling "
+            f"(slower; set train.compile = false to skip the attempt)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _emit(self, **fields) -> None:
         if self.events is not None:
@@ -181,13 +206,14 @@ class LayerCompiler:
 
 # -- packed (varlen) attention ------------------------------------------------------------
 
-_VARLEN_KW: dict | None = None   # keyword arguments varlen_attn takes here (set by enable)
+_VARLEN_KW: dict | None = None  # keyword arguments varlen_attn takes here (set by enable)
 
 
 def _cu_doc_ids(cu: torch.Tensor, total: int) -> torch.Tensor:
     lens = (cu[1:] - cu[:-1]).long()
-    return torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens,
-                                   output_size=total)
+    return torch.repeat_interleave(
+        torch.arange(lens.numel(), device=cu.device), lens, output_size=total
+    )
 
 
 def reference_packed_attention(q, k, v, cu, scale):
@@ -198,8 +224,13 @@ def reference_packed_attention(q, k, v, cu, scale):
     pos = torch.arange(T, device=q.device)
     mask = (doc[:, None] == doc[None, :]) & (pos[:, None] >= pos[None, :])
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1])
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
     return out.transpose(0, 1)
 
 
@@ -214,17 +245,18 @@ def _varlen(q, k, v, cu, max_len: int, scale):
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **kw)
 
 
-def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-                     scaling=None, **kwargs):
+def packed_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs
+):
     """A transformers attention function for one packed row (batch 1): each document attends
     causally to itself only, from cu_seq_lens_q (cumulative document lengths)."""
     cu = kwargs["cu_seq_lens_q"]
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))   # (T, H, D)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
     if query.is_cuda and _VARLEN_KW is not None:
         out = _varlen(q, k, v, cu, int(kwargs["max_length_q"]), scaling)
     else:
         out = reference_packed_attention(q, k, v, cu, scaling)
-    return out.unsqueeze(0), None   # (1, T, H, D), as transformers' own functions return
+    return out.unsqueeze(0), None  # (1, T, H, D), as transformers' own functions return
 
 
 def _varlen_kwargs() -> dict | None:
@@ -255,7 +287,7 @@ def check_varlen(device: torch.device) -> str | None:
     k = torch.randn(300, 2, 64, generator=g).to(device, torch.bfloat16)
     v = torch.randn(300, 2, 64, generator=g).to(device, torch.bfloat16)
     cu = torch.tensor([0, 100, 250, 300], dtype=torch.int32, device=device)
-    for gqa_native in ((True, False) if kw["_gqa_native"] else (False,)):
+    for gqa_native in (True, False) if kw["_gqa_native"] else (False,):
         _VARLEN_KW = dict(kw, _gqa_native=gqa_native)
         if not gqa_native:
             _VARLEN_KW.pop("enable_gqa", None)
@@ -265,7 +297,7 @@ def check_varlen(device: torch.device) -> str | None:
             if torch.allclose(got, want, atol=2e-2, rtol=2e-2):
                 return None
             err = f"differs from the reference (max {(got - want).abs().max().item():.3g})"
-        except Exception as e:   # an older torch or GPU: the reason is reported, sdpa stays
+        except Exception as e:  # an older torch or GPU: the reason is reported, sdpa stays
             err = f"{type(e).__name__}: {e}".splitlines()[0][:200]
     _VARLEN_KW = None
     return err

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 from tunedeck.core.train.trainer import attempt
 
@@ -53,7 +54,7 @@ def install(trainer: Trainer) -> None:
     rank, last = trainer.d.rank, trainer.d.world_size - 1
     if os.environ.get(COMPILE_FAIL_ENV) and trainer.compiler is not None:
         trainer.compiler.backend = _failing_backend
-        trainer.compiler.setup()   # re-compiled with it; the first forward fails to compile
+        trainer.compiler.setup()  # re-compiled with it; the first forward fails to compile
     delay_s = _test_hook(LOADER_DELAY_ENV, rank)
     if delay_s:
         trainer.train_batches = _delayed(trainer.train_batches, delay_s)
@@ -65,15 +66,19 @@ def install(trainer: Trainer) -> None:
         return
     hang_after = _test_hook(HANG_ENV, rank)
     if hang_after is not None:
+
         def hang(done: int) -> None:
             if done >= hang_after:
                 _test_hang(rank, done)
+
         trainer.before_step.append(hang)
     crash_at = int(os.environ.get(CRASH_ENV, "0") or 0)
     if crash_at and rank == last:
+
         def crash(done: int) -> None:
             if done == crash_at:
                 raise RuntimeError(f"{CRASH_ENV}={crash_at}: injected failure after step {done}")
+
         trainer.after_step.append(crash)
 
 
@@ -88,13 +93,16 @@ def _delayed(batches: Iterator[dict], delay_s: float) -> Iterator[dict]:
         yield b
 
 
-def _slowed(forward: Callable[[dict], torch.Tensor],
-            slow_s: float) -> Callable[[dict], torch.Tensor]:
+def _slowed(
+    forward: Callable[[dict], torch.Tensor], slow_s: float
+) -> Callable[[dict], torch.Tensor]:
     """A slow rank. The step times the forward as compute_s, which straggler detection reads."""
+
     def slow_forward(b: dict) -> torch.Tensor:
         loss = forward(b)
         time.sleep(slow_s)
         return loss
+
     return slow_forward
 
 

@@ -12,8 +12,7 @@ MFU divides achieved model FLOP/s by the GPU's dense bf16 peak (core/estimate/sp
 from __future__ import annotations
 
 
-def step_flops(n_params: int, layers: int, hidden: int, doc_lens: list[int],
-               full: bool) -> float:
+def step_flops(n_params: int, layers: int, hidden: int, doc_lens: list[int], full: bool) -> float:
     tokens = sum(doc_lens)
     matmul = (6 if full else 4) * n_params * tokens
     # s² query·key pairs per document; QKᵀ and AV each 2 FLOPs per pair and hidden unit.

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROLES = ("system", "user", "assistant", "tool")
 FORMATS = ("messages", "query_response", "alpaca", "self_cognition")
@@ -36,6 +37,7 @@ class DataError(ValueError):
 @dataclass
 class Rows:
     """Conversations read from one file, plus where each came from and what was skipped."""
+
     path: Path
     format: str
     conversations: list[Conversation] = field(default_factory=list)
@@ -61,22 +63,26 @@ def _str(obj: dict, key: str, *, required: bool = True) -> str:
     if v is None and not required:
         return ""
     if not isinstance(v, str):
-        raise ValueError(f"\"{key}\" must be a string, got {type(v).__name__}"
-                         if key in obj else f"missing \"{key}\"")
+        raise ValueError(
+            f'"{key}" must be a string, got {type(v).__name__}'
+            if key in obj
+            else f'missing "{key}"'
+        )
     return v
 
 
 def _messages(obj: dict) -> Conversation:
     msgs = obj.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise ValueError("\"messages\" must be a non-empty list")
+        raise ValueError('"messages" must be a non-empty list')
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise ValueError(f"messages[{i}] must be an object")
         if m.get("role") not in ROLES:
-            raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, "
-                             f"got {m.get('role')!r}")
+            raise ValueError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}"
+            )
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}].content must be a string")
         out.append({"role": m["role"], "content": m["content"]})
@@ -94,14 +100,19 @@ def _query_response(obj: dict) -> Conversation:
     out = _system(obj)
     hist = obj.get("history") or []
     if not isinstance(hist, list):
-        raise ValueError("\"history\" must be a list of [query, response] pairs")
+        raise ValueError('"history" must be a list of [query, response] pairs')
     for i, pair in enumerate(hist):
-        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                or not all(isinstance(x, str) for x in pair)):
+        if (
+            not isinstance(pair, (list, tuple))
+            or len(pair) != 2
+            or not all(isinstance(x, str) for x in pair)
+        ):
             raise ValueError(f"history[{i}] must be a [query, response] pair of strings")
         out += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
-    out += [{"role": "user", "content": _str(obj, "query")},
-            {"role": "assistant", "content": _str(obj, "response")}]
+    out += [
+        {"role": "user", "content": _str(obj, "query")},
+        {"role": "assistant", "content": _str(obj, "response")},
+    ]
     return out
 
 
@@ -109,8 +120,10 @@ def _alpaca(obj: dict) -> Conversation:
     instruction = _str(obj, "instruction")
     extra = _str(obj, "input", required=False)
     user = f"{instruction}\n{extra}" if extra else instruction
-    return _system(obj) + [{"role": "user", "content": user},
-                           {"role": "assistant", "content": _str(obj, "output")}]
+    return _system(obj) + [
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": _str(obj, "output")},
+    ]
 
 
 def substitute(conv: Conversation, names: dict[str, str]) -> Conversation:
@@ -128,8 +141,11 @@ def substitute(conv: Conversation, names: dict[str, str]) -> Conversation:
 
 
 PARSERS: dict[str, Callable[[dict], Conversation]] = {
-    "messages": _messages, "query_response": _query_response, "alpaca": _alpaca,
-    "self_cognition": _query_response}
+    "messages": _messages,
+    "query_response": _query_response,
+    "alpaca": _alpaca,
+    "self_cognition": _query_response,
+}
 
 
 def to_conversation(obj: Any, fmt: str, names: dict[str, str]) -> Conversation:
@@ -153,8 +169,9 @@ def _objects(path: Path) -> list[tuple[int, Any | Exception]]:
         try:
             arr = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") \
-                from None
+            raise DataError(
+                f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})"
+            ) from None
         # A JSON array has no per-row lines; report the 1-based row index instead.
         return [(i, obj) for i, obj in enumerate(arr, start=1)]
     out: list[tuple[int, Any | Exception]] = []
@@ -168,8 +185,13 @@ def _objects(path: Path) -> list[tuple[int, Any | Exception]]:
     return out
 
 
-def read_rows(path: str | Path, fmt: str = "auto", *, names: dict[str, str] | None = None,
-              skip_bad_rows: bool = False) -> Rows:
+def read_rows(
+    path: str | Path,
+    fmt: str = "auto",
+    *,
+    names: dict[str, str] | None = None,
+    skip_bad_rows: bool = False,
+) -> Rows:
     """Parse and validate every row up front, so a bad row fails the run at start."""
     path = Path(path)
     names = names or {}
@@ -177,9 +199,11 @@ def read_rows(path: str | Path, fmt: str = "auto", *, names: dict[str, str] | No
     if fmt == "auto":
         fmt = next((f for _, o in objs if (f := detect_format(o))), None) or ""
         if not fmt:
-            raise DataError(f"{path}: cannot tell the row format (expected \"messages\", "
-                            f"\"query\"/\"response\" or \"instruction\"/\"output\" keys); "
-                            f"set data.format")
+            raise DataError(
+                f'{path}: cannot tell the row format (expected "messages", '
+                f'"query"/"response" or "instruction"/"output" keys); '
+                f"set data.format"
+            )
     if fmt not in PARSERS:
         raise DataError(f"{path}: unknown data.format {fmt!r}")
     rows = Rows(path, fmt)
@@ -194,14 +218,18 @@ def read_rows(path: str | Path, fmt: str = "auto", *, names: dict[str, str] | No
             if not skip_bad_rows:
                 # Name the format when the row looks like another one: a mixed-up file.
                 other = detect_format(obj)
-                hint = f" (the file is {fmt}; this row looks like {other})" \
-                    if other not in (fmt, None) else ""
+                hint = (
+                    f" (the file is {fmt}; this row looks like {other})"
+                    if other not in (fmt, None)
+                    else ""
+                )
                 raise DataError(problem + hint) from None
             rows.skipped.append(problem)
             continue
         rows.conversations.append(conv)
         rows.lines.append(no)
     if not rows.conversations:
-        raise DataError(f"{path}: no usable rows" + (f" ({len(rows.skipped)} skipped)"
-                                                     if rows.skipped else ""))
+        raise DataError(
+            f"{path}: no usable rows" + (f" ({len(rows.skipped)} skipped)" if rows.skipped else "")
+        )
     return rows

@@ -25,10 +25,10 @@ class _LoraLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, a, b, scale):
-        u = x @ a.t()                                   # (N, r)
-        bs = b.t() * scale                              # (r, out)
+        u = x @ a.t()  # (N, r)
+        bs = b.t() * scale  # (r, out)
         c = torch.addmm(bias, u, bs) if bias is not None else u @ bs
-        y = torch.addmm(c, x, weight.t())               # c read once, in the GEMM's epilogue
+        y = torch.addmm(c, x, weight.t())  # c read once, in the GEMM's epilogue
         ctx.save_for_backward(x, weight, a, bs, u)
         ctx.scale = scale
         return y
@@ -36,11 +36,11 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, a, bs, u = ctx.saved_tensors
-        g = dy @ bs.t()                                 # (N, r) = s·dy·B
+        g = dy @ bs.t()  # (N, r) = s·dy·B
         dx = dy @ weight
-        dx.addmm_(g, a)                                 # += s·dy·B·A, in place
-        da = g.t() @ x                                  # (r, in)
-        db = (dy.t() @ u) * ctx.scale                   # (out, r)
+        dx.addmm_(g, a)  # += s·dy·B·A, in place
+        da = g.t() @ x  # (r, in)
+        db = (dy.t() @ u) * ctx.scale  # (out, r)
         return dx, None, None, da, db, None
 
 
@@ -73,8 +73,8 @@ class _LoraLinearFP8(torch.autograd.Function):
     def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale):
         x8, sx = quant_rows(x)
         y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
-        u = x @ a.t()                                   # (N, r)
-        bs = b.t() * scale                              # (r, out)
+        u = x @ a.t()  # (N, r)
+        bs = b.t() * scale  # (r, out)
         ctx.save_for_backward(x, wt8, swt, a, bs, u)
         ctx.scale = scale
         return y + u @ bs
@@ -84,7 +84,7 @@ class _LoraLinearFP8(torch.autograd.Function):
         x, wt8, swt, a, bs, u = ctx.saved_tensors
         dy8, sdy = quant_rows(dy)
         dx = torch._scaled_mm(dy8, wt8.t(), scale_a=sdy, scale_b=swt, out_dtype=dy.dtype)
-        g = dy @ bs.t()                                 # (N, r) = s·dy·B
+        g = dy @ bs.t()  # (N, r) = s·dy·B
         da = g.t() @ x
         db = (dy.t() @ u) * ctx.scale
         return dx + g @ a, None, None, None, None, None, da, db, None
@@ -96,8 +96,8 @@ def to_fp8(module: nn.Module) -> None:
     w = module.base_layer.weight.detach()
     # contiguous both: an elementwise op keeps its input's strides, and cuBLASLt takes
     # only a row-major (N, K) B (seen as column-major through .t())
-    w8, sw = quant_rows(w.contiguous())                 # (out, in), a scale per output
-    wt8, swt = quant_rows(w.t().contiguous())           # (in, out), a scale per input
+    w8, sw = quant_rows(w.contiguous())  # (out, in), a scale per output
+    wt8, swt = quant_rows(w.t().contiguous())  # (in, out), a scale per input
     # plain attributes, not buffers: DDP would broadcast buffers before every forward
     module._tunedeck_fp8 = (w8, sw.t().contiguous(), wt8, swt.t().contiguous())
     module._tunedeck_numel = w.numel()
@@ -114,10 +114,12 @@ def base_numel(model: nn.Module) -> int:
 def _fused_forward(self, x, *args, **kwargs):
     """forward of a peft LoRA Linear (one adapter, no dropout, not merged), fused."""
     if self.disable_adapters or self.merged or list(self.active_adapters) != ["default"]:
-        if hasattr(self, "_tunedeck_fp8"):   # peft's own forward would meet an empty weight
-            raise RuntimeError("method.fp8_base: this layer's frozen weight lives in fp8 "
-                               "copies; running it with the adapter disabled, merged or "
-                               "switched is not supported")
+        if hasattr(self, "_tunedeck_fp8"):  # peft's own forward would meet an empty weight
+            raise RuntimeError(
+                "method.fp8_base: this layer's frozen weight lives in fp8 "
+                "copies; running it with the adapter disabled, merged or "
+                "switched is not supported"
+            )
         return self._tunedeck_peft_forward(x, *args, **kwargs)
     base = self.base_layer
     dev = x.device.type
@@ -127,18 +129,33 @@ def _fused_forward(self, x, *args, **kwargs):
     shape = x.shape
     fp8 = getattr(self, "_tunedeck_fp8", None)
     if fp8 is not None:
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) \
+        dt = (
+            torch.get_autocast_dtype(dev)
+            if torch.is_autocast_enabled(dev)
             else self._tunedeck_wdtype
+        )
         with torch.autocast(dev, enabled=False):
             bias = None if base.bias is None else base.bias.to(dt)
-            y = _LoraLinearFP8.apply(x.reshape(-1, shape[-1]).to(dt), *fp8, bias, a.to(dt),
-                                     b.to(dt), float(self.scaling["default"]))
+            y = _LoraLinearFP8.apply(
+                x.reshape(-1, shape[-1]).to(dt),
+                *fp8,
+                bias,
+                a.to(dt),
+                b.to(dt),
+                float(self.scaling["default"]),
+            )
         return y.view(*shape[:-1], y.shape[-1])
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
-        y = _LoraLinear.apply(x.reshape(-1, shape[-1]).to(dt), w, bias, a.to(dt),
-                                    b.to(dt), float(self.scaling["default"]))
+        y = _LoraLinear.apply(
+            x.reshape(-1, shape[-1]).to(dt),
+            w,
+            bias,
+            a.to(dt),
+            b.to(dt),
+            float(self.scaling["default"]),
+        )
     return y.view(*shape[:-1], y.shape[-1])
 
 
@@ -165,13 +182,17 @@ def fp8_problem(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> st
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < FP8_MIN_CC:
-            return (f"method.fp8_base needs a GPU with fp8 matrix units (compute capability "
-                    f"8.9 or newer: L40S, H100, H200...); {torch.cuda.get_device_name(device)} "
-                    f"is {major}.{minor}. Set method.fp8_base = false")
+            return (
+                f"method.fp8_base needs a GPU with fp8 matrix units (compute capability "
+                f"8.9 or newer: L40S, H100, H200...); {torch.cuda.get_device_name(device)} "
+                f"is {major}.{minor}. Set method.fp8_base = false"
+            )
         if dtype != torch.bfloat16:
-            return (f"method.fp8_base computes in bf16 on a GPU (its fp8 products return "
-                    f"bf16); model.dtype makes it {str(dtype).removeprefix('torch.')}. Set "
-                    f"model.dtype = \"bfloat16\" or method.fp8_base = false")
+            return (
+                f"method.fp8_base computes in bf16 on a GPU (its fp8 products return "
+                f"bf16); model.dtype makes it {str(dtype).removeprefix('torch.')}. Set "
+                f'model.dtype = "bfloat16" or method.fp8_base = false'
+            )
     return None
 
 
@@ -183,8 +204,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     TUNEDECK_FUSED_LORA=0 turns it off anywhere, =1 on anywhere. `fp8` (method.fp8_base)
     always fuses, and moves each frozen weight to fp8 (to_fp8)."""
     forced = os.environ.get("TUNEDECK_FUSED_LORA", "")
-    on = fp8 or forced == "1" or (forced != "0" and device is not None
-                                  and device.type == "cuda")
+    on = fp8 or forced == "1" or (forced != "0" and device is not None and device.type == "cuda")
     if not on:
         return 0
     n = 0

@@ -12,9 +12,18 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-OURS = ("tunedeck", "transformers", "peft", "bitsandbytes", "torch/nn/", "torch/optim",
-        "torch/autograd", "torch/_functorch", "torch/_inductor")
-STEP = 1   # record the step that starts after this many
+OURS = (
+    "tunedeck",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+    "torch/nn/",
+    "torch/optim",
+    "torch/autograd",
+    "torch/_functorch",
+    "torch/_inductor",
+)
+STEP = 1  # record the step that starts after this many
 
 
 def site(frames: list[dict]) -> str:
@@ -41,7 +50,7 @@ def peak_sites(snapshot: dict, device: int = 0, top: int = 30) -> tuple[int, lis
         elif ev["action"] == "free_completed" and ev["addr"] in live:
             cur -= live.pop(ev["addr"])
     alive: dict[int, dict] = {}
-    for ev in trace[:best_i + 1]:
+    for ev in trace[: best_i + 1]:
         if ev["action"] == "alloc":
             alive[ev["addr"]] = ev
         elif ev["action"] == "free_completed":
@@ -59,7 +68,8 @@ def install(trainer) -> None:
     if not out or trainer.d.device.type != "cuda":
         return
     import torch
-    tag = trainer.stop_file.parent.name or "run"   # the run folder
+
+    tag = trainer.stop_file.parent.name or "run"  # the run folder
 
     def hook(step: int) -> None:
         if step == STEP:
@@ -69,11 +79,15 @@ def install(trainer) -> None:
             torch.cuda.memory._record_memory_history(enabled=None)
             best, rows = peak_sites(snap, torch.cuda.current_device())
             base = torch.cuda.memory_allocated()
-            lines = [f"allocated between steps {base / 2**30:.2f} GiB; recorded step's peak "
-                     f"adds {best / 2**30:.2f} GiB (max_memory_allocated "
-                     f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB)"]
+            lines = [
+                f"allocated between steps {base / 2**30:.2f} GiB; recorded step's peak "
+                f"adds {best / 2**30:.2f} GiB (max_memory_allocated "
+                f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB)"
+            ]
             lines += [f"{b / 2**30:8.3f} GiB {n:6d} blocks  {s}" for s, (b, n) in rows]
             Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / f"mem_peak_{tag}_rank{trainer.d.rank}.txt").write_text("\n".join(lines) + "\n")
+            (Path(out) / f"mem_peak_{tag}_rank{trainer.d.rank}.txt").write_text(
+                "\n".join(lines) + "\n"
+            )
 
     trainer.before_step.append(hook)

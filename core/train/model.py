@@ -6,7 +6,11 @@ from pathlib import Path
 
 import torch
 
-from tunedeck.core.demo import BUILTIN_TINY, ensure_tiny_model, load_tokenizer as load_demo_tokenizer
+from tunedeck.core.demo import (
+    BUILTIN_TINY,
+    ensure_tiny_model,
+    load_tokenizer as load_demo_tokenizer,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -16,8 +20,9 @@ def resolve_model_path(spec) -> tuple[Path, bool]:
     if spec.model.path == BUILTIN_TINY:
         return ensure_tiny_model(spec.data.path), True
     if spec.model.path.startswith("builtin:"):
-        raise ValueError(f"model.path {spec.model.path!r}: unknown builtin model; "
-                         f"known: {BUILTIN_TINY}")
+        raise ValueError(
+            f"model.path {spec.model.path!r}: unknown builtin model; known: {BUILTIN_TINY}"
+        )
     return Path(spec.model.path).expanduser(), False
 
 
@@ -73,15 +78,21 @@ def qlora_config(spec, dtype: torch.dtype):
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise RuntimeError("method.type qlora needs bitsandbytes, which is not importable "
-                           "here (pip install 'tunedeck[qlora]'), or use "
-                           "method.type lora") from None
+        raise RuntimeError(
+            "method.type qlora needs bitsandbytes, which is not importable "
+            "here (pip install 'tunedeck[qlora]'), or use "
+            "method.type lora"
+        ) from None
     from transformers import BitsAndBytesConfig
 
     if spec.method.quant_bits == 8:
         return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                              bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype,
+    )
 
 
 def prepare(spec, model, device: torch.device):
@@ -97,9 +108,12 @@ def prepare(spec, model, device: torch.device):
 
         targets = spec.method.target_modules
         cfg = LoraConfig(
-            task_type="CAUSAL_LM", r=spec.method.lora_rank, lora_alpha=spec.method.lora_alpha,
+            task_type="CAUSAL_LM",
+            r=spec.method.lora_rank,
+            lora_alpha=spec.method.lora_alpha,
             lora_dropout=spec.method.lora_dropout,
-            target_modules="all-linear" if targets == ["all-linear"] else list(targets))
+            target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+        )
         model = get_peft_model(model, cfg)
     if spec.method.type == "qlora":
         return model  # already placed by device_map; .to() is not allowed on 4-bit weights

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 IGNORE = -100
 # Elements of fp32 logits per head chunk (2 GiB): big enough that each chunk's matmuls run at
 # full speed, small enough that one chunk's vocabulary-wide tensors are a few GiB.
-CHUNK_ELEMS = 2 ** 29
+CHUNK_ELEMS = 2**29
 
 
 def base_causal_lm(model: nn.Module) -> nn.Module:
@@ -56,13 +56,15 @@ class _LinearCE(torch.autograd.Function):
         hc_all, w = h.to(dt), weight.to(dt)
         # Under fp16 the loss is scaled by GradScaler: keep d/dh in fp32 so it cannot overflow.
         gdt = torch.float32 if dt == torch.float16 else dt
-        grad_h = torch.empty((n, h.shape[1]), dtype=gdt, device=h.device) \
-            if grad_h_wanted else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) \
-            if grad_w_wanted else None
+        grad_h = torch.empty((n, h.shape[1]), dtype=gdt, device=h.device) if grad_h_wanted else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+            if grad_w_wanted
+            else None
+        )
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         for s in range(0, n, rows):
-            hc, tc = hc_all[s:s + rows], t[s:s + rows]
+            hc, tc = hc_all[s : s + rows], t[s : s + rows]
             k = hc.shape[0]
             logp = torch.log_softmax(hc @ w.t(), dim=-1, dtype=torch.float32)
             valid = None if all_valid else tc != IGNORE
@@ -82,9 +84,9 @@ class _LinearCE(torch.autograd.Function):
                 g.mul_(valid.unsqueeze(1).to(dt))
             if grad_h is not None:
                 if gdt == dt:
-                    torch.mm(g, w, out=grad_h[s:s + k])
+                    torch.mm(g, w, out=grad_h[s : s + k])
                 else:
-                    grad_h[s:s + k] = g @ w
+                    grad_h[s : s + k] = g @ w
             if grad_w is not None:
                 grad_w.add_(g.t() @ hc)  # fp32 sum over chunks
             del g
@@ -101,8 +103,9 @@ class _LinearCE(torch.autograd.Function):
         return gh, gw, None, None, None, None, None, None
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor,
-                         chunk: int = 0, all_valid: bool = False) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, chunk: int = 0, all_valid: bool = False
+) -> torch.Tensor:
     """sum over rows of CE(h @ weightᵀ, t), ignoring t == IGNORE (all_valid: caller knows
     there is none, which saves a masking pass). Matmuls run in the autocast dtype if autocast
     is on (else the weight's), the softmax in fp32."""
@@ -111,8 +114,16 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor,
     grad = torch.is_grad_enabled()
     rows = rows_per_chunk(h.shape[0], weight.shape[0], chunk)
     with torch.autocast(dev, enabled=False):
-        return _LinearCE.apply(h, weight, t, rows, grad and h.requires_grad,
-                               grad and weight.requires_grad, all_valid, dt)
+        return _LinearCE.apply(
+            h,
+            weight,
+            t,
+            rows,
+            grad and h.requires_grad,
+            grad and weight.requires_grad,
+            all_valid,
+            dt,
+        )
 
 
 class CausalLMLoss(nn.Module):
@@ -132,28 +143,36 @@ class CausalLMLoss(nn.Module):
         self.model = model
         self.chunk = chunk
 
-    def forward(self, input_ids, targets, attention_mask=None, position_ids=None,
-                label_pos=None, **attn_kw):
+    def forward(
+        self, input_ids, targets, attention_mask=None, position_ids=None, label_pos=None, **attn_kw
+    ):
         """attn_kw: what the attention function needs besides the mask (packed rows:
         cu_seq_lens_q/k, max_length_q/k); transformers passes it down to every layer."""
         lm = base_causal_lm(self.model)
-        h = lm.model(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, use_cache=False, **attn_kw).last_hidden_state
+        h = lm.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **attn_kw,
+        ).last_hidden_state
         h, t = h.flatten(0, 1), targets.flatten()
         if label_pos is not None:
             h, t = h.index_select(0, label_pos), t.index_select(0, label_pos)
         head = lm.lm_head
         if type(head) is nn.Linear and head.bias is None:
-            return linear_cross_entropy(h, head.weight, t, self.chunk,
-                                        all_valid=label_pos is not None)
+            return linear_cross_entropy(
+                h, head.weight, t, self.chunk, all_valid=label_pos is not None
+            )
         vocab = head.out_features
         chunk = rows_per_chunk(h.shape[0], vocab, self.chunk)
         if chunk >= h.shape[0]:
             return _ce(head, h, t)
         total = h.new_zeros((), dtype=torch.float32)
         for s in range(0, h.shape[0], chunk):
-            total = total + checkpoint(_ce, head, h[s:s + chunk], t[s:s + chunk],
-                                       use_reentrant=False)
+            total = total + checkpoint(
+                _ce, head, h[s : s + chunk], t[s : s + chunk], use_reentrant=False
+            )
         return total
 
 
@@ -161,8 +180,14 @@ def decoder_layers(model: nn.Module):
     return base_causal_lm(model).model.layers
 
 
-def wrap(module: CausalLMLoss, strategy: str, device: torch.device, world: int,
-         dtype: torch.dtype, cpu_offload: bool = False) -> nn.Module:
+def wrap(
+    module: CausalLMLoss,
+    strategy: str,
+    device: torch.device,
+    world: int,
+    dtype: torch.dtype,
+    cpu_offload: bool = False,
+) -> nn.Module:
     """DDP, or FSDP2: fully_shard each decoder layer, then the root (embeddings, norm, head)."""
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -175,10 +200,17 @@ def wrap(module: CausalLMLoss, strategy: str, device: torch.device, world: int,
         # on every rank at the old name; the synced-at-init buffers are equal anyway.)
         import inspect
 
-        no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in \
-            inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False}
-        return DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
-                   gradient_as_bucket_view=True, **no_sync)
+        no_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+            else {"broadcast_buffers": False}
+        )
+        return DDP(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            **no_sync,
+        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -222,6 +254,7 @@ def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
 
 # -- full state dicts (rank 0 holds them, on CPU) -----------------------------------------
 
+
 def _opts(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -232,27 +265,32 @@ def full_model_state(model: nn.Module, trainable_only: bool) -> dict:
     """Collective: every rank calls; rank 0 gets the whole (unsharded) state on CPU."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_opts(full_state_dict=True, cpu_offload=True,
-                                                     ignore_frozen_params=trainable_only))
+    return get_model_state_dict(
+        model,
+        options=_opts(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only),
+    )
 
 
 def full_optimizer_state(model: nn.Module, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer,
-                                    options=_opts(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        model, optimizer, options=_opts(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def load_model_state(model: nn.Module, sd: dict) -> None:
     """Collective: rank 0 passes the full state, the others {}; it is broadcast and sharded."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, sd, options=_opts(full_state_dict=True, strict=False,
-                                                  broadcast_from_rank0=True))
+    set_model_state_dict(
+        model, sd, options=_opts(full_state_dict=True, strict=False, broadcast_from_rank0=True)
+    )
 
 
 def load_optimizer_state(model: nn.Module, optimizer, sd: dict) -> None:
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, sd,
-                             options=_opts(full_state_dict=True, broadcast_from_rank0=True))
+    set_optimizer_state_dict(
+        model, optimizer, sd, options=_opts(full_state_dict=True, broadcast_from_rank0=True)
+    )

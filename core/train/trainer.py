@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 import torch
@@ -37,21 +37,42 @@ import torch.distributed as dist
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.core.train import checkpoint as ckpt
 from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
-from tunedeck.core.train.fastpath import LayerCompiler, check_varlen, compile_wanted, \
-    is_compile_error, length_buckets, use_packed_attention
+from tunedeck.core.train.fastpath import (
+    LayerCompiler,
+    check_varlen,
+    compile_wanted,
+    is_compile_error,
+    length_buckets,
+    use_packed_attention,
+)
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.estimate.speed import peak_tflops
 from tunedeck.core.train.flops import mfu, step_flops
 from tunedeck.core.train.lora_fused import base_numel, fp8_problem, fuse_lora
-from tunedeck.core.train.model import build_model, compute_dtype, count_params, load_tokenizer, \
-    resolve_model_path
-from tunedeck.core.train.parallel import CausalLMLoss, IGNORE, base_causal_lm, clip_grad_norm, \
-    decoder_layers, full_model_state, full_optimizer_state, grad_sync, load_model_state, \
-    load_optimizer_state, wrap
+from tunedeck.core.train.model import (
+    build_model,
+    compute_dtype,
+    count_params,
+    load_tokenizer,
+    resolve_model_path,
+)
+from tunedeck.core.train.parallel import (
+    CausalLMLoss,
+    IGNORE,
+    base_causal_lm,
+    clip_grad_norm,
+    decoder_layers,
+    full_model_state,
+    full_optimizer_state,
+    grad_sync,
+    load_model_state,
+    load_optimizer_state,
+    wrap,
+)
 
-GIB = 2 ** 30
+GIB = 2**30
 # Only tests and fault benchmarks set variables with this prefix; they load core/train/faults.py.
 FAULTS_ENV_PREFIX = "TUNEDECK_TEST_"
 
@@ -125,6 +146,7 @@ class StopFlag:
 @dataclass
 class TrainState:
     """What a resume needs besides model/optimizer/scheduler state."""
+
     step: int = 0
     loss: float | None = None
     resumed_from: str | None = None
@@ -150,11 +172,13 @@ def stop_agreed(stop: StopFlag, stop_file: Path, device: torch.device) -> bool:
 
 def attempt() -> int:
     """>0 when this process is a restart (by the tunedeck agent or by torchrun itself)."""
+
     def num(name: str) -> int:
         try:
             return int(os.environ.get(name, "0") or 0)
         except ValueError:
             return 0
+
     return max(num("TUNEDECK_ATTEMPT"), num("TORCHELASTIC_RESTART_COUNT"))
 
 
@@ -164,8 +188,10 @@ def init_distributed(spec: RunSpec) -> Dist:
         local_rank = int(os.environ["LOCAL_RANK"])
         world = int(os.environ["WORLD_SIZE"])
     except KeyError as e:
-        raise SystemExit(f"tunedeck.core.train: {e.args[0]} is not set; start me with torchrun "
-                         f"(python -m torch.distributed.run ... -m tunedeck.core.train --run-dir DIR)")
+        raise SystemExit(
+            f"tunedeck.core.train: {e.args[0]} is not set; start me with torchrun "
+            f"(python -m torch.distributed.run ... -m tunedeck.core.train --run-dir DIR)"
+        )
     want = spec.cluster.device
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
@@ -181,8 +207,11 @@ def init_distributed(spec: RunSpec) -> Dist:
         backend = "nccl" if device.type == "cuda" else "gloo"
     # a finite collective timeout turns a hung rank into a failed run instead of idle GPUs
     timeout = spec.cluster.collective_timeout_s
-    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None,
-                            timeout=timedelta(seconds=timeout) if timeout else None)
+    dist.init_process_group(
+        backend=backend,
+        device_id=device if device.type == "cuda" else None,
+        timeout=timedelta(seconds=timeout) if timeout else None,
+    )
     return Dist(rank, local_rank, world, device)
 
 
@@ -197,19 +226,24 @@ def _bcast(obj, src_rank: int = 0):
     return box[0]
 
 
-def forward_inputs(b: dict[str, torch.Tensor], dev: torch.device,
-                   packed_max: int = 0) -> dict[str, torch.Tensor]:
+def forward_inputs(
+    b: dict[str, torch.Tensor], dev: torch.device, packed_max: int = 0
+) -> dict[str, torch.Tensor]:
     """The loss module's inputs for one (CPU, pinned) batch, on `dev`. What the batch lets the
     model skip is decided here, on the CPU copy, so the GPU is never asked (no sync).
 
     packed_max > 0: packed rows go to the trainer's packed attention, which reads the
     documents' boundaries (cu_seqlens) and this bound on a document's length."""
-    kw = {k: b[k].to(dev, non_blocking=True) for k in
-          ("input_ids", "targets", "position_ids") if k in b}
+    kw = {
+        k: b[k].to(dev, non_blocking=True)
+        for k in ("input_ids", "targets", "position_ids")
+        if k in b
+    }
     if packed_max and "cu_seqlens" in b:
         cu = b["cu_seqlens"].to(dev, non_blocking=True)
-        kw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=packed_max,
-                  max_length_k=packed_max)
+        kw.update(
+            cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=packed_max, max_length_k=packed_max
+        )
     mask = b.get("attention_mask")
     # All ones (nothing padded): no mask at all, so attention runs the plain causal kernel and
     # transformers does not inspect the mask on the GPU.
@@ -240,16 +274,30 @@ def _sdpa_priority():
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    order = [
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    ]
     with sdpa_kernel(order, set_priority=True):
         yield
 
 
 class Trainer:
-    def __init__(self, spec: RunSpec, run_dir: Path, d: Dist, events: EventWriter,
-                 stop: StopFlag, model_path: tuple[Path, bool] | None = None, *,
-                 model=None, tokenizer=None, datasets=None):
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_dir: Path,
+        d: Dist,
+        events: EventWriter,
+        stop: StopFlag,
+        model_path: tuple[Path, bool] | None = None,
+        *,
+        model=None,
+        tokenizer=None,
+        datasets=None,
+    ):
         """model/tokenizer/datasets: given by the benchmark (a model built from a config,
         synthetic data); otherwise loaded from the spec."""
         from transformers import get_scheduler, set_seed
@@ -259,7 +307,7 @@ class Trainer:
         self.spec, self.d, self.events, self.stop = spec, d, events, stop
         self.model_path = model_path
         self.output_dir = RunDir(run_dir).output_dir(spec)
-        self.stop_file = RunDir(run_dir).stop_request   # a stop asked before the first step
+        self.stop_file = RunDir(run_dir).stop_request  # a stop asked before the first step
         self.state = TrainState()
         self.save_at_end = True  # the benchmark turns it off (a 7B full checkpoint is ~90 GB)
         tr = spec.train
@@ -278,7 +326,7 @@ class Trainer:
             why = fp8_problem(d.device, self.dtype) if fp8 else None
             if why:
                 raise ValueError(why)
-            fuse_lora(model, d.device, fp8=fp8)   # the adapter inside the frozen matmul's passes
+            fuse_lora(model, d.device, fp8=fp8)  # the adapter inside the frozen matmul's passes
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
@@ -289,9 +337,12 @@ class Trainer:
                 use_packed_attention(model)
                 self.packed_max = max_len
             elif d.rank == 0:
-                print(f"warning: packed rows use SDPA with a block mask (slower): the varlen "
-                      f"attention kernel is not usable here ({why})", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"warning: packed rows use SDPA with a block mask (slower): the varlen "
+                    f"attention kernel is not usable here ({why})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         # torch.compile per decoder layer, where it pays (CUDA): one graph serves every layer
         # and FSDP2 units stay intact. Few shapes: padded batches in length buckets, packed
         # rows of one fixed length.
@@ -302,11 +353,16 @@ class Trainer:
             self.compiler.setup()
         self.loss_mod = CausalLMLoss(model, chunk=int(os.environ.get("TUNEDECK_LOSS_CHUNK", 0)))
         self.strategy = spec.parallel.strategy
-        self.wrapped = wrap(self.loss_mod, self.strategy, d.device, d.world_size, self.dtype,
-                            cpu_offload=spec.parallel.cpu_offload)
+        self.wrapped = wrap(
+            self.loss_mod,
+            self.strategy,
+            d.device,
+            d.world_size,
+            self.dtype,
+            cpu_offload=spec.parallel.cpu_offload,
+        )
         self.wrapped.train()
-        self.trainable_names = {n for n, p in self.loss_mod.named_parameters()
-                                if p.requires_grad}
+        self.trainable_names = {n for n, p in self.loss_mod.named_parameters() if p.requires_grad}
         self.params = [p for p in self.loss_mod.parameters() if p.requires_grad]
 
         # No decay on biases and norms (1-d tensors), the usual AdamW practice.
@@ -315,11 +371,13 @@ class Trainer:
             {"params": [p for p in self.params if p.ndim < 2], "weight_decay": 0.0},
         ]
         fused = d.device.type == "cuda" and not spec.parallel.cpu_offload
-        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]],
-                                           lr=tr.learning_rate, fused=fused)
+        self.optimizer = torch.optim.AdamW(
+            [g for g in groups if g["params"]], lr=tr.learning_rate, fused=fused
+        )
         name = {"constant": "constant_with_warmup"}.get(tr.lr_scheduler, tr.lr_scheduler)
-        self.scheduler = get_scheduler(name, self.optimizer, num_warmup_steps=tr.warmup_steps,
-                                       num_training_steps=tr.max_steps)
+        self.scheduler = get_scheduler(
+            name, self.optimizer, num_warmup_steps=tr.warmup_steps, num_training_steps=tr.max_steps
+        )
         # fp16 needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op).
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.dtype == torch.float16)
 
@@ -328,22 +386,32 @@ class Trainer:
         train_ds, eval_ds = datasets
         if self.flat:
             train_ds = PackedDataset(train_ds, spec.data.max_length, tr.seed)
-        common = dict(num_workers=spec.data.num_workers, seed=tr.seed, rank=d.rank,
-                      world_size=d.world_size, pin_memory=d.device.type == "cuda",
-                      flat=self.flat, fixed_shapes=max_len if self.compiler else 0)
-        self.batches = Batches(make_loader(train_ds, batch_size=tr.per_device_batch_size,
-                                           **common))
+        common = dict(
+            num_workers=spec.data.num_workers,
+            seed=tr.seed,
+            rank=d.rank,
+            world_size=d.world_size,
+            pin_memory=d.device.type == "cuda",
+            flat=self.flat,
+            fixed_shapes=max_len if self.compiler else 0,
+        )
+        self.batches = Batches(make_loader(train_ds, batch_size=tr.per_device_batch_size, **common))
         self.eval_loader = None
         if eval_ds is not None:
-            self.eval_loader = make_loader(eval_ds, batch_size=tr.per_device_batch_size,
-                                           shuffle=False, **common)
+            self.eval_loader = make_loader(
+                eval_ds, batch_size=tr.per_device_batch_size, shuffle=False, **common
+            )
 
         cfg = base_causal_lm(model).config
         self.flop_shape = dict(
             n_params=base_numel(model),
-            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, full=self.method == "full")
-        self.peak = peak_tflops(torch.cuda.get_device_name(d.device)
-                                if d.device.type == "cuda" else None)
+            layers=cfg.num_hidden_layers,
+            hidden=cfg.hidden_size,
+            full=self.method == "full",
+        )
+        self.peak = peak_tflops(
+            torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else None
+        )
         self.resume()
 
         # Seams of the training loop: the batches a step takes, the forward it times as
@@ -354,8 +422,9 @@ class Trainer:
         self.before_step: list[Callable[[int], None]] = []
         self.after_step: list[Callable[[int], None]] = []
         self._install_test_faults()
-        if os.environ.get("TUNEDECK_MEM_TRACE"):   # where the peak goes (a debugging aid)
+        if os.environ.get("TUNEDECK_MEM_TRACE"):  # where the peak goes (a debugging aid)
             from tunedeck.core.train import memtrace
+
             memtrace.install(self)
 
     def _install_test_faults(self) -> None:
@@ -363,6 +432,7 @@ class Trainer:
         a test variable is set, so a production run never loads it."""
         if any(name.startswith(FAULTS_ENV_PREFIX) for name in os.environ):
             from tunedeck.core.train import faults
+
             faults.install(self)
 
     # -- resume ---------------------------------------------------------------------------
@@ -373,8 +443,9 @@ class Trainer:
             path = resume_point(want, self.output_dir, attempt(), nested=False)
             found = str(path) if path is not None else None
             if path is not None and not (path / ckpt.STATE_FILE).exists():
-                found = f"train.resume_from: {path} is not a complete checkpoint " \
-                        f"(no {ckpt.STATE_FILE})"
+                found = (
+                    f"train.resume_from: {path} is not a complete checkpoint (no {ckpt.STATE_FILE})"
+                )
         else:
             found = None
         found = _bcast(found)
@@ -392,17 +463,31 @@ class Trainer:
         meta = ckpt.read_state(src) if r0 else None
         meta = _bcast(meta)
         if self.method == "full":
-            sd = {"model." + k: v for k, v in load_file(src / "model.safetensors").items()} \
-                if r0 else {}
+            sd = (
+                {"model." + k: v for k, v in load_file(src / "model.safetensors").items()}
+                if r0
+                else {}
+            )
         else:
             by_peft = {_peft_key(n): n for n in self.trainable_names}
-            sd = {by_peft[k]: v for k, v in load_file(src / "adapter_model.safetensors").items()
-                  if k in by_peft} if r0 else {}
+            sd = (
+                {
+                    by_peft[k]: v
+                    for k, v in load_file(src / "adapter_model.safetensors").items()
+                    if k in by_peft
+                }
+                if r0
+                else {}
+            )
         load_model_state(self.loss_mod, sd)
-        load_optimizer_state(self.loss_mod, self.optimizer,
-                             torch.load(src / "optimizer.pt", weights_only=False) if r0 else {})
-        self.scheduler.load_state_dict(_bcast(
-            torch.load(src / "scheduler.pt", weights_only=False) if r0 else None))
+        load_optimizer_state(
+            self.loss_mod,
+            self.optimizer,
+            torch.load(src / "optimizer.pt", weights_only=False) if r0 else {},
+        )
+        self.scheduler.load_state_dict(
+            _bcast(torch.load(src / "scheduler.pt", weights_only=False) if r0 else None)
+        )
         rng = torch.load(src / ckpt.RNG_FILE, weights_only=False) if r0 else None
         same_world = meta.get("world_size") == self.d.world_size
         batches = meta.get("batches_in_epoch", 0)
@@ -410,32 +495,42 @@ class Trainer:
             # Same samples consumed, re-cut for the new world size; exact only if divisible.
             batches = batches * meta["world_size"] // self.d.world_size
             if r0:
-                print(f"warning: resuming {meta['world_size']} ranks' checkpoint on "
-                      f"{self.d.world_size}: RNG streams are not restored and the data "
-                      f"position is approximate", file=sys.stderr, flush=True)
+                print(
+                    f"warning: resuming {meta['world_size']} ranks' checkpoint on "
+                    f"{self.d.world_size}: RNG streams are not restored and the data "
+                    f"position is approximate",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.batches.epoch, self.batches.consumed = meta.get("epoch", 0), batches
         self.batches.prime()
         mine = [None]
-        dist.scatter_object_list(mine, [rng[r] for r in range(self.d.world_size)]
-                                 if r0 and same_world else None, src=0)
+        dist.scatter_object_list(
+            mine, [rng[r] for r in range(self.d.world_size)] if r0 and same_world else None, src=0
+        )
         if mine[0] is not None:
             ckpt.set_rng_state(mine[0])
         self.state.step, self.state.loss = meta["step"], meta.get("loss")
         self.state.resumed_from = str(src.resolve())
         if r0:
-            print(f"resumed from {src} at step {meta['step']} (epoch {self.batches.epoch}, "
-                  f"batch {batches})", flush=True)
+            print(
+                f"resumed from {src} at step {meta['step']} (epoch {self.batches.epoch}, "
+                f"batch {batches})",
+                flush=True,
+            )
 
     # -- one optimizer step ---------------------------------------------------------------
     def _autocast(self):
-        return torch.autocast(self.d.device.type, dtype=self.dtype,
-                              enabled=self.dtype != torch.float32)
+        return torch.autocast(
+            self.d.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
+        )
 
     def _forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         kw = forward_inputs(b, self.d.device, self.packed_max)
         if self.compiler is not None and "cu_seq_lens_q" in kw:
             # the number of documents varies: one graph for all counts
             import torch._dynamo
+
             torch._dynamo.maybe_mark_dynamic(kw["cu_seq_lens_q"], 0)
         with self._autocast(), _sdpa_priority():
             return self.wrapped(**kw)
@@ -500,15 +595,21 @@ class Trainer:
         tokens = sum(doc_lens)
         if self.compiler is not None:
             self.compiler.after_step(self.state.step + 1, step_s)
-        return {"loss": s_loss / max(s_labels, 1.0), "lr": lr,
-                "grad_norm": s_norm / self.d.world_size, "tokens": tokens,
-                "label_tokens": n_labels,
-                "step_s": step_s, "data_wait_s": wait, "compute_s": timer.total(),
-                "mem_gib": self._mem_gib(), **self._reserved_gib(),
-                "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
-                "mfu": mfu(step_flops(doc_lens=doc_lens, **self.flop_shape), step_s,
-                           self.peak),
-                "_stop": s_stop > 0}
+        return {
+            "loss": s_loss / max(s_labels, 1.0),
+            "lr": lr,
+            "grad_norm": s_norm / self.d.world_size,
+            "tokens": tokens,
+            "label_tokens": n_labels,
+            "step_s": step_s,
+            "data_wait_s": wait,
+            "compute_s": timer.total(),
+            "mem_gib": self._mem_gib(),
+            **self._reserved_gib(),
+            "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+            "mfu": mfu(step_flops(doc_lens=doc_lens, **self.flop_shape), step_s, self.peak),
+            "_stop": s_stop > 0,
+        }
 
     def _reserved_gib(self) -> dict:
         if self.d.device.type != "cuda":
@@ -546,6 +647,7 @@ class Trainer:
         rngs = [None] * self.d.world_size if self.d.rank == 0 else None
         dist.gather_object(ckpt.rng_state(), rngs, dst=0)
         if self.d.rank == 0:
+
             def write(tmp: Path) -> None:
                 self._write_weights(tmp, model_sd)
                 if self.tokenizer is not None:
@@ -555,16 +657,30 @@ class Trainer:
                 torch.save(dict(enumerate(rngs)), tmp / ckpt.RNG_FILE)
 
             path = ckpt.write_checkpoint(
-                self.output_dir, st.step, write,
-                {"step": st.step, **self.batches.position(), "seed": tr.seed, "loss": st.loss,
-                 "max_steps": tr.max_steps, "world_size": self.d.world_size,
-                 "per_device_batch_size": tr.per_device_batch_size,
-                 "grad_accum": tr.grad_accum, "method": self.method,
-                 "strategy": self.strategy, "model": self.spec.model.path})
+                self.output_dir,
+                st.step,
+                write,
+                {
+                    "step": st.step,
+                    **self.batches.position(),
+                    "seed": tr.seed,
+                    "loss": st.loss,
+                    "max_steps": tr.max_steps,
+                    "world_size": self.d.world_size,
+                    "per_device_batch_size": tr.per_device_batch_size,
+                    "grad_accum": tr.grad_accum,
+                    "method": self.method,
+                    "strategy": self.strategy,
+                    "model": self.spec.model.path,
+                },
+            )
             self.events.emit("checkpoint", step=st.step, path=str(path.resolve()))
             self.events.sync()
-            ckpt.rotate(self.output_dir, tr.save_total_limit,
-                        protect=Path(st.resumed_from) if st.resumed_from else None)
+            ckpt.rotate(
+                self.output_dir,
+                tr.save_total_limit,
+                protect=Path(st.resumed_from) if st.resumed_from else None,
+            )
         dist.barrier()
 
     def _write_weights(self, tmp: Path, sd: dict) -> None:
@@ -575,8 +691,11 @@ class Trainer:
             out = {k.removeprefix("model."): v for k, v in sd.items()}
             if getattr(lm.config, "tie_word_embeddings", False):
                 out.pop("lm_head.weight", None)  # shared with the embeddings; saved once
-            save_file({k: v.contiguous() for k, v in out.items()}, tmp / "model.safetensors",
-                      metadata={"format": "pt"})
+            save_file(
+                {k: v.contiguous() for k, v in out.items()},
+                tmp / "model.safetensors",
+                metadata={"format": "pt"},
+            )
             lm.config.save_pretrained(tmp)
             if getattr(lm, "generation_config", None) is not None:
                 lm.generation_config.save_pretrained(tmp)
@@ -609,11 +728,19 @@ class Trainer:
         spec, st = self.spec, self.state
         tr = spec.train
         trainable, total = count_params(self.loss_mod)
-        start = dict(world_size=self.d.world_size, device=str(self.d.device),
-                     model=spec.model.path, method=self.method, strategy=self.strategy,
-                     dtype=str(self.dtype).removeprefix("torch."),
-                     trainable_params=trainable, total_params=total, max_steps=tr.max_steps,
-                     restart=attempt(), start_step=st.step)
+        start = dict(
+            world_size=self.d.world_size,
+            device=str(self.d.device),
+            model=spec.model.path,
+            method=self.method,
+            strategy=self.strategy,
+            dtype=str(self.dtype).removeprefix("torch."),
+            trainable_params=trainable,
+            total_params=total,
+            max_steps=tr.max_steps,
+            restart=attempt(),
+            start_step=st.step,
+        )
         if st.resumed_from:
             start["resumed_from"] = st.resumed_from
         self.events.emit("start", **start)
@@ -634,10 +761,14 @@ class Trainer:
             st.step += 1
             st.loss = m["loss"]
             self.events.emit("step", step=st.step, epoch=self.batches.epoch, **m)
-            if self.d.rank == 0 and (st.step % log_every == 0 or st.step in (1, tr.max_steps)
-                                     or stopped):
-                print(f"step {st.step}/{tr.max_steps} loss {m['loss']:.4f} lr {m['lr']:.3g} "
-                      f"grad_norm {m['grad_norm']:.3f} {m['step_s'] * 1000:.0f} ms", flush=True)
+            if self.d.rank == 0 and (
+                st.step % log_every == 0 or st.step in (1, tr.max_steps) or stopped
+            ):
+                print(
+                    f"step {st.step}/{tr.max_steps} loss {m['loss']:.4f} lr {m['lr']:.3g} "
+                    f"grad_norm {m['grad_norm']:.3f} {m['step_s'] * 1000:.0f} ms",
+                    flush=True,
+                )
             if stopped:
                 break
             if self.eval_loader is not None and tr.eval_steps and st.step % tr.eval_steps == 0:
@@ -649,8 +780,13 @@ class Trainer:
         if self.save_at_end:
             self.save()
         final = ckpt.checkpoint_path(self.output_dir, st.step)
-        if (self.save_at_end and self.d.rank == 0 and spec.method.merge_lora and self.method != "full"
-                and self.model_path is not None):
+        if (
+            self.save_at_end
+            and self.d.rank == 0
+            and spec.method.merge_lora
+            and self.method != "full"
+            and self.model_path is not None
+        ):
             print(f"merged model in {self.merge(final)}", flush=True)
         dist.barrier()
         reason = "stopped" if stopped and st.step < tr.max_steps else "completed"
@@ -661,7 +797,7 @@ class Trainer:
         return reason
 
 
-_stack_file = None   # kept open for the process's life: faulthandler writes to its fd
+_stack_file = None  # kept open for the process's life: faulthandler writes to its fd
 
 
 def _register_stack_dump(run: RunDir) -> None:
@@ -675,7 +811,7 @@ def _register_stack_dump(run: RunDir) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _stack_file = open(path, "a", encoding="utf-8")
-    except OSError:   # no dump file: no handler (the signal's default would kill the rank)
+    except OSError:  # no dump file: no handler (the signal's default would kill the rank)
         return
     faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
 
@@ -714,8 +850,13 @@ def main(run_dir: str | Path) -> int:
         failed = False
     except BaseException as e:
         st = trainer.state if trainer else TrainState()
-        events.emit("end", step=st.step, reason="failed", loss=st.loss,
-                    error=f"{type(e).__name__}: {e}".splitlines()[0][:500])
+        events.emit(
+            "end",
+            step=st.step,
+            reason="failed",
+            loss=st.loss,
+            error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
+        )
         if not isinstance(e, Exception):
             raise  # Ctrl-C, SystemExit: as they are
         # Printed now, not on the way out: the teardown below may end the process. With the
@@ -755,8 +896,11 @@ def _leave_process_group(failed: bool) -> None:
         else:
             dist.destroy_process_group()
     except Exception as e:  # the rank is failing already; its own error is what matters
-        print(f"leaving the process group failed: {type(e).__name__}: {e}", file=sys.stderr,
-              flush=True)
+        print(
+            f"leaving the process group failed: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
     timer.cancel()
 
 

@@ -42,8 +42,13 @@ SCENARIOS = {
     "bad_flag": ("--no-such-flag", False, "flag_error", None, ""),
     "port_clash": ("ok", False, "port_in_use", None, "a listener holds the port"),
     "rendezvous_timeout": ("ok", False, "rendezvous_unreachable", None, "second node never starts"),
-    "sigterm_rank_outside": ("sigterm_outside", False, "worker_sigterm", 1,
-                             "a kill -TERM to rank 1 from outside"),
+    "sigterm_rank_outside": (
+        "sigterm_outside",
+        False,
+        "worker_sigterm",
+        1,
+        "a kill -TERM to rank 1 from outside",
+    ),
     "healthy": ("ok", False, None, None, ""),
     "healthy_tee": ("ok", True, None, None, ""),
     "healthy_nan": ("nan", False, "loss_anomaly", None, "the loss turns NaN; the run goes on"),
@@ -65,13 +70,37 @@ def env() -> dict[str, str]:
 def record(name: str) -> None:
     mode, tee, *_ = SCENARIOS[name]
     port = free_port()
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--max_restarts", "0", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "0",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+    ]
     if name == "rendezvous_timeout":
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-                "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_conf", "join_timeout=5",
-                "--rdzv_id", "corpus"]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "1",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv_conf",
+            "join_timeout=5",
+            "--rdzv_id",
+            "corpus",
+        ]
     if tee:
         argv += ["--tee", "3"]
     worker_mode = "ok" if mode == "sigterm_outside" else mode
@@ -85,12 +114,14 @@ def record(name: str) -> None:
         holder.listen()
     OUT.mkdir(exist_ok=True)
     with open(OUT / f"{name}.log", "wb") as f:
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=env(), cwd=HERE)
+        p = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env(), cwd=HERE
+        )
         if mode == "sigterm_outside":
             time.sleep(6)
-            kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
-                                  text=True).stdout.split()
+            kids = subprocess.run(
+                ["pgrep", "-P", str(p.pid)], capture_output=True, text=True
+            ).stdout.split()
             if len(kids) >= 2:
                 os.kill(int(sorted(kids, key=int)[1]), signal.SIGTERM)
         try:
@@ -111,10 +142,16 @@ def main(names: list[str]) -> None:
         t0 = time.time()
         record(n)
         print(f"{n}: {time.time() - t0:.1f} s", flush=True)
-    manifest = {n: {"category": c, "rank": r, "source": "recorded: tests/corpus/record.py "
-                    f"({m}{', --tee 3' if tee else ''}; torch {torch_version()})",
-                    "note": note}
-                for n, (m, tee, c, r, note) in SCENARIOS.items()}
+    manifest = {
+        n: {
+            "category": c,
+            "rank": r,
+            "source": "recorded: tests/corpus/record.py "
+            f"({m}{', --tee 3' if tee else ''}; torch {torch_version()})",
+            "note": note,
+        }
+        for n, (m, tee, c, r, note) in SCENARIOS.items()
+    }
     (HERE / "recorded.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 

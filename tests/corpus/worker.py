@@ -85,7 +85,7 @@ def main() -> None:
     if mode == "exit1":
         sys.exit(1)
     if mode == "sighup" and rank == 0:
-        os.kill(os.getppid(), signal.SIGHUP)   # torchrun's terminal went away
+        os.kill(os.getppid(), signal.SIGHUP)  # torchrun's terminal went away
         time.sleep(30)
     if mode == "unused":
         ddp = torch.nn.parallel.DistributedDataParallel(_HalfUsed())
@@ -103,9 +103,16 @@ def main() -> None:
             loss = loss * float("nan")
         dist.all_reduce(loss)
         if rank == 0:
-            print({"loss": round(loss.item() / 2, 4), "grad_norm": 0.5, "learning_rate": 1e-4,
-                   "epoch": round(step / 16, 4), "global_step/max_steps": f"{step}/{args.steps}"},
-                  flush=True)
+            print(
+                {
+                    "loss": round(loss.item() / 2, 4),
+                    "grad_norm": 0.5,
+                    "learning_rate": 1e-4,
+                    "epoch": round(step / 16, 4),
+                    "global_step/max_steps": f"{step}/{args.steps}",
+                },
+                flush=True,
+            )
         if step == args.steps:
             break
         time.sleep(0.05)

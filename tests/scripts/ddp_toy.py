@@ -52,9 +52,18 @@ def main() -> None:
         from tunedeck.core.rundir.events import EventWriter
 
         writer = EventWriter(os.environ["TUNEDECK_RUN_DIR"], rank)
-        writer.emit("start", world_size=world, device="cpu", model="toy", method="full",
-                    dtype="float32", trainable_params=17, total_params=17,
-                    max_steps=a.steps, restart=0)
+        writer.emit(
+            "start",
+            world_size=world,
+            device="cpu",
+            model="toy",
+            method="full",
+            dtype="float32",
+            trainable_params=17,
+            total_params=17,
+            max_steps=a.steps,
+            restart=0,
+        )
     model = DDP(torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     ds = Toy(10**6, a.delay_s if rank == a.delay_rank else 0.0)
@@ -65,18 +74,27 @@ def main() -> None:
         x, y = next(it)
         wait = time.perf_counter() - t0
         if rank == a.hang_rank and step > a.hang_at:
-            while True:      # stuck: never reaches the all-reduce
+            while True:  # stuck: never reaches the all-reduce
                 time.sleep(1)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()      # the gradient all-reduce: every rank waits for the slowest
+        loss.backward()  # the gradient all-reduce: every rank waits for the slowest
         opt.step()
         time.sleep(a.step_sleep)
         if writer:
             s = time.perf_counter() - t0
-            writer.emit("step", step=step, loss=float(loss), lr=1e-3, grad_norm=0.0,
-                        tokens=16, step_s=s, data_wait_s=wait, mem_gib=0.0,
-                        tokens_per_s=16 / s)
+            writer.emit(
+                "step",
+                step=step,
+                loss=float(loss),
+                lr=1e-3,
+                grad_norm=0.0,
+                tokens=16,
+                step_s=s,
+                data_wait_s=wait,
+                mem_gib=0.0,
+                tokens_per_s=16 / s,
+            )
     if writer:
         writer.emit("end", step=a.steps, reason="completed", loss=float(loss))
     dist.destroy_process_group()

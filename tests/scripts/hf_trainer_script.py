@@ -16,11 +16,12 @@ import os
 from pathlib import Path
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "presets" / "data"
-                                          / "demo_chat.jsonl"))
+    ap.add_argument(
+        "--data",
+        default=str(Path(__file__).resolve().parents[2] / "presets" / "data" / "demo_chat.jsonl"),
+    )
     ap.add_argument("--max_steps", type=int, default=5)
     ap.add_argument("--logging_steps", type=int, default=1)
     ap.add_argument("--max_length", type=int, default=64)
@@ -36,13 +37,21 @@ def main() -> None:
 
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoModelForCausalLM,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     class CrashOnce(TrainerCallback):
         def on_step_end(self, targs, state, control, **kw):
-            if state.global_step == args.crash_at_step and os.environ.get("RANK") == "1" \
-                    and os.environ.get("TUNEDECK_ATTEMPT") == "0":
+            if (
+                state.global_step == args.crash_at_step
+                and os.environ.get("RANK") == "1"
+                and os.environ.get("TUNEDECK_ATTEMPT") == "0"
+            ):
                 print(f"rank 1 crashes on purpose at step {state.global_step}", flush=True)
                 os._exit(3)
 
@@ -58,19 +67,32 @@ def main() -> None:
             return tok(texts[i], truncation=True, max_length=args.max_length)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                             task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
     cpu = not torch.cuda.is_available()
     targs = TrainingArguments(
-        output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=2,
-        learning_rate=5e-3, logging_steps=args.logging_steps,
-        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
-        report_to="none", use_cpu=cpu, ddp_backend="gloo" if cpu else None,
-        ddp_find_unused_parameters=False, dataloader_num_workers=0, seed=1)
-    Trainer(model=model, args=targs, train_dataset=Chats(),
-            data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
-            callbacks=[CrashOnce()] if args.crash_at_step else None).train(
-        resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM") or None)
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=2,
+        learning_rate=5e-3,
+        logging_steps=args.logging_steps,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        report_to="none",
+        use_cpu=cpu,
+        ddp_backend="gloo" if cpu else None,
+        ddp_find_unused_parameters=False,
+        dataloader_num_workers=0,
+        seed=1,
+    )
+    Trainer(
+        model=model,
+        args=targs,
+        train_dataset=Chats(),
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+        callbacks=[CrashOnce()] if args.crash_at_step else None,
+    ).train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM") or None)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,12 @@ class Rows(Dataset):
 
 def main() -> None:
     it = iter(DataLoader(Rows(), batch_size=4, num_workers=1, prefetch_factor=2))
-    next(it)                         # the worker runs and has queued the next batches
+    next(it)  # the worker runs and has queued the next batches
     time.sleep(1.0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.kill(it._workers[0].pid, signal.SIGKILL)
     time.sleep(0.5)
-    next(it)                         # a queued batch from the dead worker
+    next(it)  # a queued batch from the dead worker
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ from swift.callbacks.base import TrainerCallback
 
 class CrashOnce(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
-        if os.environ.get("TUNEDECK_ATTEMPT") == "0" and os.environ.get("RANK") == "1" \
-                and state.global_step == int(os.environ["SWIFT_CRASH_AT_STEP"]):
+        if (
+            os.environ.get("TUNEDECK_ATTEMPT") == "0"
+            and os.environ.get("RANK") == "1"
+            and state.global_step == int(os.environ["SWIFT_CRASH_AT_STEP"])
+        ):
             print(f"rank 1 crashes on purpose at step {state.global_step}", flush=True)
             os._exit(3)
         return control

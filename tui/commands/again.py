@@ -19,21 +19,44 @@ from tunedeck.tui.format import clean
 
 
 def register(subparsers) -> None:
-    for name, hlp in (("resume", "continue a stopped or failed run from its newest complete "
-                                 "checkpoint (a new run, same output folder)"),
-                      ("clone", "start a new run with an ended run's spec, from step 0 (a "
-                                "running run is refused: stop it first)")):
+    for name, hlp in (
+        (
+            "resume",
+            "continue a stopped or failed run from its newest complete "
+            "checkpoint (a new run, same output folder)",
+        ),
+        (
+            "clone",
+            "start a new run with an ended run's spec, from step 0 (a "
+            "running run is refused: stop it first)",
+        ),
+    ):
         s = subparsers.add_parser(name, help=hlp, description=hlp)
         s.add_argument("run", help="run id, unique prefix or name")
-        s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a key of the new run's spec (repeatable)")
-        s.add_argument("--wait", action="store_true", help="block until the new run ends; "
-                       "exit 0 only if it succeeded")
-        s.add_argument("--no-preflight", action="store_true", help="launch without the "
-                       "preflight checklist (the run records it)")
-        s.add_argument("--share-output", action="store_true", help="launch even though a "
-                       "live run writes the output folder (refused by default; the new run "
-                       "records the runs it shares it with)")
+        s.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a key of the new run's spec (repeatable)",
+        )
+        s.add_argument(
+            "--wait",
+            action="store_true",
+            help="block until the new run ends; exit 0 only if it succeeded",
+        )
+        s.add_argument(
+            "--no-preflight",
+            action="store_true",
+            help="launch without the preflight checklist (the run records it)",
+        )
+        s.add_argument(
+            "--share-output",
+            action="store_true",
+            help="launch even though a "
+            "live run writes the output folder (refused by default; the new run "
+            "records the runs it shares it with)",
+        )
         s.add_argument("--json", action="store_true")
         s.set_defaults(func=cmd_again, make=name)
 
@@ -52,12 +75,15 @@ def cmd_again(args) -> int:
         if problems:
             raise SpecError(problems)
     except (ManageError, SpecError) as e:
-        print(f"tunedeck: cannot {args.make} {clean(run.run_id)}: {clean(e, multiline=True)}",
-              file=sys.stderr)
+        print(
+            f"tunedeck: cannot {args.make} {clean(run.run_id)}: {clean(e, multiline=True)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if made.checkpoint is not None:
-        print(f"{args.make} {clean(run.run_id)} from {clean(made.checkpoint.path)}",
-              file=sys.stderr)
+        print(
+            f"{args.make} {clean(run.run_id)} from {clean(made.checkpoint.path)}", file=sys.stderr
+        )
     for note in made.notes:
         print(f"note: {clean(note)}", file=sys.stderr)
     run_dir = _gated_launch(args, spec)
@@ -65,9 +91,17 @@ def cmd_again(args) -> int:
         return 1
     say_shared(run_dir)
     if args.json:
-        print(json.dumps({"run_id": run_dir.name, "run_dir": str(run_dir), "from": run.run_id,
-                          "checkpoint": str(made.checkpoint.path) if made.checkpoint
-                          else None}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "run_id": run_dir.name,
+                    "run_dir": str(run_dir),
+                    "from": run.run_id,
+                    "checkpoint": str(made.checkpoint.path) if made.checkpoint else None,
+                }
+            ),
+            flush=True,
+        )
     else:
         print(run_dir.name)
     return _wait(run_dir.name, quiet=args.json) if args.wait else 0
@@ -79,5 +113,8 @@ def say_shared(run_dir) -> None:
 
     ids = shared_with(run_dir)
     if ids:
-        print(f"note: {clean(run_dir.name)} shares its output folder with live run(s) "
-              f"{clean(', '.join(ids))} (--share-output)", file=sys.stderr)
+        print(
+            f"note: {clean(run_dir.name)} shares its output folder with live run(s) "
+            f"{clean(', '.join(ids))} (--share-output)",
+            file=sys.stderr,
+        )

@@ -11,14 +11,29 @@ from pathlib import Path
 
 from tunedeck.tui.format import clean, print_json
 
-JSON_KEYS = ("category", "severity", "rank", "node", "host", "summary", "cause", "fix",
-             "evidence", "root_cause", "source")
+JSON_KEYS = (
+    "category",
+    "severity",
+    "rank",
+    "node",
+    "host",
+    "summary",
+    "cause",
+    "fix",
+    "evidence",
+    "root_cause",
+    "source",
+)
 
 
 def register(subparsers) -> None:
     s = subparsers.add_parser("diagnose", help="explain failures: cause, evidence and fix")
-    s.add_argument("targets", nargs="+", metavar="RUN_OR_FILE",
-                   help="run id, unique prefix or name; a run directory; or log files")
+    s.add_argument(
+        "targets",
+        nargs="+",
+        metavar="RUN_OR_FILE",
+        help="run id, unique prefix or name; a run directory; or log files",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_diagnose)
 
@@ -38,10 +53,10 @@ def collect(targets: list[str]) -> list:
             continue
         run_dir = p if p.is_dir() else find_run(ref).run_dir  # RunNotFound → cli prints it
         mine = diagnose_run(run_dir)
-        seen = {f.key() for f in mine}   # per run: another run's finding is no duplicate
+        seen = {f.key() for f in mine}  # per run: another run's finding is no duplicate
         for d in read_findings(run_dir):
             f = Finding.from_json(d)
-            if f.key() not in seen:      # run.db keeps refined versions under one key
+            if f.key() not in seen:  # run.db keeps refined versions under one key
                 mine.append(f)
                 seen.add(f.key())
         findings += mine
@@ -63,10 +78,19 @@ def cmd_diagnose(args) -> int:
         print("no findings: nothing in the logs looks wrong")
         return 0
     for f in findings:
-        where = " ".join(x for x in (f"node {f.node}" if f.node is not None else "",
-                                      f"rank {f.rank}" if f.rank is not None else "") if x)
-        tag = "ROOT CAUSE" if f.root_cause and f.severity == "error" else (
-            "consequence" if not f.root_cause else f.severity)
+        where = " ".join(
+            x
+            for x in (
+                f"node {f.node}" if f.node is not None else "",
+                f"rank {f.rank}" if f.rank is not None else "",
+            )
+            if x
+        )
+        tag = (
+            "ROOT CAUSE"
+            if f.root_cause and f.severity == "error"
+            else ("consequence" if not f.root_cause else f.severity)
+        )
         # log lines are anyone's text: escape sequences never reach the terminal
         print(f"[{tag}] {f.category}{' (' + where + ')' if where else ''}: {clean(f.summary)}")
         print(f"  cause: {clean(f.cause)}")

@@ -50,18 +50,31 @@ def cmd_export(args) -> int:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("import", help="turn a pasted swift/megatron/torchrun command into a "
-                       "spec file")
+    s = sub.add_parser(
+        "import", help="turn a pasted swift/megatron/torchrun command into a spec file"
+    )
     s.add_argument("command", help="the whole command line, quoted as one argument")
     s.add_argument("-o", "--output", help="write the spec here (default: stdout)")
     s.set_defaults(func=cmd_import)
 
-    s = sub.add_parser("export", help="print a spec as a launch script, swift command, "
-                       "per-node commands, Slurm script or vLLM serve command")
+    s = sub.add_parser(
+        "export",
+        help="print a spec as a launch script, swift command, "
+        "per-node commands, Slurm script or vLLM serve command",
+    )
     s.add_argument("spec", help="spec or preset TOML")
     s.add_argument("--format", default="sh", choices=("sh", "swift", "nodes", "slurm", "vllm"))
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec key (repeatable)")
-    s.add_argument("--world", type=int, metavar="N", help="export for N ranks, rescaling "
-                   "train.grad_accum so the effective batch stays the same")
+    s.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec key (repeatable)",
+    )
+    s.add_argument(
+        "--world",
+        type=int,
+        metavar="N",
+        help="export for N ranks, rescaling train.grad_accum so the effective batch stays the same",
+    )
     s.set_defaults(func=cmd_export)

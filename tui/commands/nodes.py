@@ -6,8 +6,10 @@ from tunedeck.tui.format import clean, print_json
 
 
 def register(subparsers) -> None:
-    s = subparsers.add_parser("nodes", help="each node of a run: host, status, link, ranks, "
-                                            "step, slowest rank, GPUs, findings")
+    s = subparsers.add_parser(
+        "nodes",
+        help="each node of a run: host, status, link, ranks, step, slowest rank, GPUs, findings",
+    )
     s.add_argument("run", help="run id, unique prefix or name")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_nodes)
@@ -21,7 +23,7 @@ def cmd_nodes(args) -> int:
     run = find_run(args.run)
     try:
         findings = read_findings(run.run_dir)
-    except Exception:          # no run.db yet: the nodes still show
+    except Exception:  # no run.db yet: the nodes still show
         findings = []
     rows = node_rows(run.run_dir, findings)
     if args.json:

@@ -12,10 +12,18 @@ MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 def register(sub) -> None:
     s = sub.add_parser("preflight", help="check a spec on this node before launching it")
     s.add_argument("spec", help="spec file, e.g. presets/demo.toml")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec key (repeatable)")
-    s.add_argument("--smoke", action="store_true", help="then launch the real run for a few "
-                   "steps and wait for it (only when no check failed)")
+    s.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec key (repeatable)",
+    )
+    s.add_argument(
+        "--smoke",
+        action="store_true",
+        help="then launch the real run for a few steps and wait for it (only when no check failed)",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_preflight)
 
@@ -40,16 +48,19 @@ def cmd_preflight(args) -> int:
         if failed:
             print("tunedeck: smoke run skipped: fix the failed checks first", file=sys.stderr)
         else:
-            r = smoke_run(ctx.spec, on_status=None if args.json else
-                          (lambda line: print(f"      {line}", file=sys.stderr)))
+            r = smoke_run(
+                ctx.spec,
+                on_status=None
+                if args.json
+                else (lambda line: print(f"      {line}", file=sys.stderr)),
+            )
             results.append(r)
             if not args.json:
                 _print(r)
             failed = r.status == "fail"
     counts = summary(results)
     if args.json:
-        print_json({"ok": not failed, "summary": counts,
-                    "checks": [r.to_json() for r in results]})
+        print_json({"ok": not failed, "summary": counts, "checks": [r.to_json() for r in results]})
     else:
         print("\n" + summary_line(counts))
     return 1 if failed else 0
@@ -57,7 +68,7 @@ def cmd_preflight(args) -> int:
 
 def _print(r) -> None:
     print(f"[{MARK[r.status]}] {r.title}  ({r.id})")
-    for line in r.detail.splitlines():   # details quote data rows and paths: cleaned
+    for line in r.detail.splitlines():  # details quote data rows and paths: cleaned
         print(f"       {clean(line)}")
     if r.fix and r.status in ("warn", "fail"):
         print(f"       fix: {clean(r.fix)}")

@@ -11,8 +11,11 @@ from tunedeck.tui.format import print_json
 
 
 def register(subparsers) -> None:
-    s = subparsers.add_parser("stacks", help="Python stack of every rank of a running run "
-                                             "(py-spy, or the built-in trainer's own dump)")
+    s = subparsers.add_parser(
+        "stacks",
+        help="Python stack of every rank of a running run "
+        "(py-spy, or the built-in trainer's own dump)",
+    )
     s.add_argument("run", help="run id, unique prefix or name")
     s.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
     s.add_argument("--json", action="store_true")
@@ -24,7 +27,7 @@ def cmd_stacks(args) -> int:
     from tunedeck.core.runs.stacks import dump_stacks, suspects, where
     from tunedeck.core.runs.store import read_findings
 
-    run = find_run(args.run)   # RunNotFound → cli prints it
+    run = find_run(args.run)  # RunNotFound → cli prints it
     try:
         dumps = dump_stacks(run.run_dir, ranks=args.rank)
     except ValueError as e:

@@ -9,7 +9,7 @@ The command palette (ctrl+p) offers the current screen's own bindings as command
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from textual.actions import parse
 from textual.binding import Binding

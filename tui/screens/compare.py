@@ -30,10 +30,12 @@ class LegendReady(Message):
 
 
 class CompareScreen(TunedeckScreen):
-    HELP = ("The loss of several runs on one axis: the dim band is each run's raw loss "
-            "(min..max per column, so a spike shows at any zoom), the bright line its "
-            "smoothed loss, ◆ its eval loss. Zoom and pan move every run together; `0` "
-            "shows the longest run whole.")
+    HELP = (
+        "The loss of several runs on one axis: the dim band is each run's raw loss "
+        "(min..max per column, so a spike shows at any zoom), the bright line its "
+        "smoothed loss, ◆ its eval loss. Zoom and pan move every run together; `0` "
+        "shows the longest run whole."
+    )
     DEFAULT_CSS = """
     CompareScreen #compare-plot { height: 1fr; }
     CompareScreen #compare-legend { height: auto; max-height: 9; padding: 0 1;
@@ -43,21 +45,19 @@ class CompareScreen(TunedeckScreen):
     # the plot's keys, listed here too so `?` shows them (the plot handles them first)
     BINDINGS = [
         Binding("escape", "back", "Back"),
-        Binding("plus,equals_sign", "chart('zoom_in')", "Zoom in", key_display="+",
-                show=False),
+        Binding("plus,equals_sign", "chart('zoom_in')", "Zoom in", key_display="+", show=False),
         Binding("minus", "chart('zoom_out')", "Zoom out", key_display="-", show=False),
         Binding("h,left", "chart('pan', -1)", "Pan left", key_display="h/←", show=False),
         Binding("l,right", "chart('pan', 1)", "Pan right", key_display="l/→", show=False),
         Binding("0,home", "chart('home')", "Whole run", key_display="0", show=False),
         Binding("end", "chart('end')", "Newest steps", show=False),
         Binding("y", "chart('log_y')", "Log y", show=False),
-        Binding("t,e", "chart('toggle', 'show_eval')", "Eval loss", key_display="t",
-                show=False),
+        Binding("t,e", "chart('toggle', 'show_eval')", "Eval loss", key_display="t", show=False),
     ]
 
     def __init__(self, run_ids: list[str]):
         super().__init__()
-        self.run_ids = list(dict.fromkeys(run_ids))   # a run marked twice is one curve
+        self.run_ids = list(dict.fromkeys(run_ids))  # a run marked twice is one curve
         self.run_colors = [PALETTE[i % len(PALETTE)] for i in range(len(self.run_ids))]
         self._sources = [RunSource.for_run_id(r) for r in self.run_ids]
         self._legend_busy = threading.Lock()
@@ -65,9 +65,12 @@ class CompareScreen(TunedeckScreen):
 
     def compose(self) -> ComposeResult:
         yield TitleBar("compare")
-        yield LossPlot(traces=[Trace(r, s, c) for r, s, c in
-                               zip(self.run_ids, self._sources, self.run_colors)],
-                       id="compare-plot")
+        yield LossPlot(
+            traces=[
+                Trace(r, s, c) for r, s, c in zip(self.run_ids, self._sources, self.run_colors)
+            ],
+            id="compare-plot",
+        )
         yield Static("reading…", id="compare-legend")
         yield Footer()
 
@@ -92,10 +95,13 @@ class CompareScreen(TunedeckScreen):
     @work(thread=True, group="compare-legend", exit_on_error=False)
     def load_legend(self) -> None:
         if not self._legend_busy.acquire(blocking=False):
-            return   # the previous read is still going (slow filesystem): skip this tick
+            return  # the previous read is still going (slow filesystem): skip this tick
         try:
-            self.post_message(LegendReady([self._legend_line(r, c) for r, c in
-                                           zip(self.run_ids, self.run_colors)]))
+            self.post_message(
+                LegendReady(
+                    [self._legend_line(r, c) for r, c in zip(self.run_ids, self.run_colors)]
+                )
+            )
         finally:
             self._legend_busy.release()
 
@@ -114,8 +120,11 @@ class CompareScreen(TunedeckScreen):
         evals = store.eval_series(0, buckets=1)
         best = evals["eval_loss_min"][0] if evals["eval_loss_min"] else None
         # the run id last: a narrow terminal cuts the line there, not the numbers
-        parts = [f"{swatch} [b]{escape(run.name or run.run_id)}[/b]", run.status,
-                 f"step {run.step:,}" + (f"/{run.max_steps:,}" if run.max_steps else "")]
+        parts = [
+            f"{swatch} [b]{escape(run.name or run.run_id)}[/b]",
+            run.status,
+            f"step {run.step:,}" + (f"/{run.max_steps:,}" if run.max_steps else ""),
+        ]
         if isinstance(run.loss, (int, float)):
             parts.append(f"loss {run.loss:.4f}")
         if best is not None:

@@ -24,7 +24,8 @@ import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich.text import Text
 from textual import on, work
@@ -36,9 +37,23 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from tunedeck.core.spec import (GROUPS, OPTIONS, Option, RunSpec, SpecError, check_option,
-                                cross_checks, get_value, is_secret_name, is_set, mask_env,
-                                mask_spec, parse_value, resolve_paths, set_values)
+from tunedeck.core.spec import (
+    GROUPS,
+    OPTIONS,
+    Option,
+    RunSpec,
+    SpecError,
+    check_option,
+    cross_checks,
+    get_value,
+    is_secret_name,
+    is_set,
+    mask_env,
+    mask_spec,
+    parse_value,
+    resolve_paths,
+    set_values,
+)
 from tunedeck.core.swift.keymap import BY_KEY as SWIFT_KEYED
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
@@ -46,7 +61,7 @@ from tunedeck.tui.screens.preflight import fmt_value, pin_port
 from tunedeck.tui.screens.prompt import PromptScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
 
-DEBOUNCE_S = 0.03        # edits closer together than this preview once, when they pause
+DEBOUNCE_S = 0.03  # edits closer together than this preview once, when they pause
 # what the built-in trainer reads from spec.toml (torchrun's flags come from the rest)
 TRAINER_TABLES = ("model", "data", "method", "train", "parallel")
 TRAINER_KEYS = ("cluster.device", "cluster.dist_backend", "cluster.collective_timeout_s")
@@ -63,6 +78,7 @@ def runs_default(spec: RunSpec, key: str) -> bool:
     with an ms-swift flag unset, so no flag is passed. Its box is empty and shows, dim, the
     value ms-swift will use; emptying a box unsets the key again."""
     return spec.backend == "swift" and key in SWIFT_KEYED and not is_set(spec, key)
+
 
 # ms-swift's flag table: a subprocess the first time per installed version (then a cache
 # file). Read once per process, under a lock, so two previews never start two of them.
@@ -91,13 +107,14 @@ def warm_swift_flags() -> str:
 
 # -- the preview, built in a worker ------------------------------------------------------
 
+
 @dataclass
 class PreviewData:
-    facts: Text            # what runs, port, batch, memory against each GPU
-    body: Text             # per-node commands and environment, the trainer's values
-    fit: str               # pass | warn | fail | skip: the estimate against the GPUs
-    error: str = ""        # why there is no plan
-    estimate: Any = None   # SpecEstimate, or why there is none (str)
+    facts: Text  # what runs, port, batch, memory against each GPU
+    body: Text  # per-node commands and environment, the trainer's values
+    fit: str  # pass | warn | fail | skip: the estimate against the GPUs
+    error: str = ""  # why there is no plan
+    estimate: Any = None  # SpecEstimate, or why there is none (str)
     gpu_mem_gib: float | None = None
     gpu_count: int = 0
     # key -> the value ms-swift runs with for a key the spec leaves unset (dim in its box)
@@ -131,9 +148,11 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     c = resolved.cluster
     facts_t = Text()
     facts_t.append(f"{resolved.backend} · ", style="bold")
-    facts_t.append(f"{resolved.method.type} on {resolved.model.path} · {c.nnodes} node(s) × "
-                   f"{c.nproc_per_node} {c.device} rank(s) · {c.dist_backend} · "
-                   f"{resolved.parallel.strategy}\n")
+    facts_t.append(
+        f"{resolved.method.type} on {resolved.model.path} · {c.nnodes} node(s) × "
+        f"{c.nproc_per_node} {c.device} rank(s) · {c.dist_backend} · "
+        f"{resolved.parallel.strategy}\n"
+    )
     facts_t.append(f"port {c.master_port}", style="bold")
     facts_t.append(f" ({port_note or 'cluster.master_port'})\n", style="dim")
     # the batch and the memory of the run it starts (ms-swift's defaults where unset), the
@@ -147,18 +166,24 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     else:
         per = est.memory.per_gpu_gib
         if c.device != "cuda":
-            facts_t.append(f"memory ≈ {per:.2f} GiB per process ({c.device}; no GPU to "
-                           "compare with)\n")
+            facts_t.append(
+                f"memory ≈ {per:.2f} GiB per process ({c.device}; no GPU to compare with)\n"
+            )
         else:
             facts_t.append(f"memory ≈ {per:.1f} GiB per GPU", style=FIT_STYLE[fit.status])
             facts_t.append(f" (peak at {est.memory.peak_phase})\n", style="dim")
             for g in gpus or []:
                 cap = g.memory_total_gib
                 status = "fail" if per > cap else "warn" if per > cap * MARGIN else "pass"
-                verdict = {"fail": "will not fit", "warn": f"above {MARGIN:.0%}: may OOM",
-                           "pass": "fits"}[status]
-                facts_t.append(f"  GPU{g.index} {g.name} {cap:.1f} GiB: {verdict} "
-                               f"({per / cap:.0%})\n", style=FIT_STYLE[status])
+                verdict = {
+                    "fail": "will not fit",
+                    "warn": f"above {MARGIN:.0%}: may OOM",
+                    "pass": "fits",
+                }[status]
+                facts_t.append(
+                    f"  GPU{g.index} {g.name} {cap:.1f} GiB: {verdict} ({per / cap:.0%})\n",
+                    style=FIT_STYLE[status],
+                )
             if not gpus:
                 facts_t.append("  no GPU here to compare with\n", style="dim")
         facts_t.append("ctrl+t: the advisor's suggestion\n", style="dim")
@@ -168,11 +193,12 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
         body.append(f"── node {node.node_rank} · {node.host} ──\n", style="bold")
         # launch.sh as a launch writes it (secrets masked), less the shell's preamble
         lines = plan.to_shell(node.node_rank).splitlines()
-        body.append("\n".join(x for x in lines if not x.startswith(("#!", "set -", "# tunedeck")))
-                    + "\n")
+        body.append(
+            "\n".join(x for x in lines if not x.startswith(("#!", "set -", "# tunedeck"))) + "\n"
+        )
     body.append("run id and run directory are named at launch\n", style="dim")
     warning = ps_warning(plan)
-    if warning:     # a credential flag the backend cannot move into the environment
+    if warning:  # a credential flag the backend cannot move into the environment
         body.append(warning + "\n", style="bold yellow")
     if resolved.backend == "builtin":
         body.append("── the trainer reads from spec.toml ──\n", style="bold")
@@ -180,22 +206,31 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
             table = o.key.split(".")[0]
             if (table in TRAINER_TABLES or o.key in TRAINER_KEYS) and o.applies(resolved):
                 value = get_value(resolved, o.key)
-                shown = ("[" + ", ".join(map(fmt_value, value)) + "]"
-                         if isinstance(value, list) else fmt_value(value))
+                shown = (
+                    "[" + ", ".join(map(fmt_value, value)) + "]"
+                    if isinstance(value, list)
+                    else fmt_value(value)
+                )
                 body.append(f"{o.key} = ", style="dim")
                 body.append(shown + "\n", style="bold" if value != o.default else "")
     if resolved.backend == "swift":
         _swift_settings(body, resolved)
     mem = min((g.memory_total_gib for g in gpus), default=None)
-    hints = {k: f"{swift_value_text(v)} · {src}"
-             for k, (v, src) in run_defaults(resolved).items()}
+    hints = {k: f"{swift_value_text(v)} · {src}" for k, (v, src) in run_defaults(resolved).items()}
     return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus), hints)
 
 
 def swift_value_text(v: Any) -> str:
     """A value ms-swift takes, as its command line spells it (None: decided at run time)."""
-    return ("decided at run time" if v is None else " ".join(map(str, v)) or "none"
-            if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v))
+    return (
+        "decided at run time"
+        if v is None
+        else " ".join(map(str, v)) or "none"
+        if isinstance(v, list)
+        else str(v).lower()
+        if isinstance(v, bool)
+        else str(v)
+    )
 
 
 def _swift_settings(body: Text, spec: RunSpec) -> None:
@@ -211,11 +246,14 @@ def _swift_settings(body: Text, spec: RunSpec) -> None:
         value = swift_value_text(r["value"])
         body.append(f"--{r['flag']} ", style="dim")
         body.append(value, style="" if r["source"].startswith("ms-swift") else "bold")
-        body.append(f"  ({r['key']}: {r['source']})\n",
-                    style="dim" if r["source"].startswith("ms-swift") else "")
+        body.append(
+            f"  ({r['key']}: {r['source']})\n",
+            style="dim" if r["source"].startswith("ms-swift") else "",
+        )
 
 
 # -- form fields --------------------------------------------------------------------------
+
 
 def _word(w: str) -> str:
     """A word as shlex.split reads it back, quoted only when it must be (`****` stays)."""
@@ -257,7 +295,7 @@ class FieldRow(Widget):
         self.option = option
         self.value = get_value(spec, option.key)
         self.unset = runs_default(spec, option.key)
-        self.hint = UNSET_HINT      # the value ms-swift uses, once a preview has named it
+        self.hint = UNSET_HINT  # the value ms-swift uses, once a preview has named it
         self.problem = ""
 
     def compose(self) -> ComposeResult:
@@ -269,21 +307,34 @@ class FieldRow(Widget):
             blank_ok = o.key in SWIFT_KEYED
             if o.choices or o.type is bool:
                 # a bool is a choice too: "true"/"false" reads where a box's colour would not
-                choices = [(str(c), c) for c in o.choices] if o.choices else [
-                    ("false", False), ("true", True)]
+                choices = (
+                    [(str(c), c) for c in o.choices]
+                    if o.choices
+                    else [("false", False), ("true", True)]
+                )
                 value = o.type(self.value) if o.type is bool else self.value
-                yield Select(choices, value=Select.NULL if self.unset else value,
-                             allow_blank=blank_ok, prompt=self.hint, compact=True, id=wid)
+                yield Select(
+                    choices,
+                    value=Select.NULL if self.unset else value,
+                    allow_blank=blank_ok,
+                    prompt=self.hint,
+                    compact=True,
+                    id=wid,
+                )
             else:
                 # the hint only in an unset box: an empty value elsewhere is a value
-                yield Input("" if self.unset else field_text(o, self.value), compact=True,
-                            id=wid, select_on_focus=False,
-                            placeholder=self.hint if self.unset else "")
+                yield Input(
+                    "" if self.unset else field_text(o, self.value),
+                    compact=True,
+                    id=wid,
+                    select_on_focus=False,
+                    placeholder=self.hint if self.unset else "",
+                )
         yield Static("", classes="field-error", markup=False)
 
     def set_problem(self, text: str) -> None:
         if text == self.problem:
-            return   # every keystroke re-checks every field: touch only what changed
+            return  # every keystroke re-checks every field: touch only what changed
         self.problem = text
         self.set_class(bool(text), "-error")
         self.query_one(".field-error", Static).update(text)
@@ -320,6 +371,7 @@ class FieldRow(Widget):
 
 
 # -- messages ------------------------------------------------------------------------------
+
 
 class PreviewStatus(Message):
     def __init__(self, generation: int, text: str):
@@ -362,6 +414,7 @@ class AdviceReady(Message):
 
 # -- dialogs -------------------------------------------------------------------------------
 
+
 class AdviceScreen(TunedeckModal):
     """The advisor's strategy for this spec on these GPUs; `a` puts its values in the form."""
 
@@ -382,8 +435,10 @@ class AdviceScreen(TunedeckModal):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(self.text, id="advice-text")
-            yield Static("a puts these values in the form · esc closes" if self.can_apply
-                         else "esc closes", classes="dim")
+            yield Static(
+                "a puts these values in the form · esc closes" if self.can_apply else "esc closes",
+                classes="dim",
+            )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "apply" and not self.can_apply:
@@ -399,13 +454,16 @@ class AdviceScreen(TunedeckModal):
 
 # -- the screen ------------------------------------------------------------------------------
 
+
 class ComposeScreen(TunedeckScreen):
-    HELP = ("A run as a form: every option of the spec, only those that apply to the chosen "
-            "backend and strategy. A bad value shows its problem under the field. The side "
-            "pane is what the launch will run: each node's command and environment (secrets "
-            "masked), the port, the trainer's values, the effective batch and the memory "
-            "estimate per GPU. ctrl+l checks the spec (preflight) and launches it from there; "
-            "ctrl+s saves it as a TOML file anywhere; ctrl+o starts from a preset.")
+    HELP = (
+        "A run as a form: every option of the spec, only those that apply to the chosen "
+        "backend and strategy. A bad value shows its problem under the field. The side "
+        "pane is what the launch will run: each node's command and environment (secrets "
+        "masked), the port, the trainer's values, the effective batch and the memory "
+        "estimate per GPU. ctrl+l checks the spec (preflight) and launches it from there; "
+        "ctrl+s saves it as a TOML file anywhere; ctrl+o starts from a preset."
+    )
     MUTATING = frozenset({"launch", "save"})
     BINDINGS = [
         Binding("ctrl+l", "launch", "Launch"),
@@ -429,7 +487,7 @@ class ComposeScreen(TunedeckScreen):
     ComposeScreen #form-problems { color: $error; height: auto; }
     ComposeScreen #field-help { height: 1; padding: 0 1; background: $boost; color: $text-muted; }
     """
-    NARROW = 120   # below this many columns the preview goes under the form
+    NARROW = 120  # below this many columns the preview goes under the form
     # where GPU facts come from; tests put recorded facts here
     gpu_probe: Callable[[], GpuFacts] = staticmethod(lambda: probe_gpus(topology=False))
 
@@ -441,19 +499,19 @@ class ComposeScreen(TunedeckScreen):
         self._pick_preset = spec is None and self.path is None
         self.spec = copy.deepcopy(spec) if spec is not None else RunSpec()
         self.heading = title
-        self.field_errors: dict[str, str] = {}     # key -> problem of the text typed there
-        self.problems: list[str] = []              # cross-key rules broken (cross_checks)
+        self.field_errors: dict[str, str] = {}  # key -> problem of the text typed there
+        self.problems: list[str] = []  # cross-key rules broken (cross_checks)
         self.dirty = False
-        self.port: int | None = None               # picked once, kept for the launch
-        self.generation = 0                        # of the newest preview asked for
-        self.shown_generation = 0                  # of the preview on screen
+        self.port: int | None = None  # picked once, kept for the launch
+        self.generation = 0  # of the newest preview asked for
+        self.shown_generation = 0  # of the preview on screen
         self.preview: PreviewData | None = None
-        self.latencies: list[float] = []           # edit -> preview shown, seconds
+        self.latencies: list[float] = []  # edit -> preview shown, seconds
         self._edit_started = time.perf_counter()
-        self._last_start = 0.0                     # when the newest preview was started
+        self._last_start = 0.0  # when the newest preview was started
         self._timer = None
         self._rows: list[FieldRow] = []
-        self._secrets: dict[str, str] = {}         # real values of env secrets shown ****
+        self._secrets: dict[str, str] = {}  # real values of env secrets shown ****
         self._facts: GpuFacts | None = None
         self._facts_lock = threading.Lock()
 
@@ -504,8 +562,9 @@ class ComposeScreen(TunedeckScreen):
 
     def _sync_form(self) -> None:
         """Every field shows self.spec; visibility, problems and the preview follow."""
-        self._secrets.update({k: v for k, v in self.spec.env.items()
-                              if is_secret_name(k) and set(v) - {"*"}})
+        self._secrets.update(
+            {k: v for k, v in self.spec.env.items() if is_secret_name(k) and set(v) - {"*"}}
+        )
         for r in self.rows():
             r.show(get_value(self.spec, r.option.key), runs_default(self.spec, r.option.key))
         self.field_errors.clear()
@@ -544,7 +603,7 @@ class ComposeScreen(TunedeckScreen):
             msgs = ([self.field_errors[k]] if k in self.field_errors else []) + by_key.get(k, [])
             r.set_problem("\n".join(msgs))
             if msgs and not r.display:
-                loose.extend(msgs)   # a hidden field's problem still shows, at the top
+                loose.extend(msgs)  # a hidden field's problem still shows, at the top
         top = self.query_one("#form-problems", Static)
         if "\n".join(loose) != str(top.content):
             top.update("\n".join(loose))
@@ -553,11 +612,14 @@ class ComposeScreen(TunedeckScreen):
 
     def _edit(self, key: str, raw: Any, typed: bool) -> None:
         started = time.perf_counter()
-        if self.spec.backend == "swift" and key in SWIFT_KEYED and (
-                raw is Select.NULL or typed and not raw.strip()):
+        if (
+            self.spec.backend == "swift"
+            and key in SWIFT_KEYED
+            and (raw is Select.NULL or typed and not raw.strip())
+        ):
             self._unset(key, started)
             return
-        if raw is Select.NULL:     # the blank choice means nothing on other backends
+        if raw is Select.NULL:  # the blank choice means nothing on other backends
             self.row(key).show(get_value(self.spec, key))
             return
         value, err = parse_value(key, raw) if typed else check_option(key, raw)
@@ -575,7 +637,7 @@ class ComposeScreen(TunedeckScreen):
                 self.row(key).set_class(value != OPTIONS[key].default, "-changed")
                 if key in DRIVERS:
                     self._apply_visibility()
-                if key == "backend":    # ms-swift keys not set show empty there, and back
+                if key == "backend":  # ms-swift keys not set show empty there, and back
                     for k in SWIFT_KEYED:
                         self.row(k).show(get_value(self.spec, k), runs_default(self.spec, k))
         self._check()
@@ -590,7 +652,7 @@ class ComposeScreen(TunedeckScreen):
             spec.explicit.discard(key)
             self.spec = spec
             self.dirty = True
-            row = self.row(key)     # its box is empty already: leave what is typed since
+            row = self.row(key)  # its box is empty already: leave what is typed since
             row.unset = True
             row.set_hint(row.hint)
             row.set_class(False, "-changed")
@@ -635,8 +697,11 @@ class ComposeScreen(TunedeckScreen):
         if row is None:
             return
         o = row.option
-        kind = (" | ".join(map(str, o.choices)) if o.choices
-                else getattr(o.type, "__name__", str(o.type)).replace("typing.", ""))
+        kind = (
+            " | ".join(map(str, o.choices))
+            if o.choices
+            else getattr(o.type, "__name__", str(o.type)).replace("typing.", "")
+        )
         bound = f", ≥ {o.min:g}" if o.min is not None else ""
         self.query_one("#field-help", Static).update(f"{o.key} ({kind}{bound}): {o.help}")
 
@@ -676,10 +741,14 @@ class ComposeScreen(TunedeckScreen):
         self._timer = None
         self._last_start = time.perf_counter()
         c = self.spec.cluster
-        note = ("" if c.master_port else
-                "picked now for cluster.master_port = 0; the launch keeps it" if c.nnodes == 1
-                else "cluster.master_port = 0 on several nodes: the default, which every "
-                "node must be able to reach")
+        note = (
+            ""
+            if c.master_port
+            else "picked now for cluster.master_port = 0; the launch keeps it"
+            if c.nnodes == 1
+            else "cluster.master_port = 0 on several nodes: the default, which every "
+            "node must be able to reach"
+        )
         self._preview(self.generation, self._edit_started, self.launch_spec(), note)
 
     @work(thread=True, exclusive=True, group="compose-preview", exit_on_error=False)
@@ -687,11 +756,15 @@ class ComposeScreen(TunedeckScreen):
         worker = get_current_worker()
         facts = self.gpu_facts()
         if spec.backend == "swift" and not swift_flags_ready():
-            self.post_message(PreviewStatus(generation, "reading the installed ms-swift's "
-                                            "flags (once per version, up to ~10 s)…"))
+            self.post_message(
+                PreviewStatus(
+                    generation,
+                    "reading the installed ms-swift's flags (once per version, up to ~10 s)…",
+                )
+            )
             warm_swift_flags()
         if worker.is_cancelled:
-            return   # a newer edit asked for its own preview
+            return  # a newer edit asked for its own preview
         if spec.backend == "swift" and _SWIFT_STATE["error"]:
             err = f"ms-swift's flags could not be read: {_SWIFT_STATE['error']}"
             data = PreviewData(Text(""), Text(err, style="red"), "skip", err)
@@ -720,7 +793,7 @@ class ComposeScreen(TunedeckScreen):
     @on(PreviewReady)
     def _preview_ready(self, msg: PreviewReady) -> None:
         if msg.generation != self.generation:
-            return   # stale: the form changed since it was asked for
+            return  # stale: the form changed since it was asked for
         self.preview = msg.data
         if msg.data.hints:
             for k in SWIFT_KEYED:
@@ -787,8 +860,11 @@ class ComposeScreen(TunedeckScreen):
     def action_advice(self) -> None:
         d = self.preview
         if d is None or d.estimate is None or isinstance(d.estimate, str):
-            why = d.estimate if d is not None and isinstance(d.estimate, str) else \
-                (d.error if d is not None and d.error else "the preview is not ready")
+            why = (
+                d.estimate
+                if d is not None and isinstance(d.estimate, str)
+                else (d.error if d is not None and d.error else "the preview is not ready")
+            )
             self.notify(f"no estimate to advise on: {why}", severity="warning")
             return
         self._advise(d, copy.deepcopy(self.spec))
@@ -800,16 +876,19 @@ class ComposeScreen(TunedeckScreen):
         est = d.estimate
         cap = d.gpu_mem_gib or est.gpu_mem_gib or 80.0
         gpus = max(d.gpu_count or (est.inputs.world_size // max(spec.cluster.nnodes, 1)), 1)
-        try:   # the advice `tunedeck estimate` prints for this spec
+        try:  # the advice `tunedeck estimate` prints for this spec
             a = advice_for(est, spec, gpus=gpus, gpu_mem_gib=cap)[0]
         except Exception as e:  # noqa: BLE001 - shown, not fatal
             self.post_message(AdviceReady(Text(""), {}, f"{type(e).__name__}: {e}"))
             return
         t = Text()
         t.append(f"advice: {a.strategy} on {a.gpus} GPU(s) of {cap:.0f} GiB", style="bold")
-        t.append((", gradient checkpointing" if a.gradient_checkpointing else "")
-                 + (", CPU offload" if a.offload else "") + f" · ≈{a.per_gpu_gib:.1f} GiB "
-                 "per GPU\n")
+        t.append(
+            (", gradient checkpointing" if a.gradient_checkpointing else "")
+            + (", CPU offload" if a.offload else "")
+            + f" · ≈{a.per_gpu_gib:.1f} GiB "
+            "per GPU\n"
+        )
         for r in a.reasons:
             t.append(f"  - {r}\n")
         for line in speed_flag_lines(a):
@@ -848,13 +927,15 @@ class ComposeScreen(TunedeckScreen):
     def action_goto(self) -> None:
         """Focus a field by its key, or the end of one (`max_steps`, `lr` finds
         `train.learning_rate` only by its full word: `learning_rate`)."""
+
         def chosen(text: str | None) -> None:
             if not text:
                 return
             want = text.strip().lower()
             rows = [r for r in self.rows() if r.display]
             hit = next((r for r in rows if r.option.key == want), None) or next(
-                (r for r in rows if r.option.key.endswith("." + want)), None)
+                (r for r in rows if r.option.key.endswith("." + want)), None
+            )
             if hit is None:
                 self.notify(f"no field {text!r} shown for this spec", severity="warning")
                 return
@@ -862,13 +943,15 @@ class ComposeScreen(TunedeckScreen):
             focusable.focus()
             hit.scroll_visible()
 
-        self.app.push_screen(PromptScreen("Go to the field (its key, e.g. train.max_steps or "
-                                          "max_steps):"), chosen)
+        self.app.push_screen(
+            PromptScreen("Go to the field (its key, e.g. train.max_steps or max_steps):"), chosen
+        )
 
     def action_save(self) -> None:
         if self.field_errors:
-            self.notify("fix the fields first: " + "; ".join(self.field_errors.values()),
-                        severity="error")
+            self.notify(
+                "fix the fields first: " + "; ".join(self.field_errors.values()), severity="error"
+            )
             return
         default = str(self.path) if self.path else str(Path.cwd() / f"{self.spec.name}.toml")
 
@@ -893,14 +976,18 @@ class ComposeScreen(TunedeckScreen):
         for k in secrets:
             del spec.env[k]
         masked = mask_spec(spec)
-        if masked.swift.extra_args != spec.swift.extra_args or \
-                masked.script.args != spec.script.args:
+        if (
+            masked.swift.extra_args != spec.swift.extra_args
+            or masked.script.args != spec.script.args
+        ):
             secrets.append("credential flags in the args (saved as ****)")
         spec = masked
         head = "# tunedeck run spec (saved from the compose screen)\n"
         if secrets:
-            head += (f"# not saved, secrets: {', '.join(secrets)}; export them in the shell "
-                     "that launches\n")
+            head += (
+                f"# not saved, secrets: {', '.join(secrets)}; export them in the shell "
+                "that launches\n"
+            )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
@@ -912,7 +999,7 @@ class ComposeScreen(TunedeckScreen):
         note = f"; not saved (secrets): {', '.join(secrets)}" if secrets else ""
         try:
             load_spec(path)
-        except SpecError as e:   # saved as asked; say what `tunedeck launch` will refuse
+        except SpecError as e:  # saved as asked; say what `tunedeck launch` will refuse
             note += f"; it will not load until fixed: {'; '.join(e.problems)}"
         self.post_message(Saved(path, "", note))
 
@@ -924,14 +1011,18 @@ class ComposeScreen(TunedeckScreen):
         self.path = msg.path
         self.dirty = False
         self.query_one(TitleBar).update(TitleBar._text(self._title_text()))
-        self.notify(f"saved {msg.path}{msg.note}", severity="warning" if msg.note else
-                    "information", timeout=10)
+        self.notify(
+            f"saved {msg.path}{msg.note}",
+            severity="warning" if msg.note else "information",
+            timeout=10,
+        )
 
     # -- launch: through the preflight gate ------------------------------------------------------
     def action_launch(self) -> None:
         if self.field_errors:
-            self.notify("fix the fields first: " + "; ".join(self.field_errors.values()),
-                        severity="error")
+            self.notify(
+                "fix the fields first: " + "; ".join(self.field_errors.values()), severity="error"
+            )
             return
         from tunedeck.tui.screens.preflight import PreflightScreen
 
@@ -939,12 +1030,12 @@ class ComposeScreen(TunedeckScreen):
         gate.dismiss_on_launch = True
 
         def back(result) -> None:
-            if isinstance(result, str):    # launched: the monitor replaces this form
+            if isinstance(result, str):  # launched: the monitor replaces this form
                 from tunedeck.tui.screens.monitor import MonitorScreen
 
                 self.dirty = False
                 self.app.switch_screen(MonitorScreen(result))
-            elif result:                   # fixes applied at the gate
+            elif result:  # fixes applied at the gate
                 self.apply_values(result, "applied at preflight")
 
         self.app.push_screen(gate, back)
@@ -959,5 +1050,4 @@ class ComposeScreen(TunedeckScreen):
             if yes:
                 self.app.pop_screen()
 
-        self.app.push_screen(ConfirmScreen(f"Discard the changes to {self.spec.name}?"),
-                             answered)
+        self.app.push_screen(ConfirmScreen(f"Discard the changes to {self.spec.name}?"), answered)

@@ -42,8 +42,9 @@ class HelpScreen(ReadonlyAware, ModalScreen[None]):
         self.under = under
 
     def compose(self) -> ComposeResult:
-        text = "\n".join(f"  [b]{keys:<12}[/b] {desc}"
-                         for keys, desc in help_rows(self.under, self.app))
+        text = "\n".join(
+            f"  [b]{keys:<12}[/b] {desc}" for keys, desc in help_rows(self.under, self.app)
+        )
         doc = getattr(self.under, "HELP", "") or ""
         if getattr(self.app, "readonly", False):
             doc = (doc + "\n\nRead-only session: keys that change anything are hidden.").strip()

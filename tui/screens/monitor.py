@@ -32,8 +32,8 @@ from tunedeck.tui.widgets.panes import Pane, ScrollPane
 from tunedeck.tui.widgets.progress import ProgressView
 from tunedeck.tui.widgets.titlebar import TitleBar
 
-LOG_SLICE_BYTES = 128 << 20   # index a big log in slices, showing each as it is done
-WIDE = (120, 36)              # from this size on, the roomier layout
+LOG_SLICE_BYTES = 128 << 20  # index a big log in slices, showing each as it is done
+WIDE = (120, 36)  # from this size on, the roomier layout
 
 
 class SnapshotReady(Message):
@@ -56,23 +56,24 @@ class ActionDone(Message):
 
 
 class MonitorScreen(TunedeckScreen):
-    HELP = ("Live view of one run, read from its run directory; closing the TUI never "
-            "touches the run. Tab moves between panes, m maximises one (Esc restores). "
-            "Logs: a rank's stdout and stderr in the order they were seen to arrive (the "
-            "files have no time stamps: lines already there when the view opened show as "
-            "stdout, then stderr; a red mark is stderr); at the bottom the view follows, "
-            "scrolling up pauses, G or End resumes. A graceful stop lets the ranks finish "
-            "their step and checkpoint; after the grace period everything left is killed. "
-            "A stalled run: d shows every rank's Python stack; the rank not inside a "
-            "collective is the one the others wait for.")
+    HELP = (
+        "Live view of one run, read from its run directory; closing the TUI never "
+        "touches the run. Tab moves between panes, m maximises one (Esc restores). "
+        "Logs: a rank's stdout and stderr in the order they were seen to arrive (the "
+        "files have no time stamps: lines already there when the view opened show as "
+        "stdout, then stderr; a red mark is stderr); at the bottom the view follows, "
+        "scrolling up pauses, G or End resumes. A graceful stop lets the ranks finish "
+        "their step and checkpoint; after the grace period everything left is killed. "
+        "A stalled run: d shows every rank's Python stack; the rank not inside a "
+        "collective is the one the others wait for."
+    )
     MUTATING = frozenset({"stop", "kill"})
     ALLOW_IN_MAXIMIZED_VIEW = "TitleBar, Footer"
     BINDINGS = [
         Binding("escape", "back", "Runs"),
         Binding("m", "maximize_pane", "Max"),
         Binding("right_square_bracket", "rank(1)", "Rank", key_display="[ ]"),
-        Binding("left_square_bracket", "rank(-1)", "Previous rank", key_display="[",
-                show=False),
+        Binding("left_square_bracket", "rank(-1)", "Previous rank", key_display="[", show=False),
         Binding("slash", "search", "Find", key_display="/"),
         Binding("n", "next_hit(1)", "Next match", show=False),
         Binding("N", "next_hit(-1)", "Previous match", show=False),
@@ -110,7 +111,7 @@ class MonitorScreen(TunedeckScreen):
         self.snap: Snapshot | None = None
         self.ranks: list[int] = [0]
         self.log_rank = 0
-        self.show_s: list[float] = []        # UI-thread time of each refresh (bench)
+        self.show_s: list[float] = []  # UI-thread time of each refresh (bench)
         self._polling = threading.Lock()
         self._log_polling = threading.Lock()
         self._findings_seen = False
@@ -133,8 +134,9 @@ class MonitorScreen(TunedeckScreen):
                 yield NcclView(id="nccl-view")
             with Pane(id="log-pane", title="rank 0 log"):
                 yield LogView(id="log-view")
-                yield SearchInput(placeholder="search the log (Enter; Esc to cancel)",
-                                  id="log-search")
+                yield SearchInput(
+                    placeholder="search the log (Enter; Esc to cancel)", id="log-search"
+                )
                 yield Static("reading…", id="log-status", markup=False)
         yield Footer()
 
@@ -223,8 +225,7 @@ class MonitorScreen(TunedeckScreen):
             bar.update(title, layout=False)
         self.query_one(ProgressView).show(snap)
         self._show_loss(snap)
-        self.query_one(HardwareView).show(snap.telemetry, snap.history,
-                                          run.state.get("host"))
+        self.query_one(HardwareView).show(snap.telemetry, snap.history, run.state.get("host"))
         self._show_findings(snap)
         self.query_one(NcclView).show(snap.nccl)
         self.ranks = snap.ranks or [0]
@@ -240,26 +241,34 @@ class MonitorScreen(TunedeckScreen):
         new = box.show(snap.findings)
         pane = self.query_one("#findings-pane")
         errors = sum(1 for f in snap.findings if f.get("severity") == "error")
-        pane.border_title = (f"findings ({len(snap.findings)}, {errors} error"
-                             f"{'s' if errors != 1 else ''})" if snap.findings else "findings")
+        pane.border_title = (
+            f"findings ({len(snap.findings)}, {errors} error{'s' if errors != 1 else ''})"
+            if snap.findings
+            else "findings"
+        )
         if self._findings_seen:
-            for f in new:   # as they appear: a toast besides the list
+            for f in new:  # as they appear: a toast besides the list
                 sev = f.get("severity")
-                self.notify(f"{f.get('category')}: {f.get('summary')}",
-                            title="new finding", severity="error" if sev == "error" else
-                            "warning" if sev == "warning" else "information")
+                self.notify(
+                    f"{f.get('category')}: {f.get('summary')}",
+                    title="new finding",
+                    severity="error"
+                    if sev == "error"
+                    else "warning"
+                    if sev == "warning"
+                    else "information",
+                )
         self._findings_seen = True
 
     @on(LogUpdated)
     def show_log(self, msg: LogUpdated) -> None:
         if msg.state.rank != self.log_rank:
-            return    # a poll of the rank shown before a switch
+            return  # a poll of the rank shown before a switch
         self.query_one(LogView).set_state(msg.state, msg.source)
 
     @on(LogView.StatusChanged)
     def show_log_status(self, msg: LogView.StatusChanged) -> None:
-        self.query_one("#log-status", Static).update(self.query_one(LogView).status(),
-                                                     layout=False)
+        self.query_one("#log-status", Static).update(self.query_one(LogView).status(), layout=False)
 
     @property
     def loss_shown(self) -> float | None:
@@ -347,9 +356,12 @@ class MonitorScreen(TunedeckScreen):
         if run is None or not run.needs_stop:
             self.notify("this run is not running", severity="warning")
             return
-        q = (f"Kill every process of {run.run_id} now (SIGKILL, no checkpoint)?" if hard else
-             f"Stop {run.run_id}?\nRanks finish their step and write a checkpoint; anything "
-             f"still alive after the grace period is killed.")
+        q = (
+            f"Kill every process of {run.run_id} now (SIGKILL, no checkpoint)?"
+            if hard
+            else f"Stop {run.run_id}?\nRanks finish their step and write a checkpoint; anything "
+            f"still alive after the grace period is killed."
+        )
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -366,8 +378,7 @@ class MonitorScreen(TunedeckScreen):
         except Exception as e:  # shown to the user, never raised into the UI
             self.post_message(ActionDone(f"stop failed: {e}", "error"))
             return
-        self.post_message(ActionDone("hard stop requested" if hard else
-                                     "graceful stop requested"))
+        self.post_message(ActionDone("hard stop requested" if hard else "graceful stop requested"))
 
     def action_stacks(self) -> None:
         run = self.snap.run if self.snap else None
@@ -396,4 +407,3 @@ class MonitorScreen(TunedeckScreen):
     @on(ActionDone)
     def action_done(self, msg: ActionDone) -> None:
         self.notify(msg.text, severity=msg.severity)
-

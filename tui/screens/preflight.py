@@ -14,7 +14,8 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich.text import Text
 from textual import on, work
@@ -77,10 +78,12 @@ class Launched(Message):
 
 
 class PreflightScreen(TunedeckScreen):
-    HELP = ("Every check that would make the run fail in its first minutes; failures first. "
-            "The highlighted check's detail and fix are below the list. f applies a fix "
-            "that is a value to the spec being launched. A failure blocks the launch; O "
-            "overrides it, and the run records what was overridden and when.")
+    HELP = (
+        "Every check that would make the run fail in its first minutes; failures first. "
+        "The highlighted check's detail and fix are below the list. f applies a fix "
+        "that is a value to the spec being launched. A failure blocks the launch; O "
+        "overrides it, and the run records what was overridden and when."
+    )
     MUTATING = frozenset({"launch", "override"})
     BINDINGS = [
         Binding("l", "launch", "Launch"),
@@ -111,9 +114,9 @@ class PreflightScreen(TunedeckScreen):
         self.generation = 0
         self.finished = False
         self.error = ""
-        self.overridden: set[str] = set()       # failed check ids launched over, by O
+        self.overridden: set[str] = set()  # failed check ids launched over, by O
         self.overridden_at: float | None = None
-        self.applied: dict[str, Any] = {}       # fix values applied here, by f
+        self.applied: dict[str, Any] = {}  # fix values applied here, by f
         self.launching = False
         self.run_id: str | None = None
         # the compose screen sets this: hand the run id (or the applied fixes, on Esc) back
@@ -136,7 +139,7 @@ class PreflightScreen(TunedeckScreen):
         t.add_column("status", key="status", width=6)
         t.add_column("fix", key="fix", width=3)
         t.add_column("check", key="title", width=58)
-        t.add_column("detail", key="detail", width=100)   # wide terminals: the first line
+        t.add_column("detail", key="detail", width=100)  # wide terminals: the first line
         self.action_rerun()
 
     # -- state ----------------------------------------------------------------------------
@@ -148,8 +151,13 @@ class PreflightScreen(TunedeckScreen):
         return [r for r in self.failed() if r.id not in self.overridden]
 
     def can_launch(self) -> bool:
-        return (self.gate and self.finished and not self.error and not self.launching
-                and not self.blocking())
+        return (
+            self.gate
+            and self.finished
+            and not self.error
+            and not self.launching
+            and not self.blocking()
+        )
 
     def current(self):
         t = self.query_one("#checks", DataTable)
@@ -170,10 +178,9 @@ class PreflightScreen(TunedeckScreen):
         if action == "apply_fix":
             try:
                 r = self.current()
-            except NoMatches:   # asked before the table exists
+            except NoMatches:  # asked before the table exists
                 r = None
-            return True if r is not None and r.fix_set and r.status in ("fail", "warn") \
-                else None
+            return True if r is not None and r.fix_set and r.status in ("fail", "warn") else None
         return True
 
     def _changed(self) -> None:
@@ -227,10 +234,13 @@ class PreflightScreen(TunedeckScreen):
         t.clear()
         rows = ordered(list(self.results.values()))
         for r in rows:
-            t.add_row(Text(r.status, style=STATUS_STYLE[r.status]),
-                      Text("f" if r.fix_set and r.status in ("fail", "warn") else "",
-                           style="bold"), Text(r.title),
-                      Text((r.detail.splitlines() or [""])[0][:100], style="dim"), key=r.id)
+            t.add_row(
+                Text(r.status, style=STATUS_STYLE[r.status]),
+                Text("f" if r.fix_set and r.status in ("fail", "warn") else "", style="bold"),
+                Text(r.title),
+                Text((r.detail.splitlines() or [""])[0][:100], style="dim"),
+                key=r.id,
+            )
         ids = [r.id for r in rows]
         if keep is not None and keep.id in ids:
             t.move_cursor(row=ids.index(keep.id))
@@ -293,14 +303,28 @@ class PreflightScreen(TunedeckScreen):
         elif self.error:
             status.update(Text("the checks could not run: nothing can launch", style="bold red"))
         elif not self.gate:
-            status.update(Text(f"{n_fail} failed" if n_fail else "no check failed",
-                               style="bold red" if n_fail else "green"))
+            status.update(
+                Text(
+                    f"{n_fail} failed" if n_fail else "no check failed",
+                    style="bold red" if n_fail else "green",
+                )
+            )
         elif self.blocking():
-            status.update(Text(f"blocked: {len(self.blocking())} failed · f applies a value "
-                               "fix · O overrides (recorded in the run)", style="bold red"))
+            status.update(
+                Text(
+                    f"blocked: {len(self.blocking())} failed · f applies a value "
+                    "fix · O overrides (recorded in the run)",
+                    style="bold red",
+                )
+            )
         elif n_fail:
-            status.update(Text(f"override armed for {n_fail} failure(s): l launches anyway "
-                               "(recorded in the run)", style="bold yellow"))
+            status.update(
+                Text(
+                    f"override armed for {n_fail} failure(s): l launches anyway "
+                    "(recorded in the run)",
+                    style="bold yellow",
+                )
+            )
         else:
             status.update(Text(f"ready: l launches {self.spec.name}", style="bold green"))
 
@@ -315,8 +339,11 @@ class PreflightScreen(TunedeckScreen):
             self.notify(f"cannot apply the fix: {'; '.join(e.problems)}", severity="error")
             return
         self.applied.update(r.fix_set)
-        self.notify("applied " + ", ".join(f"{k} = {fmt_value(v)}" for k, v in r.fix_set.items())
-                    + "; checking again")
+        self.notify(
+            "applied "
+            + ", ".join(f"{k} = {fmt_value(v)}" for k, v in r.fix_set.items())
+            + "; checking again"
+        )
         self.action_rerun()
 
     def action_override(self) -> None:
@@ -332,8 +359,13 @@ class PreflightScreen(TunedeckScreen):
         from tunedeck.core.preflight import gate_record
 
         results = list(self.results.values())
-        record = gate_record(results, by="tui", overridden=bool(self.overridden),
-                             overridden_at=self.overridden_at, applied=self.applied)
+        record = gate_record(
+            results,
+            by="tui",
+            overridden=bool(self.overridden),
+            overridden_at=self.overridden_at,
+            applied=self.applied,
+        )
         self.launching = True
         self._changed()
         self._launch(copy.deepcopy(self.spec), record)

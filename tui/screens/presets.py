@@ -27,8 +27,10 @@ class PresetsLoaded(Message):
 
 def describe(spec: RunSpec) -> str:
     c = spec.cluster
-    return (f"{spec.backend} · {spec.method.type} · {spec.parallel.strategy} · "
-            f"{c.nnodes}x{c.nproc_per_node or 'auto'}")
+    return (
+        f"{spec.backend} · {spec.method.type} · {spec.parallel.strategy} · "
+        f"{c.nnodes}x{c.nproc_per_node or 'auto'}"
+    )
 
 
 def header_comment(text: str) -> str:
@@ -126,10 +128,3 @@ class PresetPicker(TunedeckModal):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
-
-
-def PresetsScreen():  # noqa: N802 - the old screen's name, for callers not yet moved
-    """Retired: a new run is composed (ComposeScreen, opening with this list)."""
-    from tunedeck.tui.screens.compose import ComposeScreen
-
-    return ComposeScreen()

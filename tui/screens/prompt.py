@@ -23,7 +23,7 @@ class CommandInput(Input):
     """An Input that keeps every line of a paste (Textual's keeps only the first)."""
 
     def _on_paste(self, event: events.Paste) -> None:
-        event.prevent_default()     # Input's own handler would insert the first line again
+        event.prevent_default()  # Input's own handler would insert the first line again
         event.stop()
         if event.text:
             self.insert_text_at_cursor(join_pasted_lines(event.text))
@@ -38,8 +38,9 @@ class PromptScreen(ReadonlyAware, ModalScreen[str | None]):
     """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, question: str, placeholder: str = "", value: str = "",
-                 multiline_paste: bool = False):
+    def __init__(
+        self, question: str, placeholder: str = "", value: str = "", multiline_paste: bool = False
+    ):
         super().__init__()
         self.question = question
         self.placeholder = placeholder

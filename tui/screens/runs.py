@@ -17,7 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich.text import Text
 from textual import on, work
@@ -39,8 +40,15 @@ from tunedeck.tui.widgets.titlebar import TitleBar
 # (key, header); the header keeps a slot for the sort arrow so its width never changes. Marks
 # get a column of their own, not row labels: DataTable measures labels only if no frame was
 # drawn between add_row and its next idle, which a message handler cannot promise.
-COLUMNS = [("mark", ""), ("run", "RUN"), ("name", "NAME"), ("status", "STATUS"),
-           ("step", "STEP"), ("loss", "LOSS"), ("age", "AGE")]
+COLUMNS = [
+    ("mark", ""),
+    ("run", "RUN"),
+    ("name", "NAME"),
+    ("status", "STATUS"),
+    ("step", "STEP"),
+    ("loss", "LOSS"),
+    ("age", "AGE"),
+]
 MARK = "●"
 UP, DOWN = "▲", "▼"
 
@@ -58,28 +66,36 @@ SORT_CYCLE = ["age", "run", "name", "status", "step", "loss"]
 
 def _compose() -> type[Screen]:
     from tunedeck.tui.screens.compose import ComposeScreen
+
     return ComposeScreen
 
 
 def _preflight() -> type[Screen]:
     from tunedeck.tui.screens.preflight import PreflightScreen
+
     return PreflightScreen
 
 
 def _compare() -> type[Screen]:
     from tunedeck.tui.screens.compare import CompareScreen
+
     return CompareScreen
 
 
 def _monitor() -> type[Screen]:
     from tunedeck.tui.screens.monitor import MonitorScreen
+
     return MonitorScreen
 
 
 # Screens this one opens, imported when first needed (the app starts faster, and some are
 # written in parallel). Tests swap entries to see what would be pushed with which arguments.
 SCREENS: dict[str, Callable[[], type[Screen]]] = {
-    "compose": _compose, "preflight": _preflight, "compare": _compare, "monitor": _monitor}
+    "compose": _compose,
+    "preflight": _preflight,
+    "compare": _compare,
+    "monitor": _monitor,
+}
 
 
 def filter_runs(runs: list[RunInfo], query: str) -> list[RunInfo]:
@@ -87,8 +103,7 @@ def filter_runs(runs: list[RunInfo], query: str) -> list[RunInfo]:
     terms = query.lower().split()
     if not terms:
         return runs
-    return [r for r in runs
-            if all(t in f"{r.run_id}\n{r.name}\n{r.status}".lower() for t in terms)]
+    return [r for r in runs if all(t in f"{r.run_id}\n{r.name}\n{r.status}".lower() for t in terms)]
 
 
 def sort_runs(runs: list[RunInfo], column: str, descending: bool) -> list[RunInfo]:
@@ -139,11 +154,13 @@ class Deleted(Message):
 
 
 class RunsScreen(TunedeckScreen):
-    HELP = ("The runs under the registry root ($TUNEDECK_HOME/runs). Runs keep going when "
-            "the TUI closes; open one to watch it live. Filter with /: every word must "
-            "appear in the run's id, name or status. Deleting asks first, keeps the output "
-            "folder (checkpoints) unless you confirm that folder by name, and never touches "
-            "a run that is alive.")
+    HELP = (
+        "The runs under the registry root ($TUNEDECK_HOME/runs). Runs keep going when "
+        "the TUI closes; open one to watch it live. Filter with /: every word must "
+        "appear in the run's id, name or status. Deleting asks first, keeps the output "
+        "folder (checkpoints) unless you confirm that folder by name, and never touches "
+        "a run that is alive."
+    )
     BINDINGS = [
         Binding("enter", "open", "Monitor"),
         Binding("slash", "filter", "Filter", key_display="/"),
@@ -164,9 +181,8 @@ class RunsScreen(TunedeckScreen):
         Binding("g", "top", "Top", show=False),
         Binding("G", "bottom", "Bottom", show=False),
     ]
-    AUTO_FOCUS = "#runs-table"     # not the filter box, hidden until /
-    MUTATING = frozenset({"new_run", "clone", "open_spec", "import_command", "resume",
-                          "delete"})
+    AUTO_FOCUS = "#runs-table"  # not the filter box, hidden until /
+    MUTATING = frozenset({"new_run", "clone", "open_spec", "import_command", "resume", "delete"})
     # keys that act on the run under the cursor: hidden while it is another user's (foreign:
     # shown read-only, never cloned, resumed or deleted from here)
     RUN_ACTIONS = frozenset({"clone", "resume", "delete"})
@@ -180,24 +196,24 @@ class RunsScreen(TunedeckScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._wake = threading.Event()      # set: scan now (r, a delete, leaving)
+        self._wake = threading.Event()  # set: scan now (r, a delete, leaving)
         self._stop = threading.Event()
         self.registry: Registry | None = None
-        self.runs: list[RunInfo] = []          # every run, newest first (the registry's order)
+        self.runs: list[RunInfo] = []  # every run, newest first (the registry's order)
         self.generation = -1
         self.filter_text = ""
         self.sort_column = "age"
         self.sort_descending = False
         self.marked: set[str] = set()
-        self.notices: list[tuple[str, str]] = []   # what the user was told (tests read it)
+        self.notices: list[tuple[str, str]] = []  # what the user was told (tests read it)
         self._view: list[RunInfo] = []
         self._view_key: tuple = ()
-        self._shown: dict[str, tuple] = {}     # run id -> the cells on screen
-        self._order: list[str] = []            # run ids in table order
+        self._shown: dict[str, tuple] = {}  # run id -> the cells on screen
+        self._order: list[str] = []  # run ids in table order
         self._static: dict[str, tuple[RunInfo, tuple]] = {}
         self._painted_widths: tuple[int, ...] = ()
-        self._ages_valid_until = 0.0          # clock time when an AGE on screen next changes
-        self._full_scan = False                # next scan stats every run (r, after a delete)
+        self._ages_valid_until = 0.0  # clock time when an AGE on screen next changes
+        self._full_scan = False  # next scan stats every run (r, after a delete)
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -205,15 +221,18 @@ class RunsScreen(TunedeckScreen):
         yield TitleBar("runs · read-only" if ro else "runs")
         with Vertical():
             yield Static("", id="runs-header")
-            yield Input(placeholder="filter: words in id, name or status (esc clears)",
-                        id="runs-filter")
-            table: DataTable = DataTable(id="runs-table", cursor_type="row",
-                                         zebra_stripes=True)
+            yield Input(
+                placeholder="filter: words in id, name or status (esc clears)", id="runs-filter"
+            )
+            table: DataTable = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
             for key, label in COLUMNS:
                 table.add_column(self._label(key, label), key=key)
             yield table
-            yield Static("No runs yet. Press n to compose one (from a preset or blank), or "
-                         "run `tunedeck launch presets/demo.toml`.", id="runs-empty")
+            yield Static(
+                "No runs yet. Press n to compose one (from a preset or blank), or "
+                "run `tunedeck launch presets/demo.toml`.",
+                id="runs-empty",
+            )
         yield Footer(compact=True)
 
     def _label(self, key: str, label: str) -> Text:
@@ -274,7 +293,7 @@ class RunsScreen(TunedeckScreen):
             self.marked &= ids
             self._static = {k: v for k, v in self._static.items() if k in ids}
         self.redraw()
-        self.refresh_bindings()     # the run under the cursor may have become foreign
+        self.refresh_bindings()  # the run under the cursor may have become foreign
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if super().check_action(action, parameters) is False:
@@ -282,7 +301,7 @@ class RunsScreen(TunedeckScreen):
         if action in self.RUN_ACTIONS:
             try:
                 run = self.selected_run()
-            except Exception:   # before the table exists
+            except Exception:  # before the table exists
                 return True
             if run is not None and run.foreign:
                 return False
@@ -296,8 +315,9 @@ class RunsScreen(TunedeckScreen):
         """The runs on screen, in screen order (filtered and sorted)."""
         key = (self.generation, self.filter_text, self.sort_column, self.sort_descending)
         if key != self._view_key:
-            self._view = sort_runs(filter_runs(self.runs, self.filter_text),
-                                   self.sort_column, self.sort_descending)
+            self._view = sort_runs(
+                filter_runs(self.runs, self.filter_text), self.sort_column, self.sort_descending
+            )
             self._view_key = key
         return self._view
 
@@ -306,13 +326,15 @@ class RunsScreen(TunedeckScreen):
         if cached is None or cached[0] is not r:
             style = RUN_STATUS_STYLE.get(r.status, "")
             # a damaged run has no name to show: what is wrong with it goes there
-            name = Text(clean(r.message.removeprefix("damaged: ")), style="red") if r.damaged \
+            name = (
+                Text(clean(r.message.removeprefix("damaged: ")), style="red")
+                if r.damaged
                 else Text(clean(r.name))
+            )
             status = Text(clean(r.status), style=style)
-            if r.stale_s is not None:   # its agent has gone quiet: the numbers are old
+            if r.stale_s is not None:  # its agent has gone quiet: the numbers are old
                 status = Text(f"{clean(r.status)} stale {fmt_age(r.stale_s)}", style="yellow")
-            fixed = (clean(r.run_id), name, status,
-                     f"{r.step}/{r.max_steps}", fmt_loss(r.loss))
+            fixed = (clean(r.run_id), name, status, f"{r.step}/{r.max_steps}", fmt_loss(r.loss))
             self._static[r.run_id] = cached = (r, fixed)
         mark = MARK if r.run_id in self.marked else " "
         return (mark, *cached[1], fmt_age(now - r.created))
@@ -333,7 +355,8 @@ class RunsScreen(TunedeckScreen):
         cursor = table.cursor_row
         want = {r.run_id: self._cells(r, now) for r in runs}
         self._ages_valid_until = now + min(
-            (self._age_stable_for(now - r.created) for r in runs), default=3600.0)
+            (self._age_stable_for(now - r.created) for r in runs), default=3600.0
+        )
         gone = [k for k in self._shown if k not in want]
         for k in gone:
             table.remove_row(k)
@@ -358,7 +381,7 @@ class RunsScreen(TunedeckScreen):
             rank = {k: i for i, k in enumerate(ids)}
             table.sort("run", key=rank.__getitem__)
         self._order = ids
-        if gone or moved:   # rows shifted under the cursor: keep it on the same run
+        if gone or moved:  # rows shifted under the cursor: keep it on the same run
             if selected in want:
                 table.move_cursor(row=ids.index(selected), animate=False)
             elif ids:
@@ -366,7 +389,7 @@ class RunsScreen(TunedeckScreen):
         self.query_one("#runs-empty").display = not self.runs
         table.display = bool(self.runs)
         self._update_header(len(runs))
-        if added or gone:   # the table measures new cells when idle: look a few times
+        if added or gone:  # the table measures new cells when idle: look a few times
             for delay in (0.05, 0.3, 1.0, 3.0):
                 self.set_timer(delay, self._repaint_if_widths_changed)
         self._repaint_if_widths_changed()
@@ -379,14 +402,16 @@ class RunsScreen(TunedeckScreen):
         widths = tuple(c.get_render_width(table) for c in table.columns.values())
         if widths != self._painted_widths:
             self._painted_widths = widths
-            if table.row_count:     # a same-value update is the public way to drop the cache
+            if table.row_count:  # a same-value update is the public way to drop the cache
                 table.update_cell_at((0, 0), table.get_cell_at((0, 0)))
 
     def _update_header(self, shown: int) -> None:
         arrow = DOWN if self.sort_descending else UP
         label = dict(COLUMNS)[self.sort_column]
-        parts = [f"{shown} of {len(self.runs)} runs" if self.filter_text
-                 else f"{len(self.runs)} runs", f"sort {label} {arrow}"]
+        parts = [
+            f"{shown} of {len(self.runs)} runs" if self.filter_text else f"{len(self.runs)} runs",
+            f"sort {label} {arrow}",
+        ]
         if self.filter_text:
             parts.append(f"filter “{self.filter_text}”")
         if self.marked:
@@ -397,7 +422,7 @@ class RunsScreen(TunedeckScreen):
         table = self.query_one("#runs-table", DataTable)
         for key, label in COLUMNS:
             table.columns[key].label = self._label(key, label)  # type: ignore[index]
-        self._order = []        # force the sort below, which also redraws the header
+        self._order = []  # force the sort below, which also redraws the header
         self.redraw()
 
     # -- selection ----------------------------------------------------------------------
@@ -414,8 +439,12 @@ class RunsScreen(TunedeckScreen):
 
     def say(self, text: str, severity: str = "information") -> None:
         self.notices.append((text, severity))
-        self.notify(text, severity=severity, markup=False,  # type: ignore[arg-type]
-                    timeout=8 if severity != "information" else 4)
+        self.notify(
+            text,
+            severity=severity,
+            markup=False,  # type: ignore[arg-type]
+            timeout=8 if severity != "information" else 4,
+        )
 
     @on(Notice)
     def _notice(self, msg: Notice) -> None:
@@ -435,7 +464,7 @@ class RunsScreen(TunedeckScreen):
             return
         try:
             screen = cls(*args, **kwargs)
-        except TypeError as e:     # a screen written in parallel that takes other arguments
+        except TypeError as e:  # a screen written in parallel that takes other arguments
             self.say(f"cannot open the {which} screen: {e}", "error")
             return
         self.app.push_screen(screen)
@@ -490,7 +519,7 @@ class RunsScreen(TunedeckScreen):
     def action_clear(self) -> None:
         box = self.query_one("#runs-filter", Input)
         if self.filter_text or box.has_class("-shown"):
-            box.value = ""      # Input.Changed redraws
+            box.value = ""  # Input.Changed redraws
             self.filter_text = ""
             box.remove_class("-shown")
             self.query_one("#runs-table", DataTable).focus()
@@ -509,8 +538,7 @@ class RunsScreen(TunedeckScreen):
     def action_compare(self) -> None:
         ids = [r.run_id for r in self.runs if r.run_id in self.marked]
         if len(ids) < 2:
-            self.say("mark two or more runs with space, then press C to compare them",
-                     "warning")
+            self.say("mark two or more runs with space, then press C to compare them", "warning")
             return
         self.push_lazy("compare", ids)
 
@@ -559,8 +587,7 @@ class RunsScreen(TunedeckScreen):
 
         made = self._made(clone_spec, run, "cannot clone: ")
         if made is not None:
-            self.post_message(OpenScreen("compose", spec=made.spec,
-                                         title=f"clone of {run.run_id}"))
+            self.post_message(OpenScreen("compose", spec=made.spec, title=f"clone of {run.run_id}"))
 
     def action_resume(self) -> None:
         run = self.selected_run()
@@ -573,8 +600,9 @@ class RunsScreen(TunedeckScreen):
 
         made = self._made(resume_spec, run, "cannot resume: ")
         if made is not None:
-            self.post_message(Notice(f"resuming {clean(run.run_id)} from "
-                                     f"{clean(made.checkpoint.path.name)}"))
+            self.post_message(
+                Notice(f"resuming {clean(run.run_id)} from {clean(made.checkpoint.path.name)}")
+            )
             self.post_message(OpenScreen("preflight", made.spec, gate=True))
 
     def action_open_spec(self) -> None:
@@ -582,8 +610,9 @@ class RunsScreen(TunedeckScreen):
             if path:
                 self._open_spec(path)
 
-        self.app.push_screen(PromptScreen("Open a spec file (TOML):",
-                                          placeholder="path/to/spec.toml"), answered)
+        self.app.push_screen(
+            PromptScreen("Open a spec file (TOML):", placeholder="path/to/spec.toml"), answered
+        )
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _open_spec(self, text: str) -> None:
@@ -598,10 +627,14 @@ class RunsScreen(TunedeckScreen):
             if command:
                 self._import(command)
 
-        self.app.push_screen(PromptScreen(
-            "Paste an ms-swift or torchrun launch command (it is read, never run):",
-            placeholder="NPROC_PER_NODE=2 swift sft --model ... --dataset ...",
-            multiline_paste=True), answered)
+        self.app.push_screen(
+            PromptScreen(
+                "Paste an ms-swift or torchrun launch command (it is read, never run):",
+                placeholder="NPROC_PER_NODE=2 swift sft --model ... --dataset ...",
+                multiline_paste=True,
+            ),
+            answered,
+        )
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _import(self, command: str) -> None:
@@ -616,7 +649,7 @@ class RunsScreen(TunedeckScreen):
             return
         for w in imported.warnings:
             self.post_message(Notice(f"import: {w}", "warning"))
-        for n in imported.notes:     # how the command was read, where it differs from a guess
+        for n in imported.notes:  # how the command was read, where it differs from a guess
             self.post_message(Notice(f"import: {n}", "information"))
         self.post_message(OpenScreen("compose", spec=spec, title="imported command"))
 
@@ -625,8 +658,9 @@ class RunsScreen(TunedeckScreen):
         if run is None:
             return
         if run.active:
-            self.say(f"{clean(run.run_id)} is {clean(run.status)}: stop it before deleting it",
-                     "warning")
+            self.say(
+                f"{clean(run.run_id)} is {clean(run.status)}: stop it before deleting it", "warning"
+            )
             return
         self._plan_delete(run)
 
@@ -644,27 +678,37 @@ class RunsScreen(TunedeckScreen):
     @on(DeleteAsk)
     def ask_delete(self, msg: DeleteAsk) -> None:
         run, plan = msg.run, msg.plan
-        q = (f"Delete run {clean(run.run_id)} ({clean(run.name)}, {clean(run.status)})?\n\n"
-             f"This removes its records: spec, plan, state, logs, events and metrics "
-             f"({len(plan.records)} entries).")
+        q = (
+            f"Delete run {clean(run.run_id)} ({clean(run.name)}, {clean(run.status)})?\n\n"
+            f"This removes its records: spec, plan, state, logs, events and metrics "
+            f"({len(plan.records)} entries)."
+        )
         if plan.output_dir is not None:
             if plan.outputs_deletable:
-                q += (f"\n\nIts output folder (checkpoints) is kept unless you confirm it "
-                      f"next:\n{plan.output_dir}")
+                q += (
+                    f"\n\nIts output folder (checkpoints) is kept unless you confirm it "
+                    f"next:\n{plan.output_dir}"
+                )
             else:
-                q += (f"\n\nIts output folder stays ({plan.outputs_kept_because}):\n"
-                      f"{plan.output_dir}")
+                q += (
+                    f"\n\nIts output folder stays ({plan.outputs_kept_because}):\n{plan.output_dir}"
+                )
 
         def first(yes: bool | None) -> None:
             if not yes:
                 self.say("nothing deleted")
             elif plan.outputs_deletable:
-                self.app.push_screen(ConfirmScreen(
-                    f"Also delete the output folder\n\n{plan.output_dir}\n\nwith "
-                    f"{plan.checkpoints} complete checkpoint(s) and everything else in it? "
-                    f"This cannot be undone.\n\nD deletes the folder; n keeps it (the "
-                    f"records go either way).", yes_key="D", yes_label="Delete folder"),
-                    second)
+                self.app.push_screen(
+                    ConfirmScreen(
+                        f"Also delete the output folder\n\n{plan.output_dir}\n\nwith "
+                        f"{plan.checkpoints} complete checkpoint(s) and everything else in it? "
+                        f"This cannot be undone.\n\nD deletes the folder; n keeps it (the "
+                        f"records go either way).",
+                        yes_key="D",
+                        yes_label="Delete folder",
+                    ),
+                    second,
+                )
             else:
                 self._delete(run, None)
 
@@ -678,8 +722,9 @@ class RunsScreen(TunedeckScreen):
         from tunedeck.core.runs.manage import ManageError, delete_run
 
         try:
-            result = delete_run(run, outputs=outputs,
-                                root=self.registry.root if self.registry else None)
+            result = delete_run(
+                run, outputs=outputs, root=self.registry.root if self.registry else None
+            )
         except (ManageError, OSError) as e:
             self.post_message(Notice(f"not deleted: {e}", "error"))
             return
@@ -689,7 +734,9 @@ class RunsScreen(TunedeckScreen):
     def deleted(self, msg: Deleted) -> None:
         self.marked.discard(msg.run_id)
         kept = msg.result.kept
-        self.say(f"deleted {clean(msg.run_id)}'s records"
-                 + (f" and its output folder {msg.outputs}" if msg.outputs else "")
-                 + (f"; its outputs stay in {kept}" if kept else ""))
-        self.action_reload()    # a kept output folder keeps the run's folder: look now
+        self.say(
+            f"deleted {clean(msg.run_id)}'s records"
+            + (f" and its output folder {msg.outputs}" if msg.outputs else "")
+            + (f"; its outputs stay in {kept}" if kept else "")
+        )
+        self.action_reload()  # a kept output folder keeps the run's folder: look now

@@ -31,14 +31,18 @@ class StacksScreen(ModalScreen[None]):
         parts = []
         for d in self.dumps:
             label = where(d, odd)
-            parts.append(f"[b]rank {d.rank}[/b] (pid {d.pid}, {d.method})"
-                         + (f": [{style[label]}]{label}[/]" if label else "")
-                         + f"\n{escape(d.text)}")
+            parts.append(
+                f"[b]rank {d.rank}[/b] (pid {d.pid}, {d.method})"
+                + (f": [{style[label]}]{label}[/]" if label else "")
+                + f"\n{escape(d.text)}"
+            )
         waiting = [d.rank for d in self.dumps if where(d, odd) == WAITING]
         if odd:
-            summary = (f"[bold red]rank {', '.join(str(d.rank) for d in odd)}[/]: not in a "
-                       f"collective while rank {', '.join(map(str, waiting))} wait(s) in one: "
-                       f"the others wait for it")
+            summary = (
+                f"[bold red]rank {', '.join(str(d.rank) for d in odd)}[/]: not in a "
+                f"collective while rank {', '.join(map(str, waiting))} wait(s) in one: "
+                f"the others wait for it"
+            )
         elif waiting and len(waiting) == len(self.dumps):
             summary = "[yellow]every rank waits in a collective[/] (a peer on another node?)"
         else:

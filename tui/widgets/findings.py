@@ -27,20 +27,31 @@ def finding_prompt(f: dict[str, Any]) -> Text:
     tag = "" if f.get("root_cause", True) else " [dim](consequence)[/dim]"
     return Text.from_markup(
         f"[{style}]● {escape(str(f.get('category')))}{where}[/]{tag}: "
-        f"{escape(f.get('summary', ''))}\n  [dim]fix:[/dim] {escape(f.get('fix', ''))}")
+        f"{escape(f.get('summary', ''))}\n  [dim]fix:[/dim] {escape(f.get('fix', ''))}"
+    )
 
 
 def finding_detail(f: dict[str, Any]) -> str:
     style = SEVERITY_STYLE.get(f.get("severity"), "")
-    where = ", ".join(x for x in (f"node {f['node']}" if f.get("node") is not None else "",
-                                  f"rank {f['rank']}" if f.get("rank") is not None else "")
-                      if x)
+    where = ", ".join(
+        x
+        for x in (
+            f"node {f['node']}" if f.get("node") is not None else "",
+            f"rank {f['rank']}" if f.get("rank") is not None else "",
+        )
+        if x
+    )
     role = "root cause" if f.get("root_cause", True) else "consequence of an earlier failure"
-    lines = [f"[{style}]{escape(str(f.get('category')))}[/] · {f.get('severity')} · {role}"
-             + (f" · {where}" if where else ""),
-             "", f"[b]{escape(f.get('summary', ''))}[/b]", "",
-             f"[b]cause[/b]  {escape(f.get('cause', ''))}", "",
-             f"[b]fix[/b]    {escape(f.get('fix', ''))}"]
+    lines = [
+        f"[{style}]{escape(str(f.get('category')))}[/] · {f.get('severity')} · {role}"
+        + (f" · {where}" if where else ""),
+        "",
+        f"[b]{escape(f.get('summary', ''))}[/b]",
+        "",
+        f"[b]cause[/b]  {escape(f.get('cause', ''))}",
+        "",
+        f"[b]fix[/b]    {escape(f.get('fix', ''))}",
+    ]
     evidence = f.get("evidence") or []
     if evidence:
         lines += ["", "[b]evidence[/b]"] + [f"  [dim]│[/dim] {escape(str(e))}" for e in evidence]
@@ -73,9 +84,15 @@ class FindingsList(OptionList):
             self.add_options([Option(finding_prompt(f)) for f in findings])
             self.highlighted = min(keep or 0, len(findings) - 1)
         else:
-            self.add_option(Option(Text.from_markup(
-                "[dim]nothing found so far: no failure, starvation, straggler or stall"
-                "[/dim]"), disabled=True))
+            self.add_option(
+                Option(
+                    Text.from_markup(
+                        "[dim]nothing found so far: no failure, starvation, straggler or stall"
+                        "[/dim]"
+                    ),
+                    disabled=True,
+                )
+            )
         return new
 
     @property

@@ -15,9 +15,20 @@ from textual.widget import Widget
 from tunedeck.tui.widgets.panes import colour_bar, fmt_mib, strip
 
 # Board power when NVML gives no limit (it is not sampled): the bar's full scale.
-POWER_W = (("H200", 700), ("H100", 700), ("H20", 500), ("B200", 1000), ("GB200", 1200),
-           ("A100", 400), ("A800", 400), ("L40", 350), ("A6000", 300), ("L4", 72),
-           ("4090", 450), ("3090", 350))
+POWER_W = (
+    ("H200", 700),
+    ("H100", 700),
+    ("H20", 500),
+    ("B200", 1000),
+    ("GB200", 1200),
+    ("A100", 400),
+    ("A800", 400),
+    ("L40", 350),
+    ("A6000", 300),
+    ("L4", 72),
+    ("4090", 450),
+    ("3090", 350),
+)
 TEMP_MAX_C = 100.0
 
 
@@ -32,21 +43,21 @@ def _series(history: dict | None, kind: str, k: int, metric: str) -> list:
     try:
         return history[kind]["series"][k][metric]
     except (KeyError, TypeError):
-        try:   # JSON keys come back as strings from some callers
+        try:  # JSON keys come back as strings from some callers
             return history[kind]["series"][str(k)][metric]
         except (KeyError, TypeError):
             return []
 
 
-COMPACT = 70   # below this width: numbers without bars, a strip under each line
+COMPACT = 70  # below this width: numbers without bars, a strip under each line
 
 
-def hardware_text(tel: dict[str, Any], history: dict | None, host: str | None,
-                  width: int) -> Text:
+def hardware_text(tel: dict[str, Any], history: dict | None, host: str | None, width: int) -> Text:
     width = max(width, 24)
     if not tel:
-        return Text.from_markup("[dim]no telemetry yet (the agent samples once the ranks "
-                                "run)[/dim]")
+        return Text.from_markup(
+            "[dim]no telemetry yet (the agent samples once the ranks run)[/dim]"
+        )
     status = tel.get("status") or {}
     gpus = tel.get("gpus") or []
     names = status.get("gpus") or []
@@ -73,8 +84,10 @@ def hardware_text(tel: dict[str, Any], history: dict | None, host: str | None,
         out.append(f"[dim]NVML: {escape(str(why))}[/dim]")
     h = tel.get("host") or {}
     if h:
-        line = (f"[dim]host cpu {h.get('cpu_pct', 0):.0f}%  mem "
-                f"{fmt_mib(h.get('mem_used_mib'))}/{fmt_mib(h.get('mem_total_mib'))}")
+        line = (
+            f"[dim]host cpu {h.get('cpu_pct', 0):.0f}%  mem "
+            f"{fmt_mib(h.get('mem_used_mib'))}/{fmt_mib(h.get('mem_total_mib'))}"
+        )
         if h.get("shm_free_mib") is not None:
             line += f"  shm free {fmt_mib(h.get('shm_free_mib'))}"
         out.append(line + "[/dim]")
@@ -89,17 +102,20 @@ def _num(v: Any, fmt: str, width: int) -> str:
     return f"{v:{fmt}}".rjust(width) if isinstance(v, (int, float)) else "-".rjust(width)
 
 
-def _gpu_lines(g: dict, names: list, rank_of: dict, history: dict | None,
-               width: int) -> list[str]:
+def _gpu_lines(g: dict, names: list, rank_of: dict, history: dict | None, width: int) -> list[str]:
     i = g.get("gpu", 0)
     name = names[i] if i < len(names) else None
     util, used, total = g.get("util"), g.get("mem_used_mib"), g.get("mem_total_mib")
     power, temp = g.get("power_w"), g.get("temp_c")
     label = f"{f'GPU{i}' + (f' r{rank_of[i]}' if i in rank_of else ''):<8}"
-    hot = isinstance(util, (int, float)) and util < 30     # an idle GPU in a running job
+    hot = isinstance(util, (int, float)) and util < 30  # an idle GPU in a running job
     mem_frac = used / total if isinstance(used, (int, float)) and total else None
-    nums = [f"{_num(util, '.0f', 3)}%", f"{fmt_mib(used):>5}/{fmt_mib(total)}",
-            f"{_num(power, '.0f', 4)}W", f"{_num(temp, '.0f', 3)}°C"]
+    nums = [
+        f"{_num(util, '.0f', 3)}%",
+        f"{fmt_mib(used):>5}/{fmt_mib(total)}",
+        f"{_num(power, '.0f', 4)}W",
+        f"{_num(temp, '.0f', 3)}°C",
+    ]
     if width < COMPACT:
         line1 = f"[b]{label}[/b]" + " ".join(nums)
     else:
@@ -108,12 +124,16 @@ def _gpu_lines(g: dict, names: list, rank_of: dict, history: dict | None,
         # what the four bars leave: label, keys, numbers and the spaces between them
         fixed = len(label) + sum(len(k) + len(n) + 2 for k, n in zip(keys, nums)) + 3
         bw = max(3, min(20, (width - fixed) // 4))
-        fr = [util / 100 if isinstance(util, (int, float)) else None, mem_frac,
-              power / pscale if isinstance(power, (int, float)) else None,
-              temp / TEMP_MAX_C if isinstance(temp, (int, float)) else None]
+        fr = [
+            util / 100 if isinstance(util, (int, float)) else None,
+            mem_frac,
+            power / pscale if isinstance(power, (int, float)) else None,
+            temp / TEMP_MAX_C if isinstance(temp, (int, float)) else None,
+        ]
         colours = ("yellow" if hot else "green", "cyan", "magenta", "red")
         line1 = f"[b]{label}[/b]" + " ".join(
-            f"{k} {colour_bar(f, bw, c)} {n}" for k, f, n, c in zip(keys, fr, nums, colours))
+            f"{k} {colour_bar(f, bw, c)} {n}" for k, f, n, c in zip(keys, fr, nums, colours)
+        )
     sw = max(4, (width - len(label) - 12) // 2)
     u = strip(_series(history, "gpu", i, "util"), sw, 100.0)
     m = strip(_series(history, "gpu", i, "mem_used_mib"), sw, total or None)
@@ -121,13 +141,17 @@ def _gpu_lines(g: dict, names: list, rank_of: dict, history: dict | None,
     return [line1, line2]
 
 
-def _rank_lines(ranks: list[dict], history: dict | None, width: int,
-                with_strips: bool) -> list[str]:
+def _rank_lines(
+    ranks: list[dict], history: dict | None, width: int, with_strips: bool
+) -> list[str]:
     """A line per rank process (live: the latest sample), and on hosts without NVML the
     strips of every rank the run's history holds, alive or not."""
     live = {r.get("rank"): r for r in ranks}
-    known = sorted(set(live) | (set(((history or {}).get("rank") or {}).get("series") or {})
-                                if with_strips else set()), key=lambda k: int(k))
+    known = sorted(
+        set(live)
+        | (set(((history or {}).get("rank") or {}).get("series") or {}) if with_strips else set()),
+        key=lambda k: int(k),
+    )
     if not known:
         return ["[dim]no rank process alive[/dim]"]
     out = []
@@ -145,8 +169,10 @@ def _rank_lines(ranks: list[dict], history: dict | None, width: int,
                 cpu_s = f"{colour_bar(frac, bw, 'green')} {cpu_s}"
             line = f"[b]{label}[/b] cpu {cpu_s} rss {fmt_mib(rss):>5}"
             if r.get("workers"):
-                line += (f" +{r['workers']} worker{'s' if r['workers'] > 1 else ''} "
-                         f"{r.get('workers_cpu_pct', 0):.0f}%")
+                line += (
+                    f" +{r['workers']} worker{'s' if r['workers'] > 1 else ''} "
+                    f"{r.get('workers_cpu_pct', 0):.0f}%"
+                )
         out.append(line)
         if with_strips:
             sw = max(4, (width - len(label) - 10) // 2)
@@ -184,8 +210,10 @@ class HardwareView(Widget):
     def _render_text(self) -> Text:
         width = self.size.width or 80
         if self._text is None or width != self._width:
-            self._text, self._width = hardware_text(self.telemetry, self.history, self.host,
-                                                    width), width
+            self._text, self._width = (
+                hardware_text(self.telemetry, self.history, self.host, width),
+                width,
+            )
         return self._text
 
     def render(self) -> Text:

@@ -29,7 +29,7 @@ from textual.widgets import Input
 from tunedeck.core.runs.watch import Literal, LogState, RankLog
 
 SEARCH_LIMIT = 10000
-KEEP_SCREENS = 6          # lines cached around the viewport, in screen heights
+KEEP_SCREENS = 6  # lines cached around the viewport, in screen heights
 GUTTER = 2
 HIT_STYLE = Style(color="black", bgcolor="yellow")
 CURRENT_STYLE = Style(bgcolor="grey30")
@@ -54,14 +54,17 @@ def clean(text: str) -> str:
 @dataclass
 class Query:
     text: str
-    needle: Literal                # what the index searches the files for
-    rx: re.Pattern[str]            # what the view highlights
+    needle: Literal  # what the index searches the files for
+    rx: re.Pattern[str]  # what the view highlights
 
     @classmethod
     def make(cls, text: str) -> "Query":
-        exact = any(c.isupper() for c in text)     # smart case
-        return cls(text, Literal(text.encode(), ignore_case=not exact),
-                   re.compile(re.escape(text), 0 if exact else re.IGNORECASE))
+        exact = any(c.isupper() for c in text)  # smart case
+        return cls(
+            text,
+            Literal(text.encode(), ignore_case=not exact),
+            re.compile(re.escape(text), 0 if exact else re.IGNORECASE),
+        )
 
 
 class LogView(ScrollView, can_focus=True):
@@ -105,20 +108,19 @@ class LogView(ScrollView, can_focus=True):
         self.cache: dict[int, tuple[str, int]] = {}
         self.query: Query | None = None
         self.hits: list[int] = []
-        self.hit = -1                      # index into hits of the current match
-        self.cursor: int | None = None     # the line a jump went to (highlighted)
-        self.note = ""                     # a transient word for the status line
+        self.hit = -1  # index into hits of the current match
+        self.cursor: int | None = None  # the line a jump went to (highlighted)
+        self.note = ""  # a transient word for the status line
         self._width = 0
         self._loading: tuple[int, int, int] | None = None
-        self._auto = False                 # scrolls this class makes (not the user's)
+        self._auto = False  # scrolls this class makes (not the user's)
         self._want_window = False
 
     # -- data in ---------------------------------------------------------------------
     def set_state(self, state: LogState, source: RankLog) -> None:
         """A new index state from the monitor's log worker (UI thread)."""
-        if source is self.source and state.moved_from == self.generation \
-                and state.moved_by:
-            self._move(state)       # a big log's head arrived above what is shown
+        if source is self.source and state.moved_from == self.generation and state.moved_by:
+            self._move(state)  # a big log's head arrived above what is shown
         elif source is not self.source or state.generation != self.generation:
             self.source, self.generation = source, state.generation
             self.cache.clear()
@@ -161,7 +163,7 @@ class LogView(ScrollView, can_focus=True):
         try:
             scrollbar = size.height > self.container_size.height
             if scrollbar != self.show_vertical_scrollbar or not self.container_size:
-                self.virtual_size = size      # the scrollbar comes or goes: a new layout
+                self.virtual_size = size  # the scrollbar comes or goes: a new layout
             else:
                 # more lines in a box of the same size: no layout of the whole screen
                 # (at 160x48 one costs tens of ms, and a followed log grows every second)
@@ -242,12 +244,15 @@ class LogView(ScrollView, can_focus=True):
         if self.query is not None:
             for m in self.query.rx.finditer(text):
                 line.stylize(HIT_STYLE, m.start(), m.end())
-        gutter = Segment("▌ " if fd == RankLog.STDERR else "  ",
-                         base + ERR_GUTTER if fd == RankLog.STDERR else base)
+        gutter = Segment(
+            "▌ " if fd == RankLog.STDERR else "  ",
+            base + ERR_GUTTER if fd == RankLog.STDERR else base,
+        )
         style = base + CURRENT_STYLE if i == self.cursor else base
         segs = list(line.render(self.app.console))
-        strip = Strip([Segment(s.text, style + s.style if s.style else style)
-                       for s in segs if s.text])
+        strip = Strip(
+            [Segment(s.text, style + s.style if s.style else style) for s in segs if s.text]
+        )
         strip = strip.crop_extend(scroll_x, scroll_x + width - GUTTER, style)
         return Strip([gutter, *strip]).apply_offsets(scroll_x, i)
 
@@ -313,8 +318,7 @@ class LogView(ScrollView, can_focus=True):
         h = self.size.height or 10
         self._auto = True
         try:
-            self.scroll_to(y=max(0, line - h // 3) if center else line, animate=False,
-                           force=True)
+            self.scroll_to(y=max(0, line - h // 3) if center else line, animate=False, force=True)
         finally:
             self._auto = False
         self.refresh()
@@ -340,7 +344,7 @@ class LogView(ScrollView, can_focus=True):
         msg.stop()
         if msg.query is not self.query:
             return
-        if msg.generation != self.generation:     # the view moved meanwhile: again
+        if msg.generation != self.generation:  # the view moved meanwhile: again
             self.search(msg.query.text)
             return
         self.hits = msg.hits
@@ -349,8 +353,9 @@ class LogView(ScrollView, can_focus=True):
         if msg.hits:
             top = int(self.scroll_offset.y)
             after = [i for i, h in enumerate(msg.hits) if h >= top]
-            self.hit = after[0] if after and not self.follow else (
-                len(msg.hits) - 1 if self.follow else 0)
+            self.hit = (
+                after[0] if after and not self.follow else (len(msg.hits) - 1 if self.follow else 0)
+            )
             self.goto(msg.hits[self.hit])
         else:
             self.post_message(self.StatusChanged())
@@ -377,7 +382,7 @@ class LogView(ScrollView, can_focus=True):
 
     def on_log_view_error_found(self, msg: "LogView.ErrorFound") -> None:
         msg.stop()
-        if msg.generation != self.generation:     # the view moved meanwhile: again
+        if msg.generation != self.generation:  # the view moved meanwhile: again
             self.first_error()
             return
         if msg.line is None:
@@ -410,8 +415,10 @@ class LogView(ScrollView, can_focus=True):
     def visible_lines(self) -> list[str]:
         """The text of the lines on screen (what is loaded of them)."""
         top = int(self.scroll_offset.y)
-        return [self.cache[i][0] if i in self.cache else ""
-                for i in range(top, min(top + self.size.height, self.total))]
+        return [
+            self.cache[i][0] if i in self.cache else ""
+            for i in range(top, min(top + self.size.height, self.total))
+        ]
 
 
 class SearchInput(Input):

@@ -42,7 +42,8 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from rich.segment import Segment
 from rich.style import Style
@@ -61,12 +62,14 @@ from tunedeck.core.rundir import RunDir
 @dataclass
 class Window:
     """One trace's data for one window: `Store.step_series` and `Store.eval_series` results."""
+
     steps: dict[str, Any]
     evals: dict[str, Any]
 
     def extent(self) -> tuple[int, int] | None:
-        ends = [(d["first"], d["last"]) for d in (self.steps, self.evals)
-                if d.get("first") is not None]
+        ends = [
+            (d["first"], d["last"]) for d in (self.steps, self.evals) if d.get("first") is not None
+        ]
         if not ends:
             return None
         return min(a for a, _ in ends), max(b for _, b in ends)
@@ -75,23 +78,14 @@ class Window:
 Fetch = Callable[[int | None, int | None, int, Sequence[str]], Window]
 
 
-def _empty(kind_metrics: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"first": None, "last": None, "step": [], "step_max": [], "n": [],
-                           "nan": []}
-    for m in kind_metrics:
-        out[m] = []
-        out[m + "_min"] = []
-        out[m + "_max"] = []
-    return out
-
-
 class RunSource:
     """The fetch of one run directory: a read-only Store of its own, used by one worker at a
     time. `run_ref` (for_run_id) is resolved through the registry on first use, in the
     worker."""
 
-    def __init__(self, run_dir: str | Path | RunDir | None = None, rank: int = 0,
-                 run_ref: str | None = None):
+    def __init__(
+        self, run_dir: str | Path | RunDir | None = None, rank: int = 0, run_ref: str | None = None
+    ):
         self.run_dir = run_dir
         self.run_ref = run_ref
         self.rank = rank
@@ -113,12 +107,15 @@ class RunSource:
             self._store = Store(self.run_dir)
         return self._store
 
-    def __call__(self, start: int | None, end: int | None, buckets: int,
-                 metrics: Sequence[str]) -> Window:
+    def __call__(
+        self, start: int | None, end: int | None, buckets: int, metrics: Sequence[str]
+    ) -> Window:
         with self._lock:
             store = self._open()
-            return Window(store.step_series(self.rank, start, end, buckets, metrics),
-                          store.eval_series(self.rank, start, end, buckets))
+            return Window(
+                store.step_series(self.rank, start, end, buckets, metrics),
+                store.eval_series(self.rank, start, end, buckets),
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -131,27 +128,27 @@ class RunSource:
 class Trace:
     """One curve of the plot: a label for the legend, where its data comes from, a colour
     (None: the palette's next)."""
+
     label: str
     source: str | Path | RunDir | Fetch
     color: str | None = None
 
 
-PALETTE = ("#5fafff", "#ff8700", "#87d75f", "#d787ff", "#ffd75f", "#5fd7d7", "#ff5f87",
-           "#bcbcbc")
-RAW = "#4e7396"          # single run: the raw min..max band
-EMA = "#5fd7ff"          # single run: the smoothed line
+PALETTE = ("#5fafff", "#ff8700", "#87d75f", "#d787ff", "#ffd75f", "#5fd7d7", "#ff5f87", "#bcbcbc")
+RAW = "#4e7396"  # single run: the raw min..max band
+EMA = "#5fd7ff"  # single run: the smoothed line
 EVAL = "#ffaf00"
 LR = "#87d787"
 GRAD = "#d787d7"
 NAN = "#ff5f5f"
 AXIS = "#8a8a8a"
-EMA_COLUMNS = 8          # the smoothed line's time constant, in dot columns
-MIN_SPAN = 10            # the narrowest window, in steps
+EMA_COLUMNS = 8  # the smoothed line's time constant, in dot columns
+MIN_SPAN = 10  # the narrowest window, in steps
 
 
 def _dim(color: str, keep: float = 0.55) -> str:
     """A darker shade of a #rrggbb colour (the raw band under its run's smoothed line)."""
-    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
     return "#{:02x}{:02x}{:02x}".format(*(int(c * keep) for c in (r, g, b)))
 
 
@@ -168,18 +165,19 @@ class TraceView:
 @dataclass
 class Frame:
     """Everything one drawing needs."""
-    start: int                      # the x window, steps
+
+    start: int  # the x window, steps
     end: int
-    last: int | None                # the run's newest step (the header says "of N")
+    last: int | None  # the run's newest step (the header says "of N")
     traces: list[TraceView]
     log_y: bool = False
     show_eval: bool = True
     show_lr: bool = False
     show_grad: bool = False
-    whole: bool = True              # the view is the whole run
+    whole: bool = True  # the view is the whole run
     following: bool = False
     title: str = "loss"
-    message: str | None = None      # shown instead of a chart (no data, an error)
+    message: str | None = None  # shown instead of a chart (no data, an error)
 
 
 # braille dots: bit of (dx, dy) in a 2 x 4 cell
@@ -238,8 +236,9 @@ class _Layer:
             prev = (x, y)
 
 
-def _columns(series: dict[str, Any], metric: str, start: int, end: int, ncols: int
-             ) -> tuple[list, list, list, list]:
+def _columns(
+    series: dict[str, Any], metric: str, start: int, end: int, ncols: int
+) -> tuple[list, list, list, list]:
     """Buckets merged into ncols columns of the window: (lo, mean, hi, nan) per column, None
     where a column has no value."""
     lo: list = [None] * ncols
@@ -247,12 +246,15 @@ def _columns(series: dict[str, Any], metric: str, start: int, end: int, ncols: i
     wsum = [0.0] * ncols
     wcnt = [0] * ncols
     nan = [0] * ncols
-    if metric not in series:   # not fetched yet (lr just switched on): nothing to draw
+    if metric not in series:  # not fetched yet (lr just switched on): nothing to draw
         return lo, [None] * ncols, hi, nan
     span = end - start + 1
     steps, smax = series.get("step") or [], series.get("step_max") or []
-    mins, means, maxs = (series.get(metric + "_min") or [], series.get(metric) or [],
-                         series.get(metric + "_max") or [])
+    mins, means, maxs = (
+        series.get(metric + "_min") or [],
+        series.get(metric) or [],
+        series.get(metric + "_max") or [],
+    )
     ns, nans = series.get("n") or [], series.get("nan") or []
     for i, a in enumerate(steps):
         b = smax[i]
@@ -312,8 +314,11 @@ def fmt_step(n: float) -> str:
     for size, unit in ((1_000_000_000, "G"), (1_000_000, "M"), (1000, "k")):
         if abs(n) >= size * (10 if unit == "k" else 1):
             v = n / size
-            s = f"{v:.2f}".rstrip("0").rstrip(".") if v < 10 else (
-                f"{v:.1f}".rstrip("0").rstrip(".") if v < 100 else f"{v:.0f}")
+            s = (
+                f"{v:.2f}".rstrip("0").rstrip(".")
+                if v < 10
+                else (f"{v:.1f}".rstrip("0").rstrip(".") if v < 100 else f"{v:.0f}")
+            )
             return s + unit
     return str(n)
 
@@ -331,14 +336,15 @@ def _y_ticks(lo: float, hi: float, rows: int, log: bool) -> list[float]:
     """Tick values (in value space) for a range; `log`: lo/hi are log10 of the values."""
     want = max(2, rows // 3)
     if log:
-        ticks = [m * 10.0 ** k for k in range(math.floor(lo) - 1, math.ceil(hi) + 1)
-                 for m in (1, 2, 5)]
+        ticks = [
+            m * 10.0**k for k in range(math.floor(lo) - 1, math.ceil(hi) + 1) for m in (1, 2, 5)
+        ]
         ticks = [t for t in ticks if lo - 1e-9 <= math.log10(t) <= hi + 1e-9]
         while len(ticks) > want and len(ticks) > 2:
             ticks = ticks[::2]
         if len(ticks) >= 2:
             return ticks
-        lo, hi = 10 ** lo, 10 ** hi
+        lo, hi = 10**lo, 10**hi
     step = _nice((hi - lo) / want)
     first = math.ceil(lo / step - 1e-9) * step
     out, t = [], first
@@ -354,10 +360,11 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         header = _header(f, width)
         body = [[Segment(" " * width)] for _ in range(max(height - 1, 0))]
         if f.message is not None and body:
-            body[len(body) // 2] = _pad([Segment(f.message.center(width)[:width],
-                                                 Style(color=AXIS))], width)
+            body[len(body) // 2] = _pad(
+                [Segment(f.message.center(width)[:width], Style(color=AXIS))], width
+            )
         return ([header] + body)[:height]
-    ph = height - 3                                  # header, x axis, x labels
+    ph = height - 3  # header, x axis, x labels
     multi = len(f.traces) > 1
     # per trace: columns at dot resolution of a provisional width; the y range needs values
     # first, the y labels' width needs the range, the plot width needs the labels: two passes
@@ -372,8 +379,11 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
                 cols.append(None)
                 continue
             lo, mean, hi, nan = _columns(tv.window.steps, "loss", f.start, f.end, ncols)
-            ev = (_columns(tv.window.evals, "eval_loss", f.start, f.end, pw)[1]
-                  if f.show_eval else [None] * pw)
+            ev = (
+                _columns(tv.window.evals, "eval_loss", f.start, f.end, pw)[1]
+                if f.show_eval
+                else [None] * pw
+            )
             cols.append((lo, mean, hi, nan, ev))
             values += [v for v in lo if v is not None] + [v for v in hi if v is not None]
             values += [v for v in ev if v is not None]
@@ -423,8 +433,13 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         raw.polyline(pts)
         raws.append(raw)
         smooth = _Layer(pw, ph, Style(color=tv.color if multi else EMA, bold=True))
-        smooth.polyline([(x, y) for x, v in enumerate(_ema(mean)) if v is not None
-                         and (y := ydot(v)) is not None])
+        smooth.polyline(
+            [
+                (x, y)
+                for x, v in enumerate(_ema(mean))
+                if v is not None and (y := ydot(v)) is not None
+            ]
+        )
         lines.append(smooth)
         eval_style = Style(color=tv.color if multi else EVAL, bold=True)
         for cx, v in enumerate(ev):
@@ -439,12 +454,17 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             for metric, on, color in (("lr", f.show_lr, LR), ("grad_norm", f.show_grad, GRAD)):
                 if not on:
                     continue
-                layer, rng = _scaled(tv.window.steps, metric, f.start, f.end, ncols, pw, ph,
-                                     Style(color=color))
+                layer, rng = _scaled(
+                    tv.window.steps, metric, f.start, f.end, ncols, pw, ph, Style(color=color)
+                )
                 extras.append(layer)
                 name = "lr" if metric == "lr" else "grad"
-                legend.append((f"━ {name} " + (f"{fmt_value(rng[0])}…{fmt_value(rng[1])}"
-                                               if rng else "-"), Style(color=color)))
+                legend.append(
+                    (
+                        f"━ {name} " + (f"{fmt_value(rng[0])}…{fmt_value(rng[1])}" if rng else "-"),
+                        Style(color=color),
+                    )
+                )
     if nan_steps:
         legend.append(("× NaN loss", Style(color=NAN, bold=True)))
     rows = _compose(raws + extras + lines, markers, pw, ph)
@@ -471,8 +491,8 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         text = fmt_step(step)
         at = yw + 1 + cx - len(text) // 2
         at = min(max(at, 0), len(labels_row) - len(text))
-        if all(ch == " " for ch in labels_row[max(at - 1, 0):at + len(text) + 1]):
-            labels_row[at:at + len(text)] = list(text)
+        if all(ch == " " for ch in labels_row[max(at - 1, 0) : at + len(text) + 1]):
+            labels_row[at : at + len(text)] = list(text)
     out.append(_pad([Segment(" " * yw + "└" + "".join(line), axis)], width))
     out.append(_pad([Segment("".join(labels_row), axis)], width))
     return out[:height]
@@ -489,13 +509,19 @@ def _scaled(series, metric, start, end, ncols, pw, ph, style) -> tuple[_Layer, t
     hi = max(v for v in highs if v is not None)
     rng = hi - lo or 1.0
     dots = ph * 4 - 1
-    layer.polyline([(x, (hi - v) / rng * dots if hi > lo else dots / 2)
-                    for x, v in enumerate(mean) if v is not None])
+    layer.polyline(
+        [
+            (x, (hi - v) / rng * dots if hi > lo else dots / 2)
+            for x, v in enumerate(mean)
+            if v is not None
+        ]
+    )
     return layer, (lo, hi)
 
 
-def _compose(layers: list[_Layer], markers: dict[int, tuple[str, Style]], pw: int, ph: int
-             ) -> list[list[Segment]]:
+def _compose(
+    layers: list[_Layer], markers: dict[int, tuple[str, Style]], pw: int, ph: int
+) -> list[list[Segment]]:
     """Cells from the layers (dots OR-ed, the colour of the top layer with a dot there) and
     the markers, as segments of equal style per row."""
     n = pw * ph
@@ -555,8 +581,7 @@ def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
         where = f"all {f.last:,} steps" if f.last is not None else "no steps yet"
     else:
         where = f"steps {f.start:,}–{f.end:,} of {f.last:,}" if f.last is not None else ""
-    flags = [x for x, on in (("log y", f.log_y), ("following", f.following and not f.whole))
-             if on]
+    flags = [x for x, on in (("log y", f.log_y), ("following", f.following and not f.whole)) if on]
     segs = [Segment(f.title, Style(bold=True)), Segment("  " + where, Style(color=AXIS))]
     if flags:
         segs.append(Segment("  · " + " · ".join(flags), Style(color=AXIS)))
@@ -571,7 +596,7 @@ def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
     used = sum(len(x.text) for x in segs)
     for text, st in items:
         if used + 2 + len(text) > width:
-            break   # a legend item is shown whole or not at all
+            break  # a legend item is shown whole or not at all
         segs += [Segment("  "), Segment(text, st)]
         used += 2 + len(text)
     return _pad(segs, width)
@@ -612,28 +637,39 @@ class LossPlot(Widget, can_focus=True):
             self.request = request
             self.result = result
 
-    def __init__(self, source: str | Path | RunDir | Fetch | None = None, *,
-                 traces: Sequence[Trace] | None = None, rank: int = 0, title: str = "loss",
-                 name: str | None = None, id: str | None = None, classes: str | None = None):
+    def __init__(
+        self,
+        source: str | Path | RunDir | Fetch | None = None,
+        *,
+        traces: Sequence[Trace] | None = None,
+        rank: int = 0,
+        title: str = "loss",
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ):
         super().__init__(name=name, id=id, classes=classes)
         if traces is None:
             if source is None:
                 raise ValueError("LossPlot needs a source or traces")
             traces = [Trace(title, source)]
-        self.traces = [Trace(t.label, t.source, t.color or PALETTE[i % len(PALETTE)])
-                       for i, t in enumerate(traces)]
+        self.traces = [
+            Trace(t.label, t.source, t.color or PALETTE[i % len(PALETTE)])
+            for i, t in enumerate(traces)
+        ]
         self._fetchers: list[Fetch] = [
             RunSource(t.source, rank) if isinstance(t.source, (str, Path, RunDir)) else t.source
-            for t in self.traces]
+            for t in self.traces
+        ]
         self.title = title
-        self.view: tuple[int, int] | None = None   # None: the whole run
+        self.view: tuple[int, int] | None = None  # None: the whole run
         self.log_y = False
         self.show_eval = True
         self.show_lr = False
         self.show_grad = False
         self.extent: tuple[int, int] | None = None
         self.windows: list[Window | None] = [None] * len(self.traces)
-        self.loaded = False          # a first answer arrived
+        self.loaded = False  # a first answer arrived
         self.error: str | None = None
         self._request: tuple | None = None
         self._served: tuple | None = None
@@ -648,8 +684,11 @@ class LossPlot(Widget, can_focus=True):
         """Re-query the visible window (the whole run, or the newest steps when the view is
         at the run's end) in a thread worker; the answer redraws the plot."""
         self._seq += 1
-        metrics = ("loss",) + (("lr",) if self.show_lr else ()) + \
-            (("grad_norm",) if self.show_grad else ())
+        metrics = (
+            ("loss",)
+            + (("lr",) if self.show_lr else ())
+            + (("grad_norm",) if self.show_grad else ())
+        )
         # a bucket per dot column (two per cell; the y labels take ~7 cells)
         buckets = max(self.size.width - 7, 8) * 2
         self._request = (self._seq, self.view, self.following, buckets, metrics)
@@ -673,8 +712,9 @@ class LossPlot(Widget, can_focus=True):
     def frame(self) -> Frame:
         """What the next drawing shows (tests and the benchmark draw it directly)."""
         win = self.window
-        views = [TraceView(t.label, t.color or PALETTE[0], w)
-                 for t, w in zip(self.traces, self.windows)]
+        views = [
+            TraceView(t.label, t.color or PALETTE[0], w) for t, w in zip(self.traces, self.windows)
+        ]
         message = None
         if self.error:
             message = self.error
@@ -683,10 +723,20 @@ class LossPlot(Widget, can_focus=True):
         elif win is None:
             message = "no steps yet"
         start, end = win if win is not None else (0, 0)
-        return Frame(start, end, self.extent[1] if self.extent else None, views,
-                     log_y=self.log_y, show_eval=self.show_eval, show_lr=self.show_lr,
-                     show_grad=self.show_grad, whole=self.view is None,
-                     following=self.following, title=self.title, message=message)
+        return Frame(
+            start,
+            end,
+            self.extent[1] if self.extent else None,
+            views,
+            log_y=self.log_y,
+            show_eval=self.show_eval,
+            show_lr=self.show_lr,
+            show_grad=self.show_grad,
+            whole=self.view is None,
+            following=self.following,
+            title=self.title,
+            message=message,
+        )
 
     # -- data (thread) ------------------------------------------------------------------
     @work(thread=True, group="lossplot", exit_on_error=False)
@@ -712,7 +762,7 @@ class LossPlot(Widget, can_focus=True):
         def ask(fetch: Fetch, *args) -> Window | None:
             try:
                 return fetch(*args)
-            except Exception as e:   # shown in the plot, never raised into the UI
+            except Exception as e:  # shown in the plot, never raised into the UI
                 errors.append(e)
                 return None
 
@@ -725,19 +775,21 @@ class LossPlot(Widget, can_focus=True):
         extent = (min(a for a, _ in known), max(b for _, b in known))
         if view is None:
             start, end = extent
-        elif following:   # the same width, ending at the newest step
+        elif following:  # the same width, ending at the newest step
             span = view[1] - view[0]
             start, end = max(extent[1] - span, extent[0]), extent[1]
         else:
             start, end = view
-        windows = [ask(fetch, start, end, buckets, metrics) if w is not None else None
-                   for fetch, w in zip(self._fetchers, ranges)]
+        windows = [
+            ask(fetch, start, end, buckets, metrics) if w is not None else None
+            for fetch, w in zip(self._fetchers, ranges)
+        ]
         return (extent, (start, end) if view is not None else None, windows)
 
     # -- view (UI thread) ---------------------------------------------------------------
     def on_loss_plot_data_ready(self, msg: DataReady) -> None:
         if msg.request is not self._request:
-            return   # an older window than the one asked for last
+            return  # an older window than the one asked for last
         self._shown = msg.request
         if isinstance(msg.result, Exception):
             self.error = f"cannot read the run: {msg.result}"
@@ -746,7 +798,7 @@ class LossPlot(Widget, can_focus=True):
             self.error = None
             self.extent = extent
             if self.view is not None and view is not None:
-                self.view = view     # following moved it; otherwise the same
+                self.view = view  # following moved it; otherwise the same
             self.windows = windows
         self.loaded = True
         self._redraw()
@@ -760,7 +812,7 @@ class LossPlot(Widget, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         self._redraw()
-        self.refresh_data()   # buckets for the new width
+        self.refresh_data()  # buckets for the new width
 
     def on_unmount(self) -> None:
         for fetch in self._fetchers:
@@ -772,8 +824,10 @@ class LossPlot(Widget, can_focus=True):
         if self._lines is None or self._lines_size != self.size:
             width, height = self.size
             base = self.rich_style
-            self._lines = [Strip(segs, width).apply_style(base)
-                           for segs in render_chart(self.frame(), width, height)]
+            self._lines = [
+                Strip(segs, width).apply_style(base)
+                for segs in render_chart(self.frame(), width, height)
+            ]
             self._lines_size = self.size
         if y < len(self._lines):
             return self._lines[y]
@@ -782,8 +836,9 @@ class LossPlot(Widget, can_focus=True):
     def rendered_text(self) -> str:
         """The chart as plain text, one line per row (tests assert on it)."""
         width, height = self.size
-        return "\n".join("".join(s.text for s in segs)
-                         for segs in render_chart(self.frame(), width, height))
+        return "\n".join(
+            "".join(s.text for s in segs) for segs in render_chart(self.frame(), width, height)
+        )
 
     # -- actions ------------------------------------------------------------------------
     def _set_view(self, start: int, end: int) -> None:
@@ -826,7 +881,7 @@ class LossPlot(Widget, can_focus=True):
     def action_pan(self, direction: int) -> None:
         win = self.window
         if win is None or self.view is None:
-            return   # the whole run: nowhere to pan
+            return  # the whole run: nowhere to pan
         start, end = win
         shift = max(1, (end - start + 1) // 4) * direction
         self._set_view(start + shift, end + shift)
@@ -867,5 +922,13 @@ class LossPlot(Widget, can_focus=True):
         self.action_zoom_out()
 
 
-__all__ = ["Fetch", "Frame", "LossPlot", "RunSource", "Trace", "TraceView", "Window",
-           "render_chart"]
+__all__ = [
+    "Fetch",
+    "Frame",
+    "LossPlot",
+    "RunSource",
+    "Trace",
+    "TraceView",
+    "Window",
+    "render_chart",
+]

@@ -10,7 +10,7 @@ from textual.widget import Widget
 
 from tunedeck.core.runs.nccl import RankNccl
 
-ISSUES_SHOWN = 20   # per rank; the rest are counted
+ISSUES_SHOWN = 20  # per rank; the rest are counted
 
 
 def nccl_text(ranks: list[RankNccl] | None, width: int = 80) -> Text:
@@ -19,9 +19,12 @@ def nccl_text(ranks: list[RankNccl] | None, width: int = 80) -> Text:
     seen = [r for r in ranks if r.nccl_lines or r.issues]
     if not seen:
         pending = [r for r in ranks if not r.caught_up]
-        why = ("reading the rank logs…" if pending else
-               "no NCCL lines in the rank logs: NCCL runs only with the nccl backend on GPUs, "
-               "and says what it chose with NCCL_DEBUG=INFO (set it in the spec's env)")
+        why = (
+            "reading the rank logs…"
+            if pending
+            else "no NCCL lines in the rank logs: NCCL runs only with the nccl backend on GPUs, "
+            "and says what it chose with NCCL_DEBUG=INFO (set it in the spec's env)"
+        )
         return Text.from_markup(f"[dim]{why}[/dim]")
     out: list[str] = []
     for r in ranks:
@@ -52,23 +55,30 @@ def nccl_text(ranks: list[RankNccl] | None, width: int = 80) -> Text:
         if r.issues:
             n_err = r.errors
             n_warn = len(r.issues) - n_err
-            counts = [f"[bold red]{n_err} error{'s' if n_err != 1 else ''}[/]" if n_err else "",
-                      f"[yellow]{n_warn} warning{'s' if n_warn != 1 else ''}[/]" if n_warn
-                      else ""]
+            counts = [
+                f"[bold red]{n_err} error{'s' if n_err != 1 else ''}[/]" if n_err else "",
+                f"[yellow]{n_warn} warning{'s' if n_warn != 1 else ''}[/]" if n_warn else "",
+            ]
             head.append(" ".join(c for c in counts if c))
         if not r.caught_up and r.bytes_total:
             head.append(f"[dim]read {100 * r.bytes_read / r.bytes_total:.0f}%[/dim]")
         out.append(" · ".join(head))
         for peer in sorted(r.peers.values(), key=lambda p: p.peer):
-            out.append(f"  → rank {peer.peer:<3} [b]{peer.transport:<6}[/b] via "
-                       f"{escape(peer.via)}  {len(peer.channels)} channels")
+            out.append(
+                f"  → rank {peer.peer:<3} [b]{peer.transport:<6}[/b] via "
+                f"{escape(peer.via)}  {len(peer.channels)} channels"
+            )
         for issue in r.issues[:ISSUES_SHOWN]:
             style = "red" if issue.level == "ERROR" else "yellow"
-            out.append(f"  [bold {style}]{issue.level}[/] [dim]{issue.file}:{issue.line}[/dim] "
-                       f"[{style}]{escape(issue.text)}[/]")
+            out.append(
+                f"  [bold {style}]{issue.level}[/] [dim]{issue.file}:{issue.line}[/dim] "
+                f"[{style}]{escape(issue.text)}[/]"
+            )
         if len(r.issues) > ISSUES_SHOWN:
-            out.append(f"  [dim]… {len(r.issues) - ISSUES_SHOWN} more warnings/errors in "
-                       f"this rank's log[/dim]")
+            out.append(
+                f"  [dim]… {len(r.issues) - ISSUES_SHOWN} more warnings/errors in "
+                f"this rank's log[/dim]"
+            )
     return Text.from_markup("\n".join(out))
 
 
@@ -92,7 +102,3 @@ class NcclView(Widget):
     @property
     def text(self) -> str:
         return nccl_text(self.ranks).plain
-
-    @property
-    def issue_count(self) -> int:
-        return sum(len(r.issues) for r in self.ranks or [])

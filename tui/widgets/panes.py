@@ -8,7 +8,7 @@ title sits in its top border, the only border it has: at 80×24 every row counts
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from textual.containers import Vertical, VerticalScroll
 
@@ -113,9 +113,8 @@ def fmt_mib(mib: float | None) -> str:
 
 
 def fmt_pct(frac: float | None, digits: int = 1) -> str:
-    return "-" if frac is None or (isinstance(frac, float) and math.isnan(frac)) \
+    return (
+        "-"
+        if frac is None or (isinstance(frac, float) and math.isnan(frac))
         else f"{100 * frac:.{digits}f}%"
-
-
-def fmt_count(n: int) -> str:
-    return f"{n:,}"
+    )

@@ -13,7 +13,7 @@ from tunedeck.core.runs.watch import Snapshot
 from tunedeck.tui.format import RUN_STATUS_STYLE, fmt_duration, fmt_loss, fmt_rate
 from tunedeck.tui.widgets.panes import colour_bar, fmt_pct
 
-STARVED = 0.10   # a data-wait share worth a colour (the starvation detector warns at ~10 %)
+STARVED = 0.10  # a data-wait share worth a colour (the starvation detector warns at ~10 %)
 
 
 def flow(chunks: list[str], width: int, sep: str = "   ") -> list[str]:
@@ -42,15 +42,20 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
     chunks = [f"[{style}]{run.status}[/]" if style else run.status]
     frac = p.step / p.max_steps if p.max_steps else None
     bar_w = max(4, min(20, width // 6))
-    chunks.append(f"step [b]{p.step}/{p.max_steps}[/b] {colour_bar(frac, bar_w, 'green')} "
-                  f"{fmt_pct(frac, 0) if frac is not None else ''}".rstrip())
+    chunks.append(
+        f"step [b]{p.step}/{p.max_steps}[/b] {colour_bar(frac, bar_w, 'green')} "
+        f"{fmt_pct(frac, 0) if frac is not None else ''}".rstrip()
+    )
     chunks.append(f"loss [b]{fmt_loss(p.loss)}[/b]")
     if p.epoch is not None:
         chunks.append(f"epoch {p.epoch:.2f}")
     if p.lr is not None:
         chunks.append(f"lr {p.lr:.2e}")
-    chunks += [f"tokens/s [b]{fmt_rate(p.tokens_per_s)}[/b]", f"MFU {fmt_pct(p.mfu)}",
-               f"ETA [b]{fmt_duration(p.eta_s)}[/b]"]
+    chunks += [
+        f"tokens/s [b]{fmt_rate(p.tokens_per_s)}[/b]",
+        f"MFU {fmt_pct(p.mfu)}",
+        f"ETA [b]{fmt_duration(p.eta_s)}[/b]",
+    ]
     if p.elapsed_s is not None:
         chunks.append(f"elapsed {fmt_duration(p.elapsed_s)}")
     if p.data_wait is not None:
@@ -61,16 +66,24 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
         chunks.append(f"[yellow]{wait}[/]" if hot else wait)
     else:
         chunks.append("data wait -")
-    if snap.phase is not None:      # a compile between steps: say so rather than look stuck
+    if snap.phase is not None:  # a compile between steps: say so rather than look stuck
         est = snap.phase.get("est_s")
-        since = fmt_duration(max(0.0, time.time() - snap.phase["t"])) \
-            if isinstance(snap.phase.get("t"), (int, float)) else "-"
-        chunks.insert(1, f"[bold yellow]compiling[/] a new batch shape "
-                         f"({'~' + fmt_duration(est) + ', ' if est else ''}{since} so far)")
+        since = (
+            fmt_duration(max(0.0, time.time() - snap.phase["t"]))
+            if isinstance(snap.phase.get("t"), (int, float))
+            else "-"
+        )
+        chunks.insert(
+            1,
+            f"[bold yellow]compiling[/] a new batch shape "
+            f"({'~' + fmt_duration(est) + ', ' if est else ''}{since} so far)",
+        )
     lines = flow(chunks, max(width, 20))
     if snap.fallback is not None:
-        lines.append("[yellow]compile failed, training eager:[/] "
-                     + escape(str(snap.fallback.get("error") or "")[:200]))
+        lines.append(
+            "[yellow]compile failed, training eager:[/] "
+            + escape(str(snap.fallback.get("error") or "")[:200])
+        )
     for n in snap.nodes:
         lines.append(node_line(n))
     if run.message:
@@ -83,8 +96,9 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
     if run.exit_code is not None:
         extra.append(f"exit code {run.exit_code}")
     if snap.checkpoints:
-        extra.append("last checkpoint " + escape(snap.checkpoints[-1].rstrip("/")
-                                                 .rsplit("/", 1)[-1]))
+        extra.append(
+            "last checkpoint " + escape(snap.checkpoints[-1].rstrip("/").rsplit("/", 1)[-1])
+        )
     if extra:
         lines.append("[dim]" + " · ".join(extra) + "[/dim]")
     return "\n".join(lines)
@@ -93,11 +107,15 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
 def node_line(n: dict) -> str:
     """One node of a multi-node run: where it is, how its link to the head is, what it does."""
     reach = str(n.get("reach") or "-")
-    style = {"connected": "green", "here": "green", "done": "dim",
-             "shared fs": "green"}.get(reach, "yellow")
-    parts = [f"node {n.get('node')} [b]{escape(str(n.get('host') or '?'))}[/b]",
-             escape(str(n.get("status") or "-")), f"[{style}]{escape(reach)}[/]"]
-    if n.get("shared_fs"):   # its records are written in place: nothing to stream or lose
+    style = {"connected": "green", "here": "green", "done": "dim", "shared fs": "green"}.get(
+        reach, "yellow"
+    )
+    parts = [
+        f"node {n.get('node')} [b]{escape(str(n.get('host') or '?'))}[/b]",
+        escape(str(n.get("status") or "-")),
+        f"[{style}]{escape(reach)}[/]",
+    ]
+    if n.get("shared_fs"):  # its records are written in place: nothing to stream or lose
         parts.append("[dim]shared fs[/]")
     if n.get("drops"):
         parts.append(f"{n['drops']} drop(s)")
@@ -115,8 +133,11 @@ def node_line(n: dict) -> str:
 
 
 def _height(markup: str, width: int) -> int:
-    return sum(max(1, -(-Text.from_markup(ln).cell_len // max(width, 1)))
-               for ln in markup.split("\n")) if markup else 0
+    return (
+        sum(max(1, -(-Text.from_markup(ln).cell_len // max(width, 1))) for ln in markup.split("\n"))
+        if markup
+        else 0
+    )
 
 
 class ProgressView(Static):

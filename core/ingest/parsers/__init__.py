@@ -22,8 +22,15 @@ from tunedeck.core.ingest.parsers.pydict import parse_dict_line
 from tunedeck.core.ingest.parsers.torchtitan import parse_torchtitan
 from tunedeck.core.ingest.parsers.tqdm import parse_tqdm
 
-__all__ = ["LineAssembler", "parse_metrics_line", "parse_dict_line", "parse_tqdm",
-           "parse_torchtitan", "parse_deepspeed", "parse_plain_step"]
+__all__ = [
+    "LineAssembler",
+    "parse_metrics_line",
+    "parse_dict_line",
+    "parse_tqdm",
+    "parse_torchtitan",
+    "parse_deepspeed",
+    "parse_plain_step",
+]
 
 
 def parse_metrics_line(line: str) -> tuple[str, dict[str, Any]] | None:

@@ -22,7 +22,7 @@ class LineAssembler:
     """
 
     def __init__(self) -> None:
-        self._partial = ""          # text after the last newline of the previous feed
+        self._partial = ""  # text after the last newline of the previous feed
         self._open: list[str] = []  # pieces of a dict that has not closed yet
 
     @property
@@ -36,7 +36,7 @@ class LineAssembler:
         if cut < 0:
             self._partial = text
             return []
-        self._partial = text[cut + 1:]
+        self._partial = text[cut + 1 :]
         return self.feed_lines(text[:cut].split("\n"))
 
     def feed_lines(self, lines) -> list[str]:
@@ -91,5 +91,4 @@ class LineAssembler:
 
 
 def _is_bar(s: str) -> bool:
-    return "%|" in s and "|" in s[s.find("%|") + 2:]
-
+    return "%|" in s and "|" in s[s.find("%|") + 2 :]

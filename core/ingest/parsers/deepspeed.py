@@ -31,7 +31,7 @@ def parse_deepspeed(line: str) -> dict[str, Any] | None:
     else:
         # the throughput timer's line, not any `global_step=` (Lightning's bar prints 3.2e+4)
         t = _TIMER.search(line)
-        if t and _RATE.search(line) and not line[t.end():t.end() + 1] in ".e":
+        if t and _RATE.search(line) and line[t.end() : t.end() + 1] not in ".e":
             out["step"] = int(t.group(1))
     for name, value in _RATE.findall(line):
         if name != "CurrSamplesPerSec" or "samples_per_s" not in out:

@@ -27,40 +27,56 @@ _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 
 _MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 _MEGATRON_FIELDS = {
-    "lm loss": "loss", "lm_loss": "loss", "loss": "loss", "learning rate": "learning_rate",
+    "lm loss": "loss",
+    "lm_loss": "loss",
+    "loss": "loss",
+    "learning rate": "learning_rate",
     "grad norm": "grad_norm",
     "elapsed time per iteration (ms)": "step_ms",
 }
 _FIELD = re.compile(r"\|\s*([a-z][a-z ()/_-]*?)\s*:\s*(" + _NUM + r")\s*(?=\||$)", re.I)
 
-_DS_STEPS = re.compile(r"\bsteps: (\d+) loss: (" + _NUM + r")(?: iter time \(s\): (" + _NUM +
-                       r"))?")
+_DS_STEPS = re.compile(
+    r"\bsteps: (\d+) loss: (" + _NUM + r")(?: iter time \(s\): (" + _NUM + r"))?"
+)
 _TORCHTUNE = re.compile(r"(?:^|[\s:\]])(\d+)\|(\d+)\|Loss: (" + _NUM + r")")
-_LITGPT = re.compile(r"\biter (\d+)(?: \|)? step (\d+)(?::| \|) loss(?: train(?: \(curr\))?)?:? "
-                     r"(" + _NUM + r")", re.I)
+_LITGPT = re.compile(
+    r"\biter (\d+)(?: \|)? step (\d+)(?::| \|) loss(?: train(?: \(curr\))?)?:? "
+    r"(" + _NUM + r")",
+    re.I,
+)
 _LITLLAMA = re.compile(r"^iter (\d+): loss (" + _NUM + r")")
 _ITER_MS = re.compile(r"iter time: (" + _NUM + r") ?ms")
-_RICH_BAR = re.compile(r"Epoch (\d+)/\d+\s+\S+\s+(\d+)/(\d+)\s.*?\btrain_loss(?:_step)?:\s*(" +
-                       _NUM + r")")
+_RICH_BAR = re.compile(
+    r"Epoch (\d+)/\d+\s+\S+\s+(\d+)/(\d+)\s.*?\btrain_loss(?:_step)?:\s*(" + _NUM + r")"
+)
 # mmcv / mmengine runners: `Epoch [1][100/62598]\tlr: ..., loss: 1.9091` (epoch-local
 # iterations: the run's step counts the epochs before), `Iter(train) [  100/160000]  ... loss: 2.3`
 _MM_EPOCH = re.compile(r"\bEpoch(?:\(train\))? *\[(\d+)\] *\[ *(\d+)/(\d+)\]")
 _MM_ITER = re.compile(r"\bIter(?:\(train\))? *\[ *(\d+)/(\d+)\]")
 _MM_LOSS = re.compile(r"\b(?:total_)?loss: (" + _NUM + r")")
-_MM_EXTRA = {"grad_norm": re.compile(r"\bgrad_norm: (" + _NUM + r")"),
-             "learning_rate": re.compile(r"\blr: (" + _NUM + r")")}
+_MM_EXTRA = {
+    "grad_norm": re.compile(r"\bgrad_norm: (" + _NUM + r")"),
+    "learning_rate": re.compile(r"\blr: (" + _NUM + r")"),
+}
 # MetricLogger style (detectron2, DINO, timm scripts): `Training  [   40/5000000]  ... loss: x`
 _BRACKET_STEP = re.compile(r"\[ *(\d+)/(\d+)\]")
 # a step (iteration) named before its loss: `Training Iteration: 3272  step_loss : 0.48`
-_STEP_FIRST = re.compile(r"\b(?:global[ _]?step|step|iteration|iter)\b\s*[=:]?\s*(\d+)\b"
-                         r"(?![./])(?:(?!\b(?:global[ _]?step|step|iteration|iter)\b).)*?"
-                         r"\b(?:\w+_)?loss\s*[=:]\s*(" + _NUM + r")\b", re.I)
+_STEP_FIRST = re.compile(
+    r"\b(?:global[ _]?step|step|iteration|iter)\b\s*[=:]?\s*(\d+)\b"
+    r"(?![./])(?:(?!\b(?:global[ _]?step|step|iteration|iter)\b).)*?"
+    r"\b(?:\w+_)?loss\s*[=:]\s*(" + _NUM + r")\b",
+    re.I,
+)
 # fairseq's progress lines: `| epoch 010:  4000 / 8223 loss=0.91 (1.48), ..., gnorm=2.16`
 _FAIRSEQ = re.compile(r"\bepoch (\d+):? +(\d+) / (\d+) loss=(" + _NUM + r")")
 _GNORM = re.compile(r"\bgnorm=(" + _NUM + r")")
 # anything else that names a loss and then a step: `Loss nan ... Global Step: 20`
-_LOSS_FIRST = re.compile(r"\bloss\b[\s=:]+(" + _NUM + r")\b.*?\b(?:global[ _]?step|step|iteration)"
-                         r"\b[\s=:]+(\d+)(?![\d.e])", re.I)
+_LOSS_FIRST = re.compile(
+    r"\bloss\b[\s=:]+(" + _NUM + r")\b.*?\b(?:global[ _]?step|step|iteration)"
+    r"\b[\s=:]+(\d+)(?![\d.e])",
+    re.I,
+)
 _TEXT_STEP = re.compile(r"\b(?:step|global_step|iter|iteration)[\s=:]+(\d+)", re.I)
 
 
@@ -113,14 +129,14 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
     brace = s.find("{")
     if brace > 0 and s.rstrip().endswith("}"):
         return _inline_dict(s, brace)
-    if "oss" in s and "%|" not in s:     # (a progress bar's postfix is tqdm.py's)
+    if "oss" in s and "%|" not in s:  # (a progress bar's postfix is tqdm.py's)
         m = _LOSS_FIRST.search(s)
         if m:
             return {"step": int(m[2]), "loss": float(m[1])}
         m = _STEP_FIRST.search(s) if "% " not in s else None
         if m:
             return {"step": int(m[1]), "loss": float(m[2])}
-        if not _PERCENT.search(s):     # progress bars are tqdm.py's, even without bars
+        if not _PERCENT.search(s):  # progress bars are tqdm.py's, even without bars
             return _key_values(s)
     return None
 
@@ -129,12 +145,14 @@ def parse_framework_line(s: str) -> dict[str, Any] | None:
 # (YOLOX, NeMo, speechbrain, timm-style `Epoch: [e/E][i/N] ... Loss x (avg)`, a script's own
 # `epoch 0 | batch 500 | loss: 0.12`). A loss of a part (cls_loss, iou_loss) or of evaluation
 # (val_loss, valid loss) is never taken for the training loss.
-_KV_LOSS = re.compile(r"(?:\b(?P<pre>[A-Za-z]+)[ _])?(?P<name>[A-Za-z_]*loss)\b[ \t]*[:=]?[ \t]*"
-                      r"(?P<v>" + _NUM + r")(?![\w.])", re.I)
-_TRAIN_LOSS = {"loss", "total_loss", "train_loss", "reduced_train_loss", "lm_loss",
-               "training_loss"}
+_KV_LOSS = re.compile(
+    r"(?:\b(?P<pre>[A-Za-z]+)[ _])?(?P<name>[A-Za-z_]*loss)\b[ \t]*[:=]?[ \t]*"
+    r"(?P<v>" + _NUM + r")(?![\w.])",
+    re.I,
+)
+_TRAIN_LOSS = {"loss", "total_loss", "train_loss", "reduced_train_loss", "lm_loss", "training_loss"}
 _NOT_TRAIN = ("val", "valid", "eval", "test", "dev")
-_KV_STEPS = (   # most specific first: (pattern, "global" or "local" counter)
+_KV_STEPS = (  # most specific first: (pattern, "global" or "local" counter)
     (re.compile(r"\bglobal[ _]?step\b\s*[:=]?\s*(\d+)", re.I), "global"),
     (re.compile(r"\bsteps?\b\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?", re.I), "global"),
     (re.compile(r"\b(?:iter(?:ation)?|it)\b\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?", re.I), "local"),
@@ -165,11 +183,11 @@ def _key_values(s: str) -> dict[str, Any] | None:
             epoch, n, per = int(m[1]), int(m[3]), int(m[4])
             return {"step": max(epoch - 1, 0) * per + n, "loss": loss, "epoch": epoch}
         n, per = int(m[1]), m[2] and int(m[2])
-        if kind == "local" and per and epoch_m:   # an epoch's own count: the run's step
+        if kind == "local" and per and epoch_m:  # an epoch's own count: the run's step
             epoch = int(epoch_m[1])
             return {"step": max(epoch - 1, 0) * per + n, "loss": loss, "epoch": epoch}
         return {"step": n, "loss": loss}
-    if epoch_m:     # one line per epoch: the epoch is the step
+    if epoch_m:  # one line per epoch: the epoch is the step
         return {"step": int(epoch_m[1]), "loss": loss}
     return None
 
@@ -182,7 +200,7 @@ def _mm(s: str) -> dict[str, Any] | None:
     if m:
         epoch, n, per_epoch = int(m[1]), int(m[2]), int(m[3])
         rec = {"step": (epoch - 1) * per_epoch + n, "loss": float(loss[1]), "epoch": epoch}
-    elif (m := _MM_ITER.search(s) or _BRACKET_STEP.search(s)):
+    elif m := _MM_ITER.search(s) or _BRACKET_STEP.search(s):
         rec = {"step": int(m[1]), "max_steps": int(m[2]), "loss": float(loss[1])}
     else:
         return None
@@ -198,7 +216,7 @@ def _megatron(s: str) -> dict[str, Any] | None:
     if not m:
         return None
     rec: dict[str, Any] = {"step": int(m[1]), "max_steps": int(m[2])}
-    for key, value in _FIELD.findall(s[m.end() - 1:]):
+    for key, value in _FIELD.findall(s[m.end() - 1 :]):
         name = _MEGATRON_FIELDS.get(key.strip().lower())
         if name and name not in rec:
             rec[name] = float(value)
@@ -216,16 +234,26 @@ def _inline_dict(s: str, brace: int) -> dict[str, Any] | None:
     loss = next((d[k] for k in ("loss", "train_loss", "train/loss") if _is_num(d.get(k))), None)
     if loss is None:
         return None
-    step = next((d[k] for k in ("step", "global_step", "train/global_step", "iteration", "iter")
-                 if _is_num(d.get(k))), None)
+    step = next(
+        (
+            d[k]
+            for k in ("step", "global_step", "train/global_step", "iteration", "iter")
+            if _is_num(d.get(k))
+        ),
+        None,
+    )
     if step is None:
         m = _TEXT_STEP.search(s[:brace])
         if not m:
             return None
         step = int(m[1])
     rec: dict[str, Any] = {"step": int(step), "loss": float(loss)}
-    for src, dst in (("lr", "learning_rate"), ("learning_rate", "learning_rate"),
-                     ("grad_norm", "grad_norm"), ("epoch", "epoch")):
+    for src, dst in (
+        ("lr", "learning_rate"),
+        ("learning_rate", "learning_rate"),
+        ("grad_norm", "grad_norm"),
+        ("epoch", "epoch"),
+    ):
         if _is_num(d.get(src)) and dst not in rec:
             rec[dst] = d[src]
     return rec

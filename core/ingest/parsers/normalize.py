@@ -31,20 +31,30 @@ from dataclasses import dataclass
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]")
 
 # -- one pattern per layer, each anchored at the start of what is left ---------------------
-_ISO = re.compile(r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
-                  r"(?: *\|)? ?")
+_ISO = re.compile(
+    r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
+    r"(?: *\|)? ?"
+)
 _CLOCK = re.compile(r"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?(?: *\|)? (?=\S)")
 _GLOG = re.compile(r"\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] ?")
-_GLOG_SHORT = re.compile(r"\[[IWEF](?:\d{3,4} \d\d:\d\d:\d\d\.\d+ )?[\w./-]+\.(?:cpp|cc|h|py):\d+\] ?")
+_GLOG_SHORT = re.compile(
+    r"\[[IWEF](?:\d{3,4} \d\d:\d\d:\d\d\.\d+ )?[\w./-]+\.(?:cpp|cc|h|py):\d+\] ?"
+)
 _PYLOG = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:(?: ?\[\w+\])? ?")
 _PYLOG2 = re.compile(r"[\w.]+: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
-_DSLOG = re.compile(r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]+)?\] ?(?:\[[\w.]+:\d+:\w+\] )?")
+_DSLOG = re.compile(
+    r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]+)?\] ?(?:\[[\w.]+:\d+:\w+\] )?"
+)
 _LEVEL = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|WARN) *(?:\||:|-)? +(?=\S)")
-_DASH_LEVEL = re.compile(r"[-|] (?:[\w.]+ [-|] )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|SUCCESS) *"
-                         r"[-|] ?")
+_DASH_LEVEL = re.compile(
+    r"[-|] (?:[\w.]+ [-|] )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|SUCCESS) *"
+    r"[-|] ?"
+)
 # vLLM / Ray workers: `ERROR 04-15 00:31:11 worker_base.py:574] `
 _VLLM = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] ?")
-_RANK = re.compile(r"\[(?:default|rank) ?(\d+)\]:? ?|\[1,(\d+)\]<std(?:out|err)>: ?|\[(\d+)\] (?=\S)")
+_RANK = re.compile(
+    r"\[(?:default|rank) ?(\d+)\]:? ?|\[1,(\d+)\]<std(?:out|err)>: ?|\[(\d+)\] (?=\S)"
+)
 _TORCHX = re.compile(r"\[[A-Za-z_][\w-]*?\d*\|(\d+)\]: ?")
 _DETERMINED = re.compile(r"(?:[0-9a-f]{8} )?\[rank=(\d+)\] \|\| ?|[0-9a-f]{8} \|\| ?")
 _SRUN = re.compile(r" ?(\d{1,4}): (?=\S|\s)")
@@ -54,8 +64,23 @@ _COMPOSE = re.compile(r"([a-z][\w.-]*?-\d+) +\| ?")
 # pdsh / DeepSpeed's multi-node runner: `worker-1: ...`. A host name, not an exception type
 # (`RuntimeError: ...`) nor a word (`Epoch: 1`): lower case, and a digit, dash or dot in it.
 _HOST = re.compile(r"(localhost|[a-z][a-z0-9]*(?:[-.][a-z0-9]+)+|[a-z]+\d+[a-z0-9]*): (?=\S|\s)")
-_NOT_HOSTS = frozenset(("step", "iter", "epoch", "loss", "error", "warning", "note", "info",
-                        "http", "https", "file", "cuda", "nccl"))
+_NOT_HOSTS = frozenset(
+    (
+        "step",
+        "iter",
+        "epoch",
+        "loss",
+        "error",
+        "warning",
+        "note",
+        "info",
+        "http",
+        "https",
+        "file",
+        "cuda",
+        "nccl",
+    )
+)
 _TMUX_STATUS = re.compile(r"^\[[\w.-]+\] \d+:[\w.~/-]+[*\-#!~Z]? .*\"[^\"]*\" \d\d:\d\d")
 _TMUX_POS = re.compile(r"\s*\[\d+/\d+\]\s*$")
 _BOX_TOP = re.compile(r"^\s*[╭┌+][─━-]+ *(.*?) *[─━-]+[╮┐+]\s*$")
@@ -65,11 +90,11 @@ _BOX_ROW = re.compile(r"^\s*[│┃|] ?(.*?) *[│┃|]\s*$")
 
 @dataclass
 class Norm:
-    text: str                  # the message
-    rank: int | None = None    # from [rankN]: / [defaultN]: / srun N: / [rank=N] ||
-    host: str | None = None    # from pdsh / compose / kubectl prefixes
-    stamped: bool = False      # a time stamp was among the prefixes
-    boxed: bool = False        # inside a rich box (a frame line of a rich traceback)
+    text: str  # the message
+    rank: int | None = None  # from [rankN]: / [defaultN]: / srun N: / [rank=N] ||
+    host: str | None = None  # from pdsh / compose / kubectl prefixes
+    stamped: bool = False  # a time stamp was among the prefixes
+    boxed: bool = False  # inside a rich box (a frame line of a rich traceback)
 
 
 def normalize(line: str) -> Norm:
@@ -84,7 +109,7 @@ def normalize(line: str) -> Norm:
     if c not in "[(0123456789IWEFDCabcdefghijklmnopqrstuvwxyz│┃╭╰┌└+ ->" and c != "|":
         return Norm(s)
     out = Norm(s)
-    for _ in range(8):                       # layers nest; each pass strips one
+    for _ in range(8):  # layers nest; each pass strips one
         before = s
         s = _strip_one(s, out)
         if s == before:
@@ -97,37 +122,37 @@ def _strip_one(s: str, out: Norm) -> str:
     c = s[:1]
     if not c:
         return s
-    if c == ">" and s[1:2] in (" ", ">", ""):   # a markdown quote (a log pasted in an issue)
+    if c == ">" and s[1:2] in (" ", ">", ""):  # a markdown quote (a log pasted in an issue)
         return s[2:] if s[1:2] == " " else s[1:]
     if c in "│┃╭╰┌└" or (c == " " and s.lstrip()[:1] in "│┃╭╰"):
         return _unbox(s, out)
     if c == "[":
         m = _RANK.match(s)
-        if m:   # torchrun's [rankN]: / [defaultN]:, Open MPI's --tag-output, mpirun's [N]
+        if m:  # torchrun's [rankN]: / [defaultN]:, Open MPI's --tag-output, mpirun's [N]
             n = int(m.group(1) or m.group(2) or m.group(3))
             # a bare `[N] ` is as often a log viewer's line number: large ones are not ranks
             if m.group(3) is None or n < 256:
                 out.rank = n
-            return s[m.end():]
+            return s[m.end() :]
         for rx in (_ISO, _CLOCK, _GLOG, _GLOG_SHORT, _DSLOG):
             m = rx.match(s)
             if m:
                 if rx is _ISO or rx is _CLOCK or rx is _GLOG:
                     out.stamped = True
-                return s[m.end():]
+                return s[m.end() :]
         m = _TORCHX.match(s)
         if m:
             out.rank = int(m.group(1))
-            return s[m.end():]
+            return s[m.end() :]
         m = _KUBECTL.match(s)
         if m:
             out.host = m.group(1)
-            return s[m.end():]
+            return s[m.end() :]
         m = _DETERMINED.match(s)
         if m:
             if m.group(1):
                 out.rank = int(m.group(1))
-            return s[m.end():]
+            return s[m.end() :]
         if _TMUX_STATUS.match(s):
             return ""
         return s
@@ -135,55 +160,55 @@ def _strip_one(s: str, out: Norm) -> str:
         m = _ISO.match(s) or _CLOCK.match(s)
         if m:
             out.stamped = True
-            return s[m.end():]
+            return s[m.end() :]
         m = _DETERMINED.match(s)
         if m:
             if m.group(1):
                 out.rank = int(m.group(1))
-            return s[m.end():]
+            return s[m.end() :]
         m = _SRUN.match(s)
         if m and out.rank is None:
             out.rank = int(m.group(1))
-            return s[m.end():]
+            return s[m.end() :]
         return s
     if c in "IWEF":
         m = _GLOG.match(s)
         if m:
             out.stamped = True
-            return s[m.end():]
+            return s[m.end() :]
     if c in "DIWEC":
         m = _VLLM.match(s) or _PYLOG.match(s) or _LEVEL.match(s)
         if m:
-            return s[m.end():]
+            return s[m.end() :]
     if c in "-|":
         m = _DASH_LEVEL.match(s)
-        return s[m.end():] if m else s
+        return s[m.end() :] if m else s
     if c == "(":
         m = _RAY.match(s)
-        return s[m.end():] if m else s
+        return s[m.end() :] if m else s
     if c == " " and s[1:2].isdigit():
         m = _SRUN.match(s)
         if m and out.rank is None:
             out.rank = int(m.group(1))
-            return s[m.end():]
+            return s[m.end() :]
         return s
     if "a" <= c <= "z":
         m = _DETERMINED.match(s)
         if m:
             if m.group(1):
                 out.rank = int(m.group(1))
-            return s[m.end():]
-        m = _PYLOG2.match(s)    # `torch.distributed...api: [ERROR] `: a logger, not a host
+            return s[m.end() :]
+        m = _PYLOG2.match(s)  # `torch.distributed...api: [ERROR] `: a logger, not a host
         if m:
-            return s[m.end():]
+            return s[m.end() :]
         m = _COMPOSE.match(s)
         if m and out.host is None:
             out.host = m.group(1)
-            return s[m.end():]
+            return s[m.end() :]
         m = _HOST.match(s)
         if m and out.host is None and m.group(1) not in _NOT_HOSTS:
             out.host = m.group(1)
-            return s[m.end():]
+            return s[m.end() :]
     return s
 
 
@@ -202,7 +227,7 @@ def _unbox(s: str, out: Norm) -> str:
     if m:
         out.boxed = True
         return "  " + m.group(1) if m.group(1).strip() else "  "
-    if s.lstrip()[:1] in "│┃":          # a row cut at its right border
+    if s.lstrip()[:1] in "│┃":  # a row cut at its right border
         out.boxed = True
         return "  " + s.lstrip()[1:].strip()
     return s
@@ -217,8 +242,10 @@ def strip(line: str) -> str:
 
 # lines that start something of their own: indentation, a traceback's parts, a rule line
 # (torchrun's ====/----), a bracketed prefix, torchrun's table headings
-_NEW_LINE = re.compile(r"^(?:\s|Traceback|File |During handling|The above exception|\[|Root Cause"
-                       r"|Failures:|(.)\1{9,}$|$)")
+_NEW_LINE = re.compile(
+    r"^(?:\s|Traceback|File |During handling|The above exception|\[|Root Cause"
+    r"|Failures:|(.)\1{9,}$|$)"
+)
 
 
 def rejoin(lines: list[str], width: int | None = None) -> list[str]:
@@ -234,12 +261,17 @@ def rejoin(lines: list[str], width: int | None = None) -> list[str]:
         return list(lines)
     full = {x for x in lines if len(x) == w}
     if len(full) < 2 and width is None:
-        return list(lines)                   # no fixed width: nothing was wrapped
+        return list(lines)  # no fixed width: nothing was wrapped
     out: list[str] = []
     for x in lines:
         # lines of one shape (records printed alike) are not a line and its continuation
-        if out and len(out[-1]) % w == 0 and not _NEW_LINE.match(x) \
-                and x[:2] != out[-1][:2] and normalize(x).text == x:
+        if (
+            out
+            and len(out[-1]) % w == 0
+            and not _NEW_LINE.match(x)
+            and x[:2] != out[-1][:2]
+            and normalize(x).text == x
+        ):
             out[-1] += x
         else:
             out.append(x)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_PLAIN = re.compile(r"\bstep[\s=:]+(\d+)\b.*?\bloss[\s=:]+(-?\d+(?:\.\d*)?(?:e-?\d+)?|nan|inf)\b",
-                    re.I)
+_PLAIN = re.compile(
+    r"\bstep[\s=:]+(\d+)\b.*?\bloss[\s=:]+(-?\d+(?:\.\d*)?(?:e-?\d+)?|nan|inf)\b", re.I
+)
 
 
 def parse_plain_step(line: str) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ def split_rank(line: str) -> tuple[int | None, str]:
     if line.startswith("[") and ("rank" in line[:12] or "default" in line[:12]):
         m = _RANK.match(line)
         if m:
-            rest = line[m.end():]
+            rest = line[m.end() :]
             # one separator space; the rest is the line's own indentation (traceback frames)
             return int(m.group(1)), rest[1:] if rest.startswith(" ") else rest
     return None, line

@@ -16,8 +16,14 @@ from typing import Any
 _PAIR = re.compile(r"""'([^'\\]+)'\s*:\s*('[^']*'|"[^"]*"|\[[^\]]*\]|[^,}]+)""")
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)")
 _BARE_TOKEN = re.compile(r":\s*(?:nan|-?inf|None|True|False)\b")
-_BARE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "None": None,
-         "True": True, "False": False}
+_BARE = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "None": None,
+    "True": True,
+    "False": False,
+}
 
 
 def parse_dict_line(line: str) -> dict[str, Any] | None:

@@ -111,8 +111,7 @@ class ChildFailedParser:
         self._in = False
         if not any(f.rank is not None or f.exitcode is not None for f in self._failures):
             return None
-        return ChildFailedReport(self._script, self._failures, self._start, lineno,
-                                 self._lines)
+        return ChildFailedReport(self._script, self._failures, self._start, lineno, self._lines)
 
     def feed(self, line: str, lineno: int = 0) -> ChildFailedReport | None:
         prev, self._prev = self._prev, line
@@ -134,23 +133,25 @@ class ChildFailedParser:
             else:
                 self.consumed = False
                 return None
-        if self._partial and not (not line.strip() or _ENTRY.match(line) or _is_field(line)
-                                  or line.startswith(("Root Cause", "Failures:", "  <NO_OTHER"))
-                                  or (self._last_key == "traceback" and line[:1] == " ")):
+        if self._partial and not (
+            not line.strip()
+            or _ENTRY.match(line)
+            or _is_field(line)
+            or line.startswith(("Root Cause", "Failures:", "  <NO_OTHER"))
+            or (self._last_key == "traceback" and line[:1] == " ")
+        ):
             # the table is over (or was never one): hand back what it held
             self._in = False
             self.consumed = _is_rule(line, "=") or _is_rule(line, "-")
             if not any(f.rank is not None or f.exitcode is not None for f in self._failures):
                 return None
-            return ChildFailedReport(self._script, self._failures, self._start, lineno,
-                                     self._lines)
+            return ChildFailedReport(self._script, self._failures, self._start, lineno, self._lines)
         self._lines.append(line)
         if _is_rule(line, "="):
             self._in = False
-            return ChildFailedReport(self._script, self._failures, self._start, lineno,
-                                     self._lines)
+            return ChildFailedReport(self._script, self._failures, self._start, lineno, self._lines)
         if self._partial and self._cur is None and _is_field(line):
-            self._cur = Failure(root_cause=False)   # the entry's `[N]:` was cut off too
+            self._cur = Failure(root_cause=False)  # the entry's `[N]:` was cut off too
             self._failures.append(self._cur)
         if line.startswith("Root Cause"):
             self._root_section = True
@@ -221,8 +222,12 @@ def parse_torchrun_line(line: str) -> dict[str, Any] | None:
     if "exitcode" in line:
         m = _FAILED_LINE.search(line)
         if m:
-            return {"kind": "failed", "exitcode": int(m[1]), "local_rank": int(m[2]),
-                    "pid": int(m[3])}
+            return {
+                "kind": "failed",
+                "exitcode": int(m[1]),
+                "local_rank": int(m[2]),
+                "pid": int(m[3]),
+            }
     if "closing signal" in line:
         m = _SIGTERM_SENT.search(line)
         if m:
@@ -231,7 +236,11 @@ def parse_torchrun_line(line: str) -> dict[str, Any] | None:
         m = _DS_EXIT.search(line)
         if m:
             lr = _DS_LOCAL.search(line)
-            return {"kind": "failed", "exitcode": int(m[1]),
-                    "local_rank": int(lr[1]) if lr else None, "pid": None,
-                    "launcher": "deepspeed"}
+            return {
+                "kind": "failed",
+                "exitcode": int(m[1]),
+                "local_rank": int(lr[1]) if lr else None,
+                "pid": None,
+                "launcher": "deepspeed",
+            }
     return None

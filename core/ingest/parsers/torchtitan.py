@@ -20,7 +20,7 @@ def parse_torchtitan(line: str) -> dict[str, Any] | None:
     if not m:
         return None
     out: dict[str, Any] = {"step": int(m.group(1))}
-    for key, num, unit in _FIELD.findall(s[m.end() - 1:]):
+    for key, num, unit in _FIELD.findall(s[m.end() - 1 :]):
         try:
             value = float(num.replace(",", ""))
         except ValueError:

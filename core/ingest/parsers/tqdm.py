@@ -9,17 +9,21 @@ from typing import Any
 _BAR = re.compile(
     r"(?:(?P<desc>[^|\r]*?):?\s*)?(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)"
     r"(?:\s*\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:?]+))?"
-    r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?)?")
+    r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?)?"
+)
 # `loss=` in tqdm's postfix; Lightning's bar says `train_loss=` / `train_loss_step=`
-_POSTFIX_LOSS = re.compile(r"(?:\b|train_)loss(?:_step)?=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))"
-                           r"[,\]\s]")
+_POSTFIX_LOSS = re.compile(
+    r"(?:\b|train_)loss(?:_step)?=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))"
+    r"[,\]\s]"
+)
 _EPOCH = re.compile(r"^Epoch (\d+):")
 # the same bar where the terminal (or a notebook's capture) dropped the bar itself:
 # `Epoch 0:  98% 1663/1702 [13:02<00:18,  2.12it/s, loss=0.158]` (the bracket is required)
 _BARLESS = re.compile(
     r"(?:(?P<desc>[^|\r%]*?):?\s*)?(?P<pct>\d+)% +(?P<n>\d+)/(?P<total>\d+)"
     r"\s*\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:?]+))?"
-    r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?")
+    r"(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>[A-Za-z]+/[A-Za-z]+))?"
+)
 
 
 def parse_tqdm(line: str) -> dict[str, Any] | None:
@@ -32,8 +36,11 @@ def parse_tqdm(line: str) -> dict[str, Any] | None:
         return None
     if not m:
         return None
-    out: dict[str, Any] = {"n": int(m["n"]), "total": int(m["total"]),
-                           "desc": (m["desc"] or "").strip()}
+    out: dict[str, Any] = {
+        "n": int(m["n"]),
+        "total": int(m["total"]),
+        "desc": (m["desc"] or "").strip(),
+    }
     if m["elapsed"]:
         out["elapsed_s"] = clock_s(m["elapsed"])
     if m["remaining"] and "?" not in m["remaining"]:
