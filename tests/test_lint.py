@@ -22,7 +22,7 @@ def _ruff() -> list[str]:
 
 def test_ruff_lint_is_clean():
     r = subprocess.run(
-        [*_ruff(), "check", "--output-format", "concise", *TREE],
+        [*_ruff(), "check", "--no-cache", "--output-format", "concise", *TREE],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -32,6 +32,9 @@ def test_ruff_lint_is_clean():
 
 def test_ruff_format_leaves_the_tree_as_it_is():
     r = subprocess.run(
-        [*_ruff(), "format", "--check", *TREE], cwd=REPO, capture_output=True, text=True
+        [*_ruff(), "format", "--no-cache", "--check", *TREE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

@@ -337,9 +337,8 @@ async def test_import_pushes_compose_with_the_imported_spec(home, monkeypatch):
 
         # warnings are shown, errors too (and nothing is pushed)
         await pilot.press("i")
-        app.screen.query_one(Input).value = (
-            "CUDA_VISIBLE_DEVICES=0,1 swift sft --model m --dataset d.jsonl"
-        )
+        pasted = "CUDA_VISIBLE_DEVICES=0,1 swift sft --model m --dataset d.jsonl"
+        app.screen.query_one(Input).value = pasted
         await pilot.press("enter")
         await until(
             pilot,
