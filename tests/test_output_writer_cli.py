@@ -91,7 +91,7 @@ def test_two_resumes_at_once_launch_one_run_unless_told_to_share(td_home):
     assert str(out.resolve()) in lost.stderr and "--share-output" in lost.stderr
     assert lost.stdout == "" and "Traceback" not in lost.stderr
     assert {r["run_id"] for r in cli_json("ls", home=td_home)} == runs | {winner}
-    assert "output_shared_with" not in state(td_home, winner)
+    assert state(td_home, winner).get("output_shared_with") is None
     ended(td_home, winner)
 
     # both asked to share: both launch, and each run's state.json records it (the one that
