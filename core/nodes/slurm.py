@@ -368,7 +368,9 @@ def node_task(run_dir: str) -> int:
             print(f"tunedeck: refusing {folder}: {why}", file=sys.stderr)
             return 2
     run = prepare_node(run_dir, node, os.environ.get(MASTER_ENV, ""))
-    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    # a node's agent.log is the link prepare_node made into the head's logs, inside folders
+    # just checked to be this user's alone: followed on purpose
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)

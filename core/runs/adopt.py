@@ -145,7 +145,9 @@ def spawn(run_dir: Path) -> subprocess.Popen:
     env = dict(os.environ)
     for k in (procs.RUN_ID_ENV, procs.LAUNCH_ID_ENV, "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT"):
         env.pop(k, None)  # never the marker of a run the reader may be running inside
-    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
+    # followed on purpose: a Slurm node's agent.log links into the head's logs, and the run
+    # folder was checked to be this user's alone (why_not), so no one else placed a link
+    log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path), "--adopt"],
