@@ -717,17 +717,16 @@ class Agent:
             self._store_failed(why)
             return []
         # rank 0's newest step with a usable step number: looked for from the end
-        e = next(
+        old = self.state.get("progress") or {}
+        prog = next(
             (
-                e
+                p
                 for e in reversed(new)
-                if e.get("kind") == "step"
-                and e.get("rank", 0) == 0
-                and progress_from_event(e, {}) is not None
+                if e.get("kind") == "step" and e.get("rank", 0) == 0
+                if (p := progress_from_event(e, old)) is not None
             ),
             None,
         )
-        prog = progress_from_event(e, self.state.get("progress") or {}) if e else None
         if prog is not None:
             self.save(progress=prog)
         return new
