@@ -41,17 +41,7 @@ def test_compose_gate_launch_then_reattach_from_a_new_terminal(td_home, tmux):
     _screen_has(tmux, "one", "tunedeck.core.train", timeout=60, what="the preview's command")
     # two values changed by keys: the name (focused first) and max_steps (ctrl+g, its key)
     _type(tmux, "one", "C-u", "e2e-demo")
-    tmux.keys("one", "C-g")
-    _screen_has(tmux, "one", "Go to the field", what="the go-to prompt")
-    _type(tmux, "one", "max_steps", "Enter", "C-u", str(STEPS))
-    wait_for(
-        lambda: any(
-            ln.split()[:2] == ["train.max_steps", str(STEPS)]
-            for ln in tmux.screen("one").splitlines()
-        ),
-        30,
-        "the edited field",
-    )
+    _goto_and_type(tmux, "one", "max_steps", str(STEPS))
 
     # the gate: the checklist runs; no failure, so l launches and the monitor opens
     tmux.keys("one", "C-l")
@@ -96,6 +86,35 @@ def _type(tmux, name: str, *keys: str) -> None:
     for k in keys:
         tmux.keys(name, k)
         time.sleep(0.15)
+
+
+def _field_value(tmux, name: str, key: str) -> str | None:
+    for ln in tmux.screen(name).splitlines():
+        words = ln.split("│")[0].split()  # the form's pane, not the preview beside it
+        if words[:1] == [key]:
+            return words[1] if len(words) > 1 else ""
+    return None
+
+
+def _goto_and_type(tmux, name: str, field: str, value: str) -> None:
+    """ctrl+g to the field, then its new value. Keys typed while the prompt is still closing
+    go to the prompt, as they would for a person typing ahead on a loaded machine, so each
+    step waits for what the screen says before the next: the prompt gone, the field cleared."""
+    key = f"train.{field}"
+    for _ in range(3):
+        tmux.keys(name, "C-g")
+        _screen_has(tmux, name, "Go to the field", what="the go-to prompt")
+        _type(tmux, name, field, "Enter")
+        wait_for(lambda: "Go to the field" not in tmux.screen(name), 30, "the prompt to close")
+        _type(tmux, name, "C-u")
+        try:
+            wait_for(lambda: _field_value(tmux, name, key) == "", 10, f"{key} cleared")
+        except AssertionError:
+            continue  # the focus had not reached the field yet: go to it again
+        _type(tmux, name, value)
+        wait_for(lambda: _field_value(tmux, name, key) == value, 30, "the edited field")
+        return
+    raise AssertionError(f"ctrl+g never put the focus in {key}\n{tmux.screen(name)}")
 
 
 def _steps(run_dir) -> int:
