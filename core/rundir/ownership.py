@@ -157,3 +157,22 @@ def read_untrusted(path: Path | str, limit: int = READ_LIMIT) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def root_problem(root: Path) -> str:
+    """ "" or one line saying why a runs folder others can write into is unsafe: without the
+    sticky bit anyone who can write it can rename a user's run folder away between the check
+    and the use (see the module's last paragraph). `ls`, the runs list and `doctor` show it."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return ""
+    writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if not writable_by_others or st.st_mode & stat.S_ISVTX:
+        return ""
+    who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+    return (
+        f"{root} is writable by {who} without the sticky bit (mode "
+        f"{stat.S_IMODE(st.st_mode):04o}): another user could swap a run folder for their own; "
+        f"run `chmod +t {root}` (a shared runs folder is 1777, or 3775 for a group)"
+    )
