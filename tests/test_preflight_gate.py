@@ -136,9 +136,13 @@ async def test_detail_and_fix_sit_below_the_list_at_80x24():
         order = [("fail", "warn", "pass", "skip").index(screen.results[k].status) for k in keys]
         assert order == sorted(order)
         table.move_cursor(row=keys.index("host.cores"))
-        await pilot.pause()
-        detail = str(screen.query_one("#check-detail", Static).render())
-        assert "fix: set data.num_workers" in detail and "f applies: data.num_workers =" in detail
+
+        def detail() -> str:
+            return str(screen.query_one("#check-detail", Static).render())
+
+        # the pane follows the cursor on the next message round, later on a loaded machine
+        await until(pilot, lambda: "fix: set data.num_workers" in detail(), what="the detail")
+        assert "f applies: data.num_workers =" in detail()
         await pilot.press("f")
         await until(pilot, lambda: screen.finished, what="the checks again")
         assert screen.results["host.cores"].status == "pass"
