@@ -27,7 +27,7 @@ DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
 
 
 def h200s(n: int = 2) -> GpuFacts:
-    """A 2×H200 node as NVML described it (shared/fixtures/h200)."""
+    """A 2×H200 node as NVML described it (tests/fixtures/h200/recorded)."""
     return GpuFacts(
         gpus=[Gpu(i, "NVIDIA H200", 139.8, (9, 0)) for i in range(n)],
         driver="580.1",

@@ -11,7 +11,7 @@ from tunedeck.core.detect.stall import StallDetector
 from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
 
-H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
+H200 = Path(__file__).resolve().parent / "fixtures" / "h200" / "recorded"
 T = 1_800_000_000.0
 
 
@@ -76,7 +76,7 @@ def test_probe_records_feed_starvation():
     assert f.rank == 2 and "(probe)" in f.evidence[0]
 
 
-@pytest.mark.skipif(not H200.exists(), reason="shared/fixtures/h200 not present")
+@pytest.mark.skipif(not H200.exists(), reason="tests/fixtures/h200/recorded not present")
 def test_h200_starved_run_flagged_and_corroborated_by_nvml():
     """The measured 7B LoRA run with 1 s of loader delay per step: utilisation 44 %."""
 

@@ -13,7 +13,7 @@ from conftest import cli
 from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
 from tunedeck.core.diagnose.finding import Finding
 
-H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
+H200 = Path(__file__).resolve().parent / "fixtures" / "h200" / "recorded"
 CPU = Path(__file__).resolve().parent / "fixtures" / "cpu"
 GEN = Path(__file__).resolve().parent / "fixtures" / "gen_faults.py"
 

@@ -14,7 +14,7 @@ from tunedeck.core.ingest.parsers.pydict import parse_dict_line
 from tunedeck.core.ingest.parsers.torchrun import ChildFailedParser
 from tunedeck.core.ingest.parsers.tqdm import parse_tqdm
 
-H200 = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
+H200 = Path(__file__).resolve().parent / "fixtures" / "h200" / "recorded"
 
 
 @pytest.fixture

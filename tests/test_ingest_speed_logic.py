@@ -17,7 +17,7 @@ from tunedeck.core.ingest.metrics import FileMetrics
 from tunedeck.core.ingest.native import fastscan as _fastscan
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"
+FIXTURES = ROOT / "tests" / "fixtures" / "h200" / "recorded"
 sys.path.insert(0, str(ROOT / "bench"))
 
 

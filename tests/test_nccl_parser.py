@@ -1,5 +1,5 @@
 """core/ingest/parsers/nccl.py is the one parser of NCCL lines: each kind it claims, read from
-lines as a 2 × H200 run printed them (shared/fixtures/h200/ddp2_nccl_info.log), and a check
+lines as a 2 × H200 run printed them (tests/fixtures/h200/recorded/ddp2_nccl_info.log), and a check
 that no other module under core/ or tui/ compiles its own regex for them."""
 
 from __future__ import annotations

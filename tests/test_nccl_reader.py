@@ -1,6 +1,6 @@
 """core/runs/nccl.py: per-rank NCCL facts from the rank logs, read incrementally.
 
-On real recordings: shared/fixtures/h200/ddp2_nccl_info.log (NCCL_DEBUG=INFO of a 2 × H200
+On real recordings: tests/fixtures/h200/recorded/ddp2_nccl_info.log (NCCL_DEBUG=INFO of a 2 × H200
 DDP run, both processes in one console log, split here by pid into the rank logs torchrun
 would have written) and the watchdog timeout of tests/fixtures/h200/hung_rank.
 """
@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.runs.nccl import MAX_ISSUES, NcclReader
 
-NCCL_LOG = REPO.parent / "shared" / "fixtures" / "h200" / "ddp2_nccl_info.log"
+NCCL_LOG = REPO / "tests" / "fixtures" / "h200" / "recorded" / "ddp2_nccl_info.log"
 HUNG = REPO / "tests" / "fixtures" / "h200" / "hung_rank"
 
 needs_recording = pytest.mark.skipif(

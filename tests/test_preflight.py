@@ -246,7 +246,7 @@ def test_backend_versions_and_saving(tmp_path):
     assert not check(spec, "env.backend", ["model.attn_impl=flash_attention_2"]).fix_set
 
 
-# -- GPU rules on recorded facts (a 2×H200 box like shared/fixtures/h200/env.txt) ------------
+# -- GPU rules on recorded facts (a 2×H200 box like tests/fixtures/h200/recorded/env.txt) ------------
 
 
 def h200s(n=2, **kw) -> GpuFacts:

@@ -3,7 +3,7 @@
 Most tests read a run directory built here from fixed data (`build_run`): two H200 ranks
 (telemetry through the real TelemetryStore on the real Store's connection, events in the
 trainer's schema, findings through `Store.save_finding`), rank logs made of recorded NCCL
-INFO output (shared/fixtures/h200/ddp2_nccl_info.log, split by process) and the recorded
+INFO output (tests/fixtures/h200/recorded/ddp2_nccl_info.log, split by process) and the recorded
 watchdog timeout of tests/fixtures/h200/hung_rank. The snapshots use it at a fixed path, so
 no temp path or wall-clock age reaches the screen. The prepare-failure and CPU tests run
 the real agent.
@@ -39,7 +39,7 @@ from tunedeck.tui.widgets.progress import ProgressView
 RUN_ID = "20261130-130450-fx-monitor-7447"
 FIXED_HOME = Path("/tmp/tunedeck-test-monitor-fixture")
 T0 = 1796043570.0
-NCCL_LOG = REPO.parent / "shared" / "fixtures" / "h200" / "ddp2_nccl_info.log"
+NCCL_LOG = REPO / "tests" / "fixtures" / "h200" / "recorded" / "ddp2_nccl_info.log"
 HUNG = REPO / "tests" / "fixtures" / "h200" / "hung_rank"
 MESSAGE = (
     "torchrun exited with code 1: rank 0 (pid 801) failed after the NCCL watchdog "
