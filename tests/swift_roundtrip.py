@@ -25,7 +25,7 @@ from tunedeck.core.backends.importer import import_command
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import loads_spec
 
-# The judge is read from this checkout's files (ms-swift's parser through core/swift/check.py
+# The judge is read from this checkout's files (ms-swift's parser through core/backends/swift/check.py
 # run as a script, the flag table shipped beside it), never through the `tunedeck` being
 # judged, so an older tunedeck can be scored by the same rules.
 HERE = Path(__file__).resolve().parent.parent

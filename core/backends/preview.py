@@ -60,7 +60,7 @@ def swift_settings(spec: RunSpec) -> list[dict]:
     default" (no flag: ms-swift's default for the installed version X, read from its own
     argument classes; None where the default is decided at run time, e.g. learning_rate by
     tuner). Empty for other backends."""
-    from tunedeck.core.swift.run_estimate import run_settings
+    from tunedeck.core.backends.swift.run_estimate import run_settings
 
     # the same values the compose form and the estimate use (the model's length limit, the
     # accumulation to a global batch of 16 where the table says "at run time")
@@ -90,8 +90,8 @@ def preview(spec: RunSpec, root: Path | None = None) -> Preview:
     t, c = spec.train, spec.cluster
     est, length = spec, f"{t.max_steps} steps"
     if spec.backend == "swift":  # the numbers of the run ms-swift starts (its defaults)
-        from tunedeck.core.swift.flags import FlagTableError, flag_tables
-        from tunedeck.core.swift.keymap import estimate_view, length_phrase
+        from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables
+        from tunedeck.core.backends.swift.keymap import estimate_view, length_phrase
 
         try:
             tables = flag_tables()

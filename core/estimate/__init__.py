@@ -1,7 +1,7 @@
 """Memory per GPU, effective batch and throughput for a RunSpec, before any GPU is touched.
 
 `estimate_spec(spec)` sizes a spec as it is written; `tunedeck estimate`, the compose form and
-the preflight ask `core/swift/run_estimate.estimate_run`, which first puts in the values the
+the preflight ask `core/backends/swift/run_estimate.estimate_run`, which first puts in the values the
 backend will really use (ms-swift's defaults for keys an ms-swift spec leaves unset) and then
 calls it. The pieces (`arch`, `memory`, `speed`) work on plain numbers for anything else.
 """

@@ -39,7 +39,7 @@ class Advice:
     per_gpu_gib: float = 0.0
     reasons: list[str] = field(default_factory=list)
     overrides: dict[str, object] = field(default_factory=dict)  # --set keys to apply it
-    # switches worth adding: ms-swift flags (core/swift/speed.py), built-in spec keys (speed.py)
+    # switches worth adding: ms-swift flags (core/backends/swift/speed.py), built-in spec keys (speed.py)
     speed_flags: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -84,7 +84,7 @@ def advise(
 ) -> Advice:
     """Recommend a strategy for `base` (its strategy/world size are ignored) on `gpus` GPUs of
     `gpu_mem_gib` each. speed_flags: the run's switches worth adding (the caller asks: an
-    ms-swift run's from core/swift/speed.py, a built-in one's from speed.builtin_speed_flags).
+    ms-swift run's from core/backends/swift/speed.py, a built-in one's from speed.builtin_speed_flags).
     mfu: the utilisation the hours assume (default: the backend's measured one)."""
     a = _advise(
         base,

@@ -13,8 +13,8 @@ from tunedeck.core.paths import runs_root
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.swift.flags import FlagTableError
-from tunedeck.core.swift.run_estimate import as_run, length_is_bound, length_unless_steps
+from tunedeck.core.backends.swift.flags import FlagTableError
+from tunedeck.core.backends.swift.run_estimate import as_run, length_is_bound, length_unless_steps
 
 MARGIN = 0.90  # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000

@@ -5,7 +5,7 @@ An ms-swift spec's unset key emits no flag and ms-swift's own default applies, s
 take that default rather than tunedeck's (`keymap.estimate_view`: a micro batch of 1, its LoRA
 sizes, gradient checkpointing on, the accumulation that makes a global batch of 16), and an
 unset data.max_length is the model's own length limit, where ms-swift truncates without
---max_length. This sits in core/swift, not in
+--max_length. This sits in core/backends/swift, not in
 core/estimate, because it is the lowest layer that sees both the estimator and ms-swift's
 tables. Other backends' specs pass through unchanged.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from tunedeck.core.estimate import ArchError, SpecEstimate, arch_for_spec, estimate_spec
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
-from tunedeck.core.swift.flags import FlagTableError, flag_tables
-from tunedeck.core.swift.keymap import (
+from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables
+from tunedeck.core.backends.swift.keymap import (
     default_grad_accum,
     effective_values,
     estimate_view,

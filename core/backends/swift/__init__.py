@@ -4,7 +4,7 @@
 
 instead of the `swift` launcher, so per-rank log files, restarts and rendezvous stay ours (the
 launcher only forwards NPROC_PER_NODE & co. to torchrun and hides the rest). Only the keys the
-spec sets become flags (core/swift/keymap.py, the table `tunedeck import` reads the other
+spec sets become flags (core/backends/swift/keymap.py, the table `tunedeck import` reads the other
 way); for the rest ms-swift's own defaults apply, and swift.extra_args follow as written.
 Flags follow the installed ms-swift version and are checked against its own argument table
 before launch.
@@ -31,8 +31,8 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec, get_value, is_set
-from tunedeck.core.swift.flags import validate
-from tunedeck.core.swift.version import ASSUMED, installed_version, tuner_flag
+from tunedeck.core.backends.swift.flags import validate
+from tunedeck.core.backends.swift.version import ASSUMED, installed_version, tuner_flag
 
 ENTRY = {
     "sft": "swift.cli.sft",
@@ -215,10 +215,10 @@ def _megatron_batch(spec: RunSpec) -> list[str]:
 
 def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None) -> list[str]:
     """Every ms-swift flag of a run (what follows `-m swift.cli.<command>`): the flags of the
-    keys the spec sets (core/swift/keymap.py), then swift.extra_args as written. A key the spec
+    keys the spec sets (core/backends/swift/keymap.py), then swift.extra_args as written. A key the spec
     does not set emits nothing, so ms-swift's own default applies. `output_dir` None: none
     (an export for the user's own shell, where ms-swift picks its folder)."""
-    from tunedeck.core.swift.keymap import KEYS, emits, encode
+    from tunedeck.core.backends.swift.keymap import KEYS, emits, encode
 
     version = version or installed_version() or ASSUMED
     s, command = spec.swift, spec.swift.command
