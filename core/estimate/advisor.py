@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.estimate import (
     GIB,
     MemoryInputs,
@@ -136,7 +137,7 @@ def _advise(
         )
         return tp.eta_s * epochs / 3600
 
-    sharded = "fsdp2" if backend == "builtin" else "deepspeed"
+    sharded = traits_of(backend).sharded
     shard_name = "FSDP2" if sharded == "fsdp2" else "ZeRO-3"
     shard_kw = {"strategy": sharded, "zero_stage": 3 if sharded == "deepspeed" else 0}
     one = est(strategy="ddp", world_size=1, gradient_checkpointing=False)

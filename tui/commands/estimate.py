@@ -44,7 +44,7 @@ def register(sub) -> None:
 def cmd_estimate(args) -> int:
     from tunedeck.core.estimate import ArchError
     from tunedeck.core.spec import SpecError, load_spec
-    from tunedeck.core.backends.swift.run_estimate import estimate_run, length_unless_steps
+    from tunedeck.core.backends.run_estimate import estimate_run, length_unless_steps
 
     try:
         spec = load_spec(args.spec, args.set)

@@ -137,7 +137,7 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     from tunedeck.core.preflight.base import Context
     from tunedeck.core.preflight.config import MARGIN, check_gpu_memory
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.backends.swift.run_estimate import run_defaults
+    from tunedeck.core.backends.run_estimate import run_defaults
 
     gpus = _chosen(facts, spec)
     try:

@@ -31,6 +31,7 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec, get_value, is_set
+from tunedeck.core.backends.swift import run_estimate
 from tunedeck.core.backends.swift.flags import validate
 from tunedeck.core.backends.swift.version import ASSUMED, installed_version, tuner_flag
 
@@ -515,4 +516,44 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     )
 
 
-BACKEND = Backend("swift", build_plan, check, monitors, restart)
+def requirements(spec: RunSpec) -> list[tuple[str, str, str]]:
+    req = [("ms-swift", "3.0", "--tuner_type/--train_type flags")]
+    if spec.swift.use_vllm:
+        req.append(("vllm", "0.8", "swift.use_vllm"))
+    return req
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last `--flag V` / `--flag=V` in argv (what argparse keeps)."""
+    found = None
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif word.startswith(flag + "="):
+            found = word[len(flag) + 1 :]
+    return found
+
+
+def user_output_dir(spec: RunSpec) -> str | None:
+    """An --output_dir the user put in swift.extra_args (it wins over tunedeck's)."""
+    return flag_value(list(spec.swift.extra_args), "--output_dir")
+
+
+BACKEND = Backend(
+    "swift",
+    build_plan,
+    check,
+    monitors,
+    restart,
+    requirements=requirements,
+    user_output_dir=user_output_dir,
+    cli_form=cli_form,
+    checkpoint_glob_prefix="v*-*/",
+    as_run=run_estimate.as_run,
+    preview_numbers=run_estimate.preview_numbers,
+    resolve_for_estimate=True,
+    run_settings=run_estimate.run_settings,
+    run_defaults=run_estimate.run_defaults,
+    length_is_bound=run_estimate.length_is_bound,
+    length_unless_steps=run_estimate.length_unless_steps,
+)
