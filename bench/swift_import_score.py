@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.swift_roundtrip import flag_tables, parse_all, round_trip, shell_words  # noqa: E402
-from tunedeck.core.swift.flags import FIXES_4X  # noqa: E402
+from tunedeck.core.backends.swift.flags import FIXES_4X  # noqa: E402
 
 CASES = REPO / "tests" / "swift_cases" / "commands.sh"
 HEADER = re.compile(r"^## (\S+)(.*)$")

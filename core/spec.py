@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.backend_traits import NAMES as BACKEND_NAMES
+from tunedeck.core.backend_traits import TRAITS as BACKEND_TRAITS
+from tunedeck.core.backend_traits import traits_of
+
 
 class SpecError(ValueError):
     """A spec that cannot be used. `problems` holds one line per bad key."""
@@ -536,7 +540,7 @@ class ScriptSpec:
 @dataclass
 class RunSpec:
     name: str = opt("run", help="A short name shown in the runs list")
-    backend: str = opt("builtin", help="What torchrun runs", choices=("builtin", "swift", "script"))
+    backend: str = opt("builtin", help="What torchrun runs", choices=BACKEND_NAMES)
     model: ModelSpec = opt(help="The model", factory=ModelSpec)
     data: DataSpec = opt(help="The dataset", factory=DataSpec)
     method: MethodSpec = opt(help="Fine-tuning method", factory=MethodSpec)
@@ -567,7 +571,7 @@ class RunSpec:
         import tomli_w
 
         d = self.to_dict()
-        if self.backend == "swift":
+        if traits_of(self.backend).sparse_toml:
             for key in OPTIONS:
                 if not is_set(self, key):
                     sect, _, leaf = key.rpartition(".")
@@ -1080,21 +1084,28 @@ def value_problems(spec: RunSpec) -> list[str]:
 def _between_keys(spec: RunSpec) -> list[str]:
     """Rules between keys; every message starts with a key it names."""
     out = []
-    if spec.backend == "builtin" and not spec.data.path:
-        out.append("data.path is required for the builtin trainer")
+    traits = traits_of(spec.backend)
+    if traits.needs_data and not spec.data.path:
+        out.append(f"data.path is required for the {traits.name} trainer")
     if spec.cluster.node_rank >= spec.cluster.nnodes:
         out.append(
             f"cluster.node_rank {spec.cluster.node_rank} must be < cluster.nnodes "
             f"{spec.cluster.nnodes}"
         )
-    if spec.backend == "builtin" and spec.parallel.strategy not in ("ddp", "fsdp2"):
+    if traits.strategies is not None and spec.parallel.strategy not in traits.strategies:
+        can = [
+            t.name
+            for t in BACKEND_TRAITS.values()
+            if not t.needs_script
+            and (t.strategies is None or spec.parallel.strategy in t.strategies)
+        ]
         out.append(
-            f'parallel.strategy {spec.parallel.strategy} needs backend = "swift"; '
-            f"the builtin trainer runs ddp or fsdp2"
+            f'parallel.strategy {spec.parallel.strategy} needs backend = "{" or ".join(can)}"; '
+            f"the {traits.name} trainer runs {' or '.join(traits.strategies)}"
         )
-    if spec.backend == "script" and not (spec.script.path or spec.script.module):
-        out.append('script.path or script.module is required for backend = "script"')
-    if spec.backend == "builtin" and spec.method.fp8_base:
+    if traits.needs_script and not (spec.script.path or spec.script.module):
+        out.append(f'script.path or script.module is required for backend = "{traits.name}"')
+    if traits.fp8_base and spec.method.fp8_base:
         if spec.method.type != "lora":
             out.append(f"method.fp8_base applies to method.type lora, not {spec.method.type}")
         elif spec.parallel.strategy != "ddp":

@@ -25,11 +25,11 @@ from tunedeck.core.backends.importer import import_command
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import loads_spec
 
-# The judge is read from this checkout's files (ms-swift's parser through core/swift/check.py
+# The judge is read from this checkout's files (ms-swift's parser through core/backends/swift/check.py
 # run as a script, the flag table shipped beside it), never through the `tunedeck` being
 # judged, so an older tunedeck can be scored by the same rules.
 HERE = Path(__file__).resolve().parent.parent
-CHECK = HERE / "core" / "swift" / "check.py"
+CHECK = HERE / "core" / "backends" / "swift" / "check.py"
 _TABLES: dict | None = None
 
 
@@ -39,7 +39,7 @@ def flag_tables() -> dict:
         import importlib.metadata as md
 
         name = f"flags-v2-swift{md.version('ms-swift')}-tf{md.version('transformers')}.json.gz"
-        path = HERE / "core" / "swift" / "tables" / name
+        path = HERE / "core" / "backends" / "swift" / "tables" / name
         if path.exists():
             _TABLES = json.loads(gzip.decompress(path.read_bytes()))
         else:

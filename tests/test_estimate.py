@@ -267,7 +267,7 @@ def test_swift_speed_flags_offer_what_the_installed_version_has():
     only those the installed ms-swift knows, never one the run already sets; padding-free
     only as advice to switch to flash attention when the run uses sdpa."""
     from tunedeck.core.estimate.advisor import advise
-    from tunedeck.core.swift.speed import LIGER_GAIN, PACKING_GAIN, speed_flags
+    from tunedeck.core.backends.swift.speed import LIGER_GAIN, PACKING_GAIN, speed_flags
 
     known = {"use_liger_kernel": {}, "torch_compile": {}, "padding_free": {}, "packing": {}}
     got = {f["flag"]: f for f in speed_flags(["--attn_impl", "flash_attn"], known=known)}
@@ -549,7 +549,7 @@ def test_the_length_limit_is_read_as_ms_swift_reads_it():
 
 def test_an_unset_accumulation_is_ms_swifts_global_batch_of_16():
     from tunedeck.core.spec import RunSpec, set_values
-    from tunedeck.core.swift.keymap import default_grad_accum
+    from tunedeck.core.backends.swift.keymap import default_grad_accum
 
     spec = set_values(RunSpec(), {"backend": "swift", "cluster.nproc_per_node": 2})
     assert default_grad_accum(spec, 1) == 8 and default_grad_accum(spec, 3) == 3

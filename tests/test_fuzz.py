@@ -23,7 +23,7 @@ from tunedeck.core.backends import plan_run
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import OPTIONS, SpecError, loads_spec, parse_override
-from tunedeck.core.swift.flags import FlagTableError
+from tunedeck.core.backends.swift.flags import FlagTableError
 
 SETTINGS = settings(
     max_examples=150,

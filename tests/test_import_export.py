@@ -10,7 +10,7 @@ from tunedeck.core.backends.export import export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.spec import load_spec
-from tunedeck.core.swift.version import installed_version
+from tunedeck.core.backends.swift.version import installed_version
 
 needs_swift = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")
 

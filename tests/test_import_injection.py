@@ -11,7 +11,7 @@ import pytest
 
 from tunedeck.core.backends.importer import import_command
 from tunedeck.core.spec import loads_spec
-from tunedeck.core.swift.version import installed_version
+from tunedeck.core.backends.swift.version import installed_version
 from tests.conftest import cli
 
 needs_swift = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")

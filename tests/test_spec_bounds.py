@@ -197,7 +197,7 @@ def test_dry_run_of_a_spec_a_backend_refuses_is_one_line(tmp_path, td_home):
 
 @pytest.mark.skipif(not (REPO / ".venv").exists(), reason="needs the dev environment")
 def test_dry_run_of_a_swift_plan_error_is_one_line(tmp_path, td_home):
-    from tunedeck.core.swift.version import installed_version
+    from tunedeck.core.backends.swift.version import installed_version
 
     if installed_version() is None:
         pytest.skip("ms-swift not installed")

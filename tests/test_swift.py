@@ -15,8 +15,8 @@ from tunedeck.core.backends.swift import SwiftPlanError, swift_args
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import load_spec, loads_spec
-from tunedeck.core.swift import flags
-from tunedeck.core.swift.version import installed_version
+from tunedeck.core.backends.swift import flags
+from tunedeck.core.backends.swift.version import installed_version
 
 PRESETS = sorted((REPO / "presets").glob("*.toml"))
 SWIFT_PRESETS = [p for p in PRESETS if load_spec(p).backend == "swift"]

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import cli
 from tunedeck.core.backends.importer import CommandImportError, import_command
-from tunedeck.core.swift.version import installed_version
+from tunedeck.core.backends.swift.version import installed_version
 from tests.swift_roundtrip import parse_all, round_trip
 
 pytestmark = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")

@@ -13,7 +13,7 @@ import shlex
 import pytest
 
 from tests.swift_roundtrip import flag_tables, parse_all, round_trip
-from tunedeck.core.swift.version import installed_version
+from tunedeck.core.backends.swift.version import installed_version
 
 pytestmark = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")
 

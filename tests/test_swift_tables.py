@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tunedeck.core.swift import flags
-from tunedeck.core.swift.version import installed_version
+from tunedeck.core.backends.swift import flags
+from tunedeck.core.backends.swift.version import installed_version
 
 pytestmark = pytest.mark.skipif(installed_version() is None, reason="ms-swift not installed")
 

@@ -72,7 +72,7 @@ def cmd_launch(args) -> int:
         spec.name = args.name
     if args.dry_run:
         from tunedeck.core.backends.preview import preview
-        from tunedeck.core.swift.flags import FlagTableError
+        from tunedeck.core.backends.swift.flags import FlagTableError
 
         try:
             p = preview(spec)

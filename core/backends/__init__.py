@@ -1,6 +1,6 @@
 """Backends turn a resolved RunSpec into a LaunchPlan (what torchrun runs, per node).
 
-`BACKENDS` lists them (each module's `BACKEND`, a `base.Backend`); `plan_run` is the one
+`BACKENDS` lists them (each folder's `BACKEND`, a `base.Backend`; docs/adding-a-backend.md); `plan_run` is the one
 way to get a plan from a spec: resolve it for this machine, check it, build the plan. The
 dry run and the presets screen (preview), `tunedeck export`, the preflight and the launch
 all call it, so they cannot disagree about what a spec runs.
@@ -9,6 +9,7 @@ all call it, so they cannot disagree about what a spec runs.
 from __future__ import annotations
 
 
+from tunedeck.core.backend_traits import NAMES as BACKEND_NAMES
 from tunedeck.core.backends import builtin, script, swift
 from tunedeck.core.backends.base import Backend
 from tunedeck.core.backends.plan import LaunchPlan
@@ -17,6 +18,12 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (builtin.BACKEND, swift.BACKEND, script.BACKEND)}
+# the spec's `backend` choices and the facts below this layer are keyed by these names
+if tuple(BACKENDS) != BACKEND_NAMES:
+    raise RuntimeError(
+        f"core/backend_traits.py names {BACKEND_NAMES}, the registry {tuple(BACKENDS)}: "
+        "a backend is registered in both (docs/adding-a-backend.md)"
+    )
 
 
 def backend_of(spec: RunSpec) -> Backend:

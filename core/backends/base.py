@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
+from tunedeck.core.backend_traits import Traits, traits_of
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.monitoring import Monitor
 from tunedeck.core.rundir import RunDir
@@ -76,8 +77,32 @@ def _restart_unknown(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     return Restart(None, "")
 
 
+def _nothing(spec: RunSpec) -> list:
+    return []
+
+
+def _none(spec: RunSpec) -> None:
+    return None
+
+
+def _no_defaults(spec: RunSpec) -> dict:
+    return {}
+
+
+def _not_bound(spec: RunSpec) -> bool:
+    return False
+
+
+def _as_written(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    return spec, []
+
+
 @dataclass(frozen=True)
 class Backend:
+    """One backend, everything callers ask of it (docs/adding-a-backend.md). Its name is a
+    key of `tunedeck.core.backend_traits.TRAITS`, where the facts the layers below the
+    backends need (spec rules, the estimator's model) are kept: `traits`."""
+
     name: str
     # spec (resolved) + run directory → plan; pure
     build_plan: Callable[[RunSpec, RunDir], LaunchPlan]
@@ -88,3 +113,40 @@ class Backend:
     monitors: Callable[[RunDir, RunSpec], list[Monitor]] = _no_monitors
     # what an attempt after the first continues from, once the one before it has ended
     restart: Callable[[RunSpec, RunDir, int], Restart] = _restart_unknown
+    # what the run needs installed beyond torch's own: (distribution, minimal version, why)
+    requirements: Callable[[RunSpec], list[tuple[str, str, str]]] = _nothing
+    # the output folder the spec's own flags for the trainer name (ms-swift's --output_dir
+    # in swift.extra_args), which wins over tunedeck's; None: tunedeck's
+    user_output_dir: Callable[[RunSpec], str | None] = _none
+    # the variable the trainer is told its resume checkpoint in ("": it finds it itself)
+    resume_var: str = ""
+    # -- exports --
+    # the command a user would type for the run (`tunedeck export --format <name>`): the
+    # spec (resolved) and the output folder the user named → (environment, argv); None: none
+    cli_form: Callable[[RunSpec, str | None], tuple[dict[str, str], list[str]]] | None = None
+    # where a checkpoint lands below the output folder, before `checkpoint-<step>` (ms-swift
+    # nests them in a versioned `v<N>-<time>/` folder: "v*-*/")
+    checkpoint_glob_prefix: str = ""
+    # a line the vLLM export adds for this backend's checkpoints ("": none)
+    serve_note: str = ""
+    # -- the numbers (the estimate, preflight, the compose form, the dry run) --
+    # the spec as the backend runs it, for the numbers only (never for a plan; the
+    # backend's own defaults in place of unset keys), and what the figures had to assume
+    as_run: Callable[[RunSpec], tuple[RunSpec, list[str]]] = _as_written
+    # resolve the spec before `as_run` (the backend's defaults depend on the ranks)
+    resolve_for_estimate: bool = False
+    # the spec and the length phrase the dry run's summary sizes (None: as written, in steps)
+    preview_numbers: Callable[[RunSpec], tuple[RunSpec, str]] | None = None
+    # the trainer's settings and where each value comes from (dry run, compose pane)
+    run_settings: Callable[[RunSpec], list[dict]] = _nothing
+    # each setting the spec leaves to the backend: (value or None, where it comes from)
+    run_defaults: Callable[[RunSpec], dict] = _no_defaults
+    # the figures are sized at the backend's length limit, not a length the user chose
+    length_is_bound: Callable[[RunSpec], bool] = _not_bound
+    # how long the run trains when the spec does not say it in steps (None: its steps)
+    length_unless_steps: Callable[[RunSpec], str | None] = _none
+
+    @property
+    def traits(self) -> Traits:
+        """The facts kept below the backends (core/backend_traits.py) for this one."""
+        return traits_of(self.name)

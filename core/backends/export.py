@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from tunedeck.core.backends import plan_run
+from tunedeck.core.backends import BACKENDS, backend_of, plan_run
 from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
 from tunedeck.core.estimate import batch
 from tunedeck.core.paths import runs_root
@@ -40,18 +40,17 @@ def export(spec: RunSpec, fmt: str) -> str:
     """The spec resolved for this machine (as a launch would), in the form `fmt`."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
-    if fmt == "swift" and spec.backend != "swift":
-        raise ExportError(f'--format swift needs backend = "swift" (this spec runs {spec.backend})')
+    own_form = BACKENDS[fmt].cli_form if fmt in BACKENDS else None
+    if fmt in BACKENDS and (fmt != spec.backend or own_form is None):
+        raise ExportError(f'--format {fmt} needs backend = "{fmt}" (this spec runs {spec.backend})')
     # the script of a script run may exist only on the target machine
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     summary = f"# {batch.describe(spec)}\n"
     if fmt == "vllm":
         return vllm_command(spec)
-    if fmt == "swift":
-        from tunedeck.core.backends.swift import cli_form
-
-        env, argv = cli_form(spec, own_output_dir or None)
+    if own_form is not None:
+        env, argv = own_form(spec, own_output_dir or None)
         lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
         if spec.cluster.nnodes > 1:
             lines.append("# run on every node with its own NODE_RANK")
@@ -155,11 +154,8 @@ def vllm_command(spec: RunSpec) -> str:
             ) from None
     step = spec.train.max_steps
     # ms-swift nests checkpoints in a versioned v<N>-<time>/ folder; the others do not
-    ckpt_glob = (
-        f"{out_dir}/v*-*/checkpoint-{step}"
-        if spec.backend == "swift"
-        else f"{out_dir}/checkpoint-{step}"
-    )
+    backend = backend_of(spec)
+    ckpt_glob = f"{out_dir}/{backend.checkpoint_glob_prefix}checkpoint-{step}"
     lines = [
         "#!/usr/bin/env bash",
         "set -euo pipefail",
@@ -179,8 +175,8 @@ def vllm_command(spec: RunSpec) -> str:
             'test -f "$CKPT/config.json" || echo "warning: $CKPT holds no HF '
             'config.json (sharded FSDP/DeepSpeed state?); merge or convert it first" >&2'
         )
-    if spec.backend == "script":
-        lines.append("# a custom script decides where it saves; adjust CKPT if needed")
+    if backend.serve_note:
+        lines.append(backend.serve_note)
     parts = [shlex.quote(a) for a in argv]
     if spec.method.type in ("lora", "qlora"):
         parts += ["--lora-modules", f'"{_safe_name(spec.name)}=$CKPT"']

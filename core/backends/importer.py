@@ -7,7 +7,7 @@ running a script, a module, `-m swift sft` or ms-swift's own entry files (launch
 tunedeck's torchrun with the same processes and nodes). The command is split with shlex and
 never run, so a word still holding `$VAR` is refused by name.
 
-Flags map to spec keys through core/swift/keymap.py, the table the swift backend reads the
+Flags map to spec keys through core/backends/swift/keymap.py, the table the swift backend reads the
 other way; a flag with no key, or a value its key cannot hold exactly as written, is kept in
 swift.extra_args word for word. Flags that do not exist in the installed ms-swift get a
 message naming the real one. Nothing is dropped without a warning naming it.
@@ -33,7 +33,7 @@ from tunedeck.core.backends.swift import (
     SECRET_FLAG_ENV,
 )
 from tunedeck.core.spec import MASK, SpecError, is_secret_name, loads_spec, mask_argv
-from tunedeck.core.swift.flags import (
+from tunedeck.core.backends.swift.flags import (
     FIXES_4X,
     VALUE_FIXES,
     fixes_for,
@@ -41,7 +41,7 @@ from tunedeck.core.swift.flags import (
     split_flags,
     suggest,
 )
-from tunedeck.core.swift.version import ASSUMED, installed_version
+from tunedeck.core.backends.swift.version import ASSUMED, installed_version
 
 
 class CommandImportError(ValueError):
@@ -780,7 +780,7 @@ def _swift(
     out: Imported, command: str, argv: list[str], cluster: dict[str, Any], env: dict[str, str]
 ) -> None:
     from tunedeck.core.spec import check_option
-    from tunedeck.core.swift.keymap import NotRepresentable, decode, reverse
+    from tunedeck.core.backends.swift.keymap import NotRepresentable, decode, reverse
 
     raw = out.raw
     raw["backend"] = "swift"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunedeck.core.backends import plan_run
+from tunedeck.core.backends import backend_of, plan_run
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.estimate.batch import describe, effective_batch
 from tunedeck.core.paths import runs_root
@@ -60,7 +60,7 @@ def swift_settings(spec: RunSpec) -> list[dict]:
     default" (no flag: ms-swift's default for the installed version X, read from its own
     argument classes; None where the default is decided at run time, e.g. learning_rate by
     tuner). Empty for other backends."""
-    from tunedeck.core.swift.run_estimate import run_settings
+    from tunedeck.core.backends.run_estimate import run_settings
 
     # the same values the compose form and the estimate use (the model's length limit, the
     # accumulation to a global batch of 16 where the table says "at run time")
@@ -89,15 +89,9 @@ def preview(spec: RunSpec, root: Path | None = None) -> Preview:
     spec, plan = plan_run(spec, RunDir((root or runs_root()) / "<run-id>"))
     t, c = spec.train, spec.cluster
     est, length = spec, f"{t.max_steps} steps"
-    if spec.backend == "swift":  # the numbers of the run ms-swift starts (its defaults)
-        from tunedeck.core.swift.flags import FlagTableError, flag_tables
-        from tunedeck.core.swift.keymap import estimate_view, length_phrase
-
-        try:
-            tables = flag_tables()
-        except FlagTableError:
-            tables = None
-        est, length = estimate_view(spec, tables), length_phrase(spec, tables)
+    numbers = backend_of(spec).preview_numbers
+    if numbers is not None:  # the numbers of the run the backend starts (its defaults)
+        est, length = numbers(spec)
     eff = effective_batch(est, plan.world_size)  # data-parallel only (Megatron divides)
     where = f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), {c.dist_backend}"
     summary = (

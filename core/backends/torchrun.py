@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
@@ -60,7 +61,7 @@ def run_env(run: RunDir) -> dict[str, str]:
 
 def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
     env: dict[str, str] = {**run_env(run), "PYTHONUNBUFFERED": "1"}
-    if spec.backend != "builtin" and spec.run.dataloader_probe:
+    if not traits_of(spec.backend).own_trainer and spec.run.dataloader_probe:
         # the probe's sitecustomize must come first on the path to be imported at start-up
         from tunedeck.core.probe import SITE_DIR
 

@@ -1,7 +1,7 @@
 """Memory per GPU, effective batch and throughput for a RunSpec, before any GPU is touched.
 
 `estimate_spec(spec)` sizes a spec as it is written; `tunedeck estimate`, the compose form and
-the preflight ask `core/swift/run_estimate.estimate_run`, which first puts in the values the
+the preflight ask `core/backends/swift/run_estimate.estimate_run`, which first puts in the values the
 backend will really use (ms-swift's defaults for keys an ms-swift spec leaves unset) and then
 calls it. The pieces (`arch`, `memory`, `speed`) work on plain numbers for anything else.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
 from tunedeck.core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
 from tunedeck.core.estimate.speed import (
@@ -109,6 +110,7 @@ def inputs_for_spec(
 ) -> MemoryInputs:
     """Estimator inputs from a *resolved* spec (device and process count concrete)."""
     c, p, m, t = spec.cluster, spec.parallel, spec.method, spec.train
+    own = traits_of(spec.backend).trainer_memory
     device = device or (c.device if c.device != "auto" else "cpu")
     procs = procs_per_node or c.nproc_per_node or (1 if device == "cuda" else c.cpu_procs)
     dtype = spec.model.dtype
@@ -137,22 +139,17 @@ def inputs_for_spec(
         gradient_checkpointing=t.gradient_checkpointing,
         compute_bytes=compute,
         autocast=compute == 2,
-        master_fp32=spec.backend == "builtin" and m.type == "full",
+        master_fp32=own and m.type == "full",
         # the built-in trainer's AdamW is fused on CUDA (no foreach temporaries)
-        fused_optimizer=spec.backend == "builtin" and device == "cuda" and not p.cpu_offload,
+        fused_optimizer=own and device == "cuda" and not p.cpu_offload,
         attn_impl=spec.model.attn_impl,
         device=device,
         # the built-in trainer: chunked cross-entropy, compiled layers (CUDA), expandable segments
-        loss_chunk_elems=2**29 if spec.backend == "builtin" and device == "cuda" else 0,
-        compiled=spec.backend == "builtin" and device == "cuda" and bool(t.compile),
+        loss_chunk_elems=2**29 if own and device == "cuda" else 0,
+        compiled=own and device == "cuda" and bool(t.compile),
         # its LoRA linears fused on CUDA under DDP, without dropout (lora_fused.eligible)
-        fused_lora=(
-            spec.backend == "builtin"
-            and device == "cuda"
-            and m.type == "lora"
-            and m.lora_dropout == 0
-        ),
-        expandable_segments=spec.backend == "builtin" and device == "cuda",
+        fused_lora=(own and device == "cuda" and m.type == "lora" and m.lora_dropout == 0),
+        expandable_segments=own and device == "cuda",
     )
 
 

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.estimate import (
     GIB,
     MemoryInputs,
@@ -39,7 +40,7 @@ class Advice:
     per_gpu_gib: float = 0.0
     reasons: list[str] = field(default_factory=list)
     overrides: dict[str, object] = field(default_factory=dict)  # --set keys to apply it
-    # switches worth adding: ms-swift flags (core/swift/speed.py), built-in spec keys (speed.py)
+    # switches worth adding: ms-swift flags (core/backends/swift/speed.py), built-in spec keys (speed.py)
     speed_flags: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -84,7 +85,7 @@ def advise(
 ) -> Advice:
     """Recommend a strategy for `base` (its strategy/world size are ignored) on `gpus` GPUs of
     `gpu_mem_gib` each. speed_flags: the run's switches worth adding (the caller asks: an
-    ms-swift run's from core/swift/speed.py, a built-in one's from speed.builtin_speed_flags).
+    ms-swift run's from core/backends/swift/speed.py, a built-in one's from speed.builtin_speed_flags).
     mfu: the utilisation the hours assume (default: the backend's measured one)."""
     a = _advise(
         base,
@@ -136,7 +137,7 @@ def _advise(
         )
         return tp.eta_s * epochs / 3600
 
-    sharded = "fsdp2" if backend == "builtin" else "deepspeed"
+    sharded = traits_of(backend).sharded
     shard_name = "FSDP2" if sharded == "fsdp2" else "ZeRO-3"
     shard_kw = {"strategy": sharded, "zero_stage": 3 if sharded == "deepspeed" else 0}
     one = est(strategy="ddp", world_size=1, gradient_checkpointing=False)

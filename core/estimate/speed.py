@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.estimate.arch import ModelArch
 
 DEFAULT_MFU = 0.35
@@ -26,7 +27,7 @@ FP8_GAIN = 1.30  # fp8 frozen products against bf16, compiled (2026-12-02)
 def typical_mfu(backend: str, compiled: bool = True, fp8: bool = False) -> float:
     """The utilisation to plan with for a backend: measured for the built-in trainer, the
     ms-swift figure (DEFAULT_MFU) for everything else."""
-    if backend == "builtin" and compiled:
+    if traits_of(backend).measured_speed and compiled:
         return BUILTIN_FP8_MFU if fp8 else BUILTIN_COMPILED_MFU
     return DEFAULT_MFU
 
@@ -86,7 +87,7 @@ def fp8_capable(gpu_name: str) -> bool | None:
 def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
     """Built-in trainer switches that would make this run faster on `gpu_name`, measured on one
     H200 (7B LoRA, docs/benchmarks.md), each {"flag" (a spec key), "value", "gain", "why"}."""
-    if spec.backend != "builtin" or spec.cluster.device == "cpu":
+    if not traits_of(spec.backend).measured_speed or spec.cluster.device == "cpu":
         return []
     out = []
     if not spec.train.compile:

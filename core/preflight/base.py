@@ -60,7 +60,7 @@ class Context:
 
         def make():
             from tunedeck.core.estimate import ArchError
-            from tunedeck.core.swift.run_estimate import estimate_run
+            from tunedeck.core.backends.run_estimate import estimate_run
 
             try:
                 facts = self.gpus
@@ -82,7 +82,7 @@ class Context:
         ms-swift spec leaves unset): for the batch and size figures, never for a plan."""
 
         def make():
-            from tunedeck.core.swift.run_estimate import as_run
+            from tunedeck.core.backends.run_estimate import as_run
 
             return as_run(self.resolved)[0]
 

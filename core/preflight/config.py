@@ -6,15 +6,16 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-from tunedeck.core.backends import plan_run
+from tunedeck.core.backend_traits import traits_of
+from tunedeck.core.backends import BACKENDS, plan_run
 from tunedeck.core.backends.torchrun import torchrun_argv
 from tunedeck.core.estimate.batch import data_parallel_size, effective_batch
 from tunedeck.core.paths import runs_root
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.swift.flags import FlagTableError
-from tunedeck.core.swift.run_estimate import as_run, length_is_bound, length_unless_steps
+from tunedeck.core.backends.swift.flags import FlagTableError
+from tunedeck.core.backends.run_estimate import as_run, length_is_bound, length_unless_steps
 
 MARGIN = 0.90  # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
@@ -118,23 +119,12 @@ def check_effective_batch(ctx: Context) -> CheckResult:
 
 # (distribution, minimal version, why), by what the spec uses
 def _requirements(spec) -> list[tuple[str, str, str]]:
-    req = []
-    if spec.backend == "builtin":
-        req += [
-            ("torch", "2.4", "FSDP2 fully_shard / DDP"),
-            ("transformers", "4.45", "models"),
-            ("tokenizers", "0.19", "tokenizer"),
-        ]
-        if spec.method.type != "full":
-            req.append(("peft", "0.10", "LoRA"))
-    if spec.backend == "swift":
-        req.append(("ms-swift", "3.0", "--tuner_type/--train_type flags"))
-        if spec.swift.use_vllm:
-            req.append(("vllm", "0.8", "swift.use_vllm"))
+    backend = BACKENDS.get(spec.backend)
+    req = backend.requirements(spec) if backend else []
     p = spec.parallel
     if p.strategy == "fsdp2":
         req.append(("torch", "2.4", "parallel.strategy fsdp2"))
-        if spec.backend != "builtin":
+        if not traits_of(spec.backend).own_trainer:
             req.append(("accelerate", "1.6", "FSDP2 in HF Trainer"))
     if p.strategy == "deepspeed":
         req.append(

@@ -11,6 +11,7 @@ import os
 import re
 from importlib import metadata
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.spec import FP8_MIN_CC
 from tunedeck.core.telemetry.gpus import Gpu
@@ -162,7 +163,9 @@ def check_bf16(ctx: Context) -> CheckResult:
 def check_fp8(ctx: Context) -> CheckResult:
     id, title = "gpu.fp8", "fp8 units for method.fp8_base"
     spec = ctx.spec
-    if not (spec.backend == "builtin" and spec.method.type == "lora" and spec.method.fp8_base):
+    if not (
+        traits_of(spec.backend).fp8_base and spec.method.type == "lora" and spec.method.fp8_base
+    ):
         return result(id, title, "skip", "not applicable: method.fp8_base is off")
     if (r := _skip_cpu(ctx, id, title)) or not (gs := chosen(ctx)):
         return r or result(id, title, "skip", "no GPU to check")

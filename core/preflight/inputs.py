@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.preflight.base import CheckResult, Context, result
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -195,7 +196,7 @@ def check_dataset(ctx: Context) -> CheckResult:
     for p, key in zip(paths, ("data.path", "data.val_path")):
         if (
             not p.exists()
-            and ctx.spec.backend == "swift"
+            and traits_of(ctx.spec.backend).hub_datasets
             and "/" in str(d.path)
             and not str(d.path).startswith(("/", "."))
         ):
@@ -266,7 +267,7 @@ def check_dataset(ctx: Context) -> CheckResult:
             "fix or delete those lines"
             + ("" if d.skip_bad_rows else ", or set data.skip_bad_rows = true"),
             None
-            if d.skip_bad_rows or ctx.spec.backend != "builtin"
+            if d.skip_bad_rows or not traits_of(ctx.spec.backend).skips_bad_rows
             else {"data.skip_bad_rows": True},
         )
     return result(id, title, "pass", f"{detail}; {_token_stats(ctx, first['samples'])}")

@@ -42,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.backends import backend_of
 from tunedeck.core.backends.base import Restart
 from tunedeck.core.diagnose.finding import Finding
@@ -627,7 +628,9 @@ class Agent:
 
     def prepare(self) -> None:
         # script runs bring their own model; the others build the demo model on first use
-        if self.spec.backend != "script" and self.spec.model.path.startswith("builtin:"):
+        if traits_of(self.spec.backend).builds_demo_model and self.spec.model.path.startswith(
+            "builtin:"
+        ):
             self.save(message="building the demo model (first use only)")
             from tunedeck.core.demo import ensure_tiny_model
 
@@ -868,7 +871,7 @@ class Agent:
         get it once they handle it (it also reads stop.json before its first step); other
         backends' ranks at once."""
         self.record_pids()
-        builtin = self.spec.backend == "builtin"
+        builtin = traits_of(self.spec.backend).rank_handlers
         fresh = [
             p
             for p in self.state.get("worker_pids") or []

@@ -12,6 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.rundir import RunDir, json_problem
 from tunedeck.core.runs.state import TERMINAL, state_problem
 
@@ -81,7 +82,7 @@ def cut_short(run: RunDir, backend: str) -> str | None:
         return f"cannot read: {e.strerror or e}"
     if raw and not raw.endswith(b"\n"):
         return "cut short: its last line has no newline"
-    if backend != "swift" and raw and b"\n[env]" not in raw:
+    if not traits_of(backend).sparse_toml and raw and b"\n[env]" not in raw:
         return "cut short: no [env] table (written last)"
     return None
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator
 
 import tomllib
-from tunedeck.core.backends import plan_run
+from tunedeck.core.backends import BACKENDS, plan_run
 from tunedeck.core.nodes.roster import place, roster_problems
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import (
@@ -95,17 +95,6 @@ class OutputShared(LaunchError):
 # -- one live writer per output folder ------------------------------------------------------
 
 
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of the last `--flag V` / `--flag=V` in argv (what argparse keeps)."""
-    found = None
-    for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif word.startswith(flag + "="):
-            found = word[len(flag) + 1 :]
-    return found
-
-
 def written_folder(spec: RunSpec, run: RunDir) -> Path:
     """The folder a run of `spec` in `run` writes its checkpoints into, as a resolved real
     path: `RunDir.output_dir(spec)`, or for ms-swift an `--output_dir` the user put in
@@ -113,11 +102,8 @@ def written_folder(spec: RunSpec, run: RunDir) -> Path:
     `v<N>-<date>/` folders that each run numbers by listing it, and a restart resumes from the
     newest checkpoint anywhere below it: the whole folder is the run's. A relative folder is
     relative to the run directory (the ranks' working directory)."""
-    own = (
-        _flag_value(list(spec.swift.extra_args), "--output_dir")
-        if spec.backend == "swift"
-        else None
-    )
+    backend = BACKENDS.get(spec.backend)
+    own = backend.user_output_dir(spec) if backend else None
     out = Path(own).expanduser() if own else run.output_dir(spec)
     if not out.is_absolute():
         out = run.path / out

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
-from tunedeck.core.backends.script import RESUME_VAR
+from tunedeck.core.backends import BACKENDS
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import (
@@ -156,8 +156,11 @@ def resume_spec(run: RunInfo) -> SpecFor:
     spec.run.output_dir = str(out)
     _single_node_port(spec)
     notes = []
-    if spec.backend == "script":
-        notes.append(f"the script is told {RESUME_VAR}={ckpt.path}; it resumes only if it reads it")
+    backend = BACKENDS.get(spec.backend)
+    if backend and backend.resume_var:
+        notes.append(
+            f"the script is told {backend.resume_var}={ckpt.path}; it resumes only if it reads it"
+        )
     if spec.train.max_steps and ckpt.step >= spec.train.max_steps:
         notes.append(
             f"checkpoint-{ckpt.step} is already at train.max_steps "

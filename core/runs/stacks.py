@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.rundir import RunDir, ownership
 from tunedeck.core.spec import load_spec
 
@@ -114,7 +115,7 @@ def dump_stacks(
     if not pids:
         raise ValueError(f"{run_dir.name}: no rank process is running")
     pyspy = shutil.which("py-spy")
-    builtin = _backend(run_dir) == "builtin"
+    builtin = traits_of(_backend(run_dir)).rank_handlers
     out = []
     for rank, pid in sorted(pids.items()):
         if pyspy:

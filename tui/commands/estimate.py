@@ -44,7 +44,7 @@ def register(sub) -> None:
 def cmd_estimate(args) -> int:
     from tunedeck.core.estimate import ArchError
     from tunedeck.core.spec import SpecError, load_spec
-    from tunedeck.core.swift.run_estimate import estimate_run, length_unless_steps
+    from tunedeck.core.backends.run_estimate import estimate_run, length_unless_steps
 
     try:
         spec = load_spec(args.spec, args.set)
@@ -170,8 +170,8 @@ def _swift_speed_flags(spec) -> list[dict]:
     if spec.backend != "swift" or spec.swift.command.startswith("megatron"):
         return []
     from tunedeck.core.backends.swift import swift_args
-    from tunedeck.core.swift.flags import FlagTableError
-    from tunedeck.core.swift.speed import speed_flags
+    from tunedeck.core.backends.swift.flags import FlagTableError
+    from tunedeck.core.backends.swift.speed import speed_flags
 
     try:
         return speed_flags(swift_args(spec, None), spec.swift.command)

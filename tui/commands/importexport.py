@@ -10,7 +10,7 @@ from tunedeck.tui.format import clean
 
 def cmd_import(args) -> int:
     from tunedeck.core.backends.importer import CommandImportError, import_command
-    from tunedeck.core.swift.flags import FlagTableError
+    from tunedeck.core.backends.swift.flags import FlagTableError
 
     try:
         result = import_command(args.command)
@@ -33,7 +33,7 @@ def cmd_export(args) -> int:
     from tunedeck.core.backends.export import ExportError, export
     from tunedeck.core.estimate.resolve import resolve
     from tunedeck.core.spec import SpecError, load_spec
-    from tunedeck.core.swift.flags import FlagTableError
+    from tunedeck.core.backends.swift.flags import FlagTableError
 
     try:
         spec = resolve(load_spec(args.spec, args.set))

@@ -54,7 +54,7 @@ from tunedeck.core.spec import (
     resolve_paths,
     set_values,
 )
-from tunedeck.core.swift.keymap import BY_KEY as SWIFT_KEYED
+from tunedeck.core.backends.swift.keymap import BY_KEY as SWIFT_KEYED
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
 from tunedeck.tui.screens.preflight import fmt_value, pin_port
@@ -95,7 +95,7 @@ def warm_swift_flags() -> str:
     could not be read (then previews say so instead of retrying the subprocess)."""
     with _SWIFT_LOCK:
         if not _SWIFT_STATE["ready"]:
-            from tunedeck.core.swift.flags import FlagTableError, flag_tables
+            from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables
 
             try:
                 flag_tables()
@@ -137,7 +137,7 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
     from tunedeck.core.preflight.base import Context
     from tunedeck.core.preflight.config import MARGIN, check_gpu_memory
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.swift.run_estimate import run_defaults
+    from tunedeck.core.backends.run_estimate import run_defaults
 
     gpus = _chosen(facts, spec)
     try:

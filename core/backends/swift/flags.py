@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunedeck.core.paths import cache_dir
-from tunedeck.core.swift.version import installed_version, parse
+from tunedeck.core.backends.swift.version import installed_version, parse
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _cache_key() -> str:
 # Tables shipped with tunedeck for the ms-swift/transformers pairs it pins, so the first
 # `tunedeck import` does not spend 6 s of CPU importing ms-swift (torch, transformers) to
 # read them; tests/test_swift_tables.py checks each against the installed ms-swift.
-# Regenerate with `python -m tunedeck.core.swift.flags --ship`.
+# Regenerate with `python -m tunedeck.core.backends.swift.flags --ship`.
 SHIPPED = Path(__file__).resolve().parent / "tables"
 TABLE_FORMAT = "v2"  # v2: defaults, types and dests in every flag's entry
 
@@ -211,14 +211,14 @@ def ship_table() -> Path:
 
 
 def run_check(args: list[str], stdin: str | None = None, timeout: float = 180) -> object:
-    """Run tunedeck.core.swift.check in a child interpreter and return its JSON answer."""
+    """Run tunedeck.core.backends.swift.check in a child interpreter and return its JSON answer."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # a folder of tunedeck's own as the working directory: `-m` puts it first on sys.path, and
     # a user's folder may hold a `swift/` that would shadow ms-swift
     cwd = cache_dir()
     cwd.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "tunedeck.core.swift.check", *args],
+        [sys.executable, "-m", "tunedeck.core.backends.swift.check", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -318,5 +318,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--ship"]:
         print(ship_table())
     else:
-        print("usage: python -m tunedeck.core.swift.flags --ship", file=sys.stderr)
+        print("usage: python -m tunedeck.core.backends.swift.flags --ship", file=sys.stderr)
         sys.exit(2)

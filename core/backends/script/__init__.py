@@ -161,4 +161,12 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "", var=RESUME_VAR)
 
 
-BACKEND = Backend("script", build_plan, check, monitors, restart)
+BACKEND = Backend(
+    "script",
+    build_plan,
+    check,
+    monitors,
+    restart,
+    resume_var=RESUME_VAR,
+    serve_note="# a custom script decides where it saves; adjust CKPT if needed",
+)

@@ -1,11 +1,12 @@
-"""The estimate of the run a spec starts: the one path `tunedeck estimate`, the compose form
-and the preflight memory check all take, so the three show one number for one spec.
+"""How an ms-swift spec runs, for the numbers (`Backend.as_run` and its kin, asked through
+core/backends/run_estimate.py: the one path `tunedeck estimate`, the compose form and the
+preflight memory check all take, so the three show one number for one spec).
 
 An ms-swift spec's unset key emits no flag and ms-swift's own default applies, so the numbers
 take that default rather than tunedeck's (`keymap.estimate_view`: a micro batch of 1, its LoRA
 sizes, gradient checkpointing on, the accumulation that makes a global batch of 16), and an
 unset data.max_length is the model's own length limit, where ms-swift truncates without
---max_length. This sits in core/swift, not in
+--max_length. This sits in core/backends/swift, not in
 core/estimate, because it is the lowest layer that sees both the estimator and ms-swift's
 tables. Other backends' specs pass through unchanged.
 """
@@ -14,11 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunedeck.core.estimate import ArchError, SpecEstimate, arch_for_spec, estimate_spec
-from tunedeck.core.estimate.resolve import resolve
+from tunedeck.core.estimate import ArchError, arch_for_spec
 from tunedeck.core.spec import RunSpec, check_option, is_set, set_values
-from tunedeck.core.swift.flags import FlagTableError, flag_tables
-from tunedeck.core.swift.keymap import (
+from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables
+from tunedeck.core.backends.swift.keymap import (
     default_grad_accum,
     effective_values,
     estimate_view,
@@ -113,20 +113,8 @@ def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     ]
 
 
-def estimate_run(
-    spec: RunSpec,
-    *,
-    gpus: int | None = None,
-    gpu_name: str = "",
-    gpu_mem_gib: float | None = None,
-    mfu: float | None = None,
-) -> SpecEstimate:
-    """`estimate_spec` of the run `spec` starts (arguments as there); `.spec` is the spec the
-    numbers are of, ms-swift's defaults in place."""
-    if spec.backend == "swift":
-        # the accumulation ms-swift picks depends on the ranks: resolve first
-        spec = resolve(spec, gpu_count=gpus)
-    view, notes = as_run(spec)
-    est = estimate_spec(view, gpus=gpus, gpu_name=gpu_name, gpu_mem_gib=gpu_mem_gib, mfu=mfu)
-    est.memory.notes.extend(notes)
-    return est
+def preview_numbers(spec: RunSpec) -> tuple[RunSpec, str]:
+    """The spec the dry run's summary sizes (ms-swift's defaults in place) and how long it
+    trains, as ms-swift runs it."""
+    tables = _tables()
+    return estimate_view(spec, tables), length_phrase(spec, tables)

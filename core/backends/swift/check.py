@@ -1,10 +1,10 @@
 """Ask the installed ms-swift itself which flags exist: run as a subprocess, because importing
 swift pulls in torch, transformers and modelscope (8 s, 500 MB) that the CLI must not carry.
 
-    python -m tunedeck.core.swift.check --table          flag table of every command, as JSON
-    python -m tunedeck.core.swift.check --check < JOBS   JOBS = [[command, argv], ...]; prints one
+    python -m tunedeck.core.backends.swift.check --table          flag table of every command, as JSON
+    python -m tunedeck.core.backends.swift.check --check < JOBS   JOBS = [[command, argv], ...]; prints one
                                                 {"remaining": [...], "error": str|null} each
-    python -m tunedeck.core.swift.check --parse < JOBS   the same, plus "values": every field
+    python -m tunedeck.core.backends.swift.check --parse < JOBS   the same, plus "values": every field
                                                 as ms-swift's parser fills it (JSON-safe)
 
 Both build ms-swift's own HfArgumentParser over its argument dataclasses (as its CLI does) and

@@ -21,11 +21,11 @@ def speed_flags(
     installed: no suggestion), each {"flag", "value", "gain", "why"}. A flag the argv already
     sets is left alone. variable_length: the data's samples vary in length (chat data)."""
     if known is None:
-        from tunedeck.core.swift.flags import flag_tables
+        from tunedeck.core.backends.swift.flags import flag_tables
 
         tables = flag_tables()
         known = (tables or {}).get("commands", {}).get(command) or {}
-    from tunedeck.core.swift.flags import split_flags
+    from tunedeck.core.backends.swift.flags import split_flags
 
     given = {f[2:]: (v[-1] if v else "true") for f, v in split_flags(argv) if f}
     on = {k for k, v in given.items() if v.strip().lower() in ("1", "true", "yes", "on")}

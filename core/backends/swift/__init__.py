@@ -4,7 +4,7 @@
 
 instead of the `swift` launcher, so per-rank log files, restarts and rendezvous stay ours (the
 launcher only forwards NPROC_PER_NODE & co. to torchrun and hides the rest). Only the keys the
-spec sets become flags (core/swift/keymap.py, the table `tunedeck import` reads the other
+spec sets become flags (core/backends/swift/keymap.py, the table `tunedeck import` reads the other
 way); for the rest ms-swift's own defaults apply, and swift.extra_args follow as written.
 Flags follow the installed ms-swift version and are checked against its own argument table
 before launch.
@@ -31,8 +31,9 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec, get_value, is_set
-from tunedeck.core.swift.flags import validate
-from tunedeck.core.swift.version import ASSUMED, installed_version, tuner_flag
+from tunedeck.core.backends.swift import run_estimate
+from tunedeck.core.backends.swift.flags import validate
+from tunedeck.core.backends.swift.version import ASSUMED, installed_version, tuner_flag
 
 ENTRY = {
     "sft": "swift.cli.sft",
@@ -215,10 +216,10 @@ def _megatron_batch(spec: RunSpec) -> list[str]:
 
 def swift_args(spec: RunSpec, output_dir: str | None, version: str | None = None) -> list[str]:
     """Every ms-swift flag of a run (what follows `-m swift.cli.<command>`): the flags of the
-    keys the spec sets (core/swift/keymap.py), then swift.extra_args as written. A key the spec
+    keys the spec sets (core/backends/swift/keymap.py), then swift.extra_args as written. A key the spec
     does not set emits nothing, so ms-swift's own default applies. `output_dir` None: none
     (an export for the user's own shell, where ms-swift picks its folder)."""
-    from tunedeck.core.swift.keymap import KEYS, emits, encode
+    from tunedeck.core.backends.swift.keymap import KEYS, emits, encode
 
     version = version or installed_version() or ASSUMED
     s, command = spec.swift, spec.swift.command
@@ -515,4 +516,44 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     )
 
 
-BACKEND = Backend("swift", build_plan, check, monitors, restart)
+def requirements(spec: RunSpec) -> list[tuple[str, str, str]]:
+    req = [("ms-swift", "3.0", "--tuner_type/--train_type flags")]
+    if spec.swift.use_vllm:
+        req.append(("vllm", "0.8", "swift.use_vllm"))
+    return req
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last `--flag V` / `--flag=V` in argv (what argparse keeps)."""
+    found = None
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif word.startswith(flag + "="):
+            found = word[len(flag) + 1 :]
+    return found
+
+
+def user_output_dir(spec: RunSpec) -> str | None:
+    """An --output_dir the user put in swift.extra_args (it wins over tunedeck's)."""
+    return flag_value(list(spec.swift.extra_args), "--output_dir")
+
+
+BACKEND = Backend(
+    "swift",
+    build_plan,
+    check,
+    monitors,
+    restart,
+    requirements=requirements,
+    user_output_dir=user_output_dir,
+    cli_form=cli_form,
+    checkpoint_glob_prefix="v*-*/",
+    as_run=run_estimate.as_run,
+    preview_numbers=run_estimate.preview_numbers,
+    resolve_for_estimate=True,
+    run_settings=run_estimate.run_settings,
+    run_defaults=run_estimate.run_defaults,
+    length_is_bound=run_estimate.length_is_bound,
+    length_unless_steps=run_estimate.length_unless_steps,
+)

@@ -25,4 +25,15 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     )
 
 
-BACKEND = Backend("builtin", build_plan, restart=restart)
+def requirements(spec: RunSpec) -> list[tuple[str, str, str]]:
+    req = [
+        ("torch", "2.4", "FSDP2 fully_shard / DDP"),
+        ("transformers", "4.45", "models"),
+        ("tokenizers", "0.19", "tokenizer"),
+    ]
+    if spec.method.type != "full":
+        req.append(("peft", "0.10", "LoRA"))
+    return req
+
+
+BACKEND = Backend("builtin", build_plan, restart=restart, requirements=requirements)
