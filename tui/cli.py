@@ -108,7 +108,9 @@ def dry_run_text(p) -> str:
         notes += ["ms-swift settings: value (from)"] + [
             f"  {x}" for x in settings_lines(p.settings)
         ]
-    return p.script + "".join(f"# {n}\n" for n in notes)
+    # a value with a line break (a system prompt...) stays inside its comment
+    lines = [n.replace("\r", "\\r").replace("\n", "\\n") for n in notes]
+    return p.script + "".join(f"# {n}\n" for n in lines)
 
 
 def _gated_launch(args, spec):
