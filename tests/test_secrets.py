@@ -294,13 +294,14 @@ def test_swift_secret_flags_travel_in_the_environment(
 
 
 def test_preview_says_ps_shows_secret_flags_it_cannot_hide(td_home, model_cache):
-    from tunedeck.core.backends.preview import preview, ps_warning
+    from tunedeck.core.preflight.preview import preview, ps_warning
 
     p = preview(_secret_spec("script"))
-    assert "ps" in p.warning and "--api-key" in p.warning and "--password" in p.warning
-    assert "SECRETflag" not in p.warning + p.script
+    (warning,) = p.warnings
+    assert "ps" in warning and "--api-key" in warning and "--password" in warning
+    assert "SECRETflag" not in warning + p.script
     # secrets only in the environment: nothing for ps to show
-    assert preview(_secret_spec("builtin")).warning == ""
+    assert preview(_secret_spec("builtin")).warnings == []
     plan = LaunchPlan(
         "r", "script", 1, 1, [NodeCommand(0, "h", ["python", "--token", "x"], {}, "/")]
     )

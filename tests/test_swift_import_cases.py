@@ -264,7 +264,7 @@ def test_line_continuations_are_joined_as_the_shell_does():
 
 
 def test_preview_names_each_value_and_where_it_comes_from():
-    from tunedeck.core.backends.preview import preview, settings_lines
+    from tunedeck.core.preflight.preview import preview, settings_lines
 
     spec = import_command(
         "NPROC_PER_NODE=2 swift sft --model m --dataset d --lora_rank 16 "
@@ -279,7 +279,7 @@ def test_preview_names_each_value_and_where_it_comes_from():
     # what ms-swift works out at start where tunedeck can tell it: 16 / 1 per device / 2 ranks
     assert rows["train.grad_accum"]["value"] == 8
     assert rows["train.grad_accum"]["source"].endswith("a global batch of 16")
-    assert "--seed 7  (spec: train.seed)" in settings_lines(p.settings)
+    assert "--seed 7  (train.seed: spec)" in settings_lines(p.settings)
     # the batch math and the length are those of the run ms-swift starts
     # (unset, ms-swift accumulates to a global batch of 16: 16 / 1 / 2 ranks)
     assert "1 per device x 2 data-parallel x 8 accumulation" in p.summary

@@ -71,7 +71,7 @@ def cmd_launch(args) -> int:
     if args.name:
         spec.name = args.name
     if args.dry_run:
-        from tunedeck.core.backends.preview import preview
+        from tunedeck.core.preflight.preview import preview
         from tunedeck.core.backends.swift.flags import FlagTableError
 
         try:
@@ -79,10 +79,7 @@ def cmd_launch(args) -> int:
         except (ValueError, OSError, FlagTableError) as e:  # the backend refuses the spec
             _err(_one_line(e))
             return EXIT_USAGE
-        print(p.script, end="")
-        print(f"# {p.summary}")
-        if p.warning:
-            print(f"# {p.warning}")
+        print(dry_run_text(p), end="")
         return 0
     run_dir = _gated_launch(args, spec)
     if run_dir is None:
@@ -97,6 +94,23 @@ def cmd_launch(args) -> int:
     if args.wait:
         return _wait(run_id, quiet=args.json)
     return 0
+
+
+def dry_run_text(p) -> str:
+    """A core `Preview` (the compose screen's pane renders the same one) as `launch --dry-run`
+    prints it: the launch script, then the rest as shell comments, so it still runs."""
+    from tunedeck.core.preflight.preview import settings_lines
+
+    kept = "; a launch picks its own" if p.port_picked else ""
+    notes = [p.summary, f"port {p.port} ({p.port_note}{kept})", p.memory_line]
+    notes += [f"  {line}" for line, _ in p.gpu_lines] + p.warnings
+    if p.settings:
+        notes += ["ms-swift settings: value (from)"] + [
+            f"  {x}" for x in settings_lines(p.settings)
+        ]
+    # a value with a line break (a system prompt...) stays inside its comment
+    lines = [n.replace("\r", "\\r").replace("\n", "\\n") for n in notes]
+    return p.script + "".join(f"# {n}\n" for n in lines)
 
 
 def _gated_launch(args, spec):

@@ -24,9 +24,9 @@ from tunedeck.core.estimate import (
     fmt_duration,
     throughput,
 )
+from tunedeck.core.estimate.fit import MARGIN  # plan to use at most this share of a GPU
 from tunedeck.core.estimate.speed import typical_mfu
 
-MARGIN = 0.90  # plan to use at most 90 % of a GPU's memory
 SMALL_DATA_HOURS = 1.0  # one GPU finishes an epoch within this: no need for more
 CHARS_PER_TOKEN = 3.5
 

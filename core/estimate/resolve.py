@@ -19,6 +19,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def pin_port(spec: RunSpec, port: int | None = None) -> RunSpec:
+    """The spec with the rendezvous port its launch will use. A single-node spec that leaves
+    the port to the launch (0) gets `port`, else a free one now, so what a preview and the
+    checks show is what runs (multi-node specs need a port every node knows: left as it is,
+    and so is a spec that names its port)."""
+    c = spec.cluster
+    if c.master_port or c.nnodes != 1:
+        return spec
+    spec = copy.deepcopy(spec)
+    spec.cluster.master_port = port or free_port()
+    return spec
+
+
 def resolve(spec: RunSpec, gpu_count: int | None = None) -> RunSpec:
     spec = copy.deepcopy(spec)
     c = spec.cluster

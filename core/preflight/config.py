@@ -4,6 +4,7 @@ the launch command itself (built exactly as `tunedeck launch` would)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from importlib import metadata
 
 from tunedeck.core.backend_traits import traits_of
@@ -11,14 +12,48 @@ from tunedeck.core.backends import BACKENDS, plan_run
 from tunedeck.core.backends.torchrun import torchrun_argv
 from tunedeck.core.estimate.batch import data_parallel_size, effective_batch
 from tunedeck.core.paths import runs_root
+from tunedeck.core.estimate.fit import Fit, fit
 from tunedeck.core.preflight.base import CheckResult, Context, result
 from tunedeck.core.preflight.gpu import chosen
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.backends.run_estimate import as_run, length_is_bound, length_unless_steps
+from tunedeck.core.telemetry.gpus import Gpu
 
-MARGIN = 0.90  # use at most 90 % of a GPU: the estimate is ±15 %
 LONG_RUN_STEPS = 1000
+SEVERITY = {"pass": 0, "warn": 1, "fail": 2}
+
+
+@dataclass
+class GpuFit:
+    """One GPU the run uses, and the memory estimate's verdict on it (`fit`)."""
+
+    gpu: Gpu
+    fit: Fit
+
+    @property
+    def line(self) -> str:
+        g, f = self.gpu, self.fit
+        return f"GPU{g.index} {g.name} {g.memory_total_gib:.1f} GiB: {f.reason} ({f.share:.0%})"
+
+
+def gpu_fits(ctx: Context) -> list[GpuFit]:
+    """The estimate against each GPU the run uses (cluster.gpus, else CUDA_VISIBLE_DEVICES,
+    else all; all when the selection names none that exist), one `fit` each. Empty without an
+    estimate, off CUDA, or with no GPU to compare with. Preflight's memory check and the
+    preview both read it, so they cannot disagree."""
+    est = ctx.estimate
+    if isinstance(est, str) or ctx.resolved.cluster.device != "cuda":
+        return []
+    per = est.memory.per_gpu_gib
+    # sized at the longest sample ms-swift allows: short data may well fit, so not a wall
+    bound = ctx.run.data.max_length if length_is_bound(ctx.spec) else None
+    return [GpuFit(g, fit(per, g.memory_total_gib, bound)) for g in chosen(ctx) or ctx.gpus.gpus]
+
+
+def worst(fits: list[GpuFit]) -> GpuFit:
+    """The verdict that decides: the most severe, on the smallest GPU among equals."""
+    return max(fits, key=lambda f: (SEVERITY[f.fit.status], -f.gpu.memory_total_gib))
 
 
 def check_gpu_memory(ctx: Context) -> CheckResult:
@@ -36,45 +71,27 @@ def check_gpu_memory(ctx: Context) -> CheckResult:
     parts = ", ".join(f"{k} {v:.1f}" for k, v in est.memory.breakdown.items() if v >= 0.05)
     if ctx.resolved.cluster.device != "cuda":
         return result(id, title, "skip", f"device cpu (≈{per:.2f} GiB per process: {parts})")
-    gs = ctx.gpus.gpus
-    if not gs:
+    fits = gpu_fits(ctx)
+    if not fits:
         return result(
             id,
             title,
             "skip",
             f"no GPU visible to compare with; estimate {per:.1f} GiB per GPU ({parts})",
         )
-    cap = min(g.memory_total_gib for g in (chosen(ctx) or gs))
-    detail = f"≈{per:.1f} GiB per GPU of {cap:.0f} GiB ({parts})"
+    w = worst(fits)
+    detail = f"≈{per:.1f} GiB per GPU of {w.gpu.memory_total_gib:.0f} GiB ({parts})"
+    if w.fit.status == "pass":
+        return result(id, title, "pass", detail)
     fix = (
         "enable train.gradient_checkpointing, lower per_device_batch_size / "
         "data.max_length, or shard (`tunedeck estimate` suggests a strategy)"
     )
+    if length_is_bound(ctx.spec) and per > w.gpu.memory_total_gib:
+        fix = "set data.max_length to the data's longest sample; " + fix
     # the one value that always helps; whether it is enough shows on the next run
     gc = None if ctx.run.train.gradient_checkpointing else {"train.gradient_checkpointing": True}
-    if per > cap and length_is_bound(ctx.spec):
-        # sized at the longest sample ms-swift allows: short data may well fit, so not a wall
-        return result(
-            id,
-            title,
-            "warn",
-            detail + ": will not fit if a batch reaches "
-            f"{ctx.run.data.max_length} tokens (data.max_length unset)",
-            "set data.max_length to the data's longest sample; " + fix,
-            gc,
-        )
-    if per > cap:
-        return result(id, title, "fail", detail + ": will not fit", fix, gc)
-    if per > cap * MARGIN:
-        return result(
-            id,
-            title,
-            "warn",
-            detail + f": above {MARGIN:.0%}, the estimate's margin of error could OOM",
-            fix,
-            gc,
-        )
-    return result(id, title, "pass", detail)
+    return result(id, title, w.fit.status, f"{detail}: {w.fit.reason}", fix, gc)
 
 
 def _world(spec) -> int:

@@ -9,8 +9,9 @@ the problem is shown under the field, naming the key.
 The side pane follows the form: the exact per-node command and environment (secrets masked),
 the port the launch will really use (picked once here, kept for the launch), the values the
 built-in trainer reads from spec.toml, the effective batch and the memory estimate against each
-GPU's capacity. It is built off the UI thread (`build_preview`, through `plan_run`, the one way
-from a spec to a plan), debounced, and a stale preview is dropped; ms-swift's flag table, which
+GPU's capacity (the verdicts preflight's memory check decides from). It is core's `preview`
+(the one `tunedeck launch --dry-run` prints), built off the UI thread (`build_preview`) and
+rendered (`render_preview`), debounced, and a stale preview is dropped; ms-swift's flag table, which
 needs a subprocess once per version, is read in a worker too, never on the UI thread.
 """
 
@@ -37,6 +38,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
+from tunedeck.core.estimate.resolve import pin_port
 from tunedeck.core.spec import (
     GROUPS,
     OPTIONS,
@@ -57,7 +59,7 @@ from tunedeck.core.spec import (
 from tunedeck.core.backends.swift.keymap import BY_KEY as SWIFT_KEYED
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
-from tunedeck.tui.screens.preflight import fmt_value, pin_port
+from tunedeck.tui.screens.preflight import fmt_value
 from tunedeck.tui.screens.prompt import PromptScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
 
@@ -121,31 +123,24 @@ class PreviewData:
     hints: dict[str, str] = field(default_factory=dict)
 
 
-def _chosen(facts: GpuFacts, spec: RunSpec) -> list:
-    from tunedeck.core.preflight.base import Context
-    from tunedeck.core.preflight.gpu import chosen
+def build_preview(spec: RunSpec, facts: GpuFacts, port: int | None = None) -> PreviewData:
+    """Everything the side pane shows for `spec` on `facts`: core's `preview` (the dry run's
+    too), rendered. `port`: the one this form keeps for cluster.master_port = 0."""
+    from tunedeck.core.preflight.preview import preview
 
-    return chosen(Context(spec=spec, resolved=spec, gpu_probe=lambda: facts))
-
-
-def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> PreviewData:
-    """Everything the side pane shows for `spec` (its port already pinned), on `facts`."""
-    from tunedeck.core.backends import plan_run
-    from tunedeck.core.backends.preview import ps_warning
-    from tunedeck.core.estimate.batch import describe
-    from tunedeck.core.paths import runs_root
-    from tunedeck.core.preflight.base import Context
-    from tunedeck.core.preflight.config import MARGIN, check_gpu_memory
-    from tunedeck.core.rundir import RunDir
-    from tunedeck.core.backends.run_estimate import run_defaults
-
-    gpus = _chosen(facts, spec)
     try:
-        resolved, plan = plan_run(spec, RunDir(runs_root() / "<run-id>"), gpu_count=len(gpus))
+        p = preview(spec, facts, port=port)
     except Exception as e:  # noqa: BLE001 - ValueError naming the key, FlagTableError...
         msg = str(e)
         return PreviewData(Text(""), Text(msg, style="red"), "skip", msg or type(e).__name__)
-    c = resolved.cluster
+    return render_preview(p)
+
+
+def render_preview(p) -> PreviewData:
+    """A core `Preview` as the side pane shows it."""
+    from tunedeck.core.preflight.preview import is_default, setting_value
+
+    resolved, c = p.spec, p.spec.cluster
     facts_t = Text()
     facts_t.append(f"{resolved.backend} · ", style="bold")
     facts_t.append(
@@ -153,52 +148,35 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
         f"{c.nproc_per_node} {c.device} rank(s) · {c.dist_backend} · "
         f"{resolved.parallel.strategy}\n"
     )
-    facts_t.append(f"port {c.master_port}", style="bold")
-    facts_t.append(f" ({port_note or 'cluster.master_port'})\n", style="dim")
+    facts_t.append(f"port {p.port}", style="bold")
+    kept = "; the launch keeps it" if p.port_picked else ""
+    facts_t.append(f" ({p.port_note}{kept})\n", style="dim")
     # the batch and the memory of the run it starts (ms-swift's defaults where unset), the
     # numbers preflight and `tunedeck estimate` give for the same spec
-    ctx = Context(spec=spec, resolved=resolved, gpu_probe=lambda: facts)
-    facts_t.append(describe(ctx.run, plan.world_size) + "\n")
-    est = ctx.estimate
-    fit = check_gpu_memory(ctx)
-    if isinstance(est, str):
-        facts_t.append(f"memory: no estimate: {est.split(';')[0]}\n", style="dim")
+    facts_t.append(p.batch + "\n")
+    if isinstance(p.estimate, str):
+        facts_t.append(p.memory_line + "\n", style="dim")
     else:
-        per = est.memory.per_gpu_gib
         if c.device != "cuda":
-            facts_t.append(
-                f"memory ≈ {per:.2f} GiB per process ({c.device}; no GPU to compare with)\n"
-            )
+            facts_t.append(p.memory_line + "\n")
         else:
-            facts_t.append(f"memory ≈ {per:.1f} GiB per GPU", style=FIT_STYLE[fit.status])
-            facts_t.append(f" (peak at {est.memory.peak_phase})\n", style="dim")
-            for g in gpus or []:
-                cap = g.memory_total_gib
-                status = "fail" if per > cap else "warn" if per > cap * MARGIN else "pass"
-                verdict = {
-                    "fail": "will not fit",
-                    "warn": f"above {MARGIN:.0%}: may OOM",
-                    "pass": "fits",
-                }[status]
-                facts_t.append(
-                    f"  GPU{g.index} {g.name} {cap:.1f} GiB: {verdict} ({per / cap:.0%})\n",
-                    style=FIT_STYLE[status],
-                )
-            if not gpus:
-                facts_t.append("  no GPU here to compare with\n", style="dim")
+            head, _, tail = p.memory_line.partition(" (")
+            facts_t.append(head, style=FIT_STYLE[p.fit])
+            facts_t.append(f" ({tail}\n", style="dim")
+        for line, status in p.gpu_lines:  # one verdict per GPU, preflight's own
+            facts_t.append(f"  {line}\n", style=FIT_STYLE[status])
         facts_t.append("ctrl+t: the advisor's suggestion\n", style="dim")
 
     body = Text()
-    for node in plan.nodes:
+    for node in p.plan.nodes:
         body.append(f"── node {node.node_rank} · {node.host} ──\n", style="bold")
         # launch.sh as a launch writes it (secrets masked), less the shell's preamble
-        lines = plan.to_shell(node.node_rank).splitlines()
+        lines = p.plan.to_shell(node.node_rank).splitlines()
         body.append(
             "\n".join(x for x in lines if not x.startswith(("#!", "set -", "# tunedeck"))) + "\n"
         )
     body.append("run id and run directory are named at launch\n", style="dim")
-    warning = ps_warning(plan)
-    if warning:  # a credential flag the backend cannot move into the environment
+    for warning in p.warnings:  # a credential flag the backend cannot move into the environment
         body.append(warning + "\n", style="bold yellow")
     if resolved.backend == "builtin":
         body.append("── the trainer reads from spec.toml ──\n", style="bold")
@@ -213,43 +191,18 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port_note: str = "") -> Previe
                 )
                 body.append(f"{o.key} = ", style="dim")
                 body.append(shown + "\n", style="bold" if value != o.default else "")
-    if resolved.backend == "swift":
-        _swift_settings(body, resolved)
-    mem = min((g.memory_total_gib for g in gpus), default=None)
-    hints = {k: f"{swift_value_text(v)} · {src}" for k, (v, src) in run_defaults(resolved).items()}
-    return PreviewData(facts_t, body, fit.status, "", est, mem, len(gpus), hints)
-
-
-def swift_value_text(v: Any) -> str:
-    """A value ms-swift takes, as its command line spells it (None: decided at run time)."""
-    return (
-        "decided at run time"
-        if v is None
-        else " ".join(map(str, v)) or "none"
-        if isinstance(v, list)
-        else str(v).lower()
-        if isinstance(v, bool)
-        else str(v)
-    )
-
-
-def _swift_settings(body: Text, spec: RunSpec) -> None:
-    """What ms-swift will use for each setting tunedeck has a key for, and whose it is: the
-    spec's (a flag in the command), extra_args', or ms-swift's own default (no flag)."""
-    from tunedeck.core.backends.preview import swift_settings
-
-    rows = swift_settings(spec)
-    if not rows:
-        return
-    body.append("── ms-swift settings: value (from) ──\n", style="bold")
-    for r in rows:
-        value = swift_value_text(r["value"])
-        body.append(f"--{r['flag']} ", style="dim")
-        body.append(value, style="" if r["source"].startswith("ms-swift") else "bold")
-        body.append(
-            f"  ({r['key']}: {r['source']})\n",
-            style="dim" if r["source"].startswith("ms-swift") else "",
-        )
+    if p.settings:
+        # what ms-swift will use for each setting tunedeck has a key for, and whose it is:
+        # the spec's (a flag in the command), extra_args', or ms-swift's own default (no flag)
+        body.append("── ms-swift settings: value (from) ──\n", style="bold")
+        for r in p.settings:
+            own = is_default(r)
+            body.append(f"--{r['flag']} ", style="dim")
+            body.append(setting_value(r), style="" if own else "bold")
+            body.append(f"  ({r['key']}: {r['source']})\n", style="dim" if own else "")
+    hints = {r["key"]: f"{setting_value(r)} · {r['source']}" for r in p.settings if is_default(r)}
+    mem = min((g.gpu.memory_total_gib for g in p.gpus), default=None)
+    return PreviewData(facts_t, body, p.fit, "", p.estimate, mem, len(p.gpus), hints)
 
 
 # -- form fields --------------------------------------------------------------------------
@@ -711,18 +664,23 @@ class ComposeScreen(TunedeckScreen):
             self.row("env").show(self.spec.env)
 
     # -- the spec as it will be launched --------------------------------------------------------
-    def launch_spec(self) -> RunSpec:
-        """The form's spec as a launch gets it: relative paths from the spec file's folder
-        (or here), and the rendezvous port picked once for this form."""
+    def form_spec(self) -> RunSpec:
+        """The form's spec with relative paths from the spec file's folder (or here)."""
         spec = copy.deepcopy(self.spec)
         resolve_paths(spec, self.path.parent if self.path else Path.cwd())
-        if spec.cluster.master_port == 0 and spec.cluster.nnodes == 1:
-            if self.port is None:
-                from tunedeck.core.estimate.resolve import free_port
-
-                self.port = free_port()
-            spec = pin_port(spec, self.port)
         return spec
+
+    def _pinned(self, spec: RunSpec) -> RunSpec:
+        """`spec` with the rendezvous port a launch uses (core's `pin_port`): for
+        cluster.master_port = 0 on one node, the port picked once for this form and kept."""
+        pinned = pin_port(spec, self.port)
+        if pinned is not spec:
+            self.port = pinned.cluster.master_port
+        return pinned
+
+    def launch_spec(self) -> RunSpec:
+        """The form's spec as a launch gets it: its paths resolved and its port pinned."""
+        return self._pinned(self.form_spec())
 
     # -- preview (thread) --------------------------------------------------------------------
     def _schedule_preview(self, started: float | None = None) -> None:
@@ -740,19 +698,12 @@ class ComposeScreen(TunedeckScreen):
     def _start_preview(self) -> None:
         self._timer = None
         self._last_start = time.perf_counter()
-        c = self.spec.cluster
-        note = (
-            ""
-            if c.master_port
-            else "picked now for cluster.master_port = 0; the launch keeps it"
-            if c.nnodes == 1
-            else "cluster.master_port = 0 on several nodes: the default, which every "
-            "node must be able to reach"
-        )
-        self._preview(self.generation, self._edit_started, self.launch_spec(), note)
+        spec = self.form_spec()
+        self._pinned(spec)  # the preview shows the port the launch will keep
+        self._preview(self.generation, self._edit_started, spec, self.port)
 
     @work(thread=True, exclusive=True, group="compose-preview", exit_on_error=False)
-    def _preview(self, generation: int, started: float, spec: RunSpec, note: str) -> None:
+    def _preview(self, generation: int, started: float, spec: RunSpec, port: int | None) -> None:
         worker = get_current_worker()
         facts = self.gpu_facts()
         if spec.backend == "swift" and not swift_flags_ready():
@@ -769,7 +720,7 @@ class ComposeScreen(TunedeckScreen):
             err = f"ms-swift's flags could not be read: {_SWIFT_STATE['error']}"
             data = PreviewData(Text(""), Text(err, style="red"), "skip", err)
         else:
-            data = build_preview(spec, facts, note)
+            data = build_preview(spec, facts, port)
         if not worker.is_cancelled:
             self.post_message(PreviewReady(generation, started, data))
 

@@ -26,25 +26,12 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static
 
+from tunedeck.core.estimate.resolve import pin_port
 from tunedeck.core.spec import RunSpec, SpecError, set_values
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
 
 STATUS_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "dim"}
-
-
-def pin_port(spec: RunSpec, port: int | None = None) -> RunSpec:
-    """The spec with the rendezvous port its launch will use. A single-node spec that leaves
-    the port to the launch (0) gets a free one now, so what the preview and the checks show
-    is what runs (multi-node specs need a port every node knows: left as it is)."""
-    c = spec.cluster
-    if c.master_port or c.nnodes != 1:
-        return spec
-    from tunedeck.core.estimate.resolve import free_port
-
-    spec = copy.deepcopy(spec)
-    spec.cluster.master_port = port or free_port()
-    return spec
 
 
 def fmt_value(v: Any) -> str:
