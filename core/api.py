@@ -7,7 +7,9 @@ re-exported, or thin wrappers that import their module when first called: the di
 preflight checklist, run.db and the metrics stream cost tenths of a second to import, and
 `tunedeck ls` answers without them.
 
-Nothing here is new logic; each name's owner is in docs/architecture.md ("Who owns what").
+Nothing here is new logic but `diagnose`, the merge of a run's log findings with those its
+agent stored (the `tunedeck diagnose` verb's, asked by tests too); each other name's owner is
+in docs/architecture.md ("Who owns what").
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tunedeck.core.runs.registry import (
 )
 from tunedeck.core.runs.state import TERMINAL
 from tunedeck.core.runs.launch import LaunchError, launch, shared_with
-from tunedeck.core.runs.control import ForeignRun, stop
+from tunedeck.core.runs.control import ForeignRun, request_stop, stop
 from tunedeck.core.runs.manage import (
     ManageError,
     clone_spec,
@@ -44,7 +46,7 @@ from tunedeck.core.backends.preview import preview
 from tunedeck.core.backends.export import ExportError, export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.swift.flags import FlagTableError
-from tunedeck.core.estimate.resolve import resolve
+from tunedeck.core.estimate.resolve import free_port, resolve
 from tunedeck.core.estimate.batch import rescale_grad_accum
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "fmt_rate",
     "follow",
     "format_node_rows",
+    "free_port",
     "gate_record",
     "import_command",
     "iter_records",
@@ -86,7 +89,9 @@ __all__ = [
     "preview",
     "print_json",
     "problems",
+    "ordered",
     "read_findings",
+    "request_stop",
     "rescale_grad_accum",
     "resolve",
     "resume_spec",
@@ -101,6 +106,30 @@ __all__ = [
     "summary_line",
     "write_json",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The viewers' types (what the TUI's monitor and loss plot hold: RunWatcher, Snapshot,
+    LogState, RankLog, Literal, Store, RankNccl, STACK_SUSPECT, STACK_WAITING), imported when
+    first asked for: run.db's Store and the watcher cost a tenth of a second the CLI's `ls` never
+    spends. Plain imports, so the import-linter graph has them."""
+    if name in ("RunWatcher", "Snapshot", "LogState", "RankLog", "Literal"):
+        from tunedeck.core.runs import watch
+
+        return getattr(watch, name)
+    if name == "Store":
+        from tunedeck.core.runs.store import Store
+
+        return Store
+    if name == "RankNccl":
+        from tunedeck.core.runs.nccl import RankNccl
+
+        return RankNccl
+    if name in ("STACK_SUSPECT", "STACK_WAITING"):
+        from tunedeck.core.runs import stacks
+
+        return getattr(stacks, name.removeprefix("STACK_"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- preflight: the checklist a launch is gated on -------------------------------------------
@@ -118,6 +147,13 @@ def run_checks(ctx: Any, only: list[str] | None = None) -> Any:
     from tunedeck.core.preflight import run_checks as _run
 
     return _run(ctx, only)
+
+
+def ordered(results: list) -> list:
+    """The checklist's order: failures first."""
+    from tunedeck.core.preflight import ordered as _ordered
+
+    return _ordered(results)
 
 
 def failures(results: list) -> list:

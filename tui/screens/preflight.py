@@ -40,7 +40,7 @@ def pin_port(spec: RunSpec, port: int | None = None) -> RunSpec:
     c = spec.cluster
     if c.master_port or c.nnodes != 1:
         return spec
-    from tunedeck.core.estimate.resolve import free_port
+    from tunedeck.core.api import free_port
 
     spec = copy.deepcopy(spec)
     spec.cluster.master_port = port or free_port()
@@ -201,7 +201,7 @@ class PreflightScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
     def _run(self, generation: int, spec: RunSpec) -> None:
-        from tunedeck.core import preflight
+        from tunedeck.core.api import make_context, run_checks
         from tunedeck.core.spec import load_spec
 
         base = None
@@ -211,8 +211,8 @@ class PreflightScreen(TunedeckScreen):
             except SpecError:
                 base = None
         try:
-            ctx = preflight.make_context(spec=spec, base=base, gpu_probe=type(self).gpu_probe)
-            for r in preflight.run_checks(ctx):
+            ctx = make_context(spec=spec, base=base, gpu_probe=type(self).gpu_probe)
+            for r in run_checks(ctx):
                 self.post_message(CheckDone(generation, r))
         except Exception as e:  # noqa: BLE001 - shown; the gate stays shut
             self.post_message(ChecksFinished(generation, f"{type(e).__name__}: {e}"))
@@ -227,7 +227,7 @@ class PreflightScreen(TunedeckScreen):
         self._fill()
 
     def _fill(self) -> None:
-        from tunedeck.core.preflight import ordered
+        from tunedeck.core.api import ordered
 
         t = self.query_one("#checks", DataTable)
         keep = self.current()
@@ -262,7 +262,7 @@ class PreflightScreen(TunedeckScreen):
 
     # -- display ----------------------------------------------------------------------------
     def _title(self) -> None:
-        from tunedeck.core.preflight import summary, summary_line
+        from tunedeck.core.api import summary, summary_line
 
         where = f" ({self.spec_path.name})" if self.spec_path else ""
         text = f"Preflight: {self.spec.name}{where}"
@@ -356,7 +356,7 @@ class PreflightScreen(TunedeckScreen):
     def action_launch(self) -> None:
         if not self.can_launch():
             return
-        from tunedeck.core.preflight import gate_record
+        from tunedeck.core.api import gate_record
 
         results = list(self.results.values())
         record = gate_record(
@@ -372,7 +372,7 @@ class PreflightScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="preflight-launch", exit_on_error=False)
     def _launch(self, spec: RunSpec, record: dict) -> None:
-        from tunedeck.core.runs.launch import launch
+        from tunedeck.core.api import launch
 
         try:
             run_dir = launch(spec, preflight=record)
