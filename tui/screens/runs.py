@@ -205,7 +205,6 @@ class RunsScreen(TunedeckScreen):
         self.sort_column = "age"
         self.sort_descending = False
         self.marked: set[str] = set()
-        self.notices: list[tuple[str, str]] = []  # what the user was told (tests read it)
         self._view: list[RunInfo] = []
         self._view_key: tuple = ()
         self._shown: dict[str, tuple] = {}  # run id -> the cells on screen
@@ -438,7 +437,6 @@ class RunsScreen(TunedeckScreen):
         return next((r for r in self.runs if r.run_id == run_id), None)
 
     def say(self, text: str, severity: str = "information") -> None:
-        self.notices.append((text, severity))
         self.notify(
             text,
             severity=severity,
