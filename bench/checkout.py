@@ -1,7 +1,7 @@
 """Use tunedeck from this checkout where it is not pip-installed (the GPU machine).
 
 tunedeck installs as one package whose parts stay at the repository's top level (core/ ->
-tunedeck.core, tui/ -> tunedeck.tui, presets/). Here a folder holding a `tunedeck` package made
+tunedeck.core, cli/ -> tunedeck.cli, tui/ -> tunedeck.tui, presets/). Here a folder holding a `tunedeck` package made
 of links to those folders goes first on sys.path and on PYTHONPATH, so the agent and the ranks
 a benchmark starts import the same code. Python: `import checkout; checkout.use()`. Shell:
 `export PYTHONPATH="$(python3 bench/checkout.py)${PYTHONPATH:+:$PYTHONPATH}"`.
@@ -23,7 +23,7 @@ def link_dir() -> Path:
     base = Path(tempfile.gettempdir()) / f"tunedeck-checkout-{tag}"
     pkg = base / "tunedeck"
     pkg.mkdir(parents=True, exist_ok=True)
-    for name in ("core", "tui", "presets"):
+    for name in ("core", "cli", "tui", "presets"):
         link = pkg / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)

@@ -298,7 +298,7 @@ def median_of(argv: list[str], repeats: int, timeout: float, mem_cap: int) -> di
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tunedeck.tui.cli", *args]
+    return [sys.executable, "-m", "tunedeck.cli", *args]
 
 
 def fmt_cmd(r: dict) -> str:
@@ -666,7 +666,10 @@ def main() -> int:
         f"# bench/long_run.py, tunedeck from {Path(store_mod.__file__).parents[2]}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
-    from tunedeck.tui import cli as cli_mod
+    try:  # the metrics verb's module (tunedeck.tui.cli in checkouts before tunedeck.cli)
+        from tunedeck.cli import metrics as cli_mod
+    except ImportError:
+        from tunedeck.tui import cli as cli_mod
 
     src = Path(cli_mod.__file__).read_text()
     windowed = "--last" in src

@@ -139,7 +139,7 @@ def cli(
     env = dict(os.environ, TUNEDECK_HOME=str(home))
     env.setdefault("TUNEDECK_CACHE", os.environ.get("TUNEDECK_CACHE", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "tunedeck.tui", *args],
+        [sys.executable, "-m", "tunedeck.cli", *args],
         capture_output=True,
         text=True,
         env=env,

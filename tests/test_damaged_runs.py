@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tunedeck.core.rundir import RunDir
-from tunedeck.tui.cli import main
+from tunedeck.cli.main import main
 
 KINDS = ("truncated", "empty", "garbage", "wrong")
 GARBAGE = b"\xff\xfe\x00\x1b[31m\x9b2J not what was written \xe2\x80\xae" * 40

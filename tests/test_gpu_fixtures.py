@@ -23,7 +23,7 @@ from tunedeck.core.detect.straggler import StragglerDetector
 from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.runs.store import Store, read_events, read_findings
-from tunedeck.tui.commands.diagnose import collect
+from tunedeck.core.api import diagnose as collect
 
 
 def _series(run_dir, kind, *args, **kw):

@@ -224,7 +224,7 @@ def test_diagnose_reads_event_files_as_data(tmp_path):
 
 def metrics(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
+        [sys.executable, "-m", "tunedeck.cli", "metrics", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -273,7 +273,7 @@ def test_metrics_streams_a_long_run(tmp_path):
     def peak(*args: str) -> tuple[float, float, int]:
         t = time.perf_counter()
         p = subprocess.Popen(
-            [sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
+            [sys.executable, "-m", "tunedeck.cli", "metrics", *args],
             stdout=subprocess.PIPE,
             cwd=REPO,
         )
@@ -291,7 +291,7 @@ def test_metrics_streams_a_long_run(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "tunedeck.tui.cli",
+                "tunedeck.cli",
                 "metrics",
                 str(runs[300_000]),
                 "--json",

@@ -23,7 +23,7 @@ def synthetic(tmp_path_factory):
 
 def metrics(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tunedeck.tui.cli", "metrics", *args],
+        [sys.executable, "-m", "tunedeck.cli", "metrics", *args],
         capture_output=True,
         cwd=REPO,
         timeout=120,

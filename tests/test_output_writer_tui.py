@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import until
 from tests.test_manage import T0, make_run
-from tests.test_tui_runs import app_for, loaded, recorder, select
+from tests.test_tui_runs import app_for, loaded, record_notices, recorder, select
 from tunedeck.core.telemetry.gpus import GpuFacts
 
 SRC, LIVE = "20251125-080000-src-e5f6", "20251126-080000-resumed-a1a1"
@@ -23,6 +23,7 @@ def home(tmp_path, monkeypatch) -> Path:
     writing the same output folder, as a resume of it would."""
     home = tmp_path / "home"
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    record_notices(monkeypatch)
     src = make_run(
         home / "runs",
         SRC,

@@ -72,7 +72,21 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     for run_id, kw in RUNS:
         make_run(home / "runs", run_id, **kw)
+    record_notices(monkeypatch)
     return home
+
+
+def record_notices(monkeypatch) -> None:
+    """What the runs screen told the user, as (text, severity), in `screen.notices`: its
+    notify, wrapped (the screen keeps no list of its own)."""
+    real = RunsScreen.notify
+
+    def notify(self, message, *, severity="information", **kw):
+        self.__dict__.setdefault("notices", []).append((message, severity))
+        return real(self, message, severity=severity, **kw)
+
+    monkeypatch.setattr(RunsScreen, "notify", notify)
+    monkeypatch.setattr(RunsScreen, "notices", (), raising=False)  # none yet
 
 
 def recorder(monkeypatch, which: str, name: str) -> list[tuple[tuple, dict]]:

@@ -64,12 +64,12 @@ def test_wheel_holds_one_import_package_with_every_module_and_preset(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"tunedeck"}
     tracked = _tracked_files()
-    # every module of core/ and tui/ (a package folder missing from pyproject's list would
+    # every module of core/, cli/ and tui/ (a package folder missing from pyproject's list would
     # silently drop its modules), every preset and its data, the TUI's stylesheet
     wanted = [
         f
         for f in tracked
-        if f.split("/")[0] in ("core", "tui", "presets")
+        if f.split("/")[0] in ("core", "cli", "tui", "presets")
         and not f.endswith(".c")
         and (REPO / f).is_file()
     ]
@@ -124,8 +124,9 @@ def test_installed_wheel_runs_every_command_from_another_folder(wheel, tmp_path,
         [
             str(py),
             "-c",
-            "import tunedeck.core, tunedeck.tui; "
-            "print(tunedeck.core.__file__); print(tunedeck.tui.__file__)",
+            "import tunedeck.core, tunedeck.cli, tunedeck.tui; "
+            "print(tunedeck.core.__file__); print(tunedeck.cli.__file__); "
+            "print(tunedeck.tui.__file__)",
         ],
         cwd=elsewhere,
         env=env,
@@ -135,7 +136,7 @@ def test_installed_wheel_runs_every_command_from_another_folder(wheel, tmp_path,
     )
     for line in where.stdout.split():
         assert line.startswith(site), line
-    assert not Path(site, "core").exists() and not Path(site, "tui").exists()
+    assert not any(Path(site, top).exists() for top in ("core", "cli", "tui"))
 
     demo = Path(site) / "tunedeck" / "presets" / "demo.toml"
     dry = td("launch", str(demo), "--dry-run").stdout

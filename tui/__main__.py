@@ -1,5 +1,8 @@
+"""`python -m tunedeck.tui`: the command line under its old name (the TUI without a verb);
+the command line is `tunedeck.cli`."""
+
 import sys
 
-from tunedeck.tui.cli import main
+from tunedeck.cli.main import main
 
 sys.exit(main())

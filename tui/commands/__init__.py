@@ -1,3 +1,3 @@
-"""Subcommands beyond the core run commands. Each module has `register(subparsers)` that adds
-its parser and sets `func`; `tunedeck.tui.cli.COMMAND_MODULES` lists them. Keep imports of heavy
-packages inside the command functions."""
+"""Left here for now: `estimate.py`, the `tunedeck estimate` verb and the advice the compose
+form's ctrl+t shows (`advice_for`, `speed_flag_lines`). The other verbs are in `tunedeck.cli`;
+this one moves there once the compose form's current change has landed."""

@@ -106,8 +106,7 @@ class CompareScreen(TunedeckScreen):
             self._legend_busy.release()
 
     def _legend_line(self, run_id: str, color: str) -> str:
-        from tunedeck.core.runs.registry import RunNotFound, find_run
-        from tunedeck.core.runs.store import Store
+        from tunedeck.core.api import RunNotFound, Store, find_run
 
         swatch = f"[{color}]━━[/]"
         try:

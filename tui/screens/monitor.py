@@ -19,8 +19,7 @@ from textual.containers import Container
 from textual.message import Message
 from textual.widgets import Footer, OptionList, Static
 
-from tunedeck.core.runs.registry import RunNotFound, find_run
-from tunedeck.core.runs.watch import LogState, RankLog, RunWatcher, Snapshot
+from tunedeck.core.api import LogState, RankLog, RunNotFound, RunWatcher, Snapshot, find_run
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.widgets.findings import FindingScreen, FindingsList
@@ -371,7 +370,7 @@ class MonitorScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="monitor-stop", exit_on_error=False)
     def request_stop(self, hard: bool) -> None:
-        from tunedeck.core.runs.control import request_stop
+        from tunedeck.core.api import request_stop
 
         try:
             request_stop(find_run(self.run_ref), hard=hard)
@@ -390,7 +389,7 @@ class MonitorScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="monitor-stacks", exit_on_error=False)
     def dump_stacks(self, run_dir) -> None:
-        from tunedeck.core.runs.stacks import dump_stacks
+        from tunedeck.core.api import dump_stacks
 
         try:
             dumps = dump_stacks(run_dir)

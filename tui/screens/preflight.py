@@ -188,7 +188,7 @@ class PreflightScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False)
     def _run(self, generation: int, spec: RunSpec) -> None:
-        from tunedeck.core import preflight
+        from tunedeck.core.api import make_context, run_checks
         from tunedeck.core.spec import load_spec
 
         base = None
@@ -198,8 +198,8 @@ class PreflightScreen(TunedeckScreen):
             except SpecError:
                 base = None
         try:
-            ctx = preflight.make_context(spec=spec, base=base, gpu_probe=type(self).gpu_probe)
-            for r in preflight.run_checks(ctx):
+            ctx = make_context(spec=spec, base=base, gpu_probe=type(self).gpu_probe)
+            for r in run_checks(ctx):
                 self.post_message(CheckDone(generation, r))
         except Exception as e:  # noqa: BLE001 - shown; the gate stays shut
             self.post_message(ChecksFinished(generation, f"{type(e).__name__}: {e}"))
@@ -214,7 +214,7 @@ class PreflightScreen(TunedeckScreen):
         self._fill()
 
     def _fill(self) -> None:
-        from tunedeck.core.preflight import ordered
+        from tunedeck.core.api import ordered
 
         t = self.query_one("#checks", DataTable)
         keep = self.current()
@@ -249,7 +249,7 @@ class PreflightScreen(TunedeckScreen):
 
     # -- display ----------------------------------------------------------------------------
     def _title(self) -> None:
-        from tunedeck.core.preflight import summary, summary_line
+        from tunedeck.core.api import summary, summary_line
 
         where = f" ({self.spec_path.name})" if self.spec_path else ""
         text = f"Preflight: {self.spec.name}{where}"
@@ -343,7 +343,7 @@ class PreflightScreen(TunedeckScreen):
     def action_launch(self) -> None:
         if not self.can_launch():
             return
-        from tunedeck.core.preflight import gate_record
+        from tunedeck.core.api import gate_record
 
         results = list(self.results.values())
         record = gate_record(
@@ -359,7 +359,7 @@ class PreflightScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="preflight-launch", exit_on_error=False)
     def _launch(self, spec: RunSpec, record: dict) -> None:
-        from tunedeck.core.runs.launch import launch
+        from tunedeck.core.api import launch
 
         try:
             run_dir = launch(spec, preflight=record)

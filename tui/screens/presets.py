@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from tunedeck.core.paths import PRESETS_DIR
+from tunedeck.core.api import PRESETS_DIR
 from tunedeck.core.spec import RunSpec, SpecError, load_spec
 from tunedeck.tui.screens.base import TunedeckModal
 

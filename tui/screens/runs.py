@@ -30,7 +30,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from tunedeck.core.runs.registry import Registry, RunInfo
+from tunedeck.core.api import Registry, RunInfo
 from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_age, fmt_loss
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
@@ -205,7 +205,6 @@ class RunsScreen(TunedeckScreen):
         self.sort_column = "age"
         self.sort_descending = False
         self.marked: set[str] = set()
-        self.notices: list[tuple[str, str]] = []  # what the user was told (tests read it)
         self._view: list[RunInfo] = []
         self._view_key: tuple = ()
         self._shown: dict[str, tuple] = {}  # run id -> the cells on screen
@@ -438,7 +437,6 @@ class RunsScreen(TunedeckScreen):
         return next((r for r in self.runs if r.run_id == run_id), None)
 
     def say(self, text: str, severity: str = "information") -> None:
-        self.notices.append((text, severity))
         self.notify(
             text,
             severity=severity,
@@ -570,7 +568,7 @@ class RunsScreen(TunedeckScreen):
     def _made(self, make: Callable[[RunInfo], Any], run: RunInfo, failed: str = "") -> Any:
         """`make(run)` (a clone or resume spec; from a worker) with its notes said as
         warnings, or None once the error is said."""
-        from tunedeck.core.runs.manage import ManageError
+        from tunedeck.core.api import ManageError
 
         try:
             made = make(run)
@@ -583,7 +581,7 @@ class RunsScreen(TunedeckScreen):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _clone(self, run: RunInfo) -> None:
-        from tunedeck.core.runs.manage import clone_spec
+        from tunedeck.core.api import clone_spec
 
         made = self._made(clone_spec, run, "cannot clone: ")
         if made is not None:
@@ -596,7 +594,7 @@ class RunsScreen(TunedeckScreen):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _resume(self, run: RunInfo) -> None:
-        from tunedeck.core.runs.manage import resume_spec
+        from tunedeck.core.api import resume_spec
 
         made = self._made(resume_spec, run, "cannot resume: ")
         if made is not None:
@@ -638,7 +636,7 @@ class RunsScreen(TunedeckScreen):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _import(self, command: str) -> None:
-        from tunedeck.core.backends.importer import CommandImportError, import_command
+        from tunedeck.core.api import CommandImportError, import_command
 
         try:
             imported = import_command(command)
@@ -666,7 +664,7 @@ class RunsScreen(TunedeckScreen):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _plan_delete(self, run: RunInfo) -> None:
-        from tunedeck.core.runs.manage import ManageError, plan_delete
+        from tunedeck.core.api import ManageError, plan_delete
 
         try:
             plan = plan_delete(run, self.registry.root if self.registry else None)
@@ -719,7 +717,7 @@ class RunsScreen(TunedeckScreen):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def _delete(self, run: RunInfo, outputs: Path | None) -> None:
-        from tunedeck.core.runs.manage import ManageError, delete_run
+        from tunedeck.core.api import ManageError, delete_run
 
         try:
             result = delete_run(

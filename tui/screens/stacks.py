@@ -24,19 +24,19 @@ class StacksScreen(ModalScreen[None]):
         self.dumps = dumps
 
     def compose(self) -> ComposeResult:
-        from tunedeck.core.runs.stacks import SUSPECT, WAITING, suspects, where
+        from tunedeck.core.api import STACK_SUSPECT, STACK_WAITING, stack_suspects, stack_where
 
-        style = {WAITING: "yellow", SUSPECT: "bold red"}
-        odd = suspects(self.dumps)
+        style = {STACK_WAITING: "yellow", STACK_SUSPECT: "bold red"}
+        odd = stack_suspects(self.dumps)
         parts = []
         for d in self.dumps:
-            label = where(d, odd)
+            label = stack_where(d, odd)
             parts.append(
                 f"[b]rank {d.rank}[/b] (pid {d.pid}, {d.method})"
                 + (f": [{style[label]}]{label}[/]" if label else "")
                 + f"\n{escape(d.text)}"
             )
-        waiting = [d.rank for d in self.dumps if where(d, odd) == WAITING]
+        waiting = [d.rank for d in self.dumps if stack_where(d, odd) == STACK_WAITING]
         if odd:
             summary = (
                 f"[bold red]rank {', '.join(str(d.rank) for d in odd)}[/]: not in a "

@@ -26,7 +26,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Input
 
-from tunedeck.core.runs.watch import Literal, LogState, RankLog
+from tunedeck.core.api import Literal, LogState, RankLog
 
 SEARCH_LIMIT = 10000
 KEEP_SCREENS = 6  # lines cached around the viewport, in screen heights

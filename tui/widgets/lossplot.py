@@ -98,10 +98,10 @@ class RunSource:
 
     def _open(self):
         if self._store is None:
-            from tunedeck.core.runs.store import Store
+            from tunedeck.core.api import Store
 
             if self.run_dir is None:
-                from tunedeck.core.runs.registry import find_run
+                from tunedeck.core.api import find_run
 
                 self.run_dir = find_run(self.run_ref).run_dir
             self._store = Store(self.run_dir)

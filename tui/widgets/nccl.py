@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.text import Text
 from textual.widget import Widget
 
-from tunedeck.core.runs.nccl import RankNccl
+from tunedeck.core.api import RankNccl
 
 ISSUES_SHOWN = 20  # per rank; the rest are counted
 

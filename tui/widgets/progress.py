@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.text import Text
 from textual.widgets import Static
 
-from tunedeck.core.runs.watch import Snapshot
+from tunedeck.core.api import Snapshot
 from tunedeck.tui.format import RUN_STATUS_STYLE, fmt_duration, fmt_loss, fmt_rate
 from tunedeck.tui.widgets.panes import colour_bar, fmt_pct
 

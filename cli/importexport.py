@@ -5,13 +5,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tunedeck.tui.format import clean
+from tunedeck.core.api import (
+    CommandImportError,
+    ExportError,
+    FlagTableError,
+    clean,
+    export,
+    import_command,
+    rescale_grad_accum,
+    resolve,
+)
+from tunedeck.core.spec import SpecError, load_spec
 
 
 def cmd_import(args) -> int:
-    from tunedeck.core.backends.importer import CommandImportError, import_command
-    from tunedeck.core.backends.swift.flags import FlagTableError
-
     try:
         result = import_command(args.command)
     except (CommandImportError, FlagTableError) as e:
@@ -29,16 +36,10 @@ def cmd_import(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from tunedeck.core.estimate import batch
-    from tunedeck.core.backends.export import ExportError, export
-    from tunedeck.core.estimate.resolve import resolve
-    from tunedeck.core.spec import SpecError, load_spec
-    from tunedeck.core.backends.swift.flags import FlagTableError
-
     try:
         spec = resolve(load_spec(args.spec, args.set))
         if args.world:
-            r = batch.rescale_grad_accum(spec, args.world)
+            r = rescale_grad_accum(spec, args.world)
             print(f"# {r.note}", file=sys.stderr)
             spec = r.spec
         text = export(spec, args.format)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from tunedeck.tui.format import clean, print_json
+from tunedeck.core.api import check_run, clean, find_run, list_runs, print_json, problems
 
 
 def register(subparsers) -> None:
@@ -19,9 +19,6 @@ def register(subparsers) -> None:
 
 
 def cmd_doctor(args) -> int:
-    from tunedeck.core.runs.doctor import check_run, problems
-    from tunedeck.core.runs.registry import find_run, list_runs
-
     runs = [find_run(args.run)] if args.run else list_runs()
     report = [(r, check_run(r.run_dir)) for r in runs]
     if args.json:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from tunedeck.tui.format import clean, print_json
+from tunedeck.core.api import (
+    clean,
+    make_context,
+    print_json,
+    run_checks,
+    smoke_run,
+    summary,
+    summary_line,
+)
+from tunedeck.core.spec import SpecError
 
 MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -29,10 +38,6 @@ def register(sub) -> None:
 
 
 def cmd_preflight(args) -> int:
-    from tunedeck.core.preflight import make_context, run_checks, summary, summary_line
-    from tunedeck.core.runs.smoke import smoke_run
-    from tunedeck.core.spec import SpecError
-
     try:
         ctx = make_context(args.spec, args.set)
     except SpecError as e:

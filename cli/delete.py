@@ -6,9 +6,17 @@ output folder another run writes to or one holding the runs root are refused, no
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from tunedeck.tui.format import clean, print_json
+from tunedeck.core.api import (
+    ManageError,
+    clean,
+    delete_run,
+    find_run,
+    plan_delete,
+    print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -28,11 +36,6 @@ def register(subparsers) -> None:
 
 
 def cmd_delete(args) -> int:
-    import sys
-
-    from tunedeck.core.runs.manage import ManageError, delete_run, plan_delete
-    from tunedeck.core.runs.registry import find_run
-
     run = find_run(args.run)
     try:
         plan = plan_delete(run)

@@ -7,9 +7,8 @@ Read-only, so it works on a running run too. For a run, findings the agent store
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from tunedeck.tui.format import clean, print_json
+from tunedeck.core.api import clean, diagnose, print_json
 
 JSON_KEYS = (
     "category",
@@ -38,36 +37,9 @@ def register(subparsers) -> None:
     s.set_defaults(func=cmd_diagnose)
 
 
-def collect(targets: list[str]) -> list:
-    from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
-    from tunedeck.core.diagnose.finding import Finding
-    from tunedeck.core.runs.registry import find_run
-    from tunedeck.core.runs.store import read_findings
-
-    findings: list[Finding] = []
-    files: list[Path] = []
-    for ref in targets:
-        p = Path(ref)
-        if p.is_file():
-            files.append(p)
-            continue
-        run_dir = p if p.is_dir() else find_run(ref).run_dir  # RunNotFound → cli prints it
-        mine = diagnose_run(run_dir)
-        seen = {f.key() for f in mine}  # per run: another run's finding is no duplicate
-        for d in read_findings(run_dir):
-            f = Finding.from_json(d)
-            if f.key() not in seen:  # run.db keeps refined versions under one key
-                mine.append(f)
-                seen.add(f.key())
-        findings += mine
-    if files:
-        findings += diagnose_files(files)
-    return findings
-
-
 def cmd_diagnose(args) -> int:
     try:
-        findings = collect(args.targets)
+        findings = diagnose(args.targets)
     except FileNotFoundError as e:
         print(f"tunedeck: {e}", file=sys.stderr)
         return 1

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import sys
 
-from tunedeck.tui.format import print_json
+from tunedeck.core.api import (
+    dump_stacks,
+    find_run,
+    print_json,
+    read_findings,
+    stack_suspects,
+    stack_where,
+)
 
 
 def register(subparsers) -> None:
@@ -23,10 +30,6 @@ def register(subparsers) -> None:
 
 
 def cmd_stacks(args) -> int:
-    from tunedeck.core.runs.registry import find_run
-    from tunedeck.core.runs.stacks import dump_stacks, suspects, where
-    from tunedeck.core.runs.store import read_findings
-
     run = find_run(args.run)  # RunNotFound → cli prints it
     try:
         dumps = dump_stacks(run.run_dir, ranks=args.rank)
@@ -36,9 +39,9 @@ def cmd_stacks(args) -> int:
     if args.json:
         print_json([d.to_json() for d in dumps])
         return 0
-    odd = suspects(dumps)
+    odd = stack_suspects(dumps)
     for d in dumps:
-        label = where(d, odd)
+        label = stack_where(d, odd)
         print(f"=== rank {d.rank} (pid {d.pid}, {d.method})" + (f": {label}" if label else ""))
         print(d.text)
         print()

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from tunedeck.tui.format import clean, print_json
+from tunedeck.core.api import (
+    clean,
+    find_run,
+    format_node_rows,
+    node_rows,
+    print_json,
+    read_findings,
+)
 
 
 def register(subparsers) -> None:
@@ -16,10 +23,6 @@ def register(subparsers) -> None:
 
 
 def cmd_nodes(args) -> int:
-    from tunedeck.core.nodes.view import format_rows, node_rows
-    from tunedeck.core.runs.registry import find_run
-    from tunedeck.core.runs.store import read_findings
-
     run = find_run(args.run)
     try:
         findings = read_findings(run.run_dir)
@@ -29,6 +32,6 @@ def cmd_nodes(args) -> int:
     if args.json:
         print_json(rows)
         return 0
-    for line in format_rows(rows):
+    for line in format_node_rows(rows):
         print(clean(line))
     return 0

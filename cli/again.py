@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import sys
 
-from tunedeck.tui.format import clean
+from tunedeck.cli.common import EXIT_USAGE, gated_launch, say_shared, wait
+from tunedeck.core.api import ManageError, clean, clone_spec, find_run, resume_spec
+from tunedeck.core.spec import SpecError, cross_checks, parse_override, set_values
 
 
 def register(subparsers) -> None:
@@ -62,11 +64,6 @@ def register(subparsers) -> None:
 
 
 def cmd_again(args) -> int:
-    from tunedeck.core.runs.manage import ManageError, clone_spec, resume_spec
-    from tunedeck.core.runs.registry import find_run
-    from tunedeck.core.spec import SpecError, cross_checks, parse_override, set_values
-    from tunedeck.tui.cli import EXIT_USAGE, _gated_launch, _wait
-
     run = find_run(args.run)
     try:
         made = (resume_spec if args.make == "resume" else clone_spec)(run)
@@ -86,7 +83,7 @@ def cmd_again(args) -> int:
         )
     for note in made.notes:
         print(f"note: {clean(note)}", file=sys.stderr)
-    run_dir = _gated_launch(args, spec)
+    run_dir = gated_launch(args, spec)
     if run_dir is None:
         return 1
     say_shared(run_dir)
@@ -104,17 +101,4 @@ def cmd_again(args) -> int:
         )
     else:
         print(run_dir.name)
-    return _wait(run_dir.name, quiet=args.json) if args.wait else 0
-
-
-def say_shared(run_dir) -> None:
-    """After a `--share-output` launch: which live runs write the same folder (stderr)."""
-    from tunedeck.core.runs.launch import shared_with
-
-    ids = shared_with(run_dir)
-    if ids:
-        print(
-            f"note: {clean(run_dir.name)} shares its output folder with live run(s) "
-            f"{clean(', '.join(ids))} (--share-output)",
-            file=sys.stderr,
-        )
+    return wait(run_dir.name, quiet=args.json) if args.wait else 0

@@ -1,0 +1,5 @@
+import sys
+
+from tunedeck.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,291 @@
+"""What the front ends use of the core: one module to import from (`tunedeck.core.api`).
+
+The command line (`tunedeck.cli`) imports from the core only this module, `tunedeck.core.spec`
+(the RunSpec and its loading) and `tunedeck.core.rundir` (the run-directory layout); an
+import-linter contract in pyproject.toml holds it. The functions here are the core's own,
+re-exported, or thin wrappers that import their module when first called: the diagnosis, the
+preflight checklist, run.db and the metrics stream cost tenths of a second to import, and
+`tunedeck ls` answers without them.
+
+Nothing here is new logic but `diagnose`, the merge of a run's log findings with those its
+agent stored (the `tunedeck diagnose` verb's, asked by tests too); each other name's owner is
+in docs/architecture.md ("Who owns what").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# -- where things live, text for a terminal ------------------------------------------------
+from tunedeck.core.paths import PRESETS_DIR, runs_root
+from tunedeck.core.text import clean, fmt_age, fmt_duration, fmt_loss, fmt_rate, print_json
+
+# -- runs: find, launch, stop, resume, clone, delete ----------------------------------------
+from tunedeck.core.runs.registry import (
+    Registry,
+    RunInfo,
+    RunNotFound,
+    find_run,
+    list_runs,
+    log_tail,
+)
+from tunedeck.core.runs.state import TERMINAL
+from tunedeck.core.runs.launch import LaunchError, launch, shared_with
+from tunedeck.core.runs.control import ForeignRun, request_stop, stop
+from tunedeck.core.runs.manage import (
+    ManageError,
+    clone_spec,
+    delete_run,
+    plan_delete,
+    resume_spec,
+)
+
+# -- a spec's plan: preview, export, import (the backends) -----------------------------------
+from tunedeck.core.preflight.preview import preview, settings_lines
+from tunedeck.core.backends.export import ExportError, export
+from tunedeck.core.backends.importer import CommandImportError, import_command
+from tunedeck.core.backends.swift.flags import FlagTableError
+from tunedeck.core.estimate.resolve import free_port, resolve
+from tunedeck.core.estimate.batch import rescale_grad_accum
+
+__all__ = [
+    "PRESETS_DIR",
+    "TERMINAL",
+    "CommandImportError",
+    "ExportError",
+    "FlagTableError",
+    "ForeignRun",
+    "LaunchError",
+    "ManageError",
+    "Registry",
+    "RunInfo",
+    "RunNotFound",
+    "check_run",
+    "clean",
+    "clone_spec",
+    "delete_run",
+    "diagnose",
+    "dump_stacks",
+    "export",
+    "failures",
+    "find_run",
+    "fmt_age",
+    "fmt_duration",
+    "fmt_loss",
+    "fmt_rate",
+    "follow",
+    "format_node_rows",
+    "free_port",
+    "gate_record",
+    "import_command",
+    "iter_records",
+    "launch",
+    "list_runs",
+    "log_tail",
+    "make_context",
+    "node_rows",
+    "plan_delete",
+    "preview",
+    "settings_lines",
+    "print_json",
+    "problems",
+    "ordered",
+    "read_findings",
+    "request_stop",
+    "rescale_grad_accum",
+    "resolve",
+    "resume_spec",
+    "run_checks",
+    "runs_root",
+    "shared_with",
+    "smoke_run",
+    "stack_suspects",
+    "stack_where",
+    "stop",
+    "summary",
+    "summary_line",
+    "write_json",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """The viewers' types (what the TUI's monitor and loss plot hold: RunWatcher, Snapshot,
+    LogState, RankLog, Literal, Store, RankNccl, STACK_SUSPECT, STACK_WAITING), imported when
+    first asked for: run.db's Store and the watcher cost a tenth of a second the CLI's `ls` never
+    spends. Plain imports, so the import-linter graph has them."""
+    if name in ("RunWatcher", "Snapshot", "LogState", "RankLog", "Literal"):
+        from tunedeck.core.runs import watch
+
+        return getattr(watch, name)
+    if name == "Store":
+        from tunedeck.core.runs.store import Store
+
+        return Store
+    if name == "RankNccl":
+        from tunedeck.core.runs.nccl import RankNccl
+
+        return RankNccl
+    if name in ("STACK_SUSPECT", "STACK_WAITING"):
+        from tunedeck.core.runs import stacks
+
+        return getattr(stacks, name.removeprefix("STACK_"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- preflight: the checklist a launch is gated on -------------------------------------------
+
+
+def make_context(*args: Any, **kw: Any) -> Any:
+    """The preflight context of a spec file (with `--set` overrides) or of `spec=`."""
+    from tunedeck.core.preflight import make_context as _make
+
+    return _make(*args, **kw)
+
+
+def run_checks(ctx: Any, only: list[str] | None = None) -> Any:
+    """The checks' results, one at a time (a UI shows them as they come)."""
+    from tunedeck.core.preflight import run_checks as _run
+
+    return _run(ctx, only)
+
+
+def ordered(results: list) -> list:
+    """The checklist's order: failures first."""
+    from tunedeck.core.preflight import ordered as _ordered
+
+    return _ordered(results)
+
+
+def failures(results: list) -> list:
+    from tunedeck.core.preflight import failures as _failures
+
+    return _failures(results)
+
+
+def gate_record(results: list | None, **kw: Any) -> dict:
+    """What a run keeps of its gate (passed, overridden, skipped)."""
+    from tunedeck.core.preflight import gate_record as _record
+
+    return _record(results, **kw)
+
+
+def summary(results: list) -> dict[str, int]:
+    from tunedeck.core.preflight import summary as _summary
+
+    return _summary(results)
+
+
+def summary_line(counts: dict[str, int]) -> str:
+    from tunedeck.core.preflight import summary_line as _line
+
+    return _line(counts)
+
+
+def smoke_run(spec: Any, **kw: Any) -> Any:
+    """The real run for a few steps, waited for; a check result."""
+    from tunedeck.core.runs.smoke import smoke_run as _smoke
+
+    return _smoke(spec, **kw)
+
+
+# -- a run's records: metrics, logs, findings, files, nodes, stacks --------------------------
+
+
+def iter_records(ref: str | Path, **kw: Any) -> Any:
+    """A run's (or a log file's) metric records, streamed; `since`, `every`, `last` narrow."""
+    from tunedeck.core.runs.metrics import iter_records as _iter
+
+    return _iter(ref, **kw)
+
+
+def write_json(recs: Any, out: Any, **kw: Any) -> None:
+    from tunedeck.core.runs.metrics import write_json as _write
+
+    _write(recs, out, **kw)
+
+
+def follow(files: list[Path], **kw: Any) -> Any:
+    """The lines a rank's log files gain, until `stop()` says so."""
+    from tunedeck.core.ingest.tail import follow as _follow
+
+    return _follow(files, **kw)
+
+
+def read_findings(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The findings the agent stored in run.db."""
+    from tunedeck.core.runs.store import read_findings as _read
+
+    return _read(run_dir)
+
+
+def diagnose(targets: list[str]) -> list:
+    """Findings for runs (id, prefix, name or directory) and log files: a run's come from its
+    logs merged with those the agent stored in run.db (live detectors), once per key."""
+    from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
+    from tunedeck.core.diagnose.finding import Finding
+
+    findings: list[Finding] = []
+    files: list[Path] = []
+    for ref in targets:
+        p = Path(ref)
+        if p.is_file():
+            files.append(p)
+            continue
+        run_dir = p if p.is_dir() else find_run(ref).run_dir  # RunNotFound: the caller says it
+        mine = diagnose_run(run_dir)
+        seen = {f.key() for f in mine}  # per run: another run's finding is no duplicate
+        for d in read_findings(run_dir):
+            f = Finding.from_json(d)
+            if f.key() not in seen:  # run.db keeps refined versions under one key
+                mine.append(f)
+                seen.add(f.key())
+        findings += mine
+    if files:
+        findings += diagnose_files(files)
+    return findings
+
+
+def check_run(run_dir: Path) -> list:
+    """What is wrong with a run directory, file by file (`tunedeck doctor`)."""
+    from tunedeck.core.runs.doctor import check_run as _check
+
+    return _check(run_dir)
+
+
+def problems(checks: list) -> list:
+    from tunedeck.core.runs.doctor import problems as _problems
+
+    return _problems(checks)
+
+
+def node_rows(run_dir: Path, findings: list) -> list[dict[str, Any]]:
+    """The nodes of a run as the head sees them."""
+    from tunedeck.core.nodes.view import node_rows as _rows
+
+    return _rows(run_dir, findings)
+
+
+def format_node_rows(rows: list[dict[str, Any]]) -> list[str]:
+    from tunedeck.core.nodes.view import format_rows
+
+    return format_rows(rows)
+
+
+def dump_stacks(run_dir: Path, **kw: Any) -> list:
+    """The Python stack of every rank of a running run."""
+    from tunedeck.core.runs.stacks import dump_stacks as _dump
+
+    return _dump(run_dir, **kw)
+
+
+def stack_suspects(dumps: list) -> list:
+    from tunedeck.core.runs.stacks import suspects
+
+    return suspects(dumps)
+
+
+def stack_where(dump: Any, odd: list) -> str:
+    from tunedeck.core.runs.stacks import where
+
+    return where(dump, odd)
