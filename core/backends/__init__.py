@@ -9,14 +9,16 @@ all call it, so they cannot disagree about what a spec runs.
 from __future__ import annotations
 
 
-from tunedeck.core.backends import builtin, script, swift
+from tunedeck.core.backends import builtin, llamafactory, script, swift
 from tunedeck.core.backends.base import Backend
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (builtin.BACKEND, swift.BACKEND, script.BACKEND)}
+BACKENDS: dict[str, Backend] = {
+    b.name: b for b in (builtin.BACKEND, swift.BACKEND, script.BACKEND, llamafactory.BACKEND)
+}
 
 
 def backend_of(spec: RunSpec) -> Backend:
