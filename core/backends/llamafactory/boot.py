@@ -33,10 +33,24 @@ def prepare(cfg):
     return cfg
 
 
+def allow_cpu_index_locations():
+    """Resuming a CPU run of several ranks: transformers loads optimizer.pt with
+    map_location=args.device, which is cpu:<rank> there, and torch's CPU loader only takes
+    "cpu". Storages tagged cpu:<n> load as CPU storages."""
+    import torch.serialization
+
+    def restore(obj, location):
+        return obj if str(location).startswith("cpu:") else None
+
+    torch.serialization.register_package(99, lambda obj: None, restore)
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit("usage: boot.py CONFIG_JSON")
     cfg = prepare(json.loads(argv[1]))
+    if cfg.get("use_cpu"):
+        allow_cpu_index_locations()
     from llamafactory.train.tuner import run_exp
 
     run_exp(cfg)
