@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml  # transformers' dependency, so the test environment has it
 
 from conftest import REPO, cli, cli_json
 from tunedeck.core.backends import BACKENDS, plan_run
@@ -174,6 +174,12 @@ def test_boot_writes_dataset_info_and_takes_the_restart_checkpoint(tmp_path, mon
     info = json.loads((tmp_path / "llamafactory" / "dataset_info.json").read_text())
     assert info["tunedeck_data"]["file_name"] == str(DATA)
     assert got["resume_from_checkpoint"] == "/ck/checkpoint-2"
+    assert "overwrite_output_dir" not in got
+    # a restart with nothing to resume from starts over in the folder the first attempt used
+    monkeypatch.delenv(RESUME_VAR)
+    monkeypatch.setenv("TUNEDECK_ATTEMPT", "1")
+    again = boot.prepare(json.loads(json.dumps(cfg)))
+    assert again["overwrite_output_dir"] is True and "resume_from_checkpoint" not in again
 
 
 def test_restart_names_the_newest_checkpoint(tmp_path):

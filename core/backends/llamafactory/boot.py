@@ -8,8 +8,8 @@ CONFIG_JSON is the run's whole LLaMA-Factory configuration (the dict a YAML file
 built by the plan. Two tunedeck keys are taken out before LLaMA-Factory sees it:
 `tunedeck_dataset_info`, a dataset_info.json for tunedeck's data.path, written into
 `tunedeck_dataset_dir` (every rank writes the same bytes through a rename, so no rank reads a
-half-written file); and the variable TUNEDECK_RESUME_FROM, set by the agent on a restart,
-becomes resume_from_checkpoint.
+half-written file). The variable TUNEDECK_RESUME_FROM, set by the agent on a restart, becomes
+resume_from_checkpoint; a restart without one (TUNEDECK_ATTEMPT > 0) starts over.
 """
 
 import json
@@ -30,6 +30,10 @@ def prepare(cfg):
     resume = os.environ.get("TUNEDECK_RESUME_FROM")
     if resume:
         cfg["resume_from_checkpoint"] = resume
+    elif os.environ.get("TUNEDECK_ATTEMPT", "0") not in ("", "0"):
+        # a restart with no checkpoint to go on from starts over: LLaMA-Factory refuses an
+        # output folder the failed attempt left files in (its trainer_log.jsonl) unless told
+        cfg.setdefault("overwrite_output_dir", True)
     return cfg
 
 
