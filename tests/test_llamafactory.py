@@ -299,6 +299,22 @@ def test_real_argument_parser_takes_the_plan(tmp_path, model_cache):
 
 
 @needs_lf
+def test_check_names_a_key_llamafactory_does_not_take(tmp_path, model_cache):
+    """Read from LLaMA-Factory's own parser dataclasses (a child of llamafactory.python, once,
+    then cached)."""
+    spec = resolve(loads_spec(_demo_spec(settings='"report_to=none", "max_sample=5"')))
+    with pytest.raises(ValueError, match="max_sample is not a LLaMA-Factory key .did you mean"):
+        plan_run(spec, RunDir(tmp_path))
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("llamafactory") is None:  # tunedeck's own Python: none there
+        spec.llamafactory.python = sys.executable
+        with pytest.raises(ValueError, match="has no llamafactory installed"):
+            plan_run(spec, RunDir(tmp_path))
+
+
+@needs_lf
 @pytest.mark.slow
 def test_tiny_run_through_tunedeck_launch(td_home, tmp_path):
     spec = tmp_path / "lf.toml"

@@ -85,9 +85,31 @@ def check(spec: RunSpec, local: bool) -> None:
             problems.append(f"model.dtype {spec.model.dtype}: CPU runs train in float32")
     if local and spec.llamafactory.python and not Path(python_of(spec)).is_file():
         problems.append(f"llamafactory.python: {python_of(spec)} is not a file")
+    elif local:
+        problems += _unknown_keys(python_of(spec), settings)
     if problems:
         raise ValueError("; ".join(problems))
     to_config(spec, "OUTPUT_DIR")  # raises ValueError naming model.path / data.path
+
+
+def _unknown_keys(python: str, settings: dict) -> list[str]:
+    """Settings keys the LLaMA-Factory under `python` does not take (its own parser's fields),
+    or why that interpreter cannot run LLaMA-Factory at all."""
+    import difflib
+
+    from tunedeck.core.backends.llamafactory.fields import FieldTableError, field_names
+
+    try:
+        known = field_names(python)
+    except FieldTableError as e:
+        return [str(e)]
+    out = []
+    for key in settings:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            out.append(f"llamafactory.settings: {key} is not a LLaMA-Factory key{hint}")
+    return out
 
 
 def config_word(spec: RunSpec, run: RunDir) -> str:
