@@ -329,3 +329,44 @@ def test_tiny_run_through_tunedeck_launch(td_home, tmp_path):
     out = run_dir / "output"
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()
     assert (out / "checkpoint-4" / "adapter_model.safetensors").is_file()
+
+
+@needs_lf
+@pytest.mark.slow
+def test_a_killed_rank_restarts_from_the_last_checkpoint(td_home, tmp_path):
+    """Rank 1 is killed once checkpoint-5 is written: the agent restarts torchrun with
+    TUNEDECK_RESUME_FROM naming it, LLaMA-Factory resumes at global step 5, and the run
+    ends with every step once in the metrics."""
+    import signal
+    import time
+
+    from conftest import wait_for
+
+    spec = tmp_path / "lf.toml"
+    spec.write_text(
+        _demo_spec("[run]\nmax_restarts = 1\nrestart_pause_s = 0.5\n")
+        .replace("max_steps = 4", "max_steps = 40")
+        .replace("save_steps = 2", "save_steps = 5")
+    )
+    run_id = cli_json("launch", str(spec), home=td_home)["run_id"]
+    run_dir = td_home / "runs" / run_id
+    ck = run_dir / "output" / "checkpoint-5" / "trainer_state.json"
+    wait_for(ck.is_file, 400, "checkpoint-5")
+    pid = json.loads((run_dir / "state.json").read_text())["rank_pids"]["1"]
+    os.kill(pid, signal.SIGKILL)
+
+    def ended():
+        st = json.loads((run_dir / "state.json").read_text())
+        return st if st["status"] in ("succeeded", "failed", "stopped") else None
+
+    st = wait_for(ended, 500, "the run's end")
+    time.sleep(0.5)
+    log = (run_dir / "logs" / "agent.log").read_text()
+    assert st["status"] == "succeeded", log[-3000:]
+    assert "restarting in 0.5s from checkpoint-5" in log
+    ranks = "".join(
+        p.read_text(errors="replace") for p in (run_dir / "logs").rglob("attempt_0/0/stderr.log")
+    )
+    assert "global step 5" in ranks  # the second torchrun's rank 0 resumed there
+    recs = cli_json("metrics", run_id, home=td_home)
+    assert [r["step"] for r in recs] == list(range(1, 41))
