@@ -157,6 +157,14 @@ def test_check_names_the_bad_field(tmp_path, more, settings, names):
         plan_run(spec, RunDir(tmp_path), local=False)
 
 
+@pytest.mark.parametrize("model", ["builtin:tiny-qwen2", "/models/m"])
+def test_a_missing_data_file_is_named(tmp_path, model):
+    text = _demo_spec().replace(str(DATA), str(tmp_path / "none.jsonl"))
+    text = text.replace("[data]", f'[model]\npath = "{model}"\n[data]')
+    with pytest.raises(ValueError, match="data.path"):
+        plan_run(resolve(loads_spec(text)), RunDir(tmp_path), local=False)
+
+
 def test_registered():
     assert "llamafactory" in BACKENDS
 

@@ -206,7 +206,10 @@ def to_config(spec: RunSpec, output_dir: str | None, run_dir: Path | None = None
             raise ValueError(f"model.path: unknown built-in model {spec.model.path!r}")
         if not spec.data.path:
             raise ValueError("data.path: the built-in tiny model is built from the data")
-        cfg["model_name_or_path"] = str(tiny_model_dir(spec.data.path))
+        try:  # built by the agent before torchrun starts; named by the data's bytes
+            cfg["model_name_or_path"] = str(tiny_model_dir(spec.data.path))
+        except OSError as e:
+            raise ValueError(_data_problem(e)) from None
         cfg.setdefault("template", "qwen")
     if is_set(spec, "method.type"):
         m = spec.method
@@ -228,7 +231,10 @@ def to_config(spec: RunSpec, output_dir: str | None, run_dir: Path | None = None
         datasets.insert(0, DEMO_DATASET)
         if run_dir is not None:
             folder = Path(run_dir) / "llamafactory"
-            info: dict[str, Any] = {DEMO_DATASET: dataset_entry(spec.data.path)}
+            try:
+                info: dict[str, Any] = {DEMO_DATASET: dataset_entry(spec.data.path)}
+            except OSError as e:
+                raise ValueError(_data_problem(e)) from None
             if lf.dataset:  # the user's own names come from their dataset_info.json
                 own = Path(lf.dataset_dir or "data") / "dataset_info.json"
                 info.update(_read_info(own))
@@ -261,6 +267,11 @@ def to_config(spec: RunSpec, output_dir: str | None, run_dir: Path | None = None
         cfg["output_dir"] = out_dir
     cfg.update(settings_dict(spec))  # as written: they win
     return cfg
+
+
+def _data_problem(e: OSError) -> str:
+    said = str(e)  # a DataFileError's sentence names data.path already
+    return said if said.startswith("data.path") else f"data.path: {said}"
 
 
 def _read_info(path: Path) -> dict[str, Any]:
