@@ -100,6 +100,16 @@ def test_import_a_pasted_command(tmp_path):
     assert "max_samples=50" in spec.llamafactory.settings
     with pytest.raises(ValueError, match="llamafactory-cli train"):
         from_command("swift sft --model x")
+    with pytest.raises(ValueError, match="NPROC_PER_NODE=x"):
+        from_command("NPROC_PER_NODE=x lmf train x.yaml", cwd=tmp_path)
+    with pytest.raises(ValueError, match="key=value"):
+        from_command("lmf train x.yaml --learning_rate 1", cwd=tmp_path)
+    spec, _ = from_command(
+        "NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 lmf train x.yaml",
+        cwd=tmp_path,
+    )
+    c = spec.cluster
+    assert (c.nnodes, c.node_rank, c.master_addr, c.master_port) == (2, 1, "10.0.0.1", 29500)
 
 
 def test_credentials_are_left_out():

@@ -152,13 +152,15 @@ def from_command(command: str, cwd: Path | None = None) -> tuple[RunSpec, list[s
     spec, warnings = from_config(cfg, name)
     cluster: dict[str, Any] = {}
     for var, key in ENV_TO_CLUSTER.items():
-        if var in env:
-            cluster[key] = env.pop(var) if key in ("cluster.master_addr", "cluster.gpus") else None
-            if cluster[key] is None:
-                v = env.pop(var)
-                if not v.isdigit():
-                    raise ValueError(f"{var}={v}: a number is expected")
-                cluster[key] = int(v)
+        if var not in env:
+            continue
+        v = env.pop(var)
+        if key in ("cluster.master_addr", "cluster.gpus"):
+            cluster[key] = v
+        elif v.isdigit():
+            cluster[key] = int(v)
+        else:
+            raise ValueError(f"{var}={v}: a number is expected")
     env.pop("FORCE_TORCHRUN", None)  # tunedeck always runs torchrun
     for k, v in env.items():
         cluster[f"env.{k}"] = v
