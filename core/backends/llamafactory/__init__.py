@@ -44,12 +44,10 @@ def python_of(spec: RunSpec) -> str:
 
 
 def check(spec: RunSpec, local: bool) -> None:
-    """Names the first field LLaMA-Factory cannot take as written."""
+    """Raises ValueError naming every field LLaMA-Factory cannot take as written; `local`:
+    also asks the LLaMA-Factory behind llamafactory.python which keys it takes."""
     problems: list[str] = []
-    try:
-        settings = settings_dict(spec)
-    except ValueError as e:
-        raise ValueError(str(e)) from None
+    settings = settings_dict(spec)  # a malformed word is named at once
     for key in settings:
         if key in CREDENTIAL_KEYS:
             problems.append(
@@ -65,7 +63,7 @@ def check(spec: RunSpec, local: bool) -> None:
         elif key.startswith("tunedeck_"):
             problems.append(f"llamafactory.settings: {key} is reserved")
     for key in UNMAPPED:
-        if key != "model.dtype" and is_set(spec, key):
+        if is_set(spec, key):
             problems.append(f"{key}: LLaMA-Factory has no such setting; unset it")
     p = spec.parallel
     if is_set(spec, "parallel.strategy") and p.strategy not in ("ddp", "deepspeed"):
@@ -73,7 +71,7 @@ def check(spec: RunSpec, local: bool) -> None:
             f"parallel.strategy {p.strategy}: the LLaMA-Factory backend runs ddp or deepspeed "
             "(FSDP through an accelerate config is not wired)"
         )
-    if not spec.data.path and not spec.llamafactory.dataset and "dataset" not in settings:
+    if not spec.data.path and not spec.llamafactory.dataset:
         problems.append("data.path or llamafactory.dataset: LLaMA-Factory needs a dataset")
     if spec.llamafactory.dataset and not spec.llamafactory.dataset_dir:
         problems.append(

@@ -78,7 +78,6 @@ KEYS = (
 BY_LF = {k.lf: k for k in KEYS}
 # spec keys the backend has no LLaMA-Factory key for: check() names them when set
 UNMAPPED = (
-    "model.dtype",  # mapped by hand (bf16/fp16)
     "data.format",
     "data.truncation",
     "data.val_path",
