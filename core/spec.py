@@ -68,11 +68,8 @@ RESERVED_ENV = "TUNEDECK_"  # the run's id, folder and attempt: set by tunedeck 
 
 # -- applicability (`when=`) -----------------------------------------------------------------
 
-TRAINERS = (
-    "builtin",
-    "swift",
-    "llamafactory",
-)  # backends that read the model/data/method/train tables
+# backends that read the model/data/method/train tables
+TRAINERS = ("builtin", "swift", "llamafactory")
 LORA = ("lora", "qlora")
 
 
