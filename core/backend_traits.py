@@ -67,8 +67,10 @@ BUILTIN = Traits(
 )
 SWIFT = Traits("swift", hub_datasets=True, builds_demo_model=True, sparse_toml=True)
 SCRIPT = Traits("script", needs_script=True)
+# LLaMA-Factory's trainer in its own Python; `builtin:` models are built here by the agent
+LLAMAFACTORY = Traits("llamafactory", builds_demo_model=True, sparse_toml=True)
 
-TRAITS: dict[str, Traits] = {t.name: t for t in (BUILTIN, SWIFT, SCRIPT)}
+TRAITS: dict[str, Traits] = {t.name: t for t in (BUILTIN, SWIFT, SCRIPT, LLAMAFACTORY)}
 NAMES: tuple[str, ...] = tuple(TRAITS)
 # what a name that is no backend (a damaged or future spec) is read as
 UNKNOWN = Traits("")

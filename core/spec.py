@@ -72,7 +72,8 @@ RESERVED_ENV = "TUNEDECK_"  # the run's id, folder and attempt: set by tunedeck 
 
 # -- applicability (`when=`) -----------------------------------------------------------------
 
-TRAINERS = ("builtin", "swift")  # backends that read the model/data/method/train tables
+# backends that read the model/data/method/train tables
+TRAINERS = ("builtin", "swift", "llamafactory")
 LORA = ("lora", "qlora")
 
 
@@ -538,6 +539,38 @@ class ScriptSpec:
 
 
 @dataclass
+class LlamaFactorySpec:
+    python: str = opt(
+        "",
+        help="Python with llamafactory installed (its own venv: it pins older transformers "
+        "and peft); empty = this Python",
+        when={"backend": ("llamafactory",)},
+    )
+    stage: str = opt(
+        "sft",
+        help="LLaMA-Factory stage",
+        choices=("pt", "sft", "rm", "ppo", "dpo", "kto"),
+        when={"backend": ("llamafactory",)},
+    )
+    template: str = opt(
+        "", help="Chat template (qwen, llama3...)", when={"backend": ("llamafactory",)}
+    )
+    dataset: list[str] = opt(
+        help="Dataset names from dataset_info.json in llamafactory.dataset_dir (after data.path)",
+        factory=list,
+        when={"backend": ("llamafactory",)},
+    )
+    dataset_dir: str = opt(
+        "", help="Folder holding dataset_info.json", when={"backend": ("llamafactory",)}
+    )
+    settings: list[str] = opt(
+        help="Other LLaMA-Factory keys as key=value (YAML scalars, JSON lists)",
+        factory=list,
+        when={"backend": ("llamafactory",)},
+    )
+
+
+@dataclass
 class RunSpec:
     name: str = opt("run", help="A short name shown in the runs list")
     backend: str = opt("builtin", help="What torchrun runs", choices=BACKEND_NAMES)
@@ -550,6 +583,9 @@ class RunSpec:
     run: RunPolicy = opt(help="Restarts, stopping and outputs", factory=RunPolicy)
     swift: SwiftSpec = opt(help="ms-swift backend options", factory=SwiftSpec)
     script: ScriptSpec = opt(help="Custom script backend options", factory=ScriptSpec)
+    llamafactory: LlamaFactorySpec = opt(
+        help="LLaMA-Factory backend options", factory=LlamaFactorySpec
+    )
     env: dict[str, str] = opt(
         help="Extra environment for every rank (NCCL_*, CUDA_*, ...)",
         factory=dict,
@@ -629,6 +665,7 @@ GROUP_OF_TABLE = {
     "run": "environment",
     "swift": "run",
     "script": "run",
+    "llamafactory": "run",
 }
 
 

@@ -16,7 +16,8 @@ from tunedeck.core.preflight.preview import preview, settings_lines
 from tunedeck.core.preflight.runner import make_context
 from tunedeck.core.spec import RunSpec, load_spec, set_values
 from tunedeck.core.telemetry.gpus import Gpu, GpuFacts
-from tunedeck.tui.cli import dry_run_text, main
+from tunedeck.cli.launch import dry_run_text
+from tunedeck.cli.main import main
 from tunedeck.tui.screens.compose import FIT_STYLE, build_preview
 
 HAS_SWIFT = __import__("importlib.util").util.find_spec("swift") is not None

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 
 from tunedeck.core.backend_traits import NAMES as BACKEND_NAMES
-from tunedeck.core.backends import builtin, script, swift
+from tunedeck.core.backends import builtin, llamafactory, script, swift
 from tunedeck.core.backends.base import Backend
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.estimate.resolve import resolve
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (builtin.BACKEND, swift.BACKEND, script.BACKEND)}
+BACKENDS: dict[str, Backend] = {
+    b.name: b for b in (builtin.BACKEND, swift.BACKEND, script.BACKEND, llamafactory.BACKEND)
+}
 # the spec's `backend` choices and the facts below this layer are keyed by these names
 if tuple(BACKENDS) != BACKEND_NAMES:
     raise RuntimeError(
