@@ -46,7 +46,7 @@ from tunedeck.core.preflight.preview import preview, settings_lines
 from tunedeck.core.backends.export import ExportError, export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
-from tunedeck.core.estimate.resolve import free_port, resolve
+from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
 from tunedeck.core.estimate.batch import rescale_grad_accum
 
 __all__ = [
@@ -86,6 +86,7 @@ __all__ = [
     "make_context",
     "node_rows",
     "plan_delete",
+    "pin_port",
     "preview",
     "settings_lines",
     "print_json",

@@ -22,7 +22,6 @@ ALLOWED = {
         'return spec.backend == "swift" and key in SWIFT_KEYED and not is_set(spec, key)',
     ),
     ("tui/screens/compose.py", 'if resolved.backend == "builtin":'),
-    ("tui/screens/compose.py", 'if resolved.backend == "swift":'),
     ("tui/screens/compose.py", 'self.spec.backend == "swift"'),
     ("tui/screens/compose.py", 'if spec.backend == "swift" and not swift_flags_ready():'),
     ("tui/screens/compose.py", 'if spec.backend == "swift" and _SWIFT_STATE["error"]:'),

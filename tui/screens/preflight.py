@@ -26,7 +26,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static
 
-from tunedeck.core.estimate.resolve import pin_port
+from tunedeck.core.api import pin_port
 from tunedeck.core.spec import RunSpec, SpecError, set_values
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.widgets.titlebar import TitleBar
