@@ -18,10 +18,14 @@ def cmd_status(args) -> int:
     if args.json:
         print_json(run.to_json())
         return 0
+    status, note = clean(run.status), clean(run.message or "")
+    if note and not note.startswith(status):  # "stopped (graceful)" already says the status
+        status = f"{status} ({note})"
+    elif note:
+        status = note
     print(
         f"run       {clean(run.run_id)}\nname      {clean(run.name)}\n"
-        f"status    {clean(run.status)}"
-        f"{' (' + clean(run.message) + ')' if run.message else ''}{stale_note(run)}\n"
+        f"status    {status}{stale_note(run)}\n"
         f"step      {run.step}/{run.max_steps}\nloss      {fmt_loss(run.loss)}\n"
         f"dir       {clean(run.run_dir)}"
     )
