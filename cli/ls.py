@@ -7,6 +7,7 @@ import time
 
 from tunedeck.cli.common import stale_note
 from tunedeck.core.api import clean, fmt_age, fmt_loss, list_runs, print_json, runs_root
+from tunedeck.core.rundir.ownership import root_problem
 
 
 def register(sub) -> None:
@@ -16,6 +17,9 @@ def register(sub) -> None:
 
 
 def cmd_ls(args) -> int:
+    unsafe = root_problem(runs_root())
+    if unsafe:  # on stderr, so --json stays one document
+        print(f"warning: {clean(unsafe)}", file=sys.stderr)
     runs = list_runs()
     if args.json:
         print_json([r.to_json() for r in runs])

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tests.conftest import cli
 from tunedeck.core.rundir.ownership import root_problem
 
 
@@ -34,3 +35,14 @@ def test_a_runs_folder_others_can_write_needs_the_sticky_bit(tmp_path, mode, uns
 
 def test_a_missing_runs_folder_is_not_a_problem(tmp_path):
     assert root_problem(tmp_path / "absent") == ""
+
+
+def test_ls_warns_about_a_shared_runs_folder_without_the_sticky_bit(td_home):
+    root = td_home / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o777)
+    p = cli("ls", home=td_home)
+    assert f"chmod +t {root}" in p.stderr
+    os.chmod(root, 0o1777)
+    p = cli("ls", "--json", home=td_home)
+    assert "chmod" not in p.stderr and p.stdout.strip() == "[]"
