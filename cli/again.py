@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tunedeck.cli.common import EXIT_USAGE, gated_launch, say_shared, wait
+from tunedeck.cli.common import EXIT_USAGE, add_set, gated_launch, say_shared, wait
 from tunedeck.core.api import ManageError, clean, clone_spec, find_run, resume_spec
 from tunedeck.core.spec import SpecError, cross_checks, parse_override, set_values
 
@@ -35,13 +35,7 @@ def register(subparsers) -> None:
     ):
         s = subparsers.add_parser(name, help=hlp, description=hlp)
         s.add_argument("run", help="run id, unique prefix or name")
-        s.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a key of the new run's spec (repeatable)",
-        )
+        add_set(s, "override a key of the new run's spec (repeatable)")
         s.add_argument(
             "--wait",
             action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tunedeck.cli.common import add_set
 from tunedeck.core.api import (
     CommandImportError,
     ExportError,
@@ -65,13 +66,7 @@ def register(sub) -> None:
     )
     s.add_argument("spec", help="spec or preset TOML")
     s.add_argument("--format", default="sh", choices=("sh", "swift", "nodes", "slurm", "vllm"))
-    s.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec key (repeatable)",
-    )
+    add_set(s)
     s.add_argument(
         "--world",
         type=int,

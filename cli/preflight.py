@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from tunedeck.cli.common import add_set
 from tunedeck.core.api import (
     clean,
     make_context,
@@ -21,13 +22,7 @@ MARK = {"pass": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 def register(sub) -> None:
     s = sub.add_parser("preflight", help="check a spec on this node before launching it")
     s.add_argument("spec", help="spec file, e.g. presets/demo.toml")
-    s.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec key (repeatable)",
-    )
+    add_set(s)
     s.add_argument(
         "--smoke",
         action="store_true",

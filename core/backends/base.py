@@ -135,8 +135,8 @@ class Backend:
     as_run: Callable[[RunSpec], tuple[RunSpec, list[str]]] = _as_written
     # resolve the spec before `as_run` (the backend's defaults depend on the ranks)
     resolve_for_estimate: bool = False
-    # the spec and the length phrase the dry run's summary sizes (None: as written, in steps)
-    preview_numbers: Callable[[RunSpec], tuple[RunSpec, str]] | None = None
+    # how long the run trains, in words, for the preview's summary (None: its steps)
+    length_words: Callable[[RunSpec], str] | None = None
     # the trainer's settings and where each value comes from (dry run, compose pane)
     run_settings: Callable[[RunSpec], list[dict]] = _nothing
     # each setting the spec leaves to the backend: (value or None, where it comes from)

@@ -174,9 +174,9 @@ def preview(
     c = resolved.cluster
     run = ctx.run  # the numbers of the run it starts (ms-swift's defaults where unset)
     length = f"{run.train.max_steps} steps"
-    numbers = backend_of(resolved).preview_numbers
-    if numbers is not None:  # the length as the backend's own defaults make it
-        length = numbers(resolved)[1]
+    words = backend_of(resolved).length_words
+    if words is not None:  # the length as the backend's own defaults make it
+        length = words(resolved)
     batch = describe(run, plan.world_size)  # data-parallel only (Megatron divides)
     where = f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), {c.dist_backend}"
     summary = (

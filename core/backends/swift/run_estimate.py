@@ -113,8 +113,6 @@ def as_run(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     ]
 
 
-def preview_numbers(spec: RunSpec) -> tuple[RunSpec, str]:
-    """The spec the dry run's summary sizes (ms-swift's defaults in place) and how long it
-    trains, as ms-swift runs it."""
-    tables = _tables()
-    return estimate_view(spec, tables), length_phrase(spec, tables)
+def length_words(spec: RunSpec) -> str:
+    """How long the run trains, as ms-swift runs it (its default epochs where unset)."""
+    return length_phrase(spec, _tables())
