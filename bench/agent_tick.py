@@ -57,8 +57,8 @@ def step_line(rank: int, step: int, t: float) -> str:
 
 def make_run(root: Path, ranks: int, history: int) -> Path:
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.launch import prepare_run
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.launch import prepare_run
+    from tunedeck.core.store.store import Store
     from tunedeck.core.spec import loads_spec
 
     spec = loads_spec(
@@ -110,8 +110,8 @@ def make_run(root: Path, ranks: int, history: int) -> Path:
 
 
 def measure(run_dir: Path, ranks: int, history: int, ticks: int) -> dict:
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.store.store import Store
 
     agent = Agent(run_dir)
     agent.store = Store(agent.rundir, write=True)

@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()  # tunedeck from this checkout unless installed
 
-from tunedeck.core.runs.registry import read_run  # noqa: E402
-from tunedeck.core.runs.state import TERMINAL  # noqa: E402
-from tunedeck.core.runs.store import read_events, read_findings  # noqa: E402
+from tunedeck.core.views.registry import read_run  # noqa: E402
+from tunedeck.core.store.state import TERMINAL  # noqa: E402
+from tunedeck.core.store.store import read_events, read_findings  # noqa: E402
 
 POLL_S = 0.5
 TRIM_BYTES = 60_000  # per log file kept in a fixture (its end: where failures are)
@@ -184,7 +184,7 @@ def summary(run_dir: Path) -> dict:
             item["after_first_step_s"] = round(f["t"] - first, 1)
         out["findings"].append(item)
     if steps:
-        from tunedeck.core.runs.store import Store
+        from tunedeck.core.store.store import Store
 
         t0, t1 = min(e["t"] for e in steps), max(e["t"] for e in steps)
         with Store(run_dir) as store:

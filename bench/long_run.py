@@ -119,8 +119,8 @@ def make_run(
     """A run directory through the real launch path, its events ingested by the agent's
     Store; reused when OUT already has it complete."""
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.launch import prepare_run
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.launch import prepare_run
+    from tunedeck.core.store.store import Store
     from tunedeck.core.spec import loads_spec
 
     marker = root / f"{name}.json"
@@ -320,9 +320,9 @@ def diag_poll(run_dir: Path, repeats: int) -> dict:
     import gc
     import tracemalloc
 
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.monitors import DiagnosisMonitor, LossMonitor
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.supervisor.monitors import DiagnosisMonitor, LossMonitor
+    from tunedeck.core.store.store import Store
 
     agent = Agent(run_dir)
     agent.store = Store(agent.rundir, write=True)
@@ -358,7 +358,7 @@ def monitor_open(run_dir: Path) -> dict:
     code = (
         "import json, time, sys, resource\n"
         "t0 = time.perf_counter()\n"
-        "from tunedeck.core.runs.watch import RunWatcher\n"
+        "from tunedeck.core.views.watch import RunWatcher\n"
         "w = RunWatcher(sys.argv[1])\n"
         "snap = w.poll(history=False)\n"  # the monitor's first frame (strips follow)
         "t1 = time.perf_counter()\n"
@@ -393,7 +393,7 @@ def _live_ingest() -> bool:
     monitors read (Agent.ingest(live=True)): the bench calls it as supervise does."""
     import inspect
 
-    from tunedeck.core.runs.agent import Agent
+    from tunedeck.core.supervisor.agent import Agent
 
     return "live" in inspect.signature(Agent.ingest).parameters
 
@@ -403,7 +403,7 @@ def _paced() -> bool:
     after its work): the bench's loop does what the agent it measures does."""
     import inspect
 
-    from tunedeck.core.runs.agent import Agent
+    from tunedeck.core.supervisor.agent import Agent
 
     return "began" in inspect.getsource(Agent.supervise)
 
@@ -414,8 +414,8 @@ _SUPERVISE_PACED = False
 def agent_child(run_dir: Path, stop_file: Path) -> None:
     """The agent's supervise loop without torchrun: ingest, pids, stop check, monitors,
     then sleep to the next 0.5 s tick."""
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.store.store import Store
 
     global _SUPERVISE_PACED
     _SUPERVISE_PACED = _paced()
@@ -457,7 +457,7 @@ def live(root: Path, lines_per_s: int, seconds: float, metrics_argv: list[str]) 
     import sqlite3
 
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.supervisor.launch import prepare_run
     from tunedeck.core.spec import loads_spec
 
     ranks = 8
@@ -660,7 +660,7 @@ def main() -> int:
     os.environ["TUNEDECK_HOME"] = str(root / "home")
     os.environ.setdefault("TUNEDECK_FAKE_NVML", "8")
     cap = int(args.mem_cap_gib * 2**30)
-    import tunedeck.core.runs.store as store_mod
+    import tunedeck.core.store.store as store_mod
 
     say(
         f"# bench/long_run.py, tunedeck from {Path(store_mod.__file__).parents[2]}, "

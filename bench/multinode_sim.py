@@ -135,7 +135,7 @@ def main() -> int:
     ap.add_argument("--dir")
     a = ap.parse_args()
     from tunedeck.core.nodes.view import format_rows, node_rows
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.store.store import Store
 
     base = Path(a.dir or tempfile.mkdtemp(prefix="td-multinode-"))
     root = base / "20260101-000000-sim-0000"

@@ -62,7 +62,7 @@ __import__("checkout").use()  # tunedeck from this checkout unless installed
 
 import psutil  # noqa: E402
 
-from tunedeck.core.runs import procs  # noqa: E402
+from tunedeck.core.supervisor import procs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "presets" / "demo.toml"

@@ -69,7 +69,7 @@ def step_line(rank: int, step: int, spike: int) -> str:
 
 def make_run(path: Path, ranks: int, steps: int) -> Path:
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.store.store import Store
 
     done = path / "made.json"
     if done.exists() and json.loads(done.read_text()) == {"ranks": ranks, "steps": steps}:
@@ -144,7 +144,7 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def bench_query(run: Path, ranks: int, steps: int, buckets: int, repeats: int) -> list[dict]:
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.store.store import Store
 
     windows = [("whole run", None, None)]
     for frac in (2, 8, 64, 1024):

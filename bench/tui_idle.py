@@ -41,7 +41,7 @@ STATUSES = ("succeeded", "failed", "stopped")
 def synthesize(root: Path, n: int, seed: int = 0) -> list[str]:
     """n finished runs through prepare_run, ended as the agent records an end."""
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs import launch
+    from tunedeck.core.supervisor import launch
     from tunedeck.core.spec import load_spec
 
     rng = random.Random(seed)
@@ -79,7 +79,7 @@ def synthesize(root: Path, n: int, seed: int = 0) -> list[str]:
 
 
 def registry_cost(root: Path, rescans: int = 20) -> dict:
-    from tunedeck.core.runs.registry import Registry
+    from tunedeck.core.views.registry import Registry
 
     reg = Registry(root)
     t = time.perf_counter()
@@ -213,7 +213,7 @@ def main() -> int:
         )
         # runs a user left are older than the registry's racy window (files written within
         # it are read again, in case their mtime did not move): wait it out
-        from tunedeck.core.runs.registry import RACY_S
+        from tunedeck.core.views.registry import RACY_S
 
         time.sleep(RACY_S + 0.5)
         reg = registry_cost(home / "runs")

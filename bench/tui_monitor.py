@@ -168,7 +168,7 @@ def step_line(rank: int, step: int, t: float) -> str:
 
 def make_week_run(root: Path, ranks: int, steps: int, days: float) -> tuple[Path, dict]:
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.store.store import Store
 
     run_id = f"20261201-000000-week-{ranks}x{steps}"
     run_dir = root / "runs" / run_id
@@ -308,7 +308,7 @@ class AgentSim(threading.Thread):
 
     def run(self) -> None:
         from tunedeck.core.rundir import RunDir
-        from tunedeck.core.runs.store import Store
+        from tunedeck.core.store.store import Store
 
         rd = RunDir(self.run_dir)
         logs = [
@@ -525,7 +525,7 @@ def bench_log(out: Path, gib: float) -> None:
     import resource
 
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.watch import RankLog
+    from tunedeck.core.views.watch import RankLog
 
     say(f"## log: one rank's {gib:g} GiB stdout.log")
     run_dir = make_log_run(out, gib)

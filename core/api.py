@@ -22,7 +22,7 @@ from tunedeck.core.paths import PRESETS_DIR, runs_root
 from tunedeck.core.text import clean, fmt_age, fmt_duration, fmt_loss, fmt_rate, print_json
 
 # -- runs: find, launch, stop, resume, clone, delete ----------------------------------------
-from tunedeck.core.runs.registry import (
+from tunedeck.core.views.registry import (
     Registry,
     RunInfo,
     RunNotFound,
@@ -30,10 +30,10 @@ from tunedeck.core.runs.registry import (
     list_runs,
     log_tail,
 )
-from tunedeck.core.runs.state import TERMINAL
-from tunedeck.core.runs.launch import LaunchError, launch, shared_with
-from tunedeck.core.runs.control import ForeignRun, request_stop, stop
-from tunedeck.core.runs.manage import (
+from tunedeck.core.store.state import TERMINAL
+from tunedeck.core.supervisor.launch import LaunchError, launch, shared_with
+from tunedeck.core.supervisor.control import ForeignRun, request_stop, stop
+from tunedeck.core.views.manage import (
     ManageError,
     clone_spec,
     delete_run,
@@ -116,19 +116,19 @@ def __getattr__(name: str) -> Any:
     first asked for: run.db's Store and the watcher cost a tenth of a second the CLI's `ls` never
     spends. Plain imports, so the import-linter graph has them."""
     if name in ("RunWatcher", "Snapshot", "LogState", "RankLog", "Literal"):
-        from tunedeck.core.runs import watch
+        from tunedeck.core.views import watch
 
         return getattr(watch, name)
     if name == "Store":
-        from tunedeck.core.runs.store import Store
+        from tunedeck.core.store.store import Store
 
         return Store
     if name == "RankNccl":
-        from tunedeck.core.runs.nccl import RankNccl
+        from tunedeck.core.views.nccl import RankNccl
 
         return RankNccl
     if name in ("STACK_SUSPECT", "STACK_WAITING"):
-        from tunedeck.core.runs import stacks
+        from tunedeck.core.supervisor import stacks
 
         return getattr(stacks, name.removeprefix("STACK_"))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -185,7 +185,7 @@ def summary_line(counts: dict[str, int]) -> str:
 
 def smoke_run(spec: Any, **kw: Any) -> Any:
     """The real run for a few steps, waited for; a check result."""
-    from tunedeck.core.runs.smoke import smoke_run as _smoke
+    from tunedeck.core.supervisor.smoke import smoke_run as _smoke
 
     return _smoke(spec, **kw)
 
@@ -195,13 +195,13 @@ def smoke_run(spec: Any, **kw: Any) -> Any:
 
 def iter_records(ref: str | Path, **kw: Any) -> Any:
     """A run's (or a log file's) metric records, streamed; `since`, `every`, `last` narrow."""
-    from tunedeck.core.runs.metrics import iter_records as _iter
+    from tunedeck.core.views.metrics import iter_records as _iter
 
     return _iter(ref, **kw)
 
 
 def write_json(recs: Any, out: Any, **kw: Any) -> None:
-    from tunedeck.core.runs.metrics import write_json as _write
+    from tunedeck.core.views.metrics import write_json as _write
 
     _write(recs, out, **kw)
 
@@ -215,7 +215,7 @@ def follow(files: list[Path], **kw: Any) -> Any:
 
 def read_findings(run_dir: str | Path) -> list[dict[str, Any]]:
     """The findings the agent stored in run.db."""
-    from tunedeck.core.runs.store import read_findings as _read
+    from tunedeck.core.store.store import read_findings as _read
 
     return _read(run_dir)
 
@@ -249,13 +249,13 @@ def diagnose(targets: list[str]) -> list:
 
 def check_run(run_dir: Path) -> list:
     """What is wrong with a run directory, file by file (`tunedeck doctor`)."""
-    from tunedeck.core.runs.doctor import check_run as _check
+    from tunedeck.core.views.doctor import check_run as _check
 
     return _check(run_dir)
 
 
 def problems(checks: list) -> list:
-    from tunedeck.core.runs.doctor import problems as _problems
+    from tunedeck.core.views.doctor import problems as _problems
 
     return _problems(checks)
 
@@ -275,18 +275,18 @@ def format_node_rows(rows: list[dict[str, Any]]) -> list[str]:
 
 def dump_stacks(run_dir: Path, **kw: Any) -> list:
     """The Python stack of every rank of a running run."""
-    from tunedeck.core.runs.stacks import dump_stacks as _dump
+    from tunedeck.core.supervisor.stacks import dump_stacks as _dump
 
     return _dump(run_dir, **kw)
 
 
 def stack_suspects(dumps: list) -> list:
-    from tunedeck.core.runs.stacks import suspects
+    from tunedeck.core.supervisor.stacks import suspects
 
     return suspects(dumps)
 
 
 def stack_where(dump: Any, odd: list) -> str:
-    from tunedeck.core.runs.stacks import where
+    from tunedeck.core.supervisor.stacks import where
 
     return where(dump, odd)

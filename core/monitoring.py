@@ -2,7 +2,7 @@
 
 One layer below nodes, backends and runs (pyproject's import-linter layers contract), so
 that the backends' monitors (tunedeck.core.backends), the multi-node monitors
-(tunedeck.core.nodes) and the agent's own (tunedeck.core.runs.monitors) share one typed
+(tunedeck.core.nodes) and the agent's own (tunedeck.core.supervisor.monitors) share one typed
 context. A monitor never sees the concrete run.db `Store` (of runs, the top layer): only the
 `MonitorStore` protocol below, which the Store satisfies.
 """

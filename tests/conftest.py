@@ -124,8 +124,8 @@ def td_home(tmp_path, model_cache, monkeypatch) -> Path:
 
 def _stop_leftovers(home: Path) -> None:
     """A failed test must not leave ranks burning the CI machine's two cores."""
-    from tunedeck.core.runs.control import stop
-    from tunedeck.core.runs.registry import list_runs
+    from tunedeck.core.supervisor.control import stop
+    from tunedeck.core.views.registry import list_runs
 
     for run in list_runs(home / "runs"):
         if run.needs_stop:

@@ -122,7 +122,7 @@ def _rank_lines(rank: int, variant: int) -> list[str]:
 
 def make_runs(root: Path) -> dict[str, Path]:
     """The synthetic run directories, by case name."""
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.store.store import Store
 
     root.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Path] = {}

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tunedeck.core.runs import procs
+from tunedeck.core.supervisor import procs
 from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
 
 
@@ -229,7 +229,7 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
     run directory's too: state.json keeps its last content (the agent holds the rest in
     memory), still no crash. Space returns: run.db catches up from its offsets, the run
     completes with every step and its message says writes were paused."""
-    from tunedeck.core.runs.launch import prepare_run, start_agent
+    from tunedeck.core.supervisor.launch import prepare_run, start_agent
     from tunedeck.core.spec import load_spec
 
     steps = 70
@@ -313,8 +313,8 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
             f = m / "filler"
             if f.exists():
                 f.unlink()
-        from tunedeck.core.runs.control import stop
-        from tunedeck.core.runs.registry import read_run
+        from tunedeck.core.supervisor.control import stop
+        from tunedeck.core.views.registry import read_run
 
         info = read_run(run_dir)
         if info is not None and info.needs_stop and info.state.get("agent_pid"):

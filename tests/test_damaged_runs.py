@@ -314,7 +314,7 @@ async def test_tui_lists_damaged_runs_and_their_monitor_says_why(damaged_home, m
 def test_each_mistyped_state_key_is_named(tmp_path, monkeypatch, capsys, change, named, vital):
     """A vital key (run_id, status) of the wrong type makes the run damaged; any other reads
     as missing (the run stays readable and stoppable) and `doctor` names it."""
-    from tunedeck.core.runs.state import new_state
+    from tunedeck.core.store.state import new_state
 
     home = tmp_path / "home"
     for rid, extra in (("20261201-000000-good-0001", {}), ("20261201-000001-bad-0002", change)):
@@ -346,7 +346,7 @@ def test_an_empty_state_json_shows_instead_of_hiding_the_run(tmp_path, monkeypat
 def test_doctor_tells_a_spec_cut_at_a_line_from_a_whole_one(tmp_path):
     """A spec.toml cut short can still be valid TOML; the keys it lost would come back as
     defaults in a clone or a resume."""
-    from tunedeck.core.runs.doctor import _spec
+    from tunedeck.core.views.doctor import _spec
     from tunedeck.core.spec import RunSpec
 
     run = RunDir(tmp_path)

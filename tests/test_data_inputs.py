@@ -145,7 +145,7 @@ def test_ensure_tiny_model_on_a_fifo_raises_promptly_naming_it(tmp_path, fifo):
     code = f"""
 import json, pathlib
 from tunedeck.core.demo import ensure_tiny_model
-from tunedeck.core.runs.agent import prepare_finding
+from tunedeck.core.supervisor.agent import prepare_finding
 try:
     ensure_tiny_model({str(fifo)!r}, pathlib.Path({str(tmp_path / "cache")!r}))
 except Exception as e:

@@ -16,10 +16,10 @@ import pytest
 
 from conftest import DEMO, cli, wait_for
 from tunedeck.core.probe import SITE_DIR
-from tunedeck.core.runs.control import stop
-from tunedeck.core.runs.launch import prepare_run, start_agent
-from tunedeck.core.runs.registry import read_run
-from tunedeck.core.runs.store import read_events, read_findings
+from tunedeck.core.supervisor.control import stop
+from tunedeck.core.supervisor.launch import prepare_run, start_agent
+from tunedeck.core.views.registry import read_run
+from tunedeck.core.store.store import read_events, read_findings
 from tunedeck.core.spec import RunSpec
 
 TOY = Path(__file__).resolve().parent / "scripts" / "ddp_toy.py"

@@ -32,8 +32,8 @@ import pytest
 
 from tests.conftest import DEMO, REPO, cli, cli_json
 from tunedeck.core.rundir import ownership
-from tunedeck.core.runs import adopt, control, procs, stacks
-from tunedeck.core.runs.registry import FOREIGN, Registry, find_run, read_run
+from tunedeck.core.supervisor import adopt, control, procs, stacks
+from tunedeck.core.views.registry import FOREIGN, Registry, find_run, read_run
 
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")
@@ -191,7 +191,7 @@ def agents_on(run_dir: Path) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if "tunedeck.core.runs.agent" in cmd and str(run_dir) in cmd:
+        if "tunedeck.core.supervisor.agent" in cmd and str(run_dir) in cmd:
             found.append(p.pid)
     return found
 
@@ -324,7 +324,7 @@ def test_a_planted_run_is_listed_foreign_and_never_adopted(shared):
     # and an agent started on it by hand refuses before writing anything
     for extra in (["--adopt"], []):
         r = subprocess.run(
-            [sys.executable, "-m", "tunedeck.core.runs.agent", str(run_dir), *extra],
+            [sys.executable, "-m", "tunedeck.core.supervisor.agent", str(run_dir), *extra],
             capture_output=True,
             text=True,
             timeout=60,
@@ -490,7 +490,7 @@ async def test_the_runs_list_shows_a_foreign_run_and_hides_what_acts_on_it(tmp_p
 
 def _prepared(home: Path) -> Path:
     """A run as `launch` leaves it between writing state.json and its agent taking it."""
-    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.supervisor.launch import prepare_run
     from tunedeck.core.spec import load_spec
 
     spec = load_spec(DEMO, ["train.max_steps=100000", "cluster.device=cpu"])
@@ -501,7 +501,7 @@ def test_a_stop_before_the_agent_took_the_run_is_carried_out_by_the_agent(td_hom
     """`tunedeck stop` 0.1 s after `tunedeck launch`: state.json exists, the agent has not
     written its pid yet. The stop waits for it; the agent ends the run "stopped before start"
     and the CLI says just that, never "agent was gone; processes killed"."""
-    from tunedeck.core.runs.launch import start_agent
+    from tunedeck.core.supervisor.launch import start_agent
 
     run_dir = _prepared(td_home)
     stopper = subprocess.Popen(

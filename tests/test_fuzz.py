@@ -236,7 +236,7 @@ event_lines = st.lists(
 def fuzz_run(tmp_path_factory):
     """One planned run (spec.toml, plan.json, state.json) whose agent state the event
     fuzz drives in-process."""
-    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.supervisor.launch import prepare_run
     from tunedeck.core.spec import loads_spec
 
     data = Path(__file__).resolve().parent.parent / "presets" / "data" / "demo_chat.jsonl"
@@ -252,9 +252,9 @@ def fuzz_run(tmp_path_factory):
 def test_fuzzed_event_lines_never_reach_state_json_or_hide_the_run(fuzz_run, monkeypatch, lines):
     import json as _json
 
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.registry import read_run
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.views.registry import read_run
+    from tunedeck.core.store.store import Store
 
     monkeypatch.setenv("TUNEDECK_FAKE_NVML", "2")
     agent = Agent(fuzz_run)
@@ -331,8 +331,8 @@ state_changes = st.dictionaries(
 def test_fuzzed_state_fields_damage_only_themselves(tmp_path, changes):
     import json as _json
 
-    from tunedeck.core.runs.registry import read_run
-    from tunedeck.core.runs.state import fatal_problem, new_state, state_problem
+    from tunedeck.core.views.registry import read_run
+    from tunedeck.core.store.state import fatal_problem, new_state, state_problem
 
     run_dir = tmp_path / "runs" / "20261203-000000-fuzz-0001"
     run_dir.mkdir(parents=True, exist_ok=True)

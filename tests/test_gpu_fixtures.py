@@ -22,7 +22,7 @@ from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
 from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
 from tunedeck.core.diagnose.finding import Finding
-from tunedeck.core.runs.store import Store, read_events, read_findings
+from tunedeck.core.store.store import Store, read_events, read_findings
 from tunedeck.core.api import diagnose as collect
 
 

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
-from tunedeck.core.runs import procs
-from tunedeck.core.runs.launch import prepare_run
+from tunedeck.core.supervisor import procs
+from tunedeck.core.supervisor.launch import prepare_run
 from tunedeck.core.rundir import RunDir
 from tests.conftest import DEMO, cli_json, stop_run, wait_for
 
@@ -166,7 +166,7 @@ def test_stop_spares_a_process_that_only_claims_the_run_id(td_home):
 
 def test_the_runs_own_variables_win_over_the_spec_and_the_environment(td_home, monkeypatch):
     from tunedeck.core.backends import plan_run
-    from tunedeck.core.runs.agent import Agent
+    from tunedeck.core.supervisor.agent import Agent
     from tunedeck.core.spec import load_spec
 
     spec = load_spec(DEMO, ['cluster.device="cpu"'])

@@ -20,7 +20,7 @@ def test_import_linter_contract_holds():
 
 def test_cli_and_core_start_without_textual_or_torch():
     code = (
-        "import sys, tunedeck.cli.main, tunedeck.core.runs.agent, tunedeck.core.runs.watch, tunedeck.core.runs.control;"
+        "import sys, tunedeck.cli.main, tunedeck.core.supervisor.agent, tunedeck.core.views.watch, tunedeck.core.supervisor.control;"
         "bad=[m for m in ('textual','torch','transformers') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

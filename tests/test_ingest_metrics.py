@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from tunedeck.core.ingest.metrics import FileMetrics, records_from_file
-from tunedeck.core.runs.metrics import records_from_run
+from tunedeck.core.views.metrics import records_from_run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "cpu"
 

@@ -77,8 +77,8 @@ def fast_lines(rank: int, first: int, n: int) -> str:
 def synth_run(root: Path, ranks: int, steps: int) -> Path:
     """A run whose agent already ingested `steps` steps per rank (run.db filled by SQL)."""
     from tunedeck.core.rundir import RunDir
-    from tunedeck.core.runs.launch import prepare_run
-    from tunedeck.core.runs.store import TIERS, Store
+    from tunedeck.core.supervisor.launch import prepare_run
+    from tunedeck.core.store.store import TIERS, Store
 
     run = RunDir(prepare_run(_spec(ranks), root))
     for r in range(ranks):
@@ -119,9 +119,9 @@ def agent_cost(run_dir: Path, ranks: int, first: int, ticks: int = 40) -> tuple[
     """Median CPU seconds of an agent tick (ingest, pids, stop check, every monitor; the
     diagnosis and loss monitors polling on every tick) while each rank appends 4 steps per
     tick, and the bytes the agent holds (traced from before it was made) after the ticks."""
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.monitors import DiagnosisMonitor, LossMonitor
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.supervisor.monitors import DiagnosisMonitor, LossMonitor
+    from tunedeck.core.store.store import Store
 
     tracemalloc.start()
     agent = Agent(run_dir)
@@ -318,8 +318,8 @@ def _ev(**e) -> str:
 def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
     """The SQL stream gives what the parsers' whole-run merge gives (the lowest rank wins,
     the others fill), on a run the agent's Store ingested."""
-    from tunedeck.core.runs.metrics import _records_whole, iter_run, json_safe
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.views.metrics import _records_whole, iter_run, json_safe
+    from tunedeck.core.store.store import Store
     from tunedeck.core.rundir import RunDir
 
     ev = tmp_path / "events"
@@ -354,8 +354,8 @@ def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
 def test_agent_memory_stays_flat_at_hundreds_of_steps_a_second(tmp_path, monkeypatch):
     """8 ranks at 300 steps/s each (the issue's 5,000 lines/s order): what the agent holds
     stops growing within seconds (the starvation window kept 30 s of steps, 150k tuples)."""
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.store.store import Store
 
     monkeypatch.setenv("TUNEDECK_FAKE_NVML", "8")
     run = synth_run(tmp_path, 8, 10)

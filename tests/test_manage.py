@@ -1,5 +1,5 @@
-"""core/runs/manage.py (delete, checkpoints, clone and resume specs) and the incremental
-registry (core/runs/registry.py), on run directories written by the real launch code."""
+"""core/views/manage.py (delete, checkpoints, clone and resume specs) and the incremental
+registry (core/views/registry.py), on run directories written by the real launch code."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from tests.conftest import DEMO, REPO
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
-from tunedeck.core.runs import launch
-from tunedeck.core.runs.manage import (
+from tunedeck.core.supervisor import launch
+from tunedeck.core.views.manage import (
     ManageError,
     clone_spec,
     complete_checkpoints,
@@ -26,7 +26,7 @@ from tunedeck.core.runs.manage import (
     plan_delete,
     resume_spec,
 )
-from tunedeck.core.runs.registry import Registry, list_runs, read_run
+from tunedeck.core.views.registry import Registry, list_runs, read_run
 from tunedeck.core.spec import load_spec
 
 T0 = 1_764_000_000.0  # a fixed "created" for deterministic runs
@@ -443,7 +443,7 @@ def test_registry_notices_an_agent_that_died_without_a_write(root):
     reads = reg.reads
     # the agent pid now names a process that is gone: no write to state.json happens
     st = RunDir(run_dir).read_state()
-    with mock.patch("tunedeck.core.runs.registry.pid_alive", return_value=False):
+    with mock.patch("tunedeck.core.views.registry.pid_alive", return_value=False):
         run = reg.scan()[0]
     assert run.status == "failed" and "agent is gone" in run.message
     assert reg.reads == reads and st["status"] == "running"

@@ -75,7 +75,7 @@ def test_native_step_text_is_the_python_text():
     """The native writer of full step rows prints what the Python format prints (float
     repr of every awkward kind) and stops at the first row Python must read."""
     from tunedeck.core.ingest.native import fastscan
-    from tunedeck.core.runs.metrics import _rendered
+    from tunedeck.core.views.metrics import _rendered
 
     if fastscan is None:
         pytest.skip("native module not built")
@@ -120,7 +120,7 @@ def test_native_step_text_is_the_python_text():
 def test_metrics_json_same_with_and_without_native_writer(synthetic, case, monkeypatch):
     import io
 
-    from tunedeck.core.runs import metrics as m
+    from tunedeck.core.views import metrics as m
 
     def dump() -> str:
         out = io.StringIO()
@@ -138,7 +138,7 @@ def _gapped_run(path, steps: int):
     with an eval of its own and two steps past rank 0's last."""
     from tunedeck.core.rundir import RunDir
     from tunedeck.core.rundir.events import EventWriter
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.store.store import Store
 
     run = RunDir(path)
     for rank, every in ((0, 10), (1, 5)):
@@ -171,8 +171,8 @@ def _gapped_run(path, steps: int):
 def test_last_n_reads_only_the_end_of_a_run_with_gaps(tmp_path, monkeypatch):
     """`--last N` on a run whose lead logs every 10th step: the last N records of the whole
     output, at a cost that does not grow with the run (SQLite's VM steps counted)."""
-    from tunedeck.core.runs import metrics as m
-    from tunedeck.core.runs.store import Store
+    from tunedeck.core.views import metrics as m
+    from tunedeck.core.store.store import Store
 
     ops = [0]
     opened = Store._reader

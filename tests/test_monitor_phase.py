@@ -10,7 +10,7 @@ import time
 
 from tests.test_manage import make_run
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.watch import RunWatcher
+from tunedeck.core.views.watch import RunWatcher
 from tunedeck.tui.widgets.progress import node_line, progress_text
 
 

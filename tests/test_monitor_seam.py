@@ -13,8 +13,8 @@ from tunedeck.core.nodes.link import NodesMonitor
 from tunedeck.core.nodes.remote import end_attempt_before
 from tunedeck.core.nodes.slurm import NodesWatch
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs import monitors
-from tunedeck.core.runs.store import Store
+from tunedeck.core.supervisor import monitors
+from tunedeck.core.store.store import Store
 
 
 def test_nodes_monitors_take_a_typed_context():

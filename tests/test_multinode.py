@@ -94,7 +94,7 @@ def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | lis
 
 
 def _findings(run_dir: Path) -> list[dict]:
-    from tunedeck.core.runs.store import read_findings
+    from tunedeck.core.store.store import read_findings
 
     return read_findings(run_dir)
 
@@ -111,7 +111,7 @@ def _netns(pid: int) -> str:
 
 
 def _kill_marked(run_id: str) -> list[int]:
-    from tunedeck.core.runs.procs import marked_processes
+    from tunedeck.core.supervisor.procs import marked_processes
 
     killed = []
     for p in marked_processes(run_id):
@@ -130,7 +130,7 @@ def _cleanup(*run_ids: str, agents: tuple[Path, ...] = ()) -> None:
         pid = _state(d / "state.json").get("agent_pid")
         try:
             p = psutil.Process(pid)
-            if "tunedeck.core.runs.agent" in " ".join(p.cmdline()):
+            if "tunedeck.core.supervisor.agent" in " ".join(p.cmdline()):
                 p.kill()
         except (psutil.Error, TypeError, ValueError):
             pass
@@ -167,7 +167,7 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert rows[1]["host"] == "node1" and rows[1]["reach"] == "connected"
         assert rows[1]["status"] == "running" and rows[1]["ranks"] == [1]
         # the monitor shows both nodes (its watcher reads them in its worker thread)
-        from tunedeck.core.runs.watch import RunWatcher
+        from tunedeck.core.views.watch import RunWatcher
         from tunedeck.tui.widgets.progress import progress_text
 
         shown = progress_text(RunWatcher(run_dir).poll(history=False), 160)
@@ -232,7 +232,7 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert _state(run_dir / "nodes" / "node1" / "state.json")["status"] == "stopped"
         rows = _head_cli(hosts, home, "nodes", run_id)
         assert [r["status"] for r in rows] == ["stopped", "stopped"]
-        from tunedeck.core.runs.procs import marked_processes
+        from tunedeck.core.supervisor.procs import marked_processes
 
         wait_for(
             lambda: not marked_processes(run_id) and not marked_processes(f"{run_id}.node1"),

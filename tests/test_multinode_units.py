@@ -177,7 +177,7 @@ def test_a_node_that_cannot_be_stopped_is_named_when_the_run_ends(tmp_path, monk
 
 def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_path):
     from tests.test_manage import make_run
-    from tunedeck.core.runs.watch import RunWatcher
+    from tunedeck.core.views.watch import RunWatcher
 
     run_dir = make_run(
         tmp_path / "runs",
@@ -329,7 +329,7 @@ def test_nodes_agree_on_where_a_restart_continues(tmp_path):
     from tunedeck.core.backends.base import Restart
     from tunedeck.core.nodes.link import link_file
     from tunedeck.core.rundir import write_json_atomic
-    from tunedeck.core.runs import restarts
+    from tunedeck.core.supervisor import restarts
 
     spec = loads_spec(
         'backend = "script"\n[script]\npath = "x.py"\n[cluster]\nnnodes = 2\n'

@@ -126,7 +126,7 @@ def test_fact_tokens_cover_the_summary_kinds():
 # regexes that name NCCL without parsing its lines: (file, the pattern's start) and why
 NOT_PARSERS = {
     # the log view's "first error" search: `NCCL WARN` is one error word among others
-    ("core/runs/watch.py", "Traceback \\(most recent call last\\)|Error\\b|ERROR\\b|"),
+    ("core/views/watch.py", "Traceback \\(most recent call last\\)|Error\\b|ERROR\\b|"),
 }
 # words of NCCL's INFO lines a regex for them contains even when it does not say NCCL
 LINE_WORDS = ("Channel", "nRanks", "coll channels", "p2p channels", "NET/", "Using network")

@@ -1,4 +1,4 @@
-"""core/runs/nccl.py: per-rank NCCL facts from the rank logs, read incrementally.
+"""core/views/nccl.py: per-rank NCCL facts from the rank logs, read incrementally.
 
 On real recordings: tests/fixtures/h200/recorded/ddp2_nccl_info.log (NCCL_DEBUG=INFO of a 2 × H200
 DDP run, both processes in one console log, split here by pid into the rank logs torchrun
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.nccl import MAX_ISSUES, NcclReader
+from tunedeck.core.views.nccl import MAX_ISSUES, NcclReader
 
 NCCL_LOG = REPO / "tests" / "fixtures" / "h200" / "recorded" / "ddp2_nccl_info.log"
 HUNG = REPO / "tests" / "fixtures" / "h200" / "hung_rank"

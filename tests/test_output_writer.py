@@ -1,7 +1,7 @@
-"""One live writer per output folder (core/runs/launch.py): a launch refuses a folder that a
+"""One live writer per output folder (core/supervisor/launch.py): a launch refuses a folder that a
 live run of the home writes (the same folder or one inside the other, ms-swift's own
 --output_dir included) unless told to share it, checked under the launch lock; a clone of a
-live run is refused (core/runs/manage.py). Run directories are written by the real launch code
+live run is refused (core/views/manage.py). Run directories are written by the real launch code
 (tests/test_manage.py `make_run`); the command-line scenarios are in
 tests/test_output_writer_cli.py."""
 
@@ -18,9 +18,9 @@ import pytest
 from tests.conftest import DEMO
 from tests.test_manage import make_run
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs import launch
-from tunedeck.core.runs.manage import ManageError, clone_spec
-from tunedeck.core.runs.registry import read_run
+from tunedeck.core.supervisor import launch
+from tunedeck.core.views.manage import ManageError, clone_spec
+from tunedeck.core.views.registry import read_run
 from tunedeck.core.spec import load_spec
 
 
@@ -155,7 +155,7 @@ def test_the_lock_is_reentrant_in_a_thread_and_exclusive_across_processes(root):
     import sys
 
     code = (
-        "import sys; from pathlib import Path; from tunedeck.core.runs import launch\n"
+        "import sys; from pathlib import Path; from tunedeck.core.supervisor import launch\n"
         "try:\n"
         "    with launch.launch_lock(Path(sys.argv[1]), wait_s=0.3): print('got it')\n"
         "except launch.LaunchError as e: print('refused:', e)\n"

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import DEMO, REPO, cli, cli_json, stop_run, wait_for
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import newest_checkpoint
-from tunedeck.core.runs.state import pid_alive
+from tunedeck.core.store.state import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir.records import Launch, RunState, Status, TERMINAL
-from tunedeck.core.runs.state import clean_state, fatal_problem, new_state, state_problem
+from tunedeck.core.store.state import clean_state, fatal_problem, new_state, state_problem
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "run-directory.md"
 
@@ -75,8 +75,8 @@ def test_the_docs_table_names_every_key_and_no_other():
 
 
 def test_the_agent_refuses_to_write_a_key_the_schema_does_not_declare(tmp_path):
-    from tunedeck.core.runs.agent import Agent
-    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.supervisor.agent import Agent
+    from tunedeck.core.supervisor.launch import prepare_run
     from tunedeck.core.spec import loads_spec
 
     data = Path(__file__).resolve().parent.parent / "presets" / "data" / "demo_chat.jsonl"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tunedeck.core.runs.launch import prepare_run, start_agent
-from tunedeck.core.runs.registry import read_run
+from tunedeck.core.supervisor.launch import prepare_run, start_agent
+from tunedeck.core.views.registry import read_run
 from tunedeck.core.spec import load_spec
 from tests.conftest import DEMO, REPO, wait_for
 

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tunedeck.core.runs.procs import marked_processes
+from tunedeck.core.supervisor.procs import marked_processes
 from tests.conftest import DEMO, REPO, cli, cli_json, wait_for
 
 pytestmark = pytest.mark.slow

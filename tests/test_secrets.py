@@ -179,7 +179,7 @@ def _all_files(root: Path) -> list[Path]:
 
 def test_prepare_run_saves_masked_files_and_a_private_secrets_file(td_home):
     from tunedeck.core.rundir.secrets import read_secrets
-    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.supervisor.launch import prepare_run
     from tunedeck.core.spec import load_spec
 
     spec = _secret_spec("script")
@@ -211,7 +211,7 @@ def test_prepare_run_saves_masked_files_and_a_private_secrets_file(td_home):
 
 
 def test_run_directory_is_private(td_home):
-    from tunedeck.core.runs.launch import prepare_run
+    from tunedeck.core.supervisor.launch import prepare_run
 
     run = RunDir(prepare_run(_secret_spec()))
     assert stat.S_IMODE(run.path.stat().st_mode) == 0o700

@@ -213,7 +213,7 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
                 "node 1 (" in head["message"]
                 and "was lost mid-run: its run ended failed" in head["message"]
             ), head["message"]
-            from tunedeck.core.runs.store import read_findings
+            from tunedeck.core.store.store import read_findings
 
             lost = [f for f in read_findings(run_dir) if f["category"] == "node_lost"]
             assert lost and lost[0]["node"] == 1 and lost[0]["severity"] == "error"

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.registry import find_run
-from tunedeck.core.runs.stacks import dump_stacks
-from tunedeck.core.runs.store import read_findings
+from tunedeck.core.views.registry import find_run
+from tunedeck.core.supervisor.stacks import dump_stacks
+from tunedeck.core.store.store import read_findings
 from tests.conftest import DEMO, cli, wait_for
 
 pytestmark = pytest.mark.slow

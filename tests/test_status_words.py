@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import cli
 from tunedeck.core.rundir import write_json_atomic
-from tunedeck.core.runs.state import new_state
+from tunedeck.core.store.state import new_state
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import DEMO, REPO, cli, cli_json, stop_run, wait_for
-from tunedeck.core.runs import procs
+from tunedeck.core.supervisor import procs
 
 pytestmark = pytest.mark.slow
 
@@ -253,7 +253,7 @@ def test_run_db_deleted_mid_run_comes_back_whole(td_home, how):
 
 
 def test_a_frozen_agent_shows_as_stale_with_how_long(td_home):
-    from tunedeck.core.runs.state import STALE_AFTER_S
+    from tunedeck.core.store.state import STALE_AFTER_S
 
     run_id = _launch_long(td_home)
     agent = _state(td_home, run_id)["agent_pid"]

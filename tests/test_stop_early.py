@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tunedeck.core.runs import procs
+from tunedeck.core.supervisor import procs
 from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.store import Store
+from tunedeck.core.store.store import Store
 
 
 def _append(path, *events):

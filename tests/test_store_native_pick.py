@@ -11,9 +11,9 @@ import pytest
 
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs import store as store_mod
-from tunedeck.core.runs.monitors import _newest_steps
-from tunedeck.core.runs.store import STEP_METRICS, Store
+from tunedeck.core.store import store as store_mod
+from tunedeck.core.supervisor.monitors import _newest_steps
+from tunedeck.core.store.store import STEP_METRICS, Store
 
 pytestmark = pytest.mark.skipif(fastscan is None, reason="native module not built")
 

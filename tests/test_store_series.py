@@ -13,7 +13,7 @@ import pytest
 
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.events import EventWriter
-from tunedeck.core.runs.store import TIERS, Store, _tier_sql
+from tunedeck.core.store.store import TIERS, Store, _tier_sql
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tunedeck.core.runs.store import read_findings
+from tunedeck.core.store.store import read_findings
 from tests.conftest import DEMO, cli
 
 pytestmark = pytest.mark.slow

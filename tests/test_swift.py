@@ -97,7 +97,7 @@ def test_resume_from_auto_names_a_folder_for_ms_swift(tmp_path):
 
 def test_a_restart_passes_a_checkpoint_only_where_ms_swift_takes_one(tmp_path):
     """sft: the last checkpoint written, as --resume_from_checkpoint (on several nodes the
-    head's reading, core/runs/restarts). Megatron has no such flag: step 0, and the note says
+    head's reading, core/supervisor/restarts). Megatron has no such flag: step 0, and the note says
     how it resumes."""
     from tunedeck.core.backends.swift import restart
 

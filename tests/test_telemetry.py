@@ -16,7 +16,7 @@ from tunedeck.core.telemetry.gpus import GpuInfo, list_gpus, probe_gpus, visible
 from tunedeck.core.telemetry.host import ProcessSampler, host_sample
 from tunedeck.core.telemetry.nvml import NA, Nvml, NvmlUnavailable, nvml_session, nvml_start
 from tunedeck.core.telemetry.sampler import TelemetrySampler
-from tunedeck.core.runs.store import Store
+from tunedeck.core.store.store import Store
 from tunedeck.core.telemetry.store import TelemetryStore
 
 

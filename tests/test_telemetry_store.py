@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tunedeck.core.runs.store import Store
+from tunedeck.core.store.store import Store
 from tunedeck.core.telemetry.store import RAW_KEEP_S, TelemetryStore
 
 

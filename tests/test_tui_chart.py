@@ -16,7 +16,7 @@ from textual.widgets import Static
 from tests.conftest import until
 from tunedeck.core.rundir import RunDir, write_json_atomic
 from tunedeck.core.rundir.events import EventWriter
-from tunedeck.core.runs.store import Store
+from tunedeck.core.store.store import Store
 from tunedeck.tui.screens.compare import CompareScreen
 from tunedeck.tui.widgets.lossplot import (
     Frame,

@@ -24,8 +24,8 @@ from tests.conftest import DEMO, REPO, cli, cli_json, wait_for
 from tests.conftest import until as _until
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.runs.store import Store
-from tunedeck.core.runs.watch import LogFileIndex, RankLog, RunWatcher
+from tunedeck.core.store.store import Store
+from tunedeck.core.views.watch import LogFileIndex, RankLog, RunWatcher
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.help import HelpScreen
@@ -663,7 +663,7 @@ async def test_cpu_demo_shows_per_rank_cpu_and_rss(finished_demo, monkeypatch):
 
 
 async def test_stacks_view_labels_the_rank_others_wait_for(fx_home):
-    from tunedeck.core.runs.stacks import StackDump
+    from tunedeck.core.supervisor.stacks import StackDump
     from tunedeck.tui.screens.stacks import StacksScreen
 
     dumps = [
@@ -700,7 +700,7 @@ async def test_stacks_view_labels_the_rank_others_wait_for(fx_home):
         await _until(pilot, lambda: isinstance(app.screen, MonitorScreen), what="closed")
 
 
-# -- the log index (core/runs/watch.py) ----------------------------------------------------
+# -- the log index (core/views/watch.py) ----------------------------------------------------
 
 
 def test_log_index_reads_any_window_without_reading_the_file(tmp_path):
@@ -771,7 +771,7 @@ def test_rank_log_orders_stdout_and_stderr_as_they_arrive(tmp_path):
 
 
 def test_a_big_log_opens_at_its_tail_then_gets_its_head(tmp_path, monkeypatch):
-    from tunedeck.core.runs import watch
+    from tunedeck.core.views import watch
 
     monkeypatch.setattr(watch, "BIG_BYTES", 1 << 20)
     monkeypatch.setattr(watch, "TAIL_BYTES", 64 << 10)

@@ -573,8 +573,8 @@ def test_the_monitor_colours_lost_and_damaged_runs_as_the_runs_list_does(tmp_pat
 
     from rich.style import Style
     from rich.text import Text
-    from tunedeck.core.runs.registry import list_runs
-    from tunedeck.core.runs.watch import RunWatcher
+    from tunedeck.core.views.registry import list_runs
+    from tunedeck.core.views.watch import RunWatcher
     from tunedeck.tui.widgets.progress import progress_text
 
     root = tmp_path / "runs"

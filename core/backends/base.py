@@ -4,7 +4,7 @@ A backend turns a resolved RunSpec into a LaunchPlan (argv/env per node) without
 effects: no model is built, no file written (reading files, such as the demo data to name
 its model folder or ms-swift's flag table, is allowed), so a dry run, an export and the
 preflight see exactly the plan a launch would start. Anything a run needs built first is
-done by the agent before torchrun starts (`tunedeck.core.runs.agent`).
+done by the agent before torchrun starts (`tunedeck.core.supervisor.agent`).
 """
 
 from __future__ import annotations

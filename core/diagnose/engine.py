@@ -70,7 +70,7 @@ class Diagnosis:
     """Scanners for a set of sources; `poll()` reads what is new and rebuilds findings.
 
     `metrics=False` leaves loss anomalies out and keeps no metric records: the live agent
-    watches the loss on the event stream (tunedeck.core.runs.monitors.LossMonitor) instead,
+    watches the loss on the event stream (tunedeck.core.supervisor.monitors.LossMonitor) instead,
     so a poll costs what was appended, not what the run has logged so far.
 
     Event files (kind "events") are data, not logs: no line of theirs goes through the log

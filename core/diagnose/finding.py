@@ -2,7 +2,7 @@
 
 Shared by the log-based rules (core/diagnose/) and the live detectors in the agent
 (starvation, stall, straggler). The agent stores findings in run.db's `findings` table
-(see core/runs/store.py: save_finding / read_findings).
+(see core/store/store.py: save_finding / read_findings).
 """
 
 from __future__ import annotations

@@ -1056,7 +1056,7 @@ done:
 
 /* step_text(rows, start, stop_step, rank, need_max_steps) -> (text, next)
  *
- * `tunedeck metrics --json`'s text of a trainer's full step rows (core/runs/metrics.py
+ * `tunedeck metrics --json`'s text of a trainer's full step rows (core/views/metrics.py
  * `_FULL`): rows are run.db's (step, t, loss, lr, grad_norm, tokens_per_s, step_s, epoch,
  * tokens, data_wait_s, mem_gib, max_steps, loss_nan) tuples in step order; from rows[start]
  * on, each row below stop_step with every value an int or a finite float, no loss_nan and
@@ -1206,7 +1206,7 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
 
 /* pick_steps(lines, keys) -> [None | (rank, step, t, *values, has_first_key), ...]
  *
- * The agent's reading of a trainer's step event line without a dict (core/runs/store.py):
+ * The agent's reading of a trainer's step event line without a dict (core/store/store.py):
  * a line that is one flat JSON object with "kind": "step", an int "rank", an int "step" >= 0
  * and a number "t" gives its rank, step, t and the value of each of `keys` (an int or a
  * finite float as json.loads makes it, None where absent or null), and whether the first key

@@ -1,7 +1,7 @@
 """Per-step training metrics from any log format, with one set of key names.
 
     records_from_file(path)    a log file, a rank's stdout, ms-swift logging.jsonl, events
-    (a run's records, all ranks: tunedeck.core.runs.metrics)
+    (a run's records, all ranks: tunedeck.core.views.metrics)
 
 Each record: `step` plus whichever of `max_steps, loss, learning_rate, grad_norm, epoch,
 eval_loss, tokens_per_s, samples_per_s, step_s` the source had (built-in events add `rank, t,

@@ -1,5 +1,5 @@
 """The head's side of a multi-node run: one ssh link per other node, and the monitor that the
-head's agent ticks (tunedeck.core.runs.monitors adds it when cluster.launcher is "ssh").
+head's agent ticks (tunedeck.core.supervisor.monitors adds it when cluster.launcher is "ssh").
 
 A link starts its node (op "start" the first time), then receives the node's records into
 the head's run directory at the offsets the frames name; when ssh drops it reconnects (op

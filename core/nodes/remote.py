@@ -41,7 +41,7 @@ from tunedeck.core.rundir import (
 
 TICK_S = 0.25
 TELEMETRY_S = 2.0
-AGENT_MODULE = "tunedeck.core.runs.agent"
+AGENT_MODULE = "tunedeck.core.supervisor.agent"
 
 
 def node_run_id(run_id: str, node: int) -> str:
@@ -175,7 +175,7 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
     )
 
 
-# a run's markers (tunedeck.core.runs.procs): an agent started here never inherits another's
+# a run's markers (tunedeck.core.supervisor.procs): an agent started here never inherits another's
 RUN_MARKERS = ("TUNEDECK_RUN_ID", "TUNEDECK_LAUNCH_ID", "TUNEDECK_RUN_DIR", "TUNEDECK_ATTEMPT")
 
 

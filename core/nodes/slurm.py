@@ -376,7 +376,9 @@ def node_task(run_dir: str) -> int:
     os.close(log)
     os.umask(0o077)
     os.chdir(run.path)
-    os.execv(sys.executable, [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path)])
+    os.execv(
+        sys.executable, [sys.executable, "-m", "tunedeck.core.supervisor.agent", str(run.path)]
+    )
     return 0  # not reached
 
 

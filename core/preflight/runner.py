@@ -1,5 +1,5 @@
 """Running the checks in order. (The smoke run, a few real steps through the launch path, is
-tunedeck.core.runs.smoke: it launches a run.)"""
+tunedeck.core.supervisor.smoke: it launches a run.)"""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ This module is the only place that knows the layout (docs/run-directory.md):
       secrets.json         the real values of what those mask (tunedeck.core.rundir.secrets)
       state.json           status, pids, attempts (atomic writes; the agent's)
       stop.json            a stop request (the CLI's or the TUI's)
-      run.db               SQLite: events, telemetry, findings (tunedeck.core.runs.store)
+      run.db               SQLite: events, telemetry, findings (tunedeck.core.store.store)
       logs/agent.log, logs/torchrun-node<k>.log
       logs/node<k>/<id>_<x>/attempt_<n>/<local rank>/{stdout,stderr}.log, error.json
       events/rank<r>.jsonl, events/probe_rank<r>.jsonl

@@ -1,7 +1,7 @@
 """state.json as typed records: the one declaration of its shape.
 
 `RunState` (with `Progress`, `Launch`, `Attempt` and the `Status` enum) is the schema: the
-agent's new state, the readers' checks (core/runs/state.py) and docs/run-directory.md's table
+agent's new state, the readers' checks (core/store/state.py) and docs/run-directory.md's table
 all come from these fields, so a key the code writes is a field here or it is not written.
 `from_json` reads any dict: a field whose value is not of its type is left at its default and
 named in `problems`; keys this version does not know are kept in `extra` and written back by
@@ -136,7 +136,7 @@ class Progress(Record):
 
 @dataclass
 class Launch(Record):
-    """A torchrun the agent started: its processes carry `id` (core/runs/procs.py)."""
+    """A torchrun the agent started: its processes carry `id` (core/supervisor/procs.py)."""
 
     id: str = ""
     attempt: int = 0

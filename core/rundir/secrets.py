@@ -1,7 +1,7 @@
 """A run's secrets file, `secrets.json` (0600, its owner only): the real values of everything
 spec.toml, plan.json and launch.sh show as ****.
 
-The launch (`tunedeck.core.runs.launch.prepare_run`) splits them out of the resolved spec and
+The launch (`tunedeck.core.supervisor.launch.prepare_run`) splits them out of the resolved spec and
 the plan with `split_secrets` and writes them with `write_secrets`; nothing else in the run
 directory holds a secret value (masking rules: `tunedeck.core.spec`, `is_secret_name`).
 

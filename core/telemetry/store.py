@@ -19,7 +19,7 @@ supported), so charts stay continuous and bucket means are not skewed by gaps. T
 latest "gpus" snapshot says when they were read: each GPU record's "slow_t".
 
 The agent is the only writer, on its Store's connection; readers query through a read-only
-Store (tunedeck.core.runs.store), which owns run.db.
+Store (tunedeck.core.store.store), which owns run.db.
 """
 
 from __future__ import annotations

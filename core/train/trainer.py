@@ -802,7 +802,7 @@ _stack_file = None  # kept open for the process's life: faulthandler writes to i
 
 def _register_stack_dump(run: RunDir) -> None:
     """`tunedeck stacks` asks a stalled rank for its Python stacks with SIGUSR1
-    (core/runs/stacks.py). faulthandler writes them into stacks/rank<r>.txt, not stderr: in
+    (core/supervisor/stacks.py). faulthandler writes them into stacks/rank<r>.txt, not stderr: in
     the rank's log a dump reads as a traceback to people and to the diagnosis."""
     global _stack_file
     if not hasattr(signal, "SIGUSR1"):

@@ -1,7 +1,7 @@
 """`d` in the monitor: every rank's Python stack, to find the rank a stalled run waits for.
 
 The dumps come from py-spy, or from the built-in trainer's faulthandler, which writes them
-into the run's stacks/rank<r>.txt (core/runs/stacks.py), never into the rank logs: they are
+into the run's stacks/rank<r>.txt (core/supervisor/stacks.py), never into the rank logs: they are
 shown here, not in the log pane nor in the diagnosis.
 """
 

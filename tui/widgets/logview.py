@@ -1,4 +1,4 @@
-"""The log pane: one rank's stdout and stderr (core/runs/watch.py `RankLog`), shown through a
+"""The log pane: one rank's stdout and stderr (core/views/watch.py `RankLog`), shown through a
 window of lines the view loads in a thread as it scrolls, so a 1 GB log is never read whole
 nor held in memory (the widget keeps a few screens of lines).
 

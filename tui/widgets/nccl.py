@@ -1,6 +1,6 @@
 """The NCCL pane: per rank the NCCL version, network and interface, channels, how it reaches
 each peer (P2P, SHM, Socket, IB, NVLS...), and every NCCL warning or error from its logs,
-highlighted (core/runs/nccl.py reads them)."""
+highlighted (core/views/nccl.py reads them)."""
 
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restarted script is told the last checkpoint written into its output folder
     (checkpoint-<step>/ with trainer_state.json, as HF Trainer writes) in TUNEDECK_RESUME_FROM,
     e.g. `trainer.train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM"))`; on
-    several nodes the head's reading, which every node follows (core/runs/restarts)."""
+    several nodes the head's reading, which every node follows (core/supervisor/restarts)."""
     path = resume_point(spec.train.resume_from, run.output_dir(spec), attempt)
     return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "", var=RESUME_VAR)
 

@@ -504,7 +504,7 @@ RESUME_FLAG = "--resume_from_checkpoint"
 def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restart continues from the last checkpoint ms-swift wrote (its next version folder
     holds the new attempt), passed as --resume_from_checkpoint in place of any the plan had;
-    on several nodes the head's reading, which every node follows (core/runs/restarts)."""
+    on several nodes the head's reading, which every node follows (core/supervisor/restarts)."""
     if is_megatron(spec):  # no such flag there: Megatron loads its own checkpoint format
         return Restart(
             None,

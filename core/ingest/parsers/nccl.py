@@ -4,7 +4,7 @@ the PyTorch lines about NCCL (ProcessGroupNCCL errors, the watchdog's last enque
 This module is the one place that parses them (tests/test_nccl_parser.py checks that no other
 module under core/ or tui/ compiles a regex naming NCCL). `parse_nccl` turns one line into an
 `NcclLine` (host, pid, rank's device, level, message, and the fields of its kind); the
-diagnosis' `NcclSummary` (below) and the monitor's `core/runs/nccl.py` `NcclReader` fold those
+diagnosis' `NcclSummary` (below) and the monitor's `core/views/nccl.py` `NcclReader` fold those
 records. `INFO_HEAD_BYTES` / `CHANNEL_VIA_BYTES` are the same line head and channel patterns
 compiled for bytes, so the diagnosis scanner can count plain INFO lines and their transports in
 bulk; `FACT_TOKENS` are the literals of the INFO lines that carry a fact for `NcclSummary`.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.rundir import RunDir, json_problem
-from tunedeck.core.runs.state import TERMINAL, state_problem
+from tunedeck.core.store.state import TERMINAL, state_problem
 
 
 @dataclass
@@ -38,7 +38,7 @@ class FileCheck:
 # Bytes of an event file a check reads at most: a long run's files are large and the last
 # lines are the ones a damaged write leaves behind.
 EVENT_TAIL_BYTES = 4 << 20
-# What the agent's store creates first (core/runs/store.py): a file without them is another one.
+# What the agent's store creates first (core/store/store.py): a file without them is another one.
 REQUIRED_TABLES = {"events", "offsets", "findings"}
 
 

@@ -11,7 +11,7 @@ trainer also reads it before its first step) and returns at once with the run as
 blocks until the run is over: a graceful stop escalates to SIGKILL after the grace period by
 itself (the agent enforces it), so the wait is bounded (timeout_s, default grace + 30 s).
 Every process that is signalled is checked against its recorded identity first
-(core/runs/procs.py): a stop never reaches a process that merely reuses a recorded pid.
+(core/supervisor/procs.py): a stop never reaches a process that merely reuses a recorded pid.
 
 Only the user's own runs are stopped: a run directory that fails core/rundir/ownership.py's
 rule (another user's, writable by others, a symlink) names pids and a Slurm job its writer
@@ -33,9 +33,9 @@ import time
 
 from tunedeck.core.rundir import ownership, write_json_atomic
 from tunedeck.core.rundir.ownership import ForeignRun
-from tunedeck.core.runs import adopt, procs
-from tunedeck.core.runs.registry import RunInfo, read_run
-from tunedeck.core.runs.state import TERMINAL
+from tunedeck.core.supervisor import adopt, procs
+from tunedeck.core.views.registry import RunInfo, read_run
+from tunedeck.core.store.state import TERMINAL
 
 __all__ = ["ForeignRun", "request_stop", "stop", "wait_stopped"]
 

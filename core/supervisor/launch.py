@@ -48,11 +48,11 @@ from tunedeck.core.rundir import (
     write_text_private,
 )
 from tunedeck.core.rundir.secrets import split_secrets, write_secrets
-from tunedeck.core.runs.state import new_state
+from tunedeck.core.store.state import new_state
 from tunedeck.core.spec import RunSpec
 
 if TYPE_CHECKING:
-    from tunedeck.core.runs.registry import Registry, RunInfo
+    from tunedeck.core.views.registry import Registry, RunInfo
 
 
 # what the agent and every process it starts create is their owner's only
@@ -163,7 +163,7 @@ def output_users(
 ) -> list[tuple[RunInfo, Path]]:
     """The live runs under `root` whose output folder is `folder` (resolved), lies inside it
     or holds it, each with its folder."""
-    from tunedeck.core.runs.registry import Registry  # registry → adopt → this module
+    from tunedeck.core.views.registry import Registry  # registry → adopt → this module
 
     root = Path(root or runs_root())
     users = []
@@ -322,7 +322,7 @@ def start_agent(run_dir: Path, timeout_s: float = 20.0) -> int:
     log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path)],
+            [sys.executable, "-m", "tunedeck.core.supervisor.agent", str(run.path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -30,7 +30,7 @@ from tunedeck.core.ingest.metrics import (
 )
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.rundir import RunDir, event_rank
-from tunedeck.core.runs.store import METRIC_STEP_COLS, MetricSources, Store
+from tunedeck.core.store.store import METRIC_STEP_COLS, MetricSources, Store
 
 # the step row's columns by output key (METRIC_STEP_COLS order; 0 is the step)
 _OUT = (
@@ -451,7 +451,7 @@ def iter_records(
 
 
 def _find(ref: str) -> Path:
-    from tunedeck.core.runs.registry import find_run
+    from tunedeck.core.views.registry import find_run
 
     return find_run(ref).run_dir
 

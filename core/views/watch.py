@@ -35,9 +35,9 @@ from collections.abc import Callable
 
 from tunedeck.core.ingest.tail import Tail
 from tunedeck.core.rundir import RunDir, event_rank
-from tunedeck.core.runs.nccl import NcclReader, RankNccl
-from tunedeck.core.runs.registry import RunInfo, read_run
-from tunedeck.core.runs.store import Store
+from tunedeck.core.views.nccl import NcclReader, RankNccl
+from tunedeck.core.views.registry import RunInfo, read_run
+from tunedeck.core.store.store import Store
 
 HISTORY_EVERY_S = 10.0  # the whole-run telemetry strip changes slowly: at most this
 # often, and no more than 4 times per cell of the strip
@@ -182,7 +182,7 @@ class RunWatcher:
             plan = self.run.read_plan()
             if not plan and not self.run.plan.exists():
                 return []  # not written yet: ask again next poll
-            from tunedeck.core.runs.doctor import plan_problem
+            from tunedeck.core.views.doctor import plan_problem
 
             multi = not plan_problem(plan) and len(plan.get("nodes") or []) > 1
             self._node_plan = plan if multi else {}

@@ -4,7 +4,7 @@ Attaching is reading: the CLI and TUI only read these files, so any number of SS
 watch the same run and none of them can disturb it. One side effect is deliberate: a run whose
 state.json says it is not over but whose agent is gone (by identity, on this host) shows as
 `lost` ("agent lost, ranks still running (N processes)", or that they have ended and a new
-agent will record how), and reading it starts a new agent that adopts it (core/runs/adopt.py;
+agent will record how), and reading it starts a new agent that adopts it (core/supervisor/adopt.py;
 TUNEDECK_NO_ADOPT=1 turns that off for a reader). Only a run no agent can adopt (recorded
 before identities, its agent crashing again and again) shows `failed` (the agent is gone).
 
@@ -36,8 +36,8 @@ from typing import Any
 from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir, json_problem, ownership
-from tunedeck.core.runs import adopt, procs
-from tunedeck.core.runs.state import TERMINAL, clean_state, fatal_problem, pid_alive, stale_for
+from tunedeck.core.supervisor import adopt, procs
+from tunedeck.core.store.state import TERMINAL, clean_state, fatal_problem, pid_alive, stale_for
 
 
 class RunNotFound(LookupError):
@@ -207,7 +207,7 @@ def info_from_state(
     run_dir: Path, state: dict[str, Any] | None, why: str | None = None
 ) -> RunInfo | None:
     """A run's info from its state.json content: a damaged one when a vital key cannot be
-    trusted; any other key of the wrong type reads as missing (core/runs/state.py)."""
+    trusted; any other key of the wrong type reads as missing (core/store/state.py)."""
     why = why or fatal_problem(state)
     if why:
         return damaged_info(run_dir, "state.json", why)
@@ -233,7 +233,7 @@ def info_from_state(
             status, message = "failed", "the run's agent is gone (killed or host restarted)"
         if adoptable:
             # reading the run is what brings its owner back: a new agent adopts it (or, when
-            # nothing of it lives, records how it ended); see core/runs/adopt.py
+            # nothing of it lives, records how it ended); see core/supervisor/adopt.py
             adopt.request(run_dir, state)
     prog = state.get("progress") or {}
     return RunInfo(

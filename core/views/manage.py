@@ -33,15 +33,15 @@ from tunedeck.core.rundir.checkpoints import (
     newest_checkpoint,
 )
 from tunedeck.core.rundir.secrets import read_secrets
-from tunedeck.core.runs import procs
-from tunedeck.core.runs.launch import ABANDONED_S, writes_now
-from tunedeck.core.runs.registry import RunInfo, list_runs
-from tunedeck.core.runs.doctor import cut_short
-from tunedeck.core.runs.state import TERMINAL, pid_alive
+from tunedeck.core.supervisor import procs
+from tunedeck.core.supervisor.launch import ABANDONED_S, writes_now
+from tunedeck.core.views.registry import RunInfo, list_runs
+from tunedeck.core.views.doctor import cut_short
+from tunedeck.core.store.state import TERMINAL, pid_alive
 from tunedeck.core.spec import RunSpec, SpecError, load_spec
 
 RESUMABLE = ("stopped", "failed")
-# ABANDONED_S (core/runs/launch.py): a run still "pending" with no agent this long after it was
+# ABANDONED_S (core/supervisor/launch.py): a run still "pending" with no agent this long after it was
 # written never started (its launch failed before the agent took over): it may be deleted.
 
 

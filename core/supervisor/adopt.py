@@ -5,7 +5,7 @@ The trigger is the registry's read path: `registry.info_from_state` (used by `fi
 `list_runs`, `Registry.scan`, `read_run`, so by `tunedeck ls/status/stop/metrics/logs/...`,
 the TUI's runs list and monitor refresh) calls `request(run_dir, state)` when state.json says
 the run is not over but its agent is gone (by identity, on this host and boot). `request`
-starts `python -m tunedeck.core.runs.agent RUN_DIR --adopt` detached, at most once per
+starts `python -m tunedeck.core.supervisor.agent RUN_DIR --adopt` detached, at most once per
 ADOPT_EVERY_S per run and process, and returns at once; `ensure_agent` does the same and waits
 until the new agent owns the run (`tunedeck stop` on an orphaned run). TUNEDECK_NO_ADOPT=1 in
 a reader's environment turns the trigger off (a viewer that must not start anything).
@@ -20,7 +20,7 @@ reads owned by another user, writable by others, a symlink) is refused by `why_n
 
 What the adopter can know, and what not:
   - its processes: torchrun and the ranks by the identity state.json recorded (pid + start
-    time + boot id) and by the launch marker in their environments (core/runs/procs.py);
+    time + boot id) and by the launch marker in their environments (core/supervisor/procs.py);
   - everything the ranks wrote: events resume from run.db's stored byte offsets, so nothing
     written while no agent watched is lost; the monitors start afresh (telemetry from the
     moment of adoption; the log diagnosis rescans the logs);
@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.rundir import FILE_MODE, RunDir, ownership
-from tunedeck.core.runs import procs
-from tunedeck.core.runs.launch import AGENT_UMASK
+from tunedeck.core.supervisor import procs
+from tunedeck.core.supervisor.launch import AGENT_UMASK
 
 ADOPT_EVERY_S = 10.0
 MAX_AGENT_CRASHES = 3
@@ -92,7 +92,7 @@ def lock_owner(run_dir: Path, wait_s: float = 0.0) -> int | None:
 def why_not(run_dir: Path, state: dict[str, Any]) -> str | None:
     """None when a new agent may adopt the run now; else why not ("foreign: <why>" for a run
     directory that is not this user's own: core/rundir/ownership.py)."""
-    from tunedeck.core.runs.state import TERMINAL
+    from tunedeck.core.store.state import TERMINAL
 
     foreign = ownership.problem(run_dir)
     if foreign is not None:
@@ -137,7 +137,7 @@ def request(run_dir: Path, state: dict[str, Any], force: bool = False) -> bool:
 
 
 def spawn(run_dir: Path) -> subprocess.Popen:
-    """`python -m tunedeck.core.runs.agent RUN_DIR --adopt`, detached like a launch's (its
+    """`python -m tunedeck.core.supervisor.agent RUN_DIR --adopt`, detached like a launch's (its
     own session, output to agent.log, umask 077). Raises `ownership.ForeignRun` for a run
     that is not this user's (nothing is opened or started)."""
     ownership.check(run_dir)
@@ -150,7 +150,7 @@ def spawn(run_dir: Path) -> subprocess.Popen:
     log = os.open(run.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tunedeck.core.runs.agent", str(run.path), "--adopt"],
+            [sys.executable, "-m", "tunedeck.core.supervisor.agent", str(run.path), "--adopt"],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -199,7 +199,7 @@ def exit_code(run: RunDir, since: float, node: int = 0) -> tuple[int | None, str
     """torchrun's exit code on `node`, read from what the attempt that started at `since`
     left (the adopter is not torchrun's parent): (code or None when unknown, how it was
     known)."""
-    from tunedeck.core.runs.store import read_events
+    from tunedeck.core.store.store import read_events
 
     plan = run.read_plan()
     try:

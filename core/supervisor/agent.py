@@ -1,7 +1,7 @@
 """The per-node agent: owns one run from start to end, whether or not anyone is watching.
 
-Started detached by `tunedeck launch` (`python -m tunedeck.core.runs.agent RUN_DIR`), or by any
-tunedeck command that finds the run's agent gone (`... RUN_DIR --adopt`: core/runs/adopt.py).
+Started detached by `tunedeck launch` (`python -m tunedeck.core.supervisor.agent RUN_DIR`), or by any
+tunedeck command that finds the run's agent gone (`... RUN_DIR --adopt`: core/supervisor/adopt.py).
 It
   1. takes ownership: the run directory's owner lock, its pid and identity in state.json,
   2. prepares assets (builds the demo model on first use: plans never build anything),
@@ -49,11 +49,11 @@ from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
-from tunedeck.core.runs import adopt, procs, restarts
-from tunedeck.core.runs.monitors import DetectorMonitor, MonitorContext, make_monitors
-from tunedeck.core.runs.state import BEAT_S, TERMINAL, progress_from_event
-from tunedeck.core.runs.state import KEYS as STATE_KEYS
-from tunedeck.core.runs.store import Store
+from tunedeck.core.supervisor import adopt, procs, restarts
+from tunedeck.core.supervisor.monitors import DetectorMonitor, MonitorContext, make_monitors
+from tunedeck.core.store.state import BEAT_S, TERMINAL, progress_from_event
+from tunedeck.core.store.state import KEYS as STATE_KEYS
+from tunedeck.core.store.store import Store
 from tunedeck.core.spec import load_spec, mask_argv
 from tunedeck.core.telemetry import proctree
 
@@ -333,7 +333,7 @@ class Agent:
         return self._prepare_and_run()
 
     def adopt(self) -> int:
-        """Take over a run whose agent died (core/runs/adopt.py says what can be known)."""
+        """Take over a run whose agent died (core/supervisor/adopt.py says what can be known)."""
         st = self.state
         if st.get("status") in TERMINAL or procs.owner_alive(st):
             log.info(
@@ -500,7 +500,7 @@ class Agent:
     def restart_point(self, attempt: int) -> Restart:
         """Where attempt N > 0 continues: the backend's reading of the output folder (the
         attempt before it has ended, so the folder holds still while it is read); on several
-        nodes, for a trainer told from outside, what the head decided (core/runs/restarts)."""
+        nodes, for a trainer told from outside, what the head decided (core/supervisor/restarts)."""
         try:
             mine = backend_of(self.spec).restart(self.spec, self.rundir, attempt)
             if not restarts.agreement_needed(self.spec, mine):

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 
 from tunedeck.core.preflight.base import CheckResult, result
-from tunedeck.core.runs.control import stop
-from tunedeck.core.runs.launch import LaunchError, launch
-from tunedeck.core.runs.registry import find_run
-from tunedeck.core.runs.state import TERMINAL
+from tunedeck.core.supervisor.control import stop
+from tunedeck.core.supervisor.launch import LaunchError, launch
+from tunedeck.core.views.registry import find_run
+from tunedeck.core.store.state import TERMINAL
 from tunedeck.core.spec import RunSpec
 
 SMOKE_STEPS = 3
@@ -23,7 +23,7 @@ def smoke_run(
     timeout_s: float = 1800,
     on_status: Callable[[str], None] | None = None,
 ) -> CheckResult:
-    """Launch the real run for `steps` steps through tunedeck.core.runs.launch and wait for it."""
+    """Launch the real run for `steps` steps through tunedeck.core.supervisor.launch and wait for it."""
     id, title = "smoke.run", f"Smoke run ({steps} real steps)"
     s = copy.deepcopy(spec)
     s.train.max_steps = steps

@@ -1,11 +1,11 @@
 """state.json's content: what a run is doing. The agent writes it (atomically, through
 tunedeck.core.rundir) while it lives; the CLI writes it only to mark a run whose agent is gone
-and whose processes are gone too (otherwise a new agent adopts the run: core/runs/adopt.py).
+and whose processes are gone too (otherwise a new agent adopts the run: core/supervisor/adopt.py).
 
 Its shape is declared once, as `RunState` in core/rundir/records.py; this module holds what the
 runs layer asks of it: a new run's state, whether a file can be trusted, and its values read
 as the schema says. Every pid it records (agent_pid, torchrun_pid, worker_pids, rank_pids, the
-leaders of pgids) has its identity in `pid_identity` (core/runs/procs.py), and each torchrun
+leaders of pgids) has its identity in `pid_identity` (core/supervisor/procs.py), and each torchrun
 the agent started is in `launches` (the launch marker its processes carry).
 """
 

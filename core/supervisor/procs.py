@@ -129,7 +129,7 @@ def owner_alive(state: dict[str, Any]) -> bool | None:
         if ident.get("boot", "") != boot_id():
             return None if state.get("host") != os.uname().nodename else False
         return same_process(pid, ident)
-    from tunedeck.core.runs.state import pid_alive  # a run recorded before identities
+    from tunedeck.core.store.state import pid_alive  # a run recorded before identities
 
     return pid_alive(pid, state.get("agent_create_time"))
 

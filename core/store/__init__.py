@@ -1,0 +1,1 @@
+"""A run's records: run.db (events, telemetry, findings) and what state.json holds."""
