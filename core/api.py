@@ -14,6 +14,7 @@ in docs/architecture.md ("Who owns what").
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,30 @@ from tunedeck.core.views.manage import (
 )
 
 # -- a spec's plan: preview, export, import (the backends) -----------------------------------
-from tunedeck.core.preflight.preview import preview, settings_lines
+from tunedeck.core.preflight.preview import is_default, preview, setting_value, settings_lines
 from tunedeck.core.backends.export import ExportError, export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
 from tunedeck.core.estimate.batch import rescale_grad_accum
+from tunedeck.core.estimate.arch import ArchError
+from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 
 __all__ = [
     "PRESETS_DIR",
+    "ArchError",
+    "GpuFacts",
+    "is_default",
+    "setting_value",
+    "advice_for",
+    "estimate_run",
+    "length_unless_steps",
+    "own_keys",
+    "probe_gpus",
+    "reads_spec_toml",
+    "speed_flag_lines",
+    "warm_backend",
+    "warm_note",
     "TERMINAL",
     "CommandImportError",
     "ExportError",
@@ -290,3 +306,74 @@ def stack_where(dump: Any, odd: list) -> str:
     from tunedeck.core.supervisor.stacks import where
 
     return where(dump, odd)
+
+
+# -- the estimate and what the compose form asks of a backend --------------------------------
+
+
+def estimate_run(spec: Any, **kw: Any) -> Any:
+    """Memory, throughput and ETA of the run `spec` starts (the backend's defaults in place of
+    unset keys)."""
+    from tunedeck.core.backends.run_estimate import estimate_run as _estimate
+
+    return _estimate(spec, **kw)
+
+
+def length_unless_steps(spec: Any) -> str | None:
+    from tunedeck.core.backends.run_estimate import length_unless_steps as _length
+
+    return _length(spec)
+
+
+def advice_for(est: Any, spec: Any, *, gpus: int, gpu_mem_gib: float) -> tuple:
+    from tunedeck.core.backends.advice import advice_for as _advice
+
+    return _advice(est, spec, gpus=gpus, gpu_mem_gib=gpu_mem_gib)
+
+
+def speed_flag_lines(advice: Any) -> list[str]:
+    from tunedeck.core.backends.advice import speed_flag_lines as _lines
+
+    return _lines(advice)
+
+
+def own_keys(backend: str | None = None) -> frozenset[str]:
+    """The spec keys `backend`'s own parser sets (unset: its default applies); None: any
+    backend's."""
+    from tunedeck.core.backends import BACKENDS
+
+    chosen = [BACKENDS[backend]] if backend in BACKENDS else [] if backend else BACKENDS.values()
+    return frozenset().union(*(b.own_keys for b in chosen))
+
+
+def reads_spec_toml(backend: str) -> bool:
+    """The trainer reads its settings from the run's spec.toml (tunedeck's own)."""
+    from tunedeck.core.backend_traits import traits_of
+
+    return traits_of(backend).own_trainer
+
+
+_warmed: dict[str, str] = {}
+_warm_lock = threading.Lock()
+
+
+def warm_note(backend: str) -> str:
+    """What a first preview of `backend` waits for ('' when nothing, or already read)."""
+    from tunedeck.core.backends import BACKENDS
+
+    b = BACKENDS.get(backend)
+    return b.warm_note if b and b.warm and backend not in _warmed else ""
+
+
+def warm_backend(backend: str) -> str:
+    """Read what `backend`'s previews need, once per process (blocking: call from a worker):
+    '' or why it could not be read (then previews say so instead of retrying)."""
+    from tunedeck.core.backends import BACKENDS
+
+    b = BACKENDS.get(backend)
+    if b is None or b.warm is None:
+        return ""
+    with _warm_lock:
+        if backend not in _warmed:
+            _warmed[backend] = b.warm()
+        return _warmed[backend]

@@ -145,6 +145,17 @@ class Backend:
     length_is_bound: Callable[[RunSpec], bool] = _not_bound
     # how long the run trains when the spec does not say it in steps (None: its steps)
     length_unless_steps: Callable[[RunSpec], str | None] = _none
+    # switches that would make this run faster, not used yet: [{flag, value, gain, why}]
+    # (the estimate's advice)
+    speed_flags: Callable[[RunSpec], list[dict]] = _nothing
+    # -- the compose form --
+    # spec keys the backend's own parser sets: left unset, the backend's own default applies
+    # (the form shows an empty box and, dim, that default)
+    own_keys: frozenset[str] = frozenset()
+    # what must be read once before a preview (blocking): '' or why it could not be; None:
+    # nothing. `warm_note` says what the wait is for.
+    warm: Callable[[], str] | None = None
+    warm_note: str = ""
 
     @property
     def traits(self) -> Traits:

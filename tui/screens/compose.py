@@ -38,7 +38,8 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from tunedeck.core.estimate.resolve import pin_port
+from tunedeck.core import api
+from tunedeck.core.api import GpuFacts, pin_port, probe_gpus
 from tunedeck.core.spec import (
     GROUPS,
     OPTIONS,
@@ -56,8 +57,6 @@ from tunedeck.core.spec import (
     resolve_paths,
     set_values,
 )
-from tunedeck.core.backends.swift.keymap import BY_KEY as SWIFT_KEYED
-from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 from tunedeck.tui.screens.base import TunedeckModal, TunedeckScreen
 from tunedeck.tui.screens.preflight import fmt_value
 from tunedeck.tui.screens.prompt import PromptScreen
@@ -79,32 +78,7 @@ def runs_default(spec: RunSpec, key: str) -> bool:
     """Whether `key`'s field stands for ms-swift's own default: an ms-swift spec leaves a key
     with an ms-swift flag unset, so no flag is passed. Its box is empty and shows, dim, the
     value ms-swift will use; emptying a box unsets the key again."""
-    return spec.backend == "swift" and key in SWIFT_KEYED and not is_set(spec, key)
-
-
-# ms-swift's flag table: a subprocess the first time per installed version (then a cache
-# file). Read once per process, under a lock, so two previews never start two of them.
-_SWIFT_LOCK = threading.Lock()
-_SWIFT_STATE: dict[str, Any] = {"ready": False, "error": ""}
-
-
-def swift_flags_ready() -> bool:
-    return bool(_SWIFT_STATE["ready"])
-
-
-def warm_swift_flags() -> str:
-    """Read the installed ms-swift's flag table (blocking; call from a worker). '' or why it
-    could not be read (then previews say so instead of retrying the subprocess)."""
-    with _SWIFT_LOCK:
-        if not _SWIFT_STATE["ready"]:
-            from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables
-
-            try:
-                flag_tables()
-            except FlagTableError as e:
-                _SWIFT_STATE["error"] = str(e)
-            _SWIFT_STATE["ready"] = True
-        return _SWIFT_STATE["error"]
+    return key in api.own_keys(spec.backend) and not is_set(spec, key)
 
 
 # -- the preview, built in a worker ------------------------------------------------------
@@ -126,10 +100,8 @@ class PreviewData:
 def build_preview(spec: RunSpec, facts: GpuFacts, port: int | None = None) -> PreviewData:
     """Everything the side pane shows for `spec` on `facts`: core's `preview` (the dry run's
     too), rendered. `port`: the one this form keeps for cluster.master_port = 0."""
-    from tunedeck.core.preflight.preview import preview
-
     try:
-        p = preview(spec, facts, port=port)
+        p = api.preview(spec, facts, port=port)
     except Exception as e:  # noqa: BLE001 - ValueError naming the key, FlagTableError...
         msg = str(e)
         return PreviewData(Text(""), Text(msg, style="red"), "skip", msg or type(e).__name__)
@@ -138,8 +110,6 @@ def build_preview(spec: RunSpec, facts: GpuFacts, port: int | None = None) -> Pr
 
 def render_preview(p) -> PreviewData:
     """A core `Preview` as the side pane shows it."""
-    from tunedeck.core.preflight.preview import is_default, setting_value
-
     resolved, c = p.spec, p.spec.cluster
     facts_t = Text()
     facts_t.append(f"{resolved.backend} · ", style="bold")
@@ -178,7 +148,7 @@ def render_preview(p) -> PreviewData:
     body.append("run id and run directory are named at launch\n", style="dim")
     for warning in p.warnings:  # a credential flag the backend cannot move into the environment
         body.append(warning + "\n", style="bold yellow")
-    if resolved.backend == "builtin":
+    if api.reads_spec_toml(resolved.backend):
         body.append("── the trainer reads from spec.toml ──\n", style="bold")
         for o in OPTIONS.values():
             table = o.key.split(".")[0]
@@ -196,11 +166,13 @@ def render_preview(p) -> PreviewData:
         # the spec's (a flag in the command), extra_args', or ms-swift's own default (no flag)
         body.append("── ms-swift settings: value (from) ──\n", style="bold")
         for r in p.settings:
-            own = is_default(r)
+            own = api.is_default(r)
             body.append(f"--{r['flag']} ", style="dim")
-            body.append(setting_value(r), style="" if own else "bold")
+            body.append(api.setting_value(r), style="" if own else "bold")
             body.append(f"  ({r['key']}: {r['source']})\n", style="dim" if own else "")
-    hints = {r["key"]: f"{setting_value(r)} · {r['source']}" for r in p.settings if is_default(r)}
+    hints = {
+        r["key"]: f"{api.setting_value(r)} · {r['source']}" for r in p.settings if api.is_default(r)
+    }
     mem = min((g.gpu.memory_total_gib for g in p.gpus), default=None)
     return PreviewData(facts_t, body, p.fit, "", p.estimate, mem, len(p.gpus), hints)
 
@@ -257,7 +229,7 @@ class FieldRow(Widget):
             yield Label(o.key, classes="field-key")
             wid = widget_id(o.key)
             # an ms-swift key may be left unset: blank, ms-swift's value shown dim instead
-            blank_ok = o.key in SWIFT_KEYED
+            blank_ok = o.key in api.own_keys()
             if o.choices or o.type is bool:
                 # a bool is a choice too: "true"/"false" reads where a box's colour would not
                 choices = (
@@ -565,10 +537,8 @@ class ComposeScreen(TunedeckScreen):
 
     def _edit(self, key: str, raw: Any, typed: bool) -> None:
         started = time.perf_counter()
-        if (
-            self.spec.backend == "swift"
-            and key in SWIFT_KEYED
-            and (raw is Select.NULL or typed and not raw.strip())
+        if key in api.own_keys(self.spec.backend) and (
+            raw is Select.NULL or typed and not raw.strip()
         ):
             self._unset(key, started)
             return
@@ -591,7 +561,7 @@ class ComposeScreen(TunedeckScreen):
                 if key in DRIVERS:
                     self._apply_visibility()
                 if key == "backend":  # ms-swift keys not set show empty there, and back
-                    for k in SWIFT_KEYED:
+                    for k in api.own_keys():
                         self.row(k).show(get_value(self.spec, k), runs_default(self.spec, k))
         self._check()
         self._schedule_preview(started)
@@ -706,18 +676,13 @@ class ComposeScreen(TunedeckScreen):
     def _preview(self, generation: int, started: float, spec: RunSpec, port: int | None) -> None:
         worker = get_current_worker()
         facts = self.gpu_facts()
-        if spec.backend == "swift" and not swift_flags_ready():
-            self.post_message(
-                PreviewStatus(
-                    generation,
-                    "reading the installed ms-swift's flags (once per version, up to ~10 s)…",
-                )
-            )
-            warm_swift_flags()
+        note = api.warm_note(spec.backend)  # what the backend reads once (ms-swift's flags)
+        if note:
+            self.post_message(PreviewStatus(generation, note))
+        err = api.warm_backend(spec.backend)
         if worker.is_cancelled:
             return  # a newer edit asked for its own preview
-        if spec.backend == "swift" and _SWIFT_STATE["error"]:
-            err = f"ms-swift's flags could not be read: {_SWIFT_STATE['error']}"
+        if err:
             data = PreviewData(Text(""), Text(err, style="red"), "skip", err)
         else:
             data = build_preview(spec, facts, port)
@@ -747,7 +712,7 @@ class ComposeScreen(TunedeckScreen):
             return  # stale: the form changed since it was asked for
         self.preview = msg.data
         if msg.data.hints:
-            for k in SWIFT_KEYED:
+            for k in api.own_keys():
                 self.row(k).set_hint(msg.data.hints.get(k, UNSET_HINT))
         self.query_one("#side-facts", Static).update(self._verdict() + msg.data.facts)
         self.query_one("#preview", Static).update(msg.data.body)
@@ -822,13 +787,11 @@ class ComposeScreen(TunedeckScreen):
 
     @work(thread=True, exclusive=True, group="compose-advice", exit_on_error=False)
     def _advise(self, d: PreviewData, spec: RunSpec) -> None:
-        from tunedeck.tui.commands.estimate import advice_for, speed_flag_lines
-
         est = d.estimate
         cap = d.gpu_mem_gib or est.gpu_mem_gib or 80.0
         gpus = max(d.gpu_count or (est.inputs.world_size // max(spec.cluster.nnodes, 1)), 1)
         try:  # the advice `tunedeck estimate` prints for this spec
-            a = advice_for(est, spec, gpus=gpus, gpu_mem_gib=cap)[0]
+            a = api.advice_for(est, spec, gpus=gpus, gpu_mem_gib=cap)[0]
         except Exception as e:  # noqa: BLE001 - shown, not fatal
             self.post_message(AdviceReady(Text(""), {}, f"{type(e).__name__}: {e}"))
             return
@@ -842,7 +805,7 @@ class ComposeScreen(TunedeckScreen):
         )
         for r in a.reasons:
             t.append(f"  - {r}\n")
-        for line in speed_flag_lines(a):
+        for line in api.speed_flag_lines(a):
             t.append(line + "\n", style="dim" if line.startswith(" ") else "")
         if a.overrides:
             t.append("values: ", style="bold")

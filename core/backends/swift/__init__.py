@@ -32,7 +32,8 @@ from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec, get_value, is_set
 from tunedeck.core.backends.swift import run_estimate
-from tunedeck.core.backends.swift.flags import validate
+from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables, validate
+from tunedeck.core.backends.swift.keymap import BY_KEY
 from tunedeck.core.backends.swift.version import ASSUMED, installed_version, tuner_flag
 
 ENTRY = {
@@ -539,6 +540,29 @@ def user_output_dir(spec: RunSpec) -> str | None:
     return flag_value(list(spec.swift.extra_args), "--output_dir")
 
 
+def speed_flags(spec: RunSpec) -> list[dict]:
+    """ms-swift switches this run does not use yet and the installed ms-swift has (none for
+    Megatron-SWIFT, which has its own)."""
+    if spec.swift.command.startswith("megatron"):
+        return []
+    from tunedeck.core.backends.swift.speed import speed_flags as installed_speed_flags
+
+    try:
+        return installed_speed_flags(swift_args(spec, None), spec.swift.command)
+    except (ValueError, FlagTableError):  # a spec the plan refuses gets no advice here
+        return []
+
+
+def warm() -> str:
+    """Read the installed ms-swift's flag table (a subprocess the first time per installed
+    version, then a file cache): '' or why it could not be read."""
+    try:
+        flag_tables()
+    except FlagTableError as e:
+        return f"ms-swift's flags could not be read: {e}"
+    return ""
+
+
 BACKEND = Backend(
     "swift",
     build_plan,
@@ -556,4 +580,8 @@ BACKEND = Backend(
     run_defaults=run_estimate.run_defaults,
     length_is_bound=run_estimate.length_is_bound,
     length_unless_steps=run_estimate.length_unless_steps,
+    speed_flags=speed_flags,
+    own_keys=frozenset(BY_KEY),
+    warm=warm,
+    warm_note="reading the installed ms-swift's flags (once per version, up to ~10 s)…",
 )
