@@ -43,13 +43,14 @@ from tunedeck.core.runs.manage import (
 
 # -- a spec's plan: preview, export, import (the backends) -----------------------------------
 from tunedeck.core.preflight.preview import preview, settings_lines
-from tunedeck.core.backends.export import ExportError, export
+from tunedeck.core.backends.export import FORMATS as EXPORT_FORMATS, ExportError, export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
 from tunedeck.core.estimate.batch import rescale_grad_accum
 
 __all__ = [
+    "EXPORT_FORMATS",
     "PRESETS_DIR",
     "TERMINAL",
     "CommandImportError",

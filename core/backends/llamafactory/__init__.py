@@ -134,7 +134,9 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restart continues from the last checkpoint-N written into the output folder, passed
     to boot.py in TUNEDECK_RESUME_FROM (it becomes resume_from_checkpoint)."""
     path = resume_point(spec.train.resume_from, run.output_dir(spec), attempt)
-    return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "", var=RESUME_VAR)
+    if path is None:
+        return Restart(None, "", var=RESUME_VAR)
+    return Restart.at(path, var=RESUME_VAR, how="LLaMA-Factory's resume_from_checkpoint")
 
 
 BACKEND = Backend("llamafactory", build_plan, check, monitors, restart)
