@@ -286,6 +286,24 @@ def test_restart_names_the_newest_checkpoint(tmp_path):
     (ck / "adapter_model.safetensors").write_text("x")
     got = restart(spec, run, 1)  # complete: it holds trainer_state.json
     assert got.checkpoint == ck and got.step == 2 and got.environ() == {RESUME_VAR: str(ck)}
+    assert got.note == "from checkpoint-2 (LLaMA-Factory's resume_from_checkpoint)"
+
+
+def test_estimate_takes_llamafactorys_defaults():
+    """Unset keys are LLaMA-Factory's (cutoff_len 2048, micro batch 8), not tunedeck's; a
+    cutoff_len the config names is the spec's data.max_length and wins."""
+    from tunedeck.core.backends.run_estimate import estimate_run
+
+    est = estimate_run(resolve(loads_spec(_demo_spec())))
+    assert (est.spec.data.max_length, est.spec.train.per_device_batch_size) == (2048, 8)
+    assert (est.spec.method.lora_rank, est.spec.train.gradient_checkpointing) == (8, True)
+    assert any("cutoff_len is 2048" in n for n in est.memory.notes)
+    spec, _ = from_yaml("model_name_or_path: m\ndataset: d\ncutoff_len: 512\n")
+    spec.data.path = str(DATA)
+    spec.model.path = "builtin:tiny-qwen2"
+    est = estimate_run(resolve(spec))
+    assert est.spec.data.max_length == 512
+    assert not any("cutoff_len" in n for n in est.memory.notes)
 
 
 # -- trainer_log.jsonl → events -------------------------------------------------------------
@@ -496,4 +514,4 @@ def test_real_parser_takes_the_export(tmp_path, model_cache, lf_python):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["steps"], got["rank"], got["cutoff"]) == (4, 4, 2048)
-    assert got["data"] == ["messages"] or got["data"] == [str(DATA)], got
+    assert got["data"] == [str(DATA)]  # dataset_info.json names the file
