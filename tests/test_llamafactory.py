@@ -294,15 +294,16 @@ def test_estimate_takes_llamafactorys_defaults():
     cutoff_len the config names is the spec's data.max_length and wins."""
     from tunedeck.core.backends.run_estimate import estimate_run
 
-    est = estimate_run(resolve(loads_spec(_demo_spec())))
-    assert (est.spec.data.max_length, est.spec.train.per_device_batch_size) == (2048, 8)
+    est = estimate_run(resolve(loads_spec(_demo_spec())))  # it sets the micro batch: 2
+    assert (est.spec.data.max_length, est.spec.train.per_device_batch_size) == (2048, 2)
+    assert est.spec.train.grad_accum == 1
     assert (est.spec.method.lora_rank, est.spec.train.gradient_checkpointing) == (8, True)
     assert any("cutoff_len is 2048" in n for n in est.memory.notes)
     spec, _ = from_yaml("model_name_or_path: m\ndataset: d\ncutoff_len: 512\n")
     spec.data.path = str(DATA)
     spec.model.path = "builtin:tiny-qwen2"
     est = estimate_run(resolve(spec))
-    assert est.spec.data.max_length == 512
+    assert (est.spec.data.max_length, est.spec.train.per_device_batch_size) == (512, 8)
     assert not any("cutoff_len" in n for n in est.memory.notes)
 
 

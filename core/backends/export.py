@@ -18,6 +18,7 @@ import shlex
 from tunedeck.core.backends import BACKENDS, backend_of, plan_run
 from tunedeck.core.backends.base import Exported
 from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
+from tunedeck.core.backends.run_estimate import as_run
 from tunedeck.core.estimate import batch
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
@@ -53,7 +54,8 @@ def export(spec: RunSpec, fmt: str) -> str:
     # the script of a script run may exist only on the target machine
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
-    summary = f"# {batch.describe(spec)}\n"
+    # the batch as the backend runs it (its defaults for unset keys), as the preview says
+    summary = f"# {batch.describe(as_run(spec)[0])}\n"
     if fmt == "vllm":
         return vllm_command(spec)
     if owner is not None:
