@@ -3,7 +3,7 @@
 `build(folder)` makes a venv in `folder` that reuses the running interpreter's torch (and every
 other package LLaMA-Factory does not pin) through a .pth file, installs LLaMA-Factory and the
 releases it pins beside it, and stubs torchaudio (no wheel matches tunedeck's torch; text
-training never calls it). `python -m tests.lf_env FOLDER` builds one by hand.
+training never calls it). `python tests/lf_env.py FOLDER` builds one by hand.
 """
 
 from __future__ import annotations
