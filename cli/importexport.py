@@ -9,6 +9,7 @@ from tunedeck.cli.common import add_set
 from tunedeck.core.api import (
     CommandImportError,
     ExportError,
+    EXPORT_FORMATS,
     FlagTableError,
     clean,
     export,
@@ -22,7 +23,7 @@ from tunedeck.core.spec import SpecError, load_spec
 def cmd_import(args) -> int:
     try:
         result = import_command(args.command)
-    except (CommandImportError, FlagTableError) as e:
+    except CommandImportError as e:
         print(f"tunedeck import: {e}", file=sys.stderr)
         return 2
     for w in result.warnings:
@@ -53,7 +54,8 @@ def cmd_export(args) -> int:
 
 def register(sub) -> None:
     s = sub.add_parser(
-        "import", help="turn a pasted swift/megatron/torchrun command into a spec file"
+        "import",
+        help="turn a pasted swift/megatron/llamafactory-cli/torchrun command into a spec file",
     )
     s.add_argument("command", help="the whole command line, quoted as one argument")
     s.add_argument("-o", "--output", help="write the spec here (default: stdout)")
@@ -61,11 +63,11 @@ def register(sub) -> None:
 
     s = sub.add_parser(
         "export",
-        help="print a spec as a launch script, swift command, "
-        "per-node commands, Slurm script or vLLM serve command",
+        help="print a spec as a launch script, its backend's own command (swift, "
+        "llamafactory), per-node commands, Slurm script or vLLM serve command",
     )
     s.add_argument("spec", help="spec or preset TOML")
-    s.add_argument("--format", default="sh", choices=("sh", "swift", "nodes", "slurm", "vllm"))
+    s.add_argument("--format", default="sh", choices=EXPORT_FORMATS)
     add_set(s)
     s.add_argument(
         "--world",

@@ -44,7 +44,7 @@ from tunedeck.core.views.manage import (
 
 # -- a spec's plan: preview, export, import (the backends) -----------------------------------
 from tunedeck.core.preflight.preview import is_default, preview, setting_value, settings_lines
-from tunedeck.core.backends.export import ExportError, export
+from tunedeck.core.backends.export import FORMATS as EXPORT_FORMATS, ExportError, export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
@@ -53,6 +53,7 @@ from tunedeck.core.estimate.arch import ArchError
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 
 __all__ = [
+    "EXPORT_FORMATS",
     "PRESETS_DIR",
     "ArchError",
     "GpuFacts",

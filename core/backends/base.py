@@ -9,11 +9,12 @@ done by the agent before torchrun starts (`tunedeck.core.supervisor.agent`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
 from tunedeck.core.backend_traits import Traits, traits_of
+from tunedeck.core.backends.importing import Importer
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.monitoring import Monitor
 from tunedeck.core.rundir import RunDir
@@ -33,8 +34,9 @@ def _no_checks(spec: RunSpec, local: bool) -> None:
 class Restart:
     """Where a restarted attempt continues. `checkpoint` None: from step 0, or the backend
     cannot tell; `note` says which for the agent's restart message ("" when it cannot tell);
-    how the trainer is told: `flag` (ms-swift's) or the variable `var` (a user's script), or
-    neither when it looks for itself (the built-in trainer)."""
+    how the trainer is told: `flag` (ms-swift's) or the variable `var` (a user's script, the
+    LLaMA-Factory boot), or neither when it looks for itself (the built-in trainer); `how`
+    says who reads `var`, for the note."""
 
     checkpoint: Path | None
     note: str
@@ -42,12 +44,10 @@ class Restart:
     var: str = ""
 
     @classmethod
-    def at(cls, path: Path | None, flag: str = "", var: str = "") -> Restart:
+    def at(cls, path: Path | None, flag: str = "", var: str = "", how: str = "") -> Restart:
         if path is None:
             return cls(None, "from step 0: no checkpoint written yet", flag, var)
-        return cls(
-            path, f"from {path.name}" + (f" ({var} for the script)" if var else ""), flag, var
-        )
+        return cls(path, f"from {path.name}" + (f" ({how})" if how else ""), flag, var)
 
     @property
     def step(self) -> int:
@@ -98,6 +98,17 @@ def _as_written(spec: RunSpec) -> tuple[RunSpec, list[str]]:
 
 
 @dataclass(frozen=True)
+class Exported:
+    """A run as a user would start it by hand (`tunedeck export --format <name>`): the files
+    the command reads (name → text, written next to where it runs), its environment and argv.
+    tunedeck's export masks secrets and writes it out as one shell script."""
+
+    env: dict[str, str]
+    argv: list[str]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Backend:
     """One backend, everything callers ask of it (docs/adding-a-backend.md). Its name is a
     key of `tunedeck.core.backend_traits.TRAITS`, where the facts the layers below the
@@ -120,10 +131,12 @@ class Backend:
     user_output_dir: Callable[[RunSpec], str | None] = _none
     # the variable the trainer is told its resume checkpoint in ("": it finds it itself)
     resume_var: str = ""
-    # -- exports --
-    # the command a user would type for the run (`tunedeck export --format <name>`): the
-    # spec (resolved) and the output folder the user named → (environment, argv); None: none
-    cli_form: Callable[[RunSpec, str | None], tuple[dict[str, str], list[str]]] | None = None
+    # -- import and export --
+    # how `tunedeck import` reads this backend's commands (None: it reads none)
+    importer: Importer | None = None
+    # its own `tunedeck export --format NAME` forms: NAME → (the spec, resolved; the output
+    # folder the user named) → the command a user would type for the run
+    exports: dict[str, Callable[[RunSpec, str | None], Exported]] = field(default_factory=dict)
     # where a checkpoint lands below the output folder, before `checkpoint-<step>` (ms-swift
     # nests them in a versioned `v<N>-<time>/` folder: "v*-*/")
     checkpoint_glob_prefix: str = ""

@@ -1,10 +1,12 @@
 """`tunedeck export SPEC --format ...`: what a spec runs, in the forms users need elsewhere.
 
   sh     the launch script of one node (LaunchPlan.to_shell)
-  swift  the plain `NPROC_PER_NODE=.. swift sft ...` form (swift backend only)
   nodes  one command per node, to paste into each node's shell
   slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation
   vllm   `vllm serve` for the trained result (LoRA adapter attached)
+
+and each backend's own forms (`Backend.exports`: the command its users type, such as
+`swift sft ...` or `llamafactory-cli train x.yaml`), for specs of that backend.
 
 Every form masks secrets (env values and secret-looking flag values).
 """
@@ -14,13 +16,17 @@ from __future__ import annotations
 import shlex
 
 from tunedeck.core.backends import BACKENDS, backend_of, plan_run
+from tunedeck.core.backends.base import Exported
 from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
+from tunedeck.core.backends.run_estimate import as_run
 from tunedeck.core.estimate import batch
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec, mask_argv, mask_env
 
-FORMATS = ("sh", "swift", "nodes", "slurm", "vllm")
+# a backend's own forms after `sh`, where users look for them
+OWN_FORMS = {name: b for b in BACKENDS.values() for name in b.exports}
+FORMATS = ("sh", *OWN_FORMS, "nodes", "slurm", "vllm")
 
 
 class ExportError(ValueError):
@@ -40,23 +46,20 @@ def export(spec: RunSpec, fmt: str) -> str:
     """The spec resolved for this machine (as a launch would), in the form `fmt`."""
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: one of {', '.join(FORMATS)}")
-    own_form = BACKENDS[fmt].cli_form if fmt in BACKENDS else None
-    if fmt in BACKENDS and (fmt != spec.backend or own_form is None):
-        raise ExportError(f'--format {fmt} needs backend = "{fmt}" (this spec runs {spec.backend})')
+    owner = OWN_FORMS.get(fmt)
+    if owner is not None and owner is not backend_of(spec):
+        raise ExportError(
+            f'--format {fmt} needs backend = "{owner.name}" (this spec runs {spec.backend})'
+        )
     # the script of a script run may exist only on the target machine
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
-    summary = f"# {batch.describe(spec)}\n"
+    # the batch as the backend runs it (its defaults for unset keys), as the preview says
+    summary = f"# {batch.describe(as_run(spec)[0])}\n"
     if fmt == "vllm":
         return vllm_command(spec)
-    if own_form is not None:
-        env, argv = own_form(spec, own_output_dir or None)
-        lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
-        if spec.cluster.nnodes > 1:
-            lines.append("# run on every node with its own NODE_RANK")
-        lines += _env_lines(env)
-        lines.append(_wrap_argv(mask_argv(argv)))
-        return "\n".join(lines) + "\n"
+    if owner is not None:
+        return own_script(spec, owner.exports[fmt](spec, own_output_dir or None), summary)
     if fmt == "sh":
         return plan.to_shell(spec.cluster.node_rank).replace(
             "set -euo pipefail\n", "set -euo pipefail\n" + summary, 1
@@ -71,6 +74,22 @@ def export(spec: RunSpec, fmt: str) -> str:
             )
         return "\n".join(out) + "\n"
     return slurm_script(spec, plan, summary)
+
+
+def own_script(spec: RunSpec, form: Exported, summary: str) -> str:
+    """A backend's own form as one script: its files written where it runs (quoted
+    here-documents, so the shell expands nothing in them), then its command."""
+    lines = ["#!/usr/bin/env bash", "set -euo pipefail", summary.rstrip()]
+    if spec.cluster.nnodes > 1:
+        lines.append("# run on every node with its own NODE_RANK")
+    for name, text in form.files.items():
+        end = "TUNEDECK_EOF"
+        while end in text.splitlines():
+            end += "_"
+        lines += [f"cat > {shlex.quote(name)} <<'{end}'", text.rstrip("\n"), end]
+    lines += _env_lines(form.env)
+    lines.append(_wrap_argv(mask_argv(form.argv)))
+    return "\n".join(lines) + "\n"
 
 
 def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:

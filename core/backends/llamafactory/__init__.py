@@ -21,10 +21,14 @@ from tunedeck.core.backends.llamafactory.config import (
     BY_LF,
     CREDENTIAL_KEYS,
     UNMAPPED,
+    python_of,
     settings_dict,
     to_config,
 )
+from tunedeck.core.backends.llamafactory import run_estimate
+from tunedeck.core.backends.llamafactory.importer import IMPORTER
 from tunedeck.core.backends.llamafactory.monitor import TrainerLogMonitor
+from tunedeck.core.backends.llamafactory.yaml_io import export_form
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
 from tunedeck.core.rundir import RunDir
@@ -34,13 +38,6 @@ from tunedeck.core.spec import RunSpec, is_set
 BOOT = Path(__file__).with_name("boot.py")
 RESUME_VAR = "TUNEDECK_RESUME_FROM"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-def python_of(spec: RunSpec) -> str:
-    import sys
-
-    p = spec.llamafactory.python
-    return str(Path(p).expanduser()) if p else sys.executable
 
 
 def check(spec: RunSpec, local: bool) -> None:
@@ -73,7 +70,8 @@ def check(spec: RunSpec, local: bool) -> None:
         )
     if not spec.data.path and not spec.llamafactory.dataset:
         problems.append("data.path or llamafactory.dataset: LLaMA-Factory needs a dataset")
-    if spec.llamafactory.dataset and not spec.llamafactory.dataset_dir:
+    # an export runs where its user starts it, where LLaMA-Factory's default ./data is theirs
+    if local and spec.llamafactory.dataset and not spec.llamafactory.dataset_dir:
         problems.append(
             "llamafactory.dataset_dir: required with llamafactory.dataset (ranks run in the "
             "run directory, so LLaMA-Factory's default ./data would not be yours)"
@@ -134,7 +132,19 @@ def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restart continues from the last checkpoint-N written into the output folder, passed
     to boot.py in TUNEDECK_RESUME_FROM (it becomes resume_from_checkpoint)."""
     path = resume_point(spec.train.resume_from, run.output_dir(spec), attempt)
-    return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "", var=RESUME_VAR)
+    if path is None:
+        return Restart(None, "", var=RESUME_VAR)
+    return Restart.at(path, var=RESUME_VAR, how="LLaMA-Factory's resume_from_checkpoint")
 
 
-BACKEND = Backend("llamafactory", build_plan, check, monitors, restart)
+BACKEND = Backend(
+    "llamafactory",
+    build_plan,
+    check,
+    monitors,
+    restart,
+    importer=IMPORTER,
+    exports={"llamafactory": export_form},
+    as_run=run_estimate.as_run,
+    run_defaults=run_estimate.run_defaults,
+)

@@ -98,6 +98,14 @@ CREDENTIAL_KEYS = frozenset({"hf_hub_token", "ms_hub_token", "om_hub_token", "sw
 DEMO_DATASET = "tunedeck_data"
 
 
+def python_of(spec: RunSpec) -> str:
+    """The interpreter whose LLaMA-Factory runs the spec (llamafactory.python)."""
+    import sys
+
+    p = spec.llamafactory.python
+    return str(Path(p).expanduser()) if p else sys.executable
+
+
 # -- settings words ---------------------------------------------------------------------------
 
 
@@ -260,11 +268,11 @@ def to_config(spec: RunSpec, output_dir: str | None, run_dir: Path | None = None
         cfg["ddp_backend"] = "gloo"
     elif spec.cluster.dist_backend == "gloo":
         cfg["ddp_backend"] = "gloo"
-    cfg.setdefault("logging_steps", 1)  # HF's default (500) leaves short runs without steps
     out_dir = output_dir or (spec.run.output_dir if is_set(spec, "run.output_dir") else "")
     if out_dir:
         cfg["output_dir"] = out_dir
     cfg.update(settings_dict(spec))  # as written: they win
+    cfg.setdefault("logging_steps", 1)  # HF's default (500) leaves short runs without steps
     return cfg
 
 

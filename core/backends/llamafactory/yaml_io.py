@@ -1,5 +1,6 @@
 """LLaMA-Factory YAML ↔ RunSpec: `llamafactory-cli train x.yaml` configs (the shape of its
-examples/ folder) and pasted commands become specs; a spec exports back to such a YAML.
+examples/ folder) become specs (`tunedeck import` reads pasted commands through importer.py);
+a spec exports back to such a YAML (`tunedeck export --format llamafactory`: `export_form`).
 
 Keys with a spec counterpart (config.KEYS and the special ones) become spec keys; every other
 key is kept word for word in llamafactory.settings as key=value, so nothing is dropped.
@@ -8,18 +9,23 @@ Credentials (hf_hub_token...) are left out with a warning. Nothing here runs the
 
 from __future__ import annotations
 
-import shlex
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 from tunedeck.core.backends.llamafactory.config import (
     BY_LF,
     CREDENTIAL_KEYS,
-    DEMO_DATASET,
     format_scalar,
+    python_of,
     to_config,
 )
+from tunedeck.core.backends.base import Exported
 from tunedeck.core.spec import RunSpec, SpecError, check_option, set_values
+
+# `llamafactory-cli train ...` and its short name
+LAUNCHERS = ("llamafactory-cli", "lmf")
 
 
 def _load_yaml(text: str) -> dict[str, Any]:
@@ -31,9 +37,10 @@ def _load_yaml(text: str) -> dict[str, Any]:
     return got
 
 
-def from_config(cfg: dict[str, Any], name: str = "run") -> tuple[RunSpec, list[str]]:
-    """(the spec, warnings). Raises ValueError for a config that is not LLaMA-Factory's."""
-    values: dict[str, Any] = {"backend": "llamafactory", "name": name}
+def config_values(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """({dotted spec key: value}, warnings) of a LLaMA-Factory config: the keys with a spec
+    counterpart on it, every other key in llamafactory.settings as written."""
+    values: dict[str, Any] = {"backend": "llamafactory"}
     settings: list[str] = []
     warnings: list[str] = []
     cfg = dict(cfg)
@@ -101,8 +108,14 @@ def from_config(cfg: dict[str, Any], name: str = "run") -> tuple[RunSpec, list[s
         try_set(k.spec, value, key, raw)
     if settings:
         values["llamafactory.settings"] = settings
+    return values, warnings
+
+
+def from_config(cfg: dict[str, Any], name: str = "run") -> tuple[RunSpec, list[str]]:
+    """(the spec, warnings). Raises ValueError for a config that is not LLaMA-Factory's."""
+    values, warnings = config_values(cfg)
     try:
-        return set_values(RunSpec(), values), warnings
+        return set_values(RunSpec(), {**values, "name": name}), warnings
     except SpecError as e:
         raise ValueError("; ".join(e.problems)) from None
 
@@ -111,82 +124,42 @@ def from_yaml(text: str, name: str = "run") -> tuple[RunSpec, list[str]]:
     return from_config(_load_yaml(text), name)
 
 
-LAUNCHERS = ("llamafactory-cli", "lmf")
-ENV_TO_CLUSTER = {
-    "NPROC_PER_NODE": "cluster.nproc_per_node",
-    "NNODES": "cluster.nnodes",
-    "NODE_RANK": "cluster.node_rank",
-    "MASTER_ADDR": "cluster.master_addr",
-    "MASTER_PORT": "cluster.master_port",
-    "CUDA_VISIBLE_DEVICES": "cluster.gpus",
-}
+def export_form(spec: RunSpec, output_dir: str | None) -> Exported:
+    """`tunedeck export --format llamafactory`: the YAML (and, for data.path, a
+    dataset_info.json naming it) and the command that trains on them with torchrun."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.name).strip(".") or "run"
+    files: dict[str, str] = {}
+    cfg = to_config(spec, output_dir, Path(".") if spec.data.path else None)
+    info = cfg.pop("tunedeck_dataset_info", None)
+    cfg.pop("tunedeck_dataset_dir", None)
+    cfg.pop("output_dir", None)  # the export's own run folder; only the one the user named
+    if output_dir:
+        cfg["output_dir"] = output_dir
+    if info:
+        cfg["dataset_dir"] = f"{stem}-data"
+        files[f"{stem}-data/dataset_info.json"] = json.dumps(info, indent=2)
+    files[f"{stem}.yaml"] = yaml_text(cfg)
+    c = spec.cluster
+    env = {"FORCE_TORCHRUN": "1"}  # torchrun even for one rank, as tunedeck runs it
+    if c.nproc_per_node > 0:
+        env["NPROC_PER_NODE"] = str(c.nproc_per_node)
+    if c.nnodes > 1:
+        env.update(
+            NNODES=str(c.nnodes),
+            NODE_RANK=str(c.node_rank),
+            MASTER_ADDR=c.master_addr,
+            MASTER_PORT=str(c.master_port),
+        )
+    if c.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = c.gpus
+    env.update(spec.env)
+    cli = (
+        [python_of(spec), "-m", "llamafactory.cli"] if spec.llamafactory.python else [LAUNCHERS[0]]
+    )
+    return Exported(env, [*cli, "train", f"{stem}.yaml"], files)
 
 
-def from_command(command: str, cwd: Path | None = None) -> tuple[RunSpec, list[str]]:
-    """A pasted `[VAR=..] llamafactory-cli train x.yaml [key=value ...]` (or `lmf train`):
-    the YAML is read from `cwd` (relative paths), key=value overrides win over it, and the
-    launcher's variables (NPROC_PER_NODE, NNODES...) become cluster keys."""
-    words = shlex.split(command)
-    env: dict[str, str] = {}
-    while words and "=" in words[0] and not words[0].startswith("-"):
-        k, _, v = words.pop(0).partition("=")
-        env[k] = v
-    if len(words) < 2 or Path(words[0]).name not in LAUNCHERS or words[1] != "train":
-        raise ValueError("not a `llamafactory-cli train CONFIG.yaml` command")
-    rest = words[2:]
-    cfg: dict[str, Any] = {}
-    name = "run"
-    if rest and rest[0].endswith((".yaml", ".yml")):
-        path = Path(rest.pop(0)).expanduser()
-        if not path.is_absolute():
-            path = (cwd or Path.cwd()) / path
-        cfg = _load_yaml(path.read_text(encoding="utf-8"))
-        name = path.stem
-    for w in rest:
-        if w.startswith("--"):  # the argparse form: --key value / --key=value
-            raise ValueError(f"{w}: write overrides as key=value after the YAML")
-        k, eq, v = w.partition("=")
-        if not eq:
-            raise ValueError(f"{w!r} is not key=value")
-        cfg[k] = _load_yaml(f"v: {v}")["v"] if v else ""
-    spec, warnings = from_config(cfg, name)
-    cluster: dict[str, Any] = {}
-    for var, key in ENV_TO_CLUSTER.items():
-        if var not in env:
-            continue
-        v = env.pop(var)
-        if key in ("cluster.master_addr", "cluster.gpus"):
-            cluster[key] = v
-        elif v.isdigit():
-            cluster[key] = int(v)
-        else:
-            raise ValueError(f"{var}={v}: a number is expected")
-    env.pop("FORCE_TORCHRUN", None)  # tunedeck always runs torchrun
-    for k, v in env.items():
-        cluster[f"env.{k}"] = v
-    if cluster:
-        try:
-            spec = set_values(spec, cluster)
-        except SpecError as e:
-            raise ValueError("; ".join(e.problems)) from None
-    return spec, warnings
-
-
-def to_yaml(spec: RunSpec) -> str:
-    """The spec as a `llamafactory-cli train` YAML (no output_dir unless the spec names one).
-    tunedeck's data.path has no dataset_info.json entry outside a run: the header says so."""
+def yaml_text(cfg: dict[str, Any]) -> str:
     import yaml
 
-    cfg = to_config(spec, None)
-    head = "# LLaMA-Factory config exported by tunedeck\n"
-    if spec.data.path:
-        names = [n for n in str(cfg.get("dataset", "")).split(",") if n and n != DEMO_DATASET]
-        if names:
-            cfg["dataset"] = ",".join(names)
-        else:
-            cfg.pop("dataset", None)
-        head += (
-            f"# data.path {spec.data.path} needs an entry in dataset_info.json; add it to "
-            "`dataset` by that name\n"
-        )
-    return head + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunedeck.core.backends.base import Backend, Monitor, Restart
+from tunedeck.core.backends.importing import Cluster, Env, Imported, Importer, drop_secrets
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
 from tunedeck.core.ingest.metrics import MetricsParser
@@ -152,13 +153,34 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args))]
 
 
+def import_target(
+    out: Imported, module: str, words: list[str], cluster: Cluster, env: Env, launcher: str
+) -> bool:
+    """Any script or module a launcher runs that no other backend claims."""
+    if module:
+        out.raw.update(
+            backend="script",
+            script={"module": module, "args": drop_secrets(out, words, "script.args")},
+        )
+        return True
+    args = drop_secrets(out, words[1:], "script.args")
+    out.raw.update(backend="script", script={"path": words[0], "args": args})
+    if args:
+        out.notes.append("script arguments are passed unchanged (script.args)")
+    return True
+
+
 def restart(spec: RunSpec, run: RunDir, attempt: int) -> Restart:
     """A restarted script is told the last checkpoint written into its output folder
     (checkpoint-<step>/ with trainer_state.json, as HF Trainer writes) in TUNEDECK_RESUME_FROM,
     e.g. `trainer.train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM"))`; on
     several nodes the head's reading, which every node follows (core/supervisor/restarts)."""
     path = resume_point(spec.train.resume_from, run.output_dir(spec), attempt)
-    return Restart.at(path, var=RESUME_VAR) if path else Restart(None, "", var=RESUME_VAR)
+    return (
+        Restart.at(path, var=RESUME_VAR, how=f"{RESUME_VAR} for the script")
+        if path
+        else Restart(None, "", var=RESUME_VAR)
+    )
 
 
 BACKEND = Backend(
@@ -168,5 +190,6 @@ BACKEND = Backend(
     monitors,
     restart,
     resume_var=RESUME_VAR,
+    importer=Importer(target=import_target, catch_all=True),
     serve_note="# a custom script decides where it saves; adjust CKPT if needed",
 )

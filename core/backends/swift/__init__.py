@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.backends.base import Backend, Monitor, Restart
+from tunedeck.core.backends.base import Backend, Exported, Monitor, Restart
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
 from tunedeck.core.ingest.metrics import MetricsParser
@@ -33,7 +33,8 @@ from tunedeck.core.rundir.events import EventWriter, from_record
 from tunedeck.core.spec import RunSpec, get_value, is_set
 from tunedeck.core.backends.swift import run_estimate
 from tunedeck.core.backends.swift.flags import FlagTableError, flag_tables, validate
-from tunedeck.core.backends.swift.keymap import BY_KEY
+from tunedeck.core.backends.swift.importer import IMPORTER
+from tunedeck.core.backends.swift.keymap import BY_KEY, MODEL_FROM, SECRET_FLAG_ENV
 from tunedeck.core.backends.swift.version import ASSUMED, installed_version, tuner_flag
 
 ENTRY = {
@@ -54,10 +55,6 @@ CLI_FORM = {
     "megatron-rlhf": ["megatron", "rlhf"],
 }
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-# flags that name the model without --model (written in swift.extra_args)
-MODEL_FROM = frozenset({"model", "mcore_model", "adapters", "ckpt_dir"})
 
 
 class SwiftPlanError(ValueError):
@@ -293,14 +290,6 @@ def check(spec: RunSpec, local: bool) -> None:
 # ms-swift flags that carry a credential, and the variable read in their place when the flag is
 # absent: --hub_token is `MODELSCOPE_API_TOKEN` for ModelScope (ms-swift's MSHub.try_login) and
 # `HF_TOKEN` for the Hugging Face hub (use_hf: huggingface_hub takes token=None from it);
-# --swanlab_token is `SWANLAB_API_KEY` (swanlab's own login). Passed so, the value never shows in
-# `ps` nor in ms-swift's args.json. Other credential flags (--swanlab_secret) have no variable
-# and stay in argv: the preview says `ps` shows them.
-SECRET_FLAG_ENV = {"hub_token": None, "swanlab_token": "SWANLAB_API_KEY"}
-# every ms-swift flag that holds a credential (its other flags with a credential word in their
-# name, such as --teacher_tag_key, hold none): what `tunedeck import` keeps out of a spec
-CREDENTIAL_FLAGS = frozenset({*SECRET_FLAG_ENV, "swanlab_secret", "api_key"})
-HUB_TOKEN_VARS = "MODELSCOPE_API_TOKEN (HF_TOKEN with --use_hf)"
 
 
 def _truthy(v: str | None) -> bool:
@@ -478,7 +467,7 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     return [SwiftLogMonitor(run, run.output_dir(spec), log_rank)]
 
 
-def cli_form(spec: RunSpec, output_dir: str | None) -> tuple[dict[str, str], list[str]]:
+def cli_form(spec: RunSpec, output_dir: str | None) -> Exported:
     """The plain `NPROC_PER_NODE=.. swift sft ...` command users know (export); no
     --output_dir unless the spec names one (ms-swift's own folder, as the user had it)."""
     c = spec.cluster
@@ -496,7 +485,7 @@ def cli_form(spec: RunSpec, output_dir: str | None) -> tuple[dict[str, str], lis
     env.update(spec.env)
     args, secret_env = secret_flags_to_env(spec, swift_args(spec, output_dir))
     env.update(secret_env)
-    return env, [*CLI_FORM[spec.swift.command], *args]
+    return Exported(env, [*CLI_FORM[spec.swift.command], *args])
 
 
 RESUME_FLAG = "--resume_from_checkpoint"
@@ -571,7 +560,8 @@ BACKEND = Backend(
     restart,
     requirements=requirements,
     user_output_dir=user_output_dir,
-    cli_form=cli_form,
+    importer=IMPORTER,
+    exports={"swift": cli_form},
     checkpoint_glob_prefix="v*-*/",
     as_run=run_estimate.as_run,
     length_words=run_estimate.length_words,

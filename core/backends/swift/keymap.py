@@ -278,3 +278,17 @@ def length_phrase(spec: RunSpec, tables: dict | None) -> str:
         if epochs
         else f"length: ms-swift {version} default"
     )
+
+
+# -- flags that are not settings --------------------------------------------------------
+
+# flags that name the model without --model (written in swift.extra_args)
+MODEL_FROM = frozenset({"model", "mcore_model", "adapters", "ckpt_dir"})
+# --swanlab_token is `SWANLAB_API_KEY` (swanlab's own login). Passed so, the value never shows in
+# `ps` nor in ms-swift's args.json. Other credential flags (--swanlab_secret) have no variable
+# and stay in argv: the preview says `ps` shows them.
+SECRET_FLAG_ENV = {"hub_token": None, "swanlab_token": "SWANLAB_API_KEY"}
+# every ms-swift flag that holds a credential (its other flags with a credential word in their
+# name, such as --teacher_tag_key, hold none): what `tunedeck import` keeps out of a spec
+CREDENTIAL_FLAGS = frozenset({*SECRET_FLAG_ENV, "swanlab_secret", "api_key"})
+HUB_TOKEN_VARS = "MODELSCOPE_API_TOKEN (HF_TOKEN with --use_hf)"
