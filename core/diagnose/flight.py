@@ -177,14 +177,16 @@ def analyze(dumps: dict[int, dict], world: list[int] | None = None) -> list[Verd
             r: _entry(dumps[r], pg_id, by_rank[r][1]) if r in dumps else None for r in missing
         }
         out.append(
-            Verdict(_pg_key(dumps[entered[0]], pg_id), seq, first, entered, missing, last_done,
-                    mismatch)
+            Verdict(
+                _pg_key(dumps[entered[0]], pg_id), seq, first, entered, missing, last_done, mismatch
+            )
         )
     return out
 
 
-def finding(v: Verdict, t: float | None = None, source: str = "", stacks: dict | None = None
-            ) -> Finding:
+def finding(
+    v: Verdict, t: float | None = None, source: str = "", stacks: dict | None = None
+) -> Finding:
     """The finding for one verdict; `stacks`: rank → where its Python stack stood then."""
     what = v.collective.text() if v.collective else f"collective #{v.seq}"
     evidence = [f"process group {v.pg}: ranks {v.entered} entered {what}"]
