@@ -45,6 +45,7 @@ from tunedeck.core.train.fastpath import (
     length_buckets,
     use_packed_attention,
 )
+from tunedeck.core.probe import flight
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
@@ -827,6 +828,7 @@ def main(run_dir: str | Path) -> int:
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     run_dir = Path(run_dir).resolve()
     _register_stack_dump(RunDir(run_dir))
+    flight.serve(run_dir)  # Flight Recorder dumps when the agent sees a stall
     spec = load_spec(RunDir(run_dir).spec)
     # Before the process group: building the demo model calls save_pretrained, which
     # transformers skips on ranks != 0 once torch.distributed is initialized.
