@@ -30,12 +30,17 @@ DUMP_WAIT_S = 10.0
 
 
 def innermost(d: StackDump) -> str:
-    """The innermost frame line of a rank's dump (py-spy lists it first, faulthandler too)."""
+    """The innermost frame of a rank's main thread: py-spy names it MainThread; faulthandler
+    lists the threads newest first, so the main thread is its last block."""
+    blocks: list[list[str]] = []
     for line in d.text.splitlines():
         s = line.strip()
-        if s and not s.startswith(("Thread ", "Process ", "Python v", "Current thread", "Stack")):
-            return s
-    return d.method
+        if s.startswith(("Thread ", "Current thread ")):
+            blocks.append([s])
+        elif s and blocks:
+            blocks[-1].append(s)
+    main = next((b for b in blocks if "MainThread" in b[0]), blocks[-1] if blocks else [])
+    return main[1] if len(main) > 1 else d.method
 
 
 class HangMonitor:
