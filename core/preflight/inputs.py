@@ -15,7 +15,7 @@ from tunedeck.core.preflight.base import CheckResult, Context, result
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_BAD_SHOWN = 5
-TOKENIZE_ROWS = 200
+TOKENIZE_ROWS = 10_000  # the token-length report's sample (core/estimate/lengths.py)
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer.model",
@@ -162,24 +162,27 @@ def _tokenizer_file(ctx: Context) -> Path | None:
 
 
 def _token_stats(ctx: Context, samples: list[list[str]]) -> str:
+    """The first row's tokens and the token-length report of the sample
+    (core/estimate/lengths.py), with its advice."""
     tf = _tokenizer_file(ctx)
     if tf is None:
         return "tokenizer not available yet (built or downloaded at launch): no token sample"
+    from tunedeck.core.estimate.lengths import report, token_lengths
+
     try:
+        lens, exact = token_lengths(str(tf), ["\n".join(t) for t in samples])
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(tf))
+        first = Tokenizer.from_file(str(tf)).encode("\n".join(samples[0]))
     except Exception as e:  # noqa: BLE001 - any tokenizer failure only loses the sample
         return f"could not load {tf}: {e}"
-    lens = [len(tok.encode("\n".join(t)).ids) for t in samples]
-    first = tok.encode("\n".join(samples[0]))
     shown = " ".join(first.tokens[:12])
-    ml = ctx.spec.data.max_length
-    over = sum(n > ml for n in lens)
+    rep = report(lens, ctx.spec.data.max_length, ctx.spec.train.per_device_batch_size, exact=exact)
+    advice = rep.advice()
     return (
         f"row 1 → {len(first.ids)} tokens [{shown}{' …' if len(first.ids) > 12 else ''}]; "
-        f"first {len(lens)} rows: mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens"
-        + (f", {over} over data.max_length {ml} ({ctx.spec.data.truncation})" if over else "")
+        + rep.summary()
+        + (f"; consider {advice}" if advice else "")
     )
 
 

@@ -36,7 +36,13 @@ import torch.distributed as dist
 
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.core.train import checkpoint as ckpt
-from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
+from tunedeck.core.train.data import (
+    Batches,
+    load_datasets,
+    make_loader,
+    PackedDataset,
+    TokenizeProgress,
+)
 from tunedeck.core.train.fastpath import (
     LayerCompiler,
     check_varlen,
@@ -383,7 +389,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.dtype == torch.float16)
 
         if datasets is None:
-            datasets = load_datasets(spec.data, self.tokenizer, tr.seed, d.rank)
+            # torch's default collective timeout is 10 min (NCCL) when the spec sets none
+            phase = TokenizeProgress(events.emit, spec.cluster.collective_timeout_s or 600, d.rank)
+            datasets = load_datasets(spec.data, self.tokenizer, tr.seed, d.rank, phase)
         train_ds, eval_ds = datasets
         if self.flat:
             train_ds = PackedDataset(train_ds, spec.data.max_length, tr.seed)
