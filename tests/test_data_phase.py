@@ -1,0 +1,81 @@
+"""The data stage made visible: the tokenizing phase's events and its warning, and the token-
+length report preflight shows (core/estimate/lengths.py), on the demo data's tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunedeck.core.demo import ensure_tiny_model
+from tunedeck.core.estimate.lengths import report, token_lengths
+from tunedeck.core.train.data import TokenizedDataset, TokenizeProgress, read_conversations
+from tests.conftest import REPO
+
+DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
+
+
+@pytest.fixture(scope="module")
+def model_dir(model_cache):
+    return ensure_tiny_model(DATA, cache=model_cache)  # the session's: built once
+
+
+def test_tokenizing_is_a_phase_with_rate_eta_and_a_timeout_warning(model_dir, capsys):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    convs = read_conversations(DATA)
+    events = []
+    # a 0 s timeout: any tokenizing outlasts it, so the warning must come, once
+    prog = TokenizeProgress(lambda kind, **f: events.append((kind, f)), 0.0, rank=1, every_s=0)
+    ds = TokenizedDataset(convs, tok, 512, progress=prog)
+    assert len(ds) == len(convs) == 244
+    assert {k for k, _ in events} == {"phase"}
+    fields = [f for _, f in events]
+    assert all(f["phase"] == "tokenizing" and f["total"] == 244 for f in fields)
+    assert [f["done"] for f in fields] == [0, 64, 128, 192, 244]
+    assert fields[-1]["rate"] > 0 and fields[1]["eta_s"] >= 0
+    err = capsys.readouterr().err
+    assert err.count("warning: rank 1: tokenizing 244 samples") == 1
+    assert "cluster.collective_timeout_s" in err and "pre-tokenise" in err
+    # the event is one the schema keeps
+    from tunedeck.core.rundir.events import clean_event
+
+    e = clean_event({"t": 1.0, "kind": "phase", "rank": 1, **fields[-1]})
+    assert e["phase"] == "tokenizing" and e["done"] == 244
+
+
+def test_length_report_on_the_demo_data(model_dir):
+    texts = ["\n".join(m["content"] for m in c) for c in read_conversations(DATA)]
+    lens, exact = token_lengths(str(model_dir / "tokenizer.json"), texts)
+    assert exact == len(lens) == 244
+    rep = report(lens, max_length=32, batch_size=4, exact=exact)
+    s = sorted(lens)
+    assert rep.max == s[-1] and rep.p50 == s[121] and rep.p50 <= rep.p90 <= rep.p99 <= rep.max
+    assert rep.cut_samples == sum(n > 32 for n in lens) / 244 > 0
+    assert 0 < rep.cut_tokens < rep.cut_samples
+    assert sum(c for _, c in rep.histogram) == 244 and len(rep.bars()) == len(rep.histogram)
+    assert rep.advice_max_length == 64 and "data.max_length=64" in rep.advice()
+    assert "over data.max_length 32" in rep.summary()
+
+
+def test_padding_waste_and_packing_advice():
+    # one long sample in every batch of four short ones: most of a padded batch is padding
+    lens = [1000, 10, 10, 10] * 50
+    rep = report(lens, 2048, batch_size=4)
+    assert rep.cut_samples == 0 and rep.pad_waste > 0.6 and rep.advice_packing
+    assert "data.packing=true" in rep.advice()
+    same = report([100] * 40, 2048, batch_size=4)
+    assert same.pad_waste == 0 and not same.advice_packing
+    with pytest.raises(ValueError, match="no sample"):
+        report([], 512)
+
+
+def test_past_the_budget_the_rest_is_estimated_from_characters(model_dir):
+    texts = [json.dumps({"n": i}) * (1 + i % 7) for i in range(1000)]
+    lens, exact = token_lengths(str(model_dir / "tokenizer.json"), texts, budget_s=0)
+    assert exact == 200 and len(lens) == 1000  # one chunk, then estimates
+    full, _ = token_lengths(str(model_dir / "tokenizer.json"), texts, budget_s=60)
+    # the estimate follows the real counts closely on rows of one kind
+    assert abs(sum(lens) - sum(full)) / sum(full) < 0.1
+    assert "(200 tokenized, the rest estimated" in report(lens, 512, exact=exact).summary()
