@@ -29,7 +29,7 @@ def test_tokenizing_is_a_phase_with_rate_eta_and_a_timeout_warning(model_dir, ca
     # a 0 s timeout: any tokenizing outlasts it, so the warning must come, once
     prog = TokenizeProgress(lambda kind, **f: events.append((kind, f)), 0.0, rank=1, every_s=0)
     ds = TokenizedDataset(convs, tok, 512, progress=prog)
-    assert len(ds) == len(convs) == 244
+    assert len(ds) == len(convs) == 244 and ds[0]["input_ids"]
     assert {k for k, _ in events} == {"phase"}
     fields = [f for _, f in events]
     assert all(f["phase"] == "tokenizing" and f["total"] == 244 for f in fields)

@@ -102,6 +102,12 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         ranks = {d["rank"]: d for d in json.loads(kept.read_text())}
         assert set(ranks) == {0, 1} and "_test_hang" in ranks[1]["text"]
         assert {p.name for p in (run_dir / "flight").glob("rank?")} == {"rank0", "rank1"}
+        # the data stage was a phase of its own before step 1, with its rate
+        phases = [
+            json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open() if '"phase"' in x
+        ]
+        tok = [e for e in phases if e.get("phase") == "tokenizing"]
+        assert tok and tok[-1]["done"] == tok[-1]["total"] > 0 and tok[-1]["rate"] > 0
         # one rank only, through the core API; a rank that does not exist is named
         assert [d.rank for d in dump_stacks(run_dir, ranks=[1])] == [1]
         with pytest.raises(ValueError, match=r"rank\(s\) \[7\]"):

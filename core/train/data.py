@@ -126,6 +126,9 @@ class TokenizedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return self.samples[i]
+
 
 class TokenizeProgress:
     """The data stage as a phase of the run: "tokenizing" phase events (done, total, rate,
@@ -167,9 +170,6 @@ class TokenizeProgress:
                 file=sys.stderr,
                 flush=True,
             )
-
-    def __getitem__(self, i: int) -> dict[str, list[int]]:
-        return self.samples[i]
 
 
 class PackedDataset(Dataset):
