@@ -79,3 +79,32 @@ def test_past_the_budget_the_rest_is_estimated_from_characters(model_dir):
     # the estimate follows the real counts closely on rows of one kind
     assert abs(sum(lens) - sum(full)) / sum(full) < 0.1
     assert "(200 tokenized, the rest estimated" in report(lens, 512, exact=exact).summary()
+
+
+def test_ms_swift_dataset_entries_are_checked_like_data_path(tmp_path):
+    from types import SimpleNamespace
+
+    from tunedeck.core.preflight.inputs import check_dataset_entries
+    from tunedeck.core.spec import RunSpec
+
+    spec = RunSpec()
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "part.jsonl").write_text(DATA.read_text())
+
+    def run(*entries, val=()):
+        spec.data.datasets, spec.data.val_datasets = list(entries), list(val)
+        return check_dataset_entries(SimpleNamespace(spec=spec))
+
+    hub = "AI-ModelScope/alpaca-gpt4-data-en#500"
+    r = run(f"{DATA}#100", str(folder), hub)
+    assert r.status == "pass", r.detail
+    assert f"{DATA}#100: 244 rows (messages)" in r.detail and f"{folder}: 244 rows" in r.detail
+    assert f"{hub}: a hub id, not checked offline" in r.detail
+    # a missing local file, with its sample suffix, is named with the key it came from
+    r = run(hub, val=[str(tmp_path / "gone.jsonl#20")])
+    assert r.status == "fail" and "data.val_datasets" in r.detail and "gone.jsonl#20" in r.detail
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\nnot json\n')
+    r = run(str(tmp_path / "bad.jsonl"))
+    assert r.status == "fail" and "no usable rows" in r.detail and "bad.jsonl:1: " in r.detail
+    assert run().status == "skip"
