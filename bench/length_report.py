@@ -52,7 +52,10 @@ def measure(data: Path, tokenizer: Path, max_length: int, batch: int) -> None:
     t2 = time.perf_counter()
     rep = report(lens, max_length, batch, exact=exact)
     t3, c3 = time.perf_counter(), time.process_time()
-    print(f"{data.name}: {scan['rows']} rows read, {len(lens)} tokenized (sample {SAMPLE_ROWS})")
+    print(
+        f"{data.name}: {scan['rows']} rows read, {len(lens)} sampled (at most {SAMPLE_ROWS}), "
+        f"{exact} tokenized"
+    )
     print(
         f"  scan {t1 - t0:.2f} s, tokenize {t2 - t1:.2f} s, report {t3 - t2:.3f} s, "
         f"total {t3 - t0:.2f} s; the report (tokenize + numbers) {t3 - t1:.2f} s wall, "

@@ -98,6 +98,9 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
         assert re.search(r"rank 1 never entered all_reduce #\d+", held["summary"]), held
         missing = next(e for e in held["evidence"] if e.startswith("rank 1:"))
         assert "last completed" in missing and "_test_hang" in missing, held["evidence"]
+        # `tunedeck diagnose` shows it with the rest (the monitor's findings pane reads the same)
+        diag = json.loads(cli("diagnose", run_id, "--json", home=td_home).stdout)
+        assert ("rank_missing_from_collective", 1) in {(f["category"], f["rank"]) for f in diag}
         [kept] = (run_dir / "stacks").glob("hang-*.json")
         ranks = {d["rank"]: d for d in json.loads(kept.read_text())}
         assert set(ranks) == {0, 1} and "_test_hang" in ranks[1]["text"]
