@@ -72,3 +72,22 @@ def test_a_pickle_that_would_run_code_or_is_no_dump_is_refused(tmp_path):
     (tmp_path / "rank1").write_text('{"a": 1}')
     dumps, bad = flight.read_folder(tmp_path)
     assert dumps == {} and len(bad) == 2 and "no version" in bad[1]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_recorder_is_on_by_default_and_a_switch_turns_it_off(tmp_path, on):
+    from tunedeck.core.backends import plan_run
+    from tunedeck.core.rundir import RunDir
+    from tunedeck.core.spec import load_spec
+    from tests.conftest import DEMO
+
+    sets = ['cluster.device="cpu"'] + ([] if on else ["run.flight_recorder=false"])
+    run = RunDir(tmp_path / "20990101-000000-demo-abcd")
+    _, plan = plan_run(load_spec(DEMO, sets), run)
+    env = plan.nodes[0].env
+    if on:
+        assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+        # the watchdog's dump lands where the reader looks: flight/rank<r>
+        assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(run.path / "flight" / "rank")
+    else:
+        assert not {k for k in env if k.startswith("TORCH_FR_")}
