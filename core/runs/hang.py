@@ -48,6 +48,8 @@ class HangMonitor:
 
     def __init__(self, ctx: MonitorContext) -> None:
         self.ctx = ctx
+        if ctx.spec.run.flight_recorder:  # where NCCL's watchdog writes its dump on a timeout
+            probe.folder(ctx.run.path).mkdir(parents=True, exist_ok=True)
         c = ctx.spec.cluster
         self.world = list(range(c.nproc_per_node)) if c.nnodes == 1 else None
         self.thread: threading.Thread | None = None
