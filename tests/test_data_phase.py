@@ -4,12 +4,13 @@ length report preflight shows (core/estimate/lengths.py), on the demo data's tok
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from tunedeck.core.demo import ensure_tiny_model
 from tunedeck.core.estimate.lengths import report, token_lengths
-from tunedeck.core.train.data import TokenizedDataset, TokenizeProgress, read_conversations
+from tunedeck.core.train.data import TokenizeProgress, read_conversations
 from tests.conftest import REPO
 
 DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
@@ -20,24 +21,26 @@ def model_dir(model_cache):
     return ensure_tiny_model(DATA, cache=model_cache)  # the session's: built once
 
 
-def test_tokenizing_is_a_phase_with_rate_eta_and_a_timeout_warning(model_dir, capsys):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    convs = read_conversations(DATA)[:130]
+def test_tokenizing_is_a_phase_with_rate_eta_and_a_timeout_warning(capsys):
+    # the trainer's TokenizedDataset calls it every 64 samples (a real run's events are
+    # checked in tests/test_stacks.py); here the calls alone, with a 0 s timeout that any
+    # tokenizing outlasts, so the warning must come, once
     events = []
-    # a 0 s timeout: any tokenizing outlasts it, so the warning must come, once
     prog = TokenizeProgress(lambda kind, **f: events.append((kind, f)), 0.0, rank=1, every_s=0)
-    ds = TokenizedDataset(convs, tok, 512, progress=prog)
-    assert len(ds) == len(convs) == 130 and ds[0]["input_ids"]
+    for done in (0, 64, 128, 130):
+        time.sleep(0.01)
+        prog(done, 130)
     assert {k for k, _ in events} == {"phase"}
     fields = [f for _, f in events]
     assert all(f["phase"] == "tokenizing" and f["total"] == 130 for f in fields)
     assert [f["done"] for f in fields] == [0, 64, 128, 130]
-    assert fields[-1]["rate"] > 0 and fields[1]["eta_s"] >= 0
+    assert fields[-1]["rate"] > 0 and fields[1]["eta_s"] >= 0 and fields[-1]["eta_s"] == 0
     err = capsys.readouterr().err
     assert err.count("warning: rank 1: tokenizing 130 samples") == 1
     assert "cluster.collective_timeout_s" in err and "pre-tokenise" in err
+    # eval after train: the count goes on, the rate stays the stage's
+    prog(64, 20)
+    assert events[-1][1]["rate"] > fields[-1]["rate"] * 0.5
     # the event is one the schema keeps
     from tunedeck.core.rundir.events import clean_event
 
