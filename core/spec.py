@@ -494,6 +494,11 @@ class RunPolicy:
         help="Time DataLoader waits in ms-swift/HF/script ranks (a small probe injected at launch)",
         when={"backend": ("swift", "script")},
     )
+    flight_recorder: bool = opt(
+        True,
+        help="PyTorch's Flight Recorder in every rank: collectives dumped on a timeout and on "
+        "a stall, read to name the rank missing from a collective",
+    )
 
 
 @dataclass

@@ -45,9 +45,13 @@ def test_h200_gpu_oom_on_rank_1(h200):
 def test_h200_nccl_timeout_names_the_stuck_rank(h200):
     fs = diagnose_files([h200 / "fault_timeout.log"])
     [root] = roots(fs)
-    assert (root.category, root.rank) == ("nccl_timeout", 0)
-    assert "rank 1 never started it" in root.summary and "ALLREDUCE" in root.summary
+    # the rank that never entered the all-reduce is blamed, not rank 0 that reports it
+    assert (root.category, root.rank) == ("rank_missing_from_collective", 1)
+    assert "rank 1 never entered collective #" in root.summary
     cons = {f.category: f for f in fs if not f.root_cause}
+    timeout = cons["nccl_timeout"]
+    assert timeout.rank == 0 and "rank 1 never started it" in timeout.summary
+    assert "ALLREDUCE" in timeout.summary
     assert cons["worker_sigabrt"].rank == 0  # the abort after the watchdog: a consequence
     assert cons["worker_sigterm"].rank == 1  # torchrun stopping the other rank
     assert root.source.endswith("fault_timeout.log:7")

@@ -170,11 +170,12 @@ def test_starved_loader_names_rank_1_and_gpu_telemetry_shows_the_idle_gpu():
 def test_hung_rank_nccl_timeout_names_rank_1_and_stall_is_reported_first():
     fs = diagnose_run(run_dir("hung_rank"))
     [root] = roots(fs)
-    assert (root.category, root.rank, root.node) == ("nccl_timeout", 0, 0)
-    assert "ALLREDUCE" in root.summary and "after 20 s" in root.summary
-    assert "rank 1 never started it" in root.summary
+    assert (root.category, root.rank, root.node) == ("rank_missing_from_collective", 1, 0)
+    timeout = next(f for f in fs if f.category == "nccl_timeout")
+    assert "ALLREDUCE" in timeout.summary and "after 20 s" in timeout.summary
+    assert "rank 1 never started it" in timeout.summary and timeout.rank == 0
     cons = {(f.category, f.rank) for f in fs if not f.root_cause}
-    assert cons == {("worker_sigabrt", 0), ("worker_sigkill", 1)}
+    assert cons == {("nccl_timeout", 0), ("worker_sigabrt", 0), ("worker_sigkill", 1)}
     stderr1 = next(run_dir("hung_rank").glob("logs/node0/*/attempt_0/1/stderr.log"))
     assert "TUNEDECK_TEST_HANG_RANK: rank 1 hangs after step 30" in stderr1.read_text()
 
@@ -205,7 +206,7 @@ def test_hung_rank_through_the_cli(tmp_path):
         f["category"]
         for f in fs
         if f["root_cause"] and f["severity"] == "error" and f["source"] != "events"
-    ] == ["nccl_timeout"]
+    ] == ["rank_missing_from_collective"]
 
 
 def test_killed_loader_worker_fails_the_run_with_rank_1_as_root_cause():

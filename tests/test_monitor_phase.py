@@ -51,6 +51,29 @@ def test_compiling_shows_until_steps_resume_and_a_fallback_stays(tmp_path):
     assert "compile failed, training eager" in text and "no C compiler" in text
 
 
+def test_tokenizing_shows_progress_rate_and_eta_until_the_first_step(tmp_path):
+    run_dir = make_run(
+        tmp_path / "runs", "20261204-010000-demo-0c0c", status="running", step=0, max_steps=100
+    )
+    _append(
+        run_dir,
+        {
+            "kind": "phase",
+            "phase": "tokenizing",
+            "step": 0,
+            "done": 4000,
+            "total": 10000,
+            "rate": 812.4,
+            "eta_s": 7.4,
+        },
+    )
+    w = RunWatcher(run_dir)
+    text = progress_text(w.poll(history=False), 120)
+    assert "tokenizing[/] 4000/10000 samples (812/s, ETA 0:07)" in text, text
+    _append(run_dir, {"kind": "step", "step": 1, "loss": 2.0})
+    assert "tokenizing" not in progress_text(w.poll(history=False), 120)
+
+
 def test_a_finished_run_never_shows_compiling(tmp_path):
     run_dir = make_run(tmp_path / "runs", "20261202-010001-demo-0b0b", status="succeeded")
     _append(run_dir, {"kind": "phase", "phase": "compiling", "step": 0, "est_s": 20.0})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -73,6 +74,43 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
             "a stall",
         )
         assert stall["severity"] == "error" and "step 3" in stall["summary"]
+        # the stall starts the forensics: every rank's Flight Recorder dump and stack, read
+        # side by side, name rank 1 and the all-reduce it never entered, long before the
+        # collective timeout (30 min by default) would have
+        held = wait_for(
+            lambda: next(
+                (
+                    f
+                    for f in read_findings(run_dir)
+                    if f["category"] == "rank_missing_from_collective"
+                ),
+                None,
+            ),
+            60,
+            "the rank missing from a collective",
+        )
+        last_step = max(
+            json.loads(x)["t"]
+            for x in (run_dir / "events" / "rank0.jsonl").open()
+            if '"kind": "step"' in x
+        )
+        assert held["rank"] == 1 and held["t"] - last_step < 30, held
+        assert re.search(r"rank 1 never entered all_reduce #\d+", held["summary"]), held
+        missing = next(e for e in held["evidence"] if e.startswith("rank 1:"))
+        assert "last completed" in missing and "_test_hang" in missing, held["evidence"]
+        # `tunedeck diagnose` shows it with the rest (the monitor's findings pane reads the same)
+        diag = json.loads(cli("diagnose", run_id, "--json", home=td_home).stdout)
+        assert ("rank_missing_from_collective", 1) in {(f["category"], f["rank"]) for f in diag}
+        [kept] = (run_dir / "stacks").glob("hang-*.json")
+        ranks = {d["rank"]: d for d in json.loads(kept.read_text())}
+        assert set(ranks) == {0, 1} and "_test_hang" in ranks[1]["text"]
+        assert {p.name for p in (run_dir / "flight").glob("rank?")} == {"rank0", "rank1"}
+        # the data stage was a phase of its own before step 1, with its rate
+        phases = [
+            json.loads(x) for x in (run_dir / "events" / "rank0.jsonl").open() if '"phase"' in x
+        ]
+        tok = [e for e in phases if e.get("phase") == "tokenizing"]
+        assert tok and tok[-1]["done"] == tok[-1]["total"] > 0 and tok[-1]["rate"] > 0
         # one rank only, through the core API; a rank that does not exist is named
         assert [d.rank for d in dump_stacks(run_dir, ranks=[1])] == [1]
         with pytest.raises(ValueError, match=r"rank\(s\) \[7\]"):

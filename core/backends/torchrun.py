@@ -73,6 +73,10 @@ def base_env(spec: RunSpec, run: RunDir) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif spec.cluster.gpus:
         env["CUDA_VISIBLE_DEVICES"] = spec.cluster.gpus
+    if spec.run.flight_recorder:
+        from tunedeck.core.probe.flight import flight_env
+
+        env.update(flight_env(run.path))
     env.update(spec.env)
     env.update(run_env(run))
     return env

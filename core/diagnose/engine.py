@@ -278,7 +278,9 @@ def build_findings(
     enq: dict[int, int] = {}
     for sc in scanners:
         enq.update(sc.enqueued)
-    _name_stuck_rank(found, enq)
+    missing = _name_stuck_rank(found, enq)
+    if missing is not None:
+        add(missing, seq + 1)
     _mark_root_cause(found, failures, order)
     rank_sev = {"error": 0, "warning": 1, "info": 2}
     found.sort(
@@ -608,11 +610,12 @@ def _mark_root_cause(found: list[Finding], failures, order: dict[int, int]) -> N
         f.root_cause = False
 
 
-def _name_stuck_rank(found: list[Finding], last_enq: dict[int, int]) -> None:
-    """For a collective timeout, name the rank(s) that never enqueued the collective."""
+def _name_stuck_rank(found: list[Finding], last_enq: dict[int, int]) -> Finding | None:
+    """For a collective timeout, name the rank(s) that never enqueued the collective: a
+    finding of its own, returned."""
     timeouts = [f for f in found if f.category == "nccl_timeout"]
     if not timeouts:
-        return
+        return None
     seq = None
     for f in timeouts:
         for e in f.evidence:
@@ -620,11 +623,34 @@ def _name_stuck_rank(found: list[Finding], last_enq: dict[int, int]) -> None:
             if m and seq is None:
                 seq = int(m[1])
     if seq is None:
-        return
+        return None
     stuck = sorted(r for r, n in last_enq.items() if n < seq)
-    if stuck:
-        names = ", ".join(map(str, stuck))
-        for f in timeouts:
-            if f.rank not in stuck:
-                f.summary += f"; rank {names} never started it (stuck or on another code path)"
-                f.cause += f" Rank {names} last enqueued an earlier collective than #{seq}."
+    if not stuck:
+        return None
+    names = ", ".join(map(str, stuck))
+    # the ranks that report the timeout only waited, whatever order their reports came in:
+    # the rank that never entered the collective is the cause (it outranks their timeouts)
+    first = timeouts[0]
+    waiting = sorted({f.rank for f in timeouts if f.rank not in stuck and f.rank is not None})
+    missing = Finding(
+        category="rank_missing_from_collective",
+        severity="error",
+        summary=f"rank {names} never entered collective #{seq}"
+        + (f"; rank {', '.join(map(str, waiting))} timed out waiting for it" if waiting else ""),
+        cause=f"Rank {names} last enqueued an earlier collective than #{seq} (the watchdog's "
+        "`last enqueued` count), so the ranks that report the timeout were waiting for it.",
+        fix="Look at what rank " + names + " was doing instead: its own log above the "
+        "timeout, `tunedeck stacks` on a live run (the stall detector takes them, and the "
+        "Flight Recorder dumps, by itself): data loading, a save on one rank only, an "
+        "uneven number of batches, a rank-dependent branch before the collective.",
+        rank=stuck[0] if len(stuck) == 1 else None,
+        node=first.node,
+        evidence=[*first.evidence, *(f"rank {r}: last enqueued #{last_enq[r]}" for r in stuck)],
+        t=first.t,
+        source=first.source,
+    )
+    for f in timeouts:
+        if f.rank not in stuck:
+            f.summary += f"; rank {names} never started it (stuck or on another code path)"
+            f.cause += f" Rank {names} last enqueued an earlier collective than #{seq}."
+    return missing

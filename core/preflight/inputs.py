@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from tunedeck.core.preflight.base import CheckResult, Context, result
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_BAD_SHOWN = 5
-TOKENIZE_ROWS = 200
+TOKENIZE_ROWS = 10_000  # the token-length report's sample (core/estimate/lengths.py)
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer.model",
@@ -162,24 +163,27 @@ def _tokenizer_file(ctx: Context) -> Path | None:
 
 
 def _token_stats(ctx: Context, samples: list[list[str]]) -> str:
+    """The first row's tokens and the token-length report of the sample
+    (core/estimate/lengths.py), with its advice."""
     tf = _tokenizer_file(ctx)
     if tf is None:
         return "tokenizer not available yet (built or downloaded at launch): no token sample"
+    from tunedeck.core.estimate.lengths import report, token_lengths
+
     try:
+        lens, exact = token_lengths(str(tf), ["\n".join(t) for t in samples])
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(tf))
+        first = Tokenizer.from_file(str(tf)).encode("\n".join(samples[0]))
     except Exception as e:  # noqa: BLE001 - any tokenizer failure only loses the sample
         return f"could not load {tf}: {e}"
-    lens = [len(tok.encode("\n".join(t)).ids) for t in samples]
-    first = tok.encode("\n".join(samples[0]))
     shown = " ".join(first.tokens[:12])
-    ml = ctx.spec.data.max_length
-    over = sum(n > ml for n in lens)
+    rep = report(lens, ctx.spec.data.max_length, ctx.spec.train.per_device_batch_size, exact=exact)
+    advice = rep.advice()
     return (
         f"row 1 → {len(first.ids)} tokens [{shown}{' …' if len(first.ids) > 12 else ''}]; "
-        f"first {len(lens)} rows: mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens"
-        + (f", {over} over data.max_length {ml} ({ctx.spec.data.truncation})" if over else "")
+        + rep.summary()
+        + (f"; consider {advice}" if advice else "")
     )
 
 
@@ -402,4 +406,80 @@ def _check_folder(id: str, title: str, p: Path) -> CheckResult:
     )
 
 
-CHECKS = [check_dataset, check_model]
+_SAMPLE_SUFFIX = re.compile(r"#\d+$")
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
+
+
+def _local_entry(entry: str) -> Path | None:
+    """The local path an ms-swift --dataset entry names (its `#N` sample suffix cut), or None
+    for a hub id (`org/name`, `org/name:subset`)."""
+    raw = _SAMPLE_SUFFIX.sub("", entry.strip())
+    p = Path(raw).expanduser()
+    if raw.startswith(("/", ".", "~")) or p.exists() or raw.lower().endswith(_DATA_SUFFIXES):
+        return p
+    return None
+
+
+def check_dataset_entries(ctx: Context) -> CheckResult:
+    """ms-swift's --dataset / --val_dataset entries (data.datasets, data.val_datasets): local
+    files and folders checked like data.path (exists, readable, a bounded sample parses into
+    a known format); hub ids listed as not checked offline."""
+    id, title = "data.datasets", "ms-swift datasets (local entries)"
+    d = ctx.spec.data
+    entries = [("data.datasets", e) for e in d.datasets] + [
+        ("data.val_datasets", e) for e in d.val_datasets
+    ]
+    if not entries:
+        return result(id, title, "skip", "no data.datasets entries")
+    ok, hub = [], []
+    for key, entry in entries:
+        p = _local_entry(entry)
+        if p is None:
+            hub.append(entry)
+            continue
+        if not p.exists():
+            return result(
+                id,
+                title,
+                "fail",
+                f"{key}: {entry}: no such file or folder",
+                f"fix the entry in {key} (relative paths start at the spec file's folder)",
+            )
+        files = (
+            sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".json"))
+            if p.is_dir()
+            else [p]
+        )
+        if not files:
+            return result(
+                id,
+                title,
+                "fail",
+                f"{key}: {entry}: a folder with no .jsonl/.json file",
+                "point the entry at the data file, or put the data in the folder",
+            )
+        try:
+            scan = scan_dataset(files[0], "auto", key)
+        except (OSError, NotUtf8, ValueError) as e:
+            return result(
+                id,
+                title,
+                "fail",
+                f"{key}: {files[0]}: cannot be read as a dataset: {e}",
+                "convert it to UTF-8 JSONL in a known format",
+            )
+        if scan["rows"] == 0:
+            why = f"; {scan['bad'][0]}" if scan["bad"] else ""
+            return result(
+                id,
+                title,
+                "fail",
+                f"{key}: {files[0]}: no usable rows{why}",
+                "check the file's format (messages, query/response, alpaca)",
+            )
+        ok.append(f"{entry}: {scan['rows']} rows ({scan['format']})")
+    detail = "; ".join(ok + [f"{h}: a hub id, not checked offline" for h in hub])
+    return result(id, title, "pass", detail)
+
+
+CHECKS = [check_dataset, check_dataset_entries, check_model]

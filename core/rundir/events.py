@@ -56,6 +56,8 @@ kind "phase" — what a rank is doing between steps, when that takes long (built
     phase           str     "compiling" (torch.compile of a new batch shape; est_s, shape)
                             | "training" (compiling done; compile_s, graphs)
                             | "eager_fallback" (compiling failed; error; training goes on eager)
+                            | "tokenizing" (the data stage before step 1: done, total
+                              samples, rate per s, eta_s)
     step            int     steps done when the phase began
 
 kind "end" — once per attempt, every rank:

@@ -21,6 +21,7 @@ from tunedeck.core.backends import backend_of
 from tunedeck.core.detect.stall import StallDetector
 from tunedeck.core.detect.starvation import StarvationDetector
 from tunedeck.core.detect.straggler import StragglerDetector
+from tunedeck.core.supervisor.hang import HangMonitor
 from tunedeck.core.monitoring import MonitorContext, MonitorStore
 
 log = logging.getLogger("tunedeck.monitors")
@@ -70,8 +71,9 @@ class TelemetryMonitor:
 class DetectorMonitor:
     """Feeds rank events and probe records to the detectors; stores what they find."""
 
-    def __init__(self, ctx: MonitorContext, telemetry=None):
+    def __init__(self, ctx: MonitorContext, telemetry=None, hang=None):
         self.ctx = ctx
+        self.hang = hang  # HangMonitor: started by a stall
         local_world = ctx.spec.cluster.nproc_per_node or None
         self.pids: dict[int, int] = {}
         floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
@@ -105,6 +107,8 @@ class DetectorMonitor:
                 f.node = self.ctx.node_rank
                 if self.ctx.store.save_finding(f):
                     log.warning("finding %s: %s", f.category, f.summary)
+                if f.category == "stall" and self.hang is not None:
+                    self.hang.trigger(now)
 
     def close(self, new_events: list[dict]) -> None:
         events = list(new_events) + self.ctx.store.ingest_probe()
@@ -231,7 +235,8 @@ def make_monitors(ctx: MonitorContext) -> list[Any]:
     except Exception:
         log.exception("telemetry could not start; the run goes on without it")
     try:
-        monitors.append(DetectorMonitor(ctx, telemetry))
+        hang = HangMonitor(ctx)
+        monitors += [DetectorMonitor(ctx, telemetry, hang), hang]
     except Exception:
         log.exception("live detectors could not start")
     monitors += [DiagnosisMonitor(ctx), LossMonitor(ctx)]

@@ -13,8 +13,10 @@ the loss never predicts across a padding or a document boundary in a packed row.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
+import time
 from pathlib import Path
 from collections.abc import Iterator
 
@@ -98,22 +100,76 @@ class TokenizedDataset(Dataset):
     """Tokenized once, up front: lengths are needed for drop and packing, and every rank must
     see the same sample list."""
 
-    def __init__(self, conversations, tokenizer, max_length: int, truncation: str = "right"):
+    def __init__(
+        self,
+        conversations,
+        tokenizer,
+        max_length: int,
+        truncation: str = "right",
+        progress: "TokenizeProgress | None" = None,
+    ):
         self.samples = []
         self.dropped = 0
-        for conv in conversations:
+        total = len(conversations)
+        for i, conv in enumerate(conversations):
+            if progress is not None and i % 64 == 0:
+                progress(i, total)
             enc = encode(tokenizer, conv, max_length, truncation)
             if enc is None:
                 self.dropped += 1
             else:
                 self.samples.append(enc)
         self.tokenizer = tokenizer
+        if progress is not None:
+            progress(total, total)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> dict[str, list[int]]:
         return self.samples[i]
+
+
+class TokenizeProgress:
+    """The data stage as a phase of the run: "tokenizing" phase events (done, total, rate,
+    ETA) at most every `every_s`, and one warning on stderr when the whole stage would outlast
+    the collective timeout: the other ranks' first collective waits that long, then the run
+    fails with a timeout that says nothing about data."""
+
+    def __init__(self, emit, timeout_s: float, rank: int = 0, every_s: float = 2.0):
+        self.emit, self.timeout_s, self.rank, self.every_s = emit, timeout_s, rank, every_s
+        self.t0 = time.monotonic()
+        self.last = -math.inf
+        self.warned = False
+        self.offset = 0  # samples of earlier files (train, then eval) in this stage
+        self.base = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < self.base:  # a new file: count on from the last one's end
+            self.offset += self.base
+        self.base = done
+        if now - self.last < self.every_s and done < total:
+            return
+        self.last = now
+        spent = now - self.t0
+        rate = (self.offset + done) / spent if spent > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else None
+        fields = {"phase": "tokenizing", "step": 0, "done": done, "total": total}
+        fields["rate"] = round(rate, 1)
+        if eta is not None:
+            fields["eta_s"] = round(eta, 1)
+        self.emit("phase", **fields)
+        if eta is not None and not self.warned and spent + eta > self.timeout_s and done < total:
+            self.warned = True
+            print(
+                f"warning: rank {self.rank}: tokenizing {total} samples takes about "
+                f"{spent + eta:.0f} s at {rate:.0f}/s, longer than the collective timeout "
+                f"({self.timeout_s:.0f} s): the other ranks would time out waiting. Raise "
+                "cluster.collective_timeout_s, pre-tokenise the data, or shorten data.path.",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class PackedDataset(Dataset):
@@ -340,8 +396,9 @@ def split_rows(convs: list, val_split: float, seed: int) -> tuple[list, list]:
     )
 
 
-def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
-    """(train, eval or None) datasets for a DataSpec; warnings go to stderr on rank 0."""
+def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0, progress=None):
+    """(train, eval or None) datasets for a DataSpec; warnings go to stderr on rank 0;
+    `progress`: a TokenizeProgress for the tokenizing phase."""
     names = {"model_name": data_spec.model_name, "model_author": data_spec.model_author}
 
     def read(path: str, what: str):
@@ -365,7 +422,9 @@ def load_datasets(data_spec, tokenizer, seed: int, rank: int = 0):
         train, evals = split_rows(train, data_spec.val_split, seed)
 
     def tok(convs):
-        ds = TokenizedDataset(convs, tokenizer, data_spec.max_length, data_spec.truncation)
+        ds = TokenizedDataset(
+            convs, tokenizer, data_spec.max_length, data_spec.truncation, progress
+        )
         if ds.dropped and rank == 0:
             print(
                 f"warning: dropped {ds.dropped} sample(s) over data.max_length "

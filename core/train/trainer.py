@@ -36,7 +36,13 @@ import torch.distributed as dist
 
 from tunedeck.core.spec import RunSpec, load_spec
 from tunedeck.core.train import checkpoint as ckpt
-from tunedeck.core.train.data import Batches, load_datasets, make_loader, PackedDataset
+from tunedeck.core.train.data import (
+    Batches,
+    load_datasets,
+    make_loader,
+    PackedDataset,
+    TokenizeProgress,
+)
 from tunedeck.core.train.fastpath import (
     LayerCompiler,
     check_varlen,
@@ -45,6 +51,7 @@ from tunedeck.core.train.fastpath import (
     length_buckets,
     use_packed_attention,
 )
+from tunedeck.core.probe import flight
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
@@ -382,7 +389,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.dtype == torch.float16)
 
         if datasets is None:
-            datasets = load_datasets(spec.data, self.tokenizer, tr.seed, d.rank)
+            # torch's default collective timeout is 10 min (NCCL) when the spec sets none
+            phase = TokenizeProgress(events.emit, spec.cluster.collective_timeout_s or 600, d.rank)
+            datasets = load_datasets(spec.data, self.tokenizer, tr.seed, d.rank, phase)
         train_ds, eval_ds = datasets
         if self.flat:
             train_ds = PackedDataset(train_ds, spec.data.max_length, tr.seed)
@@ -827,6 +836,7 @@ def main(run_dir: str | Path) -> int:
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     run_dir = Path(run_dir).resolve()
     _register_stack_dump(RunDir(run_dir))
+    flight.serve(run_dir)  # Flight Recorder dumps when the agent sees a stall
     spec = load_spec(RunDir(run_dir).spec)
     # Before the process group: building the demo model calls save_pretrained, which
     # transformers skips on ranks != 0 once torch.distributed is initialized.

@@ -294,7 +294,7 @@ class RunWatcher:
         elif kind == "start" and isinstance(e.get("max_steps"), int):
             self.max_steps = e["max_steps"]
         if kind == "phase":
-            if e.get("phase") == "compiling":
+            if e.get("phase") in ("compiling", "tokenizing"):
                 self.phase = e
             else:
                 self.phase = None

@@ -1725,6 +1725,132 @@ case(
     text_rank=True,
 )
 
+# -- hang forensics and the classes of issue 29: several ranks report, one is to blame ------
+case(
+    "nccl_timeout_missing_rank_reports_last",
+    "nccl_timeout|rank_missing_from_collective",
+    2,
+    "https://github.com/pytorch/pytorch/issues/115388",
+    [(r, watchdog_timeout(r, seq=5121)) for r in (0, 1, 3)]
+    + [
+        (
+            r,
+            f"[PG 0 Rank {r}] Timeout at NCCL work: 5121, last enqueued NCCL work: 5121, last "
+            "completed NCCL work: 5120.",
+        )
+        for r in (3, 0, 1)
+    ]
+    + [
+        (
+            2,
+            "[PG 0 Rank 2] Timeout at NCCL work: 5120, last enqueued NCCL work: 5120, last "
+            "completed NCCL work: 5119.",
+        )
+    ],
+    ("rank", "srun"),
+)
+case(
+    "ds_loss_scale_collapse_then_torchrun",
+    "fp16_overflow",
+    1,
+    "https://github.com/ymcui/Chinese-LLaMA-Alpaca/issues/534",
+    [
+        (
+            1,
+            f"[deepspeed] OVERFLOW! Rank 1 Skipping step. Attempted loss scale: {2**k}, "
+            f"reducing to {2 ** (k - 1)}",
+        )
+        for k in (4, 3, 2, 1)
+    ]
+    + tb(
+        1,
+        [
+            ("train.py", 210, "train", "model.step()"),
+            (
+                f"{PY}/deepspeed/runtime/fp16/loss_scaler.py",
+                183,
+                "update_scale",
+                "raise Exception(",
+            ),
+        ],
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+        "Exiting run.",
+    )
+    + [(None, closing(5101)), (None, failed_line(1, 1, 5102))]
+    + torchrun_tb(),
+    ("rank", "plain"),
+)
+case(
+    "fatal_python_aborted_thread_dumps",
+    "worker_sigabrt",
+    1,
+    "https://github.com/deepspeedai/DeepSpeed/issues/3989",
+    [
+        (1, "Fatal Python error: Aborted"),
+        (1, ""),
+        (1, "Thread 0x00007f51d2ffd640 (most recent call first):"),
+        (1, f'  File "{PY}/torch/utils/data/_utils/pin_memory.py", line 54 in _pin_memory_loop'),
+        (1, '  File "/usr/lib/python3.10/threading.py", line 953 in run'),
+        (1, ""),
+        (1, "Current thread 0x00007f52a4e3f740 (most recent call first):"),
+        (1, f'  File "{PY}/torch/autograd/graph.py", line 768 in _engine_run_backward'),
+        (1, '  File "train.py", line 88 in step'),
+        (None, closing(7001)),
+        (None, failed_line(-6, 1, 7002)),
+    ],
+    ("rank", "iso", "clockrank"),
+    text_rank=True,
+)
+case(
+    "ddp_param_mismatch_echoed",
+    "rank_crashed",
+    1,
+    "https://github.com/NVIDIA/nccl/issues/1928",
+    tb(
+        1,
+        [("train.py", 61, "main", "model = DDP(model, device_ids=[local_rank])")],
+        "RuntimeError: DDP expects same model across all ranks, but Rank 1 has 290 params, "
+        "while rank 0 has inconsistent 291 params.",
+    )
+    + tb(
+        0,
+        [("train.py", 61, "main", "model = DDP(model, device_ids=[local_rank])")],
+        "RuntimeError: DDP expects same model across all ranks, but Rank 0 has 291 params, "
+        "while rank 1 has inconsistent 290 params.",
+    ),
+    ("rank", "interleave"),
+)
+case(
+    "safetensors_save_disk_full",
+    "checkpoint_write_failed|disk_full",
+    0,
+    "https://github.com/huggingface/transformers/issues/25237",
+    tb(
+        0,
+        [
+            ("train.py", 140, "save", "model.save_pretrained(out)"),
+            (
+                f"{PY}/safetensors/torch.py",
+                286,
+                "save_file",
+                "serialize_file(_flatten(tensors), filename, metadata=metadata)",
+            ),
+        ],
+        "safetensors_rust.SafetensorError: Error while serializing: IoError(Os { code: 28, "
+        'kind: StorageFull, message: "No space left on device" })',
+    ),
+    ("rank", "plain"),
+)
+case(
+    "rank_sigbus",
+    "worker_segfault",
+    3,
+    "https://github.com/vllm-project/vllm/issues/4108",
+    [(None, closing(9201)), (None, failed_line(-7, 3, 9204))] + torchrun_tb(),
+    ("plain",),
+    text_rank=True,
+)
+
 
 # -- healthy logs ----------------------------------------------------------------------------
 

@@ -73,11 +73,22 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
             if isinstance(snap.phase.get("t"), (int, float))
             else "-"
         )
-        chunks.insert(
-            1,
-            f"[bold yellow]compiling[/] a new batch shape "
-            f"({'~' + fmt_duration(est) + ', ' if est else ''}{since} so far)",
-        )
+        ph = snap.phase
+        if ph.get("phase") == "tokenizing":  # the data stage before step 1
+            eta = ph.get("eta_s")
+            chunks.insert(
+                1,
+                f"[bold yellow]tokenizing[/] {ph.get('done', 0)}/{ph.get('total', '?')} samples"
+                f" ({ph.get('rate', 0):.0f}/s"
+                + (f", ETA {fmt_duration(eta)}" if isinstance(eta, (int, float)) else "")
+                + ")",
+            )
+        else:
+            chunks.insert(
+                1,
+                f"[bold yellow]compiling[/] a new batch shape "
+                f"({'~' + fmt_duration(est) + ', ' if est else ''}{since} so far)",
+            )
     lines = flow(chunks, max(width, 20))
     if snap.fallback is not None:
         lines.append(

@@ -17,3 +17,10 @@ try:
     _td_chain(__file__)
 except Exception:
     pass
+
+try:
+    from tunedeck.core.probe.flight import serve as _td_flight
+
+    _td_flight()
+except Exception:
+    pass
