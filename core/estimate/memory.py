@@ -89,6 +89,10 @@ class MemoryInputs:
     fused_lora: bool = False  # LoRA linears fused where DDP runs them
     # (core/train/lora_fused.py, the CUDA default)
     expandable_segments: bool = False
+    # the built-in trainer wraps DDP at any world size with gradient_as_bucket_view: the
+    # gradients are views of DDP's buckets, allocated once (its first forward) and kept for
+    # the whole run, so they are live in the forward too, not only from the backward on
+    grads_in_buckets: bool = False
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -216,6 +220,7 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     optim = trainable * opt_bytes
     opt_temp = 0.0
     buckets = 0.0
+    resident_grads = False
     working = 0.0  # unsharded params gathered for the current (+ prefetched) layer
     comm_pool = 0.0  # blocks reserved by the communication streams (FSDP2)
     layer_bytes = ar.layer_params() * 2
@@ -225,7 +230,9 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     if s == "ddp":
         if full and m.master_fp32:
             working = N * 2  # autocast's bf16 copies of fp32 weights
-        if world > 1:
+        if m.grads_in_buckets:
+            resident_grads = True  # the buckets are the gradients: no copy, never freed
+        elif world > 1:
             buckets = grads  # DDP's gradient buckets are a copy
     elif s == "fsdp2":
         weights = base_bytes / world
@@ -317,7 +324,7 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
 
     # -- peak over the two phases of a step --------------------------------------------------
     resident = weights + train_w + optim + buckets
-    accum_grads = grads if m.grad_accum > 1 else 0.0
+    accum_grads = grads if m.grad_accum > 1 or resident_grads else 0.0
     fwd_base = resident + working + acts + accum_grads + head_grad
     fwd = fwd_base + logits
     # FSDP2 has resharded everything by the optimizer step
