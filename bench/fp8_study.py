@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()
 
-from tunedeck.core.train.fp8_scaling import SCHEMES, Scheme, bf16, product  # noqa: E402
+from tunedeck.core.train.fp8_scaling import SCHEMES, bf16, product  # noqa: E402
 
 HIDDEN, RANK, ALPHA = 3584, 16, 32
 
@@ -65,8 +65,10 @@ class Block:
 
         self.w = {"gate": w(f, k), "up": w(f, k), "down": w(k, f)}
         self.a = {n: w(RANK, m.shape[1]) for n, m in self.w.items()}
-        self.b = {n: 0.02 * torch.randn(m.shape[0], RANK, generator=gen, dtype=torch.float64)
-                  for n, m in self.w.items()}
+        self.b = {
+            n: 0.02 * torch.randn(m.shape[0], RANK, generator=gen, dtype=torch.float64)
+            for n, m in self.w.items()
+        }
         self.s = ALPHA / RANK
 
     @staticmethod
@@ -90,7 +92,9 @@ class Block:
 
     def lin(self, x, n, mode):
         u = self.mm(x, self.a[n], mode)
-        return self.rnd(self.frozen(x, self.w[n], mode) + self.s * self.mm(u, self.b[n], mode), mode), u
+        return self.rnd(
+            self.frozen(x, self.w[n], mode) + self.s * self.mm(u, self.b[n], mode), mode
+        ), u
 
     def lin_back(self, x, u, dy, n, mode):
         g = self.s * self.mm(dy, self.b[n].t(), mode)  # (N, r)
@@ -120,8 +124,14 @@ class Block:
         return {
             "out": {"gate": g, "up": up, "down": y},
             "dx": dxg + dxu,
-            "grads": {"gate.A": da_g, "gate.B": db_g, "up.A": da_u, "up.B": db_u,
-                      "down.A": da_d, "down.B": db_d},
+            "grads": {
+                "gate.A": da_g,
+                "gate.B": db_g,
+                "up.A": da_u,
+                "up.B": db_u,
+                "down.A": da_d,
+                "down.B": db_d,
+            },
         }
 
 
@@ -130,13 +140,19 @@ def rel(a, b):
 
 
 def compare(got, ref):
-    grads = {n: {"rel": rel(g, ref["grads"][n]),
-                 "cos": float(F.cosine_similarity(g.flatten(), ref["grads"][n].flatten(), dim=0))}
-             for n, g in got["grads"].items()}
+    grads = {
+        n: {
+            "rel": rel(g, ref["grads"][n]),
+            "cos": float(F.cosine_similarity(g.flatten(), ref["grads"][n].flatten(), dim=0)),
+        }
+        for n, g in got["grads"].items()
+    }
     return {
         "out_rel": {n: rel(o, ref["out"][n]) for n, o in got["out"].items()},
-        "out_worst_row": {n: float(((o - ref["out"][n]).norm(dim=1) / ref["out"][n].norm(dim=1)).max())
-                          for n, o in got["out"].items()},
+        "out_worst_row": {
+            n: float(((o - ref["out"][n]).norm(dim=1) / ref["out"][n].norm(dim=1)).max())
+            for n, o in got["out"].items()
+        },
         "dx_rel": rel(got["dx"], ref["dx"]),
         "grad_rel_max": max(g["rel"] for g in grads.values()),
         "grad_cos_min": min(g["cos"] for g in grads.values()),
@@ -163,12 +179,17 @@ def study(device: str, tokens: int, ffn: int) -> dict:
         ref = blk.run(x, mask, target, None)
         out[label] = {name: compare(blk.run(x, mask, target, m), ref) for name, m in modes.items()}
         row = out[label]
-        print(f"\n{label}: relative error against float64 (output gate/up/down | worst row | dx | LoRA grads max | min cos)")
+        print(
+            f"\n{label}: relative error against float64 (output gate/up/down | worst row | dx | LoRA grads max | min cos)"
+        )
         for name, r in row.items():
             o = r["out_rel"]
-            print(f"  {name:52s} {o['gate']:.2e}/{o['up']:.2e}/{o['down']:.2e} | "
-                  f"{max(r['out_worst_row'].values()):.2e} | {r['dx_rel']:.2e} | "
-                  f"{r['grad_rel_max']:.2e} | {r['grad_cos_min']:.6f}", flush=True)
+            print(
+                f"  {name:52s} {o['gate']:.2e}/{o['up']:.2e}/{o['down']:.2e} | "
+                f"{max(r['out_worst_row'].values()):.2e} | {r['dx_rel']:.2e} | "
+                f"{r['grad_rel_max']:.2e} | {r['grad_cos_min']:.6f}",
+                flush=True,
+            )
     return out
 
 
@@ -195,21 +216,32 @@ def gemm_speed(tokens: int = 8192, k: int = HIDDEN, n: int = 18944) -> dict:
     res = {"bf16": t(lambda: x @ w.t())}
     x8, sx = quant_rows(x)
     w8, sw = quant_rows(w)
-    res["fp8 per-row"] = t(lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw.t(),
-                                                    out_dtype=torch.bfloat16))
+    res["fp8 per-row"] = t(
+        lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw.t(), out_dtype=torch.bfloat16)
+    )
     # 1×128 tiles of x, 128×128 blocks of w: scale_a (tokens, k/128) M-major, scale_b (n/128, k/128)
     xs = x.float().reshape(tokens, k // 128, 128).abs().amax(-1).clamp(min=1e-12) / 448
-    xq = (x.float().reshape(tokens, k // 128, 128) / xs[..., None]).reshape(tokens, k).to(torch.float8_e4m3fn)
+    xq = (
+        (x.float().reshape(tokens, k // 128, 128) / xs[..., None])
+        .reshape(tokens, k)
+        .to(torch.float8_e4m3fn)
+    )
     ws = w.float().reshape(n // 128, 128, k // 128, 128).abs().amax((1, 3)).clamp(min=1e-12) / 448
-    wq = (w.float().reshape(n // 128, 128, k // 128, 128) / ws[:, None, :, None]).reshape(n, k).to(torch.float8_e4m3fn)
+    wq = (
+        (w.float().reshape(n // 128, 128, k // 128, 128) / ws[:, None, :, None])
+        .reshape(n, k)
+        .to(torch.float8_e4m3fn)
+    )
     sa = xs.t().contiguous().t()  # outer-dim-major, as cuBLAS's blockwise mode wants
     tries = {
-        "_scaled_mm(sa, sb)": lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=ws.t(),
-                                                        out_dtype=torch.bfloat16),
-        "_scaled_mm(sa, sb.T)": lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=ws,
-                                                          out_dtype=torch.bfloat16),
+        "_scaled_mm(sa, sb)": lambda: torch._scaled_mm(
+            xq, wq.t(), scale_a=sa, scale_b=ws.t(), out_dtype=torch.bfloat16
+        ),
+        "_scaled_mm(sa, sb.T)": lambda: torch._scaled_mm(
+            xq, wq.t(), scale_a=sa, scale_b=ws, out_dtype=torch.bfloat16
+        ),
     }
-    ref = (x.float() @ w.float().t())
+    ref = x.float() @ w.float().t()
     for name, fn in tries.items():
         try:
             y = fn()
@@ -233,7 +265,12 @@ def main() -> None:
     p.add_argument("--ffn", type=int, default=4736, help="FFN width (a multiple of 128)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
-    res = {"device": a.device, "tokens": a.tokens, "ffn": a.ffn, "study": study(a.device, a.tokens, a.ffn)}
+    res = {
+        "device": a.device,
+        "tokens": a.tokens,
+        "ffn": a.ffn,
+        "study": study(a.device, a.tokens, a.ffn),
+    }
     if a.device == "cuda":
         res["gemm"] = gemm_speed()
     if a.json:

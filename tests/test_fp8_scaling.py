@@ -79,7 +79,9 @@ def test_product_is_an_fp32_accumulated_gemm_of_dequantized_operands():
     # bf16 (scheme None) is far closer to the exact product than any fp8 scheme
     e_bf16 = float((fs.product(a, b, None) - exact).norm() / exact.norm())
     assert e_bf16 < 0.01
-    assert e_bf16 < min(float((fs.product(a, b, s) - exact).norm() / exact.norm()) for s in fs.SCHEMES)
+    assert e_bf16 < min(
+        float((fs.product(a, b, s) - exact).norm() / exact.norm()) for s in fs.SCHEMES
+    )
     # keeping the outlier channel in bf16 beats plain per-row scaling on this input
     err = {s: float((fs.product(a, b, s) - exact).norm() / exact.norm()) for s in fs.SCHEMES}
     assert err[fs.ROWS_OUTLIERS] < err[fs.ROWS]
