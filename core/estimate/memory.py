@@ -93,6 +93,7 @@ class MemoryInputs:
     # gradients are views of DDP's buckets, allocated once (its first forward) and kept for
     # the whole run, so they are live in the forward too, not only from the backward on
     grads_in_buckets: bool = False
+    fp8_base: bool = False  # method.fp8_base: the frozen products in e4m3 (same bytes as bf16)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -290,6 +291,13 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         notes.append("Megatron: approximated as weights/(tp·pp), activations/tp")
     if m.device == "cuda" and not m.fused_optimizer and s in ("ddp", "fsdp2") and optim:
         opt_temp = optim / 2  # foreach AdamW's sqrt(v): one state's size, on this rank
+
+    if m.fp8_base:
+        notes.append(
+            "frozen base in fp8 (e4m3, per-row scales): ~1.3x tokens/s, same memory; its LoRA "
+            "gradients come out ~6-14 % off against bf16's ~1 % on outlier-heavy activations "
+            "(docs/benchmarks.md, the fp8 study)"
+        )
 
     # -- activations and the loss ---------------------------------------------------------
     per_layer = _activation_bytes_per_token_layer(m) * tokens

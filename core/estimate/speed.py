@@ -115,7 +115,7 @@ def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
                 "gain": FP8_GAIN,
                 "why": f"the frozen base's matmuls in fp8: ~{FP8_GAIN:.2f}x tokens/s, "
                 "same memory; caveat: on outlier-heavy activations (pretrained "
-                "checkpoints) the LoRA gradients are ~2-16 % off against bf16's ~1 % "
+                "checkpoints) the LoRA gradients are ~6-14 % off against bf16's ~1 % "
                 "(docs/benchmarks.md, fp8 study)",
             }
         )
