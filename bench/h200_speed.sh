@@ -4,13 +4,13 @@
 # Wheels (liger-kernel, textual, tomli-w...) and Unsloth come in .gpu/ (`bash bench/gpu_wheels.sh
 # --unsloth`), the anchor as bench/anchor/ (copied from shared/anchors/lora_baseline.py):
 #   run(carry=[".gpu", "bench/anchor"], command="bash bench/h200_speed.sh $OUT")
-# Cases are bench/trainer_bench.sh's (the default: the table of issue 17); --launch also runs
+# Cases are bench/trainer_bench.sh's (the default: the table of issue 32); --launch also runs
 # the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
 # Everything lands in /tmp/h200 (a 15 GB model folder among it); OUTDIR gets table.md,
 # results.tgz (events, logs, profiles) and launch.json.
 set -uo pipefail
 OUT=${1:?usage: h200_speed.sh OUTDIR [CASES] [--launch]}
-CASES=${2:-ours-default-1,anchor-1,anchor-liger-1,anchor-compile-1,unsloth-1,ours-default-1-bf16}
+CASES=${2:-ours-default-1-fp8,anchor-1,anchor-liger-1,unsloth-1,ours-default-1-bf16}
 LAUNCH=${3:-}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -62,9 +62,24 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
+def _values(rank: int, step: int) -> tuple:
+    """Every field of a step varies from step to step and rank to rank, as a real run's do
+    (a constant column stores and compresses unlike a real one): loss, a cosine lr, grad norm,
+    packed tokens, step/wait/compute times, memory, speed, MFU."""
+    h = (step * 2654435761 + rank * 40503) % 1000003 / 1000003.0  # cheap pseudo-noise
+    loss = 2.0 + 1.0 / (1 + step / 5000) + 0.02 * math.sin(step / 50) + 0.05 * (h - 0.5)
+    lr = 1e-4 * 0.5 * (1 + math.cos(math.pi * (step % 1000000) / 1000000))
+    tokens = 7000 + int(1192 * h)
+    step_s = 0.55 + 0.1 * h
+    wait = 0.002 + 0.004 * ((h * 7) % 1)
+    compute = step_s - 0.15 - wait
+    mem = 61.0 + 0.6 * ((h * 13) % 1)
+    return loss, lr, 0.5 + 0.3 * h, tokens, step_s, wait, compute, mem, tokens / step_s
+
+
 def step_event(rank: int, step: int, t: float) -> str:
-    """One step event exactly as the built-in trainer writes it (core/rundir/events.py)."""
-    loss = 2.0 + 1.0 / (1 + step / 5000) + 0.02 * math.sin(step / 50)
+    """One step event as the built-in trainer writes it (core/rundir/events.py)."""
+    loss, lr, gn, tokens, step_s, wait, compute, mem, tps = _values(rank, step)
     return (
         json.dumps(
             {
@@ -73,16 +88,16 @@ def step_event(rank: int, step: int, t: float) -> str:
                 "rank": rank,
                 "step": step,
                 "loss": loss,
-                "lr": 1e-4,
-                "grad_norm": 0.5 + (step % 7) * 0.01,
-                "tokens": 8192,
-                "step_s": 0.6,
-                "data_wait_s": 0.004,
-                "compute_s": 0.4,
-                "mem_gib": 61.3,
-                "tokens_per_s": 13653.0,
+                "lr": lr,
+                "grad_norm": gn,
+                "tokens": tokens,
+                "step_s": step_s,
+                "data_wait_s": wait,
+                "compute_s": compute,
+                "mem_gib": mem,
+                "tokens_per_s": tps,
                 "epoch": step // 100000,
-                "mfu": 0.41,
+                "mfu": tps / 33000,
             }
         )
         + "\n"
@@ -90,18 +105,33 @@ def step_event(rank: int, step: int, t: float) -> str:
 
 
 _STEP = (
-    '{"t": %r, "kind": "step", "rank": %d, "step": %d, "loss": %r, "lr": 0.0001, '
-    '"grad_norm": %r, "tokens": 8192, "step_s": 0.6, "data_wait_s": 0.004, '
-    '"compute_s": 0.4, "mem_gib": 61.3, "tokens_per_s": 13653.0, "epoch": %d, '
-    '"mfu": 0.41}\n'
+    '{"t": %r, "kind": "step", "rank": %d, "step": %d, "loss": %r, "lr": %r, '
+    '"grad_norm": %r, "tokens": %d, "step_s": %r, "data_wait_s": %r, '
+    '"compute_s": %r, "mem_gib": %r, "tokens_per_s": %r, "epoch": %d, '
+    '"mfu": %r}\n'
 )
 
 
 def fast_step_event(rank: int, step: int, t: float) -> str:
     """step_event's bytes, formatted without json.dumps (the live writer's 5,000 lines/s
     must not starve the agent it measures of the second core)."""
-    loss = 2.0 + 1.0 / (1 + step / 5000) + 0.02 * math.sin(step / 50)
-    return _STEP % (t, rank, step, loss, 0.5 + (step % 7) * 0.01, step // 100000)
+    loss, lr, gn, tokens, step_s, wait, compute, mem, tps = _values(rank, step)
+    return _STEP % (
+        t,
+        rank,
+        step,
+        loss,
+        lr,
+        gn,
+        tokens,
+        step_s,
+        wait,
+        compute,
+        mem,
+        tps,
+        step // 100000,
+        tps / 33000,
+    )
 
 
 # -- building the runs ---------------------------------------------------------------------

@@ -363,7 +363,7 @@ def test_builtin_trainer_plans_with_its_measured_utilisation(tmp_path):
         out = json.loads(cli(*argv, home=tmp_path).stdout)
         return out["throughput"]["mfu"], out["throughput"]["tokens_per_s_per_gpu"]
 
-    fp8, bf16 = mfu(), mfu("method.fp8_base=false")
+    fp8, bf16 = mfu("method.fp8_base=true"), mfu()
     assert fp8[0] == BUILTIN_FP8_MFU and bf16[0] == BUILTIN_COMPILED_MFU
     # the 7B preset was measured at 22,219 and 17,031 tokens/s: the plan is within 5 %
     assert abs(fp8[1] / 22219 - 1) < 0.05 and abs(bf16[1] / 17031 - 1) < 0.05
@@ -404,9 +404,12 @@ def test_builtin_runs_are_offered_the_switches_measured_faster(tmp_path):
     assert "faster with the built-in trainer" in text
     assert "--set method.fp8_base=true" in text
     assert offered("NVIDIA A100-SXM4-80GB", "method.fp8_base=false")[1] == {}
-    assert offered("NVIDIA H200")[1] == {}  # the preset has it on
+    assert offered("NVIDIA H200", "method.fp8_base=true")[1] == {}  # on already
+    # the preset keeps bf16 (the fp8 study): on an H200 it is offered, with its caveat
+    text, got = offered("NVIDIA H200")
+    assert set(got) == {"method.fp8_base"} and "caveat" in got["method.fp8_base"]["why"]
     assert offered("NVIDIA H200", "method.fp8_base=false", "method.lora_dropout=0.05")[1] == {}
-    _, got = offered("NVIDIA H200", "train.compile=false")
+    _, got = offered("NVIDIA H200", "train.compile=false", "method.fp8_base=true")
     assert set(got) == {"train.compile"}
 
 

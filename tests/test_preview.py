@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tests.conftest import DEMO, REPO, cli
+from tunedeck.core.estimate import QWEN25
 from tunedeck.core.estimate.fit import MARGIN, fit
 from tunedeck.core.preflight.config import check_gpu_memory
 from tunedeck.core.preflight.preview import preview, settings_lines
@@ -213,3 +214,19 @@ def test_the_dry_run_lists_ms_swift_settings_as_the_pane_does(tmp_path, td_home,
     assert p.settings
     for line in settings_lines(p.settings):
         assert f"#   {line}\n" in text and line in pane
+
+
+def test_the_pane_and_estimate_say_when_the_base_runs_in_fp8(tmp_path):
+    """The fp8 frozen base changes what a fine-tune ends with (docs/benchmarks.md, the fp8
+    study): the compose pane's summary and the estimate's notes name it, only when it is on."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
+    said = {}
+    for on in ("true", "false"):
+        spec = load_spec(preset, [f"model.path={tmp_path}", f"method.fp8_base={on}"])
+        p = preview(spec, facts_of(139.8))
+        notes = " ".join(p.estimate.memory.notes)
+        pane = build_preview(spec, facts_of(139.8)).facts.plain
+        said[on] = ("frozen base in fp8" in p.summary, "frozen base in fp8" in notes, pane)
+    assert said["true"][:2] == (True, True) and "frozen base in fp8" in said["true"][2]
+    assert said["false"][:2] == (False, False) and "frozen base in fp8" not in said["false"][2]

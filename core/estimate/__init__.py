@@ -150,6 +150,8 @@ def inputs_for_spec(
         # its LoRA linears fused on CUDA under DDP, without dropout (lora_fused.eligible)
         fused_lora=(own and device == "cuda" and m.type == "lora" and m.lora_dropout == 0),
         expandable_segments=own and device == "cuda",
+        grads_in_buckets=own and p.strategy == "ddp",
+        fp8_base=traits_of(spec.backend).fp8_base and m.type == "lora" and m.fp8_base,
     )
 
 

@@ -114,8 +114,9 @@ def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
                 "value": "true",
                 "gain": FP8_GAIN,
                 "why": f"the frozen base's matmuls in fp8: ~{FP8_GAIN:.2f}x tokens/s, "
-                "same memory, loss within ~1 % of bf16 over 30 steps; each "
-                "product ~4 % off (finer than QLoRA's 4-bit base)",
+                "same memory; caveat: on outlier-heavy activations (pretrained "
+                "checkpoints) the LoRA gradients are ~6-14 % off against bf16's ~1 % "
+                "(docs/benchmarks.md, fp8 study)",
             }
         )
     return out

@@ -12,6 +12,8 @@ worker.
 
 from __future__ import annotations
 
+from tunedeck.core.backend_traits import traits_of
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,8 +181,11 @@ def preview(
         length = words(resolved)
     batch = describe(run, plan.world_size)  # data-parallel only (Megatron divides)
     where = f"{c.nnodes} node(s) x {c.nproc_per_node} {c.device.upper()} rank(s), {c.dist_backend}"
+    # the fp8 frozen base changes the numbers a fine-tune ends with: the summary says so
+    on = traits_of(resolved.backend).fp8_base and run.method.type == "lora" and run.method.fp8_base
+    fp8 = " with the frozen base in fp8" if on else ""
     summary = (
-        f"{resolved.name}: {resolved.backend} backend, {run.method.type} on "
+        f"{resolved.name}: {resolved.backend} backend, {run.method.type}{fp8} on "
         f"{resolved.model.path}; {where}; {resolved.parallel.strategy}. {batch}; {length}."
     )
     warning = ps_warning(plan)

@@ -113,8 +113,13 @@ def render_preview(p) -> PreviewData:
     resolved, c = p.spec, p.spec.cluster
     facts_t = Text()
     facts_t.append(f"{resolved.backend} · ", style="bold")
+    fp8 = (
+        " (frozen base in fp8)"
+        if getattr(p.estimate, "inputs", None) and p.estimate.inputs.fp8_base
+        else ""
+    )
     facts_t.append(
-        f"{resolved.method.type} on {resolved.model.path} · {c.nnodes} node(s) × "
+        f"{resolved.method.type}{fp8} on {resolved.model.path} · {c.nnodes} node(s) × "
         f"{c.nproc_per_node} {c.device} rank(s) · {c.dist_backend} · "
         f"{resolved.parallel.strategy}\n"
     )
