@@ -6,7 +6,10 @@ screen opens: a prompt, both answers side by side as they stream."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+from tunedeck.cli.common import err
 
 from tunedeck.core.api import Answer, Chat, clean, find_run, pick_checkpoint, print_json
 
@@ -27,6 +30,9 @@ def cmd_chat(args) -> int:
     run = find_run(args.run)
     src = pick_checkpoint(run.run_dir, args.checkpoint)
     if args.prompt is None:
+        if not sys.stdout.isatty() and not os.environ.get("TUNEDECK_FORCE_TUI"):
+            err("the chat screen needs a terminal; -p PROMPT answers on stdout")
+            return 2
         from tunedeck.tui.screens.chat import run_chat_app
 
         return run_chat_app(src, device=args.device, max_new_tokens=args.max_new_tokens)
