@@ -93,6 +93,7 @@ def export_model(
     merge: bool = True,
     dtype: str = "bf16",
     progress: Callable[[str], None] = lambda _msg: None,
+    device: str = "cpu",
 ) -> Path:
     """Write the export into `out` (which must not exist); returns it."""
     import torch
@@ -123,7 +124,7 @@ def export_model(
             progress(
                 f"loading {'the base and the adapter' if merged else 'the checkpoint'} ({dtype})"
             )
-            model = load_model(src, base, torch_dtype)
+            model = load_model(src, base, torch_dtype, device)
             if merged:
                 progress("merging the adapter into the base")
                 model = model.merge_and_unload()
