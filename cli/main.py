@@ -18,11 +18,13 @@ import sys
 
 from tunedeck.cli import (
     again,
+    chat,
     delete,
     demo,
     diagnose,
     doctor,
     estimate,
+    export_model,
     importexport,
     launch,
     logs,
@@ -33,6 +35,7 @@ from tunedeck.cli import (
     stacks,
     status,
     stop,
+    tb,
     tui,
 )
 from tunedeck.cli.common import err, one_line
@@ -57,6 +60,9 @@ VERBS = (
     nodes,
     delete,
     again,
+    export_model,
+    chat,
+    tb,
 )
 
 

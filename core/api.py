@@ -69,6 +69,13 @@ __all__ = [
     "warm_backend",
     "warm_note",
     "TERMINAL",
+    "Answer",
+    "Chat",
+    "ModelOutError",
+    "ModelSource",
+    "export_model",
+    "pick_checkpoint",
+    "tracking_dir",
     "CommandImportError",
     "ExportError",
     "FlagTableError",
@@ -125,6 +132,19 @@ __all__ = [
     "summary_line",
     "write_json",
 ]
+
+
+# -- the trained model out: which checkpoint, export, chat, the trackers' folder ------------
+from tunedeck.core.modelout import ModelOutError, Source as ModelSource, pick as pick_checkpoint
+from tunedeck.core.modelout.chat import Answer, Chat
+from tunedeck.core.trackers import tracking_dir
+
+
+def export_model(src: ModelSource, out: Path, **kw: Any) -> Path:
+    """The checkpoint as a transformers folder (merged, or the adapter alone) with a model card."""
+    from tunedeck.core.modelout.export import export_model as _export
+
+    return _export(src, out, **kw)
 
 
 def __getattr__(name: str) -> Any:

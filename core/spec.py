@@ -502,6 +502,34 @@ class RunPolicy:
 
 
 @dataclass
+class TrackingSpec:
+    # The built-in trainer mirrors its metrics into the trackers users already read
+    # (core/trackers); ms-swift and HF scripts report by themselves (--report_to).
+    tensorboard: bool = opt(
+        True,
+        help="TensorBoard event files in <run dir>/tracking/tensorboard (`tunedeck tb` serves them)",
+        when={"backend": ("builtin",)},
+    )
+    wandb: str = opt(
+        "off",
+        help="W&B: offline writes <run dir>/tracking/wandb (`wandb sync` later); online logs in",
+        choices=("off", "offline", "online"),
+        when={"backend": ("builtin",)},
+    )
+    wandb_project: str = opt(
+        "tunedeck",
+        help="W&B project",
+        when={"backend": ("builtin",), "tracking.wandb": ("offline", "online")},
+    )
+    mlflow: bool = opt(False, help="MLflow: log the run's metrics", when={"backend": ("builtin",)})
+    mlflow_uri: str = opt(
+        "",
+        help="MLflow tracking URI; empty = a file store in <run dir>/tracking/mlruns",
+        when={"backend": ("builtin",), "tracking.mlflow": (True,)},
+    )
+
+
+@dataclass
 class SwiftSpec:
     command: str = opt(
         "sft",
@@ -586,6 +614,9 @@ class RunSpec:
     parallel: ParallelSpec = opt(help="Parallelism", factory=ParallelSpec)
     cluster: ClusterSpec = opt(help="Nodes, processes and rendezvous", factory=ClusterSpec)
     run: RunPolicy = opt(help="Restarts, stopping and outputs", factory=RunPolicy)
+    tracking: TrackingSpec = opt(
+        help="Metrics mirrored to TensorBoard, W&B, MLflow", factory=TrackingSpec
+    )
     swift: SwiftSpec = opt(help="ms-swift backend options", factory=SwiftSpec)
     script: ScriptSpec = opt(help="Custom script backend options", factory=ScriptSpec)
     llamafactory: LlamaFactorySpec = opt(
@@ -668,6 +699,7 @@ GROUP_OF_TABLE = {
     "parallel": "parallelism",
     "cluster": "cluster",
     "run": "environment",
+    "tracking": "environment",
     "swift": "run",
     "script": "run",
     "llamafactory": "run",

@@ -1,0 +1,25 @@
+"""`tunedeck tb RUN`: the command that serves a run's TensorBoard files (printed, not run: the
+user picks the host, port and tunnel)."""
+
+from __future__ import annotations
+
+import shlex
+
+from tunedeck.core.api import RunNotFound, clean, find_run, tracking_dir
+
+
+def register(sub) -> None:
+    s = sub.add_parser("tb", help="print the command that serves a run's TensorBoard files")
+    s.add_argument("run", help="run id, unique prefix, or name")
+    s.set_defaults(func=cmd_tb)
+
+
+def cmd_tb(args) -> int:
+    run = find_run(args.run)
+    logdir = tracking_dir(run.run_dir) / "tensorboard"
+    if not logdir.is_dir():
+        raise RunNotFound(
+            f"run {run.run_id} has no TensorBoard files ({logdir}); tracking.tensorboard is off or the run has not started"
+        )
+    print(clean(f"tensorboard --logdir {shlex.quote(str(logdir))} --port 6006"))
+    return 0

@@ -1,0 +1,154 @@
+"""One sink per tracker, each written through the tracker's own library (imported only when
+configured): TensorBoard (torch's SummaryWriter, the tensorboard package's event format), W&B
+(`wandb.init(mode="offline")` by default: a run folder `wandb sync` uploads later) and MLflow
+(a file store in the run directory, or the user's tracking URI).
+
+Every sink gets the masked spec as its config and launch.sh (masked) as its notes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.spec import RunSpec, mask_spec
+
+
+class Sink(Protocol):
+    name: str
+
+    def log(self, step: int, values: dict[str, float]) -> None: ...
+    def note(self, step: int, tag: str, text: str) -> None: ...
+    def close(self, dropped: int) -> None: ...
+
+
+def tracking_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "tracking"
+
+
+def _notes(run_dir: Path) -> str:
+    try:
+        return RunDir(run_dir).launch_sh.read_text(errors="replace")[:20000]
+    except OSError:
+        return ""
+
+
+class TensorBoardSink:
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path, spec: RunSpec):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.w = SummaryWriter(str(tracking_dir(run_dir) / "tensorboard"))
+        self.w.add_text("spec", "```\n" + mask_spec(spec).to_toml() + "\n```", 0)
+        if notes := _notes(run_dir):
+            self.w.add_text("command", "```\n" + notes + "\n```", 0)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for tag, v in values.items():
+            self.w.add_scalar(tag, v, step)
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        self.w.add_text(tag, text, step)
+
+    def close(self, dropped: int) -> None:
+        self.w.add_scalar("tracking/dropped_points", dropped, 0)
+        self.w.close()
+
+
+class WandbSink:
+    name = "wandb"
+
+    def __init__(self, run_dir: Path, spec: RunSpec):
+        import wandb
+
+        out = tracking_dir(run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=spec.tracking.wandb_project,
+            name=spec.name,
+            id=Path(run_dir).name,
+            dir=str(out),
+            mode=spec.tracking.wandb,
+            config=mask_spec(spec).to_dict(),
+            notes=_notes(run_dir),
+            tags=[spec.backend, spec.method.type],
+            # the rank's own stdout stays its own; GPU telemetry is tunedeck's (run.db)
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        )
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        self.run.summary[tag] = text
+
+    def close(self, dropped: int) -> None:
+        self.run.summary["tracking/dropped_points"] = dropped
+        self.run.finish()
+
+
+class MlflowSink:
+    name = "mlflow"
+
+    def __init__(self, run_dir: Path, spec: RunSpec):
+        from mlflow.tracking import MlflowClient
+
+        uri = spec.tracking.mlflow_uri
+        if not uri:  # a folder beside the run needs no server; MLflow 3 asks to allow it
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (tracking_dir(run_dir) / "mlruns").resolve().as_uri()
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name("tunedeck")
+        exp_id = exp.experiment_id if exp else self.client.create_experiment("tunedeck")
+        run = self.client.create_run(
+            exp_id,
+            run_name=spec.name,
+            tags={
+                "tunedeck.run_id": Path(run_dir).name,
+                "mlflow.note.content": _notes(run_dir),
+            },
+        )
+        self.run_id = run.info.run_id
+        self.client.log_text(self.run_id, mask_spec(spec).to_toml(), "spec.toml")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        ms = int(time.time() * 1000)
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(k, v, ms, step) for k, v in values.items()]
+        )
+
+    def note(self, step: int, tag: str, text: str) -> None:
+        self.client.set_tag(self.run_id, tag, text)
+
+    def close(self, dropped: int) -> None:
+        self.client.set_tag(self.run_id, "tracking.dropped_points", str(dropped))
+        self.client.set_terminated(self.run_id)
+
+
+def open_sinks(spec: RunSpec, run_dir: Path) -> tuple[list[Sink], list[str]]:
+    """The sinks the spec asks for, and one line per tracker that could not start."""
+    t = spec.tracking
+    wanted = []
+    if t.tensorboard:
+        wanted.append(("tensorboard", TensorBoardSink, "tensorboard"))
+    if t.wandb != "off":
+        wanted.append(("wandb", WandbSink, "wandb"))
+    if t.mlflow:
+        wanted.append(("mlflow", MlflowSink, "mlflow-skinny"))
+    sinks, problems = [], []
+    for name, cls, package in wanted:
+        try:
+            sinks.append(cls(run_dir, spec))
+        except ImportError as e:
+            problems.append(
+                f"tracking.{name}: {e.name or package} is not installed "
+                f"(pip install 'tunedeck[trackers]'); {name} is off for this run"
+            )
+        except Exception as e:  # noqa: BLE001 - a tracker never stops the run
+            problems.append(f"tracking.{name} could not start ({type(e).__name__}: {e})")
+    return sinks, problems
