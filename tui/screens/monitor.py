@@ -83,19 +83,29 @@ class MonitorScreen(TunedeckScreen):
         Binding("K", "kill", "Kill"),
         Binding("d", "stacks", "Stacks"),
     ]
+    # The chart and the GPUs get the area (as btop and nvitop give it): progress and findings
+    # share a short top band, the chart and the hardware the middle, the log a band that
+    # grows while it has focus. NCCL sits beside the log, and gives its place to the log on
+    # a run without NCCL lines (gloo, CPU). At 80 columns the hardware is as wide as the chart.
     DEFAULT_CSS = """
     MonitorScreen TitleBar { dock: top; }
     MonitorScreen #panes {
         layout: grid; height: 1fr;
-        grid-size: 2 4; grid-columns: 3fr 2fr; grid-rows: 6 5 3 1fr; grid-gutter: 0 1;
+        grid-size: 2 4; grid-columns: 1fr 1fr; grid-rows: 5 2fr 1fr 2; grid-gutter: 0 1;
     }
     MonitorScreen #nccl-pane, MonitorScreen #log-pane { column-span: 2; }
+    MonitorScreen.-log-focus #panes { grid-rows: 5 1fr 2fr 2; }
     MonitorScreen.-wide #panes {
-        grid-size: 4 3; grid-columns: 1fr 1fr 1fr 1fr; grid-rows: 9 14 1fr;
+        grid-size: 2 3; grid-columns: 3fr 2fr; grid-rows: 7 2fr 1fr;
     }
-    MonitorScreen.-wide #progress-pane, MonitorScreen.-wide #hw-pane,
-    MonitorScreen.-wide #nccl-pane { column-span: 2; }
-    MonitorScreen.-wide #log-pane { column-span: 4; }
+    MonitorScreen.-wide.-log-focus #panes { grid-rows: 7 1fr 2fr; }
+    MonitorScreen.-wide #nccl-pane, MonitorScreen.-wide #log-pane { column-span: 1; }
+    MonitorScreen.-no-nccl #nccl-pane { display: none; }
+    MonitorScreen.-no-nccl #panes { grid-size: 2 3; grid-rows: 5 2fr 1fr; }
+    MonitorScreen.-no-nccl.-log-focus #panes { grid-rows: 5 1fr 2fr; }
+    MonitorScreen.-wide.-no-nccl #panes { grid-rows: 7 2fr 1fr; }
+    MonitorScreen.-wide.-no-nccl.-log-focus #panes { grid-rows: 7 1fr 2fr; }
+    MonitorScreen.-no-nccl #log-pane { column-span: 2; }
     MonitorScreen #loss-plot { height: 1fr; }
     MonitorScreen #log-status { height: 1; color: $text-muted; }
     MonitorScreen #log-search { height: 1; border: none; padding: 0; display: none; }
@@ -122,26 +132,26 @@ class MonitorScreen(TunedeckScreen):
         with Container(id="panes"):
             with ScrollPane(id="progress-pane", title="progress"):
                 yield ProgressView(id="monitor-stats")
+            with Pane(id="findings-pane", title="findings"):
+                yield FindingsList(id="findings-list")
             with Pane(id="loss-pane", title="loss"):
                 # the whole run from run.db, zoomable; it queries in its own worker
                 yield LossPlot(RunSource.for_run_id(self.run_ref), id="loss-plot")
-            with Pane(id="findings-pane", title="findings"):
-                yield FindingsList(id="findings-list")
             with ScrollPane(id="hw-pane", title="hardware"):
                 yield HardwareView(id="gpu-panel")
-            with ScrollPane(id="nccl-pane", title="NCCL"):
-                yield NcclView(id="nccl-view")
             with Pane(id="log-pane", title="rank 0 log"):
                 yield LogView(id="log-view")
                 yield SearchInput(
                     placeholder="search the log (Enter; Esc to cancel)", id="log-search"
                 )
                 yield Static("reading…", id="log-status", markup=False)
+            with ScrollPane(id="nccl-pane", title="NCCL"):
+                yield NcclView(id="nccl-view")
         yield Footer()
 
     def on_mount(self) -> None:
         self._layout_for(self.size.width, self.size.height)
-        self.query_one(LogView).focus()
+        self.query_one(LossPlot).focus()  # the chart's keys (cursor, zoom) work at once
         self.poll()
         self.set_interval(self.app.refresh_s, self.poll)
         self.set_interval(self.app.refresh_s, self.poll_log)
@@ -151,6 +161,11 @@ class MonitorScreen(TunedeckScreen):
 
     def _layout_for(self, width: int, height: int) -> None:
         self.set_class(width >= WIDE[0] and height >= WIDE[1], "-wide")
+
+    def on_descendant_focus(self, event) -> None:
+        # the log band grows while it has focus, and gives the rows back after
+        log = self.query_one("#log-pane")
+        self.set_class(event.widget is log or log in event.widget.ancestors, "-log-focus")
 
     def on_unmount(self) -> None:
         # wait for a poll in flight: its SQLite connection must not close under it (seen:
@@ -227,6 +242,9 @@ class MonitorScreen(TunedeckScreen):
         self.query_one(HardwareView).show(snap.telemetry, snap.history, run.state.get("host"))
         self._show_findings(snap)
         self.query_one(NcclView).show(snap.nccl)
+        # a run whose logs hold no NCCL line (gloo, CPU) gets no NCCL pane
+        if snap.nccl is not None and all(r.caught_up for r in snap.nccl):
+            self.set_class(not any(r.nccl_lines or r.issues for r in snap.nccl), "-no-nccl")
         self.ranks = snap.ranks or [0]
         self.show_s.append(time.perf_counter() - t0)
 
