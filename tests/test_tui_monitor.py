@@ -33,6 +33,7 @@ from tunedeck.tui.screens.monitor import MonitorScreen
 from tunedeck.tui.widgets.findings import FindingScreen, FindingsList
 from tunedeck.tui.widgets.hardware import HardwareView
 from tunedeck.tui.widgets.logview import HIT_STYLE, LogView
+from tunedeck.tui.widgets.lossplot import LossPlot
 from tunedeck.tui.widgets.nccl import NcclView
 from tunedeck.tui.widgets.progress import ProgressView
 
@@ -524,18 +525,19 @@ async def test_tab_moves_between_panes_and_m_maximises(fx_home):
             while w is not None and not (w.id or "").endswith("-pane"):
                 w = w.parent
             order.append(w.id if w is not None else None)
+        # from the chart, where the monitor opens, in reading order round to it again
         assert order == [
-            "progress-pane",
-            "loss-pane",
-            "findings-pane",
             "hw-pane",
-            "nccl-pane",
             "log-pane",
+            "nccl-pane",
+            "progress-pane",
+            "findings-pane",
+            "loss-pane",
         ]
         await pilot.press("m")
-        assert screen.maximized is screen.query_one("#log-pane")
+        assert screen.maximized is screen.query_one("#loss-pane")
         await pilot.pause()
-        assert screen.query_one("#log-pane").size.height >= 20
+        assert screen.query_one("#loss-pane").size.height >= 20
         await pilot.press("m")
         assert screen.maximized is None
 
@@ -561,6 +563,38 @@ async def test_loss_pane_charts_the_whole_run_and_zooms(fx_home):
         await _until(pilot, lambda: plot.view is None, what="the whole run again")
         n = len(screen.show_s)
         await _until(pilot, lambda: len(screen.show_s) >= n + 3, what="refreshes go on")
+
+
+async def test_the_chart_has_the_area_and_help_lists_the_focused_panes_keys(fx_home):
+    app = TunedeckApp(open_run=RUN_ID, refresh_s=3600)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await _open(pilot, app)
+        plot = screen.query_one(LossPlot)
+        # the chart opens focused, with most of the middle of the screen
+        assert screen.focused is plot
+        assert plot.size.width >= 80 and plot.size.height >= 25  # 38x6 before
+        footer = {k for k, (_, b, on, _) in app.screen.active_bindings.items() if on and b.show}
+        assert {"plus", "left", "full_stop", "r", "s", "e"} <= footer
+        await pilot.press("question_mark")
+        help_screen = app.screen
+        assert isinstance(help_screen, HelpScreen)
+        text = str(help_screen.query_one("#help-text").render())
+        # the chart's keys first, under its pane's title, then the screen's; `[` is text
+        assert text.index("loss (focused)") < text.index("←/→") < text.index("this screen")
+        assert text.index("this screen") < text.index("Stop")
+        assert "[ ]" in text and "Previous rank" in text and "[/b]" not in text
+        for desc in ("Cursor", "Smoothing", "Less smoothing", "Pan left", "Log y", "Grad norm"):
+            assert desc in text
+        await pilot.press("escape")
+        # the log band grows while it has focus
+        before = screen.query_one(LogView).size.height
+        screen.query_one(LogView).focus()
+        await pilot.pause(0.1)
+        assert screen.has_class("-log-focus")
+        assert screen.query_one(LogView).size.height > before
+        await pilot.press("question_mark")
+        text = str(app.screen.query_one("#help-text").render())
+        assert text.index("rank 0 log (focused)") < text.index("this screen")
 
 
 async def test_readonly_hides_stop_and_kill(fx_home):
@@ -896,12 +930,18 @@ def fixed_home(monkeypatch):
     yield FIXED_HOME
 
 
-def test_snapshot_monitor_80x24(fixed_home, snap_compare):
-    assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=_settle)
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48), (240, 67)], ids=str)
+def test_snapshot_monitor(fixed_home, snap_compare, size):
+    assert snap_compare(_snapshot_app(), terminal_size=size, run_before=_settle)
 
 
-def test_snapshot_monitor_160x48(fixed_home, snap_compare):
-    assert snap_compare(_snapshot_app(), terminal_size=(160, 48), run_before=_settle)
+def test_snapshot_help_80x24(fixed_home, snap_compare):
+    async def run_before(pilot):
+        await _settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+
+    assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=run_before)
 
 
 def test_snapshot_nccl_maximised_80x24(fixed_home, snap_compare):

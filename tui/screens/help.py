@@ -8,7 +8,7 @@ exactly as the footer and the command palette leave it out.
 
 from __future__ import annotations
 
-from rich.markup import escape
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -73,15 +73,19 @@ class HelpScreen(ReadonlyAware, ModalScreen[None]):
         self.under = under
 
     def compose(self) -> ComposeResult:
-        # keys such as `[` are text, not markup
-        text = "\n\n".join(
-            f"[b]{escape(title)}[/b]\n"
-            + "\n".join(f"  [b]{escape(keys):<12}[/b] {escape(desc)}" for keys, desc in rows)
-            for title, rows in help_sections(self.under, self.app)
-        )
+        # built as Text, not markup: keys such as `[` are text
+        text = Text()
+        for title, rows in help_sections(self.under, self.app):
+            text.append(title + "\n", style="bold")
+            for keys, desc in rows:
+                text.append(f"  {keys:<12}", style="bold")
+                text.append(f" {desc}\n")
+            text.append("\n")
         doc = getattr(self.under, "HELP", "") or ""
         if getattr(self.app, "readonly", False):
             doc = (doc + "\n\nRead-only session: keys that change anything are hidden.").strip()
+        text.append(doc)
+        text.rstrip()
         with VerticalScroll(id="help-box"):  # at 80x24 the keys can outgrow the screen
-            yield Static(f"{text}\n\n{escape(doc)}".rstrip(), id="help-text")
+            yield Static(text, id="help-text")
             yield Static("[dim]esc or ? to close[/dim]")

@@ -33,6 +33,7 @@ from tunedeck.tui.widgets.titlebar import TitleBar
 
 LOG_SLICE_BYTES = 128 << 20  # index a big log in slices, showing each as it is done
 WIDE = (120, 36)  # from this size on, the roomier layout
+ROOMY = 150  # from this width on, the hardware pane gets the width of its bars
 
 
 class SnapshotReady(Message):
@@ -99,6 +100,7 @@ class MonitorScreen(TunedeckScreen):
         grid-size: 2 3; grid-columns: 3fr 2fr; grid-rows: 7 2fr 1fr;
     }
     MonitorScreen.-wide.-log-focus #panes { grid-rows: 7 1fr 2fr; }
+    MonitorScreen.-roomy #panes { grid-columns: 1fr 74; }
     MonitorScreen.-wide #nccl-pane, MonitorScreen.-wide #log-pane { column-span: 1; }
     MonitorScreen.-no-nccl #nccl-pane { display: none; }
     MonitorScreen.-no-nccl #panes { grid-size: 2 3; grid-rows: 5 2fr 1fr; }
@@ -161,6 +163,8 @@ class MonitorScreen(TunedeckScreen):
 
     def _layout_for(self, width: int, height: int) -> None:
         self.set_class(width >= WIDE[0] and height >= WIDE[1], "-wide")
+        # room for the GPU bars (the hardware pane's full form) beside a chart still wider
+        self.set_class(width >= ROOMY, "-roomy")
 
     def on_descendant_focus(self, event) -> None:
         # the log band grows while it has focus, and gives the rows back after
