@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 import time
 from pathlib import Path
@@ -490,6 +491,19 @@ def test_snapshot_compare(snap_compare, tmp_path, monkeypatch, size):
     assert snap_compare(
         CompareApp([r[0] for r in RUNS]), terminal_size=size, run_before=compare_ready
     )
+
+
+def test_the_readmes_chart_keys_are_the_charts_bindings():
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    part = text.split("the loss chart over the whole run")[1].split("findings with")[0]
+    named = set(re.findall(r"`([^`]+)`", part)) - {"?"}
+    names = {"←": "left", "→": "right", ",": "comma", ".": "full_stop", "+": "plus"}
+    names["-"] = "minus"
+    bound = {k for b in LossPlot.BINDINGS for k in b.key.split(",")}
+    assert {names.get(k, k) for k in named} <= bound, named
+    # and every key the chart shows in the footer is named there
+    shown = {b.key.split(",")[0] for b in LossPlot.BINDINGS if b.show}
+    assert shown <= {names.get(k, k) for k in named}
 
 
 _ = asyncio  # pytest-asyncio runs the async tests (asyncio_mode = auto)

@@ -48,6 +48,41 @@ class LogUpdated(Message):
         self.source, self.state = source, state
 
 
+class ParentFound(Message):
+    def __init__(self, run_id: str, run_dir):
+        super().__init__()
+        self.run_id, self.run_dir = run_id, run_dir
+
+
+def resumed_parent(run):
+    """The run `run` resumed from: its spec's train.resume_from lies in the output folder of
+    an older run (resume keeps the folder), the newest such run; None for a fresh run."""
+    import tomllib
+    from pathlib import Path
+
+    from tunedeck.core.api import list_runs
+
+    def spec(r) -> dict:
+        try:
+            return tomllib.loads((Path(r.run_dir) / "spec.toml").read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            return {}
+
+    own = spec(run)
+    ckpt = (own.get("train") or {}).get("resume_from")
+    if not ckpt:
+        return None
+    ckpt = Path(ckpt)
+    for other in list_runs():  # newest first
+        if other.run_id == run.run_id or other.created >= run.created:
+            continue
+        out = (spec(other).get("run") or {}).get("output_dir")
+        out = Path(out).expanduser() if out else Path(other.run_dir) / "output"
+        if ckpt.is_relative_to(out):
+            return other
+    return None
+
+
 class ActionDone(Message):
     def __init__(self, text: str, severity: str = "information"):
         super().__init__()
@@ -97,16 +132,16 @@ class MonitorScreen(TunedeckScreen):
     MonitorScreen #nccl-pane, MonitorScreen #log-pane { column-span: 2; }
     MonitorScreen.-log-focus #panes { grid-rows: 5 1fr 2fr 2; }
     MonitorScreen.-wide #panes {
-        grid-size: 2 3; grid-columns: 3fr 2fr; grid-rows: 7 2fr 1fr;
+        grid-size: 2 3; grid-columns: 3fr 2fr; grid-rows: 8 2fr 1fr;
     }
-    MonitorScreen.-wide.-log-focus #panes { grid-rows: 7 1fr 2fr; }
+    MonitorScreen.-wide.-log-focus #panes { grid-rows: 8 1fr 2fr; }
     MonitorScreen.-roomy #panes { grid-columns: 1fr 74; }
     MonitorScreen.-wide #nccl-pane, MonitorScreen.-wide #log-pane { column-span: 1; }
     MonitorScreen.-no-nccl #nccl-pane { display: none; }
     MonitorScreen.-no-nccl #panes { grid-size: 2 3; grid-rows: 5 2fr 1fr; }
     MonitorScreen.-no-nccl.-log-focus #panes { grid-rows: 5 1fr 2fr; }
-    MonitorScreen.-wide.-no-nccl #panes { grid-rows: 7 2fr 1fr; }
-    MonitorScreen.-wide.-no-nccl.-log-focus #panes { grid-rows: 7 1fr 2fr; }
+    MonitorScreen.-wide.-no-nccl #panes { grid-rows: 8 2fr 1fr; }
+    MonitorScreen.-wide.-no-nccl.-log-focus #panes { grid-rows: 8 1fr 2fr; }
     MonitorScreen.-no-nccl #log-pane { column-span: 2; }
     MonitorScreen #loss-plot { height: 1fr; }
     MonitorScreen #log-status { height: 1; color: $text-muted; }
@@ -208,6 +243,9 @@ class MonitorScreen(TunedeckScreen):
             self.run_ref = run.run_id
             self.watcher = RunWatcher(run.run_dir, rank=self.log_rank)
             self.poll_log()
+            parent = resumed_parent(run)
+            if parent is not None:
+                self.post_message(ParentFound(parent.run_id, parent.run_dir))
             # the first frame without the whole-run strips (a week of telemetry takes a
             # few hundred ms to fold): they follow in the next snapshot
             self.post_message(SnapshotReady(self.watcher.poll(history=False)))
@@ -280,6 +318,10 @@ class MonitorScreen(TunedeckScreen):
                     else "information",
                 )
         self._findings_seen = True
+
+    @on(ParentFound)
+    def join_parent(self, msg: ParentFound) -> None:
+        self.query_one(LossPlot).set_parent(msg.run_id, msg.run_dir)
 
     @on(LogUpdated)
     def show_log(self, msg: LogUpdated) -> None:

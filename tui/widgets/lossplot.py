@@ -135,6 +135,7 @@ class Trace:
     label: str
     source: str | Path | RunDir | Fetch
     color: str | None = None
+    parent: bool = False  # the run this one resumed: drawn dim, behind, joined at the resume
 
 
 PALETTE = ("#5fafff", "#ff8700", "#87d75f", "#d787ff", "#ffd75f", "#5fd7d7", "#ff5f87", "#bcbcbc")
@@ -164,6 +165,7 @@ class TraceView:
     label: str
     color: str
     window: Window | None
+    parent: bool = False
 
 
 @dataclass
@@ -399,7 +401,7 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             )
         return ([header] + body)[:height]
     ph = height - 3  # header, x axis, x labels
-    multi = len(f.traces) > 1
+    multi = sum(not tv.parent for tv in f.traces) > 1
     # per trace: columns at dot resolution of a provisional width; the y range needs values
     # first, the y labels' width needs the range, the plot width needs the labels: two passes
     yw = 6
@@ -456,7 +458,7 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             emas.append(None)
             continue
         lo, mean, hi, nan, ev = c
-        raw = _Layer(pw, ph, Style(color=_dim(tv.color) if multi else RAW))
+        raw = _Layer(pw, ph, Style(color=_dim(tv.color) if multi or tv.parent else RAW))
         pts = []
         for x in range(ncols):
             if mean[x] is None:
@@ -468,7 +470,13 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             raw.vline(x, round(a if a is not None else m), round(b if b is not None else m))
         raw.polyline(pts)
         raws.append(raw)
-        smooth = _Layer(pw, ph, Style(color=tv.color if multi else EMA, bold=True))
+        smooth = _Layer(
+            pw,
+            ph,
+            Style(color=_dim(EMA, 0.6), dim=True)
+            if tv.parent
+            else Style(color=tv.color if multi else EMA, bold=True),
+        )
         ema = _ema(mean, f.smoothing, (f.end - f.start + 1) / ncols)
         emas.append(ema)
         smooth.polyline(
@@ -484,7 +492,7 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             if k:
                 markers[x // 2] = ("×", Style(color=NAN, bold=True))
         nan_steps += sum(nan)
-        if not multi:
+        if not multi and not tv.parent:
             for metric, on, color in (("lr", f.show_lr, LR), ("grad_norm", f.show_grad, GRAD)):
                 if not on:
                     continue
@@ -627,7 +635,7 @@ def _x_ticks(start: int, end: int, pw: int) -> list[tuple[int, int]]:
 
 
 def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
-    multi = len(f.traces) > 1
+    multi = sum(not tv.parent for tv in f.traces) > 1
     if f.whole:
         where = f"all {f.last:,} steps" if f.last is not None else "no steps yet"
     else:
@@ -638,7 +646,9 @@ def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
         segs.append(Segment("  · " + " · ".join(flags), Style(color=AXIS)))
     items: list[tuple[str, Style]] = []
     if multi:
-        items += [(f"━ {tv.label}", Style(color=tv.color, bold=True)) for tv in f.traces]
+        items += [
+            (f"━ {tv.label}", Style(color=tv.color, bold=True)) for tv in f.traces if not tv.parent
+        ]
         items.append((f"EMA {f.smoothing:g}", Style(color=AXIS)))
     elif f.traces:
         items += [
@@ -647,6 +657,8 @@ def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
         ]
         if f.show_eval and any(tv.window and tv.window.evals.get("step") for tv in f.traces):
             items.append(("◆ eval", Style(color=EVAL, bold=True)))
+    # the parent's id is in the cursor's readout; the legend has no room for it
+    items += [("━ before the resume", Style(color=AXIS)) for tv in f.traces if tv.parent]
     items += legend or []
     used = sum(len(x.text) for x in segs)
     for text, st in items:
@@ -661,13 +673,22 @@ def _readout(f: Frame, emas: list, x: int, width: int) -> list[Segment]:
     """The cursor's line: the step, then each trace's loss, smoothed loss and eval loss there
     (one run: its lr and grad norm too), as much as fits, most useful first."""
     step = f.cursor
-    one = len(f.traces) == 1
+    one = sum(not tv.parent for tv in f.traces) == 1
     where = f"step {step:,}"
     items: list[tuple[str, Style]] = []
-    for tv, ema in zip(f.traces, emas):
+    pairs = list(zip(f.traces, emas))
+    if one:  # the run, or where the cursor is before the resume, the run it resumed
+        pairs = [
+            p
+            for p in pairs
+            if p[0].window is not None
+            and ((a := _at(p[0].window.steps, "loss", step)) and a[1] <= step <= a[2])
+        ][:1] or [p for p in pairs if not p[0].parent]
+    for tv, ema in pairs:
         w = tv.window
         if w is None:
             continue
+
         if not one:
             items.append((tv.label, Style(color=tv.color, bold=True)))
         got = _at(w.steps, "loss", step)
@@ -691,6 +712,8 @@ def _readout(f: Frame, emas: list, x: int, width: int) -> list[Segment]:
                 m = _at(w.steps, metric, step)
                 if m is not None:
                     items.append((f"{name} {fmt_value(m[0])}", Style(color=color)))
+    if any(tv.parent for tv, _ in pairs):  # the cursor is before the resume
+        items.append((f"in {pairs[0][0].label}, the run this one resumed", Style(color=AXIS)))
     segs = [Segment("▏", Style(color=CURSOR, bold=True)), Segment(where, Style(bold=True))]
     used = 1 + len(where)
     for text, st in items:
@@ -767,6 +790,7 @@ class LossPlot(Widget, can_focus=True):
             for t in self.traces
         ]
         self.title = title
+        self._rank = rank
         self.view: tuple[int, int] | None = None  # None: the whole run
         self.log_y = False
         self.show_eval = True
@@ -787,12 +811,29 @@ class LossPlot(Widget, can_focus=True):
         self._lines_size: Size | None = None
 
     # -- public -----------------------------------------------------------------------
+    @property
+    def runs(self) -> int:
+        """The runs drawn, not counting the run a resumed one continues."""
+        return sum(not t.parent for t in self.traces)
+
+    def set_parent(self, label: str, source: str | Path | RunDir | Fetch) -> None:
+        """Draw the run this one resumed from behind it, dim, so the curve reads as one run
+        (a resumed run's own steps start at its checkpoint)."""
+        if any(t.parent for t in self.traces):
+            return
+        self.traces.insert(0, Trace(label, source, AXIS, parent=True))
+        self._fetchers.insert(
+            0, RunSource(source, self._rank) if isinstance(source, (str, Path, RunDir)) else source
+        )
+        self.windows.insert(0, None)
+        self.refresh_data()
+
     def refresh_data(self) -> None:
         """Re-query the visible window (the whole run, or the newest steps when the view is
         at the run's end) in a thread worker; the answer redraws the plot."""
         self._seq += 1
         # the cursor reads lr and grad norm at its step, drawn or not
-        reads = self.cursor is not None and len(self.traces) == 1
+        reads = self.cursor is not None and self.runs == 1
         metrics = (
             ("loss",)
             + (("lr",) if self.show_lr or reads else ())
@@ -822,7 +863,8 @@ class LossPlot(Widget, can_focus=True):
         """What the next drawing shows (tests and the benchmark draw it directly)."""
         win = self.window
         views = [
-            TraceView(t.label, t.color or PALETTE[0], w) for t, w in zip(self.traces, self.windows)
+            TraceView(t.label, t.color or PALETTE[0], w, t.parent)
+            for t, w in zip(self.traces, self.windows)
         ]
         message = None
         if self.error:
@@ -1066,7 +1108,7 @@ class LossPlot(Widget, can_focus=True):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # lr and grad norm are one run's; an overlay of runs offers neither
         if action == "toggle" and parameters and parameters[0] in ("show_lr", "show_grad"):
-            return len(self.traces) == 1
+            return self.runs == 1
         return True
 
     def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
