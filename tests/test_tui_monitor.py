@@ -1057,3 +1057,26 @@ def test_snapshot_nccl_maximised_80x24(fixed_home, snap_compare):
         await pilot.pause(0.2)
 
     assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=run_before)
+
+
+def test_a_stop_in_progress_reads_stopping_until_it_is_recorded():
+    from tunedeck.core.runs.registry import RunInfo
+    from tunedeck.core.runs.watch import Progress, Snapshot
+    from tunedeck.tui.widgets.progress import progress_text
+
+    def text(status: str, state: dict) -> str:
+        run = RunInfo(
+            **{"run_id": RUN_ID, "run_dir": FIXED_HOME, "name": "fx", "status": status},
+            **{"message": "", "created": T0, "started": T0, "ended": None, "step": 5},
+            **{"max_steps": 10, "loss": None, "tokens_per_s": None, "exit_code": None},
+            state=state,
+        )
+        snap = Snapshot(run, Progress(step=5, max_steps=10), None, [], {})
+        return progress_text(snap, 100).split("\n")[0]
+
+    asked = {"status": "running", "stop_requested": "graceful"}
+    assert text("running", asked).startswith("[bold yellow]stopping (graceful)[/]")
+    assert text("running", {"status": "running"}).startswith("[")
+    assert "stopping" not in text("running", {"status": "running"})
+    done = {"status": "stopped", "stop_requested": "graceful", "message": "stopped (graceful)"}
+    assert "stopping" not in text("stopped", done)
