@@ -572,7 +572,7 @@ async def test_the_chart_has_the_area_and_help_lists_the_focused_panes_keys(fx_h
         plot = screen.query_one(LossPlot)
         # the chart opens focused, with most of the middle of the screen
         assert screen.focused is plot
-        assert plot.size.width >= 80 and plot.size.height >= 25  # 38x6 before
+        assert plot.size.width >= 80 and plot.size.height >= 24  # 38x6 before
         footer = {k for k, (_, b, on, _) in app.screen.active_bindings.items() if on and b.show}
         assert {"plus", "left", "full_stop", "r", "s", "e"} <= footer
         await pilot.press("question_mark")
