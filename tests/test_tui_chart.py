@@ -453,6 +453,19 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         assert not plot.show_lr
         await pilot.press("0")
         assert plot.view is None
+        await settled(pilot, plot)
+
+        def dots() -> int:
+            return sum(1 for ch in "".join(plot_rows(plot)) if "\u2800" < ch <= "\u28ff")
+
+        # overlaid runs show their smoothed lines; smoothing 0 brings the raw curves back
+        smooth = dots()
+        await pilot.press(*["comma"] * 6)
+        assert plot.smoothing == 0 and dots() > smooth
+        await pilot.press("left")
+        # the cursor reads every run at its step
+        assert header(plot).startswith(f"▏step 400  {RUNS[0][0]}  loss 1.66  EMA(0) 1.66")
+        assert f"{RUNS[1][0]}  loss " in header(plot)
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
 

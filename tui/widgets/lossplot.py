@@ -469,7 +469,10 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             pts.append((x, m))
             raw.vline(x, round(a if a is not None else m), round(b if b is not None else m))
         raw.polyline(pts)
-        raws.append(raw)
+        # overlaid runs: the raw bands of several runs are braille clutter; each run's
+        # smoothed line alone, unless the smoothing is off (0 shows the raw curves)
+        if not multi or f.smoothing == 0:
+            raws.append(raw)
         smooth = _Layer(
             pw,
             ph,
