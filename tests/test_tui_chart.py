@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.store.store import Store
 from tunedeck.tui.screens.compare import CompareScreen
 from tunedeck.tui.widgets.lossplot import (
+    fmt_value,
     Frame,
     LossPlot,
     RunSource,
@@ -133,7 +135,7 @@ async def test_zoom_pan_home_change_what_is_drawn(tmp_path):
         await settled(pilot, plot)
         assert "steps 376–875" in header(plot) and "following" not in header(plot)
         assert "400" in x_labels(plot).split()
-        await pilot.press("left")
+        await pilot.press("h")
         assert plot.view == (251, 750)
         # pan right stops at the run's end
         for _ in range(4):
@@ -190,6 +192,47 @@ async def test_log_y_and_the_eval_lr_grad_toggles(tmp_path):
         await settled(pilot, plot)
         assert "lr" not in plot.windows[0].steps and plot.rendered_text() != with_both
         assert plot.rendered_text() == linear
+
+
+async def test_the_cursor_reads_every_series_at_its_step_and_smoothing_is_a_weight(tmp_path):
+    # 150 steps on a 100-column plot: one step a bucket, so the readout is the step's own
+    run = write_run(tmp_path / "run", 150, eval_every=10)
+    app = ChartApp(run.path)
+    async with app.run_test(size=(100, 24)) as pilot:
+        plot = app.query_one(LossPlot)
+        plot.focus()
+        await settled(pilot, plot)
+        assert "━ EMA 0.6" in header(plot) and plot.smoothing == 0.6
+        await pilot.press("left")  # the cursor appears on the newest step
+        await settled(pilot, plot)
+        assert plot.cursor == 150
+        head = header(plot)
+        lr, grad = 3e-4, 0.8 + 0.3 * math.cos(150 / 40)
+        assert head.startswith(f"▏step 150  loss {fmt_value(curve(150))}  EMA(0.6) ")
+        assert f"eval {fmt_value(curve(150) + 0.2)} @150" in head
+        assert f"lr {fmt_value(lr)}" in head and f"grad {fmt_value(grad)}" in head
+        rows = plot.rendered_text().split("\n")[1:-2]
+        assert sum(row[-1] == "│" for row in rows) >= 3  # the cursor's column, the last
+        await pilot.press(*["left"] * 5)  # a cell (2 steps) a press
+        assert plot.cursor == 140
+        assert header(plot).startswith(f"▏step 140  loss {fmt_value(curve(140))}")
+        # no smoothing: the EMA is the loss itself; the most: it lags far behind the fall
+        await pilot.press(*["comma"] * 6)
+        assert plot.smoothing == 0.0
+        assert f"EMA(0) {fmt_value(curve(140))}" in header(plot)
+        flat = plot.rendered_text()
+        await pilot.press(*["full_stop"] * 9)
+        assert plot.smoothing == 0.99
+        ema = float(header(plot).split("EMA(0.99) ")[1].split()[0])
+        assert ema > curve(140) + 0.5
+        await pilot.press("c")
+        assert plot.cursor is None and "━ EMA 0.99" in header(plot)
+        assert plot.rendered_text() != flat
+        # a click puts the cursor on the step under the pointer
+        axis = plot.rendered_text().split("\n")[-2]
+        left = axis.index("└") + 1
+        await pilot.click(LossPlot, offset=(left + (100 - left) // 2, 8))
+        assert plot.cursor == pytest.approx(75, abs=2)
 
 
 async def test_a_single_spike_survives_the_whole_run_view(tmp_path):
@@ -410,6 +453,19 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         assert not plot.show_lr
         await pilot.press("0")
         assert plot.view is None
+        await settled(pilot, plot)
+
+        def dots() -> int:
+            return sum(1 for ch in "".join(plot_rows(plot)) if "\u2800" < ch <= "\u28ff")
+
+        # overlaid runs show their smoothed lines; smoothing 0 brings the raw curves back
+        smooth = dots()
+        await pilot.press(*["comma"] * 6)
+        assert plot.smoothing == 0 and dots() > smooth
+        await pilot.press("left")
+        # the cursor reads every run at its step
+        assert header(plot).startswith(f"▏step 400  {RUNS[0][0]}  loss 1.66  EMA(0) 1.66")
+        assert f"{RUNS[1][0]}  loss " in header(plot)
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
 
@@ -434,7 +490,8 @@ def test_snapshot_chart(snap_compare, snapshot_run, size):
 def test_snapshot_chart_zoomed_log_lr_grad(snap_compare, snapshot_run):
     async def zoom(pilot):
         await chart_ready(pilot)
-        await pilot.press("plus", "plus", "h", "y", "r", "g")
+        await pilot.press("plus", "plus", "h", "y", "r", "g", "full_stop")
+        await pilot.press(*["left"] * 20)
         await chart_ready(pilot)
 
     assert snap_compare(ChartApp(snapshot_run.path), terminal_size=(160, 48), run_before=zoom)
@@ -447,6 +504,19 @@ def test_snapshot_compare(snap_compare, tmp_path, monkeypatch, size):
     assert snap_compare(
         CompareApp([r[0] for r in RUNS]), terminal_size=size, run_before=compare_ready
     )
+
+
+def test_the_readmes_chart_keys_are_the_charts_bindings():
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    part = text.split("the loss chart over the whole run")[1].split("findings with")[0]
+    named = set(re.findall(r"`([^`]+)`", part)) - {"?"}
+    names = {"←": "left", "→": "right", ",": "comma", ".": "full_stop", "+": "plus"}
+    names["-"] = "minus"
+    bound = {k for b in LossPlot.BINDINGS for k in b.key.split(",")}
+    assert {names.get(k, k) for k in named} <= bound, named
+    # and every key the chart shows in the footer is named there
+    shown = {b.key.split(",")[0] for b in LossPlot.BINDINGS if b.show}
+    assert shown <= {names.get(k, k) for k in named}
 
 
 _ = asyncio  # pytest-asyncio runs the async tests (asyncio_mode = auto)

@@ -33,6 +33,7 @@ from tunedeck.tui.screens.monitor import MonitorScreen
 from tunedeck.tui.widgets.findings import FindingScreen, FindingsList
 from tunedeck.tui.widgets.hardware import HardwareView
 from tunedeck.tui.widgets.logview import HIT_STYLE, LogView
+from tunedeck.tui.widgets.lossplot import LossPlot
 from tunedeck.tui.widgets.nccl import NcclView
 from tunedeck.tui.widgets.progress import ProgressView
 
@@ -524,18 +525,19 @@ async def test_tab_moves_between_panes_and_m_maximises(fx_home):
             while w is not None and not (w.id or "").endswith("-pane"):
                 w = w.parent
             order.append(w.id if w is not None else None)
+        # from the chart, where the monitor opens, in reading order round to it again
         assert order == [
-            "progress-pane",
-            "loss-pane",
-            "findings-pane",
             "hw-pane",
-            "nccl-pane",
             "log-pane",
+            "nccl-pane",
+            "progress-pane",
+            "findings-pane",
+            "loss-pane",
         ]
         await pilot.press("m")
-        assert screen.maximized is screen.query_one("#log-pane")
+        assert screen.maximized is screen.query_one("#loss-pane")
         await pilot.pause()
-        assert screen.query_one("#log-pane").size.height >= 20
+        assert screen.query_one("#loss-pane").size.height >= 20
         await pilot.press("m")
         assert screen.maximized is None
 
@@ -561,6 +563,132 @@ async def test_loss_pane_charts_the_whole_run_and_zooms(fx_home):
         await _until(pilot, lambda: plot.view is None, what="the whole run again")
         n = len(screen.show_s)
         await _until(pilot, lambda: len(screen.show_s) >= n + 3, what="refreshes go on")
+
+
+async def test_the_chart_has_the_area_and_help_lists_the_focused_panes_keys(fx_home):
+    app = TunedeckApp(open_run=RUN_ID, refresh_s=3600)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await _open(pilot, app)
+        plot = screen.query_one(LossPlot)
+        # the chart opens focused, with most of the middle of the screen
+        assert screen.focused is plot
+        assert plot.size.width >= 80 and plot.size.height >= 24  # 38x6 before
+        footer = {k for k, (_, b, on, _) in app.screen.active_bindings.items() if on and b.show}
+        assert {"plus", "left", "full_stop", "r", "s", "e"} <= footer
+        await pilot.press("question_mark")
+        help_screen = app.screen
+        assert isinstance(help_screen, HelpScreen)
+        text = str(help_screen.query_one("#help-text").render())
+        # the chart's keys first, under its pane's title, then the screen's; `[` is text
+        assert text.index("loss (focused)") < text.index("←/→") < text.index("this screen")
+        assert text.index("this screen") < text.index("Stop")
+        assert "[ ]" in text and "Previous rank" in text and "[/b]" not in text
+        for desc in ("Cursor", "Smoothing", "Less smoothing", "Pan left", "Log y", "Grad norm"):
+            assert desc in text
+        await pilot.press("escape")
+        # the log band grows while it has focus
+        before = screen.query_one(LogView).size.height
+        screen.query_one(LogView).focus()
+        await pilot.pause(0.1)
+        assert screen.has_class("-log-focus")
+        assert screen.query_one(LogView).size.height > before
+        await pilot.press("question_mark")
+        text = str(app.screen.query_one("#help-text").render())
+        assert text.index("rank 0 log (focused)") < text.index("this screen")
+
+
+CHILD_ID = "20261130-131500-fx-monitor-resumed-1c2d"
+
+
+def build_resumed(home: Path) -> Path:
+    """A run resumed from the fixture run's checkpoint-100 (as `resume_spec` writes it: the
+    parent's output folder, resume_from inside it), steps 101-300 on one rank."""
+    parent = home / "runs" / RUN_ID
+    run = home / "runs" / CHILD_ID
+    if run.exists():
+        shutil.rmtree(run)
+    rd = RunDir(run)
+    rd.create()
+    (run / "spec.toml").write_text(
+        f'name = "fx-monitor"\nbackend = "builtin"\n[run]\noutput_dir = "{parent}/output"\n'
+        f'[train]\nresume_from = "{parent}/output/checkpoint-100"\n'
+    )
+    (run / "plan.json").write_text(json.dumps({"nproc_per_node": 1, "nnodes": 1, "nodes": []}))
+    rd.write_state(
+        {
+            "run_id": CHILD_ID,
+            "name": "fx-monitor",
+            "status": "succeeded",
+            "message": "finished",
+            "created": T0 + 700,
+            "started": T0 + 710,
+            "ended": T0 + 1300,
+            "exit_code": 0,
+            "host": "vm",
+            "attempt": 0,
+            "progress": {"step": 300, "max_steps": 300, "loss": 1.1, "t": T0 + 1290},
+        }
+    )
+    with open(rd.event_file(0), "w") as f:
+        start = {"t": T0 + 715, "kind": "start", "rank": 0, "world_size": 1, "max_steps": 300}
+        f.write(json.dumps(start | {"start_step": 100}) + "\n")
+        for step in range(101, 301):
+            loss = 2.0 + 5.0 * math.exp(-step / 40) - 0.8 * (step - 100) / 200
+            f.write(
+                json.dumps(
+                    {"t": T0 + 720 + step, "kind": "step", "rank": 0, "step": step}
+                    | {"loss": round(loss, 4), "lr": 5e-5, "tokens": 8192, "step_s": 0.3}
+                )
+                + "\n"
+            )
+    with Store(rd, write=True) as store:
+        while store.ingest():
+            pass
+    return run
+
+
+def _joined(app) -> bool:
+    plot = app.screen.query_one(LossPlot)
+    return (
+        getattr(app.screen, "snap", None) is not None
+        and app.screen.query_one(HardwareView).history is not None
+        and len(plot.traces) == 2
+        and plot.up_to_date
+        and all(plot.windows)
+    )
+
+
+async def test_a_resumed_run_is_drawn_joined_to_the_run_it_resumed(fx_home):
+    build_resumed(fx_home)
+    app = TunedeckApp(open_run=CHILD_ID, refresh_s=3600)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await _until(pilot, lambda: _joined(app), what="the parent's curve")
+        plot = app.screen.query_one(LossPlot)
+        assert plot.traces[0].parent and plot.traces[0].label == RUN_ID and plot.runs == 1
+        assert plot.extent == (1, 300)  # the whole story, not just steps 101-300
+        text = plot.rendered_text()
+        assert "all 300 steps" in text and "━ before the resume" in text
+        # dots left of the resume (the parent's) and right of it (the run's own)
+        rows = text.split("\n")[1:-2]
+        axis = text.split("\n")[-2]
+        left = axis.index("└") + 1
+        resume_col = left + (100 * (len(axis) - left)) // 300
+        assert any(r[left : resume_col - 2].strip() for r in rows)
+        assert any(r[resume_col + 2 :].strip() for r in rows)
+        # the cursor reads the parent before the resume and the run after it
+        await pilot.press("left")
+        await _until(pilot, lambda: plot.up_to_date, what="the readout")
+        assert plot.cursor == 300 and RUN_ID not in header_of(plot)
+        plot.cursor = 50
+        plot.refresh()
+        assert re.match(
+            r"▏steps? (49–)?50  loss [\d.]+  EMA\(0.6\) [\d.]+  lr 1.0e-4", header_of(plot)
+        )
+        assert plot.size.width < 100 or f"in {RUN_ID}" in header_of(plot)
+
+
+def header_of(plot) -> str:
+    return plot.rendered_text().split("\n")[0]
 
 
 async def test_readonly_hides_stop_and_kill(fx_home):
@@ -896,12 +1024,29 @@ def fixed_home(monkeypatch):
     yield FIXED_HOME
 
 
-def test_snapshot_monitor_80x24(fixed_home, snap_compare):
-    assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=_settle)
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48), (240, 67)], ids=str)
+def test_snapshot_monitor(fixed_home, snap_compare, size):
+    assert snap_compare(_snapshot_app(), terminal_size=size, run_before=_settle)
 
 
-def test_snapshot_monitor_160x48(fixed_home, snap_compare):
-    assert snap_compare(_snapshot_app(), terminal_size=(160, 48), run_before=_settle)
+def test_snapshot_resumed_160x48(fixed_home, snap_compare):
+    async def run_before(pilot):
+        await _until(pilot, lambda: _joined(pilot.app), what="the parent's curve")
+        await pilot.pause(0.2)
+
+    build_run(FIXED_HOME)
+    build_resumed(FIXED_HOME)
+    app = TunedeckApp(open_run=CHILD_ID, refresh_s=3600)
+    assert snap_compare(app, terminal_size=(160, 48), run_before=run_before)
+
+
+def test_snapshot_help_80x24(fixed_home, snap_compare):
+    async def run_before(pilot):
+        await _settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+
+    assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=run_before)
 
 
 def test_snapshot_nccl_maximised_80x24(fixed_home, snap_compare):
@@ -912,3 +1057,26 @@ def test_snapshot_nccl_maximised_80x24(fixed_home, snap_compare):
         await pilot.pause(0.2)
 
     assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=run_before)
+
+
+def test_a_stop_in_progress_reads_stopping_until_it_is_recorded():
+    from tunedeck.core.runs.registry import RunInfo
+    from tunedeck.core.runs.watch import Progress, Snapshot
+    from tunedeck.tui.widgets.progress import progress_text
+
+    def text(status: str, state: dict) -> str:
+        run = RunInfo(
+            **{"run_id": RUN_ID, "run_dir": FIXED_HOME, "name": "fx", "status": status},
+            **{"message": "", "created": T0, "started": T0, "ended": None, "step": 5},
+            **{"max_steps": 10, "loss": None, "tokens_per_s": None, "exit_code": None},
+            state=state,
+        )
+        snap = Snapshot(run, Progress(step=5, max_steps=10), None, [], {})
+        return progress_text(snap, 100).split("\n")[0]
+
+    asked = {"status": "running", "stop_requested": "graceful"}
+    assert text("running", asked).startswith("[bold yellow]stopping (graceful)[/]")
+    assert text("running", {"status": "running"}).startswith("[")
+    assert "stopping" not in text("running", {"status": "running"})
+    done = {"status": "stopped", "stop_requested": "graceful", "message": "stopped (graceful)"}
+    assert "stopping" not in text("stopped", done)

@@ -33,8 +33,9 @@ class CompareScreen(TunedeckScreen):
     HELP = (
         "The loss of several runs on one axis: the dim band is each run's raw loss "
         "(min..max per column, so a spike shows at any zoom), the bright line its "
-        "smoothed loss, ◆ its eval loss. Zoom and pan move every run together; `0` "
-        "shows the longest run whole."
+        "smoothed loss (an EMA whose weight per step , and . change), ◆ its eval loss. "
+        "Zoom and pan move every run together; `0` shows the longest run whole; ← → put a "
+        "cursor that reads each run's loss at one step."
     )
     DEFAULT_CSS = """
     CompareScreen #compare-plot { height: 1fr; }
@@ -47,8 +48,13 @@ class CompareScreen(TunedeckScreen):
         Binding("escape", "back", "Back"),
         Binding("plus,equals_sign", "chart('zoom_in')", "Zoom in", key_display="+", show=False),
         Binding("minus", "chart('zoom_out')", "Zoom out", key_display="-", show=False),
-        Binding("h,left", "chart('pan', -1)", "Pan left", key_display="h/←", show=False),
-        Binding("l,right", "chart('pan', 1)", "Pan right", key_display="l/→", show=False),
+        Binding("left", "chart('cursor', -1)", "Cursor", key_display="←/→", show=False),
+        Binding("right", "chart('cursor', 1)", "Cursor right", key_display="→", show=False),
+        Binding("c", "chart('cursor_off')", "Cursor off", show=False),
+        Binding("full_stop", "chart('smooth', 1)", "More smoothing", key_display=".", show=False),
+        Binding("comma", "chart('smooth', -1)", "Less smoothing", key_display=",", show=False),
+        Binding("h", "chart('pan', -1)", "Pan left", show=False),
+        Binding("l", "chart('pan', 1)", "Pan right", show=False),
         Binding("0,home", "chart('home')", "Whole run", key_display="0", show=False),
         Binding("end", "chart('end')", "Newest steps", show=False),
         Binding("y", "chart('log_y')", "Log y", show=False),

@@ -33,6 +33,7 @@ from tunedeck.tui.widgets.titlebar import TitleBar
 
 LOG_SLICE_BYTES = 128 << 20  # index a big log in slices, showing each as it is done
 WIDE = (120, 36)  # from this size on, the roomier layout
+ROOMY = 150  # from this width on, the hardware pane gets the width of its bars
 
 
 class SnapshotReady(Message):
@@ -45,6 +46,41 @@ class LogUpdated(Message):
     def __init__(self, source: RankLog, state: LogState):
         super().__init__()
         self.source, self.state = source, state
+
+
+class ParentFound(Message):
+    def __init__(self, run_id: str, run_dir):
+        super().__init__()
+        self.run_id, self.run_dir = run_id, run_dir
+
+
+def resumed_parent(run):
+    """The run `run` resumed from: its spec's train.resume_from lies in the output folder of
+    an older run (resume keeps the folder), the newest such run; None for a fresh run."""
+    import tomllib
+    from pathlib import Path
+
+    from tunedeck.core.api import list_runs
+
+    def spec(r) -> dict:
+        try:
+            return tomllib.loads((Path(r.run_dir) / "spec.toml").read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            return {}
+
+    own = spec(run)
+    ckpt = (own.get("train") or {}).get("resume_from")
+    if not ckpt:
+        return None
+    ckpt = Path(ckpt)
+    for other in list_runs():  # newest first
+        if other.run_id == run.run_id or other.created >= run.created:
+            continue
+        out = (spec(other).get("run") or {}).get("output_dir")
+        out = Path(out).expanduser() if out else Path(other.run_dir) / "output"
+        if ckpt.is_relative_to(out):
+            return other
+    return None
 
 
 class ActionDone(Message):
@@ -83,19 +119,30 @@ class MonitorScreen(TunedeckScreen):
         Binding("K", "kill", "Kill"),
         Binding("d", "stacks", "Stacks"),
     ]
+    # The chart and the GPUs get the area (as btop and nvitop give it): progress and findings
+    # share a short top band, the chart and the hardware the middle, the log a band that
+    # grows while it has focus. NCCL sits beside the log, and gives its place to the log on
+    # a run without NCCL lines (gloo, CPU). At 80 columns the hardware is as wide as the chart.
     DEFAULT_CSS = """
     MonitorScreen TitleBar { dock: top; }
     MonitorScreen #panes {
         layout: grid; height: 1fr;
-        grid-size: 2 4; grid-columns: 3fr 2fr; grid-rows: 6 5 3 1fr; grid-gutter: 0 1;
+        grid-size: 2 4; grid-columns: 1fr 1fr; grid-rows: 5 2fr 1fr 2; grid-gutter: 0 1;
     }
     MonitorScreen #nccl-pane, MonitorScreen #log-pane { column-span: 2; }
+    MonitorScreen.-log-focus #panes { grid-rows: 5 1fr 2fr 2; }
     MonitorScreen.-wide #panes {
-        grid-size: 4 3; grid-columns: 1fr 1fr 1fr 1fr; grid-rows: 9 14 1fr;
+        grid-size: 2 3; grid-columns: 3fr 2fr; grid-rows: 8 2fr 1fr;
     }
-    MonitorScreen.-wide #progress-pane, MonitorScreen.-wide #hw-pane,
-    MonitorScreen.-wide #nccl-pane { column-span: 2; }
-    MonitorScreen.-wide #log-pane { column-span: 4; }
+    MonitorScreen.-wide.-log-focus #panes { grid-rows: 8 1fr 2fr; }
+    MonitorScreen.-roomy #panes { grid-columns: 1fr 74; }
+    MonitorScreen.-wide #nccl-pane, MonitorScreen.-wide #log-pane { column-span: 1; }
+    MonitorScreen.-no-nccl #nccl-pane { display: none; }
+    MonitorScreen.-no-nccl #panes { grid-size: 2 3; grid-rows: 5 2fr 1fr; }
+    MonitorScreen.-no-nccl.-log-focus #panes { grid-rows: 5 1fr 2fr; }
+    MonitorScreen.-wide.-no-nccl #panes { grid-rows: 8 2fr 1fr; }
+    MonitorScreen.-wide.-no-nccl.-log-focus #panes { grid-rows: 8 1fr 2fr; }
+    MonitorScreen.-no-nccl #log-pane { column-span: 2; }
     MonitorScreen #loss-plot { height: 1fr; }
     MonitorScreen #log-status { height: 1; color: $text-muted; }
     MonitorScreen #log-search { height: 1; border: none; padding: 0; display: none; }
@@ -122,26 +169,26 @@ class MonitorScreen(TunedeckScreen):
         with Container(id="panes"):
             with ScrollPane(id="progress-pane", title="progress"):
                 yield ProgressView(id="monitor-stats")
+            with Pane(id="findings-pane", title="findings"):
+                yield FindingsList(id="findings-list")
             with Pane(id="loss-pane", title="loss"):
                 # the whole run from run.db, zoomable; it queries in its own worker
                 yield LossPlot(RunSource.for_run_id(self.run_ref), id="loss-plot")
-            with Pane(id="findings-pane", title="findings"):
-                yield FindingsList(id="findings-list")
             with ScrollPane(id="hw-pane", title="hardware"):
                 yield HardwareView(id="gpu-panel")
-            with ScrollPane(id="nccl-pane", title="NCCL"):
-                yield NcclView(id="nccl-view")
             with Pane(id="log-pane", title="rank 0 log"):
                 yield LogView(id="log-view")
                 yield SearchInput(
                     placeholder="search the log (Enter; Esc to cancel)", id="log-search"
                 )
                 yield Static("reading…", id="log-status", markup=False)
+            with ScrollPane(id="nccl-pane", title="NCCL"):
+                yield NcclView(id="nccl-view")
         yield Footer()
 
     def on_mount(self) -> None:
         self._layout_for(self.size.width, self.size.height)
-        self.query_one(LogView).focus()
+        self.query_one(LossPlot).focus()  # the chart's keys (cursor, zoom) work at once
         self.poll()
         self.set_interval(self.app.refresh_s, self.poll)
         self.set_interval(self.app.refresh_s, self.poll_log)
@@ -151,6 +198,13 @@ class MonitorScreen(TunedeckScreen):
 
     def _layout_for(self, width: int, height: int) -> None:
         self.set_class(width >= WIDE[0] and height >= WIDE[1], "-wide")
+        # room for the GPU bars (the hardware pane's full form) beside a chart still wider
+        self.set_class(width >= ROOMY, "-roomy")
+
+    def on_descendant_focus(self, event) -> None:
+        # the log band grows while it has focus, and gives the rows back after
+        log = self.query_one("#log-pane")
+        self.set_class(event.widget is log or log in event.widget.ancestors, "-log-focus")
 
     def on_unmount(self) -> None:
         # wait for a poll in flight: its SQLite connection must not close under it (seen:
@@ -189,6 +243,9 @@ class MonitorScreen(TunedeckScreen):
             self.run_ref = run.run_id
             self.watcher = RunWatcher(run.run_dir, rank=self.log_rank)
             self.poll_log()
+            parent = resumed_parent(run)
+            if parent is not None:
+                self.post_message(ParentFound(parent.run_id, parent.run_dir))
             # the first frame without the whole-run strips (a week of telemetry takes a
             # few hundred ms to fold): they follow in the next snapshot
             self.post_message(SnapshotReady(self.watcher.poll(history=False)))
@@ -227,6 +284,9 @@ class MonitorScreen(TunedeckScreen):
         self.query_one(HardwareView).show(snap.telemetry, snap.history, run.state.get("host"))
         self._show_findings(snap)
         self.query_one(NcclView).show(snap.nccl)
+        # a run whose logs hold no NCCL line (gloo, CPU) gets no NCCL pane
+        if snap.nccl is not None and all(r.caught_up for r in snap.nccl):
+            self.set_class(not any(r.nccl_lines or r.issues for r in snap.nccl), "-no-nccl")
         self.ranks = snap.ranks or [0]
         self.show_s.append(time.perf_counter() - t0)
 
@@ -258,6 +318,10 @@ class MonitorScreen(TunedeckScreen):
                     else "information",
                 )
         self._findings_seen = True
+
+    @on(ParentFound)
+    def join_parent(self, msg: ParentFound) -> None:
+        self.query_one(LossPlot).set_parent(msg.run_id, msg.run_dir)
 
     @on(LogUpdated)
     def show_log(self, msg: LogUpdated) -> None:

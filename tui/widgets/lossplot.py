@@ -10,7 +10,7 @@ API (what a screen uses)::
 Keywords: `rank=0` (whose step events; the loss is all-reduced, so rank 0 is the run's),
 `title="loss"`, and Textual's `id`/`classes`/`name`. State a screen or a test may read:
 `view` ((first, last) step or None for the whole run), `extent` (the run's step range),
-`following`, `log_y`, `show_eval`, `show_lr`, `show_grad`, `loaded`, `up_to_date` (the newest
+`following`, `log_y`, `show_eval`, `show_lr`, `show_grad`, `smoothing`, `cursor`, `loaded`, `up_to_date` (the newest
 request's answer is drawn), `rendered_text()` (the chart as plain text).
 
 `fetch(start, end, buckets, metrics) -> Window` returns `Store.step_series` and
@@ -22,14 +22,16 @@ the widget unmounts); `RunSource.for_run_id(run_id)` resolves the run in the wor
 The view is a window of steps; "home" is the whole run. A view that reaches the run's last step
 follows it: each `refresh_data()` slides the window (or grows the whole-run view) to the newest
 step. Each column of braille dots is one bucket's min..max (so a single spike survives any
-zoom), joined to its neighbours; the smoothed line is an EMA of the bucket means over about
-EMA_COLUMNS dot columns. Eval loss is drawn as ◆ per character cell (its mean there); learning
+zoom), joined to its neighbours; the smoothed line is an EMA of the bucket means with a weight
+per step (`smoothing`, as W&B's), so it reads the same at any zoom. Eval loss is drawn as ◆ per character cell (its mean there); learning
 rate and grad norm, on demand, are each scaled to the plot's height over the window (their
 range is in the legend). NaN losses put a red × on the top row.
 
 Keys (when the plot has focus; `action_*` methods a screen can bind as well):
     + / -        zoom in / out (at the end while following, else about the centre)
-    h l ← →      pan a quarter of the window        0 / home   whole run
+    h l          pan a quarter of the window        0 / home   whole run
+    ← →          cursor: step, loss, EMA, eval, lr, grad norm there (a click too); c hides it
+    , .          less / more smoothing (EMA weight per step, 0 … 0.99, shown in the legend)
     end          jump to the newest steps (follow)  y          log y axis
     t            eval loss on/off                   r / g      learning rate / grad norm on/off
 (not e and n: the monitor, which holds this plot, binds those to first error and next match)
@@ -38,6 +40,7 @@ The mouse wheel zooms too.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from dataclasses import dataclass
@@ -132,6 +135,7 @@ class Trace:
     label: str
     source: str | Path | RunDir | Fetch
     color: str | None = None
+    parent: bool = False  # the run this one resumed: drawn dim, behind, joined at the resume
 
 
 PALETTE = ("#5fafff", "#ff8700", "#87d75f", "#d787ff", "#ffd75f", "#5fd7d7", "#ff5f87", "#bcbcbc")
@@ -142,7 +146,8 @@ LR = "#87d787"
 GRAD = "#d787d7"
 NAN = "#ff5f5f"
 AXIS = "#8a8a8a"
-EMA_COLUMNS = 8  # the smoothed line's time constant, in dot columns
+SMOOTHING = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)  # the EMA weights , and . step through
+CURSOR = "#e4e4e4"
 MIN_SPAN = 10  # the narrowest window, in steps
 
 
@@ -160,6 +165,7 @@ class TraceView:
     label: str
     color: str
     window: Window | None
+    parent: bool = False
 
 
 @dataclass
@@ -178,6 +184,8 @@ class Frame:
     following: bool = False
     title: str = "loss"
     message: str | None = None  # shown instead of a chart (no data, an error)
+    smoothing: float = 0.6  # the EMA's weight per step (0: none), as W&B's slider
+    cursor: int | None = None  # the step the readout reads (None: no cursor)
 
 
 # braille dots: bit of (dx, dy) in a 2 x 4 cell
@@ -283,7 +291,9 @@ def _columns(
     return lo, mean, hi, nan
 
 
-def _ema(mean: list) -> list:
+def _ema(mean: list, weight: float, steps_per_col: float) -> list:
+    """The column means smoothed as an EMA of weight `weight` per step (a column of k steps
+    decays by weight**k), so a smoothing reads the same at any zoom, as in W&B."""
     out: list = [None] * len(mean)
     acc, last = None, None
     for c, v in enumerate(mean):
@@ -292,10 +302,36 @@ def _ema(mean: list) -> list:
         if acc is None:
             acc = v
         else:
-            acc += (1 - math.exp(-(c - last) / EMA_COLUMNS)) * (v - acc)
+            acc += (1 - weight ** ((c - last) * steps_per_col)) * (v - acc)
         out[c] = acc
         last = c
     return out
+
+
+def _at(series: dict[str, Any], metric: str, step: int) -> tuple[float | None, int, int] | None:
+    """(mean, first step, last step) of the bucket holding `step`, else of the nearest one."""
+    steps, smax, vals = series.get("step") or [], series.get("step_max") or [], series.get(metric)
+    if not steps or not vals:
+        return None
+    i = bisect.bisect_right(steps, step) - 1
+    best = None
+    for j in (i, i + 1):
+        if 0 <= j < len(steps) and vals[j] is not None:
+            d = 0 if steps[j] <= step <= smax[j] else min(abs(steps[j] - step), abs(smax[j] - step))
+            if best is None or d < best[0]:
+                best = (d, j)
+    if best is None:
+        return None
+    j = best[1]
+    return vals[j], steps[j], smax[j]
+
+
+def _nearest(values: list, x: int) -> float | None:
+    """The value at index x, else the closest one within 2 (a cursor between dot columns)."""
+    for d in (0, -1, 1, -2, 2):
+        if 0 <= x + d < len(values) and values[x + d] is not None:
+            return values[x + d]
+    return None
 
 
 def _nice(x: float) -> float:
@@ -365,7 +401,7 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             )
         return ([header] + body)[:height]
     ph = height - 3  # header, x axis, x labels
-    multi = len(f.traces) > 1
+    multi = sum(not tv.parent for tv in f.traces) > 1
     # per trace: columns at dot resolution of a provisional width; the y range needs values
     # first, the y labels' width needs the range, the plot width needs the labels: two passes
     yw = 6
@@ -415,12 +451,14 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
     legend: list[tuple[str, Style]] = []
     # lowest priority first: raw bands, lr/grad, smoothed lines; markers over everything
     raws, lines, extras = [], [], []
+    emas: list[list | None] = []
     nan_steps = 0
     for tv, c in zip(f.traces, cols):
         if c is None:
+            emas.append(None)
             continue
         lo, mean, hi, nan, ev = c
-        raw = _Layer(pw, ph, Style(color=_dim(tv.color) if multi else RAW))
+        raw = _Layer(pw, ph, Style(color=_dim(tv.color) if multi or tv.parent else RAW))
         pts = []
         for x in range(ncols):
             if mean[x] is None:
@@ -431,14 +469,21 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             pts.append((x, m))
             raw.vline(x, round(a if a is not None else m), round(b if b is not None else m))
         raw.polyline(pts)
-        raws.append(raw)
-        smooth = _Layer(pw, ph, Style(color=tv.color if multi else EMA, bold=True))
+        # overlaid runs: the raw bands of several runs are braille clutter; each run's
+        # smoothed line alone, unless the smoothing is off (0 shows the raw curves)
+        if not multi or f.smoothing == 0:
+            raws.append(raw)
+        smooth = _Layer(
+            pw,
+            ph,
+            Style(color=_dim(EMA, 0.6), dim=True)
+            if tv.parent
+            else Style(color=tv.color if multi else EMA, bold=True),
+        )
+        ema = _ema(mean, f.smoothing, (f.end - f.start + 1) / ncols)
+        emas.append(ema)
         smooth.polyline(
-            [
-                (x, y)
-                for x, v in enumerate(_ema(mean))
-                if v is not None and (y := ydot(v)) is not None
-            ]
+            [(x, y) for x, v in enumerate(ema) if v is not None and (y := ydot(v)) is not None]
         )
         lines.append(smooth)
         eval_style = Style(color=tv.color if multi else EVAL, bold=True)
@@ -450,7 +495,7 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             if k:
                 markers[x // 2] = ("×", Style(color=NAN, bold=True))
         nan_steps += sum(nan)
-        if not multi:
+        if not multi and not tv.parent:
             for metric, on, color in (("lr", f.show_lr, LR), ("grad_norm", f.show_grad, GRAD)):
                 if not on:
                     continue
@@ -467,7 +512,10 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
                 )
     if nan_steps:
         legend.append(("× NaN loss", Style(color=NAN, bold=True)))
-    rows = _compose(raws + extras + lines, markers, pw, ph)
+    cursor_cx = None
+    if f.cursor is not None and f.start <= f.cursor <= f.end:
+        cursor_cx = (f.cursor - f.start) * pw // (f.end - f.start + 1)
+    rows = _compose(raws + extras + lines, markers, pw, ph, cursor_cx)
     # axes
     tick_rows: dict[int, str] = {}
     for t, s in zip(ticks, labels):
@@ -478,7 +526,11 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         if 0 <= r < ph and r not in tick_rows:
             tick_rows[r] = s
     axis = Style(color=AXIS)
-    out = [_header(f, width, legend)]
+    if f.cursor is not None:
+        x = (f.cursor - f.start) * ncols // (f.end - f.start + 1)
+        out = [_readout(f, emas, x, width)]
+    else:
+        out = [_header(f, width, legend)]
     for r in range(ph):
         lab = tick_rows.get(r)
         left = [Segment((lab or "").rjust(yw), axis), Segment("┤" if lab else "│", axis)]
@@ -520,10 +572,16 @@ def _scaled(series, metric, start, end, ncols, pw, ph, style) -> tuple[_Layer, t
 
 
 def _compose(
-    layers: list[_Layer], markers: dict[int, tuple[str, Style]], pw: int, ph: int
+    layers: list[_Layer],
+    markers: dict[int, tuple[str, Style]],
+    pw: int,
+    ph: int,
+    cursor_cx: int | None = None,
 ) -> list[list[Segment]]:
     """Cells from the layers (dots OR-ed, the colour of the top layer with a dot there) and
-    the markers, as segments of equal style per row."""
+    the markers, as segments of equal style per row; the cursor's column is a thin line
+    where it is empty and highlighted where a curve crosses it."""
+    cursor_line = Style(color=CURSOR, dim=True)
     n = pw * ph
     bits = bytearray(n)
     owner: list[Style | None] = [None] * n
@@ -547,6 +605,10 @@ def _compose(
                 ch, st = m
             elif bits[i]:
                 ch, st = chr(0x2800 + bits[i]), owner[i]
+                if c == cursor_cx:
+                    st = (st or Style()) + Style(bgcolor="#444444")
+            elif c == cursor_cx:
+                ch, st = "│", cursor_line
             else:
                 ch, st = " ", None
             if st is not run_style and run:
@@ -576,7 +638,7 @@ def _x_ticks(start: int, end: int, pw: int) -> list[tuple[int, int]]:
 
 
 def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
-    multi = len(f.traces) > 1
+    multi = sum(not tv.parent for tv in f.traces) > 1
     if f.whole:
         where = f"all {f.last:,} steps" if f.last is not None else "no steps yet"
     else:
@@ -587,16 +649,79 @@ def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
         segs.append(Segment("  · " + " · ".join(flags), Style(color=AXIS)))
     items: list[tuple[str, Style]] = []
     if multi:
-        items += [(f"━ {tv.label}", Style(color=tv.color, bold=True)) for tv in f.traces]
+        items += [
+            (f"━ {tv.label}", Style(color=tv.color, bold=True)) for tv in f.traces if not tv.parent
+        ]
+        items.append((f"EMA {f.smoothing:g}", Style(color=AXIS)))
     elif f.traces:
-        items += [("┃ loss", Style(color=RAW)), ("━ EMA", Style(color=EMA, bold=True))]
-        if f.show_eval:
+        items += [
+            ("┃ loss", Style(color=RAW)),
+            (f"━ EMA {f.smoothing:g}", Style(color=EMA, bold=True)),
+        ]
+        if f.show_eval and any(tv.window and tv.window.evals.get("step") for tv in f.traces):
             items.append(("◆ eval", Style(color=EVAL, bold=True)))
+    # the parent's id is in the cursor's readout; the legend has no room for it
+    items += [("━ before the resume", Style(color=AXIS)) for tv in f.traces if tv.parent]
     items += legend or []
     used = sum(len(x.text) for x in segs)
     for text, st in items:
         if used + 2 + len(text) > width:
             break  # a legend item is shown whole or not at all
+        segs += [Segment("  "), Segment(text, st)]
+        used += 2 + len(text)
+    return _pad(segs, width)
+
+
+def _readout(f: Frame, emas: list, x: int, width: int) -> list[Segment]:
+    """The cursor's line: the step, then each trace's loss, smoothed loss and eval loss there
+    (one run: its lr and grad norm too), as much as fits, most useful first."""
+    step = f.cursor
+    one = sum(not tv.parent for tv in f.traces) == 1
+    where = f"step {step:,}"
+    items: list[tuple[str, Style]] = []
+    pairs = list(zip(f.traces, emas))
+    if one:  # the run, or where the cursor is before the resume, the run it resumed
+        pairs = [
+            p
+            for p in pairs
+            if p[0].window is not None
+            and ((a := _at(p[0].window.steps, "loss", step)) and a[1] <= step <= a[2])
+        ][:1] or [p for p in pairs if not p[0].parent]
+    for tv, ema in pairs:
+        w = tv.window
+        if w is None:
+            continue
+
+        if not one:
+            items.append((tv.label, Style(color=tv.color, bold=True)))
+        got = _at(w.steps, "loss", step)
+        if got is not None:
+            v, a, b = got
+            if one and a != b:
+                where = f"steps {a:,}–{b:,}"  # a bucket of the window, not one step
+            elif one:
+                where = f"step {a:,}"
+            items.append((f"loss {fmt_value(v)}", Style(color=RAW if one else tv.color)))
+        s = _nearest(ema, x) if ema is not None else None
+        if s is not None:
+            items.append(
+                (f"EMA({f.smoothing:g}) {fmt_value(s)}", Style(color=EMA if one else tv.color))
+            )
+        ev = _at(w.evals, "eval_loss", step)
+        if ev is not None and abs(ev[1] - step) <= max(1, (f.end - f.start) // 20):
+            items.append((f"eval {fmt_value(ev[0])} @{ev[1]:,}", Style(color=EVAL)))
+        if one:
+            for metric, name, color in (("lr", "lr", LR), ("grad_norm", "grad", GRAD)):
+                m = _at(w.steps, metric, step)
+                if m is not None:
+                    items.append((f"{name} {fmt_value(m[0])}", Style(color=color)))
+    if any(tv.parent for tv, _ in pairs):  # the cursor is before the resume
+        items.append((f"in {pairs[0][0].label}, the run this one resumed", Style(color=AXIS)))
+    segs = [Segment("▏", Style(color=CURSOR, bold=True)), Segment(where, Style(bold=True))]
+    used = 1 + len(where)
+    for text, st in items:
+        if used + len(text) + 2 > width:
+            break
         segs += [Segment("  "), Segment(text, st)]
         used += 2 + len(text)
     return _pad(segs, width)
@@ -615,16 +740,22 @@ class LossPlot(Widget, can_focus=True):
     LossPlot:focus { background-tint: $foreground 4%; }
     """
     BINDINGS = [
-        Binding("plus,equals_sign", "zoom_in", "Zoom in", key_display="+"),
-        Binding("minus", "zoom_out", "Zoom out", key_display="-"),
-        Binding("h,left", "pan(-1)", "Pan left", key_display="h/←", show=False),
-        Binding("l,right", "pan(1)", "Pan right", key_display="l/→", show=False),
-        Binding("0,home", "home", "Whole run", key_display="0"),
+        # the footer shows the first four; `?` lists them all
+        Binding("plus,equals_sign", "zoom_in", "Zoom", key_display="+"),
+        Binding("minus", "zoom_out", "Zoom out", key_display="-", show=False),
+        Binding("left", "cursor(-1)", "Cursor", key_display="←/→"),
+        Binding("right", "cursor(1)", "Cursor right", key_display="→", show=False),
+        Binding("c", "cursor_off", "Cursor off", show=False),
+        Binding("full_stop", "smooth(1)", "Smoothing", key_display=". ,"),
+        Binding("comma", "smooth(-1)", "Less smoothing", key_display=",", show=False),
+        Binding("h", "pan(-1)", "Pan left", show=False),
+        Binding("l", "pan(1)", "Pan right", show=False),
+        Binding("0,home", "home", "Whole run", key_display="0", show=False),
         Binding("end", "end", "Newest", show=False),
-        Binding("y", "log_y", "Log y"),
-        Binding("t", "toggle('show_eval')", "Eval"),
+        Binding("y", "log_y", "Log y", show=False),
+        Binding("t", "toggle('show_eval')", "Eval", show=False),
         Binding("r", "toggle('show_lr')", "LR"),
-        Binding("g", "toggle('show_grad')", "Grad norm"),
+        Binding("g", "toggle('show_grad')", "Grad norm", show=False),
     ]
 
     class DataReady(Message):
@@ -662,11 +793,14 @@ class LossPlot(Widget, can_focus=True):
             for t in self.traces
         ]
         self.title = title
+        self._rank = rank
         self.view: tuple[int, int] | None = None  # None: the whole run
         self.log_y = False
         self.show_eval = True
         self.show_lr = False
         self.show_grad = False
+        self.smoothing = SMOOTHING[2]
+        self.cursor: int | None = None  # the step the readout reads
         self.extent: tuple[int, int] | None = None
         self.windows: list[Window | None] = [None] * len(self.traces)
         self.loaded = False  # a first answer arrived
@@ -680,14 +814,33 @@ class LossPlot(Widget, can_focus=True):
         self._lines_size: Size | None = None
 
     # -- public -----------------------------------------------------------------------
+    @property
+    def runs(self) -> int:
+        """The runs drawn, not counting the run a resumed one continues."""
+        return sum(not t.parent for t in self.traces)
+
+    def set_parent(self, label: str, source: str | Path | RunDir | Fetch) -> None:
+        """Draw the run this one resumed from behind it, dim, so the curve reads as one run
+        (a resumed run's own steps start at its checkpoint)."""
+        if any(t.parent for t in self.traces):
+            return
+        self.traces.insert(0, Trace(label, source, AXIS, parent=True))
+        self._fetchers.insert(
+            0, RunSource(source, self._rank) if isinstance(source, (str, Path, RunDir)) else source
+        )
+        self.windows.insert(0, None)
+        self.refresh_data()
+
     def refresh_data(self) -> None:
         """Re-query the visible window (the whole run, or the newest steps when the view is
         at the run's end) in a thread worker; the answer redraws the plot."""
         self._seq += 1
+        # the cursor reads lr and grad norm at its step, drawn or not
+        reads = self.cursor is not None and self.runs == 1
         metrics = (
             ("loss",)
-            + (("lr",) if self.show_lr else ())
-            + (("grad_norm",) if self.show_grad else ())
+            + (("lr",) if self.show_lr or reads else ())
+            + (("grad_norm",) if self.show_grad or reads else ())
         )
         # a bucket per dot column (two per cell; the y labels take ~7 cells)
         buckets = max(self.size.width - 7, 8) * 2
@@ -713,7 +866,8 @@ class LossPlot(Widget, can_focus=True):
         """What the next drawing shows (tests and the benchmark draw it directly)."""
         win = self.window
         views = [
-            TraceView(t.label, t.color or PALETTE[0], w) for t, w in zip(self.traces, self.windows)
+            TraceView(t.label, t.color or PALETTE[0], w, t.parent)
+            for t, w in zip(self.traces, self.windows)
         ]
         message = None
         if self.error:
@@ -736,6 +890,10 @@ class LossPlot(Widget, can_focus=True):
             following=self.following,
             title=self.title,
             message=message,
+            smoothing=self.smoothing,
+            cursor=None
+            if win is None or self.cursor is None
+            else min(max(self.cursor, start), end),
         )
 
     # -- data (thread) ------------------------------------------------------------------
@@ -907,10 +1065,53 @@ class LossPlot(Widget, can_focus=True):
         if attr in ("show_lr", "show_grad"):
             self.refresh_data()
 
+    def action_cursor(self, direction: int) -> None:
+        """Move the cursor a character cell (it starts at the window's newest step)."""
+        win = self.window
+        if win is None:
+            return
+        start, end = win
+        first = self.cursor is None
+        if first:
+            self.cursor = end
+            self.refresh_data()  # lr and grad norm for the readout
+        else:
+            cell = max(1, round((end - start + 1) / max(self.size.width - 8, 1)))
+            self.cursor = min(max(self.cursor + direction * cell, start), end)
+        self._redraw()
+
+    def action_cursor_off(self) -> None:
+        if self.cursor is not None:
+            self.cursor = None
+            self._redraw()
+
+    def action_smooth(self, direction: int) -> None:
+        i = min(range(len(SMOOTHING)), key=lambda k: abs(SMOOTHING[k] - self.smoothing))
+        self.smoothing = SMOOTHING[min(max(i + direction, 0), len(SMOOTHING) - 1)]
+        self._redraw()
+
+    def on_click(self, event: events.Click) -> None:
+        """A click puts the cursor on the step under the pointer (the plot starts after the
+        y labels: the x axis's corner marks where)."""
+        win = self.window
+        if win is None or not self._lines:
+            return
+        axis = "".join(s.text for s in self._lines[-2]) if len(self._lines) >= 2 else ""
+        left = axis.find("└") + 1
+        pw = self.size.width - left
+        if left <= 0 or pw <= 0 or event.x < left:
+            return
+        start, end = win
+        first = self.cursor is None
+        self.cursor = start + (event.x - left) * (end - start + 1) // pw
+        if first:
+            self.refresh_data()
+        self._redraw()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # lr and grad norm are one run's; an overlay of runs offers neither
         if action == "toggle" and parameters and parameters[0] in ("show_lr", "show_grad"):
-            return len(self.traces) == 1
+            return self.runs == 1
         return True
 
     def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:

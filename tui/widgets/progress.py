@@ -39,7 +39,11 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
     if run is None:
         return "[dim]no state.json yet[/dim]"
     style = RUN_STATUS_STYLE.get(run.status, "")
-    chunks = [f"[{style}]{run.status}[/]" if style else run.status]
+    status = run.status
+    if run.state.get("stop_requested") and run.active:
+        # the ~grace period between `s` and the stop being recorded is a state of its own
+        status, style = f"stopping ({run.state['stop_requested']})", "bold yellow"
+    chunks = [f"[{style}]{status}[/]" if style else status]
     frac = p.step / p.max_steps if p.max_steps else None
     bar_w = max(4, min(20, width // 6))
     chunks.append(
