@@ -45,14 +45,15 @@ def hosts(tmp_path_factory):
 
 
 def _cluster(path: Path, hosts, node1: str = "node1", join_s: int = 120) -> str:
-    """The [cluster] body of a run over the two hosts, launched from the head over ssh."""
+    """The [cluster] body of a run over the two hosts, launched from the head over ssh. No
+    `interface`: the hostname resolves to 127.0.0.1 here, so gloo would bind loopback; the
+    plan names the interface that routes to master_addr (IFACE on both hosts)."""
     return f'''
 nnodes = 2
 nproc_per_node = 1
 master_addr = "{hosts.addrs[0]}"
 launcher = "ssh"
 hosts = ["node0", "{node1}"]
-interface = "{IFACE}"
 remote_home = ["{path.parent / "node1-home"}"]
 join_timeout_s = {join_s}'''
 
@@ -91,6 +92,58 @@ def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | lis
         f"tunedeck {args} printed nothing ({proc.returncode}):\n{proc.stderr}"
     )
     return json.loads(proc.stdout)
+
+
+def _head_text(hosts, home: Path, *args: str) -> str:
+    """What `tunedeck ARGS` prints on the head (text, not --json)."""
+    env = dict(os.environ, TUNEDECK_HOME=str(home), TUNEDECK_SSH_CONFIG=str(hosts.ssh_config))
+    proc = subprocess.run(
+        hosts.netns_argv(0, [sys.executable, "-m", "tunedeck.tui", *args]),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _dry_run_and_exports_are_what_launch_wrote(hosts, home: Path, spec: Path, run_dir: Path):
+    """`launch --dry-run`, `export --format sh` and `--format nodes` of the spec (its port
+    pinned to the one the launch picked) render the very argv and env the launch wrote:
+    launch.sh byte for byte (less its guard against replaying into the run), plan.json per
+    node word for word."""
+    import shlex
+
+    plan = json.loads((run_dir / "plan.json").read_text())
+    port = _state(run_dir / "state.json")["master_port"]
+    pin = ("--set", f"cluster.master_port={port}")
+    run_id = run_dir.name
+    launch_sh = (run_dir / "launch.sh").read_text()
+    guard = launch_sh.index("# refuses to append")
+    unguarded = launch_sh[:guard] + launch_sh[launch_sh.index("\nfi\n", guard) + 4 :]
+    dry = _head_text(hosts, home, "launch", str(spec), "--dry-run", *pin)
+    assert dry.replace("<run-id>", run_id).startswith(unguarded), (dry, unguarded)
+    export_dir = str(home / "runs" / "two-hosts-export")
+
+    def as_run(text: str) -> str:
+        return text.replace(export_dir, str(run_dir)).replace("two-hosts-export", run_id)
+
+    sh = as_run(_head_text(hosts, home, "export", str(spec), "--format", "sh", *pin))
+    summary = next(x for x in sh.splitlines() if x.startswith("# ") and "node" not in x)
+    assert sh.replace(summary + "\n", "", 1) == unguarded
+    nodes = as_run(_head_text(hosts, home, "export", str(spec), "--format", "nodes", *pin))
+    blocks = nodes.split("\n# node ")[1:]
+    assert len(blocks) == 2
+    for block, want in zip(blocks, plan["nodes"]):
+        words = shlex.split(block.split("\n", 1)[1])
+        assert words[:3] == ["cd", want["cwd"], "&&"] and words[3] == "env"
+        n = 4 + next(i for i, w in enumerate(words[4:]) if "=" not in w)
+        assert dict(w.split("=", 1) for w in words[4:n]) == want["env"], block
+        assert words[n:] == want["argv"], block
+    assert plan["nodes"][1]["env"]["GLOO_SOCKET_IFNAME"] == IFACE  # chosen: routes to node 0
+    assert "--local_addr" in plan["nodes"][1]["argv"]
 
 
 def _findings(run_dir: Path) -> list[dict]:
@@ -153,6 +206,7 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
     try:
+        _dry_run_and_exports_are_what_launch_wrote(hosts, home, spec, run_dir)
         # both nodes train: node 1's steps reach the head through the link
         rows = wait_for(
             lambda: (
@@ -346,17 +400,29 @@ def test_preflight_asks_every_node_over_ssh(hosts, tmp_path):
         tmp_path / "h",
         "preflight",
         str(_spec(tmp_path / "bad.toml", hosts, steps=10, node1="ghost")),
+        "--set",
+        "cluster.interface=eth9",
     )
 
-    def check(out):
+    def check(out, id="net.nodes"):
         rows = out["checks"] if isinstance(out, dict) else out
-        return next(c for c in rows if c["id"] == "net.nodes")
+        return next(c for c in rows if c["id"] == id)
 
     ok = check(good)
     assert ok["status"] == "pass", ok
     assert "node 1 (node1): ok" in ok["detail"]
     fail = check(bad)
     assert fail["status"] == "fail" and "node 1 (ghost): ssh exited 255" in fail["detail"]
+    # the hostname resolves to 127.0.0.1 on both hosts: no interface set, the one that
+    # routes to master_addr on each node is chosen (and each node was asked)
+    iface = check(good, "net.interface")
+    assert iface["status"] == "pass", iface
+    assert f"GLOO_SOCKET_IFNAME={IFACE}, chosen" in iface["detail"]
+    assert f"node 1 (node1): {IFACE}" in iface["detail"], iface
+    # an interface this node lacks: fails, naming the one to set
+    wrong = check(bad, "net.interface")
+    assert wrong["status"] == "fail" and "no interface 'eth9' here" in wrong["detail"], wrong
+    assert f'cluster.interface = "{IFACE}"' in wrong["fix"], wrong
 
 
 def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts, tmp_path):

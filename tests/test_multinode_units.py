@@ -76,6 +76,34 @@ def test_place_sets_c10d_host_local_address_interface_and_gpus(tmp_path):
     assert (n0.env["CUDA_VISIBLE_DEVICES"], n1.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
 
 
+def test_a_hostname_on_loopback_with_no_route_fails_preflight_naming_the_interface(monkeypatch):
+    """Where the hostname resolves to 127.0.0.1 and no interface routes to the master
+    (none can be chosen for the user), gloo would bind loopback: the check fails and says
+    which interface to set; one that routes is chosen and passes."""
+    from tunedeck.core.nodes import iface
+    from tunedeck.core.preflight.base import Context
+    from tunedeck.core.preflight.network import check_interface
+    from tunedeck.core.estimate.resolve import resolve
+
+    spec = resolve(
+        loads_spec(
+            BASE.replace("nnodes = 3", "nnodes = 2") + 'master_addr = "10.0.0.1"\ndevice = "cpu"\n'
+        )
+    )
+    here = {"hostname_addr": "127.0.0.1", "route_iface": None, "ifaces": {"lo": "127.0.0.1"}}
+    monkeypatch.setattr(iface, "facts", lambda master: here)
+    monkeypatch.setattr(iface, "route_interface", lambda master: None)
+    r = check_interface(Context(spec=spec, resolved=spec))
+    assert r.status == "fail", r
+    assert "the hostname resolves to 127.0.0.1, so gloo binds loopback" in r.detail
+    assert "no interface routes to the master" in r.detail and "cluster.interface" in r.fix
+    here.update(route_iface="ens5", ifaces={"lo": "127.0.0.1", "ens5": "10.0.0.7"})
+    monkeypatch.setattr(iface, "route_interface", lambda master: "ens5")
+    r = check_interface(Context(spec=spec, resolved=spec))
+    assert r.status == "pass" and "GLOO_SOCKET_IFNAME=ens5, chosen" in r.detail, r
+    assert iface.verdict(here, "lo", "gloo")[0] == "bad"
+
+
 def test_ssh_argv_is_batch_mode_and_quotes_the_remote_words(monkeypatch):
     monkeypatch.delenv("TUNEDECK_SSH_CONFIG", raising=False)
     argv = ssh_argv("user@h1", ["/opt/my env/bin/python", "-m", "x", "a;rm -rf /"])

@@ -29,7 +29,7 @@ from typing import Any
 
 from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
-from tunedeck.core.nodes.roster import local_addr_index
+from tunedeck.core.nodes.roster import IFNAME_KEYS, local_addr_index
 from tunedeck.core.rundir import (
     FILE_MODE,
     TERMINAL,
@@ -112,6 +112,17 @@ def shared(run: RunDir) -> bool:
     return run.agent_log.is_symlink()
 
 
+def _own_interface(env: dict, master: str, user_env: dict) -> None:
+    """The head chose the interface it routes to the master through (roster.auto_interface);
+    this node routes through its own, maybe named otherwise."""
+    from tunedeck.core.nodes.iface import route_interface
+
+    mine = route_interface(master) if master else None
+    for key in IFNAME_KEYS:
+        if key in env and key not in user_env and mine:
+            env[key] = mine
+
+
 def materialise(run: RunDir, hello: dict[str, Any]) -> None:
     """This node's run folder from the head's files, with node k's rank and paths (its
     records written into the head's folder when this node sees it: share_records)."""
@@ -136,6 +147,8 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
         addr = route_addr(str(hello.get("master_addr") or ""), int(hello.get("master_port") or 0))
         if addr:
             argv[i] = addr
+    if not spec.get("cluster", {}).get("interface"):
+        _own_interface(node["env"], str(hello.get("master_addr") or ""), spec.get("env") or {})
     for key in ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR"):
         node["env"].pop(key, None)  # the agent sets this node's own
     write_json_atomic(run.plan, plan)
