@@ -44,7 +44,9 @@ def hosts(tmp_path_factory):
         h.close()
 
 
-def _cluster(path: Path, hosts, node1: str = "node1", join_s: int = 120) -> str:
+def _cluster(
+    path: Path, hosts, node1: str = "node1", join_s: int = 120, node1_home: Path | None = None
+) -> str:
     """The [cluster] body of a run over the two hosts, launched from the head over ssh. No
     `interface`: the hostname resolves to 127.0.0.1 here, so gloo would bind loopback; the
     plan names the interface that routes to master_addr (IFACE on both hosts)."""
@@ -54,7 +56,7 @@ nproc_per_node = 1
 master_addr = "{hosts.addrs[0]}"
 launcher = "ssh"
 hosts = ["node0", "{node1}"]
-remote_home = ["{path.parent / "node1-home"}"]
+remote_home = ["{node1_home or path.parent / "node1-home"}"]
 join_timeout_s = {join_s}'''
 
 
@@ -569,7 +571,7 @@ args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "4",
 path = "{data}"
 [cluster]
 device = "cpu"
-{_cluster(spec, hosts).strip()}
+{_cluster(spec, hosts, node1_home=home if shared else None).strip()}
 [run]
 max_restarts = 1
 restart_pause_s = 1
@@ -577,7 +579,8 @@ stop_grace_s = 20
 ''')
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
-    node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
+    # shared: one home for both hosts, node 1's folder beside the head's
+    node_dir = (home if shared else tmp_path / "node1-home") / "runs" / f"{run_id}.node1"
     try:
         final = wait_for(
             lambda: (
@@ -608,5 +611,9 @@ stop_grace_s = 20
             second = _state(run_dir / "state.json")["launches"][1]["t"]
             assert all(r["t"] > second for r in recs), recs
         assert _state(node_dir / "state.json")["attempt"] == 1
+        if shared:  # node 1's folder is part of the run: listed, named and acted on as it
+            assert [r["run_id"] for r in _head_cli(hosts, home, "ls")] == [run_id]
+            for ref in ("two-hosts-script", f"{run_id}.node1"):
+                assert _head_cli(hosts, home, "status", ref)["run_id"] == run_id, ref
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))

@@ -539,3 +539,18 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         assert quiet.end_notes == [] and len(saved) == 2
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_nodes_folder_in_a_shared_home_is_not_a_run_of_its_own(tmp_path):
+    from tunedeck.core.runs.registry import find_run, list_runs
+    from tunedeck.core.runs.state import new_state
+
+    head = "20261203-120000-two-hosts-ab12"
+    for name, extra in ((head, None), (node_run_id(head, 1), {"head_run_id": head, "node": 1})):
+        RunDir(tmp_path / name).create()
+        RunDir(tmp_path / name).write_state(new_state(name, "two-hosts", 10))
+        if extra:
+            (tmp_path / name / "node.json").write_text(json.dumps(extra))
+    assert [r.run_id for r in list_runs(tmp_path)] == [head]
+    assert find_run("two-hosts", tmp_path).run_id == head
+    assert find_run(node_run_id(head, 1), tmp_path).run_id == head

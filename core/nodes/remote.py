@@ -29,6 +29,7 @@ from typing import Any
 
 from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
+from tunedeck.core.nodes.folders import node_run_id
 from tunedeck.core.nodes.roster import IFNAME_KEYS, local_addr_index
 from tunedeck.core.rundir import (
     FILE_MODE,
@@ -42,10 +43,6 @@ from tunedeck.core.rundir import (
 TICK_S = 0.25
 TELEMETRY_S = 2.0
 AGENT_MODULE = "tunedeck.core.runs.agent"
-
-
-def node_run_id(run_id: str, node: int) -> str:
-    return f"{run_id}.node{node}"
 
 
 def route_addr(host: str, port: int) -> str | None:
