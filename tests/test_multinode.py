@@ -57,6 +57,7 @@ master_addr = "{hosts.addrs[0]}"
 launcher = "ssh"
 hosts = ["node0", "{node1}"]
 remote_home = ["{node1_home or path.parent / "node1-home"}"]
+node_silence_s = 8
 join_timeout_s = {join_s}'''
 
 
@@ -94,6 +95,18 @@ def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | lis
         f"tunedeck {args} printed nothing ({proc.returncode}):\n{proc.stderr}"
     )
     return json.loads(proc.stdout)
+
+
+OUTAGE_S = 20  # ssh-only outage: 2.5 x the test's cluster.node_silence_s (8 s)
+
+
+def _ssh_outage(hosts, agent_pid: int) -> None:
+    """Node 1 unreachable over ssh (its sshd gone, the head's ssh to it killed); the
+    network between the hosts, and so the ranks' traffic, stays up."""
+    hosts.sshd[1].kill()
+    for p in psutil.Process(agent_pid).children():
+        if p.name() == "ssh":
+            p.kill()
 
 
 def _head_text(hosts, home: Path, *args: str) -> str:
@@ -244,13 +257,18 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         argv = json.loads((run_dir / "plan.json").read_text())["nodes"][1]["argv"]
         assert "c10d" in argv and f"{hosts.addrs[0]}:" in " ".join(argv)
 
-        # kill the ssh connection mid-run: the link reconnects and resumes from its offsets
-        agent = psutil.Process(head_state["agent_pid"])
-        ssh = [p for p in agent.children() if p.name() == "ssh"]
-        assert ssh, "the head reaches node 1 through an ssh child of its agent"
-        steps_before = rows[1]["step"]
-        for p in ssh:
-            p.send_signal(signal.SIGKILL)
+        # an ssh-only outage (node 1's sshd gone, the head's ssh killed; the hosts' network
+        # stays up) longer than cluster.node_silence_s: the ranks go on training, so the run
+        # goes on; once ssh is back the link reconnects and back-fills from its offsets
+        head_step = _head_cli(hosts, home, "nodes", run_id)[0]["step"] or 0
+        _ssh_outage(hosts, head_state["agent_pid"])
+        time.sleep(OUTAGE_S)
+        assert _state(run_dir / "state.json")["status"] == "running"
+        assert not [f for f in _findings(run_dir) if f["category"] == "node_lost"]
+        during = _head_cli(hosts, home, "nodes", run_id)
+        assert (during[0]["step"] or 0) > head_step + 3, during  # the collectives advanced
+        assert during[1]["reach"] != "connected", during[1]
+        hosts.restart_sshd(1)
         link = wait_for(
             lambda: (
                 (d := _state(run_dir / "nodes" / "node1" / "link.json")).get("drops", 0) >= 1
@@ -264,9 +282,9 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert link["shared"] is False and link["bytes"] > 0  # streamed, not shared
         assert not (node_dir / "events" / "rank1.jsonl").is_symlink()
         wait_for(
-            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) > steps_before + 2,
+            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) > during[0]["step"],
             120,
-            "node 1's steps after the reconnect",
+            "node 1's steps of the outage, back-filled",
         )
 
         # the telemetry of node 1 reached the head too
@@ -276,9 +294,25 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         ]
         assert tel and any(r.get("rank") == 1 for t in tel for r in t["procs"]["ranks"])
 
-        # stop ends both nodes
-        done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
+        # a stop asked while node 1 cannot be reached over ssh: the head stops, node 1's
+        # ranks end when the head's go; ssh back within node_silence_s, the stop reaches it
+        # late and both nodes end `stopped`, every record of node 1 re-synced
+        _ssh_outage(hosts, _state(run_dir / "state.json")["agent_pid"])
+        env = dict(os.environ, TUNEDECK_HOME=str(home), TUNEDECK_SSH_CONFIG=str(hosts.ssh_config))
+        stop = subprocess.Popen(
+            hosts.netns_argv(
+                0, [sys.executable, "-m", "tunedeck.tui", "stop", run_id, "--wait", "--json"]
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        time.sleep(3)
+        hosts.restart_sshd(1)
+        done = json.loads(stop.communicate(timeout=200)[0])
         assert done["status"] == "stopped", done
+        assert "heard it late" in _state(node_dir / "state.json")["message"]
         wait_for(
             lambda: _state(run_dir / "nodes" / "node1" / "link.json").get("ended"),
             60,
@@ -317,6 +351,7 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
     finally:
         _cleanup(run_id, f"{run_id}.node1")
+        hosts.restart_sshd(1)
 
 
 def test_a_node_that_never_joins_is_named_by_the_join_timeout(hosts, tmp_path):
