@@ -17,9 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import tomli_w
+import tomllib
 
 from tests.conftest import REPO, wait_for
-from tests.multinode_hosts import IFACE, demo_spec, make_hosts, unavailable
+from tests.multinode_hosts import IFACE, make_hosts, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -44,21 +46,29 @@ def hosts(tmp_path_factory):
         h.close()
 
 
-def _cluster(
+EXAMPLE = REPO / "docs" / "examples" / "two-nodes-ssh.toml"  # docs/multinode.md shows it
+
+
+def _cluster_table(
     path: Path, hosts, node1: str = "node1", join_s: int = 120, node1_home: Path | None = None
-) -> str:
-    """The [cluster] body of a run over the two hosts, launched from the head over ssh. No
-    `interface`: the hostname resolves to 127.0.0.1 here, so gloo would bind loopback; the
-    plan names the interface that routes to master_addr (IFACE on both hosts)."""
-    return f'''
-nnodes = 2
-nproc_per_node = 1
-master_addr = "{hosts.addrs[0]}"
-launcher = "ssh"
-hosts = ["node0", "{node1}"]
-remote_home = ["{node1_home or path.parent / "node1-home"}"]
-node_silence_s = 8
-join_timeout_s = {join_s}'''
+) -> dict:
+    """The example's [cluster] with this machine's values. No `interface`: the hostname
+    resolves to 127.0.0.1 here, so gloo would bind loopback; the plan names the interface
+    that routes to master_addr (IFACE on both hosts)."""
+    c = tomllib.loads(EXAMPLE.read_text())["cluster"]
+    c.update(
+        master_addr=hosts.addrs[0],
+        hosts=["node0", node1],
+        remote_home=[str(node1_home or path.parent / "node1-home")],
+        join_timeout_s=join_s,
+        node_silence_s=8,  # the outages below last 2.5 x this
+    )
+    return c
+
+
+def _cluster(path: Path, hosts, **kw) -> str:
+    """The [cluster] body of a run over the two hosts (for a spec written by hand)."""
+    return tomli_w.dumps(_cluster_table(path, hosts, **kw))
 
 
 def _spec(
@@ -70,14 +80,14 @@ def _spec(
     run: str = "",
     save_steps: int = 0,
 ) -> Path:
-    return demo_spec(
-        path,
-        "two-hosts",
-        steps,
-        save_steps=save_steps,
-        run="stop_grace_s = 20\n" + run,
-        cluster=_cluster(path, hosts, node1, join_s),
-    )
+    """The example spec (docs/examples/two-nodes-ssh.toml) for these two hosts."""
+    spec = tomllib.loads(EXAMPLE.read_text())
+    spec["data"]["path"] = str(REPO / "presets" / "data" / "demo_chat.jsonl")
+    spec["train"].update(max_steps=steps, save_steps=save_steps)
+    spec["cluster"] = _cluster_table(path, hosts, node1, join_s)
+    spec["run"].update(tomllib.loads(run))
+    path.write_text(tomli_w.dumps(spec))
+    return path
 
 
 def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | list:
@@ -605,7 +615,6 @@ args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "4",
 [data]
 path = "{data}"
 [cluster]
-device = "cpu"
 {_cluster(spec, hosts, node1_home=home if shared else None).strip()}
 [run]
 max_restarts = 1
