@@ -554,3 +554,19 @@ def test_a_nodes_folder_in_a_shared_home_is_not_a_run_of_its_own(tmp_path):
     assert [r.run_id for r in list_runs(tmp_path)] == [head]
     assert find_run("two-hosts", tmp_path).run_id == head
     assert find_run(node_run_id(head, 1), tmp_path).run_id == head
+
+
+def test_the_docs_ssh_example_is_the_file_the_two_host_tests_launch():
+    from pathlib import Path
+
+    from tunedeck.core.spec import load_spec
+
+    repo = Path(__file__).resolve().parent.parent
+    example = repo / "docs" / "examples" / "two-nodes-ssh.toml"
+    assert f"```toml\n{example.read_text()}```" in (repo / "docs" / "multinode.md").read_text()
+    assert (
+        'EXAMPLE = REPO / "docs" / "examples" / "two-nodes-ssh.toml"'
+        in (repo / "tests" / "test_multinode.py").read_text()
+    )
+    spec = load_spec(example)  # valid as it is, its data path found from the file's folder
+    assert Path(spec.data.path).is_file() and not spec.cluster.interface
