@@ -3,7 +3,8 @@
   sh     the launch script of one node (LaunchPlan.to_shell)
   swift  the plain `NPROC_PER_NODE=.. swift sft ...` form (swift backend only)
   nodes  one command per node, to paste into each node's shell
-  slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation
+  slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation (launcher
+         = "slurm": a job that writes its own run folder, then one agent per node)
   vllm   `vllm serve` for the trained result (LoRA adapter attached)
 
 Every form masks secrets (env values and secret-looking flag values).
@@ -45,6 +46,12 @@ def export(spec: RunSpec, fmt: str) -> str:
         raise ExportError(f'--format {fmt} needs backend = "{fmt}" (this spec runs {spec.backend})')
     # the script of a script run may exist only on the target machine
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
+    if fmt == "slurm" and spec.cluster.launcher == "slurm":
+        # one tunedeck agent per node; the job plans the spec itself (tunedeck.core.nodes)
+        from tunedeck.core.nodes.slurm import export_script
+
+        plan_run(spec, export_run_dir(spec), local=False)  # refused here, not in the job
+        return export_script(spec)
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     summary = f"# {batch.describe(spec)}\n"
     if fmt == "vllm":
@@ -74,10 +81,6 @@ def export(spec: RunSpec, fmt: str) -> str:
 
 
 def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
-    if spec.cluster.launcher == "slurm":  # one tunedeck agent per node (tunedeck.core.nodes)
-        from tunedeck.core.nodes.slurm import export_script
-
-        return export_script(spec, plan.nodes[0].cwd)
     c = spec.cluster
     node = plan.nodes[0]
     argv = list(node.argv)
