@@ -349,8 +349,11 @@ def check_interface(ctx: Context) -> CheckResult:
     c = spec.cluster
     if c.nnodes <= 1:
         return result(id, title, "skip", "single node: ranks talk over loopback")
-    from tunedeck.core.nodes.iface import facts, verdict
+    from tunedeck.core.nodes.iface import facts, is_loopback, verdict
     from tunedeck.core.nodes.roster import auto_interface, roster_problems
+
+    if is_loopback(c.master_addr) or c.master_addr == "localhost":
+        return result(id, title, "pass", f"master_addr {c.master_addr}: every node on this machine")
 
     backend = "nccl" if c.dist_backend == "nccl" else "gloo"
     key = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
