@@ -134,10 +134,15 @@ def _head_text(hosts, home: Path, *args: str) -> str:
     return proc.stdout
 
 
+def _unquoted(script: str) -> str:
+    return script.replace("'", "")
+
+
 def _dry_run_and_exports_are_what_launch_wrote(hosts, home: Path, spec: Path, run_dir: Path):
     """`launch --dry-run`, `export --format sh` and `--format nodes` of the spec (its port
     pinned to the one the launch picked) render the very argv and env the launch wrote:
-    launch.sh byte for byte (less its guard against replaying into the run), plan.json per
+    launch.sh byte for byte once the run's id and folder are put in (less its guard against
+    replaying into the run, and the shell quotes the placeholders needed), plan.json per
     node word for word."""
     import shlex
 
@@ -149,15 +154,18 @@ def _dry_run_and_exports_are_what_launch_wrote(hosts, home: Path, spec: Path, ru
     guard = launch_sh.index("# refuses to append")
     unguarded = launch_sh[:guard] + launch_sh[launch_sh.index("\nfi\n", guard) + 4 :]
     dry = _head_text(hosts, home, "launch", str(spec), "--dry-run", *pin)
-    assert dry.replace("<run-id>", run_id).startswith(unguarded), (dry, unguarded)
+    # the preview's "<run-id>" needs shell quotes that the real id does not: quotes aside
+    assert _unquoted(dry.replace("<run-id>", run_id)).startswith(_unquoted(unguarded)), dry
     export_dir = str(home / "runs" / "two-hosts-export")
 
     def as_run(text: str) -> str:
         return text.replace(export_dir, str(run_dir)).replace("two-hosts-export", run_id)
 
     sh = as_run(_head_text(hosts, home, "export", str(spec), "--format", "sh", *pin))
-    summary = next(x for x in sh.splitlines() if x.startswith("# ") and "node" not in x)
-    assert sh.replace(summary + "\n", "", 1) == unguarded
+    lines = sh.splitlines()
+    summary = lines[lines.index("set -euo pipefail") + 1]  # the export's one added line
+    assert summary.startswith("# two-hosts: builtin backend")
+    assert _unquoted(sh.replace(summary + "\n", "", 1)) == _unquoted(unguarded)
     nodes = as_run(_head_text(hosts, home, "export", str(spec), "--format", "nodes", *pin))
     blocks = nodes.split("\n# node ")[1:]
     assert len(blocks) == 2
