@@ -164,13 +164,13 @@ def _dry_run_and_exports_are_what_launch_wrote(hosts, home: Path, spec: Path, ru
     sh = as_run(_head_text(hosts, home, "export", str(spec), "--format", "sh", *pin))
     lines = sh.splitlines()
     summary = lines[lines.index("set -euo pipefail") + 1]  # the export's one added line
-    assert summary.startswith("# two-hosts: builtin backend")
+    assert summary.startswith("# effective batch")
     assert _unquoted(sh.replace(summary + "\n", "", 1)) == _unquoted(unguarded)
     nodes = as_run(_head_text(hosts, home, "export", str(spec), "--format", "nodes", *pin))
     blocks = nodes.split("\n# node ")[1:]
     assert len(blocks) == 2
     for block, want in zip(blocks, plan["nodes"]):
-        words = shlex.split(block.split("\n", 1)[1])
+        words = shlex.split(block.split("\n", 1)[1].replace("\\\n", " "))
         assert words[:3] == ["cd", want["cwd"], "&&"] and words[3] == "env"
         n = 4 + next(i for i, w in enumerate(words[4:]) if "=" not in w)
         assert dict(w.split("=", 1) for w in words[4:n]) == want["env"], block
