@@ -409,6 +409,15 @@ class ClusterSpec:
     node_rank: int = opt(
         0, help="This node's rank", min=0, max=(1 << 16) - 1, when={"cluster.nnodes": _multi_node}
     )
+    node_silence_s: int = opt(
+        20,
+        help="Seconds without a word from a node over ssh, with no step advancing on this "
+        "node either, before it counts as lost (a link-only outage, while the ranks still "
+        "train, never ends the run)",
+        min=1,
+        max=INT32,
+        when={"cluster.launcher": ("ssh",)},
+    )
     join_timeout_s: int = opt(
         600,
         help="Seconds a node waits for its peers to join",

@@ -154,6 +154,11 @@ class Hosts:
         )
 
 
+def _same_code() -> list[str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return [f"SetEnv PYTHONPATH={path}"] if path and " " not in path else []
+
+
 def make_hosts(root: Path, n: int = 2) -> Hosts:
     root.mkdir(parents=True, exist_ok=True)
     (root / "head-only").mkdir(exist_ok=True)
@@ -198,6 +203,9 @@ def make_hosts(root: Path, n: int = 2) -> Hosts:
                         "StrictModes no",
                         f"PidFile {root / f'sshd{i}.pid'}",
                         "LogLevel ERROR",
+                        # every host runs the tunedeck the tests import (a checkout's, on
+                        # PYTHONPATH), as a real cluster installs one tunedeck everywhere
+                        *_same_code(),
                         "",
                     ]
                 )

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import tomli_w
+import tomllib
 
 from tests.conftest import REPO, wait_for
-from tests.multinode_hosts import IFACE, demo_spec, make_hosts, unavailable
+from tests.multinode_hosts import IFACE, make_hosts, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +46,29 @@ def hosts(tmp_path_factory):
         h.close()
 
 
-def _cluster(path: Path, hosts, node1: str = "node1", join_s: int = 120) -> str:
-    """The [cluster] body of a run over the two hosts, launched from the head over ssh."""
-    return f'''
-nnodes = 2
-nproc_per_node = 1
-master_addr = "{hosts.addrs[0]}"
-launcher = "ssh"
-hosts = ["node0", "{node1}"]
-interface = "{IFACE}"
-remote_home = ["{path.parent / "node1-home"}"]
-join_timeout_s = {join_s}'''
+EXAMPLE = REPO / "docs" / "examples" / "two-nodes-ssh.toml"  # docs/multinode.md shows it
+
+
+def _cluster_table(
+    path: Path, hosts, node1: str = "node1", join_s: int = 120, node1_home: Path | None = None
+) -> dict:
+    """The example's [cluster] with this machine's values. No `interface`: the hostname
+    resolves to 127.0.0.1 here, so gloo would bind loopback; the plan names the interface
+    that routes to master_addr (IFACE on both hosts)."""
+    c = tomllib.loads(EXAMPLE.read_text())["cluster"]
+    c.update(
+        master_addr=hosts.addrs[0],
+        hosts=["node0", node1],
+        remote_home=[str(node1_home or path.parent / "node1-home")],
+        join_timeout_s=join_s,
+        node_silence_s=8,  # the outages below last 2.5 x this
+    )
+    return c
+
+
+def _cluster(path: Path, hosts, **kw) -> str:
+    """The [cluster] body of a run over the two hosts (for a spec written by hand)."""
+    return tomli_w.dumps(_cluster_table(path, hosts, **kw))
 
 
 def _spec(
@@ -66,14 +80,14 @@ def _spec(
     run: str = "",
     save_steps: int = 0,
 ) -> Path:
-    return demo_spec(
-        path,
-        "two-hosts",
-        steps,
-        save_steps=save_steps,
-        run="stop_grace_s = 20\n" + run,
-        cluster=_cluster(path, hosts, node1, join_s),
-    )
+    """The example spec (docs/examples/two-nodes-ssh.toml) for these two hosts."""
+    spec = tomllib.loads(EXAMPLE.read_text())
+    spec["data"]["path"] = str(REPO / "presets" / "data" / "demo_chat.jsonl")
+    spec["train"].update(max_steps=steps, save_steps=save_steps)
+    spec["cluster"] = _cluster_table(path, hosts, node1, join_s)
+    spec["run"].update(tomllib.loads(run))
+    path.write_text(tomli_w.dumps(spec))
+    return path
 
 
 def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | list:
@@ -91,6 +105,78 @@ def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | lis
         f"tunedeck {args} printed nothing ({proc.returncode}):\n{proc.stderr}"
     )
     return json.loads(proc.stdout)
+
+
+OUTAGE_S = 20  # ssh-only outage: 2.5 x the test's cluster.node_silence_s (8 s)
+
+
+def _ssh_outage(hosts, agent_pid: int) -> None:
+    """Node 1 unreachable over ssh (its sshd gone, the head's ssh to it killed); the
+    network between the hosts, and so the ranks' traffic, stays up."""
+    hosts.sshd[1].kill()
+    for p in psutil.Process(agent_pid).children():
+        if p.name() == "ssh":
+            p.kill()
+
+
+def _head_text(hosts, home: Path, *args: str) -> str:
+    """What `tunedeck ARGS` prints on the head (text, not --json)."""
+    env = dict(os.environ, TUNEDECK_HOME=str(home), TUNEDECK_SSH_CONFIG=str(hosts.ssh_config))
+    proc = subprocess.run(
+        hosts.netns_argv(0, [sys.executable, "-m", "tunedeck.tui", *args]),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _unquoted(script: str) -> str:
+    return script.replace("'", "")
+
+
+def _dry_run_and_exports_are_what_launch_wrote(hosts, home: Path, spec: Path, run_dir: Path):
+    """`launch --dry-run`, `export --format sh` and `--format nodes` of the spec (its port
+    pinned to the one the launch picked) render the very argv and env the launch wrote:
+    launch.sh byte for byte once the run's id and folder are put in (less its guard against
+    replaying into the run, and the shell quotes the placeholders needed), plan.json per
+    node word for word."""
+    import shlex
+
+    plan = json.loads((run_dir / "plan.json").read_text())
+    port = _state(run_dir / "state.json")["master_port"]
+    pin = ("--set", f"cluster.master_port={port}")
+    run_id = run_dir.name
+    launch_sh = (run_dir / "launch.sh").read_text()
+    guard = launch_sh.index("# refuses to append")
+    unguarded = launch_sh[:guard] + launch_sh[launch_sh.index("\nfi\n", guard) + 4 :]
+    dry = _head_text(hosts, home, "launch", str(spec), "--dry-run", *pin)
+    # the preview's "<run-id>" needs shell quotes that the real id does not: quotes aside
+    assert _unquoted(dry.replace("<run-id>", run_id)).startswith(_unquoted(unguarded)), dry
+    export_dir = str(home / "runs" / "two-hosts-export")
+
+    def as_run(text: str) -> str:
+        return text.replace(export_dir, str(run_dir)).replace("two-hosts-export", run_id)
+
+    sh = as_run(_head_text(hosts, home, "export", str(spec), "--format", "sh", *pin))
+    lines = sh.splitlines()
+    summary = lines[lines.index("set -euo pipefail") + 1]  # the export's one added line
+    assert summary.startswith("# effective batch")
+    assert _unquoted(sh.replace(summary + "\n", "", 1)) == _unquoted(unguarded)
+    nodes = as_run(_head_text(hosts, home, "export", str(spec), "--format", "nodes", *pin))
+    blocks = nodes.split("\n# node ")[1:]
+    assert len(blocks) == 2
+    for block, want in zip(blocks, plan["nodes"]):
+        words = shlex.split(block.split("\n", 1)[1].replace("\\\n", " "))
+        assert words[:3] == ["cd", want["cwd"], "&&"] and words[3] == "env"
+        n = 4 + next(i for i, w in enumerate(words[4:]) if "=" not in w)
+        assert dict(w.split("=", 1) for w in words[4:n]) == want["env"], block
+        assert words[n:] == want["argv"], block
+    assert plan["nodes"][1]["env"]["GLOO_SOCKET_IFNAME"] == IFACE  # chosen: routes to node 0
+    assert "--local_addr" in plan["nodes"][1]["argv"]
 
 
 def _findings(run_dir: Path) -> list[dict]:
@@ -153,6 +239,7 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
     try:
+        _dry_run_and_exports_are_what_launch_wrote(hosts, home, spec, run_dir)
         # both nodes train: node 1's steps reach the head through the link
         rows = wait_for(
             lambda: (
@@ -188,13 +275,18 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         argv = json.loads((run_dir / "plan.json").read_text())["nodes"][1]["argv"]
         assert "c10d" in argv and f"{hosts.addrs[0]}:" in " ".join(argv)
 
-        # kill the ssh connection mid-run: the link reconnects and resumes from its offsets
-        agent = psutil.Process(head_state["agent_pid"])
-        ssh = [p for p in agent.children() if p.name() == "ssh"]
-        assert ssh, "the head reaches node 1 through an ssh child of its agent"
-        steps_before = rows[1]["step"]
-        for p in ssh:
-            p.send_signal(signal.SIGKILL)
+        # an ssh-only outage (node 1's sshd gone, the head's ssh killed; the hosts' network
+        # stays up) longer than cluster.node_silence_s: the ranks go on training, so the run
+        # goes on; once ssh is back the link reconnects and back-fills from its offsets
+        head_step = _head_cli(hosts, home, "nodes", run_id)[0]["step"] or 0
+        _ssh_outage(hosts, head_state["agent_pid"])
+        time.sleep(OUTAGE_S)
+        assert _state(run_dir / "state.json")["status"] == "running"
+        assert not [f for f in _findings(run_dir) if f["category"] == "node_lost"]
+        during = _head_cli(hosts, home, "nodes", run_id)
+        assert (during[0]["step"] or 0) > head_step + 3, during  # the collectives advanced
+        assert during[1]["reach"] != "connected", during[1]
+        hosts.restart_sshd(1)
         link = wait_for(
             lambda: (
                 (d := _state(run_dir / "nodes" / "node1" / "link.json")).get("drops", 0) >= 1
@@ -208,9 +300,9 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert link["shared"] is False and link["bytes"] > 0  # streamed, not shared
         assert not (node_dir / "events" / "rank1.jsonl").is_symlink()
         wait_for(
-            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) > steps_before + 2,
+            lambda: (_head_cli(hosts, home, "nodes", run_id)[1]["step"] or 0) > during[0]["step"],
             120,
-            "node 1's steps after the reconnect",
+            "node 1's steps of the outage, back-filled",
         )
 
         # the telemetry of node 1 reached the head too
@@ -220,9 +312,26 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         ]
         assert tel and any(r.get("rank") == 1 for t in tel for r in t["procs"]["ranks"])
 
-        # stop ends both nodes
-        done = _head_cli(hosts, home, "stop", run_id, "--wait", timeout=200)
+        # a stop asked while node 1 cannot be reached over ssh: the head stops, node 1's
+        # ranks end when the head's go; ssh back within node_silence_s, the stop reaches it
+        # late and both nodes end `stopped`, every record of node 1 re-synced
+        _ssh_outage(hosts, _state(run_dir / "state.json")["agent_pid"])
+        env = dict(os.environ, TUNEDECK_HOME=str(home), TUNEDECK_SSH_CONFIG=str(hosts.ssh_config))
+        stop = subprocess.Popen(
+            hosts.netns_argv(
+                0, [sys.executable, "-m", "tunedeck.tui", "stop", run_id, "--wait", "--json"]
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        time.sleep(3)
+        hosts.restart_sshd(1)
+        done = json.loads(stop.communicate(timeout=200)[0])
         assert done["status"] == "stopped", done
+        # its ranks ended before the stop reached it ("heard it late"), or it stopped itself
+        print("node 1 after the stop:", _state(node_dir / "state.json").get("message"))
         wait_for(
             lambda: _state(run_dir / "nodes" / "node1" / "link.json").get("ended"),
             60,
@@ -261,6 +370,7 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
     finally:
         _cleanup(run_id, f"{run_id}.node1")
+        hosts.restart_sshd(1)
 
 
 def test_a_node_that_never_joins_is_named_by_the_join_timeout(hosts, tmp_path):
@@ -346,17 +456,29 @@ def test_preflight_asks_every_node_over_ssh(hosts, tmp_path):
         tmp_path / "h",
         "preflight",
         str(_spec(tmp_path / "bad.toml", hosts, steps=10, node1="ghost")),
+        "--set",
+        "cluster.interface=eth9",
     )
 
-    def check(out):
+    def check(out, id="net.nodes"):
         rows = out["checks"] if isinstance(out, dict) else out
-        return next(c for c in rows if c["id"] == "net.nodes")
+        return next(c for c in rows if c["id"] == id)
 
     ok = check(good)
     assert ok["status"] == "pass", ok
     assert "node 1 (node1): ok" in ok["detail"]
     fail = check(bad)
     assert fail["status"] == "fail" and "node 1 (ghost): ssh exited 255" in fail["detail"]
+    # the hostname resolves to 127.0.0.1 on both hosts: no interface set, the one that
+    # routes to master_addr on each node is chosen (and each node was asked)
+    iface = check(good, "net.interface")
+    assert iface["status"] == "pass", iface
+    assert f"GLOO_SOCKET_IFNAME={IFACE}, chosen" in iface["detail"]
+    assert f"node 1 (node1): {IFACE}" in iface["detail"], iface
+    # an interface this node lacks: fails, naming the one to set
+    wrong = check(bad, "net.interface")
+    assert wrong["status"] == "fail" and "no interface 'eth9' here" in wrong["detail"], wrong
+    assert f'cluster.interface = "{IFACE}"' in wrong["fix"], wrong
 
 
 def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts, tmp_path):
@@ -502,8 +624,7 @@ args = ["--max_steps", "8", "--logging_steps", "1", "--save_steps", "4",
 [data]
 path = "{data}"
 [cluster]
-device = "cpu"
-{_cluster(spec, hosts).strip()}
+{_cluster(spec, hosts, node1_home=home if shared else None).strip()}
 [run]
 max_restarts = 1
 restart_pause_s = 1
@@ -511,7 +632,8 @@ stop_grace_s = 20
 ''')
     out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight")
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
-    node_dir = tmp_path / "node1-home" / "runs" / f"{run_id}.node1"
+    # shared: one home for both hosts, node 1's folder beside the head's
+    node_dir = (home if shared else tmp_path / "node1-home") / "runs" / f"{run_id}.node1"
     try:
         final = wait_for(
             lambda: (
@@ -542,5 +664,9 @@ stop_grace_s = 20
             second = _state(run_dir / "state.json")["launches"][1]["t"]
             assert all(r["t"] > second for r in recs), recs
         assert _state(node_dir / "state.json")["attempt"] == 1
+        if shared:  # node 1's folder is part of the run: listed, named and acted on as it
+            assert [r["run_id"] for r in _head_cli(hosts, home, "ls")] == [run_id]
+            for ref in ("two-hosts-script", f"{run_id}.node1"):
+                assert _head_cli(hosts, home, "status", ref)["run_id"] == run_id, ref
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))

@@ -76,6 +76,34 @@ def test_place_sets_c10d_host_local_address_interface_and_gpus(tmp_path):
     assert (n0.env["CUDA_VISIBLE_DEVICES"], n1.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
 
 
+def test_a_hostname_on_loopback_with_no_route_fails_preflight_naming_the_interface(monkeypatch):
+    """Where the hostname resolves to 127.0.0.1 and no interface routes to the master
+    (none can be chosen for the user), gloo would bind loopback: the check fails and says
+    which interface to set; one that routes is chosen and passes."""
+    from tunedeck.core.nodes import iface
+    from tunedeck.core.preflight.base import Context
+    from tunedeck.core.preflight.network import check_interface
+    from tunedeck.core.estimate.resolve import resolve
+
+    spec = resolve(
+        loads_spec(
+            BASE.replace("nnodes = 3", "nnodes = 2") + 'master_addr = "10.0.0.1"\ndevice = "cpu"\n'
+        )
+    )
+    here = {"hostname_addr": "127.0.0.1", "route_iface": None, "ifaces": {"lo": "127.0.0.1"}}
+    monkeypatch.setattr(iface, "facts", lambda master: here)
+    monkeypatch.setattr(iface, "route_interface", lambda master: None)
+    r = check_interface(Context(spec=spec, resolved=spec))
+    assert r.status == "fail", r
+    assert "the hostname resolves to 127.0.0.1, so gloo binds loopback" in r.detail
+    assert "no interface routes to the master" in r.detail and "cluster.interface" in r.fix
+    here.update(route_iface="ens5", ifaces={"lo": "127.0.0.1", "ens5": "10.0.0.7"})
+    monkeypatch.setattr(iface, "route_interface", lambda master: "ens5")
+    r = check_interface(Context(spec=spec, resolved=spec))
+    assert r.status == "pass" and "GLOO_SOCKET_IFNAME=ens5, chosen" in r.detail, r
+    assert iface.verdict(here, "lo", "gloo")[0] == "bad"
+
+
 def test_ssh_argv_is_batch_mode_and_quotes_the_remote_words(monkeypatch):
     monkeypatch.delenv("TUNEDECK_SSH_CONFIG", raising=False)
     argv = ssh_argv("user@h1", ["/opt/my env/bin/python", "-m", "x", "a;rm -rf /"])
@@ -511,3 +539,34 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         assert quiet.end_notes == [] and len(saved) == 2
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_nodes_folder_in_a_shared_home_is_not_a_run_of_its_own(tmp_path):
+    from tunedeck.core.views.registry import find_run, list_runs
+    from tunedeck.core.store.state import new_state
+
+    head = "20261203-120000-two-hosts-ab12"
+    for name, extra in ((head, None), (node_run_id(head, 1), {"head_run_id": head, "node": 1})):
+        RunDir(tmp_path / name).create()
+        RunDir(tmp_path / name).write_state(new_state(name, "two-hosts", 10))
+        if extra:
+            (tmp_path / name / "node.json").write_text(json.dumps(extra))
+    assert [r.run_id for r in list_runs(tmp_path)] == [head]
+    assert find_run("two-hosts", tmp_path).run_id == head
+    assert find_run(node_run_id(head, 1), tmp_path).run_id == head
+
+
+def test_the_docs_ssh_example_is_the_file_the_two_host_tests_launch():
+    from pathlib import Path
+
+    from tunedeck.core.spec import load_spec
+
+    repo = Path(__file__).resolve().parent.parent
+    example = repo / "docs" / "examples" / "two-nodes-ssh.toml"
+    assert f"```toml\n{example.read_text()}```" in (repo / "docs" / "multinode.md").read_text()
+    assert (
+        'EXAMPLE = REPO / "docs" / "examples" / "two-nodes-ssh.toml"'
+        in (repo / "tests" / "test_multinode.py").read_text()
+    )
+    spec = load_spec(example)  # valid as it is, its data path found from the file's folder
+    assert Path(spec.data.path).is_file() and not spec.cluster.interface

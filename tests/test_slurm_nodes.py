@@ -237,3 +237,69 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
         )
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))
+
+
+def test_sbatch_of_the_exported_script_runs_the_demo_with_no_launch(nodes, tmp_path):
+    """`tunedeck export --format slurm` is a job on its own: `sbatch` of it (no `tunedeck
+    launch` before) writes the run folder, trains over both nodes and ends; the home both
+    nodes share lists the run once."""
+    hosts, slurm = nodes
+    home = tmp_path / "home"
+    spec = demo_spec(
+        tmp_path / "s.toml",
+        "slurm-export",
+        6,
+        cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
+        f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"',
+    )
+    env = dict(slurm.env, TUNEDECK_HOME=str(home))
+    script = tmp_path / "job.sh"
+    script.write_text(
+        subprocess.run(
+            hosts.named_argv(
+                0, [sys.executable, "-m", "tunedeck.tui", "export", str(spec), "--format", "slurm"]
+            ),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            check=True,
+        ).stdout
+    )
+    assert not (home / "runs").exists()  # nothing written before the job runs
+    job = subprocess.run(
+        hosts.named_argv(0, ["sbatch", "--parsable", str(script)]),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,  # Slurm's own output file lands here
+    )
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip().split(";")[0]
+    run_id = ""
+    try:
+        final = wait_for(
+            lambda: (
+                (runs := _cli(hosts, slurm, home, "ls"))
+                and runs[0]["status"] in ("succeeded", "failed", "stopped")
+                and runs
+            ),
+            240,
+            "the exported job's run to end",
+        )
+        run_id = final[0]["run_id"]
+        run_dir = home / "runs" / run_id
+        assert [r["run_id"] for r in final] == [run_id]  # node 1's folder is not a run
+        assert final[0]["status"] == "succeeded", (
+            final,
+            (tmp_path / f"tunedeck-slurm-export-{job_id}.out").read_text(errors="replace"),
+        )
+        assert _state(run_dir / "state.json")["slurm_job"] == job_id
+        assert [e["step"] for e in _events(run_dir / "events" / "rank1.jsonl", "step")] == list(
+            range(1, 7)
+        )
+        assert (run_dir / "spec.toml").is_file() and (run_dir / "plan.json").is_file()
+    finally:
+        subprocess.run(hosts.named_argv(0, ["scancel", job_id]), env=slurm.env, capture_output=True)
+        if run_id:
+            _cleanup(run_id, f"{run_id}.node1")

@@ -1060,8 +1060,8 @@ def test_snapshot_nccl_maximised_80x24(fixed_home, snap_compare):
 
 
 def test_a_stop_in_progress_reads_stopping_until_it_is_recorded():
-    from tunedeck.core.runs.registry import RunInfo
-    from tunedeck.core.runs.watch import Progress, Snapshot
+    from tunedeck.core.views.registry import RunInfo
+    from tunedeck.core.views.watch import Progress, Snapshot
     from tunedeck.tui.widgets.progress import progress_text
 
     def text(status: str, state: dict) -> str:

@@ -14,6 +14,7 @@ from tunedeck.core.backends import builtin, llamafactory, script, swift
 from tunedeck.core.backends.base import Backend
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.estimate.resolve import resolve
+from tunedeck.core.nodes.roster import place, roster_problems
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
@@ -40,7 +41,8 @@ def backend_of(spec: RunSpec) -> Backend:
 def plan_run(
     spec: RunSpec, run: RunDir, local: bool = True, gpu_count: int | None = None
 ) -> tuple[RunSpec, LaunchPlan]:
-    """(the spec resolved for this machine, with its output_dir set, and its plan). Raises
+    """(the spec resolved for this machine, with its output_dir set, and its plan, each node
+    placed: its host, GPUs, interface and c10d flags). Raises
     ValueError (SwiftPlanError...) naming the key when the spec cannot run. `local`: the plan
     runs here, so what it names must exist here (off for exports to another machine)."""
     spec = resolve(spec, gpu_count=gpu_count)
@@ -48,4 +50,11 @@ def plan_run(
         spec.run.output_dir = str(run.output_dir(spec))
     backend = backend_of(spec)
     backend.check(spec, local)
-    return spec, backend.build_plan(spec, run)
+    plan = backend.build_plan(spec, run)
+    if spec.cluster.nnodes > 1:
+        # launch, dry-run and every export render this one plan: each node's exact argv/env
+        problems = roster_problems(spec)
+        if problems:
+            raise ValueError("; ".join(problems))
+        place(spec, plan)
+    return spec, plan

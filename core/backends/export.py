@@ -2,7 +2,8 @@
 
   sh     the launch script of one node (LaunchPlan.to_shell)
   nodes  one command per node, to paste into each node's shell
-  slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation
+  slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation (launcher
+         = "slurm": a job that writes its own run folder, then one agent per node)
   vllm   `vllm serve` for the trained result (LoRA adapter attached)
 
 and each backend's own forms (`Backend.exports`: the command its users type, such as
@@ -53,6 +54,12 @@ def export(spec: RunSpec, fmt: str) -> str:
         )
     # the script of a script run may exist only on the target machine
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
+    if fmt == "slurm" and spec.cluster.launcher == "slurm":
+        # one tunedeck agent per node; the job plans the spec itself (tunedeck.core.nodes)
+        from tunedeck.core.nodes.slurm import export_script
+
+        plan_run(spec, export_run_dir(spec), local=False)  # refused here, not in the job
+        return export_script(spec)
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     # the batch as the backend runs it (its defaults for unset keys), as the preview says
     summary = f"# {batch.describe(as_run(spec)[0])}\n"
@@ -93,10 +100,6 @@ def own_script(spec: RunSpec, form: Exported, summary: str) -> str:
 
 
 def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
-    if spec.cluster.launcher == "slurm":  # one tunedeck agent per node (tunedeck.core.nodes)
-        from tunedeck.core.nodes.slurm import export_script
-
-        return export_script(spec, plan.nodes[0].cwd)
     c = spec.cluster
     node = plan.nodes[0]
     argv = list(node.argv)

@@ -9,8 +9,10 @@ threads: the monitor's tick only reads their state (it must stay well under 50 m
 What the monitor decides:
 - a node that has not joined when cluster.join_timeout_s has passed: `rendezvous_unreachable`
   naming it (and why, when ssh said);
-- a node lost mid-run (its agent died, or no answer for LOST_AFTER_S): `node_lost` naming it,
-  and the rest of the run is stopped;
+- a node lost mid-run (its agent died, or no answer for cluster.node_silence_s while no step
+  advanced on the head either): `node_lost` naming it, and the rest of the run is stopped. A
+  silent link while the head's ranks still step is the link alone (the ranks' collectives
+  need every node): the run goes on, the link reconnects and back-fills from its offsets;
 - a stop of the head goes to every node; when the head's run ends, the nodes still running are
   stopped, and the links wait (bounded) for the nodes' last records.
 """
@@ -37,7 +39,6 @@ from tunedeck.core.spec import RunSpec
 
 log = logging.getLogger("tunedeck.nodes")
 
-LOST_AFTER_S = 20.0  # no answer from a node this long (ssh keep-alives: ~15 s) = lost
 RETRY_MAX_S = 5.0
 STOP_GRACE_S = 15.0  # a node lost: the others get this long to checkpoint and go
 FINAL_WAIT_S = 30.0  # the head's run is over: how long the nodes' last records may take
@@ -111,8 +112,8 @@ class NodeLink(threading.Thread):
             "remote_status": self.remote_state.get("status"),
         }
 
-    def stop_node(self, mode: str, grace_s: float | None) -> None:
-        cmd = {"op": "stop", "mode": mode, "grace_s": grace_s}
+    def stop_node(self, mode: str, grace_s: float | None, asked: float | None = None) -> None:
+        cmd = {"op": "stop", "mode": mode, "grace_s": grace_s, "t": asked or time.time()}
         with self.lock:
             self.pending_stop = cmd  # also sent in the hello of a reconnect
             proc = self.proc
@@ -329,11 +330,15 @@ class NodesMonitor:
         self.stop_sent: str | None = None
         self.end_notes: list[str] = []  # said in the run's end message (the agent adds)
         self.head_stopped_for: str | None = None
+        self.silence_s = float(self.spec.cluster.node_silence_s)
+        self.stepped = time.time()  # this node's newest step: the collectives still advance
         for link in self.links:
             link.start()
 
     # -- the tick ----------------------------------------------------------------------
     def tick(self, now: float, new_events: list[dict]) -> None:
+        if any(e.get("kind") == "step" for e in new_events):
+            self.stepped = now
         if self.ctx.stopping():
             self._forward_stop()
         for link in self.links:
@@ -347,17 +352,23 @@ class NodesMonitor:
         mode = "hard" if req.get("mode") == "hard" else "graceful"
         for link in self.links:
             if not link.ended and not link.gone:
-                link.stop_node(mode, req.get("grace_s") if mode == "graceful" else None)
+                link.stop_node(
+                    mode, req.get("grace_s") if mode == "graceful" else None, req.get("t")
+                )
         grace = (
             0.0
             if mode == "hard"
             else float(req.get("grace_s") or min(self.spec.run.stop_grace_s, 60.0))
         )
         deadline = time.monotonic() + grace + FINAL_WAIT_S
-        # a node unreachable for LOST_AFTER_S is not waited for: it is named below
+        # a node silent for cluster.node_silence_s from now is not waited for (named below);
+        # one back before (an ssh outage) gets the stop in its next hello and sends the rest
+        since = time.time()
         while time.monotonic() < deadline and any(
             not (k.ended or k.gone)
-            and (k.connected or k.started and time.time() - k.last_seen < LOST_AFTER_S)
+            and (
+                k.connected or k.started and time.time() - max(k.last_seen, since) < self.silence_s
+            )
             for k in self.links
         ):
             time.sleep(0.2)
@@ -403,7 +414,7 @@ class NodesMonitor:
             return
         self.stop_sent = mode
         for link in self.links:
-            link.stop_node(mode, req.get("grace_s"))
+            link.stop_node(mode, req.get("grace_s"), req.get("t"))
 
     def _write(self, link: NodeLink, force: bool = False) -> None:
         st = link.status()
@@ -472,7 +483,12 @@ class NodesMonitor:
         status = link.remote_state.get("status")
         if link.gone:
             lost = link.gone
-        elif not link.connected and now - link.last_seen > LOST_AFTER_S and not link.ended:
+        elif (
+            not link.connected
+            and now - link.last_seen > self.silence_s
+            and now - self.stepped > self.silence_s  # the link alone is down: ranks step
+            and not link.ended
+        ):
             lost = f"no answer for {now - link.last_seen:.0f}s" + (
                 f" ({link.last_error})" if link.last_error else ""
             )

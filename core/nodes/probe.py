@@ -11,6 +11,8 @@ import socket
 import sys
 from importlib import metadata
 
+from tunedeck.core.nodes.iface import facts
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -62,6 +64,8 @@ def probe(host: str, port: int, paths: list[str]) -> dict:
         "gpu_procs": _gpu_procs() if gpus else None,
         "reach": _reach(host, port) if port else "not asked",
         "missing": [p for p in paths if not os.path.exists(p)],
+        # the address its ranks would talk from, the interface to the master (iface.py)
+        "net": facts(host) if host else None,
     }
 
 

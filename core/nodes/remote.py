@@ -29,7 +29,8 @@ from typing import Any
 
 from tunedeck.core.monitoring import MonitorContext
 from tunedeck.core.nodes import wire
-from tunedeck.core.nodes.roster import local_addr_index
+from tunedeck.core.nodes.folders import node_run_id
+from tunedeck.core.nodes.roster import IFNAME_KEYS, local_addr_index
 from tunedeck.core.rundir import (
     FILE_MODE,
     TERMINAL,
@@ -42,10 +43,6 @@ from tunedeck.core.rundir import (
 TICK_S = 0.25
 TELEMETRY_S = 2.0
 AGENT_MODULE = "tunedeck.core.supervisor.agent"
-
-
-def node_run_id(run_id: str, node: int) -> str:
-    return f"{run_id}.node{node}"
 
 
 def route_addr(host: str, port: int) -> str | None:
@@ -112,6 +109,17 @@ def shared(run: RunDir) -> bool:
     return run.agent_log.is_symlink()
 
 
+def _own_interface(env: dict, master: str, user_env: dict) -> None:
+    """The head chose the interface it routes to the master through (roster.auto_interface);
+    this node routes through its own, maybe named otherwise."""
+    from tunedeck.core.nodes.iface import route_interface
+
+    mine = route_interface(master) if master else None
+    for key in IFNAME_KEYS:
+        if key in env and key not in user_env and mine:
+            env[key] = mine
+
+
 def materialise(run: RunDir, hello: dict[str, Any]) -> None:
     """This node's run folder from the head's files, with node k's rank and paths (its
     records written into the head's folder when this node sees it: share_records)."""
@@ -136,6 +144,8 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
         addr = route_addr(str(hello.get("master_addr") or ""), int(hello.get("master_port") or 0))
         if addr:
             argv[i] = addr
+    if not spec.get("cluster", {}).get("interface"):
+        _own_interface(node["env"], str(hello.get("master_addr") or ""), spec.get("env") or {})
     for key in ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR"):
         node["env"].pop(key, None)  # the agent sets this node's own
     write_json_atomic(run.plan, plan)
@@ -242,10 +252,38 @@ def write_stop(
     write_json_atomic(run.stop_request, req)
 
 
-def request_stop(run: RunDir, mode: str, grace_s: Any = None) -> None:
-    """The head's stop for this node's run: stop.json, and its agent woken now."""
-    write_stop(run, mode, grace_s)
+def _heard_late(run: RunDir, st: dict[str, Any], mode: str, asked: Any) -> None:
+    """This node's run ended before the head's stop reached it. Where it ended after the
+    stop was asked (its ranks failed because the other nodes had stopped, or it ran on to
+    a `succeeded` short of the end), its record says what happened: stopped, and heard late."""
+    ended = st.get("ended")
+    if (
+        not isinstance(asked, (int, float))
+        or not isinstance(ended, (int, float))
+        or ended < asked
+        or st.get("status") == "stopped"
+    ):
+        return
+    was = st.get("status")
+    st.update(
+        status="stopped",
+        message=f"stopped ({'hard' if mode == 'hard' else 'graceful'}): the head was stopped; "
+        f"this node heard it late (unreachable), after its ranks ended {was}",
+        stop_requested={"mode": mode, "t": asked, "by": "head", "late": True},
+    )
+    if not st.get("exit_code"):
+        st["exit_code"] = 143  # stopped: never 0 (SIGTERM's 128 + 15)
+    run.write_state(st)
+
+
+def request_stop(run: RunDir, mode: str, grace_s: Any = None, asked: Any = None) -> None:
+    """The head's stop for this node's run: stop.json, and its agent woken now. `asked`: when
+    the head was asked to stop (a stop that reaches us late, after an ssh outage)."""
     st = run.read_state() or {}
+    if st.get("status") in TERMINAL:
+        _heard_late(run, st, mode, asked)
+        return
+    write_stop(run, mode, grace_s)
     if agent_alive(st, run):
         try:
             os.kill(st["agent_pid"], signal.SIGUSR1)
@@ -433,7 +471,8 @@ def serve(stdin, out) -> int:
         out.flush()
         return 1
     if isinstance(hello.get("stop"), dict):  # asked while we were unreachable
-        request_stop(run, hello["stop"].get("mode", "graceful"), hello["stop"].get("grace_s"))
+        stop = hello["stop"]
+        request_stop(run, stop.get("mode", "graceful"), stop.get("grace_s"), stop.get("t"))
     elif hello.get("revive"):
         revive(run)
     out.write(
@@ -455,7 +494,7 @@ def serve(stdin, out) -> int:
         for line in iter(stdin.readline, b""):
             cmd = wire.parse(line) or {}
             if cmd.get("op") == "stop":
-                request_stop(run, str(cmd.get("mode")), cmd.get("grace_s"))
+                request_stop(run, str(cmd.get("mode")), cmd.get("grace_s"), cmd.get("t"))
             elif cmd.get("op") == "revive":
                 revive(run)
         closed.set()  # the head hung up: the run goes on without us

@@ -109,18 +109,33 @@ def place(spec: RunSpec, plan: Any) -> Any:
     if c.nnodes == 1:
         return plan
     nodes = roster(spec)
+    interface = c.interface or auto_interface(spec)
     for cmd in plan.nodes:
         node = nodes[cmd.node_rank]
         if node.host:
             cmd.host = node.host
         if node.gpus and spec.cluster.device != "cpu":
             cmd.env["CUDA_VISIBLE_DEVICES"] = node.gpus
-        if c.interface:
-            cmd.env.setdefault("GLOO_SOCKET_IFNAME", c.interface)
-            cmd.env.setdefault("NCCL_SOCKET_IFNAME", c.interface)
+        if interface:
+            cmd.env.setdefault("GLOO_SOCKET_IFNAME", interface)
+            cmd.env.setdefault("NCCL_SOCKET_IFNAME", interface)
         if c.launcher in ("ssh", "slurm"):
             _c10d_flags(cmd.argv, is_host=cmd.node_rank == 0, addr=node.addr)
     return plan
+
+
+IFNAME_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def auto_interface(spec: RunSpec) -> str:
+    """cluster.interface left empty, and neither variable in env: the interface this machine
+    routes to master_addr through ("" where none does). A node whose interface to the master
+    has another name swaps in its own at start (remote.prepare), as it does --local_addr."""
+    if any(k in spec.env for k in IFNAME_KEYS):
+        return ""
+    from tunedeck.core.nodes.iface import route_interface
+
+    return route_interface(spec.cluster.master_addr) or ""
 
 
 def _c10d_flags(argv: list[str], is_host: bool, addr: str) -> None:

@@ -22,6 +22,7 @@ until its timeout.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shlex
@@ -60,10 +61,8 @@ class SlurmError(RuntimeError):
     pass
 
 
-def batch_script(spec: RunSpec, run_dir: str | Path, python: str | None = None) -> str:
+def _header(spec: RunSpec, output: str) -> list[str]:
     c = spec.cluster
-    run_dir = str(run_dir)
-    python = python or sys.executable
     nproc = max(c.nproc_per_node, 1)
     lines = [
         "#!/usr/bin/env bash",
@@ -71,20 +70,32 @@ def batch_script(spec: RunSpec, run_dir: str | Path, python: str | None = None) 
         f"#SBATCH --nodes={c.nnodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={nproc if c.device == 'cpu' else max(4 * nproc, 4)}",
-        f"#SBATCH --output={_sbatch_word(run_dir + '/logs/slurm-%j.out')}",
+        f"#SBATCH --output={_sbatch_word(output)}",
     ]
     if c.device != "cpu":
-        lines.append(f"#SBATCH --gpus-per-node={nproc}")
-    lines += [f"#SBATCH {_sbatch_word(a)}" for a in c.slurm_args]
-    lines += [
-        "set -euo pipefail",
-        f"# tunedeck run {Path(run_dir).name}: one agent per node (node 0's owns the run)",
+        # a GPU run owns its nodes: every GPU the spec uses, the node's memory, no neighbour
+        lines += [f"#SBATCH --gpus-per-node={nproc}", "#SBATCH --exclusive", "#SBATCH --mem=0"]
+    return lines + [f"#SBATCH {_sbatch_word(a)}" for a in c.slurm_args]
+
+
+def _agents(python: str, run_dir_word: str) -> list[str]:
+    return [
         "# the rendezvous host: the first host of the allocation",
         f'export {MASTER_ENV}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
-        + shlex.join([python, "-m", TASK_MODULE, run_dir]),
+        + shlex.join([python, "-m", TASK_MODULE])
+        + f" {run_dir_word}",
     ]
-    return "\n".join(lines) + "\n"
+
+
+def batch_script(spec: RunSpec, run_dir: str | Path, python: str | None = None) -> str:
+    """The script `tunedeck launch` submits for the run folder it wrote."""
+    run_dir = str(run_dir)
+    lines = _header(spec, run_dir + "/logs/slurm-%j.out") + [
+        "set -euo pipefail",
+        f"# tunedeck run {Path(run_dir).name}: one agent per node (node 0's owns the run)",
+    ]
+    return "\n".join(lines + _agents(python or sys.executable, shlex.quote(run_dir))) + "\n"
 
 
 def _sbatch_word(word: str) -> str:
@@ -163,14 +174,35 @@ def cancel(job: str, graceful: bool) -> str | None:
     return (r.stderr.strip() or f"scancel exited {r.returncode}") if r.returncode else None
 
 
-def export_script(spec: RunSpec, run_dir: str | Path) -> str:
-    """`tunedeck export --format slurm` of a spec with cluster.launcher = "slurm": the script
-    `tunedeck launch` submits for it (launch writes the run folder it names first)."""
-    head, _, rest = batch_script(spec, run_dir).partition("\n")
-    return (
-        f"{head}\n# what `tunedeck launch` submits for this spec: it writes the run "
-        f"folder named below first\n{rest}"
-    )
+JOB_MODULE = "tunedeck.core.supervisor.slurm_job"
+SPEC_END = "TUNEDECK_SPEC"
+
+
+def export_script(spec: RunSpec, python: str | None = None) -> str:
+    """`tunedeck export --format slurm` of a spec with cluster.launcher = "slurm": a job that
+    stands alone. Its first step writes the run folder under the job's TUNEDECK_HOME (spec,
+    plan, state naming the job: tunedeck.core.supervisor.slurm_job), then one agent per node runs
+    it, as for a launched run. Slurm's own output goes next to where sbatch runs (a folder
+    that exists before submission); the run's logs go to its folder. Secrets are ****: the
+    job takes them from its environment."""
+    from tunedeck.core.spec import mask_env
+
+    python = python or sys.executable
+    saved = copy.deepcopy(spec)
+    saved.env = mask_env(saved.env)
+    text = saved.to_toml()
+    if any(line.strip() == SPEC_END for line in text.splitlines()):
+        raise ValueError(f"the spec holds a line {SPEC_END!r}, which ends the script's copy")
+    lines = _header(spec, "tunedeck-%x-%j.out") + [
+        "set -euo pipefail",
+        "# a tunedeck run that needs no `tunedeck launch`: this job writes its run folder",
+        f"RUN_DIR=\"$({shlex.join([python, '-m', JOB_MODULE])} <<'{SPEC_END}'",
+        text.rstrip("\n"),
+        SPEC_END,
+        ')"',
+        'echo "tunedeck run folder: $RUN_DIR"',
+    ]
+    return "\n".join(lines + _agents(python, '"$RUN_DIR"')) + "\n"
 
 
 # -- the nodes of a running job, through the shared filesystem --------------------------------

@@ -256,10 +256,8 @@ def check_nodes(ctx: Context) -> CheckResult:
             "skip",
             "one node, or the other nodes are not started over ssh (cluster.launcher)",
         )
-    from concurrent.futures import ThreadPoolExecutor
-
     from tunedeck.core.nodes.probe import probe
-    from tunedeck.core.nodes.roster import roster, roster_problems
+    from tunedeck.core.nodes.roster import roster_problems
 
     problems = roster_problems(spec)
     if problems:
@@ -270,29 +268,16 @@ def check_nodes(ctx: Context) -> CheckResult:
             "; ".join(problems),
             "give cluster.hosts one ssh destination per node, node 0 first",
         )
-    paths = [
-        p
-        for p in (spec.data.path, spec.model.path)
-        if p and os.path.isabs(p) and not p.startswith("builtin:")
-    ]
     here = probe("", 0, [])
-    with socket.socket(socket.AF_INET6 if ":" in c.master_addr else socket.AF_INET) as lsn:
-        try:
-            lsn.bind((c.master_addr, 0))
-            lsn.listen(16)
-            port = lsn.getsockname()[1]
-        except OSError as e:
-            return result(
-                id,
-                title,
-                "fail",
-                f"cannot listen on {c.master_addr}: {e.strerror}",
-                "cluster.master_addr must be an address of this node (node 0)",
-            )
-        with ThreadPoolExecutor(max_workers=min(16, c.nnodes)) as pool:
-            answers = list(
-                pool.map(lambda n: _ask_node(n, c.master_addr, port, paths), roster(spec)[1:])
-            )
+    answers = _node_answers(ctx)
+    if isinstance(answers, str):
+        return result(
+            id,
+            title,
+            "fail",
+            answers,
+            "cluster.master_addr must be an address of this node (node 0)",
+        )
     bad, lines = [], []
     for node, ans in answers:
         if isinstance(ans, str):
@@ -324,6 +309,99 @@ def check_nodes(ctx: Context) -> CheckResult:
     return result(id, title, "pass", "; ".join(lines))
 
 
+def _node_answers(ctx: Context) -> list | str:
+    """[(node, its probe answer or why there is none)] for nodes 1.., asked over ssh in
+    parallel once per preflight (net.nodes and net.interface read them); this node listens on
+    master_addr while they ask, so their reach test meets a socket. A str: cannot listen."""
+
+    def ask():
+        from concurrent.futures import ThreadPoolExecutor
+
+        from tunedeck.core.nodes.roster import roster
+
+        spec = ctx.resolved
+        c = spec.cluster
+        paths = [
+            p
+            for p in (spec.data.path, spec.model.path)
+            if p and os.path.isabs(p) and not p.startswith("builtin:")
+        ]
+        with socket.socket(socket.AF_INET6 if ":" in c.master_addr else socket.AF_INET) as lsn:
+            try:
+                lsn.bind((c.master_addr, 0))
+                lsn.listen(16)
+                port = lsn.getsockname()[1]
+            except OSError as e:
+                return f"cannot listen on {c.master_addr}: {e.strerror}"
+            with ThreadPoolExecutor(max_workers=min(16, c.nnodes)) as pool:
+                return list(
+                    pool.map(lambda n: _ask_node(n, c.master_addr, port, paths), roster(spec)[1:])
+                )
+
+    return ctx.memo("node_answers", ask)
+
+
+def check_interface(ctx: Context) -> CheckResult:
+    """Every node's ranks talk from an address the other nodes can reach: not loopback, which
+    is what gloo binds where the hostname resolves to 127.0.0.1 and no interface is named."""
+    id, title = "net.interface", "Ranks talk over an interface the other nodes reach"
+    spec = ctx.resolved
+    c = spec.cluster
+    if c.nnodes <= 1:
+        return result(id, title, "skip", "single node: ranks talk over loopback")
+    from tunedeck.core.nodes.iface import facts, is_loopback, verdict
+    from tunedeck.core.nodes.roster import auto_interface, roster_problems
+
+    if is_loopback(c.master_addr) or c.master_addr == "localhost":
+        return result(id, title, "pass", f"master_addr {c.master_addr}: every node on this machine")
+
+    backend = "nccl" if c.dist_backend == "nccl" else "gloo"
+    key = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    chosen = spec.env.get(key) or c.interface or auto_interface(spec)
+    auto = not (spec.env.get(key) or c.interface)
+    nodes: list[tuple[str, dict | str]] = [("node 0 (this one)", facts(c.master_addr))]
+    if c.launcher == "ssh" and not roster_problems(spec):
+        answers = _node_answers(ctx)
+        if isinstance(answers, list):
+            for node, ans in answers:
+                who = f"node {node.rank} ({node.host})"
+                if isinstance(ans, str):
+                    nodes.append((who, f"not asked: {ans}"))
+                elif "net" not in ans:
+                    nodes.append((who, "not asked: its tunedeck is older than this one"))
+                else:
+                    nodes.append((who, ans["net"]))
+    bad, ok, routes = [], [], set()
+    for who, f in nodes:
+        if isinstance(f, str):
+            ok.append(f"{who}: {f}")
+            continue
+        # a node whose interface to the master is named otherwise uses its own (remote.py)
+        mine = (f.get("route_iface") or chosen) if auto and chosen else chosen
+        state, why = verdict(f, mine, backend)
+        (bad if state == "bad" else ok).append(f"{who}: {why}")
+        routes.add(f.get("route_iface"))
+    how = f"{key}={chosen}, chosen: it routes to {c.master_addr}" if auto and chosen else ""
+    if bad:
+        one = next(iter(routes)) if len(routes) == 1 and None not in routes else None
+        fix = (
+            f'set cluster.interface = "{one}" (it routes to {c.master_addr} on every node)'
+            if one
+            else "set cluster.interface to the interface that routes to "
+            f"{c.master_addr} (per node: {key} in its environment)"
+        )
+        return result(
+            id,
+            title,
+            "fail",
+            "; ".join(bad + ok)
+            + "; the other nodes cannot reach a rank there, so the first collective hangs",
+            fix,
+            {"cluster.interface": one} if one else None,
+        )
+    return result(id, title, "pass", "; ".join(([how] if how else []) + ok))
+
+
 def _ask_node(node, host: str, port: int, paths: list[str]):
     import json
     import subprocess
@@ -348,4 +426,4 @@ def _ask_node(node, host: str, port: int, paths: list[str]):
         return node, f"unexpected answer: {r.stdout.strip()[:200]!r}"
 
 
-CHECKS = [check_port, check_master, check_nccl_env, check_nodes]
+CHECKS = [check_port, check_master, check_nccl_env, check_nodes, check_interface]

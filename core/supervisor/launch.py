@@ -38,7 +38,6 @@ from collections.abc import Iterator
 
 import tomllib
 from tunedeck.core.backends import BACKENDS, plan_run
-from tunedeck.core.nodes.roster import place, roster_problems
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import (
     FILE_MODE,
@@ -258,12 +257,7 @@ def prepare_run(
     folder, unless `share_output` (then state.json `output_shared_with` names those runs)."""
     root = Path(root or runs_root())
     run = RunDir(root / new_run_id(spec.name))
-    spec, plan = plan_run(spec, run)
-    if spec.cluster.nnodes > 1:
-        problems = roster_problems(spec)
-        if problems:
-            raise ValueError("; ".join(problems))
-        place(spec, plan)  # per node: host, GPUs, interface, c10d host and address
+    spec, plan = plan_run(spec, run)  # placed per node: host, GPUs, interface, c10d flags
     saved, plan_json, hidden = split_secrets(spec, plan)
     with launch_lock(root):
         # checked at the last moment, under the lock: a launch that gets it later sees this

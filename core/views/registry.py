@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.nodes.folders import head_of
 from tunedeck.core.ingest.tail import tail_lines
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir, json_problem, ownership
@@ -368,7 +369,8 @@ class Registry:
             return False
         try:
             with os.scandir(self.root) as it:
-                names = sorted(e.name for e in it if e.is_dir())
+                # a node's folder in a shared home is part of the head's run, not a run
+                names = sorted(e.name for e in it if e.is_dir() and head_of(Path(e.path)) is None)
         except OSError:
             return False
         self.listings += 1
@@ -427,6 +429,9 @@ def find_run(ref: str, root: Path | None = None) -> RunInfo:
     first)."""
     root = root or runs_root()
     direct = root / ref
+    head = head_of(direct)
+    if head is not None:  # a node's folder: the run it is part of
+        direct, ref = root / head, head
     if RunDir(direct).state.exists():
         info = read_run(direct)
         if info:
