@@ -18,6 +18,7 @@ import sys
 
 from tunedeck.cli import (
     again,
+    alerts,
     delete,
     demo,
     diagnose,
@@ -30,9 +31,11 @@ from tunedeck.cli import (
     metrics,
     nodes,
     preflight,
+    queue,
     stacks,
     status,
     stop,
+    sweep,
     tui,
 )
 from tunedeck.cli.common import err, one_line
@@ -57,6 +60,9 @@ VERBS = (
     nodes,
     delete,
     again,
+    alerts,
+    queue,
+    sweep,
 )
 
 
