@@ -728,7 +728,7 @@ GROUP_OF_TABLE = {
     "swift": "run",
     "script": "run",
     "llamafactory": "run",
-    "alerts": "run",
+    "alerts": "environment",
 }
 
 

@@ -184,3 +184,26 @@ def test_alerts_test_verb_reaches_every_channel(td_home, tmp_path, hooks):
     bad.write_text('[alerts]\non = ["finished", "nope"]\n')
     r = cli("alerts", "test", str(bad), home=td_home, check=False)
     assert r.returncode == 2 and "alerts.on: unknown event nope" in r.stderr
+
+
+def test_a_crash_is_one_alert_naming_the_rank(td_home, tmp_path, hooks, monkeypatch):
+    monkeypatch.setenv("TUNEDECK_TEST_CRASH_AT_STEP", "3")  # the last rank raises
+    good, _ = hooks
+    sink_out = tmp_path / "command.jsonl"
+    spec = _spec(tmp_path, [good.url], sink_out)
+    out = cli(
+        "launch", str(spec), "--json", "--no-preflight", "--wait",
+        "--set", "train.max_steps=20", "--set", "train.save_steps=0", home=td_home, check=False,
+    )  # fmt: skip
+    run_id = json.loads(out.stdout.splitlines()[0])["run_id"]
+    assert _state(td_home, run_id)["status"] == "failed"
+    wait_for(lambda: good.titles(), 30, "the crash alert")
+    time.sleep(2)
+    (title,) = good.titles()
+    assert "failed" in title and "rank 1" in title, title
+    (alert,) = _commands(sink_out)
+    assert alert["event"] == "failed" and alert["cause"] and alert["fix"], alert
+    assert alert["look"] == f"tunedeck diagnose {run_id}"
+    ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())
+    folded = [k for k, v in ledger["alerts"].items() if v["state"] == "folded into end"]
+    assert folded, ledger  # the crash finding travelled with the end's alert
