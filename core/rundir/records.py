@@ -25,11 +25,11 @@ class Status(str, Enum):
     """What the agent writes; readers add `lost`, `damaged`, `foreign`."""
 
     PENDING = "pending"
-    QUEUED = "queued"  # waiting in the home's GPU queue (core/queue)
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
+    QUEUED = "queued"  # waiting in the home's GPU queue (core/queue), before pending
 
     def __str__(self) -> str:
         return self.value
