@@ -38,6 +38,8 @@ class RunAlerts:
         self.run, self.name = run, spec.name
         self.cfg = AlertConfig()
         self.out: Deliverer | None = None
+        if spec.cluster.node_rank != 0:  # a run alerts once: from its head node's agent
+            return
         try:
             self.cfg = config_for(read_secrets(run).unmask_spec(spec))
         except Exception as e:  # a bad user file must not stop the run
