@@ -18,7 +18,7 @@ def test_grid_with_parallel_two_and_the_median_rule(td_home):
     out = cli(
         "sweep", str(DEMO), "--grid", "train.learning_rate=5e-3,1e3", "--grid", "train.seed=1,2",
         "--parallel", "2", "--median-after", "6", "--set", "train.max_steps=14",
-        "--set", "train.save_steps=0", "--json", home=td_home,
+        "--set", "train.save_steps=0", "--set", "cluster.cpu_procs=1", "--json", home=td_home,
     )  # fmt: skip
     made = json.loads(out.stdout)
     sweep, runs = made["sweep"], made["runs"]
