@@ -33,6 +33,12 @@ def register(sub) -> None:
         "run writes the spec's output folder (refused by default); the run records "
         "the runs it shares it with",
     )
+    s.add_argument(
+        "--queue",
+        action="store_true",
+        help="wait in this home's GPU queue until the run's GPUs are free (run.queue = true); "
+        "`tunedeck queue` lists it, `tunedeck stop` cancels it",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_launch)
 
@@ -60,6 +66,8 @@ def cmd_launch(args) -> int:
         return EXIT_USAGE
     if args.name:
         spec.name = args.name
+    if args.queue:
+        spec.run.queue = True
     if args.dry_run:
         try:
             p = preview(spec)

@@ -19,6 +19,7 @@ import sys
 from tunedeck.cli import (
     again,
     chat,
+    alerts,
     delete,
     demo,
     diagnose,
@@ -32,10 +33,12 @@ from tunedeck.cli import (
     metrics,
     nodes,
     preflight,
+    queue,
     stacks,
     status,
     stop,
     tb,
+    sweep,
     tui,
 )
 from tunedeck.cli.common import err, one_line
@@ -63,6 +66,9 @@ VERBS = (
     export_model,
     chat,
     tb,
+    alerts,
+    queue,
+    sweep,
 )
 
 

@@ -54,6 +54,11 @@ from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 
 __all__ = [
     "EXPORT_FORMATS",
+    "create_sweep",
+    "parse_grid",
+    "sweep_rows",
+    "queue_rows",
+    "alert_test",
     "PRESETS_DIR",
     "ArchError",
     "GpuFacts",
@@ -398,3 +403,76 @@ def warm_backend(backend: str) -> str:
         if backend not in _warmed:
             _warmed[backend] = b.warm()
         return _warmed[backend]
+
+
+def alert_test(spec: Any | None) -> list[tuple[str, str]]:
+    """`tunedeck alerts test`: a message through every channel the spec (or, without one,
+    the user's alerts.toml) configures; (channel, '' or why it failed)."""
+    from tunedeck.core.alerts.config import config_for
+    from tunedeck.core.alerts.deliver import send_test
+    from tunedeck.core.spec import RunSpec
+
+    spec = spec or RunSpec(name="alerts.toml")
+    return send_test(config_for(spec), spec.name)
+
+
+def queue_rows(root: Path | None = None) -> list[dict[str, Any]]:
+    """`tunedeck queue`: the runs of this home waiting for GPUs (position, priority, since,
+    why) and the started runs that hold GPUs (core/queue), read through the registry so a
+    queued run whose agent was lost is adopted and waits again."""
+    from tunedeck.core.queue.gpus import held_by
+    from tunedeck.core.queue.wait import order_key
+
+    runs = list_runs(root or runs_root())
+    waiting = sorted((r for r in runs if r.status == "queued"), key=lambda r: order_key(r.state))
+    rows = []
+    for i, r in enumerate(waiting, 1):
+        q = r.state.get("queue") or {}
+        rows.append(
+            dict(
+                position=i,
+                run_id=r.run_id,
+                name=r.name,
+                status=r.status,
+                priority=q.get("priority", 0),
+                since=q.get("since"),
+                gpus=None,
+                message=r.message,
+            )  # fmt: skip
+        )
+    for r in runs:
+        q = r.state.get("queue") or {}
+        if r.active and r.status != "queued" and "gpus" in q:
+            rows.append(
+                dict(
+                    position=0,
+                    run_id=r.run_id,
+                    name=r.name,
+                    status=r.status,
+                    priority=q.get("priority", 0),
+                    since=q.get("since"),
+                    gpus=held_by(r.state, ""),
+                    message=r.message,
+                )  # fmt: skip
+            )
+    return rows
+
+
+def create_sweep(*args: Any, **kw: Any) -> dict[str, Any]:
+    """`tunedeck sweep SPEC --grid ...` (core/sweep/create.py)."""
+    from tunedeck.core.sweep.create import create_sweep as create
+
+    return create(*args, **kw)
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    from tunedeck.core.sweep.create import parse_grid as parse
+
+    return parse(items)
+
+
+def sweep_rows(sweep_id: str) -> list[dict[str, Any]]:
+    """`tunedeck sweep show ID`: one row per point (core/sweep/table.py)."""
+    from tunedeck.core.sweep.table import sweep_rows as rows
+
+    return rows(sweep_id)

@@ -307,6 +307,21 @@ class TrainSpec:
         when={"backend": TRAINERS},
         group="checkpoints",
     )
+    early_stop_patience: int = opt(
+        0,
+        help="Stop (with a checkpoint) after this many evals in a row whose eval loss did "
+        "not improve by train.early_stop_min_delta; 0 = never",
+        min=0,
+        max=INT32,
+        when={"backend": ("builtin",)},
+    )
+    early_stop_min_delta: float = opt(
+        0.0,
+        help="How much lower an eval loss must be to count as an improvement",
+        min=0.0,
+        max=1e6,
+        when={"backend": ("builtin",)},
+    )
     compile: bool = opt(
         True,
         help="torch.compile the decoder layers (CUDA only; CPU runs "
@@ -498,6 +513,21 @@ class RunPolicy:
     telemetry_interval_s: float = opt(
         1.0, help="Seconds between telemetry samples", min=0.1, max=3600.0
     )
+    queue: bool = opt(
+        False,
+        help="Wait in this home's GPU queue until the run's GPUs are free (`tunedeck launch "
+        "--queue`), instead of starting at once",
+    )
+    priority: int = opt(
+        0, help="Queue order: higher first, then the time queued", min=-1000, max=1000
+    )
+    gpu_count: int = opt(
+        0,
+        help="GPUs a queued run takes when cluster.gpus names none (the first free ones, "
+        "recorded in state.json); 0 = all of them",
+        min=0,
+        max=1024,
+    )
     dataloader_probe: bool = opt(
         True,
         help="Time DataLoader waits in ms-swift/HF/script ranks (a small probe injected at launch)",
@@ -535,6 +565,37 @@ class TrackingSpec:
         "",
         help="MLflow tracking URI; empty = a file store in <run dir>/tracking/mlruns",
         when={"backend": ("builtin",), "tracking.mlflow": (True,)},
+    )
+
+
+# what [alerts] `on` may name: a run's end, every error finding, or one finding's category
+ALERT_EVENTS = (
+    "finished",
+    "failed",
+    "stopped",
+    "errors",
+    "stall",
+    "loss_anomaly",
+    "dataloader_starvation",
+    "straggler",
+)
+
+
+@dataclass
+class AlertsSpec:
+    on: list[str] = opt(
+        help="Events that alert: " + ", ".join(ALERT_EVENTS) + "; empty = the user's "
+        "alerts.toml, else finished, failed, stopped, errors, stall, loss_anomaly",
+        factory=list,
+    )
+    urls: list[str] = opt(
+        help="Notification URLs (apprise: json://, slack://, ntfy://, tgram://, mailto://...); "
+        "secrets: shown as **** everywhere but the run's 0600 secrets.json",
+        factory=list,
+    )
+    command: list[str] = opt(
+        help="A command (argv list, no shell) run for each alert with it as JSON on stdin",
+        factory=list,
     )
 
 
@@ -631,6 +692,7 @@ class RunSpec:
     llamafactory: LlamaFactorySpec = opt(
         help="LLaMA-Factory backend options", factory=LlamaFactorySpec
     )
+    alerts: AlertsSpec = opt(help="Alerts on a run's end and findings", factory=AlertsSpec)
     env: dict[str, str] = opt(
         help="Extra environment for every rank (NCCL_*, CUDA_*, ...)",
         factory=dict,
@@ -712,6 +774,7 @@ GROUP_OF_TABLE = {
     "swift": "run",
     "script": "run",
     "llamafactory": "run",
+    "alerts": "environment",
 }
 
 
@@ -1206,6 +1269,11 @@ def _between_keys(spec: RunSpec) -> list[str]:
                 f"method.fp8_base needs method.lora_dropout = 0 (the fp8 LoRA layer "
                 f"has no dropout); got {spec.method.lora_dropout}"
             )
+    unknown = [e for e in spec.alerts.on if e not in ALERT_EVENTS]
+    if unknown:
+        out.append(
+            f"alerts.on: unknown event {', '.join(unknown)}; known: {', '.join(ALERT_EVENTS)}"
+        )
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")
     total = sum(len(f"{k}={v}".encode("utf-8", "replace")) + 1 for k, v in spec.env.items())
@@ -1362,6 +1430,22 @@ def mask_spec(spec: RunSpec) -> RunSpec:
     of credential flags in swift.extra_args / script.args become ****."""
     out = copy.deepcopy(spec)
     out.env = mask_env(out.env)
-    out.swift.extra_args = mask_argv(out.swift.extra_args)
-    out.script.args = mask_argv(out.script.args)
+    for key, mask in MASKED_LISTS.items():
+        section, _, name = key.partition(".")
+        holder = getattr(out, section)
+        setattr(holder, name, mask(getattr(holder, name)))
     return out
+
+
+def _mask_all(words: list[str]) -> list[str]:
+    # a notification URL carries its service's token in its path or user part: all of it
+    return [MASK for _ in words]
+
+
+# the spec's lists that may hold a secret, and how each is masked (secrets.json keeps them)
+MASKED_LISTS = {
+    "swift.extra_args": mask_argv,
+    "script.args": mask_argv,
+    "alerts.urls": _mask_all,
+    "alerts.command": mask_argv,
+}

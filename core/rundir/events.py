@@ -62,7 +62,8 @@ kind "phase" — what a rank is doing between steps, when that takes long (built
 
 kind "end" — once per attempt, every rank:
     step            int     last optimizer step finished (the same on every rank)
-    reason          str     "completed" (reached max_steps) | "stopped" (SIGTERM/SIGINT)
+    reason          str     "completed" (reached max_steps) | "stopped" (SIGTERM/SIGINT) |
+                            "early_stop" (train.early_stop_patience; `early_stop` says why)
                             | "failed" (exception; the process exits non-zero)
     loss            float   loss of the last step (null if no step ran)
     error           str     only with reason "failed": the exception, one line
@@ -132,6 +133,7 @@ _STR_FIELDS = (
     "phase",
     "reason",
     "error",
+    "early_stop",
 )
 T_MAX = 1e11  # unix seconds past any real clock (year 5138): a time beyond is noise
 _I64 = 1 << 63

@@ -29,6 +29,7 @@ class Status(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
+    QUEUED = "queued"  # waiting in the home's GPU queue (core/queue), before pending
 
     def __str__(self) -> str:
         return self.value
@@ -200,6 +201,8 @@ class RunState(Record):
     forced_stop: dict | None = None
     db_restored: list[dict] = field(default_factory=list)
     output_shared_with: list[str] | None = None
+    queue: dict | None = None
+    sweep: dict | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     VITAL: ClassVar[tuple[str, ...]] = ("run_id", "status")

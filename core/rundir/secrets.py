@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunedeck.core.rundir import RunDir, read_json, write_json_atomic
-from tunedeck.core.spec import MASK, RunSpec, mask_argv, mask_env, mask_spec
+from tunedeck.core.spec import MASK, MASKED_LISTS, RunSpec, mask_argv, mask_env, mask_spec
 
 VERSION = 1
-LIST_KEYS = ("swift.extra_args", "script.args")
+LIST_KEYS = tuple(MASKED_LISTS)
 
 
 @dataclass
@@ -78,7 +78,7 @@ class Secrets:
         for key, words in self.lists.items():
             section, _, name = key.partition(".")
             holder = getattr(out, section, None)
-            if holder is not None and mask_argv(words) == getattr(holder, name, None):
+            if holder is not None and MASKED_LISTS[key](words) == getattr(holder, name, None):
                 setattr(holder, name, list(words))
         return out
 

@@ -42,10 +42,13 @@ from typing import Any
 
 import psutil
 
+from tunedeck.core.alerts.watch import RunAlerts
 from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.backends import backend_of
 from tunedeck.core.backends.base import Restart
 from tunedeck.core.diagnose.finding import Finding
+from tunedeck.core.queue.wait import queue_env, wait_turn
+from tunedeck.core.stoprule.median import MedianRule
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
@@ -135,6 +138,8 @@ class Agent:
         self.unsaved = False
         self.next_io_try = 0.0
         self._save_lock = threading.RLock()
+        self.alerts = RunAlerts(self.rundir, self.spec)  # core/alerts: sent off this loop
+        self.median = MedianRule(self.rundir, self.state.get("sweep"))  # core/stoprule
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
@@ -319,7 +324,7 @@ class Agent:
             # in the same write as the new pid: a reader never sees the new owner with the
             # lost agent's message (the adoption refines it once it has read the run)
             changes.update(adopted=history, message=f"adopted: agent {prev} was lost")
-        else:
+        elif self.state.get("status") != "queued":  # a queued run waits its turn (core/queue)
             changes.update(status="pending", message="preparing")
         self.save(**changes)
 
@@ -387,6 +392,8 @@ class Agent:
         return self._loop(attempt, history, start=False)
 
     def _prepare_and_run(self) -> int:
+        if self.state.get("status") == "queued" and not self._wait_in_queue():
+            return 0
         try:
             interrupted = self._prepare_unless_stopped()
         except Exception as e:  # a failed preparation is a failed run, with the reason
@@ -398,6 +405,7 @@ class Agent:
                 log.exception("could not store the preparation failure")
             self._close_store()
             self._final_save(status="failed", ended=time.time(), message=f"preparation failed: {e}")
+            self.alerts.ended("failed", f"preparation failed: {e}")
             return 1
         if interrupted or self.stop_mode or self.stop_requested():
             self._close_store()
@@ -405,8 +413,22 @@ class Agent:
             if interrupted:
                 msg += f" (preparation had not finished: {interrupted})"
             self._final_save(status="stopped", ended=time.time(), message=msg)
+            self.alerts.ended("stopped", msg)
             return 0
         return self._loop(0, [], start=True)
+
+    def _wait_in_queue(self) -> bool:
+        """core/queue: False when a stop ended the wait (the run never started)."""
+        stopped = lambda: bool(self.stop_mode or self.stop_requested())  # noqa: E731
+        if (
+            wait_turn(self.rundir, self.spec, self.state, self.save, self._sleep, stopped)
+            is not None
+        ):
+            return True
+        self._close_store()
+        self._final_save(status="stopped", ended=time.time(), message="stopped while queued")
+        self.alerts.ended("stopped", "stopped while queued")
+        return False
 
     def _prepare_unless_stopped(self) -> str:
         """Prepare in a thread while this one watches for a stop, so a preparation that
@@ -492,6 +514,7 @@ class Agent:
         env["TUNEDECK_RUN_DIR"] = str(self.rundir.path)
         env["TUNEDECK_ATTEMPT"] = str(attempt)
         env["TUNEDECK_LAUNCH_ID"] = launch_id
+        env.update(queue_env(self.state))  # the GPUs a queued run took
         if where is not None:
             argv = where.argv(argv)
             env.update(where.environ())
@@ -673,6 +696,8 @@ class Agent:
                 self.check_db()
                 last_progress = now
             self.tick_monitors(now, new)
+            self.alerts.tick(now)
+            self.median.tick(now)
             # ticks 0.5 s apart, not 0.5 s plus the tick's work: a line waits at most
             # one period before it is in run.db
             self._sleep(max(TICK_S - (time.monotonic() - began), 0.05))
@@ -1012,6 +1037,7 @@ class Agent:
             survivors=leftovers,
         )
         log.info("run ended: %s (%s)", status, msg)
+        self.alerts.ended(status, msg)
         return 0
 
 

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 import tomllib
 from tunedeck.core.backends import BACKENDS, plan_run
 from tunedeck.core.paths import runs_root
+from tunedeck.core.queue.wait import queue_record
 from tunedeck.core.rundir import (
     FILE_MODE,
     TERMINAL,
@@ -249,6 +250,7 @@ def prepare_run(
     root: Path | None = None,
     preflight: dict[str, Any] | None = None,
     share_output: bool = False,
+    sweep: dict[str, Any] | None = None,
 ) -> Path:
     """Resolve and plan the spec (raises ValueError before anything is written when it
     cannot run), then write spec.toml, plan.json, launch.sh and state.json. `preflight`: the
@@ -275,6 +277,7 @@ def prepare_run(
             hidden,
             preflight,
             [u.run_id for u, _ in users] if share_output else None,
+            sweep,
         )
     return run.path
 
@@ -288,6 +291,7 @@ def _write_run(
     hidden: dict,
     preflight: dict[str, Any] | None,
     shared_with: list[str] | None,
+    sweep: dict[str, Any] | None = None,
 ) -> None:
     run.create()
     write_secrets(run, hidden)
@@ -300,6 +304,13 @@ def _write_run(
         state["preflight"] = preflight
     if shared_with is not None:  # --share-output: the live runs it shares the folder with
         state["output_shared_with"] = shared_with
+    if spec.run.queue:  # its agent waits for its turn (core/queue); a sweep's runs, K at a time
+        group = sweep["id"] if sweep else ""
+        state.update(
+            status="queued", queue=queue_record(spec, group, (sweep or {}).get("parallel", 0))
+        )
+    if sweep is not None:
+        state["sweep"] = {k: v for k, v in sweep.items() if k != "parallel"}
     run.write_state(state)
 
 
@@ -354,6 +365,7 @@ def launch(
     root: Path | None = None,
     preflight: dict[str, Any] | None = None,
     share_output: bool = False,
+    sweep: dict[str, Any] | None = None,
 ) -> Path:
     """Write the run directory and start its agent (or submit it to Slurm), all under
     `launch_lock`: the output folder check, the run's state.json and its owner come into
@@ -361,7 +373,7 @@ def launch(
     the output folder and not `share_output`."""
     root = Path(root or runs_root())
     with launch_lock(root):
-        run_dir = prepare_run(spec, root, preflight, share_output=share_output)
+        run_dir = prepare_run(spec, root, preflight, share_output=share_output, sweep=sweep)
         if spec.cluster.launcher == "slurm":
             submit_slurm(run_dir, spec)
         else:

@@ -295,6 +295,10 @@ class Nvml:
         dt = now - prev[0]
         return round((rx - prev[2]) / dt, 1), round((tx - prev[1]) / dt, 1)
 
+    def gpu_processes(self, i: int) -> list[tuple[int, float | None]]:
+        """(pid, MiB) of the compute processes on GPU `i` (the queue asks who uses it)."""
+        return self._procs(i, self._handles[i])
+
     def _procs(self, i: int, h) -> list[tuple[int, float | None]]:
         """(pid, MiB) of compute processes; tries the version-suffixed symbols in turn."""
         names = [self._proc_fn] if self._proc_fn else list(_PROC_FUNCS)

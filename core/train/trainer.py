@@ -763,6 +763,7 @@ class Trainer:
             return "stopped"
         log_every = max(1, tr.max_steps // 50)
         stopped = False
+        early = EarlyStop(tr.early_stop_patience, tr.early_stop_min_delta)
         while st.step < tr.max_steps:
             for hook in self.before_step:
                 hook(st.step)
@@ -782,7 +783,11 @@ class Trainer:
             if stopped:
                 break
             if self.eval_loader is not None and tr.eval_steps and st.step % tr.eval_steps == 0:
-                self.events.emit("eval", step=st.step, **self.evaluate())
+                ev = self.evaluate()
+                self.events.emit("eval", step=st.step, **ev)
+                # every rank holds the same all-reduced eval loss: they all stop here
+                if early.stops(ev["eval_loss"]):
+                    break
             if tr.save_steps and st.step % tr.save_steps == 0 and st.step < tr.max_steps:
                 self.save()
             for hook in self.after_step:
@@ -800,11 +805,41 @@ class Trainer:
             print(f"merged model in {self.merge(final)}", flush=True)
         dist.barrier()
         reason = "stopped" if stopped and st.step < tr.max_steps else "completed"
-        self.events.emit("end", step=st.step, reason=reason, loss=st.loss)
+        reason = "early_stop" if early.why else reason
+        self.events.emit("end", step=st.step, reason=reason, loss=st.loss, **early.note())
         self.events.sync()
         if self.d.rank == 0:
-            print(f"{reason} at step {st.step}; checkpoint in {self.output_dir}", flush=True)
+            said = f"early stop ({early.why})" if early.why else reason
+            print(f"{said} at step {st.step}; checkpoint in {self.output_dir}", flush=True)
         return reason
+
+
+class EarlyStop:
+    """train.early_stop_patience evals in a row whose eval loss is not below the best by
+    more than train.early_stop_min_delta end the run (with its final checkpoint)."""
+
+    def __init__(self, patience: int, min_delta: float):
+        self.patience, self.min_delta = patience, min_delta
+        self.best = float("inf")
+        self.bad = 0
+        self.why = ""
+
+    def stops(self, loss: float) -> bool:
+        if not self.patience:
+            return False
+        if loss < self.best - self.min_delta:
+            self.best, self.bad = loss, 0
+            return False
+        self.bad += 1
+        if self.bad >= self.patience:
+            self.why = (
+                f"eval loss did not improve on {self.best:.4f} by more than "
+                f"{self.min_delta:g} in {self.bad} evals"
+            )
+        return bool(self.why)
+
+    def note(self) -> dict:
+        return {"early_stop": self.why} if self.why else {}
 
 
 _stack_file = None  # kept open for the process's life: faulthandler writes to its fd

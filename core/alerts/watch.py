@@ -1,0 +1,136 @@
+"""What the agent calls: `RunAlerts(run, spec)` once, `tick(now)` every loop, `ended(status,
+message)` after the run's end is recorded. Findings are read from run.db (a read-only
+connection of its own, by row id: constant work per tick); each alerts once (alerts.json).
+
+An error finding waits HOLD_S before it alerts: a crash ends the run within that time, and
+the end's alert then carries its cause and fix, so one crash is one alert. Warnings and
+errors of a run that goes on (a stall) alert after the hold. At most RATE_MAX alerts per
+RATE_WINDOW_S (the end's always goes); the rest are counted and the next alert says so."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import json
+import time
+from collections import deque
+from typing import Any
+
+from tunedeck.core.alerts import message
+from tunedeck.core.alerts.config import AlertConfig, config_for
+from tunedeck.core.alerts.deliver import Deliverer
+from tunedeck.core.alerts.ledger import Ledger
+from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.secrets import read_secrets
+from tunedeck.core.spec import RunSpec
+
+log = logging.getLogger("tunedeck.alerts")
+
+POLL_S = 1.0
+HOLD_S = 10.0
+RATE_MAX = 10
+RATE_WINDOW_S = 600.0
+END_WAIT_S = 10.0  # the agent waits this long at the end for alerts still going out
+
+
+class RunAlerts:
+    def __init__(self, run: RunDir, spec: RunSpec):
+        self.run, self.name = run, spec.name
+        self.cfg = AlertConfig()
+        self.out: Deliverer | None = None
+        if spec.cluster.node_rank != 0:  # a run alerts once: from its head node's agent
+            return
+        try:
+            self.cfg = config_for(read_secrets(run).unmask_spec(spec))
+        except Exception as e:  # a bad user file must not stop the run
+            log.warning("alerts are off for this run: %s", e)
+            return
+        if not self.cfg:
+            return
+        self.ledger = Ledger(run)
+        self.out = Deliverer(self.cfg, self.ledger)
+        for alert, channels in self.ledger.unsent():  # a lost agent's, not all out
+            self.out.send(alert, only=channels)
+        self.last_id = 0
+        self.last_poll = 0.0
+        self.held: dict[str, tuple[float, str, dict[str, Any]]] = {}
+        self.sent_at: deque[float] = deque()
+
+    def tick(self, now: float | None = None) -> None:
+        if self.out is None:
+            return
+        now = now or time.time()
+        if now - self.last_poll < POLL_S:
+            return
+        self.last_poll = now
+        try:
+            for f in self._new_findings():
+                self._consider(f, now)
+            for key, (since, event, f) in list(self.held.items()):
+                if now - since >= HOLD_S:
+                    del self.held[key]
+                    self._send(message.from_finding(self.run.run_id, self.name, event, f), now)
+        except Exception:
+            log.exception("alerts: reading findings failed")
+
+    def ended(self, status: str, msg: str) -> None:
+        """The run's end is recorded: its alert (carrying a failure's root cause) goes out;
+        error findings still held are folded into it."""
+        if self.out is None:
+            return
+        try:
+            for f in self._new_findings():
+                self._consider(f, time.time())
+            errors = [f for _, _, f in self.held.values() if f.get("severity") == "error"]
+            root = None
+            if status == "failed" and errors:
+                root = next((f for f in errors if f.get("root_cause", True)), errors[0])
+            for f in errors:  # the end's alert stands for them
+                key = message.finding_key(f)
+                del self.held[key]
+                self.ledger.fold(key, f)
+            event = message.END_EVENT.get(status, status)
+            if self.cfg.wants(event) and not self.ledger.has("end"):
+                self.out.send(message.from_end(self.run.run_id, self.name, status, msg, root))
+            for since, event, f in self.held.values():  # warnings: as they are
+                self._send(message.from_finding(self.run.run_id, self.name, event, f), since)
+            self.held.clear()
+        except Exception:
+            log.exception("alerts: the end's alert failed")
+        if not self.out.drain(END_WAIT_S):
+            log.warning("alerts still going out after %.0fs; alerts.json keeps them", END_WAIT_S)
+
+    def _consider(self, f: dict[str, Any], now: float) -> None:
+        key = message.finding_key(f)
+        event = message.finding_event(f, self.cfg.wants)
+        if event is None or key in self.held or self.ledger.has(key):
+            return
+        self.held[key] = (now, event, f)
+
+    def _send(self, alert: dict[str, Any], now: float) -> None:
+        while self.sent_at and now - self.sent_at[0] > RATE_WINDOW_S:
+            self.sent_at.popleft()
+        if len(self.sent_at) >= RATE_MAX:
+            self.ledger.suppress()
+            return
+        self.sent_at.append(now)
+        if self.ledger.suppressed:
+            alert["suppressed"] = self.ledger.suppressed
+        self.out.send(alert)
+
+    def _new_findings(self) -> list[dict[str, Any]]:
+        db = self.run.db
+        if not db.exists():
+            return []
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0)
+        try:
+            rows = con.execute(
+                "SELECT id, data FROM findings WHERE id > ? ORDER BY id", (self.last_id,)
+            ).fetchall()
+        except sqlite3.Error:
+            return []
+        finally:
+            con.close()
+        if rows:
+            self.last_id = rows[-1][0]
+        return [json.loads(d) for _, d in rows]
