@@ -2,7 +2,7 @@
 # The GPU queue on a real GPU: two demo runs queued for GPU 0 run one after the other, the
 # second waiting (`tunedeck queue`) while the first holds it; NVML's process list shows one
 # run's ranks on the GPU at a time. Prints each run's queue record (GPUs taken, when started,
-# when ended) and checks the two never overlapped. Not yet run on the GPU machine.
+# when ended) and checks the two never overlapped. Results: docs/benchmarks.md.
 # Usage (device machine, repo root): bash bench/queue_gpu.sh OUTDIR
 set -uo pipefail
 OUT=${1:?output dir}
