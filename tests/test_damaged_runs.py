@@ -153,7 +153,7 @@ def test_ls_lists_every_run_and_names_the_damaged_state(damaged_home, monkeypatc
     assert (
         listed[cases[("state.json", "wrong")]]["message"]
         == "damaged: state.json: status: expected one of pending, running, succeeded, failed, "
-        "stopped, got ['abc']"
+        "stopped, queued, got ['abc']"
     )
 
 

@@ -3,7 +3,9 @@ message)` after the run's end is recorded. Findings are read from run.db (a read
 connection of its own, by row id: constant work per tick); each alerts once (alerts.json).
 
 An error finding waits HOLD_S before it alerts: a crash ends the run within that time, and
-the end's alert then carries its cause and fix, so one crash is one alert. Warnings and
+the failed end's alert then carries its cause and fix, so one crash is one alert; a run that
+ends any other way sends its held findings as they are (a NaN loss is news even if the run
+"succeeded"). Warnings and
 errors of a run that goes on (a stall) alert after the hold. At most RATE_MAX alerts per
 RATE_WINDOW_S (the end's always goes); the rest are counted and the next alert says so."""
 
@@ -75,24 +77,28 @@ class RunAlerts:
 
     def ended(self, status: str, msg: str) -> None:
         """The run's end is recorded: its alert (carrying a failure's root cause) goes out;
-        error findings still held are folded into it."""
+        a failed run's error findings still held are folded into it."""
         if self.out is None:
             return
         try:
             for f in self._new_findings():
                 self._consider(f, time.time())
-            errors = [f for _, _, f in self.held.values() if f.get("severity") == "error"]
-            root = None
-            if status == "failed" and errors:
-                root = next((f for f in errors if f.get("root_cause", True)), errors[0])
-            for f in errors:  # the end's alert stands for them
+            # a failed end's alert carries its root cause and stands for the held errors; a run
+            # that ended otherwise (a NaN loss in a run that "succeeded") alerts them as they are
+            errors = []
+            if status == "failed":
+                errors = [f for _, _, f in self.held.values() if f.get("severity") == "error"]
+            root = next(
+                (f for f in errors if f.get("root_cause", True)), errors[0] if errors else None
+            )
+            for f in errors:
                 key = message.finding_key(f)
                 del self.held[key]
                 self.ledger.fold(key, f)
             event = message.END_EVENT.get(status, status)
             if self.cfg.wants(event) and not self.ledger.has("end"):
                 self.out.send(message.from_end(self.run.run_id, self.name, status, msg, root))
-            for since, event, f in self.held.values():  # warnings: as they are
+            for since, event, f in self.held.values():
                 self._send(message.from_finding(self.run.run_id, self.name, event, f), since)
             self.held.clear()
         except Exception:

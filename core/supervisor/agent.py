@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import logging
 import os
 import secrets
@@ -46,6 +47,7 @@ from tunedeck.core.alerts.watch import RunAlerts
 from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.backends import backend_of
 from tunedeck.core.backends.base import Restart
+from tunedeck.core.demo import DataFileError
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.queue.wait import queue_env, wait_turn
 from tunedeck.core.stoprule.median import MedianRule
@@ -108,6 +110,23 @@ class AdoptedTorchrun:
             "adopted torchrun %s ended: exit code %s (%s)", self.pid, self.returncode, self.how
         )
         return True
+
+
+# The demo model is built in a child process (torch and the model would otherwise stay in the
+# agent's memory for the whole run); an OSError about the data file comes back as one JSON line,
+# so the preparation finding names the file as it would had the agent read it itself.
+_BUILD_OS_ERROR = 3
+_BUILD_DEMO = f"""
+import json, sys
+from tunedeck.core.demo import ensure_tiny_model
+try:
+    ensure_tiny_model(sys.argv[1])
+except OSError as e:
+    kind, msg = type(e).__name__, str(e)
+    print(json.dumps(dict(kind=kind, message=msg, errno=e.errno, strerror=e.strerror,
+                          filename=e.filename)), file=sys.stderr)
+    sys.exit({_BUILD_OS_ERROR})
+"""
 
 
 class Agent:
@@ -657,15 +676,17 @@ class Agent:
             self.save(message="building the demo model (first use only)")
             # in a child process: torch and the model would stay in the agent's memory for
             # the whole run (~400 MiB against ~40 without)
-            build = (
-                "import sys; from tunedeck.core.demo import ensure_tiny_model as f; f(sys.argv[1])"
-            )
             done = subprocess.run(
-                [sys.executable, "-c", build, self.spec.data.path],
+                [sys.executable, "-c", _BUILD_DEMO, self.spec.data.path],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
             )
+            if done.returncode == _BUILD_OS_ERROR:  # the data file: raised here as it was there
+                e = json.loads(done.stderr.strip().splitlines()[-1])
+                if e["kind"] == "DataFileError":
+                    raise DataFileError(e["filename"], e["message"], e["errno"])
+                raise OSError(e["errno"], e["strerror"], e["filename"])
             if done.returncode:
                 raise RuntimeError(f"building the demo model failed: {done.stderr[-2000:]}")
 

@@ -1,9 +1,9 @@
 """Hang forensics: when the stall detector fires, find out who holds the run up, at once.
 
 The stall threshold comes from the run's own step times (core/detect/stall.py), so this runs
-long before a collective timeout would. In a thread (the agent's tick must stay short): ask
-every rank for its Flight Recorder dump (core/probe/flight.py), take every rank's Python stack
-(core/supervisor/stacks.py) at the same moment, wait for the dumps, and read them side by side
+long before a collective timeout would. In a thread (the agent's tick must stay short): take
+every rank's Python stack (core/supervisor/stacks.py), then ask every rank for its Flight
+Recorder dump (core/probe/flight.py), wait for the dumps, and read them side by side
 (core/diagnose/flight.py). What was taken is kept in the run: flight/rank<r> (the dumps) and
 stacks/hang-<unix time>.json (the stacks). The finding, `rank_missing_from_collective` or
 `collective_mismatch`, names the collective's sequence id and where the missing rank stands; the
@@ -85,12 +85,14 @@ class HangMonitor:
 
 def forensics(run_dir, world: list[int] | None) -> list[Finding]:
     """Dumps and stacks of every rank now; the findings they support."""
-    t0 = probe.request(run_dir)
+    # the stacks first: faulthandler walks every thread of a rank, which is only safe while
+    # they stand still, so not while the dump threads wake for the request below
     try:
         stacks = dump_stacks(run_dir)
     except ValueError as e:  # no live rank (it ended meanwhile), or not this user's run
         log.warning("no stacks: %s", e)
         stacks = []
+    t0 = probe.request(run_dir)
     folder = probe.folder(run_dir)
     kept = RunDir(run_dir).stack_file(0).parent / f"hang-{int(t0)}.json"
     kept.parent.mkdir(parents=True, exist_ok=True)

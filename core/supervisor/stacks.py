@@ -162,8 +162,26 @@ def _pyspy(exe: str, rank: int, pid: int, timeout_s: float) -> StackDump:
     return StackDump(rank, pid, "py-spy", text)
 
 
+def _stopped(pid: int) -> str:
+    """'stopped' or 'traced' when the process is halted (SIGSTOP, ^Z, a debugger), else ''."""
+    try:
+        st = psutil.Process(pid).status()
+    except psutil.Error:
+        return ""
+    return {psutil.STATUS_STOPPED: "stopped", psutil.STATUS_TRACING_STOP: "traced"}.get(st, "")
+
+
 def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
     path = RunDir(run_dir).stack_file(rank)
+    # A halted rank would take the signal when it continues, and faulthandler then walks every
+    # thread while they all wake at once: a rank crashed that way (SIGSEGV). Leave it alone.
+    if how := _stopped(pid):
+        return StackDump(
+            rank,
+            pid,
+            "faulthandler",
+            f"pid {pid} is {how} (SIGSTOP, ^Z or a debugger): not signalled",
+        )
     try:
         start = path.stat().st_size
     except OSError:  # a trainer older than the stack file, or a rank still starting
