@@ -38,7 +38,14 @@ def test_compose_gate_launch_then_reattach_from_a_new_terminal(td_home, tmux):
     _screen_has(tmux, "one", "Open a spec file", what="the path prompt")
     tmux.keys("one", str(DEMO), "Enter")
     _screen_has(tmux, "one", "compose", "demo.toml", what="the form")
-    _screen_has(tmux, "one", "tunedeck.core.train", timeout=60, what="the preview's command")
+    _screen_has(
+        tmux,
+        "one",
+        "── node 0 ·",
+        "export TUNEDECK_RUN_ID",
+        timeout=60,
+        what="the preview's command",
+    )
     # two values changed by keys: the name (focused first) and max_steps (ctrl+g, its key)
     _type(tmux, "one", "C-u", "e2e-demo")
     _goto_and_type(tmux, "one", "max_steps", str(STEPS))
