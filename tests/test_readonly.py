@@ -19,6 +19,7 @@ from textual.widgets._footer import FooterKey
 import tunedeck.tui.screens as screens_pkg
 from tests.test_manage import T0, make_run
 from tests.conftest import until as _until
+from tunedeck.core.api import ModelSource
 from tunedeck.core.spec import load_spec
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens.base import ReadonlyAware
@@ -92,6 +93,14 @@ def _args_for(cls, home: Path) -> dict:
         "can_apply": True,
         "path": home / "runs" / RUN_A / "spec.toml",
         "spec_path": home / "runs" / RUN_A / "spec.toml",
+        # the chat screen loads it in a worker; a checkpoint that is not there is its error
+        "source": ModelSource(
+            run_dir=home / "runs" / RUN_A,
+            spec=spec,
+            checkpoint=home / "runs" / RUN_A / "output" / "checkpoint-1",
+            step=1,
+            adapter=True,
+        ),
     }
     out = {}
     for name, p in inspect.signature(cls).parameters.items():
