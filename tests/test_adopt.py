@@ -203,11 +203,11 @@ def _filler(path: Path) -> Path:
 
 def _fill(path: Path) -> None:
     """Append to the disk's filler until the file system says ENOSPC."""
-    with open(path / "filler", "ab") as f:
+    # unbuffered: a buffered file would raise ENOSPC again on close, flushing what is left
+    with open(path / "filler", "ab", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (64 << 10))
-                f.flush()
         except OSError:
             pass
 

@@ -245,7 +245,7 @@ def test_chat_screen_streams_base_and_tuned_side_by_side(run, tmp_path):
             "--device",
             "cpu",
             "--max-new-tokens",
-            "32",
+            "160",  # long enough to be seen mid-answer on a fast machine
         ]
         t.start("chat", argv, size=(120, 30), env=env, cwd=REPO)
         wait_for(lambda: "ready on cpu" in t.screen("chat"), 180, "the model to load")
@@ -253,7 +253,10 @@ def test_chat_screen_streams_base_and_tuned_side_by_side(run, tmp_path):
         # a partial answer on screen while the generation goes on: each piece was handled
         # by the event loop while the worker thread kept decoding
         partial = wait_for(
-            lambda: (s := t.screen("chat")) and "streaming…" in s and s, 60, "a partial answer"
+            lambda: (s := t.screen("chat")) and "streaming…" in s and s,
+            60,
+            "a partial answer",
+            poll=0.05,
         )
 
         def both_answered():

@@ -14,7 +14,9 @@ def _state(home, run_id) -> dict:
     return json.loads((home / "runs" / run_id / "state.json").read_text())
 
 
-def test_grid_with_parallel_two_and_the_median_rule(td_home):
+def test_grid_with_parallel_two_and_the_median_rule(td_home, monkeypatch):
+    # 0.25 s a step more: a point must still be running when the rule judges it at step 6
+    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")
     out = cli(
         "sweep", str(DEMO), "--grid", "train.learning_rate=5e-3,1e3", "--grid", "train.seed=1,2",
         "--parallel", "2", "--median-after", "6", "--set", "train.max_steps=40",

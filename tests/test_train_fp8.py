@@ -177,7 +177,7 @@ def test_torchrun_trains_with_an_fp8_base(tmp_path, tiny_model):  # noqa: F811 (
 
     from tests.test_train import read_events
 
-    start = read_events(run / "events" / "rank0.jsonl")[0]
+    start = next(e for e in read_events(run / "events" / "rank0.jsonl") if e["kind"] != "phase")
     bf16 = get_peft_model(
         AutoModelForCausalLM.from_pretrained(tiny_model),
         LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),

@@ -589,9 +589,10 @@ async def test_the_chart_has_the_area_and_help_lists_the_focused_panes_keys(fx_h
         # the log band grows while it has focus
         before = screen.query_one(LogView).size.height
         screen.query_one(LogView).focus()
-        await pilot.pause(0.1)
-        assert screen.has_class("-log-focus")
-        assert screen.query_one(LogView).size.height > before
+        await _until(pilot, lambda: screen.has_class("-log-focus"), what="the log's focus class")
+        await _until(
+            pilot, lambda: screen.query_one(LogView).size.height > before, what="a taller log"
+        )
         await pilot.press("question_mark")
         text = str(app.screen.query_one("#help-text").render())
         assert text.index("rank 0 log (focused)") < text.index("this screen")
