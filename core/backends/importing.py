@@ -60,32 +60,6 @@ def _escape(c: str) -> str:
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
-def _drop_secrets(out: Imported, words: list[str], key: str) -> list[str]:
-    """`words` without credential flags, their values and NAME=value credentials, each named
-    in a warning (the spec file never holds a secret)."""
-    shown = mask_argv(words)
-    keep = [True] * len(words)
-    names: list[str] = []
-    for i, (w, m) in enumerate(zip(words, shown)):
-        if w == m:
-            continue
-        keep[i] = False
-        if m == MASK and i > 0:  # the value of the flag before it
-            keep[i - 1] = False
-            names.append(words[i - 1])
-        else:
-            names.append(m.partition("=")[0])
-    if names:
-        out.warnings.append(
-            f"{', '.join(names)}: secret values were not written to the spec; "
-            f"pass them through an environment variable the program reads "
-            f"(env.NAME is masked in the run's files), or add them back in "
-            f"the form or with --set {key} (masked in the run's files too, but "
-            f"`ps` shows command lines to every local user)"
-        )
-    return [w for w, k in zip(words, keep) if k]
-
-
 def tomli_w_dumps(raw: dict) -> str:
     import tomli_w
 

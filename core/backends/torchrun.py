@@ -11,6 +11,22 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec
 
 
+def launcher_env(c) -> dict[str, str]:
+    """The variables a backend's own launcher (`swift`, `llamafactory-cli`) reads for the
+    nodes and GPUs of its torchrun: what a user exports before the command by hand."""
+    env: dict[str, str] = {}
+    if c.nnodes > 1:
+        env.update(
+            NNODES=str(c.nnodes),
+            NODE_RANK=str(c.node_rank),
+            MASTER_ADDR=c.master_addr,
+            MASTER_PORT=str(c.master_port),
+        )
+    if c.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = c.gpus
+    return env
+
+
 def torchrun_argv(spec: RunSpec, run: RunDir, node_rank: int) -> list[str]:
     c = spec.cluster
     argv = [

@@ -23,6 +23,7 @@ from tunedeck.core.backends.llamafactory.config import (
 )
 from tunedeck.core.backends.base import Exported
 from tunedeck.core.spec import RunSpec, SpecError, check_option, set_values
+from tunedeck.core.backends.torchrun import launcher_env
 
 # `llamafactory-cli train ...` and its short name
 LAUNCHERS = ("llamafactory-cli", "lmf")
@@ -143,15 +144,7 @@ def export_form(spec: RunSpec, output_dir: str | None) -> Exported:
     env = {"FORCE_TORCHRUN": "1"}  # torchrun even for one rank, as tunedeck runs it
     if c.nproc_per_node > 0:
         env["NPROC_PER_NODE"] = str(c.nproc_per_node)
-    if c.nnodes > 1:
-        env.update(
-            NNODES=str(c.nnodes),
-            NODE_RANK=str(c.node_rank),
-            MASTER_ADDR=c.master_addr,
-            MASTER_PORT=str(c.master_port),
-        )
-    if c.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = c.gpus
+    env.update(launcher_env(c))
     env.update(spec.env)
     cli = (
         [python_of(spec), "-m", "llamafactory.cli"] if spec.llamafactory.python else [LAUNCHERS[0]]

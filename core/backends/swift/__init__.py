@@ -23,7 +23,7 @@ from typing import Any
 
 from tunedeck.core.backends.base import Backend, Exported, Monitor, Restart
 from tunedeck.core.backends.plan import LaunchPlan
-from tunedeck.core.backends.torchrun import torchrun_plan
+from tunedeck.core.backends.torchrun import launcher_env, torchrun_plan
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.parsers import parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail, Tail
@@ -472,15 +472,7 @@ def cli_form(spec: RunSpec, output_dir: str | None) -> Exported:
     --output_dir unless the spec names one (ms-swift's own folder, as the user had it)."""
     c = spec.cluster
     env = {"NPROC_PER_NODE": str(c.nproc_per_node)}
-    if c.nnodes > 1:
-        env.update(
-            NNODES=str(c.nnodes),
-            NODE_RANK=str(c.node_rank),
-            MASTER_ADDR=c.master_addr,
-            MASTER_PORT=str(c.master_port),
-        )
-    if c.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = c.gpus
+    env.update(launcher_env(c))
     env.update(swift_env(spec))
     env.update(spec.env)
     args, secret_env = secret_flags_to_env(spec, swift_args(spec, output_dir))
