@@ -2,12 +2,15 @@
 token by token, beside the base model's answer to the same prompt.
 
 One model in memory: an adapter checkpoint answers as the base with its adapter switched off
-(peft `disable_adapter`), so base vs tuned costs no second copy. Decoding is greedy, so the
-two answers differ only by what training changed. `stream` blocks (it is generate); the TUI
-calls it from a thread worker."""
+(peft `disable_adapter`), so base vs tuned costs no second copy. The adapter is not merged into
+the weights for speed: in bf16, merging and taking it out again changes a quarter of the base's
+weights (measured on a 7B, docs/benchmarks.md), and the base must answer as the base. Decoding is
+greedy, so the two answers differ only by what training changed. `stream` blocks (it is
+generate); the TUI calls it from a thread worker."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -62,6 +65,22 @@ class Chat:
         self.model = load_model(src, base, torch_dtype, self.device)
         # a full checkpoint has no adapter to switch off: the base is a second model
         self._base = None if src.adapter else load_model(None, base, torch_dtype, self.device)
+        self._decoder = _Decoder()
+        for _ in self.stream("hello", False, 4):  # the decoding thread's first CUDA work, now
+            pass
+
+    def close(self) -> None:
+        self._decoder.close()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_decoder"):
+            self._decoder.close()
+
+    def _select(self, tuned: bool):
+        """(model, context) that answer: the base is the adapter model with the adapter off."""
+        if self._base is not None:
+            return (self.model if tuned else self._base), nullcontext()
+        return self.model, (nullcontext() if tuned else self.model.disable_adapter())
 
     def _inputs(self, prompt: str):
         tok = self.tokenizer
@@ -87,14 +106,14 @@ class Chat:
         from transformers import TextIteratorStreamer
 
         answer = answer if answer is not None else Answer()
-        model = self.model if tuned or self._base is None else self._base
-        off = nullcontext() if tuned or self._base is not None else self.model.disable_adapter()
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         counted = _TokenCount()
         failure: list[BaseException] = []
+        done = threading.Event()
 
         def generate() -> None:
             try:
+                model, off = self._select(tuned)
                 with off, torch.inference_mode():
                     model.generate(
                         **self._inputs(prompt),
@@ -106,10 +125,11 @@ class Chat:
             except BaseException as e:  # re-raised in the caller's thread
                 failure.append(e)
                 streamer.end()
+            finally:
+                done.set()
 
         t0 = time.perf_counter()
-        th = threading.Thread(target=generate, name="chat-generate", daemon=True)
-        th.start()
+        self._decoder.submit(generate)
         for piece in streamer:
             if answer.ttft_s is None and counted.n:
                 answer.ttft_s = counted.first - t0
@@ -118,13 +138,37 @@ class Chat:
             answer.total_s = time.perf_counter() - t0
             if piece:
                 yield piece
-        th.join()
+        done.wait()
         if failure:
             raise failure[0]
         answer.tokens = counted.n
         answer.total_s = time.perf_counter() - t0
         if answer.ttft_s is None and counted.n:
             answer.ttft_s = counted.first - t0
+
+
+class _Decoder:
+    """The one thread that runs a Chat's every generate. A thread's first pass over the model's
+    shapes is slow: on the H200 a 7B's first answer in a fresh thread decoded at 12 tokens/s,
+    the next in the same thread at 28-49 (docs/benchmarks.md), so answers never start a thread
+    of their own. The thread holds only the job queue, so a dropped Chat's model can be freed."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(
+            target=self._serve, args=(self._jobs,), name="chat-generate", daemon=True
+        ).start()
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
+            job()
+
+    def submit(self, job) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
 
 
 class _TokenCount:
