@@ -488,13 +488,14 @@ async def test_the_runs_list_shows_a_foreign_run_and_hides_what_acts_on_it(tmp_p
 # -- a stop while a launch is still starting its agent ----------------------------------------
 
 
-def _prepared(home: Path) -> Path:
-    """A run as `launch` leaves it between writing state.json and its agent taking it."""
+def _prepared(home: Path, agent_follows: bool = True) -> Path:
+    """A run as `launch` leaves it between writing state.json and its agent taking it
+    (`agent_follows`: this process will start the agent, as launch does)."""
     from tunedeck.core.supervisor.launch import prepare_run
     from tunedeck.core.spec import load_spec
 
     spec = load_spec(DEMO, ["train.max_steps=100000", "cluster.device=cpu"])
-    return prepare_run(spec, home / "runs")
+    return prepare_run(spec, home / "runs", agent_follows=agent_follows)
 
 
 def test_a_stop_before_the_agent_took_the_run_is_carried_out_by_the_agent(td_home):
@@ -545,6 +546,35 @@ def test_a_stop_of_a_run_no_agent_ever_took_says_so(td_home):
     assert done["status"] == "stopped"
     assert done["message"].startswith("stopped before start: no agent had taken the run"), done
     assert "killed" not in done["message"]
+
+
+def test_a_stop_does_not_wait_for_an_agent_no_one_will_start(td_home):
+    """A run written a moment ago whose launch is gone (here: a process that prepared it and
+    exited), or that was only prepared: no agent is coming, so the stop ends it at once
+    rather than waiting out the start window."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from tunedeck.core.spec import load_spec\n"
+        "from tunedeck.core.supervisor.launch import prepare_run\n"
+        "spec = load_spec(Path(sys.argv[2]), ['cluster.device=cpu'])\n"
+        "print(prepare_run(spec, Path(sys.argv[1]) / 'runs', agent_follows=True))"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", code, str(td_home), str(DEMO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    orphan = Path(made.stdout.strip().splitlines()[-1])
+    assert json.loads((orphan / "state.json").read_text())["launcher"]["pid"] > 0
+    only_prepared = _prepared(td_home, agent_follows=False)
+    for run_dir in (orphan, only_prepared):
+        t0 = time.monotonic()
+        done = cli_json("stop", run_dir.name, "--wait", home=td_home)
+        assert time.monotonic() - t0 < 10, run_dir.name  # the start window is 30 s
+        assert done["status"] == "stopped"
+        assert done["message"].startswith("stopped before start: no agent had taken the run")
 
 
 def test_the_owner_lock_keeps_a_late_stop_from_overwriting_a_starting_agent(td_home):

@@ -88,7 +88,12 @@ def _unowned(state: dict) -> bool:
 
 def _await_agent(run: RunInfo, state: dict) -> dict:
     """state.json once an agent has taken the run or the run has ended, waiting until
-    START_WAIT_S after the run was written (a run abandoned long ago is not waited for)."""
+    START_WAIT_S after the run was written (a run abandoned long ago is not waited for), and
+    only while the launch that wrote it is alive to start that agent (a run only prepared, or
+    whose launch died, has no agent coming)."""
+    launcher = state.get("launcher")
+    if not isinstance(launcher, dict) or not procs.same_process(launcher.get("pid"), launcher):
+        return state
     try:
         created = float(state.get("created") or 0.0)
     except (TypeError, ValueError):

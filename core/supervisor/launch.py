@@ -50,6 +50,7 @@ from tunedeck.core.rundir import (
 from tunedeck.core.rundir.secrets import split_secrets, write_secrets
 from tunedeck.core.store.state import new_state
 from tunedeck.core.spec import RunSpec
+from tunedeck.core.supervisor import procs
 
 if TYPE_CHECKING:
     from tunedeck.core.views.registry import Registry, RunInfo
@@ -251,9 +252,12 @@ def prepare_run(
     preflight: dict[str, Any] | None = None,
     share_output: bool = False,
     sweep: dict[str, Any] | None = None,
+    agent_follows: bool = False,
 ) -> Path:
     """Resolve and plan the spec (raises ValueError before anything is written when it
-    cannot run), then write spec.toml, plan.json, launch.sh and state.json. `preflight`: the
+    cannot run), then write spec.toml, plan.json, launch.sh and state.json. `agent_follows`:
+    this process starts the run's agent next (state.json names it, so that a stop meanwhile
+    waits for that agent rather than for nothing). `preflight`: the
     gate's record (core.preflight.gate_record), kept in state.json so a run launched over a
     failed check says so for good. Raises `OutputShared` when a live run writes the output
     folder, unless `share_output` (then state.json `output_shared_with` names those runs)."""
@@ -278,6 +282,7 @@ def prepare_run(
             preflight,
             [u.run_id for u, _ in users] if share_output else None,
             sweep,
+            agent_follows,
         )
     return run.path
 
@@ -292,6 +297,7 @@ def _write_run(
     preflight: dict[str, Any] | None,
     shared_with: list[str] | None,
     sweep: dict[str, Any] | None = None,
+    agent_follows: bool = False,
 ) -> None:
     run.create()
     write_secrets(run, hidden)
@@ -300,6 +306,8 @@ def _write_run(
     write_text_private(run.launch_sh, plan.to_shell(spec.cluster.node_rank), mode=0o700)
     state = new_state(run.run_id, spec.name, spec.train.max_steps)
     state["master_port"] = spec.cluster.master_port
+    if agent_follows:
+        state["launcher"] = {"pid": os.getpid(), **(procs.identity(os.getpid()) or {})}
     if preflight is not None:
         state["preflight"] = preflight
     if shared_with is not None:  # --share-output: the live runs it shares the folder with
@@ -373,7 +381,9 @@ def launch(
     the output folder and not `share_output`."""
     root = Path(root or runs_root())
     with launch_lock(root):
-        run_dir = prepare_run(spec, root, preflight, share_output=share_output, sweep=sweep)
+        run_dir = prepare_run(
+            spec, root, preflight, share_output=share_output, sweep=sweep, agent_follows=True
+        )
         if spec.cluster.launcher == "slurm":
             submit_slurm(run_dir, spec)
         else:
