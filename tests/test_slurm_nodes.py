@@ -205,6 +205,17 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
         print(f"{dies}'s ranks killed: both ended {time.monotonic() - t0:.1f}s later")
         head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
         assert ended and head["status"] == "failed", head
+        # a failed or stopped run never says exit code 0, even where torchrun exited 0
+        # after the stop the failure caused (its code stays in the attempt)
+        assert head["exit_code"] not in (0, None) and node["exit_code"] not in (0, None)
+        shown = subprocess.run(
+            hosts.named_argv(0, [sys.executable, "-m", "tunedeck.tui", "status", run_id]),
+            capture_output=True,
+            text=True,
+            env=dict(slurm.env, TUNEDECK_HOME=str(home)),
+            cwd=REPO,
+        ).stdout
+        assert "exit code" in shown and "exit code 0" not in shown, shown
         if dies == "node1":
             # the head names node 1 whether its watch stopped it or its own ranks' end (gloo
             # sees a peer die at once; NCCL ranks would wait in the collective) came first

@@ -39,6 +39,7 @@ from tunedeck.core.rundir import (
     write_json_atomic,
     write_text_private,
 )
+from tunedeck.core.rundir.records import run_exit_code
 
 TICK_S = 0.25
 TELEMETRY_S = 2.0
@@ -271,8 +272,7 @@ def _heard_late(run: RunDir, st: dict[str, Any], mode: str, asked: Any) -> None:
         f"this node heard it late (unreachable), after its ranks ended {was}",
         stop_requested={"mode": mode, "t": asked, "by": "head", "late": True},
     )
-    if not st.get("exit_code"):
-        st["exit_code"] = 143  # stopped: never 0 (SIGTERM's 128 + 15)
+    st["exit_code"] = run_exit_code("stopped", st.get("exit_code") or 0)
     run.write_state(st)
 
 
