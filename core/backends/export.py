@@ -56,10 +56,10 @@ def export(spec: RunSpec, fmt: str) -> str:
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
     if fmt == "slurm" and spec.cluster.launcher == "slurm":
         # one tunedeck agent per node; the job plans the spec itself (tunedeck.core.nodes)
-        from tunedeck.core.nodes.slurm import export_script
+        from tunedeck.core.nodes.slurm import job_script
 
-        plan_run(spec, export_run_dir(spec), local=False)  # refused here, not in the job
-        return export_script(spec)
+        resolved, _ = plan_run(spec, export_run_dir(spec), local=False)  # refused here
+        return job_script(resolved, spec=spec)
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     # the batch as the backend runs it (its defaults for unset keys), as the preview says
     summary = f"# {batch.describe(as_run(spec)[0])}\n"
