@@ -267,6 +267,7 @@ def diagnose(targets: list[str]) -> list:
     logs merged with those the agent stored in run.db (live detectors), once per key."""
     from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
     from tunedeck.core.diagnose.finding import Finding
+    from tunedeck.core.nodes.loopback import name_interface
 
     findings: list[Finding] = []
     files: list[Path] = []
@@ -276,7 +277,7 @@ def diagnose(targets: list[str]) -> list:
             files.append(p)
             continue
         run_dir = p if p.is_dir() else find_run(ref).run_dir  # RunNotFound: the caller says it
-        mine = diagnose_run(run_dir)
+        mine = name_interface(diagnose_run(run_dir), [Path(run_dir)])
         seen = {f.key() for f in mine}  # per run: another run's finding is no duplicate
         for d in read_findings(run_dir):
             f = Finding.from_json(d)

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,9 @@ from tunedeck.core.nodes.remote import (
     TERMINAL,
     end_attempt_before,
     materialise,
+    net_record,
     node_run_id,
+    own_interface,
     route_addr,
     write_stop,
 )
@@ -357,6 +360,7 @@ def _ended(whose: str, state: dict[str, Any]) -> str:
 
 
 def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
+    """Node `node`'s command meets the allocation's first host, from its own address."""
     argv = plan["nodes"][node]["argv"]
     if master:
         for flag in ("--rdzv_endpoint",):
@@ -381,7 +385,13 @@ def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
     if node == 0:
         plan = head.read_plan()
         _set_rendezvous(plan, 0, master)
+        spec = tomllib.loads(head.spec.read_text(encoding="utf-8"))
+        env = plan["nodes"][0]["env"]
+        own_interface(spec, env, master)  # node k's: materialise
         write_json_atomic(head.plan, plan)
+        st = head.read_state() or {}
+        st["net"] = net_record(spec, env, master)
+        head.write_state(st)
         return head
     run = RunDir(head.path.parent / node_run_id(head.run_id, node))
     if not run.state.exists():

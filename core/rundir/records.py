@@ -206,6 +206,7 @@ class RunState(Record):
     io_pauses: list[dict] = field(default_factory=list)
     adopted: list[dict] = field(default_factory=list)
     slurm_job: str | int | None = None
+    net: dict | None = None  # a multi-node run's node: where its ranks talk from (nodes/iface.py)
     beat: float | None = None
     survivors: list[int] = field(default_factory=list)
     forced_stop: dict | None = None

@@ -300,6 +300,12 @@ def _write_run(
     write_text_private(run.launch_sh, plan.to_shell(spec.cluster.node_rank), mode=0o700)
     state = new_state(run.run_id, spec.name, spec.train.max_steps)
     state["master_port"] = spec.cluster.master_port
+    c = spec.cluster
+    if c.nnodes > 1 and c.launcher != "slurm":  # a Slurm node records its own as it starts
+        from tunedeck.core.nodes.iface import record
+
+        mine = next((n for n in plan.nodes if n.node_rank == c.node_rank), plan.nodes[0])
+        state["net"] = record(c.master_addr, mine.env, c.dist_backend)
     if preflight is not None:
         state["preflight"] = preflight
     if shared_with is not None:  # --share-output: the live runs it shares the folder with
