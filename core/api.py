@@ -277,14 +277,15 @@ def diagnose(targets: list[str]) -> list:
             files.append(p)
             continue
         run_dir = p if p.is_dir() else find_run(ref).run_dir  # RunNotFound: the caller says it
-        mine = name_interface(diagnose_run(run_dir), [Path(run_dir)])
+        mine = diagnose_run(run_dir)
         seen = {f.key() for f in mine}  # per run: another run's finding is no duplicate
         for d in read_findings(run_dir):
             f = Finding.from_json(d)
             if f.key() not in seen:  # run.db keeps refined versions under one key
                 mine.append(f)
                 seen.add(f.key())
-        findings += mine
+        # ranks on loopback explain what the logs and the live monitors said
+        findings += name_interface(mine, [Path(run_dir)])
     if files:
         findings += diagnose_files(files)
     return findings
