@@ -556,19 +556,22 @@ def test_a_nodes_folder_in_a_shared_home_is_not_a_run_of_its_own(tmp_path):
     assert find_run(node_run_id(head, 1), tmp_path).run_id == head
 
 
-def test_the_docs_ssh_example_is_the_file_the_two_host_tests_launch():
+@pytest.mark.parametrize(
+    "example, test",
+    [("two-nodes-ssh.toml", "test_multinode.py"), ("two-nodes-slurm.toml", "test_slurm_nodes.py")],
+)
+def test_the_docs_examples_are_the_files_the_two_host_tests_run(example, test):
     from pathlib import Path
 
     from tunedeck.core.spec import load_spec
 
     repo = Path(__file__).resolve().parent.parent
-    example = repo / "docs" / "examples" / "two-nodes-ssh.toml"
-    assert f"```toml\n{example.read_text()}```" in (repo / "docs" / "multinode.md").read_text()
+    path = repo / "docs" / "examples" / example
+    assert f"```toml\n{path.read_text()}```" in (repo / "docs" / "multinode.md").read_text()
     assert (
-        'EXAMPLE = REPO / "docs" / "examples" / "two-nodes-ssh.toml"'
-        in (repo / "tests" / "test_multinode.py").read_text()
+        f'EXAMPLE = REPO / "docs" / "examples" / "{example}"' in (repo / "tests" / test).read_text()
     )
-    spec = load_spec(example)  # valid as it is, its data path found from the file's folder
+    spec = load_spec(path)  # valid as it is, its data path found from the file's folder
     assert Path(spec.data.path).is_file() and not spec.cluster.interface
 
 
