@@ -647,3 +647,26 @@ def test_diagnose_names_the_node_address_and_interface_of_ranks_on_loopback(tmp_
         top.category == "loopback_address" and "GLOO_SOCKET_IFNAME=lo names a loopback" in top.cause
     )
     assert "drop env.GLOO_SOCKET_IFNAME = 'lo'" in top.fix, top.fix
+
+
+def test_a_plain_slurm_export_gives_every_task_its_own_node_part(tmp_path, monkeypatch):
+    """`export --format slurm` of a spec whose launcher is not Slurm (torchrun under srun, no
+    tunedeck agent): node 0's own `is_host=1`, `--local_addr` and the interface chosen on this
+    machine are not every task's; an interface the spec names stays."""
+    from pathlib import Path
+
+    from tunedeck.core.backends.export import export
+    from tunedeck.core.nodes import iface
+    from tunedeck.core.spec import load_spec
+
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path))
+    monkeypatch.setattr(iface, "route_interface", lambda master: "eth7")  # this machine's
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "two-nodes-ssh.toml"
+    spec = load_spec(example)
+    text = export(spec, "slurm")
+    assert "--rdzv_conf join_timeout=120 \\\n" in text, text
+    assert "is_host" not in text and "--local_addr" not in text and "eth7" not in text
+    assert '--node_rank "$SLURM_NODEID"' in text
+    spec.cluster.interface = "ib0"
+    named = export(spec, "slurm")
+    assert "export GLOO_SOCKET_IFNAME=ib0" in named and "export NCCL_SOCKET_IFNAME=ib0" in named
