@@ -341,6 +341,8 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert _state(run_dir / "nodes" / "node1" / "state.json")["status"] == "stopped"
         rows = _head_cli(hosts, home, "nodes", run_id)
         assert [r["status"] for r in rows] == ["stopped", "stopped"]
+        for st in (_state(run_dir / "state.json"), _state(node_dir / "state.json")):
+            assert st["exit_code"] not in (0, None), st  # stopped: never exit code 0
         from tunedeck.core.supervisor.procs import marked_processes
 
         wait_for(
