@@ -267,6 +267,7 @@ def diagnose(targets: list[str]) -> list:
     logs merged with those the agent stored in run.db (live detectors), once per key."""
     from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
     from tunedeck.core.diagnose.finding import Finding
+    from tunedeck.core.nodes.loopback import name_interface
 
     findings: list[Finding] = []
     files: list[Path] = []
@@ -283,7 +284,8 @@ def diagnose(targets: list[str]) -> list:
             if f.key() not in seen:  # run.db keeps refined versions under one key
                 mine.append(f)
                 seen.add(f.key())
-        findings += mine
+        # ranks on loopback explain what the logs and the live monitors said
+        findings += name_interface(mine, [Path(run_dir)])
     if files:
         findings += diagnose_files(files)
     return findings

@@ -341,6 +341,8 @@ def test_ssh_launch_trains_over_two_hosts_survives_a_dropped_link_and_stops_both
         assert _state(run_dir / "nodes" / "node1" / "state.json")["status"] == "stopped"
         rows = _head_cli(hosts, home, "nodes", run_id)
         assert [r["status"] for r in rows] == ["stopped", "stopped"]
+        for st in (_state(run_dir / "state.json"), _state(node_dir / "state.json")):
+            assert st["exit_code"] not in (0, None), st  # stopped: never exit code 0
         from tunedeck.core.supervisor.procs import marked_processes
 
         wait_for(
@@ -479,6 +481,47 @@ def test_preflight_asks_every_node_over_ssh(hosts, tmp_path):
     wrong = check(bad, "net.interface")
     assert wrong["status"] == "fail" and "no interface 'eth9' here" in wrong["detail"], wrong
     assert f'cluster.interface = "{IFACE}"' in wrong["fix"], wrong
+
+
+def test_ranks_on_loopback_are_named_with_the_interface_to_set(hosts, tmp_path):
+    """A spec that pins GLOO_SOCKET_IFNAME = "lo" (a one-machine recipe's habit): preflight
+    fails naming the interface that routes to the master; launched anyway, node 1's rank
+    dials node 0's 127.0.0.1 and is refused. The run fails, and both `tunedeck diagnose`
+    and the monitor's findings (run.db) put one root cause first: the nodes, the address and
+    the interface to set, not the rendezvous or the crash that follow."""
+    home = tmp_path / "head-home"
+    path = _spec(tmp_path / "spec.toml", hosts, steps=50)
+    spec = tomllib.loads(path.read_text())
+    spec["env"] = {"GLOO_SOCKET_IFNAME": "lo"}
+    path.write_text(tomli_w.dumps(spec))
+    pre = _head_cli(hosts, home, "preflight", str(path))
+    check = next(c for c in pre["checks"] if c["id"] == "net.interface")
+    assert check["status"] == "fail" and "lo is loopback (127.0.0.1)" in check["detail"], check
+    assert f'cluster.interface = "{IFACE}"' in check["fix"], check
+    t0 = time.monotonic()
+    out = _head_cli(hosts, home, "launch", str(path), "--no-preflight", "--wait", timeout=200)
+    run_id, run_dir = out["run_id"], Path(out["run_dir"])
+    try:
+        assert _state(run_dir / "state.json")["status"] == "failed"
+        print(f"ranks on loopback: the run failed {time.monotonic() - t0:.1f}s after launch")
+        net = _state(run_dir / "nodes" / "node1" / "state.json")["net"]
+        assert net["ifname"] == "lo" and net["route_iface"] == IFACE, net
+        assert net["master"] == hosts.addrs[0]
+        said = _head_cli(hosts, home, "diagnose", run_id)
+        roots = [f for f in said if f["root_cause"]]
+        assert [f["category"] for f in roots] == ["loopback_address"], said
+        assert said[0] == roots[0]  # first; node_lost and the timeouts are its consequences
+        live = [f for f in _findings(run_dir) if f["category"] == "loopback_address"]
+        assert live and live[0]["root_cause"], _findings(run_dir)  # what the monitor shows
+        for f in (roots[0], live[0]):
+            assert f["summary"].startswith("node 0 (") and ", node 1 (" in f["summary"], f
+            assert "the ranks talked from 127.0.0.1" in f["summary"], f
+            assert f'set cluster.interface = "{IFACE}"' in f["summary"], f
+            assert f"routes to {hosts.addrs[0]} on node 0 and node 1" in f["fix"], f
+            assert "drop env.GLOO_SOCKET_IFNAME = 'lo'" in f["fix"], f
+            assert any("remote=[127.0.0.1]" in e for e in f["evidence"]), f["evidence"]
+    finally:
+        _cleanup(run_id, f"{run_id}.node1")
 
 
 def test_with_restarts_a_node_whose_ranks_die_rejoins_and_the_run_resumes(hosts, tmp_path):

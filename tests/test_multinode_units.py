@@ -556,17 +556,117 @@ def test_a_nodes_folder_in_a_shared_home_is_not_a_run_of_its_own(tmp_path):
     assert find_run(node_run_id(head, 1), tmp_path).run_id == head
 
 
-def test_the_docs_ssh_example_is_the_file_the_two_host_tests_launch():
+@pytest.mark.parametrize(
+    "example, test",
+    [("two-nodes-ssh.toml", "test_multinode.py"), ("two-nodes-slurm.toml", "test_slurm_nodes.py")],
+)
+def test_the_docs_examples_are_the_files_the_two_host_tests_run(example, test):
     from pathlib import Path
 
     from tunedeck.core.spec import load_spec
 
     repo = Path(__file__).resolve().parent.parent
-    example = repo / "docs" / "examples" / "two-nodes-ssh.toml"
-    assert f"```toml\n{example.read_text()}```" in (repo / "docs" / "multinode.md").read_text()
+    path = repo / "docs" / "examples" / example
+    assert f"```toml\n{path.read_text()}```" in (repo / "docs" / "multinode.md").read_text()
     assert (
-        'EXAMPLE = REPO / "docs" / "examples" / "two-nodes-ssh.toml"'
-        in (repo / "tests" / "test_multinode.py").read_text()
+        f'EXAMPLE = REPO / "docs" / "examples" / "{example}"' in (repo / "tests" / test).read_text()
     )
-    spec = load_spec(example)  # valid as it is, its data path found from the file's folder
+    spec = load_spec(path)  # valid as it is, its data path found from the file's folder
     assert Path(spec.data.path).is_file() and not spec.cluster.interface
+
+
+# gloo's own lines (torch 2.x) on a node whose peer announced loopback: it dials its own
+# machine and is refused, then init_process_group fails
+GLOO_REFUSED = [
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/debug_logger.cc:9] ERROR failed "
+    "to connect, willRetry=0, retry=4, retryLimit=3, rank=1, size=2, local=[127.0.0.1]:5304, "
+    "remote=[127.0.0.1]:6038, error=SO_ERROR: Connection refused, remote=[127.0.0.1]:6038",
+    "Traceback (most recent call last):",
+    '  File "/x/train.py", line 2, in <module>',
+    '    dist.init_process_group("gloo")',
+    "RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/"
+    "gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
+    "remote=[127.0.0.1]:6038",
+]
+
+
+def _net(ifname: str, master: str = "10.9.0.1", mine: str = "10.9.0.1") -> dict:
+    return {
+        "master": master,
+        "backend": "gloo",
+        "ifname": ifname,
+        "hostname_addr": "127.0.0.1",
+        "route_iface": "td0",
+        "ifaces": {"lo": "127.0.0.1", "td0": mine},
+    }
+
+
+def test_diagnose_names_the_node_address_and_interface_of_ranks_on_loopback(tmp_path):
+    """A Slurm run over two nodes whose hostnames resolve to 127.0.0.1: node 0 started with
+    no GLOO_SOCKET_IFNAME (gloo bound loopback), node 1 with the interface it routes through;
+    node 1's rank dialed node 0's 127.0.0.1 and was refused. `diagnose` blames neither the
+    rendezvous nor the crash: one root cause names node 0, the address, the interface."""
+    from tunedeck.core.api import diagnose
+
+    run = RunDir(tmp_path / "runs" / "20261204-000000-two-ab12")
+    node1 = RunDir(tmp_path / "runs" / node_run_id(run.run_id, 1))
+    for d, st in (
+        (run, {"status": "failed", "host": "gpu-a", "net": _net("")}),
+        (node1, {"status": "failed", "host": "gpu-b", "net": _net("td0", mine="10.9.0.2")}),
+    ):
+        d.path.mkdir(parents=True)
+        (d.path / "state.json").write_text(json.dumps({"run_id": d.run_id, **st}))
+    log = run.logs / "node1" / "x_0" / "attempt_0" / "0" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(GLOO_REFUSED) + "\n")
+
+    found = diagnose([str(run.path)])
+    top = found[0]
+    assert top.category == "loopback_address" and top.root_cause, [f.summary for f in found]
+    assert top.node == 0 and top.host == "gpu-a"
+    assert "node 0 (gpu-a): the ranks talked from 127.0.0.1" in top.summary, top.summary
+    assert 'set cluster.interface = "td0"' in top.summary
+    assert "hostname resolves to 127.0.0.1 and no GLOO_SOCKET_IFNAME was set" in top.cause
+    assert "routes to 10.9.0.1 on node 0 (td0 is 10.9.0.1 there)" in top.fix, top.fix
+    assert any("remote=[127.0.0.1]:6038" in e for e in top.evidence), top.evidence
+    assert any(e.startswith(f"{run.state}: net: GLOO_SOCKET_IFNAME unset") for e in top.evidence)
+    assert [f for f in found if f.root_cause] == [top]  # the refused connect: its evidence
+    assert sum(f.category == "loopback_address" for f in found) == 1
+
+    # records where every node named a routed interface explain nothing: the log's dial is
+    # named by the line rule alone, with no node; a user's pinned `lo` is named as the cause
+    st = json.loads(run.state.read_text())
+    (run.path / "state.json").write_text(json.dumps(st | {"net": _net("td0")}))
+    plain = [f for f in diagnose([str(run.path)]) if f.category == "loopback_address"]
+    assert (
+        len(plain) == 1 and plain[0].node == 1 and "set cluster.interface =" not in plain[0].summary
+    )
+    (run.path / "state.json").write_text(json.dumps(st | {"net": _net("lo")}))
+    top = diagnose([str(run.path)])[0]
+    assert (
+        top.category == "loopback_address" and "GLOO_SOCKET_IFNAME=lo names a loopback" in top.cause
+    )
+    assert "drop env.GLOO_SOCKET_IFNAME = 'lo'" in top.fix, top.fix
+
+
+def test_a_plain_slurm_export_gives_every_task_its_own_node_part(tmp_path, monkeypatch):
+    """`export --format slurm` of a spec whose launcher is not Slurm (torchrun under srun, no
+    tunedeck agent): node 0's own `is_host=1`, `--local_addr` and the interface chosen on this
+    machine are not every task's; an interface the spec names stays."""
+    from pathlib import Path
+
+    from tunedeck.core.backends.export import export
+    from tunedeck.core.nodes import iface
+    from tunedeck.core.spec import load_spec
+
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path))
+    monkeypatch.setattr(iface, "route_interface", lambda master: "eth7")  # this machine's
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "two-nodes-ssh.toml"
+    spec = load_spec(example)
+    text = export(spec, "slurm")
+    assert "--rdzv_conf join_timeout=120 \\\n" in text, text
+    assert "is_host" not in text and "--local_addr" not in text and "eth7" not in text
+    assert '--node_rank "$SLURM_NODEID"' in text
+    spec.cluster.interface = "ib0"
+    named = export(spec, "slurm")
+    assert "export GLOO_SOCKET_IFNAME=ib0" in named and "export NCCL_SOCKET_IFNAME=ib0" in named

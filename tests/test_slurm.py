@@ -259,12 +259,48 @@ def test_launch_submits_shows_pending_watches_and_scancels(slurm, tmp_path):
     assert gone == ""
 
 
+def _apart(script: str, output: str) -> tuple[list[str], list[str]]:
+    """A batch script less what launch's and the export's must differ in: (the lines
+    left, the lines taken out). Those are Slurm's own output file (the run's logs for a
+    launch; beside where sbatch runs for an export, whose run folder does not exist yet) and
+    the run folder (the one launch wrote; the export's job writes its own from the spec it
+    carries), the lines from `set -euo pipefail` to the one that echoes it."""
+    lines = script.splitlines(keepends=True)
+    start = lines.index("set -euo pipefail\n") + 1
+    end = lines.index('echo "tunedeck run folder: $RUN_DIR"\n')
+    out = [i for i, x in enumerate(lines) if x.startswith("#SBATCH --output=")]
+    assert out == [5] and lines[5] == f"#SBATCH --output={output}\n", lines[:8]
+    return lines[:5] + lines[6:start] + lines[end:], lines[5:6] + lines[start:end]
+
+
 def test_stop_of_a_queued_job_cancels_it(slurm, tmp_path):
     home = tmp_path / "home"
     slurm.scontrol("update", "PartitionName=debug", "State=DOWN")
     try:
-        out = _cli(slurm, home, "launch", str(_spec(tmp_path / "s.toml", 10)), "--no-preflight")
+        spec = _spec(tmp_path / "s.toml", 10)
+        out = _cli(slurm, home, "launch", str(spec), "--no-preflight")
         run_id = out["run_id"]
+        # launch submitted the script `export --format slurm` prints (one function builds
+        # both), byte for byte but for its output file and the run folder's lines
+        run_dir = Path(out["run_dir"])
+        export = subprocess.run(
+            [sys.executable, "-m", "tunedeck.tui", "export", str(spec), "--format", "slurm"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=dict(slurm.env, TUNEDECK_HOME=str(home)),
+        )
+        assert export.returncode == 0, export.stderr
+        launched, folder = _apart(
+            (run_dir / "slurm.sh").read_text(), f"{run_dir}/logs/slurm-%j.out"
+        )
+        exported, job_step = _apart(export.stdout, "tunedeck-%x-%j.out")
+        assert "".join(launched) == "".join(exported)
+        assert folder[1:] == [
+            f"# the run folder `tunedeck launch` wrote ({run_id})\n",
+            f"RUN_DIR={run_dir}\n",
+        ]
+        assert job_step[2].startswith('RUN_DIR="$(') and "slurm_job" in job_step[2]
         done = _cli(slurm, home, "stop", run_id, "--wait")
         assert done["status"] == "stopped" and "before it started" in done["message"]
         job = json.loads((Path(out["run_dir"]) / "state.json").read_text())["slurm_job"]

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+import tomli_w
+import tomllib
 
 from tests.conftest import REPO, wait_for
 from tunedeck.core.rundir import RunDir
@@ -25,6 +27,7 @@ from tests.test_multinode import _cleanup, _events, _state
 from tests.test_slurm import Slurm, slurm_missing
 
 pytestmark = pytest.mark.slow
+EXAMPLE = REPO / "docs" / "examples" / "two-nodes-slurm.toml"  # docs/multinode.md shows it
 _why = (
     slurm_missing()
     or unavailable()
@@ -205,6 +208,17 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
         print(f"{dies}'s ranks killed: both ended {time.monotonic() - t0:.1f}s later")
         head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
         assert ended and head["status"] == "failed", head
+        # a failed or stopped run never says exit code 0, even where torchrun exited 0
+        # after the stop the failure caused (its code stays in the attempt)
+        assert head["exit_code"] not in (0, None) and node["exit_code"] not in (0, None)
+        shown = subprocess.run(
+            hosts.named_argv(0, [sys.executable, "-m", "tunedeck.tui", "status", run_id]),
+            capture_output=True,
+            text=True,
+            env=dict(slurm.env, TUNEDECK_HOME=str(home)),
+            cwd=REPO,
+        ).stdout
+        assert "exit code" in shown and "exit code 0" not in shown, shown
         if dies == "node1":
             # the head names node 1 whether its watch stopped it or its own ranks' end (gloo
             # sees a peer die at once; NCCL ranks would wait in the collective) came first
@@ -245,13 +259,14 @@ def test_sbatch_of_the_exported_script_runs_the_demo_with_no_launch(nodes, tmp_p
     nodes share lists the run once."""
     hosts, slurm = nodes
     home = tmp_path / "home"
-    spec = demo_spec(
-        tmp_path / "s.toml",
-        "slurm-export",
-        6,
-        cluster=f'nnodes = 2\ncpu_procs = 1\nlauncher = "slurm"\n'
-        f'slurm_args = ["--time=20"]\ninterface = "{IFACE}"',
-    )
+    # docs/examples/two-nodes-slurm.toml as it is, but for the data path and the length. No
+    # `interface`: the hostname resolves to 127.0.0.1 on both hosts, so each node's task
+    # names the one that routes to the allocation's first host (gloo would bind loopback)
+    spec = tomllib.loads(EXAMPLE.read_text())
+    spec["data"]["path"] = str(REPO / "presets" / "data" / "demo_chat.jsonl")
+    spec["train"]["max_steps"] = 6
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(spec))
+    spec = tmp_path / "s.toml"
     env = dict(slurm.env, TUNEDECK_HOME=str(home))
     script = tmp_path / "job.sh"
     script.write_text(
@@ -292,9 +307,12 @@ def test_sbatch_of_the_exported_script_runs_the_demo_with_no_launch(nodes, tmp_p
         assert [r["run_id"] for r in final] == [run_id]  # node 1's folder is not a run
         assert final[0]["status"] == "succeeded", (
             final,
-            (tmp_path / f"tunedeck-slurm-export-{job_id}.out").read_text(errors="replace"),
+            (tmp_path / f"tunedeck-two-nodes-slurm-{job_id}.out").read_text(errors="replace"),
         )
-        assert _state(run_dir / "state.json")["slurm_job"] == job_id
+        head = _state(run_dir / "state.json")
+        assert head["slurm_job"] == job_id and head["exit_code"] == 0
+        for st in (head, _state(home / "runs" / f"{run_id}.node1" / "state.json")):
+            assert st["net"]["ifname"] == IFACE and st["net"]["hostname_addr"] == "127.0.0.1"
         assert [e["step"] for e in _events(run_dir / "events" / "rank1.jsonl", "step")] == list(
             range(1, 7)
         )

@@ -21,6 +21,7 @@ from tunedeck.core.backends.base import Exported
 from tunedeck.core.backends.plan import LaunchPlan, _wrap_argv
 from tunedeck.core.backends.run_estimate import as_run
 from tunedeck.core.estimate import batch
+from tunedeck.core.nodes.roster import IFNAME_KEYS
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.spec import RunSpec, mask_argv, mask_env
@@ -56,10 +57,10 @@ def export(spec: RunSpec, fmt: str) -> str:
     own_output_dir = spec.run.output_dir  # what the user named, before the run's folder
     if fmt == "slurm" and spec.cluster.launcher == "slurm":
         # one tunedeck agent per node; the job plans the spec itself (tunedeck.core.nodes)
-        from tunedeck.core.nodes.slurm import export_script
+        from tunedeck.core.nodes.slurm import job_script
 
-        plan_run(spec, export_run_dir(spec), local=False)  # refused here, not in the job
-        return export_script(spec)
+        resolved, _ = plan_run(spec, export_run_dir(spec), local=False)  # refused here
+        return job_script(resolved, spec=spec)
     spec, plan = plan_run(spec, export_run_dir(spec), local=False)
     # the batch as the backend runs it (its defaults for unset keys), as the preview says
     summary = f"# {batch.describe(as_run(spec)[0])}\n"
@@ -100,11 +101,25 @@ def own_script(spec: RunSpec, form: Exported, summary: str) -> str:
 
 
 def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
+    """torchrun under srun, one task per node, for a spec whose launcher is not Slurm (no
+    tunedeck agent in the job). Node 0's command is every task's, less what is node 0's
+    own: its rank, endpoint and log folder come from Slurm's variables per task; its
+    `--local_addr` and `is_host=1` are left out (torchrun tells the store's host by the
+    endpoint's host name, which Slurm's first host name matches on node 0 only); an
+    interface tunedeck chose on this machine is left out too (its name may differ on the
+    allocation's nodes): one the spec names (cluster.interface, env) stays."""
     c = spec.cluster
     node = plan.nodes[0]
     argv = list(node.argv)
     # node-specific torchrun flags are filled in per task from Slurm's variables
-    drop_next = {"--node_rank", "--rdzv_endpoint", "--master_addr", "--master_port", "--log_dir"}
+    drop_next = {
+        "--node_rank",
+        "--rdzv_endpoint",
+        "--master_addr",
+        "--master_port",
+        "--log_dir",
+        "--local_addr",
+    }
     rest, skip = [], False
     for a in argv[3:]:  # after `python -m torch.distributed.run`
         if skip:
@@ -113,7 +128,10 @@ def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
         if a in drop_next:
             skip = True
             continue
+        if rest and rest[-1] == "--rdzv_conf":
+            a = ",".join(kv for kv in a.split(",") if not kv.startswith("is_host="))
         rest.append(a)
+    chosen = set() if c.interface else {k for k in IFNAME_KEYS if k not in spec.env}
     log_base = shlex.quote(str(RunDir(node.cwd).logs))
     if c.nnodes > 1:
         inner = (
@@ -144,7 +162,11 @@ def slurm_script(spec: RunSpec, plan: LaunchPlan, summary: str) -> str:
         f"export MASTER_PORT={c.master_port or 29500}",
     ]
     lines += _env_lines(
-        {k: v for k, v in node.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        {
+            k: v
+            for k, v in node.env.items()
+            if k not in ("MASTER_ADDR", "MASTER_PORT") and k not in chosen
+        }
     )
     lines.append(f"mkdir -p {shlex.quote(node.cwd)} && cd {shlex.quote(node.cwd)}")
     lines.append(

@@ -101,6 +101,8 @@ def saving_checkpoint(lines) -> bool:
     return any(CHECKPOINT_SAVE_FRAMES.search(ln) for ln in lines)
 
 
+LOOPBACK = "loopback_address"
+
 RULES: list[Rule] = [
     _r(
         "oom_gpu",
@@ -179,6 +181,23 @@ RULES: list[Rule] = [
         "every rank runs the same collectives in the same order (same number of batches per "
         "rank, no rank-0-only work inside the loop); raise the timeout only for long "
         "one-off work such as checkpointing or evaluation on one rank.",
+    ),
+    # a rank dialed a peer's loopback address: that peer's node announced 127.x (gloo binds
+    # what the hostname resolves to when no interface is named); loopback.py names the node
+    # and the interface from what each node recorded
+    _r(
+        LOOPBACK,
+        "error",
+        r"remote=\[127\.[\d.]+\]|\] connect \[127\.[\d.]+\]|Connect to 127\.[\d.]+<",
+        "a rank dialed a peer at a loopback address",
+        "A rank of another node announced a loopback address to its peers, so they dialed "
+        "their own machine and were refused, and the first collective failed or hung. gloo "
+        "binds the address the node's hostname resolves to (127.0.0.1 on many images and "
+        "containers) unless an interface is named.",
+        "Set cluster.interface to the interface that routes to cluster.master_addr on every "
+        "node (`ip route get <master_addr>` shows it; GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME "
+        "in env per node), and run `tunedeck preflight`: its net.interface check asks every "
+        "node.",
     ),
     _r(
         "nccl_version_mismatch",

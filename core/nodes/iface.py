@@ -7,7 +7,9 @@ master_addr is the one to name instead: the kernel picks it for a UDP "connect" 
 sent), and the interface holding that source address is its name.
 
 Stdlib plus psutil only: the probe (`python -m tunedeck.core.nodes.probe`) runs this on every
-node over ssh.
+node over ssh. Each node of a multi-node run also keeps what it found when it started
+(`record`, state.json `net`), so a run that failed on loopback names the node, its address and
+the interface to set afterwards (core/diagnose/loopback.py).
 """
 
 from __future__ import annotations
@@ -91,3 +93,26 @@ def verdict(facts: dict, interface: str, backend: str) -> tuple[str, str]:
             f"the hostname resolves to {addr or 'nothing'}, so gloo binds loopback; {routes}",
         )
     return "ok", f"the hostname resolves to {addr}"
+
+
+IFNAME_OF = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def record(master: str, env: dict, dist_backend: str) -> dict:
+    """What one node's ranks start with, for state.json `net`: the master they dial, the
+    backend ("gloo"/"nccl"), the interface its variable names ("" = unset) and `facts`."""
+    backend = "nccl" if dist_backend == "nccl" else "gloo"
+    return {
+        "master": master,
+        "backend": backend,
+        "ifname": str(env.get(IFNAME_OF[backend]) or ""),
+        **facts(master),
+    }
+
+
+def ranks_addr(rec: dict) -> str | None:
+    """The address a node's ranks announce to the others, from its `record`: the named
+    interface's, else (gloo) what the hostname resolves to. None: NCCL's own pick, unknown."""
+    if rec.get("ifname"):
+        return (rec.get("ifaces") or {}).get(rec["ifname"])
+    return rec.get("hostname_addr") if rec.get("backend") != "nccl" else None

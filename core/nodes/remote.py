@@ -39,6 +39,7 @@ from tunedeck.core.rundir import (
     write_json_atomic,
     write_text_private,
 )
+from tunedeck.core.rundir.records import run_exit_code
 
 TICK_S = 0.25
 TELEMETRY_S = 2.0
@@ -109,15 +110,27 @@ def shared(run: RunDir) -> bool:
     return run.agent_log.is_symlink()
 
 
-def _own_interface(env: dict, master: str, user_env: dict) -> None:
-    """The head chose the interface it routes to the master through (roster.auto_interface);
-    this node routes through its own, maybe named otherwise."""
+def own_interface(spec: dict, env: dict, master: str) -> None:
+    """Where the spec names no interface (cluster.interface, or the variable in its env):
+    this node's ranks talk through the one it routes to `master` through, whatever the head
+    chose (roster.auto_interface: an interface of the head's, maybe named otherwise here) or
+    could not choose (under Slurm the head is a login node that knows no master yet)."""
     from tunedeck.core.nodes.iface import route_interface
 
-    mine = route_interface(master) if master else None
+    if spec.get("cluster", {}).get("interface") or not master:
+        return
+    mine = route_interface(master)
+    user_env = spec.get("env") or {}
     for key in IFNAME_KEYS:
-        if key in env and key not in user_env and mine:
+        if key not in user_env and mine:
             env[key] = mine
+
+
+def net_record(spec: dict, env: dict, master: str) -> dict:
+    """state.json `net` of this node: what its ranks start with (iface.record)."""
+    from tunedeck.core.nodes.iface import record
+
+    return record(master, env, str(spec.get("cluster", {}).get("dist_backend") or ""))
 
 
 def materialise(run: RunDir, hello: dict[str, Any]) -> None:
@@ -144,8 +157,8 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
         addr = route_addr(str(hello.get("master_addr") or ""), int(hello.get("master_port") or 0))
         if addr:
             argv[i] = addr
-    if not spec.get("cluster", {}).get("interface"):
-        _own_interface(node["env"], str(hello.get("master_addr") or ""), spec.get("env") or {})
+    master = str(hello.get("master_addr") or "")
+    own_interface(spec, node["env"], master)
     for key in ("TUNEDECK_RUN_ID", "TUNEDECK_RUN_DIR"):
         node["env"].pop(key, None)  # the agent sets this node's own
     write_json_atomic(run.plan, plan)
@@ -173,6 +186,7 @@ def materialise(run: RunDir, hello: dict[str, Any]) -> None:
             "pid_identity": {},
             "launches": [],
             "host": os.uname().nodename,
+            "net": net_record(spec, node["env"], master),
             "attempt": 0,
             "exit_code": None,
             "stop_requested": None,
@@ -271,8 +285,7 @@ def _heard_late(run: RunDir, st: dict[str, Any], mode: str, asked: Any) -> None:
         f"this node heard it late (unreachable), after its ranks ended {was}",
         stop_requested={"mode": mode, "t": asked, "by": "head", "late": True},
     )
-    if not st.get("exit_code"):
-        st["exit_code"] = 143  # stopped: never 0 (SIGTERM's 128 + 15)
+    st["exit_code"] = run_exit_code("stopped", st.get("exit_code") or 0)
     run.write_state(st)
 
 

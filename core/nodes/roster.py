@@ -128,10 +128,12 @@ IFNAME_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def auto_interface(spec: RunSpec) -> str:
-    """cluster.interface left empty, and neither variable in env: the interface this machine
-    routes to master_addr through ("" where none does). A node whose interface to the master
-    has another name swaps in its own at start (remote.prepare), as it does --local_addr."""
-    if any(k in spec.env for k in IFNAME_KEYS):
+    """cluster.interface left empty: the interface this machine routes to master_addr through
+    ("" where none does), for each variable the spec's env does not set (`place` leaves the
+    user's: an NCCL_SOCKET_IFNAME for the GPUs still leaves gloo its own). A node whose
+    interface to the master has another name swaps in its own at start
+    (remote.own_interface), as it does --local_addr."""
+    if all(k in spec.env for k in IFNAME_KEYS):
         return ""
     from tunedeck.core.nodes.iface import route_interface
 

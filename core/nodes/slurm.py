@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,9 @@ from tunedeck.core.nodes.remote import (
     TERMINAL,
     end_attempt_before,
     materialise,
+    net_record,
     node_run_id,
+    own_interface,
     route_addr,
     write_stop,
 )
@@ -88,26 +91,17 @@ def _agents(python: str, run_dir_word: str) -> list[str]:
     ]
 
 
-def batch_script(spec: RunSpec, run_dir: str | Path, python: str | None = None) -> str:
-    """The script `tunedeck launch` submits for the run folder it wrote."""
-    run_dir = str(run_dir)
-    lines = _header(spec, run_dir + "/logs/slurm-%j.out") + [
-        "set -euo pipefail",
-        f"# tunedeck run {Path(run_dir).name}: one agent per node (node 0's owns the run)",
-    ]
-    return "\n".join(lines + _agents(python or sys.executable, shlex.quote(run_dir))) + "\n"
-
-
 def _sbatch_word(word: str) -> str:
     # #SBATCH lines are read by sbatch, not a shell: no quoting, so no newline may pass
     return word.replace("\n", " ").replace("\r", " ")
 
 
 def write_script(spec: RunSpec, run: RunDir) -> Path:
+    """slurm.sh in the run folder: what `tunedeck launch` submits (`job_script`)."""
     from tunedeck.core.rundir import write_text_private
 
     path = run.path / SCRIPT
-    write_text_private(path, batch_script(spec, run.path), mode=0o700)
+    write_text_private(path, job_script(spec, run.path), mode=0o700)
     return path
 
 
@@ -176,33 +170,58 @@ def cancel(job: str, graceful: bool) -> str | None:
 
 JOB_MODULE = "tunedeck.core.supervisor.slurm_job"
 SPEC_END = "TUNEDECK_SPEC"
+EXPORT_OUTPUT = "tunedeck-%x-%j.out"  # beside where sbatch runs: a folder that exists
 
 
-def export_script(spec: RunSpec, python: str | None = None) -> str:
-    """`tunedeck export --format slurm` of a spec with cluster.launcher = "slurm": a job that
-    stands alone. Its first step writes the run folder under the job's TUNEDECK_HOME (spec,
-    plan, state naming the job: tunedeck.core.supervisor.slurm_job), then one agent per node runs
-    it, as for a launched run. Slurm's own output goes next to where sbatch runs (a folder
-    that exists before submission); the run's logs go to its folder. Secrets are ****: the
-    job takes them from its environment."""
+def job_script(
+    resolved: RunSpec,
+    run_dir: str | Path | None = None,
+    spec: RunSpec | None = None,
+    python: str | None = None,
+) -> str:
+    """The batch script of a Slurm run: the one `tunedeck launch` submits and `tunedeck export
+    --format slurm` prints. `resolved`: the spec as planned (its node, process and GPU
+    counts size the allocation). Only the run folder differs:
+
+    - `run_dir` given (launch): the folder launch wrote; Slurm's own output goes into its logs;
+    - else (export): the job's first step writes the folder under the job's TUNEDECK_HOME
+      from `spec`, the spec as the user wrote it (resolved on the allocation's first node):
+      spec, plan, state naming the job (tunedeck.core.supervisor.slurm_job). So the script
+      stands alone. Slurm's output goes next to where sbatch runs. Secrets are ****: the job
+      takes them from its environment.
+
+    Then one agent per node runs the folder, node 0's owning the run."""
+    python = python or sys.executable
+    if run_dir is not None:
+        output = str(run_dir) + "/logs/slurm-%j.out"
+        folder = [
+            f"# the run folder `tunedeck launch` wrote ({Path(run_dir).name})",
+            f"RUN_DIR={shlex.quote(str(run_dir))}",
+        ]
+    else:
+        output = EXPORT_OUTPUT
+        folder = _folder_step(spec or resolved, python)
+    lines = _header(resolved, output) + ["set -euo pipefail", *folder]
+    lines.append('echo "tunedeck run folder: $RUN_DIR"')
+    return "\n".join(lines + _agents(python, '"$RUN_DIR"')) + "\n"
+
+
+def _folder_step(spec: RunSpec, python: str) -> list[str]:
+    """The job's first step: it writes the run folder from the spec the script carries."""
     from tunedeck.core.spec import mask_env
 
-    python = python or sys.executable
     saved = copy.deepcopy(spec)
     saved.env = mask_env(saved.env)
     text = saved.to_toml()
     if any(line.strip() == SPEC_END for line in text.splitlines()):
         raise ValueError(f"the spec holds a line {SPEC_END!r}, which ends the script's copy")
-    lines = _header(spec, "tunedeck-%x-%j.out") + [
-        "set -euo pipefail",
+    return [
         "# a tunedeck run that needs no `tunedeck launch`: this job writes its run folder",
         f"RUN_DIR=\"$({shlex.join([python, '-m', JOB_MODULE])} <<'{SPEC_END}'",
         text.rstrip("\n"),
         SPEC_END,
         ')"',
-        'echo "tunedeck run folder: $RUN_DIR"',
     ]
-    return "\n".join(lines + _agents(python, '"$RUN_DIR"')) + "\n"
 
 
 # -- the nodes of a running job, through the shared filesystem --------------------------------
@@ -341,6 +360,7 @@ def _ended(whose: str, state: dict[str, Any]) -> str:
 
 
 def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
+    """Node `node`'s command meets the allocation's first host, from its own address."""
     argv = plan["nodes"][node]["argv"]
     if master:
         for flag in ("--rdzv_endpoint",):
@@ -365,7 +385,13 @@ def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
     if node == 0:
         plan = head.read_plan()
         _set_rendezvous(plan, 0, master)
+        spec = tomllib.loads(head.spec.read_text(encoding="utf-8"))
+        env = plan["nodes"][0]["env"]
+        own_interface(spec, env, master)  # node k's: materialise
         write_json_atomic(head.plan, plan)
+        st = head.read_state() or {}
+        st["net"] = net_record(spec, env, master)
+        head.write_state(st)
         return head
     run = RunDir(head.path.parent / node_run_id(head.run_id, node))
     if not run.state.exists():
@@ -427,13 +453,12 @@ if __name__ == "__main__":
 
 
 __all__ = [
-    "batch_script",
+    "job_script",
     "write_script",
     "submit",
     "queue_state",
     "cancel",
     "node_task",
-    "export_script",
     "SlurmError",
     "NodesWatch",
 ]

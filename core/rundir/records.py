@@ -37,6 +37,16 @@ class Status(str, Enum):
 
 TERMINAL = (Status.SUCCEEDED.value, Status.FAILED.value, Status.STOPPED.value)
 STATUSES = tuple(s.value for s in Status)
+# A run that ended stopped or failed never records exit code 0, even where torchrun exited 0
+# (its ranks heard a stop, checkpointed and ended cleanly): 0 says "succeeded" to every shell,
+# scheduler and script. Such a run records 143, a SIGTERM's 128 + 15; the attempt keeps
+# torchrun's own code (`attempts[-1].exit_code`).
+STOPPED_EXIT = 143
+
+
+def run_exit_code(status: str, torchrun_rc: int | None) -> int | None:
+    """The exit code state.json records for a run that ended `status` with torchrun's code."""
+    return STOPPED_EXIT if torchrun_rc == 0 and status != Status.SUCCEEDED.value else torchrun_rc
 
 
 def number_or_none(v: Any) -> int | float | None:
@@ -196,6 +206,7 @@ class RunState(Record):
     io_pauses: list[dict] = field(default_factory=list)
     adopted: list[dict] = field(default_factory=list)
     slurm_job: str | int | None = None
+    net: dict | None = None  # a multi-node run's node: where its ranks talk from (nodes/iface.py)
     beat: float | None = None
     survivors: list[int] = field(default_factory=list)
     forced_stop: dict | None = None

@@ -52,6 +52,7 @@ from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.queue.wait import queue_env, wait_turn
 from tunedeck.core.stoprule.median import MedianRule
 from tunedeck.core.rundir import RunDir
+from tunedeck.core.rundir.records import run_exit_code
 from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.supervisor import adopt, procs, restarts
@@ -1051,7 +1052,7 @@ class Agent:
         self.paused_at.pop("run.db", None)
         self._final_save(
             status=status,
-            exit_code=rc,
+            exit_code=run_exit_code(status, rc),
             ended=time.time(),
             message=msg,
             worker_pids=[],

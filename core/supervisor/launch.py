@@ -308,6 +308,12 @@ def _write_run(
     state["master_port"] = spec.cluster.master_port
     if agent_follows:
         state["launcher"] = {"pid": os.getpid(), **(procs.identity(os.getpid()) or {})}
+    c = spec.cluster
+    if c.nnodes > 1 and c.launcher != "slurm":  # a Slurm node records its own as it starts
+        from tunedeck.core.nodes.iface import record
+
+        mine = next((n for n in plan.nodes if n.node_rank == c.node_rank), plan.nodes[0])
+        state["net"] = record(c.master_addr, mine.env, c.dist_backend)
     if preflight is not None:
         state["preflight"] = preflight
     if shared_with is not None:  # --share-output: the live runs it shares the folder with

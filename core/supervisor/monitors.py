@@ -167,7 +167,12 @@ class DiagnosisMonitor:
         key = tuple(str(s.path) for s in sources if s.kind != "error_json")
         if key != self.paths:  # a rank or attempt started writing a new file
             self.diag, self.paths = Diagnosis(sources, metrics=False), key
-        for finding in self.diag.poll(final=final):
+        found = self.diag.poll(final=final)
+        if self.ctx.spec.cluster.nnodes > 1:  # ranks on loopback: name the node and interface
+            from tunedeck.core.nodes.loopback import name_interface
+
+            found = name_interface(found, [self.ctx.run.path])
+        for finding in found:
             if finding.t is None:
                 # the poll that first saw it; a fresh time on every poll would store the same
                 # finding again every INTERVAL_S (run.db dedups on identical content only)
