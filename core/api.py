@@ -44,6 +44,7 @@ from tunedeck.core.views.manage import (
 
 # -- a spec's plan: preview, export, import (the backends) -----------------------------------
 from tunedeck.core.preflight.preview import is_default, preview, setting_value, settings_lines
+from tunedeck.core.preflight.inputs import length_report
 from tunedeck.core.backends.export import FORMATS as EXPORT_FORMATS, ExportError, export
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
@@ -63,6 +64,7 @@ __all__ = [
     "ArchError",
     "GpuFacts",
     "is_default",
+    "length_report",
     "setting_value",
     "advice_for",
     "estimate_run",

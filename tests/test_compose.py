@@ -528,3 +528,36 @@ async def test_choosing_false_in_a_yes_no_field_sets_it(gpus):
         await settled(pilot, screen)
         assert screen.spec.train.gradient_checkpointing is False
         assert "train.gradient_checkpointing = false" in screen.preview_text()
+
+
+async def test_the_token_lengths_of_the_data_show_and_follow_max_length(gpus, model_cache):
+    """The side pane measures data.path with the model's tokenizer (a histogram whose counts
+    add up to the rows, percentiles, what data.max_length cuts, the advice) and follows an
+    edit of data.max_length without tokenizing again."""
+    from tunedeck.core.modelout import base_model_path
+    from tunedeck.core.preflight import inputs
+
+    spec = demo_spec()
+    base_model_path(spec)  # the demo's tokenizer exists (built once per test session)
+    screen = ComposeScreen(spec, DEMO)
+    async with screen_host(screen).run_test(size=(160, 48)) as pilot:
+        await settled(pilot, screen)
+        text = screen.preview_text()
+        m = re.search(r"(\d+) rows: p50 (\d+), p90 (\d+), p99 (\d+), max (\d+) tokens", text)
+        assert m, text
+        rows, p50, p90, p99, top = map(int, m.groups())
+        assert rows == sum(1 for line in DEMO_DATA.read_text().splitlines() if line.strip())
+        assert 0 < p50 <= p90 <= p99 <= top
+        bars = re.findall(r"≤\s*(\d+) [█ ]* (\d+)\n", text)
+        assert sum(int(c) for _, c in bars) == rows and int(bars[-1][0]) >= top
+        assert f"none over data.max_length {spec.data.max_length}" in text
+        tokenized = inputs._sample_lengths.cache_info().misses
+        await type_into(pilot, screen, "data.max_length", str(p50))
+        await settled(pilot, screen)
+        text = screen.preview_text()
+        cut = re.search(
+            r"; ([\d.]+)% of samples \(([\d.]+)% of tokens\) over data.max_length", text
+        )
+        assert cut and 0 < float(cut.group(1)) <= 50, text
+        assert re.search(r"consider data.max_length=\d+ holds 99 % of the samples", text)
+        assert inputs._sample_lengths.cache_info().misses == tokenized  # not measured again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -143,15 +144,15 @@ def scan_dataset(path: Path, fmt: str, what: str = "data.path") -> dict:
     }
 
 
-def _tokenizer_file(ctx: Context) -> Path | None:
+def _tokenizer_file(spec) -> Path | None:
     """A tokenizer.json we can load with `tokenizers` alone (no torch, no transformers)."""
     from tunedeck.core.demo import BUILTIN_TINY, tiny_model_dir
     from tunedeck.core.estimate import hub_cache_dir
 
-    mp = ctx.spec.model.path
+    mp = spec.model.path
     if mp == BUILTIN_TINY:
         try:
-            folder = tiny_model_dir(ctx.spec.data.path)
+            folder = tiny_model_dir(spec.data.path)
         except OSError:
             return None
     else:
@@ -165,7 +166,7 @@ def _tokenizer_file(ctx: Context) -> Path | None:
 def _token_stats(ctx: Context, samples: list[list[str]]) -> str:
     """The first row's tokens and the token-length report of the sample
     (core/estimate/lengths.py), with its advice."""
-    tf = _tokenizer_file(ctx)
+    tf = _tokenizer_file(ctx.spec)
     if tf is None:
         return "tokenizer not available yet (built or downloaded at launch): no token sample"
     from tunedeck.core.estimate.lengths import report, token_lengths
@@ -185,6 +186,47 @@ def _token_stats(ctx: Context, samples: list[list[str]]) -> str:
         + rep.summary()
         + (f"; consider {advice}" if advice else "")
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _sample_lengths(
+    path: str, size: int, mtime_ns: int, fmt: str, tokenizer: str, tok_mtime_ns: int
+) -> tuple[list[int], int]:
+    """Token lengths of the file's bounded sample; the file's and tokenizer's size/mtime in the
+    key, so an edit of either is measured again and a form edit of anything else is not."""
+    from tunedeck.core.estimate.lengths import token_lengths
+
+    samples = scan_dataset(Path(path), fmt)["samples"]
+    if not samples:
+        raise ValueError(f"{path}: no usable rows")
+    return token_lengths(tokenizer, ["\n".join(t) for t in samples])
+
+
+def length_report(spec):
+    """(LengthReport, "") for the spec's data.path sample with its model's tokenizer and its
+    data.max_length and batch, or (None, why there is none). For the compose form: the sample
+    is tokenized once per file and tokenizer (cached), so edits of other keys cost nothing."""
+    from tunedeck.core.estimate.lengths import report
+
+    d = spec.data
+    if not d.path:
+        return None, "no data.path (the backend brings its own dataset)"
+    path = Path(d.path).expanduser()
+    if not path.is_file():
+        return None, f"data.path {path}: no such file"
+    tf = _tokenizer_file(spec)
+    if tf is None:
+        return None, "the model's tokenizer is not here yet (built or downloaded at launch)"
+    try:
+        st, tst = path.stat(), tf.stat()
+        lens, exact = _sample_lengths(
+            str(path), st.st_size, st.st_mtime_ns, d.format, str(tf), tst.st_mtime_ns
+        )
+    except FileNotFoundError:
+        return None, f"data.path {path}: no such file"
+    except Exception as e:  # noqa: BLE001 - preflight names the file's problem in full
+        return None, f"data.path {path}: {e}"
+    return report(lens, d.max_length, spec.train.per_device_batch_size, exact=exact), ""
 
 
 def check_dataset(ctx: Context) -> CheckResult:

@@ -185,6 +185,23 @@ def render_preview(p) -> PreviewData:
 # -- form fields --------------------------------------------------------------------------
 
 
+def render_lengths(rep, why: str) -> Text:
+    """The token-length section of the side pane: the sample's histogram, percentiles, what
+    data.max_length cuts, and the advice (core/estimate/lengths.py)."""
+    t = Text("\ntoken lengths", style="bold")
+    t.append(" (a sample of data.path, the model's tokenizer)\n", style="dim")
+    if rep is None:
+        t.append(why + "\n", style="dim")
+        return t
+    t.append(rep.summary() + "\n")
+    for line in rep.bars(24):
+        t.append(line + "\n", style="red" if int(line[1:8]) > rep.max_length else "")
+    advice = rep.advice()
+    if advice:
+        t.append(f"consider {advice}\n", style="yellow")
+    return t
+
+
 def _word(w: str) -> str:
     """A word as shlex.split reads it back, quoted only when it must be (`****` stays)."""
     return shlex.quote(w) if not w or re.search(r"[\s'\"\\#]", w) else w
@@ -691,6 +708,7 @@ class ComposeScreen(TunedeckScreen):
             data = PreviewData(Text(""), Text(err, style="red"), "skip", err)
         else:
             data = build_preview(spec, facts, port)
+            data.body = data.body + render_lengths(*api.length_report(spec))
         if not worker.is_cancelled:
             self.post_message(PreviewReady(generation, started, data))
 
