@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -139,44 +138,6 @@ def test_mlflow_file_store_matches_metrics(run):
     assert sorted(hist) == sorted(metrics)
     assert all(close(hist[s], metrics[s]["loss"]) for s in hist)
     assert mrun.data.tags["tracking.dropped_points"] == "0"
-
-
-def test_mirror_drops_points_and_survives_a_failing_tracker():
-    """A slow tracker costs points (counted), never time; a failing one is switched off."""
-    import threading
-
-    from tunedeck.core.trackers import Mirror
-
-    gate = threading.Event()
-
-    class Slow:
-        name = "slow"
-        logged: list = []
-
-        def log(self, step, values):
-            gate.wait(10)
-            self.logged.append(step)
-
-        def note(self, step, tag, text): ...
-        def close(self, dropped):
-            self.dropped = dropped
-
-    class Broken(Slow):
-        name = "broken"
-
-        def log(self, step, values):
-            raise OSError("disk full")
-
-    slow, broken = Slow(), Broken()
-    m = Mirror([slow, broken], maxsize=4)
-    t0 = time.perf_counter()
-    for s in range(1, 101):
-        m.put("step", {"step": s, "loss": 1.0})
-    assert time.perf_counter() - t0 < 1.0
-    gate.set()
-    m.close()
-    assert m.dropped > 0 and len(slow.logged) == 100 - m.dropped and slow.dropped == m.dropped
-    assert m.sinks == [slow] and "broken: OSError: disk full" in m.failures[0]
 
 
 def test_export_merged_loads_with_transformers_same_logits(run):
