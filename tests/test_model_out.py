@@ -148,6 +148,10 @@ def test_export_merged_loads_with_transformers_same_logits(run):
     from tunedeck.core.modelout import base_model_path, load_model, load_tokenizer
 
     home, run_id, run_dir, _metrics = run
+    # before any export, vLLM serves the base with the last checkpoint's adapter
+    serve = cli("export", run_id, "--format", "vllm", home=home).stdout
+    assert "--enable-lora" in serve and "--served-model-name" not in serve
+    assert f"--lora-modules demo={run_dir / 'output' / f'checkpoint-{STEPS}'}" in serve, serve
     # the verb as users run it: bf16, the last checkpoint, into <run dir>/exports/
     out = cli_json("export-model", run_id, home=home, timeout=300)
     assert out["step"] == STEPS and out["kind"] == "merged"
@@ -178,10 +182,29 @@ def test_export_merged_loads_with_transformers_same_logits(run):
     err16 = (got16 - want).abs().max().item()
     assert err16 <= 0.05 * scale, f"bf16 export differs by {err16} (logits up to {scale})"
     assert (got16.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.9
+    # once merged, vLLM serves the newest merged folder alone: no adapter, no --enable-lora
+    serve = cli("export", run_id, "--format", "vllm", home=home).stdout
+    assert f"  {fp32.resolve()} \\\n" in serve and "--served-model-name demo" in serve
+    assert "lora" not in serve.split("vLLM on one node")[1], serve
     # the chat template travels with the export
     assert (bf16 / "chat_template.jinja").exists() or "chat_template" in (
         bf16 / "tokenizer_config.json"
     ).read_text()
+
+
+def test_vllm_flags_checked_against_the_table():
+    from tunedeck.core.backends.export import VLLM_MAX_LORA_RANKS, ExportError, _checked
+
+    ok = ["--tensor-parallel-size", "2", "--enable-lora", "--lora-modules", "a=/x"]
+    assert _checked([*ok, "--max-lora-rank", "32"])[-1] == "32"
+    for bad, said in (
+        (["--max-lora-rank", "24"], "takes one of"),  # vLLM's MaxLoRARanks only
+        (["--lora-modules", "/x"], "NAME=PATH"),
+        (["--enable-loras"], "no option --enable-loras"),
+    ):
+        with pytest.raises(ExportError, match=said):
+            _checked(bad)
+    assert 320 in VLLM_MAX_LORA_RANKS
 
 
 def test_chat_screen_streams_base_and_tuned_side_by_side(run, tmp_path):

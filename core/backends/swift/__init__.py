@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -534,6 +535,29 @@ def speed_flags(spec: RunSpec) -> list[dict]:
         return []
 
 
+# tunedeck's dtype names → ms-swift's --torch_dtype
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def merge_command(adapter: Path, out: Path, dtype: str) -> list[str]:
+    """`swift export --adapters CKPT --merge_lora true` as ms-swift's users run it (its
+    launcher runs this module): the base comes from the args.json ms-swift saved beside the
+    adapter, the tokenizer and template go with the merged weights."""
+    return [
+        sys.executable,
+        "-m",
+        "swift.cli.export",
+        "--adapters",
+        str(adapter),
+        "--merge_lora",
+        "true",
+        "--output_dir",
+        str(out),
+        "--torch_dtype",
+        TORCH_DTYPES[dtype],
+    ]
+
+
 def warm() -> str:
     """Read the installed ms-swift's flag table (a subprocess the first time per installed
     version, then a file cache): '' or why it could not be read."""
@@ -555,6 +579,7 @@ BACKEND = Backend(
     importer=IMPORTER,
     exports={"swift": cli_form},
     checkpoint_glob_prefix="v*-*/",
+    merge_command=merge_command,
     as_run=run_estimate.as_run,
     length_words=run_estimate.length_words,
     resolve_for_estimate=True,
