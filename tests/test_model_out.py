@@ -257,3 +257,59 @@ def test_chat_screen_streams_base_and_tuned_side_by_side(run, tmp_path):
     right = "".join(line[61:119] for line in body).strip()
     assert left and right, done
     assert "streaming…" in partial
+
+
+@pytest.mark.slow
+def test_swift_run_mirrored_merged_by_swift_export_and_served(td_home, tmp_path):
+    """A real 2-rank ms-swift LoRA run on CPU: the agent mirrors what it parsed from
+    logging.jsonl into TensorBoard (matching `tunedeck metrics`); `export-model` merges through
+    `swift export --adapters CKPT --merge_lora true --torch_dtype bfloat16`, whose argv the
+    installed ms-swift's own ExportArguments parser reads (it refuses any flag left over); the
+    bf16 folder loads with transformers and vLLM serves it alone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM
+
+    from tunedeck.core.backends.swift.version import installed_version
+
+    if installed_version() is None:
+        pytest.skip("ms-swift not installed")
+    spec = tmp_path / "swift.toml"
+    spec.write_text(f"""name = "swift-merge"
+backend = "swift"
+[model]
+path = "builtin:tiny-qwen2"
+[data]
+path = "{REPO / "presets" / "data" / "demo_chat.jsonl"}"
+max_length = 48
+[train]
+max_steps = 2
+per_device_batch_size = 2
+learning_rate = 5e-3
+[cluster]
+device = "cpu"
+cpu_procs = 2
+[swift]
+extra_args = ["--logging_steps", "1"]
+""")
+    run_id = cli_json("launch", str(spec), "--wait", home=td_home, timeout=400)["run_id"]
+    run_dir = td_home / "runs" / run_id
+    metrics = {r["step"]: r for r in cli_json("metrics", run_id, home=td_home)}
+    assert sorted(metrics) == [1, 2]
+    acc = EventAccumulator(str(run_dir / "tracking" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert sorted(got) == [1, 2] and all(close(got[s], metrics[s]["loss"]) for s in got)
+
+    proc = cli("export-model", run_id, "--json", home=td_home, timeout=300)
+    out = json.loads(proc.stdout)
+    ckpt = next((run_dir / "output").glob("v*-*/checkpoint-2"))
+    said = f"swift.cli.export --adapters {ckpt} --merge_lora true --output_dir "
+    assert out["kind"] == "merged" and said in proc.stderr, proc.stderr[-2000:]
+    assert "Successfully merged LoRA" in proc.stderr  # ms-swift's own words
+    merged = Path(out["path"])
+    assert run_id in (merged / "README.md").read_text()
+    model = AutoModelForCausalLM.from_pretrained(str(merged), dtype="auto")
+    assert str(model.dtype) == "torch.bfloat16"
+    assert not any("lora" in n for n, _ in model.named_parameters())
+    serve = cli("export", run_id, "--format", "vllm", home=td_home).stdout
+    assert str(merged.resolve()) in serve and "--enable-lora" not in serve
