@@ -25,6 +25,7 @@ from typing import Any
 from tunedeck.core.backends.base import Backend, Exported, Monitor, Restart
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import launcher_env, torchrun_plan
+from tunedeck.core.ingest.dataphase import DataPhase
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.parsers import parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail, Tail
@@ -378,6 +379,7 @@ class SwiftLogMonitor:
         self.parser = MetricsParser()  # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
+        self.data = DataPhase()  # its dataset Map/Packing bars: the data stage's phase
 
     def _discover(self, lines: list[str]) -> None:
         for line in lines:
@@ -420,6 +422,9 @@ class SwiftLogMonitor:
 
     def tick(self, now: float, new_events: list) -> None:
         lines = self.tail.logical_lines()
+        phase = self.data.feed([*lines, *self.tail.redraws()], now)
+        if phase is not None:
+            self.writer.emit("phase", step=self.writer.last_step, **phase)
         self._discover(lines)
         if self.jsonl is not None:
             self.pending.clear()
