@@ -62,6 +62,10 @@ def test_script_run_mirrored_to_tensorboard_matches_metrics(script_run):
     assert (
         "ddp_toy.py" in acc.Tensors("command/text_summary")[0].tensor_proto.string_val[0].decode()
     )
+    # the same thread read run.db's telemetry (the host's, here: the ranks had ended by the
+    # last poll), at the last step
+    mem = acc.Scalars("host/mem_used_gib")
+    assert mem and mem[-1].step == STEPS and 0 < mem[-1].value < 4096
     # the agent did it: no torch in the agent, so its log says what the mirror dropped
     assert "trackers: 0 points dropped" in (run_dir / "logs" / "agent.log").read_text()
 
@@ -132,3 +136,60 @@ def test_tracking_folder_is_only_tunedecks(script_run):
     home, run_id, run_dir = script_run
     assert str(run_dir / "tracking" / "tensorboard") in cli("tb", run_id, home=home).stdout
     assert Path(run_dir / "tracking" / "tensorboard").is_dir()
+
+
+def test_findings_and_telemetry_reach_the_trackers(tmp_path):
+    """What is not an event (run.db's findings and telemetry snapshot) goes through the
+    mirror's poll: GPU and rank scalars at the newest step, each finding once as a note."""
+    from tunedeck.core.diagnose.finding import Finding
+    from tunedeck.core.rundir import RunDir
+    from tunedeck.core.store.store import Store
+    from tunedeck.core.supervisor.trackfeed import RunDbPoll
+
+    run = RunDir(tmp_path)
+    store = Store(run, write=True)
+    tel = store.telemetry
+    tel.set_latest("gpus", 1.0, [{"gpu": 0, "t": 1.0, "util": 95.0, "mem_used_mib": 2048.0}])
+    tel.set_latest("procs", 1.0, {"ranks": [{"rank": 1, "cpu_pct": 50.0, "rss_mib": 512.0}]})
+    tel.set_latest("host", 1.0, {"cpu_pct": 20.0, "mem_used_mib": 4096.0})
+    tel.commit()
+    store.save_finding(
+        Finding("dataloader_starvation", "warning", "rank 1 waits", "slow loader", "workers", 1)
+    )
+
+    class Sink:
+        name = "memory"
+
+        def __init__(self):
+            self.logged, self.notes = [], []
+
+        def log(self, step, values):
+            self.logged.append((step, values))
+
+        def note(self, step, tag, text):
+            self.notes.append((step, tag, text))
+
+        def close(self, dropped): ...
+
+    sink = Sink()
+    m = Mirror(lambda: [sink], poll=RunDbPoll(tmp_path), poll_s=0.05)
+    m.put("step", {"step": 7, "loss": 1.0})
+    time.sleep(0.5)
+    store.save_finding(Finding("stall", "error", "no step for 60 s", "hang", "stacks"))
+    m.close()
+    store.close()
+    tel_points = [(s, v) for s, v in sink.logged if "gpu0/util_pct" in v]
+    assert tel_points and tel_points[-1] == (
+        7,
+        {
+            "gpu0/util_pct": 95.0,
+            "gpu0/mem_gib": 2.0,
+            "host/cpu_pct": 20.0,
+            "host/mem_used_gib": 4.0,
+            "rank1/cpu_pct": 50.0,
+            "rank1/rss_gib": 0.5,
+        },
+    )
+    tags = [t for _, t, _ in sink.notes]
+    assert tags == ["finding/dataloader_starvation", "finding/stall"]  # each once
+    assert sink.notes[0][2].startswith("warning rank 1: rank 1 waits")

@@ -56,6 +56,7 @@ from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.supervisor import adopt, procs, restarts
 from tunedeck.core.supervisor.monitors import DetectorMonitor, MonitorContext, make_monitors
+from tunedeck.core.supervisor.trackfeed import RunDbPoll
 from tunedeck.core.trackers import Mirror, open_mirror
 from tunedeck.core.store.state import BEAT_S, TERMINAL, progress_from_event
 from tunedeck.core.store.state import KEYS as STATE_KEYS
@@ -778,7 +779,7 @@ class Agent:
             self._store_failed(why)
             return []
         if new and self.mirror is None and self.node_rank == 0:
-            self.mirror = open_mirror(self.spec, self.rundir.path)
+            self.mirror = open_mirror(self.spec, self.rundir.path, RunDbPoll(self.rundir.path))
         if self.mirror is not None:
             self.mirror.feed(new)  # never blocks: a full queue drops points, counted
         # rank 0's newest step with a usable step number: looked for from the end

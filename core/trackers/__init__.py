@@ -6,7 +6,9 @@ trainer's own, or what it parsed from ms-swift's logging.jsonl or a script's con
 a `Mirror` through a bounded queue, and a thread of its own opens the trackers and writes
 them, so a slow or hanging tracker never slows ingest (a full queue drops the point and
 counts it) and a failing one is closed and reported, never raised into the run. Trackers the
-backend reports to itself (`tracking.backend_reports`) are left out.
+backend reports to itself (`tracking.backend_reports`) are left out. Every POLL_S the same
+thread also asks `poll` (the agent's read side of run.db) for what is not an event: GPU and
+rank telemetry as scalars at the newest step, findings as notes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,11 @@ log = logging.getLogger("tunedeck.trackers")
 
 QUEUE_POINTS = 4096
 CLOSE_TIMEOUT_S = 60.0
+POLL_S = 10.0
+
+# what `poll` returns: ("values", {tag: number}) logged at the newest step, or
+# ("note", (tag, text))
+Polled = list[tuple[str, Any]]
 
 # event field -> tracker tag (what TensorBoard, W&B and MLflow all show)
 STEP_TAGS = {
@@ -60,10 +68,18 @@ class Mirror:
     start) and feeds them from a bounded queue; `dropped` counts points lost to a full queue,
     `failures` the trackers that failed (and were closed)."""
 
-    def __init__(self, opener: Callable[[], list[Sink]], maxsize: int = QUEUE_POINTS):
+    def __init__(
+        self,
+        opener: Callable[[], list[Sink]],
+        maxsize: int = QUEUE_POINTS,
+        poll: Callable[[], Polled] | None = None,
+        poll_s: float = POLL_S,
+    ):
         self.sinks: list[Sink] = []
         self.dropped = 0
         self.failures: list[str] = []
+        self.step = 0  # the newest step an event named: where polled values are logged
+        self._poll, self._poll_s = poll, poll_s
         self._q: queue.Queue = queue.Queue(maxsize)
         self._thread = threading.Thread(
             target=self._drain, args=(opener,), name="tracker-mirror", daemon=True
@@ -89,20 +105,52 @@ class Mirror:
         except Exception as e:  # noqa: BLE001 - a tracker never stops the run
             self.failures.append(f"trackers: {type(e).__name__}: {e}")
             log.warning("trackers could not start: %s", e)
-        while (item := self._q.get()) is not None:
+        next_poll = time.monotonic() + self._poll_s
+        while True:
+            try:
+                item = self._q.get(timeout=max(next_poll - time.monotonic(), 0.0))
+            except queue.Empty:
+                item = ()
+            if time.monotonic() >= next_poll or item is None:
+                self._polled()
+                next_poll = time.monotonic() + self._poll_s
+            if item is None:
+                return
+            if not item:
+                continue
             kind, fields = item
             step = fields.get("step")
             if not isinstance(step, int):
                 continue
+            self.step = max(self.step, step)
             values = step_values(kind, fields)
-            for sink in list(self.sinks):
-                try:
-                    if values:
-                        sink.log(step, values)
-                    if kind == "end":
-                        sink.note(step, "end", f"{fields.get('reason')} at step {step}")
-                except Exception as e:  # noqa: BLE001 - a tracker never stops the run
-                    self._fail(sink, e)
+            self._each(lambda sink: sink.log(step, values) if values else None)
+            if kind == "end":
+                text = f"{fields.get('reason')} at step {step}"
+                self._each(lambda sink: sink.note(step, "end", text))
+
+    def _polled(self) -> None:
+        if self._poll is None:
+            return
+        try:
+            got = self._poll()
+        except Exception as e:  # noqa: BLE001 - run.db busy or gone: the next poll tries again
+            log.debug("tracker poll failed: %s", e)
+            return
+        step = self.step
+        for kind, data in got:
+            if kind == "values" and data:
+                self._each(lambda sink: sink.log(step, data))
+            elif kind == "note":
+                tag, text = data
+                self._each(lambda sink: sink.note(step, tag, text))
+
+    def _each(self, call: Callable[[Sink], Any]) -> None:
+        for sink in list(self.sinks):
+            try:
+                call(sink)
+            except Exception as e:  # noqa: BLE001 - a tracker never stops the run
+                self._fail(sink, e)
 
     def _fail(self, sink: Sink, e: Exception) -> None:
         self.failures.append(f"{sink.name}: {type(e).__name__}: {e}")
@@ -132,7 +180,9 @@ class Mirror:
                 self._fail(sink, e)
 
 
-def open_mirror(spec: RunSpec, run_dir: Path) -> Mirror | None:
+def open_mirror(
+    spec: RunSpec, run_dir: Path, poll: Callable[[], Polled] | None = None
+) -> Mirror | None:
     """The agent's mirror for a run, or None when no tracker is left to write. A tracker that
     cannot start (its package missing, a bad URI) is logged and left out."""
     if not wanted(spec):
@@ -144,4 +194,4 @@ def open_mirror(spec: RunSpec, run_dir: Path) -> Mirror | None:
             log.warning("%s", p)
         return sinks
 
-    return Mirror(opener)
+    return Mirror(opener, poll=poll)
