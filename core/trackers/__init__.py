@@ -28,7 +28,7 @@ __all__ = ["Mirror", "open_mirror", "step_values", "tracking_dir"]
 
 log = logging.getLogger("tunedeck.trackers")
 
-QUEUE_POINTS = 4096
+QUEUE_POINTS = 16384  # steps; a few hundred bytes each
 CLOSE_TIMEOUT_S = 60.0
 POLL_S = 10.0
 
@@ -87,8 +87,17 @@ class Mirror:
         self._thread.start()
 
     def put(self, kind: str, fields: dict[str, Any]) -> None:
+        """Queue what one event adds (its step, a few numbers, an end's reason): a catch-up
+        burst of many thousand steps fits the queue without holding the events."""
+        step = fields.get("step")
+        if not isinstance(step, int):
+            return
+        values = step_values(kind, fields)
+        end = f"{fields.get('reason')} at step {step}" if kind == "end" else None
+        if not values and end is None:
+            return
         try:
-            self._q.put_nowait((kind, fields))
+            self._q.put_nowait((step, values, end))
         except queue.Full:
             self.dropped += 1
 
@@ -118,16 +127,12 @@ class Mirror:
                 return
             if not item:
                 continue
-            kind, fields = item
-            step = fields.get("step")
-            if not isinstance(step, int):
-                continue
+            step, values, end = item
             self.step = max(self.step, step)
-            values = step_values(kind, fields)
-            self._each(lambda sink: sink.log(step, values) if values else None)
-            if kind == "end":
-                text = f"{fields.get('reason')} at step {step}"
-                self._each(lambda sink: sink.note(step, "end", text))
+            if values:
+                self._each(lambda sink: sink.log(step, values))
+            if end is not None:
+                self._each(lambda sink: sink.note(step, "end", end))
 
     def _polled(self) -> None:
         if self._poll is None:
