@@ -137,3 +137,16 @@ def test_swift_monitor_writes_the_live_data_phase(tmp_path):
     m.close([])
     phases = [(e["done"], e["total"], e.get("eta_s")) for e in _events(run.path)]
     assert phases == [(122, 244, 2.0), (244, 244, 0.0)], phases
+
+
+def test_a_data_stage_that_outlasts_the_collective_timeout_is_warned_once():
+    d = DataPhase(timeout_s=600)
+    fine = "Map:  10%|#         | 100/1000 [00:10<01:30, 10.00 examples/s]"
+    assert "warning" not in d.feed([fine], now=0.0)
+    slow = "Running tokenizer on dataset:  20%|##        | 200/1000 [02:00<09:00,  1.48 examples/s]"
+    ev = d.feed([slow], now=10.0)
+    assert "600 s" in ev["warning"] and "cluster.collective_timeout_s" in ev["warning"]
+    assert ev["warning"].startswith("the data stage (Running tokenizer on dataset) takes about 660")
+    later = slow.replace("200/1000 [02:00<09:00", "300/1000 [03:00<08:00")
+    assert "warning" not in d.feed([later], now=20.0)  # said once
+    assert "warning" not in DataPhase().feed([slow], now=0.0)  # no timeout known: no warning

@@ -7,7 +7,9 @@ The bars are the ones HF datasets and ms-swift draw: `Map`, `Map (num_proc=N)`, 
 `Running tokenizer on dataset`, `Tokenizing ...`, `Grouping texts in chunks of N`,
 `Packing: ` / `Packing (num_proc=N): `, `Converting format of dataset`. A bar that is not a data
 stage (`Train`, `Loading weights`, downloads) is ignored. At most one event per `every_s`,
-and always a stage's last (done == total).
+and always a stage's last (done == total). With the run's collective timeout known, the first
+reading whose elapsed + remaining time outlasts it carries a `warning` with the fix, as the
+built-in trainer warns: the other ranks' first collective would time out waiting.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ def data_bar(line: str) -> dict[str, Any] | None:
 class DataPhase:
     """Console lines in, phase event fields out (`feed`: the newest bar among the lines)."""
 
-    def __init__(self, every_s: float = 2.0):
-        self.every_s = every_s
+    def __init__(self, timeout_s: float | None = None, every_s: float = 2.0):
+        self.timeout_s, self.every_s = timeout_s, every_s
+        self.warned = False
         self.last_t = -math.inf
         self.last: tuple[str, int, int] | None = None  # (stage, done, total) last emitted
 
@@ -67,4 +70,12 @@ class DataPhase:
             fields["eta_s"] = bar["remaining_s"]
         elif rate:
             fields["eta_s"] = round((bar["total"] - bar["n"]) / rate, 1)
+        whole = bar.get("elapsed_s", 0.0) + fields.get("eta_s", 0.0)
+        if self.timeout_s and not self.warned and not finished and whole > self.timeout_s:
+            self.warned = True
+            fields["warning"] = (
+                f"the data stage ({bar['desc']}) takes about {whole:.0f} s, longer than the "
+                f"collective timeout ({self.timeout_s:.0f} s): the other ranks would time out "
+                "waiting. Raise cluster.collective_timeout_s, pre-tokenise the data, or cache it."
+            )
         return fields

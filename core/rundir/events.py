@@ -59,7 +59,8 @@ kind "phase" — what a rank is doing between steps, when that takes long (built
                             | "eager_fallback" (compiling failed; error; training goes on eager)
                             | "tokenizing" (the data stage before step 1: done, total
                               samples, rate per s, eta_s; parsed ones add `stage`, the
-                              bar's name, e.g. "Map (num_proc=4)")
+                              bar's name, e.g. "Map (num_proc=4)", and once `warning` when
+                              the stage would outlast the collective timeout)
     step            int     steps done when the phase began
 
 kind "end" — once per attempt, every rank:

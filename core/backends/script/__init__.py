@@ -10,6 +10,7 @@ the only writer of `events/rank0.jsonl` for these runs; the ranks never open it.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -99,11 +100,13 @@ class ConsoleMonitor:
     default 1). Progress bars count only when they show a loss (not "Loading weights 50/50")
     and the script prints no metric records of its own."""
 
-    def __init__(self, run: RunDir, rank: int = 0, logging_steps: int = 1):
+    def __init__(
+        self, run: RunDir, rank: int = 0, logging_steps: int = 1, timeout_s: float | None = None
+    ):
         self.writer = EventWriter(run.path, rank, dedupe_steps=True)
         self.tail = RankLogTail(run, rank)
         self.logging_steps = max(int(logging_steps), 1)
-        self.data = DataPhase()
+        self.data = DataPhase(timeout_s)  # the collective timeout the data stage must beat
         # an agent adopting a restarted attempt reads it from its start: count from its step
         self._start_at(from_step(run))
 
@@ -116,6 +119,8 @@ class ConsoleMonitor:
         phase = self.data.feed([*lines, *(redraws or [])], time.time())
         if phase is not None:
             self.writer.emit("phase", step=self.writer.last_step, **phase)
+            if "warning" in phase:
+                logging.getLogger("tunedeck.agent").warning("rank 0: %s", phase["warning"])
         p = self.parser
         for line in lines:
             got = parse_metrics_line(line)
@@ -158,7 +163,9 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     """Rank 0 lives on node 0: only that node's agent reads its console."""
     if spec.cluster.node_rank != 0:
         return []
-    return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args))]
+    # torch's own default when the spec sets none (10 min)
+    timeout = spec.cluster.collective_timeout_s or 600
+    return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args), timeout)]
 
 
 def import_target(

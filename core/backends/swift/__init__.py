@@ -369,7 +369,9 @@ class SwiftLogMonitor:
     """Tails ms-swift's logging.jsonl into events/rank0.jsonl; console dicts of the logging
     rank are the fallback when no logging.jsonl turns up (e.g. a PAI job, a killed rank)."""
 
-    def __init__(self, run: RunDir, output_dir: Path, log_rank: int):
+    def __init__(
+        self, run: RunDir, output_dir: Path, log_rank: int, timeout_s: float | None = None
+    ):
         self.output_dir = output_dir
         self.writer = EventWriter(run.path, 0, dedupe_steps=True)
         self.tail = RankLogTail(run, log_rank)
@@ -379,7 +381,8 @@ class SwiftLogMonitor:
         self.parser = MetricsParser()  # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
-        self.data = DataPhase()  # its dataset Map/Packing bars: the data stage's phase
+        # its dataset Map/Packing bars: the data stage's phase, warned against the timeout
+        self.data = DataPhase(timeout_s)
 
     def _discover(self, lines: list[str]) -> None:
         for line in lines:
@@ -425,6 +428,8 @@ class SwiftLogMonitor:
         phase = self.data.feed([*lines, *self.tail.redraws()], now)
         if phase is not None:
             self.writer.emit("phase", step=self.writer.last_step, **phase)
+            if "warning" in phase:
+                logging.getLogger("tunedeck.agent").warning("rank 0: %s", phase["warning"])
         self._discover(lines)
         if self.jsonl is not None:
             self.pending.clear()
@@ -470,7 +475,9 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     log_rank = world - 1 if is_megatron(spec) else 0
     if log_rank // max(c.nproc_per_node, 1) != c.node_rank:
         return []
-    return [SwiftLogMonitor(run, run.output_dir(spec), log_rank)]
+    # ms-swift's own --ddp_timeout default is far beyond any data stage: only a set one counts
+    timeout = spec.cluster.collective_timeout_s or None
+    return [SwiftLogMonitor(run, run.output_dir(spec), log_rank, timeout)]
 
 
 def cli_form(spec: RunSpec, output_dir: str | None) -> Exported:
