@@ -306,6 +306,10 @@ extra_args = ["--logging_steps", "1"]
     said = f"swift.cli.export --adapters {ckpt} --merge_lora true --output_dir "
     assert out["kind"] == "merged" and said in proc.stderr, proc.stderr[-2000:]
     assert "Successfully merged LoRA" in proc.stderr  # ms-swift's own words
+    # what ms-swift's own parser made of the argv (it prints its ExportArguments)
+    parsed = proc.stderr.split("ExportArguments(", 1)[1]
+    assert f"adapters=['{ckpt}']" in parsed and "merge_lora=True" in parsed
+    assert "torch_dtype=torch.bfloat16" in parsed
     merged = Path(out["path"])
     assert run_id in (merged / "README.md").read_text()
     model = AutoModelForCausalLM.from_pretrained(str(merged), dtype="auto")
