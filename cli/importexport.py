@@ -1,4 +1,5 @@
-"""`tunedeck import 'COMMAND' [-o FILE]` and `tunedeck export SPEC --format ...`."""
+"""`tunedeck import 'COMMAND' [-o FILE]`, `tunedeck export SPEC --format ...` and `tunedeck
+export RUN --format vllm` (what a run trained: its merged export, else base + adapter)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from tunedeck.core.api import (
     ExportError,
     EXPORT_FORMATS,
     FlagTableError,
+    RunNotFound,
     clean,
     export,
+    find_run,
     import_command,
     rescale_grad_accum,
     resolve,
+    vllm_for_run,
 )
 from tunedeck.core.spec import SpecError, load_spec
 
@@ -38,6 +42,14 @@ def cmd_import(args) -> int:
 
 
 def cmd_export(args) -> int:
+    if args.format == "vllm" and not Path(args.spec).is_file():
+        try:
+            text = vllm_for_run(find_run(args.spec).run_dir)
+        except (RunNotFound, ExportError, SpecError) as e:
+            print(f"tunedeck export: {e}", file=sys.stderr)
+            return 2
+        sys.stdout.write(text)
+        return 0
     try:
         spec = resolve(load_spec(args.spec, args.set))
         if args.world:
@@ -66,7 +78,7 @@ def register(sub) -> None:
         help="print a spec as a launch script, its backend's own command (swift, "
         "llamafactory), per-node commands, Slurm script or vLLM serve command",
     )
-    s.add_argument("spec", help="spec or preset TOML")
+    s.add_argument("spec", help="spec or preset TOML (with --format vllm, also a run)")
     s.add_argument("--format", default="sh", choices=EXPORT_FORMATS)
     add_set(s)
     s.add_argument(

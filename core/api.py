@@ -45,7 +45,12 @@ from tunedeck.core.views.manage import (
 # -- a spec's plan: preview, export, import (the backends) -----------------------------------
 from tunedeck.core.preflight.preview import is_default, preview, setting_value, settings_lines
 from tunedeck.core.preflight.inputs import length_report
-from tunedeck.core.backends.export import FORMATS as EXPORT_FORMATS, ExportError, export
+from tunedeck.core.backends.export import (
+    FORMATS as EXPORT_FORMATS,
+    ExportError,
+    export,
+    vllm_for_run,
+)
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
@@ -138,6 +143,7 @@ __all__ = [
     "summary",
     "summary_line",
     "write_json",
+    "vllm_for_run",
 ]
 
 

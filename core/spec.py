@@ -540,31 +540,40 @@ class RunPolicy:
     )
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
 @dataclass
 class TrackingSpec:
-    # The built-in trainer mirrors its metrics into the trackers users already read
-    # (core/trackers); ms-swift and HF scripts report by themselves (--report_to).
+    # The agent mirrors every backend's metrics (what it ingests into run.db) into the
+    # trackers users already read (core/trackers); a tracker the backend reports to by
+    # itself (ms-swift's or an HF script's --report_to) is named in backend_reports and
+    # left to it, so its charts are not doubled.
     tensorboard: bool = opt(
         True,
         help="TensorBoard event files in <run dir>/tracking/tensorboard (`tunedeck tb` serves them)",
-        when={"backend": ("builtin",)},
     )
     wandb: str = opt(
         "off",
         help="W&B: offline writes <run dir>/tracking/wandb (`wandb sync` later); online logs in",
         choices=("off", "offline", "online"),
-        when={"backend": ("builtin",)},
     )
     wandb_project: str = opt(
         "tunedeck",
         help="W&B project",
-        when={"backend": ("builtin",), "tracking.wandb": ("offline", "online")},
+        when={"tracking.wandb": ("offline", "online")},
     )
-    mlflow: bool = opt(False, help="MLflow: log the run's metrics", when={"backend": ("builtin",)})
+    mlflow: bool = opt(False, help="MLflow: log the run's metrics")
     mlflow_uri: str = opt(
         "",
         help="MLflow tracking URI; empty = a file store in <run dir>/tracking/mlruns",
-        when={"backend": ("builtin",), "tracking.mlflow": (True,)},
+        when={"tracking.mlflow": (True,)},
+    )
+    backend_reports: list[str] = opt(
+        help="Trackers the backend writes by itself (ms-swift's or an HF script's "
+        "--report_to): " + ", ".join(TRACKERS) + "; the agent's mirror leaves them out",
+        factory=list,
+        when={"backend": ("swift", "script", "llamafactory")},
     )
 
 
@@ -1273,6 +1282,12 @@ def _between_keys(spec: RunSpec) -> list[str]:
     if unknown:
         out.append(
             f"alerts.on: unknown event {', '.join(unknown)}; known: {', '.join(ALERT_EVENTS)}"
+        )
+    unknown = [t for t in spec.tracking.backend_reports if t not in TRACKERS]
+    if unknown:
+        out.append(
+            f"tracking.backend_reports: unknown tracker {', '.join(unknown)}; "
+            f"known: {', '.join(TRACKERS)}"
         )
     if spec.method.type == "qlora" and spec.cluster.device == "cpu":
         out.append("method.type qlora needs a GPU (bitsandbytes 4-bit); use lora on CPU")

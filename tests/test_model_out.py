@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -141,44 +140,6 @@ def test_mlflow_file_store_matches_metrics(run):
     assert mrun.data.tags["tracking.dropped_points"] == "0"
 
 
-def test_mirror_drops_points_and_survives_a_failing_tracker():
-    """A slow tracker costs points (counted), never time; a failing one is switched off."""
-    import threading
-
-    from tunedeck.core.trackers import Mirror
-
-    gate = threading.Event()
-
-    class Slow:
-        name = "slow"
-        logged: list = []
-
-        def log(self, step, values):
-            gate.wait(10)
-            self.logged.append(step)
-
-        def note(self, step, tag, text): ...
-        def close(self, dropped):
-            self.dropped = dropped
-
-    class Broken(Slow):
-        name = "broken"
-
-        def log(self, step, values):
-            raise OSError("disk full")
-
-    slow, broken = Slow(), Broken()
-    m = Mirror([slow, broken], maxsize=4)
-    t0 = time.perf_counter()
-    for s in range(1, 101):
-        m.put("step", {"step": s, "loss": 1.0})
-    assert time.perf_counter() - t0 < 1.0
-    gate.set()
-    m.close()
-    assert m.dropped > 0 and len(slow.logged) == 100 - m.dropped and slow.dropped == m.dropped
-    assert m.sinks == [slow] and "broken: OSError: disk full" in m.failures[0]
-
-
 def test_export_merged_loads_with_transformers_same_logits(run):
     import torch
     from transformers import AutoModelForCausalLM
@@ -187,6 +148,10 @@ def test_export_merged_loads_with_transformers_same_logits(run):
     from tunedeck.core.modelout import base_model_path, load_model, load_tokenizer
 
     home, run_id, run_dir, _metrics = run
+    # before any export, vLLM serves the base with the last checkpoint's adapter
+    serve = cli("export", run_id, "--format", "vllm", home=home).stdout
+    assert "--enable-lora" in serve and "--served-model-name" not in serve
+    assert f"--lora-modules demo={run_dir / 'output' / f'checkpoint-{STEPS}'}" in serve, serve
     # the verb as users run it: bf16, the last checkpoint, into <run dir>/exports/
     out = cli_json("export-model", run_id, home=home, timeout=300)
     assert out["step"] == STEPS and out["kind"] == "merged"
@@ -217,10 +182,29 @@ def test_export_merged_loads_with_transformers_same_logits(run):
     err16 = (got16 - want).abs().max().item()
     assert err16 <= 0.05 * scale, f"bf16 export differs by {err16} (logits up to {scale})"
     assert (got16.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.9
+    # once merged, vLLM serves the newest merged folder alone: no adapter, no --enable-lora
+    serve = cli("export", run_id, "--format", "vllm", home=home).stdout
+    assert f"  {fp32.resolve()} \\\n" in serve and "--served-model-name demo" in serve
+    assert "lora" not in serve.split("vLLM on one node")[1], serve
     # the chat template travels with the export
     assert (bf16 / "chat_template.jinja").exists() or "chat_template" in (
         bf16 / "tokenizer_config.json"
     ).read_text()
+
+
+def test_vllm_flags_checked_against_the_table():
+    from tunedeck.core.backends.export import VLLM_MAX_LORA_RANKS, ExportError, _checked
+
+    ok = ["--tensor-parallel-size", "2", "--enable-lora", "--lora-modules", "a=/x"]
+    assert _checked([*ok, "--max-lora-rank", "32"])[-1] == "32"
+    for bad, said in (
+        (["--max-lora-rank", "24"], "takes one of"),  # vLLM's MaxLoRARanks only
+        (["--lora-modules", "/x"], "NAME=PATH"),
+        (["--enable-loras"], "no option --enable-loras"),
+    ):
+        with pytest.raises(ExportError, match=said):
+            _checked(bad)
+    assert 320 in VLLM_MAX_LORA_RANKS
 
 
 def test_chat_screen_streams_base_and_tuned_side_by_side(run, tmp_path):
@@ -273,3 +257,63 @@ def test_chat_screen_streams_base_and_tuned_side_by_side(run, tmp_path):
     right = "".join(line[61:119] for line in body).strip()
     assert left and right, done
     assert "streaming…" in partial
+
+
+@pytest.mark.slow
+def test_swift_run_mirrored_merged_by_swift_export_and_served(td_home, tmp_path):
+    """A real 2-rank ms-swift LoRA run on CPU: the agent mirrors what it parsed from
+    logging.jsonl into TensorBoard (matching `tunedeck metrics`); `export-model` merges through
+    `swift export --adapters CKPT --merge_lora true --torch_dtype bfloat16`, whose argv the
+    installed ms-swift's own ExportArguments parser reads (it refuses any flag left over); the
+    bf16 folder loads with transformers and vLLM serves it alone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM
+
+    from tunedeck.core.backends.swift.version import installed_version
+
+    if installed_version() is None:
+        pytest.skip("ms-swift not installed")
+    spec = tmp_path / "swift.toml"
+    spec.write_text(f"""name = "swift-merge"
+backend = "swift"
+[model]
+path = "builtin:tiny-qwen2"
+[data]
+path = "{REPO / "presets" / "data" / "demo_chat.jsonl"}"
+max_length = 48
+[train]
+max_steps = 2
+per_device_batch_size = 2
+learning_rate = 5e-3
+[cluster]
+device = "cpu"
+cpu_procs = 2
+[swift]
+extra_args = ["--logging_steps", "1"]
+""")
+    run_id = cli_json("launch", str(spec), "--wait", home=td_home, timeout=400)["run_id"]
+    run_dir = td_home / "runs" / run_id
+    metrics = {r["step"]: r for r in cli_json("metrics", run_id, home=td_home)}
+    assert sorted(metrics) == [1, 2]
+    acc = EventAccumulator(str(run_dir / "tracking" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert sorted(got) == [1, 2] and all(close(got[s], metrics[s]["loss"]) for s in got)
+
+    proc = cli("export-model", run_id, "--json", home=td_home, timeout=300)
+    out = json.loads(proc.stdout)
+    ckpt = next((run_dir / "output").glob("v*-*/checkpoint-2"))
+    said = f"swift.cli.export --adapters {ckpt} --merge_lora true --output_dir "
+    assert out["kind"] == "merged" and said in proc.stderr, proc.stderr[-2000:]
+    assert "Successfully merged LoRA" in proc.stderr  # ms-swift's own words
+    # what ms-swift's own parser made of the argv (it prints its ExportArguments)
+    parsed = proc.stderr.split("ExportArguments(", 1)[1]
+    assert f"adapters=['{ckpt}']" in parsed and "merge_lora=True" in parsed
+    assert "torch_dtype=torch.bfloat16" in parsed
+    merged = Path(out["path"])
+    assert run_id in (merged / "README.md").read_text()
+    model = AutoModelForCausalLM.from_pretrained(str(merged), dtype="auto")
+    assert str(model.dtype) == "torch.bfloat16"
+    assert not any("lora" in n for n, _ in model.named_parameters())
+    serve = cli("export", run_id, "--format", "vllm", home=td_home).stdout
+    assert str(merged.resolve()) in serve and "--enable-lora" not in serve

@@ -142,6 +142,10 @@ class Backend:
     checkpoint_glob_prefix: str = ""
     # a line the vLLM export adds for this backend's checkpoints ("": none)
     serve_note: str = ""
+    # how the backend's own tool merges an adapter checkpoint into its base, as its users do
+    # it (`tunedeck export-model --merge`): (checkpoint, new folder, torch dtype name) → argv,
+    # run without a shell; None: tunedeck merges with peft
+    merge_command: Callable[[Path, Path, str], list[str]] | None = None
     # -- the numbers (the estimate, preflight, the compose form, the dry run) --
     # the spec as the backend runs it, for the numbers only (never for a plan; the
     # backend's own defaults in place of unset keys), and what the figures had to assume

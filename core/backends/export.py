@@ -4,7 +4,8 @@
   nodes  one command per node, to paste into each node's shell
   slurm  an sbatch script: one srun task per node, MASTER_ADDR from the allocation (launcher
          = "slurm": a job that writes its own run folder, then one agent per node)
-  vllm   `vllm serve` for the trained result (LoRA adapter attached)
+  vllm   `vllm serve` for the trained result (LoRA adapter attached); for a run
+         (`vllm_for_run`): its merged export, else the base with its last adapter
 
 and each backend's own forms (`Backend.exports`: the command its users type, such as
 `swift sft ...` or `llamafactory-cli train x.yaml`), for specs of that backend.
@@ -15,6 +16,7 @@ Every form masks secrets (env values and secret-looking flag values).
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from tunedeck.core.backends import BACKENDS, backend_of, plan_run
 from tunedeck.core.backends.base import Exported
@@ -24,7 +26,9 @@ from tunedeck.core.estimate import batch
 from tunedeck.core.nodes.roster import IFNAME_KEYS
 from tunedeck.core.paths import runs_root
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.spec import RunSpec, mask_argv, mask_env
+from tunedeck.core.rundir.checkpoints import complete_checkpoints
+from tunedeck.core.rundir.exports import read_exports
+from tunedeck.core.spec import RunSpec, load_spec, mask_argv, mask_env
 
 # a backend's own forms after `sh`, where users look for them
 OWN_FORMS = {name: b for b in BACKENDS.values() for name in b.exports}
@@ -219,6 +223,7 @@ def vllm_command(spec: RunSpec) -> str:
             'test -f "$CKPT/config.json" || echo "warning: $CKPT holds no HF '
             'config.json (sharded FSDP/DeepSpeed state?); merge or convert it first" >&2'
         )
+    _checked(argv[3:] + tail)
     if backend.serve_note:
         lines.append(backend.serve_note)
     parts = [shlex.quote(a) for a in argv]
@@ -229,6 +234,87 @@ def vllm_command(spec: RunSpec) -> str:
         parts += ['"$CKPT"'] + [shlex.quote(a) for a in tail]
     lines.append(_join_pairs(parts))
     return "\n".join(lines) + "\n"
+
+
+# The `vllm serve` options this export writes, as vLLM declares them (ParallelConfig,
+# LoRAConfig, ModelConfig and the OpenAI frontend's args; the same dashed names from vLLM 0.6
+# to 0.26): value kind, or the values vLLM accepts. A flag missing here is refused.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
+VLLM_SERVE_FLAGS: dict[str, object] = {
+    "--tensor-parallel-size": int,
+    "--served-model-name": str,
+    "--enable-lora": None,  # a switch
+    "--lora-modules": "name=path",
+    "--max-lora-rank": VLLM_MAX_LORA_RANKS,
+}
+
+
+def _checked(argv: list[str]) -> list[str]:
+    """`argv` (after `vllm serve MODEL`) against VLLM_SERVE_FLAGS."""
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag not in VLLM_SERVE_FLAGS:
+            raise ExportError(f"vllm serve has no option {flag} in tunedeck's table")
+        kind = VLLM_SERVE_FLAGS[flag]
+        if kind is None:
+            i += 1
+            continue
+        value = argv[i + 1]
+        if isinstance(kind, tuple) and int(value) not in kind:
+            raise ExportError(f"vllm serve {flag} takes one of {kind}, not {value}")
+        if kind is int:
+            int(value)
+        if kind == "name=path" and "=" not in value:
+            raise ExportError(f"vllm serve {flag} takes NAME=PATH, not {value}")
+        i += 2
+    return argv
+
+
+def vllm_for_run(run_dir: Path) -> str:
+    """`vllm serve` for what a run trained, with its real paths: the newest merged (or full)
+    export that is still on disk (one model, no LoRA), else the base model with the last
+    complete checkpoint's adapter (`--enable-lora --lora-modules`), else that checkpoint."""
+    run = RunDir(run_dir)
+    spec = load_spec(run.spec)
+    c = spec.cluster
+    tp = c.nproc_per_node if c.device == "cuda" and c.nproc_per_node > 0 else 1
+    name = _safe_name(spec.name)
+    merged = [r for r in read_exports(run.path) if r.servable]
+    if merged:
+        best = max(merged, key=lambda r: (r.step, r.t))
+        model, what = best.path, f"the {best.kind} export of step {best.step}"
+        opts = ["--served-model-name", name, "--tensor-parallel-size", str(tp)]
+    else:
+        done = complete_checkpoints(run.output_dir(spec))
+        if not done:
+            raise ExportError(f"run {run.path.name} has no complete checkpoint nor export yet")
+        ck = done[-1]
+        if (ck.path / "adapter_config.json").is_file():
+            model, what = _base_model(spec), f"the base with the adapter of step {ck.step}"
+            opts = ["--tensor-parallel-size", str(tp), "--enable-lora"]
+            opts += ["--lora-modules", f"{name}={ck.path}"]
+            if spec.method.lora_rank > 16:  # vLLM's default max LoRA rank
+                opts += ["--max-lora-rank", str(_lora_rank_bucket(spec.method.lora_rank))]
+        else:
+            model, what = str(ck.path), f"the full checkpoint of step {ck.step}"
+            opts = ["--served-model-name", name, "--tensor-parallel-size", str(tp)]
+    parts = [shlex.quote(w) for w in ["vllm", "serve", model, *_checked(opts)]]
+    return (
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f"# serve {what} of run {run.path.name} ({spec.name!r}) with vLLM on one node\n"
+        + _join_pairs(parts)
+        + "\n"
+    )
+
+
+def _base_model(spec: RunSpec) -> str:
+    model = spec.model.path
+    if model.startswith("builtin:"):
+        from tunedeck.core.demo import tiny_model_dir
+
+        return str(tiny_model_dir(spec.data.path))
+    return model
 
 
 def _join_pairs(parts: list[str]) -> str:

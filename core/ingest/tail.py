@@ -120,6 +120,27 @@ class Tail:
         for _, chunk in self.chunks(count_lines=False):
             yield chunk, len(chunk)
 
+    def redraw(self, window: int = 4096) -> str:
+        """The newest finished `\\r` redraw of the line still being written (a progress bar
+        that has not ended its line yet), or "". Reads at most `window` bytes from the end and
+        consumes nothing: `lines` hands out the whole line once it ends."""
+        try:
+            size = os.path.getsize(self.path)
+            if size <= self.offset:
+                return ""
+            start = max(self.offset, size - window)
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                data = f.read(window)
+        except OSError:
+            return ""
+        nl = data.rfind(b"\n")
+        parts = data[nl + 1 :].split(b"\r")
+        # the piece after the last \r may still be being drawn; a first piece the window cut
+        # into is no redraw
+        whole = parts[1:-1] if nl < 0 and start > self.offset else parts[:-1]
+        return whole[-1].decode("utf-8", errors="replace") if whole else ""
+
     def lines(self, max_bytes: int | None = None) -> list[str]:
         """New complete physical lines (a trailing `\\r` dropped)."""
         out: list[str] = []
@@ -229,6 +250,10 @@ class RankLogTail:
         wrapped dicts joined), for parsers."""
         self._follow()
         return [lg for t in self.tails for lg in t.assembler.feed_lines(t.lines())]
+
+    def redraws(self) -> list[str]:
+        """Each file's newest redraw of a bar still running (`Tail.redraw`), where there is one."""
+        return [r for t in self.tails if (r := t.redraw())]
 
 
 def tail_lines(path: Path, n: int, block: int = 64 * 1024) -> list[str]:

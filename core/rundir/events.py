@@ -52,12 +52,15 @@ kind "checkpoint" — rank 0 only, after a checkpoint folder is complete and vis
     step            int
     path            str     absolute path of <output_dir>/checkpoint-<step>
 
-kind "phase" — what a rank is doing between steps, when that takes long (built-in trainer):
+kind "phase" — what a rank is doing between steps, when that takes long (built-in trainer;
+    for ms-swift and scripts the agent writes "tokenizing" from their data-stage bars):
     phase           str     "compiling" (torch.compile of a new batch shape; est_s, shape)
                             | "training" (compiling done; compile_s, graphs)
                             | "eager_fallback" (compiling failed; error; training goes on eager)
                             | "tokenizing" (the data stage before step 1: done, total
-                              samples, rate per s, eta_s)
+                              samples, rate per s, eta_s; parsed ones add `stage`, the
+                              bar's name, e.g. "Map (num_proc=4)", and once `warning` when
+                              the stage would outlast the collective timeout)
     step            int     steps done when the phase began
 
 kind "end" — once per attempt, every rank:

@@ -57,6 +57,8 @@ from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.supervisor import adopt, procs, restarts
 from tunedeck.core.supervisor.monitors import DetectorMonitor, MonitorContext, make_monitors
+from tunedeck.core.supervisor.trackfeed import RunDbPoll
+from tunedeck.core.trackers import Mirror, open_mirror
 from tunedeck.core.store.state import BEAT_S, TERMINAL, progress_from_event
 from tunedeck.core.store.state import KEYS as STATE_KEYS
 from tunedeck.core.store.store import Store
@@ -160,6 +162,7 @@ class Agent:
         self._save_lock = threading.RLock()
         self.alerts = RunAlerts(self.rundir, self.spec)  # core/alerts: sent off this loop
         self.median = MedianRule(self.rundir, self.state.get("sweep"))  # core/stoprule
+        self.mirror: Mirror | None = None  # core/trackers: opened with the first events
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
@@ -776,6 +779,10 @@ class Agent:
                 raise
             self._store_failed(why)
             return []
+        if new and self.mirror is None and self.node_rank == 0:
+            self.mirror = open_mirror(self.spec, self.rundir.path, RunDbPoll(self.rundir.path))
+        if self.mirror is not None:
+            self.mirror.feed(new)  # never blocks: a full queue drops points, counted
         # rank 0's newest step with a usable step number: looked for from the end
         old = self.state.get("progress") or {}
         prog = next(
@@ -986,6 +993,13 @@ class Agent:
         # what the monitors wrote as they closed (a backend's last steps, its end) is in
         # run.db too
         self.ingest_all()
+        if self.mirror is not None:
+            self.mirror.close()
+            log.info(
+                "trackers: %d points dropped%s",
+                self.mirror.dropped,
+                "; failed: " + "; ".join(self.mirror.failures) if self.mirror.failures else "",
+            )
         self._close_store()
         if self.subreaper:
             # the monitors' own helpers have ended with them: whatever still hangs below the

@@ -1,5 +1,6 @@
 """One sink per tracker, each written through the tracker's own library (imported only when
-configured): TensorBoard (torch's SummaryWriter, the tensorboard package's event format), W&B
+configured): TensorBoard (the tensorboard package's own event file writer: the agent never
+imports torch), W&B
 (`wandb.init(mode="offline")` by default: a run folder `wandb sync` uploads later) and MLflow
 (a file store in the run directory, or the user's tracking URI).
 
@@ -39,22 +40,41 @@ class TensorBoardSink:
     name = "tensorboard"
 
     def __init__(self, run_dir: Path, spec: RunSpec):
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.w = SummaryWriter(str(tracking_dir(run_dir) / "tensorboard"))
-        self.w.add_text("spec", "```\n" + mask_spec(spec).to_toml() + "\n```", 0)
+        self.w = EventFileWriter(str(tracking_dir(run_dir) / "tensorboard"))
+        self.note(0, "spec", "```\n" + mask_spec(spec).to_toml() + "\n```")
         if notes := _notes(run_dir):
-            self.w.add_text("command", "```\n" + notes + "\n```", 0)
+            self.note(0, "command", "```\n" + notes + "\n```")
+
+    def _add(self, step: int, *values) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self.w.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        for tag, v in values.items():
-            self.w.add_scalar(tag, v, step)
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._add(step, *(Summary.Value(tag=t, simple_value=v) for t, v in values.items()))
 
     def note(self, step: int, tag: str, text: str) -> None:
-        self.w.add_text(tag, text, step)
+        # the text plugin's form: a string tensor under `<tag>/text_summary`
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+        from tensorboard.plugins.text.metadata import create_summary_metadata
+
+        meta = create_summary_metadata(display_name=tag, description="")
+        tensor = TensorProto(
+            dtype="DT_STRING",
+            string_val=[text.encode()],
+            tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
+        )
+        self._add(step, Summary.Value(tag=f"{tag}/text_summary", metadata=meta, tensor=tensor))
 
     def close(self, dropped: int) -> None:
-        self.w.add_scalar("tracking/dropped_points", dropped, 0)
+        self.log(0, {"tracking/dropped_points": float(dropped)})
         self.w.close()
 
 
@@ -130,18 +150,25 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
+def wanted(spec: RunSpec) -> list[str]:
+    """The trackers the mirror writes: those the spec turns on, less the backend's own."""
+    t = spec.tracking
+    on = {"tensorboard": t.tensorboard, "wandb": t.wandb != "off", "mlflow": t.mlflow}
+    return [name for name, yes in on.items() if yes and name not in t.backend_reports]
+
+
+SINKS = {
+    "tensorboard": (TensorBoardSink, "tensorboard"),
+    "wandb": (WandbSink, "wandb"),
+    "mlflow": (MlflowSink, "mlflow-skinny"),
+}
+
+
 def open_sinks(spec: RunSpec, run_dir: Path) -> tuple[list[Sink], list[str]]:
     """The sinks the spec asks for, and one line per tracker that could not start."""
-    t = spec.tracking
-    wanted = []
-    if t.tensorboard:
-        wanted.append(("tensorboard", TensorBoardSink, "tensorboard"))
-    if t.wandb != "off":
-        wanted.append(("wandb", WandbSink, "wandb"))
-    if t.mlflow:
-        wanted.append(("mlflow", MlflowSink, "mlflow-skinny"))
     sinks, problems = [], []
-    for name, cls, package in wanted:
+    for name in wanted(spec):
+        cls, package = SINKS[name]
         try:
             sinks.append(cls(run_dir, spec))
         except ImportError as e:

@@ -55,7 +55,6 @@ from tunedeck.core.probe import flight
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
-from tunedeck.core.trackers import mirrored
 from tunedeck.core.estimate.speed import peak_tflops
 from tunedeck.core.train.flops import mfu, step_flops
 from tunedeck.core.train.lora_fused import base_numel, fp8_problem, fuse_lora
@@ -879,7 +878,6 @@ def main(run_dir: str | Path) -> int:
     model_path = resolve_model_path(spec)
     d = init_distributed(spec)
     events = EventWriter(run_dir, d.rank)
-    events = mirrored(events, spec, run_dir, d.rank)  # [tracking]: TensorBoard, W&B, MLflow
     if attempt() == 0 and stop_agreed(stop, RunDir(run_dir).stop_request, d.device):
         # stopped before anything was built (a stop in the launch's first seconds): leave
         # at once, cleanly; a later request is caught again before the first step

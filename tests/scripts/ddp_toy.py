@@ -4,6 +4,7 @@ Run by real torchrun (gloo, CPU). Writes the built-in event schema (core/rundir/
 $TUNEDECK_RUN_DIR/events/rank<r>.jsonl unless --no-events, and can misbehave on purpose:
   --delay-rank R --delay-s S   rank R's dataset sleeps S seconds per batch (a starved loader)
   --hang-rank R --hang-at N    rank R stops making progress after step N (sleeps forever)
+  --print-metrics              rank 0 prints HF Trainer's log dicts (a script tunedeck only reads)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--no-events", action="store_true")
+    ap.add_argument("--print-metrics", action="store_true")
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -95,6 +97,10 @@ def main() -> None:
                 mem_gib=0.0,
                 tokens_per_s=16 / s,
             )
+        if a.print_metrics and rank == 0:
+            print({"loss": round(float(loss), 6), "learning_rate": 1e-3, "epoch": step / a.steps})
+    if a.print_metrics and rank == 0:
+        print({"eval_loss": round(float(loss), 6), "epoch": 1.0}, flush=True)
     if writer:
         writer.emit("end", step=a.steps, reason="completed", loss=float(loss))
     dist.destroy_process_group()

@@ -3,18 +3,22 @@ Trainer, accelerate, plain torch), and the agent turns what rank 0 prints into s
 
 A user script knows nothing of tunedeck, so metrics come from its console, read by the ingest
 parsers: HF Trainer log dicts (`{'loss': '6.893', 'learning_rate': ...}`; string values in
-transformers 5), tqdm bars (`12/100 [..., loss=1.2]`) and `step N loss X` prints. The agent is
+transformers 5), tqdm bars (`12/100 [..., loss=1.2]`) and `step N loss X` prints; its data
+stage's bars (`Running tokenizer on dataset`, `Map`) become "tokenizing" phase events. The agent is
 the only writer of `events/rank0.jsonl` for these runs; the ranks never open it.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 from tunedeck.core.backends.base import Backend, Monitor, Restart
 from tunedeck.core.backends.importing import Cluster, Env, Imported, Importer, drop_secrets
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import torchrun_plan
+from tunedeck.core.ingest.dataphase import DataPhase
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.parsers import LineAssembler, parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail
@@ -96,10 +100,13 @@ class ConsoleMonitor:
     default 1). Progress bars count only when they show a loss (not "Loading weights 50/50")
     and the script prints no metric records of its own."""
 
-    def __init__(self, run: RunDir, rank: int = 0, logging_steps: int = 1):
+    def __init__(
+        self, run: RunDir, rank: int = 0, logging_steps: int = 1, timeout_s: float | None = None
+    ):
         self.writer = EventWriter(run.path, rank, dedupe_steps=True)
         self.tail = RankLogTail(run, rank)
         self.logging_steps = max(int(logging_steps), 1)
+        self.data = DataPhase(timeout_s)  # the collective timeout the data stage must beat
         # an agent adopting a restarted attempt reads it from its start: count from its step
         self._start_at(from_step(run))
 
@@ -107,7 +114,13 @@ class ConsoleMonitor:
         """Physical lines (`\r`-glued bar redraws and wrapped dicts are handled)."""
         self._feed(LineAssembler().feed_lines(lines))
 
-    def _feed(self, lines: list[str]) -> None:
+    def _feed(self, lines: list[str], redraws: list[str] | None = None) -> None:
+        """`redraws`: bars still running (not yet ended by a newline), for the data phase."""
+        phase = self.data.feed([*lines, *(redraws or [])], time.time())
+        if phase is not None:
+            self.writer.emit("phase", step=self.writer.last_step, **phase)
+            if "warning" in phase:
+                logging.getLogger("tunedeck.agent").warning("rank 0: %s", phase["warning"])
         p = self.parser
         for line in lines:
             got = parse_metrics_line(line)
@@ -126,7 +139,7 @@ class ConsoleMonitor:
                     self.writer.emit(**ev)
 
     def tick(self, now: float, new_events: list) -> None:
-        self._feed(self.tail.logical_lines())
+        self._feed(self.tail.logical_lines(), self.tail.redraws())
 
     def restarted(self, step: int) -> None:
         """The attempt that ended is read to its last line; the next one's HF dicts count on
@@ -150,7 +163,9 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     """Rank 0 lives on node 0: only that node's agent reads its console."""
     if spec.cluster.node_rank != 0:
         return []
-    return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args))]
+    # torch's own default when the spec sets none (10 min)
+    timeout = spec.cluster.collective_timeout_s or 600
+    return [ConsoleMonitor(run, 0, _hint_logging_steps(spec.script.args), timeout)]
 
 
 def import_target(

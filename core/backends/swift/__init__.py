@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from tunedeck.core.backends.base import Backend, Exported, Monitor, Restart
 from tunedeck.core.backends.plan import LaunchPlan
 from tunedeck.core.backends.torchrun import launcher_env, torchrun_plan
+from tunedeck.core.ingest.dataphase import DataPhase
 from tunedeck.core.ingest.metrics import MetricsParser
 from tunedeck.core.ingest.parsers import parse_metrics_line
 from tunedeck.core.ingest.tail import RankLogTail, Tail
@@ -367,7 +369,9 @@ class SwiftLogMonitor:
     """Tails ms-swift's logging.jsonl into events/rank0.jsonl; console dicts of the logging
     rank are the fallback when no logging.jsonl turns up (e.g. a PAI job, a killed rank)."""
 
-    def __init__(self, run: RunDir, output_dir: Path, log_rank: int):
+    def __init__(
+        self, run: RunDir, output_dir: Path, log_rank: int, timeout_s: float | None = None
+    ):
         self.output_dir = output_dir
         self.writer = EventWriter(run.path, 0, dedupe_steps=True)
         self.tail = RankLogTail(run, log_rank)
@@ -377,6 +381,8 @@ class SwiftLogMonitor:
         self.parser = MetricsParser()  # logging.jsonl and console dicts carry their step
         self.pending: list[tuple[float, dict[str, Any]]] = []
         self.finished = False
+        # its dataset Map/Packing bars: the data stage's phase, warned against the timeout
+        self.data = DataPhase(timeout_s)
 
     def _discover(self, lines: list[str]) -> None:
         for line in lines:
@@ -419,6 +425,11 @@ class SwiftLogMonitor:
 
     def tick(self, now: float, new_events: list) -> None:
         lines = self.tail.logical_lines()
+        phase = self.data.feed([*lines, *self.tail.redraws()], now)
+        if phase is not None:
+            self.writer.emit("phase", step=self.writer.last_step, **phase)
+            if "warning" in phase:
+                logging.getLogger("tunedeck.agent").warning("rank 0: %s", phase["warning"])
         self._discover(lines)
         if self.jsonl is not None:
             self.pending.clear()
@@ -464,7 +475,9 @@ def monitors(run: RunDir, spec: RunSpec) -> list[Monitor]:
     log_rank = world - 1 if is_megatron(spec) else 0
     if log_rank // max(c.nproc_per_node, 1) != c.node_rank:
         return []
-    return [SwiftLogMonitor(run, run.output_dir(spec), log_rank)]
+    # ms-swift's own --ddp_timeout default is far beyond any data stage: only a set one counts
+    timeout = spec.cluster.collective_timeout_s or None
+    return [SwiftLogMonitor(run, run.output_dir(spec), log_rank, timeout)]
 
 
 def cli_form(spec: RunSpec, output_dir: str | None) -> Exported:
@@ -534,6 +547,29 @@ def speed_flags(spec: RunSpec) -> list[dict]:
         return []
 
 
+# tunedeck's dtype names → ms-swift's --torch_dtype
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def merge_command(adapter: Path, out: Path, dtype: str) -> list[str]:
+    """`swift export --adapters CKPT --merge_lora true` as ms-swift's users run it (its
+    launcher runs this module): the base comes from the args.json ms-swift saved beside the
+    adapter, the tokenizer and template go with the merged weights."""
+    return [
+        sys.executable,
+        "-m",
+        "swift.cli.export",
+        "--adapters",
+        str(adapter),
+        "--merge_lora",
+        "true",
+        "--output_dir",
+        str(out),
+        "--torch_dtype",
+        TORCH_DTYPES[dtype],
+    ]
+
+
 def warm() -> str:
     """Read the installed ms-swift's flag table (a subprocess the first time per installed
     version, then a file cache): '' or why it could not be read."""
@@ -555,6 +591,7 @@ BACKEND = Backend(
     importer=IMPORTER,
     exports={"swift": cli_form},
     checkpoint_glob_prefix="v*-*/",
+    merge_command=merge_command,
     as_run=run_estimate.as_run,
     length_words=run_estimate.length_words,
     resolve_for_estimate=True,
