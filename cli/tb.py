@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shlex
 
-from tunedeck.core.api import RunNotFound, clean, find_run, tracking_dir
+from tunedeck.core.api import RunNotFound, clean, find_run, tensorboard_logdir
+from tunedeck.core.spec import load_spec
 
 
 def register(sub) -> None:
@@ -16,10 +17,11 @@ def register(sub) -> None:
 
 def cmd_tb(args) -> int:
     run = find_run(args.run)
-    logdir = tracking_dir(run.run_dir) / "tensorboard"
+    logdir = tensorboard_logdir(run.run_dir, load_spec(run.run.spec))
     if not logdir.is_dir():
         raise RunNotFound(
-            f"run {run.run_id} has no TensorBoard files ({logdir}); tracking.tensorboard is off or the run has not started"
+            f"run {run.run_id} has no TensorBoard files ({logdir}); tracking.tensorboard "
+            "is off or the run has not started"
         )
     print(clean(f"tensorboard --logdir {shlex.quote(str(logdir))} --port 6006"))
     return 0

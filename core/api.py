@@ -88,6 +88,7 @@ __all__ = [
     "export_model",
     "pick_checkpoint",
     "tracking_dir",
+    "tensorboard_logdir",
     "CommandImportError",
     "ExportError",
     "FlagTableError",
@@ -150,7 +151,7 @@ __all__ = [
 # -- the trained model out: which checkpoint, export, chat, the trackers' folder ------------
 from tunedeck.core.modelout import ModelOutError, Source as ModelSource, pick as pick_checkpoint
 from tunedeck.core.modelout.chat import Answer, Chat
-from tunedeck.core.trackers import tracking_dir
+from tunedeck.core.trackers import tensorboard_logdir, tracking_dir
 
 
 def export_model(src: ModelSource, out: Path, **kw: Any) -> Path:

@@ -37,6 +37,8 @@ def test_tokenizing_is_a_phase_with_rate_eta_and_a_timeout_warning(capsys):
     assert fields[-1]["rate"] > 0 and fields[1]["eta_s"] >= 0 and fields[-1]["eta_s"] == 0
     err = capsys.readouterr().err
     assert err.count("warning: rank 1: tokenizing 130 samples") == 1
+    warned = [f["warning"] for f in fields if "warning" in f]  # the monitor shows it too
+    assert len(warned) == 1 and warned[0].startswith("rank 1: tokenizing 130 samples")
     assert "cluster.collective_timeout_s" in err and "pre-tokenise" in err
     # eval after train: the count goes on, the rate stays the stage's
     prog(64, 20)

@@ -289,7 +289,7 @@ learning_rate = 5e-3
 device = "cpu"
 cpu_procs = 2
 [swift]
-extra_args = ["--logging_steps", "1"]
+extra_args = ["--logging_steps", "1", "--report_to", "none"]
 """)
     run_id = cli_json("launch", str(spec), "--wait", home=td_home, timeout=400)["run_id"]
     run_dir = td_home / "runs" / run_id

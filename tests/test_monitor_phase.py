@@ -70,6 +70,13 @@ def test_tokenizing_shows_progress_rate_and_eta_until_the_first_step(tmp_path):
     w = RunWatcher(run_dir)
     text = progress_text(w.poll(history=False), 120)
     assert "tokenizing[/] 4000/10000 samples (812/s, ETA 0:07)" in text, text
+    assert "warning" not in text
+    # the stage's timeout warning comes in one event and stays while the stage lasts
+    warn = "tokenizing 10000 samples takes about 900 s, longer than the collective timeout"
+    tok = {"kind": "phase", "phase": "tokenizing", "step": 0, "total": 10000, "rate": 11.0}
+    _append(run_dir, {**tok, "done": 5000, "warning": warn}, {**tok, "done": 6000})
+    text = progress_text(w.poll(history=False), 120)
+    assert "6000/10000" in text and "warning:[/] " + warn in text, text
     _append(run_dir, {"kind": "step", "step": 1, "loss": 2.0})
     assert "tokenizing" not in progress_text(w.poll(history=False), 120)
 

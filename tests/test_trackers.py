@@ -85,6 +85,37 @@ def test_backend_reports_leave_a_tracker_to_the_backend(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "backend, args, own",
+    [
+        ("swift", [], {"tensorboard"}),  # ms-swift's default --report_to
+        ("swift", ["--report_to", "none"], set()),
+        ("swift", ["--report_to", "wandb", "mlflow", "--logging_steps", "1"], {"wandb", "mlflow"}),
+        ("swift", ["--report_to=all"], {"tensorboard", "wandb", "mlflow"}),
+        ("script", [], set()),  # transformers' default: none
+        ("script", ["--report_to", "tensorboard,wandb"], {"tensorboard", "wandb"}),
+    ],
+)
+def test_a_backends_own_report_to_is_not_doubled(tmp_path, backend, args, own):
+    """What ms-swift or an HF script reports to by itself (its --report_to, or its default)
+    is left to it; `tunedeck tb` then points at the backend's own event files."""
+    from tunedeck.core.trackers import backend_reports, tensorboard_logdir
+
+    key = "swift.extra_args" if backend == "swift" else "script.args"
+    spec = loads_spec(
+        f'backend = "{backend}"\n[script]\npath = "x.py"\n[tracking]\nwandb = "offline"\n'
+        "mlflow = true\n"
+    )
+    section, field = key.split(".")
+    setattr(getattr(spec, section), field, args)
+    assert backend_reports(spec) == own
+    assert set(wanted(spec)) == {"tensorboard", "wandb", "mlflow"} - own
+    logdir = tensorboard_logdir(tmp_path, spec)
+    assert logdir == (
+        tmp_path / "output" if "tensorboard" in own else tmp_path / "tracking" / "tensorboard"
+    )
+
+
 def test_mirror_drops_points_and_survives_a_failing_tracker():
     """A slow tracker costs points (counted), never time; a failing one is switched off; one
     that cannot start costs nothing but itself."""

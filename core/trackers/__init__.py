@@ -22,9 +22,23 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.spec import RunSpec
-from tunedeck.core.trackers.sinks import Sink, open_sinks, tracking_dir, wanted
+from tunedeck.core.trackers.sinks import (
+    Sink,
+    backend_reports,
+    open_sinks,
+    tensorboard_logdir,
+    tracking_dir,
+    wanted,
+)
 
-__all__ = ["Mirror", "open_mirror", "step_values", "tracking_dir"]
+__all__ = [
+    "Mirror",
+    "backend_reports",
+    "open_mirror",
+    "step_values",
+    "tensorboard_logdir",
+    "tracking_dir",
+]
 
 log = logging.getLogger("tunedeck.trackers")
 

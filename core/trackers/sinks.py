@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tunedeck.core.rundir import RunDir
-from tunedeck.core.spec import RunSpec, mask_spec
+from tunedeck.core.spec import TRACKERS, RunSpec, mask_spec
 
 
 class Sink(Protocol):
@@ -150,11 +150,59 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
+# --report_to a backend runs with when its arguments do not say: ms-swift's is tensorboard
+# (its event files under output/v*/runs); an HF script's, transformers' own: none
+_REPORT_DEFAULT = {"swift": ("tensorboard",)}
+
+
+def _report_to(argv: list[str]) -> list[str] | None:
+    """The values of the last --report_to in an argv (`--report_to a b`, `--report_to=a,b`),
+    None when there is none."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == "--report_to":
+            vals = []
+            for v in argv[i + 1 :]:
+                if v.startswith("--"):
+                    break
+                vals.append(v)
+            found = vals
+        elif a.startswith("--report_to="):
+            found = [a.split("=", 1)[1]]
+    if found is None:
+        return None
+    return [v.strip().lower() for x in found for v in x.split(",") if v.strip()]
+
+
+def backend_reports(spec: RunSpec) -> set[str]:
+    """The trackers the backend writes by itself: tracking.backend_reports, and what its own
+    --report_to says (or its default) for ms-swift and a script."""
+    named = set(spec.tracking.backend_reports)
+    argv = {"swift": spec.swift.extra_args, "script": spec.script.args}.get(spec.backend)
+    if argv is None:
+        return named
+    given = _report_to(list(argv))
+    if given is None:
+        given = list(_REPORT_DEFAULT.get(spec.backend, ()))
+    if "all" in given:
+        return named | set(TRACKERS)
+    return named | (set(given) & set(TRACKERS))
+
+
 def wanted(spec: RunSpec) -> list[str]:
     """The trackers the mirror writes: those the spec turns on, less the backend's own."""
     t = spec.tracking
     on = {"tensorboard": t.tensorboard, "wandb": t.wandb != "off", "mlflow": t.mlflow}
-    return [name for name, yes in on.items() if yes and name not in t.backend_reports]
+    own = backend_reports(spec)
+    return [name for name, yes in on.items() if yes and name not in own]
+
+
+def tensorboard_logdir(run_dir: Path, spec: RunSpec) -> Path:
+    """Where a run's TensorBoard files are: the mirror's folder, or the backend's output
+    folder when the backend writes them itself (TensorBoard finds them below it)."""
+    if "tensorboard" in backend_reports(spec):
+        return RunDir(run_dir).output_dir(spec)
+    return tracking_dir(run_dir) / "tensorboard"
 
 
 SINKS = {

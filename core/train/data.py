@@ -159,17 +159,16 @@ class TokenizeProgress:
         fields["rate"] = round(rate, 1)
         if eta is not None:
             fields["eta_s"] = round(eta, 1)
-        self.emit("phase", **fields)
         if eta is not None and not self.warned and spent + eta > self.timeout_s and done < total:
             self.warned = True
-            print(
-                f"warning: rank {self.rank}: tokenizing {total} samples takes about "
+            fields["warning"] = (
+                f"rank {self.rank}: tokenizing {total} samples takes about "
                 f"{spent + eta:.0f} s at {rate:.0f}/s, longer than the collective timeout "
                 f"({self.timeout_s:.0f} s): the other ranks would time out waiting. Raise "
-                "cluster.collective_timeout_s, pre-tokenise the data, or shorten data.path.",
-                file=sys.stderr,
-                flush=True,
+                "cluster.collective_timeout_s, pre-tokenise the data, or shorten data.path."
             )
+            print("warning: " + fields["warning"], file=sys.stderr, flush=True)
+        self.emit("phase", **fields)
 
 
 class PackedDataset(Dataset):

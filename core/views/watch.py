@@ -295,7 +295,9 @@ class RunWatcher:
             self.max_steps = e["max_steps"]
         if kind == "phase":
             if e.get("phase") in ("compiling", "tokenizing"):
-                self.phase = e
+                # the data stage's timeout warning comes once: it stays for the stage
+                held = (self.phase or {}).get("warning") if e.get("phase") == "tokenizing" else None
+                self.phase = {**e, "warning": e.get("warning") or held} if held else e
             else:
                 self.phase = None
                 if e.get("phase") == "eager_fallback":

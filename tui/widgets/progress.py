@@ -87,6 +87,8 @@ def progress_text(snap: Snapshot, width: int = 80) -> str:
                 + (f", ETA {fmt_duration(eta)}" if isinstance(eta, (int, float)) else "")
                 + ")",
             )
+            if ph.get("warning"):
+                chunks.append("[bold red]warning:[/] " + escape(str(ph["warning"])))
         else:
             chunks.insert(
                 1,
