@@ -103,6 +103,25 @@ def test_monotonic_properties():
     assert seqs == sorted(seqs)
 
 
+def test_compiled_qlora_keeps_the_dequantized_weights_until_backward():
+    """The H200 allocator trace of a compiled QLoRA 7B step (docs/benchmarks.md): 12.85 GiB of
+    dequantized bf16 weights, every frozen linear's, live at the peak; eager and checkpointed
+    layers dequantize one at a time."""
+    from tunedeck.core.estimate.memory import GIB
+
+    kw = dict(method="qlora", loss_chunk_elems=1 << 26, fused_optimizer=True)
+    eager = estimate_memory(anchor(**kw))
+    assert not any("kept from forward" in n for n in eager.notes)
+    comp = estimate_memory(anchor(**kw, compiled=True))
+    plain = estimate_memory(anchor(**{**kw, "method": "lora"}, compiled=True))
+    extra = comp.breakdown["activations"] - plain.breakdown["activations"]
+    assert extra == pytest.approx(Q7.linear_params() * 2 / GIB, abs=0.02)  # 12.2 GiB
+    assert 12.0 < extra < 12.9
+    assert any("kept from forward to backward" in n for n in comp.notes)
+    gc = estimate_memory(anchor(**kw, compiled=True, gradient_checkpointing=True))
+    assert not any("kept from forward" in n for n in gc.notes)
+
+
 def test_load_arch_from_config_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN25["1.5b"]))
     assert load_arch(tmp_path).total_params() == 1_543_714_304

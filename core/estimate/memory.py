@@ -312,6 +312,12 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         transient = layer_temp
     if m.compiled:
         acts *= COMPILED_ACT_FACTOR
+    # compiled QLoRA keeps every frozen linear's dequantized weight from its forward to its
+    # backward (the compiled graph saves bitsandbytes' dequantize rather than redo it: the
+    # allocator trace of a 7B step, docs/benchmarks.md); eager and checkpointed layers redo it
+    dequant_saved = m.method == "qlora" and m.compiled and not m.gradient_checkpointing
+    if dequant_saved:
+        acts += ar.linear_params() / max(m.pp, 1) * a
     acts += 4 * ar.hidden * tokens + (a * ar.hidden * tokens if full else 0)  # final norm, head
     if s == "megatron":
         acts /= max(m.tp, 1)
@@ -375,7 +381,14 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     }
     if m.method == "qlora":
         notes.append(
-            "QLoRA: frozen linears in 4/8-bit with bitsandbytes; dequantized one layer at a time"
+            "QLoRA: frozen linears in 4/8-bit with bitsandbytes; "
+            + (
+                "compiled, their dequantized weights are kept from forward to backward "
+                f"({ar.linear_params() * a / GIB:.1f} GiB; gradient checkpointing or "
+                "train.compile=false dequantizes one layer at a time)"
+                if dequant_saved
+                else "dequantized one layer at a time"
+            )
         )
     if loss_blocks > 0.15 * reserved and loss_blocks > GIB and not m.loss_chunk_elems:
         notes.append(
