@@ -24,9 +24,12 @@ def cmd_queue(args) -> int:
         return 0
     for r in rows:
         where = f"#{r['position']}" if r["position"] else "GPUs " + ",".join(map(str, r["gpus"]))
-        age = fmt_age(time.time() - r["since"]) if r["since"] else "-"
+        # a waiting run: how long it has waited; a started one: how long it has held its GPUs
+        t = r.get("started") if not r["position"] else r["since"]
+        age = fmt_age(time.time() - t) if t else "-"
+        label = "queued" if r["position"] else "running"
         print(
             f"{where:<10} {r['run_id']:<34} {clean(r['name'])[:20]:<20} {r['status']:<8} "
-            f"prio {r['priority']:<4} queued {age}  {clean(r['message'])[:60]}"
+            f"prio {r['priority']:<4} {label} {age}  {clean(r['message'])[:60]}"
         )
     return 0

@@ -462,6 +462,7 @@ def queue_rows(root: Path | None = None) -> list[dict[str, Any]]:
                     status=r.status,
                     priority=q.get("priority", 0),
                     since=q.get("since"),
+                    started=q.get("started"),
                     gpus=held_by(r.state, ""),
                     message=r.message,
                 )  # fmt: skip

@@ -31,6 +31,11 @@ def test_three_runs_for_two_gpus_start_in_order_and_survive_killed_agents(td_hom
     wait_for(lambda: _state(td_home, c)["status"] == "queued"
              and "free" in _state(td_home, c)["message"], 60, "c queued for GPUs")  # fmt: skip
     assert sorted(_state(td_home, r)["queue"]["gpus"][0] for r in (a, b)) == [0, 1]
+    # the text form: how long c has waited; for a run holding GPUs, how long it has held them
+    lines = cli("queue", home=td_home).stdout.splitlines()
+    listed = {r: line for line in lines for r in ids if f" {r} " in line}
+    assert " queued " in listed[c] and listed[c].startswith("#1")
+    assert all(" running " in listed[r] for r in (a, b) if r in listed)
     # every agent dies at once (a reboot of the agents): the queue is still there
     for r in ids:
         os.kill(_state(td_home, r)["agent_pid"], signal.SIGKILL)
