@@ -312,12 +312,13 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         transient = layer_temp
     if m.compiled:
         acts *= COMPILED_ACT_FACTOR
-    # compiled QLoRA keeps every frozen linear's dequantized weight from its forward to its
-    # backward (the compiled graph saves bitsandbytes' dequantize rather than redo it: the
-    # allocator trace of a 7B step, docs/benchmarks.md); eager and checkpointed layers redo it
-    dequant_saved = m.method == "qlora" and m.compiled and not m.gradient_checkpointing
-    if dequant_saved:
-        acts += ar.linear_params() / max(m.pp, 1) * a
+    # compiled QLoRA also keeps five of a layer's 4-bit linears' own outputs (q, one of k/v,
+    # o, one of gate/up, down: bitsandbytes' F.linear results, beside peft's copies) until
+    # backward: 12.85 GiB in 139 blocks at a 7B step's peak (allocator trace,
+    # docs/benchmarks.md). Measured compiled without checkpointing; counted only there.
+    qlora_outs = m.method == "qlora" and m.compiled and not m.gradient_checkpointing
+    if qlora_outs:
+        acts += layers * tokens * a * (ar.q_dim + ar.kv_dim + 2 * ar.hidden + ar.intermediate)
     acts += 4 * ar.hidden * tokens + (a * ar.hidden * tokens if full else 0)  # final norm, head
     if s == "megatron":
         acts /= max(m.tp, 1)
@@ -381,13 +382,13 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     }
     if m.method == "qlora":
         notes.append(
-            "QLoRA: frozen linears in 4/8-bit with bitsandbytes; "
+            "QLoRA: frozen linears in 4/8-bit with bitsandbytes, dequantized one layer at a "
+            "time"
             + (
-                "compiled, their dequantized weights are kept from forward to backward "
-                f"({ar.linear_params() * a / GIB:.1f} GiB; gradient checkpointing or "
-                "train.compile=false dequantizes one layer at a time)"
-                if dequant_saved
-                else "dequantized one layer at a time"
+                "; compiled, the 4-bit linears' outputs are kept until backward too "
+                "(gradient checkpointing keeps one layer's)"
+                if qlora_outs
+                else ""
             )
         )
     if loss_blocks > 0.15 * reserved and loss_blocks > GIB and not m.loss_chunk_elems:
