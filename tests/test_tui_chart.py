@@ -179,14 +179,25 @@ async def test_log_y_and_the_eval_lr_grad_toggles(tmp_path):
         await pilot.press("t")
         assert not plot.show_eval and "◆" not in plot.rendered_text()
         await pilot.press("t")
-        # learning rate and grad norm are fetched on demand, drawn on their own scale
+        # learning rate and grad norm are fetched on demand, each drawn in a strip of its
+        # own under the loss with its own labelled axis: max, name, min
         assert "lr" not in plot.windows[0].steps
         await pilot.press("r")
         await settled(pilot, plot)
-        assert "lr" in plot.windows[0].steps and "lr 3.0e-6…3.0e-4" in header(plot)
+
+        def gutter(text: str) -> list[str]:
+            return [re.split("[│┤├]", ln, maxsplit=1)[0].strip() for ln in text.split("\n")[1:-2]]
+
+        assert "lr" in plot.windows[0].steps
+        lr_axis = gutter(plot.rendered_text())
+        assert lr_axis[-5:] == ["3.0e-4", "", "lr", "", "3.0e-6"], lr_axis
+        assert "lr" not in header(plot)  # the axis says it; the legend keeps its room
         await pilot.press("g")
         await settled(pilot, plot)
-        assert plot.show_grad and "grad 0.5" in header(plot)
+        axes = gutter(plot.rendered_text())
+        assert plot.show_grad and axes[-10:] == lr_axis[-5:] + ["1.1", "", "grad", "", "0.5"]
+        # the loss keeps its own ticks above the strips, on the rows left to it
+        assert {"20", "40"} <= set(axes[:-10])
         with_both = plot.rendered_text()
         await pilot.press("r", "g")
         await settled(pilot, plot)
@@ -241,6 +252,7 @@ async def test_a_single_spike_survives_the_whole_run_view(tmp_path):
     async with app.run_test(size=(80, 20)) as pilot:
         plot = app.query_one(LossPlot)
         await settled(pilot, plot)
+        assert "eval" not in header(plot)  # a run without eval has no eval in the legend
         rows = plot_rows(plot)
         top = [i for i, ch in enumerate(rows[0]) if ch != " "]
         assert len(top) == 1  # one column reaches the top: the spike's
