@@ -482,6 +482,45 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         assert not isinstance(app.screen, CompareScreen)
 
 
+async def test_compare_aligns_by_tokens_seen(tmp_path, monkeypatch):
+    """Run b trains on two ranks (twice the tokens a step): by steps it ends halfway along
+    run a; by tokens seen both end at the same place."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    ids = ("20260101-000000-aaaa", "20260101-000000-bbbb")
+    write_run(home / "runs" / ids[0], 400, eval_every=0)
+    b = write_run(home / "runs" / ids[1], 200, eval_every=0, ingest=False)
+    w = EventWriter(b.path, 1)  # rank 1: the same 512 tokens a step as rank 0
+    for s in range(1, 201):
+        w.emit("step", step=s, loss=curve(s), tokens=512, step_s=0.1)
+    w.close()
+    with Store(b, write=True) as agent:
+        while agent.ingest():
+            pass
+    for i, run_id in enumerate(ids):
+        write_json_atomic(
+            home / "runs" / run_id / "state.json",
+            {"run_id": run_id, "name": run_id[-4:], "status": "succeeded", "created": 1.7e9 + i},
+        )
+    app = CompareApp(list(ids))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await compare_ready(pilot)
+        plot = app.screen.query_one(LossPlot)
+        assert plot.extent == (1, 400) and "all 400 steps" in header(plot)
+        await pilot.press("a")
+        await settled(pilot, plot)
+        assert plot.x_unit == "tokens"
+        assert [w.steps["last"] for w in plot.windows] == [400 * 512, 200 * 1024]
+        assert plot.extent == (512, 204_800) and "all 205k tokens" in header(plot)
+        # the cursor reads both runs at the same number of tokens
+        await pilot.press("left")
+        head = header(plot)
+        assert head.startswith("▏205k tokens") and all(f"{i}  loss" in head for i in ids), head
+        await pilot.press("a")
+        await settled(pilot, plot)
+        assert plot.x_unit == "steps" and plot.extent == (1, 400) and plot.cursor is None
+
+
 # -- snapshots ---------------------------------------------------------------------------
 
 

@@ -121,11 +121,64 @@ class RunSource:
                 store.eval_series(self.rank, start, end, buckets),
             )
 
+    def tokens_per_step(self) -> float | None:
+        """Tokens the whole run trains on per step: each rank's mean tokens per step, summed
+        over the ranks (ranks are numbered from 0; the first without steps ends them)."""
+        with self._lock:
+            store = self._open()
+            total, rank = 0.0, 0
+            while (s := store.step_series(rank, None, None, 1, ("tokens",)))["first"] is not None:
+                pairs = [(v, n) for v, n in zip(s["tokens"], s["n"]) if v is not None]
+                total += sum(v * n for v, n in pairs) / max(sum(n for _, n in pairs), 1)
+                rank += 1
+            return total or None
+
     def close(self) -> None:
         with self._lock:
             if self._store is not None:
                 self._store.close()
                 self._store = None
+
+
+class ByTokens:
+    """A run's fetch on an x axis of tokens seen instead of steps (compare runs of different
+    batch sizes or ranks by data seen): step s sits at s × the run's tokens per step (the
+    mean over the run: exact for packed batches, close for padded ones)."""
+
+    def __init__(self, source: RunSource):
+        self.source = source
+        self.per_step: float | None = None
+
+    def __call__(
+        self, start: int | None, end: int | None, buckets: int, metrics: Sequence[str]
+    ) -> Window:
+        if self.per_step is None:
+            self.per_step = self.source.tokens_per_step()
+            if self.per_step is None:
+                raise ValueError("the run records no tokens per step")
+        k = self.per_step
+        w = self.source(
+            None if start is None else int(start // k),
+            None if end is None else math.ceil(end / k),
+            buckets,
+            metrics,
+        )
+        return Window(_x_times(w.steps, k), _x_times(w.evals, k))
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def _x_times(series: dict[str, Any], k: float) -> dict[str, Any]:
+    """A series with its step numbers (x) multiplied by k."""
+    out = dict(series)
+    for key in ("first", "last", "start", "end"):
+        if out.get(key) is not None:
+            out[key] = round(out[key] * k)
+    for key in ("step", "step_max"):
+        if out.get(key) is not None:
+            out[key] = [round(x * k) for x in out[key]]
+    return out
 
 
 @dataclass
@@ -187,6 +240,7 @@ class Frame:
     message: str | None = None  # shown instead of a chart (no data, an error)
     smoothing: float = 0.6  # the EMA's weight per step (0: none), as W&B's slider
     cursor: int | None = None  # the step the readout reads (None: no cursor)
+    x_unit: str = "steps"  # or "tokens" (traces fetched through ByTokens)
 
 
 # braille dots: bit of (dx, dy) in a 2 x 4 cell
@@ -663,7 +717,14 @@ def _x_ticks(start: int, end: int, pw: int) -> list[tuple[int, int]]:
 
 def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
     multi = sum(not tv.parent for tv in f.traces) > 1
-    if f.whole:
+    if f.x_unit == "tokens":
+        if f.last is None:
+            where = "no steps yet"
+        elif f.whole:
+            where = f"all {fmt_step(f.last)} tokens"
+        else:
+            where = f"tokens {fmt_step(f.start)}–{fmt_step(f.end)} of {fmt_step(f.last)}"
+    elif f.whole:
         where = f"all {f.last:,} steps" if f.last is not None else "no steps yet"
     else:
         where = f"steps {f.start:,}–{f.end:,} of {f.last:,}" if f.last is not None else ""
@@ -701,7 +762,7 @@ def _readout(f: Frame, emas: list, x: int, width: int) -> list[Segment]:
     (one run: its lr and grad norm too), as much as fits, most useful first."""
     step = f.cursor
     one = sum(not tv.parent for tv in f.traces) == 1
-    where = f"step {step:,}"
+    where = f"step {step:,}" if f.x_unit == "steps" else f"{fmt_step(step)} tokens"
     items: list[tuple[str, Style]] = []
     pairs = list(zip(f.traces, emas))
     if one:  # the run, or where the cursor is before the resume, the run it resumed
@@ -825,6 +886,7 @@ class LossPlot(Widget, can_focus=True):
         self.show_grad = False
         self.smoothing = SMOOTHING[2]
         self.cursor: int | None = None  # the step the readout reads
+        self.x_unit = "steps"
         self.extent: tuple[int, int] | None = None
         self.windows: list[Window | None] = [None] * len(self.traces)
         self.loaded = False  # a first answer arrived
@@ -853,6 +915,16 @@ class LossPlot(Widget, can_focus=True):
             0, RunSource(source, self._rank) if isinstance(source, (str, Path, RunDir)) else source
         )
         self.windows.insert(0, None)
+        self.refresh_data()
+
+    def set_fetchers(self, fetchers: list[Fetch], x_unit: str) -> None:
+        """Draw the same traces from other fetches on another x axis (compare by tokens):
+        the view goes back to the whole run, the cursor off. The old fetches are not closed:
+        a worker may be reading through them (ByTokens shares its RunSource)."""
+        self._fetchers = list(fetchers)
+        self.x_unit = x_unit
+        self.view = self.cursor = self.extent = None
+        self.windows = [None] * len(self._fetchers)
         self.refresh_data()
 
     def refresh_data(self) -> None:
@@ -918,6 +990,7 @@ class LossPlot(Widget, can_focus=True):
             cursor=None
             if win is None or self.cursor is None
             else min(max(self.cursor, start), end),
+            x_unit=self.x_unit,
         )
 
     # -- data (thread) ------------------------------------------------------------------
