@@ -546,7 +546,9 @@ async def _ready(pilot) -> None:
     await pilot.pause()
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize(
+    "size", [(80, 24), (120, 40), (160, 48), (240, 67)], ids=["80x24", "120x40", "160x48", "240x67"]
+)
 def test_snapshot_runs_list(home, snap_compare, size):
     assert snap_compare(app_for(), terminal_size=size, run_before=_ready)
 
