@@ -48,7 +48,7 @@ from tunedeck.core.backends.export import FORMATS as EXPORT_FORMATS, ExportError
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
-from tunedeck.core.estimate.batch import rescale_grad_accum
+from tunedeck.core.estimate.batch import effective_batch, rescale_grad_accum
 from tunedeck.core.estimate.arch import ArchError
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 
@@ -123,6 +123,7 @@ __all__ = [
     "ordered",
     "read_findings",
     "request_stop",
+    "effective_batch",
     "rescale_grad_accum",
     "resolve",
     "resume_spec",
