@@ -37,6 +37,7 @@ from tunedeck.tui.widgets.logview import HIT_STYLE, LogView
 from tunedeck.tui.widgets.lossplot import LossPlot
 from tunedeck.tui.widgets.nccl import NcclView
 from tunedeck.tui.widgets.progress import ProgressView
+from tunedeck.tui.widgets.titlebar import TitleBar
 
 RUN_ID = "20261130-130450-fx-monitor-7447"
 FIXED_HOME = Path("/tmp/tunedeck-test-monitor-fixture")
@@ -59,6 +60,20 @@ def _nccl_lines(pid: str) -> str:
     return "".join(ln for ln in text.splitlines(True) if ln.startswith(f"vm:{pid}:"))
 
 
+# the frozen spec of the fixture run (what a launch writes: a spec that loads)
+FX_SPEC = """name = "fx-monitor"
+backend = "builtin"
+[model]
+path = "Qwen/Qwen2.5-7B-Instruct"
+[data]
+path = "/data/chat.jsonl"
+[train]
+per_device_batch_size = 4
+grad_accum = 2
+learning_rate = 1e-4
+"""
+
+
 def build_run(home: Path, run_id: str = RUN_ID) -> Path:
     """A finished two-GPU run with NCCL logs, telemetry, events and findings: fixed data,
     so the same screen every time."""
@@ -67,7 +82,7 @@ def build_run(home: Path, run_id: str = RUN_ID) -> Path:
         shutil.rmtree(run)
     rd = RunDir(run)
     rd.create()
-    (run / "spec.toml").write_text('name = "fx-monitor"\nbackend = "builtin"\n')
+    (run / "spec.toml").write_text(FX_SPEC)
     (run / "plan.json").write_text(
         json.dumps({"nproc_per_node": 2, "nnodes": 1, "world_size": 2, "nodes": []})
     )
@@ -295,6 +310,13 @@ async def test_progress_pane_status_in_full_and_rates(fx_home):
         assert "checkpoint-200" in plain and str(fx_home) not in plain
         snap = screen.snap
         assert snap.progress.worst_wait == (1, pytest.approx(0.3))
+        # the run's settings in the title, before the id (which a narrow terminal cuts)
+        await _until(pilot, lambda: screen.facts.ranks, what="the run's settings")
+        title = str(screen.query_one(TitleBar).content)
+        assert title.startswith(
+            "tunedeck · monitor · fx-monitor · Qwen2.5-7B-Instruct lora · 2 ranks × 1 node · "
+            "batch 16 · lr 0.0001 · ddp · "
+        ), title
 
 
 async def test_hardware_pane_gpus_with_history(fx_home):
