@@ -126,7 +126,8 @@ def test_compose_save_launch_stop_resume_then_reattach(td_home, tmux, request):
     assert json.loads((child_dir / "state.json").read_text())["status"] == "running"
 
     # a new terminal: the run is listed; its monitor shows the whole history and the end
-    tmux.start("two", tui, size=(120, 40), env=env)
+    # 160 columns: the title holds the settings line and the run id whole
+    tmux.start("two", tui, size=(160, 48), env=env)
     _screen_has(tmux, "two", child_dir.name, what="the run in the list")
     tmux.keys("two", "Enter")
     _screen_has(
