@@ -54,7 +54,7 @@ from tunedeck.core.backends.export import (
 from tunedeck.core.backends.importer import CommandImportError, import_command
 from tunedeck.core.backends.swift.flags import FlagTableError
 from tunedeck.core.estimate.resolve import free_port, pin_port, resolve
-from tunedeck.core.estimate.batch import rescale_grad_accum
+from tunedeck.core.estimate.batch import effective_batch, rescale_grad_accum
 from tunedeck.core.estimate.arch import ArchError
 from tunedeck.core.telemetry.gpus import GpuFacts, probe_gpus
 
@@ -131,6 +131,7 @@ __all__ = [
     "ordered",
     "read_findings",
     "request_stop",
+    "effective_batch",
     "rescale_grad_accum",
     "resolve",
     "resume_spec",

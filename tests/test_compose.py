@@ -194,6 +194,93 @@ async def test_save_writes_a_toml_that_loads_back_equal(gpus, tmp_path):
         assert not screen.dirty
 
 
+async def test_save_asks_before_replacing_a_preset_or_a_file_and_esc_before_discarding(
+    gpus, tmp_path
+):
+    from tunedeck.tui.screens.confirm import ConfirmScreen
+
+    shipped = DEMO.read_text()
+    home = Path.home()  # the suite's private home (conftest), never the user's
+    proposal = home / "demo.toml"
+    proposal.unlink(missing_ok=True)
+    screen = ComposeScreen(demo_spec(), DEMO)
+    async with screen_host(screen).run_test(size=(120, 40)) as pilot:
+        app = pilot.app
+        await settled(pilot, screen)
+
+        async def save_as(path: Path | None = None) -> str:
+            """ctrl+s, accept (or type) the path; what the prompt proposed."""
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: isinstance(app.screen, PromptScreen), what="prompt")
+            inp = app.screen.query_one(Input)
+            proposed = inp.value
+            if path is not None:
+                inp.value = str(path)
+            await pilot.press("enter")
+            return proposed
+
+        # a shipped preset: the proposal is in the user's home, not the package's presets
+        assert await save_as() == str(proposal)
+        await until(pilot, lambda: proposal.exists(), what="the save in the home")
+        assert DEMO.read_text() == shipped
+        # asked to write over the shipped preset: a confirmation naming it; n keeps it
+        await type_into(pilot, screen, "train.max_steps", "7")
+        await save_as(DEMO)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
+        question = str(app.screen.query_one("#confirm-question").render())
+        assert str(DEMO) in question and "preset shipped with tunedeck" in question
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is screen, what="back to the form")
+        assert DEMO.read_text() == shipped and screen.dirty
+        # an existing file of the user's: asked too; y replaces it
+        mine = tmp_path / "mine.toml"
+        mine.write_text("# mine\n")
+        await save_as(mine)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
+        assert str(mine) in str(app.screen.query_one("#confirm-question").render())
+        await pilot.press("y")
+        await until(pilot, lambda: screen.path == mine and not screen.dirty, what="overwrite")
+        assert load_spec(mine).train.max_steps == 7
+        # elsewhere the data path is absolute (it must still find the data); inside the
+        # file's folder it is written relative, as a preset has it
+        assert f'path = "{DEMO_DATA}"' in mine.read_text()
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "demo_chat.jsonl").write_text(DEMO_DATA.read_text())
+        screen.spec.data.path = str(tmp_path / "data" / "demo_chat.jsonl")
+        beside = tmp_path / "beside.toml"
+        await save_as(beside)
+        await until(pilot, lambda: screen.path == beside, what="the save beside")
+        assert 'path = "data/demo_chat.jsonl"' in beside.read_text()
+        assert load_spec(beside).data.path == str(tmp_path / "data" / "demo_chat.jsonl")
+
+        # Esc on an edited form asks; n stays, y leaves
+        await type_into(pilot, screen, "train.max_steps", "9")
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="discard?")
+        assert "Discard the changes" in str(app.screen.query_one("#confirm-question").render())
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is screen, what="still in the form")
+        assert screen.spec.train.max_steps == 9
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="discard?")
+        await pilot.press("y")
+        await until(pilot, lambda: screen not in app.screen_stack, what="the form left")
+
+    # an imported spec (no file behind it) asks before it is dropped, unedited as it is
+    screen = ComposeScreen(demo_spec(), title="imported command")
+    async with screen_host(screen).run_test(size=(120, 40)) as pilot:
+        await settled(pilot, screen)
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), what="ask")
+        assert "unsaved spec" in str(pilot.app.screen.query_one("#confirm-question").render())
+    # a file opened and left unedited leaves at once
+    screen = ComposeScreen(demo_spec(), DEMO)
+    async with screen_host(screen).run_test(size=(120, 40)) as pilot:
+        await settled(pilot, screen)
+        await pilot.press("escape")
+        await until(pilot, lambda: screen not in pilot.app.screen_stack, what="left at once")
+
+
 async def test_port_is_picked_once_and_kept_for_the_launch(gpus):
     spec = demo_spec()
     assert spec.cluster.master_port == 0

@@ -33,8 +33,8 @@ async def test_runs_list_then_monitor_shows_last_loss(finished_demo, monkeypatch
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.screen.query_one("#runs-table", DataTable)
         await _until(pilot, lambda: table.row_count == 1)
-        row = table.get_row_at(0)
-        assert row[1] == run_id and "succeeded" in str(row[3])  # column 0: the mark
+        run, status = (table.get_cell_at((0, table.get_column_index(k))) for k in ("run", "status"))
+        assert run == run_id and "succeeded" in str(status)
         await pilot.press("enter")
         await _until(
             pilot,

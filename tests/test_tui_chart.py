@@ -179,14 +179,25 @@ async def test_log_y_and_the_eval_lr_grad_toggles(tmp_path):
         await pilot.press("t")
         assert not plot.show_eval and "◆" not in plot.rendered_text()
         await pilot.press("t")
-        # learning rate and grad norm are fetched on demand, drawn on their own scale
+        # learning rate and grad norm are fetched on demand, each drawn in a strip of its
+        # own under the loss with its own labelled axis: max, name, min
         assert "lr" not in plot.windows[0].steps
         await pilot.press("r")
         await settled(pilot, plot)
-        assert "lr" in plot.windows[0].steps and "lr 3.0e-6…3.0e-4" in header(plot)
+
+        def gutter(text: str) -> list[str]:
+            return [re.split("[│┤├]", ln, maxsplit=1)[0].strip() for ln in text.split("\n")[1:-2]]
+
+        assert "lr" in plot.windows[0].steps
+        lr_axis = gutter(plot.rendered_text())
+        assert lr_axis[-5:] == ["3.0e-4", "", "lr", "", "3.0e-6"], lr_axis
+        assert "lr" not in header(plot)  # the axis says it; the legend keeps its room
         await pilot.press("g")
         await settled(pilot, plot)
-        assert plot.show_grad and "grad 0.5" in header(plot)
+        axes = gutter(plot.rendered_text())
+        assert plot.show_grad and axes[-10:] == lr_axis[-5:] + ["1.1", "", "grad", "", "0.5"]
+        # the loss keeps its own ticks above the strips, on the rows left to it
+        assert {"20", "40"} <= set(axes[:-10])
         with_both = plot.rendered_text()
         await pilot.press("r", "g")
         await settled(pilot, plot)
@@ -241,6 +252,7 @@ async def test_a_single_spike_survives_the_whole_run_view(tmp_path):
     async with app.run_test(size=(80, 20)) as pilot:
         plot = app.query_one(LossPlot)
         await settled(pilot, plot)
+        assert "eval" not in header(plot)  # a run without eval has no eval in the legend
         rows = plot_rows(plot)
         top = [i for i, ch in enumerate(rows[0]) if ch != " "]
         assert len(top) == 1  # one column reaches the top: the spike's
@@ -468,6 +480,45 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         assert f"{RUNS[1][0]}  loss " in header(plot)
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
+
+
+async def test_compare_aligns_by_tokens_seen(tmp_path, monkeypatch):
+    """Run b trains on two ranks (twice the tokens a step): by steps it ends halfway along
+    run a; by tokens seen both end at the same place."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    ids = ("20260101-000000-aaaa", "20260101-000000-bbbb")
+    write_run(home / "runs" / ids[0], 400, eval_every=0)
+    b = write_run(home / "runs" / ids[1], 200, eval_every=0, ingest=False)
+    w = EventWriter(b.path, 1)  # rank 1: the same 512 tokens a step as rank 0
+    for s in range(1, 201):
+        w.emit("step", step=s, loss=curve(s), tokens=512, step_s=0.1)
+    w.close()
+    with Store(b, write=True) as agent:
+        while agent.ingest():
+            pass
+    for i, run_id in enumerate(ids):
+        write_json_atomic(
+            home / "runs" / run_id / "state.json",
+            {"run_id": run_id, "name": run_id[-4:], "status": "succeeded", "created": 1.7e9 + i},
+        )
+    app = CompareApp(list(ids))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await compare_ready(pilot)
+        plot = app.screen.query_one(LossPlot)
+        assert plot.extent == (1, 400) and "all 400 steps" in header(plot)
+        await pilot.press("a")
+        await settled(pilot, plot)
+        assert plot.x_unit == "tokens"
+        assert [w.steps["last"] for w in plot.windows] == [400 * 512, 200 * 1024]
+        assert plot.extent == (512, 204_800) and "all 205k tokens" in header(plot)
+        # the cursor reads both runs at the same number of tokens
+        await pilot.press("left")
+        head = header(plot)
+        assert head.startswith("▏205k tokens") and all(f"{i}  loss" in head for i in ids), head
+        await pilot.press("a")
+        await settled(pilot, plot)
+        assert plot.x_unit == "steps" and plot.extent == (1, 400) and plot.cursor is None
 
 
 # -- snapshots ---------------------------------------------------------------------------

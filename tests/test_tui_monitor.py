@@ -15,6 +15,7 @@ import json
 import math
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from tunedeck.tui.widgets.logview import HIT_STYLE, LogView
 from tunedeck.tui.widgets.lossplot import LossPlot
 from tunedeck.tui.widgets.nccl import NcclView
 from tunedeck.tui.widgets.progress import ProgressView
+from tunedeck.tui.widgets.titlebar import TitleBar
 
 RUN_ID = "20261130-130450-fx-monitor-7447"
 FIXED_HOME = Path("/tmp/tunedeck-test-monitor-fixture")
@@ -58,6 +60,20 @@ def _nccl_lines(pid: str) -> str:
     return "".join(ln for ln in text.splitlines(True) if ln.startswith(f"vm:{pid}:"))
 
 
+# the frozen spec of the fixture run (what a launch writes: a spec that loads)
+FX_SPEC = """name = "fx-monitor"
+backend = "builtin"
+[model]
+path = "Qwen/Qwen2.5-7B-Instruct"
+[data]
+path = "/data/chat.jsonl"
+[train]
+per_device_batch_size = 4
+grad_accum = 2
+learning_rate = 1e-4
+"""
+
+
 def build_run(home: Path, run_id: str = RUN_ID) -> Path:
     """A finished two-GPU run with NCCL logs, telemetry, events and findings: fixed data,
     so the same screen every time."""
@@ -66,7 +82,7 @@ def build_run(home: Path, run_id: str = RUN_ID) -> Path:
         shutil.rmtree(run)
     rd = RunDir(run)
     rd.create()
-    (run / "spec.toml").write_text('name = "fx-monitor"\nbackend = "builtin"\n')
+    (run / "spec.toml").write_text(FX_SPEC)
     (run / "plan.json").write_text(
         json.dumps({"nproc_per_node": 2, "nnodes": 1, "world_size": 2, "nodes": []})
     )
@@ -294,6 +310,13 @@ async def test_progress_pane_status_in_full_and_rates(fx_home):
         assert "checkpoint-200" in plain and str(fx_home) not in plain
         snap = screen.snap
         assert snap.progress.worst_wait == (1, pytest.approx(0.3))
+        # the run's settings in the title, before the id (which a narrow terminal cuts)
+        await _until(pilot, lambda: screen.facts.ranks, what="the run's settings")
+        title = str(screen.query_one(TitleBar).content)
+        assert title.startswith(
+            "tunedeck · monitor · fx-monitor · Qwen2.5-7B-Instruct lora · 2 ranks × 1 node · "
+            "batch 16 · lr 0.0001 · ddp · "
+        ), title
 
 
 async def test_hardware_pane_gpus_with_history(fx_home):
@@ -688,6 +711,107 @@ async def test_a_resumed_run_is_drawn_joined_to_the_run_it_resumed(fx_home):
         assert plot.size.width < 100 or f"in {RUN_ID}" in header_of(plot)
 
 
+RDZV_ID = "20261130-132000-fx-rdzv-5e1a"
+STOP_ID = "20261130-133000-fx-stopping-8b3c"
+RDZV_LOG = REPO / "tests" / "corpus" / "recorded" / "rendezvous_timeout.log"
+
+
+def build_rendezvous_failed(home: Path) -> Path:
+    """A two-node run whose node 1 never came: torchrun gave up at the rendezvous, no rank
+    started, so there are no rank logs or events; torchrun's log has the traceback."""
+    run = home / "runs" / RDZV_ID
+    if run.exists():
+        shutil.rmtree(run)
+    rd = RunDir(run)
+    rd.create()
+    (run / "spec.toml").write_text('name = "fx-rdzv"\nbackend = "builtin"\n')
+    (run / "plan.json").write_text(json.dumps({"nproc_per_node": 2, "nnodes": 2, "nodes": []}))
+    rd.write_state(
+        {
+            "run_id": RDZV_ID,
+            "name": "fx-rdzv",
+            "status": "failed",
+            "message": "torchrun exited with code 1 before any rank started: the rendezvous "
+            "timed out (node 1 never joined); see the findings",
+            "created": T0 - 60,
+            "started": T0,
+            "ended": T0 + 35,
+            "exit_code": 1,
+            "host": "vm",
+            "attempt": 0,
+        }
+    )
+    rd.torchrun_log(0).parent.mkdir(parents=True, exist_ok=True)
+    rd.torchrun_log(0).write_text(RDZV_LOG.read_text())
+    with Store(rd, write=True) as store:
+        store.save_finding(
+            Finding(
+                category="rendezvous_unreachable",
+                severity="error",
+                summary="rendezvous failed: nodes could not meet",
+                cause="Not every node joined the rendezvous in time.",
+                fix="Start all nodes with the same --nnodes, rdzv id and endpoint.",
+                evidence=["torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"],
+                t=T0 + 34,
+                source="torchrun-node0.log",
+            )
+        )
+    return run
+
+
+def build_stopping(home: Path) -> Path:
+    """The fixture run as it was mid-run, a graceful stop asked and not yet recorded."""
+    run = build_run(home, STOP_ID)
+    rd = RunDir(run)
+    state = json.loads(rd.state.read_text())
+    state.update(status="running", message="", ended=None, exit_code=None)
+    state.update(name="fx-stopping", stop_requested="graceful")
+    rd.write_state(state)
+    return run
+
+
+class _Clock:
+    """The time module with a fixed `time()`: a running run's elapsed time and ETA on
+    screen never move (snapshots)."""
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def time() -> float:
+        return T0 + 620
+
+
+async def test_a_run_that_failed_at_rendezvous_shows_torchruns_log_and_its_error(
+    tmp_path, monkeypatch
+):
+    home = tmp_path / "home"
+    build_rendezvous_failed(home)
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    app = TunedeckApp(open_run=RDZV_ID, refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: _log_shown(app), what="the launcher's log")
+        view = app.screen.query_one(LogView)
+        assert "no output from rank 0: torchrun-node0.log" in view.status()
+        assert view.total == len(RDZV_LOG.read_text().splitlines())
+        await pilot.press("e")  # the first error is there, not nowhere
+        await _until(pilot, lambda: view.cursor is not None, what="first error")
+        assert view.cache[view.cursor][0].startswith("Traceback")
+
+
+def _log_shown(app) -> bool:
+    s = app.screen
+    if not isinstance(s, MonitorScreen) or s.snap is None:
+        return False
+    view = s.query_one(LogView)
+    return (
+        view.total > 0
+        and any(view.visible_lines())
+        and s.query_one(HardwareView).history is not None
+        and s.query_one(LossPlot).up_to_date
+    )
+
+
 def header_of(plot) -> str:
     return plot.rendered_text().split("\n")[0]
 
@@ -1030,7 +1154,11 @@ def test_snapshot_monitor(fixed_home, snap_compare, size):
     assert snap_compare(_snapshot_app(), terminal_size=size, run_before=_settle)
 
 
-def test_snapshot_resumed_160x48(fixed_home, snap_compare):
+SIZES = [(80, 24), (120, 40), (160, 48), (240, 67)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_snapshot_resumed(fixed_home, snap_compare, size):
     async def run_before(pilot):
         await _until(pilot, lambda: _joined(pilot.app), what="the parent's curve")
         await pilot.pause(0.2)
@@ -1038,7 +1166,28 @@ def test_snapshot_resumed_160x48(fixed_home, snap_compare):
     build_run(FIXED_HOME)
     build_resumed(FIXED_HOME)
     app = TunedeckApp(open_run=CHILD_ID, refresh_s=3600)
-    assert snap_compare(app, terminal_size=(160, 48), run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_snapshot_failed_at_rendezvous(fixed_home, snap_compare, size):
+    async def run_before(pilot):
+        await _until(pilot, lambda: _log_shown(pilot.app), what="the launcher's log")
+        await pilot.pause(0.2)
+
+    build_rendezvous_failed(FIXED_HOME)
+    app = TunedeckApp(open_run=RDZV_ID, refresh_s=3600)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_snapshot_stopping(fixed_home, snap_compare, size, monkeypatch):
+    from tunedeck.core.views import watch
+
+    monkeypatch.setattr(watch, "time", _Clock())
+    build_stopping(FIXED_HOME)
+    app = TunedeckApp(open_run=STOP_ID, refresh_s=3600)
+    assert snap_compare(app, terminal_size=size, run_before=_settle)
 
 
 def test_snapshot_help_80x24(fixed_home, snap_compare):

@@ -143,6 +143,30 @@ async def test_rows_newest_first_with_ages_from_the_clock(home):
         assert "5 runs" in str(screen.query_one("#runs-header", Static).render())
 
 
+async def test_columns_fit_the_width_by_priority_and_the_detail_shows_the_selected_run(home):
+    app = app_for()
+    async with app.run_test(size=(240, 40)) as pilot:
+        screen, table = await loaded(app, pilot)
+        await until(pilot, lambda: len(screen.facts) == len(RUNS), what="the runs' settings")
+        await until(pilot, lambda: column(table, "model")[0] == "tiny-qwen2", what="facts")
+        # every column at 240: the settings read from each run's frozen spec and plan
+        assert column(table, "backend") == ["builtin"] * len(RUNS)
+        assert column(table, "ranks") == ["2×1"] * len(RUNS)  # the demo: 2 CPU ranks, 1 node
+        assert column(table, "time") == ["9:55"] * len(RUNS)  # started (+5 s) to ended
+        select(screen, RUNS[1][0])
+        await pilot.pause()
+        detail = str(screen.query_one("#runs-detail", Static).render())
+        assert detail.startswith("lora-7b · tiny-qwen2 lora · 2 ranks × 1 node · batch 8"), detail
+        assert "lr 0.005 · ddp" in detail and "output output/ in the run's folder" in detail
+        # narrower: the least telling columns go, whole; what stays is never cut
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: "backend" not in screen.shown_columns, what="fewer columns")
+        assert screen.shown_columns == ["mark", "run", "name", "status", "step", "loss", "age"]
+        await until(pilot, lambda: table.row_count == len(RUNS), what="the rows back")
+        assert column(table, "run") == [r for r, _ in reversed(RUNS)]
+        assert screen.selected_run_id() == RUNS[1][0]  # the selection survives
+
+
 async def test_filter_narrows_rows_and_escape_clears(home):
     app = app_for()
     async with app.run_test(size=(160, 40)) as pilot:
@@ -173,7 +197,12 @@ async def test_sort_cycles_columns_and_the_header_shows_it(home):
     async with app.run_test(size=(160, 40)) as pilot:
         screen, table = await loaded(app, pilot)
         labels = lambda: [str(c.label).strip() for c in table.columns.values()]  # noqa: E731
-        assert labels() == ["", "RUN", "NAME", "STATUS", "STEP", "LOSS", "AGE ▲"]
+        # 160 columns: all but BACKEND (from 170), the least telling
+        assert labels() == ["", "RUN", "NAME", "MODEL", "RANKS", "STATUS", "STEP", "LOSS"] + [
+            "TOK/S",
+            "TIME",
+            "AGE ▲",
+        ]
         await pilot.press("s")  # RUN ascending
         assert labels()[1] == "RUN ▲" and "AGE" in labels()
         assert column(table, "run") == sorted(r for r, _ in RUNS)
@@ -543,10 +572,23 @@ async def _ready(pilot) -> None:
     screen, table = await loaded(pilot.app, pilot)
     # what is on screen: whole ids (the columns were measured and the rows redrawn)
     await until(pilot, lambda: RUNS[1][0] in pilot.app.export_screenshot())
+    # and each run's settings (read after the list shows, in the same worker)
+    await until(pilot, lambda: len(screen.facts) == len(RUNS), what="the runs' settings")
     await pilot.pause()
+    await until(pilot, lambda: "tiny-qwen2" in pilot.app.export_screenshot(), what="the detail")
+
+    def measured() -> bool:  # the table drew its rows at the widths of the cells it holds
+        table = screen.query_one("#runs-table", DataTable)
+        widths = tuple(c.get_render_width(table) for c in table.columns.values())
+        return all(w > 2 for w in widths[1:]) and screen._painted_widths == widths
+
+    await until(pilot, measured, what="the columns measured")
+    await pilot.pause(0.1)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize(
+    "size", [(80, 24), (120, 40), (160, 48), (240, 67)], ids=["80x24", "120x40", "160x48", "240x67"]
+)
 def test_snapshot_runs_list(home, snap_compare, size):
     assert snap_compare(app_for(), terminal_size=size, run_before=_ready)
 
@@ -588,7 +630,7 @@ def test_the_monitor_colours_lost_and_damaged_runs_as_the_runs_list_does(tmp_pat
     # whose ranks live on: tests/test_runs.py does that for real)
     infos["lost"] = dataclasses.replace(infos["running"], status="lost")
     for status, info in infos.items():
-        listed = screen._cells(info, NOW)[3]
+        listed = screen._cells(info, NOW)["status"]
         assert listed.plain == status and listed.style, status
         snap = RunWatcher(info.run_dir).poll(history=False)
         snap = dataclasses.replace(snap, run=info)

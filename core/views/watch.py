@@ -799,7 +799,7 @@ class RankLog:
         placed before the tail (`LogState.moved_by`), so the view opens in milliseconds
         whatever the size."""
         with self.lock:
-            files = self.run.rank_log_files(self.rank)
+            files = self.run.rank_log_files(self.rank) or self._launcher_log()
             if files != self.files:  # first look, or a new attempt
                 self.files = files
                 self.index = [LogFileIndex(p) for p in files]
@@ -861,8 +861,18 @@ class RankLog:
         self.generation += 1
         self._moved = (old_gen, moved)
 
+    def _launcher_log(self) -> list[Path]:
+        """No rank has started (a rendezvous that failed, torchrun refusing an argument):
+        torchrun's own log of the rank's node says why, so the view and its first-error key
+        have it instead of nothing. The rank's files replace it once they exist."""
+        nproc = self.run.nproc_per_node
+        path = self.run.torchrun_log(self.rank // nproc if nproc else 0)
+        return [path] if path.is_file() else []
+
     def state(self) -> LogState:
         attempt = self.files[0].parent.parent.name if self.files else None
+        if self.files and self.files[0].name.startswith("torchrun-node"):
+            attempt = f"no output from rank {self.rank}: {self.files[0].name}"
         moved_from, moved_by = self._moved or (None, 0)
         tails = [sh for fi, sh in enumerate(self.shown) if sh is not self.index[fi]]
         return LogState(

@@ -2,7 +2,9 @@
 
 `CompareScreen(run_ids)`: one LossPlot with a trace per run (each its own colour, its own
 read-only Store, opened in the plot's worker), the same zoom and pan keys as the monitor's
-chart, and a legend line per run (colour, name, id, status, progress, last loss, best eval
+chart, each run's smoothed line only (the raw bands of several runs are clutter; smoothing 0
+shows them), aligned by step or, with `a`, by tokens seen (`ByTokens`: runs of other batch
+sizes or rank counts line up by data), and a legend line per run (colour, name, id, status, progress, last loss, best eval
 loss) read from the registry in a thread worker. Live runs are followed: the plot and the
 legend refresh every `app.refresh_s`.
 """
@@ -19,7 +21,7 @@ from textual.message import Message
 from textual.widgets import Footer, Static
 
 from tunedeck.tui.screens.base import TunedeckScreen
-from tunedeck.tui.widgets.lossplot import PALETTE, LossPlot, RunSource, Trace
+from tunedeck.tui.widgets.lossplot import PALETTE, ByTokens, LossPlot, RunSource, Trace
 from tunedeck.tui.widgets.titlebar import TitleBar
 
 
@@ -35,7 +37,8 @@ class CompareScreen(TunedeckScreen):
         "(min..max per column, so a spike shows at any zoom), the bright line its "
         "smoothed loss (an EMA whose weight per step , and . change), ◆ its eval loss. "
         "Zoom and pan move every run together; `0` shows the longest run whole; ← → put a "
-        "cursor that reads each run's loss at one step."
+        "cursor that reads each run's loss at one step; `a` aligns the runs by tokens seen "
+        "instead of steps (and back)."
     )
     DEFAULT_CSS = """
     CompareScreen #compare-plot { height: 1fr; }
@@ -46,6 +49,7 @@ class CompareScreen(TunedeckScreen):
     # the plot's keys, listed here too so `?` shows them (the plot handles them first)
     BINDINGS = [
         Binding("escape", "back", "Back"),
+        Binding("a", "align", "Align by tokens/steps"),
         Binding("plus,equals_sign", "chart('zoom_in')", "Zoom in", key_display="+", show=False),
         Binding("minus", "chart('zoom_out')", "Zoom out", key_display="-", show=False),
         Binding("left", "chart('cursor', -1)", "Cursor", key_display="←/→", show=False),
@@ -66,6 +70,7 @@ class CompareScreen(TunedeckScreen):
         self.run_ids = list(dict.fromkeys(run_ids))  # a run marked twice is one curve
         self.run_colors = [PALETTE[i % len(PALETTE)] for i in range(len(self.run_ids))]
         self._sources = [RunSource.for_run_id(r) for r in self.run_ids]
+        self._by_tokens = [ByTokens(s) for s in self._sources]
         self._legend_busy = threading.Lock()
         self._stores: dict[str, object] = {}
 
@@ -144,6 +149,13 @@ class CompareScreen(TunedeckScreen):
     # -- actions ------------------------------------------------------------------------
     def action_back(self) -> None:
         self.app.pop_screen()
+
+    def action_align(self) -> None:
+        if self.plot.x_unit == "steps":
+            self.plot.set_fetchers(self._by_tokens, "tokens")
+        else:
+            self.plot.set_fetchers(self._sources, "steps")
+        self.notify(f"aligned by {self.plot.x_unit}", timeout=3)
 
     def action_chart(self, name: str, *args) -> None:
         getattr(self.plot, f"action_{name}")(*args)

@@ -39,7 +39,7 @@ from textual.widgets import Footer, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
 from tunedeck.core import api
-from tunedeck.core.api import GpuFacts, pin_port, probe_gpus
+from tunedeck.core.api import PRESETS_DIR, GpuFacts, pin_port, probe_gpus
 from tunedeck.core.spec import (
     GROUPS,
     OPTIONS,
@@ -351,6 +351,16 @@ class Saved(Message):
         self.note = note
 
 
+class SaveExists(Message):
+    """The save's target is there already: the user is asked before it is replaced."""
+
+    def __init__(self, path: Path, spec: RunSpec, shipped: bool):
+        super().__init__()
+        self.path = path
+        self.spec = spec
+        self.shipped = shipped
+
+
 class AdviceReady(Message):
     def __init__(self, text: Text, overrides: dict[str, Any], error: str = ""):
         super().__init__()
@@ -449,6 +459,9 @@ class ComposeScreen(TunedeckScreen):
         self.field_errors: dict[str, str] = {}  # key -> problem of the text typed there
         self.problems: list[str] = []  # cross-key rules broken (cross_checks)
         self.dirty = False
+        # a spec handed in without a file (an imported command, a clone) exists nowhere else
+        # until it is saved: leaving it asks, as an edit does
+        self.unsaved = spec is not None and self.path is None
         self.port: int | None = None  # picked once, kept for the launch
         self.generation = 0  # of the newest preview asked for
         self.shown_generation = 0  # of the preview on screen
@@ -783,6 +796,7 @@ class ComposeScreen(TunedeckScreen):
         self.path = path
         self.heading = title
         self.dirty = False
+        self.unsaved = path is None
         self._sync_form()
 
     def action_preset(self) -> None:
@@ -890,23 +904,51 @@ class ComposeScreen(TunedeckScreen):
                 "fix the fields first: " + "; ".join(self.field_errors.values()), severity="error"
             )
             return
-        default = str(self.path) if self.path else str(Path.cwd() / f"{self.spec.name}.toml")
 
         def chosen(text: str | None) -> None:
             if text:
-                self._save(Path(text).expanduser(), self._save_spec())
+                target = Path(text).expanduser()
+                self._save(target, self._save_spec(target))
 
-        self.app.push_screen(PromptScreen("Save the spec as TOML:", value=default), chosen)
+        self.app.push_screen(
+            PromptScreen("Save the spec as TOML:", value=str(self.save_proposal())), chosen
+        )
 
-    def _save_spec(self) -> RunSpec:
+    def save_proposal(self) -> Path:
+        """Where ctrl+s proposes to save: the spec's own file, except a preset shipped with
+        tunedeck (an upgrade would replace it), which goes to the user's home."""
+        if self.path is None:
+            return Path.cwd() / f"{self.spec.name}.toml"
+        if self.path.resolve().is_relative_to(PRESETS_DIR.resolve()):
+            return Path.home() / self.path.name
+        return self.path
+
+    def _save_spec(self, target: Path) -> RunSpec:
+        """The spec as written to `target`: paths are absolute once loaded, so those inside
+        the file's folder are written relative to it again (a preset saved in place keeps
+        `data/demo_chat.jsonl`), the others stay absolute (they point anywhere from there)."""
         spec = copy.deepcopy(self.spec)
         resolve_paths(spec, self.path.parent if self.path else Path.cwd())
+        folder = target.parent.resolve()
+        for section, key in (
+            (spec.data, "path"),
+            (spec.data, "val_path"),
+            (spec.script, "path"),
+            (spec.model, "path"),
+        ):
+            value = getattr(section, key)
+            if value and Path(value).is_absolute() and Path(value).is_relative_to(folder):
+                setattr(section, key, str(Path(value).relative_to(folder)))
         return spec
 
     @work(thread=True, exclusive=True, group="compose-save", exit_on_error=False)
-    def _save(self, path: Path, spec: RunSpec) -> None:
+    def _save(self, path: Path, spec: RunSpec, replace: bool = False) -> None:
         from tunedeck.core.spec import load_spec
 
+        if not replace and path.exists():
+            shipped = path.resolve().is_relative_to(PRESETS_DIR.resolve())
+            self.post_message(SaveExists(path, spec, shipped))
+            return
         # a secret's value is never written: the run gets it from the launching shell; the
         # value of a credential flag in the args is saved as **** (core/spec.py's one rule)
         secrets = sorted(k for k, v in spec.env.items() if v and is_secret_name(k))
@@ -940,6 +982,21 @@ class ComposeScreen(TunedeckScreen):
             note += f"; it will not load until fixed: {'; '.join(e.problems)}"
         self.post_message(Saved(path, "", note))
 
+    @on(SaveExists)
+    def _save_exists(self, msg: SaveExists) -> None:
+        from tunedeck.tui.screens.confirm import ConfirmScreen
+
+        what = "a preset shipped with tunedeck" if msg.shipped else "a file"
+        question = f"{msg.path} is {what} that exists. Overwrite it?"
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._save(msg.path, msg.spec, replace=True)
+            else:
+                self.notify("not saved", timeout=5)
+
+        self.app.push_screen(ConfirmScreen(question, yes_label="Overwrite"), answered)
+
     @on(Saved)
     def _saved(self, msg: Saved) -> None:
         if msg.error:
@@ -947,6 +1004,7 @@ class ComposeScreen(TunedeckScreen):
             return
         self.path = msg.path
         self.dirty = False
+        self.unsaved = False
         self.query_one(TitleBar).update(TitleBar._text(self._title_text()))
         self.notify(
             f"saved {msg.path}{msg.note}",
@@ -978,13 +1036,16 @@ class ComposeScreen(TunedeckScreen):
         self.app.push_screen(gate, back)
 
     def action_back(self) -> None:
-        if not self.dirty:
+        if not (self.dirty or self.unsaved):
             self.app.pop_screen()
             return
         from tunedeck.tui.screens.confirm import ConfirmScreen
+
+        what = "the changes to" if self.dirty else "the unsaved spec"
+        question = f"Discard {what} {self.spec.name}? (ctrl+s saves it)"
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.app.pop_screen()
 
-        self.app.push_screen(ConfirmScreen(f"Discard the changes to {self.spec.name}?"), answered)
+        self.app.push_screen(ConfirmScreen(question, yes_label="Discard"), answered)

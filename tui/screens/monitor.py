@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.widgets import Footer, OptionList, Static
 
 from tunedeck.core.api import LogState, RankLog, RunNotFound, RunWatcher, Snapshot, find_run
+from tunedeck.tui.runfacts import RunFacts, read_facts
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.widgets.findings import FindingScreen, FindingsList
@@ -46,6 +47,12 @@ class LogUpdated(Message):
     def __init__(self, source: RankLog, state: LogState):
         super().__init__()
         self.source, self.state = source, state
+
+
+class FactsRead(Message):
+    def __init__(self, facts: RunFacts):
+        super().__init__()
+        self.facts = facts
 
 
 class ParentFound(Message):
@@ -155,6 +162,7 @@ class MonitorScreen(TunedeckScreen):
         self.run_ref = run_ref
         self.watcher: RunWatcher | None = None
         self.snap: Snapshot | None = None
+        self.facts = RunFacts()  # the run's settings, for the title (read once)
         self.ranks: list[int] = [0]
         self.log_rank = 0
         self.show_s: list[float] = []  # UI-thread time of each refresh (bench)
@@ -243,6 +251,7 @@ class MonitorScreen(TunedeckScreen):
             self.run_ref = run.run_id
             self.watcher = RunWatcher(run.run_dir, rank=self.log_rank)
             self.poll_log()
+            self.post_message(FactsRead(read_facts(run.run_dir)))
             parent = resumed_parent(run)
             if parent is not None:
                 self.post_message(ParentFound(parent.run_id, parent.run_dir))
@@ -275,10 +284,7 @@ class MonitorScreen(TunedeckScreen):
         run = snap.run
         if run is None:
             return
-        title = TitleBar._text(f"monitor · {run.name} · {run.run_id}")
-        bar = self.query_one(TitleBar)
-        if str(bar.content) != title:
-            bar.update(title, layout=False)
+        self._show_title(run)
         self.query_one(ProgressView).show(snap)
         self._show_loss(snap)
         self.query_one(HardwareView).show(snap.telemetry, snap.history, run.state.get("host"))
@@ -318,6 +324,20 @@ class MonitorScreen(TunedeckScreen):
                     else "information",
                 )
         self._findings_seen = True
+
+    def _show_title(self, run) -> None:
+        # the settings before the id: a narrow terminal cuts the id, not what the run is
+        parts = ("monitor", run.name, self.facts.line(), run.run_id)
+        title = TitleBar._text(" · ".join(x for x in parts if x))
+        bar = self.query_one(TitleBar)
+        if str(bar.content) != title:
+            bar.update(title, layout=False)
+
+    @on(FactsRead)
+    def _facts_read(self, msg: FactsRead) -> None:
+        self.facts = msg.facts
+        if self.snap is not None and self.snap.run is not None:
+            self._show_title(self.snap.run)
 
     @on(ParentFound)
     def join_parent(self, msg: ParentFound) -> None:

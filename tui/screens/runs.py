@@ -31,7 +31,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from tunedeck.core.api import Registry, RunInfo
-from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_age, fmt_loss
+from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_age, fmt_duration, fmt_loss, fmt_rate
+from tunedeck.tui.runfacts import RunFacts, read_facts
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.prompt import PromptScreen
@@ -44,11 +45,19 @@ COLUMNS = [
     ("mark", ""),
     ("run", "RUN"),
     ("name", "NAME"),
+    ("backend", "BACKEND"),
+    ("model", "MODEL"),
+    ("ranks", "RANKS"),
     ("status", "STATUS"),
     ("step", "STEP"),
     ("loss", "LOSS"),
+    ("toks", "TOK/S"),
+    ("time", "TIME"),
     ("age", "AGE"),
 ]
+# the columns a narrow terminal leaves out, by the width (cells) each needs to be shown: the
+# least telling go first, so every cell shown is whole
+SHOWN_FROM = {"ranks": 110, "time": 120, "toks": 130, "model": 150, "backend": 170}
 MARK = "●"
 UP, DOWN = "▲", "▼"
 
@@ -119,6 +128,12 @@ class RunsLoaded(Message):
         super().__init__()
         self.runs = runs
         self.generation = generation
+
+
+class FactsLoaded(Message):
+    def __init__(self, facts: dict[str, RunFacts]):
+        super().__init__()
+        self.facts = facts
 
 
 class Notice(Message):
@@ -192,6 +207,8 @@ class RunsScreen(TunedeckScreen):
     RunsScreen #runs-filter.-shown { display: block; }
     RunsScreen #runs-table { height: 1fr; }
     RunsScreen #runs-empty { padding: 1 2; color: $text-muted; }
+    RunsScreen #runs-detail { height: auto; max-height: 3; padding: 0 1;
+                              border-top: solid $panel; color: $text-muted; }
     """
 
     def __init__(self) -> None:
@@ -213,6 +230,8 @@ class RunsScreen(TunedeckScreen):
         self._painted_widths: tuple[int, ...] = ()
         self._ages_valid_until = 0.0  # clock time when an AGE on screen next changes
         self._full_scan = False  # next scan stats every run (r, after a delete)
+        self.facts: dict[str, RunFacts] = {}  # run id -> its settings (read once, in the worker)
+        self.shown_columns: list[str] = []
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -223,15 +242,13 @@ class RunsScreen(TunedeckScreen):
             yield Input(
                 placeholder="filter: words in id, name or status (esc clears)", id="runs-filter"
             )
-            table: DataTable = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
-            for key, label in COLUMNS:
-                table.add_column(self._label(key, label), key=key)
-            yield table
+            yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
             yield Static(
                 "No runs yet. Press n to compose one (from a preset or blank), or "
                 "run `tunedeck launch presets/demo.toml`.",
                 id="runs-empty",
             )
+            yield Static("", id="runs-detail", markup=False)
         yield Footer(compact=True)
 
     def _label(self, key: str, label: str) -> Text:
@@ -240,7 +257,42 @@ class RunsScreen(TunedeckScreen):
         arrow = (DOWN if self.sort_descending else UP) if key == self.sort_column else " "
         return Text(f"{label} {arrow}")
 
+    def _columns_for(self, width: int) -> list[str]:
+        return [k for k, _ in COLUMNS if width >= SHOWN_FROM.get(k, 0)]
+
+    def _set_columns(self, width: int) -> None:
+        """The columns this width shows; a change rebuilds the table (its rows come back at
+        the next redraw), so no cell is ever cut to make room."""
+        keys = self._columns_for(width)
+        if keys == self.shown_columns:
+            return
+        self.shown_columns = keys
+        table = self.query_one("#runs-table", DataTable)
+        table.clear(columns=True)
+        labels = dict(COLUMNS)
+        for key in keys:
+            table.add_column(self._label(key, labels[key]), key=key)
+        self._shown, self._order, self._painted_widths = {}, [], ()
+
+    def on_resize(self, event) -> None:
+        if self.shown_columns and self._columns_for(self.size.width) != self.shown_columns:
+            self._rebuild(lambda: self._set_columns(self.size.width))
+
+    def _rebuild(self, change: Callable[[], None]) -> None:
+        """Redraw every row from scratch after `change`, keeping the run under the cursor."""
+        selected = self.selected_run_id()
+        change()
+        self.redraw()
+        if selected in self._order:
+            table = self.query_one("#runs-table", DataTable)
+            table.move_cursor(row=self._order.index(selected), animate=False)
+
+    def _clear_rows(self) -> None:
+        self.query_one("#runs-table", DataTable).clear()
+        self._shown, self._order, self._painted_widths = {}, [], ()
+
     def on_mount(self) -> None:
+        self._set_columns(self.app.size.width)
         self.query_one("#runs-empty").display = False
         self.registry = Registry()
         self.watch_registry()
@@ -262,6 +314,7 @@ class RunsScreen(TunedeckScreen):
         assert reg is not None
         worker = get_current_worker()
         posted = -1
+        known: dict[str, RunFacts] = {}
         while not (self._stop.is_set() or worker.is_cancelled):
             self._wake.clear()
             full, self._full_scan = self._full_scan, False
@@ -276,6 +329,12 @@ class RunsScreen(TunedeckScreen):
             if reg.generation != posted or self.now() >= self._ages_valid_until:
                 posted = reg.generation
                 self.post_message(RunsLoaded(runs, reg.generation))
+                # each run's settings once (spec.toml and plan.json are frozen at launch),
+                # after the list is shown: 2,000 runs never wait for them
+                new = {r.run_id: read_facts(r.run_dir) for r in runs if r.run_id not in known}
+                if new:
+                    known.update(new)
+                    self.post_message(FactsLoaded(new))
             self._wake.wait(self.app.refresh_s)
 
     def load_runs(self, full: bool = False) -> None:
@@ -294,6 +353,17 @@ class RunsScreen(TunedeckScreen):
         self.redraw()
         self.refresh_bindings()  # the run under the cursor may have become foreign
 
+    @on(FactsLoaded)
+    def _facts_loaded(self, msg: FactsLoaded) -> None:
+        self.facts.update(msg.facts)
+        if len(msg.facts) > 50:
+            # many rows at once (the first read of a big registry): adding them again is
+            # linear, where re-measuring a column per updated cell is quadratic (77 s of
+            # the UI thread for 1,700 runs)
+            self._rebuild(self._clear_rows)
+        else:
+            self.redraw()
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if super().check_action(action, parameters) is False:
             return False
@@ -309,6 +379,31 @@ class RunsScreen(TunedeckScreen):
     @on(DataTable.RowHighlighted)
     def _cursor_moved(self, _event: DataTable.RowHighlighted) -> None:
         self.refresh_bindings()
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        """The selected run in full: its settings, why it is in its state, its output."""
+        run = self.selected_run()
+        box = self.query_one("#runs-detail", Static)
+        box.display = run is not None
+        if run is None:
+            return
+        facts = self.facts.get(run.run_id, RunFacts())
+        head = " · ".join(x for x in (clean(run.name or run.run_id), facts.line()) if x)
+        lines = [head]
+        if run.message:
+            lines.append(f"{clean(run.status)}: {clean(run.message)}")
+        if facts.output:
+            out = Path(facts.output)
+            where = (
+                f"{out.relative_to(run.run_dir)}/ in the run's folder"
+                if out.is_relative_to(run.run_dir)
+                else str(out)
+            )
+            lines.append(f"output {clean(where)}")
+        text = "\n".join(lines)
+        if str(box.content) != text:
+            box.update(text)
 
     def view(self) -> list[RunInfo]:
         """The runs on screen, in screen order (filtered and sorted)."""
@@ -320,9 +415,11 @@ class RunsScreen(TunedeckScreen):
             self._view_key = key
         return self._view
 
-    def _cells(self, r: RunInfo, now: float) -> tuple:
+    def _cells(self, r: RunInfo, now: float) -> dict[str, Any]:
+        """Every column's cell for one run (the table shows those its width allows)."""
+        facts = self.facts.get(r.run_id, RunFacts())
         cached = self._static.get(r.run_id)
-        if cached is None or cached[0] is not r:
+        if cached is None or cached[0] is not r or cached[1] is not facts:
             style = RUN_STATUS_STYLE.get(r.status, "")
             # a damaged run has no name to show: what is wrong with it goes there
             name = (
@@ -333,10 +430,26 @@ class RunsScreen(TunedeckScreen):
             status = Text(clean(r.status), style=style)
             if r.stale_s is not None:  # its agent has gone quiet: the numbers are old
                 status = Text(f"{clean(r.status)} stale {fmt_age(r.stale_s)}", style="yellow")
-            fixed = (clean(r.run_id), name, status, f"{r.step}/{r.max_steps}", fmt_loss(r.loss))
-            self._static[r.run_id] = cached = (r, fixed)
-        mark = MARK if r.run_id in self.marked else " "
-        return (mark, *cached[1], fmt_age(now - r.created))
+            fixed = {
+                "run": clean(r.run_id),
+                "name": name,
+                "backend": facts.backend,
+                "model": clean(facts.model),
+                "ranks": facts.ranks_text,
+                "status": status,
+                "step": f"{r.step}/{r.max_steps}",
+                "loss": fmt_loss(r.loss),
+                "toks": fmt_rate(r.tokens_per_s) if r.tokens_per_s else "-",
+            }
+            self._static[r.run_id] = cached = (r, facts, fixed)
+        start = r.started or r.created
+        end = r.ended or (now if r.active else None)
+        return {
+            "mark": MARK if r.run_id in self.marked else " ",
+            **cached[2],
+            "time": fmt_duration(end - start) if start and end else "-",
+            "age": fmt_age(now - r.created),
+        }
 
     @staticmethod
     def _age_stable_for(age_s: float) -> float:
@@ -352,7 +465,8 @@ class RunsScreen(TunedeckScreen):
         now = self.now()
         selected = self.selected_run_id()
         cursor = table.cursor_row
-        want = {r.run_id: self._cells(r, now) for r in runs}
+        keys = self.shown_columns
+        want = {r.run_id: tuple(map(self._cells(r, now).__getitem__, keys)) for r in runs}
         self._ages_valid_until = now + min(
             (self._age_stable_for(now - r.created) for r in runs), default=3600.0
         )
@@ -361,7 +475,7 @@ class RunsScreen(TunedeckScreen):
             table.remove_row(k)
             del self._shown[k]
         order = [k for k in self._order if k in want]
-        added = False
+        added = changed = False
         for r in runs:
             cells = want[r.run_id]
             old = self._shown.get(r.run_id)
@@ -370,9 +484,10 @@ class RunsScreen(TunedeckScreen):
                 order.append(r.run_id)
                 added = True
             elif old != cells:
-                for (col, _), a, b in zip(COLUMNS, old, cells):
+                for col, a, b in zip(keys, old, cells):
                     if a != b:
-                        table.update_cell(r.run_id, col, b)
+                        table.update_cell(r.run_id, col, b, update_width=True)
+                        changed = True
             self._shown[r.run_id] = cells
         ids = [r.run_id for r in runs]
         moved = order != ids
@@ -388,7 +503,8 @@ class RunsScreen(TunedeckScreen):
         self.query_one("#runs-empty").display = not self.runs
         table.display = bool(self.runs)
         self._update_header(len(runs))
-        if added or gone:  # the table measures new cells when idle: look a few times
+        self._show_detail()
+        if added or gone or changed:  # the table measures new cells when idle: look again
             for delay in (0.05, 0.3, 1.0, 3.0):
                 self.set_timer(delay, self._repaint_if_widths_changed)
         self._repaint_if_widths_changed()
@@ -420,7 +536,8 @@ class RunsScreen(TunedeckScreen):
     def _relabel(self) -> None:
         table = self.query_one("#runs-table", DataTable)
         for key, label in COLUMNS:
-            table.columns[key].label = self._label(key, label)  # type: ignore[index]
+            if key in table.columns:
+                table.columns[key].label = self._label(key, label)  # type: ignore[index]
         self._order = []  # force the sort below, which also redraws the header
         self.redraw()
 

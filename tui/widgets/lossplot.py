@@ -23,9 +23,10 @@ The view is a window of steps; "home" is the whole run. A view that reaches the 
 follows it: each `refresh_data()` slides the window (or grows the whole-run view) to the newest
 step. Each column of braille dots is one bucket's min..max (so a single spike survives any
 zoom), joined to its neighbours; the smoothed line is an EMA of the bucket means with a weight
-per step (`smoothing`, as W&B's), so it reads the same at any zoom. Eval loss is drawn as ◆ per character cell (its mean there); learning
-rate and grad norm, on demand, are each scaled to the plot's height over the window (their
-range is in the legend). NaN losses put a red × on the top row.
+per step (`smoothing`, as W&B's), so it reads the same at any zoom. Eval loss is drawn as ◆ per
+character cell (its mean there); learning rate and grad norm, on demand, each get a strip of
+their own under the loss, on the same steps, with their own labelled axis (max, name, min over
+the window). NaN losses put a red × on the top row.
 
 Keys (when the plot has focus; `action_*` methods a screen can bind as well):
     + / -        zoom in / out (at the end while following, else about the centre)
@@ -120,11 +121,64 @@ class RunSource:
                 store.eval_series(self.rank, start, end, buckets),
             )
 
+    def tokens_per_step(self) -> float | None:
+        """Tokens the whole run trains on per step: each rank's mean tokens per step, summed
+        over the ranks (ranks are numbered from 0; the first without steps ends them)."""
+        with self._lock:
+            store = self._open()
+            total, rank = 0.0, 0
+            while (s := store.step_series(rank, None, None, 1, ("tokens",)))["first"] is not None:
+                pairs = [(v, n) for v, n in zip(s["tokens"], s["n"]) if v is not None]
+                total += sum(v * n for v, n in pairs) / max(sum(n for _, n in pairs), 1)
+                rank += 1
+            return total or None
+
     def close(self) -> None:
         with self._lock:
             if self._store is not None:
                 self._store.close()
                 self._store = None
+
+
+class ByTokens:
+    """A run's fetch on an x axis of tokens seen instead of steps (compare runs of different
+    batch sizes or ranks by data seen): step s sits at s × the run's tokens per step (the
+    mean over the run: exact for packed batches, close for padded ones)."""
+
+    def __init__(self, source: RunSource):
+        self.source = source
+        self.per_step: float | None = None
+
+    def __call__(
+        self, start: int | None, end: int | None, buckets: int, metrics: Sequence[str]
+    ) -> Window:
+        if self.per_step is None:
+            self.per_step = self.source.tokens_per_step()
+            if self.per_step is None:
+                raise ValueError("the run records no tokens per step")
+        k = self.per_step
+        w = self.source(
+            None if start is None else int(start // k),
+            None if end is None else math.ceil(end / k),
+            buckets,
+            metrics,
+        )
+        return Window(_x_times(w.steps, k), _x_times(w.evals, k))
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def _x_times(series: dict[str, Any], k: float) -> dict[str, Any]:
+    """A series with its step numbers (x) multiplied by k."""
+    out = dict(series)
+    for key in ("first", "last", "start", "end"):
+        if out.get(key) is not None:
+            out[key] = round(out[key] * k)
+    for key in ("step", "step_max"):
+        if out.get(key) is not None:
+            out[key] = [round(x * k) for x in out[key]]
+    return out
 
 
 @dataclass
@@ -186,6 +240,7 @@ class Frame:
     message: str | None = None  # shown instead of a chart (no data, an error)
     smoothing: float = 0.6  # the EMA's weight per step (0: none), as W&B's slider
     cursor: int | None = None  # the step the readout reads (None: no cursor)
+    x_unit: str = "steps"  # or "tokens" (traces fetched through ByTokens)
 
 
 # braille dots: bit of (dx, dy) in a 2 x 4 cell
@@ -402,6 +457,8 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         return ([header] + body)[:height]
     ph = height - 3  # header, x axis, x labels
     multi = sum(not tv.parent for tv in f.traces) > 1
+    strips = _strips(f, multi, ph)
+    ph -= sum(rows for _, rows, _ in strips)
     # per trace: columns at dot resolution of a provisional width; the y range needs values
     # first, the y labels' width needs the range, the plot width needs the labels: two passes
     yw = 6
@@ -434,7 +491,8 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             ymin, ymax = ymin - pad, ymax + pad
         ticks = _y_ticks(ymin, ymax, ph, f.log_y)
         labels = [fmt_value(t) for t in ticks]
-        need = max((len(s) for s in labels), default=1) + 1
+        strip_labels = [x for _, _, rng in strips for x in (*map(fmt_value, rng), "grad")]
+        need = max((len(s) for s in labels + strip_labels), default=1) + 1
         if need == yw:
             break
         yw = max(need, 4)
@@ -495,21 +553,6 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
             if k:
                 markers[x // 2] = ("×", Style(color=NAN, bold=True))
         nan_steps += sum(nan)
-        if not multi and not tv.parent:
-            for metric, on, color in (("lr", f.show_lr, LR), ("grad_norm", f.show_grad, GRAD)):
-                if not on:
-                    continue
-                layer, rng = _scaled(
-                    tv.window.steps, metric, f.start, f.end, ncols, pw, ph, Style(color=color)
-                )
-                extras.append(layer)
-                name = "lr" if metric == "lr" else "grad"
-                legend.append(
-                    (
-                        f"━ {name} " + (f"{fmt_value(rng[0])}…{fmt_value(rng[1])}" if rng else "-"),
-                        Style(color=color),
-                    )
-                )
     if nan_steps:
         legend.append(("× NaN loss", Style(color=NAN, bold=True)))
     cursor_cx = None
@@ -545,30 +588,65 @@ def render_chart(f: Frame, width: int, height: int) -> list[list[Segment]]:
         at = min(max(at, 0), len(labels_row) - len(text))
         if all(ch == " " for ch in labels_row[max(at - 1, 0) : at + len(text) + 1]):
             labels_row[at : at + len(text)] = list(text)
+    for metric, rows_n, (lo, hi) in strips:
+        out += _strip_rows(f, metric, rows_n, lo, hi, ncols, pw, yw, width, cursor_cx)
     out.append(_pad([Segment(" " * yw + "└" + "".join(line), axis)], width))
     out.append(_pad([Segment("".join(labels_row), axis)], width))
     return out[:height]
 
 
-def _scaled(series, metric, start, end, ncols, pw, ph, style) -> tuple[_Layer, tuple | None]:
-    """A metric's column means scaled to the plot's height over its own range."""
-    lows, mean, highs, _ = _columns(series, metric, start, end, ncols)
-    layer = _Layer(pw, ph, style)
-    if all(v is None for v in mean):
-        return layer, None
-    # the scale spans the metric's true min..max in the window (the legend says so)
-    lo = min(v for v in lows if v is not None)
-    hi = max(v for v in highs if v is not None)
-    rng = hi - lo or 1.0
-    dots = ph * 4 - 1
+STRIPS = (("lr", "show_lr", "lr", LR), ("grad_norm", "show_grad", "grad", GRAD))
+
+
+def _strips(f: Frame, multi: bool, ph: int) -> list[tuple[str, int, tuple[float, float]]]:
+    """(metric, rows, (min, max) over the window) of each lr/grad-norm strip that is on and
+    has values; a strip takes a fifth of the plot (3 rows at least) while the loss keeps 4."""
+    tv = next((t for t in f.traces if not t.parent), None)
+    if multi or tv is None or tv.window is None:
+        return []
+    rows = max(3, ph // 5)
+    out = []
+    for metric, attr, _, _ in STRIPS:
+        if not getattr(f, attr) or ph - (len(out) + 1) * rows < 4:
+            continue
+        lows, _, highs, _ = _columns(tv.window.steps, metric, f.start, f.end, 64)
+        vals = [v for v in lows + highs if v is not None]
+        if vals:
+            out.append((metric, rows, (min(vals), max(vals))))
+    return out
+
+
+def _strip_rows(
+    f: Frame, metric, rows, lo, hi, ncols, pw, yw, width, cursor_cx
+) -> list[list[Segment]]:
+    """One metric under the loss on the same steps: its column means over its own axis,
+    labelled with the window's max (top), its name (middle) and min (bottom)."""
+    tv = next(t for t in f.traces if not t.parent)
+    _, mean, _, _ = _columns(tv.window.steps, metric, f.start, f.end, ncols)
+    name, color = next((n, c) for m, _, n, c in STRIPS if m == metric)
+    layer = _Layer(pw, rows, Style(color=color))
+    dots = rows * 4 - 1
     layer.polyline(
         [
-            (x, (hi - v) / rng * dots if hi > lo else dots / 2)
+            (x, (hi - v) / (hi - lo) * dots if hi > lo else dots / 2)
             for x, v in enumerate(mean)
             if v is not None
         ]
     )
-    return layer, (lo, hi)
+    body = _compose([layer], {}, pw, rows, cursor_cx)
+    labels = {0: fmt_value(hi), rows // 2: name, rows - 1: fmt_value(lo)}
+    out = []
+    for r in range(rows):
+        lab = labels.get(r, "")
+        edge = "├" if r == 0 else ("┤" if lab and lab != name else "│")
+        out.append(
+            _pad(
+                [Segment(lab.rjust(yw), Style(color=color)), Segment(edge, Style(color=AXIS))]
+                + body[r],
+                width,
+            )
+        )
+    return out
 
 
 def _compose(
@@ -639,7 +717,14 @@ def _x_ticks(start: int, end: int, pw: int) -> list[tuple[int, int]]:
 
 def _header(f: Frame, width: int, legend: list | None = None) -> list[Segment]:
     multi = sum(not tv.parent for tv in f.traces) > 1
-    if f.whole:
+    if f.x_unit == "tokens":
+        if f.last is None:
+            where = "no steps yet"
+        elif f.whole:
+            where = f"all {fmt_step(f.last)} tokens"
+        else:
+            where = f"tokens {fmt_step(f.start)}–{fmt_step(f.end)} of {fmt_step(f.last)}"
+    elif f.whole:
         where = f"all {f.last:,} steps" if f.last is not None else "no steps yet"
     else:
         where = f"steps {f.start:,}–{f.end:,} of {f.last:,}" if f.last is not None else ""
@@ -677,7 +762,7 @@ def _readout(f: Frame, emas: list, x: int, width: int) -> list[Segment]:
     (one run: its lr and grad norm too), as much as fits, most useful first."""
     step = f.cursor
     one = sum(not tv.parent for tv in f.traces) == 1
-    where = f"step {step:,}"
+    where = f"step {step:,}" if f.x_unit == "steps" else f"{fmt_step(step)} tokens"
     items: list[tuple[str, Style]] = []
     pairs = list(zip(f.traces, emas))
     if one:  # the run, or where the cursor is before the resume, the run it resumed
@@ -801,6 +886,7 @@ class LossPlot(Widget, can_focus=True):
         self.show_grad = False
         self.smoothing = SMOOTHING[2]
         self.cursor: int | None = None  # the step the readout reads
+        self.x_unit = "steps"
         self.extent: tuple[int, int] | None = None
         self.windows: list[Window | None] = [None] * len(self.traces)
         self.loaded = False  # a first answer arrived
@@ -829,6 +915,16 @@ class LossPlot(Widget, can_focus=True):
             0, RunSource(source, self._rank) if isinstance(source, (str, Path, RunDir)) else source
         )
         self.windows.insert(0, None)
+        self.refresh_data()
+
+    def set_fetchers(self, fetchers: list[Fetch], x_unit: str) -> None:
+        """Draw the same traces from other fetches on another x axis (compare by tokens):
+        the view goes back to the whole run, the cursor off. The old fetches are not closed:
+        a worker may be reading through them (ByTokens shares its RunSource)."""
+        self._fetchers = list(fetchers)
+        self.x_unit = x_unit
+        self.view = self.cursor = self.extent = None
+        self.windows = [None] * len(self._fetchers)
         self.refresh_data()
 
     def refresh_data(self) -> None:
@@ -894,6 +990,7 @@ class LossPlot(Widget, can_focus=True):
             cursor=None
             if win is None or self.cursor is None
             else min(max(self.cursor, start), end),
+            x_unit=self.x_unit,
         )
 
     # -- data (thread) ------------------------------------------------------------------
