@@ -255,6 +255,6 @@ async def _finished(pilot) -> None:
     await pilot.pause(0.1)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+@pytest.mark.parametrize("size", [(80, 24), (160, 48), (120, 40), (240, 67)])
 def test_preflight_gate_snapshot(snap_compare, monkeypatch, size):
     assert snap_compare(_snapshot_app(monkeypatch), terminal_size=size, run_before=_finished)

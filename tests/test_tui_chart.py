@@ -533,7 +533,7 @@ async def chart_ready(pilot):
     await settled(pilot, pilot.app.query_one(LossPlot))
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+@pytest.mark.parametrize("size", [(80, 24), (160, 48), (120, 40), (240, 67)])
 def test_snapshot_chart(snap_compare, snapshot_run, size):
     assert snap_compare(ChartApp(snapshot_run.path), terminal_size=size, run_before=chart_ready)
 
@@ -548,7 +548,7 @@ def test_snapshot_chart_zoomed_log_lr_grad(snap_compare, snapshot_run):
     assert snap_compare(ChartApp(snapshot_run.path), terminal_size=(160, 48), run_before=zoom)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+@pytest.mark.parametrize("size", [(80, 24), (160, 48), (120, 40), (240, 67)])
 def test_snapshot_compare(snap_compare, tmp_path, monkeypatch, size):
     monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "home"))
     make_registry(tmp_path / "home")

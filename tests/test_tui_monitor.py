@@ -1190,13 +1190,14 @@ def test_snapshot_stopping(fixed_home, snap_compare, size, monkeypatch):
     assert snap_compare(app, terminal_size=size, run_before=_settle)
 
 
-def test_snapshot_help_80x24(fixed_home, snap_compare):
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_snapshot_help(fixed_home, snap_compare, size):
     async def run_before(pilot):
         await _settle(pilot)
         await pilot.press("question_mark")
         await pilot.pause(0.2)
 
-    assert snap_compare(_snapshot_app(), terminal_size=(80, 24), run_before=run_before)
+    assert snap_compare(_snapshot_app(), terminal_size=size, run_before=run_before)
 
 
 def test_snapshot_nccl_maximised_80x24(fixed_home, snap_compare):
