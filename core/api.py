@@ -59,6 +59,7 @@ __all__ = [
     "sweep_rows",
     "queue_rows",
     "alert_test",
+    "alert_feed",
     "PRESETS_DIR",
     "ArchError",
     "GpuFacts",
@@ -414,6 +415,14 @@ def alert_test(spec: Any | None) -> list[tuple[str, str]]:
 
     spec = spec or RunSpec(name="alerts.toml")
     return send_test(config_for(spec), spec.name)
+
+
+def alert_feed(root: Path | None = None) -> Any:
+    """The TUI's terminal channel: an `AlertFeed` (core/alerts/feed.py) whose `poll(run_id)`
+    returns the alerts agents recorded since it was made, each once."""
+    from tunedeck.core.alerts.feed import AlertFeed
+
+    return AlertFeed(root)
 
 
 def queue_rows(root: Path | None = None) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from textual.screen import Screen
 from tunedeck.tui.screens.base import bound_commands
 from tunedeck.tui.screens.help import HelpScreen
 from tunedeck.tui.screens.runs import RunsScreen
+from tunedeck.tui.terminal_alerts import TerminalAlerts
 
 
 def screen_commands(screen: Screen) -> Iterator[tuple[str, str, str]]:
@@ -45,6 +46,7 @@ class TunedeckApp(App):
         self.clock = clock  # "now" for ages on screen; tests pin it for stable snapshots
 
     def on_mount(self) -> None:
+        self.terminal_alerts = TerminalAlerts(self)  # the bell and OSC 9/777 for alerts
         self.push_screen(RunsScreen())
         if self.open_run:
             from tunedeck.tui.screens.monitor import MonitorScreen

@@ -22,9 +22,6 @@ class AlertConfig:
     urls: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
 
-    def __bool__(self) -> bool:
-        return bool(self.urls or self.command)
-
     def wants(self, event: str) -> bool:
         return event in self.on
 

@@ -45,10 +45,9 @@ class RunAlerts:
         try:
             self.cfg = config_for(read_secrets(run).unmask_spec(spec))
         except Exception as e:  # a bad user file must not stop the run
-            log.warning("alerts are off for this run: %s", e)
-            return
-        if not self.cfg:
-            return
+            log.warning("alerts go to the terminal only (alerts.json): %s", e)
+        # with no URL nor command the alerts are still recorded: alerts.json is the terminal
+        # channel, which a TUI showing the run reads (tui/terminal_alerts.py)
         self.ledger = Ledger(run)
         self.out = Deliverer(self.cfg, self.ledger)
         for alert, channels in self.ledger.unsent():  # a lost agent's, not all out
