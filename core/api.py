@@ -57,6 +57,8 @@ __all__ = [
     "create_sweep",
     "parse_grid",
     "sweep_rows",
+    "sweep_of",
+    "newest_sweep",
     "queue_rows",
     "alert_test",
     "alert_feed",
@@ -485,3 +487,17 @@ def sweep_rows(sweep_id: str) -> list[dict[str, Any]]:
     from tunedeck.core.sweep.table import sweep_rows as rows
 
     return rows(sweep_id)
+
+
+def sweep_of(run_id: str) -> str | None:
+    """The sweep a run is a point of, else None (core/sweep/table.py)."""
+    from tunedeck.core.sweep.table import sweep_of as of
+
+    return of(run_id)
+
+
+def newest_sweep() -> str | None:
+    """This home's newest sweep id, else None."""
+    from tunedeck.core.sweep.table import newest_sweep as newest
+
+    return newest()
