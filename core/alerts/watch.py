@@ -96,11 +96,12 @@ class RunAlerts:
             con.close()
         run_id = self.run.run_id
         if idle and (idle_s := idle.due(now, r.utils)) is not None:
+            self.idle = None  # once, even when the rate limit held it back
             self._send(message.idle_gpus(run_id, self.name, idle_s, r.utils), now)
         if eta and r.last and (promised := eta.due(now, r)) is not None:
-            self._send(
-                message.eta_reached(run_id, self.name, promised, r.last[0], r.max_steps), now
-            )
+            self.eta = None
+            over = now - promised
+            self._send(message.eta_reached(run_id, self.name, over, r.last[0], r.max_steps), now)
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(f"file:{self.run.db}?mode=ro", uri=True, timeout=2.0)
