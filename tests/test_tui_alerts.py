@@ -2,7 +2,8 @@
 command configured); the TUI showing the runs list rings the bell and writes the OSC 9 and
 OSC 777 desktop-notification escapes, once. Seen in a real tmux on a server of the test's own:
 `pipe-pane` records the raw bytes the TUI writes, `window_bell_flag` the bell. The feed the TUI
-reads is checked on its own too: one run or all, each alert once, nothing from before."""
+reads is checked on its own too: one run or all, each alert once, nothing from before; and a
+monitor rings for its own run only."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ import shlex
 import sys
 import time
 
-from tests.conftest import DEMO, cli, wait_for
+from tests.conftest import DEMO, cli, until, wait_for
+from tests.test_manage import make_run
 from tunedeck.core.alerts.feed import AlertFeed
 from tunedeck.core.alerts.ledger import Ledger
 from tunedeck.core.rundir import RunDir
+from tunedeck.tui import terminal_alerts
+from tunedeck.tui.app import TunedeckApp
+from tunedeck.tui.screens.monitor import MonitorScreen
+from tunedeck.tui.screens.runs import RunsScreen
 from tunedeck.tui.terminal_alerts import notify_escapes, title_and_body
 
 
@@ -66,3 +72,29 @@ def test_the_feed_gives_each_new_alert_once_for_one_run_or_all(tmp_path):
     assert notify_escapes("r;\x1b[2Jx", "boom\x07\nnext") == (
         "\x1b]9;r,x: boom next\x07\x1b]777;notify;r,x;boom next\x07"
     )
+
+
+async def test_a_monitor_rings_for_its_own_run_only(tmp_path, monkeypatch):
+    """The monitor's run alerts; another run's alert waits for the runs list, and still
+    rings only once."""
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "home"))
+    root = tmp_path / "home" / "runs"
+    shown, other = (RunDir(make_run(root, rid, name=rid)) for rid in ("run-shown", "run-other"))
+    rung: list[str] = []
+    monkeypatch.setattr(terminal_alerts, "POLL_S", 0.1)
+    monkeypatch.setattr(terminal_alerts.TerminalAlerts, "ring", lambda self, a: rung.extend(
+        x["run"] for x in a))  # fmt: skip
+    app = TunedeckApp(open_run="run-shown", refresh_s=3600)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen))
+        now = time.time()
+        Ledger(other).record({"key": "end", "t": now, "run": "run-other", "title": "x"}, [])
+        Ledger(shown).record({"key": "end", "t": now, "run": "run-shown", "title": "y"}, [])
+        await until(pilot, lambda: rung == ["run-shown"])
+        await pilot.pause(0.5)
+        assert rung == ["run-shown"]
+        app.pop_screen()
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await until(pilot, lambda: rung == ["run-shown", "run-other"])
+        await pilot.pause(0.5)
+        assert rung == ["run-shown", "run-other"]
