@@ -63,8 +63,11 @@ __all__ = [
     "create_sweep",
     "parse_grid",
     "sweep_rows",
+    "sweep_of",
+    "newest_sweep",
     "queue_rows",
     "alert_test",
+    "alert_feed",
     "PRESETS_DIR",
     "ArchError",
     "GpuFacts",
@@ -428,6 +431,14 @@ def alert_test(spec: Any | None) -> list[tuple[str, str]]:
     return send_test(config_for(spec), spec.name)
 
 
+def alert_feed(root: Path | None = None) -> Any:
+    """The TUI's terminal channel: an `AlertFeed` (core/alerts/feed.py) whose `poll(run_id)`
+    returns the alerts agents recorded since it was made, each once."""
+    from tunedeck.core.alerts.feed import AlertFeed
+
+    return AlertFeed(root)
+
+
 def queue_rows(root: Path | None = None) -> list[dict[str, Any]]:
     """`tunedeck queue`: the runs of this home waiting for GPUs (position, priority, since,
     why) and the started runs that hold GPUs (core/queue), read through the registry so a
@@ -489,3 +500,17 @@ def sweep_rows(sweep_id: str) -> list[dict[str, Any]]:
     from tunedeck.core.sweep.table import sweep_rows as rows
 
     return rows(sweep_id)
+
+
+def sweep_of(run_id: str) -> str | None:
+    """The sweep a run is a point of, else None (core/sweep/table.py)."""
+    from tunedeck.core.sweep.table import sweep_of as of
+
+    return of(run_id)
+
+
+def newest_sweep() -> str | None:
+    """This home's newest sweep id, else None."""
+    from tunedeck.core.sweep.table import newest_sweep as newest
+
+    return newest()

@@ -587,6 +587,8 @@ ALERT_EVENTS = (
     "loss_anomaly",
     "dataloader_starvation",
     "straggler",
+    "idle_gpus",
+    "eta_reached",
 )
 
 
@@ -605,6 +607,20 @@ class AlertsSpec:
     command: list[str] = opt(
         help="A command (argv list, no shell) run for each alert with it as JSON on stdin",
         factory=list,
+    )
+    idle_minutes: float = opt(
+        10.0,
+        help="idle_gpus: minutes every GPU of a running run stays under 5% utilisation "
+        "before it alerts",
+        min=0.05,
+        max=10080.0,
+    )
+    eta_margin: float = opt(
+        0.25,
+        help="eta_reached: how far past the end its early pace promised a run may still be "
+        "running before it alerts (0.25 = a quarter longer)",
+        min=0.0,
+        max=100.0,
     )
 
 

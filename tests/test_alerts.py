@@ -211,3 +211,59 @@ def test_a_crash_is_one_alert_naming_the_rank(td_home, tmp_path, hooks, monkeypa
     ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())
     folded = [k for k, v in ledger["alerts"].items() if v["state"] == "folded into end"]
     assert folded, ledger  # the crash finding travelled with the end's alert
+
+
+def test_idle_gpus_and_a_passed_eta_each_alert_once(td_home, tmp_path, monkeypatch):
+    """One fake GPU (NVML's interface) reading 0 % the whole run: idle for the run's 3 s
+    threshold. Rank 1 stopped after the early steps set the pace: the run passes its ETA."""
+    monkeypatch.setenv("TUNEDECK_FAKE_NVML", "1:0")
+    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.1")
+    sink_out = tmp_path / "command.jsonl"
+    spec = _spec(tmp_path, [], sink_out)
+    text = spec.read_text().replace("[alerts]\n", "[alerts]\n" + (
+        'on = ["idle_gpus", "eta_reached", "finished"]\nidle_minutes = 0.05\neta_margin = 0.5\n'
+    ))  # fmt: skip
+    spec.write_text(text)
+    out = cli(
+        "launch", str(spec), "--json", "--no-preflight", "--set", "train.max_steps=24",
+        "--set", "train.save_steps=0", home=td_home,
+    )  # fmt: skip
+    run_id = json.loads(out.stdout)["run_id"]
+
+    def events() -> list[str]:
+        return [a["event"] for a in _commands(sink_out)]
+
+    # a cold cache builds the demo model first
+    wait_for(lambda: _state(td_home, run_id)["progress"].get("step", 0) >= 6, 300, "the pace")
+    rank1 = _state(td_home, run_id)["rank_pids"]["1"]
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        wait_for(lambda: {"idle_gpus", "eta_reached"} <= set(events()), 90, "both alerts")
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    wait_for(lambda: _state(td_home, run_id)["status"] == "succeeded", 240, "the run's end")
+    wait_for(lambda: "finished" in events(), 30, "the end's alert")
+    got = _commands(sink_out)
+    assert sorted(a["event"] for a in got) == ["eta_reached", "finished", "idle_gpus"], got
+    idle = next(a for a in got if a["event"] == "idle_gpus")
+    assert "idle" in idle["title"] and "0%" in idle["title"] and idle["fix"], idle
+    eta = next(a for a in got if a["event"] == "eta_reached")
+    assert "past its ETA" in eta["title"] and "/24" in eta["title"], eta
+
+
+def test_the_watchdogs_judge_only_what_they_should():
+    from tunedeck.core.alerts.watchdogs import EtaWatch, IdleGpus, Readings
+
+    idle = IdleGpus(minutes=1)
+    assert idle.due(0, [0.0, 2.0]) is None  # idle from now on
+    assert idle.due(50, [0.0, 0.0]) is None
+    assert idle.due(61, [1.0, 0.0]) == 61  # a minute of every GPU under 5 %
+    assert idle.due(62, [0.0, 40.0]) is None  # one GPU busy: the clock starts again
+    assert idle.due(100, [0.0, 0.0]) is None and idle.due(161, []) is None  # no NVML: none
+    eta = EtaWatch(margin=0.5)
+    pace = Readings([], first=(1, 100.0), last=(10, 109.0), max_steps=100)  # 1 s a step
+    assert eta.due(109.0, pace) is None and eta.promised == 199.0
+    at_90 = Readings([], (1, 100.0), (90, 189.0), 100)
+    assert eta.due(240.0, at_90) is None  # 140 s in: late only past 100 + 99 * 1.5
+    assert eta.due(249.0, at_90) == 199.0
+    assert eta.due(400.0, Readings([], (1, 100.0), (100, 300.0), 100)) is None  # done

@@ -21,9 +21,8 @@ class AlertConfig:
     on: tuple[str, ...] = DEFAULT_ON
     urls: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.urls or self.command)
+    idle_minutes: float = 10.0
+    eta_margin: float = 0.25
 
     def wants(self, event: str) -> bool:
         return event in self.on
@@ -76,4 +75,6 @@ def config_for(spec: RunSpec, user: dict[str, list[str]] | None = None) -> Alert
         on=tuple(a.on or user.get("on") or DEFAULT_ON),
         urls=list(a.urls or user.get("urls") or []),
         command=list(a.command or user.get("command") or []),
+        idle_minutes=a.idle_minutes,
+        eta_margin=a.eta_margin,
     )

@@ -1,5 +1,6 @@
 """alerts.json in the run directory: every alert the run sent or is sending, by key, with
-each channel's outcome. Written before an alert leaves, so an agent that adopts the run (its
+each channel's outcome; with no channel it is the record the TUI's terminal channel reads
+(`feed`). Written before an alert leaves, so an agent that adopts the run (its
 first agent was lost) sends nothing twice and retries what had not gone out. Its single
 writer is the run's agent (the delivery thread and the loop share it under a lock)."""
 
@@ -47,7 +48,7 @@ class Ledger:
         with self.lock:
             self.alerts[alert["key"]] = {
                 "alert": alert,
-                "state": "pending",
+                "state": "pending" if channels else "recorded",
                 "expect": channels,
                 "channels": {},
             }

@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from tunedeck.core.text import fmt_duration
+
 END_EVENT = {"succeeded": "finished", "failed": "failed", "stopped": "stopped"}
 
 
@@ -69,6 +71,37 @@ def from_end(
         look=f"tunedeck {'diagnose' if status == 'failed' else 'status'} {run_id}",
         severity="error" if status == "failed" else "info",
         status=status,
+    )
+
+
+def idle_gpus(run_id: str, name: str, idle_s: float, utils: list[float]) -> dict[str, Any]:
+    shown = ", ".join(f"{u:.0f}%" for u in utils)
+    return _alert(
+        run_id,
+        name,
+        "idle_gpus",
+        "idle_gpus",
+        title=f"tunedeck {name}: its GPUs have been idle for {fmt_duration(idle_s)} ({shown})",
+        cause="the run is running but no GPU of it computes: a hang before the first step, a "
+        "dataloader that never delivers, or a run left waiting on something",
+        fix=f"look at its stacks and logs (tunedeck stacks {run_id}); stop it if it is stuck",
+        look=f"tunedeck status {run_id}",
+        severity="warning",
+    )
+
+
+def eta_reached(run_id: str, name: str, over_s: float, step: int, max_steps: int) -> dict[str, Any]:
+    return _alert(
+        run_id,
+        name,
+        "eta_reached",
+        "eta_reached",
+        title=f"tunedeck {name}: past its ETA by {fmt_duration(over_s)}, at step {step}/{max_steps}",
+        cause="the run is slower than its early steps promised: a stall, a straggler, "
+        "throttled GPUs or a slower stretch of data",
+        fix=f"tunedeck diagnose {run_id} names a stall or straggler if there is one",
+        look=f"tunedeck status {run_id}",
+        severity="warning",
     )
 
 

@@ -7,7 +7,9 @@ the failed end's alert then carries its cause and fix, so one crash is one alert
 ends any other way sends its held findings as they are (a NaN loss is news even if the run
 "succeeded"). Warnings and
 errors of a run that goes on (a stall) alert after the hold. At most RATE_MAX alerts per
-RATE_WINDOW_S (the end's always goes); the rest are counted and the next alert says so."""
+RATE_WINDOW_S (the end's always goes); the rest are counted and the next alert says so.
+Every WATCHDOG_S the tick also asks `watchdogs` about idle GPUs and the ETA (when `on` names
+them), each once per run."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tunedeck.core.alerts import message
 from tunedeck.core.alerts.config import AlertConfig, config_for
 from tunedeck.core.alerts.deliver import Deliverer
 from tunedeck.core.alerts.ledger import Ledger
+from tunedeck.core.alerts.watchdogs import EtaWatch, IdleGpus, readings
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.spec import RunSpec
@@ -29,6 +32,7 @@ from tunedeck.core.spec import RunSpec
 log = logging.getLogger("tunedeck.alerts")
 
 POLL_S = 1.0
+WATCHDOG_S = 5.0  # idle GPUs and the ETA: minutes-scale, looked at every few seconds
 HOLD_S = 10.0
 RATE_MAX = 10
 RATE_WINDOW_S = 600.0
@@ -45,10 +49,9 @@ class RunAlerts:
         try:
             self.cfg = config_for(read_secrets(run).unmask_spec(spec))
         except Exception as e:  # a bad user file must not stop the run
-            log.warning("alerts are off for this run: %s", e)
-            return
-        if not self.cfg:
-            return
+            log.warning("alerts go to the terminal only (alerts.json): %s", e)
+        # with no URL nor command the alerts are still recorded: alerts.json is the terminal
+        # channel, which a TUI showing the run reads (tui/terminal_alerts.py)
         self.ledger = Ledger(run)
         self.out = Deliverer(self.cfg, self.ledger)
         for alert, channels in self.ledger.unsent():  # a lost agent's, not all out
@@ -57,6 +60,9 @@ class RunAlerts:
         self.last_poll = 0.0
         self.held: dict[str, tuple[float, str, dict[str, Any]]] = {}
         self.sent_at: deque[float] = deque()
+        self.idle = IdleGpus(self.cfg.idle_minutes) if self.cfg.wants("idle_gpus") else None
+        self.eta = EtaWatch(self.cfg.eta_margin) if self.cfg.wants("eta_reached") else None
+        self.last_watchdog = 0.0
 
     def tick(self, now: float | None = None) -> None:
         if self.out is None:
@@ -72,8 +78,33 @@ class RunAlerts:
                 if now - since >= HOLD_S:
                     del self.held[key]
                     self._send(message.from_finding(self.run.run_id, self.name, event, f), now)
+            if now - self.last_watchdog >= WATCHDOG_S:
+                self.last_watchdog = now
+                self._watchdogs(now)
         except Exception:
             log.exception("alerts: reading findings failed")
+
+    def _watchdogs(self, now: float) -> None:
+        idle = self.idle if self.idle and not self.ledger.has("idle_gpus") else None
+        eta = self.eta if self.eta and not self.ledger.has("eta_reached") else None
+        if not (idle or eta) or not self.run.db.exists():
+            return
+        con = self._connect()
+        try:
+            r = readings(con)
+        finally:
+            con.close()
+        run_id = self.run.run_id
+        if idle and (idle_s := idle.due(now, r.utils)) is not None:
+            self.idle = None  # once, even when the rate limit held it back
+            self._send(message.idle_gpus(run_id, self.name, idle_s, r.utils), now)
+        if eta and r.last and (promised := eta.due(now, r)) is not None:
+            self.eta = None
+            over = now - promised
+            self._send(message.eta_reached(run_id, self.name, over, r.last[0], r.max_steps), now)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self.run.db}?mode=ro", uri=True, timeout=2.0)
 
     def ended(self, status: str, msg: str) -> None:
         """The run's end is recorded: its alert (carrying a failure's root cause) goes out;
@@ -128,7 +159,7 @@ class RunAlerts:
         db = self.run.db
         if not db.exists():
             return []
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0)
+        con = self._connect()
         try:
             rows = con.execute(
                 "SELECT id, data FROM findings WHERE id > ? ORDER BY id", (self.last_id,)

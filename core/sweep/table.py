@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tunedeck.core.rundir import read_json
+from tunedeck.core.paths import runs_root
+from tunedeck.core.rundir import RunDir, read_json
 from tunedeck.core.views.registry import read_run
 from tunedeck.core.store.store import read_events
 from tunedeck.core.stoprule.median import sweep_file
@@ -22,6 +23,23 @@ def read_sweep(sweep_id: str) -> dict[str, Any]:
     if not isinstance(rec, dict):
         raise SweepNotFound(f"no sweep {sweep_id!r} in {sweep_file(sweep_id).parent}")
     return rec
+
+
+def sweep_of(run_id: str, root: Path | None = None) -> str | None:
+    """The sweep a run is a point of (its state.json's `sweep`), else None."""
+    st = read_json(RunDir(Path(root or runs_root()) / run_id).state, {})
+    sweep = st.get("sweep") if isinstance(st, dict) else None
+    return str(sweep["id"]) if isinstance(sweep, dict) and sweep.get("id") else None
+
+
+def newest_sweep() -> str | None:
+    """The id of this home's newest sweep (ids begin with their creation time)."""
+    folder = sweep_file("x").parent
+    try:
+        ids = [p.stem for p in folder.glob("sw-*.json")]
+    except OSError:
+        return None
+    return max(ids, default=None)
 
 
 def _finite(x: Any) -> float | None:

@@ -197,11 +197,17 @@ class FakePynvml:
 
 
 def from_env() -> FakePynvml | None:
-    """FakePynvml when TUNEDECK_FAKE_NVML=<count> is set (CI only), else None."""
+    """FakePynvml when TUNEDECK_FAKE_NVML=<count>[:<util %>] is set (CI only), else None;
+    with a utilisation every GPU reads it steadily (`1:0`: one idle GPU)."""
     raw = os.environ.get("TUNEDECK_FAKE_NVML", "").strip()
     if not raw:
         return None
+    count, _, util = raw.partition(":")
     try:
-        return FakePynvml(gpus=max(0, int(raw)))
+        steady = float(util) if util else None
+        return FakePynvml(
+            gpus=max(0, int(count)),
+            util=None if steady is None else (lambda gpu, t: steady),
+        )
     except ValueError:
         return None
