@@ -482,7 +482,7 @@ async def _wait_preview(pilot) -> None:
     await pilot.pause(0.1)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+@pytest.mark.parametrize("size", [(80, 24), (160, 48), (120, 40), (240, 67)])
 def test_compose_snapshot(snap_compare, monkeypatch, size):
     assert snap_compare(_snapshot_app(monkeypatch), terminal_size=size, run_before=_wait_preview)
 
