@@ -218,12 +218,12 @@ def _bench_estimate(row: dict):
 
 
 @pytest.mark.parametrize("row", _calibration_rows(), ids=lambda r: r["name"])
-def test_every_h200_calibration_row_within_15_percent(row, monkeypatch):
+def test_every_h200_calibration_row_within_10_percent(row, monkeypatch):
     monkeypatch.delenv("CALIB_TINY", raising=False)
     est = _bench_estimate(row)
     for kind in ("reserved", "allocated"):
         e, m = est[f"est_{kind}_gib"], row[f"measured_{kind}_gib"]
-        assert abs(e - m) / m < 0.15, (row["name"], kind, e, m)
+        assert abs(e - m) / m < 0.10, (row["name"], kind, e, m)
 
 
 def test_calibration_breakdown_sums_and_names_the_mechanisms():
