@@ -277,3 +277,37 @@ def test_the_stop_question_counts_nodes_past_the_eighth_and_says_which_ended():
     # one node: the question as it always was
     assert stop_question("r1", False, nodes[:1]) == stop_question("r1", False, [])
     assert "node" not in stop_question("r1", True, [])
+
+
+def test_past_eight_nodes_each_node_is_one_line_and_every_one_is_listed(tmp_path, ranks):
+    """A 12-node run: nodes 1-7 in full, 8-11 a line each, every node's ranks named; one
+    sample of real processes (this machine's, as node k's agent would take it) stands for
+    each node's newest."""
+    run = RunDir(tmp_path / "r")
+    run.create()
+    sample(run, {0: ranks[0], 1: ranks[1]}, 2)
+    with Store(run) as store:
+        tel = store.telemetry_latest()
+    nodes = [
+        {"node": k, "host": f"gpu{k}", "ranks": [2 * k, 2 * k + 1], "reach": "connected"}
+        for k in range(12)
+    ]
+    for n in nodes[1:11]:
+        n["telemetry"] = {"t": time.time(), **tel}
+    nodes[11]["reach"] = "reconnecting"
+    text = hardware_text(tel, None, "gpu0", 160, nodes).plain
+    lines = text.splitlines()
+    heads = [ln for ln in lines if ln.startswith("node ")]
+    assert [h.split(" · ")[0] for h in heads] == [f"node {k} gpu{k}" for k in range(12)]
+    assert all(f"ranks {2 * k}-{2 * k + 1}" in heads[k] for k in range(1, 12))
+    assert sum(ln.startswith("GPU0 r0") for ln in lines) == 8  # nodes 0-7 in full
+    assert "nodes 8-11, a line each" in text
+    gpus = tel["gpus"]  # the fake GPUs' utilisation moves with time: the sample's own
+    mean, low = sum(g["util"] for g in gpus) / 2, min(g["util"] for g in gpus)
+    assert heads[8] == (
+        f"node 8 gpu8 · ranks 16-17 · 2 GPUs util {mean:.0f}% (min {low:.0f}%) mem 700M/140G"
+        " · 2/2 ranks alive"
+    )
+    assert heads[11] == (
+        "node 11 gpu11 · ranks 22-23 · no telemetry from this node on the head (link reconnecting)"
+    )

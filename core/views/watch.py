@@ -354,7 +354,7 @@ class RunWatcher:
         return max(remaining * per_step - (now - t1), 0.0)
 
 
-NODE_TEL_TAIL = 64 << 10  # a snapshot line of a node with 8 GPUs is ~6 KiB
+NODE_TEL_TAIL = (16 << 10, 256 << 10)  # a node of 8 GPUs and 8 ranks: ~3 KiB a line
 
 
 def node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
@@ -391,26 +391,30 @@ def node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
 
 
 def _last_line(path: Path) -> dict[str, Any]:
-    """The last whole JSON object line of a file, read from its end (one pread)."""
+    """The last whole JSON object line of a file, read from its end (one pread; a second,
+    longer one only for a line longer than the first read)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return {}
     try:
         size = os.fstat(fd).st_size
-        data = os.pread(fd, NODE_TEL_TAIL, max(0, size - NODE_TEL_TAIL))
+        for tail in NODE_TEL_TAIL:
+            data = os.pread(fd, tail, max(0, size - tail))
+            lines = data.split(b"\n")
+            if size > tail:
+                lines = lines[1:]  # the first may be cut
+            for raw in reversed(lines[:-1]):  # the last has no newline yet: being written
+                try:
+                    d = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(d, dict):
+                    return d
+            if size <= tail:
+                break
     finally:
         os.close(fd)
-    lines = data.split(b"\n")
-    if size > NODE_TEL_TAIL:
-        lines = lines[1:]  # the first may be cut
-    for raw in reversed(lines[:-1]):  # the last has no newline yet: a line being written
-        try:
-            d = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(d, dict):
-            return d
     return {}
 
 
