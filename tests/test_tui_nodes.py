@@ -186,7 +186,10 @@ async def test_the_hardware_pane_lists_every_nodes_ranks_and_stop_names_the_node
         q = app.screen.question
         assert f"Stop {RUN_ID}?" in q and "This stops the ranks on all 2 nodes:" in q
         assert "  node 0 h0: ranks 0-1\n" in q
-        assert q.endswith("  node 1 gpu7: ranks 2-3 (unreached: told when its link returns)")
+        assert q.endswith(
+            "  node 1 gpu7: ranks 2-3 (unreached)\n"
+            "An unreached node gets the stop when its link returns."
+        )
         await pilot.press("n")  # (yes would signal the run's agent: this test process)
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), what="no")
         assert not head.stop_request.exists()
@@ -261,22 +264,54 @@ def test_a_telemetry_line_being_written_is_not_read(tmp_path):
     assert node_telemetry(run, 2) == {}  # nothing held for node 2
 
 
-def test_the_stop_question_counts_nodes_past_the_eighth_and_says_which_ended():
+def test_the_stop_question_counts_nodes_past_the_sixth_and_says_which_ended():
     nodes = [
         {"node": k, "host": f"gpu{k}", "ranks": [2 * k, 2 * k + 1], "status": "running"}
         for k in range(12)
     ]
+    nodes[1].update(host="gpu-node-1.a-long-cluster-domain.example.org")
     nodes[3].update(status="failed", reach="done")
     nodes[5].update(reach="lost", status="lost")
     q = stop_question("r1", False, nodes)
     assert "This stops the ranks on all 12 nodes:" in q
-    assert "  node 3 gpu3: ranks 6-7 (already failed)" in q
-    assert "  node 5 gpu5: ranks 10-11 (lost: its agent is gone)" in q
-    assert "  node 7 gpu7: ranks 14-15\n" in q and "node 8" not in q
-    assert q.endswith("  and 4 more nodes (ranks 16-23)")
+    assert "  node 1 gpu-node-1.a-long-clu…: ranks 2-3\n" in q
+    assert "  node 3 gpu3: ranks 6-7 (ended: failed)" in q
+    assert "  node 5 gpu5: ranks 10-11 (lost: agent gone)\n" in q and "node 6" not in q
+    assert q.endswith("  and 6 more nodes (ranks 12-23)")
     # one node: the question as it always was
     assert stop_question("r1", False, nodes[:1]) == stop_question("r1", False, [])
     assert "node" not in stop_question("r1", True, [])
+
+
+async def test_the_stop_dialog_of_a_big_run_keeps_its_buttons_on_an_80x24_screen(
+    tmp_path, monkeypatch
+):
+    """The worst case: long host names, every named node unreached, the kill's question (in
+    the app itself: its stylesheet sizes the dialog)."""
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "home"))
+    nodes = [
+        {
+            "node": k,
+            "host": f"gpu-node-{k}.cluster.example.org",
+            "ranks": list(range(8 * k, 8 * k + 8)),
+            "status": "running",
+            "reach": "unreached",
+        }
+        for k in range(128)
+    ]
+    app = TunedeckApp(refresh_s=3600)
+    async with app.run_test(size=(80, 24)) as pilot:
+        for hard in (False, True):
+            text = stop_question("20261204-120000-two-node-0a0a", hard, nodes)
+            app.push_screen(ConfirmScreen(text))
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="dialog")
+            await pilot.pause(0.1)
+            q = app.screen.query_one("#confirm-question")
+            assert q.region.height >= len(text.splitlines())  # wrapped, never cut
+            for b in ("#yes", "#no"):
+                assert app.screen.query_one(b).region.bottom <= 24, (hard, b)
+            await pilot.press("n")
+            await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="no")
 
 
 def test_past_eight_nodes_each_node_is_one_line_and_every_one_is_listed(tmp_path, ranks):

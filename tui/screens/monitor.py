@@ -92,14 +92,16 @@ def resumed_parent(run):
     return None
 
 
-NODES_NAMED = 8  # a stop question names this many nodes, then counts the rest
+NODES_NAMED = 6  # a stop question names this many nodes, then counts the rest: with its
+# note it fits the dialog at 80x24 (13 lines, 58 columns), buttons included
+HOST_SHOWN = 22  # a longer host name is cut (with …) so that a node's line fits
 
 
 def stop_question(run_id: str, hard: bool, nodes: list[dict]) -> str:
     """The stop dialog's question. A multi-node run's stop reaches every node (the head
-    passes it on), so the question names them: each node, its host and ranks, and whether
-    its part still runs or has ended, or is unreached and gets the stop when its link
-    returns."""
+    passes it on; under Slurm scancel), so the question names them: each node, its host and
+    ranks, and whether its part has ended or is unreached (it gets the stop when its link
+    returns)."""
     q = (
         f"Kill every process of {run_id} now (SIGKILL, no checkpoint)?"
         if hard
@@ -110,26 +112,32 @@ def stop_question(run_id: str, hard: bool, nodes: list[dict]) -> str:
         return q
     lines = []
     slurm = any(n.get("slurm") for n in nodes)
+    later = False
     for n in nodes[:NODES_NAMED]:
         ranks = list(n.get("ranks") or [])
         rk = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
-        host = f" {clean(str(n['host']))}" if n.get("host") else ""  # Slurm's: once it runs
-        line = f"  node {n.get('node')}{host}: {rk if ranks else '-'}"
+        host = clean(str(n.get("host") or ""))  # Slurm's: known once it runs
+        if len(host) > HOST_SHOWN:
+            host = host[: HOST_SHOWN - 1] + "…"
+        line = f"  node {n.get('node')}{' ' + host if host else ''}: {rk if ranks else '-'}"
         status, reach = n.get("status"), n.get("reach")
         if status in TERMINAL:
-            line += f" (already {clean(str(status))})"
+            line += f" (ended: {clean(str(status))})"
         elif reach in ("unreached", "reconnecting"):
-            line += f" ({reach}: told when its link returns)"
+            line += f" ({reach})"
+            later = True
         elif reach == "lost":
-            line += " (lost: its agent is gone)"
+            line += " (lost: agent gone)"
         elif reach == "not started by tunedeck" and not slurm:  # Slurm's scancel reaches it
-            line += " (no link from the head to pass the stop on)"
+            line += " (no link from the head)"
         lines.append(line)
     rest = nodes[NODES_NAMED:]
     if rest:
         first = (rest[0].get("ranks") or ["?"])[0]
         last = (rest[-1].get("ranks") or ["?"])[-1]
         lines.append(f"  and {len(rest)} more nodes (ranks {first}-{last})")
+    if later:
+        lines.append("An unreached node gets the stop when its link returns.")
     verb = "kills" if hard else "stops"
     return f"{q}\nThis {verb} the ranks on all {len(nodes)} nodes:\n" + "\n".join(lines)
 
