@@ -20,6 +20,8 @@ from textual.message import Message
 from textual.widgets import Footer, OptionList, Static
 
 from tunedeck.core.api import LogState, RankLog, RunNotFound, RunWatcher, Snapshot, find_run
+from tunedeck.core.rundir import TERMINAL
+from tunedeck.tui.format import clean
 from tunedeck.tui.runfacts import RunFacts, read_facts
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.screens.confirm import ConfirmScreen
@@ -88,6 +90,56 @@ def resumed_parent(run):
         if ckpt.is_relative_to(out):
             return other
     return None
+
+
+NODES_NAMED = 6  # a stop question names this many nodes, then counts the rest: with its
+# note it fits the dialog at 80x24 (13 lines, 58 columns), buttons included
+HOST_SHOWN = 22  # a longer host name is cut (with …) so that a node's line fits
+
+
+def stop_question(run_id: str, hard: bool, nodes: list[dict]) -> str:
+    """The stop dialog's question. A multi-node run's stop reaches every node (the head
+    passes it on; under Slurm scancel), so the question names them: each node, its host and
+    ranks, and whether its part has ended or is unreached (it gets the stop when its link
+    returns)."""
+    q = (
+        f"Kill every process of {run_id} now (SIGKILL, no checkpoint)?"
+        if hard
+        else f"Stop {run_id}?\nRanks finish their step and write a checkpoint; anything "
+        f"still alive after the grace period is killed."
+    )
+    if len(nodes) < 2:
+        return q
+    lines = []
+    slurm = any(n.get("slurm") for n in nodes)
+    later = False
+    for n in nodes[:NODES_NAMED]:
+        ranks = list(n.get("ranks") or [])
+        rk = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+        host = clean(str(n.get("host") or ""))  # Slurm's: known once it runs
+        if len(host) > HOST_SHOWN:
+            host = host[: HOST_SHOWN - 1] + "…"
+        line = f"  node {n.get('node')}{' ' + host if host else ''}: {rk if ranks else '-'}"
+        status, reach = n.get("status"), n.get("reach")
+        if status in TERMINAL:
+            line += f" (ended: {clean(str(status))})"
+        elif reach in ("unreached", "reconnecting"):
+            line += f" ({reach})"
+            later = True
+        elif reach == "lost":
+            line += " (lost: agent gone)"
+        elif reach == "not started by tunedeck" and not slurm:  # Slurm's scancel reaches it
+            line += " (no link from the head)"
+        lines.append(line)
+    rest = nodes[NODES_NAMED:]
+    if rest:
+        first = (rest[0].get("ranks") or ["?"])[0]
+        last = (rest[-1].get("ranks") or ["?"])[-1]
+        lines.append(f"  and {len(rest)} more nodes (ranks {first}-{last})")
+    if later:
+        lines.append("An unreached node gets the stop when its link returns.")
+    verb = "kills" if hard else "stops"
+    return f"{q}\nThis {verb} the ranks on all {len(nodes)} nodes:\n" + "\n".join(lines)
 
 
 class ActionDone(Message):
@@ -287,7 +339,9 @@ class MonitorScreen(TunedeckScreen):
         self._show_title(run)
         self.query_one(ProgressView).show(snap)
         self._show_loss(snap)
-        self.query_one(HardwareView).show(snap.telemetry, snap.history, run.state.get("host"))
+        self.query_one(HardwareView).show(
+            snap.telemetry, snap.history, run.state.get("host"), snap.nodes
+        )
         self._show_findings(snap)
         self.query_one(NcclView).show(snap.nccl)
         # a run whose logs hold no NCCL line (gloo, CPU) gets no NCCL pane
@@ -439,12 +493,7 @@ class MonitorScreen(TunedeckScreen):
         if run is None or not run.needs_stop:
             self.notify("this run is not running", severity="warning")
             return
-        q = (
-            f"Kill every process of {run.run_id} now (SIGKILL, no checkpoint)?"
-            if hard
-            else f"Stop {run.run_id}?\nRanks finish their step and write a checkpoint; anything "
-            f"still alive after the grace period is killed."
-        )
+        q = stop_question(run.run_id, hard, self.snap.nodes if self.snap else [])
 
         def answered(yes: bool | None) -> None:
             if yes:
