@@ -116,6 +116,43 @@ def test_native_step_text_is_the_python_text():
     assert fastscan.step_text([], 0, 1 << 62, 0, False) == ("", 0)
 
 
+def test_native_float_text_is_repr():
+    """The native writer's float text (Grisu3, Python's dtoa only where Grisu3 is unsure) is
+    repr's on random doubles of every exponent, the values a trainer logs, and the powers of
+    two and ten with their neighbours (the uneven gaps); and Grisu3 decides nearly all."""
+    import math
+    import random
+    import struct
+
+    from tunedeck.core.ingest.native import fastscan
+
+    if fastscan is None:
+        pytest.skip("native module not built")
+    rng = random.Random(32)
+    xs = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(100_000)]
+    xs += [rng.random() * 10 ** rng.randint(-8, 8) for _ in range(100_000)]
+    xs += [rng.randint(0, 10**12) / 10 ** rng.randint(0, 12) for _ in range(50_000)]
+    for e in range(-1074, 1024):
+        xs.append(math.ldexp(1.0, e))
+    for k in range(-323, 309):
+        xs.append(float(f"1e{k}"))
+    xs += [
+        y for x in xs[-(2098 + 632) :] for y in (math.nextafter(x, 0), math.nextafter(x, math.inf))
+    ]
+    xs += [0.0, -0.0, 5e-324, 1.7976931348623157e308, 9.999999999999999e22, 2**53 + 1.0]
+    xs = [x for x in xs if math.isfinite(x)]
+    xs += [-x for x in xs[:1000]]
+    unsure = 0
+    for x in xs:
+        fast = fastscan.float_text(x, True)
+        if fast is None:
+            unsure += 1
+            fast = fastscan.float_text(x)
+        assert fast == repr(x), (repr(x), fast)
+    assert unsure < len(xs) // 100
+    assert fastscan.float_text(9.999999999999999e22, True) is None  # 1e+23: Grisu3 unsure
+
+
 @pytest.mark.parametrize("case", ["restart", "files_only", "old_db", "wide"])
 def test_metrics_json_same_with_and_without_native_writer(synthetic, case, monkeypatch):
     import io
