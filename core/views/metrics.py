@@ -196,6 +196,16 @@ class Rendered(str):
     `_FULL`: what json.dump(indent=2) prints for it, without a dict or the encoder)."""
 
 
+class Written:
+    """Records the native writer wrote as one text (thousands of rows), held as it came: a
+    str subclass such as Rendered copies the text it is made from, 390 MB over 1M steps."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 _FULL = (
     '  {\n    "step": %d,\n    "loss": %r,\n    "learning_rate": %r,\n    "grad_norm": %r,'
     '\n    "tokens_per_s": %r,\n    "step_s": %r,\n    "epoch": %r,\n    "rank": %d,\n    '
@@ -230,7 +240,8 @@ def _stream(
     store: Store, since: int | None, every: int | None, last: int | None, text: bool = False
 ) -> Iterator[dict[str, Any]]:
     """The records; with `text`, a trainer's full step row comes as its JSON text
-    (`Rendered`) unless another rank has to be merged into it."""
+    (`Rendered`, or `Written` for a run of them) unless another rank has to be merged into
+    it."""
     ranks = store.metric_ranks()
     if not ranks:
         return
@@ -299,7 +310,7 @@ def _stream(
                 chunk, row, stop if stop < never else _NO_STOP, lead, need_max
             )
             if nxt > row:
-                yield Rendered(body)
+                yield Written(body)
                 chunk.skip = nxt
                 continue
             row = chunk[row]
@@ -483,12 +494,14 @@ def write_json(
     sep = "[\n"
     dicts: list[dict[str, Any]] = []
     for r in recs:
-        if type(r) is Rendered:  # text already (possibly thousands of rows): out at once
+        kind = type(r)
+        if kind is Written or kind is Rendered:  # text already: out at once, not copied
             if dicts:
                 out.write(sep + _encode(dicts, plain))
                 sep = ",\n"
                 dicts = []
-            out.write(sep + r)
+            out.write(sep)
+            out.write(r.text if kind is Written else r)
             sep = ",\n"
         else:
             dicts.append(r)
