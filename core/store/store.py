@@ -1207,6 +1207,40 @@ class MetricSources:
             )
         ]
 
+    def gaps(self, rank: int, since: int | None = None) -> list[int]:
+        """Steps (from `since` on) where the rank's step row lacks a value `tunedeck metrics`
+        prints (a NaN loss is a lacking one): its record there lacks a key, which a merge
+        with it moves last. Closed 4096-step blocks are asked through the rollups' counts (a
+        missing `t` there is not seen: the trainer always writes it); only rows of blocks with
+        a gap, past the closed ones and in the tail are read."""
+        rank, size = int(rank), TIERS[-1]
+        low = f" AND step >= {int(since)}" if since is not None else ""
+        cols = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "epoch", "tokens")
+        cols += ("data_wait_s", "mem_gib")
+        lacking = " OR ".join(f"{c} IS NULL" for c in ("t",) + cols)
+        rows = self.sql(rank, "step")
+        top = self.db.execute(
+            f"SELECT MAX(block) FROM steps_{size} WHERE rank = {rank}"
+        ).fetchone()[0]
+        ranges = [
+            (b * size, b * size + size - 1)
+            for (b,) in self.db.execute(
+                f"SELECT block FROM steps_{size} WHERE rank = {rank} AND block >= "
+                f"{int(since or 0) // size} AND ({' OR '.join(f'{c}_cnt < n' for c in cols)})"
+            )
+        ]
+        ranges.append(((-1 if top is None else top) * size + size, 1 << 62))
+        got: list[int] = []
+        for a, b in ranges:
+            got += (
+                s
+                for (s,) in self.db.execute(
+                    f"SELECT step FROM ({rows}) WHERE step BETWEEN {a} AND {b}{low} AND "
+                    f"({lacking}) ORDER BY step"
+                )
+            )
+        return got
+
     def has(self, rank: int, kind: str, col: str) -> bool:
         """Whether any of the rank's rows has a value there (stops at the first)."""
         cond = f"{col} IS NOT NULL" + (" OR loss_nan IS NOT NULL" if col == "loss" else "")

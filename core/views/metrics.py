@@ -3,9 +3,11 @@ argument, whatever it names: a run id/prefix/name, a run directory or a log file
 
 A run whose run.db the agent wrote with typed step tables (series format 2) is read in
 SQL, as a stream: the lowest rank's step and eval rows in step order; another rank is read
-only where it has a step the lowest lacks, an eval it lacks, or a field it lacks (each
-rank's span, eval steps and fields it ever has, asked first: one index probe each for a
-trainer's run). A record is what the older whole-run merge gave: the lowest rank's record
+only where it has a step the lowest lacks, an eval it lacks, or a field it lacks, where its
+own row lacks a field, and where the lowest logged a NaN loss (the merge takes the key order
+from the other ranks' records there). Each rank's span, eval steps, fields it ever has and
+steps with a gap are asked first: index probes and its 4096-step rollups for a trainer's
+run, not its rows. A record is what the older whole-run merge gave: the lowest rank's record
 with what it lacks filled from the next ranks in order, keys in the same order. Everything
 else (logs, ms-swift's logging.jsonl, an older run.db, event files no agent ingested) goes
 through the log parsers as before.
@@ -337,7 +339,9 @@ def _stream(
             xi += 1
             nx = extra[xi] if xi < len(extra) else never
             rec = _merged(src, s, rec, others)
-        elif fill_keys and not fill_keys <= rec.keys():
+        elif (fill_keys and not fill_keys <= rec.keys()) or (row[12] and others):
+            # a NaN loss puts "loss" late in the lead's record: another rank's record at the
+            # step sets the key order, as in the whole-run merge
             rec = _merged(src, s, rec, others)
         yield rec
     while ev is not None or nx < never:
@@ -391,6 +395,8 @@ def _where_others_count(
         for s, *_ in src.rows(r, "eval", floor):
             if s not in lead_evals:
                 special.add(s)
+        # where its record lacks a key the lead's may have, the merge moves that key last
+        special.update(src.gaps(r, floor))
         for c in cols:
             if _KEY_OF_COL[c] not in fill and src.has(r, "step", c):
                 fill.add(_KEY_OF_COL[c])
