@@ -116,6 +116,43 @@ def test_native_step_text_is_the_python_text():
     assert fastscan.step_text([], 0, 1 << 62, 0, False) == ("", 0)
 
 
+def test_native_float_text_is_repr():
+    """The native writer's float text (Grisu3, Python's dtoa only where Grisu3 is unsure) is
+    repr's on random doubles of every exponent, the values a trainer logs, and the powers of
+    two and ten with their neighbours (the uneven gaps); and Grisu3 decides nearly all."""
+    import math
+    import random
+    import struct
+
+    from tunedeck.core.ingest.native import fastscan
+
+    if fastscan is None:
+        pytest.skip("native module not built")
+    rng = random.Random(32)
+    xs = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(100_000)]
+    xs += [rng.random() * 10 ** rng.randint(-8, 8) for _ in range(100_000)]
+    xs += [rng.randint(0, 10**12) / 10 ** rng.randint(0, 12) for _ in range(50_000)]
+    for e in range(-1074, 1024):
+        xs.append(math.ldexp(1.0, e))
+    for k in range(-323, 309):
+        xs.append(float(f"1e{k}"))
+    xs += [
+        y for x in xs[-(2098 + 632) :] for y in (math.nextafter(x, 0), math.nextafter(x, math.inf))
+    ]
+    xs += [0.0, -0.0, 5e-324, 1.7976931348623157e308, 9.999999999999999e22, 2**53 + 1.0]
+    xs = [x for x in xs if math.isfinite(x)]
+    xs += [-x for x in xs[:1000]]
+    unsure = 0
+    for x in xs:
+        fast = fastscan.float_text(x, True)
+        if fast is None:
+            unsure += 1
+            fast = fastscan.float_text(x)
+        assert fast == repr(x), (repr(x), fast)
+    assert unsure < len(xs) // 100
+    assert fastscan.float_text(9.999999999999999e22, True) is None  # 1e+23: Grisu3 unsure
+
+
 @pytest.mark.parametrize("case", ["restart", "files_only", "old_db", "wide"])
 def test_metrics_json_same_with_and_without_native_writer(synthetic, case, monkeypatch):
     import io
@@ -200,3 +237,98 @@ def test_last_n_reads_only_the_end_of_a_run_with_gaps(tmp_path, monkeypatch):
         cost[steps] = ops[0]
         monkeypatch.setattr(Store, "_reader", opened)
     assert cost[40_000] < 3 * cost[2_000], cost
+
+
+def _varying_run(path, steps: int):
+    """Three ranks whose every field varies by step and rank, with what a merge must mend: the
+    lead (rank 0) skips some steps, lacks mem_gib at some and logs a NaN loss; rank 1 runs 7
+    steps ahead with evals the lead lacks, lacks grad_norm at some steps and logs NaN losses
+    (the merge puts the lead's keys it lacks last); rank 2 logs every 3rd step under another
+    max_steps."""
+    import math
+
+    from tunedeck.core.rundir import RunDir
+    from tunedeck.core.rundir.events import EventWriter
+    from tunedeck.core.store.store import Store
+
+    run = RunDir(path)
+    for rank in (0, 1, 2):
+        w = EventWriter(run.path, rank)
+        w.emit("start", world_size=3, max_steps=steps + 10 * rank, restart=0, start_step=0)
+        for s in range(1, steps + (8 if rank == 1 else 1)):
+            if (rank == 0 and s % 1111 == 0) or (rank == 2 and s % 3):
+                continue
+            h = (s * 2654435761 + rank * 40503) % 1000003 / 1000003.0
+            fields = dict(
+                step=s,
+                loss=2.0 + 1 / (1 + s / 500) + 0.05 * (h - 0.5),
+                lr=1e-4 * 0.5 * (1 + math.cos(math.pi * s / steps)),
+                grad_norm=0.5 + 0.3 * h,
+                tokens=7000 + int(1192 * h),
+                step_s=0.55 + 0.1 * h,
+                data_wait_s=0.002 + 0.004 * ((h * 7) % 1),
+                mem_gib=61.0 + 0.6 * ((h * 13) % 1),
+                tokens_per_s=(7000 + int(1192 * h)) / (0.55 + 0.1 * h),
+                epoch=s // 1000,
+            )
+            if rank == 0 and s % 97 == 0:
+                del fields["mem_gib"]
+            if rank == 1 and s % 89 == 0:  # the merge moves the lead's grad_norm last
+                del fields["grad_norm"]
+            if (rank, s) in ((0, 500), (1, 601), (1, 8999)):
+                fields["loss"] = float("nan")
+            w.emit("step", **fields)
+            if (rank == 0 and s % 1000 == 0) or (rank == 1 and s % 1500 == 0):
+                w.emit("eval", step=s, eval_loss=1.5 + h)
+        w.close()
+    with Store(run, write=True) as agent:
+        while agent.ingest():
+            pass
+    return run
+
+
+def test_metrics_json_on_varying_ranks_is_the_documented_merge(tmp_path, monkeypatch):
+    """On a multi-rank run whose every field varies, `tunedeck metrics RUN --json` (the SQL
+    stream, the native writer) prints what core/views/metrics.py's docstring promises: per
+    step, the lowest rank's record with what it lacks filled from the next ranks in order,
+    keys in the same order, as json.dump(indent=2) prints the list (a NaN loss as null)."""
+    import io
+
+    from tunedeck.core.ingest.metrics import MetricsParser, merge_by_step
+    from tunedeck.core.views import metrics as m
+
+    steps = 9000  # over two 4096-row batches of the stream
+    run = _varying_run(tmp_path / "vary", steps)
+    per_rank = []
+    for rank in (0, 1, 2):
+        parser = MetricsParser(rank)
+        lines = run.event_file(rank).read_text().splitlines()
+        parser.feed_dicts([json.loads(ln) for ln in lines])
+        per_rank.append(parser.records())
+    merged: dict[int, dict] = {}
+    for recs in per_rank:  # lowest rank first: its values win, the next fill what it lacks
+        for r in recs:
+            cur = merged.get(r["step"])
+            merged[r["step"]] = dict(r) if cur is None else {**r, **cur}
+    want = [m.json_safe(merged[s]) for s in sorted(merged)]
+    assert want == [m.json_safe(r) for r in merge_by_step(per_rank)]
+    # the case is what it claims: merged steps, filled keys, other ranks' evals and steps
+    assert len(want) == steps + 7 and want[1110]["rank"] == 1 and want[-1]["rank"] == 1
+    assert "mem_gib" in want[96] and want[96]["rank"] == 0 and want[499]["loss"] is None
+    assert "eval_loss" in want[1499] and want[1499]["rank"] == 0
+    assert list(want[88])[-1] == "grad_norm" and list(want[600])[-2:] == ["loss", "max_steps"]
+    text = json.dumps(want, indent=2) + "\n"
+
+    p = metrics(str(run.path), "--json")
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode() == text
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(m, "fastscan", None)
+        out = io.StringIO()
+        recs = m.iter_records(run.path, text=True)
+        m.write_json(recs, out, plain=recs.plain)
+        assert out.getvalue() == text, native
+    assert list(m.iter_records(run.path, since=4000, every=7)) == [
+        r for r in want if r["step"] >= 4000 and r["step"] % 7 == 0
+    ]

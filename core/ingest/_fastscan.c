@@ -1054,6 +1054,261 @@ done:
     return out;
 }
 
+/* -- a float's repr without dtoa ---------------------------------------------------------
+ *
+ * repr(float) is David Gay's dtoa in shortest mode, ~0.5 us a value: most of `tunedeck metrics
+ * --json`'s time on a run whose columns all vary (nine floats a record). Grisu3 (Loitsch,
+ * "Printing Floating-Point Numbers Quickly and Accurately with Integers", PLDI 2010) finds the
+ * same digits, the shortest that read back to the value and the closest of those, in 64-bit
+ * integer arithmetic, or says that it cannot be sure (~0.5% of doubles): those go to Python's
+ * dtoa. float_repr then lays the digits out as repr does. */
+typedef struct {
+    uint64_t f;
+    int e;
+} DiyFp;
+
+/* 10^k ~ f * 2^e for k = -348, -340, ..., 340: f rounded to nearest (generated with exact
+ * integer arithmetic) */
+static const struct {
+    uint64_t f;
+    int16_t e, k;
+} cached_pow[] = {
+    {0xfa8fd5a0081c0288ULL, -1220, -348}, {0xbaaee17fa23ebf76ULL, -1193, -340},
+    {0x8b16fb203055ac76ULL, -1166, -332}, {0xcf42894a5dce35eaULL, -1140, -324},
+    {0x9a6bb0aa55653b2dULL, -1113, -316}, {0xe61acf033d1a45dfULL, -1087, -308},
+    {0xab70fe17c79ac6caULL, -1060, -300}, {0xff77b1fcbebcdc4fULL, -1034, -292},
+    {0xbe5691ef416bd60cULL, -1007, -284}, {0x8dd01fad907ffc3cULL, -980, -276},
+    {0xd3515c2831559a83ULL, -954, -268}, {0x9d71ac8fada6c9b5ULL, -927, -260},
+    {0xea9c227723ee8bcbULL, -901, -252}, {0xaecc49914078536dULL, -874, -244},
+    {0x823c12795db6ce57ULL, -847, -236}, {0xc21094364dfb5637ULL, -821, -228},
+    {0x9096ea6f3848984fULL, -794, -220}, {0xd77485cb25823ac7ULL, -768, -212},
+    {0xa086cfcd97bf97f4ULL, -741, -204}, {0xef340a98172aace5ULL, -715, -196},
+    {0xb23867fb2a35b28eULL, -688, -188}, {0x84c8d4dfd2c63f3bULL, -661, -180},
+    {0xc5dd44271ad3cdbaULL, -635, -172}, {0x936b9fcebb25c996ULL, -608, -164},
+    {0xdbac6c247d62a584ULL, -582, -156}, {0xa3ab66580d5fdaf6ULL, -555, -148},
+    {0xf3e2f893dec3f126ULL, -529, -140}, {0xb5b5ada8aaff80b8ULL, -502, -132},
+    {0x87625f056c7c4a8bULL, -475, -124}, {0xc9bcff6034c13053ULL, -449, -116},
+    {0x964e858c91ba2655ULL, -422, -108}, {0xdff9772470297ebdULL, -396, -100},
+    {0xa6dfbd9fb8e5b88fULL, -369, -92}, {0xf8a95fcf88747d94ULL, -343, -84},
+    {0xb94470938fa89bcfULL, -316, -76}, {0x8a08f0f8bf0f156bULL, -289, -68},
+    {0xcdb02555653131b6ULL, -263, -60}, {0x993fe2c6d07b7facULL, -236, -52},
+    {0xe45c10c42a2b3b06ULL, -210, -44}, {0xaa242499697392d3ULL, -183, -36},
+    {0xfd87b5f28300ca0eULL, -157, -28}, {0xbce5086492111aebULL, -130, -20},
+    {0x8cbccc096f5088ccULL, -103, -12}, {0xd1b71758e219652cULL, -77, -4},
+    {0x9c40000000000000ULL, -50, 4}, {0xe8d4a51000000000ULL, -24, 12},
+    {0xad78ebc5ac620000ULL, 3, 20}, {0x813f3978f8940984ULL, 30, 28},
+    {0xc097ce7bc90715b3ULL, 56, 36}, {0x8f7e32ce7bea5c70ULL, 83, 44},
+    {0xd5d238a4abe98068ULL, 109, 52}, {0x9f4f2726179a2245ULL, 136, 60},
+    {0xed63a231d4c4fb27ULL, 162, 68}, {0xb0de65388cc8ada8ULL, 189, 76},
+    {0x83c7088e1aab65dbULL, 216, 84}, {0xc45d1df942711d9aULL, 242, 92},
+    {0x924d692ca61be758ULL, 269, 100}, {0xda01ee641a708deaULL, 295, 108},
+    {0xa26da3999aef774aULL, 322, 116}, {0xf209787bb47d6b85ULL, 348, 124},
+    {0xb454e4a179dd1877ULL, 375, 132}, {0x865b86925b9bc5c2ULL, 402, 140},
+    {0xc83553c5c8965d3dULL, 428, 148}, {0x952ab45cfa97a0b3ULL, 455, 156},
+    {0xde469fbd99a05fe3ULL, 481, 164}, {0xa59bc234db398c25ULL, 508, 172},
+    {0xf6c69a72a3989f5cULL, 534, 180}, {0xb7dcbf5354e9beceULL, 561, 188},
+    {0x88fcf317f22241e2ULL, 588, 196}, {0xcc20ce9bd35c78a5ULL, 614, 204},
+    {0x98165af37b2153dfULL, 641, 212}, {0xe2a0b5dc971f303aULL, 667, 220},
+    {0xa8d9d1535ce3b396ULL, 694, 228}, {0xfb9b7cd9a4a7443cULL, 720, 236},
+    {0xbb764c4ca7a44410ULL, 747, 244}, {0x8bab8eefb6409c1aULL, 774, 252},
+    {0xd01fef10a657842cULL, 800, 260}, {0x9b10a4e5e9913129ULL, 827, 268},
+    {0xe7109bfba19c0c9dULL, 853, 276}, {0xac2820d9623bf429ULL, 880, 284},
+    {0x80444b5e7aa7cf85ULL, 907, 292}, {0xbf21e44003acdd2dULL, 933, 300},
+    {0x8e679c2f5e44ff8fULL, 960, 308}, {0xd433179d9c8cb841ULL, 986, 316},
+    {0x9e19db92b4e31ba9ULL, 1013, 324}, {0xeb96bf6ebadf77d9ULL, 1039, 332},
+    {0xaf87023b9bf0ee6bULL, 1066, 340},
+};
+#define N_CACHED_POW ((int)(sizeof cached_pow / sizeof cached_pow[0]))
+
+/* the upper 64 bits of the 128-bit product, rounded (half up): the error bound Grisu assumes */
+static DiyFp fp_mul(DiyFp x, DiyFp y) {
+    const uint64_t m32 = 0xFFFFFFFFu;
+    uint64_t a = x.f >> 32, b = x.f & m32, c = y.f >> 32, d = y.f & m32;
+    uint64_t ac = a * c, bc = b * c, ad = a * d, bd = b * d;
+    uint64_t tmp = (bd >> 32) + (ad & m32) + (bc & m32) + (1u << 31);
+    DiyFp r = {ac + (ad >> 32) + (bc >> 32) + (tmp >> 32), x.e + y.e + 64};
+    return r;
+}
+
+static DiyFp fp_normalize(DiyFp x) {
+#if defined(__GNUC__) || defined(__clang__)
+    int s = __builtin_clzll(x.f);
+    x.f <<= s;
+    x.e -= s;
+#else
+    while (!(x.f & (1ULL << 63))) {
+        x.f <<= 1;
+        x.e--;
+    }
+#endif
+    return x;
+}
+
+/* moves the last digit down while that brings it closer to the value; 0 when the result may
+ * not be the closest or may lie outside the boundaries */
+static int round_weed(char *buf, int len, uint64_t dist_high_w, uint64_t unsafe, uint64_t rest,
+                      uint64_t ten_kappa, uint64_t unit) {
+    uint64_t small = dist_high_w - unit, big = dist_high_w + unit;
+    while (rest < small && unsafe - rest >= ten_kappa &&
+           (rest + ten_kappa < small || small - rest >= rest + ten_kappa - small)) {
+        buf[len - 1]--;
+        rest += ten_kappa;
+    }
+    if (rest < big && unsafe - rest >= ten_kappa &&
+        (rest + ten_kappa < big || big - rest > rest + ten_kappa - big))
+        return 0;
+    return 2 * unit <= rest && rest <= unsafe - 4 * unit;
+}
+
+/* the shortest digits in (low, high), w the scaled value; all three share w.e in [-60, -32] */
+static int digit_gen(DiyFp low, DiyFp w, DiyFp high, char *buf, int *len, int *kappa) {
+    uint64_t unit = 1;
+    uint64_t too_low = low.f - unit, too_high = high.f + unit;
+    uint64_t unsafe = too_high - too_low;
+    int sh = -w.e;
+    uint64_t one = 1ULL << sh;
+    uint32_t integrals = (uint32_t)(too_high >> sh);
+    uint64_t fractionals = too_high & (one - 1);
+    uint32_t divisor = 1;
+    int k = 1;   /* integrals >= 8: too_high >= 2^63 */
+    while (k < 10 && integrals / divisor >= 10) {
+        divisor *= 10;
+        k++;
+    }
+    *len = 0;
+    while (k > 0) {
+        buf[(*len)++] = (char)('0' + integrals / divisor);
+        integrals %= divisor;
+        k--;
+        uint64_t rest = ((uint64_t)integrals << sh) + fractionals;
+        if (rest < unsafe) {
+            *kappa = k;
+            return round_weed(buf, *len, too_high - w.f, unsafe, rest, (uint64_t)divisor << sh,
+                              unit);
+        }
+        divisor /= 10;
+    }
+    for (;;) {
+        if (*len >= 18) return 0;   /* never for a double; Python's dtoa would decide */
+        fractionals *= 10;
+        unit *= 10;
+        unsafe *= 10;
+        buf[(*len)++] = (char)('0' + (int)(fractionals >> sh));
+        fractionals &= one - 1;
+        k--;
+        if (fractionals < unsafe) {
+            *kappa = k;
+            return round_weed(buf, *len, (too_high - w.f) * unit, unsafe, fractionals, one, unit);
+        }
+    }
+}
+
+/* v > 0 and finite: its shortest digits, v = digits * 10^K; 0 when Grisu3 cannot be sure */
+static int grisu3(double v, char *buf, int *len, int *K) {
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    uint64_t sig = bits & 0xFFFFFFFFFFFFFULL;
+    int be = (int)(bits >> 52 & 0x7FF);
+    DiyFp w = {be ? sig | 1ULL << 52 : sig, be ? be - 1075 : -1074};
+    /* the halfway points to the neighbours; below a power of two the lower gap is half */
+    DiyFp hi = fp_normalize((DiyFp){(w.f << 1) + 1, w.e - 1});
+    DiyFp lo = sig == 0 && be > 1 ? (DiyFp){(w.f << 2) - 1, w.e - 2}
+                                   : (DiyFp){(w.f << 1) - 1, w.e - 1};
+    lo.f <<= lo.e - hi.e;
+    lo.e = hi.e;
+    w = fp_normalize(w);
+    /* the cached power that brings w's exponent into [-60, -32] */
+    int i = (int)ceil((-60 - (w.e + 64) + 63) * 0.30102999566398114);
+    i = (348 + i - 1) / 8 + 1;
+    while (i < N_CACHED_POW - 1 && w.e + cached_pow[i].e + 64 < -60) i++;
+    while (i > 0 && w.e + cached_pow[i].e + 64 > -32) i--;
+    if (i < 0 || i >= N_CACHED_POW) return 0;
+    int e = w.e + cached_pow[i].e + 64;
+    if (e < -60 || e > -32) return 0;
+    DiyFp c = {cached_pow[i].f, cached_pow[i].e};
+    int kappa;
+    if (!digit_gen(fp_mul(lo, c), fp_mul(w, c), fp_mul(hi, c), buf, len, &kappa)) return 0;
+    while (*len > 1 && buf[*len - 1] == '0') {   /* repr never ends its digits in 0 */
+        (*len)--;
+        kappa++;
+    }
+    *K = kappa - cached_pow[i].k;
+    return 1;
+}
+
+/* repr(d) of a finite d into out (32 bytes): its length, or -1 when Grisu3 is unsure */
+static int float_repr(double d, char *out) {
+    char digits[24];
+    int n, K;
+    char *p = out;
+    if (signbit(d)) {
+        *p++ = '-';
+        d = -d;
+    }
+    if (d == 0.0) {
+        memcpy(p, "0.0", 3);
+        return (int)(p - out) + 3;
+    }
+    if (!grisu3(d, digits, &n, &K)) return -1;
+    int decpt = n + K;   /* d = 0.digits * 10^decpt */
+    if (decpt <= -4 || decpt > 16) {   /* repr's rule for an exponent */
+        *p++ = digits[0];
+        if (n > 1) {
+            *p++ = '.';
+            memcpy(p, digits + 1, n - 1);
+            p += n - 1;
+        }
+        int x = decpt - 1;
+        *p++ = 'e';
+        *p++ = x < 0 ? '-' : '+';
+        if (x < 0) x = -x;
+        if (x >= 100) {
+            *p++ = (char)('0' + x / 100);
+            x %= 100;
+        }
+        *p++ = (char)('0' + x / 10);
+        *p++ = (char)('0' + x % 10);
+    } else if (decpt <= 0) {
+        *p++ = '0';
+        *p++ = '.';
+        memset(p, '0', -decpt);
+        p += -decpt;
+        memcpy(p, digits, n);
+        p += n;
+    } else if (decpt < n) {
+        memcpy(p, digits, decpt);
+        p += decpt;
+        *p++ = '.';
+        memcpy(p, digits + decpt, n - decpt);
+        p += n - decpt;
+    } else {
+        memcpy(p, digits, n);
+        p += n;
+        memset(p, '0', decpt - n);
+        p += decpt - n;
+        memcpy(p, ".0", 2);
+        p += 2;
+    }
+    return (int)(p - out);
+}
+
+/* float_text(x, fast_only=False) -> repr(x), through float_repr (None with fast_only when
+ * Grisu3 is unsure): for the tests that hold it to repr */
+static PyObject *py_float_text(PyObject *self, PyObject *args) {
+    double d;
+    int fast_only = 0;
+    if (!PyArg_ParseTuple(args, "d|p", &d, &fast_only)) return NULL;
+    char out[32];
+    int n = isfinite(d) ? float_repr(d, out) : -1;
+    if (n >= 0) return PyUnicode_DecodeASCII(out, n, NULL);
+    if (fast_only) Py_RETURN_NONE;
+    char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (!s) return NULL;
+    PyObject *r = PyUnicode_FromString(s);
+    PyMem_Free(s);
+    return r;
+}
+
 /* step_text(rows, start, stop_step, rank, need_max_steps) -> (text, next)
  *
  * `tunedeck metrics --json`'s text of a trainer's full step rows (core/views/metrics.py
@@ -1062,8 +1317,8 @@ done:
  * on, each row below stop_step with every value an int or a finite float, no loss_nan and
  * (with need_max_steps) a max_steps is written as json.dump(indent=2) prints its record inside
  * a list (floats as repr), the records joined by ",\n". It stops at the first other row:
- * `next` is its index, for Python to read. Python's own float repr is used, so the text is
- * byte for byte what the Python path prints. */
+ * `next` is its index, for Python to read. Floats are written by float_repr (Python's own
+ * dtoa where Grisu3 is unsure), so the text is byte for byte what the Python path prints. */
 typedef struct {
     char *p;
     Py_ssize_t n, cap;
@@ -1102,14 +1357,23 @@ static int buf_num_at(Buf *b, PyObject *v, Last *last) {
         if (!isfinite(d)) return 1;
         if (last && last->n && memcmp(&last->d, &d, sizeof d) == 0)   /* same bits: -0.0 too */
             return buf_put(b, last->s, last->n);
+        int n = float_repr(d, tmp);
+        if (n >= 0) {
+            if (last) {
+                memcpy(last->s, tmp, n);
+                last->d = d;
+                last->n = n;
+            }
+            return buf_put(b, tmp, n);
+        }
         char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
         if (!s) return -1;
-        size_t n = strlen(s);
+        n = (int)strlen(s);
         int rc = buf_put(b, s, n);
-        if (last && n < sizeof last->s) {
+        if (last && n < (int)sizeof last->s) {
             memcpy(last->s, s, n);
             last->d = d;
-            last->n = (int)n;
+            last->n = n;
         }
         PyMem_Free(s);
         return rc;
@@ -1119,8 +1383,15 @@ static int buf_num_at(Buf *b, PyObject *v, Last *last) {
         long long x = PyLong_AsLongLongAndOverflow(v, &over);
         if (over) return 1;
         if (x == -1 && PyErr_Occurred()) return -1;
-        int k = snprintf(tmp, sizeof tmp, "%lld", x);
-        return buf_put(b, tmp, k);
+        /* digits from the end (snprintf's format parsing cost as much as the row) */
+        char *e = tmp + sizeof tmp, *p = e;
+        unsigned long long u = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+        do {
+            *--p = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        if (x < 0) *--p = '-';
+        return buf_put(b, p, e - p);
     }
     return 1;
 }
@@ -1146,7 +1417,11 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "rank must be an int");
         return NULL;
     }
-    Buf b = {NULL, 0, 0};
+    /* one buffer for every call (under the GIL): a 1M-step run's 390 MB of text is written
+     * into the same pages, not into fresh ones each call */
+    static Buf scratch = {NULL, 0, 0};
+    Buf b = scratch;
+    b.n = 0;
     Last last[11];
     for (int k = 0; k < 11; k++) last[k].n = 0;
     Py_ssize_t n = PyList_GET_SIZE(rows), i = start < 0 ? 0 : start;
@@ -1190,7 +1465,7 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
         }
         if (!rc) rc = buf_put(&b, "\n  }", 4);
         if (rc < 0) {
-            PyMem_Free(b.p);
+            scratch = b;
             return NULL;
         }
         if (rc > 0) {   /* a value repr cannot write (checked above; kept for safety) */
@@ -1198,9 +1473,10 @@ static PyObject *py_step_text(PyObject *self, PyObject *args) {
             break;
         }
     }
-    PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", b.n, NULL);
-    PyMem_Free(b.p);
+    scratch = b;
+    PyObject *text = PyUnicode_New(b.n, 127);   /* ASCII by construction: no decoding pass */
     if (!text) return NULL;
+    if (b.n) memcpy(PyUnicode_1BYTE_DATA(text), b.p, b.n);
     return Py_BuildValue("(Nn)", text, i);
 }
 
@@ -1420,6 +1696,8 @@ static PyMethodDef methods[] = {
      "rows(steps, values, present, ints, order, rank, start, stop) -> [dict, ...]"},
     {"pick_steps", py_pick_steps, METH_VARARGS,
      "pick_steps(lines, keys) -> [None | (rank, step, t, *values, has_first_key), ...]"},
+    {"float_text", py_float_text, METH_VARARGS,
+     "float_text(x, fast_only=False) -> repr(x) (None with fast_only when unsure)"},
     {"step_text", py_step_text, METH_VARARGS,
      "step_text(rows, start, stop_step, rank, need_max_steps) -> (text, next)"},
     {NULL, NULL, 0, NULL},

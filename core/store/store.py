@@ -1207,6 +1207,64 @@ class MetricSources:
             )
         ]
 
+    def gaps(self, rank: int, since: int | None = None) -> list[int]:
+        """Steps (from `since` on) where the rank's step row lacks a value `tunedeck metrics`
+        prints (a NaN loss is a lacking one): its record there lacks a key, which a merge
+        with it moves last. Closed blocks are asked through the rollups' counts (4096 steps,
+        then 64 past those; a missing `t` there is not seen: the trainer always writes it);
+        only rows of blocks with a gap, of the open block and of the tail are read."""
+        rank, big, small = int(rank), TIERS[-1], TIERS[0]
+        since = max(int(since or 0), 0)
+        cols = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "epoch", "tokens")
+        cols += ("data_wait_s", "mem_gib")
+        counted = " OR ".join(f"{c}_cnt < n" for c in cols)
+        lacking = " OR ".join(f"{c} IS NULL" for c in ("t",) + cols)
+        db = self.db
+        # parameters, not text: one compiled statement for every rank of a 1,024-rank run
+        (top,) = db.execute(
+            f"SELECT MAX(block) FROM steps_{big} WHERE rank = ?", (rank,)
+        ).fetchone()
+        ranges = [
+            (b * big, b * big + big - 1)
+            for (b,) in db.execute(
+                f"SELECT block FROM steps_{big} WHERE rank = ? AND block >= ? AND ({counted})",
+                (rank, since // big),
+            )
+        ]
+        first = 0 if top is None else (top + 1) * big // small  # 64-blocks past the closed 4096
+        (top_small,) = db.execute(
+            f"SELECT MAX(block) FROM steps_{small} WHERE rank = ? AND block >= ?", (rank, first)
+        ).fetchone()
+        ranges += [
+            (b * small, b * small + small - 1)
+            for (b,) in db.execute(
+                f"SELECT block FROM steps_{small} WHERE rank = ? AND block >= ? AND ({counted})",
+                (rank, max(first, since // small)),
+            )
+        ]
+        ranges.append(((first if top_small is None else top_small + 1) * small, 1 << 62))
+        cut = self.cuts.get(rank)
+        got: set[int] = set()
+        for a, b in ranges:
+            b = min(b, cut - 1) if cut is not None else b  # the tail's rows come next
+            got.update(
+                s
+                for (s,) in db.execute(
+                    "SELECT step FROM steps WHERE rank = ? AND step BETWEEN ? AND ? AND "
+                    f"({lacking})",
+                    (rank, max(a, since), b),
+                )
+            )
+        if rank in self.tail_ranks:
+            got.update(
+                s
+                for (s,) in db.execute(
+                    f"SELECT step FROM ({self._tail(rank, 'step', ('t',) + cols)}) WHERE "
+                    f"step >= {since} AND ({lacking})"
+                )
+            )
+        return sorted(got)
+
     def has(self, rank: int, kind: str, col: str) -> bool:
         """Whether any of the rank's rows has a value there (stops at the first)."""
         cond = f"{col} IS NOT NULL" + (" OR loss_nan IS NOT NULL" if col == "loss" else "")

@@ -3,9 +3,11 @@ argument, whatever it names: a run id/prefix/name, a run directory or a log file
 
 A run whose run.db the agent wrote with typed step tables (series format 2) is read in
 SQL, as a stream: the lowest rank's step and eval rows in step order; another rank is read
-only where it has a step the lowest lacks, an eval it lacks, or a field it lacks (each
-rank's span, eval steps and fields it ever has, asked first: one index probe each for a
-trainer's run). A record is what the older whole-run merge gave: the lowest rank's record
+only where it has a step the lowest lacks, an eval it lacks, or a field it lacks, where its
+own row lacks a field, and where the lowest logged a NaN loss (the merge takes the key order
+from the other ranks' records there). Each rank's span, eval steps, fields it ever has and
+steps with a gap are asked first: index probes and its 4096-step rollups for a trainer's
+run, not its rows. A record is what the older whole-run merge gave: the lowest rank's record
 with what it lacks filled from the next ranks in order, keys in the same order. Everything
 else (logs, ms-swift's logging.jsonl, an older run.db, event files no agent ingested) goes
 through the log parsers as before.
@@ -196,6 +198,16 @@ class Rendered(str):
     `_FULL`: what json.dump(indent=2) prints for it, without a dict or the encoder)."""
 
 
+class Written:
+    """Records the native writer wrote as one text (thousands of rows), held as it came: a
+    str subclass such as Rendered copies the text it is made from, 390 MB over 1M steps."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 _FULL = (
     '  {\n    "step": %d,\n    "loss": %r,\n    "learning_rate": %r,\n    "grad_norm": %r,'
     '\n    "tokens_per_s": %r,\n    "step_s": %r,\n    "epoch": %r,\n    "rank": %d,\n    '
@@ -230,7 +242,8 @@ def _stream(
     store: Store, since: int | None, every: int | None, last: int | None, text: bool = False
 ) -> Iterator[dict[str, Any]]:
     """The records; with `text`, a trainer's full step row comes as its JSON text
-    (`Rendered`) unless another rank has to be merged into it."""
+    (`Rendered`, or `Written` for a run of them) unless another rank has to be merged into
+    it."""
     ranks = store.metric_ranks()
     if not ranks:
         return
@@ -299,7 +312,7 @@ def _stream(
                 chunk, row, stop if stop < never else _NO_STOP, lead, need_max
             )
             if nxt > row:
-                yield Rendered(body)
+                yield Written(body)
                 chunk.skip = nxt
                 continue
             row = chunk[row]
@@ -326,7 +339,9 @@ def _stream(
             xi += 1
             nx = extra[xi] if xi < len(extra) else never
             rec = _merged(src, s, rec, others)
-        elif fill_keys and not fill_keys <= rec.keys():
+        elif (fill_keys and not fill_keys <= rec.keys()) or (row[12] and others):
+            # a NaN loss puts "loss" late in the lead's record: another rank's record at the
+            # step sets the key order, as in the whole-run merge
             rec = _merged(src, s, rec, others)
         yield rec
     while ev is not None or nx < never:
@@ -380,6 +395,8 @@ def _where_others_count(
         for s, *_ in src.rows(r, "eval", floor):
             if s not in lead_evals:
                 special.add(s)
+        # where its record lacks a key the lead's may have, the merge moves that key last
+        special.update(src.gaps(r, floor))
         for c in cols:
             if _KEY_OF_COL[c] not in fill and src.has(r, "step", c):
                 fill.add(_KEY_OF_COL[c])
@@ -483,12 +500,14 @@ def write_json(
     sep = "[\n"
     dicts: list[dict[str, Any]] = []
     for r in recs:
-        if type(r) is Rendered:  # text already (possibly thousands of rows): out at once
+        kind = type(r)
+        if kind is Written or kind is Rendered:  # text already: out at once, not copied
             if dicts:
                 out.write(sep + _encode(dicts, plain))
                 sep = ",\n"
                 dicts = []
-            out.write(sep + r)
+            out.write(sep)
+            out.write(r.text if kind is Written else r)
             sep = ",\n"
         else:
             dicts.append(r)
