@@ -45,6 +45,28 @@ def test_roster_problems_name_the_key_and_the_count():
     assert [n.home for n in nodes] == ["", "/scratch/td", "/scratch/td"]
 
 
+def test_without_remote_home_every_node_uses_the_heads_tunedeck_home(tmp_path, monkeypatch):
+    """Issue 31: node 1 wrote under its own default home, not the head's TUNEDECK_HOME."""
+    from tunedeck.core.spec import options
+
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "td-home"))
+    s = _spec('launcher = "ssh"\nhosts = ["h0", "h1", "h2"]\nmaster_addr = "10.0.0.1"\n')
+    assert [n.home for n in roster(s)] == ["", str(tmp_path / "td-home"), str(tmp_path / "td-home")]
+    # a relative TUNEDECK_HOME is sent as the absolute path it names here
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNEDECK_HOME", "rel-home")
+    assert roster(s)[1].home == str(tmp_path / "rel-home")
+    # one given for all, or one per node, still wins
+    s = _spec(
+        'launcher = "ssh"\nhosts = ["h0", "h1", "h2"]\nmaster_addr = "10.0.0.1"\n'
+        'remote_home = ["/a", "/b"]\n'
+    )
+    assert [n.home for n in roster(s)] == ["", "/a", "/b"]
+    # the spec key says so
+    opt = next(o for o in options() if o.key == "cluster.remote_home")
+    assert "node 0's TUNEDECK_HOME" in opt.help, opt.help
+
+
 def test_bad_roster_values_are_refused_by_the_spec_loader():
     with pytest.raises(SpecError) as e:
         _spec('launcher = "pbs"\n')
