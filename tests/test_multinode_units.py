@@ -369,6 +369,41 @@ def test_a_slurm_node_writes_its_records_into_the_run_folder(tmp_path):
     assert prepare_node(run_dir, 1, "10.0.0.1").path == node.path  # again: the same folder
 
 
+def test_slurm_nodes_are_shown_by_host_name_not_address(tmp_path, monkeypatch):
+    """Issue 31: under Slurm node 0's host was shown as the spec's master_addr (an IP). Each
+    node's task records its Slurm node name; `tunedeck nodes`, the plan and state.json `net`
+    name it, and the rendezvous keeps its address."""
+    from tests.test_manage import make_run
+    from tunedeck.core.nodes.slurm import prepare_node
+    from tunedeck.core.nodes.view import format_rows, node_rows
+
+    run_dir = make_run(
+        tmp_path / "runs",
+        "20261202-040000-slurm-0b0b",
+        status="running",
+        cluster__nnodes=2,
+        cluster__master_addr="10.0.0.1",
+        cluster__launcher="slurm",
+    )
+    # queued: no host is known yet, and none is made up from an address
+    assert [r["host"] for r in node_rows(run_dir)] == ["", ""]
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-a")
+    prepare_node(run_dir, 0, "10.0.0.1")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-b")
+    node = prepare_node(run_dir, 1, "10.0.0.1")
+    rows = node_rows(run_dir)
+    assert [r["host"] for r in rows] == ["gpu-a", "gpu-b"], rows
+    text = "\n".join(format_rows(rows))
+    assert "gpu-a" in text and "10.0.0.1" not in text, text
+    head = RunDir(run_dir)
+    assert head.read_state()["net"]["host"] == "gpu-a"
+    assert head.read_state()["net"]["master"] == "10.0.0.1"  # an address where one is meant
+    assert head.read_plan()["nodes"][0]["host"] == "gpu-a"
+    assert json.loads(node.state.read_text())["net"]["host"] == "gpu-b"
+    argv = head.read_plan()["nodes"][0]["argv"]
+    assert argv[argv.index("--rdzv_endpoint") + 1].startswith("10.0.0.1:")
+
+
 def test_nodes_agree_on_where_a_restart_continues(tmp_path):
     """ms-swift or a script on two ssh nodes: the head decides (its last checkpoint while every
     node shares its folder, step 0 while one does not) and writes it; node 1 reads the decision

@@ -124,6 +124,8 @@ def place(spec: RunSpec, plan: Any) -> Any:
         node = nodes[cmd.node_rank]
         if node.host:
             cmd.host = node.host
+        elif c.launcher == "slurm":
+            cmd.host = ""  # Slurm picks the hosts; each node's task records its name
         if node.gpus and spec.cluster.device != "cpu":
             cmd.env["CUDA_VISIBLE_DEVICES"] = node.gpus
         if interface:
