@@ -445,6 +445,16 @@ def test_a_node_killed_mid_run_stops_the_others_and_is_named(hosts, tmp_path):
         rows = _head_cli(hosts, home, "nodes", run_id)
         assert rows[1]["findings"] >= 1 and rows[1]["status"] == "lost", rows[1]
         assert rows[1]["reach"] == "lost" and "node 1" in rows[1]["message"]
+        # diagnose: the lost node is the root cause, the head's rank failures that followed
+        # (its collectives broke, its attempt was stopped) are consequences (issue 31)
+        found = _head_cli(hosts, home, "diagnose", run_id)
+        roots = [f for f in found if f["root_cause"]]
+        assert [(f["category"], f["severity"], f["node"]) for f in roots] == [
+            ("node_lost", "error", 1)
+        ], found
+        assert found[0]["category"] == "node_lost", found
+        others = [f for f in found if f["severity"] == "error" and f["category"] != "node_lost"]
+        print("after the loss:", [(f["category"], f["node"], f["summary"][:80]) for f in others])
     finally:
         _cleanup(run_id, f"{run_id}.node1")
 
