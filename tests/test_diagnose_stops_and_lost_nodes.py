@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 
@@ -146,3 +145,35 @@ def test_a_lost_nodes_own_error_before_the_loss_stays_the_root_cause(tmp_path):
     roots = _roots(fs)
     assert len(roots) == 1 and roots[0]["node"] == 1 and roots[0]["category"] != "node_lost", fs
     assert "sample 812" in roots[0]["summary"], roots
+
+
+def test_a_failure_before_the_asked_stop_keeps_the_root_cause():
+    """A stop asked after the run had hung or been preempted: the earlier failure stays the
+    root cause; only what the stop sent is folded into the stop's finding."""
+    from tunedeck.core.diagnose.chain import causes_first
+    from tunedeck.core.diagnose.finding import Finding
+
+    def f(cat, sev, t, rank=None):
+        return Finding(cat, sev, f"{cat} at {t}", "c", "x", rank=rank, t=t, evidence=[cat])
+
+    stop = f("stop_requested", "info", 100.0)
+    hang = f("nccl_timeout", "error", 40.0, rank=1)
+    late = f("launcher_signal", "error", 101.0)  # the stop's own SIGTERM
+    # as the chain left them: the launcher's signal (tier 0) chosen over the hang
+    hang.root_cause = False
+    out = causes_first([late, hang, f("worker_sigterm", "warning", 101.5, 0), stop])
+    assert [x.category for x in out if x.root_cause] == ["nccl_timeout"], out
+    assert late not in out and "launcher_signal" in stop.evidence
+    assert not stop.root_cause
+    # a launcher signal before the stop (an attempt preempted earlier) is no part of it
+    stop = f("stop_requested", "info", 100.0)
+    early = f("launcher_signal", "error", 20.0)
+    out = causes_first([early, f("launcher_signal", "error", 101.0), stop])
+    assert [x.category for x in out if x.root_cause] == ["launcher_signal"], out
+    assert out[0] is early and not stop.root_cause
+    # nothing before it: the stop is the root cause, what it sent its consequences
+    stop = f("stop_requested", "info", 100.0)
+    kill = f("worker_sigkill", "error", 130.0, 0)
+    kill.root_cause = False
+    out = causes_first([kill, f("launcher_signal", "error", 101.0), stop])
+    assert [x.category for x in out if x.root_cause] == ["stop_requested"], out

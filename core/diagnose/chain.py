@@ -354,25 +354,34 @@ def asked_stop_first(found: list[Finding]) -> list[Finding]:
     stop = next((f for f in found if f.category == ASKED_STOP), None)
     if stop is None:
         return found
+
+    def after(f: Finding) -> bool:
+        return stop.t is None or f.t is None or f.t >= stop.t - _SLACK_S
+
     out: list[Finding] = []
     for f in found:
         if f is not stop and f.category == ASKED_STOP:
             continue  # the same stop, stored by the agent and read again
-        if f is not stop and f.category in _STOP_SIGNS:
+        if f is not stop and f.category in _STOP_SIGNS and after(f):
             for e in f.evidence:
                 if e not in stop.evidence and len(stop.evidence) < 12:
                     stop.evidence.append(e)
             continue
         out.append(f)
 
-    def after(f: Finding) -> bool:
-        return stop.t is None or f.t is None or f.t >= stop.t - _SLACK_S
-
-    for f in out:
-        if f is not stop and f.severity == "error" and after(f):
-            if _tier(f) >= 1 or f.category in ("launcher_killed", "node_not_stopped"):
-                f.root_cause = False
-    stop.root_cause = not any(f.root_cause and f.severity == "error" for f in out if f is not stop)
+    errors = [f for f in out if f is not stop and f.severity == "error"]
+    for f in errors:
+        if after(f) and (_tier(f) >= 1 or f.category in ("launcher_killed", "node_not_stopped")):
+            f.root_cause = False
+    if not any(f.root_cause for f in errors):
+        # the root the chain picked was one of the stop's signals: a failure before the
+        # stop, if any, is what the run ended for (the chain's order: tier, then time)
+        before = [f for f in errors if not after(f)]
+        if before:
+            min(
+                before, key=lambda f: (_tier(f), f.t if f.t is not None else math.inf)
+            ).root_cause = True
+    stop.root_cause = not any(f.root_cause for f in errors)
     return out
 
 

@@ -190,7 +190,6 @@ class DiagnosisMonitor:
                 )
             self.ctx.store.save_finding(finding)
 
-
     def _lost_nodes(self) -> list:
         """node_lost findings the node links stored in this run's run.db."""
         if self.ctx.spec.cluster.nnodes < 2:
