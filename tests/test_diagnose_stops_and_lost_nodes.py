@@ -177,3 +177,15 @@ def test_a_failure_before_the_asked_stop_keeps_the_root_cause():
     kill.root_cause = False
     out = causes_first([kill, f("launcher_signal", "error", 101.0), stop])
     assert [x.category for x in out if x.root_cause] == ["stop_requested"], out
+
+
+def test_a_failure_long_after_a_loss_the_run_recovered_from_keeps_the_root_cause():
+    from tunedeck.core.diagnose.chain import causes_first
+    from tunedeck.core.diagnose.finding import Finding
+
+    lost = Finding("node_lost", "warning", "node 1 lost", "c", "x", node=1, t=100.0)
+    crash = Finding("rank_crashed", "error", "rank 0 exited with code 1", "c", "x", 0, 0, t=99.5)
+    crash.root_cause = False
+    oom = Finding("oom_gpu", "error", "GPU out of memory", "c", "x", 1, 1, t=900.0)
+    out = causes_first([crash, oom, lost])
+    assert [f.category for f in out if f.root_cause] == ["oom_gpu"], out

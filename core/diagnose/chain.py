@@ -388,6 +388,9 @@ def asked_stop_first(found: list[Finding]) -> list[Finding]:
 # -- a node lost as a whole ------------------------------------------------------------------
 
 
+_LOSS_WINDOW_S = 60.0  # the other nodes' ranks fail within this of the loss being seen
+
+
 def node_lost_first(found: list[Finding]) -> list[Finding]:
     """A node lost as a whole (its agent died, its link and its ranks went silent, its run
     ended failed: core/nodes/link.py, slurm.py) is the root cause of what the other nodes'
@@ -411,7 +414,20 @@ def node_lost_first(found: list[Finding]) -> list[Finding]:
         and _tier(f) == 0
         and (f.t is None or root.t is None or f.t <= root.t)
     ]
-    if own:  # node k failed first, on its own: the loss follows from it
+    # a failure long after the loss (the node came back, the run restarted and failed
+    # again for its own reason) is not the loss's, and keeps the root the chain gave it
+    last = max((f.t for f in lost if f.t is not None), default=None)
+    late = [
+        f
+        for f in found
+        if f.severity == "error"
+        and f not in lost
+        and f.root_cause
+        and last is not None
+        and f.t is not None
+        and f.t > last + _LOSS_WINDOW_S
+    ]
+    if own or late:  # node k failed first, on its own (the loss follows), or later anew
         for f in lost:
             f.root_cause = False
         return found
