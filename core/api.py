@@ -278,6 +278,7 @@ def read_findings(run_dir: str | Path) -> list[dict[str, Any]]:
 def diagnose(targets: list[str]) -> list:
     """Findings for runs (id, prefix, name or directory) and log files: a run's come from its
     logs merged with those the agent stored in run.db (live detectors), once per key."""
+    from tunedeck.core.diagnose.chain import causes_first
     from tunedeck.core.diagnose.engine import diagnose_files, diagnose_run
     from tunedeck.core.diagnose.finding import Finding
     from tunedeck.core.nodes.loopback import name_interface
@@ -297,6 +298,8 @@ def diagnose(targets: list[str]) -> list:
             if f.key() not in seen:  # run.db keeps refined versions under one key
                 mine.append(f)
                 seen.add(f.key())
+        # a stop asked for and a lost node explain what the agent stored too (chain.py)
+        mine = causes_first(mine)
         # ranks on loopback explain what the logs and the live monitors said
         findings += name_interface(mine, [Path(run_dir)])
     if files:

@@ -479,7 +479,7 @@ class ClusterSpec:
     )
     remote_home: list[str] = opt(
         help="TUNEDECK_HOME on the other nodes, one for all or one per "
-        "node; empty = each remote user's default",
+        "node; empty = node 0's TUNEDECK_HOME path",
         factory=list,
         when={"cluster.launcher": ("ssh",)},
     )

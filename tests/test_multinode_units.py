@@ -45,6 +45,28 @@ def test_roster_problems_name_the_key_and_the_count():
     assert [n.home for n in nodes] == ["", "/scratch/td", "/scratch/td"]
 
 
+def test_without_remote_home_every_node_uses_the_heads_tunedeck_home(tmp_path, monkeypatch):
+    """Issue 31: node 1 wrote under its own default home, not the head's TUNEDECK_HOME."""
+    from tunedeck.core.spec import options
+
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "td-home"))
+    s = _spec('launcher = "ssh"\nhosts = ["h0", "h1", "h2"]\nmaster_addr = "10.0.0.1"\n')
+    assert [n.home for n in roster(s)] == ["", str(tmp_path / "td-home"), str(tmp_path / "td-home")]
+    # a relative TUNEDECK_HOME is sent as the absolute path it names here
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNEDECK_HOME", "rel-home")
+    assert roster(s)[1].home == str(tmp_path / "rel-home")
+    # one given for all, or one per node, still wins
+    s = _spec(
+        'launcher = "ssh"\nhosts = ["h0", "h1", "h2"]\nmaster_addr = "10.0.0.1"\n'
+        'remote_home = ["/a", "/b"]\n'
+    )
+    assert [n.home for n in roster(s)] == ["", "/a", "/b"]
+    # the spec key says so
+    opt = next(o for o in options() if o.key == "cluster.remote_home")
+    assert "node 0's TUNEDECK_HOME" in opt.help, opt.help
+
+
 def test_bad_roster_values_are_refused_by_the_spec_loader():
     with pytest.raises(SpecError) as e:
         _spec('launcher = "pbs"\n')
@@ -345,6 +367,41 @@ def test_a_slurm_node_writes_its_records_into_the_run_folder(tmp_path):
         plan["nodes"][1]["argv"].index("--rdzv_endpoint") + 1
     ].startswith("10.0.0.1:")
     assert prepare_node(run_dir, 1, "10.0.0.1").path == node.path  # again: the same folder
+
+
+def test_slurm_nodes_are_shown_by_host_name_not_address(tmp_path, monkeypatch):
+    """Issue 31: under Slurm node 0's host was shown as the spec's master_addr (an IP). Each
+    node's task records its Slurm node name; `tunedeck nodes`, the plan and state.json `net`
+    name it, and the rendezvous keeps its address."""
+    from tests.test_manage import make_run
+    from tunedeck.core.nodes.slurm import prepare_node
+    from tunedeck.core.nodes.view import format_rows, node_rows
+
+    run_dir = make_run(
+        tmp_path / "runs",
+        "20261202-040000-slurm-0b0b",
+        status="running",
+        cluster__nnodes=2,
+        cluster__master_addr="10.0.0.1",
+        cluster__launcher="slurm",
+    )
+    # queued: no host is known yet, and none is made up from an address
+    assert [r["host"] for r in node_rows(run_dir)] == ["", ""]
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-a")
+    prepare_node(run_dir, 0, "10.0.0.1")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-b")
+    node = prepare_node(run_dir, 1, "10.0.0.1")
+    rows = node_rows(run_dir)
+    assert [r["host"] for r in rows] == ["gpu-a", "gpu-b"], rows
+    text = "\n".join(format_rows(rows))
+    assert "gpu-a" in text and "10.0.0.1" not in text, text
+    head = RunDir(run_dir)
+    assert head.read_state()["net"]["host"] == "gpu-a"
+    assert head.read_state()["net"]["master"] == "10.0.0.1"  # an address where one is meant
+    assert head.read_plan()["nodes"][0]["host"] == "gpu-a"
+    assert json.loads(node.state.read_text())["net"]["host"] == "gpu-b"
+    argv = head.read_plan()["nodes"][0]["argv"]
+    assert argv[argv.index("--rdzv_endpoint") + 1].startswith("10.0.0.1:")
 
 
 def test_nodes_agree_on_where_a_restart_continues(tmp_path):

@@ -116,6 +116,10 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
         )
         head, node = _state(run_dir / "state.json"), _state(node_dir / "state.json")
         job = head["slurm_job"]
+        # each node shown by its Slurm node name, never an address (issue 31)
+        rows = _cli(hosts, slurm, home, "nodes", run_id)
+        assert [r["host"] for r in rows] == list(hosts.aliases), rows
+        assert [head["net"]["host"], node["net"]["host"]] == list(hosts.aliases)
         # each node's agent is the job's task on its own host, its ranks too
         for state, i in ((head, 0), (node, 1)):
             environ = Path(f"/proc/{state['agent_pid']}/environ").read_bytes().split(b"\0")
@@ -172,6 +176,11 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
         ).stdout.strip()
         assert queue == ""
         assert _state(node_dir / "state.json")["status"] in ("stopped", "succeeded")
+        # the user's stop is named as such, not as a time limit or preemption (issue 31)
+        found = _cli(hosts, slurm, home, "diagnose", run_id)
+        assert not [f for f in found if f["category"] == "launcher_signal"], found
+        asked = [f for f in found if f["category"] == "stop_requested"]
+        assert asked and "scancel" in asked[0]["summary"], found
     finally:
         _cleanup(run_id, f"{run_id}.node1", agents=(run_dir, node_dir))
 

@@ -80,7 +80,9 @@ def export(spec: RunSpec, fmt: str) -> str:
         out = [summary.rstrip()]
         for node in plan.nodes:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in mask_env(node.env).items())
-            out.append(f"\n# node {node.node_rank} of {plan.nnodes} ({node.host})")
+            out.append(
+                f"\n# node {node.node_rank} of {plan.nnodes} ({node.host or 'a Slurm node'})"
+            )
             out.append(
                 f"cd {shlex.quote(node.cwd)} && env {env} \\\n  " + _wrap_argv(mask_argv(node.argv))
             )

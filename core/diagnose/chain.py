@@ -23,6 +23,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from tunedeck.core.diagnose.exits import ASKED_STOP
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.rules import (
     CHECKPOINT_FULL_CAUSE,
@@ -74,6 +75,15 @@ def refine(found: list[Finding], scanners: "list[FileScanner]") -> list[Finding]
     found += _loss_zero_nan(found, scanners)
     found += _starvation(found, scanners)
     _mark_chain(found, scanners)
+    return causes_first(found)
+
+
+def causes_first(found: list[Finding]) -> list[Finding]:
+    """What explains the rest, from records rather than one log line, then the sort: a stop
+    that was asked for (its signals are its consequences) and a node lost as a whole (the
+    other nodes' rank failures are its consequences). Also applied to the findings a run's
+    agent stored, once merged with the logs' (core/api.py, the agent's DiagnosisMonitor)."""
+    found = node_lost_first(asked_stop_first(found))
     sev = {"error": 0, "warning": 1, "info": 2}
     found.sort(key=lambda f: (not f.root_cause, sev.get(f.severity, 3), _tier(f)))
     return found
@@ -326,6 +336,110 @@ def _launcher_signal(found: list[Finding]) -> None:
         for g in found:  # the ranks it stopped, and its own traceback, follow from it
             if g is not f and g.category in (_TIER_SIGNAL | _TIER_AFTER | {"rank_crashed"}):
                 g.root_cause = False
+
+
+# -- a stop someone asked for ----------------------------------------------------------------
+
+# what a stop sends: torchrun's death signal (a Slurm job's cancel line too), the ranks' SIGTERM
+_STOP_SIGNS = {"launcher_signal", "worker_sigterm"}
+_SLACK_S = 1.0  # a log line's time and stop.json's come from different clocks' roundings
+
+
+def asked_stop_first(found: list[Finding]) -> list[Finding]:
+    """A run stopped on request (exits.asked_stop's finding): the signals the stop sent are
+    no launcher signal from outside (a time limit, a preemption) but the stop itself, whose
+    finding takes their evidence; what failed after the stop and follows from signals or
+    broken peers is its consequence. A failure before the stop keeps the root cause (a hang
+    the user stopped is still the hang)."""
+    stop = next((f for f in found if f.category == ASKED_STOP), None)
+    if stop is None:
+        return found
+
+    def after(f: Finding) -> bool:
+        return stop.t is None or f.t is None or f.t >= stop.t - _SLACK_S
+
+    out: list[Finding] = []
+    for f in found:
+        if f is not stop and f.category == ASKED_STOP:
+            continue  # the same stop, stored by the agent and read again
+        if f is not stop and f.category in _STOP_SIGNS and after(f):
+            for e in f.evidence:
+                if e not in stop.evidence and len(stop.evidence) < 12:
+                    stop.evidence.append(e)
+            continue
+        out.append(f)
+
+    errors = [f for f in out if f is not stop and f.severity == "error"]
+    for f in errors:
+        if after(f) and (_tier(f) >= 1 or f.category in ("launcher_killed", "node_not_stopped")):
+            f.root_cause = False
+    if not any(f.root_cause for f in errors):
+        # the root the chain picked was one of the stop's signals: a failure before the
+        # stop, if any, is what the run ended for (the chain's order: tier, then time)
+        before = [f for f in errors if not after(f)]
+        if before:
+            min(
+                before, key=lambda f: (_tier(f), f.t if f.t is not None else math.inf)
+            ).root_cause = True
+    stop.root_cause = not any(f.root_cause for f in errors)
+    return out
+
+
+# -- a node lost as a whole ------------------------------------------------------------------
+
+
+_LOSS_WINDOW_S = 60.0  # the other nodes' ranks fail within this of the loss being seen
+
+
+def node_lost_first(found: list[Finding]) -> list[Finding]:
+    """A node lost as a whole (its agent died, its link and its ranks went silent, its run
+    ended failed: core/nodes/link.py, slurm.py) is the root cause of what the other nodes'
+    ranks did next: their collectives broke (a peer's closed connection, a timeout, the
+    SIGKILL that ended the head's attempt), so their crashes are its consequences, whatever
+    their time (they often fail before the head's agent notices the loss). Only an error of
+    the lost node's own ranks (an exception, an OOM: what made it leave) explains the loss
+    itself, and stays first. A loss with a restart left was a warning when it happened; a
+    run whose ranks failed for it says so as an error."""
+    lost = [f for f in found if f.category == "node_lost" and f.node is not None]
+    if not lost:
+        return found
+    root = min(lost, key=lambda f: (f.severity != "error", f.t if f.t is not None else math.inf))
+    k = root.node
+    own = [
+        f
+        for f in found
+        if f.severity == "error"
+        and f.node == k
+        and f.category != "node_lost"
+        and _tier(f) == 0
+        and (f.t is None or root.t is None or f.t <= root.t)
+    ]
+    # a failure long after the loss (the node came back, the run restarted and failed
+    # again for its own reason) is not the loss's, and keeps the root the chain gave it
+    last = max((f.t for f in lost if f.t is not None), default=None)
+    late = [
+        f
+        for f in found
+        if f.severity == "error"
+        and f not in lost
+        and f.root_cause
+        and last is not None
+        and f.t is not None
+        and f.t > last + _LOSS_WINDOW_S
+    ]
+    if own or late:  # node k failed first, on its own (the loss follows), or later anew
+        for f in lost:
+            f.root_cause = False
+        return found
+    others = [f for f in found if f.severity == "error" and f not in lost]
+    if others:
+        root.severity = "error"
+    for f in found:
+        if f is root:
+            f.root_cause = True
+        elif f.severity == "error" or f in lost:
+            f.root_cause = False
+    return found
 
 
 # -- which CUDA fault ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.loss import LossWatch, loss_findings, loss_record
-from tunedeck.core.diagnose.exits import recorded_exits
+from tunedeck.core.diagnose.exits import asked_stop, recorded_exits
 from tunedeck.core.diagnose.rules import (
     CHECKPOINT_FULL_CAUSE,
     CHECKPOINT_FULL_FIX,
@@ -115,7 +115,8 @@ class Diagnosis:
             self.scanners,
             loss=self.metrics,
             watch=self.loss.watch if self.loss is not None else None,
-            recorded=[f for r in self.runs for f in recorded_exits(r)],
+            recorded=[f for r in self.runs for f in recorded_exits(r)]
+            + [f for r in self.runs if (f := asked_stop(r)) is not None],
         )
 
 

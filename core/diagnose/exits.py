@@ -19,6 +19,7 @@ from tunedeck.core.ingest.parsers.torchrun import signal_name
 from tunedeck.core.rundir import RunDir
 
 CATEGORY = "launcher_killed"
+ASKED_STOP = "stop_requested"
 
 _WORDS = {
     "SIGKILL": (
@@ -158,3 +159,52 @@ def _stamp(t: float) -> str:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def asked_stop(run_dir: str | Path) -> Finding | None:
+    """The stop someone asked for (`tunedeck stop`, the TUI, a stop rule), from the run's
+    stop.json and state.json `stop_requested`: what ended the run when it ended so, whatever
+    signals that stop sent (under Slurm `tunedeck stop` is an `scancel --signal=TERM`, which
+    torchrun reports as a death signal like a time limit's). None when no stop was asked,
+    or when it was the run's own (a lost node's: `failed` in stop.json)."""
+    run = RunDir(run_dir)
+    try:
+        state = run.read_state() or {}
+        req = run.read_stop()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        state = {}
+    if not isinstance(req, dict):
+        req = {"mode": state["stop_requested"]} if state.get("stop_requested") else None
+    if req is None or req.get("failed"):
+        return None
+    mode = "hard" if req.get("mode") == "hard" else "graceful"
+    t = req.get("t") if isinstance(req.get("t"), (int, float)) else None
+    by = req.get("by") if isinstance(req.get("by"), str) else ""
+    route = {"scancel": " (sent on to the Slurm job as scancel --signal=TERM)", "head": ""}
+    who = route.get(by, f" ({by})" if by else "")
+    when = f" at {_stamp(t)}" if t else ""
+    ended = state.get("status")
+    return Finding(
+        category=ASKED_STOP,
+        severity="info",
+        summary=f"the run was stopped on request: a {mode} stop asked{when}{who}",
+        cause="A stop was asked for (`tunedeck stop`, the TUI's stop, or a stop rule): "
+        "tunedeck ended the ranks"
+        + (" after a checkpoint" if mode == "graceful" else "")
+        + "; the signals that did it (SIGTERM to torchrun and the ranks"
+        + (", Slurm's cancel of the job's steps" if by == "scancel" else "")
+        + ") follow from it, not from a time limit or a preemption.",
+        fix="Nothing failed because of it; `tunedeck resume RUN` continues from the newest "
+        "checkpoint.",
+        node=0,
+        evidence=[
+            f"{run.stop_request}: {mode} stop" + (f", by {by}" if by else "") + when,
+            f"{run.state}: status {ended}, stop_requested {state.get('stop_requested')}",
+        ],
+        t=t,
+        source=str(run.stop_request),
+        root_cause=True,
+        host=state.get("host") if isinstance(state.get("host"), str) else None,
+    )

@@ -26,3 +26,12 @@ def head_of(folder: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return m["head"]  # node.json not written yet: the name alone says it
     return said if said == m["head"] else None
+
+
+def node_host(state: dict) -> str | None:
+    """The host name a node's state.json gives it: the one its task recorded under Slurm
+    (`net.host`, the Slurm node's name), else the machine's (`host`)."""
+    net = state.get("net")
+    named = net.get("host") if isinstance(net, dict) else None
+    host = named or state.get("host")
+    return host if isinstance(host, str) and host else None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.rules import LOOPBACK
-from tunedeck.core.nodes.folders import node_run_id
+from tunedeck.core.nodes.folders import node_host, node_run_id
 from tunedeck.core.nodes.iface import IFNAME_OF, is_loopback, ranks_addr
 from tunedeck.core.rundir import read_json
 
@@ -80,7 +80,7 @@ def _finding(bad: list, states: dict, dialed: list[Finding]) -> Finding:
     k, path, net, addr = bad[0]
     key = IFNAME_OF.get(str(net.get("backend")), "GLOO_SOCKET_IFNAME")
     master = net.get("master") or "the master"
-    who = ", ".join(f"node {n} ({states[n][1].get('host') or '?'})" for n, *_ in bad)
+    who = ", ".join(f"node {n} ({node_host(states[n][1]) or '?'})" for n, *_ in bad)
     routes = {str(r.get("route_iface") or "") for _, _, r, _ in bad}
     iface = routes.pop() if len(routes) == 1 else ""
     why = []
@@ -138,7 +138,7 @@ def _finding(bad: list, states: dict, dialed: list[Finding]) -> Finding:
         "that follow are its consequences.",
         fix=fix,
         node=k,
-        host=states[k][1].get("host"),
+        host=node_host(states[k][1]),
         evidence=evidence[:MAX_EVIDENCE],
         t=min(times) if times else None,
         source=str(path),

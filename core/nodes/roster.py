@@ -7,6 +7,7 @@ remote_python); the lists whose length must agree with `cluster.nnodes` are chec
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ class Node:
     host: str  # the ssh destination ("" for node 0 under slurm/manual)
     addr: str  # the host part of it: what torchrun's --local_addr starts as
     gpus: str  # CUDA_VISIBLE_DEVICES ("" = the spec's)
-    home: str  # TUNEDECK_HOME on that node ("" = its default)
+    home: str  # TUNEDECK_HOME on that node ("" for node 0: this process's own)
     python: str  # the Python that runs tunedeck there
 
 
@@ -81,6 +82,15 @@ def host_addr(dest: str) -> str:
     return host
 
 
+def head_home() -> str:
+    """The head's TUNEDECK_HOME, as an absolute path: every other node's default home, so
+    that a run's folders sit at the same path on each node (one place to look, and on a
+    shared filesystem one registry that lists the run once)."""
+    from tunedeck.core.paths import home
+
+    return os.path.abspath(home())
+
+
 def roster(spec: RunSpec) -> list[Node]:
     c = spec.cluster
     out = []
@@ -93,7 +103,7 @@ def roster(spec: RunSpec) -> list[Node]:
                 host=host,
                 addr=addr,
                 gpus=c.node_gpus[k] if k < len(c.node_gpus) else "",
-                home=_pick(c.remote_home, k - 1) if k else "",
+                home=(_pick(c.remote_home, k - 1) or head_home()) if k else "",
                 python=(_pick(c.remote_python, k - 1) if k else "") or sys.executable,
             )
         )
@@ -114,6 +124,8 @@ def place(spec: RunSpec, plan: Any) -> Any:
         node = nodes[cmd.node_rank]
         if node.host:
             cmd.host = node.host
+        elif c.launcher == "slurm":
+            cmd.host = ""  # Slurm picks the hosts; each node's task records its name
         if node.gpus and spec.cluster.device != "cpu":
             cmd.env["CUDA_VISIBLE_DEVICES"] = node.gpus
         if interface:

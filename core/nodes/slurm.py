@@ -28,6 +28,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ from typing import Any
 
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.monitoring import MonitorContext
+from tunedeck.core.nodes.folders import node_host
 from tunedeck.core.nodes.link import STOP_GRACE_S
 from tunedeck.core.nodes.remote import (
     TERMINAL,
@@ -266,7 +268,7 @@ class NodesWatch:
                     log.warning("%s: stopping this node", why)
                     self._stop(why)
                 else:
-                    self._node_failed(k, str(st.get("host") or "?"), _ended("its run", st), now)
+                    self._node_failed(k, node_host(st) or "?", _ended("its run", st), now)
                 return
 
     def close(self, new_events: list[dict]) -> None:
@@ -278,7 +280,7 @@ class NodesWatch:
             st = read_json(folder / "state.json", {})
             if isinstance(st, dict) and st.get("status") == "failed":
                 summary = self._node_failed(
-                    k, str(st.get("host") or "?"), _ended("its run", st), time.time(), stop=False
+                    k, node_host(st) or "?", _ended("its run", st), time.time(), stop=False
                 )
                 self.end_notes.append(summary)
                 return
@@ -376,6 +378,12 @@ def _set_rendezvous(plan: dict[str, Any], node: int, master: str) -> None:
             argv[i] = addr
 
 
+def host_name() -> str:
+    """This node's name as Slurm knows it (the name squeue and scontrol show; the machine's
+    host name on a usual cluster), never an address."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
     """The run folder node `node`'s agent runs in: the run's own for node 0, else
     <run id>.node<k> next to it, its records written into the run's folder (the allocation
@@ -385,18 +393,20 @@ def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
     if node == 0:
         plan = head.read_plan()
         _set_rendezvous(plan, 0, master)
+        plan["nodes"][0]["host"] = host_name()  # the plan knew no host: Slurm picks it
         spec = tomllib.loads(head.spec.read_text(encoding="utf-8"))
         env = plan["nodes"][0]["env"]
         own_interface(spec, env, master)  # node k's: materialise
         write_json_atomic(head.plan, plan)
         st = head.read_state() or {}
-        st["net"] = net_record(spec, env, master)
+        st["net"] = net_record(spec, env, master) | {"host": host_name()}
         head.write_state(st)
         return head
     run = RunDir(head.path.parent / node_run_id(head.run_id, node))
     if not run.state.exists():
         plan = head.read_plan()
         _set_rendezvous(plan, node, master)
+        plan["nodes"][node]["host"] = host_name()
         materialise(
             run,
             {
@@ -411,6 +421,9 @@ def prepare_node(run_dir: str | Path, node: int, master: str) -> RunDir:
                 "master_addr": master,
             },
         )
+        st = run.read_state() or {}
+        st["net"] = dict(st.get("net") or {}, host=host_name())  # `tunedeck nodes` shows it
+        run.write_state(st)
     return run
 
 

@@ -107,7 +107,7 @@ def node_rows(
         k = int(n.get("node_rank") or 0)
         ranks = list(range(k * nproc, (k + 1) * nproc))
         row: dict[str, Any] = {"node": k, "host": n.get("host"), "ranks": ranks}
-        src = run
+        src, st = run, head
         if k == 0:
             row.update(status=head.get("status"), reach="here", message=head.get("message"))
             if head.get("slurm_job") and head.get("status") not in (
@@ -169,6 +169,10 @@ def node_rows(
             )
         else:
             row["slowest_rank"] = None
+        # under Slurm the plan knew no host: each node's task recorded its own name
+        named = st.get("net")
+        if isinstance(named, dict) and named.get("host"):
+            row["host"] = named["host"]
         row["findings"] = sum(1 for f in findings or [] if f.get("node") == k)
         rows.append(row)
     return rows

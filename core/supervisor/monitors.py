@@ -168,6 +168,15 @@ class DiagnosisMonitor:
         if key != self.paths:  # a rank or attempt started writing a new file
             self.diag, self.paths = Diagnosis(sources, metrics=False), key
         found = self.diag.poll(final=final)
+        from tunedeck.core.diagnose.chain import causes_first
+        from tunedeck.core.diagnose.exits import asked_stop
+
+        stop = asked_stop(self.ctx.run.path) if self.ctx.stopping() else None
+        if stop is not None:  # its signals are no launcher signal from outside
+            found = causes_first(found + [stop])
+        lost = self._lost_nodes()
+        if lost:  # the other nodes' rank failures follow from it (stored as it was)
+            found = [f for f in causes_first(found + lost) if f not in lost]
         if self.ctx.spec.cluster.nnodes > 1:  # ranks on loopback: name the node and interface
             from tunedeck.core.nodes.loopback import name_interface
 
@@ -180,6 +189,18 @@ class DiagnosisMonitor:
                     (finding.category, finding.rank, finding.node, finding.source), time.time()
                 )
             self.ctx.store.save_finding(finding)
+
+    def _lost_nodes(self) -> list:
+        """node_lost findings the node links stored in this run's run.db."""
+        if self.ctx.spec.cluster.nnodes < 2:
+            return []
+        from tunedeck.core.diagnose.finding import Finding
+
+        try:
+            rows = self.ctx.store.findings()
+        except Exception:
+            return []
+        return [Finding.from_json(d) for d in rows if d.get("category") == "node_lost"]
 
 
 class LossMonitor:
