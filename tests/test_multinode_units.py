@@ -573,7 +573,8 @@ def test_slurm_watch_ends_the_run_a_failed_node_breaks_and_stops_a_node_whose_he
         nw2.tick(time.time(), [])
         req = node.read_stop()
         assert req["by"] == "the head's run ended failed: torchrun exited with code 1"
-        assert "failed" not in req and woken == [1, 1]
+        # the run failed: node 1's record is a failure too, and names the head (node 0)
+        assert req["failed"] is True and req["node"] == 0 and woken == [1, 1]
         # a run that is stopping already is left to it; a succeeded head stops nobody
         node.stop_request.unlink()
         stopping["node"] = True
@@ -727,3 +728,55 @@ def test_a_plain_slurm_export_gives_every_task_its_own_node_part(tmp_path, monke
     spec.cluster.interface = "ib0"
     named = export(spec, "slurm")
     assert "export GLOO_SOCKET_IFNAME=ib0" in named and "export NCCL_SOCKET_IFNAME=ib0" in named
+
+
+@pytest.mark.parametrize("asked", [True, False], ids=["user-stop", "head-failed"])
+def test_the_heads_end_reaches_a_node_as_an_asked_stop_or_as_a_failure(
+    tmp_path, monkeypatch, asked
+):
+    """Over ssh the head forwards its end to the nodes still running: a stop someone asked
+    for stays a stop on the node (diagnosed as such); a head that ended by itself (its ranks
+    failed) makes the node's end a failure naming the head, never a stop on request."""
+    import time
+    from types import SimpleNamespace
+
+    from tunedeck.core.diagnose.exits import asked_stop
+    from tunedeck.core.nodes import link as link_mod
+    from tunedeck.core.nodes.remote import request_stop, write_stop
+    from tunedeck.core.rundir import write_json_atomic
+
+    monkeypatch.setattr(link_mod.NodeLink, "start", lambda self: None)
+    monkeypatch.setattr(link_mod, "FINAL_WAIT_S", 0.0)
+    spec = loads_spec(
+        BASE.replace("nnodes = 3", "nnodes = 2")
+        + 'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
+        "[run]\nstop_grace_s = 0\n"
+    )
+    head = RunDir(tmp_path / "r1")
+    head.path.mkdir()
+    if asked:
+        write_stop(head, "graceful", 0)  # what `tunedeck stop` leaves on the head
+    ctx = SimpleNamespace(
+        spec=spec,
+        run=head,
+        store=SimpleNamespace(save_finding=lambda f: None),
+        stopping=lambda: asked,
+        node_rank=0,
+    )
+    mon = link_mod.NodesMonitor(ctx)
+    (lk,) = mon.links
+    lk.started, lk.last_seen = True, time.time()
+    mon.close([])
+    cmd = lk.pending_stop  # what the node gets now, or in its next hello
+    assert cmd["op"] == "stop"
+    assert cmd.get("failed_node") == (None if asked else 0), cmd
+    # the node's side of it
+    node = RunDir(tmp_path / "r1.node1")
+    node.path.mkdir()
+    write_json_atomic(node.state, {"status": "running"})
+    request_stop(node, cmd["mode"], cmd["grace_s"], cmd["t"], cmd.get("failed_node"))
+    req = node.read_stop()
+    if asked:
+        assert "failed" not in req and asked_stop(node.path) is not None
+    else:
+        assert req["failed"] is True and req["node"] == 0 and asked_stop(node.path) is None

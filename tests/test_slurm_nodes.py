@@ -240,10 +240,12 @@ def test_a_node_that_fails_for_good_ends_the_whole_job(nodes, tmp_path, dies):
 
             lost = [f for f in read_findings(run_dir) if f["category"] == "node_lost"]
             assert lost and lost[0]["node"] == 1 and lost[0]["severity"] == "error"
-        elif node["status"] == "stopped":  # the watch came before node 1's own ranks' end
-            assert "the head's run ended failed: torchrun exited with code" in node["message"], (
-                node["message"]
-            )
+        else:  # the head failed: so did node 1's part, by its own ranks' end or its watch
+            assert node["status"] == "failed", node
+            if "the rest of the run was stopped" in node["message"]:  # the watch came first
+                assert (
+                    "the head's run ended failed: torchrun exited with code" in (node["message"])
+                ), node["message"]
         # the agents are gone, and so is the job
         wait_for(
             lambda: (

@@ -112,8 +112,18 @@ class NodeLink(threading.Thread):
             "remote_status": self.remote_state.get("status"),
         }
 
-    def stop_node(self, mode: str, grace_s: float | None, asked: float | None = None) -> None:
+    def stop_node(
+        self,
+        mode: str,
+        grace_s: float | None,
+        asked: float | None = None,
+        failed_node: int | None = None,
+    ) -> None:
+        """`failed_node`: the run stops because that node failed (or the head's run ended
+        on its own), so the node's record is not a stop someone asked for."""
         cmd = {"op": "stop", "mode": mode, "grace_s": grace_s, "t": asked or time.time()}
+        if failed_node is not None:
+            cmd["failed_node"] = failed_node
         with self.lock:
             self.pending_stop = cmd  # also sent in the hello of a reconnect
             proc = self.proc
@@ -350,10 +360,15 @@ class NodesMonitor:
         last records, then hang up."""
         req = self.run.read_stop() or {}
         mode = "hard" if req.get("mode") == "hard" else "graceful"
+        # no stop asked: the head's run ended by itself (its ranks failed, or finished first)
+        failed = _failed_node(req) if req else 0
         for link in self.links:
             if not link.ended and not link.gone:
                 link.stop_node(
-                    mode, req.get("grace_s") if mode == "graceful" else None, req.get("t")
+                    mode,
+                    req.get("grace_s") if mode == "graceful" else None,
+                    req.get("t"),
+                    failed,
                 )
         grace = (
             0.0
@@ -414,7 +429,7 @@ class NodesMonitor:
             return
         self.stop_sent = mode
         for link in self.links:
-            link.stop_node(mode, req.get("grace_s"), req.get("t"))
+            link.stop_node(mode, req.get("grace_s"), req.get("t"), _failed_node(req))
 
     def _write(self, link: NodeLink, force: bool = False) -> None:
         st = link.status()
@@ -631,3 +646,12 @@ def read_links(run: RunDir) -> dict[int, dict[str, Any]]:
 
 
 __all__ = ["NodesMonitor", "NodeLink", "read_links", "link_file", "node_state_file", "node_run_id"]
+
+
+def _failed_node(req: dict) -> int | None:
+    """The node a stop.json says the run stops for (written by `remote.write_stop`), or None
+    for a stop someone asked for."""
+    if not req.get("failed"):
+        return None
+    node = req.get("node")
+    return node if isinstance(node, int) and not isinstance(node, bool) else 0

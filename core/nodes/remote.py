@@ -289,14 +289,20 @@ def _heard_late(run: RunDir, st: dict[str, Any], mode: str, asked: Any) -> None:
     run.write_state(st)
 
 
-def request_stop(run: RunDir, mode: str, grace_s: Any = None, asked: Any = None) -> None:
+def request_stop(
+    run: RunDir, mode: str, grace_s: Any = None, asked: Any = None, failed_node: Any = None
+) -> None:
     """The head's stop for this node's run: stop.json, and its agent woken now. `asked`: when
-    the head was asked to stop (a stop that reaches us late, after an ssh outage)."""
+    the head was asked to stop (a stop that reaches us late, after an ssh outage);
+    `failed_node`: the run stops because that node failed, not on anyone's request."""
     st = run.read_state() or {}
     if st.get("status") in TERMINAL:
         _heard_late(run, st, mode, asked)
         return
-    write_stop(run, mode, grace_s)
+    node = (
+        failed_node if isinstance(failed_node, int) and not isinstance(failed_node, bool) else None
+    )
+    write_stop(run, mode, grace_s, node=node)
     if agent_alive(st, run):
         try:
             os.kill(st["agent_pid"], signal.SIGUSR1)
@@ -485,7 +491,13 @@ def serve(stdin, out) -> int:
         return 1
     if isinstance(hello.get("stop"), dict):  # asked while we were unreachable
         stop = hello["stop"]
-        request_stop(run, stop.get("mode", "graceful"), stop.get("grace_s"), stop.get("t"))
+        request_stop(
+            run,
+            stop.get("mode", "graceful"),
+            stop.get("grace_s"),
+            stop.get("t"),
+            stop.get("failed_node"),
+        )
     elif hello.get("revive"):
         revive(run)
     out.write(
@@ -507,7 +519,13 @@ def serve(stdin, out) -> int:
         for line in iter(stdin.readline, b""):
             cmd = wire.parse(line) or {}
             if cmd.get("op") == "stop":
-                request_stop(run, str(cmd.get("mode")), cmd.get("grace_s"), cmd.get("t"))
+                request_stop(
+                    run,
+                    str(cmd.get("mode")),
+                    cmd.get("grace_s"),
+                    cmd.get("t"),
+                    cmd.get("failed_node"),
+                )
             elif cmd.get("op") == "revive":
                 revive(run)
         closed.set()  # the head hung up: the run goes on without us

@@ -266,7 +266,8 @@ class NodesWatch:
                 if k == 0:
                     why = _ended("the head's run", st)
                     log.warning("%s: stopping this node", why)
-                    self._stop(why)
+                    # a head that failed makes this node's end a failure, not an asked stop
+                    self._stop(why, node=0 if st["status"] == "failed" else None)
                 else:
                     self._node_failed(k, node_host(st) or "?", _ended("its run", st), now)
                 return
