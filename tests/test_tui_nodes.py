@@ -233,9 +233,9 @@ def test_under_slurm_a_nodes_telemetry_is_read_from_its_folder(tmp_path, ranks):
     [_, n1] = w.poll(history=False).nodes
     assert n1["telemetry"] == {}  # its agent has not sampled yet
     text = hardware_text({}, None, "login", 100, [{"node": 0, "host": ""}, n1]).plain
-    # (Slurm's plan names node 1 by its number: its host is known once the job runs)
+    # (under Slurm a node's host is known once the job runs it: none is shown before)
     assert text.endswith(
-        "node 1 node1 · ranks 2-3 · no telemetry from this node on the head "
+        "node 1 · ranks 2-3 · no telemetry from this node on the head "
         "(not started by tunedeck)"
     )
     node = prepare_node(head.path, 1, MASTER)

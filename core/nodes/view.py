@@ -67,24 +67,34 @@ def _head_telemetry(run: RunDir) -> dict[str, Any]:
         return {}
 
 
-def _last_json(path: str, tail: int = 4096) -> dict[str, Any]:
-    """The last complete JSON line of a file (one pread from its end)."""
+NODE_TEL_TAIL = (16 << 10, 256 << 10)  # a node of 8 GPUs and 8 ranks: ~3 KiB a line
+
+
+def last_json_line(path: str | Path) -> dict[str, Any]:
+    """The last whole JSON object line of a file, read from its end (one pread; a second,
+    longer one only for a line longer than the first read)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return {}
     try:
         size = os.fstat(fd).st_size
-        data = os.pread(fd, tail, max(0, size - tail))
+        for tail in NODE_TEL_TAIL:
+            data = os.pread(fd, tail, max(0, size - tail))
+            lines = data.split(b"\n")
+            if size > tail:
+                lines = lines[1:]  # the first may be cut
+            for raw in reversed(lines[:-1]):  # the last has no newline yet: being written
+                try:
+                    d = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(d, dict):
+                    return d
+            if size <= tail:
+                break
     finally:
         os.close(fd)
-    for line in reversed(data.rstrip(b"\n").split(b"\n")[1 if size > tail else 0 :]):
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict):
-            return d
     return {}
 
 
@@ -157,7 +167,7 @@ def node_rows(
                 if isinstance(link.get("last_seen"), (int, float))
                 else None,
             )
-            row.update(_gpus(_last_json(f"{nd}/telemetry.jsonl")))
+            row.update(_gpus(last_json_line(f"{nd}/telemetry.jsonl")))
         ev = f"{base}/events" if src is run else str(src.events)
         steps = {r: last_step(f"{ev}/rank{r}.jsonl") for r in ranks}
         done = {r: s for r, (s, _) in steps.items() if s is not None}

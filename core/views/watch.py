@@ -354,9 +354,6 @@ class RunWatcher:
         return max(remaining * per_step - (now - t1), 0.0)
 
 
-NODE_TEL_TAIL = (16 << 10, 256 << 10)  # a node of 8 GPUs and 8 ranks: ~3 KiB a line
-
-
 def node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
     """The newest telemetry sample the head holds for node `node` (>= 1), shaped as run.db's
     latest snapshot plus its time `t`: {"t", "status", "gpus", "procs", "host"}; {} when it
@@ -365,7 +362,9 @@ def node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
     filesystem); under Slurm nothing streams, so the node's own run.db, in its folder
     `<run id>.node<k>` beside the run's on the shared filesystem. Read-only, one pread or one
     query per node."""
-    line = _last_line(run.path / "nodes" / f"node{node}" / "telemetry.jsonl")
+    from tunedeck.core.nodes.view import last_json_line
+
+    line = last_json_line(run.path / "nodes" / f"node{node}" / "telemetry.jsonl")
     if line:
         return line
     db_path = run.path.parent / f"{run.path.name}.node{node}" / "run.db"
@@ -388,34 +387,6 @@ def node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
         if isinstance(t, (int, float)) and kind != "status":  # status: only when it changed
             out["t"] = max(out.get("t", 0.0), float(t))
     return out if set(out) - {"t"} else {}
-
-
-def _last_line(path: Path) -> dict[str, Any]:
-    """The last whole JSON object line of a file, read from its end (one pread; a second,
-    longer one only for a line longer than the first read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return {}
-    try:
-        size = os.fstat(fd).st_size
-        for tail in NODE_TEL_TAIL:
-            data = os.pread(fd, tail, max(0, size - tail))
-            lines = data.split(b"\n")
-            if size > tail:
-                lines = lines[1:]  # the first may be cut
-            for raw in reversed(lines[:-1]):  # the last has no newline yet: being written
-                try:
-                    d = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(d, dict):
-                    return d
-            if size <= tail:
-                break
-    finally:
-        os.close(fd)
-    return {}
 
 
 class _RankEvents:
