@@ -223,7 +223,7 @@ async def test_the_hardware_pane_lists_every_nodes_ranks_and_stop_names_the_node
     assert not head.stop_request.exists()
 
 
-def test_under_slurm_a_nodes_telemetry_is_read_from_its_folder(tmp_path, ranks):
+def test_under_slurm_a_nodes_telemetry_is_read_from_its_folder(tmp_path, ranks, monkeypatch):
     """Under Slurm nothing streams: node 1's agent samples into the run.db of its folder
     beside the run's (slurm.prepare_node makes it), and the head's view reads it there."""
     from tunedeck.core.nodes.slurm import prepare_node
@@ -235,9 +235,9 @@ def test_under_slurm_a_nodes_telemetry_is_read_from_its_folder(tmp_path, ranks):
     text = hardware_text({}, None, "login", 100, [{"node": 0, "host": ""}, n1]).plain
     # (under Slurm a node's host is known once the job runs it: none is shown before)
     assert text.endswith(
-        "node 1 · ranks 2-3 · no telemetry from this node on the head "
-        "(not started by tunedeck)"
+        "node 1 · ranks 2-3 · no telemetry from this node on the head (not started by tunedeck)"
     )
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu7")  # what slurmd tells the node's task
     node = prepare_node(head.path, 1, MASTER)
     sample(node, {2: ranks[2], 3: ranks[3]}, 0)
     [_, n1] = w.poll(history=False).nodes
@@ -248,7 +248,7 @@ def test_under_slurm_a_nodes_telemetry_is_read_from_its_folder(tmp_path, ranks):
     text = hardware_text({}, None, "login", 100, [{"node": 0, "host": ""}, n1]).plain
     lines = text.splitlines()
     assert lines[0].startswith("node 0 login · no telemetry yet")
-    assert lines[1] == "node 1 node1 · ranks 2-3 · no GPU telemetry; per rank:"
+    assert lines[1] == "node 1 gpu7 · ranks 2-3 · no GPU telemetry; per rank:"
     assert [ln[:6] for ln in lines if ln.startswith("rank ")] == ["rank 2", "rank 3"]
     # an old sample says how old (a node whose link is down streams nothing new)
     later = hardware_text({}, None, "x", 100, [n1], now=tel["t"] + 300).plain
