@@ -32,7 +32,8 @@ from tunedeck.core.store.store import Store
 from tunedeck.core.telemetry.fake import FakePynvml
 from tunedeck.core.telemetry.nvml import Nvml
 from tunedeck.core.telemetry.sampler import TelemetrySampler
-from tunedeck.core.views.watch import RunWatcher, node_telemetry
+from tunedeck.core.nodes.view import node_telemetry
+from tunedeck.core.views.watch import RunWatcher
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens.confirm import ConfirmScreen
 from tunedeck.tui.screens.monitor import MonitorScreen, stop_question

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from tunedeck.core.rundir import (
     write_text_private,
 )
 from tunedeck.core.rundir.records import run_exit_code
+from tunedeck.core.telemetry.store import read_latest_file
 
 TICK_S = 0.25
 TELEMETRY_S = 2.0
@@ -436,22 +436,8 @@ class Streamer:
         if now < self.next_tel or not self.run.db.exists():
             return
         self.next_tel = now + TELEMETRY_S
-        try:
-            db = sqlite3.connect(f"file:{self.run.db}?mode=ro", uri=True, timeout=0.5)
-            try:
-                rows = db.execute("SELECT kind, t, data FROM tel_latest").fetchall()
-            finally:
-                db.close()
-        except sqlite3.Error:
-            return
-        snap: dict[str, Any] = {}
-        newest = 0.0
-        for kind, t, data in rows:
-            try:
-                snap[kind] = json.loads(data)
-            except (TypeError, ValueError):
-                continue
-            newest = max(newest, t or 0.0)
+        snap, times = read_latest_file(self.run.db, timeout=0.5)
+        newest = max((times[k] for k in snap if k in times), default=0.0)
         if not snap or newest <= self.tel_t:
             return
         self.tel_t = newest

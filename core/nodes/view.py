@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from tunedeck.core.nodes.remote import TERMINAL
 from tunedeck.core.rundir import RunDir, read_json
+from tunedeck.core.telemetry.store import read_latest_file
 
 STEP_TAIL = 2048  # a step event line is ~250 bytes: the last few are enough
 
@@ -56,15 +56,27 @@ def _gpus(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {"gpus": len(gpus), "gpu_util": sum(utils) / len(utils) if utils else None}
 
 
-def _head_telemetry(run: RunDir) -> dict[str, Any]:
-    try:
-        db = sqlite3.connect(f"file:{run.db}?mode=ro", uri=True, timeout=0.2)
-        try:
-            return {k: json.loads(d) for k, d in db.execute("SELECT kind, data FROM tel_latest")}
-        finally:
-            db.close()
-    except (sqlite3.Error, ValueError):
+def node_telemetry(run: RunDir, node: int, line: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The newest telemetry sample the head holds for node `node` (>= 1), shaped as run.db's
+    latest snapshot plus its time `t`: {"t", "status", "gpus", "procs", "host"}; {} when it
+    holds none. Over ssh, the last line of nodes/node<k>/telemetry.jsonl, which the node's
+    streamer appends a line to per new sample of its agent (written in place on a shared
+    filesystem; `line`: that line, when the caller read it already); under Slurm nothing
+    streams, so the node's own run.db, in its folder `<run id>.node<k>` beside the run's on
+    the shared filesystem. Read-only, one pread or one query per node."""
+    if line is None:
+        line = last_json_line(run.path / "nodes" / f"node{node}" / "telemetry.jsonl")
+    if line:
+        return line
+    db_path = run.path.parent / f"{run.path.name}.node{node}" / "run.db"
+    if not db_path.exists():
         return {}
+    snap, times = read_latest_file(db_path)
+    out: dict[str, Any] = dict(snap)
+    stamped = [times[k] for k in snap if k in times and k != "status"]  # status: when it changed
+    if stamped:
+        out["t"] = max(stamped)
+    return out if set(out) - {"t"} else {}
 
 
 NODE_TEL_TAIL = (16 << 10, 256 << 10)  # a node of 8 GPUs and 8 ranks: ~3 KiB a line
@@ -103,8 +115,10 @@ def node_rows(
     findings: list[dict[str, Any]] | None = None,
     now: float | None = None,
     plan: dict[str, Any] | None = None,
+    samples: bool = False,
 ) -> list[dict[str, Any]]:
-    """`plan`: plan.json as the caller read it once (it never changes after launch)."""
+    """`plan`: plan.json as the caller read it once (it never changes after launch);
+    `samples`: each other node's newest telemetry sample as its row's `telemetry`."""
     run = RunDir(run_dir)
     now = time.time() if now is None else now
     plan = run.read_plan() if plan is None else plan
@@ -131,7 +145,7 @@ def node_rows(
                     "job": str(head["slurm_job"]),
                     "state": "gone",
                 }
-            row.update(_gpus(_head_telemetry(run)))
+            row.update(_gpus(read_latest_file(run.db)[0]))
         else:
             nd = f"{base}/nodes/node{k}"  # strings: 128 nodes per frame
             link = read_json(f"{nd}/link.json") or {}
@@ -167,7 +181,10 @@ def node_rows(
                 if isinstance(link.get("last_seen"), (int, float))
                 else None,
             )
-            row.update(_gpus(last_json_line(f"{nd}/telemetry.jsonl")))
+            line = last_json_line(f"{nd}/telemetry.jsonl")
+            row.update(_gpus(line))
+            if samples:  # the monitor's hardware pane: the whole sample, read once
+                row["telemetry"] = node_telemetry(run, k, line)
         ev = f"{base}/events" if src is run else str(src.events)
         steps = {r: last_step(f"{ev}/rank{r}.jsonl") for r in ranks}
         done = {r: s for r, (s, _) in steps.items() if s is not None}

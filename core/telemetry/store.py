@@ -275,3 +275,26 @@ def read_latest(db: sqlite3.Connection) -> dict[str, Any]:
         }
     except sqlite3.Error:
         return {}
+
+
+def read_latest_file(path: Any, timeout: float = 0.2) -> tuple[dict[str, Any], dict[str, float]]:
+    """`read_latest` of the run.db at `path`, opened read-only (another process writes it),
+    with each kind's sample time: ({}, {}) when it holds no telemetry yet."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+        try:
+            rows = db.execute("SELECT kind, t, data FROM tel_latest").fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:  # not created yet, or no telemetry table
+        return {}, {}
+    snap: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    for kind, t, data in rows:
+        try:
+            snap[kind] = json.loads(data)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(t, (int, float)):
+            times[kind] = float(t)
+    return snap, times

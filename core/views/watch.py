@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import bisect
 import collections
-import json
 import os
 import re
-import sqlite3
 import threading
 import time
 from array import array
@@ -192,11 +190,8 @@ class RunWatcher:
             return []
         from tunedeck.core.nodes.view import node_rows
 
-        rows = node_rows(self.run_dir, findings, now, plan=self._node_plan)
-        for row in rows:
-            if row.get("node"):  # node 0's is the snapshot's own `telemetry`
-                row["telemetry"] = node_telemetry(self.run, int(row["node"]))
-        return rows
+        # node 0's sample is the snapshot's own `telemetry`; the others' come with their rows
+        return node_rows(self.run_dir, findings, now, plan=self._node_plan, samples=True)
 
     _node_plan: dict[str, Any] | None = None  # {}: decided, no nodes to show
 
@@ -352,41 +347,6 @@ class RunWatcher:
         remaining = max(max_steps - s1, 0)
         # the last step may be a while ago if the run stalled: count that time as spent
         return max(remaining * per_step - (now - t1), 0.0)
-
-
-def node_telemetry(run: RunDir, node: int) -> dict[str, Any]:
-    """The newest telemetry sample the head holds for node `node` (>= 1), shaped as run.db's
-    latest snapshot plus its time `t`: {"t", "status", "gpus", "procs", "host"}; {} when it
-    holds none. Over ssh, the last line of nodes/node<k>/telemetry.jsonl, which the node's
-    streamer appends a line to per new sample of its agent (written in place on a shared
-    filesystem); under Slurm nothing streams, so the node's own run.db, in its folder
-    `<run id>.node<k>` beside the run's on the shared filesystem. Read-only, one pread or one
-    query per node."""
-    from tunedeck.core.nodes.view import last_json_line
-
-    line = last_json_line(run.path / "nodes" / f"node{node}" / "telemetry.jsonl")
-    if line:
-        return line
-    db_path = run.path.parent / f"{run.path.name}.node{node}" / "run.db"
-    if not db_path.exists():
-        return {}
-    try:
-        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=0.2)
-        try:
-            rows = db.execute("SELECT kind, t, data FROM tel_latest").fetchall()
-        finally:
-            db.close()
-    except sqlite3.Error:  # not created yet, or no telemetry table: nothing held
-        return {}
-    out: dict[str, Any] = {}
-    for kind, t, data in rows:
-        try:
-            out[kind] = json.loads(data)
-        except (TypeError, ValueError):
-            continue
-        if isinstance(t, (int, float)) and kind != "status":  # status: only when it changed
-            out["t"] = max(out.get("t", 0.0), float(t))
-    return out if set(out) - {"t"} else {}
 
 
 class _RankEvents:
