@@ -25,11 +25,12 @@ TINY = dict(
 
 
 def _saved_bytes_per_token(
-    dtype: torch.dtype, batch: int = 2, seq: int = 256, lora: str = ""
+    dtype: torch.dtype, batch: int = 2, seq: int = 256, lora: str = "", compiled: bool = False
 ) -> float:
     """Bytes one decoder layer saves for backward per token (weights and the shared RoPE
     tables left out), counted storage by storage through saved-tensor hooks. lora: "" (full
-    fine-tuning), "peft" (peft's LoRA layers, all-linear r=8) or "fused" (the trainer's)."""
+    fine-tuning), "peft" (peft's LoRA layers, all-linear r=8) or "fused" (the trainer's).
+    compiled: the layer compiled by Inductor as the trainer compiles it (fastpath.lean_saves)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
@@ -47,6 +48,8 @@ def _saved_bytes_per_token(
                 assert fuse_lora(model, torch.device("cpu")) == 7
         model = model.base_model.model
     layer = model.model.layers[0]
+    if compiled:
+        layer.compile()
     x = torch.randn(batch, seq, TINY["hidden_size"], dtype=dtype, requires_grad=True)
     pe = model.model.rotary_emb(x, torch.arange(seq)[None])
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -124,6 +127,32 @@ def test_fused_lora_layers_save_what_the_estimate_says():
     assert fused < peft - 4 * TINY["hidden_size"]  # q/k/v and gate/up inputs shared
     for on, measured in ((False, peft), (True, fused)):
         assert abs(est(on) - measured) / measured < 0.05, (on, est(on), measured)
+
+
+def test_compiled_fused_layers_recompute_and_save_what_the_estimate_says(monkeypatch):
+    """Compiled, the trainer's layers rebuild SiLU(gate)·up and the normalized inputs in
+    backward (fastpath.lean_saves): an MLP-wide tensor and more saved less than torch's default
+    partition, and the estimate's count of the lean layer within 5 %."""
+    import torch._dynamo
+    import torch._functorch.config as fconfig
+
+    from tunedeck.core.train.fastpath import lean_saves
+
+    arch = arch_from_config(TINY)
+    inputs = MemoryInputs(
+        arch, method="lora", lora_rank=8, micro_batch=2, seq_len=256, fused_lora=True
+    )
+    monkeypatch.setattr(fconfig, "ban_recompute_materialized_backward", True)
+    saved = {}
+    for lean in (False, True):
+        torch._dynamo.reset()
+        lean_saves(lean)
+        saved[lean] = _saved_bytes_per_token(torch.bfloat16, lora="fused", compiled=True)
+    torch._dynamo.reset()
+    assert saved[True] < saved[False] - 2 * TINY["intermediate_size"], saved
+    inputs.compiled = True
+    est = _activation_bytes_per_token_layer(inputs)
+    assert abs(est - saved[True]) / saved[True] < 0.05, (est, saved)
 
 
 def test_the_7b_preset_row_of_the_h200_within_10_percent(tmp_path):

@@ -135,9 +135,36 @@ _SHARED_INPUT = {
 }
 
 
+def _lean_compiled(m: MemoryInputs) -> bool:
+    """The built-in trainer's compiled, fused 16-bit LoRA layers, whose partitioner recomputes
+    what backward can rebuild from the residuals and the MLP's gate and up (fastpath.lean_saves)."""
+    return (
+        m.compiled
+        and m.fused_lora
+        and m.method == "lora"
+        and m.strategy == "ddp"
+        and m.compute_bytes != 4
+        and m.attn_impl != "eager"
+    )
+
+
 def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     """Bytes one decoder layer keeps for backward per token (no checkpointing)."""
     a = m.compute_bytes
+    if _lean_compiled(m):
+        # counted with saved-tensor hooks on a compiled layer (tests/test_estimate_builtin.py):
+        # the two residuals and their fp32 rsqrt, SDPA's q, k, v, output and fp32 logsumexp,
+        # gate and up; the normalized inputs and SiLU(gate)·up are recomputed in backward
+        ar = m.arch
+        n_lora = len(ar.lora_modules(m.lora_targets))
+        return float(
+            2 * a * ar.hidden
+            + 2 * 4
+            + a * (2 * ar.q_dim + 2 * ar.kv_dim)
+            + 4 * ar.heads
+            + 2 * a * ar.intermediate
+            + a * m.lora_rank * n_lora
+        )
     ar = m.arch
     h, i, q, kv = ar.hidden, ar.intermediate, ar.q_dim, ar.kv_dim
     full = m.method == "full"
@@ -310,7 +337,7 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     else:
         acts = layers * per_layer
         transient = layer_temp
-    if m.compiled:
+    if m.compiled and not _lean_compiled(m):
         acts *= COMPILED_ACT_FACTOR
     # compiled QLoRA also keeps five of a layer's 4-bit linears' own outputs (q, one of k/v,
     # o, one of gate/up, down: bitsandbytes' F.linear results, beside peft's copies) until

@@ -104,6 +104,21 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def lean_saves(on: bool = True) -> None:
+    """Let the compiled layers recompute pointwise results that backward reads through a matmul.
+
+    By default the partitioner saves any result backward must materialize anyway: the MLP's
+    SiLU(gate)·up (the down projection's input, which its LoRA gradient multiplies) and the
+    normalized inputs beside the residuals they come from. Recomputed from gate, up and the
+    residuals, a 7B decoder layer saves ~105 kB a token instead of ~160 kB: 53 → ~42 GiB at
+    the H200 preset's micro-batch, the price a few fused pointwise passes in backward
+    (docs/benchmarks.md). TUNEDECK_LEAN_SAVES=0 keeps torch's default, for comparison."""
+    import torch._functorch.config as fconfig
+
+    if hasattr(fconfig, "ban_recompute_materialized_backward"):
+        fconfig.ban_recompute_materialized_backward = not on
+
+
 class LayerCompiler:
     """torch.compile per decoder layer, shapes watched, failures turned into eager.
 
@@ -139,6 +154,7 @@ class LayerCompiler:
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 4 * self.max_shapes + 2))
+        lean_saves(os.environ.get("TUNEDECK_LEAN_SAVES", "1") != "0")
         budget = os.environ.get("TUNEDECK_ACT_BUDGET")
         if budget:  # a measurement switch: < 1 makes the partitioner recompute to save memory
             import torch._functorch.config as fconfig
