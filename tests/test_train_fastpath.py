@@ -376,3 +376,69 @@ def test_compiled_run_buckets_shapes(tmp_path):
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     compiled = [e for e in _events(run2, 0) if e["kind"] == "phase" and e["phase"] != "tokenizing"]
     assert not compiled  # CPU: eager
+
+
+def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch):
+    """Inside DDP's forward, dynamo split each compiled layer at DDP's 1 MiB first bucket once a
+    layer's adapters outgrew it (a 7B layer's r=16: ~6 MB), and the split made the MLP's
+    SiLU(gate)·up a saved graph input: 53 instead of 42 GiB on the H200 preset. The trainer's
+    compiler keeps each layer one graph: two MLP-wide tensors saved per layer, not three."""
+    import torch._dynamo
+    import torch._functorch.config as fconfig
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from tunedeck.core.train.lora_fused import fuse_lora
+
+    monkeypatch.setattr(torch._dynamo.config, "optimize_ddp", True)
+    monkeypatch.setattr(fconfig, "ban_recompute_materialized_backward", True)
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    hid, ffn = 256, 1344
+    cfg = Qwen2Config(
+        hidden_size=hid,
+        intermediate_size=ffn,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=512,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(torch.bfloat16)
+    model.config.use_cache = False
+    # rank 128: each layer's adapters (3.3 MB in fp32) outgrow DDP's first bucket, as a 7B's do
+    model = get_peft_model(model, LoraConfig(r=128, lora_alpha=256, target_modules="all-linear"))
+    assert fuse_lora(model, torch.device("cpu")) == 21
+    layers = model.base_model.model.model.layers
+    torch._dynamo.reset()
+    LayerCompiler(layers, max_shapes=2, backend="inductor", lean=True).setup()
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        wide: set[int] = set()
+
+        def pack(t):
+            st = t.untyped_storage()
+            if (
+                st.data_ptr() not in params
+                and t.dim() >= 2
+                and t.shape[-1] == ffn
+                and t.numel() >= 512 * ffn
+            ):
+                wide.add(st.data_ptr())
+            return t
+
+        x = torch.randint(0, 512, (2, 256))
+        for _ in range(2):  # the second step runs what was compiled
+            wide.clear()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = ddp(input_ids=x, labels=x).loss
+            loss.backward()
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    assert len(wide) == 2 * len(layers), len(wide)

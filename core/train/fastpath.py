@@ -110,9 +110,9 @@ def lean_saves(on: bool = True) -> None:
     By default the partitioner saves any result backward must materialize anyway: the MLP's
     SiLU(gate)·up (the down projection's input, which its LoRA gradient multiplies) and the
     normalized inputs beside the residuals they come from. Recomputed from gate, up and the
-    residuals, a 7B decoder layer saves ~105 kB a token instead of ~160 kB: 53 → ~42 GiB at
-    the H200 preset's micro-batch, the price a few fused pointwise passes in backward
-    (docs/benchmarks.md). TUNEDECK_LEAN_SAVES=0 keeps torch's default, for comparison."""
+    residuals, a 7B decoder layer saves 107 kB a token instead of 159 kB (bench/saved_layer.py);
+    with one graph per layer (LayerCompiler) the H200 preset peaks at 41.9 GiB instead of 53.1
+    at the same tokens/s (docs/benchmarks.md). TUNEDECK_LEAN_SAVES=0 keeps torch's defaults."""
     import torch._functorch.config as fconfig
 
     if hasattr(fconfig, "ban_recompute_materialized_backward"):
@@ -133,8 +133,10 @@ class LayerCompiler:
         rank: int = 0,
         backend: str | None = None,
         mode: str | None = None,
+        lean: bool = False,
     ):
         self.layers = list(layers)
+        self.lean = lean
         self.events, self.rank = events, rank
         self.max_shapes = max_shapes
         self.backend = backend or os.environ.get("TUNEDECK_COMPILE_BACKEND") or "inductor"
@@ -154,7 +156,13 @@ class LayerCompiler:
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 4 * self.max_shapes + 2))
-        lean_saves(os.environ.get("TUNEDECK_LEAN_SAVES", "1") != "0")
+        if self.lean and os.environ.get("TUNEDECK_LEAN_SAVES", "1") != "0":
+            # Called inside DDP's forward, dynamo splits each layer's graph at DDP's bucket
+            # boundaries (its first bucket is 1 MiB; a 7B layer's LoRA r=16 is ~6 MB), and the
+            # MLP's SiLU(gate)·up became a graph input that had to be saved. A layer's backward
+            # ends before the next one's starts, so its gradients' all-reduce still overlaps.
+            torch._dynamo.config.optimize_ddp = False
+            lean_saves(True)
         budget = os.environ.get("TUNEDECK_ACT_BUDGET")
         if budget:  # a measurement switch: < 1 makes the partitioner recompute to save memory
             import torch._functorch.config as fconfig

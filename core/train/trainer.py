@@ -328,12 +328,13 @@ class Trainer:
         else:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
+        fused = 0
         if self.method == "lora" and spec.parallel.strategy == "ddp":
             fp8 = spec.method.fp8_base
             why = fp8_problem(d.device, self.dtype) if fp8 else None
             if why:
                 raise ValueError(why)
-            fuse_lora(model, d.device, fp8=fp8)  # the adapter inside the frozen matmul's passes
+            fused = fuse_lora(model, d.device, fp8=fp8)  # the adapter inside the frozen GEMMs
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
@@ -356,7 +357,11 @@ class Trainer:
         self.compiler = None
         if compile_wanted(tr.compile, d.device):
             shapes = 1 if self.flat else len(length_buckets(max_len))
-            self.compiler = LayerCompiler(decoder_layers(model), shapes, events, d.rank)
+            # lean layers where measured (fused LoRA: docs/benchmarks.md); QLoRA and full
+            # fine-tuning keep torch's partition until their memory is measured with it
+            self.compiler = LayerCompiler(
+                decoder_layers(model), shapes, events, d.rank, lean=fused > 0
+            )
             self.compiler.setup()
         self.loss_mod = CausalLMLoss(model, chunk=int(os.environ.get("TUNEDECK_LOSS_CHUNK", 0)))
         self.strategy = spec.parallel.strategy
