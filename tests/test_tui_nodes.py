@@ -32,7 +32,7 @@ from tunedeck.core.store.store import Store
 from tunedeck.core.telemetry.fake import FakePynvml
 from tunedeck.core.telemetry.nvml import Nvml
 from tunedeck.core.telemetry.sampler import TelemetrySampler
-from tunedeck.core.nodes.view import node_telemetry
+from tunedeck.core.nodes.view import node_rows, node_telemetry
 from tunedeck.core.views.watch import RunWatcher
 from tunedeck.tui.app import TunedeckApp
 from tunedeck.tui.screens.confirm import ConfirmScreen
@@ -230,14 +230,21 @@ def test_under_slurm_a_nodes_telemetry_is_read_from_its_folder(tmp_path, ranks, 
     from tunedeck.core.nodes.slurm import prepare_node
 
     head = head_run(tmp_path / "home", "slurm")
+    st = head.read_state()
+    head.write_state({**st, "slurm_job": "4242"})  # what sbatch's answer records
     w = RunWatcher(head.path)
     [_, n1] = w.poll(history=False).nodes
     assert n1["telemetry"] == {}  # its agent has not sampled yet
     text = hardware_text({}, None, "login", 100, [{"node": 0, "host": ""}, n1]).plain
     # (under Slurm a node's host is known once the job runs it: none is shown before)
     assert text.endswith(
-        "node 1 · ranks 2-3 · no telemetry from this node on the head (not started by tunedeck)"
+        "node 1 · ranks 2-3 · no telemetry from this node on the head "
+        "(Slurm has not started it yet)"
     )
+    assert node_rows(head.path)[1]["reach"] == "waiting for Slurm"
+    head.write_state({**st, "slurm_job": "4242", "status": "stopped"})
+    assert node_rows(head.path)[1]["reach"] == "never started"  # cancelled while queued
+    head.write_state({**st, "slurm_job": "4242"})
     monkeypatch.setenv("SLURMD_NODENAME", "gpu7")  # what slurmd tells the node's task
     node = prepare_node(head.path, 1, MASTER)
     sample(node, {2: ranks[2], 3: ranks[3]}, 0)

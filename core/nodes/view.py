@@ -164,6 +164,8 @@ def node_rows(
                 reach = "reconnecting" if link.get("started") else "unreached"
             elif src is not run:
                 reach = "shared fs"
+            elif head.get("slurm_job"):  # Slurm starts the node's task; its folder comes then
+                reach = "never started" if head.get("status") in TERMINAL else "waiting for Slurm"
             else:
                 reach = "not started by tunedeck"
             status = st.get("status") or ("unreached" if link else None)

@@ -145,6 +145,8 @@ def _why(n: dict[str, Any]) -> str:
             "connected": "none received yet",
             "shared fs": "none written yet",
             "not started by tunedeck": "not started by tunedeck",
+            "waiting for Slurm": "Slurm has not started it yet",
+            "never started": "Slurm never started it",
         }.get(reach, f"link {reach}")
     )
 
