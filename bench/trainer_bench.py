@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 import statistics
+import time
 import sys
 from pathlib import Path
 
@@ -172,6 +173,36 @@ def run(a) -> int:
     return 0
 
 
+KERNEL_KINDS = (  # first match wins; names as cuBLAS, cuDNN, flash and Inductor give them
+    ("matrix products", ("gemm", "nvjet", "cutlass", "scaled_mm", "sm90_xmma", "cublas")),
+    ("attention", ("fmha", "flash", "cudnn", "attention", "sdpa")),
+    ("inductor fused", ("triton_",)),
+)
+
+
+def kernel_summary(avg, wall_s: float) -> str:
+    """GPU time of the profiled step by kind of kernel, against its wall time."""
+    from torch.autograd import DeviceType
+
+    # CPU ops (aten::mm) and record_function ranges (DistributedDataParallel.forward) carry
+    # their kernels' time too: count the kernels themselves only
+    cpu = {e.key for e in avg if e.device_type == DeviceType.CPU}
+    by: dict[str, float] = {}
+    for e in avg:
+        if e.device_type != DeviceType.CUDA or e.key in cpu or e.key.startswith("aten::"):
+            continue
+        name = e.key.lower()
+        kind = next((k for k, keys in KERNEL_KINDS if any(x in name for x in keys)), "other")
+        by[kind] = by.get(kind, 0.0) + e.self_device_time_total / 1e3  # µs -> ms
+    gpu = sum(by.values())
+    lines = [f"step wall {wall_s * 1e3:.1f} ms, GPU busy {gpu:.1f} ms"]
+    lines += [
+        f"  {k:<16} {v:8.1f} ms {v / max(gpu, 1e-9):6.1%}"
+        for k, v in sorted(by.items(), key=lambda kv: -kv[1])
+    ]
+    return "\n".join(lines) + "\n\n"
+
+
 def _profile_one_step(tr, warmup: int, out: Path) -> None:
     """torch.profiler over the step after the warm-up; the top kernels by GPU time to `out`."""
     import torch
@@ -183,15 +214,19 @@ def _profile_one_step(tr, warmup: int, out: Path) -> None:
         if done == warmup:
             box["p"] = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             box["p"].__enter__()
+            box["t0"] = time.perf_counter()
 
     def stop(done: int) -> None:
         if done == warmup + 1 and "p" in box:
             torch.cuda.synchronize()
+            wall = time.perf_counter() - box["t0"]
             box["p"].__exit__(None, None, None)
+            avg = box["p"].key_averages()
             out.write_text(
-                box["p"]
-                .key_averages()
-                .table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+                kernel_summary(avg, wall)
+                + avg.table(
+                    sort_by="self_device_time_total", row_limit=40, max_name_column_width=90
+                )
             )
 
     tr.before_step.append(start)

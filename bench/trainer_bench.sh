@@ -6,7 +6,8 @@
 # full fine-tuning on 2 GPUs. --tiny: a tiny model on 2 CPU ranks, no anchor (script self-test).
 # CASES: comma-separated names to run (default: all), from
 #   anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8
-#   ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean ours-default-1-peft ours-padded-1
+#   ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean
+#   ours-default-1-bf16-profile ours-default-1-fp8-profile ours-default-1-peft ours-padded-1
 #   ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 #   ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
 #   ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1
@@ -25,7 +26,8 @@ if [[ "${1:-}" == "--tiny" ]]; then TINY=1; shift; fi
 WARMUP=${1:-3}
 STEPS=${2:-10}
 CASES=${3:-all}
-ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8 ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean ours-default-1-peft ours-padded-1
+ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8 ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean ours-default-1-bf16-profile
+ours-default-1-fp8-profile ours-default-1-peft ours-padded-1
 ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
 ours-padded-1-budget7 ours-padded-1-budget5 ours-padded-2 ours-padded-2-eager ours-chat-padded-1 ours-chat-packed-1
@@ -98,6 +100,11 @@ one() {  # one CASE
       --preset presets/builtin-7b-lora-h200.toml --no-fp8 "${common[@]}" --out "$OUT/$c" ;;
     ours-default-1-fp8-nolean) TUNEDECK_LEAN_SAVES=0 trun 1 "$c" $W run --case padded \
       --preset presets/builtin-7b-lora-h200.toml --fp8 "${common[@]}" --out "$OUT/$c" ;;
+    # the preset's step under torch.profiler (the step after the warm-up; profile.txt)
+    ours-default-1-bf16-profile|ours-default-1-fp8-profile)
+      local p=--no-fp8; [[ $c == *fp8* ]] && p=--fp8
+      trun 1 "$c" $W run --case padded --preset presets/builtin-7b-lora-h200.toml $p --profile \
+        "${common[@]}" --out "$OUT/$c" ;;
     ours-default-1-peft) TUNEDECK_FUSED_LORA=0 trun 1 "$c" $W run --case padded \
       --preset presets/builtin-7b-lora-h200.toml "${common[@]}" --out "$OUT/$c" ;;
     ours-padded-1) trun 1 "$c" $W run --case padded "${common[@]}" --out "$OUT/$c" ;;
