@@ -222,8 +222,10 @@ def test_fused_lora_equals_peft(monkeypatch):
         loss.backward()
         return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
 
-    # fp32: the same numbers; bf16: the same up to rounding in another order
-    for autocast, tol in ((False, 1e-5), (True, 0.1)):
+    # fp32: the same numbers; bf16: the same up to rounding in another order; the adapter
+    # added in the frozen GEMM's epilogue (the default) or out of place
+    for autocast, tol, epilogue in ((False, 1e-5, "1"), (True, 0.1, "1"), (False, 1e-5, "0")):
+        monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
         ref_loss, ref_g = run(model(), autocast)
         m = model()
         assert fuse_lora(m) == 14  # 7 projections x 2 layers

@@ -21,27 +21,40 @@ from tunedeck.core.spec import FP8_MIN_CC
 
 
 class _LoraLinear(torch.autograd.Function):
-    """y = x·Wᵀ + bias + s·(x·Aᵀ)·Bᵀ for 2-d x in one dtype; W and bias frozen."""
+    """y = x·Wᵀ + bias + s·(x·Aᵀ)·Bᵀ for 2-d x in one dtype; W and bias frozen.
+
+    epilogue: the adapter's product enters the frozen GEMM as its C operand (addmm) and its
+    input gradient is accumulated in place; otherwise both are added out of place, which the
+    compiler can fuse into whatever reads the sum next (ATen copies a full-size C operand into
+    addmm's output before the GEMM: a measurement switch, TUNEDECK_LORA_EPILOGUE=0)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, a, b, scale):
+    def forward(ctx, x, weight, bias, a, b, scale, epilogue=True):
         u = x @ a.t()  # (N, r)
         bs = b.t() * scale  # (r, out)
-        c = torch.addmm(bias, u, bs) if bias is not None else u @ bs
-        y = torch.addmm(c, x, weight.t())  # c read once, in the GEMM's epilogue
+        if epilogue:
+            c = torch.addmm(bias, u, bs) if bias is not None else u @ bs
+            y = torch.addmm(c, x, weight.t())  # c read once, in the GEMM's epilogue
+        else:
+            y = x @ weight.t() + u @ bs
+            if bias is not None:
+                y = y + bias
         ctx.save_for_backward(x, weight, a, bs, u)
-        ctx.scale = scale
+        ctx.scale, ctx.epilogue = scale, epilogue
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, a, bs, u = ctx.saved_tensors
         g = dy @ bs.t()  # (N, r) = s·dy·B
-        dx = dy @ weight
-        dx.addmm_(g, a)  # += s·dy·B·A, in place
+        if ctx.epilogue:
+            dx = dy @ weight
+            dx.addmm_(g, a)  # += s·dy·B·A, in place
+        else:
+            dx = dy @ weight + g @ a
         da = g.t() @ x  # (r, in)
         db = (dy.t() @ u) * ctx.scale  # (out, r)
-        return dx, None, None, da, db, None
+        return dx, None, None, da, db, None, None
 
 
 E4M3 = torch.float8_e4m3fn
@@ -155,6 +168,7 @@ def _fused_forward(self, x, *args, **kwargs):
             a.to(dt),
             b.to(dt),
             float(self.scaling["default"]),
+            self._tunedeck_epilogue,
         )
     return y.view(*shape[:-1], y.shape[-1])
 
@@ -208,8 +222,10 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     if not on:
         return 0
     n = 0
+    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "1") != "0"
     for m in model.modules():
         if eligible(m):
+            m._tunedeck_epilogue = epilogue
             if fp8:
                 to_fp8(m)
             m._tunedeck_peft_forward = m.forward
