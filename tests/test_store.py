@@ -51,4 +51,5 @@ def test_a_finding_without_a_rank_is_stored_once(tmp_path):
     store.close()
     with Store(tmp_path) as viewer:
         assert [x["category"] for x in viewer.findings()] == ["ib_missing", "oom_gpu"]
+        assert [x["category"] for x in viewer.findings("oom_gpu")] == ["oom_gpu"]
         assert viewer.findings()[0]["rank"] is None

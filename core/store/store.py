@@ -974,13 +974,15 @@ class Store:
         tail_ranks = {r for (r,) in db.execute("SELECT DISTINCT rank FROM temp.tail_series")}
         return MetricSources(db, cuts, tail_ranks)
 
-    def findings(self) -> list[dict[str, Any]]:
-        """Findings the agent stored, oldest first."""
+    def findings(self, category: str | None = None) -> list[dict[str, Any]]:
+        """Findings the agent stored, oldest first; only `category`'s when given."""
         db = self._reader()
         if db is None:
             return []
+        where, args = ("WHERE category = ?", (category,)) if category else ("", ())
         try:
-            return [json.loads(d) for (d,) in db.execute("SELECT data FROM findings ORDER BY id")]
+            rows = db.execute(f"SELECT data FROM findings {where} ORDER BY id", args)
+            return [json.loads(d) for (d,) in rows]
         except sqlite3.Error:
             return []
 

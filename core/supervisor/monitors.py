@@ -197,10 +197,10 @@ class DiagnosisMonitor:
         from tunedeck.core.diagnose.finding import Finding
 
         try:
-            rows = self.ctx.store.findings()
+            rows = self.ctx.store.findings("node_lost")
         except Exception:
             return []
-        return [Finding.from_json(d) for d in rows if d.get("category") == "node_lost"]
+        return [Finding.from_json(d) for d in rows]
 
 
 class LossMonitor:
