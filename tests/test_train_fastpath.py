@@ -362,11 +362,12 @@ def test_failed_compile_falls_back_to_eager(tmp_path):
 
 def test_compiled_run_buckets_shapes(tmp_path):
     """A compiled run (dynamo's eager backend) on variable-length chat data: every new
-    padded shape is a bucket, announced by a 'compiling' phase; no compile on CPU by default."""
+    padded shape is a bucket, announced by a 'compiling' phase; no compile on CPU by default.
+    Its LoRA layers fused as on CUDA, so the two DDP ranks run the lean, unsplit layers."""
     run = make_run_dir(
         tmp_path / "run", train__max_steps=4, train__compile=True, data__max_length=512
     )
-    p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager"})
+    p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager", "TUNEDECK_FUSED_LORA": "1"})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     ev = _events(run, 0)
     comp = [e for e in ev if e["kind"] == "phase" and e["phase"] == "compiling"]
