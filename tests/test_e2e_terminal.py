@@ -107,9 +107,10 @@ def test_compose_save_launch_stop_resume_then_reattach(td_home, tmux, request):
 
     # resume from the list: through the gate again, a new run joined to its parent
     tmux.keys("one", "Escape")
-    # the list's own key, not the monitor's title (which has the id and status too); keys
-    # sent before Esc is read would make it alt+key
-    _screen_has(tmux, "one", parent_dir.name, "stopped", "Resume", what="the runs list")
+    # the list's own row says stopped and its footer offers R (keys sent before Esc is read
+    # would make it alt+key). Not just "stopped" anywhere: the stop's toast says "stopped"
+    # too, and the monitor's title has the id and status
+    _list_shows(tmux, "one", parent_dir.name, "stopped")
     tmux.keys("one", "R")
     _screen_has(tmux, "one", "0 failed", timeout=120, what="the resume's checklist")
     tmux.keys("one", "l")
@@ -181,6 +182,21 @@ def _goto_and_type(tmux, name: str, field: str, value: str) -> None:
         wait_for(lambda: _field_value(tmux, name, key) == value, 30, "the edited field")
         return
     raise AssertionError(f"ctrl+g never put the focus in {key}\n{tmux.screen(name)}")
+
+
+def _list_shows(tmux, name: str, run_id: str, status: str, timeout: float = 60.0) -> None:
+    """Wait for the runs list with `run_id`'s row (the line that starts with the id: id,
+    name, ranks, status, step...) in `status`, and its footer's R key."""
+
+    def ok():
+        text = tmux.screen(name)
+        rows = [ln.split() for ln in text.splitlines() if ln.split()[:1] == [run_id]]
+        return "R Resume" in text and any(status in row for row in rows)
+
+    try:
+        wait_for(ok, timeout, f"the runs list showing {run_id} {status}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- screen ---\n{tmux.screen(name)}") from None
 
 
 def _steps(run_dir) -> int:

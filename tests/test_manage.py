@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from unittest import mock
@@ -16,6 +18,7 @@ from tests.conftest import DEMO, REPO
 from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.supervisor import launch
+from tunedeck.core.views import manage
 from tunedeck.core.views.manage import (
     ManageError,
     clone_spec,
@@ -250,6 +253,74 @@ def test_resume_notes_a_checkpoint_already_at_max_steps(root):
     assert any("max_steps" in n for n in made.notes)
 
 
+def _record_end(run_dir: Path, agent: subprocess.Popen) -> None:
+    """state.json as an agent leaves it when a graceful stop ends the run: stopped, with the
+    agent's own pid (`agent` stands for it: a real process, alive or not)."""
+    rd = RunDir(run_dir)
+    st = rd.read_state()
+    st.update(
+        status="stopped",
+        ended=time.time(),
+        message="stopped (graceful)",
+        worker_pids=[],
+        agent_pid=agent.pid,
+        agent_create_time=agent.create_time,
+    )
+    rd.write_state(st)
+
+
+def _agent(seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    proc.create_time = psutil.Process(proc.pid).create_time()
+    return proc
+
+
+def test_resume_and_clone_judge_the_run_as_it_is_now(root):
+    """A viewer's RunInfo is its last look: the runs list read the run while it ran, the stop
+    was recorded since. R pressed then resumes it (not "is running")."""
+    run_dir = make_run(root, "r-now", status="running", step=5, checkpoints=(5,))
+    seen = read_run(run_dir)
+    assert seen.status == "running"
+    with pytest.raises(ManageError, match="is running"):
+        resume_spec(seen)  # still running on disk: refused
+    agent = _agent(0)
+    agent.wait()
+    _record_end(run_dir, agent)
+    made = resume_spec(seen)  # the same, now old, RunInfo
+    assert made.spec.train.resume_from == str(run_dir / "output" / "checkpoint-5")
+    assert clone_spec(seen).spec.train.resume_from == ""
+
+
+def test_resume_waits_for_the_agent_that_recorded_the_end_to_exit(root, monkeypatch):
+    """The agent writes the run's end, then exits (closing run.db and its trackers): on a
+    loaded machine it is still alive for a moment. Resuming then waits for that exit instead
+    of refusing; an agent that stays is refused, with what was waited for."""
+    run_dir = make_run(root, "r-exit", status="running", step=5, checkpoints=(5,))
+    agent = _agent(1.0)
+    try:
+        _record_end(run_dir, agent)
+        t0 = time.monotonic()
+        made = resume_spec(read_run(run_dir))
+        assert agent.poll() is not None and time.monotonic() - t0 < manage.ENDING_S
+        assert made.checkpoint.step == 5
+    finally:
+        agent.kill()
+        agent.wait()
+    monkeypatch.setattr(manage, "ENDING_S", 0.5)
+    stays = _agent(60)
+    try:
+        _record_end(run_dir, stays)
+        t0 = time.monotonic()
+        with pytest.raises(
+            ManageError, match=r"agent .* still alive 0.5s after its end was recorded"
+        ):
+            resume_spec(read_run(run_dir))
+        assert time.monotonic() - t0 >= 0.5
+    finally:
+        stays.kill()
+        stays.wait()
+
+
 # -- clone -------------------------------------------------------------------------------
 
 
@@ -316,7 +387,7 @@ def test_delete_with_an_output_folder_outside_the_run(root, tmp_path):
     assert not run_dir.exists() and (out / "checkpoint-5" / "trainer_state.json").exists()
 
 
-def test_delete_refuses_a_live_run(root):
+def test_delete_refuses_a_live_run(root, monkeypatch):
     run_dir = make_run(root, "d-live", status="running")
     run = read_run(run_dir)
     assert live_reason(run)
@@ -325,11 +396,13 @@ def test_delete_refuses_a_live_run(root):
     with pytest.raises(ManageError):
         delete_run(run, root=root)
     assert (run_dir / "state.json").exists()
-    # ended as recorded, but its agent still alive (finishing up): still refused
+    # ended as recorded, but its agent (this process) stays alive: refused once the wait
+    # for its exit is over
+    monkeypatch.setattr(manage, "ENDING_S", 0.3)
     st = RunDir(run_dir).read_state()
     st["status"] = "stopped"
     RunDir(run_dir).write_state(st)
-    with pytest.raises(ManageError, match="agent"):
+    with pytest.raises(ManageError, match="agent .* after its end was recorded"):
         delete_run(read_run(run_dir), root=root)
 
 

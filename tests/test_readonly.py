@@ -170,7 +170,9 @@ async def test_runs_screen_shows_its_mutating_keys_unless_readonly(home):
     app = TunedeckApp(refresh_s=0.2)
     async with app.run_test(size=(160, 48)) as pilot:
         await _until(pilot, lambda: isinstance(app.screen, RunsScreen))
-        await pilot.pause(0.2)
+        # the footer draws its keys a moment after the screen mounts (a loaded machine took
+        # longer than a fixed 0.2 s): wait for it to draw any
+        await _until(pilot, lambda: bool(app.screen.query(FooterKey)), 30, "the footer's keys")
         shown, drawn, palette, helped = _visible(app, app.screen)
         assert {"new_run", "clone", "resume", "delete"} <= shown & drawn
         assert {

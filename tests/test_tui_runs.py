@@ -434,6 +434,33 @@ async def test_resume_builds_the_resume_spec_and_pushes_preflight(home, monkeypa
         assert len(calls) == 1
 
 
+async def test_resume_of_a_run_stopped_since_the_list_read_it(home, monkeypatch):
+    """The list read the run while it ran; its stop is recorded since (the monitor said so),
+    and R comes before the list's next look: R resumes it as it is on disk, and a return to
+    the list from another screen shows it stopped at once, not a refresh later."""
+    from tests.test_manage import _agent, _record_end
+
+    calls = recorder(monkeypatch, "preflight", "PreflightScreen")
+    run_id = "20251127-020000-live-7f7f"
+    run_dir = make_run(home / "runs", run_id, status="running", step=5, checkpoints=(5,))
+    app = TunedeckApp(refresh_s=3600, clock=lambda: NOW)  # no look but the first, unless asked
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen, table = await loaded(app, pilot, 6)
+        agent = _agent(0)
+        agent.wait()
+        _record_end(run_dir, agent)
+        select(screen, run_id)
+        assert str(table.get_cell(run_id, "status")) == "running"  # what the list last read
+        await pilot.press("R")
+        errors = lambda: [text for text, sev in screen.notices if sev == "error"]  # noqa: E731
+        await until(pilot, lambda: calls or errors(), what="the resume's preflight or an error")
+        assert not errors() and calls[-1][0][0].train.resume_from == str(
+            run_dir / "output" / "checkpoint-5"
+        )
+        await app.pop_screen()  # back to the list: it looks again now
+        await until(pilot, lambda: str(table.get_cell(run_id, "status")) == "stopped", 10)
+
+
 # -- delete ------------------------------------------------------------------------------
 
 

@@ -35,18 +35,48 @@ from tunedeck.core.rundir.checkpoints import (
 from tunedeck.core.rundir.secrets import read_secrets
 from tunedeck.core.supervisor import procs
 from tunedeck.core.supervisor.launch import ABANDONED_S, writes_now
-from tunedeck.core.views.registry import RunInfo, list_runs
+from tunedeck.core.views.registry import RunInfo, list_runs, read_run
 from tunedeck.core.views.doctor import cut_short
 from tunedeck.core.store.state import TERMINAL, pid_alive
 from tunedeck.core.spec import RunSpec, SpecError, load_spec
 
 RESUMABLE = ("stopped", "failed")
+# An agent records its run's end and then exits (closing run.db and its trackers): a tenth
+# of a second on a loaded 2-core machine. A run whose end is recorded but whose agent (or
+# any other process) still lives is looked at again this long before it is refused.
+ENDING_S = 5.0
 # ABANDONED_S (core/supervisor/launch.py): a run still "pending" with no agent this long after it was
 # written never started (its launch failed before the agent took over): it may be deleted.
 
 
 class ManageError(ValueError):
     """Refused or impossible; the message says why."""
+
+
+# -- a run as it is now ----------------------------------------------------------------------
+
+
+def current(run: RunInfo) -> RunInfo:
+    """The run as its state.json says now. A viewer's RunInfo is its last look (the runs list
+    reads once a second, later on a busy machine): a run whose end was recorded since must not
+    be refused as running, nor a run that came back to life (adopted) be acted on as ended."""
+    return read_run(run.run_dir) or run
+
+
+def settled(run: RunInfo, wait_s: float | None = None) -> tuple[RunInfo, str | None]:
+    """`current(run)` and why it must not be touched (`live_reason`), after waiting up to
+    `wait_s` (ENDING_S) for the processes of a run whose end is recorded to be gone."""
+    wait = ENDING_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait
+    while True:
+        run = current(run)
+        why = live_reason(run)
+        ended = run.status in TERMINAL and run.state.get("status") in TERMINAL
+        if why is None or not ended:
+            return run, why
+        if time.monotonic() >= deadline:
+            return run, f"{why} {wait:g}s after its end was recorded"
+        time.sleep(0.05)
 
 
 # -- a run's frozen spec and its folders -----------------------------------------------------
@@ -108,6 +138,7 @@ def clone_spec(run: RunInfo) -> SpecFor:
     """The run's frozen spec as a new run: fresh start, its own output folder. Refuses a run
     that has not ended (a clone copies an ended run's spec; the launch would refuse its output
     folder anyway when it is the live run's own)."""
+    run = current(run)
     if writes_now(run):
         raise ManageError(
             f"{run.run_id} is {run.status}: a clone copies an ended run's spec; "
@@ -133,7 +164,9 @@ def clone_spec(run: RunInfo) -> SpecFor:
 
 def resume_spec(run: RunInfo) -> SpecFor:
     """The run's frozen spec continued from its newest complete checkpoint, writing to the same
-    output folder. Refuses a run that is not stopped/failed or has no complete checkpoint."""
+    output folder. Refuses a run that is not stopped/failed or has no complete checkpoint.
+    Judged on the run as it is now (`settled`), not as `run` was read."""
+    run, why = settled(run)
     if run.status not in RESUMABLE:
         what = (
             "still running: it resumes by itself on a restart"
@@ -141,7 +174,6 @@ def resume_spec(run: RunInfo) -> SpecFor:
             else "finished all its steps: clone it (c) to train further"
         )
         raise ManageError(f"{run.run_id} is {run.status}; {what}")
-    why = live_reason(run)
     if why:  # ranks of a run whose agent died would write into the same folder
         raise ManageError(f"{why}: stop it before resuming it")
     spec = copy.deepcopy(frozen_spec(run))
@@ -231,8 +263,8 @@ def _never_delete(out: Path, run_dir: Path, root: Path) -> str:
 
 
 def plan_delete(run: RunInfo, root: Path | None = None) -> DeletePlan:
-    """Raises ManageError while the run is alive."""
-    why = live_reason(run)
+    """Raises ManageError while the run is alive (as it is now: `settled`)."""
+    run, why = settled(run)
     if why:
         raise ManageError(f"{why}: stop it before deleting it")
     root = Path(root or runs_root())

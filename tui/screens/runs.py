@@ -297,6 +297,10 @@ class RunsScreen(TunedeckScreen):
         self.registry = Registry()
         self.watch_registry()
 
+    def on_screen_resume(self) -> None:
+        # back from a monitor (a run just stopped there): scan now, not at the next tick
+        self.load_runs()
+
     def on_unmount(self) -> None:
         self._stop.set()
         self._wake.set()
@@ -684,13 +688,17 @@ class RunsScreen(TunedeckScreen):
 
     def _made(self, make: Callable[[RunInfo], Any], run: RunInfo, failed: str = "") -> Any:
         """`make(run)` (a clone or resume spec; from a worker) with its notes said as
-        warnings, or None once the error is said."""
+        warnings, or None once the error is said. `make` judges the run as it is on disk now,
+        not as this list last read it."""
         from tunedeck.core.api import ManageError
 
         try:
             made = make(run)
         except ManageError as e:
             self.post_message(Notice(f"{failed}{e}", "error"))
+            return None
+        except Exception as e:  # noqa: BLE001 - a worker's error is otherwise silent
+            self.post_message(Notice(f"{failed}{type(e).__name__}: {e}", "error"))
             return None
         for note in made.notes:
             self.post_message(Notice(note, "warning"))
