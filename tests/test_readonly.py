@@ -6,6 +6,7 @@ checked too; a module that does not import yet is skipped with the reason."""
 from __future__ import annotations
 
 import importlib
+import json
 import inspect
 import pkgutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from rich.text import Text
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
 import tunedeck.tui.screens as screens_pkg
@@ -121,6 +123,19 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     make_run(home / "runs", RUN_A, created=T0, checkpoints=(100,))
     make_run(home / "runs", RUN_B, status="stopped", created=T0 + 60, checkpoints=(50,))
+    # a sweep of the two, for the sweep screen to show (with none it says so and closes)
+    (home / "sweeps").mkdir()
+    (home / "sweeps" / "sw-1.json").write_text(
+        json.dumps(
+            {
+                "id": "sw-1",
+                "points": [
+                    {"point": i, "run_id": r, "run_dir": str(home / "runs" / r), "settings": {}}
+                    for i, r in enumerate((RUN_A, RUN_B))
+                ],
+            }
+        )
+    )
     return home
 
 
@@ -144,7 +159,10 @@ async def test_readonly_hides_mutating_actions_everywhere(cls, home):
         screen = cls(**_args_for(cls, home))
         await app.push_screen(screen)
         await _until(pilot, lambda: app.screen is screen and screen.is_mounted)
-        await pilot.pause(0.2)  # the footer composes its keys once bindings are ready
+        # the footer draws its keys a moment after the screen mounts (on a loaded machine
+        # later than any fixed pause): wait for them, else `drawn` would check nothing
+        if screen.query(Footer):
+            await _until(pilot, lambda: bool(screen.query(FooterKey)), 30, "the footer's keys")
         shown, drawn, palette, helped = _visible(app, screen)
         assert not shown & mutating, f"footer shows {shown & mutating}"
         assert not drawn & mutating, f"footer draws {drawn & mutating}"
