@@ -266,13 +266,26 @@ def _pick_tier(
     return max(fine_enough) if fine_enough else min(covering)
 
 
+def _latest(db: sqlite3.Connection) -> tuple[dict[str, Any], dict[str, float]]:
+    """tel_latest's samples by kind and each kind's sample time (a row that does not parse is
+    left out)."""
+    snap: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    for kind, t, data in db.execute("SELECT kind, t, data FROM tel_latest").fetchall():
+        try:
+            snap[kind] = json.loads(data)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(t, (int, float)):
+            times[kind] = float(t)
+    return snap, times
+
+
 def read_latest(db: sqlite3.Connection) -> dict[str, Any]:
     """The last snapshot: {"status": {...nvml state...}, "gpus": [...], "procs": [...],
     "host": {...}} as the sampler stored it; {} when the run has no telemetry."""
     try:
-        return {
-            kind: json.loads(data) for kind, data in db.execute("SELECT kind, data FROM tel_latest")
-        }
+        return _latest(db)[0]
     except sqlite3.Error:
         return {}
 
@@ -283,18 +296,8 @@ def read_latest_file(path: Any, timeout: float = 0.2) -> tuple[dict[str, Any], d
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
         try:
-            rows = db.execute("SELECT kind, t, data FROM tel_latest").fetchall()
+            return _latest(db)
         finally:
             db.close()
     except sqlite3.Error:  # not created yet, or no telemetry table
         return {}, {}
-    snap: dict[str, Any] = {}
-    times: dict[str, float] = {}
-    for kind, t, data in rows:
-        try:
-            snap[kind] = json.loads(data)
-        except (TypeError, ValueError):
-            continue
-        if isinstance(t, (int, float)):
-            times[kind] = float(t)
-    return snap, times
