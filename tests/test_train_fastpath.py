@@ -223,8 +223,10 @@ def test_fused_lora_equals_peft(monkeypatch):
         return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
 
     # fp32: the same numbers; bf16: the same up to rounding in another order; the adapter
-    # added in the frozen GEMM's epilogue (the default) or out of place
-    for autocast, tol, epilogue in ((False, 1e-5, "1"), (True, 0.1, "1"), (False, 1e-5, "0")):
+    # added in the frozen GEMM's epilogue (the default), out of place, or by the opaque ops
+    cases = ((False, 1e-5, "1"), (True, 0.1, "1"), (False, 1e-5, "0"))
+    cases += ((False, 1e-5, "op"), (True, 0.1, "op"))
+    for autocast, tol, epilogue in cases:
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
         ref_loss, ref_g = run(model(), autocast)
         m = model()
@@ -381,7 +383,8 @@ def test_compiled_run_buckets_shapes(tmp_path):
     assert not compiled  # CPU: eager
 
 
-def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch):
+@pytest.mark.parametrize("epilogue", ["1", "op"])
+def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, epilogue):
     """Inside DDP's forward, dynamo split each compiled layer at DDP's 1 MiB first bucket once a
     layer's adapters outgrew it (a 7B layer's r=16: ~6 MB), and the split made the MLP's
     SiLU(gate)·up a saved graph input: 53 instead of 42 GiB on the H200 preset. The trainer's
@@ -397,6 +400,7 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "optimize_ddp", True)
     monkeypatch.setattr(fconfig, "ban_recompute_materialized_backward", True)
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)  # traced or opaque: same saves
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     hid, ffn = 256, 1344

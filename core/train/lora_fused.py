@@ -7,6 +7,11 @@ input gradient in full and adds it to the base one. On a 7B model these passes o
 docs/benchmarks.md). Here the adapter's product enters the frozen GEMM as its C operand
 (addmm: read once in the epilogue), and the backward accumulates the adapter's input gradient
 into the base one in place (addmm_). Same math, same parameters and state dict as peft.
+
+How the adapter meets the frozen GEMM (TUNEDECK_LORA_EPILOGUE, a measurement switch):
+"1" traces addmm for the compiler, which hands ATen a fresh output, so ATen first copies the
+full-size C operand into it; "op" runs forward and backward as opaque ops that accumulate in
+place into their own output (no copy); "0" adds out of place for the compiler to fuse.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import types
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from tunedeck.core.spec import FP8_MIN_CC
 
@@ -55,6 +60,53 @@ class _LoraLinear(torch.autograd.Function):
         da = g.t() @ x  # (r, in)
         db = (dy.t() @ u) * ctx.scale  # (out, r)
         return dx, None, None, da, db, None, None
+
+
+@torch.library.custom_op("tunedeck::lora_linear", mutates_args=())
+def lora_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = x·Aᵀ, the big GEMM accumulating into the
+    adapter's product in place. Opaque to the compiler, so ATen sees its own buffer as C."""
+    u = x @ a.t()
+    bs = b.t() * scale
+    y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
+    return y.addmm_(x, weight.t()), u
+
+
+@lora_linear.register_fake
+def _(x, weight, bias, a, b, scale):
+    return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
+
+
+@torch.library.custom_op("tunedeck::lora_linear_backward", mutates_args=())
+def lora_linear_backward(
+    dy: Tensor, x: Tensor, weight: Tensor, a: Tensor, b: Tensor, u: Tensor, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dA, dB) of lora_linear; dx accumulates dy·W into s·dy·B·A in place."""
+    g = (dy @ b) * scale  # (N, r) = s·dy·B
+    dx = (g @ a).addmm_(dy, weight)
+    return dx, g.t() @ x, (dy.t() @ u) * scale
+
+
+@lora_linear_backward.register_fake
+def _(dy, x, weight, a, b, u, scale):
+    return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
+
+
+def _lora_setup(ctx, inputs, output):
+    x, weight, _bias, a, b, scale = inputs
+    ctx.save_for_backward(x, weight, a, b, output[1])
+    ctx.scale = scale
+
+
+def _lora_backward(ctx, dy, _du):
+    x, weight, a, b, u = ctx.saved_tensors
+    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale)
+    return dx, None, None, da, db, None
+
+
+lora_linear.register_autograd(_lora_backward, setup_context=_lora_setup)
 
 
 E4M3 = torch.float8_e4m3fn
@@ -161,6 +213,16 @@ def _fused_forward(self, x, *args, **kwargs):
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
+        if self._tunedeck_epilogue == "op":
+            y, _ = lora_linear(
+                x.reshape(-1, shape[-1]).to(dt),
+                w,
+                bias,
+                a.to(dt),
+                b.to(dt),
+                float(self.scaling["default"]),
+            )
+            return y.view(*shape[:-1], y.shape[-1])
         y = _LoraLinear.apply(
             x.reshape(-1, shape[-1]).to(dt),
             w,
@@ -168,7 +230,7 @@ def _fused_forward(self, x, *args, **kwargs):
             a.to(dt),
             b.to(dt),
             float(self.scaling["default"]),
-            self._tunedeck_epilogue,
+            self._tunedeck_epilogue != "0",
         )
     return y.view(*shape[:-1], y.shape[-1])
 
@@ -222,7 +284,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     if not on:
         return 0
     n = 0
-    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "1") != "0"
+    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "1")
     for m in model.modules():
         if eligible(m):
             m._tunedeck_epilogue = epilogue
