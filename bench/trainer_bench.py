@@ -174,9 +174,11 @@ def run(a) -> int:
 
 
 KERNEL_KINDS = (  # first match wins; names as cuBLAS, cuDNN, flash and Inductor give them
+    # Inductor names a kernel after the ops it fused (triton_red_fused__scaled_mm_...): first
+    ("inductor fused", ("triton_",)),
     ("matrix products", ("gemm", "nvjet", "cutlass", "scaled_mm", "sm90_xmma", "cublas")),
     ("attention", ("fmha", "flash", "cudnn", "attention", "sdpa")),
-    ("inductor fused", ("triton_",)),
+    ("copies", ("memcpy", "direct_copy")),
 )
 
 
@@ -185,8 +187,11 @@ def kernel_summary(avg, wall_s: float) -> str:
     from torch.autograd import DeviceType
 
     # CPU ops (aten::mm) and record_function ranges (DistributedDataParallel.forward) carry
-    # their kernels' time too: count the kernels themselves only
-    cpu = {e.key for e in avg if e.device_type == DeviceType.CPU}
+    # their kernels' time too: count the kernels themselves only. Inductor's launchers are CPU
+    # events named as their kernels: those names stay.
+    cpu = {
+        e.key for e in avg if e.device_type == DeviceType.CPU and not e.key.startswith("triton_")
+    }
     by: dict[str, float] = {}
     for e in avg:
         if e.device_type != DeviceType.CUDA or e.key in cpu or e.key.startswith("aten::"):
@@ -200,6 +205,76 @@ def kernel_summary(avg, wall_s: float) -> str:
         f"  {k:<16} {v:8.1f} ms {v / max(gpu, 1e-9):6.1%}"
         for k, v in sorted(by.items(), key=lambda kv: -kv[1])
     ]
+    return "\n".join(lines) + "\n\n"
+
+
+def gap_summary(trace: Path, top: int = 12) -> str:
+    """Where the GPU idles in a chrome trace: the idle time between kernels (all streams), and
+    for each gap whether the next kernel was launched only after the GPU ran dry (the CPU is
+    behind) or before (it waited on something else), grouped by the top-level CPU range that
+    launched it."""
+    import bisect
+
+    ev = json.loads(trace.read_text())["traceEvents"]
+    gpu = sorted(
+        (
+            e
+            for e in ev
+            if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+        ),
+        key=lambda e: e["ts"],
+    )
+    if not gpu:
+        return "no kernels in the trace\n"
+    launch = {
+        e["args"]["correlation"]: e
+        for e in ev
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    # top-level CPU ranges per thread (ops and annotations not inside another)
+    tops: dict = {}
+    for e in sorted(
+        (e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")),
+        key=lambda e: (e["ts"], -e.get("dur", 0)),
+    ):
+        lst = tops.setdefault(e["tid"], [])
+        if not lst or e["ts"] >= lst[-1]["ts"] + lst[-1]["dur"]:
+            lst.append(e)
+    starts = {t: [e["ts"] for e in lst] for t, lst in tops.items()}
+
+    def where(lc) -> str:
+        if lc is None:
+            return "(no launch record)"
+        lst, st = tops.get(lc["tid"], []), starts.get(lc["tid"], [])
+        i = bisect.bisect_right(st, lc["ts"]) - 1
+        if i >= 0 and lc["ts"] <= lst[i]["ts"] + lst[i]["dur"]:
+            return lst[i]["name"][:70]
+        return "(outside any op)"
+
+    idle = {"cpu behind": 0.0, "waiting": 0.0}
+    by: dict = {}
+    end = gpu[0]["ts"] + gpu[0]["dur"]
+    busy = 0.0
+    for k in gpu:
+        s0, s1 = k["ts"], k["ts"] + k["dur"]
+        busy += max(0.0, s1 - max(s0, end)) if s0 < end else k["dur"]
+        gap = s0 - end
+        if gap > 5:  # µs
+            lc = launch.get(k.get("args", {}).get("correlation"))
+            kind = "cpu behind" if lc is not None and lc["ts"] > end else "waiting"
+            idle[kind] += gap
+            key = (kind, where(lc))
+            n, t = by.get(key, (0, 0.0))
+            by[key] = (n + 1, t + gap)
+        end = max(end, s1)
+    span = end - gpu[0]["ts"]
+    lines = [
+        f"trace span {span / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms, idle "
+        f"{(idle['cpu behind'] + idle['waiting']) / 1e3:.1f} ms (CPU behind "
+        f"{idle['cpu behind'] / 1e3:.1f}, waiting {idle['waiting'] / 1e3:.1f})"
+    ]
+    for (kind, name), (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"  {t / 1e3:8.1f} ms {n:6d} gaps  {kind:<10}  {name}")
     return "\n".join(lines) + "\n\n"
 
 
@@ -222,8 +297,15 @@ def _profile_one_step(tr, warmup: int, out: Path) -> None:
             wall = time.perf_counter() - box["t0"]
             box["p"].__exit__(None, None, None)
             avg = box["p"].key_averages()
+            trace = out.with_name("trace.json")
+            box["p"].export_chrome_trace(str(trace))
+            try:
+                gaps = gap_summary(trace)
+            except Exception as e:  # the summary must not cost the profile
+                gaps = f"gap summary failed: {e!r}\n\n"
             out.write_text(
                 kernel_summary(avg, wall)
+                + gaps
                 + avg.table(
                     sort_by="self_device_time_total", row_limit=40, max_name_column_width=90
                 )

@@ -58,10 +58,12 @@ def test_quant_rows_keeps_each_row_within_e4m3():
     assert (q.float().abs().amax(dim=1) == 448).all()  # each row spans e4m3's whole range
 
 
-def test_fp8_lora_linear_computes_what_it_says():
+@pytest.mark.parametrize("in_place", [False, True])
+def test_fp8_lora_linear_computes_what_it_says(in_place):
     """The layer against the same math written out: products of the de-quantized e4m3
     operands (forward: x and W, backward: dy and W's second copy), the adapter in full
-    precision. Equal up to float rounding, so only the quantization differs from bf16."""
+    precision. Equal up to float rounding, so only the quantization differs from bf16;
+    the same whether the adapter is added out of place or inside the opaque op."""
     from tunedeck.core.train.lora_fused import _LoraLinearFP8, quant_rows
 
     g = torch.Generator().manual_seed(3)
@@ -74,7 +76,9 @@ def test_fp8_lora_linear_computes_what_it_says():
     dy = torch.randn(n, out, generator=g)
     w8, sw = quant_rows(w)
     wt8, swt = quant_rows(w.t())
-    y = _LoraLinearFP8.apply(x, w8, sw.t().contiguous(), wt8, swt.t().contiguous(), bias, a, b, s)
+    y = _LoraLinearFP8.apply(
+        x, w8, sw.t().contiguous(), wt8, swt.t().contiguous(), bias, a, b, s, in_place
+    )
     y.backward(dy)
 
     deq = lambda q, inv: q.float() * inv  # noqa: E731
@@ -184,3 +188,55 @@ def test_torchrun_trains_with_an_fp8_base(tmp_path, tiny_model):  # noqa: F811 (
     )
     assert start["kind"] == "start"
     assert start["total_params"] == sum(p.numel() for p in bf16.parameters())
+
+
+def test_fp8_layer_with_the_adapter_inside_the_op_compiles_to_the_same_gradients():
+    """An earlier fp8 layer lost every gradient once compiled (the adapter added in place
+    into an opaque op's output, outside it). The in-place add now happens inside the op on
+    its own buffer: compiled with Inductor it gives eager's loss and gradients."""
+    import shutil
+
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("Inductor on CPU needs a C++ compiler")
+    import torch._dynamo
+
+    from tunedeck.core.train.lora_fused import _LoraLinearFP8, quant_rows
+
+    g = torch.Generator().manual_seed(3)
+    n, k, out, r, s = 32, 256, 96, 8, 2.0
+    x0 = torch.randn(n, k, generator=g)
+    w = torch.randn(out, k, generator=g) * 0.05
+    bias = torch.randn(out, generator=g)
+    a0, b0 = torch.randn(r, k, generator=g) * 0.1, torch.randn(out, r, generator=g) * 0.1
+    (w8, sw), (wt8, swt) = quant_rows(w), quant_rows(w.t())
+
+    def f(x, a, b):
+        # pointwise work on both sides, for the compiler to fuse around the op
+        y = _LoraLinearFP8.apply(
+            torch.nn.functional.silu(x),
+            w8,
+            sw.t().contiguous(),
+            wt8,
+            swt.t().contiguous(),
+            bias,
+            a,
+            b,
+            s,
+            True,
+        )
+        return (torch.nn.functional.gelu(y) ** 2).sum()
+
+    got = []
+    torch._dynamo.reset()
+    try:
+        for fn in (f, torch.compile(f, backend="inductor")):
+            x, a, b = (t.clone().requires_grad_() for t in (x0, a0, b0))
+            loss = fn(x, a, b)
+            loss.backward()
+            got.append((loss.detach(), x.grad, a.grad, b.grad))
+    finally:
+        torch._dynamo.reset()
+    (eager, compiled) = got
+    assert compiled[1].norm() > 0 and compiled[2].norm() > 0 and compiled[3].norm() > 0
+    for e, c in zip(eager, compiled):
+        assert torch.allclose(e, c, rtol=1e-4, atol=1e-4)

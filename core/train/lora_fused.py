@@ -9,9 +9,10 @@ docs/benchmarks.md). Here the adapter's product enters the frozen GEMM as its C 
 into the base one in place (addmm_). Same math, same parameters and state dict as peft.
 
 How the adapter meets the frozen GEMM (TUNEDECK_LORA_EPILOGUE, a measurement switch):
-"1" traces addmm for the compiler, which hands ATen a fresh output, so ATen first copies the
-full-size C operand into it; "op" runs forward and backward as opaque ops that accumulate in
-place into their own output (no copy); "0" adds out of place for the compiler to fuse.
+"op" (the default) runs the GEMM and the adapter's add as opaque ops that accumulate in place
+into their own output; "1" traces addmm, for which the compiler hands ATen a fresh output, so
+ATen first copies the full-size C operand into it (80 ms a step of the 7B preset in bf16,
+40 ms in fp8, where the compiler makes an addmm of the out-of-place sum); "0" adds out of place.
 """
 
 from __future__ import annotations
@@ -122,6 +123,22 @@ def quant_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() * scale).clamp(-_E4M3_MAX, _E4M3_MAX).to(E4M3), scale.reciprocal()
 
 
+@torch.library.custom_op("tunedeck::scaled_mm_add", mutates_args=())
+def scaled_mm_add(
+    a8: Tensor, sa: Tensor, b8: Tensor, sb: Tensor, bias: Tensor | None, u: Tensor, v: Tensor
+) -> Tensor:
+    """(a8·sa)(b8·sb) + bias + u·v in u's dtype: the adapter accumulated in place into the fp8
+    GEMM's own output. Opaque, so the compiler cannot turn the sum into an addmm whose C
+    operand ATen would first copy (40 ms a step of the 7B preset, profile in docs)."""
+    y = torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, bias=bias, out_dtype=u.dtype)
+    return y.addmm_(u, v)
+
+
+@scaled_mm_add.register_fake
+def _(a8, sa, b8, sb, bias, u, v):
+    return a8.new_empty((a8.shape[0], b8.shape[1]), dtype=u.dtype)
+
+
 class _LoraLinearFP8(torch.autograd.Function):
     """_LoraLinear with the frozen products in fp8: x·Wᵀ from e4m3 x (a scale per row) and
     e4m3 W (a scale per output channel); dy·W from e4m3 dy (per row) and a second e4m3 copy
@@ -135,24 +152,30 @@ class _LoraLinearFP8(torch.autograd.Function):
     form was right on the H200 eager and compiled (bench/fp8_check.py)."""
 
     @staticmethod
-    def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale):
+    def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, in_place=False):
         x8, sx = quant_rows(x)
-        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
         u = x @ a.t()  # (N, r)
         bs = b.t() * scale  # (r, out)
         ctx.save_for_backward(x, wt8, swt, a, bs, u)
-        ctx.scale = scale
+        ctx.scale, ctx.in_place = scale, in_place
+        if in_place:
+            return scaled_mm_add(x8, sx, w8.t(), sw, bias, u, bs)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
         return y + u @ bs
 
     @staticmethod
     def backward(ctx, dy):
         x, wt8, swt, a, bs, u = ctx.saved_tensors
         dy8, sdy = quant_rows(dy)
-        dx = torch._scaled_mm(dy8, wt8.t(), scale_a=sdy, scale_b=swt, out_dtype=dy.dtype)
         g = dy @ bs.t()  # (N, r) = s·dy·B
         da = g.t() @ x
         db = (dy.t() @ u) * ctx.scale
-        return dx + g @ a, None, None, None, None, None, da, db, None
+        if ctx.in_place:
+            dx = scaled_mm_add(dy8, sdy, wt8.t(), swt, None, g, a)
+        else:
+            dx = torch._scaled_mm(dy8, wt8.t(), scale_a=sdy, scale_b=swt, out_dtype=dy.dtype)
+            dx = dx + g @ a
+        return dx, None, None, None, None, None, da, db, None, None
 
 
 def to_fp8(module: nn.Module) -> None:
@@ -208,6 +231,7 @@ def _fused_forward(self, x, *args, **kwargs):
                 a.to(dt),
                 b.to(dt),
                 float(self.scaling["default"]),
+                self._tunedeck_epilogue == "op",
             )
         return y.view(*shape[:-1], y.shape[-1])
     with torch.autocast(dev, enabled=False):
@@ -284,7 +308,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     if not on:
         return 0
     n = 0
-    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "1")
+    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "op")
     for m in model.modules():
         if eligible(m):
             m._tunedeck_epilogue = epilogue
