@@ -4,6 +4,7 @@ In-process on CPU, no torchrun."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch", reason="the train extra is not installed")
 F = torch.nn.functional
 
 from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
+from tunedeck.core.train import ce_kernel
 from tunedeck.core.train.data import Collator, FlatCollator, TokenizedDataset
 from tunedeck.core.train.formats import read_rows
 from tunedeck.core.train.parallel import IGNORE, CausalLMLoss, linear_cross_entropy, rows_per_chunk
@@ -174,3 +176,124 @@ def test_loss_module_matches_transformers_loss_and_grads(tiny):
     assert torch.allclose(head_loss, ref_loss, rtol=1e-5)
     for k in ref_g:
         assert torch.allclose(head_g[k], ref_g[k], rtol=1e-4, atol=1e-6), k
+
+
+# -- the fused chunk math (core/train/ce_kernel.py) ---------------------------------------
+
+HAS_CXX = bool(shutil.which("g++") or shutil.which("c++"))
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """The fused path on CPU (Inductor, as on CUDA), compiled afresh; dynamo's counters read
+    before and after."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    if not HAS_CXX:
+        pytest.skip("Inductor on CPU needs a C++ compiler (no g++ or c++ on PATH)")
+    monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "inductor")
+    monkeypatch.delenv(ce_kernel.FUSED_ENV, raising=False)
+    torch._dynamo.reset()
+    ce_kernel.reset()
+    yield lambda: int(counters["stats"]["unique_graphs"])
+    ce_kernel.reset()
+
+
+def _case(seed, n=37, vocab=50, hidden=16, head_trains=True):
+    g = torch.Generator().manual_seed(seed)
+    h0 = torch.randn(n, hidden, generator=g, requires_grad=True)
+    w = torch.randn(vocab, hidden, generator=g).requires_grad_(head_trains)
+    t = torch.randint(0, vocab, (n,), generator=g)
+    t[::4] = IGNORE
+    return h0, w, t
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_chunk_matches_eager_and_autograd(fused, monkeypatch, autocast):
+    """Compiled by Inductor: the same loss and d/dh, d/dW as the eager math and as autograd's
+    cross-entropy, with IGNORE rows and with all_valid, chunks of 8 leaving a last one of 5;
+    compiled once (plus one graph for the loss alone), not per call or per chunk size."""
+    h0, w, t = _case(7 + autocast)
+    pos = (t != IGNORE).nonzero().squeeze(1)  # 27 rows: chunks of 8, 8, 8, 3
+    ref = _grads(
+        lambda h: F.cross_entropy((h @ w.t()).float(), t, ignore_index=IGNORE, reduction="sum"),
+        h0,
+        w,
+        autocast,
+    )
+    cases = (
+        lambda h: linear_cross_entropy(h, w, t, chunk=8),
+        lambda h: linear_cross_entropy(h.index_select(0, pos), w, t[pos], 8, all_valid=True),
+    )
+    tol = 2e-2 if autocast else 1e-5
+    g0 = fused()
+    for fn in cases:
+        monkeypatch.setenv(ce_kernel.FUSED_ENV, "0")
+        before = fused()
+        eager = _grads(fn, h0, w, autocast)
+        assert fused() == before  # the switch really keeps the eager math: nothing compiled
+        monkeypatch.setenv(ce_kernel.FUSED_ENV, "1")
+        got = _grads(fn, h0, w, autocast)
+        for a, b, c in zip(ref, eager, got):
+            assert c.dtype == a.dtype
+            assert torch.allclose(a.float(), c.float(), rtol=tol, atol=tol), (a - c).abs().max()
+            # the same math in other kernels: equal here, far closer than to fp32 autograd
+            close = 1e-3 if autocast else 1e-5
+            assert torch.allclose(b.float(), c.float(), rtol=close, atol=close), (b - c).abs().max()
+    assert ce_kernel._failed is None
+    graphs = fused() - g0
+    assert 1 <= graphs <= 4, graphs  # IGNORE masking or not, each 1 graph (+1 for 1-row chunks)
+    for _ in range(3):  # the same shapes again, and other row counts: no new graph
+        for fn in cases:
+            _grads(fn, h0, w, autocast)
+        _grads(lambda h: linear_cross_entropy(h[:30], w, t[:30], chunk=7), h0, w, autocast)
+    assert fused() - g0 == graphs
+    with torch.no_grad():  # the loss alone: its own graph, the same value
+        want = F.cross_entropy(h0 @ w.t(), t, ignore_index=IGNORE, reduction="sum")
+        assert torch.allclose(linear_cross_entropy(h0, w, t, chunk=8), want, rtol=1e-5)
+    assert fused() - g0 == graphs + 1
+
+
+def test_fused_chunk_compile_failure_falls_back_once(fused, monkeypatch, capsys):
+    """A backend that raises: the loss is still right (eager), one warning, and no second
+    attempt for the rest of the process."""
+    from torch._dynamo import register_backend
+
+    calls = []
+
+    def broken(gm, example_inputs):
+        calls.append(1)
+        raise RuntimeError("no compiler here")
+
+    register_backend(name="tunedeck_test_broken", compiler_fn=broken)
+    monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "tunedeck_test_broken")
+    h0, w, t = _case(3, head_trains=False)
+    ref = _grads(
+        lambda h: F.cross_entropy((h @ w.t()).float(), t, ignore_index=IGNORE, reduction="sum"),
+        h0,
+        w,
+        False,
+    )
+    for _ in range(3):
+        got = _grads(lambda h: linear_cross_entropy(h, w, t, chunk=8), h0, w, False)
+        assert torch.allclose(ref[0], got[0], rtol=1e-5)
+        assert torch.allclose(ref[1], got[1], rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1 and "no compiler here" in ce_kernel._failed
+    err = capsys.readouterr().err
+    assert err.count("fused output-head loss did not compile") == 1, err
+
+
+def test_fused_chunk_not_wanted_on_cpu_by_default(monkeypatch):
+    """No TUNEDECK_COMPILE_BACKEND on CPU: eager (compile_wanted's rule); CUDA: fused unless
+    TUNEDECK_FUSED_CE=0."""
+    monkeypatch.delenv("TUNEDECK_COMPILE_BACKEND", raising=False)
+    monkeypatch.delenv(ce_kernel.FUSED_ENV, raising=False)
+    ce_kernel.reset()
+    assert not ce_kernel.fused_wanted(torch.device("cpu"))
+    assert ce_kernel.fused_wanted(torch.device("cuda"))
+    monkeypatch.setenv(ce_kernel.FUSED_ENV, "0")
+    assert not ce_kernel.fused_wanted(torch.device("cuda"))
+    monkeypatch.setenv(ce_kernel.FUSED_ENV, "1")
+    monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "eager")
+    assert ce_kernel.fused_wanted(torch.device("cpu"))
