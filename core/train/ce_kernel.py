@@ -3,12 +3,14 @@ d(loss)/d(logits), fused by torch.compile where compiling is wanted.
 
 Eager, the chunk costs a log-softmax that writes fp32 log-probs, an exp that reads them back and
 writes the gradient, a scatter and a masking pass: on the 7B preset's 3 × 2,731 × 152,064 logits
-per micro-batch that is ~50 ms a step on an H200 (docs/benchmarks.md). Compiled, Inductor reads
-the logits twice (max/log-sum-exp, then the exp pass writing the gradient in the matmul dtype)
-and never materialises fp32 logits. `chunk_loss_grad` chooses: compiled on CUDA, or on any device
-when TUNEDECK_COMPILE_BACKEND names a backend (tests); TUNEDECK_FUSED_CE=0 keeps the eager math
-(a measurement switch). A compile that fails turns the fused path off for the process, with one
-warning; the step goes on eager.
+per micro-batch that is ~50 ms a step on an H200 (docs/benchmarks.md). Written for Inductor, the
+logits are read twice (max/log-sum-exp, then the exp pass writing the gradient in the matmul
+dtype) and fp32 logits are never materialised (timed by bench/ce_chunk.py).
+
+`chunk_loss_grad` chooses: compiled on CUDA, or on any device when TUNEDECK_COMPILE_BACKEND
+names a backend (tests); TUNEDECK_FUSED_CE=0 keeps the eager math (a measurement switch). A
+compile that fails turns the fused path off for the process, with one warning; the step goes on
+eager. train.compile is not consulted (the loss module is built without it).
 """
 
 from __future__ import annotations
