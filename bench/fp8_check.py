@@ -62,19 +62,21 @@ def grads(fp8: bool, compile: bool):
 
 
 def variants():
-    """The layer as committed, and with the adapter added in place (the form that compiled
-    to all-zero gradients on the H200, torch 2.11, when _scaled_mm sat in a custom op)."""
+    """The layer as committed (the adapter added in place inside the opaque scaled_mm_add
+    unless TUNEDECK_LORA_EPILOGUE says otherwise), and with the adapter added in place outside
+    (the form that compiled to all-zero gradients on the H200, torch 2.11, when _scaled_mm sat
+    in a custom op)."""
     from tunedeck.core.train import lora_fused as lf
 
     class InPlace(lf._LoraLinearFP8):
         @staticmethod
-        def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale):
+        def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, in_place=False):
             x8, sx = lf.quant_rows(x)
             y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
             u = x @ a.t()
             bs = b.t() * scale
             ctx.save_for_backward(x, wt8, swt, a, bs, u)
-            ctx.scale = scale
+            ctx.scale, ctx.in_place = scale, False
             return y.addmm_(u, bs)
 
     return {"committed": lf._LoraLinearFP8, "in-place": InPlace}
@@ -92,8 +94,11 @@ def main() -> None:
     )
     committed = lf._LoraLinearFP8
     runs = [(False, True, "bf16")] + [(True, c, name) for name in variants() for c in (False, True)]
+    runs += [(True, True, "out-of-place")]
     for fp8, comp, name in runs:
-        lf._LoraLinearFP8 = variants()[name] if fp8 else committed
+        # out-of-place: the committed layer with the adapter added outside the fp8 GEMM
+        os.environ["TUNEDECK_LORA_EPILOGUE"] = "1" if name == "out-of-place" else "op"
+        lf._LoraLinearFP8 = variants().get(name, committed) if fp8 else committed
         if comp:
             torch._dynamo.reset()
         try:

@@ -193,7 +193,7 @@ def fused(monkeypatch):
     if not HAS_CXX:
         pytest.skip("Inductor on CPU needs a C++ compiler (no g++ or c++ on PATH)")
     monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "inductor")
-    monkeypatch.delenv(ce_kernel.FUSED_ENV, raising=False)
+    monkeypatch.setenv(ce_kernel.FUSED_ENV, "1")
     torch._dynamo.reset()
     ce_kernel.reset()
     yield lambda: int(counters["stats"]["unique_graphs"])
@@ -284,16 +284,17 @@ def test_fused_chunk_compile_failure_falls_back_once(fused, monkeypatch, capsys)
     assert err.count("fused output-head loss did not compile") == 1, err
 
 
-def test_fused_chunk_not_wanted_on_cpu_by_default(monkeypatch):
-    """No TUNEDECK_COMPILE_BACKEND on CPU: eager (compile_wanted's rule); CUDA: fused unless
-    TUNEDECK_FUSED_CE=0."""
+def test_fused_chunk_only_when_asked_and_where_compiling_is_wanted(monkeypatch):
+    """Off unless TUNEDECK_FUSED_CE=1 (not yet measured on a GPU); then on CUDA, and on CPU
+    only under TUNEDECK_COMPILE_BACKEND (compile_wanted's rule)."""
     monkeypatch.delenv("TUNEDECK_COMPILE_BACKEND", raising=False)
     monkeypatch.delenv(ce_kernel.FUSED_ENV, raising=False)
     ce_kernel.reset()
-    assert not ce_kernel.fused_wanted(torch.device("cpu"))
-    assert ce_kernel.fused_wanted(torch.device("cuda"))
-    monkeypatch.setenv(ce_kernel.FUSED_ENV, "0")
     assert not ce_kernel.fused_wanted(torch.device("cuda"))
     monkeypatch.setenv(ce_kernel.FUSED_ENV, "1")
+    assert ce_kernel.fused_wanted(torch.device("cuda"))
+    assert not ce_kernel.fused_wanted(torch.device("cpu"))
     monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "eager")
     assert ce_kernel.fused_wanted(torch.device("cpu"))
+    monkeypatch.setenv(ce_kernel.FUSED_ENV, "0")
+    assert not ce_kernel.fused_wanted(torch.device("cpu"))

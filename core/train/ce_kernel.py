@@ -7,10 +7,10 @@ per micro-batch that is ~50 ms a step on an H200 (docs/benchmarks.md). Written f
 logits are read twice (max/log-sum-exp, then the exp pass writing the gradient in the matmul
 dtype) and fp32 logits are never materialised (timed by bench/ce_chunk.py).
 
-`chunk_loss_grad` chooses: compiled on CUDA, or on any device when TUNEDECK_COMPILE_BACKEND
-names a backend (tests); TUNEDECK_FUSED_CE=0 keeps the eager math (a measurement switch). A
-compile that fails turns the fused path off for the process, with one warning; the step goes on
-eager. train.compile is not consulted (the loss module is built without it).
+`chunk_loss_grad` chooses: the compiled math only when TUNEDECK_FUSED_CE=1 (a measurement
+switch, off until an H200 measures it: `bench/trainer_bench.sh` cases `*-fusedce`), and then on
+CUDA or on any device when TUNEDECK_COMPILE_BACKEND names a backend (tests). A compile that
+fails turns the fused path off for the process, with one warning; the step goes on eager.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def _ce_grad_fused(hc, w, tt, valid, dt, grad: bool):
 
 
 def fused_wanted(device: torch.device) -> bool:
-    """compile_wanted's rule (CUDA, or any device under TUNEDECK_COMPILE_BACKEND), less the
-    switch and a failed compile."""
-    if _failed is not None or os.environ.get(FUSED_ENV, "1") == "0":
+    """Asked for (TUNEDECK_FUSED_CE=1), not failed, and compile_wanted's rule (CUDA, or any
+    device under TUNEDECK_COMPILE_BACKEND)."""
+    if _failed is not None or os.environ.get(FUSED_ENV, "0") != "1":
         return False
     return device.type == "cuda" or bool(os.environ.get("TUNEDECK_COMPILE_BACKEND"))
 
