@@ -105,7 +105,9 @@ one() {  # one CASE
     # how the adapter meets the frozen GEMM (core/train/lora_fused.py): addmm traced (ATen copies
     # C), out of place, opaque in-place ops; the head's loss math compiled (core/train/ce_kernel.py)
     ours-default-1-bf16-addmm|ours-default-1-bf16-oop|ours-default-1-bf16-fusedce|ours-default-1-fp8-fusedce|ours-default-1-fp8-op)
-      local p=--no-fp8 ep=op ce=0; [[ $c == *fp8* ]] && p=--fp8 ep=1
+      # defaults as the trainer's, or as the caller's environment sets them
+      local p=--no-fp8 ep=${TUNEDECK_LORA_EPILOGUE:-op} ce=${TUNEDECK_FUSED_CE:-0}
+      [[ $c == *fp8* ]] && p=--fp8 ep=${TUNEDECK_LORA_EPILOGUE:-1}
       [[ $c == *-addmm ]] && ep=1; [[ $c == *-oop ]] && ep=0; [[ $c == *-op ]] && ep=op
       [[ $c == *-fusedce ]] && ce=1
       TUNEDECK_LORA_EPILOGUE=$ep TUNEDECK_FUSED_CE=$ce trun 1 "$c" $W run --case padded \
