@@ -225,7 +225,7 @@ def test_fused_lora_equals_peft(monkeypatch):
     # fp32: the same numbers; bf16: the same up to rounding in another order; the adapter
     # added in the frozen GEMM's epilogue (the default), out of place, or by the opaque ops
     cases = ((False, 1e-5, "1"), (True, 0.1, "1"), (False, 1e-5, "0"))
-    cases += ((False, 1e-5, "op"), (True, 0.1, "op"))
+    cases += ((False, 1e-5, "op"), (True, 0.1, "op"), (False, 1e-5, "after"))
     for autocast, tol, epilogue in cases:
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
         ref_loss, ref_g = run(model(), autocast)
@@ -383,7 +383,7 @@ def test_compiled_run_buckets_shapes(tmp_path):
     assert not compiled  # CPU: eager
 
 
-@pytest.mark.parametrize("epilogue", ["1", "op"])
+@pytest.mark.parametrize("epilogue", ["1", "op", "after"])
 def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, epilogue):
     """Inside DDP's forward, dynamo split each compiled layer at DDP's 1 MiB first bucket once a
     layer's adapters outgrew it (a 7B layer's r=16: ~6 MB), and the split made the MLP's

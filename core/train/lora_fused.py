@@ -10,10 +10,12 @@ into the base one in place (addmm_). Same math, same parameters and state dict a
 
 How the adapter meets the frozen GEMM (TUNEDECK_LORA_EPILOGUE, a measurement switch):
 "op" runs the GEMM and the adapter's add as opaque ops that accumulate in place into their
-own output; "1" traces addmm, for which the compiler hands ATen a fresh output, so ATen first
-copies the full-size C operand into it (80 ms a step of the 7B preset in bf16, 40 ms in fp8,
-where the compiler makes an addmm of the out-of-place sum); "0" adds out of place. The default
-is what the H200 measured: "op" in bf16 (+3 % tokens/s); in fp8 "1" until "op" is measured there.
+own output; "after" likewise, but the rank-r product is added into the big GEMM's output by a
+second in-place GEMM, so the big one reads no C (unmeasured); "1" traces addmm, for which the
+compiler hands ATen a fresh output, so ATen first copies the full-size C operand into it
+(80 ms a step of the 7B preset in bf16, 40 ms in fp8, where the compiler makes an addmm of the
+out-of-place sum); "0" adds out of place. The default is what the H200 measured: "op" in bf16
+(+3 % tokens/s); in fp8 "1" until "op" is measured there.
 """
 
 from __future__ import annotations
@@ -66,46 +68,65 @@ class _LoraLinear(torch.autograd.Function):
 
 @torch.library.custom_op("tunedeck::lora_linear", mutates_args=())
 def lora_linear(
-    x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    a: Tensor,
+    b: Tensor,
+    scale: float,
+    after: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = x·Aᵀ, the big GEMM accumulating into the
-    adapter's product in place. Opaque to the compiler, so ATen sees its own buffer as C."""
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = x·Aᵀ, accumulated in place: the big GEMM
+    into the adapter's product (its C operand), or, `after`, the adapter's rank-r GEMM into the
+    big one's output (the big GEMM then runs without reading a C). Opaque to the compiler, so
+    ATen sees its own buffer as C and copies nothing."""
     u = x @ a.t()
     bs = b.t() * scale
+    if after:
+        y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
+        return y.addmm_(u, bs), u
     y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
     return y.addmm_(x, weight.t()), u
 
 
 @lora_linear.register_fake
-def _(x, weight, bias, a, b, scale):
+def _(x, weight, bias, a, b, scale, after=False):
     return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
 
 
 @torch.library.custom_op("tunedeck::lora_linear_backward", mutates_args=())
 def lora_linear_backward(
-    dy: Tensor, x: Tensor, weight: Tensor, a: Tensor, b: Tensor, u: Tensor, scale: float
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    a: Tensor,
+    b: Tensor,
+    u: Tensor,
+    scale: float,
+    after: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dA, dB) of lora_linear; dx accumulates dy·W into s·dy·B·A in place."""
+    """(dx, dA, dB) of lora_linear; dx = dy·W + s·dy·B·A accumulated in place, in the same
+    order as the forward's."""
     g = (dy @ b) * scale  # (N, r) = s·dy·B
-    dx = (g @ a).addmm_(dy, weight)
+    dx = (dy @ weight).addmm_(g, a) if after else (g @ a).addmm_(dy, weight)
     return dx, g.t() @ x, (dy.t() @ u) * scale
 
 
 @lora_linear_backward.register_fake
-def _(dy, x, weight, a, b, u, scale):
+def _(dy, x, weight, a, b, u, scale, after=False):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _lora_setup(ctx, inputs, output):
-    x, weight, _bias, a, b, scale = inputs
+    x, weight, _bias, a, b, scale, after = inputs
     ctx.save_for_backward(x, weight, a, b, output[1])
-    ctx.scale = scale
+    ctx.scale, ctx.after = scale, after
 
 
 def _lora_backward(ctx, dy, _du):
     x, weight, a, b, u = ctx.saved_tensors
-    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale)
-    return dx, None, None, da, db, None
+    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale, ctx.after)
+    return dx, None, None, da, db, None, None
 
 
 lora_linear.register_autograd(_lora_backward, setup_context=_lora_setup)
@@ -238,7 +259,7 @@ def _fused_forward(self, x, *args, **kwargs):
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
-        if self._tunedeck_epilogue == "op":
+        if self._tunedeck_epilogue in ("op", "after"):
             y, _ = lora_linear(
                 x.reshape(-1, shape[-1]).to(dt),
                 w,
@@ -246,6 +267,7 @@ def _fused_forward(self, x, *args, **kwargs):
                 a.to(dt),
                 b.to(dt),
                 float(self.scaling["default"]),
+                self._tunedeck_epilogue == "after",
             )
             return y.view(*shape[:-1], y.shape[-1])
         y = _LoraLinear.apply(

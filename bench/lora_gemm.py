@@ -1,0 +1,106 @@
+"""One fused LoRA linear at the 7B preset's shapes: the ways of adding the adapter, timed.
+
+For each projection of a Qwen2.5-7B layer (8,192 tokens a micro-batch, LoRA r=16), forward and
+backward of `core/train/lora_fused.py`'s layer in each TUNEDECK_LORA_EPILOGUE way, against the
+bare frozen GEMMs (x·Wᵀ and dy·W, no adapter): where the adapter's cost is, per projection, before
+a whole trainer run. CUDA events, median of --iters after warm-up; eager (the trainer compiles
+the layers around these ops, which the ops themselves are opaque to).
+
+    python3 bench/lora_gemm.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+__import__("checkout").use()
+
+# (name, in, out) of one Qwen2.5-7B layer
+PROJ = (
+    ("q", 3584, 3584),
+    ("k", 3584, 512),
+    ("v", 3584, 512),
+    ("o", 3584, 3584),
+    ("gate", 3584, 18944),
+    ("up", 3584, 18944),
+    ("down", 18944, 3584),
+)
+WAYS = ("bare", "1", "0", "op", "after")
+
+
+def _time(fn, iters: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out)
+
+
+def one(way: str, n: int, k: int, m: int, r: int, iters: int) -> float:
+    """ms for forward + backward of one projection done `way`."""
+    import torch
+
+    from tunedeck.core.train import lora_fused as lf
+
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(n, k, device=dev, dtype=dt, requires_grad=True)
+    w = torch.randn(m, k, device=dev, dtype=dt) * 0.02
+    a = (torch.randn(r, k, device=dev, dtype=dt) * 0.02).requires_grad_()
+    b = (torch.randn(m, r, device=dev, dtype=dt) * 0.02).requires_grad_()
+    dy = torch.randn(n, m, device=dev, dtype=dt)
+
+    def bare():
+        y = x.detach() @ w.t()
+        return y, dy @ w
+
+    def fused():
+        x.grad = a.grad = b.grad = None
+        if way in ("op", "after"):
+            y, _ = lf.lora_linear(x, w, None, a, b, 2.0, way == "after")
+        else:
+            y = lf._LoraLinear.apply(x, w, None, a, b, 2.0, way == "1")
+        y.backward(dy)
+
+    return _time(bare if way == "bare" else fused, iters)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    import torch
+
+    print(torch.__version__, torch.cuda.get_device_name())
+    rows = {}
+    print("projection " + " ".join(f"{w:>8}" for w in WAYS) + "   (ms, forward + backward)")
+    for name, k, m in PROJ:
+        rows[name] = {w: one(w, a.tokens, k, m, a.rank, a.iters) for w in WAYS}
+        print(f"{name:<10} " + " ".join(f"{rows[name][w]:8.3f}" for w in WAYS))
+    tot = {w: sum(r[w] for r in rows.values()) for w in WAYS}
+    print(f"{'layer':<10} " + " ".join(f"{tot[w]:8.3f}" for w in WAYS))
+    print(
+        "× 28 layers × 4 micro-batches, ms a step: "
+        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in WAYS)
+    )
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
