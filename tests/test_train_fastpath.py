@@ -235,6 +235,10 @@ def test_fused_lora_equals_peft(monkeypatch):
         assert torch.allclose(loss, ref_loss, rtol=tol), (loss, ref_loss)
         for k in ref_g:  # bf16 rounds in another order: compare as vectors
             assert (g[k] - ref_g[k]).norm() <= tol * ref_g[k].norm(), k
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "OP")  # a typo is named, not ignored
+    with pytest.raises(ValueError, match="TUNEDECK_LORA_EPILOGUE='OP'"):
+        fuse_lora(model())
+    monkeypatch.delenv("TUNEDECK_LORA_EPILOGUE")
     assert fuse_lora(model(dropout=0.1)) == 0
     assert not any(eligible(mod) for mod in model(dropout=0.1).modules())
 

@@ -132,6 +132,8 @@ def _lora_backward(ctx, dy, _du):
 lora_linear.register_autograd(_lora_backward, setup_context=_lora_setup)
 
 
+EPILOGUES = ("op", "after", "1", "0")  # TUNEDECK_LORA_EPILOGUE's values (module docstring)
+
 E4M3 = torch.float8_e4m3fn
 _E4M3_MAX = torch.finfo(E4M3).max
 
@@ -253,7 +255,7 @@ def _fused_forward(self, x, *args, **kwargs):
                 a.to(dt),
                 b.to(dt),
                 float(self.scaling["default"]),
-                self._tunedeck_epilogue == "op",
+                self._tunedeck_epilogue in ("op", "after"),  # fp8's in-place add is "after"'s
             )
         return y.view(*shape[:-1], y.shape[-1])
     with torch.autocast(dev, enabled=False):
@@ -332,6 +334,10 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         return 0
     n = 0
     epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "1" if fp8 else "op")
+    if epilogue not in EPILOGUES:
+        raise ValueError(
+            f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"
+        )
     for m in model.modules():
         if eligible(m):
             m._tunedeck_epilogue = epilogue
