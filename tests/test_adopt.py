@@ -236,8 +236,10 @@ def test_full_disk_pauses_the_agent_and_the_run_completes(td_home, tmp_path, mon
     from tunedeck.core.supervisor.launch import prepare_run, start_agent
     from tunedeck.core.spec import load_spec
 
-    steps = 70
-    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")  # ~20 s of training
+    # ~12 s of training: step 1 needs the run going (about step 12 there, idle); steps 2
+    # and 3 hold with the run ended too (its end waits for state.json to be writable)
+    steps = 45
+    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")
     spec = load_spec(DEMO, [f"train.max_steps={steps}", "train.save_steps=0"])
     run_dir = prepare_run(spec, td_home / "runs")
     run_id = run_dir.name

@@ -101,7 +101,9 @@ def test_stall_nan_and_finish_each_alert_once_across_an_adopting_agent(
     td_home, tmp_path, hooks, monkeypatch
 ):
     monkeypatch.setenv("TUNEDECK_STALL_FLOOR_S", "4")
-    # rank 0 takes 0.3 s a step more: the run outlasts the NaN alert's hold on an idle machine
+    monkeypatch.setenv("TUNEDECK_ALERT_HOLD_S", "4")  # the NaN and the stall alert 6 s sooner
+    # rank 0 takes 0.3 s a step more: 70 steps outlast the NaN alert's 4 s hold (~15 steps)
+    # on an idle machine; a busy one only makes the steps slower
     monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.3")
     good, hang = hooks
     with socket.socket() as s:  # a port nothing listens on: refused at once
@@ -111,7 +113,7 @@ def test_stall_nan_and_finish_each_alert_once_across_an_adopting_agent(
     spec = _spec(tmp_path, [good.url, hang.url, refused], sink_out)
     out = cli(
         "launch", str(spec), "--json", "--no-preflight",
-        "--set", "train.max_steps=100", "--set", "train.learning_rate=1e3",
+        "--set", "train.max_steps=70", "--set", "train.learning_rate=1e3",
         "--set", "train.save_steps=0", home=td_home,
     )  # fmt: skip
     run_id = json.loads(out.stdout)["run_id"]

@@ -254,8 +254,10 @@ def test_run_db_deleted_mid_run_comes_back_whole(td_home, how):
 # -- a frozen agent ---------------------------------------------------------------------------
 
 
-def test_a_frozen_agent_shows_as_stale_with_how_long(td_home):
-    from tunedeck.core.store.state import STALE_AFTER_S
+def test_a_frozen_agent_shows_as_stale_with_how_long(td_home, monkeypatch):
+    # a 1 s beat (the agent and the CLI read it): stale after 3 s, not the default 15 s
+    monkeypatch.setenv("TUNEDECK_BEAT_S", "1")
+    STALE_AFTER_S = 3 * 1.0
 
     run_id = _launch_long(td_home)
     agent = _state(td_home, run_id)["agent_pid"]

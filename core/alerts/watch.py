@@ -14,6 +14,7 @@ them), each once per run."""
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import json
 import time
@@ -33,7 +34,20 @@ log = logging.getLogger("tunedeck.alerts")
 
 POLL_S = 1.0
 WATCHDOG_S = 5.0  # idle GPUs and the ETA: minutes-scale, looked at every few seconds
-HOLD_S = 10.0
+
+
+def _hold_s() -> float:
+    """TUNEDECK_ALERT_HOLD_S, default 10: tests whose run goes on past an error finding set it
+    lower to hear the alert sooner."""
+    raw = os.environ.get("TUNEDECK_ALERT_HOLD_S", "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else 10.0
+    except ValueError:
+        log.warning("TUNEDECK_ALERT_HOLD_S=%r is not a number; using 10", raw)
+        return 10.0
+
+
+HOLD_S = _hold_s()
 RATE_MAX = 10
 RATE_WINDOW_S = 600.0
 END_WAIT_S = 10.0  # the agent waits this long at the end for alerts still going out
