@@ -20,16 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()
 
-# (name, in, out) of one Qwen2.5-7B layer
-PROJ = (
-    ("q", 3584, 3584),
-    ("k", 3584, 512),
-    ("v", 3584, 512),
-    ("o", 3584, 3584),
-    ("gate", 3584, 18944),
-    ("up", 3584, 18944),
-    ("down", 18944, 3584),
-)
 WAYS = ("bare", "1", "0", "op", "after")
 
 
@@ -85,11 +75,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     import torch
+    from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
 
     print(torch.__version__, torch.cuda.get_device_name())
     rows = {}
     print("projection " + " ".join(f"{w:>8}" for w in WAYS) + "   (ms, forward + backward)")
-    for name, k, m in PROJ:
+    for name, k, m in LINEARS:
         rows[name] = {w: one(w, a.tokens, k, m, a.rank, a.iters) for w in WAYS}
         print(f"{name:<10} " + " ".join(f"{rows[name][w]:8.3f}" for w in WAYS))
     tot = {w: sum(r[w] for r in rows.values()) for w in WAYS}
