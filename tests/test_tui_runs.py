@@ -528,10 +528,32 @@ async def test_delete_refuses_a_running_run(home):
         screen, table = await loaded(app, pilot, 6)
         select(screen, run_id)
         await pilot.press("d")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: screen.notices and "before deleting" in screen.notices[-1][0])
+        assert "is running: stop it before deleting it" in screen.notices[-1][0]
         assert not isinstance(app.screen, ConfirmScreen)
-        assert "stop it before deleting" in screen.notices[-1][0]
         assert (home / "runs" / run_id / "state.json").exists()
+
+
+async def test_delete_judges_the_run_by_its_state_now_not_by_the_lists_last_scan(home):
+    """The list still shows the run running (its next scan is far off) but its end has been
+    recorded since: d asks to delete it instead of refusing."""
+    from tunedeck.core.rundir import RunDir
+
+    run_id = "20251127-010000-ends-5e5e"
+    run_dir = make_run(home / "runs", run_id, status="running", created=NOW - 60)
+    app = TunedeckApp(refresh_s=3600, clock=lambda: NOW)  # one scan, at the start
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen, table = await loaded(app, pilot, 6)
+        rd = RunDir(run_dir)
+        st = rd.read_state()
+        st.update(status="stopped", ended=NOW - 1, agent_pid=None, agent_create_time=None)
+        rd.write_state(st)
+        select(screen, run_id)
+        assert screen.selected_run().active  # what the list last saw
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen) or screen.notices)
+        assert isinstance(app.screen, ConfirmScreen), screen.notices
+        assert "(demo, stopped)?" in app.screen.question  # asked on the state it has now
 
 
 # -- the real screens, once their modules have landed -----------------------------------

@@ -238,6 +238,7 @@ class DeletePlan:
     output_dir: Path | None
     checkpoints: int = 0
     outputs_kept_because: str = ""
+    status: str = ""  # the run's status as judged when planning (its state.json then)
 
     @property
     def outputs_deletable(self) -> bool:
@@ -288,7 +289,9 @@ def plan_delete(run: RunInfo, root: Path | None = None) -> DeletePlan:
         records = [p for p in named if os.path.lexists(p)]
     else:
         records = sorted(p for p in run_dir.iterdir() if not _within(out, p))
-    plan = DeletePlan(run.run_id, run_dir, records, out if out.is_dir() else None)
+    plan = DeletePlan(
+        run.run_id, run_dir, records, out if out.is_dir() else None, status=run.status
+    )
     if plan.output_dir is None:
         return plan
     plan.checkpoints = len(complete_checkpoints(out))

@@ -780,11 +780,8 @@ class RunsScreen(TunedeckScreen):
         run = self.selected_run()
         if run is None:
             return
-        if run.active:
-            self.say(
-                f"{clean(run.run_id)} is {clean(run.status)}: stop it before deleting it", "warning"
-            )
-            return
+        # judged by plan_delete on the run's state.json now, not on the list's last scan: a run
+        # stopped a moment ago is not refused as running
         self._plan_delete(run)
 
     @work(thread=True, group="runs-action", exit_on_error=False)
@@ -793,7 +790,10 @@ class RunsScreen(TunedeckScreen):
 
         try:
             plan = plan_delete(run, self.registry.root if self.registry else None)
-        except (ManageError, OSError) as e:
+        except ManageError as e:  # alive: stop it first
+            self.post_message(Notice(f"not deleted: {e}", "warning"))
+            return
+        except OSError as e:
             self.post_message(Notice(f"not deleted: {e}", "error"))
             return
         self.post_message(DeleteAsk(run, plan))
@@ -802,7 +802,8 @@ class RunsScreen(TunedeckScreen):
     def ask_delete(self, msg: DeleteAsk) -> None:
         run, plan = msg.run, msg.plan
         q = (
-            f"Delete run {clean(run.run_id)} ({clean(run.name)}, {clean(run.status)})?\n\n"
+            f"Delete run {clean(run.run_id)} ({clean(run.name)}, "
+            f"{clean(plan.status or run.status)})?\n\n"
             f"This removes its records: spec, plan, state, logs, events and metrics "
             f"({len(plan.records)} entries)."
         )
