@@ -14,13 +14,13 @@ them), each once per run."""
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import json
 import time
 from collections import deque
 from typing import Any
 
+from tunedeck.core.envnum import env_number
 from tunedeck.core.alerts import message
 from tunedeck.core.alerts.config import AlertConfig, config_for
 from tunedeck.core.alerts.deliver import Deliverer
@@ -36,18 +36,9 @@ POLL_S = 1.0
 WATCHDOG_S = 5.0  # idle GPUs and the ETA: minutes-scale, looked at every few seconds
 
 
-def _hold_s() -> float:
-    """TUNEDECK_ALERT_HOLD_S, default 10: tests whose run goes on past an error finding set it
-    lower to hear the alert sooner."""
-    raw = os.environ.get("TUNEDECK_ALERT_HOLD_S", "").strip()
-    try:
-        return max(0.0, float(raw)) if raw else 10.0
-    except ValueError:
-        log.warning("TUNEDECK_ALERT_HOLD_S=%r is not a number; using 10", raw)
-        return 10.0
-
-
-HOLD_S = _hold_s()
+# TUNEDECK_ALERT_HOLD_S, default 10: tests whose run goes on past an error finding set it
+# lower to hear the alert sooner
+HOLD_S = env_number("TUNEDECK_ALERT_HOLD_S", 10.0)
 RATE_MAX = 10
 RATE_WINDOW_S = 600.0
 END_WAIT_S = 10.0  # the agent waits this long at the end for alerts still going out

@@ -4,19 +4,16 @@ BUSY_MIB of memory (NVML; the fake NVML of CI behind the same interface)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from tunedeck.core.envnum import env_number
 from tunedeck.core.telemetry.fake import from_env
 from tunedeck.core.telemetry.nvml import Nvml
 
 
 def busy_mib() -> float:
     """TUNEDECK_QUEUE_BUSY_MIB: memory another process may use on a GPU still called free."""
-    try:
-        return float(os.environ.get("TUNEDECK_QUEUE_BUSY_MIB", "") or 1024)
-    except ValueError:
-        return 1024.0
+    return env_number("TUNEDECK_QUEUE_BUSY_MIB", 1024.0)
 
 
 def nvml_view(ours: set[int]) -> tuple[int, set[int]]:

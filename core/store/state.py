@@ -11,10 +11,10 @@ the agent started is in `launches` (the launch marker its processes carry).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
+from tunedeck.core.envnum import env_number
 from tunedeck.core.rundir.records import (  # noqa: F401  (STATUSES, TERMINAL re-exported)
     INT_LIMIT,
     STATUSES,
@@ -24,17 +24,9 @@ from tunedeck.core.rundir.records import (  # noqa: F401  (STATUSES, TERMINAL re
 )
 
 
-def _beat_s() -> float:
-    """TUNEDECK_BEAT_S, default 5: tests that freeze an agent set it lower to see it go stale
-    sooner. Read here only; the agent and every reader must agree on it."""
-    raw = os.environ.get("TUNEDECK_BEAT_S", "").strip()
-    try:
-        return max(0.5, float(raw)) if raw else 5.0
-    except ValueError:
-        return 5.0
-
-
-BEAT_S = _beat_s()  # a live agent writes state.json `beat` at least this often
+# TUNEDECK_BEAT_S, default 5: tests that freeze an agent set it lower to see it go stale
+# sooner. Read here only; the agent and every reader must agree on it.
+BEAT_S = env_number("TUNEDECK_BEAT_S", 5.0, floor=0.5)  # a live agent beats at least this often
 STALE_AFTER_S = 3 * BEAT_S  # ... so a run not over whose beat is older is marked stale
 KEYS = RunState.keys()  # what state.json may hold (the agent writes no other key)
 

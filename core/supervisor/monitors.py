@@ -13,10 +13,10 @@ something of the store has `rebind(store)`).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
+from tunedeck.core.envnum import env_number
 from tunedeck.core.backends import backend_of
 from tunedeck.core.detect.stall import StallDetector
 from tunedeck.core.detect.starvation import StarvationDetector
@@ -32,12 +32,7 @@ CHECK_EVERY_S = 1.0
 def _slow_s() -> float:
     """Seconds between reads of the slow telemetry (power, clocks, PCIe/NVLink, GPU process
     lists, disk): TUNEDECK_TELEMETRY_SLOW_S, default 10."""
-    raw = os.environ.get("TUNEDECK_TELEMETRY_SLOW_S", "").strip()
-    try:
-        return max(1.0, float(raw)) if raw else 10.0
-    except ValueError:
-        log.warning("TUNEDECK_TELEMETRY_SLOW_S=%r is not a number; using 10", raw)
-        return 10.0
+    return env_number("TUNEDECK_TELEMETRY_SLOW_S", 10.0, floor=1.0)
 
 
 class TelemetryMonitor:
@@ -76,7 +71,7 @@ class DetectorMonitor:
         self.hang = hang  # HangMonitor: started by a stall
         local_world = ctx.spec.cluster.nproc_per_node or None
         self.pids: dict[int, int] = {}
-        floor = float(os.environ.get("TUNEDECK_STALL_FLOOR_S", "") or 60.0)
+        floor = env_number("TUNEDECK_STALL_FLOOR_S", 60.0)
         self.detectors = [
             StarvationDetector(telemetry=telemetry, local_world=local_world),
             StallDetector(
