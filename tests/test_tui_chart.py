@@ -482,6 +482,43 @@ async def test_compare_overlays_runs_with_a_legend(tmp_path, monkeypatch):
         assert not isinstance(app.screen, CompareScreen)
 
 
+async def test_compare_closes_its_stores_only_after_a_legend_read_in_flight(tmp_path, monkeypatch):
+    """The screen leaves while its legend worker is inside a run.db read: the connections
+    close after that read, never under it (closing one mid-query crashed the whole TUI with a
+    segfault in eval_series)."""
+    monkeypatch.setenv("TUNEDECK_HOME", str(tmp_path / "home"))
+    make_registry(tmp_path / "home")
+    app = CompareApp([r[0] for r in RUNS])
+    held, open_after = threading.Event(), []
+    real = Store.eval_series
+
+    def slow(store, *a, **kw):
+        screen = app.screen
+        if hold.is_set() and not held.is_set() and store in getattr(screen, "_stores", {}).values():
+            held.set()
+            time.sleep(0.5)  # the screen is popped meanwhile
+            open_after.append(store.db is not None)
+        return real(store, *a, **kw)
+
+    hold = threading.Event()
+    monkeypatch.setattr(Store, "eval_series", slow)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await compare_ready(pilot)
+        screen = app.screen
+        hold.set()
+        screen.load_legend()
+        await until(pilot, held.is_set, timeout=10, what="the legend read")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, CompareScreen))
+        await until(pilot, lambda: open_after, timeout=10, what="the legend read's end")
+        assert open_after == [True]
+        assert not screen._stores  # closed and let go
+        # a chart fetch that outlives the screen opens no new connection
+        assert all(s._store is None for s in screen._sources)
+        with pytest.raises(RuntimeError, match="closed"):
+            screen._sources[0](None, None, 1, ("loss",))
+
+
 async def test_compare_aligns_by_tokens_seen(tmp_path, monkeypatch):
     """Run b trains on two ranks (twice the tokens a step): by steps it ends halfway along
     run a; by tokens seen both end at the same place."""

@@ -73,6 +73,7 @@ class CompareScreen(TunedeckScreen):
         self._by_tokens = [ByTokens(s) for s in self._sources]
         self._legend_busy = threading.Lock()
         self._stores: dict[str, object] = {}
+        self._closed = False
 
     def compose(self) -> ComposeResult:
         yield TitleBar("compare")
@@ -99,8 +100,13 @@ class CompareScreen(TunedeckScreen):
         self.load_legend()
 
     def on_unmount(self) -> None:
-        for store in self._stores.values():
-            store.close()
+        # wait for a legend read in flight: its SQLite connection must not close under it
+        # (seen: a segfault in eval_series as the screen went away)
+        with self._legend_busy:
+            self._closed = True
+            for store in self._stores.values():
+                store.close()
+            self._stores.clear()
 
     # -- legend (thread) ----------------------------------------------------------------
     @work(thread=True, group="compare-legend", exit_on_error=False)
@@ -108,6 +114,8 @@ class CompareScreen(TunedeckScreen):
         if not self._legend_busy.acquire(blocking=False):
             return  # the previous read is still going (slow filesystem): skip this tick
         try:
+            if self._closed:
+                return
             self.post_message(
                 LegendReady(
                     [self._legend_line(r, c) for r, c in zip(self.run_ids, self.run_colors)]

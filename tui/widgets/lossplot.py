@@ -94,6 +94,7 @@ class RunSource:
         self.run_ref = run_ref
         self.rank = rank
         self._store = None
+        self._closed = False  # closed with its widget: for good
         self._lock = threading.Lock()
 
     @classmethod
@@ -101,6 +102,8 @@ class RunSource:
         return cls(None, rank, run_ref)
 
     def _open(self):
+        if self._closed:  # a fetch that outlived its screen: no new connection to leak
+            raise RuntimeError("the chart was closed")
         if self._store is None:
             from tunedeck.core.api import Store
 
@@ -135,6 +138,7 @@ class RunSource:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._store is not None:
                 self._store.close()
                 self._store = None
