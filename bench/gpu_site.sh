@@ -1,8 +1,12 @@
 # Sourced by the device scripts (bench/h200_*.sh): installs what the carried .gpu/ holds (see
 # bench/gpu_wheels.sh) into /tmp/site, bitsandbytes with the dist-info transformers asks for,
 # and Unsloth, when .gpu/unsloth/ is there, into /tmp/usite (UNSLOTH_PATH: only its case sees it,
-# since it patches transformers at import). Exports PYTHONPATH.
+# since it patches transformers at import). Exports PYTHONPATH, and what every device script
+# runs under: multicast off (NVLS, symmetric memory, NVSHMEM), no network, unbuffered output.
 gpu_site() {
+  export PYTHONUNBUFFERED=1 PYTHON=python3
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 MODELSCOPE_OFFLINE=1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .gpu/*.whl || return 1
   if [[ -d .gpu/bitsandbytes_pkg ]]; then   # transformers asks importlib.metadata for its version

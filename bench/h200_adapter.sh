@@ -12,8 +12,6 @@ set -uo pipefail
 OUT=${1:?usage: h200_adapter.sh OUTDIR [CASES]}
 CASES=${2:-ours-default-1-bf16-after,ours-default-1-bf16-fusedce,ours-default-1-fp8-op,ours-default-1-fp8-fusedce}
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHON=python3
 source bench/gpu_site.sh
 gpu_site || exit 1
 W=/tmp/h200

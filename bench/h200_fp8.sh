@@ -11,8 +11,6 @@ set -uo pipefail
 OUT=${1:?usage: h200_fp8.sh OUTDIR [STEPS]}
 STEPS=${2:-30}
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHON=python3
 mkdir -p "$OUT"
 source bench/gpu_site.sh
 gpu_site || exit 1

@@ -13,8 +13,6 @@ OUT=${1:?usage: h200_speed.sh OUTDIR [CASES] [--launch]}
 CASES=${2:-ours-default-1-fp8,anchor-1,anchor-liger-1,unsloth-1,ours-default-1-bf16}
 LAUNCH=${3:-}
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHON=python3
 source bench/gpu_site.sh
 gpu_site || exit 1
 W=/tmp/h200
