@@ -364,3 +364,22 @@ def test_doctor_tells_a_spec_cut_at_a_line_from_a_whole_one(tmp_path):
     swift = RunSpec(name="s", backend="swift").to_toml()  # leaves unset keys out
     run.spec.write_text(swift)
     assert _spec(run).problem is None
+
+
+def test_doctor_names_an_event_file_cut_between_two_lines(
+    finished_demo, tmp_path, monkeypatch, capsys
+):
+    """A cut that falls on a line boundary leaves a file of whole, valid lines: only run.db's
+    record of how far the agent read shows that lines are gone."""
+    home0, run_id, _ = finished_demo
+    home = tmp_path / "home"
+    dst = home / "runs" / run_id
+    shutil.copytree(home0 / "runs" / run_id, dst, ignore=shutil.ignore_patterns("output"))
+    path = dst / "events" / "rank0.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = b"".join(lines[: len(lines) // 2])
+    path.write_bytes(kept)
+    rc, out, _ = _run(monkeypatch, capsys, home, "doctor", run_id, "--json")
+    bad = {f["file"]: f["problem"] for f in json.loads(out)[0]["files"] if f["problem"]}
+    assert rc == 1 and set(bad) == {"events/rank0.jsonl"}, bad
+    assert bad["events/rank0.jsonl"].startswith(f"cut short: {len(kept):,} bytes, but run.db read")

@@ -199,8 +199,23 @@ def _db(run: RunDir, ended: bool) -> FileCheck:
     return FileCheck("run.db", None)
 
 
+def _ingested(run: RunDir) -> dict[str, int]:
+    """How many bytes of each event file the agent has read into run.db ({} when run.db
+    cannot tell)."""
+    try:
+        con = sqlite3.connect(f"file:{run.db}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = con.execute("SELECT file, offset FROM offsets").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return {}
+    return {f: o for f, o in rows if isinstance(f, str) and isinstance(o, int)}
+
+
 def _events(run: RunDir, ended: bool) -> list[FileCheck]:
     out = []
+    read = _ingested(run) if run.db.exists() else {}
     for path in run.event_files() + run.probe_files():
         name = f"events/{path.name}"
         try:
@@ -229,6 +244,17 @@ def _events(run: RunDir, ended: bool) -> list[FileCheck]:
                 first = first or i + 1
         if not size and ended and not path.name.startswith("probe"):
             out.append(FileCheck(name, "empty", "this rank's steps are lost"))
+            continue
+        # event files only grow: shorter than what run.db read means it was cut, even where
+        # the cut fell between two lines (nothing in the file itself shows it then)
+        if size < read.get(path.name, 0):
+            out.append(
+                FileCheck(
+                    name,
+                    f"cut short: {size:,} bytes, but run.db read {read[path.name]:,} of it",
+                    "the lines read before the cut are still in run.db",
+                )
+            )
             continue
         if bad:
             where = "of the last 4 MiB " if size > EVENT_TAIL_BYTES else ""
