@@ -366,6 +366,20 @@ def test_failed_compile_falls_back_to_eager(tmp_path):
         assert ev[-1]["kind"] == "end" and ev[-1]["reason"] == "completed"
 
 
+@pytest.mark.parametrize("compile_on", [True, False])
+def test_the_loss_compiles_only_with_train_compile(tmp_path, compile_on):
+    """The head's chunk math is compiled alongside the layers, so train.compile = false keeps
+    it eager too: a backend that raises makes a compiled run warn (once a rank) and go on
+    eager, and is never asked for when compile is off."""
+    run = make_run_dir(tmp_path / "run", train__max_steps=2, train__compile=compile_on)
+    p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager", "TUNEDECK_TEST_COMPILE_FAIL": "1"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert out.count("fused output-head loss did not compile") == (2 if compile_on else 0), out
+    for rank in (0, 1):
+        assert [e["step"] for e in _events(run, rank) if e["kind"] == "step"] == [1, 2]
+
+
 def test_compiled_run_buckets_shapes(tmp_path):
     """A compiled run (dynamo's eager backend) on variable-length chat data: every new
     padded shape is a bucket, announced by a 'compiling' phase; no compile on CPU by default.

@@ -284,17 +284,23 @@ def test_fused_chunk_compile_failure_falls_back_once(fused, monkeypatch, capsys)
     assert err.count("fused output-head loss did not compile") == 1, err
 
 
-def test_fused_chunk_only_when_asked_and_where_compiling_is_wanted(monkeypatch):
-    """Off unless TUNEDECK_FUSED_CE=1 (not yet measured on a GPU); then on CUDA, and on CPU
-    only under TUNEDECK_COMPILE_BACKEND (compile_wanted's rule)."""
+def test_fused_chunk_follows_train_compile_unless_turned_off(monkeypatch):
+    """On where the run compiles its layers (compile_wanted's rule: CUDA, or CPU under
+    TUNEDECK_COMPILE_BACKEND); train.compile = false keeps the loss eager too, and
+    TUNEDECK_FUSED_CE=0 turns it off anywhere."""
     monkeypatch.delenv("TUNEDECK_COMPILE_BACKEND", raising=False)
     monkeypatch.delenv(ce_kernel.FUSED_ENV, raising=False)
     ce_kernel.reset()
-    assert not ce_kernel.fused_wanted(torch.device("cuda"))
-    monkeypatch.setenv(ce_kernel.FUSED_ENV, "1")
-    assert ce_kernel.fused_wanted(torch.device("cuda"))
-    assert not ce_kernel.fused_wanted(torch.device("cpu"))
-    monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "eager")
-    assert ce_kernel.fused_wanted(torch.device("cpu"))
-    monkeypatch.setenv(ce_kernel.FUSED_ENV, "0")
-    assert not ce_kernel.fused_wanted(torch.device("cpu"))
+    try:
+        assert ce_kernel.fused_wanted(torch.device("cuda"))
+        assert not ce_kernel.fused_wanted(torch.device("cpu"))
+        ce_kernel.follow_compile(False)
+        assert not ce_kernel.fused_wanted(torch.device("cuda"))
+        ce_kernel.follow_compile(True)
+        monkeypatch.setenv("TUNEDECK_COMPILE_BACKEND", "eager")
+        assert ce_kernel.fused_wanted(torch.device("cpu"))
+        monkeypatch.setenv(ce_kernel.FUSED_ENV, "0")
+        assert not ce_kernel.fused_wanted(torch.device("cpu"))
+        assert not ce_kernel.fused_wanted(torch.device("cuda"))
+    finally:
+        ce_kernel.reset()

@@ -1,5 +1,5 @@
 """One head chunk's cross-entropy math, from the logits to the summed loss and
-d(loss)/d(logits), fused by torch.compile when asked (TUNEDECK_FUSED_CE=1).
+d(loss)/d(logits), fused by torch.compile wherever the run compiles its layers.
 
 Eager, the chunk costs a log-softmax that writes fp32 log-probs, an exp that reads them back and
 writes the gradient, a scatter and a masking pass: on the 7B preset's 3 × 2,731 × 152,064 logits
@@ -7,10 +7,12 @@ per micro-batch that is ~50 ms a step on an H200 (docs/benchmarks.md). Written f
 logits are read twice (max/log-sum-exp, then the exp pass writing the gradient in the matmul
 dtype) and fp32 logits are never materialised (timed by bench/ce_chunk.py).
 
-`chunk_loss_grad` chooses: the compiled math only when TUNEDECK_FUSED_CE=1 (a measurement
-switch, off until an H200 measures it: `bench/trainer_bench.sh` cases `*-fusedce`), and then on
-CUDA or on any device when TUNEDECK_COMPILE_BACKEND names a backend (tests). A compile that
-fails turns the fused path off for the process, with one warning; the step goes on eager.
+`chunk_loss_grad` chooses: the compiled math where the run's train.compile applies (the trainer
+says so through `follow_compile`; compile_wanted's rule: CUDA, or any device when
+TUNEDECK_COMPILE_BACKEND names a backend, as tests do), unless TUNEDECK_FUSED_CE=0. On the 7B
+preset it gave +3.5 % tokens/s and 2.3 GiB less in bf16, +3.8 % in fp8 (H200, docs/benchmarks.md).
+A compile that fails turns the fused path off for the process, with one warning; the step goes
+on eager.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import sys
 
 import torch
 
+from .fastpath import compile_wanted, error_text, is_compile_error
+
 FUSED_ENV = "TUNEDECK_FUSED_CE"
 
 _compiled: dict[str, object] = {}  # backend → the compiled function, made at first use
 _failed: str | None = None  # why compiling failed (then eager for the rest of the process)
+_compile = True  # the run's train.compile (follow_compile)
+_backend: object = None  # a backend given by use_backend (fault injection), else by name
 
 
 def ce_grad_chunk(hc, w, tt, valid, dt, grad: bool):
@@ -69,16 +75,29 @@ def _ce_grad_fused(hc, w, tt, valid, dt, grad: bool):
     return loss, g.to(dt)
 
 
+def follow_compile(flag: bool) -> None:
+    """The run's train.compile: false keeps the loss eager too."""
+    global _compile
+    _compile = bool(flag)
+
+
 def fused_wanted(device: torch.device) -> bool:
-    """Asked for (TUNEDECK_FUSED_CE=1), not failed, and compile_wanted's rule (CUDA, or any
-    device under TUNEDECK_COMPILE_BACKEND)."""
-    if _failed is not None or os.environ.get(FUSED_ENV, "0") != "1":
+    """Not turned off (TUNEDECK_FUSED_CE=0), not failed, and train.compile applies here
+    (compile_wanted's rule: CUDA, or any device under TUNEDECK_COMPILE_BACKEND)."""
+    if _failed is not None or os.environ.get(FUSED_ENV, "1") == "0":
         return False
-    return device.type == "cuda" or bool(os.environ.get("TUNEDECK_COMPILE_BACKEND"))
+    return compile_wanted(_compile, device)
+
+
+def use_backend(backend) -> None:
+    """Compile with this backend (a callable) instead of the named one: tests' faults."""
+    global _backend
+    _backend = backend
+    _compiled.clear()
 
 
 def _compiled_fn():
-    backend = os.environ.get("TUNEDECK_COMPILE_BACKEND") or "inductor"
+    backend = _backend or os.environ.get("TUNEDECK_COMPILE_BACKEND") or "inductor"
     fn = _compiled.get(backend)
     if fn is None:
         fn = _compiled[backend] = torch.compile(_ce_grad_fused, backend=backend)
@@ -92,8 +111,6 @@ def chunk_loss_grad(hc, w, tt, valid, dt, grad: bool):
     if torch.compiler.is_compiling() or not fused_wanted(hc.device):
         return ce_grad_chunk(hc, w, tt, valid, dt, grad)
     from torch._dynamo import maybe_mark_dynamic
-
-    from .fastpath import error_text, is_compile_error
 
     # Chunks differ by a row and the last may be smaller: one graph for every row count.
     for x in (hc, tt) if valid is None else (hc, tt, valid):
@@ -114,7 +131,7 @@ def chunk_loss_grad(hc, w, tt, valid, dt, grad: bool):
 
 
 def reset() -> None:
-    """Forget compiled functions and a failure (tests)."""
-    global _failed
+    """Forget compiled functions, a failure, train.compile's setting and a backend (tests)."""
+    global _failed, _compile, _backend
     _compiled.clear()
-    _failed = None
+    _failed, _compile, _backend = None, True, None

@@ -10,8 +10,8 @@ hooks) instead of the training loop testing for them.
     TUNEDECK_TEST_LOADER_DELAY=RANK:S  that rank waits S seconds more for every batch
     TUNEDECK_TEST_HANG_RANK=RANK:STEP  after STEP that rank stops making progress for good,
                                        ignoring a graceful stop (first attempt only)
-    TUNEDECK_TEST_COMPILE_FAIL=1       compiling the layers fails (a backend that raises), so
-                                       the trainer must fall back to eager
+    TUNEDECK_TEST_COMPILE_FAIL=1       compiling the layers and the loss's chunk math fails (a
+                                       backend that raises), so both must fall back to eager
 
 tests/test_restarts.py, test_train_resume.py, test_straggler_live.py, test_detect_live.py,
 test_stacks.py, test_gpu_fixtures.py and bench/gpu_faults.sh rely on these names and formats.
@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING
 from collections.abc import Callable, Iterator
 
+from tunedeck.core.train import ce_kernel
 from tunedeck.core.train.trainer import attempt
 
 if TYPE_CHECKING:
@@ -52,9 +53,11 @@ def _test_hook(name: str, rank: int) -> float | None:
 def install(trainer: Trainer) -> None:
     """Wrap the trainer's seams with the faults the environment asks of this rank."""
     rank, last = trainer.d.rank, trainer.d.world_size - 1
-    if os.environ.get(COMPILE_FAIL_ENV) and trainer.compiler is not None:
-        trainer.compiler.backend = _failing_backend
-        trainer.compiler.setup()  # re-compiled with it; the first forward fails to compile
+    if os.environ.get(COMPILE_FAIL_ENV):
+        ce_kernel.use_backend(_failing_backend)  # asked for only where train.compile applies
+        if trainer.compiler is not None:
+            trainer.compiler.backend = _failing_backend
+            trainer.compiler.setup()  # re-compiled with it; the first forward fails to compile
     delay_s = _test_hook(LOADER_DELAY_ENV, rank)
     if delay_s:
         trainer.train_batches = _delayed(trainer.train_batches, delay_s)

@@ -14,8 +14,9 @@ own output; "after" likewise, but the rank-r product is added into the big GEMM'
 second in-place GEMM, so the big one reads no C (unmeasured); "1" traces addmm, for which the
 compiler hands ATen a fresh output, so ATen first copies the full-size C operand into it
 (80 ms a step of the 7B preset in bf16, 40 ms in fp8, where the compiler makes an addmm of the
-out-of-place sum); "0" adds out of place. The default is what the H200 measured: "op" in bf16
-(+3 % tokens/s); in fp8 "1" until "op" is measured there.
+out-of-place sum); "0" adds out of place. The default is what the H200 measured: "op", in bf16
+(+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" both add out of place and
+"after" is "op").
 """
 
 from __future__ import annotations
@@ -170,10 +171,11 @@ class _LoraLinearFP8(torch.autograd.Function):
     gradients stay in the input's dtype. Hopper's fp8 GEMMs take only this layout pair
     (row-major A, column-major B), hence the two copies: together the bytes of one bf16 W.
 
-    The adapter is added out of place. A first version added it in place (y.addmm_, as
-    _LoraLinear does) into the output of an opaque custom op wrapping _scaled_mm: compiled on
-    an H200 (torch 2.11) every gradient came out zero, though eager and CPU were right. This
-    form was right on the H200 eager and compiled (bench/fp8_check.py)."""
+    in_place: the adapter is added inside the opaque scaled_mm_add, into the fp8 GEMM's own
+    output (the default, "op"); otherwise out of place. Adding it in place outside such an op
+    (y.addmm_ on _scaled_mm's result) compiled to all-zero gradients on an H200 (torch 2.11),
+    though eager and CPU were right; both forms here match eager compiled on the H200
+    (bench/fp8_check.py: "committed" and "out-of-place")."""
 
     @staticmethod
     def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, in_place=False):
@@ -333,7 +335,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     if not on:
         return 0
     n = 0
-    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "1" if fp8 else "op")
+    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "op")
     if epilogue not in EPILOGUES:
         raise ValueError(
             f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from tunedeck.core.spec import RunSpec, load_spec
+from tunedeck.core.train import ce_kernel
 from tunedeck.core.train import checkpoint as ckpt
 from tunedeck.core.train.data import (
     Batches,
@@ -363,6 +364,7 @@ class Trainer:
                 decoder_layers(model), shapes, events, d.rank, lean=fused > 0
             )
             self.compiler.setup()
+        ce_kernel.follow_compile(tr.compile)  # the loss's chunk math compiles alongside
         self.loss_mod = CausalLMLoss(model, chunk=int(os.environ.get("TUNEDECK_LOSS_CHUNK", 0)))
         self.strategy = spec.parallel.strategy
         self.wrapped = wrap(
