@@ -42,8 +42,11 @@ GIB = 2**30
 FRAGMENTATION = 0.05
 FRAGMENTATION_EXPANDABLE = 0.005
 # The built-in trainer's chunked cross-entropy keeps, per logit of one chunk, the fp32
-# log-softmax and the bf16 softmax-gradient alive together.
+# log-softmax and the bf16 softmax-gradient alive together; compiled (core/train/ce_kernel.py)
+# only the bf16 logits and the bf16 gradient (H200, 7B preset's chunk of 415 M logits: 1.55 GiB
+# above its inputs compiled, 3.87 eager, bench/ce_chunk.py).
 CHUNK_LIVE_BYTES = 6
+CHUNK_LIVE_BYTES_COMPILED = 4
 # Saved activations of compiled decoder layers vs eager (Inductor recomputes cheap pointwise
 # results instead of saving them): 7B LoRA r8, batch 4 × 2048 on H200, built-in trainer,
 # 62.2 GiB allocated compiled vs 69.8 eager, weights and loss chunk alike.
@@ -358,7 +361,8 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         # balanced chunks (core/train/parallel.rows_per_chunk), one alive at a time
         pieces = -(-n_logits // m.loss_chunk_elems)
         chunk = -(-tokens // pieces) * ar.vocab
-        loss_live = loss_blocks = chunk * CHUNK_LIVE_BYTES
+        per = CHUNK_LIVE_BYTES_COMPILED if m.compiled else CHUNK_LIVE_BYTES
+        loss_live = loss_blocks = chunk * per
     # The layers' backward comes after the loss's tensors are freed: the larger one is the peak,
     # and it fits in the loss's cached blocks when those are the larger.
     logits = max(loss_live, transient)
