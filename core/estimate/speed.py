@@ -15,14 +15,14 @@ from tunedeck.core.estimate.arch import ModelArch
 
 DEFAULT_MFU = 0.35
 # tunedeck's built-in trainer with train.compile (the default) on a GPU, by this module's count,
-# on one H200 for the 7B LoRA preset (docs/benchmarks.md): 17,299 tok/s with bf16 products
-# (2026-12-04, the adapter added in place) ≈ 0.52; with method.fp8_base (the frozen products in
-# fp8) 22,219 ≈ 0.67 (2026-12-02); eager (2026-12-01) 12,328 ≈ 0.37.
-BUILTIN_COMPILED_MFU = 0.52
-BUILTIN_FP8_MFU = 0.67
+# on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-05: the adapter added in place,
+# the loss's chunk math compiled): 17,763 tok/s with bf16 products ≈ 0.54; with
+# method.fp8_base (the frozen products in fp8) 23,441 ≈ 0.71; eager (2026-12-01) 12,328 ≈ 0.37.
+BUILTIN_COMPILED_MFU = 0.54
+BUILTIN_FP8_MFU = 0.71
 COMPILE_GAIN = 1.38  # compiled against eager, the same loop and GPU (2026-12-01)
-# fp8 frozen products against bf16, compiled, in one call (22,181 / 17,299, 2026-12-04)
-FP8_GAIN = 1.28
+# fp8 frozen products against bf16, compiled, in one call (23,441 / 17,763, 2026-12-05)
+FP8_GAIN = 1.32
 
 
 def typical_mfu(backend: str, compiled: bool = True, fp8: bool = False) -> float:
