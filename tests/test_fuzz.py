@@ -272,6 +272,10 @@ def test_fuzzed_event_lines_never_reach_state_json_or_hide_the_run(fuzz_run, mon
         left = [type(m).__name__ for m in agent.monitors]
         assert left == made, f"an event line disabled {set(made) - set(left)}"
     finally:
+        for m in agent.monitors or []:
+            m.close([])
+        if agent.mirror is not None:  # its tracker thread, opened with the first events
+            agent.mirror.close()
         agent.store.close()
 
     def refuse(name):

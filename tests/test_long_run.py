@@ -151,6 +151,8 @@ def agent_cost(run_dir: Path, ranks: int, first: int, ticks: int = 40) -> tuple[
             f.close()
         for m in agent.monitors:
             m.close([])
+        if agent.mirror is not None:  # its tracker thread, opened with the first events
+            agent.mirror.close()
         agent.store.close()
     return statistics.median(costs[5:]), held
 
@@ -380,6 +382,10 @@ def test_agent_memory_stays_flat_at_hundreds_of_steps_a_second(tmp_path, monkeyp
         tracemalloc.stop()
         for f in files:
             f.close()
+        for m in agent.monitors:
+            m.close([])
+        if agent.mirror is not None:
+            agent.mirror.close()
         agent.store.close()
     grew = held[-1] - held[10]
     print(f"held after tick 10 {held[10] / 2**20:.1f} MiB, after 30 {held[-1] / 2**20:.1f} MiB")
