@@ -458,6 +458,9 @@ class Store:
                     first = kept.get(key, vs[0][0])
                     newest = vs[-1][1]
                     gone = [i for i, _ in vs if i != first]
+                    if not gone:  # one version: it only gets its key
+                        self.db.execute("UPDATE findings SET key = ? WHERE id = ?", (key, first))
+                        continue
                     # the others first: UNIQUE(category, rank, data) holds the newest's data
                     self.db.executemany("DELETE FROM findings WHERE id = ?", [(i,) for i in gone])
                     d = _loads(newest)
