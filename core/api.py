@@ -295,9 +295,12 @@ def diagnose(targets: list[str]) -> list:
         seen = {f.key() for f in mine}  # per run: another run's finding is no duplicate
         for d in read_findings(run_dir):
             f = Finding.from_json(d)
-            if f.key() not in seen:  # run.db keeps refined versions under one key
+            category, rank, _node, what = key = f.key()
+            # one the logs gave too (a refined one by its ident; the logs' names no node where
+            # the agent's names the node it ran on, as its LossMonitor's do)
+            if key not in seen and (category, rank, None, what) not in seen:
                 mine.append(f)
-                seen.add(f.key())
+                seen.add(key)
         # a stop asked for and a lost node explain what the agent stored too (chain.py)
         mine = causes_first(mine)
         # ranks on loopback explain what the logs and the live monitors said

@@ -37,7 +37,8 @@ class FindingsSink(Protocol):
     """Where a monitor puts what it noticed (run.db's findings table: the Store)."""
 
     def save_finding(self, finding: Finding) -> bool:
-        """Store `finding`; False when the same one was stored already."""
+        """Store `finding` (a refined one, same `key()`, replaces its stored version); True
+        when it was new or changed, False when exactly this was stored already."""
         ...
 
 

@@ -618,6 +618,7 @@ def _loss_zero_nan(found: list[Finding], scanners) -> list[Finding]:
                         node=sc.source.node,
                         evidence=[f"step={r['step']} loss={loss} grad_norm=nan"],
                         source=sc.name,
+                        ident=f"loss_zero_grad_nan@{r['step']}",  # the count grows
                     )
                 ]
     return []
@@ -649,6 +650,7 @@ def _starvation(found: list[Finding], scanners) -> list[Finding]:
                 node=sc.source.node,
                 evidence=[f"{sc.ref(ln)}: data {d:g} s of {s:g} s" for ln, d, s in rows[-4:]],
                 source=sc.ref(rows[-1][0]),
+                ident="data_time",  # the share moves with the log's last 50 lines
             )
         ]
     return []

@@ -552,6 +552,7 @@ def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
                 "PCIe; Socket between nodes is much slower than IB/RoCE.",
                 evidence=[f"{k}: {v} channel links" for k, v in s.transports.items()],
                 source=src,
+                ident="nccl",  # one per run: the ranks, nodes and channels grow as they start
             )
         )
     versions = set(s.versions.values())
@@ -565,6 +566,7 @@ def _nccl_findings(scanners: list[FileScanner]) -> list[Finding]:
                 fix="Use the same torch/NCCL build on every node.",
                 evidence=[f"pid {p}: NCCL {v}" for p, v in s.versions.items()],
                 source=src,
+                ident="versions",  # the list grows as more ranks start
             )
         )
     if s.ib_missing and not s.ib_devices:

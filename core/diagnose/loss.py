@@ -97,6 +97,7 @@ class LossWatch:
 
     def _anomaly(
         self,
+        kind: str,
         severity: str,
         summary: str,
         cause: str,
@@ -104,6 +105,8 @@ class LossWatch:
         shown: list[dict[str, Any]],
         first: dict[str, Any],
     ) -> Finding:
+        # the summary's counts grow while the run goes on; the kind and its first step stay,
+        # so the agent's run.db keeps one finding that it refines
         return Finding(
             category="loss_anomaly",
             severity=severity,
@@ -113,6 +116,7 @@ class LossWatch:
             evidence=[_fmt(r) for r in shown],
             source=self.source,
             t=first.get("t"),
+            ident=f"{kind}@{first.get('step')}",
         )
 
     def findings(self) -> list[Finding]:
@@ -121,6 +125,7 @@ class LossWatch:
             first = self.bad_head[0]
             out.append(
                 self._anomaly(
+                    "loss_nonfinite",
                     "error",
                     f"loss is {first['loss']} from step {first['step']} "
                     f"({self.bad} of {self.n} steps)",
@@ -139,6 +144,7 @@ class LossWatch:
             first = head[0]
             out.append(
                 self._anomaly(
+                    "grad_nonfinite",
                     "error",
                     f"gradients are {first['grad_norm']} from step {first['step']} "
                     f"({max(g.best_len, g.cur_len)} steps in a row)",
@@ -156,6 +162,7 @@ class LossWatch:
             first = z.best_head[0]
             out.append(
                 self._anomaly(
+                    "loss_zero",
                     "warning",
                     f"loss collapsed to exactly 0 at step {first['step']} ({z.best_len} steps)",
                     "A loss of exactly zero means nothing is being learned from: all labels "
@@ -173,6 +180,7 @@ class LossWatch:
             if first["grad_norm"] == 0:
                 out.append(
                     self._anomaly(
+                        "grad_zero",
                         "error",
                         f"gradients are exactly 0 from step {first['step']} "
                         f"({f.best_len} steps): nothing is training",
@@ -192,6 +200,7 @@ class LossWatch:
             else:
                 out.append(
                     self._anomaly(
+                        "grad_frozen",
                         "warning",
                         f"grad norm frozen at {first['grad_norm']} from step "
                         f"{first['step']} ({f.best_len} steps)",

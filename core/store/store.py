@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Iterator
 
+from tunedeck.core.diagnose.finding import finding_key
 from tunedeck.core.ingest.native import fastscan
 from tunedeck.core.ingest.tail import Tail, decode_lines
 from tunedeck.core.rundir import RunDir, event_rank, strict_json
@@ -54,9 +55,18 @@ CREATE TABLE IF NOT EXISTS findings (
     severity TEXT NOT NULL,
     rank INTEGER,
     data TEXT NOT NULL,
-    UNIQUE(category, rank, data)
+    key TEXT,
+    rev INTEGER NOT NULL DEFAULT 1
 );
 """
+# One row per finding: `key` is the JSON of `Finding.key()` (its category, rank, node and
+# ident or summary), so a finding refined by later evidence (LossWatch's counts) replaces its
+# row, keeping its id (its place, and what the trackers and alerts saw of it by id); `rev`
+# counts its versions, so a reader notices a change from COUNT and TOTAL(rev) alone. A
+# run.db of an older agent has neither column (and UNIQUE(category, rank, data), which let
+# every refinement add a row): the agent adds them when it opens it (`_key_findings`), and
+# readers of one it did not open yet keep a finding's newest version only (`findings`).
+FINDINGS_KEY_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS findings_key ON findings(key)"
 
 
 # Numeric columns of a step event (core/rundir/events.py), one column each in `steps` (no
@@ -199,6 +209,7 @@ class Store:
             self.db.execute("PRAGMA synchronous=NORMAL")
             had_series = self._has_table(self.db, "steps")
             self.db.executescript(SCHEMA)
+            self._key_findings()
             if not had_series:
                 self._create_series()
             else:
@@ -419,6 +430,58 @@ class Store:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
         self.db.commit()
 
+    def _key_findings(self) -> None:
+        """An older agent's findings table: the `key` and `rev` columns added, and the rows
+        it stored for one finding (a version per refinement) made one, at the first row's
+        place with the newest version's data (one transaction)."""
+        assert self.db is not None
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(findings)")}
+        self.db.execute("BEGIN")
+        try:
+            if "key" not in have:
+                self.db.execute("ALTER TABLE findings ADD COLUMN key TEXT")
+            if "rev" not in have:
+                self.db.execute("ALTER TABLE findings ADD COLUMN rev INTEGER NOT NULL DEFAULT 1")
+            rows = self.db.execute(
+                "SELECT id, data FROM findings WHERE key IS NULL ORDER BY id"
+            ).fetchall()
+            if rows:
+                kept = dict(self.db.execute("SELECT key, id FROM findings WHERE key IS NOT NULL"))
+                versions: dict[str, list[tuple[int, str]]] = {}
+                for i, data in rows:
+                    try:
+                        key = _key_json(finding_key(json.loads(data)))
+                    except (ValueError, TypeError, AttributeError):
+                        key = json.dumps(["unreadable", i])  # kept as it is, on its own
+                    versions.setdefault(key, []).append((i, data))
+                for key, vs in versions.items():
+                    first = kept.get(key, vs[0][0])
+                    newest = vs[-1][1]
+                    gone = [i for i, _ in vs if i != first]
+                    if not gone:  # one version: it only gets its key
+                        self.db.execute("UPDATE findings SET key = ? WHERE id = ?", (key, first))
+                        continue
+                    # the others first: UNIQUE(category, rank, data) holds the newest's data
+                    self.db.executemany("DELETE FROM findings WHERE id = ?", [(i,) for i in gone])
+                    d = _loads(newest)
+                    self.db.execute(
+                        "UPDATE findings SET data = ?, key = ?, rev = rev + ?, t = ?, "
+                        "severity = ? WHERE id = ?",
+                        (
+                            newest,
+                            key,
+                            len(gone),
+                            _num(d.get("t")),
+                            str(d.get("severity") or "info"),
+                            first,
+                        ),
+                    )
+            self.db.execute(FINDINGS_KEY_INDEX)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
     def _create_tiers(self) -> None:
         """Rollup tables this run.db lacks, aggregated from its steps (one transaction)."""
         assert self.db is not None
@@ -562,24 +625,28 @@ class Store:
         return last_max_steps(self.db, rank)
 
     def save_finding(self, finding) -> bool:
-        """Store a Finding once; returns False if the same finding was stored before."""
+        """Store a Finding: a new one adds a row, one with the key of a stored finding (the
+        same finding, refined) replaces that row's version in place. True when it was new or
+        changed, False when run.db held exactly this already."""
         assert self.db is not None and self.write
         # its time and rank may come from a rank's event line: stored as the schema says
         t = _num(finding.t)
         finding.t = float(t) if t is not None else time.time()
         if finding.rank is not None and _int64(finding.rank) is None:
             finding.rank = None
-        data = json.dumps(
-            strict_json(finding.to_json()), sort_keys=True, separators=(",", ":"), allow_nan=False
-        )
-        # -1 for "no rank": SQLite's UNIQUE treats NULLs as all different, so a rank-less
-        # finding was stored again on every diagnosis poll
+        d = strict_json(finding.to_json())
+        data = json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        # -1 for "no rank" in the column (an older run.db's UNIQUE treats NULLs as all
+        # different); the key holds the finding's own rank
         rank = finding.rank if finding.rank is not None else -1
+        key = _key_json(finding_key(d))
         with self.db:
             cur = self.db.execute(
-                "INSERT OR IGNORE INTO findings(t, category, severity, rank, data) "
-                "VALUES (?,?,?,?,?)",
-                (finding.t, finding.category, finding.severity, rank, data),
+                "INSERT INTO findings(t, category, severity, rank, data, key) "
+                "VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET t = excluded.t, "
+                "severity = excluded.severity, data = excluded.data, rev = rev + 1 "
+                "WHERE data != excluded.data",
+                (finding.t, finding.category, finding.severity, rank, data, key),
             )
         return cur.rowcount > 0
 
@@ -975,16 +1042,55 @@ class Store:
         return MetricSources(db, cuts, tail_ranks)
 
     def findings(self, category: str | None = None) -> list[dict[str, Any]]:
-        """Findings the agent stored, oldest first; only `category`'s when given."""
+        """Findings the agent stored, oldest first, one per `Finding.key()`; only
+        `category`'s when given. A run.db the agent has not opened since an older agent
+        stored a version of a finding per refinement reads as the newest version, at the
+        first one's place."""
         db = self._reader()
         if db is None:
             return []
         where, args = ("WHERE category = ?", (category,)) if category else ("", ())
         try:
-            rows = db.execute(f"SELECT data FROM findings {where} ORDER BY id", args)
-            return [json.loads(d) for (d,) in rows]
+            rows = db.execute(f"SELECT data FROM findings {where} ORDER BY id", args).fetchall()
         except sqlite3.Error:
             return []
+        out: dict[Any, dict[str, Any]] = {}
+        for n, (d,) in enumerate(rows):
+            f = json.loads(d)
+            try:
+                out[finding_key(f)] = f  # a dict keeps the first one's place
+            except (AttributeError, TypeError):  # not a finding as tunedeck writes one
+                out[n] = f
+        return list(out.values())
+
+    def findings_after(self, last_id: int) -> list[tuple[int, dict[str, Any]]]:
+        """(row id, finding) of the findings first stored after row `last_id`, in order: a
+        finding refined later keeps its row, so it is not among them again."""
+        db = self._reader()
+        if db is None:
+            return []
+        try:
+            rows = db.execute(
+                "SELECT id, data FROM findings WHERE id > ? ORDER BY id", (last_id,)
+            ).fetchall()
+        except sqlite3.Error:
+            return []
+        return [(i, json.loads(d)) for i, d in rows]
+
+    def findings_mark(self) -> tuple | None:
+        """A few numbers that change whenever a finding is stored or refined (its row
+        count, total versions and last id): a viewer polling every second reads the rows
+        again only when it changes. None while run.db or its findings table is missing."""
+        db = self._reader()
+        if db is None:
+            return None
+        try:
+            return db.execute("SELECT COUNT(*), TOTAL(rev), MAX(id) FROM findings").fetchone()
+        except sqlite3.Error:  # an older agent's table, not opened by an agent since: no rev
+            try:
+                return ("old",) + db.execute("SELECT COUNT(*), MAX(id) FROM findings").fetchone()
+            except sqlite3.Error:
+                return None
 
     def telemetry_latest(self) -> dict[str, Any]:
         """The sampler's last snapshot ({} when the run has no telemetry)."""
@@ -1400,3 +1506,16 @@ def read_events(
 def read_findings(run_dir: str | Path | RunDir) -> list[dict[str, Any]]:
     with Store(run_dir) as store:
         return store.findings()
+
+
+def _key_json(key: tuple) -> str:
+    """A finding's key as run.db's `key` column holds it."""
+    return json.dumps(list(key), separators=(",", ":"), allow_nan=False)
+
+
+def _loads(data: str) -> dict[str, Any]:
+    try:
+        d = json.loads(data)
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}

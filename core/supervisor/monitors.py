@@ -178,10 +178,12 @@ class DiagnosisMonitor:
             found = name_interface(found, [self.ctx.run.path])
         for finding in found:
             if finding.t is None:
-                # the poll that first saw it; a fresh time on every poll would store the same
-                # finding again every INTERVAL_S (run.db dedups on identical content only)
+                # the poll that first saw it; a fresh time on every poll would count as a
+                # change of the stored finding every INTERVAL_S (a refined finding, one with an
+                # ident, keeps its first time though its source line moves on)
                 finding.t = self.first_seen.setdefault(
-                    (finding.category, finding.rank, finding.node, finding.source), time.time()
+                    (finding.category, finding.rank, finding.node, finding.ident or finding.source),
+                    time.time(),
                 )
             self.ctx.store.save_finding(finding)
 
@@ -241,6 +243,8 @@ class LossMonitor:
         found = [f.to_json() for f in self.watch.findings()]
         if found != self.shown:
             self.shown = found
+            # a finding whose counts grew replaces its stored version (same ident): run.db
+            # and the monitor keep one finding per anomaly however long the run
             for f in self.watch.findings():
                 f.node = self.ctx.node_rank
                 self.ctx.store.save_finding(f)

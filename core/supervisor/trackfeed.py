@@ -1,6 +1,7 @@
 """What the tracker mirror reads of run.db besides the events (core/trackers `Mirror.poll`):
 the telemetry sampler's newest snapshot (per GPU utilisation and memory, per rank CPU and
-RSS, the host's CPU and memory) as scalars, and each new finding as a note. Called from the mirror's own thread, on a
+RSS, the host's CPU and memory) as scalars, and each new finding as a note (once: a finding
+refined later keeps its row in run.db, so its new counts are no new note). Called from the mirror's own thread, on a
 read-only connection of its own (the agent's stays on the agent's loop)."""
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ def telemetry_values(latest: dict[str, Any]) -> dict[str, float]:
 
 
 class RunDbPoll:
-    """`Mirror`'s poll: the newest telemetry and the findings stored since the last call."""
+    """`Mirror`'s poll: the newest telemetry and the findings stored since the last call
+    (read by row id: only the new rows, never the whole table)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.store: Store | None = None
-        self.findings_seen = 0
+        self.last_id = 0  # the last findings row sent
 
     def __call__(self) -> list[tuple[str, Any]]:
         if self.store is None:
@@ -52,13 +54,12 @@ class RunDbPoll:
         values = telemetry_values(self.store.telemetry_latest())
         if values:
             out.append(("values", values))
-        found = self.store.findings()
-        for f in found[self.findings_seen :]:
+        for row_id, f in self.store.findings_after(self.last_id):
+            self.last_id = row_id
             where = f" rank {f['rank']}" if f.get("rank") is not None else ""
             text = (
                 f"{f.get('severity')}{where}: {f.get('summary')}\n\n{f.get('cause')}"
                 f"\n\nfix: {f.get('fix')}"
             )
             out.append(("note", (f"finding/{f.get('category')}", text[:4000])))
-        self.findings_seen = len(found)
         return out

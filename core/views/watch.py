@@ -115,7 +115,7 @@ class RunWatcher:
         self._history_done = False
         self._polled = False
         self.first_t: float | None = None  # the run's first event, when read
-        self._findings_n = -1
+        self._findings_mark: Any = ()  # run.db's findings_mark when last read (None: none)
         self._findings: list[dict[str, Any]] = []
         self._log_lock = threading.Lock()
         self._log: RankLog | None = None
@@ -196,17 +196,16 @@ class RunWatcher:
     _node_plan: dict[str, Any] | None = None  # {}: decided, no nodes to show
 
     def _read_findings(self) -> list[dict[str, Any]]:
-        """Findings the agent stored; a finding refined by later evidence replaces itself."""
-        rows = self.store.findings()
-        if len(rows) == self._findings_n:
+        """Findings the agent stored, one per finding (a finding refined by later evidence
+        is its newest version: `Store.findings`); the rows are read again only when run.db
+        says something was stored or refined since the last poll (`findings_mark`)."""
+        mark = self.store.findings_mark()
+        if mark == self._findings_mark:
             return self._findings
-        self._findings_n = len(rows)
-        latest: dict[tuple, dict[str, Any]] = {}
-        for f in rows:
-            latest[(f.get("category"), f.get("rank"), f.get("node"), f.get("summary"))] = f
+        self._findings_mark = mark
         order = {"error": 0, "warning": 1, "info": 2}
         self._findings = sorted(
-            latest.values(),
+            self.store.findings(),
             key=lambda f: (
                 not f.get("root_cause", True),
                 order.get(f.get("severity"), 3),
