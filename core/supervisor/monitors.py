@@ -240,12 +240,13 @@ class LossMonitor:
         )
 
     def _save(self) -> None:
-        found = [f.to_json() for f in self.watch.findings()]
-        if found != self.shown:
-            self.shown = found
+        found = self.watch.findings()
+        shown = [f.to_json() for f in found]
+        if shown != self.shown:
+            self.shown = shown
             # a finding whose counts grew replaces its stored version (same ident): run.db
             # and the monitor keep one finding per anomaly however long the run
-            for f in self.watch.findings():
+            for f in found:
                 f.node = self.ctx.node_rank
                 self.ctx.store.save_finding(f)
 
