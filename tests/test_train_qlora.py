@@ -90,3 +90,67 @@ def test_a_qlora_step_trains_only_the_adapters(model_dir):
     assert trained and all("lora_" in n for n in trained)
     assert all(p.grad is not None for n, p in trained.items() if "lora_B" in n)
     assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+
+
+_KEEP_OUT = """
+import json, sys
+from pathlib import Path
+import torch
+from tunedeck.core.spec import RunSpec
+from tunedeck.core.train.model import build_model, keep_out_bitsandbytes
+
+spec = RunSpec(name="q")
+spec.method.type, spec.method.lora_rank, spec.method.lora_alpha = sys.argv[2], 4, 8
+spec.model.attn_impl = "sdpa"
+kept_out = keep_out_bitsandbytes(spec, Path(sys.argv[1]))
+linear4bit = None
+if sys.argv[3] == "build":
+    model, _ = build_model(spec, Path(sys.argv[1]), torch.device("cpu"), torch.bfloat16)
+    linear4bit = any(type(m).__name__ == "Linear4bit" for m in model.modules())
+else:  # the weights here are not really quantized: what peft's import does is the point
+    import peft  # noqa: F401
+print(json.dumps({
+    "kept_out": kept_out,
+    "imported": sys.modules.get("bitsandbytes") is not None,
+    "linear4bit": linear4bit,
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    "method, quantized_config, imported",
+    [("lora", False, False), ("qlora", False, True), ("lora", True, True)],
+)
+def test_bitsandbytes_is_imported_only_where_something_is_quantized(
+    model_dir, tmp_path, method, quantized_config, imported
+):
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    path = tmp_path / "model"
+    shutil.copytree(model_dir, path)
+    if quantized_config:  # a checkpoint saved quantized names it in its config
+        cfg = json.loads((path / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+        (path / "config.json").write_text(json.dumps(cfg))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _KEEP_OUT,
+            str(path),
+            method,
+            "import" if quantized_config else "build",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # peft imports bitsandbytes for every LoRA model when it is installed; a plain LoRA
+    # rank trains without it, a quantized one still gets it
+    built = None if quantized_config else imported
+    assert got == {"kept_out": not imported, "imported": imported, "linear4bit": built}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import torch
@@ -24,6 +26,28 @@ def resolve_model_path(spec) -> tuple[Path, bool]:
             f"model.path {spec.model.path!r}: unknown builtin model; known: {BUILTIN_TINY}"
         )
     return Path(spec.model.path).expanduser(), False
+
+
+def keep_out_bitsandbytes(spec, path: Path) -> bool:
+    """Keep bitsandbytes out of a rank that quantizes nothing; whether it did.
+
+    peft imports it whenever it is installed, for every LoRA run, and its import compiles
+    kernel registrations: 1.5 s of CPU a rank on the 2-core machine, on every start and
+    restart (`python -c "import peft"` with and without it). A None in sys.modules makes
+    `import` raise ImportError and importlib's find_spec answer None, which peft and
+    transformers both read as "not installed". Left alone for QLoRA, for a checkpoint saved
+    quantized (its config.json has a quantization_config) and for a config it cannot read
+    (a hub id: transformers decides)."""
+    if spec.method.type == "qlora" or "bitsandbytes" in sys.modules:
+        return False
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict) or "quantization_config" in config:
+        return False
+    sys.modules["bitsandbytes"] = None
+    return True
 
 
 def load_tokenizer(path: Path, builtin: bool):

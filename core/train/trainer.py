@@ -63,6 +63,7 @@ from tunedeck.core.train.model import (
     build_model,
     compute_dtype,
     count_params,
+    keep_out_bitsandbytes,
     load_tokenizer,
     resolve_model_path,
 )
@@ -873,8 +874,8 @@ def main(run_dir: str | Path) -> int:
     # Segments that grow in place: reserved memory stays near allocated (shapes vary).
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
-    # bitsandbytes, when installed, is imported by peft for every LoRA run and warns on some
-    # CPUs that an optional kernel package is missing: noise in every rank's log
+    # bitsandbytes (QLoRA, quantized checkpoints) warns on some CPUs that an optional kernel
+    # package is missing: noise in every rank's log
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     run_dir = Path(run_dir).resolve()
     _register_stack_dump(RunDir(run_dir))
@@ -883,6 +884,7 @@ def main(run_dir: str | Path) -> int:
     # Before the process group: building the demo model calls save_pretrained, which
     # transformers skips on ranks != 0 once torch.distributed is initialized.
     model_path = resolve_model_path(spec)
+    keep_out_bitsandbytes(spec, model_path[0])  # before peft is first imported
     d = init_distributed(spec)
     events = EventWriter(run_dir, d.rank)
     if attempt() == 0 and stop_agreed(stop, RunDir(run_dir).stop_request, d.device):
