@@ -81,7 +81,11 @@ def build(folder: Path, timeout: float = 1800) -> tuple[Path, float]:
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = folder / ".built"
-        if done.is_file():
+        shared = sysconfig.get_paths()["purelib"]
+        # a venv built beside another interpreter (an older clone's, maybe deleted since)
+        # would see that one's packages, or none: built again for this one
+        stamp = f"{LLAMAFACTORY}\n{shared}\n"
+        if done.is_file() and done.read_text() == stamp:
             return python_of(folder), 0.0
         t0 = time.monotonic()
         _run([sys.executable, "-m", "venv", "--clear", str(folder)], 300)
@@ -93,14 +97,14 @@ def build(folder: Path, timeout: float = 1800) -> tuple[Path, float]:
             ).strip()
         )
         # first, so pip counts the shared torch as installed and never fetches another
-        (site / "zz_tunedeck_shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        (site / "zz_tunedeck_shared.pth").write_text(shared + "\n")
         pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _run([*pip, "--no-deps", *NO_DEPS], timeout)
         _run([*pip, *PINNED], timeout)
         (site / "torchaudio").mkdir(exist_ok=True)
         (site / "torchaudio" / "__init__.py").write_text(TORCHAUDIO_STUB)
         _run([py, "-c", "import llamafactory.hparams.parser"], 300)
-        done.write_text(LLAMAFACTORY + "\n")
+        done.write_text(stamp)
         return python_of(folder), time.monotonic() - t0
 
 

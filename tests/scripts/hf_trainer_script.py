@@ -93,6 +93,10 @@ def main() -> None:
         data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
         callbacks=[CrashOnce()] if args.crash_at_step else None,
     ).train(resume_from_checkpoint=os.environ.get("TUNEDECK_RESUME_FROM") or None)
+    if torch.distributed.is_initialized():
+        # as torch asks: left to interpreter exit, gloo's threads can abort a rank
+        # (SIGABRT) after training finished, seen once on two hosts
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
