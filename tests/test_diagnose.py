@@ -412,3 +412,50 @@ def test_a_compile_fallback_event_is_a_warning_finding(tmp_path):
     found = diagnose_run(tmp_path)
     assert [(f.category, f.severity) for f in found] == [("compile_fallback", "warning")]
     assert "cc not found" in " ".join(found[0].evidence)
+
+
+def test_an_abort_at_exit_after_the_last_step_is_one_finding_with_its_fix():
+    """tests/corpus/worker.py's rank 1 finishes its 8 steps, then the C++ runtime's terminate
+    ends it (SIGABRT) as a thread still joinable at exit does: recorded under torchrun."""
+    fs = diagnose_files([CORPUS / "recorded" / "exit_abort.log"])
+    root = fs[0]
+    assert (root.category, root.rank, root.root_cause) == ("exit_abort", 1, True)
+    assert "destroy_process_group()" in root.fix and "outputs are complete" in root.fix
+    # the launcher's SIGABRT for that rank is the same failure, folded in as evidence
+    assert any("exitcode -6 (SIGABRT)" in e for e in root.evidence)
+    assert not [f for f in fs if f.category == "worker_sigabrt"]
+    assert [f.category for f in fs if f.severity == "error" and f.root_cause] == ["exit_abort"]
+
+
+@pytest.mark.slow
+def test_a_script_run_that_aborts_at_exit_is_explained_from_its_rank_files(td_home, tmp_path):
+    """The same worker as a user's script through `tunedeck launch`: the rank's stderr is its
+    own file, so the line names its rank without a prefix."""
+    from conftest import cli_json
+
+    spec = tmp_path / "abort.toml"
+    spec.write_text(f'''name = "exit-abort"
+backend = "script"
+[script]
+path = "{CORPUS / "worker.py"}"
+args = ["exit_abort"]
+[cluster]
+device = "cpu"
+cpu_procs = 2
+''')
+    proc = cli(
+        "launch",
+        str(spec),
+        "--wait",
+        "--json",
+        "--no-preflight",
+        home=td_home,
+        check=False,
+        timeout=300,
+    )
+    run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    assert cli_json("status", run_id, home=td_home)["status"] == "failed"
+    found = cli_json("diagnose", run_id, home=td_home)
+    roots = [f for f in found if f["severity"] == "error" and f["root_cause"]]
+    assert [(f["category"], f["rank"]) for f in roots] == [("exit_abort", 1)], found
+    assert not [f for f in found if f["category"] == "worker_sigabrt"]

@@ -67,6 +67,7 @@ def refine(found: list[Finding], scanners: "list[FileScanner]") -> list[Finding]
     _hosts_from_lines(found, scanners)
     found = found + _table_tracebacks(found, scanners) + _exit_lines(found, scanners)
     _fold_unranked(found)
+    _fold_exit_abort(found)
     _launcher_signal(found)
     _name_cuda_fault(found)
     _host_memory(found, scanners)
@@ -261,6 +262,23 @@ def _fold_unranked(found: list[Finding]) -> None:
             if twins[0].t is None:
                 twins[0].t = f.t
             found.remove(f)
+
+
+def _fold_exit_abort(found: list[Finding]) -> None:
+    """The runtime's abort at exit and the SIGABRT the launcher reports for it are one
+    failure: the rank's SIGABRT (its exit code, its host) joins the finding that says why."""
+    for f in [f for f in found if f.category == "exit_abort"]:
+        aborts = [g for g in found if g.category == "worker_sigabrt" and g.rank is not None]
+        twin = next((g for g in aborts if g.rank == f.rank), None)
+        if twin is None and f.rank is None and len(aborts) == 1:
+            twin = aborts[0]  # printed without a rank prefix: the one rank that aborted
+        if twin is None:
+            continue
+        f.rank = twin.rank
+        f.node = f.node if f.node is not None else twin.node
+        f.host = f.host or twin.host
+        f.evidence += [e for e in twin.evidence if e not in f.evidence]
+        found.remove(twin)
 
 
 # -- the launcher was stopped from outside ---------------------------------------------------

@@ -515,6 +515,23 @@ RULES: list[Rule] = [
         "Run with PYTHONFAULTHANDLER=1 to get the Python stack; check that compiled extensions "
         "(flash-attn, bitsandbytes, deepspeed ops) match the installed torch/CUDA.",
     ),
+    # a C++ thread still joinable when its process ends: most often a process group that
+    # exit tore down, after the last step (its outputs were written before)
+    _r(
+        "exit_abort",
+        "error",
+        r"terminate called without an active exception",
+        "a rank aborted while its process was exiting (a thread still running: "
+        "terminate called without an active exception)",
+        "The C++ runtime ended the process (SIGABRT) because one of its threads was still "
+        "running as it exited. In a training script this is most often the process group "
+        "left for the interpreter's exit to tear down: gloo's or NCCL's threads meet a "
+        "peer that is already gone. It usually comes after the last step, whose outputs "
+        "were already written; the exit code still fails the run.",
+        "End the script with torch.distributed.destroy_process_group() after its last save. "
+        "If the rank's log shows the training's end (the last step, the final summary or "
+        "checkpoint), the outputs are complete and nothing needs to run again.",
+    ),
     _r(
         "worker_sigabrt",
         "error",

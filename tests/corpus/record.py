@@ -31,6 +31,7 @@ SCENARIOS = {
     "segfault": ("segfault", False, "worker_segfault", 1, ""),
     "segfault_faulthandler": ("segfault_fh", True, "worker_segfault", 1, ""),
     "abort": ("abort", False, "worker_sigabrt", 1, ""),
+    "exit_abort": ("exit_abort", False, "exit_abort", 1, "std::terminate after the last step"),
     "oom_host": ("oom_host", True, "oom_host", 1, ""),
     "too_many_open_files": ("fds", False, "too_many_open_files", 1, ""),
     "hang_gloo_timeout": ("hang", True, "nccl_timeout", 0, "gloo's timeout wording"),
