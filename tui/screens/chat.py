@@ -15,8 +15,9 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core.api import Answer, Chat, ModelSource, clean
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.widgets.titlebar import TitleBar

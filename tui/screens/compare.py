@@ -18,8 +18,9 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.widgets.lossplot import PALETTE, ByTokens, LossPlot, RunSource, Trace
 from tunedeck.tui.widgets.titlebar import TitleBar

@@ -35,9 +35,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Label, Select, Static
+from textual.widgets import Input, Label, Select, Static
 from textual.worker import get_current_worker
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core import api
 from tunedeck.core.api import PRESETS_DIR, GpuFacts, pin_port, probe_gpus
 from tunedeck.core.spec import (
@@ -661,7 +662,11 @@ class ComposeScreen(TunedeckScreen):
             else getattr(o.type, "__name__", str(o.type)).replace("typing.", "")
         )
         bound = f", ≥ {o.min:g}" if o.min is not None else ""
-        self.query_one("#field-help", Static).update(f"{o.key} ({kind}{bound}): {o.help}")
+        # one fixed line (CSS): no layout pass, which on this form of ~700 widgets made
+        # every Tab take most of a second on a 2-core machine
+        self.query_one("#field-help", Static).update(
+            f"{o.key} ({kind}{bound}): {o.help}", layout=False
+        )
 
     def on_descendant_blur(self, event) -> None:
         # a secret typed into the env field is masked again once the cursor leaves it

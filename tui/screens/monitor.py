@@ -17,8 +17,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container
 from textual.message import Message
-from textual.widgets import Footer, OptionList, Static
+from textual.widgets import OptionList, Static
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core.api import LogState, RankLog, RunNotFound, RunWatcher, Snapshot, find_run
 from tunedeck.core.rundir import TERMINAL
 from tunedeck.tui.format import clean

@@ -24,8 +24,9 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core.api import pin_port
 from tunedeck.core.spec import RunSpec, SpecError, set_values
 from tunedeck.tui.screens.base import TunedeckScreen

@@ -28,8 +28,9 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Input, Static
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core.api import Registry, RunInfo
 from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_age, fmt_duration, fmt_loss, fmt_rate
 from tunedeck.tui.runfacts import RunFacts, read_facts

@@ -17,8 +17,9 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
+from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core.api import TERMINAL, newest_sweep, sweep_of, sweep_rows
 from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_loss
 from tunedeck.tui.screens.base import TunedeckScreen

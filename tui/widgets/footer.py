@@ -1,0 +1,27 @@
+"""Textual's Footer, rebuilt only when the keys it shows change.
+
+Textual's Footer recomposes on every bindings change, which is every focus move, and the
+remount lays out the whole screen: on the compose form (~700 widgets) that was most of a
+second a Tab on a 2-core machine, though moving between fields leaves the shown keys as
+they were."""
+
+from __future__ import annotations
+
+from textual.screen import Screen
+from textual.widgets import Footer as TextualFooter
+
+
+class Footer(TextualFooter):
+    _shown: tuple | None = None
+
+    def bindings_changed(self, screen: Screen) -> None:
+        shown = tuple(
+            (binding.key, binding.action, binding.description, enabled, tooltip)
+            for _node, binding, enabled, tooltip in screen.active_bindings.values()
+            if binding.show
+        )
+        if shown == self._shown:
+            return
+        if screen.app.app_focus and self.is_attached and screen is self.screen:
+            self._shown = shown  # what the recompose Textual schedules below will show
+        super().bindings_changed(screen)
