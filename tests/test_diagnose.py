@@ -443,17 +443,8 @@ args = ["exit_abort"]
 device = "cpu"
 cpu_procs = 2
 ''')
-    proc = cli(
-        "launch",
-        str(spec),
-        "--wait",
-        "--json",
-        "--no-preflight",
-        home=td_home,
-        check=False,
-        timeout=300,
-    )
-    run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
+    launched = cli("launch", str(spec), "--wait", "--json", "--no-preflight", home=td_home, check=False)  # fmt: skip
+    run_id = json.loads(launched.stdout.splitlines()[0])["run_id"]
     assert cli_json("status", run_id, home=td_home)["status"] == "failed"
     found = cli_json("diagnose", run_id, home=td_home)
     roots = [f for f in found if f["severity"] == "error" and f["root_cause"]]
