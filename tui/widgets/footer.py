@@ -1,9 +1,9 @@
 """Textual's Footer, rebuilt only when the keys it shows change.
 
 Textual's Footer recomposes on every bindings change, which is every focus move, and the
-remount lays out the whole screen: on the compose form (~700 widgets) that was most of a
-second a Tab on a 2-core machine, though moving between fields leaves the shown keys as
-they were."""
+remount lays out the whole screen, though moving between fields leaves the shown keys as they
+were: on the compose form (~700 widgets, 2 cores) a Tab's own work was 116 ms with it and is
+53 ms with this one (bench/tui_focus.py)."""
 
 from __future__ import annotations
 
