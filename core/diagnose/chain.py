@@ -256,12 +256,17 @@ def _fold_unranked(found: list[Finding]) -> None:
             continue
         twins = [g for g in found if g is not f and g.category == f.category and g.rank is not None]
         if len(twins) == 1:
-            for e in f.evidence:
-                if e not in twins[0].evidence:
-                    twins[0].evidence.append(e)
-            if twins[0].t is None:
-                twins[0].t = f.t
-            found.remove(f)
+            _absorb(twins[0], f, found)
+
+
+def _absorb(keep: Finding, other: Finding, found: list[Finding]) -> None:
+    """`other` said the same failure as `keep`: its evidence, time and place join `keep`."""
+    keep.evidence += [e for e in other.evidence if e not in keep.evidence]
+    keep.t = keep.t if keep.t is not None else other.t
+    keep.rank = keep.rank if keep.rank is not None else other.rank
+    keep.node = keep.node if keep.node is not None else other.node
+    keep.host = keep.host or other.host
+    found.remove(other)
 
 
 def _fold_exit_abort(found: list[Finding]) -> None:
@@ -272,13 +277,8 @@ def _fold_exit_abort(found: list[Finding]) -> None:
         twin = next((g for g in aborts if g.rank == f.rank), None)
         if twin is None and f.rank is None and len(aborts) == 1:
             twin = aborts[0]  # printed without a rank prefix: the one rank that aborted
-        if twin is None:
-            continue
-        f.rank = twin.rank
-        f.node = f.node if f.node is not None else twin.node
-        f.host = f.host or twin.host
-        f.evidence += [e for e in twin.evidence if e not in f.evidence]
-        found.remove(twin)
+        if twin is not None:
+            _absorb(f, twin, found)
 
 
 # -- the launcher was stopped from outside ---------------------------------------------------
