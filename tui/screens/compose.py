@@ -446,6 +446,10 @@ class ComposeScreen(TunedeckScreen):
     ComposeScreen #field-help { height: 1; padding: 0 1; background: $boost; color: $text-muted; }
     """
     NARROW = 120  # below this many columns the preview goes under the form
+    # Textual's default would focus the form's scroll container first, then our name field:
+    # each focus change restyles the focused widget's whole subtree (the form's 700 widgets,
+    # 0.3 s each on a 2-core machine)
+    AUTO_FOCUS = "#" + widget_id("name")
     # where GPU facts come from; tests put recorded facts here
     gpu_probe: Callable[[], GpuFacts] = staticmethod(lambda: probe_gpus(topology=False))
 
