@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -29,63 +28,28 @@ def resolve_model_path(spec) -> tuple[Path, bool]:
     return Path(spec.model.path).expanduser(), False
 
 
-def _config(path: Path) -> dict | None:
+def keep_out_bitsandbytes(spec, path: Path) -> bool:
+    """Keep bitsandbytes out of a rank that quantizes nothing; whether it did.
+
+    peft imports it whenever it is installed, for every LoRA run, and its import compiles
+    kernel registrations: 1.5 s of CPU a rank on the 2-core machine, on every start and
+    restart (`python -c "import peft"` with and without it). A None in sys.modules makes
+    `import` raise ImportError and importlib's find_spec answer None, which peft and
+    transformers both read as "not installed". Left alone for QLoRA, for a checkpoint saved
+    quantized (its config.json has a quantization_config) and for a config it cannot read
+    (a hub id: transformers decides). scipy (0.7 s a start) cannot be kept out so: where
+    scikit-learn is installed transformers imports it, and it needs scipy (every built-in
+    run on the H200 image failed at that import)."""
+    if spec.method.type == "qlora" or "bitsandbytes" in sys.modules:
+        return False
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
-def _uses_scipy(config: dict) -> bool:
-    """Whether the model's code may call scipy: remote code (auto_map), a model type whose
-    transformers modeling file is not found, or one that names scipy. Found without
-    importing transformers, whose import decides once whether scipy is available."""
-    kind = config.get("model_type")
-    if "auto_map" in config or not isinstance(kind, str) or not kind.isidentifier():
-        return True
-    found = importlib.util.find_spec("transformers")
-    if found is None or found.origin is None:
-        return True
-    modeling = Path(found.origin).parent / "models" / kind / f"modeling_{kind}.py"
-    try:
-        return "scipy" in modeling.read_text()
-    except OSError:
-        return True
-
-
-def keep_out_imports(spec, path: Path) -> tuple[str, ...]:
-    """Keep out of a rank the packages its libraries import but its model never calls;
-    which ones. Called before transformers and peft are first imported.
-
-    A None in sys.modules makes `import` raise ImportError and importlib's find_spec answer
-    None, which peft and transformers both read as "not installed". Every rank start and
-    restart pays these imports (`python -c "import peft"` on the 2-core machine):
-    - bitsandbytes: peft imports it for every LoRA run, and its import compiles kernel
-      registrations (1.5 s of CPU).
-    - scipy: transformers' model base imports its object-detection losses, which import
-      scipy.optimize (0.6 s). Also left in where the model's code may call it (_uses_scipy).
-    Both are left in for QLoRA and for a checkpoint saved quantized (its config.json has a
-    quantization_config).
-    Neither is kept out when the config cannot be read (a hub id: transformers decides)."""
-    config = _config(path)
-    if config is None:
-        return ()
-    quantized = spec.method.type == "qlora" or "quantization_config" in config
-    out = []
-    if not quantized and "bitsandbytes" not in sys.modules:
-        out.append("bitsandbytes")
-    # bitsandbytes may build its quantization maps with scipy; transformers decides scipy's
-    # availability once, on its own import: after it, too late
-    if (
-        not quantized
-        and not {"scipy", "transformers"} & sys.modules.keys()
-        and not _uses_scipy(config)
-    ):
-        out.append("scipy")
-    for name in out:
-        sys.modules[name] = None
-    return tuple(out)
+        return False
+    if not isinstance(config, dict) or "quantization_config" in config:
+        return False
+    sys.modules["bitsandbytes"] = None
+    return True
 
 
 def load_tokenizer(path: Path, builtin: bool):

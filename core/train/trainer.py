@@ -63,7 +63,7 @@ from tunedeck.core.train.model import (
     build_model,
     compute_dtype,
     count_params,
-    keep_out_imports,
+    keep_out_bitsandbytes,
     load_tokenizer,
     resolve_model_path,
 )
@@ -884,7 +884,7 @@ def main(run_dir: str | Path) -> int:
     # Before the process group: building the demo model calls save_pretrained, which
     # transformers skips on ranks != 0 once torch.distributed is initialized.
     model_path = resolve_model_path(spec)
-    keep_out_imports(spec, model_path[0])  # before transformers is first imported
+    keep_out_bitsandbytes(spec, model_path[0])  # before peft is first imported
     d = init_distributed(spec)
     events = EventWriter(run_dir, d.rank)
     if attempt() == 0 and stop_agreed(stop, RunDir(run_dir).stop_request, d.device):
