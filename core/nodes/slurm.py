@@ -57,6 +57,8 @@ from tunedeck.core.spec import RunSpec
 TASK_MODULE = "tunedeck.core.nodes.slurm"
 SCRIPT = "slurm.sh"
 MASTER_ENV = "TUNEDECK_MASTER_ADDR"
+# how long a failed head waits at its end for its nodes to record theirs (NodesWatch.close)
+NODE_END_WAIT_S = 10.0
 
 
 log = logging.getLogger("tunedeck.nodes")
@@ -274,17 +276,35 @@ class NodesWatch:
 
     def close(self, new_events: list[dict]) -> None:
         """The head's run is over: a node that failed before the tick saw it (its ranks'
-        end also ended the head's) is still named. A node sees the head's end by itself."""
+        end also ended the head's) is still named. A node sees the head's end by itself.
+
+        When the head's own attempt failed, a node's failure may be its cause though the
+        node's agent has not recorded it yet (gloo ends the head's ranks the moment a peer
+        dies): the head waits up to NODE_END_WAIT_S for every node to reach its end."""
         if self.done or self.ctx.node_rank != 0 or self.ctx.stopping():
             return  # a stop someone asked for ends every node: not a loss
-        for k, folder in self.watched.items():
-            st = read_json(folder / "state.json", {})
-            if isinstance(st, dict) and st.get("status") == "failed":
-                summary = self._node_failed(
-                    k, node_host(st) or "?", _ended("its run", st), time.time(), stop=False
-                )
-                self.end_notes.append(summary)
+        deadline = time.monotonic() + (NODE_END_WAIT_S if self._head_failed() else 0.0)
+        while True:
+            states = {k: read_json(f / "state.json", {}) for k, f in self.watched.items()}
+            for k, st in states.items():
+                if isinstance(st, dict) and st.get("status") == "failed":
+                    summary = self._node_failed(
+                        k, node_host(st) or "?", _ended("its run", st), time.time(), stop=False
+                    )
+                    self.end_notes.append(summary)
+                    return
+            ended = all(
+                isinstance(st, dict) and st.get("status") in TERMINAL for st in states.values()
+            )
+            if ended or time.monotonic() >= deadline:
                 return
+            time.sleep(0.2)
+
+    def _head_failed(self) -> bool:
+        """Whether this node's last attempt ended with a failing exit code."""
+        attempts = (self.run.read_state() or {}).get("attempts") or [{}]
+        last = attempts[-1] if isinstance(attempts[-1], dict) else {}
+        return last.get("exit_code") not in (0, None)
 
     def _changed(self, k: int, path: Path) -> dict[str, Any] | None:
         try:
