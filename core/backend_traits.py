@@ -48,7 +48,7 @@ class Traits:
     # it may end without an [env] table
     sparse_toml: bool = False
     # the ranks install a SIGTERM handler (a graceful stop waits until they have) and a
-    # faulthandler dump on a signal (stacks without py-spy)
+    # a faulthandler dump on request (stacks without py-spy)
     rank_handlers: bool = False
 
 

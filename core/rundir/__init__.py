@@ -12,7 +12,7 @@ This module is the only place that knows the layout (docs/run-directory.md):
       logs/agent.log, logs/torchrun-node<k>.log
       logs/node<k>/<id>_<x>/attempt_<n>/<local rank>/{stdout,stderr}.log, error.json
       events/rank<r>.jsonl, events/probe_rank<r>.jsonl
-      stacks/rank<r>.txt   stack dumps the built-in trainer writes on SIGUSR1 (`tunedeck stacks`)
+      stacks/rank<r>.txt   stack dumps the built-in trainer writes when asked (`tunedeck stacks`)
       output/              the default output_dir (checkpoints, ms-swift's logging.jsonl)
 
 It reads and lists files; it never parses logs (tunedeck.core.ingest) nor opens run.db.
@@ -295,9 +295,13 @@ class RunDir:
 
     def stack_file(self, rank: int) -> Path:
         """stacks/rank<r>.txt: where the built-in trainer's faulthandler writes every thread's
-        stack on SIGUSR1 (appended, one dump after another). A file of its own, so dumps never
-        land in the rank's stderr log, where they would read as tracebacks."""
+        stack when asked (stack_request; appended, one dump after another). A file of its own,
+        so dumps never land in the rank's stderr log, where they would read as tracebacks."""
         return self.path / "stacks" / f"rank{rank}.txt"
+
+    def stack_request(self, rank: int) -> Path:
+        """stacks/rank<r>.request: touched to ask rank r for a dump into its stack_file."""
+        return self.path / "stacks" / f"rank{rank}.request"
 
     def probe_file(self, rank: int) -> Path:
         """events/probe_rank<r>.jsonl: what the DataLoader probe writes inside a rank."""

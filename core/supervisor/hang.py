@@ -85,8 +85,7 @@ class HangMonitor:
 
 def forensics(run_dir, world: list[int] | None) -> list[Finding]:
     """Dumps and stacks of every rank now; the findings they support."""
-    # the stacks first: faulthandler walks every thread of a rank, which is only safe while
-    # they stand still, so not while the dump threads wake for the request below
+    # the stacks first: what the ranks do now, before the flight recorder's dumps below
     try:
         stacks = dump_stacks(run_dir)
     except ValueError as e:  # no live rank (it ended meanwhile), or not this user's run

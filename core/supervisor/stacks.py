@@ -2,11 +2,12 @@
 
 Two ways, best first:
 - py-spy (`py-spy dump --pid`), when installed: any Python program, no cooperation needed;
-- the built-in trainer's own handler: it registers `faulthandler` on SIGUSR1 at start, so the
-  signal writes every thread's Python stack into the run's stacks/rank<r>.txt
-  (`RunDir.stack_file`), which is read back from where it stood before the signal. Not the
-  rank's stderr: there a dump would read as a traceback, in the log view and to the diagnosis.
-  SIGUSR1 is sent only to the built-in trainer: by default the signal kills a process.
+- the built-in trainer's own thread: touching stacks/rank<r>.request (`RunDir.stack_request`)
+  makes it write every thread's Python stack (faulthandler's format) into the run's
+  stacks/rank<r>.txt (`RunDir.stack_file`), which is read back from where it stood before the
+  request. Not the rank's stderr: there a dump would read as a traceback, in the log view and
+  to the diagnosis. No signal: faulthandler walking the threads from a signal handler crashed
+  a training rank (core/train/trainer.py `_register_stack_dump`).
 A hung rank is the one whose stack is not inside a collective (all_reduce, barrier, ...).
 
 Only the user's own runs: the pids come from state.json, so a run directory that fails
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,7 +30,6 @@ from tunedeck.core.backend_traits import traits_of
 from tunedeck.core.rundir import RunDir, ownership
 from tunedeck.core.spec import load_spec
 
-DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
 # frames of a rank that waits for the others. DDP's gradient all-reduce runs from C++ hooks
 # inside backward, so on CPU (gloo) a rank waiting for a hung peer shows only the autograd
 # engine; on a GPU collectives return at once and the wait is at the next copy to the host
@@ -120,7 +119,7 @@ def dump_stacks(
     for rank, pid in sorted(pids.items()):
         if pyspy:
             out.append(_pyspy(pyspy, rank, pid, timeout_s))
-        elif builtin and DUMP_SIGNAL is not None:
+        elif builtin:
             out.append(_faulthandler(run_dir, rank, pid, timeout_s))
         else:
             out.append(
@@ -173,14 +172,13 @@ def _stopped(pid: int) -> str:
 
 def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
     path = RunDir(run_dir).stack_file(rank)
-    # A halted rank would take the signal when it continues, and faulthandler then walks every
-    # thread while they all wake at once: a rank crashed that way (SIGSEGV). Leave it alone.
+    # a halted rank cannot answer: say so at once rather than after the wait
     if how := _stopped(pid):
         return StackDump(
             rank,
             pid,
             "faulthandler",
-            f"pid {pid} is {how} (SIGSTOP, ^Z or a debugger): not signalled",
+            f"pid {pid} is {how} (SIGSTOP, ^Z or a debugger): it cannot answer",
         )
     try:
         start = path.stat().st_size
@@ -191,11 +189,13 @@ def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> Stack
             "faulthandler",
             f"no stack file {path}: the rank has not registered its handler",
         )
+    request = RunDir(run_dir).stack_request(rank)
     try:
-        os.kill(pid, DUMP_SIGNAL)
+        request.touch()
+        os.utime(request)
     except OSError as e:
-        return StackDump(rank, pid, "faulthandler", f"could not signal pid {pid}: {e}")
-    # faulthandler writes at once from its C handler; wait for the dump to stop growing
+        return StackDump(rank, pid, "faulthandler", f"could not ask rank {rank}: {e}")
+    # the rank's thread answers within a poll (0.25 s); wait for the dump to stop growing
     deadline, size = time.monotonic() + min(timeout_s, 5.0), start
     while time.monotonic() < deadline:
         time.sleep(0.2)

@@ -849,23 +849,45 @@ class EarlyStop:
         return {"early_stop": self.why} if self.why else {}
 
 
-_stack_file = None  # kept open for the process's life: faulthandler writes to its fd
+STACK_POLL_S = 0.25
 
 
 def _register_stack_dump(run: RunDir) -> None:
-    """`tunedeck stacks` asks a stalled rank for its Python stacks with SIGUSR1
-    (core/supervisor/stacks.py). faulthandler writes them into stacks/rank<r>.txt, not stderr: in
-    the rank's log a dump reads as a traceback to people and to the diagnosis."""
-    global _stack_file
-    if not hasattr(signal, "SIGUSR1"):
-        return
-    path = run.stack_file(int(os.environ.get("RANK", "0") or 0))
+    """`tunedeck stacks` asks a rank for its Python stacks by touching stacks/rank<r>.request
+    (core/supervisor/stacks.py); a daemon thread of the rank answers within STACK_POLL_S,
+    appending every thread's stack to stacks/rank<r>.txt, not stderr: in the rank's log a
+    dump reads as a traceback to people and to the diagnosis.
+
+    A thread holding the GIL, not faulthandler on a signal: a signal handler walks the
+    threads' states while other threads create and delete theirs (gloo's callbacks into
+    Python do, every step), and a rank training under DDP died of SIGSEGV mid-dump. A rank
+    blocked in a collective releases the GIL, so the thread still answers."""
+    rank = int(os.environ.get("RANK", "0") or 0)
+    path, request = run.stack_file(rank), run.stack_request(rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _stack_file = open(path, "a", encoding="utf-8")
-    except OSError:  # no dump file: no handler (the signal's default would kill the rank)
+        out = open(path, "a", encoding="utf-8")
+    except OSError:  # no dump file: no dumps
         return
-    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+
+    def serve() -> None:
+        seen = _mtime(request)
+        while True:
+            time.sleep(STACK_POLL_S)
+            t = _mtime(request)
+            if t > seen:
+                seen = t
+                faulthandler.dump_traceback(file=out, all_threads=True)
+                out.flush()
+
+    threading.Thread(target=serve, name="tunedeck-stacks", daemon=True).start()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def main(run_dir: str | Path) -> int:
