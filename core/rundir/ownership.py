@@ -3,8 +3,8 @@
 A run directory is a program to run (plan.json's argv, spec.toml), processes to signal
 (state.json's pids), credentials (secrets.json) and a stop request (stop.json). Whoever can
 write them decides what happens when another user's tunedeck adopts the run (starts a new
-agent that runs the plan), stops it (signals the recorded pids) or dumps its stacks (SIGUSR1 to
-the recorded ranks). In a registry others can write into (a shared team TUNEDECK_HOME whose
+agent that runs the plan), stops it (signals the recorded pids) or dumps its stacks (a request
+the recorded ranks answer). In a registry others can write into (a shared team TUNEDECK_HOME whose
 runs/ is 1777), anyone can make a folder under runs/, so every path that adopts, signals,
 executes or otherwise trusts a run directory first asks `problem`. A run directory is trusted
 when
