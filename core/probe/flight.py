@@ -61,21 +61,31 @@ def _dump(out: Path) -> None:
     os.replace(tmp, out)
 
 
-def _loop(run_dir: Path, rank: int) -> None:
-    req = folder(run_dir) / "request"
-    seen = req.stat().st_mtime if req.exists() else 0.0
-    ev = threading.Event()
-    while not ev.wait(POLL_S):
-        try:
-            t = req.stat().st_mtime
-        except OSError:
-            continue
-        if t > seen:
-            seen = t
-            try:
-                _dump(folder(run_dir) / f"rank{rank}")
-            except Exception as e:  # never break the rank over a diagnostic
-                print(f"tunedeck: flight recorder dump failed: {e}", file=sys.stderr)
+def answer_requests(request: Path, answer, name: str, poll_s: float = POLL_S) -> None:
+    """Start a daemon thread that calls `answer()` each time `request`'s mtime moves on (a
+    reader touched it). Used for the recorder's dumps and the rank's stack dumps: a thread,
+    not a signal handler (module docstring; core/train/trainer.py `_register_stack_dump`)."""
+
+    def loop() -> None:
+        seen = _mtime(request)
+        ev = threading.Event()
+        while not ev.wait(poll_s):
+            t = _mtime(request)
+            if t > seen:
+                seen = t
+                try:
+                    answer()
+                except Exception as e:  # never break the rank over a diagnostic
+                    print(f"tunedeck: {name} failed: {e}", file=sys.stderr)
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def serve(run_dir: str | Path | None = None, rank: int | None = None) -> None:
@@ -84,6 +94,5 @@ def serve(run_dir: str | Path | None = None, rank: int | None = None) -> None:
     if not run_dir or "TORCH_FR_BUFFER_SIZE" not in os.environ:
         return
     rank = int(os.environ.get("RANK", "0") or 0) if rank is None else rank
-    threading.Thread(
-        target=_loop, args=(Path(run_dir), rank), name="tunedeck-flight", daemon=True
-    ).start()
+    out = folder(run_dir) / f"rank{rank}"
+    answer_requests(folder(run_dir) / "request", lambda: _dump(out), "tunedeck-flight")

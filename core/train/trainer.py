@@ -863,31 +863,18 @@ def _register_stack_dump(run: RunDir) -> None:
     Python do, every step), and a rank training under DDP died of SIGSEGV mid-dump. A rank
     blocked in a collective releases the GIL, so the thread still answers."""
     rank = int(os.environ.get("RANK", "0") or 0)
-    path, request = run.stack_file(rank), run.stack_request(rank)
+    path = run.stack_file(rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         out = open(path, "a", encoding="utf-8")
     except OSError:  # no dump file: no dumps
         return
 
-    def serve() -> None:
-        seen = _mtime(request)
-        while True:
-            time.sleep(STACK_POLL_S)
-            t = _mtime(request)
-            if t > seen:
-                seen = t
-                faulthandler.dump_traceback(file=out, all_threads=True)
-                out.flush()
+    def dump() -> None:
+        faulthandler.dump_traceback(file=out, all_threads=True)
+        out.flush()
 
-    threading.Thread(target=serve, name="tunedeck-stacks", daemon=True).start()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    flight.answer_requests(run.stack_request(rank), dump, "tunedeck-stacks", STACK_POLL_S)
 
 
 def main(run_dir: str | Path) -> int:
