@@ -69,5 +69,11 @@ class MonitorContext:
     # monitors of the layers below runs (the nodes monitor ends an attempt with it)
     signal_ours: Callable[[dict, list, int], list[int]]
 
+    @property
+    def finding_node(self) -> int | None:
+        """The node a finding of this agent's is stamped with: none on a one-node run, where
+        "node 0" would only add noise to what the monitor and `doctor` show."""
+        return self.node_rank if self.spec.cluster.nnodes > 1 else None
+
 
 __all__ = ["Monitor", "FindingsSink", "MonitorStore", "MonitorContext"]

@@ -167,3 +167,43 @@ def test_trackers_get_a_refined_finding_once_and_a_new_one(tmp_path):
     notes = [v for kind, v in poll() if kind == "note"]
     assert [tag for tag, _ in notes] == ["finding/stall"]
     store.close()
+
+
+def test_the_loss_monitor_names_a_node_only_on_a_multi_node_run(tmp_path):
+    """A one-node run's findings carry no node (the detail would say "node 0, rank 0" for
+    nothing); node 1's agent of a two-node run stamps its own."""
+    from tunedeck.core.monitoring import MonitorContext
+    from tunedeck.core.spec import load_spec
+    from tunedeck.core.supervisor.monitors import LossMonitor
+
+    shown = {}
+    for nnodes, node_rank in ((1, 0), (2, 1)):
+        run_dir = make_run(
+            tmp_path / f"runs{nnodes}",
+            f"20261210-01000{nnodes}-demo-1a1a",
+            status="running",
+            step=0,
+            max_steps=100,
+        )
+        run = RunDir(run_dir)
+        spec = load_spec(run.spec)
+        spec.cluster.nnodes, spec.cluster.node_rank = nnodes, node_rank
+        store = Store(run, write=True)
+        ctx = MonitorContext(
+            run=run,
+            spec=spec,
+            store=store,
+            node_rank=node_rank,
+            rank_pids=dict,
+            stopping=lambda: False,
+            signal_ours=lambda *a: [],
+        )
+        mon = LossMonitor(ctx)
+        rank = mon.rank
+        mon.close([dict(e, rank=rank) for e in _zero_steps(1, 20)])
+        [(_, data)] = _rows(run)
+        shown[nnodes] = json.loads(data)
+        store.close()
+    assert shown[1]["category"] == shown[2]["category"] == "loss_anomaly"
+    assert shown[1].get("node") is None
+    assert shown[2]["node"] == 1

@@ -75,7 +75,7 @@ class HangMonitor:
         with self.lock:
             found, self.found = self.found, []
         for f in found:
-            f.node = self.ctx.node_rank
+            f.node = self.ctx.finding_node
             if self.ctx.store.save_finding(f):
                 log.warning("finding %s: %s", f.category, f.summary)
 

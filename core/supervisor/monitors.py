@@ -99,7 +99,7 @@ class DetectorMonitor:
         self.pids.update(self.ctx.rank_pids())
         for d in self.detectors:
             for f in d.check(now):
-                f.node = self.ctx.node_rank
+                f.node = self.ctx.finding_node
                 if self.ctx.store.save_finding(f):
                     log.warning("finding %s: %s", f.category, f.summary)
                 if f.category == "stall" and self.hang is not None:
@@ -247,7 +247,7 @@ class LossMonitor:
             # a finding whose counts grew replaces its stored version (same ident): run.db
             # and the monitor keep one finding per anomaly however long the run
             for f in found:
-                f.node = self.ctx.node_rank
+                f.node = self.ctx.finding_node
                 self.ctx.store.save_finding(f)
 
 
