@@ -134,3 +134,43 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
     assert find_run(run_id, td_home / "runs").status == "stopped"
     bad = cli("stacks", run_id, home=td_home, check=False)
     assert bad.returncode == 1 and "no rank process is running" in bad.stderr
+
+
+OLD_RANK = """
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, file=open(sys.argv[1], "a"), all_threads=True)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_rank_of_an_older_tunedeck_is_named_and_not_signalled(tmp_path, monkeypatch):
+    """A week-long run started before an upgrade: its ranks dump their stacks on SIGUSR1 only
+    (they made stacks/rank<r>.txt, never a request file). `stacks` sends no signal: it says
+    why there is no dump and what to do."""
+    import subprocess
+    import sys
+
+    from tests.test_manage import make_run
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no py-spy: the trainer's own way is asked
+    run_dir = make_run(tmp_path / "runs", "20261210-020000-demo-2b2b", status="running")
+    run = RunDir(run_dir)
+    run.stack_file(0).parent.mkdir(parents=True, exist_ok=True)
+    old = subprocess.Popen(
+        [sys.executable, "-c", OLD_RANK, str(run.stack_file(0))], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert old.stdout.readline().strip() == "ready"
+        st = run.read_state()
+        st["rank_pids"] = {"0": old.pid}
+        run.write_state(st)
+        [d] = dump_stacks(run_dir)
+        assert d.method == "faulthandler" and d.rank == 0
+        assert "older tunedeck" in d.text and f"kill -USR1 {old.pid}" in d.text, d.text
+        assert "pip install py-spy" in d.text
+        # nobody was signalled: the rank still runs and dumped nothing
+        assert old.poll() is None and run.stack_file(0).read_text() == ""
+    finally:
+        old.kill()
+        old.wait()

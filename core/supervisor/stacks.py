@@ -170,6 +170,17 @@ def _stopped(pid: int) -> str:
     return {psutil.STATUS_STOPPED: "stopped", psutil.STATUS_TRACING_STOP: "traced"}.get(st, "")
 
 
+def older_rank(rank: int, pid: int, path: Path) -> str:
+    """What to do about a rank that did not answer and never made its request file: one
+    started by a tunedeck that dumped its stacks on SIGUSR1."""
+    return (
+        f"rank {rank} did not answer: it was most likely started by an older tunedeck, "
+        f"which dumps its stacks only on SIGUSR1; tunedeck no longer sends that signal (it crashed a training rank "
+        f"mid-dump). Install py-spy (pip install py-spy) to read its stacks without it, or, "
+        f"at that risk, `kill -USR1 {pid}` and read {path}"
+    )
+
+
 def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> StackDump:
     path = RunDir(run_dir).stack_file(rank)
     # a halted rank cannot answer: say so at once rather than after the wait
@@ -190,6 +201,9 @@ def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> Stack
             f"no stack file {path}: the rank has not registered its handler",
         )
     request = RunDir(run_dir).stack_request(rank)
+    # a rank creates its request file when it starts listening; one without it may be of
+    # an older tunedeck, which answered only a signal
+    listens = request.exists()
     try:
         request.touch()
         os.utime(request)
@@ -206,4 +220,6 @@ def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> Stack
     with open(path, "rb") as f:
         f.seek(start)
         text = f.read().decode("utf-8", errors="replace")
-    return StackDump(rank, pid, "faulthandler", text.strip() or f"no dump appeared in {path}")
+    if not text.strip():
+        text = older_rank(rank, pid, path) if not listens else f"no dump appeared in {path}"
+    return StackDump(rank, pid, "faulthandler", text.strip())

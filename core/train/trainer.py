@@ -863,9 +863,12 @@ def _register_stack_dump(run: RunDir) -> None:
     Python do, every step), and a rank training under DDP died of SIGSEGV mid-dump. A rank
     blocked in a collective releases the GIL, so the thread still answers."""
     rank = int(os.environ.get("RANK", "0") or 0)
-    path = run.stack_file(rank)
+    path, request = run.stack_file(rank), run.stack_request(rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # the request file first: its presence tells `stacks` that this rank answers
+        # requests (a rank of an older tunedeck made only the dump file)
+        request.touch()
         out = open(path, "a", encoding="utf-8")
     except OSError:  # no dump file: no dumps
         return
@@ -874,7 +877,7 @@ def _register_stack_dump(run: RunDir) -> None:
         faulthandler.dump_traceback(file=out, all_threads=True)
         out.flush()
 
-    flight.answer_requests(run.stack_request(rank), dump, "tunedeck-stacks", STACK_POLL_S)
+    flight.answer_requests(request, dump, "tunedeck-stacks", STACK_POLL_S)
 
 
 def main(run_dir: str | Path) -> int:
