@@ -37,17 +37,21 @@ print(f"{len(m)} steps; loss first {m[0]['loss']:.4f} last {m[-1]['loss']:.4f}; 
       f"peak mem {max(r['mem_gib'] for r in m):.3f} GiB")
 PY
 echo "-- rank 0 log (tail)"; td logs "$RUN" -n 5
-echo "-- NCCL lines in rank 1's log"; td logs "$RUN" --rank 1 -n 400 | grep -E "NCCL INFO (Init COMPLETE|Channel 00|Using network|comm 0x)" | head -6
+LAST=$(( $(nvidia-smi -L | wc -l) - 1 ))
+echo "-- NCCL lines in rank $LAST's log"; td logs "$RUN" --rank "$LAST" -n 400 | grep -E "NCCL INFO (Init COMPLETE|Channel 00|Using network|comm 0x)" | head -6
 
 step "graceful stop mid-run"
 RUN2=$(td launch presets/demo.toml --set train.max_steps=100000 --set train.save_steps=0 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["run_id"])')
 for i in $(seq 1 120); do s=$(td status "$RUN2" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])'); [ "$s" -ge 20 ] && break; sleep 0.5; done
 echo "-- GPU processes while running"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
-td stop "$RUN2"
+echo "-- the rank's stacks, asked through its request file (no signal)"
+ls "$TUNEDECK_HOME/runs/$RUN2/stacks/"
+td stacks "$RUN2" | grep -E "^=== rank|File .*(trainer|__main__)\.py" | head -8
+td stop "$RUN2" --wait
 python3 - "$TUNEDECK_HOME/runs/$RUN2" <<'PY'
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-ends = [json.loads(l) for r in (0, 1) for l in open(d / f"events/rank{r}.jsonl") if '"end"' in l]
+ends = [json.loads(l) for f in sorted(d.glob("events/rank*.jsonl")) for l in open(f) if '"end"' in l]
 print("end events:", [(e["rank"], e["step"], e["reason"]) for e in ends])
 print("checkpoints:", sorted(p.name for p in (d / "output").glob("checkpoint-*")))
 PY
@@ -56,12 +60,12 @@ echo "-- GPU processes after stop"; nvidia-smi --query-compute-apps=pid,used_mem
 step "hard stop mid-run"
 RUN3=$(td launch presets/demo.toml --set train.max_steps=100000 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["run_id"])')
 sleep 15
-td stop "$RUN3" --hard
+td stop "$RUN3" --hard --wait
 echo "-- GPU processes after hard stop"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 td ls
 
 step "TUI (Pilot) on this machine"
-python3 -m pytest -q -p no:cacheprovider tests/test_tui.py -k "runs_list_then_monitor" 2>&1 | tail -3
+python3 -m pytest -q -p no:cacheprovider tests/test_tui.py -k "runs_list_then_monitor" 2>&1 | tail -25
 
 tar czf "$OUT/runs.tgz" --exclude='*.safetensors' --exclude='*.pt' -C "$OUT" home
 rm -rf "$OUT/home" "$OUT/cache"

@@ -26,7 +26,9 @@ WANT=(
   trl==0.29.1 truststore==0.10.5 typing_extensions==4.16.0 typing_inspection==0.4.5
   tzdata==2026.6 uvicorn==0.54.0 zstandard==0.25.0
   # tunedeck and the speed comparisons
-  textual==8.2.8 tomli-w==1.2.0 liger-kernel==0.8.5
+  textual==8.2.8 platformdirs==4.14.9 tomli-w==1.2.0 liger-kernel==0.8.5
+  # the Pilot test bench/gpu_smoke.sh runs there
+  pytest-asyncio==1.5.0
 )
 unpack() {  # unpack WHEEL DEST STRIP KEEP...: its files under the KEEP prefixes into DEST,
             # STRIP cut from their names; no RECORD, no CUDA library but 13.0's
