@@ -17,6 +17,31 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "presets" / "demo.toml"
 
 
+# -- the suite on every core (pytest-xdist: `-n auto --dist loadgroup` in pyproject) ---------
+# Each file's tests run on one worker, in order: its module fixtures are built once, and files
+# that keep state in fixed places (a snapshot home, the round trip's folder) stay serial. The
+# two-host and Slurm files share one worker: the network namespaces, their interface names and
+# sshd are machine-wide.
+SHARED_HOSTS = {"test_multinode.py", "test_slurm.py", "test_slurm_nodes.py"}
+MAX_WORKERS = 8  # each worker runs whole torchrun runs (two ranks): ~1.5 GiB at a time
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("hosts" if name in SHARED_HOSTS else name))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per usable core (a test's ranks keep its core busy while the
+    other waits on its processes), at most MAX_WORKERS; PYTEST_XDIST_AUTO_NUM_WORKERS wins."""
+    forced = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if forced:
+        return int(forced)
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_home(tmp_path_factory):
     """Nothing a test does may reach the user's real home or their tmux: HOME, the XDG folders

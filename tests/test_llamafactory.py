@@ -46,7 +46,10 @@ def lf_python(tmp_path_factory) -> str:
         return given
     if os.environ.get(BUILD) != "1":
         pytest.skip(f"LLAMAFACTORY_PYTHON is unset; {BUILD}=1 builds one (tests/lf_env.py)")
-    cache = Path(os.environ.get("TUNEDECK_TEST_CACHE") or tmp_path_factory.getbasetemp().parent)
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's is <the session's>/popen-gwN
+        base = base.parent
+    cache = Path(os.environ.get("TUNEDECK_TEST_CACHE") or base.parent)
     try:
         python, _ = lf_env.build(cache / "llamafactory-venv")
     except (lf_env.BuildError, OSError, subprocess.SubprocessError) as e:
