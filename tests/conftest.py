@@ -57,7 +57,9 @@ def private_home(tmp_path_factory):
     ):
         mp.setenv(var, str(home / sub))
     mp.setenv("TUNEDECK_HOME", str(home / ".local" / "share" / "tunedeck"))
-    for var in ("TMUX", "TMUX_PANE"):
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24, which Textual and the CLI's tables
+    # take over the real terminal's size: a TUI in a 120-column tmux would lay out for 80
+    for var in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES"):
         mp.delenv(var, raising=False)
     yield home
     mp.undo()
