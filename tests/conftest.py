@@ -23,7 +23,7 @@ DEMO = REPO / "presets" / "demo.toml"
 # two-host and Slurm files share one worker: the network namespaces, their interface names and
 # sshd are machine-wide.
 SHARED_HOSTS = {"test_multinode.py", "test_slurm.py", "test_slurm_nodes.py"}
-MAX_WORKERS = 8  # each worker runs whole torchrun runs (two ranks): ~1.5 GiB at a time
+MAX_WORKERS = 8  # each worker runs whole torchrun runs: two ranks with torch loaded, an agent
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
@@ -34,8 +34,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker per usable core (a test's ranks keep its core busy while the
-    other waits on its processes), at most MAX_WORKERS; PYTEST_XDIST_AUTO_NUM_WORKERS wins."""
+    """`-n auto`: a worker per usable core, at most MAX_WORKERS (run one after the other,
+    the tests left a third of two cores idle while they waited on their processes);
+    PYTEST_XDIST_AUTO_NUM_WORKERS wins. `pytest -n 0` runs in this process, for debugging."""
     forced = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if forced:
         return int(forced)

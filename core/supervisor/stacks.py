@@ -175,9 +175,9 @@ def older_rank(rank: int, pid: int, path: Path) -> str:
     started by a tunedeck that dumped its stacks on SIGUSR1."""
     return (
         f"rank {rank} did not answer: it was most likely started by an older tunedeck, "
-        f"which dumps its stacks only on SIGUSR1; tunedeck no longer sends that signal (it crashed a training rank "
-        f"mid-dump). Install py-spy (pip install py-spy) to read its stacks without it, or, "
-        f"at that risk, `kill -USR1 {pid}` and read {path}"
+        f"which dumps its stacks only on SIGUSR1; tunedeck no longer sends that signal "
+        f"(it crashed a training rank mid-dump). Install py-spy (pip install py-spy) to "
+        f"read its stacks without it, or, at that risk, `kill -USR1 {pid}` and read {path}"
     )
 
 
