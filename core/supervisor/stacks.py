@@ -17,7 +17,6 @@ is signalled or attached to (`ForeignRun`, a ValueError).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -206,7 +205,6 @@ def _faulthandler(run_dir: Path, rank: int, pid: int, timeout_s: float) -> Stack
     listens = request.exists()
     try:
         request.touch()
-        os.utime(request)
     except OSError as e:
         return StackDump(rank, pid, "faulthandler", f"could not ask rank {rank}: {e}")
     # the rank's thread answers within a poll (0.25 s); wait for the dump to stop growing
