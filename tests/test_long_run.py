@@ -355,7 +355,9 @@ def test_metrics_sql_stream_equals_the_whole_run_merge(tmp_path, shape):
 
 def test_agent_memory_stays_flat_at_hundreds_of_steps_a_second(tmp_path, monkeypatch):
     """8 ranks at 300 steps/s each (the issue's 5,000 lines/s order): what the agent holds
-    stops growing within seconds (the starvation window kept 30 s of steps, 150k tuples)."""
+    stops growing within seconds (the starvation window kept 30 s of steps, 150k tuples).
+    Its bounded windows fill over the first ~16 ticks (the starvation detector's 1,024 steps
+    a rank among them): growth is measured after that, over 24,000 more lines."""
     from tunedeck.core.supervisor.agent import Agent
     from tunedeck.core.store.store import Store
 
@@ -369,7 +371,7 @@ def test_agent_memory_stays_flat_at_hundreds_of_steps_a_second(tmp_path, monkeyp
     tracemalloc.start()
     try:
         step = 11
-        for i in range(30):
+        for i in range(40):
             for r, f in enumerate(files):
                 f.write(fast_lines(r, step, 150))
                 f.flush()
@@ -387,6 +389,6 @@ def test_agent_memory_stays_flat_at_hundreds_of_steps_a_second(tmp_path, monkeyp
         if agent.mirror is not None:
             agent.mirror.close()
         agent.store.close()
-    grew = held[-1] - held[10]
-    print(f"held after tick 10 {held[10] / 2**20:.1f} MiB, after 30 {held[-1] / 2**20:.1f} MiB")
-    assert grew < 1 << 20
+    grew = held[-1] - held[20]
+    print(f"held after tick 20 {held[20] / 2**20:.2f} MiB, after 40 {held[-1] / 2**20:.2f} MiB")
+    assert grew < 512 << 10  # fails on a leak of 22 bytes or more a line
