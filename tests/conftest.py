@@ -26,20 +26,28 @@ SHARED_HOSTS = {"test_multinode.py", "test_slurm.py", "test_slurm_nodes.py"}
 MAX_WORKERS = 8  # each worker runs whole torchrun runs: two ranks with torch loaded, an agent
 
 
+def worker_group(path: Path) -> str:
+    return "hosts" if path.name in SHARED_HOSTS else path.name
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("hosts" if name in SHARED_HOSTS else name))
+        item.add_marker(pytest.mark.xdist_group(worker_group(item.path)))
 
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per usable core, at most MAX_WORKERS (run one after the other,
     the tests left a third of two cores idle while they waited on their processes);
-    PYTEST_XDIST_AUTO_NUM_WORKERS wins. `pytest -n 0` runs in this process, for debugging."""
+    PYTEST_XDIST_AUTO_NUM_WORKERS wins. Tests that all share one worker (one file named,
+    or tests of one file) run in this process: a worker would only add its start-up.
+    `pytest -n 0` always runs here, for debugging."""
     forced = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if forced:
         return int(forced)
+    files = [Path(str(a).split("::")[0]) for a in config.args]
+    if files and all(f.is_file() for f in files) and len({worker_group(f) for f in files}) == 1:
+        return 0
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
