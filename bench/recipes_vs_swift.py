@@ -43,7 +43,16 @@ RECIPES = {  # name: (model shape, method keys, more [train] keys)
     # the built-in trainer without compile: what compile adds to a full fine-tune's memory
     "full-1.5b-eager": ("1.5b", {"type": "full"}, {"compile": False}),
     "qlora-7b-eager": ("7b", {"type": "qlora", "quant_bits": 4, **LORA}, {"compile": False}),
+    # the built-in default (no dropout): 4-bit layers fused (core/train/qlora_fused.py), and
+    # the same run through peft's own 4-bit layers
+    "qlora-7b-nodrop": ("7b", {"type": "qlora", "quant_bits": 4, **LORA, "lora_dropout": 0.0}, {}),
+    "qlora-7b-nodrop-peft": (
+        "7b",
+        {"type": "qlora", "quant_bits": 4, **LORA, "lora_dropout": 0.0},
+        {},
+    ),
 }
+RECIPE_ENV = {"qlora-7b-nodrop-peft": {"TUNEDECK_FUSED_LORA": "0"}}
 SWIFT_PASS = [
     "--model_type",
     "qwen2",
@@ -250,7 +259,7 @@ def main() -> int:
         sub = out / recipe
         sub.mkdir(parents=True, exist_ok=True)
         for backend in [only] if only else a.backends.split(","):
-            env_r = dict(env, TUNEDECK_HOME=str(sub / "home"))
+            env_r = dict(env, TUNEDECK_HOME=str(sub / "home"), **RECIPE_ENV.get(recipe, {}))
             if env.get("TUNEDECK_MEM_TRACE"):  # core/train/memtrace.py, one folder a run
                 env_r["TUNEDECK_MEM_TRACE"] = str(
                     Path(env["TUNEDECK_MEM_TRACE"]) / f"{recipe}-{backend}"

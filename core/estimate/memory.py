@@ -139,12 +139,13 @@ _SHARED_INPUT = {
 
 
 def _lean_compiled(m: MemoryInputs) -> bool:
-    """The built-in trainer's compiled, fused 16-bit LoRA layers, whose partitioner recomputes
-    what backward can rebuild from the residuals and the MLP's gate and up (fastpath.lean_saves)."""
+    """The built-in trainer's compiled, fused LoRA layers (16-bit or 4-bit base), whose
+    partitioner recomputes what backward can rebuild from the residuals and the MLP's gate and
+    up (fastpath.lean_saves)."""
     return (
         m.compiled
         and m.fused_lora
-        and m.method == "lora"
+        and m.method in ("lora", "qlora")
         and m.strategy == "ddp"
         and m.compute_bytes != 4
         and m.attn_impl != "eager"
@@ -342,11 +343,14 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
         transient = layer_temp
     if m.compiled and not _lean_compiled(m):
         acts *= COMPILED_ACT_FACTOR
-    # compiled QLoRA also keeps five of a layer's 4-bit linears' own outputs (q, one of k/v,
-    # o, one of gate/up, down: bitsandbytes' F.linear results, beside peft's copies) until
-    # backward: 12.85 GiB in 139 blocks at a 7B step's peak (allocator trace,
-    # docs/benchmarks.md). Measured compiled without checkpointing; counted only there.
-    qlora_outs = m.method == "qlora" and m.compiled and not m.gradient_checkpointing
+    # compiled QLoRA through peft's 4-bit layers also keeps five of a layer's linears' own
+    # outputs (q, one of k/v, o, one of gate/up, down: bitsandbytes' F.linear results, beside
+    # peft's copies) until backward: 12.85 GiB in 139 blocks at a 7B step's peak (allocator
+    # trace, docs/benchmarks.md). Measured compiled without checkpointing; counted only there.
+    # The fused 4-bit layer (core/train/qlora_fused.py) keeps none of them.
+    qlora_outs = (
+        m.method == "qlora" and m.compiled and not m.gradient_checkpointing and not m.fused_lora
+    )
     if qlora_outs:
         acts += layers * tokens * a * (ar.q_dim + ar.kv_dim + 2 * ar.hidden + ar.intermediate)
     acts += 4 * ar.hidden * tokens + (a * ar.hidden * tokens if full else 0)  # final norm, head

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from tunedeck.core.spec import FP8_MIN_CC
+from tunedeck.core.train.qlora_fused import eligible_4bit, fuse_4bit, fused_forward_4bit
 
 
 class _LoraLinear(torch.autograd.Function):
@@ -347,5 +348,10 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
                 to_fp8(m)
             m._tunedeck_peft_forward = m.forward
             m.forward = types.MethodType(_fused_forward, m)
+            n += 1
+        elif eligible_4bit(m):
+            fuse_4bit(m)
+            m._tunedeck_peft_forward = m.forward
+            m.forward = types.MethodType(fused_forward_4bit, m)
             n += 1
     return n

@@ -331,8 +331,8 @@ class Trainer:
             self.tokenizer, self.method = tokenizer, spec.method.type
         self.model = model
         fused = 0
-        if self.method == "lora" and spec.parallel.strategy == "ddp":
-            fp8 = spec.method.fp8_base
+        if self.method in ("lora", "qlora") and spec.parallel.strategy == "ddp":
+            fp8 = spec.method.fp8_base and self.method == "lora"
             why = fp8_problem(d.device, self.dtype) if fp8 else None
             if why:
                 raise ValueError(why)
@@ -359,8 +359,9 @@ class Trainer:
         self.compiler = None
         if compile_wanted(tr.compile, d.device):
             shapes = 1 if self.flat else len(length_buckets(max_len))
-            # lean layers where measured (fused LoRA: docs/benchmarks.md); QLoRA and full
-            # fine-tuning keep torch's partition until their memory is measured with it
+            # lean layers where the adapters are fused (measured for a 16-bit base in
+            # docs/benchmarks.md; a fused 4-bit base saves the same tensors,
+            # tests/test_train_qlora.py); full fine-tuning keeps torch's partition
             self.compiler = LayerCompiler(
                 decoder_layers(model), shapes, events, d.rank, lean=fused > 0
             )
