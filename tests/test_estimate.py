@@ -121,6 +121,12 @@ def test_compiled_qlora_keeps_its_4bit_linears_outputs_until_backward():
     assert not any("kept until backward" in n for n in eager.notes)
     gc = estimate_memory(anchor(**kw, compiled=True, gradient_checkpointing=True))
     assert not any("kept until backward" in n for n in gc.notes)
+    # the fused 4-bit layer (core/train/qlora_fused.py) keeps none: a fused 16-bit layer's saves
+    fused = estimate_memory(anchor(**kw, compiled=True, fused_lora=True))
+    fused_lora = estimate_memory(anchor(**{**kw, "method": "lora"}, compiled=True, fused_lora=True))
+    assert not any("kept until backward" in n for n in fused.notes)
+    assert fused.breakdown["activations"] == fused_lora.breakdown["activations"]
+    assert fused.breakdown["activations"] < plain.breakdown["activations"]
 
 
 def test_load_arch_from_config_file(tmp_path):

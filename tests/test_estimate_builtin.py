@@ -170,6 +170,24 @@ def test_the_7b_preset_row_of_the_h200_within_10_percent(tmp_path):
         assert abs(est.memory.allocated_gib / 41.9 - 1) < 0.10, est.memory.allocated_gib
 
 
+def test_fused_qlora_7b_within_10_percent(tmp_path):
+    """The 7B QLoRA recipe without dropout on one H100 (fused 4-bit layers, compiled and lean):
+    31.52 GiB NVML peak (docs/benchmarks.md, 2026-12-05, fourteenth session); peft's layers
+    took 51.25 there, and the estimate counted their kept outputs for every compiled QLoRA."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    sets = [f"model.path={tmp_path}", "method.type=qlora", "method.lora_rank=8"]
+    sets.append("train.grad_accum=1")
+    preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
+    h100 = dict(gpus=1, gpu_name="NVIDIA H100 80GB HBM3", gpu_mem_gib=79.6)
+    est = estimate_spec(load_spec(preset, sets), **h100)
+    assert est.inputs.fused_lora
+    assert abs(est.memory.per_gpu_gib / 31.52 - 1) < 0.10, est.memory.per_gpu_gib
+    # with dropout peft's layers run, and their kept outputs are counted
+    dropped = estimate_spec(load_spec(preset, [*sets, "method.lora_dropout=0.05"]), **h100)
+    assert not dropped.inputs.fused_lora
+    assert dropped.memory.per_gpu_gib > est.memory.per_gpu_gib + 12
+
+
 @pytest.mark.parametrize("compile,measured", [(True, 53.77), (False, 57.6)])
 def test_built_in_full_fine_tuning_within_10_percent(tmp_path, compile, measured):
     """Full fine-tuning of the 1.5B on one H200, built-in trainer (bench/recipes_vs_swift.py,
