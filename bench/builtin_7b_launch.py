@@ -1,11 +1,11 @@
 """The 7B preset through `tunedeck launch`, read back with `tunedeck metrics` (GPU machine).
 
-presets/builtin-7b-lora-h200.toml as it is (compile on by default, its LoRA and batch
-settings), with only what the machine needs set: a Qwen2.5-7B-shaped folder of random bf16
+presets/builtin-7b-lora-h200.toml (or `--preset`) as it is (compile on by default, its LoRA and
+batch settings), with only what the machine needs set: a Qwen2.5-7B-shaped folder of random bf16
 weights and chats that fill max_length (both from bench/swift_7b.py), a few steps, no saves.
 
     python3 bench/builtin_7b_launch.py OUTDIR [--steps 12] [--warmup 4] [--set KEY=VALUE]...
-                                             [--name launch]
+                                             [--name launch] [--preset PATH]
 
 Prints the launch's output and one JSON line: tokens/s (median over steps after the warm-up,
 from the metrics records), labelled tokens/s, peak memory, the compile phase from events.
@@ -44,13 +44,15 @@ def main() -> int:
         help="one more spec override (e.g. method.fp8_base=true)",
     )
     ap.add_argument("--name", default="launch", help="the result file: OUTDIR/NAME.json")
+    ap.add_argument("--preset", default=str(PRESET), help="a built-in preset of the 7B's shape")
     a = ap.parse_args()
+    preset_path = Path(a.preset).resolve()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     import swift_7b
     from tunedeck.core.spec import load_spec
 
-    preset = load_spec(PRESET)
+    preset = load_spec(preset_path)
     per_step = preset.train.per_device_batch_size * preset.train.grad_accum
     model_dir = swift_7b.make_model(Path(a.model_root).resolve() if a.model_root else out)
     data = swift_7b.make_data(out, model_dir, per_step * (a.steps + 2))
@@ -71,12 +73,12 @@ def main() -> int:
         "data.num_workers=2",
         *a.extra,
     ]
-    argv = [sys.executable, "-m", "tunedeck.tui", "launch", str(PRESET), "--wait", "--json"]
+    argv = [sys.executable, "-m", "tunedeck.tui", "launch", str(preset_path), "--wait", "--json"]
     for s in sets:
         argv += ["--set", s]
     print(
         "$ tunedeck launch",
-        PRESET.relative_to(REPO),
+        preset_path.relative_to(REPO) if preset_path.is_relative_to(REPO) else preset_path,
         *[f"--set {s}" for s in sets],
         "--wait --json",
         flush=True,
