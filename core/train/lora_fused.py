@@ -220,9 +220,17 @@ def to_fp8(module: nn.Module) -> None:
     module.base_layer.weight = nn.Parameter(w.new_empty(0), requires_grad=False)
 
 
+def weight_numel(p: Tensor) -> int:
+    """A parameter's weights: a 4-bit one (bitsandbytes packs two in a byte) by its shape."""
+    qs = getattr(p, "quant_state", None)
+    shape = getattr(qs, "shape", None)
+    return int(torch.Size(shape).numel()) if shape is not None else p.numel()
+
+
 def base_numel(model: nn.Module) -> int:
-    """Parameters of the model outside LoRA's adapters, fp8-converted weights counted whole."""
-    n = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    """Parameters of the model outside LoRA's adapters, fp8-converted and 4-bit weights
+    counted whole (MFU's FLOPs: the 7B QLoRA preset read 33 % for 54 %)."""
+    n = sum(weight_numel(p) for name, p in model.named_parameters() if "lora_" not in name)
     return n + sum(getattr(m, "_tunedeck_numel", 0) for m in model.modules())
 
 

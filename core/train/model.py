@@ -147,7 +147,9 @@ def prepare(spec, model, device: torch.device):
 
 
 def count_params(model) -> tuple[int, int]:
-    total = sum(p.numel() for p in model.parameters())
+    from tunedeck.core.train.lora_fused import weight_numel
+
+    total = sum(weight_numel(p) for p in model.parameters())  # 4-bit ones by their shape
     # method.fp8_base keeps frozen weights outside the parameters (lora_fused.to_fp8)
     total += sum(getattr(m, "_tunedeck_numel", 0) for m in model.modules())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
