@@ -347,10 +347,9 @@ def estimate_memory(m: MemoryInputs) -> MemoryEstimate:
     # outputs (q, one of k/v, o, one of gate/up, down: bitsandbytes' F.linear results, beside
     # peft's copies) until backward: 12.85 GiB in 139 blocks at a 7B step's peak (allocator
     # trace, docs/benchmarks.md). Measured compiled without checkpointing; counted only there.
-    # The fused 4-bit layer (core/train/qlora_fused.py) keeps none of them.
-    qlora_outs = (
-        m.method == "qlora" and m.compiled and not m.gradient_checkpointing and not m.fused_lora
-    )
+    # The fused 4-bit layer (core/train/qlora_fused.py, where DDP runs it) keeps none of them.
+    fused = m.fused_lora and m.strategy == "ddp"
+    qlora_outs = m.method == "qlora" and m.compiled and not m.gradient_checkpointing and not fused
     if qlora_outs:
         acts += layers * tokens * a * (ar.q_dim + ar.kv_dim + 2 * ar.hidden + ar.intermediate)
     acts += 4 * ar.hidden * tokens + (a * ar.hidden * tokens if full else 0)  # final norm, head
