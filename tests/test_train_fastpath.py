@@ -238,9 +238,38 @@ def test_fused_lora_equals_peft(monkeypatch):
     monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "OP")  # a typo is named, not ignored
     with pytest.raises(ValueError, match="TUNEDECK_LORA_EPILOGUE='OP'"):
         fuse_lora(model())
-    monkeypatch.delenv("TUNEDECK_LORA_EPILOGUE")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "1")  # dropout lives in the opaque ops only
     assert fuse_lora(model(dropout=0.1)) == 0
-    assert not any(eligible(mod) for mod in model(dropout=0.1).modules())
+    monkeypatch.delenv("TUNEDECK_LORA_EPILOGUE")
+    assert all(eligible(mod) for mod in model(dropout=0.1).modules() if hasattr(mod, "lora_A"))
+
+
+def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
+    """With dropout, the fused layers (16-bit base, "op" and "after") give the loss and
+    gradients peft's layers give when peft drops the same elements; in eval mode nothing is
+    dropped; the masks keep 1 - p of the elements."""
+    from lora_replay import loss_and_grads, record_masks, replaying, tiny_peft
+
+    from tunedeck.core.train import lora_fused
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    masks = record_masks(monkeypatch, lora_fused)
+    for epilogue in ("op", "after"):
+        monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
+        masks.clear()
+        fused = tiny_peft(dropout=0.3)
+        assert lora_fused.fuse_lora(fused) == 14
+        loss, grads = loss_and_grads(fused)
+        assert len(masks) == 14
+        kept = torch.cat([m.flatten() for m in masks]).float().mean().item()
+        assert abs(kept - 0.7) < 0.03, kept
+        ref_loss, ref_grads = loss_and_grads(replaying(tiny_peft(dropout=0.3), masks, 0.3))
+        assert torch.allclose(loss, ref_loss, rtol=1e-5), (loss, ref_loss)
+        for k in ref_grads:
+            assert (grads[k] - ref_grads[k]).norm() <= 1e-5 * ref_grads[k].norm(), k
+        fused.eval()
+        ref = tiny_peft(dropout=0.3).eval()
+        assert torch.allclose(loss_and_grads(fused)[0], loss_and_grads(ref)[0], rtol=1e-5)
 
 
 def test_compile_errors_are_told_from_model_errors():

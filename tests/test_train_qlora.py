@@ -131,7 +131,27 @@ def test_fused_4bit_layers_give_peft_loss_and_gradients(model_dir, monkeypatch):
         with torch.no_grad(), ref.disable_adapter():
             assert torch.equal(off, ref(input_ids=x).logits)  # peft's forward, untouched
         assert not torch.allclose(on, off)
-    assert fuse_lora(_build(model_dir, "qlora", dropout=0.1), cpu) == 0
+
+
+def test_fused_4bit_dropout_is_peft_dropout_with_the_same_mask(model_dir, monkeypatch):
+    """With dropout, the fused 4-bit layers give the loss and gradients peft's 4-bit layers
+    give when peft drops the same elements."""
+    from lora_replay import loss_and_grads, record_masks, replaying
+
+    from tunedeck.core.train import qlora_fused
+    from tunedeck.core.train.lora_fused import fuse_lora
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    masks = record_masks(monkeypatch, qlora_fused)
+    fused = _build(model_dir, "qlora", torch.float32, dropout=0.3)
+    assert fuse_lora(fused) == 7 * LAYERS
+    loss, grads = loss_and_grads(fused, vocab=500)
+    assert len(masks) == 7 * LAYERS
+    ref = replaying(_build(model_dir, "qlora", torch.float32, dropout=0.3), masks, 0.3)
+    ref_loss, ref_grads = loss_and_grads(ref, vocab=500)
+    assert torch.allclose(loss, ref_loss, rtol=1e-5), (loss, ref_loss)
+    for k in ref_grads:
+        assert (grads[k] - ref_grads[k]).norm() <= 1e-5 * ref_grads[k].norm(), k
 
 
 def test_4bit_weights_count_whole_in_flops_and_params(model_dir):

@@ -147,13 +147,12 @@ def inputs_for_spec(
         # the built-in trainer: chunked cross-entropy, compiled layers (CUDA), expandable segments
         loss_chunk_elems=2**29 if own and device == "cuda" else 0,
         compiled=own and device == "cuda" and bool(t.compile),
-        # its LoRA linears fused on CUDA under DDP, without dropout (lora_fused.eligible), a
-        # 4-bit base's too (qlora_fused.eligible_4bit)
+        # its LoRA linears fused on CUDA under DDP (lora_fused.eligible), a 4-bit base's too
+        # (qlora_fused.eligible_4bit)
         fused_lora=(
             own
             and device == "cuda"
             and (m.type == "lora" or (m.type == "qlora" and m.quant_bits == 4))
-            and m.lora_dropout == 0
         ),
         expandable_segments=own and device == "cuda",
         grads_in_buckets=own and p.strategy == "ddp",

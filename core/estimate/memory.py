@@ -155,21 +155,24 @@ def _lean_compiled(m: MemoryInputs) -> bool:
 def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     """Bytes one decoder layer keeps for backward per token (no checkpointing)."""
     a = m.compute_bytes
+    ar = m.arch
+    lora = ar.lora_modules(m.lora_targets) if m.method in ("lora", "qlora") else []
+    shapes = ar.linear_shapes()
+    # the fused layers keep their dropout as a bool mask a module (lora_dropout.py)
+    fused_masks = sum(shapes[mod][0] for mod in lora) if m.lora_dropout > 0 else 0
     if _lean_compiled(m):
         # counted with saved-tensor hooks on a compiled layer (tests/test_estimate_builtin.py):
         # the two residuals and their fp32 rsqrt, SDPA's q, k, v, output and fp32 logsumexp,
         # gate and up; the normalized inputs and SiLU(gate)·up are recomputed in backward
-        ar = m.arch
-        n_lora = len(ar.lora_modules(m.lora_targets))
         return float(
             2 * a * ar.hidden
             + 2 * 4
             + a * (2 * ar.q_dim + 2 * ar.kv_dim)
             + 4 * ar.heads
             + 2 * a * ar.intermediate
-            + a * m.lora_rank * n_lora
+            + a * m.lora_rank * len(lora)
+            + fused_masks
         )
-    ar = m.arch
     h, i, q, kv = ar.hidden, ar.intermediate, ar.q_dim, ar.kv_dim
     full = m.method == "full"
     n = 2 * 4 * h  # two RMSNorms save an fp32 copy of their input
@@ -187,8 +190,6 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
             # counted tensor by tensor with saved-tensor hooks (tests/test_estimate_builtin.py).
             # FSDP2 computes with bf16 copies of the masters (MixedPrecisionPolicy): no change.
             n += 10 * h
-    lora = ar.lora_modules(m.lora_targets) if m.method in ("lora", "qlora") else []
-    shapes = ar.linear_shapes()
     if lora:
         # the distinct inputs of the adapted linears (q/k/v share one, gate/up another)
         inputs = {"x1": h, "x2": h, "o": q, "d": i}
@@ -200,7 +201,7 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
             # the fused layer saves its input as it comes, one copy per shared input, where
             # peft's casts make one per module (counted with saved-tensor hooks:
             # tests/test_estimate_builtin.py)
-            return float(n + a * distinct + a * m.lora_rank * len(lora))
+            return float(n + a * distinct + a * m.lora_rank * len(lora) + fused_masks)
         for mod in lora:
             d_in = shapes[mod][0]
             if a != 4:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from tunedeck.core.spec import FP8_MIN_CC
+from tunedeck.core.train.lora_dropout import active_dropout, dropout_mask, dropout_p, dropped
 from tunedeck.core.train.qlora_fused import eligible_4bit, fuse_4bit, fused_forward_4bit
 
 
@@ -76,13 +77,16 @@ def lora_linear(
     a: Tensor,
     b: Tensor,
     scale: float,
-    after: bool = False,
+    after: bool,
+    mask: Tensor | None,
+    p: float,
 ) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = x·Aᵀ, accumulated in place: the big GEMM
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ, accumulated in place: the big GEMM
     into the adapter's product (its C operand), or, `after`, the adapter's rank-r GEMM into the
     big one's output (the big GEMM then runs without reading a C). Opaque to the compiler, so
-    ATen sees its own buffer as C and copies nothing."""
-    u = x @ a.t()
+    ATen sees its own buffer as C and copies nothing. D is the adapter's dropout: `mask` (the
+    elements kept) scaled by 1/(1-p), or nothing."""
+    u = dropped(x, mask, p) @ a.t()
     bs = b.t() * scale
     if after:
         y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
@@ -92,7 +96,7 @@ def lora_linear(
 
 
 @lora_linear.register_fake
-def _(x, weight, bias, a, b, scale, after=False):
+def _(x, weight, bias, a, b, scale, after, mask, p):
     return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
 
 
@@ -105,30 +109,35 @@ def lora_linear_backward(
     b: Tensor,
     u: Tensor,
     scale: float,
-    after: bool = False,
+    after: bool,
+    mask: Tensor | None,
+    p: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dA, dB) of lora_linear; dx = dy·W + s·dy·B·A accumulated in place, in the same
-    order as the forward's."""
+    """(dx, dA, dB) of lora_linear; dx = dy·W + D(s·dy·B·A) accumulated in place, in the same
+    order as the forward's (with dropout, the adapter's part first)."""
     g = (dy @ b) * scale  # (N, r) = s·dy·B
-    dx = (dy @ weight).addmm_(g, a) if after else (g @ a).addmm_(dy, weight)
-    return dx, g.t() @ x, (dy.t() @ u) * scale
+    if after and mask is None:
+        dx = (dy @ weight).addmm_(g, a)
+    else:
+        dx = dropped(g @ a, mask, p, in_place=True).addmm_(dy, weight)
+    return dx, g.t() @ dropped(x, mask, p), (dy.t() @ u) * scale
 
 
 @lora_linear_backward.register_fake
-def _(dy, x, weight, a, b, u, scale, after=False):
+def _(dy, x, weight, a, b, u, scale, after, mask, p):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _lora_setup(ctx, inputs, output):
-    x, weight, _bias, a, b, scale, after = inputs
-    ctx.save_for_backward(x, weight, a, b, output[1])
-    ctx.scale, ctx.after = scale, after
+    x, weight, _bias, a, b, scale, after, mask, p = inputs
+    ctx.save_for_backward(x, weight, a, b, output[1], mask)
+    ctx.scale, ctx.after, ctx.p = scale, after, p
 
 
 def _lora_backward(ctx, dy, _du):
-    x, weight, a, b, u = ctx.saved_tensors
-    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale, ctx.after)
-    return dx, None, None, da, db, None, None
+    x, weight, a, b, u, mask = ctx.saved_tensors
+    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale, ctx.after, mask, ctx.p)
+    return dx, None, None, da, db, None, None, None, None
 
 
 lora_linear.register_autograd(_lora_backward, setup_context=_lora_setup)
@@ -235,7 +244,7 @@ def base_numel(model: nn.Module) -> int:
 
 
 def _fused_forward(self, x, *args, **kwargs):
-    """forward of a peft LoRA Linear (one adapter, no dropout, not merged), fused."""
+    """forward of a peft LoRA Linear (one adapter, not merged), fused."""
     if self.disable_adapters or self.merged or list(self.active_adapters) != ["default"]:
         if hasattr(self, "_tunedeck_fp8"):  # peft's own forward would meet an empty weight
             raise RuntimeError(
@@ -273,14 +282,18 @@ def _fused_forward(self, x, *args, **kwargs):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
         if self._tunedeck_epilogue in ("op", "after"):
+            x2 = x.reshape(-1, shape[-1]).to(dt)
+            p = active_dropout(self)
             y, _ = lora_linear(
-                x.reshape(-1, shape[-1]).to(dt),
+                x2,
                 w,
                 bias,
                 a.to(dt),
                 b.to(dt),
                 float(self.scaling["default"]),
                 self._tunedeck_epilogue == "after",
+                dropout_mask(x2, p) if p else None,
+                p,
             )
             return y.view(*shape[:-1], y.shape[-1])
         y = _LoraLinear.apply(
@@ -297,7 +310,8 @@ def _fused_forward(self, x, *args, **kwargs):
 
 def eligible(module: nn.Module) -> bool:
     """A peft LoRA Linear this module can run: a plain nn.Linear base, the one adapter
-    'default', no dropout, no DoRA, no magnitude vector, not fan_in_fan_out."""
+    'default', plain dropout below 1 or none, no DoRA, no magnitude vector, not
+    fan_in_fan_out."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:
@@ -306,10 +320,7 @@ def eligible(module: nn.Module) -> bool:
         return False
     if list(module.lora_A.keys()) != ["default"] or getattr(module, "fan_in_fan_out", False):
         return False
-    if module.use_dora.get("default", False):
-        return False
-    drop = module.lora_dropout["default"]
-    return isinstance(drop, nn.Identity) or (isinstance(drop, nn.Dropout) and drop.p == 0)
+    return not module.use_dora.get("default", False) and dropout_p(module) < 1.0
 
 
 def fp8_problem(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str | None:
@@ -350,9 +361,11 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         raise ValueError(
             f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"
         )
+    no_dropout = fp8 or epilogue not in ("op", "after")  # dropout only inside the opaque ops
     for m in model.modules():
-        if eligible(m):
+        if eligible(m) and not (no_dropout and dropout_p(m) > 0):
             m._tunedeck_epilogue = epilogue
+            m._tunedeck_dropout = dropout_p(m)
             if fp8:
                 to_fp8(m)
             m._tunedeck_peft_forward = m.forward
@@ -360,6 +373,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
             n += 1
         elif eligible_4bit(m):
             fuse_4bit(m)
+            m._tunedeck_dropout = dropout_p(m)
             m._tunedeck_peft_forward = m.forward
             m.forward = types.MethodType(fused_forward_4bit, m)
             n += 1

@@ -16,6 +16,8 @@ import sys
 import torch
 from torch import Tensor, nn
 
+from tunedeck.core.train.lora_dropout import active_dropout, dropout_mask, dropout_p, dropped
+
 
 def dequantize(
     packed: Tensor, quant: list[Tensor], meta: list[int], quant_type: str, dtype: torch.dtype
@@ -53,19 +55,22 @@ def qlora_linear(
     a: Tensor,
     b: Tensor,
     scale: float,
+    mask: Tensor | None,
+    p: float,
 ) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = x·Aᵀ and W dequantized here, the adapter's
-    product the frozen GEMM's C operand. Opaque: the dequantized W and the GEMM's own output
-    never reach the compiler, so nothing can keep them for backward."""
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ and W dequantized here, the adapter's
+    product the frozen GEMM's C operand; D the adapter's dropout (lora_dropout.dropped).
+    Opaque: the dequantized W and the GEMM's own output never reach the compiler, so nothing
+    can keep them for backward."""
     w = dequantize(packed, quant, meta, quant_type, x.dtype)
-    u = x @ a.t()
+    u = dropped(x, mask, p) @ a.t()
     bs = b.t() * scale
     y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
     return y.addmm_(x, w.t()), u
 
 
 @qlora_linear.register_fake
-def _(x, packed, quant, meta, quant_type, bias, a, b, scale):
+def _(x, packed, quant, meta, quant_type, bias, a, b, scale, mask, p):
     return x.new_empty(x.shape[0], meta[0]), x.new_empty(x.shape[0], a.shape[0])
 
 
@@ -81,31 +86,33 @@ def qlora_linear_backward(
     b: Tensor,
     u: Tensor,
     scale: float,
+    mask: Tensor | None,
+    p: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dA, dB) of qlora_linear: dx = dy·W + s·dy·B·A accumulated in place."""
+    """(dx, dA, dB) of qlora_linear: dx = dy·W + D(s·dy·B·A) accumulated in place."""
     w = dequantize(packed, quant, meta, quant_type, dy.dtype)
     g = (dy @ b) * scale  # (N, r) = s·dy·B
-    dx = (g @ a).addmm_(dy, w)
-    return dx, g.t() @ x, (dy.t() @ u) * scale
+    dx = dropped(g @ a, mask, p, in_place=True).addmm_(dy, w)
+    return dx, g.t() @ dropped(x, mask, p), (dy.t() @ u) * scale
 
 
 @qlora_linear_backward.register_fake
-def _(dy, x, packed, quant, meta, quant_type, a, b, u, scale):
+def _(dy, x, packed, quant, meta, quant_type, a, b, u, scale, mask, p):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _setup(ctx, inputs, output):
-    x, packed, quant, meta, quant_type, _bias, a, b, scale = inputs
-    ctx.save_for_backward(x, packed, a, b, output[1], *quant)
-    ctx.meta, ctx.quant_type, ctx.scale = meta, quant_type, scale
+    x, packed, quant, meta, quant_type, _bias, a, b, scale, mask, p = inputs
+    ctx.save_for_backward(x, packed, a, b, output[1], mask, *quant)
+    ctx.meta, ctx.quant_type, ctx.scale, ctx.p = meta, quant_type, scale, p
 
 
 def _backward(ctx, dy, _du):
-    x, packed, a, b, u, *quant = ctx.saved_tensors
+    x, packed, a, b, u, mask, *quant = ctx.saved_tensors
     dx, da, db = qlora_linear_backward(
-        dy, x, packed, quant, ctx.meta, ctx.quant_type, a, b, u, ctx.scale
+        dy, x, packed, quant, ctx.meta, ctx.quant_type, a, b, u, ctx.scale, mask, ctx.p
     )
-    return dx, None, [None] * len(quant), None, None, None, da, db, None
+    return dx, None, [None] * len(quant), None, None, None, da, db, None, None, None
 
 
 qlora_linear.register_autograd(_backward, setup_context=_setup)
@@ -124,8 +131,8 @@ def quant_args(weight) -> tuple[list[Tensor], list[int], str]:
 
 def eligible_4bit(module: nn.Module) -> bool:
     """A peft 4-bit LoRA Linear this module can run: a bitsandbytes Linear4bit base with its
-    quantization state in the training layout, the one adapter 'default', no dropout, no
-    DoRA."""
+    quantization state in the training layout, the one adapter 'default', plain dropout below
+    1 or none, no DoRA."""
     if "bitsandbytes" not in sys.modules:  # nothing is 4-bit; and a 16-bit run never imports it
         return False
     try:
@@ -140,12 +147,11 @@ def eligible_4bit(module: nn.Module) -> bool:
         return False
     if list(module.lora_A.keys()) != ["default"] or module.use_dora.get("default", False):
         return False
-    drop = module.lora_dropout["default"]
-    return isinstance(drop, nn.Identity) or (isinstance(drop, nn.Dropout) and drop.p == 0)
+    return dropout_p(module) < 1.0
 
 
 def fused_forward_4bit(self, x, *args, **kwargs):
-    """forward of a peft 4-bit LoRA Linear (one adapter, no dropout, not merged), fused."""
+    """forward of a peft 4-bit LoRA Linear (one adapter, not merged), fused."""
     if (
         self.disable_adapters
         or self.merged
@@ -162,9 +168,11 @@ def fused_forward_4bit(self, x, *args, **kwargs):
     )
     quant, meta, quant_type = self._tunedeck_quant
     shape = x.shape
+    p = active_dropout(self)
     with torch.autocast(dev, enabled=False):
+        x2 = x.reshape(-1, shape[-1]).to(dt)
         y, _ = qlora_linear(
-            x.reshape(-1, shape[-1]).to(dt),
+            x2,
             base.weight.data,
             quant,
             meta,
@@ -173,6 +181,8 @@ def fused_forward_4bit(self, x, *args, **kwargs):
             self.lora_A["default"].weight.to(dt),
             self.lora_B["default"].weight.to(dt),
             float(self.scaling["default"]),
+            dropout_mask(x2, p) if p else None,
+            p,
         )
     return y.view(*shape[:-1], y.shape[-1])
 

@@ -1,0 +1,70 @@
+"""Replaying the fused LoRA layers' dropout in peft's layers: the same elements dropped, so
+the two give the same loss and gradients (tests/test_train_fastpath.py, test_train_qlora.py)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_peft(dropout: float):
+    """A 2-layer Qwen2 with peft LoRA on every linear, B not zero."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=97,
+    )
+    torch.manual_seed(0)
+    return get_peft_model(
+        AutoModelForCausalLM.from_config(cfg),
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=dropout,
+            target_modules="all-linear",
+            init_lora_weights=False,
+        ),
+    )
+
+
+def loss_and_grads(m, vocab: int = 97, autocast: bool = False):
+    x = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(1))
+    for p in m.parameters():
+        p.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = m(input_ids=x, labels=x).loss
+    loss.backward()
+    return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
+
+
+def record_masks(monkeypatch, module) -> list[torch.Tensor]:
+    """Every keep-mask the fused layers of `module` (lora_fused or qlora_fused: whichever
+    calls dropout_mask) draw, in call order."""
+    masks: list[torch.Tensor] = []
+    real = module.dropout_mask
+
+    def record(x, p):
+        masks.append(real(x, p))
+        return masks[-1]
+
+    monkeypatch.setattr(module, "dropout_mask", record)
+    return masks
+
+
+def replaying(model, masks: list[torch.Tensor], p: float):
+    """`model` with peft's dropout dropping the recorded masks' elements, in call order."""
+    order = iter(masks)
+
+    class Replay(torch.nn.Module):
+        def forward(self, x):
+            return x * next(order).view(x.shape) / (1 - p)
+
+    for mod in model.modules():
+        if hasattr(mod, "lora_dropout") and "default" in mod.lora_dropout:
+            mod.lora_dropout["default"] = Replay()
+    return model
