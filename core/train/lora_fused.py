@@ -28,7 +28,13 @@ import torch
 from torch import Tensor, nn
 
 from tunedeck.core.spec import FP8_MIN_CC
-from tunedeck.core.train.lora_dropout import active_dropout, dropout_mask, dropout_p, dropped
+from tunedeck.core.train.lora_dropout import (
+    active_dropout,
+    adapter_backward,
+    adapter_in,
+    dropout_mask,
+    dropout_p,
+)
 from tunedeck.core.train.qlora_fused import eligible_4bit, fuse_4bit, fused_forward_4bit
 
 
@@ -86,7 +92,7 @@ def lora_linear(
     big one's output (the big GEMM then runs without reading a C). Opaque to the compiler, so
     ATen sees its own buffer as C and copies nothing. D is the adapter's dropout: `mask` (the
     elements kept) scaled by 1/(1-p), or nothing."""
-    u = dropped(x, mask, p) @ a.t()
+    u = adapter_in(x, a, mask, p)
     bs = b.t() * scale
     if after:
         y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
@@ -115,12 +121,11 @@ def lora_linear_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of lora_linear; dx = dy·W + D(s·dy·B·A) accumulated in place, in the same
     order as the forward's (with dropout, the adapter's part first)."""
-    g = (dy @ b) * scale  # (N, r) = s·dy·B
     if after and mask is None:
-        dx = (dy @ weight).addmm_(g, a)
-    else:
-        dx = dropped(g @ a, mask, p, in_place=True).addmm_(dy, weight)
-    return dx, g.t() @ dropped(x, mask, p), (dy.t() @ u) * scale
+        g = (dy @ b) * scale  # (N, r) = s·dy·B
+        return (dy @ weight).addmm_(g, a), g.t() @ x, (dy.t() @ u) * scale
+    t, da, db = adapter_backward(dy, x, a, b, u, scale, mask, p)
+    return t.addmm_(dy, weight), da, db
 
 
 @lora_linear_backward.register_fake

@@ -16,7 +16,13 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from tunedeck.core.train.lora_dropout import active_dropout, dropout_mask, dropout_p, dropped
+from tunedeck.core.train.lora_dropout import (
+    active_dropout,
+    adapter_backward,
+    adapter_in,
+    dropout_mask,
+    dropout_p,
+)
 
 
 def dequantize(
@@ -59,11 +65,11 @@ def qlora_linear(
     p: float,
 ) -> tuple[Tensor, Tensor]:
     """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ and W dequantized here, the adapter's
-    product the frozen GEMM's C operand; D the adapter's dropout (lora_dropout.dropped).
+    product the frozen GEMM's C operand; D the adapter's dropout (lora_dropout).
     Opaque: the dequantized W and the GEMM's own output never reach the compiler, so nothing
     can keep them for backward."""
     w = dequantize(packed, quant, meta, quant_type, x.dtype)
-    u = dropped(x, mask, p) @ a.t()
+    u = adapter_in(x, a, mask, p)
     bs = b.t() * scale
     y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
     return y.addmm_(x, w.t()), u
@@ -91,9 +97,8 @@ def qlora_linear_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of qlora_linear: dx = dy·W + D(s·dy·B·A) accumulated in place."""
     w = dequantize(packed, quant, meta, quant_type, dy.dtype)
-    g = (dy @ b) * scale  # (N, r) = s·dy·B
-    dx = dropped(g @ a, mask, p, in_place=True).addmm_(dy, w)
-    return dx, g.t() @ dropped(x, mask, p), (dy.t() @ u) * scale
+    t, da, db = adapter_backward(dy, x, a, b, u, scale, mask, p)
+    return t.addmm_(dy, w), da, db
 
 
 @qlora_linear_backward.register_fake
