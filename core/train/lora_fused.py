@@ -355,7 +355,9 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     and 1.5 GiB less reserved, docs/benchmarks.md); CPU runs keep peft's layers.
     TUNEDECK_FUSED_LORA=0 turns it off anywhere, =1 on anywhere. `fp8` (method.fp8_base)
     always fuses, and moves each frozen weight to fp8 (to_fp8). A 4-bit base's layers fuse
-    too (qlora_fused: 7B QLoRA on an H100, +4.1 % tokens/s and 19.7 GiB less)."""
+    too (qlora_fused: 7B QLoRA on an H100, +4.1 % tokens/s and 19.7 GiB less). Layers with
+    dropout fuse where the opaque ops run them (lora_dropout), not in fp8 or the traced
+    epilogues."""
     forced = os.environ.get("TUNEDECK_FUSED_LORA", "")
     on = fp8 or forced == "1" or (forced != "0" and device is not None and device.type == "cuda")
     if not on:
