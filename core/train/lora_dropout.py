@@ -1,7 +1,7 @@
 """The adapter's dropout inside the fused LoRA ops (lora_fused, qlora_fused): drawn as a bool
 keep-mask outside the op, applied to the adapter's input and, in backward, to its input
-gradient; the 1/(1-p) scaling goes on the rank-r products. Backward keeps the mask (1 byte an element) where peft's layer keeps the mask and
-the dropped input beside it (3 bytes in bf16)."""
+gradient; the 1/(1-p) scaling goes on the rank-r products. Backward keeps the mask (1 byte an
+element) where peft's layer keeps the mask and the dropped input beside it (3 bytes in bf16)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 lora_fused does for a 16-bit base.
 
 peft's 4-bit LoRA layer clones the base's output and adds the adapter's product to the copy.
-In the compiled 7B preset step both full-size tensors were alive at the peak: bitsandbytes'
+In a compiled 7B QLoRA step both full-size tensors were alive at the peak: bitsandbytes'
 own F.linear outputs took 12.9 GiB beside peft's copies (allocator trace, docs/benchmarks.md).
 Here one opaque op dequantizes the weight, runs the frozen GEMM with the adapter's product as
 its C operand and returns (y, u): backward keeps the input and the rank-r u, as the fused
