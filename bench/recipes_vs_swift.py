@@ -52,7 +52,12 @@ RECIPES = {  # name: (model shape, method keys, more [train] keys)
         {},
     ),
 }
-RECIPE_ENV = {"qlora-7b-nodrop-peft": {"TUNEDECK_FUSED_LORA": "0"}}
+# the recipe above with dropout through peft's 4-bit layers (the fused ones are the default)
+RECIPES["qlora-7b-peft"] = RECIPES["qlora-7b"]
+RECIPE_ENV = {
+    "qlora-7b-nodrop-peft": {"TUNEDECK_FUSED_LORA": "0"},
+    "qlora-7b-peft": {"TUNEDECK_FUSED_LORA": "0"},
+}
 SWIFT_PASS = [
     "--model_type",
     "qwen2",
