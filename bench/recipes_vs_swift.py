@@ -46,13 +46,9 @@ RECIPES = {  # name: (model shape, method keys, more [train] keys)
     # the built-in default (no dropout): 4-bit layers fused (core/train/qlora_fused.py), and
     # the same run through peft's own 4-bit layers
     "qlora-7b-nodrop": ("7b", {"type": "qlora", "quant_bits": 4, **LORA, "lora_dropout": 0.0}, {}),
-    "qlora-7b-nodrop-peft": (
-        "7b",
-        {"type": "qlora", "quant_bits": 4, **LORA, "lora_dropout": 0.0},
-        {},
-    ),
 }
-# the recipe above with dropout through peft's 4-bit layers (the fused ones are the default)
+# the QLoRA recipes through peft's 4-bit layers (RECIPE_ENV; the fused ones are the default)
+RECIPES["qlora-7b-nodrop-peft"] = RECIPES["qlora-7b-nodrop"]
 RECIPES["qlora-7b-peft"] = RECIPES["qlora-7b"]
 RECIPE_ENV = {
     "qlora-7b-nodrop-peft": {"TUNEDECK_FUSED_LORA": "0"},

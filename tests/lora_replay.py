@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 
-def tiny_peft(dropout: float):
+def tiny_peft(dropout: float = 0.0):
     """A 2-layer Qwen2 with peft LoRA on every linear, B not zero."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config

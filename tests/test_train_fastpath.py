@@ -180,35 +180,13 @@ def test_packed_attention_in_the_model_equals_padded_loss():
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
 def test_fused_lora_equals_peft(monkeypatch):
     """The fused LoRA linear gives peft's loss and gradients (biased q/k/v projections too),
-    under bf16 autocast as well; a layer with dropout keeps peft's own forward."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    under bf16 autocast as well; with the traced epilogues a layer with dropout keeps peft's
+    own forward."""
+    from lora_replay import loss_and_grads as run
+    from lora_replay import tiny_peft as model
 
     from tunedeck.core.train.lora_fused import eligible, fuse_lora
 
-    cfg = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=97,
-    )
-
-    def model(dropout=0.0):
-        torch.manual_seed(0)
-        return get_peft_model(
-            AutoModelForCausalLM.from_config(cfg),
-            LoraConfig(
-                r=4,
-                lora_alpha=8,
-                lora_dropout=dropout,
-                target_modules="all-linear",
-                init_lora_weights=False,
-            ),
-        )
-
-    x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert fuse_lora(model(), cpu) == 0  # CPU: peft's own layers unless asked
     assert fuse_lora(model(), cuda) == 14  # CUDA: on by default (no GPU needed to swap)
@@ -216,22 +194,16 @@ def test_fused_lora_equals_peft(monkeypatch):
     assert fuse_lora(model(), cuda) == 0
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
 
-    def run(m, autocast=False):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = m(input_ids=x, labels=x).loss
-        loss.backward()
-        return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
-
     # fp32: the same numbers; bf16: the same up to rounding in another order; the adapter
     # added in the frozen GEMM's epilogue (the default), out of place, or by the opaque ops
     cases = ((False, 1e-5, "1"), (True, 0.1, "1"), (False, 1e-5, "0"))
     cases += ((False, 1e-5, "op"), (True, 0.1, "op"), (False, 1e-5, "after"))
     for autocast, tol, epilogue in cases:
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
-        ref_loss, ref_g = run(model(), autocast)
+        ref_loss, ref_g = run(model(), autocast=autocast)
         m = model()
         assert fuse_lora(m) == 14  # 7 projections x 2 layers
-        loss, g = run(m, autocast)
+        loss, g = run(m, autocast=autocast)
         assert torch.allclose(loss, ref_loss, rtol=tol), (loss, ref_loss)
         for k in ref_g:  # bf16 rounds in another order: compare as vectors
             assert (g[k] - ref_g[k]).norm() <= tol * ref_g[k].norm(), k

@@ -35,7 +35,6 @@ from tunedeck.core.train.lora_dropout import (
     dropout_mask,
     dropout_p,
 )
-from tunedeck.core.train.qlora_fused import eligible_4bit, fuse_4bit, fused_forward_4bit
 
 
 class _LoraLinear(torch.autograd.Function):
@@ -75,6 +74,28 @@ class _LoraLinear(torch.autograd.Function):
         return dx, None, None, da, db, None, None
 
 
+def adapter_linear(x, weight, bias, a, b, scale, after, mask, p) -> tuple[Tensor, Tensor]:
+    """lora_linear's math on plain tensors (qlora_fused's op runs it on its dequantized W)."""
+    u = adapter_in(x, a, mask, p)
+    bs = b.t() * scale
+    if after:
+        y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
+        return y.addmm_(u, bs), u
+    y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
+    return y.addmm_(x, weight.t()), u
+
+
+def adapter_linear_backward(
+    dy, x, weight, a, b, u, scale, after, mask, p
+) -> tuple[Tensor, Tensor, Tensor]:
+    """lora_linear_backward's math on plain tensors."""
+    if after and mask is None:
+        g = (dy @ b) * scale  # (N, r) = s·dy·B
+        return (dy @ weight).addmm_(g, a), g.t() @ x, (dy.t() @ u) * scale
+    t, da, db = adapter_backward(dy, x, a, b, u, scale, mask, p)
+    return t.addmm_(dy, weight), da, db
+
+
 @torch.library.custom_op("tunedeck::lora_linear", mutates_args=())
 def lora_linear(
     x: Tensor,
@@ -92,13 +113,7 @@ def lora_linear(
     big one's output (the big GEMM then runs without reading a C). Opaque to the compiler, so
     ATen sees its own buffer as C and copies nothing. D is the adapter's dropout: `mask` (the
     elements kept) scaled by 1/(1-p), or nothing."""
-    u = adapter_in(x, a, mask, p)
-    bs = b.t() * scale
-    if after:
-        y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
-        return y.addmm_(u, bs), u
-    y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
-    return y.addmm_(x, weight.t()), u
+    return adapter_linear(x, weight, bias, a, b, scale, after, mask, p)
 
 
 @lora_linear.register_fake
@@ -121,11 +136,7 @@ def lora_linear_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of lora_linear; dx = dy·W + D(s·dy·B·A) accumulated in place, in the same
     order as the forward's (with dropout, the adapter's part first)."""
-    if after and mask is None:
-        g = (dy @ b) * scale  # (N, r) = s·dy·B
-        return (dy @ weight).addmm_(g, a), g.t() @ x, (dy.t() @ u) * scale
-    t, da, db = adapter_backward(dy, x, a, b, u, scale, mask, p)
-    return t.addmm_(dy, weight), da, db
+    return adapter_linear_backward(dy, x, weight, a, b, u, scale, after, mask, p)
 
 
 @lora_linear_backward.register_fake
@@ -368,20 +379,22 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         raise ValueError(
             f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"
         )
+    from tunedeck.core.train.qlora_fused import eligible_4bit, fused_forward_4bit, quant_args
+
     no_dropout = fp8 or epilogue not in ("op", "after")  # dropout only inside the opaque ops
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
             m._tunedeck_epilogue = epilogue
-            m._tunedeck_dropout = dropout_p(m)
             if fp8:
                 to_fp8(m)
-            m._tunedeck_peft_forward = m.forward
-            m.forward = types.MethodType(_fused_forward, m)
-            n += 1
+            forward = _fused_forward
         elif eligible_4bit(m):
-            fuse_4bit(m)
-            m._tunedeck_dropout = dropout_p(m)
-            m._tunedeck_peft_forward = m.forward
-            m.forward = types.MethodType(fused_forward_4bit, m)
-            n += 1
+            m._tunedeck_quant = quant_args(m.base_layer.weight)
+            forward = fused_forward_4bit
+        else:
+            continue
+        m._tunedeck_dropout = dropout_p(m)
+        m._tunedeck_peft_forward = m.forward
+        m.forward = types.MethodType(forward, m)
+        n += 1
     return n

@@ -16,13 +16,8 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from tunedeck.core.train.lora_dropout import (
-    active_dropout,
-    adapter_backward,
-    adapter_in,
-    dropout_mask,
-    dropout_p,
-)
+from tunedeck.core.train.lora_dropout import active_dropout, dropout_mask, dropout_p
+from tunedeck.core.train.lora_fused import adapter_linear, adapter_linear_backward
 
 
 def dequantize(
@@ -69,10 +64,7 @@ def qlora_linear(
     Opaque: the dequantized W and the GEMM's own output never reach the compiler, so nothing
     can keep them for backward."""
     w = dequantize(packed, quant, meta, quant_type, x.dtype)
-    u = adapter_in(x, a, mask, p)
-    bs = b.t() * scale
-    y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
-    return y.addmm_(x, w.t()), u
+    return adapter_linear(x, w, bias, a, b, scale, False, mask, p)
 
 
 @qlora_linear.register_fake
@@ -97,8 +89,7 @@ def qlora_linear_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of qlora_linear: dx = dy·W + D(s·dy·B·A) accumulated in place."""
     w = dequantize(packed, quant, meta, quant_type, dy.dtype)
-    t, da, db = adapter_backward(dy, x, a, b, u, scale, mask, p)
-    return t.addmm_(dy, w), da, db
+    return adapter_linear_backward(dy, x, w, a, b, u, scale, False, mask, p)
 
 
 @qlora_linear_backward.register_fake
@@ -190,7 +181,3 @@ def fused_forward_4bit(self, x, *args, **kwargs):
             p,
         )
     return y.view(*shape[:-1], y.shape[-1])
-
-
-def fuse_4bit(module: nn.Module) -> None:
-    module._tunedeck_quant = quant_args(module.base_layer.weight)
