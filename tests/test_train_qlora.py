@@ -49,7 +49,9 @@ def _build(model_dir, method, dtype=torch.bfloat16, dropout=0.0):
     for name, p in model.named_parameters():
         if "lora_B" in name:  # peft starts B at zero: the adapter's product would be nothing
             torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(3))
-    return model
+    # as the trainer runs it: in eval mode, on CPUs with AVX512-BF16, bitsandbytes repacks a
+    # 4-bit layer whose input needs no gradient and computes it in bf16
+    return model.train()
 
 
 def _saved(model) -> tuple[float, list]:
