@@ -59,7 +59,7 @@ def one(way: str, n: int, k: int, m: int, r: int, iters: int) -> float:
     def fused():
         x.grad = a.grad = b.grad = None
         if way in ("op", "after"):
-            y, _ = lf.lora_linear(x, w, None, a, b, 2.0, way == "after", None, 0.0)
+            y, _, _ = lf.lora_linear(x, w, None, a, b, 2.0, way == "after", 0.0)
         else:
             y = lf._LoraLinear.apply(x, w, None, a, b, 2.0, way == "1")
         y.backward(dy)

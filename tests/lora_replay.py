@@ -42,17 +42,20 @@ def loss_and_grads(m, vocab: int = 97, autocast: bool = False):
     return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
 
 
-def record_masks(monkeypatch, module) -> list[torch.Tensor]:
-    """Every keep-mask the fused layers of `module` (lora_fused or qlora_fused: whichever
-    calls dropout_mask) draw, in call order."""
+def record_masks(monkeypatch) -> list[torch.Tensor]:
+    """Every keep-mask the fused layers (lora_fused, qlora_fused) draw, in call order, as
+    backward draws it again from the state the forward's draw returned."""
+    from tunedeck.core.train import lora_dropout
+
     masks: list[torch.Tensor] = []
-    real = module.dropout_mask
+    real = lora_dropout.dropped
 
     def record(x, p):
-        masks.append(real(x, p))
-        return masks[-1]
+        xd, state = real(x, p)
+        masks.append(lora_dropout.redrawn(x, p, state)[1])
+        return xd, state
 
-    monkeypatch.setattr(module, "dropout_mask", record)
+    monkeypatch.setattr(lora_dropout, "dropped", record)
     return masks
 
 

@@ -225,7 +225,7 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
     from tunedeck.core.train import lora_fused
 
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
-    masks = record_masks(monkeypatch, lora_fused)
+    masks = record_masks(monkeypatch)
     for epilogue in ("op", "after"):
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
         masks.clear()
@@ -242,6 +242,30 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
         fused.eval()
         ref = tiny_peft(dropout=0.3).eval()
         assert torch.allclose(loss_and_grads(fused)[0], loss_and_grads(ref)[0], rtol=1e-5)
+
+
+def test_fused_lora_dropout_backward_draws_nothing_new(monkeypatch):
+    """Backward draws the forward's masks again from the generator state the forward returned
+    and puts the generator back: the random stream after a step is the forward's, as with
+    peft's layers, whatever backward ran; the state a layer keeps is a few KiB, not a mask."""
+    from lora_replay import tiny_peft
+
+    from tunedeck.core.train import lora_fused
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    streams = []
+    for fused in (False, True):
+        m = tiny_peft(dropout=0.3)
+        if fused:
+            assert lora_fused.fuse_lora(m) == 14
+        torch.manual_seed(5)
+        loss = m(input_ids=x, labels=x).loss
+        after_forward = torch.get_rng_state()
+        loss.backward()
+        assert torch.equal(torch.get_rng_state(), after_forward), fused
+        streams.append(torch.rand(4))
+    assert torch.equal(*streams)  # the same numbers drawn as peft's dropout draws
 
 
 def test_compile_errors_are_told_from_model_errors():

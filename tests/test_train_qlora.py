@@ -140,11 +140,10 @@ def test_fused_4bit_dropout_is_peft_dropout_with_the_same_mask(model_dir, monkey
     give when peft drops the same elements."""
     from lora_replay import loss_and_grads, record_masks, replaying
 
-    from tunedeck.core.train import qlora_fused
     from tunedeck.core.train.lora_fused import fuse_lora
 
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
-    masks = record_masks(monkeypatch, qlora_fused)
+    masks = record_masks(monkeypatch)
     fused = _build(model_dir, "qlora", torch.float32, dropout=0.3)
     assert fuse_lora(fused) == 7 * LAYERS
     loss, grads = loss_and_grads(fused, vocab=500)

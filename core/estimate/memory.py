@@ -158,8 +158,6 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
     ar = m.arch
     lora = ar.lora_modules(m.lora_targets) if m.method in ("lora", "qlora") else []
     shapes = ar.linear_shapes()
-    # the fused layers keep their dropout as a bool mask a module (lora_dropout.py)
-    fused_masks = sum(shapes[mod][0] for mod in lora) if m.lora_dropout > 0 else 0
     if _lean_compiled(m):
         # counted with saved-tensor hooks on a compiled layer (tests/test_estimate_builtin.py):
         # the two residuals and their fp32 rsqrt, SDPA's q, k, v, output and fp32 logsumexp,
@@ -171,7 +169,6 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
             + 4 * ar.heads
             + 2 * a * ar.intermediate
             + a * m.lora_rank * len(lora)
-            + fused_masks
         )
     h, i, q, kv = ar.hidden, ar.intermediate, ar.q_dim, ar.kv_dim
     full = m.method == "full"
@@ -200,8 +197,9 @@ def _activation_bytes_per_token_layer(m: MemoryInputs) -> float:
         if m.fused_lora and m.strategy == "ddp" and a != 4:
             # the fused layer saves its input as it comes, one copy per shared input, where
             # peft's casts make one per module (counted with saved-tensor hooks:
-            # tests/test_estimate_builtin.py)
-            return float(n + a * distinct + a * m.lora_rank * len(lora) + fused_masks)
+            # tests/test_estimate_builtin.py); with dropout they keep no mask, backward
+            # draws it again (lora_dropout.py)
+            return float(n + a * distinct + a * m.lora_rank * len(lora))
         for mod in lora:
             d_in = shapes[mod][0]
             if a != 4:

@@ -32,8 +32,8 @@ from tunedeck.core.train.lora_dropout import (
     active_dropout,
     adapter_backward,
     adapter_in,
-    dropout_mask,
     dropout_p,
+    state_bytes,
 )
 
 
@@ -74,26 +74,32 @@ class _LoraLinear(torch.autograd.Function):
         return dx, None, None, da, db, None, None
 
 
-def adapter_linear(x, weight, bias, a, b, scale, after, mask, p) -> tuple[Tensor, Tensor]:
+def adapter_linear(x, weight, bias, a, b, scale, after, p) -> tuple[Tensor, Tensor, Tensor]:
     """lora_linear's math on plain tensors (qlora_fused's op runs it on its dequantized W)."""
-    u = adapter_in(x, a, mask, p)
+    u, state = adapter_in(x, a, p)
     bs = b.t() * scale
     if after:
         y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
-        return y.addmm_(u, bs), u
+        return y.addmm_(u, bs), u, state
     y = torch.addmm(bias, u, bs) if bias is not None else u @ bs
-    return y.addmm_(x, weight.t()), u
+    return y.addmm_(x, weight.t()), u, state
 
 
 def adapter_linear_backward(
-    dy, x, weight, a, b, u, scale, after, mask, p
+    dy, x, weight, a, b, u, scale, after, state, p
 ) -> tuple[Tensor, Tensor, Tensor]:
     """lora_linear_backward's math on plain tensors."""
-    if after and mask is None:
+    if after and not p:
         g = (dy @ b) * scale  # (N, r) = s·dy·B
         return (dy @ weight).addmm_(g, a), g.t() @ x, (dy.t() @ u) * scale
-    t, da, db = adapter_backward(dy, x, a, b, u, scale, mask, p)
+    t, da, db = adapter_backward(dy, x, a, b, u, scale, state, p)
     return t.addmm_(dy, weight), da, db
+
+
+def fake_outputs(x: Tensor, out_features: int, a: Tensor, p: float) -> tuple[Tensor, ...]:
+    """The shapes of (y, u, state) for the ops' fake impls (state on the CPU, as drawn)."""
+    state = torch.empty(state_bytes(x.device, p), dtype=torch.uint8, device="cpu")
+    return x.new_empty(x.shape[0], out_features), x.new_empty(x.shape[0], a.shape[0]), state
 
 
 @torch.library.custom_op("tunedeck::lora_linear", mutates_args=())
@@ -105,20 +111,20 @@ def lora_linear(
     b: Tensor,
     scale: float,
     after: bool,
-    mask: Tensor | None,
     p: float,
-) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ, accumulated in place: the big GEMM
-    into the adapter's product (its C operand), or, `after`, the adapter's rank-r GEMM into the
-    big one's output (the big GEMM then runs without reading a C). Opaque to the compiler, so
-    ATen sees its own buffer as C and copies nothing. D is the adapter's dropout: `mask` (the
-    elements kept) scaled by 1/(1-p), or nothing."""
-    return adapter_linear(x, weight, bias, a, b, scale, after, mask, p)
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, u, state): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ, accumulated in place: the
+    big GEMM into the adapter's product (its C operand), or, `after`, the adapter's rank-r GEMM
+    into the big one's output (the big GEMM then runs without reading a C). Opaque to the
+    compiler, so ATen sees its own buffer as C and copies nothing. D is the adapter's dropout
+    with probability p, drawn here; `state` is what backward draws it again from
+    (lora_dropout)."""
+    return adapter_linear(x, weight, bias, a, b, scale, after, p)
 
 
 @lora_linear.register_fake
-def _(x, weight, bias, a, b, scale, after, mask, p):
-    return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
+def _(x, weight, bias, a, b, scale, after, p):
+    return fake_outputs(x, weight.shape[0], a, p)
 
 
 @torch.library.custom_op("tunedeck::lora_linear_backward", mutates_args=())
@@ -131,29 +137,29 @@ def lora_linear_backward(
     u: Tensor,
     scale: float,
     after: bool,
-    mask: Tensor | None,
+    state: Tensor,
     p: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of lora_linear; dx = dy·W + D(s·dy·B·A) accumulated in place, in the same
     order as the forward's (with dropout, the adapter's part first)."""
-    return adapter_linear_backward(dy, x, weight, a, b, u, scale, after, mask, p)
+    return adapter_linear_backward(dy, x, weight, a, b, u, scale, after, state, p)
 
 
 @lora_linear_backward.register_fake
-def _(dy, x, weight, a, b, u, scale, after, mask, p):
+def _(dy, x, weight, a, b, u, scale, after, state, p):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _lora_setup(ctx, inputs, output):
-    x, weight, _bias, a, b, scale, after, mask, p = inputs
-    ctx.save_for_backward(x, weight, a, b, output[1], mask)
+    x, weight, _bias, a, b, scale, after, p = inputs
+    ctx.save_for_backward(x, weight, a, b, output[1], output[2])
     ctx.scale, ctx.after, ctx.p = scale, after, p
 
 
-def _lora_backward(ctx, dy, _du):
-    x, weight, a, b, u, mask = ctx.saved_tensors
-    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale, ctx.after, mask, ctx.p)
-    return dx, None, None, da, db, None, None, None, None
+def _lora_backward(ctx, dy, _du, _dstate):
+    x, weight, a, b, u, state = ctx.saved_tensors
+    dx, da, db = lora_linear_backward(dy, x, weight, a, b, u, ctx.scale, ctx.after, state, ctx.p)
+    return dx, None, None, da, db, None, None, None
 
 
 lora_linear.register_autograd(_lora_backward, setup_context=_lora_setup)
@@ -299,8 +305,7 @@ def _fused_forward(self, x, *args, **kwargs):
         bias = None if base.bias is None else base.bias.to(dt)
         if self._tunedeck_epilogue in ("op", "after"):
             x2 = x.reshape(-1, shape[-1]).to(dt)
-            p = active_dropout(self)
-            y, _ = lora_linear(
+            y, _, _ = lora_linear(
                 x2,
                 w,
                 bias,
@@ -308,8 +313,7 @@ def _fused_forward(self, x, *args, **kwargs):
                 b.to(dt),
                 float(self.scaling["default"]),
                 self._tunedeck_epilogue == "after",
-                dropout_mask(x2, p) if p else None,
-                p,
+                active_dropout(self),
             )
             return y.view(*shape[:-1], y.shape[-1])
         y = _LoraLinear.apply(

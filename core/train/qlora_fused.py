@@ -16,8 +16,12 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from tunedeck.core.train.lora_dropout import active_dropout, dropout_mask, dropout_p
-from tunedeck.core.train.lora_fused import adapter_linear, adapter_linear_backward
+from tunedeck.core.train.lora_dropout import active_dropout, dropout_p
+from tunedeck.core.train.lora_fused import (
+    adapter_linear,
+    adapter_linear_backward,
+    fake_outputs,
+)
 
 
 def dequantize(
@@ -56,20 +60,20 @@ def qlora_linear(
     a: Tensor,
     b: Tensor,
     scale: float,
-    mask: Tensor | None,
     p: float,
-) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ and W dequantized here, the adapter's
-    product the frozen GEMM's C operand; D the adapter's dropout (lora_dropout).
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, u, state): y = x·Wᵀ + bias + s·u·Bᵀ with u = D(x)·Aᵀ and W dequantized here, the
+    adapter's product the frozen GEMM's C operand; D the adapter's dropout, `state` what
+    backward draws it again from (lora_dropout).
     Opaque: the dequantized W and the GEMM's own output never reach the compiler, so nothing
     can keep them for backward."""
     w = dequantize(packed, quant, meta, quant_type, x.dtype)
-    return adapter_linear(x, w, bias, a, b, scale, False, mask, p)
+    return adapter_linear(x, w, bias, a, b, scale, False, p)
 
 
 @qlora_linear.register_fake
-def _(x, packed, quant, meta, quant_type, bias, a, b, scale, mask, p):
-    return x.new_empty(x.shape[0], meta[0]), x.new_empty(x.shape[0], a.shape[0])
+def _(x, packed, quant, meta, quant_type, bias, a, b, scale, p):
+    return fake_outputs(x, meta[0], a, p)
 
 
 @torch.library.custom_op("tunedeck::qlora_linear_backward", mutates_args=())
@@ -84,31 +88,31 @@ def qlora_linear_backward(
     b: Tensor,
     u: Tensor,
     scale: float,
-    mask: Tensor | None,
+    state: Tensor,
     p: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of qlora_linear: dx = dy·W + D(s·dy·B·A) accumulated in place."""
     w = dequantize(packed, quant, meta, quant_type, dy.dtype)
-    return adapter_linear_backward(dy, x, w, a, b, u, scale, False, mask, p)
+    return adapter_linear_backward(dy, x, w, a, b, u, scale, False, state, p)
 
 
 @qlora_linear_backward.register_fake
-def _(dy, x, packed, quant, meta, quant_type, a, b, u, scale, mask, p):
+def _(dy, x, packed, quant, meta, quant_type, a, b, u, scale, state, p):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _setup(ctx, inputs, output):
-    x, packed, quant, meta, quant_type, _bias, a, b, scale, mask, p = inputs
-    ctx.save_for_backward(x, packed, a, b, output[1], mask, *quant)
+    x, packed, quant, meta, quant_type, _bias, a, b, scale, p = inputs
+    ctx.save_for_backward(x, packed, a, b, output[1], output[2], *quant)
     ctx.meta, ctx.quant_type, ctx.scale, ctx.p = meta, quant_type, scale, p
 
 
-def _backward(ctx, dy, _du):
-    x, packed, a, b, u, mask, *quant = ctx.saved_tensors
+def _backward(ctx, dy, _du, _dstate):
+    x, packed, a, b, u, state, *quant = ctx.saved_tensors
     dx, da, db = qlora_linear_backward(
-        dy, x, packed, quant, ctx.meta, ctx.quant_type, a, b, u, ctx.scale, mask, ctx.p
+        dy, x, packed, quant, ctx.meta, ctx.quant_type, a, b, u, ctx.scale, state, ctx.p
     )
-    return dx, None, [None] * len(quant), None, None, None, da, db, None, None, None
+    return dx, None, [None] * len(quant), None, None, None, da, db, None, None
 
 
 qlora_linear.register_autograd(_backward, setup_context=_setup)
@@ -164,11 +168,9 @@ def fused_forward_4bit(self, x, *args, **kwargs):
     )
     quant, meta, quant_type = self._tunedeck_quant
     shape = x.shape
-    p = active_dropout(self)
     with torch.autocast(dev, enabled=False):
-        x2 = x.reshape(-1, shape[-1]).to(dt)
-        y, _ = qlora_linear(
-            x2,
+        y, _, _ = qlora_linear(
+            x.reshape(-1, shape[-1]).to(dt),
             base.weight.data,
             quant,
             meta,
@@ -177,7 +179,6 @@ def fused_forward_4bit(self, x, *args, **kwargs):
             self.lora_A["default"].weight.to(dt),
             self.lora_B["default"].weight.to(dt),
             float(self.scaling["default"]),
-            dropout_mask(x2, p) if p else None,
-            p,
+            active_dropout(self),
         )
     return y.view(*shape[:-1], y.shape[-1])
