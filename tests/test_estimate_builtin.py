@@ -254,3 +254,30 @@ def test_built_in_full_fine_tuning_within_10_percent(tmp_path, compile, measured
     est = estimate_spec(spec, gpus=1, gpu_name="NVIDIA H200", gpu_mem_gib=139.8)
     assert est.inputs.grads_in_buckets
     assert abs(est.memory.per_gpu_gib / measured - 1) < 0.10, est.memory.per_gpu_gib
+
+
+def test_the_estimate_follows_the_fused_lora_switch(tmp_path, monkeypatch):
+    """TUNEDECK_FUSED_LORA=0 in the shell that launches gives the ranks peft's layers, and the
+    estimate counts them; layers with dropout keep peft's under a traced epilogue (16-bit
+    base only: the 4-bit op has no other epilogue)."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
+    h100 = dict(gpus=1, gpu_name="NVIDIA H100 80GB HBM3", gpu_mem_gib=79.6)
+    sets = [f"model.path={tmp_path}", "method.fp8_base=false"]
+
+    def est(*more):
+        return estimate_spec(load_spec(preset, [*sets, *more]), **h100)
+
+    monkeypatch.delenv("TUNEDECK_FUSED_LORA", raising=False)
+    monkeypatch.delenv("TUNEDECK_LORA_EPILOGUE", raising=False)
+    fused = est()
+    assert fused.inputs.fused_lora
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "0")
+    off = est()
+    assert not off.inputs.fused_lora
+    assert off.memory.per_gpu_gib > fused.memory.per_gpu_gib + 1
+    monkeypatch.delenv("TUNEDECK_FUSED_LORA")
+    assert est("method.lora_dropout=0.05").inputs.fused_lora
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "1")
+    assert not est("method.lora_dropout=0.05").inputs.fused_lora
+    assert est("method.lora_dropout=0.05", "method.type=qlora").inputs.fused_lora

@@ -101,6 +101,25 @@ def arch_for_spec(spec) -> ModelArch:
     )
 
 
+def fused_lora(spec, device: str) -> bool:
+    """Whether the built-in trainer runs this spec's LoRA linears fused (lora_fused.fuse_lora's
+    rule): on CUDA by default, a 4-bit base's too; TUNEDECK_FUSED_LORA=0/1 turns it off/on
+    anywhere, read from this process, whose environment the ranks of a run it launches inherit
+    (a spec's env holds no TUNEDECK_* names). Layers with dropout keep peft's where the fused
+    ops cannot run it (a traced TUNEDECK_LORA_EPILOGUE)."""
+    m = spec.method
+    if not (m.type == "lora" or (m.type == "qlora" and m.quant_bits == 4)):
+        return False
+    env = os.environ
+    forced = env.get("TUNEDECK_FUSED_LORA", "")
+    fp8 = m.type == "lora" and m.fp8_base
+    if not (fp8 or forced == "1" or (forced != "0" and device == "cuda")):
+        return False
+    # the spec allows no dropout with fp8; the 4-bit op has no other epilogue
+    traced = env.get("TUNEDECK_LORA_EPILOGUE", "op") not in ("op", "after")
+    return not (m.lora_dropout > 0 and m.type == "lora" and traced)
+
+
 def inputs_for_spec(
     spec,
     arch: ModelArch | None = None,
@@ -147,13 +166,7 @@ def inputs_for_spec(
         # the built-in trainer: chunked cross-entropy, compiled layers (CUDA), expandable segments
         loss_chunk_elems=2**29 if own and device == "cuda" else 0,
         compiled=own and device == "cuda" and bool(t.compile),
-        # its LoRA linears fused on CUDA under DDP (lora_fused.eligible), a 4-bit base's too
-        # (qlora_fused.eligible_4bit)
-        fused_lora=(
-            own
-            and device == "cuda"
-            and (m.type == "lora" or (m.type == "qlora" and m.quant_bits == 4))
-        ),
+        fused_lora=own and fused_lora(spec, device),
         expandable_segments=own and device == "cuda",
         grads_in_buckets=own and p.strategy == "ddp",
         fp8_base=traits_of(spec.backend).fp8_base and m.type == "lora" and m.fp8_base,
