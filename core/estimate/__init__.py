@@ -20,6 +20,7 @@ from tunedeck.core.estimate.speed import (
     DEFAULT_MFU,
     UNKNOWN_GPU,
     Throughput,
+    dropout_s_per_token,
     flops_per_token,
     fmt_duration,
     peak_tflops,
@@ -252,5 +253,8 @@ def estimate_spec(
             peak=peak,
             mfu=spec_mfu(r) if mfu is None else mfu,
             gradient_checkpointing=inp.gradient_checkpointing,
+            extra_s_per_token=dropout_s_per_token(
+                r.backend, inp.arch, inp.method, inp.lora_targets, inp.lora_dropout
+            ),
         )
     return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib, r)

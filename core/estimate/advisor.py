@@ -25,7 +25,7 @@ from tunedeck.core.estimate import (
     throughput,
 )
 from tunedeck.core.estimate.fit import MARGIN  # plan to use at most this share of a GPU
-from tunedeck.core.estimate.speed import typical_mfu
+from tunedeck.core.estimate.speed import dropout_s_per_token, typical_mfu
 
 SMALL_DATA_HOURS = 1.0  # one GPU finishes an epoch within this: no need for more
 CHARS_PER_TOKEN = 3.5
@@ -96,7 +96,7 @@ def advise(
         purpose=purpose,
         peak_tflops=peak_tflops,
         backend=backend,
-        mfu=typical_mfu(backend) if mfu is None else mfu,
+        mfu=typical_mfu(backend, qlora=base.method == "qlora") if mfu is None else mfu,
     )
     if speed_flags and purpose != "inference":
         a.speed_flags = list(speed_flags)
@@ -134,6 +134,9 @@ def _advise(
             peak=peak_tflops,
             mfu=mfu,
             gradient_checkpointing=gc,
+            extra_s_per_token=dropout_s_per_token(
+                backend, arch, base.method, base.lora_targets, base.lora_dropout
+            ),
         )
         return tp.eta_s * epochs / 3600
 

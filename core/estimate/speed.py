@@ -20,24 +20,50 @@ DEFAULT_MFU = 0.35
 # method.fp8_base (the frozen products in fp8) 23,441 ≈ 0.71; eager (2026-12-01) 12,328 ≈ 0.37.
 BUILTIN_COMPILED_MFU = 0.54
 BUILTIN_FP8_MFU = 0.71
+# its fused 4-bit layers (QLoRA), compiled, on one H100 (7B, 4 × 2048, no dropout,
+# 2026-12-05): 16,416 tok/s ≈ 0.50; each GEMM dequantizes its weight first
+BUILTIN_QLORA_MFU = 0.50
+# the fused layers' dropout, per element of an adapted linear's input: 144 ms a micro-batch of
+# 9.28 G elements on that H100 (the same recipe with dropout 0.05: 12,739 tok/s). Measured
+# when the op kept its masks and took 27 bytes an element; the op now takes ~15 and keeps
+# none (lora_dropout.py), so this is an upper bound until measured again.
+DROPOUT_S_PER_ELEMENT = 0.144 / 9.28e9
 COMPILE_GAIN = 1.38  # compiled against eager, the same loop and GPU (2026-12-01)
 # fp8 frozen products against bf16, compiled, in one call (23,441 / 17,763, 2026-12-05)
 FP8_GAIN = 1.32
 
 
-def typical_mfu(backend: str, compiled: bool = True, fp8: bool = False) -> float:
+def typical_mfu(
+    backend: str, compiled: bool = True, fp8: bool = False, qlora: bool = False
+) -> float:
     """The utilisation to plan with for a backend: measured for the built-in trainer, the
     ms-swift figure (DEFAULT_MFU) for everything else."""
     if traits_of(backend).measured_speed and compiled:
+        if qlora:
+            return BUILTIN_QLORA_MFU
         return BUILTIN_FP8_MFU if fp8 else BUILTIN_COMPILED_MFU
     return DEFAULT_MFU
 
 
 def spec_mfu(spec) -> float:
-    """typical_mfu of what `spec` runs (its backend, compile and fp8 switches)."""
+    """typical_mfu of what `spec` runs (its backend, compile, fp8 and 4-bit switches)."""
+    m = spec.method
     return typical_mfu(
-        spec.backend, spec.train.compile, spec.method.type == "lora" and spec.method.fp8_base
+        spec.backend, spec.train.compile, m.type == "lora" and m.fp8_base, m.type == "qlora"
     )
+
+
+def dropout_s_per_token(
+    backend: str, arch: ModelArch, method: str, targets, dropout: float
+) -> float:
+    """GPU seconds the built-in trainer's adapter dropout adds per token: the fused layers draw
+    and apply a mask over every adapted linear's input (0 for other backends, whose measured
+    utilisation already includes theirs, and without dropout)."""
+    if not (traits_of(backend).measured_speed and method in ("lora", "qlora") and dropout > 0):
+        return 0.0
+    shapes = arch.linear_shapes()
+    d_in = sum(shapes[mod][0] for mod in arch.lora_modules(targets))
+    return arch.layers * d_in * DROPOUT_S_PER_ELEMENT
 
 
 # Dense (no sparsity) bf16 tensor-core peak TFLOP/s and whether the GPU has fp8 matrix units
@@ -163,10 +189,12 @@ def throughput(
     peak: float,
     mfu: float = DEFAULT_MFU,
     gradient_checkpointing: bool = False,
+    extra_s_per_token: float = 0.0,
 ) -> Throughput:
-    """tokens_per_step: all ranks together (effective batch × seq_len)."""
+    """tokens_per_step: all ranks together (effective batch × seq_len). extra_s_per_token:
+    GPU time a token costs besides its FLOPs at `mfu` (dropout_s_per_token)."""
     fpt = flops_per_token(arch, seq_len, method, gradient_checkpointing)
-    per_gpu = peak * 1e12 * mfu / fpt
+    per_gpu = 1.0 / (fpt / (peak * 1e12 * mfu) + extra_s_per_token)
     total = per_gpu * max(world_size, 1)
     step_s = tokens_per_step / total
     return Throughput(per_gpu, total, step_s, step_s * steps, mfu, peak)
