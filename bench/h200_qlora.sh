@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The fused 4-bit LoRA layer on one GPU, in one device call (carry .gpu):
 #   bash bench/h200_qlora.sh OUTDIR [all]
-# bench/qlora_check.py (loss and gradients against peft's 4-bit layers, eager and compiled),
+# bench/qlora_check.py (loss and gradients against peft's 4-bit layers, eager and compiled; with
+# dropout, 4-bit and 16-bit, against peft's layers replaying the masks),
 # then the 7B QLoRA recipe through `tunedeck launch`, fused (the default) and through peft's
 # layers (TUNEDECK_FUSED_LORA=0): tokens/s, NVML peak, the estimate beside it. RECIPES: without
-# dropout (the default, ~250 s in all) or with dropout 0.05 too (`all`, ~400 s).
+# dropout (the default, ~300 s in all) or with dropout 0.05 too (`all`, ~450 s).
 set -uo pipefail
 OUT=${1:?usage: h200_qlora.sh OUTDIR [all]}
 RECIPES=qlora-7b-nodrop:builtin,qlora-7b-nodrop-peft:builtin
@@ -16,7 +17,7 @@ gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, transformers, peft, bitsandbytes; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'bitsandbytes', bitsandbytes.__version__)"
-timeout 150 python3 bench/qlora_check.py "$OUT" 2>&1 | grep -v "^Loading\|^Writing" | tail -8
+timeout 300 python3 bench/qlora_check.py "$OUT" 2>&1 | grep -v "^Loading\|^Writing" | tail -8
 echo "check: $((SECONDS - T0)) s"
 python3 bench/recipes_vs_swift.py /tmp/h200q/r --recipes "$RECIPES" 2>&1 \
   | grep -v "^Loading\|^Writing" \
