@@ -17,7 +17,7 @@ gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, transformers, peft, bitsandbytes; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'bitsandbytes', bitsandbytes.__version__)"
-timeout 300 python3 bench/qlora_check.py "$OUT" 2>&1 | grep -v "^Loading\|^Writing" | tail -8
+timeout 300 python3 bench/qlora_check.py "$OUT" 2>&1 | grep -v "^Loading\|^Writing" | tail -12
 echo "check: $((SECONDS - T0)) s"
 python3 bench/recipes_vs_swift.py /tmp/h200q/r --recipes "$RECIPES" 2>&1 \
   | grep -v "^Loading\|^Writing" \
