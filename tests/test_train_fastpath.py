@@ -268,6 +268,30 @@ def test_fused_lora_dropout_backward_draws_nothing_new(monkeypatch):
     assert torch.equal(*streams)  # the same numbers drawn as peft's dropout draws
 
 
+def test_fused_lora_dropout_under_gradient_checkpointing_gives_the_same_gradients(monkeypatch):
+    """A checkpointed layer's recomputed forward draws the masks the first forward drew
+    (checkpoint puts the generator back, and the op draws from it): the gradients are those of
+    the same step without checkpointing."""
+    from lora_replay import tiny_peft
+
+    from tunedeck.core.train.lora_fused import fuse_lora
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    runs = []
+    for checkpointed in (False, True):
+        m = tiny_peft(dropout=0.3)
+        if checkpointed:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        m.train()
+        assert fuse_lora(m) == 14
+        torch.manual_seed(7)
+        m(input_ids=x, labels=x).loss.backward()
+        runs.append({k: p.grad for k, p in m.named_parameters() if p.requires_grad})
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k
+
+
 def test_compile_errors_are_told_from_model_errors():
     import torch._dynamo
 
