@@ -10,26 +10,31 @@ itself, so a recomputed forward draws the same mask too."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
-
-# bytes of a generator's state: CUDA's Philox is a seed and an offset; CPU's is Mersenne
-# Twister's (read once here: the fake impls must know the size without a generator)
-CUDA_STATE_BYTES = 16
-CPU_STATE_BYTES = torch.default_generator.get_state().numel()
-
-
-def state_bytes(device: torch.device, p: float) -> int:
-    """The size of the state `dropped` returns for a tensor on `device` (0 without dropout)."""
-    if not p:
-        return 0
-    return CUDA_STATE_BYTES if device.type == "cuda" else CPU_STATE_BYTES
 
 
 def _generator(device: torch.device) -> torch.Generator:
     if device.type == "cuda":
-        return torch.cuda.default_generators[device.index]
+        return torch.cuda.default_generators[device.index or 0]
     return torch.default_generator
+
+
+@functools.cache
+def _state_numel(device_type: str) -> int:
+    # read from a real generator: the ops' fake impls ask while the compiler traces them
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _generator(torch.device(device_type)).get_state().numel()
+
+
+def state_bytes(device: torch.device, p: float) -> int:
+    """The size of the state `dropped` returns for a tensor on `device` (0 without dropout):
+    16 bytes on CUDA (Philox's seed and offset), 5,056 on the CPU (Mersenne Twister's)."""
+    return _state_numel(device.type) if p else 0
 
 
 def no_state() -> Tensor:
