@@ -228,12 +228,15 @@ class FieldRow(Widget):
     """One option: its dotted key, its input, and the problem with it (hidden when none)."""
 
     DEFAULT_CSS = """
-    FieldRow { height: auto; }
-    FieldRow > Horizontal { height: auto; }
+    FieldRow {
+        height: auto; layout: grid; grid-size: 2; grid-columns: 30 1fr; grid-rows: auto;
+    }
     FieldRow .field-key { width: 30; color: $text-muted; }
     FieldRow.-changed .field-key { color: $text; text-style: bold; }
     FieldRow Input, FieldRow Select { width: 1fr; }
-    FieldRow .field-error { display: none; color: $error; padding-left: 30; height: auto; }
+    FieldRow .field-error {
+        display: none; color: $error; padding-left: 30; height: auto; column-span: 2;
+    }
     FieldRow.-error .field-error { display: block; }
     FieldRow.-error .field-key { color: $error; }
     """
@@ -247,37 +250,37 @@ class FieldRow(Widget):
         self.problem = ""
 
     def compose(self) -> ComposeResult:
+        # a two-column grid, not a row container: one widget fewer for each of ~100 fields
         o = self.option
-        with Horizontal():
-            yield Label(o.key, classes="field-key")
-            wid = widget_id(o.key)
-            # an ms-swift key may be left unset: blank, ms-swift's value shown dim instead
-            blank_ok = o.key in api.own_keys()
-            if o.choices or o.type is bool:
-                # a bool is a choice too: "true"/"false" reads where a box's colour would not
-                choices = (
-                    [(str(c), c) for c in o.choices]
-                    if o.choices
-                    else [("false", False), ("true", True)]
-                )
-                value = o.type(self.value) if o.type is bool else self.value
-                yield Select(
-                    choices,
-                    value=Select.NULL if self.unset else value,
-                    allow_blank=blank_ok,
-                    prompt=self.hint,
-                    compact=True,
-                    id=wid,
-                )
-            else:
-                # the hint only in an unset box: an empty value elsewhere is a value
-                yield Input(
-                    "" if self.unset else field_text(o, self.value),
-                    compact=True,
-                    id=wid,
-                    select_on_focus=False,
-                    placeholder=self.hint if self.unset else "",
-                )
+        yield Label(o.key, classes="field-key")
+        wid = widget_id(o.key)
+        # an ms-swift key may be left unset: blank, ms-swift's value shown dim instead
+        blank_ok = o.key in api.own_keys()
+        if o.choices or o.type is bool:
+            # a bool is a choice too: "true"/"false" reads where a box's colour would not
+            choices = (
+                [(str(c), c) for c in o.choices]
+                if o.choices
+                else [("false", False), ("true", True)]
+            )
+            value = o.type(self.value) if o.type is bool else self.value
+            yield Select(
+                choices,
+                value=Select.NULL if self.unset else value,
+                allow_blank=blank_ok,
+                prompt=self.hint,
+                compact=True,
+                id=wid,
+            )
+        else:
+            # the hint only in an unset box: an empty value elsewhere is a value
+            yield Input(
+                "" if self.unset else field_text(o, self.value),
+                compact=True,
+                id=wid,
+                select_on_focus=False,
+                placeholder=self.hint if self.unset else "",
+            )
         yield Static("", classes="field-error", markup=False)
 
     def set_problem(self, text: str) -> None:
