@@ -24,7 +24,7 @@ def advice_for(est, spec, *, gpus: int, gpu_mem_gib: float) -> tuple:
         backend=spec.backend,
         speed_flags=backend_of(spec).speed_flags(spec)
         + (builtin_speed_flags(run, est.gpu_name) if est.throughput else []),
-        mfu=est.throughput.mfu if est.throughput else None,
+        mfu=est.throughput.gemm_mfu if est.throughput else None,
     )
     return advice, rows, tokens
 

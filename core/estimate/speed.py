@@ -171,8 +171,9 @@ class Throughput:
     tokens_per_s: float
     step_s: float
     eta_s: float
-    mfu: float
+    mfu: float  # what the run's monitor will show: the FLOPs' share of the peak
     peak_tflops: float
+    gemm_mfu: float = 0.0  # the utilisation assumed while computing (mfu without extra time)
 
     def to_json(self) -> dict:
         return {k: round(v, 3) for k, v in asdict(self).items()}
@@ -197,7 +198,9 @@ def throughput(
     per_gpu = 1.0 / (fpt / (peak * 1e12 * mfu) + extra_s_per_token)
     total = per_gpu * max(world_size, 1)
     step_s = tokens_per_step / total
-    return Throughput(per_gpu, total, step_s, step_s * steps, mfu, peak)
+    # the utilisation the run will show (the monitor's MFU): `mfu` less the extra time's share
+    shown = per_gpu * fpt / (peak * 1e12)
+    return Throughput(per_gpu, total, step_s, step_s * steps, shown, peak, mfu)
 
 
 def fmt_duration(s: float) -> str:
