@@ -17,10 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()  # tunedeck from this checkout unless installed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.lora_replay
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
+
+from tests.lora_replay import record_masks, replaying  # noqa: E402
 
 from tunedeck.core.spec import RunSpec  # noqa: E402
 from tunedeck.core.train.fastpath import LayerCompiler  # noqa: E402
@@ -86,36 +89,6 @@ def step(model, x):
     return loss.item(), grads, peak, torch.equal(_rng(), after_forward)
 
 
-def record_masks() -> list[torch.Tensor]:
-    """Every keep-mask the fused layers draw from now on, as backward draws it again."""
-    from tunedeck.core.train import lora_dropout
-
-    masks: list[torch.Tensor] = []
-    real = lora_dropout.dropped
-
-    def record(x, p):
-        xd, state = real(x, p)
-        masks.append(lora_dropout.redrawn(x, p, state)[1])
-        return xd, state
-
-    lora_dropout.dropped = record
-    return masks
-
-
-def replay(model, masks: list[torch.Tensor], p: float):
-    """peft's layers of `model` dropping the recorded masks' elements, in call order."""
-    order = iter(masks)
-
-    class Replay(torch.nn.Module):
-        def forward(self, x):
-            return x * next(order).view(x.shape) / (1 - p)
-
-    for mod in model.modules():
-        if hasattr(mod, "lora_dropout") and "default" in mod.lora_dropout:
-            mod.lora_dropout["default"] = Replay()
-    return model
-
-
 P = 0.1
 
 
@@ -171,7 +144,7 @@ def main() -> int:
             got, masks = run(True, compiled, method, P)
             lora_dropout.dropped = real_draw
             peft, _ = build(path, False, False, method, P)
-            ref_loss, ref_g, _, _ = step(replay(peft, masks, P), x)
+            ref_loss, ref_g, _, _ = step(replaying(peft, masks, P), x)
             del peft
             way = "compiled" if compiled else "eager"
             compare(f"{method} dropout {P}: fused {way} vs peft replaying", (ref_loss, ref_g), got)

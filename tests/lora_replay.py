@@ -42,9 +42,10 @@ def loss_and_grads(m, vocab: int = 97, autocast: bool = False):
     return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
 
 
-def record_masks(monkeypatch) -> list[torch.Tensor]:
+def record_masks(monkeypatch=None) -> list[torch.Tensor]:
     """Every keep-mask the fused layers (lora_fused, qlora_fused) draw, in call order, as
-    backward draws it again from the state the forward's draw returned."""
+    backward draws it again from the state the forward's draw returned. Without a pytest
+    monkeypatch (bench/qlora_check.py) the caller puts lora_dropout.dropped back."""
     from tunedeck.core.train import lora_dropout
 
     masks: list[torch.Tensor] = []
@@ -55,7 +56,7 @@ def record_masks(monkeypatch) -> list[torch.Tensor]:
         masks.append(lora_dropout.redrawn(x, p, state)[1])
         return xd, state
 
-    monkeypatch.setattr(lora_dropout, "dropped", record)
+    (monkeypatch.setattr if monkeypatch else setattr)(lora_dropout, "dropped", record)
     return masks
 
 

@@ -244,52 +244,36 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
         assert torch.allclose(loss_and_grads(fused)[0], loss_and_grads(ref)[0], rtol=1e-5)
 
 
-def test_fused_lora_dropout_backward_draws_nothing_new(monkeypatch):
+def test_fused_lora_dropout_draws_from_the_random_stream_as_peft_does(monkeypatch):
     """Backward draws the forward's masks again from the generator state the forward returned
-    and puts the generator back: the random stream after a step is the forward's, as with
-    peft's layers, whatever backward ran; the state a layer keeps is a few KiB, not a mask."""
-    from lora_replay import tiny_peft
-
-    from tunedeck.core.train import lora_fused
-
-    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
-    x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
-    streams = []
-    for fused in (False, True):
-        m = tiny_peft(dropout=0.3)
-        if fused:
-            assert lora_fused.fuse_lora(m) == 14
-        torch.manual_seed(5)
-        loss = m(input_ids=x, labels=x).loss
-        after_forward = torch.get_rng_state()
-        loss.backward()
-        assert torch.equal(torch.get_rng_state(), after_forward), fused
-        streams.append(torch.rand(4))
-    assert torch.equal(*streams)  # the same numbers drawn as peft's dropout draws
-
-
-def test_fused_lora_dropout_under_gradient_checkpointing_gives_the_same_gradients(monkeypatch):
-    """A checkpointed layer's recomputed forward draws the masks the first forward drew
-    (checkpoint puts the generator back, and the op draws from it): the gradients are those of
-    the same step without checkpointing."""
+    and puts the generator back: the random stream after a step is the forward's, and the
+    same as peft's layers leave it. Under gradient checkpointing the recomputed forward draws
+    the first forward's masks (checkpoint puts the generator back, and the op draws from it):
+    the gradients are those of the same step without checkpointing."""
     from lora_replay import tiny_peft
 
     from tunedeck.core.train.lora_fused import fuse_lora
 
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
     x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
-    runs = []
-    for checkpointed in (False, True):
+    streams, grads = [], []
+    for fused, checkpointed in ((False, False), (True, False), (True, True)):
         m = tiny_peft(dropout=0.3)
         if checkpointed:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         m.train()
-        assert fuse_lora(m) == 14
-        torch.manual_seed(7)
-        m(input_ids=x, labels=x).loss.backward()
-        runs.append({k: p.grad for k, p in m.named_parameters() if p.requires_grad})
-    for k in runs[0]:
-        assert torch.equal(runs[0][k], runs[1][k]), k
+        if fused:
+            assert fuse_lora(m) == 14
+        torch.manual_seed(5)
+        loss = m(input_ids=x, labels=x).loss
+        after_forward = torch.get_rng_state()
+        loss.backward()
+        assert torch.equal(torch.get_rng_state(), after_forward), (fused, checkpointed)
+        streams.append(torch.rand(4))
+        grads.append({k: p.grad for k, p in m.named_parameters() if p.requires_grad})
+    assert all(torch.equal(streams[0], s) for s in streams)
+    for k in grads[1]:
+        assert torch.equal(grads[1][k], grads[2][k]), k
 
 
 def test_compile_errors_are_told_from_model_errors():
