@@ -2,11 +2,13 @@
 
 Forward draws D(x) = x·m/(1-p) inside the op (one fused kernel) and returns the random
 generator's state from before the draw; backward sets that state, draws the same m again from
-x and puts the generator back, so backward keeps no mask (peft's layer keeps the mask and its
-dropped input: 8.6 GiB at the 7B QLoRA recipe's 4 × 2048 tokens, 1 byte an element for the
-mask alone). The draw is counter-based on CUDA (Philox: a seed and an offset), so the same
-state and shape give the same mask; torch.utils.checkpoint's recompute restores the state
-itself, so a recomputed forward draws the same mask too."""
+x and puts the generator back, so nothing of m is kept (at 1 byte an element the masks would be
+8.6 GiB of the 7B QLoRA recipe at 4 × 2048 tokens; peft's layer keeps them and the dropped
+input). On CUDA the draw is counter-based (Philox: a seed and an offset), so the same state,
+shape and kernel give the same mask; the kernel (vectorized or not) follows the input's
+alignment, the same for the saved x and for a copy the compiled layer recomputes (allocator
+buffers are aligned alike). torch.utils.checkpoint restores the state before it recomputes a
+forward, so a recomputed forward draws the same mask too."""
 
 from __future__ import annotations
 
