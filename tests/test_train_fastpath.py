@@ -416,9 +416,14 @@ def test_the_loss_compiles_only_with_train_compile(tmp_path, compile_on):
 def test_compiled_run_buckets_shapes(tmp_path):
     """A compiled run (dynamo's eager backend) on variable-length chat data: every new
     padded shape is a bucket, announced by a 'compiling' phase; no compile on CPU by default.
-    Its LoRA layers fused as on CUDA, so the two DDP ranks run the lean, unsplit layers."""
+    Its LoRA layers fused as on CUDA, with dropout inside the ops, so the two DDP ranks run
+    the lean, unsplit layers."""
     run = make_run_dir(
-        tmp_path / "run", train__max_steps=4, train__compile=True, data__max_length=512
+        tmp_path / "run",
+        train__max_steps=4,
+        train__compile=True,
+        data__max_length=512,
+        method__lora_dropout=0.1,
     )
     p = _torchrun(run, {"TUNEDECK_COMPILE_BACKEND": "eager", "TUNEDECK_FUSED_LORA": "1"})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
