@@ -411,7 +411,7 @@ def test_builtin_qlora_and_dropout_plan_at_their_measured_speed(tmp_path):
     preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
     sets = [f"model.path={m}", "method.type=qlora", "method.lora_rank=8", "train.grad_accum=1"]
 
-    def plan(*more, preset=preset):
+    def plan(*more):
         argv = ["estimate", str(preset), "--gpus", "1", "--gpu-name", "NVIDIA H100 80GB HBM3"]
         argv += ["--gpu-mem", "79.6", "--json"]
         for kv in (*sets, *more):
