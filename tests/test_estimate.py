@@ -416,9 +416,14 @@ def test_builtin_qlora_and_dropout_plan_at_their_measured_speed(tmp_path):
         argv += ["--gpu-mem", "79.6", "--json"]
         for kv in (*sets, *more):
             argv += ["--set", kv]
-        return json.loads(cli(*argv, home=tmp_path).stdout)["throughput"]
+        out = json.loads(cli(*argv, home=tmp_path).stdout)
+        return {**out["throughput"], "notes": out["notes"]}
 
     plain, dropped = plan(), plan("method.lora_dropout=0.05")
+    # said where the time goes: the share of the step the plan gives dropout
+    share = 1 - dropped["tokens_per_s_per_gpu"] / plain["tokens_per_s_per_gpu"]
+    assert not any("dropout" in n for n in plain["notes"])
+    assert any(f"dropout (0.05) takes ≈{share:.0%} of each step" in n for n in dropped["notes"])
     assert plain["mfu"] == BUILTIN_QLORA_MFU == dropped["gemm_mfu"]
     assert abs(plain["tokens_per_s_per_gpu"] / 16416 - 1) < 0.05, plain
     assert abs(dropped["tokens_per_s_per_gpu"] / 12739 - 1) < 0.05, dropped

@@ -243,6 +243,9 @@ def estimate_spec(
         peak = 989.0  # unknown GPU: an H100-class peak, labelled as assumed below
         gpu_name = gpu_name or UNKNOWN_GPU
     if device == "cuda":
+        dropout_s = dropout_s_per_token(
+            r.backend, inp.arch, inp.method, inp.lora_targets, inp.lora_dropout
+        )
         tp = throughput(
             inp.arch,
             seq_len=inp.seq_len,
@@ -253,8 +256,12 @@ def estimate_spec(
             peak=peak,
             mfu=spec_mfu(r) if mfu is None else mfu,
             gradient_checkpointing=inp.gradient_checkpointing,
-            extra_s_per_token=dropout_s_per_token(
-                r.backend, inp.arch, inp.method, inp.lora_targets, inp.lora_dropout
-            ),
+            extra_s_per_token=dropout_s,
         )
+        if dropout_s:
+            mem.notes.append(
+                f"the adapter's dropout ({inp.lora_dropout:g}) takes ≈"
+                f"{dropout_s * tp.tokens_per_s_per_gpu:.0%} of each step's GPU time "
+                "(planned from one H100 measurement; method.lora_dropout = 0 skips it)"
+            )
     return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib, r)
