@@ -225,6 +225,53 @@ def test_a_node_that_cannot_be_stopped_is_named_when_the_run_ends(tmp_path, monk
     assert json.loads((run.path / "nodes" / "node1" / "link.json").read_text())["host"] == "gpu7"
 
 
+def test_a_node_gone_before_any_tick_saw_it_is_named_lost_when_the_run_ends(tmp_path, monkeypatch):
+    """The head's ranks fail within a second of a lost node's, and the head's run can end
+    before a tick heard the node's agent was gone: the close names the node all the same,
+    as a tick would (the finding, stop.json naming it, so the end says it), without
+    signalling the agent that is closing."""
+    from types import SimpleNamespace
+
+    from tunedeck.core.nodes import link as link_mod
+
+    monkeypatch.setattr(link_mod.NodeLink, "start", lambda self: None)
+    monkeypatch.setattr(link_mod, "FINAL_WAIT_S", 0.0)
+    signals = []
+    monkeypatch.setattr(link_mod.os, "kill", lambda pid, sig: signals.append(sig))
+    spec = loads_spec(
+        BASE.replace("nnodes = 3", "nnodes = 2")
+        + 'launcher = "ssh"\nhosts = ["h0", "gpu7"]\nmaster_addr = "10.0.0.1"\n'
+    )
+    for asked_stop in (False, True):
+        run = RunDir(tmp_path / f"r{int(asked_stop)}")
+        run.create()
+        (run.node_log_dir(1) / "x_0").mkdir(parents=True)  # node 1 had joined
+        saved = []
+        ctx = SimpleNamespace(
+            spec=spec,
+            run=run,
+            store=SimpleNamespace(save_finding=saved.append),
+            stopping=lambda asked_stop=asked_stop: asked_stop,
+            node_rank=0,
+        )
+        mon = link_mod.NodesMonitor(ctx)
+        (lk,) = mon.links
+        lk.started, lk.connected = True, True
+        lk.gone = "the agent of node 1 (pid 4242) is gone while its run is running"
+        mon.close([])  # no tick ran since the loss
+        lost = [f for f in saved if f.category == "node_lost"]
+        assert len(lost) == 1 and lost[0].node == 1 and lost[0].severity == "error"
+        assert lost[0].summary.startswith("node 1 (gpu7) was lost mid-run: the agent of node 1")
+        assert not [f for f in saved if f.category == "node_not_stopped"]
+        stop = run.read_stop()
+        if asked_stop:  # a stop someone asked for stays theirs
+            assert stop is None
+        else:
+            assert stop["failed"] and stop["node"] == 1
+            assert stop["by"].startswith("node 1 (gpu7) was lost mid-run")
+    assert not signals
+
+
 def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_path):
     from tests.test_manage import make_run
     from tunedeck.core.views.watch import RunWatcher

@@ -340,6 +340,7 @@ class NodesMonitor:
         self.stop_sent: str | None = None
         self.end_notes: list[str] = []  # said in the run's end message (the agent adds)
         self.head_stopped_for: str | None = None
+        self.closing = False  # the head's run is over (close): stop.json needs no signal
         self.silence_s = float(self.spec.cluster.node_silence_s)
         self.stepped = time.time()  # this node's newest step: the collectives still advance
         for link in self.links:
@@ -358,6 +359,7 @@ class NodesMonitor:
     def close(self, new_events: list[dict]) -> None:
         """The head's run is over: the nodes still running stop too; wait (bounded) for the
         last records, then hang up."""
+        self.closing = True
         req = self.run.read_stop() or {}
         mode = "hard" if req.get("mode") == "hard" else "graceful"
         # no stop asked: the head's run ended by itself (its ranks failed, or finished first)
@@ -486,7 +488,12 @@ class NodesMonitor:
                     source=f"logs/ssh-node{k}.log",
                 )
             )
-        if final or not self.joined(k) or self.ctx.stopping():
+        if not self.joined(k):
+            return
+        if final:
+            self._judge_end(link, now)
+            return
+        if self.ctx.stopping():
             return  # stopping: a node not reached is named at close
         host = link.node.host
         if link.reviving is not None:
@@ -551,6 +558,25 @@ class NodesMonitor:
             f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
         )
 
+    def _judge_end(self, link: NodeLink, now: float) -> None:
+        """The head's run is over. A node whose agent died while its run was not (the
+        streamer's `gone`) is named lost even when no tick saw it first: the head's ranks fail
+        within a second of the node's, before the link may have told the head."""
+        k = link.node.rank
+        if not link.gone or link.reviving is not None or ("lost", k) in self.reported:
+            return
+        self.reported.add(("lost", k))
+        self._lost_for_good(
+            link,
+            now,
+            link.gone,
+            cause=f"Node {k} stopped taking part in the run ({link.gone}); the ranks of the "
+            f"other nodes could not finish a collective without it.",
+            fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
+            f"died (OOM killer, hardware, preemption); resume the run from its newest "
+            f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
+        )
+
     def _judge_revival(self, link: NodeLink, now: float) -> None:
         """A node asked back: back once an agent owns its run again and the link is up; not
         back within join_timeout_s (what the head's attempt waits at the rendezvous) ends the
@@ -605,7 +631,8 @@ class NodesMonitor:
         self.head_stopped_for = why
         log.warning("%s: stopping the other nodes", why)
         write_stop(self.run, "graceful", STOP_GRACE_S, by=why, node=node)
-        os.kill(os.getpid(), signal.SIGUSR1)  # the agent (this process) reads it now
+        if not self.closing:  # closing: the agent reads stop.json once its monitors closed
+            os.kill(os.getpid(), signal.SIGUSR1)  # the agent (this process) reads it now
 
     def _lost_for_good(self, link: NodeLink, now: float, why: str, cause: str, fix: str) -> None:
         """A node the run cannot go on without: the finding names it, and the other nodes
