@@ -313,6 +313,14 @@ class NodeLink(threading.Thread):
             self._error(str(msg.get("why") or "the node refused"))
 
 
+def _died_fix(k: int) -> str:
+    return (
+        f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it died "
+        f"(OOM killer, hardware, preemption); resume the run from its newest checkpoint once "
+        f"the node is back (run.max_restarts > 0 does it by itself)."
+    )
+
+
 def _ssh_error(errlog: Path, rc: int) -> str:
     try:
         with open(errlog, "rb") as f:
@@ -553,9 +561,7 @@ class NodesMonitor:
             lost,
             cause=f"Node {k} stopped taking part in the run ({lost}); the ranks of the other "
             f"nodes cannot finish a collective without it, so they were stopped.",
-            fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
-            f"died (OOM killer, hardware, preemption); resume the run from its newest "
-            f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
+            fix=_died_fix(k),
         )
 
     def _judge_end(self, link: NodeLink, now: float) -> None:
@@ -572,9 +578,7 @@ class NodesMonitor:
             link.gone,
             cause=f"Node {k} stopped taking part in the run ({link.gone}); the ranks of the "
             f"other nodes could not finish a collective without it.",
-            fix=f"Look at node {k}'s logs (logs/node{k}/, logs/agent-node{k}.log) for why it "
-            f"died (OOM killer, hardware, preemption); resume the run from its newest "
-            f"checkpoint once the node is back (run.max_restarts > 0 does it by itself).",
+            fix=_died_fix(k),
         )
 
     def _judge_revival(self, link: NodeLink, now: float) -> None:
