@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tunedeck.core.backend_traits import traits_of
+from tunedeck.core.estimate.fusion import dropout_fuses, fused_on, lora_epilogue
 from tunedeck.core.estimate.arch import QWEN25, ArchError, ModelArch, arch_from_config, load_arch
 from tunedeck.core.estimate.memory import GIB, MemoryEstimate, MemoryInputs, estimate_memory
 from tunedeck.core.estimate.speed import (
@@ -103,22 +104,16 @@ def arch_for_spec(spec) -> ModelArch:
 
 
 def fused_lora(spec, device: str) -> bool:
-    """Whether the built-in trainer runs this spec's LoRA linears fused (lora_fused.fuse_lora's
-    rule): on CUDA by default, a 4-bit base's too; TUNEDECK_FUSED_LORA=0/1 turns it off/on
-    anywhere, read from this process, whose environment the ranks of a run it launches inherit
-    (a spec's env holds no TUNEDECK_* names). Layers with dropout keep peft's where the fused
-    ops cannot run it (a traced TUNEDECK_LORA_EPILOGUE)."""
+    """Whether the built-in trainer runs this spec's LoRA linears fused, by the trainer's own
+    rule (fusion.py), read from this process's environment, which the ranks of a run it
+    launches inherit (a spec's env holds no TUNEDECK_* names)."""
     m = spec.method
     if not (m.type == "lora" or (m.type == "qlora" and m.quant_bits == 4)):
         return False
-    env = os.environ
-    forced = env.get("TUNEDECK_FUSED_LORA", "")
     fp8 = m.type == "lora" and m.fp8_base
-    if not (fp8 or forced == "1" or (forced != "0" and device == "cuda")):
+    if not fused_on(device, fp8):
         return False
-    # the spec allows no dropout with fp8; the 4-bit op has no other epilogue
-    traced = env.get("TUNEDECK_LORA_EPILOGUE", "op") not in ("op", "after")
-    return not (m.lora_dropout > 0 and m.type == "lora" and traced)
+    return not (m.lora_dropout > 0 and m.type == "lora" and not dropout_fuses(fp8, lora_epilogue()))
 
 
 def inputs_for_spec(

@@ -123,6 +123,10 @@ def _advise(
     def est(**kw):
         return estimate_memory(dataclasses.replace(base, **kw))
 
+    dropout_s = dropout_s_per_token(
+        backend, arch, base.method, base.lora_targets, base.lora_dropout
+    )
+
     def hours(world: int, gc: bool) -> float:
         tp = throughput(
             arch,
@@ -134,9 +138,7 @@ def _advise(
             peak=peak_tflops,
             mfu=mfu,
             gradient_checkpointing=gc,
-            extra_s_per_token=dropout_s_per_token(
-                backend, arch, base.method, base.lora_targets, base.lora_dropout
-            ),
+            extra_s_per_token=dropout_s,
         )
         return tp.eta_s * epochs / 3600
 

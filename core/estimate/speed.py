@@ -173,7 +173,7 @@ class Throughput:
     eta_s: float
     mfu: float  # what the run's monitor will show: the FLOPs' share of the peak
     peak_tflops: float
-    gemm_mfu: float = 0.0  # the utilisation assumed while computing (mfu without extra time)
+    gemm_mfu: float  # the utilisation assumed while computing (mfu without the extra time)
 
     def to_json(self) -> dict:
         return {k: round(v, 3) for k, v in asdict(self).items()}

@@ -21,12 +21,12 @@ out-of-place sum); "0" adds out of place. The default is what the H200 measured:
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
 from torch import Tensor, nn
 
+from tunedeck.core.estimate.fusion import EPILOGUES, dropout_fuses, fused_on, lora_epilogue
 from tunedeck.core.spec import FP8_MIN_CC
 from tunedeck.core.train.lora_dropout import (
     active_dropout,
@@ -164,8 +164,6 @@ def _lora_backward(ctx, dy, _du, _dstate):
 
 lora_linear.register_autograd(_lora_backward, setup_context=_lora_setup)
 
-
-EPILOGUES = ("op", "after", "1", "0")  # TUNEDECK_LORA_EPILOGUE's values (module docstring)
 
 E4M3 = torch.float8_e4m3fn
 _E4M3_MAX = torch.finfo(E4M3).max
@@ -373,19 +371,17 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     too (qlora_fused: 7B QLoRA on an H100, +4.1 % tokens/s and 19.7 GiB less). Layers with
     dropout fuse where the opaque ops run them (lora_dropout), not in fp8 or the traced
     epilogues."""
-    forced = os.environ.get("TUNEDECK_FUSED_LORA", "")
-    on = fp8 or forced == "1" or (forced != "0" and device is not None and device.type == "cuda")
-    if not on:
+    if not fused_on(device.type if device is not None else "", fp8):
         return 0
     n = 0
-    epilogue = os.environ.get("TUNEDECK_LORA_EPILOGUE", "op")
+    epilogue = lora_epilogue()
     if epilogue not in EPILOGUES:
         raise ValueError(
             f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"
         )
     from tunedeck.core.train.qlora_fused import eligible_4bit, fused_forward_4bit, quant_args
 
-    no_dropout = fp8 or epilogue not in ("op", "after")  # dropout only inside the opaque ops
+    no_dropout = not dropout_fuses(fp8, epilogue)
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
             m._tunedeck_epilogue = epilogue

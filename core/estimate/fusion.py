@@ -1,0 +1,26 @@
+"""When the built-in trainer runs its LoRA linears fused (core/train/lora_fused.fuse_lora).
+Torch-free, so the estimate follows the same rule the ranks do."""
+
+from __future__ import annotations
+
+import os
+
+EPILOGUES = ("op", "after", "1", "0")  # TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring)
+
+
+def fused_on(device_type: str, fp8: bool = False) -> bool:
+    """On CUDA by default; TUNEDECK_FUSED_LORA=0 turns it off anywhere, =1 on anywhere; the fp8
+    base always fuses (its layers exist only fused)."""
+    forced = os.environ.get("TUNEDECK_FUSED_LORA", "")
+    return fp8 or forced == "1" or (forced != "0" and device_type == "cuda")
+
+
+def lora_epilogue() -> str:
+    """How the adapter meets the frozen GEMM (TUNEDECK_LORA_EPILOGUE, a measurement switch)."""
+    return os.environ.get("TUNEDECK_LORA_EPILOGUE", "op")
+
+
+def dropout_fuses(fp8: bool, epilogue: str) -> bool:
+    """Whether a layer with dropout fuses: only where the opaque ops run it (not fp8, not a
+    traced epilogue); the 4-bit op always does."""
+    return not fp8 and epilogue in ("op", "after")
