@@ -442,6 +442,31 @@ def test_builtin_qlora_and_dropout_plan_at_their_measured_speed(tmp_path):
     assert cost(base, drop) == pytest.approx(cost(plain, dropped), rel=0.01)
 
 
+def test_dropout_time_follows_the_gpus_memory_bandwidth(tmp_path):
+    """Dropout moves bytes, not FLOPs: its time a token, measured on an H100 (3.35 TB/s), is
+    planned 3.35/4.8 as long on an H200 and 3.35/2.0 on an A100; a GPU of unknown bandwidth
+    keeps the measured figure."""
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps(QWEN25["7b"]))
+    preset = REPO / "presets" / "builtin-7b-lora-h200.toml"
+
+    def cost(gpu: str) -> float:  # seconds a token that dropout 0.05 adds on `gpu`
+        tps = []
+        for drop in ("0", "0.05"):
+            argv = ["estimate", str(preset), "--gpus", "1", "--gpu-name", gpu, "--gpu-mem", "79"]
+            for kv in (f"model.path={m}", "method.fp8_base=false", f"method.lora_dropout={drop}"):
+                argv += ["--set", kv]
+            tps.append(json.loads(cli(*argv, "--json", home=tmp_path).stdout)["throughput"])
+        return 1 / tps[1]["tokens_per_s_per_gpu"] - 1 / tps[0]["tokens_per_s_per_gpu"]
+
+    h100 = cost("NVIDIA H100 80GB HBM3")
+    assert h100 > 0
+    assert cost("NVIDIA H200") == pytest.approx(h100 * 3.35 / 4.8, rel=0.01)
+    assert cost("NVIDIA A100-SXM4-80GB") == pytest.approx(h100 * 3.35 / 2.0, rel=0.01)
+    assert cost("NVIDIA RTX 5000 Ada Generation") == pytest.approx(h100, rel=0.01)
+
+
 def test_builtin_runs_are_offered_the_switches_measured_faster(tmp_path):
     """A built-in LoRA run without the fp8 base, on a GPU with fp8 units, is told of it (with
     its measured gain, as an override to apply); not on an A100, not when it is on; a run with

@@ -25,6 +25,7 @@ def advice_for(est, spec, *, gpus: int, gpu_mem_gib: float) -> tuple:
         speed_flags=backend_of(spec).speed_flags(spec)
         + (builtin_speed_flags(run, est.gpu_name) if est.throughput else []),
         mfu=est.throughput.gemm_mfu if est.throughput else None,
+        gpu_name=est.gpu_name,
     )
     return advice, rows, tokens
 

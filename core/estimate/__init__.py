@@ -239,7 +239,7 @@ def estimate_spec(
         gpu_name = gpu_name or UNKNOWN_GPU
     if device == "cuda":
         dropout_s = dropout_s_per_token(
-            r.backend, inp.arch, inp.method, inp.lora_targets, inp.lora_dropout
+            r.backend, inp.arch, inp.method, inp.lora_targets, inp.lora_dropout, gpu_name
         )
         tp = throughput(
             inp.arch,
@@ -257,6 +257,7 @@ def estimate_spec(
             mem.notes.append(
                 f"the adapter's dropout ({inp.lora_dropout:g}) takes ≈"
                 f"{dropout_s * tp.tokens_per_s_per_gpu:.0%} of each step's GPU time "
-                "(planned from one H100 measurement; method.lora_dropout = 0 skips it)"
+                "(planned from one H100 measurement, scaled by memory bandwidth; "
+                "method.lora_dropout = 0 skips it)"
             )
     return SpecEstimate(inp, mem, eff, tp, gpu_name, gpu_mem_gib, r)

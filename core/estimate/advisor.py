@@ -82,11 +82,13 @@ def advise(
     backend: str = "builtin",
     speed_flags: list[dict] | None = None,
     mfu: float | None = None,
+    gpu_name: str | None = None,
 ) -> Advice:
     """Recommend a strategy for `base` (its strategy/world size are ignored) on `gpus` GPUs of
     `gpu_mem_gib` each. speed_flags: the run's switches worth adding (the caller asks: an
     ms-swift run's from core/backends/swift/speed.py, a built-in one's from speed.builtin_speed_flags).
-    mfu: the utilisation the hours assume (default: the backend's measured one)."""
+    mfu: the utilisation the hours assume (default: the backend's measured one). gpu_name:
+    what memory-bound costs (the adapter's dropout) are scaled to."""
     a = _advise(
         base,
         gpus=gpus,
@@ -97,6 +99,7 @@ def advise(
         peak_tflops=peak_tflops,
         backend=backend,
         mfu=typical_mfu(backend, qlora=base.method == "qlora") if mfu is None else mfu,
+        gpu_name=gpu_name,
     )
     if speed_flags and purpose != "inference":
         a.speed_flags = list(speed_flags)
@@ -114,6 +117,7 @@ def _advise(
     peak_tflops: float,
     backend: str,
     mfu: float,
+    gpu_name: str | None,
 ) -> Advice:
     cap = gpu_mem_gib * MARGIN
     arch = base.arch
@@ -124,7 +128,7 @@ def _advise(
         return estimate_memory(dataclasses.replace(base, **kw))
 
     dropout_s = dropout_s_per_token(
-        backend, arch, base.method, base.lora_targets, base.lora_dropout
+        backend, arch, base.method, base.lora_targets, base.lora_dropout, gpu_name
     )
 
     def hours(world: int, gc: bool) -> float:

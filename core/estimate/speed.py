@@ -28,6 +28,7 @@ BUILTIN_QLORA_MFU = 0.50
 # when the op kept its masks and took 27 bytes an element; the op now takes ~15 and keeps
 # none (lora_dropout.py), so this is an upper bound until measured again.
 DROPOUT_S_PER_ELEMENT = 0.144 / 9.28e9
+DROPOUT_MEASURED_ON = "H100"
 COMPILE_GAIN = 1.38  # compiled against eager, the same loop and GPU (2026-12-01)
 # fp8 frozen products against bf16, compiled, in one call (23,441 / 17,763, 2026-12-05)
 FP8_GAIN = 1.32
@@ -54,51 +55,55 @@ def spec_mfu(spec) -> float:
 
 
 def dropout_s_per_token(
-    backend: str, arch: ModelArch, method: str, targets, dropout: float
+    backend: str, arch: ModelArch, method: str, targets, dropout: float, gpu_name=None
 ) -> float:
     """GPU seconds the built-in trainer's adapter dropout adds per token: the fused layers draw
     and apply a mask over every adapted linear's input (0 for other backends, whose measured
-    utilisation already includes theirs, and without dropout)."""
+    utilisation already includes theirs, and without dropout). Bound by memory bandwidth, so
+    scaled from the GPU it was measured on to `gpu_name`'s (unscaled where that is unknown)."""
     if not (traits_of(backend).measured_speed and method in ("lora", "qlora") and dropout > 0):
         return 0.0
     shapes = arch.linear_shapes()
     d_in = sum(shapes[mod][0] for mod in arch.lora_modules(targets))
-    return arch.layers * d_in * DROPOUT_S_PER_ELEMENT
+    bw = bandwidth_tbs(gpu_name)
+    scale = bandwidth_tbs(DROPOUT_MEASURED_ON) / bw if bw else 1.0
+    return arch.layers * d_in * DROPOUT_S_PER_ELEMENT * scale
 
 
-# Dense (no sparsity) bf16 tensor-core peak TFLOP/s and whether the GPU has fp8 matrix units
-# (compute capability ≥ 8.9), by a substring of the upper-cased NVML name, first match wins (so
+# Dense (no sparsity) bf16 tensor-core peak TFLOP/s, whether the GPU has fp8 matrix units
+# (compute capability ≥ 8.9) and its memory's bandwidth in TB/s (the datasheet's), by a substring of the upper-cased NVML name, first match wins (so
 # GB200 before B200, H100 PCIe before H100, A10G before A10). The trainer's MFU, the estimate's
-# throughput and the advisor (planning by name, away from the GPUs) all read it.
+# throughput and the advisor (planning by name, away from the GPUs) all read it; the bandwidth
+# scales what was measured on one GPU's memory to another's (dropout_s_per_token).
 GPUS = (
-    ("GB200", 2500.0, True),
-    ("B200", 2250.0, True),
-    ("B100", 1750.0, True),
-    ("GH200", 989.0, True),
-    ("H200", 989.0, True),
-    ("H100 PCIE", 756.0, True),
-    ("H100", 989.0, True),
-    ("H800", 989.0, True),
-    ("H20", 148.0, True),
-    ("A100", 312.0, False),
-    ("A800", 312.0, False),
-    ("L40S", 362.0, True),
-    ("L40", 181.0, True),
-    ("L4", 121.0, True),
-    ("A10G", 70.0, False),
-    ("A10", 125.0, False),
-    ("RTX 6000 ADA", 364.0, True),
-    ("4090", 165.0, True),
-    ("A6000", 155.0, False),
-    ("3090", 71.0, False),
-    ("V100", 125.0, False),
-    ("T4", 65.0, False),
-    ("ADA", None, True),
+    ("GB200", 2500.0, True, 8.0),
+    ("B200", 2250.0, True, 8.0),
+    ("B100", 1750.0, True, 8.0),
+    ("GH200", 989.0, True, 4.0),
+    ("H200", 989.0, True, 4.8),
+    ("H100 PCIE", 756.0, True, 2.0),
+    ("H100", 989.0, True, 3.35),
+    ("H800", 989.0, True, 3.35),
+    ("H20", 148.0, True, 4.0),
+    ("A100", 312.0, False, 2.0),
+    ("A800", 312.0, False, 2.0),
+    ("L40S", 362.0, True, 0.864),
+    ("L40", 181.0, True, 0.864),
+    ("L4", 121.0, True, 0.3),
+    ("A10G", 70.0, False, 0.6),
+    ("A10", 125.0, False, 0.6),
+    ("RTX 6000 ADA", 364.0, True, 0.96),
+    ("4090", 165.0, True, 1.0),
+    ("A6000", 155.0, False, 0.768),
+    ("3090", 71.0, False, 0.936),
+    ("V100", 125.0, False, 0.9),
+    ("T4", 65.0, False, 0.32),
+    ("ADA", None, True, None),
 )  # other Ada cards: fp8, peak not listed
 UNKNOWN_GPU = "unknown GPU (H100-class peak assumed)"  # the estimate's name for no GPU found
 
 
-def _gpu(gpu_name: str | None) -> tuple[str, float | None, bool] | None:
+def _gpu(gpu_name: str | None) -> tuple[str, float | None, bool, float | None] | None:
     if not gpu_name or gpu_name == UNKNOWN_GPU:
         return None
     name = gpu_name.upper()
@@ -152,6 +157,11 @@ def builtin_speed_flags(spec, gpu_name: str) -> list[dict]:
 def peak_tflops(gpu_name: str | None) -> float | None:
     g = _gpu(gpu_name)
     return g[1] if g else None
+
+
+def bandwidth_tbs(gpu_name: str | None) -> float | None:
+    g = _gpu(gpu_name)
+    return g[3] if g else None
 
 
 def flops_per_token(
