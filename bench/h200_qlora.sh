@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The fused 4-bit LoRA layer on one GPU, in one device call (carry .gpu):
-#   bash bench/h200_qlora.sh OUTDIR [all]
+#   bash bench/h200_qlora.sh OUTDIR [all|drop]
 # bench/qlora_check.py (loss and gradients against peft's 4-bit layers, eager and compiled; with
 # dropout, 4-bit and 16-bit, against peft's layers replaying the masks),
 # then the 7B QLoRA recipe through `tunedeck launch`, fused (the default) and through peft's
 # layers (TUNEDECK_FUSED_LORA=0): tokens/s, NVML peak, the estimate beside it. RECIPES: without
-# dropout (the default, ~300 s in all) or with dropout 0.05 too (`all`, ~450 s).
+# dropout (the default, ~300 s in all) or with dropout 0.05 too (`all`, ~450 s); `drop`: the
+# fused layers only, without and with dropout (~300 s).
 set -uo pipefail
-OUT=${1:?usage: h200_qlora.sh OUTDIR [all]}
+OUT=${1:?usage: h200_qlora.sh OUTDIR [all|drop]}
 RECIPES=qlora-7b-nodrop:builtin,qlora-7b-nodrop-peft:builtin
 [[ ${2:-} == all ]] && RECIPES+=,qlora-7b:builtin,qlora-7b-peft:builtin
+[[ ${2:-} == drop ]] && RECIPES=qlora-7b-nodrop:builtin,qlora-7b:builtin
 cd "$(dirname "$0")/.."
 T0=$SECONDS
 source bench/gpu_site.sh

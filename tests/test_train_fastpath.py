@@ -198,6 +198,7 @@ def test_fused_lora_equals_peft(monkeypatch):
     # added in the frozen GEMM's epilogue (the default), out of place, or by the opaque ops
     cases = ((False, 1e-5, "1"), (True, 0.1, "1"), (False, 1e-5, "0"))
     cases += ((False, 1e-5, "op"), (True, 0.1, "op"), (False, 1e-5, "after"))
+    cases += ((False, 1e-5, "kcat"), (True, 0.1, "kcat"))
     for autocast, tol, epilogue in cases:
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
         ref_loss, ref_g = run(model(), autocast=autocast)
@@ -217,7 +218,7 @@ def test_fused_lora_equals_peft(monkeypatch):
 
 
 def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
-    """With dropout, the fused layers (16-bit base, "op" and "after") give the loss and
+    """With dropout, the fused layers (16-bit base, "op", "after" and "kcat") give the loss and
     gradients peft's layers give when peft drops the same elements; in eval mode nothing is
     dropped; the masks keep 1 - p of the elements."""
     from lora_replay import loss_and_grads, record_masks, replaying, tiny_peft
@@ -226,7 +227,7 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
 
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
     masks = record_masks(monkeypatch)
-    for epilogue in ("op", "after"):
+    for epilogue in ("op", "after", "kcat"):
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
         masks.clear()
         fused = tiny_peft(dropout=0.3)
@@ -242,6 +243,40 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
         fused.eval()
         ref = tiny_peft(dropout=0.3).eval()
         assert torch.allclose(loss_and_grads(fused)[0], loss_and_grads(ref)[0], rtol=1e-5)
+
+
+def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
+    """TUNEDECK_LORA_EPILOGUE=kcat: the frozen weight becomes a view of the layer's
+    [[W, B], [A, 0]] buffer and A and B are copied into it after each optimizer step; three
+    SGD steps give peft's losses and adapters, the state dict holds peft's keys and values,
+    and no second copy of a frozen weight is kept."""
+    from lora_replay import loss_and_grads, tiny_peft
+
+    from tunedeck.core.train.lora_fused import fuse_lora
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "kcat")
+    ref, fused = tiny_peft(), tiny_peft()
+    assert fuse_lora(fused) == 14
+    for mod in fused.modules():
+        if hasattr(mod, "_tunedeck_wc"):
+            assert mod.base_layer.weight.data_ptr() == mod._tunedeck_wc.data_ptr()
+    opts = [
+        torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
+        for m in (ref, fused)
+    ]
+    for _ in range(3):
+        losses = []
+        for m, opt in zip((ref, fused), opts):
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss_and_grads(m)[0])
+            opt.step()
+        assert torch.allclose(losses[1], losses[0], rtol=1e-5), losses
+    assert losses[0] < loss_and_grads(tiny_peft())[0] - 0.1  # the steps did train
+    want, got = ref.state_dict(), fused.state_dict()
+    assert list(got) == list(want)
+    for k in want:  # fp32 sums in another order: compare as vectors
+        assert (got[k] - want[k]).norm() <= 1e-5 * want[k].norm(), k
 
 
 def test_fused_lora_dropout_draws_from_the_random_stream_as_peft_does(monkeypatch):
@@ -439,7 +474,7 @@ def test_compiled_run_buckets_shapes(tmp_path):
     assert not compiled  # CPU: eager
 
 
-@pytest.mark.parametrize("epilogue", ["1", "op", "after"])
+@pytest.mark.parametrize("epilogue", ["1", "op", "after", "kcat"])
 def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, epilogue):
     """Inside DDP's forward, dynamo split each compiled layer at DDP's 1 MiB first bucket once a
     layer's adapters outgrew it (a 7B layer's r=16: ~6 MB), and the split made the MLP's

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from tunedeck.core.estimate.fusion import EPILOGUES, dropout_fuses, fused_on, lora_epilogue
 from tunedeck.core.spec import FP8_MIN_CC
+from tunedeck.core.train.lora_kcat import fill, lora_kcat, widen
 from tunedeck.core.train.lora_dropout import (
     active_dropout,
     adapter_backward,
@@ -301,6 +302,18 @@ def _fused_forward(self, x, *args, **kwargs):
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
+        if self._tunedeck_epilogue == "kcat":
+            wc = self._tunedeck_wc
+            y, _, _ = lora_kcat(
+                x.reshape(-1, shape[-1]).to(dt),
+                wc if wc.dtype == dt else wc.to(dt),
+                bias,
+                a.to(dt),
+                b.to(dt),
+                float(self.scaling["default"]),
+                active_dropout(self),
+            )
+            return y.view(*shape[:-1], y.shape[-1])
         if self._tunedeck_epilogue in ("op", "after"):
             x2 = x.reshape(-1, shape[-1]).to(dt)
             y, _, _ = lora_linear(
@@ -382,11 +395,15 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     from tunedeck.core.train.qlora_fused import eligible_4bit, fused_forward_4bit, quant_args
 
     no_dropout = not dropout_fuses(fp8, epilogue)
+    wide = []
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
-            m._tunedeck_epilogue = epilogue
+            m._tunedeck_epilogue = "op" if fp8 and epilogue == "kcat" else epilogue
             if fp8:
                 to_fp8(m)
+            elif epilogue == "kcat":
+                widen(m, m.base_layer.weight.dtype)
+                wide.append(m)
             forward = _fused_forward
         elif eligible_4bit(m):
             m._tunedeck_quant = quant_args(m.base_layer.weight)
@@ -397,4 +414,11 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         m._tunedeck_peft_forward = m.forward
         m.forward = types.MethodType(forward, m)
         n += 1
+    if wide:  # the optimizer changes A and B between forwards; the buffers follow them
+
+        def refill(*_):
+            for m in wide:
+                fill(m)
+
+        model.register_forward_pre_hook(refill)
     return n

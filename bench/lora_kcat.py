@@ -1,0 +1,154 @@
+"""The adapter as r extra K columns of the frozen GEMM, against adding it in the epilogue.
+
+Today's fused LoRA linear (`TUNEDECK_LORA_EPILOGUE=op`) writes the adapter's product into the
+output and has the frozen GEMM accumulate onto it (beta = 1), and the backward does the same with
+the input gradient. cuBLAS runs those beta-add GEMMs well below a bare one. The same sums are
+bare GEMMs over one more block of K:
+
+    y  = [x | s·x·Aᵀ]  · [W | B]ᵀ       (forward, K = in + r)
+    dx = [dy | s·dy·B] · [W ; A]        (backward, K = out + r)
+
+and both weight blocks are views of one persistent (out + r) × (in + r) buffer [[W, B], [A, 0]]
+(so B and A could live in it). What that costs is copying x (or dy) into the wider operand,
+unless whatever produces it writes there. Per projection of a Qwen2.5-7B layer (8,192 tokens,
+r = 16): forward and backward input-gradient GEMMs timed bare, the epilogue way, the K-concat
+way with its copy, and the K-concat GEMM alone (as if the producer wrote the wide operand);
+the rank-r GEMMs x·Aᵀ and dy·B are in both adapter ways. CUDA events, median of --iters.
+
+    python3 bench/lora_kcat.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+WAYS = ("bare", "epilogue", "kcat", "kcat_gemm", "kcat64_gemm")
+
+
+def _time(fn, iters: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out)
+
+
+def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> dict:
+    """ms of each way, forward and backward, and the K-concat sums' error against epilogue's."""
+    import torch
+
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(n, k, device=dev, dtype=dt)
+    dy = torch.randn(n, m, device=dev, dtype=dt)
+    w = torch.randn(m, k, device=dev, dtype=dt) * 0.02
+    a = torch.randn(r, k, device=dev, dtype=dt) * 0.02
+    b = torch.randn(m, r, device=dev, dtype=dt) * 0.02
+
+    def buffer(ext: int) -> torch.Tensor:  # [[W, B, 0], [A, 0, 0], [0 ...]]
+        wc = torch.zeros(m + ext, k + ext, device=dev, dtype=dt)
+        wc[:m, :k], wc[:m, k : k + r], wc[m : m + r, :k] = w, b, a
+        return wc
+
+    wc, wc64 = buffer(r), buffer(64)
+    xc, dyc = (
+        torch.empty(n, k + r, device=dev, dtype=dt),
+        torch.empty(n, m + r, device=dev, dtype=dt),
+    )
+    xc64, dyc64 = (
+        torch.zeros(n, k + 64, device=dev, dtype=dt),
+        torch.zeros(n, m + 64, device=dev, dtype=dt),
+    )
+    bs = (b * s).t().contiguous()
+    as_ = a * s
+
+    def f_epilogue():
+        u = x @ a.t()
+        return (u @ bs).addmm_(x, w.t())
+
+    def f_kcat():
+        u = x @ a.t()
+        xc[:, :k].copy_(x)
+        torch.mul(u, s, out=xc[:, k:])
+        return xc @ wc[:m].t()
+
+    def b_epilogue():
+        g = dy @ b
+        return (g @ as_).addmm_(dy, w)
+
+    def b_kcat():
+        g = dy @ b
+        dyc[:, :m].copy_(dy)
+        torch.mul(g, s, out=dyc[:, m:])
+        return dyc @ wc[:, :k]
+
+    f_kcat(), b_kcat()  # fill the wide operands for the GEMM-only rows
+    xc64[:, : k + r], dyc64[:, : m + r] = xc, dyc
+    err = {
+        "forward": ((f_kcat() - f_epilogue()).float().norm() / f_epilogue().float().norm()).item(),
+        "backward": ((b_kcat() - b_epilogue()).float().norm() / b_epilogue().float().norm()).item(),
+    }
+    fwd = {
+        "bare": lambda: x @ w.t(),
+        "epilogue": f_epilogue,
+        "kcat": f_kcat,
+        "kcat_gemm": lambda: xc @ wc[:m].t(),
+        "kcat64_gemm": lambda: xc64 @ wc64[:m].t(),
+    }
+    bwd = {
+        "bare": lambda: dy @ w,
+        "epilogue": b_epilogue,
+        "kcat": b_kcat,
+        "kcat_gemm": lambda: dyc @ wc[:, :k],
+        "kcat64_gemm": lambda: dyc64 @ wc64[:, :k],
+    }
+    return {
+        "forward": {way: _time(fwd[way], iters) for way in WAYS},
+        "backward": {way: _time(bwd[way], iters) for way in WAYS},
+        "error": err,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    import torch
+    from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
+
+    print(torch.__version__, torch.cuda.get_device_name())
+    rows = {name: projection(a.tokens, k, m, a.rank, a.iters) for name, k, m in LINEARS}
+    for part in ("forward", "backward"):
+        print(f"{part:<10} " + " ".join(f"{w:>11}" for w in WAYS) + "  rel. err (kcat vs epilogue)")
+        for name, row in rows.items():
+            cells = " ".join(f"{row[part][w]:11.3f}" for w in WAYS)
+            print(f"{name:<10} {cells}  {row['error'][part]:.1e}")
+    tot = {w: sum(r[p][w] for r in rows.values() for p in ("forward", "backward")) for w in WAYS}
+    print(
+        "layer fwd+bwd ms: "
+        + ", ".join(f"{w} {tot[w]:.3f}" for w in WAYS)
+        + "; × 28 layers × 4 micro-batches, ms a step: "
+        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in WAYS)
+    )
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
