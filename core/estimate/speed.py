@@ -23,11 +23,10 @@ BUILTIN_FP8_MFU = 0.71
 # its fused 4-bit layers (QLoRA), compiled, on one H100 (7B, 4 × 2048, no dropout,
 # 2026-12-05): 16,416 tok/s ≈ 0.50; each GEMM dequantizes its weight first
 BUILTIN_QLORA_MFU = 0.50
-# the fused layers' dropout, per element of an adapted linear's input: 144 ms a micro-batch of
-# 9.28 G elements on that H100 (the same recipe with dropout 0.05: 12,739 tok/s). Measured
-# when the op kept its masks and took 27 bytes an element; the op now takes ~15 and keeps
-# none (lora_dropout.py), so this is an upper bound until measured again.
-DROPOUT_S_PER_ELEMENT = 0.144 / 9.28e9
+# the fused layers' dropout, per element of an adapted linear's input: 63 ms a micro-batch of
+# 9.28 G elements on an H100 (the same recipe with dropout 0.05 against without, one machine,
+# 2026-12-06: 14,382 and 16,173 tok/s; the op draws its mask twice and keeps none)
+DROPOUT_S_PER_ELEMENT = 0.0631 / 9.28e9
 DROPOUT_MEASURED_ON = "H100"
 COMPILE_GAIN = 1.38  # compiled against eager, the same loop and GPU (2026-12-01)
 # fp8 frozen products against bf16, compiled, in one call (23,441 / 17,763, 2026-12-05)
