@@ -246,10 +246,10 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
 
 
 def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
-    """TUNEDECK_LORA_EPILOGUE=kcat: the frozen weight becomes a view of the layer's
-    [[W, B], [A, 0]] buffer and A and B are copied into it after each optimizer step; three
-    SGD steps give peft's losses and adapters, the state dict holds peft's keys and values,
-    and no second copy of a frozen weight is kept."""
+    """TUNEDECK_LORA_EPILOGUE=kcat: each gated MLP runs its adapters as extra K columns of its
+    frozen GEMMs, the frozen weights views of the wide buffers, the B blocks copied in after
+    each optimizer step; three SGD steps give peft's losses and adapters, the state dict holds
+    peft's keys and values. An MLP with dropout keeps the per-linear ops."""
     from lora_replay import loss_and_grads, tiny_peft
 
     from tunedeck.core.train.lora_fused import fuse_lora
@@ -258,9 +258,16 @@ def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
     monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "kcat")
     ref, fused = tiny_peft(), tiny_peft()
     assert fuse_lora(fused) == 14
-    for mod in fused.modules():
-        if hasattr(mod, "_tunedeck_wc"):
-            assert mod.base_layer.weight.data_ptr() == mod._tunedeck_wc.data_ptr()
+    mlps = [m for m in fused.modules() if hasattr(m, "_tunedeck_w_gu")]
+    assert len(mlps) == 2
+    for mlp in mlps:  # no second copy of a frozen weight
+        gu, dn = mlp._tunedeck_w_gu, mlp._tunedeck_w_down
+        assert mlp.gate_proj.base_layer.weight.data_ptr() == gu.data_ptr()
+        assert mlp.up_proj.base_layer.weight.data_ptr() == gu[gu.shape[0] // 2 :].data_ptr()
+        assert mlp.down_proj.base_layer.weight.data_ptr() == dn.data_ptr()
+    dropped = tiny_peft(dropout=0.1)
+    fuse_lora(dropped)
+    assert not any(hasattr(m, "_tunedeck_w_gu") for m in dropped.modules())
     opts = [
         torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
         for m in (ref, fused)
@@ -479,7 +486,7 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
     """Inside DDP's forward, dynamo split each compiled layer at DDP's 1 MiB first bucket once a
     layer's adapters outgrew it (a 7B layer's r=16: ~6 MB), and the split made the MLP's
     SiLU(gate)·up a saved graph input: 53 instead of 42 GiB on the H200 preset. The trainer's
-    compiler keeps each layer one graph: two MLP-wide tensors saved per layer, not three."""
+    compiler keeps each layer one graph: two MLP-wide tensors saved per layer (kcat: one twice as wide), not three."""
     import torch._dynamo
     import torch._functorch.config as fconfig
     import torch.distributed as dist
@@ -516,17 +523,17 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        wide: set[int] = set()
+        wide: dict[int, int] = {}  # storage -> bytes of the MLP-wide tensors saved
 
         def pack(t):
             st = t.untyped_storage()
             if (
                 st.data_ptr() not in params
                 and t.dim() >= 2
-                and t.shape[-1] == ffn
+                and t.shape[-1] in (ffn, 2 * ffn)  # kcat: gate and up are one tensor
                 and t.numel() >= 512 * ffn
             ):
-                wide.add(st.data_ptr())
+                wide[st.data_ptr()] = st.nbytes()
             return t
 
         x = torch.randint(0, 512, (2, 256))
@@ -539,4 +546,4 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
-    assert len(wide) == 2 * len(layers), len(wide)
+    assert sum(wide.values()) == 2 * len(layers) * 512 * ffn * 2, wide  # bf16

@@ -14,9 +14,10 @@ own output; "after" likewise, but the rank-r product is added into the big GEMM'
 second in-place GEMM, so the big one reads no C (unmeasured); "1" traces addmm, for which the
 compiler hands ATen a fresh output, so ATen first copies the full-size C operand into it
 (80 ms a step of the 7B preset in bf16, 40 ms in fp8, where the compiler makes an addmm of the
-out-of-place sum); "0" adds out of place. The default is what the H200 measured: "op", in bf16
-(+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" both add out of place and
-"after" is "op").
+out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs with their adapters as
+extra K columns of the frozen GEMMs (lora_kcat) and the other linears as "op". The default is
+what the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there
+"1" and "0" add out of place and "after" and "kcat" are "op").
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 
 from tunedeck.core.estimate.fusion import EPILOGUES, dropout_fuses, fused_on, lora_epilogue
 from tunedeck.core.spec import FP8_MIN_CC
-from tunedeck.core.train.lora_kcat import fill, lora_kcat, widen
+from tunedeck.core.train import lora_kcat
 from tunedeck.core.train.lora_dropout import (
     active_dropout,
     adapter_backward,
@@ -302,18 +303,6 @@ def _fused_forward(self, x, *args, **kwargs):
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
-        if self._tunedeck_epilogue == "kcat":
-            wc = self._tunedeck_wc
-            y, _, _ = lora_kcat(
-                x.reshape(-1, shape[-1]).to(dt),
-                wc if wc.dtype == dt else wc.to(dt),
-                bias,
-                a.to(dt),
-                b.to(dt),
-                float(self.scaling["default"]),
-                active_dropout(self),
-            )
-            return y.view(*shape[:-1], y.shape[-1])
         if self._tunedeck_epilogue in ("op", "after"):
             x2 = x.reshape(-1, shape[-1]).to(dt)
             y, _, _ = lora_linear(
@@ -395,15 +384,11 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     from tunedeck.core.train.qlora_fused import eligible_4bit, fused_forward_4bit, quant_args
 
     no_dropout = not dropout_fuses(fp8, epilogue)
-    wide = []
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
-            m._tunedeck_epilogue = "op" if fp8 and epilogue == "kcat" else epilogue
+            m._tunedeck_epilogue = "op" if epilogue == "kcat" else epilogue
             if fp8:
                 to_fp8(m)
-            elif epilogue == "kcat":
-                widen(m, m.base_layer.weight.dtype)
-                wide.append(m)
             forward = _fused_forward
         elif eligible_4bit(m):
             m._tunedeck_quant = quant_args(m.base_layer.weight)
@@ -414,11 +399,22 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         m._tunedeck_peft_forward = m.forward
         m.forward = types.MethodType(forward, m)
         n += 1
-    if wide:  # the optimizer changes A and B between forwards; the buffers follow them
+    if epilogue == "kcat" and not fp8:
+        _widen_mlps(model)
+    return n
+
+
+def _widen_mlps(model: nn.Module) -> None:
+    """TUNEDECK_LORA_EPILOGUE=kcat: the gated MLPs lora_kcat can run take its forward."""
+    wide = [m for m in model.modules() if lora_kcat.widens(m, eligible)]
+    for mlp in wide:
+        lora_kcat.widen(mlp)
+        mlp._tunedeck_mlp_forward = mlp.forward
+        mlp.forward = types.MethodType(lora_kcat.wide_forward, mlp)
+    if wide:  # the optimizer changes B between forwards; the buffers follow it
 
         def refill(*_):
-            for m in wide:
-                fill(m)
+            for mlp in wide:
+                lora_kcat.fill(mlp)
 
         model.register_forward_pre_hook(refill)
-    return n

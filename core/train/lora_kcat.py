@@ -1,121 +1,139 @@
-"""The adapter as r extra K columns of the frozen GEMM (TUNEDECK_LORA_EPILOGUE=kcat).
+"""The MLP's LoRA adapters as extra K columns of its frozen GEMMs (TUNEDECK_LORA_EPILOGUE=kcat).
 
-    y  = [x | s·D(x)·Aᵀ] · [W | B]ᵀ      dx = [dy | s·dy·B] · [W ; A]
+    xc = [x | s·x·A_gᵀ | s·x·A_uᵀ]    [gate | up] = xc·[[W_g, B_g, 0], [W_u, 0, B_u]]ᵀ
+    hc = [h | s·h·A_dᵀ], h = act(gate)·up           y = hc·[W_d | B_d]ᵀ
 
-Both weight blocks are views of one (out + r) × (in + r) buffer per layer, [[W, B], [A, 0]]:
-the frozen weight becomes a view of it (no second copy), and the adapter's A and B are copied
-into it before each forward that follows an optimizer step (`fill`, from a forward pre-hook on
-the model, outside any compiled region). The big GEMMs then read no C operand (cuBLAS runs
-its beta-add GEMMs well below bare ones: docs/benchmarks.md), at the price of copying x (and,
-in backward, dy) into the wider operand. With dropout the backward keeps lora_fused's way
-(the mask sits between the adapter's input gradient and the sum)."""
+The wide operands are built by `torch.cat` inside the compiled layer, so the kernels that make x
+(the norm) and h (SwiGLU) write them where they go, and the frozen GEMMs read no C operand (on an
+H100 cuBLAS's beta-add GEMMs take ~15 % more than bare ones, K-extended ones within 4 %:
+bench/lora_kcat.py). gate and up are one GEMM, so backward needs no sum of their input
+gradients either (the compiler makes that sum another beta-add GEMM). Each weight block is one
+buffer whose first columns are the frozen weights (the base layers' weights become views of it:
+no second copy) and whose B blocks are copied in after each optimizer step (`fill`, from a
+forward pre-hook on the model, outside any compiled region). Backward: one N-extended GEMM gives
+[dy·W | dy·B]; dB = dyᵀ·(s·u) from the saved wide operand; the adapter's part of dx, (s·dy·B)·A,
+is a traced rank-r product. An MLP whose projections have dropout, a bias or unequal ranks or
+scales keeps the per-linear ops (lora_fused), as do the attention projections.
+
+As first built (ff4d0f6) this widened each linear inside its opaque op, copying x and dy into
+the wide operands: 7 % slower than "op" on the 7B preset (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from tunedeck.core.train.lora_dropout import adapter_backward, adapter_in
+PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
-def widen(module: nn.Module, dtype: torch.dtype) -> None:
-    """Give a peft LoRA Linear its [[W, B], [A, 0]] buffer (`_tunedeck_wc`, in `dtype`) and make
-    its frozen weight a view of it."""
-    base = module.base_layer
-    r = module.lora_A["default"].weight.shape[0]
-    m, k = base.weight.shape
-    wc = torch.zeros(m + r, k + r, dtype=dtype, device=base.weight.device)
+class _Wide(torch.autograd.Function):
+    """y = xc·wᵀ for a wide operand xc and weight block w; blocks[i] = (first row, last row,
+    first column) of the B block in w whose gradient goes to bs[i] (passed only to receive it)."""
+
+    @staticmethod
+    def forward(ctx, xc: Tensor, w: Tensor, blocks: tuple, *bs: Tensor) -> Tensor:
+        ctx.save_for_backward(xc, w)
+        ctx.blocks, ctx.r = blocks, bs[0].shape[1]
+        return xc @ w.t()
+
+    @staticmethod
+    def backward(ctx, dy):
+        xc, w = ctx.saved_tensors
+        r = ctx.r
+        dbs = [dy[:, lo:hi].t() @ xc[:, c : c + r] for lo, hi, c in ctx.blocks]  # s·dyᵀ·u
+        return dy @ w, None, None, *dbs
+
+
+def _ab(proj: nn.Module) -> tuple[Tensor, Tensor]:
+    return proj.lora_A["default"].weight, proj.lora_B["default"].weight
+
+
+def widens(mlp: nn.Module, eligible) -> bool:
+    """Whether `mlp` is a gated MLP (gate/up/down) whose three projections are eligible peft LoRA
+    Linears without dropout or bias, of one rank and one scale."""
+    projs = [getattr(mlp, name, None) for name in PROJ]
+    if not all(p is not None and eligible(p) for p in projs) or not hasattr(mlp, "act_fn"):
+        return False
+    from tunedeck.core.train.lora_dropout import dropout_p
+
+    return (
+        all(dropout_p(p) == 0 and p.base_layer.bias is None for p in projs)
+        and len({_ab(p)[0].shape[0] for p in projs}) == 1
+        and len({float(p.scaling["default"]) for p in projs}) == 1
+    )
+
+
+def widen(mlp: nn.Module) -> None:
+    """Give the MLP its two weight buffers ([[W_g, B_g, 0], [W_u, 0, B_u]] and [W_d | B_d]) and
+    make the base weights views of them."""
+    gate, up, down = (getattr(mlp, name) for name in PROJ)
+    r = _ab(gate)[0].shape[0]
+    wg, wu, wd = (p.base_layer.weight for p in (gate, up, down))
+    (m, k), kd = wg.shape, wd.shape[1]
+    gu = torch.zeros(2 * m, k + 2 * r, dtype=wg.dtype, device=wg.device)
+    dn = torch.zeros(wd.shape[0], kd + r, dtype=wd.dtype, device=wd.device)
     with torch.no_grad():
-        wc[:m, :k].copy_(base.weight)
-    base.weight = nn.Parameter(wc[:m, :k], requires_grad=False)
-    module.register_buffer("_tunedeck_wc", wc, persistent=False)
-    module._tunedeck_seen = None
-    fill(module)
+        gu[:m, :k].copy_(wg)
+        gu[m:, :k].copy_(wu)
+        dn[:, :kd].copy_(wd)
+    gate.base_layer.weight = nn.Parameter(gu[:m, :k], requires_grad=False)
+    up.base_layer.weight = nn.Parameter(gu[m:, :k], requires_grad=False)
+    down.base_layer.weight = nn.Parameter(dn[:, :kd], requires_grad=False)
+    mlp.register_buffer("_tunedeck_w_gu", gu, persistent=False)
+    mlp.register_buffer("_tunedeck_w_down", dn, persistent=False)
+    mlp._tunedeck_seen = None
+    fill(mlp)
 
 
-def fill(module: nn.Module) -> None:
-    """Copy the layer's A and B into its buffer unless they are what it last copied."""
-    a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
-    seen = (a._version, b._version, a.data_ptr(), b.data_ptr())
-    if module._tunedeck_seen == seen:
+def _blocks(mlp: nn.Module):
+    """(buffer, B, its first row, its first column) of gate, up and down."""
+    gate, up, down = (getattr(mlp, name) for name in PROJ)
+    (m, k), r = gate.base_layer.weight.shape, _ab(gate)[0].shape[0]
+    gu, dn = mlp._tunedeck_w_gu, mlp._tunedeck_w_down
+    return (
+        (gu, _ab(gate)[1], 0, k),
+        (gu, _ab(up)[1], m, k + r),
+        (dn, _ab(down)[1], 0, down.base_layer.weight.shape[1]),
+    )
+
+
+def fill(mlp: nn.Module) -> None:
+    """Copy the MLP's B blocks into its buffers unless they are what it last copied."""
+    blocks = _blocks(mlp)
+    seen = tuple((b._version, b.data_ptr()) for _, b, _, _ in blocks)
+    if mlp._tunedeck_seen == seen:
         return
-    wc = module._tunedeck_wc
-    m, k = module.base_layer.weight.shape
     with torch.no_grad():
-        wc[:m, k:].copy_(b)
-        wc[m:, :k].copy_(a)
-    module._tunedeck_seen = seen
+        for buf, b, row, col in blocks:
+            buf[row : row + b.shape[0], col : col + b.shape[1]].copy_(b)
+    mlp._tunedeck_seen = seen
 
 
-def kcat_forward(x, wc, bias, a, scale, p) -> tuple[Tensor, Tensor, Tensor]:
-    k, r = x.shape[1], a.shape[0]
-    m = wc.shape[0] - r
-    u, state = adapter_in(x, a, p)
-    xc = x.new_empty(x.shape[0], k + r)
-    xc[:, :k].copy_(x)
-    torch.mul(u, scale, out=xc[:, k:])
-    w = wc[:m].t()
-    return (torch.addmm(bias, xc, w) if bias is not None else xc @ w), u, state
+def _active(proj: nn.Module) -> bool:
+    return not (proj.disable_adapters or proj.merged) and list(proj.active_adapters) == ["default"]
 
 
-def kcat_backward(dy, x, wc, a, b, u, scale, state, p) -> tuple[Tensor, Tensor, Tensor]:
-    k, r = x.shape[1], a.shape[0]
-    m = wc.shape[0] - r
-    if p:
-        t, da, db = adapter_backward(dy, x, a, b, u, scale, state, p)
-        return t.addmm_(dy, wc[:m, :k]), da, db
-    dyc = dy.new_empty(dy.shape[0], m + r)
-    dyc[:, :m].copy_(dy)
-    torch.mul(dy @ b, scale, out=dyc[:, m:])  # s·dy·B
-    return dyc @ wc[:, :k], dyc[:, m:].t() @ x, (dy.t() @ u) * scale
+def wide_forward(self, x: Tensor) -> Tensor:
+    """forward of a widened gated MLP (peft's layers' own path where an adapter is off)."""
+    gate, up, down = (getattr(self, name) for name in PROJ)
+    if not all(_active(p) for p in (gate, up, down)):
+        return self._tunedeck_mlp_forward(x)
+    dev = x.device.type
+    gu, dn = self._tunedeck_w_gu, self._tunedeck_w_down
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else gu.dtype
+    (_, bg, _, cg), (_, bu, m, cu), (_, bd, _, cd) = _blocks(self)
+    s = float(gate.scaling["default"])
+    shape = x.shape
 
+    def w(buf: Tensor) -> Tensor:
+        return buf if buf.dtype == dt else buf.to(dt)
 
-@torch.library.custom_op("tunedeck::lora_kcat", mutates_args=())
-def lora_kcat(
-    x: Tensor, wc: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float, p: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(y, u, state) of lora_fused.lora_linear with the adapter as extra K columns; `b` only
-    for autograd (the forward reads B from wc)."""
-    return kcat_forward(x, wc, bias, a, scale, p)
-
-
-@lora_kcat.register_fake
-def _(x, wc, bias, a, b, scale, p):
-    from tunedeck.core.train.lora_fused import fake_outputs
-
-    return fake_outputs(x, b.shape[0], a, p)
-
-
-@torch.library.custom_op("tunedeck::lora_kcat_backward", mutates_args=())
-def lora_kcat_backward(
-    dy: Tensor,
-    x: Tensor,
-    wc: Tensor,
-    a: Tensor,
-    b: Tensor,
-    u: Tensor,
-    scale: float,
-    state: Tensor,
-    p: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    return kcat_backward(dy, x, wc, a, b, u, scale, state, p)
-
-
-@lora_kcat_backward.register_fake
-def _(dy, x, wc, a, b, u, scale, state, p):
-    return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
-
-
-def _setup(ctx, inputs, output):
-    x, wc, _bias, a, b, scale, p = inputs
-    ctx.save_for_backward(x, wc, a, b, output[1], output[2])
-    ctx.scale, ctx.p = scale, p
-
-
-def _backward(ctx, dy, _du, _dstate):
-    x, wc, a, b, u, state = ctx.saved_tensors
-    dx, da, db = lora_kcat_backward(dy, x, wc, a, b, u, ctx.scale, state, ctx.p)
-    return dx, None, None, da, db, None, None
-
-
-lora_kcat.register_autograd(_backward, setup_context=_setup)
+    with torch.autocast(dev, enabled=False):
+        x2 = x.reshape(-1, shape[-1]).to(dt)
+        a = torch.cat([_ab(gate)[0], _ab(up)[0]]).to(dt)  # (2r, k)
+        xc = torch.cat([x2, (x2 @ a.t()) * s], 1)
+        y = _Wide.apply(xc, w(gu), ((0, m, cg), (m, 2 * m, cu)), bg.to(dt), bu.to(dt))
+        h = self.act_fn(y[:, :m]) * y[:, m:]
+        hc = torch.cat([h, (h @ _ab(down)[0].to(dt).t()) * s], 1)
+        y = _Wide.apply(hc, w(dn), ((0, dn.shape[0], cd),), bd.to(dt))
+    return y.view(*shape[:-1], y.shape[-1])
