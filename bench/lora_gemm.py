@@ -23,7 +23,7 @@ __import__("checkout").use()
 WAYS = ("bare", "1", "0", "op", "after")
 
 
-def _time(fn, iters: int) -> float:
+def cuda_ms(fn, iters: int) -> float:
     import torch
 
     for _ in range(3):
@@ -64,7 +64,7 @@ def one(way: str, n: int, k: int, m: int, r: int, iters: int) -> float:
             y = lf._LoraLinear.apply(x, w, None, a, b, 2.0, way == "1")
         y.backward(dy)
 
-    return _time(bare if way == "bare" else fused, iters)
+    return cuda_ms(bare if way == "bare" else fused, iters)
 
 
 def main() -> None:

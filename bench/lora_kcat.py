@@ -22,29 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lora_gemm import cuda_ms  # noqa: E402  (median ms of CUDA events after warm-up)
 
 WAYS = ("bare", "epilogue", "kcat", "kcat_gemm", "kcat64_gemm")
-
-
-def _time(fn, iters: int) -> float:
-    import torch
-
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
 
 
 def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> dict:
@@ -116,8 +100,8 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
         "kcat64_gemm": lambda: dyc64 @ wc64[:, :k],
     }
     return {
-        "forward": {way: _time(fwd[way], iters) for way in WAYS},
-        "backward": {way: _time(bwd[way], iters) for way in WAYS},
+        "forward": {way: cuda_ms(fwd[way], iters) for way in WAYS},
+        "backward": {way: cuda_ms(bwd[way], iters) for way in WAYS},
         "error": err,
     }
 

@@ -268,6 +268,9 @@ def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
     dropped = tiny_peft(dropout=0.1)
     fuse_lora(dropped)
     assert not any(hasattr(m, "_tunedeck_w_gu") for m in dropped.modules())
+    x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), fused.disable_adapter(), ref.disable_adapter():  # peft's own path
+        assert torch.allclose(fused(input_ids=x).logits, ref(input_ids=x).logits, atol=1e-5)
     opts = [
         torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
         for m in (ref, fused)

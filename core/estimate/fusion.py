@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import os
 
-EPILOGUES = (
-    "op",
-    "after",
-    "kcat",
-    "1",
-    "0",
-)  # TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring)
+# TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring)
+EPILOGUES = ("op", "after", "kcat", "1", "0")
 
 
 def fused_on(device_type: str, fp8: bool = False) -> bool:

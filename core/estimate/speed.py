@@ -54,7 +54,12 @@ def spec_mfu(spec) -> float:
 
 
 def dropout_s_per_token(
-    backend: str, arch: ModelArch, method: str, targets, dropout: float, gpu_name=None
+    backend: str,
+    arch: ModelArch,
+    method: str,
+    targets,
+    dropout: float,
+    gpu_name: str | None = None,
 ) -> float:
     """GPU seconds the built-in trainer's adapter dropout adds per token: the fused layers draw
     and apply a mask over every adapted linear's input (0 for other backends, whose measured
@@ -70,10 +75,11 @@ def dropout_s_per_token(
 
 
 # Dense (no sparsity) bf16 tensor-core peak TFLOP/s, whether the GPU has fp8 matrix units
-# (compute capability ≥ 8.9) and its memory's bandwidth in TB/s (the datasheet's), by a substring of the upper-cased NVML name, first match wins (so
-# GB200 before B200, H100 PCIe before H100, A10G before A10). The trainer's MFU, the estimate's
-# throughput and the advisor (planning by name, away from the GPUs) all read it; the bandwidth
-# scales what was measured on one GPU's memory to another's (dropout_s_per_token).
+# (compute capability ≥ 8.9) and its memory's bandwidth in TB/s (the datasheet's), by a
+# substring of the upper-cased NVML name, first match wins (so GB200 before B200, H100 PCIe
+# before H100, A10G before A10). The trainer's MFU, the estimate's throughput and the advisor
+# (planning by name, away from the GPUs) all read it; the bandwidth scales what was measured
+# on one GPU's memory to another's (dropout_s_per_token).
 GPUS = (
     ("GB200", 2500.0, True, 8.0),
     ("B200", 2250.0, True, 8.0),

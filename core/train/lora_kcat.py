@@ -23,7 +23,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from tunedeck.core.train.lora_dropout import dropout_p
+
 PROJ = ("gate_proj", "up_proj", "down_proj")
+# MLPs whose forward is down(act(gate(x)) · up(x)), the one wide_forward computes
+GATED = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP")
 
 
 class _Wide(torch.autograd.Function):
@@ -49,13 +53,11 @@ def _ab(proj: nn.Module) -> tuple[Tensor, Tensor]:
 
 
 def widens(mlp: nn.Module, eligible) -> bool:
-    """Whether `mlp` is a gated MLP (gate/up/down) whose three projections are eligible peft LoRA
+    """Whether `mlp` is one of the GATED MLPs and its three projections are eligible peft LoRA
     Linears without dropout or bias, of one rank and one scale."""
     projs = [getattr(mlp, name, None) for name in PROJ]
-    if not all(p is not None and eligible(p) for p in projs) or not hasattr(mlp, "act_fn"):
+    if type(mlp).__name__ not in GATED or not all(p is not None and eligible(p) for p in projs):
         return False
-    from tunedeck.core.train.lora_dropout import dropout_p
-
     return (
         all(dropout_p(p) == 0 and p.base_layer.bias is None for p in projs)
         and len({_ab(p)[0].shape[0] for p in projs}) == 1
