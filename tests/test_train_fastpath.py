@@ -247,8 +247,8 @@ def test_fused_lora_dropout_is_peft_dropout_with_the_same_mask(monkeypatch):
 
 def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
     """TUNEDECK_LORA_EPILOGUE=kcat: each gated MLP runs its adapters as extra K columns of its
-    frozen GEMMs, the frozen weights views of the wide buffers, the B blocks copied in after
-    each optimizer step; three SGD steps give peft's losses and adapters, the state dict holds
+    frozen GEMMs, the frozen weights views of the wide buffers, the B blocks copied in before
+    each forward; three fused-AdamW steps give peft's losses and adapters, the state dict holds
     peft's keys and values. An MLP with dropout keeps the per-linear ops."""
     from lora_replay import loss_and_grads, tiny_peft
 
@@ -271,8 +271,9 @@ def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
     x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), fused.disable_adapter(), ref.disable_adapter():  # peft's own path
         assert torch.allclose(fused(input_ids=x).logits, ref(input_ids=x).logits, atol=1e-5)
+    # fused AdamW (the trainer's on CUDA) updates B without bumping its version counter
     opts = [
-        torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
+        torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.02, fused=True)
         for m in (ref, fused)
     ]
     for _ in range(3):
@@ -482,6 +483,21 @@ def test_compiled_run_buckets_shapes(tmp_path):
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     compiled = [e for e in _events(run2, 0) if e["kind"] == "phase" and e["phase"] != "tokenizing"]
     assert not compiled  # CPU: eager
+
+
+def test_kcat_trains_two_ranks_as_the_default_layers_do(tmp_path):
+    """TUNEDECK_LORA_EPILOGUE=kcat through the trainer: two DDP ranks, compiled layers (dynamo's
+    eager backend on CPU), the widened MLPs refilled after each optimizer step: the same
+    losses as the default layers, step by step."""
+    losses = {}
+    for way in ("op", "kcat"):
+        run = make_run_dir(tmp_path / way, train__max_steps=4, train__compile=True)
+        env = {"TUNEDECK_COMPILE_BACKEND": "eager", "TUNEDECK_FUSED_LORA": "1"}
+        p = _torchrun(run, {**env, "TUNEDECK_LORA_EPILOGUE": way})
+        assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+        losses[way] = [e["loss"] for e in _events(run, 0) if e["kind"] == "step"]
+    assert len(losses["op"]) == 4 and losses["op"][0] != losses["op"][-1]
+    assert losses["kcat"] == pytest.approx(losses["op"], rel=1e-5)
 
 
 @pytest.mark.parametrize("epilogue", ["1", "op", "after", "kcat"])

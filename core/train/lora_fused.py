@@ -417,4 +417,4 @@ def _widen_mlps(model: nn.Module) -> None:
             for mlp in wide:
                 lora_kcat.fill(mlp)
 
-        model.register_forward_pre_hook(refill)
+        lora_kcat.stack(model, wide).register_forward_pre_hook(refill)

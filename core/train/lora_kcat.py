@@ -9,8 +9,9 @@ H100 cuBLAS's beta-add GEMMs take ~15 % more than bare ones, K-extended ones wit
 bench/lora_kcat.py). gate and up are one GEMM, so backward needs no sum of their input
 gradients either (the compiler makes that sum another beta-add GEMM). Each weight block is one
 buffer whose first columns are the frozen weights (the base layers' weights become views of it:
-no second copy) and whose B blocks are copied in after each optimizer step (`fill`, from a
-forward pre-hook on the model, outside any compiled region). Backward: one N-extended GEMM gives
+no second copy) and whose B blocks are copied in before each forward (`fill`, from a forward
+pre-hook on the decoder stack, outside any compiled region; B stays the fp32 parameter peft
+made). Backward: one N-extended GEMM gives
 [dy·W | dy·B]; dB = dyᵀ·(s·u) from the saved wide operand; the adapter's part of dx, (s·dy·B)·A,
 is a traced rank-r product. An MLP whose projections have dropout, a bias or unequal ranks or
 scales keeps the per-linear ops (lora_fused), as do the attention projections.
@@ -83,7 +84,6 @@ def widen(mlp: nn.Module) -> None:
     down.base_layer.weight = nn.Parameter(dn[:, :kd], requires_grad=False)
     mlp.register_buffer("_tunedeck_w_gu", gu, persistent=False)
     mlp.register_buffer("_tunedeck_w_down", dn, persistent=False)
-    mlp._tunedeck_seen = None
     fill(mlp)
 
 
@@ -100,15 +100,24 @@ def _blocks(mlp: nn.Module):
 
 
 def fill(mlp: nn.Module) -> None:
-    """Copy the MLP's B blocks into its buffers unless they are what it last copied."""
-    blocks = _blocks(mlp)
-    seen = tuple((b._version, b.data_ptr()) for _, b, _, _ in blocks)
-    if mlp._tunedeck_seen == seen:
-        return
+    """Copy the MLP's B blocks into its buffers. Every forward: fused AdamW (the CUDA default)
+    updates B in place without bumping its version counter, so no cheaper test tells when."""
     with torch.no_grad():
-        for buf, b, row, col in blocks:
+        for buf, b, row, col in _blocks(mlp):
             buf[row : row + b.shape[0], col : col + b.shape[1]].copy_(b)
-    mlp._tunedeck_seen = seen
+
+
+def stack(model: nn.Module, mlps: list[nn.Module]) -> nn.Module:
+    """The module whose forward runs every one of `mlps` and is itself outside the compiled
+    layers: the parent of the ModuleList of decoder layers (the trainer calls that stack, not
+    the peft wrapper), else `model`."""
+    names = {id(m): n for n, m in model.named_modules()}
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and all(
+            names[id(m)].startswith(name + ".") for m in mlps
+        ):
+            return model.get_submodule(name.rpartition(".")[0])
+    return model
 
 
 def _active(proj: nn.Module) -> bool:
