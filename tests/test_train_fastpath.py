@@ -487,7 +487,7 @@ def test_compiled_run_buckets_shapes(tmp_path):
 
 def test_kcat_trains_two_ranks_as_the_default_layers_do(tmp_path):
     """TUNEDECK_LORA_EPILOGUE=kcat through the trainer: two DDP ranks, compiled layers (dynamo's
-    eager backend on CPU), the widened MLPs refilled after each optimizer step: the same
+    eager backend on CPU), the widened MLPs' B blocks copied in before each forward: the same
     losses as the default layers, step by step."""
     losses = {}
     for way in ("op", "kcat"):
@@ -505,7 +505,8 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
     """Inside DDP's forward, dynamo split each compiled layer at DDP's 1 MiB first bucket once a
     layer's adapters outgrew it (a 7B layer's r=16: ~6 MB), and the split made the MLP's
     SiLU(gate)·up a saved graph input: 53 instead of 42 GiB on the H200 preset. The trainer's
-    compiler keeps each layer one graph: two MLP-wide tensors saved per layer (kcat: one twice as wide), not three."""
+    compiler keeps each layer one graph: two MLP-wide tensors saved per layer (kcat: one twice
+    as wide), not three."""
     import torch._dynamo
     import torch._functorch.config as fconfig
     import torch.distributed as dist

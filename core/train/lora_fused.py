@@ -267,7 +267,7 @@ def base_numel(model: nn.Module) -> int:
 
 def _fused_forward(self, x, *args, **kwargs):
     """forward of a peft LoRA Linear (one adapter, not merged), fused."""
-    if self.disable_adapters or self.merged or list(self.active_adapters) != ["default"]:
+    if not lora_kcat.adapter_on(self):
         if hasattr(self, "_tunedeck_fp8"):  # peft's own forward would meet an empty weight
             raise RuntimeError(
                 "method.fp8_base: this layer's frozen weight lives in fp8 "

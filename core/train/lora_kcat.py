@@ -11,9 +11,8 @@ gradients either (the compiler makes that sum another beta-add GEMM). Each weigh
 buffer whose first columns are the frozen weights (the base layers' weights become views of it:
 no second copy) and whose B blocks are copied in before each forward (`fill`, from a forward
 pre-hook on the decoder stack, outside any compiled region; B stays the fp32 parameter peft
-made). Backward: one N-extended GEMM gives
-[dy·W | dy·B]; dB = dyᵀ·(s·u) from the saved wide operand; the adapter's part of dx, (s·dy·B)·A,
-is a traced rank-r product. An MLP whose projections have dropout, a bias or unequal ranks or
+made). Backward: one N-extended GEMM gives [dy·W | dy·B]; dB = dyᵀ·(s·u) from the saved wide
+operand; the adapter's part of dx, (s·dy·B)·A, is a traced rank-r product. An MLP whose projections have dropout, a bias or unequal ranks or
 scales keeps the per-linear ops (lora_fused), as do the attention projections.
 
 As first built (ff4d0f6) this widened each linear inside its opaque op, copying x and dy into
@@ -120,14 +119,15 @@ def stack(model: nn.Module, mlps: list[nn.Module]) -> nn.Module:
     return model
 
 
-def _active(proj: nn.Module) -> bool:
+def adapter_on(proj: nn.Module) -> bool:
+    """A peft LoRA layer runs its one adapter, 'default', unmerged (what the fused paths run)."""
     return not (proj.disable_adapters or proj.merged) and list(proj.active_adapters) == ["default"]
 
 
 def wide_forward(self, x: Tensor) -> Tensor:
     """forward of a widened gated MLP (peft's layers' own path where an adapter is off)."""
     gate, up, down = (getattr(self, name) for name in PROJ)
-    if not all(_active(p) for p in (gate, up, down)):
+    if not all(adapter_on(p) for p in (gate, up, down)):
         return self._tunedeck_mlp_forward(x)
     dev = x.device.type
     gu, dn = self._tunedeck_w_gu, self._tunedeck_w_down
