@@ -15,6 +15,9 @@ r = 16): forward and backward input-gradient GEMMs timed bare, the epilogue way,
 way with its copy, and the K-concat GEMM alone (as if the producer wrote the wide operand);
 the rank-r GEMMs x·Aᵀ and dy·B are in both adapter ways. CUDA events, median of --iters.
 
+The attention block's question is printed last: q, k and v as three GEMMs against one merged
+GEMM over [x | s·x·A_qᵀ | s·x·A_kᵀ | s·x·A_vᵀ] (forward and input-gradient backward, GEMMs only).
+
     python3 bench/lora_kcat.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
 """
 
@@ -106,6 +109,37 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
     }
 
 
+def qkv(n: int, r: int, iters: int, k: int = 3584, outs=(3584, 512, 512)) -> dict:
+    """ms of q, k and v's forward and input-gradient GEMMs: bare and three, bare and merged, and
+    merged with the three adapters as 3r extra K columns (as if the norm wrote the wide operand)."""
+    import torch
+
+    dev, dt = "cuda", torch.bfloat16
+    m = sum(outs)
+    x = torch.randn(n, k, device=dev, dtype=dt)
+    xc = torch.randn(n, k + 3 * r, device=dev, dtype=dt)
+    dy = torch.randn(n, m, device=dev, dtype=dt)
+    dyc = torch.randn(n, m + 3 * r, device=dev, dtype=dt)
+    w = torch.randn(m, k, device=dev, dtype=dt) * 0.02
+    wc = torch.randn(m + 3 * r, k + 3 * r, device=dev, dtype=dt) * 0.02
+    ws = list(w.split(outs))
+    dys = [t.contiguous() for t in dy.split(outs, 1)]
+
+    def three_f():
+        return [x @ wi.t() for wi in ws]
+
+    def three_b():
+        return sum(d @ wi for d, wi in zip(dys, ws))
+
+    ms = {
+        "three": cuda_ms(three_f, iters) + cuda_ms(three_b, iters),
+        "merged": cuda_ms(lambda: x @ w.t(), iters) + cuda_ms(lambda: dy @ w, iters),
+        "merged_kcat": cuda_ms(lambda: xc @ wc[:m].t(), iters)
+        + cuda_ms(lambda: dyc @ wc[:, :k], iters),
+    }
+    return ms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=8192)
@@ -130,8 +164,10 @@ def main() -> None:
         + "; × 28 layers × 4 micro-batches, ms a step: "
         + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in WAYS)
     )
+    att = qkv(a.tokens, a.rank, a.iters)
+    print("q, k, v fwd+bwd ms: " + ", ".join(f"{w} {v:.3f}" for w, v in att.items()))
     if a.json:
-        a.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))
+        a.json.write_text(json.dumps({"rows": rows, "layer": tot, "qkv": att}, indent=1))
 
 
 if __name__ == "__main__":
