@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The MLP's adapters as extra K columns (TUNEDECK_LORA_EPILOGUE=kcat, core/train/lora_kcat.py)
-# against the default ("op"), in one device call (carry .gpu; ~4 min with a warm machine):
+# The adapters as extra K columns (TUNEDECK_LORA_EPILOGUE=kcat: MLPs and attention; kcat-mlp:
+# MLPs only; core/train/lora_kcat.py) against the default ("op"), in one device call (carry
+# .gpu; ~6 min with a warm machine):
 #   bash bench/h200_kcat.sh OUTDIR
 # bench/mlp_kcat.py (one compiled 7B MLP block, both ways, same machine: time, peak, gradients),
-# bench/lora_kcat.py (the per-projection GEMMs), then the 7B preset in bf16 through the trainer
-# bench both ways (3 warm-up + 5 timed steps each).
+# bench/lora_kcat.py (the per-projection GEMMs, q/k/v merged), then the 7B preset in bf16 through
+# the trainer bench three ways (3 warm-up + 5 timed steps each).
 set -uo pipefail
 OUT=${1:?usage: h200_kcat.sh OUTDIR}
 cd "$(dirname "$0")/.."
@@ -16,8 +17,8 @@ timeout 120 python3 bench/mlp_kcat.py --json "$OUT/mlp.json" 2>&1 | grep -v -i "
 echo "block: $SECONDS s"
 timeout 60 python3 bench/lora_kcat.py --json "$OUT/kcat.json" 2>&1 | tail -3
 echo "gemms: $SECONDS s"
-CASE_TIMEOUT=110 timeout 260 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
-  ours-default-1-bf16-kcat,ours-default-1-bf16 2>&1 | tail -4
+CASE_TIMEOUT=110 timeout 340 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
+  ours-default-1-bf16-kcat,ours-default-1-bf16,ours-default-1-bf16-kcatmlp 2>&1 | tail -4
 cat "$OUT/t/table.md" 2>/dev/null
 grep -ih "error" "$OUT"/t/*/run.log 2>/dev/null | head -5
 echo "total: $SECONDS s"

@@ -14,10 +14,11 @@ own output; "after" likewise, but the rank-r product is added into the big GEMM'
 second in-place GEMM, so the big one reads no C (unmeasured); "1" traces addmm, for which the
 compiler hands ATen a fresh output, so ATen first copies the full-size C operand into it
 (80 ms a step of the 7B preset in bf16, 40 ms in fp8, where the compiler makes an addmm of the
-out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs with their adapters as
-extra K columns of the frozen GEMMs (lora_kcat) and the other linears as "op". The default is
-what the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there
-"1" and "0" add out of place and "after" and "kcat" are "op").
+out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the attention blocks
+with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
+and the other linears as "op". The default is what the H200 measured: "op", in bf16 (+3 %
+tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" add out of place and "after" and
+the kcats are "op").
 """
 
 from __future__ import annotations
@@ -386,7 +387,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     no_dropout = not dropout_fuses(fp8, epilogue)
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
-            m._tunedeck_epilogue = "op" if epilogue == "kcat" else epilogue
+            m._tunedeck_epilogue = "op" if epilogue.startswith("kcat") else epilogue
             if fp8:
                 to_fp8(m)
             forward = _fused_forward
@@ -399,22 +400,27 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         m._tunedeck_peft_forward = m.forward
         m.forward = types.MethodType(forward, m)
         n += 1
-    if epilogue == "kcat" and not fp8:
-        _widen_mlps(model)
+    if epilogue.startswith("kcat") and not fp8:
+        _widen_blocks(model, attention=epilogue == "kcat")
     return n
 
 
-def _widen_mlps(model: nn.Module) -> None:
-    """TUNEDECK_LORA_EPILOGUE=kcat: the gated MLPs lora_kcat can run take its forward."""
-    wide = [m for m in model.modules() if lora_kcat.widens(m, eligible)]
-    for mlp in wide:
-        lora_kcat.widen(mlp)
-        mlp._tunedeck_mlp_forward = mlp.forward
-        mlp.forward = types.MethodType(lora_kcat.wide_forward, mlp)
+def _widen_blocks(model: nn.Module, attention: bool) -> None:
+    """TUNEDECK_LORA_EPILOGUE=kcat(-mlp): the blocks lora_kcat can run take its forwards."""
+    wide = [m for m in model.modules() if lora_kcat.widens(m, eligible, attention)]
+    for block in wide:
+        lora_kcat.widen(block)
+        block._tunedeck_block_forward = block.forward
+        forward = (
+            lora_kcat.wide_mlp
+            if lora_kcat.groups(block) is lora_kcat.MLP
+            else lora_kcat.wide_attention
+        )
+        block.forward = types.MethodType(forward, block)
     if wide:  # the optimizer changes B between forwards; the buffers follow it
 
         def refill(*_):
-            for mlp in wide:
-                lora_kcat.fill(mlp)
+            for block in wide:
+                lora_kcat.fill(block)
 
         lora_kcat.stack(model, wide).register_forward_pre_hook(refill)

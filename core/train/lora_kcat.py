@@ -1,33 +1,47 @@
-"""The MLP's LoRA adapters as extra K columns of its frozen GEMMs (TUNEDECK_LORA_EPILOGUE=kcat).
+"""LoRA adapters as extra K columns of the frozen GEMMs (TUNEDECK_LORA_EPILOGUE=kcat, kcat-mlp).
 
-    xc = [x | s·x·A_gᵀ | s·x·A_uᵀ]    [gate | up] = xc·[[W_g, B_g, 0], [W_u, 0, B_u]]ᵀ
-    hc = [h | s·h·A_dᵀ], h = act(gate)·up           y = hc·[W_d | B_d]ᵀ
+The projections of a block that read one input are one GEMM (a group):
+
+    xc = [x | s·x·A_1ᵀ | s·x·A_2ᵀ ...]      [y_1 | y_2 ...] = xc·[[W_1, B_1, 0], [W_2, 0, B_2] ...]ᵀ
+
+Gated MLPs: gate and up are one group over the norm's output, down one over act(gate)·up.
+Attention (kcat only): q, k and v are one group, o one over the attention's output.
 
 The wide operands are built by `torch.cat` inside the compiled layer, so the kernels that make x
-(the norm) and h (SwiGLU) write them where they go, and the frozen GEMMs read no C operand (on an
-H100 cuBLAS's beta-add GEMMs take ~15 % more than bare ones, K-extended ones within 4 %:
-bench/lora_kcat.py). gate and up are one GEMM, so backward needs no sum of their input
-gradients either (the compiler makes that sum another beta-add GEMM). Each weight block is one
-buffer whose first columns are the frozen weights (the base layers' weights become views of it:
-no second copy) and whose B blocks are copied in before each forward (`fill`, from a forward
+(the norm, SwiGLU) write them where they go, and the frozen GEMMs read no C operand (on an H100
+cuBLAS's beta-add GEMMs take ~15 % more than bare ones, K-extended ones within 4 %:
+bench/lora_kcat.py). A group's projections need no sum of their input gradients in backward
+either (the compiler makes that sum another beta-add GEMM). Each group's weights are one buffer
+whose first columns are the frozen weights (the base layers' weights become views of it: no
+second copy) and whose B blocks are copied in before each forward (`fill`, from a forward
 pre-hook on the decoder stack, outside any compiled region; B stays the fp32 parameter peft
 made). Backward: one N-extended GEMM gives [dy·W | dy·B]; dB = dyᵀ·(s·u) from the saved wide
-operand; the adapter's part of dx, (s·dy·B)·A, is a traced rank-r product. An MLP whose projections have dropout, a bias or unequal ranks or
-scales keeps the per-linear ops (lora_fused), as do the attention projections.
+operand; the adapter's part of dx, (s·dy·B)·A, is a traced rank-r product. A block whose
+projections have dropout or unequal ranks or scales keeps the per-linear ops (lora_fused).
 
 As first built (ff4d0f6) this widened each linear inside its opaque op, copying x and dy into
 the wide operands: 7 % slower than "op" on the 7B preset (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor, nn
 
 from tunedeck.core.train.lora_dropout import dropout_p
 
-PROJ = ("gate_proj", "up_proj", "down_proj")
-# MLPs whose forward is down(act(gate(x)) · up(x)), the one wide_forward computes
+MLP = (("gate_proj", "up_proj"), ("down_proj",))
+ATTENTION = (("q_proj", "k_proj", "v_proj"), ("o_proj",))
+# the blocks whose forward wide_mlp (down(act(gate(x)) · up(x))) and wide_attention (the
+# transformers 5 q/k/v, RoPE, attention interface, o sequence) reproduce
 GATED = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP")
+ATTENDS = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
+
+
+def groups(block: nn.Module) -> tuple[tuple[str, ...], ...] | None:
+    name = type(block).__name__
+    return MLP if name in GATED else ATTENTION if name in ATTENDS else None
 
 
 class _Wide(torch.autograd.Function):
@@ -52,68 +66,92 @@ def _ab(proj: nn.Module) -> tuple[Tensor, Tensor]:
     return proj.lora_A["default"].weight, proj.lora_B["default"].weight
 
 
-def widens(mlp: nn.Module, eligible) -> bool:
-    """Whether `mlp` is one of the GATED MLPs and its three projections are eligible peft LoRA
-    Linears without dropout or bias, of one rank and one scale."""
-    projs = [getattr(mlp, name, None) for name in PROJ]
-    if type(mlp).__name__ not in GATED or not all(p is not None and eligible(p) for p in projs):
+def _projs(block: nn.Module, group: tuple[str, ...]) -> list[nn.Module]:
+    return [getattr(block, name) for name in group]
+
+
+def _buffer_name(group: tuple[str, ...]) -> str:
+    return "_tunedeck_w_" + group[0]
+
+
+def widens(block: nn.Module, eligible, attention: bool = True) -> bool:
+    """Whether `block` is a GATED MLP (or, with `attention`, one of ATTENDS) whose projections
+    are eligible peft LoRA Linears without dropout, of one rank and one scale."""
+    gs = groups(block)
+    if gs is None or (gs is ATTENTION and not attention):
+        return False
+    projs = [getattr(block, name, None) for g in gs for name in g]
+    if not all(p is not None and eligible(p) for p in projs):
         return False
     return (
-        all(dropout_p(p) == 0 and p.base_layer.bias is None for p in projs)
+        all(dropout_p(p) == 0 for p in projs)
         and len({_ab(p)[0].shape[0] for p in projs}) == 1
         and len({float(p.scaling["default"]) for p in projs}) == 1
     )
 
 
-def widen(mlp: nn.Module) -> None:
-    """Give the MLP its two weight buffers ([[W_g, B_g, 0], [W_u, 0, B_u]] and [W_d | B_d]) and
-    make the base weights views of them."""
-    gate, up, down = (getattr(mlp, name) for name in PROJ)
-    r = _ab(gate)[0].shape[0]
-    wg, wu, wd = (p.base_layer.weight for p in (gate, up, down))
-    (m, k), kd = wg.shape, wd.shape[1]
-    gu = torch.zeros(2 * m, k + 2 * r, dtype=wg.dtype, device=wg.device)
-    dn = torch.zeros(wd.shape[0], kd + r, dtype=wd.dtype, device=wd.device)
-    with torch.no_grad():
-        gu[:m, :k].copy_(wg)
-        gu[m:, :k].copy_(wu)
-        dn[:, :kd].copy_(wd)
-    gate.base_layer.weight = nn.Parameter(gu[:m, :k], requires_grad=False)
-    up.base_layer.weight = nn.Parameter(gu[m:, :k], requires_grad=False)
-    down.base_layer.weight = nn.Parameter(dn[:, :kd], requires_grad=False)
-    mlp.register_buffer("_tunedeck_w_gu", gu, persistent=False)
-    mlp.register_buffer("_tunedeck_w_down", dn, persistent=False)
-    fill(mlp)
+def widen(block: nn.Module) -> None:
+    """Give each group of the block its weight buffer ([[W_1, B_1, 0], [W_2, 0, B_2] ...]) and
+    make the base weights views of it."""
+    for group in groups(block):
+        projs = _projs(block, group)
+        r = _ab(projs[0])[0].shape[0]
+        ws = [p.base_layer.weight for p in projs]
+        k = ws[0].shape[1]
+        buf = torch.zeros(
+            sum(w.shape[0] for w in ws), k + r * len(ws), dtype=ws[0].dtype, device=ws[0].device
+        )
+        row = 0
+        for p, w in zip(projs, ws):
+            with torch.no_grad():
+                buf[row : row + w.shape[0], :k].copy_(w)
+            p.base_layer.weight = nn.Parameter(buf[row : row + w.shape[0], :k], requires_grad=False)
+            row += w.shape[0]
+        block.register_buffer(_buffer_name(group), buf, persistent=False)
+    if groups(block) is ATTENTION:  # what the forward reads from the model's own module
+        hf = sys.modules[type(block).__module__]
+        block._tunedeck_rope = hf.apply_rotary_pos_emb
+        block._tunedeck_attention = hf.ALL_ATTENTION_FUNCTIONS
+        block._tunedeck_eager = hf.eager_attention_forward
+        block._tunedeck_window = (
+            {"sliding_window": block.sliding_window}
+            if type(block).__name__ == "Qwen2Attention"
+            else {"sliding_window": getattr(block.config, "sliding_window", None)}
+            if type(block).__name__ == "MistralAttention"
+            else {}
+        )
+    fill(block)
 
 
-def _blocks(mlp: nn.Module):
-    """(buffer, B, its first row, its first column) of gate, up and down."""
-    gate, up, down = (getattr(mlp, name) for name in PROJ)
-    (m, k), r = gate.base_layer.weight.shape, _ab(gate)[0].shape[0]
-    gu, dn = mlp._tunedeck_w_gu, mlp._tunedeck_w_down
-    return (
-        (gu, _ab(gate)[1], 0, k),
-        (gu, _ab(up)[1], m, k + r),
-        (dn, _ab(down)[1], 0, down.base_layer.weight.shape[1]),
-    )
+def _blocks(block: nn.Module, group: tuple[str, ...]):
+    """(B, its first row, its first column) in the group's buffer, per projection."""
+    projs = _projs(block, group)
+    r, k = _ab(projs[0])[0].shape[0], projs[0].base_layer.weight.shape[1]
+    row, out = 0, []
+    for i, p in enumerate(projs):
+        out.append((_ab(p)[1], row, k + i * r))
+        row += p.base_layer.weight.shape[0]
+    return out
 
 
-def fill(mlp: nn.Module) -> None:
-    """Copy the MLP's B blocks into its buffers. Every forward: fused AdamW (the CUDA default)
+def fill(block: nn.Module) -> None:
+    """Copy the block's B blocks into its buffers. Every forward: fused AdamW (the CUDA default)
     updates B in place without bumping its version counter, so no cheaper test tells when."""
     with torch.no_grad():
-        for buf, b, row, col in _blocks(mlp):
-            buf[row : row + b.shape[0], col : col + b.shape[1]].copy_(b)
+        for group in groups(block):
+            buf = getattr(block, _buffer_name(group))
+            for b, row, col in _blocks(block, group):
+                buf[row : row + b.shape[0], col : col + b.shape[1]].copy_(b)
 
 
-def stack(model: nn.Module, mlps: list[nn.Module]) -> nn.Module:
-    """The module whose forward runs every one of `mlps` and is itself outside the compiled
+def stack(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
+    """The module whose forward runs every one of `blocks` and is itself outside the compiled
     layers: the parent of the ModuleList of decoder layers (the trainer calls that stack, not
     the peft wrapper), else `model`."""
     names = {id(m): n for n, m in model.named_modules()}
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and all(
-            names[id(m)].startswith(name + ".") for m in mlps
+            names[id(m)].startswith(name + ".") for m in blocks
         ):
             return model.get_submodule(name.rpartition(".")[0])
     return model
@@ -124,27 +162,94 @@ def adapter_on(proj: nn.Module) -> bool:
     return not (proj.disable_adapters or proj.merged) and list(proj.active_adapters) == ["default"]
 
 
-def wide_forward(self, x: Tensor) -> Tensor:
-    """forward of a widened gated MLP (peft's layers' own path where an adapter is off)."""
-    gate, up, down = (getattr(self, name) for name in PROJ)
-    if not all(adapter_on(p) for p in (gate, up, down)):
-        return self._tunedeck_mlp_forward(x)
+def _all_on(block: nn.Module) -> bool:
+    return all(adapter_on(p) for g in groups(block) for p in _projs(block, g))
+
+
+def _dtype(block: nn.Module, x: Tensor) -> torch.dtype:
     dev = x.device.type
-    gu, dn = self._tunedeck_w_gu, self._tunedeck_w_down
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else gu.dtype
-    (_, bg, _, cg), (_, bu, m, cu), (_, bd, _, cd) = _blocks(self)
-    s = float(gate.scaling["default"])
-    shape = x.shape
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return getattr(block, _buffer_name(groups(block)[0])).dtype
 
-    def w(buf: Tensor) -> Tensor:
-        return buf if buf.dtype == dt else buf.to(dt)
 
-    with torch.autocast(dev, enabled=False):
-        x2 = x.reshape(-1, shape[-1]).to(dt)
-        a = torch.cat([_ab(gate)[0], _ab(up)[0]]).to(dt)  # (2r, k)
-        xc = torch.cat([x2, (x2 @ a.t()) * s], 1)
-        y = _Wide.apply(xc, w(gu), ((0, m, cg), (m, 2 * m, cu)), bg.to(dt), bu.to(dt))
-        h = self.act_fn(y[:, :m]) * y[:, m:]
-        hc = torch.cat([h, (h @ _ab(down)[0].to(dt).t()) * s], 1)
-        y = _Wide.apply(hc, w(dn), ((0, dn.shape[0], cd),), bd.to(dt))
+def _group(block: nn.Module, group: tuple[str, ...], x2: Tensor, dt: torch.dtype) -> Tensor:
+    """[y_1 | y_2 ...] of the group's projections for rows x2 (autocast off, dtype dt)."""
+    projs = _projs(block, group)
+    buf = getattr(block, _buffer_name(group))
+    bl = _blocks(block, group)
+    a = torch.cat([_ab(p)[0] for p in projs]) if len(projs) > 1 else _ab(projs[0])[0]
+    xc = torch.cat([x2, (x2 @ a.to(dt).t()) * float(projs[0].scaling["default"])], 1)
+    y = _Wide.apply(
+        xc,
+        buf if buf.dtype == dt else buf.to(dt),
+        tuple((row, row + b.shape[0], col) for b, row, col in bl),
+        *(b.to(dt) for b, _, _ in bl),
+    )
+    biases = [p.base_layer.bias for p in projs]
+    if any(b is not None for b in biases):
+        y = y + torch.cat(
+            [
+                b.to(dt) if b is not None else y.new_zeros(p.base_layer.weight.shape[0])
+                for p, b in zip(projs, biases)
+            ]
+        )
+    return y
+
+
+def wide_mlp(self, x: Tensor) -> Tensor:
+    """forward of a widened gated MLP (its own forward where an adapter is off)."""
+    if not _all_on(self):
+        return self._tunedeck_block_forward(x)
+    dt, shape = _dtype(self, x), x.shape
+    with torch.autocast(x.device.type, enabled=False):
+        y = _group(self, MLP[0], x.reshape(-1, shape[-1]).to(dt), dt)
+        m = y.shape[1] // 2
+        y = _group(self, MLP[1], self.act_fn(y[:, :m]) * y[:, m:], dt)
     return y.view(*shape[:-1], y.shape[-1])
+
+
+def wide_attention(
+    self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kw
+):
+    """forward of a widened attention block (its own forward where an adapter is off)."""
+    if not _all_on(self):
+        return self._tunedeck_block_forward(
+            hidden_states=hidden_states,
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            **kw,
+        )
+    dt, shape = _dtype(self, hidden_states), hidden_states.shape[:-1]
+    heads = (*shape, -1, self.head_dim)
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        qkv = _group(
+            self, ATTENTION[0], hidden_states.reshape(-1, hidden_states.shape[-1]).to(dt), dt
+        )
+    q, k, v = (
+        t.view(heads).transpose(1, 2)
+        for t in qkv.split([p.base_layer.weight.shape[0] for p in _projs(self, ATTENTION[0])], 1)
+    )
+    cos, sin = position_embeddings
+    q, k = self._tunedeck_rope(q, k, cos, sin)
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, v, self.layer_idx)
+    attend = self._tunedeck_attention.get_interface(
+        self.config._attn_implementation, self._tunedeck_eager
+    )
+    out, weights = attend(
+        self,
+        q,
+        k,
+        v,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        **self._tunedeck_window,
+        **kw,
+    )
+    out = out.reshape(*shape, -1).contiguous()
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        y = _group(self, ATTENTION[1], out.reshape(-1, out.shape[-1]).to(dt), dt)
+    return y.view(*shape, -1), weights
