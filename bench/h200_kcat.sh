@@ -13,17 +13,22 @@ source bench/gpu_site.sh
 gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [[ ${KCAT_BLOCK:-1} == 1 ]]; then  # KCAT_BLOCK=0 skips the block bench (~1 min)
+if [[ ${KCAT_MICRO:-1} == 1 ]]; then  # KCAT_MICRO=0 skips the block and GEMM benches (~1.5 min)
   timeout 120 python3 bench/mlp_kcat.py --json "$OUT/mlp.json" 2>&1 | grep -v -i "warn" | tail -4
   echo "block: $SECONDS s"
+  timeout 60 python3 bench/lora_kcat.py --json "$OUT/kcat.json" 2>&1 | tail -3
+  echo "gemms: $SECONDS s"
 fi
-timeout 60 python3 bench/lora_kcat.py --json "$OUT/kcat.json" 2>&1 | tail -3
-echo "gemms: $SECONDS s"
 CASE_TIMEOUT=110 timeout 340 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
   ours-default-1-bf16-kcat,ours-default-1-bf16,ours-default-1-bf16-kcatmlp 2>&1 | tail -4
+if [[ ${KCAT_AUTOTUNE:-0} == 1 ]]; then  # kcat again with Inductor's GEMM autotuning (~4 min)
+  TUNEDECK_COMPILE_MODE=max-autotune-no-cudagraphs CASE_TIMEOUT=280 timeout 290 \
+    bash bench/trainer_bench.sh "$OUT/a" 3 5 ours-default-1-bf16-kcat 2>&1 | tail -2
+  cat "$OUT/a/table.md" 2>/dev/null
+fi
 cat "$OUT/t/table.md" 2>/dev/null
 grep -ih "error" "$OUT"/t/*/run.log 2>/dev/null | head -5
-for f in "$OUT"/t/*/events/rank0.jsonl; do  # the same data and seed: the losses should agree
+for f in "$OUT"/[ta]/*/events/rank0.jsonl; do  # the same data and seed: the losses should agree
   python3 -c 'import json,sys; print(sys.argv[1].split("/")[-3], [round(e["loss"], 4) for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"])' "$f"
 done
 echo "total: $SECONDS s"

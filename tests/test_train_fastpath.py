@@ -586,3 +586,65 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
         dist.destroy_process_group()
         torch._dynamo.reset()
     assert sum(wide.values()) == 2 * len(layers) * 512 * ffn * 2, wide  # bf16
+
+
+def test_kcat_layers_save_what_the_default_layers_save(monkeypatch):
+    """A compiled lean layer whose MLP and attention run kcat's wide GEMMs keeps as many bytes a
+    token for backward as one running the default layers. The compiler writes x and s·x·Aᵀ into
+    the wide operand in place, so backward reading a slice of it (x·Aᵀ for B's gradient, v out of
+    the merged q/k/v) kept the whole operand alive: +16 GiB on the 7B preset (H100, 55.6 GiB
+    reserved against 39.6). A prime token count tells what grows with the tokens from the
+    per-layer constants (the concatenated A)."""
+    import torch._dynamo
+    import torch._functorch.config as fconfig
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from tunedeck.core.train.lora_fused import fuse_lora
+
+    monkeypatch.setattr(fconfig, "ban_recompute_materialized_backward", False)  # lean saves
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    tokens, hid, ffn = 131, 256, 1344
+    cfg = Qwen2Config(
+        hidden_size=hid,
+        intermediate_size=ffn,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=512,
+    )
+
+    def per_token(epilogue: str) -> float:
+        monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        model = get_peft_model(
+            model.to(torch.bfloat16), LoraConfig(r=16, target_modules="all-linear")
+        )
+        assert fuse_lora(model) == 7
+        params = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        stores: dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params and st.nbytes() % tokens == 0:
+                stores[st.data_ptr()] = st.nbytes()
+            return t
+
+        torch._dynamo.reset()
+        layer = torch.compile(model.base_model.model.model.layers[0])
+        h = torch.randn(1, tokens, hid, dtype=torch.bfloat16, requires_grad=True)
+        pos = torch.arange(tokens)[None]
+        emb = model.base_model.model.model.rotary_emb(h, pos)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = layer(h, attention_mask=None, position_ids=pos, position_embeddings=emb)
+        (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+        return sum(stores.values()) / tokens
+
+    try:
+        saved = {ep: per_token(ep) for ep in ("op", "kcat-mlp", "kcat")}
+    finally:
+        torch._dynamo.reset()
+    assert saved["op"] >= 2 * ffn * 2, saved  # gate and up in bf16 at least
+    assert saved["kcat-mlp"] == saved["op"], saved
+    assert saved["kcat"] == saved["op"], saved

@@ -15,8 +15,8 @@ either (the compiler makes that sum another beta-add GEMM). Each group's weights
 whose first columns are the frozen weights (the base layers' weights become views of it: no
 second copy) and whose B blocks are copied in before each forward (`fill`, from a forward
 pre-hook on the decoder stack, outside any compiled region; B stays the fp32 parameter peft
-made). Backward: one N-extended GEMM gives [dy·W | dy·B]; dB = dyᵀ·(s·u) from the saved wide
-operand; the adapter's part of dx, (s·dy·B)·A, is a traced rank-r product. A block whose
+made). Backward: one N-extended GEMM gives [dy·W | dy·B]; dB = s·dyᵀ·v from the saved rank-r
+v = x·Aᵀ; the adapter's part of dx, (s·dy·B)·A, is a traced rank-r product. A block whose
 projections have dropout or unequal ranks or scales keeps the per-linear ops (lora_fused).
 
 As first built (ff4d0f6) this widened each linear inside its opaque op, copying x and dy into
@@ -45,21 +45,23 @@ def groups(block: nn.Module) -> tuple[tuple[str, ...], ...] | None:
 
 
 class _Wide(torch.autograd.Function):
-    """y = xc·wᵀ for a wide operand xc and weight block w; blocks[i] = (first row, last row,
-    first column) of the B block in w whose gradient goes to bs[i] (passed only to receive it)."""
+    """y = xc·wᵀ for a wide operand xc = [x | s·v] (v = x·Aᵀ) and weight block w; blocks[i] =
+    (first row, last row, first column in v) of the B block in w whose gradient goes to bs[i]
+    (passed only to receive it). Backward keeps v, the rank-r GEMM's own output, not a slice of
+    xc: that would keep all of xc alive (the compiler writes s·v and x into xc in place)."""
 
     @staticmethod
-    def forward(ctx, xc: Tensor, w: Tensor, blocks: tuple, *bs: Tensor) -> Tensor:
-        ctx.save_for_backward(xc, w)
-        ctx.blocks, ctx.r = blocks, bs[0].shape[1]
+    def forward(ctx, xc: Tensor, v: Tensor, s: float, w: Tensor, blocks: tuple, *bs) -> Tensor:
+        ctx.save_for_backward(v, w)
+        ctx.blocks, ctx.r, ctx.s = blocks, bs[0].shape[1], s
         return xc @ w.t()
 
     @staticmethod
     def backward(ctx, dy):
-        xc, w = ctx.saved_tensors
-        r = ctx.r
-        dbs = [dy[:, lo:hi].t() @ xc[:, c : c + r] for lo, hi, c in ctx.blocks]  # s·dyᵀ·u
-        return dy @ w, None, None, *dbs
+        v, w = ctx.saved_tensors
+        r, s = ctx.r, ctx.s
+        dbs = [(dy[:, lo:hi].t() @ v[:, c : c + r]) * s for lo, hi, c in ctx.blocks]
+        return dy @ w, None, None, None, None, *dbs
 
 
 def _ab(proj: nn.Module) -> tuple[Tensor, Tensor]:
@@ -179,11 +181,14 @@ def _group(block: nn.Module, group: tuple[str, ...], x2: Tensor, dt: torch.dtype
     buf = getattr(block, _buffer_name(group))
     bl = _blocks(block, group)
     a = torch.cat([_ab(p)[0] for p in projs]) if len(projs) > 1 else _ab(projs[0])[0]
-    xc = torch.cat([x2, (x2 @ a.to(dt).t()) * float(projs[0].scaling["default"])], 1)
+    v, s = x2 @ a.to(dt).t(), float(projs[0].scaling["default"])
+    k = x2.shape[1]
     y = _Wide.apply(
-        xc,
+        torch.cat([x2, v * s], 1),
+        v,
+        s,
         buf if buf.dtype == dt else buf.to(dt),
-        tuple((row, row + b.shape[0], col) for b, row, col in bl),
+        tuple((row, row + b.shape[0], col - k) for b, row, col in bl),
         *(b.to(dt) for b, _, _ in bl),
     )
     biases = [p.base_layer.bias for p in projs]
@@ -227,10 +232,9 @@ def wide_attention(
         qkv = _group(
             self, ATTENTION[0], hidden_states.reshape(-1, hidden_states.shape[-1]).to(dt), dt
         )
-    q, k, v = (
-        t.view(heads).transpose(1, 2)
-        for t in qkv.split([p.base_layer.weight.shape[0] for p in _projs(self, ATTENTION[0])], 1)
-    )
+    q, k, v = qkv.split([p.base_layer.weight.shape[0] for p in _projs(self, ATTENTION[0])], 1)
+    # attention keeps v: as a view of qkv it would keep q and k's columns alive too
+    q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v.contiguous()))
     cos, sin = position_embeddings
     q, k = self._tunedeck_rope(q, k, cos, sin)
     if past_key_values is not None:
