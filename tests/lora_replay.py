@@ -6,22 +6,18 @@ from __future__ import annotations
 import torch
 
 
-def tiny_peft(dropout: float = 0.0):
-    """A 2-layer Qwen2 with peft LoRA on every linear, B not zero."""
+def tiny_peft(dropout: float = 0.0, arch: str = "qwen2"):
+    """A 2-layer Qwen2 (or Llama, Mistral) with peft LoRA on every linear, B not zero."""
+    import transformers
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=97,
+    config = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "mistral": "MistralConfig"}[arch]
+    cfg = getattr(transformers, config)(
+        **tiny_dims(layers=2, hidden=64, ffn=128, heads=4, vocab=97)
     )
     torch.manual_seed(0)
     return get_peft_model(
-        AutoModelForCausalLM.from_config(cfg),
+        transformers.AutoModelForCausalLM.from_config(cfg),
         LoraConfig(
             r=4,
             lora_alpha=8,
@@ -29,6 +25,18 @@ def tiny_peft(dropout: float = 0.0):
             target_modules="all-linear",
             init_lora_weights=False,
         ),
+    )
+
+
+def tiny_dims(layers: int, hidden: int, ffn: int, heads: int, vocab: int) -> dict:
+    """A decoder config's sizes, two key/value heads."""
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=2,
+        vocab_size=vocab,
     )
 
 

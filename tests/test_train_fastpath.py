@@ -309,6 +309,27 @@ def test_kcat_layers_follow_the_optimizer_and_save_what_peft_saves(monkeypatch):
         assert (got[k] - want[k]).norm() <= 1e-5 * want[k].norm(), k
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_kcat_widens_llama_and_mistral_blocks_as_peft_computes_them(monkeypatch, arch):
+    """kcat's attention forward follows each architecture's own (Llama: no bias, no window;
+    Mistral: the config's window): both blocks widened, peft's loss and gradients in fp32."""
+    from lora_replay import loss_and_grads, tiny_peft
+
+    from tunedeck.core.train.lora_fused import fuse_lora
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "kcat")
+    m = tiny_peft(arch=arch)
+    assert fuse_lora(m) == 14
+    assert sum(hasattr(b, "_tunedeck_w_q_proj") for b in m.modules()) == 2
+    assert sum(hasattr(b, "_tunedeck_w_gate_proj") for b in m.modules()) == 2
+    loss, g = loss_and_grads(m)
+    ref_loss, ref_g = loss_and_grads(tiny_peft(arch=arch))
+    assert torch.allclose(loss, ref_loss, rtol=1e-5), (loss, ref_loss)
+    for k in ref_g:
+        assert (g[k] - ref_g[k]).norm() <= 1e-5 * ref_g[k].norm(), k
+
+
 def test_fused_lora_dropout_draws_from_the_random_stream_as_peft_does(monkeypatch):
     """Backward draws the forward's masks again from the generator state the forward returned
     and puts the generator back: the random stream after a step is the forward's, and the
@@ -529,6 +550,7 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
     import torch._dynamo
     import torch._functorch.config as fconfig
     import torch.distributed as dist
+    from lora_replay import tiny_dims
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -541,14 +563,7 @@ def test_compiled_layers_inside_ddp_save_what_a_lone_layer_saves(monkeypatch, ep
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     hid, ffn = 256, 1344
-    cfg = Qwen2Config(
-        hidden_size=hid,
-        intermediate_size=ffn,
-        num_hidden_layers=3,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=512,
-    )
+    cfg = Qwen2Config(**tiny_dims(layers=3, hidden=hid, ffn=ffn, heads=8, vocab=512))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(torch.bfloat16)
     model.config.use_cache = False
@@ -597,6 +612,7 @@ def test_kcat_layers_save_what_the_default_layers_save(monkeypatch):
     per-layer constants (the concatenated A)."""
     import torch._dynamo
     import torch._functorch.config as fconfig
+    from lora_replay import tiny_dims
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -605,14 +621,7 @@ def test_kcat_layers_save_what_the_default_layers_save(monkeypatch):
     monkeypatch.setattr(fconfig, "ban_recompute_materialized_backward", False)  # lean saves
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
     tokens, hid, ffn = 131, 256, 1344
-    cfg = Qwen2Config(
-        hidden_size=hid,
-        intermediate_size=ffn,
-        num_hidden_layers=1,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=512,
-    )
+    cfg = Qwen2Config(**tiny_dims(layers=1, hidden=hid, ffn=ffn, heads=8, vocab=512))
 
     def per_token(epilogue: str) -> float:
         monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", epilogue)

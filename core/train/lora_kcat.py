@@ -40,6 +40,7 @@ ATTENDS = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
 
 
 def groups(block: nn.Module) -> tuple[tuple[str, ...], ...] | None:
+    """MLP or ATTENTION for a block whose forward lora_kcat reproduces, else None."""
     name = type(block).__name__
     return MLP if name in GATED else ATTENTION if name in ATTENDS else None
 
