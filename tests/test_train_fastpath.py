@@ -651,9 +651,8 @@ def test_kcat_layers_save_what_the_default_layers_save(monkeypatch):
         return sum(stores.values()) / tokens
 
     try:
-        saved = {ep: per_token(ep) for ep in ("op", "kcat-mlp", "kcat")}
+        saved = {ep: per_token(ep) for ep in ("op", "kcat")}  # kcat: both blocks widened
     finally:
         torch._dynamo.reset()
     assert saved["op"] >= 2 * ffn * 2, saved  # gate and up in bf16 at least
-    assert saved["kcat-mlp"] == saved["op"], saved
     assert saved["kcat"] == saved["op"], saved
