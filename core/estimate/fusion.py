@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 
-# TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring)
-EPILOGUES = ("op", "after", "kcat", "kcat-mlp", "1", "0")
+# TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring); the kcats widen whole blocks and run
+# the other linears as "op"
+KCATS = ("kcat", "kcat-mlp")
+EPILOGUES = ("op", "after", *KCATS, "1", "0")
 
 
 def fused_on(device_type: str, fp8: bool = False) -> bool:
@@ -24,4 +26,4 @@ def lora_epilogue() -> str:
 def dropout_fuses(fp8: bool, epilogue: str) -> bool:
     """Whether a layer with dropout fuses: only where the opaque ops run it (not fp8, not a
     traced epilogue); the 4-bit op always does."""
-    return not fp8 and epilogue in ("op", "after", "kcat", "kcat-mlp")
+    return not fp8 and epilogue in ("op", "after", *KCATS)

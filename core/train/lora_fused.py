@@ -28,7 +28,13 @@ import types
 import torch
 from torch import Tensor, nn
 
-from tunedeck.core.estimate.fusion import EPILOGUES, dropout_fuses, fused_on, lora_epilogue
+from tunedeck.core.estimate.fusion import (
+    EPILOGUES,
+    KCATS,
+    dropout_fuses,
+    fused_on,
+    lora_epilogue,
+)
 from tunedeck.core.spec import FP8_MIN_CC
 from tunedeck.core.train import lora_kcat
 from tunedeck.core.train.lora_dropout import (
@@ -387,7 +393,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     no_dropout = not dropout_fuses(fp8, epilogue)
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
-            m._tunedeck_epilogue = "op" if epilogue.startswith("kcat") else epilogue
+            m._tunedeck_epilogue = "op" if epilogue in KCATS else epilogue
             if fp8:
                 to_fp8(m)
             forward = _fused_forward
@@ -400,7 +406,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         m._tunedeck_peft_forward = m.forward
         m.forward = types.MethodType(forward, m)
         n += 1
-    if epilogue.startswith("kcat") and not fp8:
+    if epilogue in KCATS and not fp8:
         _widen_blocks(model, attention=epilogue == "kcat")
     return n
 

@@ -37,6 +37,11 @@ ATTENTION = (("q_proj", "k_proj", "v_proj"), ("o_proj",))
 # transformers 5 q/k/v, RoPE, attention interface, o sequence) reproduce
 GATED = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP")
 ATTENDS = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
+# the sliding window each of ATTENDS hands its attention function (Llama none)
+WINDOW = {
+    "Qwen2Attention": lambda block: block.sliding_window,
+    "MistralAttention": lambda block: getattr(block.config, "sliding_window", None),
+}
 
 
 def groups(block: nn.Module) -> tuple[tuple[str, ...], ...] | None:
@@ -116,23 +121,19 @@ def widen(block: nn.Module) -> None:
         block._tunedeck_rope = hf.apply_rotary_pos_emb
         block._tunedeck_attention = hf.ALL_ATTENTION_FUNCTIONS
         block._tunedeck_eager = hf.eager_attention_forward
-        block._tunedeck_window = (
-            {"sliding_window": block.sliding_window}
-            if type(block).__name__ == "Qwen2Attention"
-            else {"sliding_window": getattr(block.config, "sliding_window", None)}
-            if type(block).__name__ == "MistralAttention"
-            else {}
-        )
+        window = WINDOW.get(type(block).__name__)
+        block._tunedeck_window = {"sliding_window": window(block)} if window else {}
     fill(block)
 
 
 def _blocks(block: nn.Module, group: tuple[str, ...]):
-    """(B, its first row, its first column) in the group's buffer, per projection."""
+    """(B, its first row in the group's buffer, its first column in v = x·A_catᵀ), per
+    projection; in the buffer B's columns start k (the input width) further."""
     projs = _projs(block, group)
-    r, k = _ab(projs[0])[0].shape[0], projs[0].base_layer.weight.shape[1]
+    r = _ab(projs[0])[0].shape[0]
     row, out = 0, []
     for i, p in enumerate(projs):
-        out.append((_ab(p)[1], row, k + i * r))
+        out.append((_ab(p)[1], row, i * r))
         row += p.base_layer.weight.shape[0]
     return out
 
@@ -143,8 +144,9 @@ def fill(block: nn.Module) -> None:
     with torch.no_grad():
         for group in groups(block):
             buf = getattr(block, _buffer_name(group))
+            k = _projs(block, group)[0].base_layer.weight.shape[1]
             for b, row, col in _blocks(block, group):
-                buf[row : row + b.shape[0], col : col + b.shape[1]].copy_(b)
+                buf[row : row + b.shape[0], k + col : k + col + b.shape[1]].copy_(b)
 
 
 def stack(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
@@ -183,13 +185,12 @@ def _group(block: nn.Module, group: tuple[str, ...], x2: Tensor, dt: torch.dtype
     bl = _blocks(block, group)
     a = torch.cat([_ab(p)[0] for p in projs]) if len(projs) > 1 else _ab(projs[0])[0]
     v, s = x2 @ a.to(dt).t(), float(projs[0].scaling["default"])
-    k = x2.shape[1]
     y = _Wide.apply(
         torch.cat([x2, v * s], 1),
         v,
         s,
         buf if buf.dtype == dt else buf.to(dt),
-        tuple((row, row + b.shape[0], col - k) for b, row, col in bl),
+        tuple((row, row + b.shape[0], col) for b, row, col in bl),
         *(b.to(dt) for b, _, _ in bl),
     )
     biases = [p.base_layer.bias for p in projs]
