@@ -16,7 +16,8 @@ compiler hands ATen a fresh output, so ATen first copies the full-size C operand
 (80 ms a step of the 7B preset in bf16, 40 ms in fp8, where the compiler makes an addmm of the
 out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the attention blocks
 with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
-and the other linears as "op". The default is what the H200 measured: "op", in bf16 (+3 %
+and the other linears as "op"; "triton" runs each linear as one Triton kernel that reads the
+adapter inside the frozen GEMM's main loop (lora_triton; layers with dropout run "op"). The default is what the H200 measured: "op", in bf16 (+3 %
 tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" add out of place and "after" and
 the kcats are "op").
 """
@@ -36,7 +37,7 @@ from tunedeck.core.estimate.fusion import (
     lora_epilogue,
 )
 from tunedeck.core.spec import FP8_MIN_CC
-from tunedeck.core.train import lora_kcat
+from tunedeck.core.train import lora_kcat, lora_triton
 from tunedeck.core.train.lora_dropout import (
     active_dropout,
     adapter_backward,
@@ -310,6 +311,16 @@ def _fused_forward(self, x, *args, **kwargs):
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
+        if self._tunedeck_epilogue == "triton":
+            y, _ = lora_triton.lora_linear_triton(
+                x.reshape(-1, shape[-1]).to(dt),
+                w,
+                bias,
+                a.to(dt),
+                b.to(dt),
+                float(self.scaling["default"]),
+            )
+            return y.view(*shape[:-1], y.shape[-1])
         if self._tunedeck_epilogue in ("op", "after"):
             x2 = x.reshape(-1, shape[-1]).to(dt)
             y, _, _ = lora_linear(
@@ -393,7 +404,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     no_dropout = not dropout_fuses(fp8, epilogue)
     for m in model.modules():
         if eligible(m) and not (no_dropout and dropout_p(m) > 0):
-            m._tunedeck_epilogue = "op" if epilogue in KCATS else epilogue
+            m._tunedeck_epilogue = layer_epilogue(epilogue, m, fp8)
             if fp8:
                 to_fp8(m)
             forward = _fused_forward
@@ -409,6 +420,18 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     if epilogue in KCATS and not fp8:
         _widen_blocks(model, attention=epilogue == "kcat")
     return n
+
+
+def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:
+    """What one fused layer runs: the kcats widen blocks and leave their linears "op"; the
+    Triton kernel takes no dropout and no fp8 base, and needs Triton."""
+    if epilogue in KCATS or (fp8 and epilogue == "triton"):
+        return "op"
+    if epilogue == "triton":
+        if not lora_triton.available():
+            raise RuntimeError("TUNEDECK_LORA_EPILOGUE=triton: the triton package is not installed")
+        return "triton" if not dropout_p(module) else "op"
+    return epilogue
 
 
 def _widen_blocks(model: nn.Module, attention: bool) -> None:

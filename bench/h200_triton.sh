@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One Triton kernel a LoRA linear (TUNEDECK_LORA_EPILOGUE=triton, core/train/lora_triton.py)
+# against the default ("op"), in one device call (carry .gpu; ~6 min with a warm machine):
+#   bash bench/h200_triton.sh OUTDIR
+# bench/lora_triton.py (per projection of a 7B layer: cuBLAS bare, op, Triton bare and fused,
+# every config), then the 7B preset in bf16 through the trainer bench both ways (3 warm-up + 5
+# timed steps each; the kernel autotunes during the warm-up).
+set -uo pipefail
+OUT=${1:?usage: h200_triton.sh OUTDIR}
+cd "$(dirname "$0")/.."
+source bench/gpu_site.sh
+gpu_site || exit 1
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips the per-projection bench
+  timeout 240 python3 bench/lora_triton.py --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
+  echo "gemms: $SECONDS s"
+fi
+CASE_TIMEOUT=200 timeout 420 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
+  ${TRITON_CASES:-ours-default-1-bf16-triton,ours-default-1-bf16} 2>&1 | tail -4
+cat "$OUT/t/table.md" 2>/dev/null
+grep -ih "error" "$OUT"/t/*/run.log 2>/dev/null | head -5
+for f in "$OUT"/t/*/events/rank0.jsonl; do  # the same data and seed: the losses should agree
+  python3 -c 'import json,sys; print(sys.argv[1].split("/")[-3], [round(e["loss"], 4) for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"])' "$f"
+done
+echo "total: $SECONDS s"

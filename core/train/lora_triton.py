@@ -1,0 +1,230 @@
+"""A LoRA linear as one GEMM kernel: the adapter's reads inside the frozen product's main loop.
+
+cuBLAS cannot take the adapter in: whatever way its calls are arranged, the rank-r products read
+x (or dy) again and write a full-size tensor the big GEMM then reads (docs/benchmarks.md, "The
+adapter's 160 ms are bytes, not FLOPs"). Here one Triton kernel computes
+
+    Y = X·W + s·(X·P)·Q        X: (M, K)   W: (K, N)   P: (K, r)   Q: (r, N)
+
+reading each X tile once for both products: the rank-r sum X·P accumulates in a second
+(BM × r) register tile beside the main one, and s·(X·P)·Q is added in the epilogue. One kernel
+serves the forward (X = x, W = Wᵀ, P = Aᵀ, Q = Bᵀ, giving y and u = x·Aᵀ) and the backward's
+input gradient (X = dy, W = W, P = B, Q = A, giving dx and dy·B); the operands are passed by
+strides, so no transpose is copied. dA and dB stay cuBLAS GEMMs over the
+token dimension. Where Triton is missing (CPU wheels of torch) nothing here is imported.
+
+TRITON_INTERPRET=1 runs the kernel on the CPU (tests/test_lora_triton.py checks it against
+float64); its speed is measured on the GPU by bench/lora_triton.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+
+def available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def lora_mm(
+        X, W, P, Q, BIAS, Y, V,
+        M, N, K, R,
+        sxm, sxk, swk, swn, spk, spr, sqr, sqn, sym, syn, svm, svr,
+        scale,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
+        GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr,
+    ):  # fmt: skip
+        # grouped order: GROUP_M row blocks share their W column blocks while those are in L2
+        pid = tl.program_id(0)
+        grid_m = (M + BM - 1) // BM
+        grid_n = (N + BN - 1) // BN
+        group = GROUP_M * grid_n
+        first_m = (pid // group) * GROUP_M
+        size_m = min(grid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group) % size_m
+        pid_n = (pid % group) // size_m
+
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        rr = tl.arange(0, RP)
+        x_ptr = X + rm[:, None] * sxm + rk[None, :] * sxk
+        w_ptr = W + rk[:, None] * swk + rn[None, :] * swn
+        p_ptr = P + rk[:, None] * spk + rr[None, :] * spr
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_r = tl.zeros((BM, RP), dtype=tl.float32)
+        for k in range(0, (K + BK - 1) // BK):
+            kk = k * BK + rk
+            x = tl.load(x_ptr, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w = tl.load(w_ptr, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+            acc = tl.dot(x, w, acc)
+            if ADAPTER:
+                p = tl.load(p_ptr, mask=(kk[:, None] < K) & (rr[None, :] < R), other=0.0)
+                acc_r = tl.dot(x, p, acc_r)
+                p_ptr += BK * spk
+            x_ptr += BK * sxk
+            w_ptr += BK * swk
+        if ADAPTER:
+            # rounded to the input dtype as the unfused adapter's rank-r product is
+            v = acc_r.to(Y.dtype.element_ty)
+            q = tl.load(
+                Q + rr[:, None] * sqr + rn[None, :] * sqn,
+                mask=(rr[:, None] < R) & (rn[None, :] < N),
+                other=0.0,
+            )
+            acc = tl.dot((v.to(tl.float32) * scale).to(Y.dtype.element_ty), q, acc)
+            if pid_n == 0:
+                tl.store(
+                    V + rm[:, None] * svm + rr[None, :] * svr,
+                    v,
+                    mask=(rm[:, None] < M) & (rr[None, :] < R),
+                )
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(
+            Y + rm[:, None] * sym + rn[None, :] * syn,
+            acc.to(Y.dtype.element_ty),
+            mask=(rm[:, None] < M) & (rn[None, :] < N),
+        )
+
+    tuned = triton.autotune(
+        [
+            triton.Config(
+                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
+            )
+            for c in CONFIGS
+        ],
+        key=["M", "N", "K", "R"],
+    )(lora_mm)
+    return triton, lora_mm, tuned
+
+
+# (BM, BN, BK, GROUP_M, num_stages, num_warps): what the GPU's autotuning picks from per shape
+# (bench/lora_triton.py times each)
+CONFIGS = (
+    (128, 256, 64, 8, 3, 8),
+    (128, 256, 64, 8, 4, 8),
+    (256, 128, 64, 8, 3, 8),
+    (256, 128, 64, 8, 4, 8),
+    (128, 128, 64, 8, 4, 4),
+    (128, 128, 64, 8, 4, 8),
+    (128, 128, 128, 8, 3, 8),
+    (64, 256, 64, 8, 4, 4),
+)
+
+
+def lora_mm(
+    x: Tensor,
+    w: Tensor,
+    p: Tensor | None,
+    q: Tensor | None,
+    scale: float,
+    bias: Tensor | None = None,
+    config: tuple[int, ...] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """(x·w + s·(x·p)·q + bias, x·p): x (M, K), w (K, N), p (K, r), q (r, N), any strides.
+    Without p and q, the bare product (what the bench compares with cuBLAS). `config` one of
+    CONFIGS; None autotunes among them on a GPU and takes SMALL on the CPU's interpreter."""
+    triton, kernel, tuned = _kernel()
+    m, k = x.shape
+    n = w.shape[1]
+    adapter = p is not None
+    r = p.shape[1] if adapter else 0
+    y = x.new_empty(m, n)
+    v = x.new_empty(m, r) if adapter else y
+    p_, q_ = (p, q) if adapter else (w, w)  # unread when the adapter is off
+    args = (
+        x, w, p_, q_, bias if bias is not None else y, y, v,
+        m, n, k, r,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+        p_.stride(0), p_.stride(1), q_.stride(0), q_.stride(1),
+        y.stride(0), y.stride(1), v.stride(0), v.stride(1),
+        scale,
+    )  # fmt: skip
+    flags = dict(RP=max(16, triton.next_power_of_2(r)), HAS_BIAS=bias is not None, ADAPTER=adapter)
+    if config is None and x.is_cuda:
+        tuned[lambda c: (triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]),)](*args, **flags)
+    else:
+        bm, bn, bk, group_m, stages, warps = config or SMALL
+        kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
+            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags,
+            num_stages=stages, num_warps=warps,
+        )  # fmt: skip
+    return y, (v if adapter else None)
+
+
+# small tiles for the CPU's interpreter (the tests' shapes are tens of rows)
+SMALL = (32, 32, 32, 4, 1, 4)
+
+
+def lora_forward(x, weight, bias, a, b, scale, config=None) -> tuple[Tensor, Tensor]:
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ, one kernel."""
+    return lora_mm(x, weight.t(), a.t(), b.t(), scale, bias, config)
+
+
+def lora_backward(dy, x, weight, a, b, u, scale, config=None) -> tuple[Tensor, ...]:
+    """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel; dA = s·(dy·B)ᵀ·x and
+    dB = s·dyᵀ·u over the tokens (cuBLAS)."""
+    dx, g = lora_mm(dy, weight, b, a, scale, None, config)
+    da = (g.t() @ x) * scale
+    db = (dy.t() @ u) * scale
+    return dx, da, db
+
+
+def supports(x: Tensor, p: float) -> bool:
+    """Where the kernel runs: a CUDA tensor (or TRITON_INTERPRET's CPU), no adapter dropout."""
+    return available() and not p and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+@torch.library.custom_op("tunedeck::lora_linear_triton", mutates_args=())
+def lora_linear_triton(
+    x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(y, u) of lora_forward, opaque to the compiler (TUNEDECK_LORA_EPILOGUE=triton)."""
+    return lora_forward(x, weight, bias, a, b, scale)
+
+
+@lora_linear_triton.register_fake
+def _(x, weight, bias, a, b, scale):
+    return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
+
+
+@torch.library.custom_op("tunedeck::lora_linear_triton_backward", mutates_args=())
+def lora_linear_triton_backward(
+    dy: Tensor, x: Tensor, weight: Tensor, a: Tensor, b: Tensor, u: Tensor, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dA, dB) of lora_linear_triton."""
+    return lora_backward(dy, x, weight, a, b, u, scale)
+
+
+@lora_linear_triton_backward.register_fake
+def _(dy, x, weight, a, b, u, scale):
+    return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
+
+
+def _setup(ctx, inputs, output):
+    x, weight, _bias, a, b, scale = inputs
+    ctx.save_for_backward(x, weight, a, b, output[1])
+    ctx.scale = scale
+
+
+def _backward(ctx, dy, _du):
+    x, weight, a, b, u = ctx.saved_tensors
+    dx, da, db = lora_linear_triton_backward(dy, x, weight, a, b, u, ctx.scale)
+    return dx, None, None, da, db, None
+
+
+lora_linear_triton.register_autograd(_backward, setup_context=_setup)

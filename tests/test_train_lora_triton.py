@@ -1,0 +1,148 @@
+"""The Triton LoRA kernel (core/train/lora_triton.py) on the CPU, through Triton's interpreter:
+its arithmetic against float64 at shapes that cut every tile, and the fused layers it runs
+(TUNEDECK_LORA_EPILOGUE=triton) against peft's. Its speed is measured on the GPU
+(bench/lora_triton.py, docs/benchmarks.md).
+
+Triton picks interpreted or compiled kernels when triton.language is first imported, so each
+check runs in a fresh interpreter started with TRITON_INTERPRET=1 (the test process keeps
+Triton as it found it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tunedeck.core.train import lora_fused, lora_triton
+
+
+def _interpreted(check: str, *args) -> None:
+    """Run this module's `check(*args)` in a fresh Python under TRITON_INTERPRET=1."""
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(here), *filter(None, sys.path)]),
+    }
+    code = f"import {Path(__file__).stem} as t; t.{check}(*{args!r})"
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+
+
+def _f64(*ts):
+    return [t.double() for t in ts]
+
+
+@pytest.mark.parametrize("r", [4, 6, 16, 20])
+def test_kernel_computes_the_lora_linear_and_its_input_gradient(r):
+    _interpreted("check_arithmetic", r)
+
+
+def check_arithmetic(r):
+    """y = x·Wᵀ + bias + s·(x·Aᵀ)·Bᵀ and u = x·Aᵀ; dx = dy·W + s·(dy·B)·A, dA, dB: fp32
+    within 1e-5 of float64 at sizes no tile divides, ranks below, at and above 16 (the rank
+    tile is masked and padded to a power of two)."""
+    g = torch.Generator().manual_seed(r)
+    n, k, m, s = 70, 90, 50, 1.7
+    x, w = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g) / 10
+    a, b = torch.randn(r, k, generator=g) / 10, torch.randn(m, r, generator=g) / 10
+    bias, dy = torch.randn(m, generator=g), torch.randn(n, m, generator=g)
+    y, u = lora_triton.lora_forward(x, w, bias, a, b, s)
+    xd, wd, ad, bd, biasd, dyd = _f64(x, w, a, b, bias, dy)
+    ud = xd @ ad.t()
+    want = xd @ wd.t() + biasd + s * ud @ bd.t()
+    assert (y.double() - want).norm() <= 1e-6 * want.norm()
+    assert (u.double() - ud).norm() <= 1e-6 * ud.norm()
+
+    dx, da, db = lora_triton.lora_backward(dy, x, w, a, b, u, s)
+    gd = s * dyd @ bd
+    for got, ref in ((dx, dyd @ wd + gd @ ad), (da, gd.t() @ xd), (db, s * dyd.t() @ ud)):
+        assert got.shape == ref.shape
+        assert (got.double() - ref).norm() <= 1e-5 * ref.norm()
+
+
+def test_kernel_without_the_adapter_is_the_bare_product_and_reads_strided_operands():
+    _interpreted("check_bare")
+
+
+def check_bare():
+    """The bare GEMM the bench compares with cuBLAS, on a transposed and a sliced operand."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(40, 100, generator=g)
+    x = big[:, 10:73]  # rows strided by 100
+    w = torch.randn(33, 63, generator=g).t()  # (63, 33), column-major
+    y, v = lora_triton.lora_mm(x, w, None, None, 2.0)
+    assert v is None
+    ref = x.double() @ w.double()
+    assert (y.double() - ref).norm() <= 1e-6 * ref.norm()
+
+
+def test_half_precision_kernel_rounds_like_the_default_layer():
+    _interpreted("check_half")
+
+
+def check_half():
+    """In 16-bit the kernel's output, u and input gradient stay within the dtype's rounding of
+    the default fused layer's (lora_fused.adapter_linear). fp16: the interpreter computes in
+    numpy, which has no bf16; bf16 is compared with the default layer on the GPU
+    (bench/lora_triton.py's err columns)."""
+    g = torch.Generator().manual_seed(3)
+    n, k, m, r, s = 64, 96, 80, 8, 2.0
+    x, dy = torch.randn(n, k, generator=g).half(), torch.randn(n, m, generator=g).half()
+    w, a = (
+        (torch.randn(m, k, generator=g) / 10).half(),
+        (torch.randn(r, k, generator=g) / 10).half(),
+    )
+    b = (torch.randn(m, r, generator=g) / 10).half()
+    y, u = lora_triton.lora_forward(x, w, None, a, b, s)
+    y_op, u_op, _ = lora_fused.adapter_linear(x, w, None, a, b, s, False, 0.0)
+    dx = lora_triton.lora_backward(dy, x, w, a, b, u, s)[0]
+    dx_op = lora_fused.adapter_linear_backward(dy, x, w, a, b, u_op, s, False, None, 0.0)[0]
+    for got, ref in ((y, y_op), (u, u_op), (dx, dx_op)):
+        assert got.dtype == torch.float16
+        assert (got.float() - ref.float()).norm() <= 2e-3 * ref.float().norm()
+
+
+def test_triton_layers_equal_peft_and_leave_dropout_to_the_op():
+    _interpreted("check_layers")
+
+
+def check_layers():
+    """TUNEDECK_LORA_EPILOGUE=triton: every linear of a tiny Qwen2 (biased q/k/v too) runs the
+    kernel, eager and compiled, with peft's loss and gradients; a layer with dropout runs the
+    default op instead, as does an fp8 base."""
+    from lora_replay import loss_and_grads, tiny_peft
+
+    os.environ["TUNEDECK_FUSED_LORA"] = "1"
+    os.environ["TUNEDECK_LORA_EPILOGUE"] = "triton"
+    ref_loss, ref_g = loss_and_grads(tiny_peft())
+    calls = []
+    real = lora_triton.lora_forward
+    lora_triton.lora_forward = lambda *a: calls.append(1) or real(*a)
+    for compiled in (False, True):
+        m = tiny_peft()
+        assert lora_fused.fuse_lora(m) == 14
+        if compiled:
+            m = torch.compile(m, backend="eager")
+        calls.clear()
+        loss, g = loss_and_grads(m)
+        assert len(calls) == 14
+        assert torch.allclose(loss, ref_loss, rtol=1e-5), (compiled, loss, ref_loss)
+        g = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
+        assert g.keys() == ref_g.keys()
+        for k in ref_g:
+            assert (g[k] - ref_g[k]).norm() <= 1e-5 * ref_g[k].norm(), k
+
+    m = tiny_peft(dropout=0.1)
+    assert lora_fused.fuse_lora(m) == 14
+    ways = {mod._tunedeck_epilogue for mod in m.modules() if hasattr(mod, "_tunedeck_epilogue")}
+    assert ways == {"op"}
+    assert lora_fused.layer_epilogue("triton", tiny_peft().base_model, fp8=True) == "op"
