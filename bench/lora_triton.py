@@ -6,10 +6,13 @@ Per projection of a Qwen2.5-7B layer (8,192 tokens, r = 16), forward + backward 
   product as the GEMM's C operand);
 - `tbare`: the Triton kernel with the adapter off, the best of lora_triton.CONFIGS per GEMM
   (how far Triton's own GEMM is from cuBLAS's);
-- `triton`: the kernel with the adapter in its main loop, the best config per GEMM, plus dA and
-  dB through cuBLAS (what TUNEDECK_LORA_EPILOGUE=triton runs, autotuned).
-Prints each config's ms for the forward and the input-gradient kernel, and the relative error
-of `triton`'s y and dx against `op`'s. CUDA events, median of --iters.
+- `loop`: the kernel with the adapter's rank-r product in its main loop, the best config per
+  GEMM, plus dA and dB through cuBLAS;
+- `epilogue`: the rank-r products x·Aᵀ and dy·B by cuBLAS, the kernel adding s·u·Bᵀ (s·g·A) in
+  its epilogue, dA and dB by cuBLAS (lora_triton.MODE, what TUNEDECK_LORA_EPILOGUE=triton runs,
+  autotuned).
+Records each config's ms for each kernel, and prints the relative error of each mode's y and
+dx against `op`'s. CUDA events, median of --iters.
 
     python3 bench/lora_triton.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_gemm import cuda_ms  # noqa: E402  (median ms of CUDA events after warm-up)
 
-WAYS = ("bare", "op", "tbare", "triton")
+WAYS = ("bare", "op", "tbare", "loop", "epilogue")
 
 
 def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> dict:
@@ -52,13 +55,20 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
         c = min(times, key=times.get)
         return times[c], c, times
 
-    fwd_bare = best(lambda c: lt.lora_mm(x, w.t(), None, None, s, None, c))
-    bwd_bare = best(lambda c: lt.lora_mm(dy, w, None, None, s, None, c))
-    fwd = best(lambda c: lt.lora_forward(x, w, None, a, b, s, c))
-    bwd = best(lambda c: lt.lora_mm(dy, w, b, a, s, None, c))
-    for name, t in (("fwd_bare", fwd_bare), ("bwd_bare", bwd_bare), ("fwd", fwd), ("bwd", bwd)):
-        out["configs"][name] = {str(c): round(ms, 4) for c, ms in t[2].items()}
-        out[f"{name}_best"] = [t[0], list(t[1])]
+    g = dy @ b
+    kernels = {
+        "fwd_bare": lambda c: lt.lora_mm(x, w.t(), None, None, s, None, c),
+        "bwd_bare": lambda c: lt.lora_mm(dy, w, None, None, s, None, c),
+        "fwd_loop": lambda c: lt.lora_mm(x, w.t(), a.t(), b.t(), s, None, c, "loop"),
+        "bwd_loop": lambda c: lt.lora_mm(dy, w, b, a, s, None, c, "loop"),
+        "fwd_epilogue": lambda c: lt.lora_mm(x, w.t(), u, b.t(), s, None, c, "epilogue"),
+        "bwd_epilogue": lambda c: lt.lora_mm(dy, w, g, a, s, None, c, "epilogue"),
+    }
+    tuned = {}
+    for name, fn in kernels.items():
+        tuned[name] = best(fn)
+        out["configs"][name] = {str(c): round(ms, 4) for c, ms in tuned[name][2].items()}
+        out[f"{name}_best"] = [tuned[name][0], list(tuned[name][1])]
     out["bare"] = cuda_ms(lambda: (x @ w.t(), dy @ w), iters)
     out["op"] = cuda_ms(
         lambda: (
@@ -67,20 +77,24 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
         ),
         iters,
     )
-    out["tbare"] = fwd_bare[0] + bwd_bare[0]
-    out["triton"] = cuda_ms(
-        lambda: (
-            lt.lora_forward(x, w, None, a, b, s, fwd[1]),
-            lt.lora_backward(dy, x, w, a, b, u, s, bwd[1]),
-        ),
-        iters,
-    )
+    out["tbare"] = tuned["fwd_bare"][0] + tuned["bwd_bare"][0]
     y_op = lf.adapter_linear(x, w, None, a, b, s, False, 0.0)[0].float()
     dx_op = lf.adapter_linear_backward(dy, x, w, a, b, u, s, False, None, 0.0)[0].float()
-    y_t = lt.lora_forward(x, w, None, a, b, s, fwd[1])[0].float()
-    dx_t = lt.lora_backward(dy, x, w, a, b, u, s, bwd[1])[0].float()
-    out["err_y"] = ((y_t - y_op).norm() / y_op.norm()).item()
-    out["err_dx"] = ((dx_t - dx_op).norm() / dx_op.norm()).item()
+    for mode in ("loop", "epilogue"):
+        cf, cb = tuned[f"fwd_{mode}"][1], tuned[f"bwd_{mode}"][1]
+        out[mode] = cuda_ms(
+            lambda: (
+                lt.lora_forward(x, w, None, a, b, s, cf, mode),
+                lt.lora_backward(dy, x, w, a, b, u, s, cb, mode),
+            ),
+            iters,
+        )
+        y_t = lt.lora_forward(x, w, None, a, b, s, cf, mode)[0].float()
+        dx_t = lt.lora_backward(dy, x, w, a, b, u, s, cb, mode)[0].float()
+        out[f"err_{mode}"] = [
+            ((y_t - y_op).norm() / y_op.norm()).item(),
+            ((dx_t - dx_op).norm() / dx_op.norm()).item(),
+        ]
     out["tflops_bare"] = 4 * n * k * m / out["bare"] / 1e9
     return out
 
@@ -105,8 +119,9 @@ def main() -> None:
             f"{name:<6} "
             + " ".join(f"{w} {row[w]:.3f}" for w in WAYS)
             + f"  (ms fwd+bwd; cuBLAS {row['tflops_bare']:.0f} TFLOP/s)"
-            + f"  best fwd {row['fwd_best']} bwd {row['bwd_best']}"
-            + f"  err y {row['err_y']:.2e} dx {row['err_dx']:.2e}"
+            + "  kernels "
+            + " ".join(f"{k[:-5]} {v[0]:.3f}" for k, v in row.items() if k.endswith("_best"))
+            + f"  err y, dx: loop {row['err_loop']} epilogue {row['err_epilogue']}"
         )
     tot = {w: sum(r[w] for r in rows.values()) for w in WAYS}
     print("layer  " + " ".join(f"{w} {tot[w]:.3f}" for w in WAYS))

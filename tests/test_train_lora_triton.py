@@ -41,12 +41,13 @@ def _f64(*ts):
     return [t.double() for t in ts]
 
 
+@pytest.mark.parametrize("mode", ["loop", "epilogue"])
 @pytest.mark.parametrize("r", [4, 6, 16, 20])
-def test_kernel_computes_the_lora_linear_and_its_input_gradient(r):
-    _interpreted("check_arithmetic", r)
+def test_kernel_computes_the_lora_linear_and_its_input_gradient(r, mode):
+    _interpreted("check_arithmetic", r, mode)
 
 
-def check_arithmetic(r):
+def check_arithmetic(r, mode):
     """y = x·Wᵀ + bias + s·(x·Aᵀ)·Bᵀ and u = x·Aᵀ; dx = dy·W + s·(dy·B)·A, dA, dB: fp32
     within 1e-5 of float64 at sizes no tile divides, ranks below, at and above 16 (the rank
     tile is masked and padded to a power of two)."""
@@ -55,14 +56,14 @@ def check_arithmetic(r):
     x, w = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g) / 10
     a, b = torch.randn(r, k, generator=g) / 10, torch.randn(m, r, generator=g) / 10
     bias, dy = torch.randn(m, generator=g), torch.randn(n, m, generator=g)
-    y, u = lora_triton.lora_forward(x, w, bias, a, b, s)
+    y, u = lora_triton.lora_forward(x, w, bias, a, b, s, mode=mode)
     xd, wd, ad, bd, biasd, dyd = _f64(x, w, a, b, bias, dy)
     ud = xd @ ad.t()
     want = xd @ wd.t() + biasd + s * ud @ bd.t()
     assert (y.double() - want).norm() <= 1e-6 * want.norm()
     assert (u.double() - ud).norm() <= 1e-6 * ud.norm()
 
-    dx, da, db = lora_triton.lora_backward(dy, x, w, a, b, u, s)
+    dx, da, db = lora_triton.lora_backward(dy, x, w, a, b, u, s, mode=mode)
     gd = s * dyd @ bd
     for got, ref in ((dx, dyd @ wd + gd @ ad), (da, gd.t() @ xd), (db, s * dyd.t() @ ud)):
         assert got.shape == ref.shape
@@ -85,11 +86,12 @@ def check_bare():
     assert (y.double() - ref).norm() <= 1e-6 * ref.norm()
 
 
-def test_half_precision_kernel_rounds_like_the_default_layer():
-    _interpreted("check_half")
+@pytest.mark.parametrize("mode", ["loop", "epilogue"])
+def test_half_precision_kernel_rounds_like_the_default_layer(mode):
+    _interpreted("check_half", mode)
 
 
-def check_half():
+def check_half(mode):
     """In 16-bit the kernel's output, u and input gradient stay within the dtype's rounding of
     the default fused layer's (lora_fused.adapter_linear). fp16: the interpreter computes in
     numpy, which has no bf16; bf16 is compared with the default layer on the GPU
@@ -102,9 +104,9 @@ def check_half():
         (torch.randn(r, k, generator=g) / 10).half(),
     )
     b = (torch.randn(m, r, generator=g) / 10).half()
-    y, u = lora_triton.lora_forward(x, w, None, a, b, s)
+    y, u = lora_triton.lora_forward(x, w, None, a, b, s, mode=mode)
     y_op, u_op, _ = lora_fused.adapter_linear(x, w, None, a, b, s, False, 0.0)
-    dx = lora_triton.lora_backward(dy, x, w, a, b, u, s)[0]
+    dx = lora_triton.lora_backward(dy, x, w, a, b, u, s, mode=mode)[0]
     dx_op = lora_fused.adapter_linear_backward(dy, x, w, a, b, u_op, s, False, None, 0.0)[0]
     for got, ref in ((y, y_op), (u, u_op), (dx, dx_op)):
         assert got.dtype == torch.float16

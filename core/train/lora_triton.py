@@ -1,4 +1,4 @@
-"""A LoRA linear as one GEMM kernel: the adapter's reads inside the frozen product's main loop.
+"""A LoRA linear as one Triton GEMM kernel that takes the adapter in.
 
 cuBLAS cannot take the adapter in: whatever way its calls are arranged, the rank-r products read
 x (or dy) again and write a full-size tensor the big GEMM then reads (docs/benchmarks.md, "The
@@ -6,14 +6,16 @@ adapter's 160 ms are bytes, not FLOPs"). Here one Triton kernel computes
 
     Y = X·W + s·(X·P)·Q        X: (M, K)   W: (K, N)   P: (K, r)   Q: (r, N)
 
-reading each X tile once for both products: the rank-r sum X·P accumulates in a second
-(BM × r) register tile beside the main one, and s·(X·P)·Q is added in the epilogue. One kernel
-serves the forward (X = x, W = Wᵀ, P = Aᵀ, Q = Bᵀ, giving y and u = x·Aᵀ) and the backward's
-input gradient (X = dy, W = W, P = B, Q = A, giving dx and dy·B); the operands are passed by
-strides, so no transpose is copied. dA and dB stay cuBLAS GEMMs over the
-token dimension. Where Triton is missing (CPU wheels of torch) nothing here is imported.
+in one of two modes. "loop": the rank-r sum X·P accumulates in a second (BM × r) register tile
+beside the main one, over the same X tiles, and s·(X·P)·Q is added in the epilogue. "epilogue":
+X·P comes from cuBLAS (a rank-r GEMM that reads X once) and only s·(X·P)·Q is added in the
+epilogue, so no full-size tensor is written for the adapter. One kernel serves the forward
+(X = x, W = Wᵀ, P = Aᵀ, Q = Bᵀ, giving y and u = x·Aᵀ) and the backward's input gradient (X = dy,
+W = W, P = B, Q = A, giving dx and dy·B); operands are passed by strides, so no transpose is
+copied. dA and dB stay cuBLAS GEMMs over the token dimension. Triton is imported only when the
+kernel is first used (CPU wheels of torch come without it).
 
-TRITON_INTERPRET=1 runs the kernel on the CPU (tests/test_lora_triton.py checks it against
+TRITON_INTERPRET=1 runs the kernel on the CPU (tests/test_train_lora_triton.py checks it against
 float64); its speed is measured on the GPU by bench/lora_triton.py.
 """
 
@@ -46,6 +48,7 @@ def _kernel():
         scale,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
         GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr,
+        W_T: tl.constexpr, P_T: tl.constexpr,
     ):  # fmt: skip
         # grouped order: GROUP_M row blocks share their W column blocks while those are in L2
         pid = tl.program_id(0)
@@ -62,36 +65,59 @@ def _kernel():
         rk = tl.arange(0, BK)
         rr = tl.arange(0, RP)
         x_ptr = X + rm[:, None] * sxm + rk[None, :] * sxk
-        w_ptr = W + rk[:, None] * swk + rn[None, :] * swn
-        p_ptr = P + rk[:, None] * spk + rr[None, :] * spr
+        # an operand whose K is its contiguous dimension (W_T, P_T) is loaded K-fastest and
+        # transposed in registers: loading it K-slowest ran the forward at 70 % of the speed
+        if W_T:
+            w_ptr = W + rn[:, None] * swn + rk[None, :] * swk
+        else:
+            w_ptr = W + rk[:, None] * swk + rn[None, :] * swn
+        if P_T:
+            p_ptr = P + rr[:, None] * spr + rk[None, :] * spk
+        else:
+            p_ptr = P + rk[:, None] * spk + rr[None, :] * spr
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc_r = tl.zeros((BM, RP), dtype=tl.float32)
         for k in range(0, (K + BK - 1) // BK):
             kk = k * BK + rk
             x = tl.load(x_ptr, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-            w = tl.load(w_ptr, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+            if W_T:
+                w = tl.trans(tl.load(w_ptr, mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0))
+            else:
+                w = tl.load(w_ptr, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
             acc = tl.dot(x, w, acc)
-            if ADAPTER:
-                p = tl.load(p_ptr, mask=(kk[:, None] < K) & (rr[None, :] < R), other=0.0)
+            if ADAPTER == 1:  # the rank-r product in the main loop, over the same x tiles
+                if P_T:
+                    p = tl.trans(
+                        tl.load(p_ptr, mask=(rr[:, None] < R) & (kk[None, :] < K), other=0.0)
+                    )
+                else:
+                    p = tl.load(p_ptr, mask=(kk[:, None] < K) & (rr[None, :] < R), other=0.0)
                 acc_r = tl.dot(x, p, acc_r)
                 p_ptr += BK * spk
             x_ptr += BK * sxk
             w_ptr += BK * swk
         if ADAPTER:
-            # rounded to the input dtype as the unfused adapter's rank-r product is
-            v = acc_r.to(Y.dtype.element_ty)
+            if ADAPTER == 1:
+                # rounded to the input dtype as the unfused adapter's rank-r product is
+                v = acc_r.to(Y.dtype.element_ty)
+                if pid_n == 0:
+                    tl.store(
+                        V + rm[:, None] * svm + rr[None, :] * svr,
+                        v,
+                        mask=(rm[:, None] < M) & (rr[None, :] < R),
+                    )
+            else:  # ADAPTER == 2: P is the rank-r product itself, (M, r)
+                v = tl.load(
+                    P + rm[:, None] * spk + rr[None, :] * spr,
+                    mask=(rm[:, None] < M) & (rr[None, :] < R),
+                    other=0.0,
+                )
             q = tl.load(
                 Q + rr[:, None] * sqr + rn[None, :] * sqn,
                 mask=(rr[:, None] < R) & (rn[None, :] < N),
                 other=0.0,
             )
             acc = tl.dot((v.to(tl.float32) * scale).to(Y.dtype.element_ty), q, acc)
-            if pid_n == 0:
-                tl.store(
-                    V + rm[:, None] * svm + rr[None, :] * svr,
-                    v,
-                    mask=(rm[:, None] < M) & (rr[None, :] < R),
-                )
         if HAS_BIAS:
             acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         tl.store(
@@ -134,17 +160,22 @@ def lora_mm(
     scale: float,
     bias: Tensor | None = None,
     config: tuple[int, ...] | None = None,
+    mode: str = "loop",
 ) -> tuple[Tensor, Tensor | None]:
-    """(x·w + s·(x·p)·q + bias, x·p): x (M, K), w (K, N), p (K, r), q (r, N), any strides.
-    Without p and q, the bare product (what the bench compares with cuBLAS). `config` one of
-    CONFIGS; None autotunes among them on a GPU and takes SMALL on the CPU's interpreter."""
+    """x·w + s·(x·p)·q + bias: x (M, K), w (K, N), q (r, N), any strides.
+
+    mode "loop": p is (K, r) and the rank-r product accumulates in the main loop; returns
+    (y, x·p). mode "epilogue": p is x·p already, (M, r), added in the epilogue; returns (y,
+    None). Without p and q, the bare product (what the bench compares with cuBLAS). `config`
+    one of CONFIGS; None autotunes among them on a GPU and takes SMALL on the CPU's
+    interpreter."""
     triton, kernel, tuned = _kernel()
     m, k = x.shape
     n = w.shape[1]
-    adapter = p is not None
+    adapter = 0 if p is None else {"loop": 1, "epilogue": 2}[mode]
     r = p.shape[1] if adapter else 0
     y = x.new_empty(m, n)
-    v = x.new_empty(m, r) if adapter else y
+    v = x.new_empty(m, r) if adapter == 1 else y
     p_, q_ = (p, q) if adapter else (w, w)  # unread when the adapter is off
     args = (
         x, w, p_, q_, bias if bias is not None else y, y, v,
@@ -154,7 +185,13 @@ def lora_mm(
         y.stride(0), y.stride(1), v.stride(0), v.stride(1),
         scale,
     )  # fmt: skip
-    flags = dict(RP=max(16, triton.next_power_of_2(r)), HAS_BIAS=bias is not None, ADAPTER=adapter)
+    flags = dict(
+        RP=max(16, triton.next_power_of_2(r)),
+        HAS_BIAS=bias is not None,
+        ADAPTER=adapter,
+        W_T=w.stride(0) == 1 and w.stride(1) != 1,
+        P_T=adapter == 1 and p.stride(0) == 1 and p.stride(1) != 1,
+    )
     if config is None and x.is_cuda:
         tuned[lambda c: (triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]),)](*args, **flags)
     else:
@@ -163,22 +200,34 @@ def lora_mm(
             *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags,
             num_stages=stages, num_warps=warps,
         )  # fmt: skip
-    return y, (v if adapter else None)
+    return y, (v if adapter == 1 else None)
 
 
 # small tiles for the CPU's interpreter (the tests' shapes are tens of rows)
 SMALL = (32, 32, 32, 4, 1, 4)
 
 
-def lora_forward(x, weight, bias, a, b, scale, config=None) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ, one kernel."""
-    return lora_mm(x, weight.t(), a.t(), b.t(), scale, bias, config)
+# how the adapter enters the kernel (bench/lora_triton.py measures both)
+MODE = "epilogue"
 
 
-def lora_backward(dy, x, weight, a, b, u, scale, config=None) -> tuple[Tensor, ...]:
-    """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel; dA = s·(dy·B)ᵀ·x and
-    dB = s·dyᵀ·u over the tokens (cuBLAS)."""
-    dx, g = lora_mm(dy, weight, b, a, scale, None, config)
+def lora_forward(x, weight, bias, a, b, scale, config=None, mode=None) -> tuple[Tensor, Tensor]:
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ; "loop": one kernel; "epilogue": u by
+    cuBLAS, then one kernel that adds s·u·Bᵀ in its epilogue."""
+    if (mode or MODE) == "loop":
+        return lora_mm(x, weight.t(), a.t(), b.t(), scale, bias, config, "loop")
+    u = x @ a.t()
+    return lora_mm(x, weight.t(), u, b.t(), scale, bias, config, "epilogue")[0], u
+
+
+def lora_backward(dy, x, weight, a, b, u, scale, config=None, mode=None) -> tuple[Tensor, ...]:
+    """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel (dy·B in its main loop, or by cuBLAS
+    before it); dA = s·(dy·B)ᵀ·x and dB = s·dyᵀ·u over the tokens (cuBLAS)."""
+    if (mode or MODE) == "loop":
+        dx, g = lora_mm(dy, weight, b, a, scale, None, config, "loop")
+    else:
+        g = dy @ b
+        dx = lora_mm(dy, weight, g, a, scale, None, config, "epilogue")[0]
     da = (g.t() @ x) * scale
     db = (dy.t() @ u) * scale
     return dx, da, db
