@@ -9,12 +9,14 @@ Per projection of a Qwen2.5-7B layer (8,192 tokens, r = 16), forward + backward 
 - `loop`: the kernel with the adapter's rank-r product in its main loop, the best config per
   GEMM, plus dA and dB through cuBLAS;
 - `epilogue`: the rank-r products x·Aᵀ and dy·B by cuBLAS, the kernel adding s·u·Bᵀ (s·g·A) in
-  its epilogue, dA and dB by cuBLAS (lora_triton.MODE, what TUNEDECK_LORA_EPILOGUE=triton runs,
-  autotuned).
+  its epilogue, dA and dB by cuBLAS;
+- `persistent`: the same through the persistent TMA kernel (lora_triton.MODE, what
+  TUNEDECK_LORA_EPILOGUE=triton runs, autotuned).
 Records each config's ms for each kernel, and prints the relative error of each mode's y and
 dx against `op`'s. CUDA events, median of --iters.
 
     python3 bench/lora_triton.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
+        [--modes epilogue,persistent[,loop]]
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_gemm import cuda_ms  # noqa: E402  (median ms of CUDA events after warm-up)
 
-WAYS = ("bare", "op", "tbare", "loop", "epilogue")
+# the Triton bare GEMM each mode's kernel is timed against
+BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare"}
 
 
-def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> dict:
+def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0) -> dict:
     import torch
 
     from tunedeck.core.train import lora_fused as lf
@@ -42,12 +45,41 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
     w = torch.randn(m, k, device=dev, dtype=dt) * 0.02
     a = torch.randn(r, k, device=dev, dtype=dt) * 0.02
     b = torch.randn(m, r, device=dev, dtype=dt) * 0.02
-    u = x @ a.t()
+    u, g = x @ a.t(), dy @ b
     out: dict = {"configs": {}}
+    tiled, persistent = lt.lora_mm, lt.lora_mm_persistent
+    # kernel name -> (forward or input gradient at a config, configs to sweep)
+    kernels = {
+        "tbare": (
+            lambda c: tiled(x, w.t(), None, None, s, None, c),
+            lambda c: tiled(dy, w, None, None, s, None, c),
+            lt.CONFIGS,
+        ),
+        "pbare": (
+            lambda c: persistent(x, w.t(), None, None, s, None, c),
+            lambda c: persistent(dy, w, None, None, s, None, c),
+            lt.PERSISTENT,
+        ),
+        "loop": (
+            lambda c: tiled(x, w.t(), a.t(), b.t(), s, None, c, "loop"),
+            lambda c: tiled(dy, w, b, a, s, None, c, "loop"),
+            lt.CONFIGS,
+        ),
+        "epilogue": (
+            lambda c: tiled(x, w.t(), u, b.t(), s, None, c, "epilogue"),
+            lambda c: tiled(dy, w, g, a, s, None, c, "epilogue"),
+            lt.CONFIGS,
+        ),
+        "persistent": (
+            lambda c: persistent(x, w.t(), u, b.t(), s, None, c),
+            lambda c: persistent(dy, w, g, a, s, None, c),
+            lt.PERSISTENT,
+        ),
+    }
 
-    def best(fn) -> tuple[float, tuple]:
+    def best(fn, configs) -> tuple:
         times = {}
-        for c in lt.CONFIGS:
+        for c in configs:
             try:
                 times[c] = cuda_ms(lambda c=c: fn(c), iters)
             except Exception as e:  # a config the GPU cannot hold (shared memory)
@@ -55,45 +87,36 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
         c = min(times, key=times.get)
         return times[c], c, times
 
-    g = dy @ b
-    kernels = {
-        "fwd_bare": lambda c: lt.lora_mm(x, w.t(), None, None, s, None, c),
-        "bwd_bare": lambda c: lt.lora_mm(dy, w, None, None, s, None, c),
-        "fwd_loop": lambda c: lt.lora_mm(x, w.t(), a.t(), b.t(), s, None, c, "loop"),
-        "bwd_loop": lambda c: lt.lora_mm(dy, w, b, a, s, None, c, "loop"),
-        "fwd_epilogue": lambda c: lt.lora_mm(x, w.t(), u, b.t(), s, None, c, "epilogue"),
-        "bwd_epilogue": lambda c: lt.lora_mm(dy, w, g, a, s, None, c, "epilogue"),
-    }
-    tuned = {}
-    for name, fn in kernels.items():
-        tuned[name] = best(fn)
-        out["configs"][name] = {str(c): round(ms, 4) for c, ms in tuned[name][2].items()}
-        out[f"{name}_best"] = [tuned[name][0], list(tuned[name][1])]
+    picked = {}
+    for name in dict.fromkeys([*(BARE[mode] for mode in modes), *modes]):
+        fwd, bwd, configs = kernels[name]
+        for part, fn in (("fwd", fwd), ("bwd", bwd)):
+            ms, c, times = best(fn, configs)
+            picked[f"{part}_{name}"] = c
+            out["configs"][f"{part}_{name}"] = {str(k): round(v, 4) for k, v in times.items()}
+            out[f"{part}_{name}_best"] = [ms, list(c)]
+        if name in BARE.values():
+            out[name] = out[f"fwd_{name}_best"][0] + out[f"bwd_{name}_best"][0]
     out["bare"] = cuda_ms(lambda: (x @ w.t(), dy @ w), iters)
-    out["op"] = cuda_ms(
-        lambda: (
-            lf.adapter_linear(x, w, None, a, b, s, False, 0.0),
-            lf.adapter_linear_backward(dy, x, w, a, b, u, s, False, None, 0.0),
-        ),
-        iters,
-    )
-    out["tbare"] = tuned["fwd_bare"][0] + tuned["bwd_bare"][0]
-    y_op = lf.adapter_linear(x, w, None, a, b, s, False, 0.0)[0].float()
-    dx_op = lf.adapter_linear_backward(dy, x, w, a, b, u, s, False, None, 0.0)[0].float()
-    for mode in ("loop", "epilogue"):
-        cf, cb = tuned[f"fwd_{mode}"][1], tuned[f"bwd_{mode}"][1]
-        out[mode] = cuda_ms(
-            lambda: (
-                lt.lora_forward(x, w, None, a, b, s, cf, mode),
-                lt.lora_backward(dy, x, w, a, b, u, s, cb, mode),
-            ),
-            iters,
-        )
-        y_t = lt.lora_forward(x, w, None, a, b, s, cf, mode)[0].float()
-        dx_t = lt.lora_backward(dy, x, w, a, b, u, s, cb, mode)[0].float()
+
+    def op():
+        y = lf.adapter_linear(x, w, None, a, b, s, False, 0.0)[0]
+        return y, lf.adapter_linear_backward(dy, x, w, a, b, u, s, False, None, 0.0)[0]
+
+    out["op"] = cuda_ms(op, iters)
+    y_op, dx_op = (t.float() for t in op())
+    for mode in modes:
+        cf, cb = picked[f"fwd_{mode}"], picked[f"bwd_{mode}"]
+
+        def fused(mode=mode, cf=cf, cb=cb):
+            y = lt.lora_forward(x, w, None, a, b, s, cf, mode)[0]
+            return y, lt.lora_backward(dy, x, w, a, b, u, s, cb, mode)[0]
+
+        out[mode] = cuda_ms(fused, iters)
+        y_t, dx_t = (t.float() for t in fused())
         out[f"err_{mode}"] = [
-            ((y_t - y_op).norm() / y_op.norm()).item(),
-            ((dx_t - dx_op).norm() / dx_op.norm()).item(),
+            round(((y_t - y_op).norm() / y_op.norm()).item(), 5),
+            round(((dx_t - dx_op).norm() / dx_op.norm()).item(), 5),
         ]
     out["tflops_bare"] = 4 * n * k * m / out["bare"] / 1e9
     return out
@@ -104,30 +127,32 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--modes", default="epilogue,persistent")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     import torch
     import triton
     from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
 
+    modes = args.modes.split(",")
+    ways = ["bare", "op", *dict.fromkeys(BARE[m] for m in modes), *modes]
     print(torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())
     rows = {}
     for name, k, m in LINEARS:
-        rows[name] = projection(args.tokens, k, m, args.rank, args.iters)
-        row = rows[name]
+        rows[name] = row = projection(args.tokens, k, m, args.rank, args.iters, modes)
         print(
             f"{name:<6} "
-            + " ".join(f"{w} {row[w]:.3f}" for w in WAYS)
-            + f"  (ms fwd+bwd; cuBLAS {row['tflops_bare']:.0f} TFLOP/s)"
-            + "  kernels "
+            + " ".join(f"{w} {row[w]:.3f}" for w in ways)
+            + f"  (ms fwd+bwd; cuBLAS {row['tflops_bare']:.0f} TFLOP/s)  kernels "
             + " ".join(f"{k[:-5]} {v[0]:.3f}" for k, v in row.items() if k.endswith("_best"))
-            + f"  err y, dx: loop {row['err_loop']} epilogue {row['err_epilogue']}"
+            + "  err y, dx: "
+            + " ".join(f"{m} {row['err_' + m]}" for m in modes)
         )
-    tot = {w: sum(r[w] for r in rows.values()) for w in WAYS}
-    print("layer  " + " ".join(f"{w} {tot[w]:.3f}" for w in WAYS))
+    tot = {w: sum(r[w] for r in rows.values()) for w in ways}
+    print("layer  " + " ".join(f"{w} {tot[w]:.3f}" for w in ways))
     print(
         "× 28 layers × 4 micro-batches, ms a step: "
-        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in WAYS)
+        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in ways)
     )
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))

@@ -86,6 +86,34 @@ def check_bare():
     assert (y.double() - ref).norm() <= 1e-6 * ref.norm()
 
 
+def test_persistent_kernel_reads_both_weight_layouts_and_adds_the_adapter():
+    _interpreted("check_persistent")
+
+
+def check_persistent():
+    """The persistent TMA kernel (the GPU default): y = x·Wᵀ + bias + s·u·Bᵀ from an (N, K)
+    weight and dx = dy·W + s·g·A from the same weight read (K, N), against float64, at rows of
+    16-byte multiples (TMA's rule) that no tile divides; bare without u."""
+    g = torch.Generator().manual_seed(5)
+    n, k, m, r, s = 70, 92, 52, 8, 1.3
+    x, w = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g) / 10
+    a, b = torch.randn(r, k, generator=g) / 10, torch.randn(m, r, generator=g) / 10
+    bias, dy = torch.randn(m, generator=g), torch.randn(n, m, generator=g)
+    u, gr = x @ a.t(), dy @ b
+    xd, wd, ad, bd, biasd, dyd, ud, grd = _f64(x, w, a, b, bias, dy, u, gr)
+    cases = (
+        (
+            lora_triton.lora_mm_persistent(x, w.t(), u, b.t(), s, bias),
+            xd @ wd.t() + biasd + s * ud @ bd.t(),
+        ),
+        (lora_triton.lora_mm_persistent(dy, w, gr, a, s), dyd @ wd + s * grd @ ad),
+        (lora_triton.lora_mm_persistent(x, w.t(), None, None, s), xd @ wd.t()),
+    )
+    for got, ref in cases:
+        assert got.shape == ref.shape
+        assert (got.double() - ref).norm() <= 1e-6 * ref.norm()
+
+
 @pytest.mark.parametrize("mode", ["loop", "epilogue"])
 def test_half_precision_kernel_rounds_like_the_default_layer(mode):
     _interpreted("check_half", mode)
