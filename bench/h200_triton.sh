@@ -13,10 +13,10 @@ gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips the per-projection bench
-  timeout 240 python3 bench/lora_triton.py --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
+  timeout 200 python3 bench/lora_triton.py --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
   echo "gemms: $SECONDS s"
 fi
-CASE_TIMEOUT=200 timeout 420 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
+CASE_TIMEOUT=260 timeout 360 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
   ${TRITON_CASES:-ours-default-1-bf16-triton,ours-default-1-bf16} 2>&1 | tail -4
 cat "$OUT/t/table.md" 2>/dev/null
 grep -ih "error" "$OUT"/t/*/run.log 2>/dev/null | head -5

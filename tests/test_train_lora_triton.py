@@ -101,17 +101,22 @@ def check_persistent():
     bias, dy = torch.randn(m, generator=g), torch.randn(n, m, generator=g)
     u, gr = x @ a.t(), dy @ b
     xd, wd, ad, bd, biasd, dyd, ud, grd = _f64(x, w, a, b, bias, dy, u, gr)
-    cases = (
-        (
-            lora_triton.lora_mm_persistent(x, w.t(), u, b.t(), s, bias),
-            xd @ wd.t() + biasd + s * ud @ bd.t(),
-        ),
-        (lora_triton.lora_mm_persistent(dy, w, gr, a, s), dyd @ wd + s * grd @ ad),
-        (lora_triton.lora_mm_persistent(x, w.t(), None, None, s), xd @ wd.t()),
-    )
-    for got, ref in cases:
-        assert got.shape == ref.shape
-        assert (got.double() - ref).norm() <= 1e-6 * ref.norm()
+    for epi, flat in ((0, True), (1, True), (2, True), (2, False)):  # PERSISTENT's variants
+        config = (*lora_triton.SMALL, epi, flat)
+        cases = (
+            (
+                lora_triton.lora_mm_persistent(x, w.t(), u, b.t(), s, bias, config),
+                xd @ wd.t() + biasd + s * ud @ bd.t(),
+            ),
+            (
+                lora_triton.lora_mm_persistent(dy, w, gr, a, s, None, config),
+                dyd @ wd + s * grd @ ad,
+            ),
+            (lora_triton.lora_mm_persistent(x, w.t(), None, None, s, None, config), xd @ wd.t()),
+        )
+        for got, ref in cases:
+            assert got.shape == ref.shape
+            assert (got.double() - ref).norm() <= 1e-6 * ref.norm(), (epi, flat)
 
 
 @pytest.mark.parametrize("mode", ["loop", "epilogue"])

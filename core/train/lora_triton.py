@@ -216,10 +216,10 @@ def _persistent():
         X, W, U, Q, BIAS, Y,
         M, N, K, R,
         sum_, sur, sqr, sqn,
-        scale,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, W_T: tl.constexpr,
-        HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr,
+        HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr, Q_T: tl.constexpr, EPI: tl.constexpr,
+        FLAT: tl.constexpr,
     ):  # fmt: skip
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         if W_T:  # W is Wᵀ of an (N, K) row-major weight
@@ -230,27 +230,31 @@ def _persistent():
             w_desc = tl.make_tensor_descriptor(
                 W, shape=[K, N], strides=[N, 1], block_shape=[BK, BN]
             )
+        if ADAPTER and EPI == 2:
+            u_desc = tl.make_tensor_descriptor(
+                U, shape=[M, R], strides=[R, 1], block_shape=[BM, RP]
+            )
+            if Q_T:  # Q is Bᵀ of an (N, r) row-major B
+                q_desc = tl.make_tensor_descriptor(
+                    Q, shape=[N, R], strides=[R, 1], block_shape=[BN, RP]
+                )
+            else:
+                q_desc = tl.make_tensor_descriptor(
+                    Q, shape=[R, N], strides=[N, 1], block_shape=[RP, BN]
+                )
         grid_m = (M + BM - 1) // BM
         grid_n = (N + BN - 1) // BN
         k_tiles = (K + BK - 1) // BK
         group = GROUP_M * grid_n
         rr = tl.arange(0, RP)
-        for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=True):
+        for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=FLAT):
             first_m = (tile // group) * GROUP_M
             size_m = min(grid_m - first_m, GROUP_M)
             pid_m = first_m + (tile % group) % size_m
             pid_n = (tile % group) // size_m
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for kt in range(k_tiles):
-                x = x_desc.load([pid_m * BM, kt * BK])
-                if W_T:
-                    w = w_desc.load([pid_n * BN, kt * BK]).T
-                else:
-                    w = w_desc.load([kt * BK, pid_n * BN])
-                acc = tl.dot(x, w, acc)
             rm = pid_m * BM + tl.arange(0, BM)
             rn = pid_n * BN + tl.arange(0, BN)
-            if ADAPTER:
+            if ADAPTER and EPI == 1:  # pointer loads issued before the main loop
                 v = tl.load(
                     U + rm[:, None] * sum_ + rr[None, :] * sur,
                     mask=(rm[:, None] < M) & (rr[None, :] < R),
@@ -261,7 +265,35 @@ def _persistent():
                     mask=(rr[:, None] < R) & (rn[None, :] < N),
                     other=0.0,
                 )
-                acc = tl.dot((v.to(tl.float32) * scale).to(Y.dtype.element_ty), q, acc)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for kt in range(k_tiles):
+                x = x_desc.load([pid_m * BM, kt * BK])
+                if W_T:
+                    w = w_desc.load([pid_n * BN, kt * BK]).T
+                else:
+                    w = w_desc.load([kt * BK, pid_n * BN])
+                acc = tl.dot(x, w, acc)
+            if ADAPTER:
+                if EPI == 2:  # one more K step of r through TMA: operands land as the loop's do
+                    v = u_desc.load([pid_m * BM, 0])
+                    if Q_T:
+                        q = q_desc.load([pid_n * BN, 0]).T
+                    else:
+                        q = q_desc.load([0, pid_n * BN])
+                    acc = tl.dot(v, q, acc)
+                else:
+                    if EPI == 0:  # pointer loads after the main loop
+                        v = tl.load(
+                            U + rm[:, None] * sum_ + rr[None, :] * sur,
+                            mask=(rm[:, None] < M) & (rr[None, :] < R),
+                            other=0.0,
+                        )
+                        q = tl.load(
+                            Q + rr[:, None] * sqr + rn[None, :] * sqn,
+                            mask=(rr[:, None] < R) & (rn[None, :] < N),
+                            other=0.0,
+                        )
+                    acc = tl.dot(v, q, acc)
             if HAS_BIAS:
                 acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
             tl.store(
@@ -273,7 +305,9 @@ def _persistent():
     tuned = triton.autotune(
         [
             triton.Config(
-                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
+                dict(zip(("BM", "BN", "BK", "GROUP_M", "EPI", "FLAT"), c[:4] + c[6:])),
+                num_stages=c[4],
+                num_warps=c[5],
             )
             for c in PERSISTENT
         ],
@@ -282,14 +316,20 @@ def _persistent():
     return triton, mm_persistent, tuned
 
 
-# (BM, BN, BK, GROUP_M, num_stages, num_warps) for the persistent kernel
-PERSISTENT = (
-    (128, 256, 64, 8, 3, 8),
-    (128, 256, 64, 8, 4, 8),
-    (128, 128, 64, 8, 4, 8),
-    (128, 128, 64, 8, 5, 4),
-    (128, 128, 128, 8, 3, 8),
-    (128, 256, 128, 8, 2, 8),
+# (BM, BN, BK, GROUP_M, num_stages, num_warps, EPI, FLAT) for the persistent kernel. EPI: how
+# the adapter's tiles arrive: 0 pointer loads after the main loop, 1 before it, 2 TMA loads
+# after it (shared-memory operands, as the loop's); FLAT lets Triton pipeline across tiles
+PERSISTENT = tuple(
+    (*tiles, epi, flat)
+    for tiles in (
+        (128, 256, 64, 8, 3, 8),
+        (128, 256, 64, 8, 4, 8),
+        (128, 128, 64, 8, 4, 8),
+        (128, 128, 64, 8, 5, 4),
+        (128, 128, 128, 8, 3, 8),
+        (128, 256, 128, 8, 2, 8),
+    )
+    for epi, flat in ((0, True), (1, True), (2, True), (2, False))
 )
 
 
@@ -320,14 +360,18 @@ def lora_mm_persistent(
     n = w.shape[1]
     r = u.shape[1] if u is not None else 0
     y = x.new_empty(m, n)
-    u_, q_ = (u, q) if u is not None else (y, y)
+    # s·q rounded to the input dtype, as the default layer's s·Bᵀ; a row-major copy of q (r
+    # rows, tiny) unless q is the transpose of a row-major B
+    q_t = q is not None and q.stride(0) == 1 and q.stride(1) != 1
+    if q is not None:
+        q = (q.t() * scale).contiguous().t() if q_t else (q * scale).contiguous()
+    u_, q_ = (u.contiguous(), q) if u is not None else (y, y)
     # one program per SM; a program past the last tile does nothing
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     args = (
         x, wm, u_, q_, bias if bias is not None else y, y,
         m, n, k, r,
         u_.stride(0), u_.stride(1), q_.stride(0), q_.stride(1),
-        scale,
     )  # fmt: skip
     flags = dict(
         RP=max(16, triton.next_power_of_2(r)),
@@ -335,28 +379,25 @@ def lora_mm_persistent(
         W_T=w_t,
         HAS_BIAS=bias is not None,
         ADAPTER=u is not None,
+        Q_T=q_t,
     )
     if config is None and x.is_cuda:
         tuned[(sms,)](*args, **flags)
     else:
-        bm, bn, bk, group_m, stages, warps = config or SMALL
+        bm, bn, bk, group_m, stages, warps, epi, flat = config or (*SMALL, 2, True)
         kernel[(sms,)](
-            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags,
+            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EPI=epi, FLAT=flat, **flags,
             num_stages=stages, num_warps=warps,
         )  # fmt: skip
     return y
 
 
-def tma_ready(x: Tensor, w: Tensor) -> bool:
-    """Whether the persistent kernel can read x (M, K) and w (K, N): on a GPU, with rows of a
-    multiple of 16 bytes and x's base 16-byte aligned, as TMA needs."""
+def tma_ready(x: Tensor, w: Tensor, r: int) -> bool:
+    """Whether the persistent kernel can read x (M, K), w (K, N) and the rank-r tiles: on a
+    GPU, every row a multiple of 16 bytes and x's base 16-byte aligned, as TMA needs."""
     size = x.element_size()
-    return (
-        x.is_cuda
-        and (x.shape[1] * size) % 16 == 0
-        and (w.shape[1] * size) % 16 == 0
-        and (x.data_ptr() % 16 == 0)
-    )
+    rows = (x.shape[1], w.shape[1], r)
+    return x.is_cuda and all(n * size % 16 == 0 for n in rows) and x.data_ptr() % 16 == 0
 
 
 # small tiles for the CPU's interpreter (the tests' shapes are tens of rows)
@@ -369,7 +410,7 @@ MODE = "persistent"
 
 
 def _epilogue(x, w, u, q, scale, bias, config, mode) -> Tensor:
-    if mode == "persistent" and tma_ready(x, w):
+    if mode == "persistent" and tma_ready(x, w, u.shape[1]):
         return lora_mm_persistent(x, w, u, q, scale, bias, config)
     return lora_mm(x, w, u, q, scale, bias, config, "epilogue")[0]
 
