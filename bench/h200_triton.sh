@@ -12,8 +12,8 @@ source bench/gpu_site.sh
 gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips the per-projection bench
-  timeout 200 python3 bench/lora_triton.py --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
+if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips it; TRITON_MODES=epilogue,persistent,loop
+  timeout 200 python3 bench/lora_triton.py --modes "${TRITON_MODES:-persistent}" --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
   echo "gemms: $SECONDS s"
 fi
 CASE_TIMEOUT=260 timeout 360 bash bench/trainer_bench.sh "$OUT/t" 3 5 \

@@ -101,8 +101,7 @@ def check_persistent():
     bias, dy = torch.randn(m, generator=g), torch.randn(n, m, generator=g)
     u, gr = x @ a.t(), dy @ b
     xd, wd, ad, bd, biasd, dyd, ud, grd = _f64(x, w, a, b, bias, dy, u, gr)
-    for epi, flat in ((0, True), (1, True), (2, True), (2, False)):  # PERSISTENT's variants
-        config = (*lora_triton.SMALL, epi, flat)
+    for config in (lora_triton.SMALL, (16, 32, 16, 2, 1, 4)):  # tiles cut differently
         cases = (
             (
                 lora_triton.lora_mm_persistent(x, w.t(), u, b.t(), s, bias, config),
@@ -116,7 +115,7 @@ def check_persistent():
         )
         for got, ref in cases:
             assert got.shape == ref.shape
-            assert (got.double() - ref).norm() <= 1e-6 * ref.norm(), (epi, flat)
+            assert (got.double() - ref).norm() <= 1e-6 * ref.norm(), config
 
 
 @pytest.mark.parametrize("mode", ["loop", "epilogue"])

@@ -206,8 +206,11 @@ def lora_mm(
 @functools.cache
 def _persistent():
     """The epilogue mode as a persistent kernel with TMA loads: one program per SM walking the
-    output tiles, X and W read through tensor descriptors (Hopper's bulk copies), which is
-    how Triton's GEMMs get near cuBLAS's on these GPUs."""
+    output tiles, every operand read through tensor descriptors (Hopper's bulk copies), which
+    is how Triton's GEMMs get near cuBLAS's on these GPUs. The adapter is one more K step of r
+    after the main loop, its u and s·B (or s·A) tiles loaded by TMA like the loop's: loaded by
+    pointers before or after the loop instead, it cost 20–40 % of the GEMM (bench/lora_triton.py
+    on an H100, docs/benchmarks.md)."""
     import triton
     import triton.language as tl
 
@@ -215,11 +218,9 @@ def _persistent():
     def mm_persistent(
         X, W, U, Q, BIAS, Y,
         M, N, K, R,
-        sum_, sur, sqr, sqn,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, W_T: tl.constexpr,
-        HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr, Q_T: tl.constexpr, EPI: tl.constexpr,
-        FLAT: tl.constexpr,
+        HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr, Q_T: tl.constexpr,
     ):  # fmt: skip
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         if W_T:  # W is Wᵀ of an (N, K) row-major weight
@@ -230,11 +231,11 @@ def _persistent():
             w_desc = tl.make_tensor_descriptor(
                 W, shape=[K, N], strides=[N, 1], block_shape=[BK, BN]
             )
-        if ADAPTER and EPI == 2:
+        if ADAPTER:  # columns past r read as zeros
             u_desc = tl.make_tensor_descriptor(
                 U, shape=[M, R], strides=[R, 1], block_shape=[BM, RP]
             )
-            if Q_T:  # Q is Bᵀ of an (N, r) row-major B
+            if Q_T:  # Q is (s·B)ᵀ of an (N, r) row-major B
                 q_desc = tl.make_tensor_descriptor(
                     Q, shape=[N, R], strides=[R, 1], block_shape=[BN, RP]
                 )
@@ -246,25 +247,12 @@ def _persistent():
         grid_n = (N + BN - 1) // BN
         k_tiles = (K + BK - 1) // BK
         group = GROUP_M * grid_n
-        rr = tl.arange(0, RP)
-        for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=FLAT):
+        # flatten: Triton pipelines the loads across output tiles, not only within one
+        for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=True):
             first_m = (tile // group) * GROUP_M
             size_m = min(grid_m - first_m, GROUP_M)
             pid_m = first_m + (tile % group) % size_m
             pid_n = (tile % group) // size_m
-            rm = pid_m * BM + tl.arange(0, BM)
-            rn = pid_n * BN + tl.arange(0, BN)
-            if ADAPTER and EPI == 1:  # pointer loads issued before the main loop
-                v = tl.load(
-                    U + rm[:, None] * sum_ + rr[None, :] * sur,
-                    mask=(rm[:, None] < M) & (rr[None, :] < R),
-                    other=0.0,
-                )
-                q = tl.load(
-                    Q + rr[:, None] * sqr + rn[None, :] * sqn,
-                    mask=(rr[:, None] < R) & (rn[None, :] < N),
-                    other=0.0,
-                )
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for kt in range(k_tiles):
                 x = x_desc.load([pid_m * BM, kt * BK])
@@ -274,26 +262,14 @@ def _persistent():
                     w = w_desc.load([kt * BK, pid_n * BN])
                 acc = tl.dot(x, w, acc)
             if ADAPTER:
-                if EPI == 2:  # one more K step of r through TMA: operands land as the loop's do
-                    v = u_desc.load([pid_m * BM, 0])
-                    if Q_T:
-                        q = q_desc.load([pid_n * BN, 0]).T
-                    else:
-                        q = q_desc.load([0, pid_n * BN])
-                    acc = tl.dot(v, q, acc)
+                v = u_desc.load([pid_m * BM, 0])
+                if Q_T:
+                    q = q_desc.load([pid_n * BN, 0]).T
                 else:
-                    if EPI == 0:  # pointer loads after the main loop
-                        v = tl.load(
-                            U + rm[:, None] * sum_ + rr[None, :] * sur,
-                            mask=(rm[:, None] < M) & (rr[None, :] < R),
-                            other=0.0,
-                        )
-                        q = tl.load(
-                            Q + rr[:, None] * sqr + rn[None, :] * sqn,
-                            mask=(rr[:, None] < R) & (rn[None, :] < N),
-                            other=0.0,
-                        )
-                    acc = tl.dot(v, q, acc)
+                    q = q_desc.load([0, pid_n * BN])
+                acc = tl.dot(v, q, acc)
+            rm = pid_m * BM + tl.arange(0, BM)
+            rn = pid_n * BN + tl.arange(0, BN)
             if HAS_BIAS:
                 acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
             tl.store(
@@ -305,9 +281,7 @@ def _persistent():
     tuned = triton.autotune(
         [
             triton.Config(
-                dict(zip(("BM", "BN", "BK", "GROUP_M", "EPI", "FLAT"), c[:4] + c[6:])),
-                num_stages=c[4],
-                num_warps=c[5],
+                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
             )
             for c in PERSISTENT
         ],
@@ -316,20 +290,14 @@ def _persistent():
     return triton, mm_persistent, tuned
 
 
-# (BM, BN, BK, GROUP_M, num_stages, num_warps, EPI, FLAT) for the persistent kernel. EPI: how
-# the adapter's tiles arrive: 0 pointer loads after the main loop, 1 before it, 2 TMA loads
-# after it (shared-memory operands, as the loop's); FLAT lets Triton pipeline across tiles
-PERSISTENT = tuple(
-    (*tiles, epi, flat)
-    for tiles in (
-        (128, 256, 64, 8, 3, 8),
-        (128, 256, 64, 8, 4, 8),
-        (128, 128, 64, 8, 4, 8),
-        (128, 128, 64, 8, 5, 4),
-        (128, 128, 128, 8, 3, 8),
-        (128, 256, 128, 8, 2, 8),
-    )
-    for epi, flat in ((0, True), (1, True), (2, True), (2, False))
+# (BM, BN, BK, GROUP_M, num_stages, num_warps) for the persistent kernel
+PERSISTENT = (
+    (128, 256, 64, 8, 3, 8),
+    (128, 256, 64, 8, 4, 8),
+    (128, 128, 64, 8, 4, 8),
+    (128, 128, 64, 8, 5, 4),
+    (128, 128, 128, 8, 3, 8),
+    (128, 256, 128, 8, 2, 8),
 )
 
 
@@ -368,11 +336,7 @@ def lora_mm_persistent(
     u_, q_ = (u.contiguous(), q) if u is not None else (y, y)
     # one program per SM; a program past the last tile does nothing
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    args = (
-        x, wm, u_, q_, bias if bias is not None else y, y,
-        m, n, k, r,
-        u_.stride(0), u_.stride(1), q_.stride(0), q_.stride(1),
-    )  # fmt: skip
+    args = (x, wm, u_, q_, bias if bias is not None else y, y, m, n, k, r)
     flags = dict(
         RP=max(16, triton.next_power_of_2(r)),
         NUM_SMS=sms,
@@ -384,9 +348,9 @@ def lora_mm_persistent(
     if config is None and x.is_cuda:
         tuned[(sms,)](*args, **flags)
     else:
-        bm, bn, bk, group_m, stages, warps, epi, flat = config or (*SMALL, 2, True)
+        bm, bn, bk, group_m, stages, warps = config or SMALL
         kernel[(sms,)](
-            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EPI=epi, FLAT=flat, **flags,
+            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags,
             num_stages=stages, num_warps=warps,
         )  # fmt: skip
     return y
