@@ -357,11 +357,13 @@ def lora_mm_persistent(
 
 
 def tma_ready(x: Tensor, w: Tensor, r: int) -> bool:
-    """Whether the persistent kernel can read x (M, K), w (K, N) and the rank-r tiles: on a
-    GPU, every row a multiple of 16 bytes and x's base 16-byte aligned, as TMA needs."""
+    """Whether the persistent kernel can read x (M, K), w (K, N) and the rank-r tiles: a GPU
+    with TMA (compute capability 9.0 or newer), every row a multiple of 16 bytes and x's base
+    16-byte aligned."""
+    if not x.is_cuda or torch.cuda.get_device_capability(x.device) < (9, 0):
+        return False
     size = x.element_size()
-    rows = (x.shape[1], w.shape[1], r)
-    return x.is_cuda and all(n * size % 16 == 0 for n in rows) and x.data_ptr() % 16 == 0
+    return all(n * size % 16 == 0 for n in (x.shape[1], w.shape[1], r)) and x.data_ptr() % 16 == 0
 
 
 # small tiles for the CPU's interpreter (the tests' shapes are tens of rows)
