@@ -287,6 +287,7 @@ def _persistent():
         ],
         key=["M", "N", "K", "R"],
     )(mm_persistent)
+    triton.set_allocator(_scratch)  # the descriptors the kernel builds live in global memory
     return triton, mm_persistent, tuned
 
 
@@ -299,6 +300,11 @@ PERSISTENT = (
     (128, 128, 128, 8, 3, 8),
     (128, 256, 128, 8, 2, 8),
 )
+
+
+@functools.cache
+def _sms(device: int | None) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _scratch(size: int, alignment: int, stream) -> Tensor:
@@ -320,7 +326,6 @@ def lora_mm_persistent(
     """x·w + s·u·q + bias as lora_mm's epilogue mode (u = x·p given), persistent and through
     TMA: x row-major, w a row-major (K, N) or the transpose of a row-major (N, K)."""
     triton, kernel, tuned = _persistent()
-    triton.set_allocator(_scratch)
     x = x.contiguous()
     w_t = w.stride(0) == 1 and w.stride(1) != 1
     wm = w.t().contiguous() if w_t else w.contiguous()  # no copy for a row-major weight
@@ -335,7 +340,7 @@ def lora_mm_persistent(
         q = (q.t() * scale).contiguous().t() if q_t else (q * scale).contiguous()
     u_, q_ = (u.contiguous(), q) if u is not None else (y, y)
     # one program per SM; a program past the last tile does nothing
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+    sms = _sms(x.device.index) if x.is_cuda else 4
     args = (x, wm, u_, q_, bias if bias is not None else y, y, m, n, k, r)
     flags = dict(
         RP=max(16, triton.next_power_of_2(r)),
