@@ -16,10 +16,11 @@ compiler hands ATen a fresh output, so ATen first copies the full-size C operand
 (80 ms a step of the 7B preset in bf16, 40 ms in fp8, where the compiler makes an addmm of the
 out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the attention blocks
 with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
-and the other linears as "op"; "triton" runs each linear as one Triton kernel that reads the
-adapter inside the frozen GEMM's main loop (lora_triton; layers with dropout run "op"). The default is what the H200 measured: "op", in bf16 (+3 %
-tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" add out of place and "after" and
-the kcats are "op").
+and the other linears as "op"; "triton" runs each linear as one Triton GEMM kernel that takes
+the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
+layers with dropout and the fp8 base run "op"). The default is what the H200 measured: "op", in
+bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" add out of place and
+"after", the kcats and "triton" are "op").
 """
 
 from __future__ import annotations

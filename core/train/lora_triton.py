@@ -2,21 +2,23 @@
 
 cuBLAS cannot take the adapter in: whatever way its calls are arranged, the rank-r products read
 x (or dy) again and write a full-size tensor the big GEMM then reads (docs/benchmarks.md, "The
-adapter's 160 ms are bytes, not FLOPs"). Here one Triton kernel computes
+adapter's 160 ms are bytes, not FLOPs"). Here a Triton kernel computes
 
     Y = X·W + s·(X·P)·Q        X: (M, K)   W: (K, N)   P: (K, r)   Q: (r, N)
 
-in one of two modes. "loop": the rank-r sum X·P accumulates in a second (BM × r) register tile
-beside the main one, over the same X tiles, and s·(X·P)·Q is added in the epilogue. "epilogue":
-X·P comes from cuBLAS (a rank-r GEMM that reads X once) and only s·(X·P)·Q is added in the
-epilogue, so no full-size tensor is written for the adapter. One kernel serves the forward
-(X = x, W = Wᵀ, P = Aᵀ, Q = Bᵀ, giving y and u = x·Aᵀ) and the backward's input gradient (X = dy,
-W = W, P = B, Q = A, giving dx and dy·B); operands are passed by strides, so no transpose is
-copied. dA and dB stay cuBLAS GEMMs over the token dimension. Triton is imported only when the
-kernel is first used (CPU wheels of torch come without it).
+for the forward (X = x, W = Wᵀ, P = Aᵀ, Q = Bᵀ, giving y and u = x·Aᵀ) and the backward's input
+gradient (X = dy, W = W, P = B, Q = A, giving dx and dy·B); dA and dB stay cuBLAS GEMMs over the
+tokens. Modes (MODE; bench/lora_triton.py measures each):
+- "persistent", the default: X·P from cuBLAS, then a persistent kernel that reads every operand
+  by TMA and takes s·(X·P)·Q as one more K step of r, so no full-size tensor is written for the
+  adapter (GPUs with TMA, rows of 16-byte multiples; "epilogue" elsewhere);
+- "epilogue": the same sum added after the main loop of a tiled kernel with pointer loads;
+- "loop": the tiled kernel accumulates X·P in a second (BM × r) register tile over the same X
+  tiles (no rank-r GEMM before it; slower, the compiler stops overlapping the loads).
+Triton is imported only when a kernel is first used (CPU wheels of torch come without it).
 
-TRITON_INTERPRET=1 runs the kernel on the CPU (tests/test_train_lora_triton.py checks it against
-float64); its speed is measured on the GPU by bench/lora_triton.py.
+TRITON_INTERPRET=1 runs every kernel on the CPU (tests/test_train_lora_triton.py checks them
+against float64).
 """
 
 from __future__ import annotations
@@ -209,7 +211,7 @@ def _persistent():
     output tiles, every operand read through tensor descriptors (Hopper's bulk copies), which
     is how Triton's GEMMs get near cuBLAS's on these GPUs. The adapter is one more K step of r
     after the main loop, its u and s·B (or s·A) tiles loaded by TMA like the loop's: loaded by
-    pointers before or after the loop instead, it cost 20–40 % of the GEMM (bench/lora_triton.py
+    pointers before or after the loop instead, it cost 24–53 % of the GEMM (bench/lora_triton.py
     on an H100, docs/benchmarks.md)."""
     import triton
     import triton.language as tl
