@@ -37,6 +37,31 @@ def available() -> bool:
     return True
 
 
+def _autotuned(triton, kernel, configs):
+    """`kernel` autotuned per shape among `configs` (CONFIGS' layout)."""
+    return triton.autotune(
+        [
+            triton.Config(
+                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
+            )
+            for c in configs
+        ],
+        key=["M", "N", "K", "R"],
+    )(kernel)
+
+
+def _launch(kernel, tuned, grid, args, flags, config, on_gpu: bool) -> None:
+    """Run at `config`, or autotuned on a GPU when none is given (SMALL on the interpreter);
+    grid(BM, BN) is the launch grid."""
+    if config is None and on_gpu:
+        tuned[lambda c: grid(c["BM"], c["BN"])](*args, **flags)
+        return
+    bm, bn, bk, group_m, stages, warps = config or SMALL
+    kernel[grid(bm, bn)](
+        *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags, num_stages=stages, num_warps=warps
+    )
+
+
 @functools.cache
 def _kernel():
     import triton
@@ -128,16 +153,7 @@ def _kernel():
             mask=(rm[:, None] < M) & (rn[None, :] < N),
         )
 
-    tuned = triton.autotune(
-        [
-            triton.Config(
-                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
-            )
-            for c in CONFIGS
-        ],
-        key=["M", "N", "K", "R"],
-    )(lora_mm)
-    return triton, lora_mm, tuned
+    return triton, lora_mm, _autotuned(triton, lora_mm, CONFIGS)
 
 
 # (BM, BN, BK, GROUP_M, num_stages, num_warps): what the GPU's autotuning picks from per shape
@@ -194,14 +210,8 @@ def lora_mm(
         W_T=w.stride(0) == 1 and w.stride(1) != 1,
         P_T=adapter == 1 and p.stride(0) == 1 and p.stride(1) != 1,
     )
-    if config is None and x.is_cuda:
-        tuned[lambda c: (triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]),)](*args, **flags)
-    else:
-        bm, bn, bk, group_m, stages, warps = config or SMALL
-        kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
-            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags,
-            num_stages=stages, num_warps=warps,
-        )  # fmt: skip
+    grid = lambda bm, bn: (triton.cdiv(m, bm) * triton.cdiv(n, bn),)  # noqa: E731
+    _launch(kernel, tuned, grid, args, flags, config, x.is_cuda)
     return y, (v if adapter == 1 else None)
 
 
@@ -280,17 +290,8 @@ def _persistent():
                 mask=(rm[:, None] < M) & (rn[None, :] < N),
             )
 
-    tuned = triton.autotune(
-        [
-            triton.Config(
-                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
-            )
-            for c in PERSISTENT
-        ],
-        key=["M", "N", "K", "R"],
-    )(mm_persistent)
     triton.set_allocator(_scratch)  # the descriptors the kernel builds live in global memory
-    return triton, mm_persistent, tuned
+    return triton, mm_persistent, _autotuned(triton, mm_persistent, PERSISTENT)
 
 
 # (BM, BN, BK, GROUP_M, num_stages, num_warps) for the persistent kernel
@@ -352,14 +353,7 @@ def lora_mm_persistent(
         ADAPTER=u is not None,
         Q_T=q_t,
     )
-    if config is None and x.is_cuda:
-        tuned[(sms,)](*args, **flags)
-    else:
-        bm, bn, bk, group_m, stages, warps = config or SMALL
-        kernel[(sms,)](
-            *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags,
-            num_stages=stages, num_warps=warps,
-        )  # fmt: skip
+    _launch(kernel, tuned, lambda bm, bn: (sms,), args, flags, config, x.is_cuda)
     return y
 
 
