@@ -39,6 +39,30 @@ def cuda_ms(fn, iters: int) -> float:
     return statistics.median(out)
 
 
+def projection_args(**extra) -> argparse.Namespace:
+    """The per-projection benches' options (one 7B layer's linears at --tokens, rank --rank,
+    median of --iters), plus `extra` as {flag: default}."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    for flag, default in extra.items():
+        ap.add_argument(f"--{flag}", default=default)
+    return ap.parse_args()
+
+
+def layer_totals(rows: dict, ways, label: str = "layer") -> dict:
+    """Print each way's ms summed over a layer's projections and over a 7B preset step."""
+    tot = {w: sum(r[w] for r in rows.values()) for w in ways}
+    print(f"{label:<10} " + " ".join(f"{w} {tot[w]:.3f}" for w in ways))
+    print(
+        "× 28 layers × 4 micro-batches, ms a step: "
+        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in ways)
+    )
+    return tot
+
+
 def one(way: str, n: int, k: int, m: int, r: int, iters: int) -> float:
     """ms for forward + backward of one projection done `way`."""
     import torch
@@ -68,12 +92,7 @@ def one(way: str, n: int, k: int, m: int, r: int, iters: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+    a = projection_args()
     import torch
     from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
 
@@ -83,12 +102,7 @@ def main() -> None:
     for name, k, m in LINEARS:
         rows[name] = {w: one(w, a.tokens, k, m, a.rank, a.iters) for w in WAYS}
         print(f"{name:<10} " + " ".join(f"{rows[name][w]:8.3f}" for w in WAYS))
-    tot = {w: sum(r[w] for r in rows.values()) for w in WAYS}
-    print(f"{'layer':<10} " + " ".join(f"{tot[w]:8.3f}" for w in WAYS))
-    print(
-        "× 28 layers × 4 micro-batches, ms a step: "
-        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in WAYS)
-    )
+    tot = layer_totals(rows, WAYS)
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))
 

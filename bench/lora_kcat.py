@@ -23,13 +23,13 @@ GEMM over [x | s·x·A_qᵀ | s·x·A_kᵀ | s·x·A_vᵀ] (forward and input-gr
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lora_gemm import cuda_ms  # noqa: E402  (median ms of CUDA events after warm-up)
+# median ms of CUDA events after warm-up; the per-projection benches' options
+from lora_gemm import cuda_ms, projection_args  # noqa: E402
 
 WAYS = ("bare", "epilogue", "kcat", "kcat_gemm", "kcat64_gemm")
 
@@ -141,12 +141,7 @@ def qkv(n: int, r: int, iters: int, k: int = 3584, outs=(3584, 512, 512)) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+    a = projection_args()
     import torch
     from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
 

@@ -16,18 +16,18 @@ Records each config's ms for each kernel, and prints the relative error of each 
 dx against `op`'s. CUDA events, median of --iters.
 
     python3 bench/lora_triton.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
-        [--modes epilogue,persistent[,loop]]
+        [--modes persistent[,epilogue,loop]]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lora_gemm import cuda_ms  # noqa: E402  (median ms of CUDA events after warm-up)
+# median ms of CUDA events after warm-up; the per-projection benches' options and totals
+from lora_gemm import cuda_ms, layer_totals, projection_args  # noqa: E402
 
 # the Triton bare GEMM each mode's kernel is timed against
 BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare"}
@@ -123,13 +123,7 @@ def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--modes", default="epilogue,persistent")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = projection_args(modes="persistent")
     import torch
     import triton
     from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
@@ -148,12 +142,7 @@ def main() -> None:
             + "  err y, dx: "
             + " ".join(f"{m} {row['err_' + m]}" for m in modes)
         )
-    tot = {w: sum(r[w] for r in rows.values()) for w in ways}
-    print("layer  " + " ".join(f"{w} {tot[w]:.3f}" for w in ways))
-    print(
-        "× 28 layers × 4 micro-batches, ms a step: "
-        + ", ".join(f"{w} {tot[w] * 112:.0f}" for w in ways)
-    )
+    tot = layer_totals(rows, ways)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))
 
