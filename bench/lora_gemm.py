@@ -52,6 +52,22 @@ def projection_args(**extra) -> argparse.Namespace:
     return ap.parse_args()
 
 
+def operands(n: int, k: int, m: int, r: int) -> tuple:
+    """(x, dy, W, A, B) of one projection, in → out = k → m, n tokens, rank r: bf16 on the GPU."""
+    import torch
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * scale
+
+    return (
+        rand(n, k),
+        rand(n, m),
+        rand(m, k, scale=0.02),
+        rand(r, k, scale=0.02),
+        rand(m, r, scale=0.02),
+    )
+
+
 def layer_totals(rows: dict, ways, label: str = "layer") -> dict:
     """Print each way's ms summed over a layer's projections and over a 7B preset step."""
     tot = {w: sum(r[w] for r in rows.values()) for w in ways}

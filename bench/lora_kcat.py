@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # median ms of CUDA events after warm-up; the per-projection benches' options
-from lora_gemm import cuda_ms, projection_args  # noqa: E402
+from lora_gemm import cuda_ms, operands, projection_args  # noqa: E402
 
 WAYS = ("bare", "epilogue", "kcat", "kcat_gemm", "kcat64_gemm")
 
@@ -39,11 +39,7 @@ def projection(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> di
     import torch
 
     dev, dt = "cuda", torch.bfloat16
-    x = torch.randn(n, k, device=dev, dtype=dt)
-    dy = torch.randn(n, m, device=dev, dtype=dt)
-    w = torch.randn(m, k, device=dev, dtype=dt) * 0.02
-    a = torch.randn(r, k, device=dev, dtype=dt) * 0.02
-    b = torch.randn(m, r, device=dev, dtype=dt) * 0.02
+    x, dy, w, a, b = operands(n, k, m, r)
 
     def buffer(ext: int) -> torch.Tensor:  # [[W, B, 0], [A, 0, 0], [0 ...]]
         wc = torch.zeros(m + ext, k + ext, device=dev, dtype=dt)

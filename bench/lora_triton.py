@@ -27,24 +27,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # median ms of CUDA events after warm-up; the per-projection benches' options and totals
-from lora_gemm import cuda_ms, layer_totals, projection_args  # noqa: E402
+from lora_gemm import cuda_ms, layer_totals, operands, projection_args  # noqa: E402
 
 # the Triton bare GEMM each mode's kernel is timed against
 BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare"}
 
 
 def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0) -> dict:
-    import torch
 
     from tunedeck.core.train import lora_fused as lf
     from tunedeck.core.train import lora_triton as lt
 
-    dev, dt = "cuda", torch.bfloat16
-    x = torch.randn(n, k, device=dev, dtype=dt)
-    dy = torch.randn(n, m, device=dev, dtype=dt)
-    w = torch.randn(m, k, device=dev, dtype=dt) * 0.02
-    a = torch.randn(r, k, device=dev, dtype=dt) * 0.02
-    b = torch.randn(m, r, device=dev, dtype=dt) * 0.02
+    x, dy, w, a, b = operands(n, k, m, r)
     u, g = x @ a.t(), dy @ b
     out: dict = {"configs": {}}
     tiled, persistent = lt.lora_mm, lt.lora_mm_persistent
