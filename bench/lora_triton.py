@@ -11,12 +11,14 @@ Per projection of a Qwen2.5-7B layer (8,192 tokens, r = 16), forward + backward 
 - `epilogue`: the rank-r products x·Aᵀ and dy·B by cuBLAS, the kernel adding s·u·Bᵀ (s·g·A) in
   its epilogue, dA and dB by cuBLAS;
 - `persistent`: the same through the persistent TMA kernel (lora_triton.MODE, what
-  TUNEDECK_LORA_EPILOGUE=triton runs, autotuned).
+  TUNEDECK_LORA_EPILOGUE=triton runs, autotuned);
+- `persistent-loop`: the persistent kernel computing x·Aᵀ (dy·B) in its main loop too, so
+  only dA and dB remain for cuBLAS (TUNEDECK_LORA_EPILOGUE=triton-loop).
 Records each config's ms for each kernel, and prints the relative error of each mode's y and
 dx against `op`'s. CUDA events, median of --iters.
 
     python3 bench/lora_triton.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
-        [--modes persistent[,epilogue,loop]]
+        [--modes persistent[,persistent-loop,epilogue,loop]]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_gemm import cuda_ms, layer_totals, operands, projection_args  # noqa: E402
 
 # the Triton bare GEMM each mode's kernel is timed against
-BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare"}
+BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare", "persistent-loop": "pbare"}
 
 
 def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0) -> dict:
@@ -67,6 +69,11 @@ def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0
         "persistent": (
             lambda c: persistent(x, w.t(), u, b.t(), s, None, c),
             lambda c: persistent(dy, w, g, a, s, None, c),
+            lt.PERSISTENT,
+        ),
+        "persistent-loop": (
+            lambda c: persistent(x, w.t(), None, b.t(), s, None, c, a.t()),
+            lambda c: persistent(dy, w, None, a, s, None, c, b),
             lt.PERSISTENT,
         ),
     }

@@ -91,9 +91,10 @@ def test_persistent_kernel_reads_both_weight_layouts_and_adds_the_adapter():
 
 
 def check_persistent():
-    """The persistent TMA kernel (the GPU default): y = x·Wᵀ + bias + s·u·Bᵀ from an (N, K)
-    weight and dx = dy·W + s·g·A from the same weight read (K, N), against float64, at rows of
-    16-byte multiples (TMA's rule) that no tile divides; bare without u."""
+    """The persistent TMA kernel: y = x·Wᵀ + bias + s·u·Bᵀ from an (N, K) weight and
+    dx = dy·W + s·g·A from the same weight read (K, N), against float64, at rows of 16-byte
+    multiples (TMA's rule) that no tile divides, with u given or computed in the main loop
+    (then returned); bare without u."""
     g = torch.Generator().manual_seed(5)
     n, k, m, r, s = 70, 92, 52, 8, 1.3
     x, w = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g) / 10
@@ -101,21 +102,21 @@ def check_persistent():
     bias, dy = torch.randn(m, generator=g), torch.randn(n, m, generator=g)
     u, gr = x @ a.t(), dy @ b
     xd, wd, ad, bd, biasd, dyd, ud, grd = _f64(x, w, a, b, bias, dy, u, gr)
+    y_ref, dx_ref = xd @ wd.t() + biasd + s * ud @ bd.t(), dyd @ wd + s * grd @ ad
+    mm = lora_triton.lora_mm_persistent
     for config in (lora_triton.SMALL, (16, 32, 16, 2, 1, 4)):  # tiles cut differently
         cases = (
-            (
-                lora_triton.lora_mm_persistent(x, w.t(), u, b.t(), s, bias, config),
-                xd @ wd.t() + biasd + s * ud @ bd.t(),
-            ),
-            (
-                lora_triton.lora_mm_persistent(dy, w, gr, a, s, None, config),
-                dyd @ wd + s * grd @ ad,
-            ),
-            (lora_triton.lora_mm_persistent(x, w.t(), None, None, s, None, config), xd @ wd.t()),
+            (mm(x, w.t(), u, b.t(), s, bias, config), (y_ref, None)),
+            (mm(dy, w, gr, a, s, None, config), (dx_ref, None)),
+            (mm(x, w.t(), None, b.t(), s, bias, config, p=a.t()), (y_ref, ud)),
+            (mm(dy, w, None, a, s, None, config, p=b), (dx_ref, grd)),
+            (mm(x, w.t(), None, None, s, None, config), (xd @ wd.t(), None)),
         )
-        for got, ref in cases:
+        for (got, got_xp), (ref, ref_xp) in cases:
             assert got.shape == ref.shape
             assert (got.double() - ref).norm() <= 1e-6 * ref.norm(), config
+            if ref_xp is not None:
+                assert (got_xp.double() - ref_xp).norm() <= 1e-6 * ref_xp.norm(), config
 
 
 @pytest.mark.parametrize("mode", ["loop", "epilogue"])
@@ -160,7 +161,7 @@ def check_layers():
     ref_loss, ref_g = loss_and_grads(tiny_peft())
     calls = []
     real = lora_triton.lora_forward
-    lora_triton.lora_forward = lambda *a: calls.append(1) or real(*a)
+    lora_triton.lora_forward = lambda *a, **k: calls.append(1) or real(*a, **k)
     for compiled in (False, True):
         m = tiny_peft()
         assert lora_fused.fuse_lora(m) == 14

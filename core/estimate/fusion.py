@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 
 # TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring); the kcats widen whole blocks and run
-# the other linears as "op"
+# the other linears as "op"; the Tritons run each linear as one Triton kernel
 KCATS = ("kcat", "kcat-mlp")
-EPILOGUES = ("op", "after", *KCATS, "triton", "1", "0")
+TRITONS = ("triton", "triton-loop")  # core/train/lora_triton.py's kernels
+EPILOGUES = ("op", "after", *KCATS, *TRITONS, "1", "0")
 
 
 def fused_on(device_type: str, fp8: bool = False) -> bool:
@@ -26,4 +27,4 @@ def lora_epilogue() -> str:
 def dropout_fuses(fp8: bool, epilogue: str) -> bool:
     """Whether a layer with dropout fuses: only where the opaque ops run it (not fp8, not a
     traced epilogue); the 4-bit op always does."""
-    return not fp8 and epilogue in ("op", "after", *KCATS, "triton")
+    return not fp8 and epilogue in ("op", "after", *KCATS, *TRITONS)

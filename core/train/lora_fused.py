@@ -18,9 +18,10 @@ out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the att
 with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
 and the other linears as "op"; "triton" runs each linear as one Triton GEMM kernel that takes
 the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
-layers with dropout and the fp8 base run "op"). The default is what the H200 measured: "op", in
+"triton-loop" also computes x·Aᵀ in that kernel; layers with dropout and the fp8 base run
+"op"). The default is what the H200 measured: "op", in
 bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" add out of place and
-"after", the kcats and "triton" are "op").
+"after", the kcats and the Tritons are "op").
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 from tunedeck.core.estimate.fusion import (
     EPILOGUES,
     KCATS,
+    TRITONS,
     dropout_fuses,
     fused_on,
     lora_epilogue,
@@ -312,7 +314,7 @@ def _fused_forward(self, x, *args, **kwargs):
     with torch.autocast(dev, enabled=False):
         w = base.weight if base.weight.dtype == dt else base.weight.to(dt)
         bias = None if base.bias is None else base.bias.to(dt)
-        if self._tunedeck_epilogue == "triton":
+        if self._tunedeck_epilogue in TRITONS:
             y, _ = lora_triton.lora_linear_triton(
                 x.reshape(-1, shape[-1]).to(dt),
                 w,
@@ -320,6 +322,7 @@ def _fused_forward(self, x, *args, **kwargs):
                 a.to(dt),
                 b.to(dt),
                 float(self.scaling["default"]),
+                lora_triton.EPILOGUE_MODES[self._tunedeck_epilogue],
             )
             return y.view(*shape[:-1], y.shape[-1])
         if self._tunedeck_epilogue in ("op", "after"):
@@ -426,12 +429,14 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
 def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:
     """What one fused layer runs: the kcats widen blocks and leave their linears "op"; the
     Triton kernel takes no dropout and no fp8 base, and needs Triton."""
-    if epilogue in KCATS or (fp8 and epilogue == "triton"):
+    if epilogue in KCATS or (fp8 and epilogue in TRITONS):
         return "op"
-    if epilogue == "triton":
+    if epilogue in TRITONS:
         if not lora_triton.available():
-            raise RuntimeError("TUNEDECK_LORA_EPILOGUE=triton: the triton package is not installed")
-        return "triton" if not dropout_p(module) else "op"
+            raise RuntimeError(
+                f"TUNEDECK_LORA_EPILOGUE={epilogue}: the triton package is not installed"
+            )
+        return epilogue if not dropout_p(module) else "op"
     return epilogue
 
 

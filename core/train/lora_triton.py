@@ -228,11 +228,12 @@ def _persistent():
 
     @triton.jit
     def mm_persistent(
-        X, W, U, Q, BIAS, Y,
+        X, W, U, Q, BIAS, Y, P,
         M, N, K, R,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, W_T: tl.constexpr,
         HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr, Q_T: tl.constexpr,
+        LOOP: tl.constexpr, P_T: tl.constexpr,
     ):  # fmt: skip
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         if W_T:  # W is Wᵀ of an (N, K) row-major weight
@@ -243,10 +244,20 @@ def _persistent():
             w_desc = tl.make_tensor_descriptor(
                 W, shape=[K, N], strides=[N, 1], block_shape=[BK, BN]
             )
-        if ADAPTER:  # columns past r read as zeros
+        if ADAPTER and not LOOP:  # columns past r read as zeros
             u_desc = tl.make_tensor_descriptor(
                 U, shape=[M, R], strides=[R, 1], block_shape=[BM, RP]
             )
+        if LOOP:  # u = X·P is computed here, over the main loop's X tiles, and written to U
+            if P_T:  # P is Aᵀ of an (r, K) row-major A
+                p_desc = tl.make_tensor_descriptor(
+                    P, shape=[R, K], strides=[K, 1], block_shape=[RP, BK]
+                )
+            else:
+                p_desc = tl.make_tensor_descriptor(
+                    P, shape=[K, R], strides=[R, 1], block_shape=[BK, RP]
+                )
+        if ADAPTER:
             if Q_T:  # Q is (s·B)ᵀ of an (N, r) row-major B
                 q_desc = tl.make_tensor_descriptor(
                     Q, shape=[N, R], strides=[R, 1], block_shape=[BN, RP]
@@ -266,6 +277,7 @@ def _persistent():
             pid_m = first_m + (tile % group) % size_m
             pid_n = (tile % group) // size_m
             acc = tl.zeros((BM, BN), dtype=tl.float32)
+            acc_r = tl.zeros((BM, RP), dtype=tl.float32)
             for kt in range(k_tiles):
                 x = x_desc.load([pid_m * BM, kt * BK])
                 if W_T:
@@ -273,15 +285,31 @@ def _persistent():
                 else:
                     w = w_desc.load([kt * BK, pid_n * BN])
                 acc = tl.dot(x, w, acc)
+                if LOOP:
+                    if P_T:
+                        pk = p_desc.load([0, kt * BK]).T
+                    else:
+                        pk = p_desc.load([kt * BK, 0])
+                    acc_r = tl.dot(x, pk, acc_r)
+            rm = pid_m * BM + tl.arange(0, BM)
+            rn = pid_n * BN + tl.arange(0, BN)
             if ADAPTER:
-                v = u_desc.load([pid_m * BM, 0])
+                if LOOP:  # rounded to the input dtype as the rank-r GEMM's output is
+                    v = acc_r.to(Y.dtype.element_ty)
+                    if pid_n == 0:
+                        rr = tl.arange(0, RP)
+                        tl.store(
+                            U + rm[:, None] * R + rr[None, :],
+                            v,
+                            mask=(rm[:, None] < M) & (rr[None, :] < R),
+                        )
+                else:
+                    v = u_desc.load([pid_m * BM, 0])
                 if Q_T:
                     q = q_desc.load([pid_n * BN, 0]).T
                 else:
                     q = q_desc.load([0, pid_n * BN])
                 acc = tl.dot(v, q, acc)
-            rm = pid_m * BM + tl.arange(0, BM)
-            rn = pid_n * BN + tl.arange(0, BN)
             if HAS_BIAS:
                 acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
             tl.store(
@@ -325,26 +353,34 @@ def lora_mm_persistent(
     scale: float,
     bias: Tensor | None = None,
     config: tuple[int, ...] | None = None,
-) -> Tensor:
-    """x·w + s·u·q + bias as lora_mm's epilogue mode (u = x·p given), persistent and through
-    TMA: x row-major, w a row-major (K, N) or the transpose of a row-major (N, K)."""
+    p: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """(x·w + s·u·q + bias, u), persistent and through TMA: x row-major; w, p and q each
+    row-major or the transpose of a row-major tensor. u = x·p is given, or, with p (K, r),
+    computed in the main loop and returned. Without u and p, the bare product."""
     triton, kernel, tuned = _persistent()
     x = x.contiguous()
-    w_t = w.stride(0) == 1 and w.stride(1) != 1
-    wm = w.t().contiguous() if w_t else w.contiguous()  # no copy for a row-major weight
     m, k = x.shape
     n = w.shape[1]
-    r = u.shape[1] if u is not None else 0
+    w_t, wm = _rows(w)
+    loop = p is not None
+    if loop:
+        r = p.shape[1]
+        u = x.new_empty(m, r)
+        p_t, pm = _rows(p)
+    else:
+        r = u.shape[1] if u is not None else 0
+        p_t, pm = False, x  # unread
     y = x.new_empty(m, n)
-    # s·q rounded to the input dtype, as the default layer's s·Bᵀ; a row-major copy of q (r
-    # rows, tiny) unless q is the transpose of a row-major B
-    q_t = q is not None and q.stride(0) == 1 and q.stride(1) != 1
-    if q is not None:
-        q = (q.t() * scale).contiguous().t() if q_t else (q * scale).contiguous()
-    u_, q_ = (u.contiguous(), q) if u is not None else (y, y)
+    if q is not None:  # s·q rounded to the input dtype, as the default layer's s·Bᵀ
+        q_t, qm = _rows(q)
+        qm = qm * scale
+    else:
+        q_t, qm = False, y
+    u_ = u.contiguous() if u is not None else y
     # one program per SM; a program past the last tile does nothing
     sms = _sms(x.device.index) if x.is_cuda else 4
-    args = (x, wm, u_, q_, bias if bias is not None else y, y, m, n, k, r)
+    args = (x, wm, u_, qm, bias if bias is not None else y, y, pm, m, n, k, r)
     flags = dict(
         RP=max(16, triton.next_power_of_2(r)),
         NUM_SMS=sms,
@@ -352,9 +388,19 @@ def lora_mm_persistent(
         HAS_BIAS=bias is not None,
         ADAPTER=u is not None,
         Q_T=q_t,
+        LOOP=loop,
+        P_T=p_t,
     )
     _launch(kernel, tuned, lambda bm, bn: (sms,), args, flags, config, x.is_cuda)
-    return y
+    return y, u_ if u is not None else None
+
+
+def _rows(t: Tensor) -> tuple[bool, Tensor]:
+    """(transposed, m): m is t's row-major storage, t itself or, when t is the transpose of a
+    row-major tensor, that tensor (no copy either way unless t is neither)."""
+    if t.stride(0) == 1 and t.stride(1) != 1:
+        return True, t.t().contiguous()
+    return False, t.contiguous()
 
 
 def tma_ready(x: Tensor, w: Tensor, r: int) -> bool:
@@ -371,77 +417,79 @@ def tma_ready(x: Tensor, w: Tensor, r: int) -> bool:
 SMALL = (32, 32, 32, 4, 1, 4)
 
 
-# how the adapter enters the kernel (bench/lora_triton.py measures each): "persistent" is
-# "epilogue" through the persistent TMA kernel wherever TMA can read the operands
+# how the adapter enters the kernel (bench/lora_triton.py measures each): "persistent" and
+# "persistent-loop" run the persistent TMA kernel wherever TMA can read the operands, the tiled
+# "epilogue" elsewhere
+MODES = ("persistent", "persistent-loop", "epilogue", "loop")
 MODE = "persistent"
 
 
-def _epilogue(x, w, u, q, scale, bias, config, mode) -> Tensor:
-    if mode == "persistent" and tma_ready(x, w, u.shape[1]):
-        return lora_mm_persistent(x, w, u, q, scale, bias, config)
-    return lora_mm(x, w, u, q, scale, bias, config, "epilogue")[0]
+def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
+    """(x·w + s·(x·p)·q + bias, x·p) the way `mode` says: x·p by cuBLAS first, or in the
+    kernel's main loop ("loop" modes)."""
+    if mode.startswith("persistent") and tma_ready(x, w, p.shape[1]):
+        if mode == "persistent-loop":
+            return lora_mm_persistent(x, w, None, q, scale, bias, config, p)
+        xp = x @ p
+        return lora_mm_persistent(x, w, xp, q, scale, bias, config)[0], xp
+    if mode == "loop":
+        return lora_mm(x, w, p, q, scale, bias, config, "loop")
+    xp = x @ p
+    return lora_mm(x, w, xp, q, scale, bias, config, "epilogue")[0], xp
 
 
 def lora_forward(x, weight, bias, a, b, scale, config=None, mode=None) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ; "loop": one kernel; otherwise u by
-    cuBLAS, then one kernel that adds s·u·Bᵀ in its epilogue."""
-    mode = mode or MODE
-    if mode == "loop":
-        return lora_mm(x, weight.t(), a.t(), b.t(), scale, bias, config, "loop")
-    u = x @ a.t()
-    return _epilogue(x, weight.t(), u, b.t(), scale, bias, config, mode), u
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ."""
+    return _product(x, weight.t(), a.t(), b.t(), scale, bias, config, mode or MODE)
 
 
 def lora_backward(dy, x, weight, a, b, u, scale, config=None, mode=None) -> tuple[Tensor, ...]:
-    """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel (dy·B in its main loop, or by cuBLAS
-    before it); dA = s·(dy·B)ᵀ·x and dB = s·dyᵀ·u over the tokens (cuBLAS)."""
-    mode = mode or MODE
-    if mode == "loop":
-        dx, g = lora_mm(dy, weight, b, a, scale, None, config, "loop")
-    else:
-        g = dy @ b
-        dx = _epilogue(dy, weight, g, a, scale, None, config, mode)
-    da = (g.t() @ x) * scale
-    db = (dy.t() @ u) * scale
-    return dx, da, db
+    """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel; dA = s·(dy·B)ᵀ·x and
+    dB = s·dyᵀ·u over the tokens (cuBLAS)."""
+    dx, g = _product(dy, weight, b, a, scale, None, config, mode or MODE)
+    return dx, (g.t() @ x) * scale, (dy.t() @ u) * scale
 
 
 @torch.library.custom_op("tunedeck::lora_linear_triton", mutates_args=())
 def lora_linear_triton(
-    x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float
+    x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float, mode: str
 ) -> tuple[Tensor, Tensor]:
-    """(y, u) of lora_forward, opaque to the compiler (TUNEDECK_LORA_EPILOGUE=triton)."""
-    return lora_forward(x, weight, bias, a, b, scale)
+    """(y, u) of lora_forward, opaque to the compiler (TUNEDECK_LORA_EPILOGUE=triton...)."""
+    return lora_forward(x, weight, bias, a, b, scale, mode=mode)
 
 
 @lora_linear_triton.register_fake
-def _(x, weight, bias, a, b, scale):
+def _(x, weight, bias, a, b, scale, mode):
     return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
 
 
 @torch.library.custom_op("tunedeck::lora_linear_triton_backward", mutates_args=())
 def lora_linear_triton_backward(
-    dy: Tensor, x: Tensor, weight: Tensor, a: Tensor, b: Tensor, u: Tensor, scale: float
+    dy: Tensor, x: Tensor, weight: Tensor, a: Tensor, b: Tensor, u: Tensor, scale: float, mode: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of lora_linear_triton."""
-    return lora_backward(dy, x, weight, a, b, u, scale)
+    return lora_backward(dy, x, weight, a, b, u, scale, mode=mode)
 
 
 @lora_linear_triton_backward.register_fake
-def _(dy, x, weight, a, b, u, scale):
+def _(dy, x, weight, a, b, u, scale, mode):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _setup(ctx, inputs, output):
-    x, weight, _bias, a, b, scale = inputs
+    x, weight, _bias, a, b, scale, mode = inputs
     ctx.save_for_backward(x, weight, a, b, output[1])
-    ctx.scale = scale
+    ctx.scale, ctx.mode = scale, mode
 
 
 def _backward(ctx, dy, _du):
     x, weight, a, b, u = ctx.saved_tensors
-    dx, da, db = lora_linear_triton_backward(dy, x, weight, a, b, u, ctx.scale)
-    return dx, None, None, da, db, None
+    dx, da, db = lora_linear_triton_backward(dy, x, weight, a, b, u, ctx.scale, ctx.mode)
+    return dx, None, None, da, db, None, None
 
 
 lora_linear_triton.register_autograd(_backward, setup_context=_setup)
+
+
+# TUNEDECK_LORA_EPILOGUE's Triton values and the mode each runs
+EPILOGUE_MODES = {"triton": MODE, "triton-loop": "persistent-loop"}
