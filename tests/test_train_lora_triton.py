@@ -181,3 +181,16 @@ def check_layers():
     ways = {mod._tunedeck_epilogue for mod in m.modules() if hasattr(mod, "_tunedeck_epilogue")}
     assert ways == {"op"}
     assert lora_fused.layer_epilogue("triton", tiny_peft().base_model, fp8=True) == "op"
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
+def test_triton_switch_without_triton_is_named(monkeypatch):
+    """Asked for the Triton layers where Triton is missing, fuse_lora says which setting needs
+    what instead of failing at the first forward."""
+    from lora_replay import tiny_peft
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "triton-loop")
+    monkeypatch.setattr(lora_triton, "available", lambda: False)
+    with pytest.raises(RuntimeError, match="TUNEDECK_LORA_EPILOGUE=triton-loop: the triton"):
+        lora_fused.fuse_lora(tiny_peft())

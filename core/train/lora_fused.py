@@ -18,10 +18,9 @@ out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the att
 with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
 and the other linears as "op"; "triton" runs each linear as one Triton GEMM kernel that takes
 the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
-"triton-loop" also computes x·Aᵀ in that kernel; layers with dropout and the fp8 base run
-"op"). The default is what the H200 measured: "op", in
-bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and "0" add out of place and
-"after", the kcats and the Tritons are "op").
+"triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; layers with dropout run "op"). The
+default is what the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %;
+there "1" and "0" add out of place and "after", the kcats and the Tritons are "op").
 """
 
 from __future__ import annotations

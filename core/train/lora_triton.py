@@ -30,6 +30,7 @@ from torch import Tensor
 
 
 def available() -> bool:
+    """Whether Triton is installed (CUDA builds of torch bring it)."""
     try:
         import triton  # noqa: F401
     except ImportError:
