@@ -93,8 +93,8 @@ def _kernel():
         rk = tl.arange(0, BK)
         rr = tl.arange(0, RP)
         x_ptr = X + rm[:, None] * sxm + rk[None, :] * sxk
-        # an operand whose K is its contiguous dimension (W_T, P_T) is loaded K-fastest and
-        # transposed in registers: loading it K-slowest ran the forward at 70 % of the speed
+        # an operand whose K is its contiguous dimension (W_T, P_T) is loaded K-fastest, so
+        # each row is one coalesced read, and transposed in registers
         if W_T:
             w_ptr = W + rn[:, None] * swn + rk[None, :] * swk
         else:
@@ -218,12 +218,13 @@ def lora_mm(
 
 @functools.cache
 def _persistent():
-    """The epilogue mode as a persistent kernel with TMA loads: one program per SM walking the
-    output tiles, every operand read through tensor descriptors (Hopper's bulk copies), which
-    is how Triton's GEMMs get near cuBLAS's on these GPUs. The adapter is one more K step of r
-    after the main loop, its u and s·B (or s·A) tiles loaded by TMA like the loop's: loaded by
-    pointers before or after the loop instead, it cost 24–53 % of the GEMM (bench/lora_triton.py
-    on an H100, docs/benchmarks.md)."""
+    """The persistent kernel with TMA loads: one program per SM walking the output tiles, every
+    operand read through tensor descriptors (Hopper's bulk copies), which is how Triton's GEMMs
+    get near cuBLAS's on these GPUs. The adapter is one more K step of r after the main loop,
+    its u and s·B (or s·A) tiles loaded by TMA like the loop's: loaded by pointers before or
+    after the loop instead, it cost 24–53 % of the GEMM (bench/lora_triton.py on an H100,
+    docs/benchmarks.md). LOOP also computes u in the main loop (a second dot over the same X
+    tiles: 40 % slower, kept as TUNEDECK_LORA_EPILOGUE=triton-loop)."""
     import triton
     import triton.language as tl
 
