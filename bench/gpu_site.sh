@@ -3,6 +3,7 @@
 # and Unsloth, when .gpu/unsloth/ is there, into /tmp/usite (UNSLOTH_PATH: only its case sees it,
 # since it patches transformers at import). Exports PYTHONPATH, and what every device script
 # runs under: multicast off (NVLS, symmetric memory, NVSHMEM), no network, unbuffered output.
+# case_losses prints the trainer-bench cases' step losses side by side.
 gpu_site() {
   export PYTHONUNBUFFERED=1 PYTHON=python3
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,4 +22,10 @@ gpu_site() {
       && export UNSLOTH_PATH=/tmp/usite
   fi
   export PYTHONPATH=/tmp/site
+}
+
+case_losses() {  # case_losses EVENTS...: each trainer-bench case's step losses from its rank0.jsonl
+  for f in "$@"; do
+    python3 -c 'import json,sys; print(sys.argv[1].split("/")[-3], [round(e["loss"], 4) for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"])' "$f"
+  done
 }

@@ -28,7 +28,5 @@ if [[ ${KCAT_AUTOTUNE:-0} == 1 ]]; then  # kcat again with Inductor's GEMM autot
 fi
 cat "$OUT/t/table.md" 2>/dev/null
 grep -ih "error" "$OUT"/t/*/run.log 2>/dev/null | head -5
-for f in "$OUT"/[ta]/*/events/rank0.jsonl; do  # the same data and seed: the losses should agree
-  python3 -c 'import json,sys; print(sys.argv[1].split("/")[-3], [round(e["loss"], 4) for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"])' "$f"
-done
+case_losses "$OUT"/[ta]/*/events/rank0.jsonl  # the same data and seed: the losses should agree
 echo "total: $SECONDS s"

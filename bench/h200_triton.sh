@@ -12,7 +12,7 @@ source bench/gpu_site.sh
 gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips it; TRITON_MODES=epilogue,persistent,loop
+if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips it; TRITON_MODES adds persistent-loop,epilogue,loop
   timeout 200 python3 bench/lora_triton.py --modes "${TRITON_MODES:-persistent}" --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
   echo "gemms: $SECONDS s"
 fi
@@ -20,7 +20,5 @@ CASE_TIMEOUT=260 timeout 360 bash bench/trainer_bench.sh "$OUT/t" 3 5 \
   ${TRITON_CASES:-ours-default-1-bf16-triton,ours-default-1-bf16} 2>&1 | tail -4
 cat "$OUT/t/table.md" 2>/dev/null
 grep -ih "error" "$OUT"/t/*/run.log 2>/dev/null | head -5
-for f in "$OUT"/t/*/events/rank0.jsonl; do  # the same data and seed: the losses should agree
-  python3 -c 'import json,sys; print(sys.argv[1].split("/")[-3], [round(e["loss"], 4) for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"])' "$f"
-done
+case_losses "$OUT"/t/*/events/rank0.jsonl  # the same data and seed: the losses should agree
 echo "total: $SECONDS s"

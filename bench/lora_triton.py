@@ -36,7 +36,6 @@ BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare", "persistent
 
 
 def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0) -> dict:
-
     from tunedeck.core.train import lora_fused as lf
     from tunedeck.core.train import lora_triton as lt
 

@@ -422,7 +422,6 @@ SMALL = (32, 32, 32, 4, 1, 4)
 # how the adapter enters the kernel (bench/lora_triton.py measures each): "persistent" and
 # "persistent-loop" run the persistent TMA kernel wherever TMA can read the operands, the tiled
 # "epilogue" elsewhere
-MODES = ("persistent", "persistent-loop", "epilogue", "loop")
 MODE = "persistent"
 
 
