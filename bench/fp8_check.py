@@ -70,13 +70,13 @@ def variants():
 
     class InPlace(lf._LoraLinearFP8):
         @staticmethod
-        def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, in_place=False):
+        def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, add="0"):
             x8, sx = lf.quant_rows(x)
             y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
             u = x @ a.t()
             bs = b.t() * scale
             ctx.save_for_backward(x, wt8, swt, a, bs, u)
-            ctx.scale, ctx.in_place = scale, False
+            ctx.scale, ctx.add = scale, "0"
             return y.addmm_(u, bs)
 
     return {"committed": lf._LoraLinearFP8, "in-place": InPlace}
@@ -94,10 +94,13 @@ def main() -> None:
     )
     committed = lf._LoraLinearFP8
     runs = [(False, True, "bf16")] + [(True, c, name) for name in variants() for c in (False, True)]
-    runs += [(True, True, "out-of-place")]
+    runs += [(True, True, "out-of-place"), (True, False, "triton"), (True, True, "triton")]
     for fp8, comp, name in runs:
-        # out-of-place: the committed layer with the adapter added outside the fp8 GEMM
-        os.environ["TUNEDECK_LORA_EPILOGUE"] = "1" if name == "out-of-place" else "op"
+        # out-of-place: the committed layer with the adapter added outside the fp8 GEMM;
+        # triton: the fp8 product and the adapter in one Triton kernel (lora_triton)
+        os.environ["TUNEDECK_LORA_EPILOGUE"] = {"out-of-place": "1", "triton": "triton"}.get(
+            name, "op"
+        )
         lf._LoraLinearFP8 = variants().get(name, committed) if fp8 else committed
         if comp:
             torch._dynamo.reset()

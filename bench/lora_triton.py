@@ -17,8 +17,17 @@ Per projection of a Qwen2.5-7B layer (8,192 tokens, r = 16), forward + backward 
 Records each config's ms for each kernel, and prints the relative error of each mode's y and
 dx against `op`'s. CUDA events, median of --iters.
 
+`--modes ...,fp8` (or `fp8` alone) also times the fp8 base's two products a projection (x·Wᵀ
+and dy·W, e4m3 with per-row scales, the adapter's s·u·Bᵀ and s·g·A added): `fp8bare` is
+cuBLAS's `_scaled_mm` alone, `fp8op` what the fp8 layer runs by default (lora_fused.
+scaled_mm_add: `_scaled_mm`, then the adapter added in place by a second GEMM), `fp8triton`
+the persistent kernel with the scales and the adapter's K step (lora_triton.scaled_lora_mm,
+TUNEDECK_LORA_EPILOGUE=triton with method.fp8_base), the best of lora_triton.PERSISTENT_FP8
+per product. The quantization of x and dy and the rank-r GEMMs, the same either way, are left
+out.
+
     python3 bench/lora_triton.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
-        [--modes persistent[,persistent-loop,epilogue,loop]]
+        [--modes persistent[,persistent-loop,epilogue,loop,fp8]]
 """
 
 from __future__ import annotations
@@ -122,6 +131,53 @@ def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0
     return out
 
 
+def projection_fp8(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -> dict:
+    """The fp8 base's forward and input-gradient products of one projection, three ways (the
+    module docstring), with each PERSISTENT_FP8 config's ms and the error against `fp8op`."""
+    import torch
+
+    from tunedeck.core.train import lora_fused as lf
+    from tunedeck.core.train import lora_triton as lt
+
+    x, dy, w, a, b = operands(n, k, m, r)
+    (x8, sx), (dy8, sdy) = lf.quant_rows(x), lf.quant_rows(dy)
+    w8, sw = lf.quant_rows(w.contiguous())
+    wt8, swt = lf.quant_rows(w.t().contiguous())
+    sw, swt = sw.t().contiguous(), swt.t().contiguous()
+    bs = b.t() * s
+    u, g = x @ a.t(), dy @ bs.t()
+    fwd_args, bwd_args = (x8, sx, w8.t(), sw, None, u, bs), (dy8, sdy, wt8.t(), swt, None, g, a)
+    out: dict = {"configs": {}}
+
+    def scaled(a8, sa, b8, sb, _bias, _u, _v):
+        return torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    def kernel(c, a8, sa, b8, sb, bias, u_, v):
+        return lt.lora_mm_persistent(a8, b8, u_, v, 1.0, bias, c, scales=(sa, sb))[0]
+
+    for part, args in (("fwd", fwd_args), ("bwd", bwd_args)):
+        times = {}
+        for c in lt.PERSISTENT_FP8:
+            try:
+                times[c] = cuda_ms(lambda c=c, args=args: kernel(c, *args), iters)
+            except Exception as e:  # a config the GPU cannot hold (shared memory)
+                print(f"  config {c}: {type(e).__name__}: {str(e)[:120]}")
+        c = min(times, key=times.get)
+        out["configs"][f"{part}_fp8triton"] = {str(k): round(v, 4) for k, v in times.items()}
+        out[f"{part}_fp8triton_best"] = [times[c], list(c)]
+        for way, fn in (("fp8bare", scaled), ("fp8op", lf.scaled_mm_add)):
+            out[f"{part}_{way}"] = cuda_ms(lambda fn=fn, args=args: fn(*args), iters)
+        ref, got = lf.scaled_mm_add(*args).float(), kernel(c, *args).float()
+        out[f"err_{part}_fp8triton"] = round(((got - ref).norm() / ref.norm()).item(), 5)
+    for way in ("fp8bare", "fp8op"):
+        out[way] = out[f"fwd_{way}"] + out[f"bwd_{way}"]
+    out["fp8triton"] = out["fwd_fp8triton_best"][0] + out["bwd_fp8triton_best"][0]
+    return out
+
+
+FP8_WAYS = ("fp8bare", "fp8op", "fp8triton")
+
+
 def main() -> None:
     args = projection_args(modes="persistent")
     import torch
@@ -129,10 +185,14 @@ def main() -> None:
     from fp8_gemm import LINEARS  # (name, in, out) of one Qwen2.5-7B layer
 
     modes = args.modes.split(",")
-    ways = ["bare", "op", *dict.fromkeys(BARE[m] for m in modes), *modes]
+    fp8 = "fp8" in modes
+    modes = [m for m in modes if m != "fp8"]
+    ways = ["bare", "op", *dict.fromkeys(BARE[m] for m in modes), *modes] if modes else []
     print(torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())
-    rows = {}
+    rows, rows8, tot, tot8 = {}, {}, {}, {}
     for name, k, m in LINEARS:
+        if not modes:
+            break
         rows[name] = row = projection(args.tokens, k, m, args.rank, args.iters, modes)
         print(
             f"{name:<6} "
@@ -142,9 +202,23 @@ def main() -> None:
             + "  err y, dx: "
             + " ".join(f"{m} {row['err_' + m]}" for m in modes)
         )
-    tot = layer_totals(rows, ways)
+    if modes:
+        tot = layer_totals(rows, ways)
+    for name, k, m in LINEARS if fp8 else ():
+        rows8[name] = row = projection_fp8(args.tokens, k, m, args.rank, args.iters)
+        print(
+            f"{name:<6} "
+            + " ".join(f"{w} {row[w]:.3f}" for w in FP8_WAYS)
+            + "  (ms x·Wᵀ + dy·W)  kernels "
+            + " ".join(f"{k[:-5]} {v[0]:.3f} {v[1]}" for k, v in row.items() if k.endswith("_best"))
+            + f"  err y, dx: {row['err_fwd_fp8triton']} {row['err_bwd_fp8triton']}"
+        )
+    if fp8:
+        tot8 = layer_totals(rows8, FP8_WAYS, "fp8 layer")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "layer": tot}, indent=1))
+        args.json.write_text(
+            json.dumps({"rows": rows, "layer": tot, "fp8": rows8, "fp8_layer": tot8}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ def test_quant_rows_keeps_each_row_within_e4m3():
     assert (q.float().abs().amax(dim=1) == 448).all()  # each row spans e4m3's whole range
 
 
-@pytest.mark.parametrize("in_place", [False, True])
-def test_fp8_lora_linear_computes_what_it_says(in_place):
+@pytest.mark.parametrize("add", ["0", "op"])
+def test_fp8_lora_linear_computes_what_it_says(add):
     """The layer against the same math written out: products of the de-quantized e4m3
     operands (forward: x and W, backward: dy and W's second copy), the adapter in full
     precision. Equal up to float rounding, so only the quantization differs from bf16;
@@ -77,7 +77,7 @@ def test_fp8_lora_linear_computes_what_it_says(in_place):
     w8, sw = quant_rows(w)
     wt8, swt = quant_rows(w.t())
     y = _LoraLinearFP8.apply(
-        x, w8, sw.t().contiguous(), wt8, swt.t().contiguous(), bias, a, b, s, in_place
+        x, w8, sw.t().contiguous(), wt8, swt.t().contiguous(), bias, a, b, s, add
     )
     y.backward(dy)
 
@@ -222,7 +222,7 @@ def test_fp8_layer_with_the_adapter_inside_the_op_compiles_to_the_same_gradients
             a,
             b,
             s,
-            True,
+            "op",
         )
         return (torch.nn.functional.gelu(y) ** 2).sum()
 

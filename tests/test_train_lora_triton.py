@@ -180,7 +180,79 @@ def check_layers():
     assert lora_fused.fuse_lora(m) == 14
     ways = {mod._tunedeck_epilogue for mod in m.modules() if hasattr(mod, "_tunedeck_epilogue")}
     assert ways == {"op"}
-    assert lora_fused.layer_epilogue("triton", tiny_peft().base_model, fp8=True) == "op"
+    assert lora_fused.layer_epilogue("triton-loop", tiny_peft().base_model, fp8=True) == "op"
+
+
+def test_fp8_kernel_scales_the_product_and_adds_the_adapter():
+    _interpreted("check_fp8_kernel")
+
+
+def check_fp8_kernel():
+    """The fp8 base's product through the persistent kernel: (sx·x8)·(w8·sw)ᵀ + bias + u·v
+    against float64 of the de-quantized operands, at sizes no tile divides, the weight read
+    from (N, K) rows (as both passes of the layer read theirs) and from (K, N) rows; in fp16
+    within the dtype's rounding of cuBLAS's two-pass scaled_mm_add (the interpreter has no
+    bf16)."""
+    g = torch.Generator().manual_seed(7)
+    n, k, m, r = 70, 96, 48, 8
+    x = torch.randn(n, k, generator=g)
+    x[:, 5] *= 300  # an outlier channel: its rows' scales differ by orders of magnitude
+    w = torch.randn(m, k, generator=g) / 10
+    (x8, sx), (w8, sw) = lora_fused.quant_rows(x), lora_fused.quant_rows(w)
+    u, v = torch.randn(n, r, generator=g), torch.randn(r, m, generator=g) / 10
+    bias = torch.randn(m, generator=g)
+    deq = lambda q, inv: q.double() * inv.double()  # noqa: E731
+    lora = u.double() @ v.double()
+    for w_op, sw_op, w_ref in (
+        (w8.t(), sw.t().contiguous(), deq(w8, sw).t()),  # (N, K) row-major, read transposed
+        (w8.t().contiguous(), sw.t().contiguous(), deq(w8, sw).t()),  # (K, N) row-major
+    ):
+        want = deq(x8, sx) @ w_ref + bias.double() + lora
+        for config in (lora_triton.SMALL, (16, 32, 16, 2, 1, 4)):
+            y = lora_triton.lora_mm_persistent(
+                x8, w_op, u, v, 1.0, bias, config, scales=(sx, sw_op)
+            )[0]
+            assert y.dtype == torch.float32
+            assert (y.double() - want).norm() <= 1e-6 * want.norm(), config
+    uh, vh, bh = u.half(), v.half(), bias.half()
+    y = lora_triton.scaled_lora_mm(x8, sx, w8.t(), sw.t().contiguous(), bh, uh, vh)
+    ref = lora_fused.scaled_mm_add(x8, sx, w8.t(), sw.t().contiguous(), bh, uh, vh)
+    assert y.dtype == torch.float16
+    assert (y.float() - ref.float()).norm() <= 2e-3 * ref.float().norm()
+
+
+def test_fp8_triton_layers_equal_the_fp8_op():
+    _interpreted("check_fp8_layers")
+
+
+def check_fp8_layers():
+    """TUNEDECK_LORA_EPILOGUE=triton with method.fp8_base: every linear's fp8 product and
+    adapter run as the kernel, forward and input gradient, eager and compiled, with the loss
+    and gradients of the default fp8 layers ("op", cuBLAS's product and a second pass)."""
+    from lora_replay import loss_and_grads, tiny_peft
+
+    os.environ["TUNEDECK_FUSED_LORA"] = "1"
+    os.environ["TUNEDECK_LORA_EPILOGUE"] = "op"
+    ref = tiny_peft()
+    assert lora_fused.fuse_lora(ref, fp8=True) == 14
+    ref_loss, ref_g = loss_and_grads(ref)
+    os.environ["TUNEDECK_LORA_EPILOGUE"] = "triton"
+    calls = []
+    real = lora_triton.lora_mm_persistent
+    lora_triton.lora_mm_persistent = lambda *a, **k: calls.append(1) or real(*a, **k)
+    for compiled in (False, True):
+        m = tiny_peft()
+        assert lora_fused.fuse_lora(m, fp8=True) == 14
+        if compiled:
+            m = torch.compile(m, backend="eager")
+        calls.clear()
+        loss, g = loss_and_grads(m)
+        assert len(calls) == 28  # 14 linears, forward and input gradient
+        assert torch.allclose(loss, ref_loss, rtol=1e-5), (compiled, loss, ref_loss)
+        g = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
+        assert g.keys() == ref_g.keys()
+        for k in ref_g:
+            assert (g[k] - ref_g[k]).norm() <= 1e-4 * ref_g[k].norm(), k
 
 
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")

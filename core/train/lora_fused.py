@@ -20,7 +20,8 @@ and the other linears as "op"; "triton" runs each linear as one Triton GEMM kern
 the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
 "triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; layers with dropout run "op"). The
 default is what the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %;
-there "1" and "0" add out of place and "after", the kcats and the Tritons are "op").
+there "1" and "0" add out of place, "after", the kcats and "triton-loop" are "op", and "triton"
+runs the fp8 product and the adapter as one Triton kernel, not yet measured).
 """
 
 from __future__ import annotations
@@ -213,21 +214,22 @@ class _LoraLinearFP8(torch.autograd.Function):
     gradients stay in the input's dtype. Hopper's fp8 GEMMs take only this layout pair
     (row-major A, column-major B), hence the two copies: together the bytes of one bf16 W.
 
-    in_place: the adapter is added inside the opaque scaled_mm_add, into the fp8 GEMM's own
-    output (the default, "op"); otherwise out of place. Adding it in place outside such an op
-    (y.addmm_ on _scaled_mm's result) compiled to all-zero gradients on an H200 (torch 2.11),
-    though eager and CPU were right; both forms here match eager compiled on the H200
-    (bench/fp8_check.py: "committed" and "out-of-place")."""
+    add: "op" adds the adapter inside the opaque scaled_mm_add, into the fp8 GEMM's own output
+    (the default); "triton" inside one Triton kernel that takes it as one more K step
+    (lora_triton.scaled_lora_mm); otherwise out of place. Adding it in place outside such an
+    op (y.addmm_ on _scaled_mm's result) compiled to all-zero gradients on an H200 (torch
+    2.11), though eager and CPU were right; "op" and out of place match eager compiled on the
+    H200 (bench/fp8_check.py: "committed" and "out-of-place")."""
 
     @staticmethod
-    def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, in_place=False):
+    def forward(ctx, x, w8, sw, wt8, swt, bias, a, b, scale, add="0"):
         x8, sx = quant_rows(x)
         u = x @ a.t()  # (N, r)
         bs = b.t() * scale  # (r, out)
         ctx.save_for_backward(x, wt8, swt, a, bs, u)
-        ctx.scale, ctx.in_place = scale, in_place
-        if in_place:
-            return scaled_mm_add(x8, sx, w8.t(), sw, bias, u, bs)
+        ctx.scale, ctx.add = scale, add
+        if add in FP8_ADDS:
+            return FP8_ADDS[add](x8, sx, w8.t(), sw, bias, u, bs)
         y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, bias=bias, out_dtype=x.dtype)
         return y + u @ bs
 
@@ -238,12 +240,16 @@ class _LoraLinearFP8(torch.autograd.Function):
         g = dy @ bs.t()  # (N, r) = s·dy·B
         da = g.t() @ x
         db = (dy.t() @ u) * ctx.scale
-        if ctx.in_place:
-            dx = scaled_mm_add(dy8, sdy, wt8.t(), swt, None, g, a)
+        if ctx.add in FP8_ADDS:
+            dx = FP8_ADDS[ctx.add](dy8, sdy, wt8.t(), swt, None, g, a)
         else:
             dx = torch._scaled_mm(dy8, wt8.t(), scale_a=sdy, scale_b=swt, out_dtype=dy.dtype)
             dx = dx + g @ a
         return dx, None, None, None, None, None, da, db, None, None
+
+
+# the fp8 layer's epilogues that add the adapter inside one opaque op
+FP8_ADDS = {"op": scaled_mm_add, "triton": lora_triton.scaled_mm_add_triton}
 
 
 def to_fp8(module: nn.Module) -> None:
@@ -307,7 +313,7 @@ def _fused_forward(self, x, *args, **kwargs):
                 a.to(dt),
                 b.to(dt),
                 float(self.scaling["default"]),
-                self._tunedeck_epilogue in ("op", "after"),  # fp8's in-place add is "after"'s
+                "op" if self._tunedeck_epilogue == "after" else self._tunedeck_epilogue,
             )
         return y.view(*shape[:-1], y.shape[-1])
     with torch.autocast(dev, enabled=False):
@@ -427,8 +433,9 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
 
 def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:
     """What one fused layer runs: the kcats widen blocks and leave their linears "op"; the
-    Triton kernel takes no dropout and no fp8 base, and needs Triton."""
-    if epilogue in KCATS or (fp8 and epilogue in TRITONS):
+    Triton kernels take no dropout and need Triton; an fp8 base runs only "triton" of them
+    (x·Aᵀ stays a 16-bit GEMM)."""
+    if epilogue in KCATS or (fp8 and epilogue == "triton-loop"):
         return "op"
     if epilogue in TRITONS:
         if not lora_triton.available():

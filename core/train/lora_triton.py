@@ -15,6 +15,9 @@ tokens. Modes (MODE; bench/lora_triton.py measures each):
 - "epilogue": the same sum added after the main loop of a tiled kernel with pointer loads;
 - "loop": the tiled kernel accumulates X·P in a second (BM × r) register tile over the same X
   tiles (no rank-r GEMM before it; slower, the compiler stops overlapping the loads).
+The fp8 base's products (e4m3 X and W with a scale per row of X and per column of W) run the
+persistent kernel too (scaled_lora_mm): the scales are applied to the accumulator before the
+adapter's K step, so the fp8 product is not written and then read again to add the adapter.
 Triton is imported only when a kernel is first used (CPU wheels of torch come without it).
 
 TRITON_INTERPRET=1 runs every kernel on the CPU (tests/test_train_lora_triton.py checks them
@@ -24,6 +27,7 @@ against float64).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import Tensor
@@ -48,6 +52,7 @@ def _autotuned(triton, kernel, configs):
             for c in configs
         ],
         key=["M", "N", "K", "R"],
+        cache_results=True,  # on disk (Triton's cache): a later process skips the timing
     )(kernel)
 
 
@@ -224,18 +229,20 @@ def _persistent():
     its u and s·B (or s·A) tiles loaded by TMA like the loop's: loaded by pointers before or
     after the loop instead, it cost 24–53 % of the GEMM (bench/lora_triton.py on an H100,
     docs/benchmarks.md). LOOP also computes u in the main loop (a second dot over the same X
-    tiles: 40 % slower, kept as TUNEDECK_LORA_EPILOGUE=triton-loop)."""
+    tiles: 40 % slower, kept as TUNEDECK_LORA_EPILOGUE=triton-loop). SCALED: X and W are e4m3
+    with a scale per row of X and per column of W (the fp8 base), applied to the fp32
+    accumulator before the adapter's K step, whose operands stay 16-bit."""
     import triton
     import triton.language as tl
 
     @triton.jit
     def mm_persistent(
-        X, W, U, Q, BIAS, Y, P,
+        X, W, U, Q, BIAS, Y, P, SX, SW,
         M, N, K, R,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, W_T: tl.constexpr,
         HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr, Q_T: tl.constexpr,
-        LOOP: tl.constexpr, P_T: tl.constexpr,
+        LOOP: tl.constexpr, P_T: tl.constexpr, SCALED: tl.constexpr,
     ):  # fmt: skip
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         if W_T:  # W is Wᵀ of an (N, K) row-major weight
@@ -295,6 +302,10 @@ def _persistent():
                     acc_r = tl.dot(x, pk, acc_r)
             rm = pid_m * BM + tl.arange(0, BM)
             rn = pid_n * BN + tl.arange(0, BN)
+            if SCALED:  # fp8 X and W: each row of X and column of W scaled back before the adapter
+                sx = tl.load(SX + rm, mask=rm < M, other=0.0)
+                sw = tl.load(SW + rn, mask=rn < N, other=0.0)
+                acc = acc * sx[:, None] * sw[None, :]
             if ADAPTER:
                 if LOOP:  # rounded to the input dtype as the rank-r GEMM's output is
                     v = acc_r.to(Y.dtype.element_ty)
@@ -321,7 +332,12 @@ def _persistent():
             )
 
     triton.set_allocator(_scratch)  # the descriptors the kernel builds live in global memory
-    return triton, mm_persistent, _autotuned(triton, mm_persistent, PERSISTENT)
+    return (
+        triton,
+        mm_persistent,
+        _autotuned(triton, mm_persistent, PERSISTENT),
+        _autotuned(triton, mm_persistent, PERSISTENT_FP8),
+    )
 
 
 # (BM, BN, BK, GROUP_M, num_stages, num_warps) for the persistent kernel
@@ -332,6 +348,15 @@ PERSISTENT = (
     (128, 128, 64, 8, 5, 4),
     (128, 128, 128, 8, 3, 8),
     (128, 256, 128, 8, 2, 8),
+)
+# fp8 operands take half the shared memory a K step: longer K tiles, more stages
+PERSISTENT_FP8 = (
+    (128, 256, 128, 8, 3, 8),
+    (128, 256, 128, 8, 4, 8),
+    (128, 128, 128, 8, 4, 8),
+    (128, 128, 128, 8, 5, 4),
+    (128, 256, 64, 8, 4, 8),
+    (128, 128, 256, 8, 3, 8),
 )
 
 
@@ -356,16 +381,22 @@ def lora_mm_persistent(
     bias: Tensor | None = None,
     config: tuple[int, ...] | None = None,
     p: Tensor | None = None,
+    scales: tuple[Tensor, Tensor] | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(x·w + s·u·q + bias, u), persistent and through TMA: x row-major; w, p and q each
     row-major or the transpose of a row-major tensor. u = x·p is given, or, with p (K, r),
-    computed in the main loop and returned. Without u and p, the bare product."""
-    triton, kernel, tuned = _persistent()
+    computed in the main loop and returned. Without u and p, the bare product. `scales`
+    (sx: M values, sw: N values, fp32): x and w are e4m3 and the product is
+    (sx·x)·(w·sw), in `out_dtype` (u's dtype where u is given)."""
+    triton, kernel, tuned, tuned_fp8 = _persistent()
     x = x.contiguous()
     m, k = x.shape
     n = w.shape[1]
     w_t, wm = _rows(w)
     loop = p is not None
+    if loop and scales is not None:
+        raise ValueError("lora_mm_persistent: fp8 operands take u, not p")
     if loop:
         r = p.shape[1]
         u = x.new_empty(m, r)
@@ -373,16 +404,17 @@ def lora_mm_persistent(
     else:
         r = u.shape[1] if u is not None else 0
         p_t, pm = False, x  # unread
-    y = x.new_empty(m, n)
+    y = x.new_empty(m, n, dtype=out_dtype or (u.dtype if u is not None else x.dtype))
     if q is not None:  # s·q rounded to the input dtype, as the default layer's s·Bᵀ
         q_t, qm = _rows(q)
-        qm = qm * scale
+        qm = qm * scale if scale != 1.0 else qm
     else:
         q_t, qm = False, y
     u_ = u.contiguous() if u is not None else y
+    sx, sw = (s.reshape(-1).contiguous() for s in scales) if scales is not None else (y, y)
     # one program per SM; a program past the last tile does nothing
     sms = _sms(x.device.index) if x.is_cuda else 4
-    args = (x, wm, u_, qm, bias if bias is not None else y, y, pm, m, n, k, r)
+    args = (x, wm, u_, qm, bias if bias is not None else y, y, pm, sx, sw, m, n, k, r)
     flags = dict(
         RP=max(16, triton.next_power_of_2(r)),
         NUM_SMS=sms,
@@ -392,8 +424,10 @@ def lora_mm_persistent(
         Q_T=q_t,
         LOOP=loop,
         P_T=p_t,
+        SCALED=scales is not None,
     )
-    _launch(kernel, tuned, lambda bm, bn: (sms,), args, flags, config, x.is_cuda)
+    autotuned = tuned if scales is None else tuned_fp8
+    _launch(kernel, autotuned, lambda bm, bn: (sms,), args, flags, config, x.is_cuda)
     return y, u_ if u is not None else None
 
 
@@ -405,14 +439,20 @@ def _rows(t: Tensor) -> tuple[bool, Tensor]:
     return False, t.contiguous()
 
 
-def tma_ready(x: Tensor, w: Tensor, r: int) -> bool:
-    """Whether the persistent kernel can read x (M, K), w (K, N) and the rank-r tiles: a GPU
-    with TMA (compute capability 9.0 or newer), every row a multiple of 16 bytes and x's base
-    16-byte aligned."""
+def tma_ready(x: Tensor, w: Tensor, r: int, adapter_size: int | None = None) -> bool:
+    """Whether the persistent kernel can read x (M, K), w (K, N) and the rank-r tiles, whose
+    elements take `adapter_size` bytes (x's where None): a GPU with TMA (compute capability
+    9.0 or newer), every row a multiple of 16 bytes and x's base 16-byte aligned."""
     if not x.is_cuda or torch.cuda.get_device_capability(x.device) < (9, 0):
         return False
     size = x.element_size()
-    return all(n * size % 16 == 0 for n in (x.shape[1], w.shape[1], r)) and x.data_ptr() % 16 == 0
+    rows = (x.shape[1] * size, w.shape[1] * size, r * (adapter_size or size))
+    return all(n % 16 == 0 for n in rows) and x.data_ptr() % 16 == 0
+
+
+def interpreted() -> bool:
+    """Whether Triton runs its kernels on the CPU (TRITON_INTERPRET=1, the tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # small tiles for the CPU's interpreter (the tests' shapes are tens of rows)
@@ -490,6 +530,31 @@ def _backward(ctx, dy, _du):
 
 
 lora_linear_triton.register_autograd(_backward, setup_context=_setup)
+
+
+def scaled_lora_mm(a8, sa, b8, sb, bias, u, v) -> Tensor:
+    """lora_fused.scaled_mm_add's (a8·sa)(b8·sb) + bias + u·v, in u's dtype, as one persistent
+    kernel: the fp8 product's scales applied to the accumulator and u·v taken as one more K
+    step, where cuBLAS writes the fp8 product and then reads and writes it again to add u·v.
+    cuBLAS's where TMA cannot read the operands."""
+    if tma_ready(a8, b8, u.shape[1], u.element_size()) or (not a8.is_cuda and interpreted()):
+        return lora_mm_persistent(a8, b8, u, v, 1.0, bias, scales=(sa, sb))[0]
+    from tunedeck.core.train.lora_fused import scaled_mm_add
+
+    return scaled_mm_add(a8, sa, b8, sb, bias, u, v)
+
+
+@torch.library.custom_op("tunedeck::scaled_mm_add_triton", mutates_args=())
+def scaled_mm_add_triton(
+    a8: Tensor, sa: Tensor, b8: Tensor, sb: Tensor, bias: Tensor | None, u: Tensor, v: Tensor
+) -> Tensor:
+    """scaled_lora_mm, opaque to the compiler (the fp8 base's TUNEDECK_LORA_EPILOGUE=triton)."""
+    return scaled_lora_mm(a8, sa, b8, sb, bias, u, v)
+
+
+@scaled_mm_add_triton.register_fake
+def _(a8, sa, b8, sb, bias, u, v):
+    return a8.new_empty((a8.shape[0], b8.shape[1]), dtype=u.dtype)
 
 
 # TUNEDECK_LORA_EPILOGUE's Triton values and the mode each runs
