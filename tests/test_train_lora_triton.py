@@ -266,3 +266,66 @@ def test_triton_switch_without_triton_is_named(monkeypatch):
     monkeypatch.setattr(lora_triton, "available", lambda: False)
     with pytest.raises(RuntimeError, match="TUNEDECK_LORA_EPILOGUE=triton-loop: the triton"):
         lora_fused.fuse_lora(tiny_peft())
+
+
+def test_wide_triton_runs_each_group_as_one_kernel_and_trains_as_peft():
+    _interpreted("check_wide_layers")
+
+
+def check_wide_layers():
+    """TUNEDECK_LORA_EPILOGUE=triton-wide: q/k/v (biased) and gate/up each run as one kernel
+    call whose K step holds the group's adapters, o and down as one call each; the buffers hold
+    only the frozen weights, of which the base layers' are views; eager and compiled, peft's
+    loss and gradients; fused-AdamW steps give peft's losses and state dict (B is read where
+    the optimizer updates it). triton-wide-mlp widens only the MLPs."""
+    from lora_replay import loss_and_grads, tiny_peft
+
+    os.environ["TUNEDECK_FUSED_LORA"] = "1"
+    os.environ["TUNEDECK_LORA_EPILOGUE"] = "triton-wide"
+    ref_loss, ref_g = loss_and_grads(tiny_peft())
+    calls = []
+    real = lora_triton.lora_forward
+    lora_triton.lora_forward = lambda *a, **k: calls.append(k.get("sizes")) or real(*a, **k)
+    for compiled in (False, True):
+        m = tiny_peft()
+        assert lora_fused.fuse_lora(m) == 14
+        attns = [b for b in m.modules() if hasattr(b, "_tunedeck_w_q_proj")]
+        assert len(attns) == 2
+        for at in attns:
+            qkv = at._tunedeck_w_q_proj
+            assert qkv.shape == (128, 64)  # q 64 + k 32 + v 32 rows, no B columns
+            assert at.k_proj.base_layer.weight.data_ptr() == qkv[64:].data_ptr()
+        if compiled:
+            m = torch.compile(m, backend="eager")
+        calls.clear()
+        loss, g = loss_and_grads(m)
+        assert sorted(map(str, calls)) == sorted(
+            map(str, [[64, 32, 32], [64], [128, 128], [64]] * 2)
+        )
+        assert torch.allclose(loss, ref_loss, rtol=1e-5), (compiled, loss, ref_loss)
+        g = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
+        for k in ref_g:
+            assert (g[k] - ref_g[k]).norm() <= 1e-5 * ref_g[k].norm(), k
+
+    ref, fused = tiny_peft(), tiny_peft()
+    lora_fused.fuse_lora(fused)
+    opts = [
+        torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.02, fused=True)
+        for m in (ref, fused)
+    ]
+    for _ in range(2):
+        losses = []
+        for m, opt in zip((ref, fused), opts):
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss_and_grads(m)[0])
+            opt.step()
+        assert torch.allclose(losses[1], losses[0], rtol=1e-5), losses
+    want, got = ref.state_dict(), fused.state_dict()
+    assert list(got) == list(want)
+    for k in want:
+        assert (got[k] - want[k]).norm() <= 1e-5 * want[k].norm(), k
+
+    os.environ["TUNEDECK_LORA_EPILOGUE"] = "triton-wide-mlp"
+    lora_fused.fuse_lora(mlp_only := tiny_peft())
+    assert sum(hasattr(b, "_tunedeck_w_gate_proj") for b in mlp_only.modules()) == 2
+    assert not any(hasattr(b, "_tunedeck_w_q_proj") for b in mlp_only.modules())

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 
 # TUNEDECK_LORA_EPILOGUE's values (lora_fused's docstring); the kcats widen whole blocks and run
-# the other linears as "op"; the Tritons run each linear as one Triton kernel
+# the other linears as "op"; the Tritons run each linear as one Triton kernel, the wide ones
+# each group of a block's projections (q/k/v, gate/up) as one and the other linears as "triton"
 KCATS = ("kcat", "kcat-mlp")
-TRITONS = ("triton", "triton-loop")  # core/train/lora_triton.py's kernels
+WIDE_TRITONS = ("triton-wide", "triton-wide-mlp")
+TRITONS = ("triton", "triton-loop", *WIDE_TRITONS)  # core/train/lora_triton.py's kernels
 EPILOGUES = ("op", "after", *KCATS, *TRITONS, "1", "0")
 
 

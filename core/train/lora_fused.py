@@ -18,10 +18,12 @@ out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the att
 with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
 and the other linears as "op"; "triton" runs each linear as one Triton GEMM kernel that takes
 the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
-"triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; layers with dropout run "op"). The
-default is what the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %;
-there "1" and "0" add out of place, "after", the kcats and "triton-loop" are "op", and "triton"
-runs the fp8 product and the adapter as one Triton kernel, not yet measured).
+"triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; "triton-wide" runs each group of a
+block's projections, q/k/v and gate/up, as one such kernel, "triton-wide-mlp" only gate/up, the
+other linears as "triton", not yet measured; layers with dropout run "op"). The default is what
+the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and
+"0" add out of place, "after", the kcats and "triton-loop" are "op", and the other Tritons run
+each fp8 product and its adapter as one Triton kernel, not yet measured).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tunedeck.core.estimate.fusion import (
     EPILOGUES,
     KCATS,
     TRITONS,
+    WIDE_TRITONS,
     dropout_fuses,
     fused_on,
     lora_epilogue,
@@ -426,8 +429,12 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         m._tunedeck_peft_forward = m.forward
         m.forward = types.MethodType(forward, m)
         n += 1
-    if epilogue in KCATS and not fp8:
-        _widen_blocks(model, attention=epilogue == "kcat")
+    if epilogue in KCATS + WIDE_TRITONS and not fp8:
+        _widen_blocks(
+            model,
+            attention=epilogue in ("kcat", "triton-wide"),
+            triton=epilogue in WIDE_TRITONS,
+        )
     return n
 
 
@@ -442,15 +449,18 @@ def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:
             raise RuntimeError(
                 f"TUNEDECK_LORA_EPILOGUE={epilogue}: the triton package is not installed"
             )
-        return epilogue if not dropout_p(module) else "op"
+        if dropout_p(module):
+            return "op"
+        return "triton" if epilogue in WIDE_TRITONS else epilogue
     return epilogue
 
 
-def _widen_blocks(model: nn.Module, attention: bool) -> None:
-    """TUNEDECK_LORA_EPILOGUE=kcat(-mlp): the blocks lora_kcat can run take its forwards."""
+def _widen_blocks(model: nn.Module, attention: bool, triton: bool) -> None:
+    """TUNEDECK_LORA_EPILOGUE=kcat(-mlp), triton-wide(-mlp): the blocks lora_kcat can run
+    take its forwards."""
     wide = [m for m in model.modules() if lora_kcat.widens(m, eligible, attention)]
     for block in wide:
-        lora_kcat.widen(block)
+        lora_kcat.widen(block, triton)
         block._tunedeck_block_forward = block.forward
         forward = (
             lora_kcat.wide_mlp
@@ -458,7 +468,7 @@ def _widen_blocks(model: nn.Module, attention: bool) -> None:
             else lora_kcat.wide_attention
         )
         block.forward = types.MethodType(forward, block)
-    if wide:  # the optimizer changes B between forwards; the buffers follow it
+    if wide and not triton:  # the optimizer changes B between forwards; the buffers follow it
 
         def refill(*_):
             for block in wide:

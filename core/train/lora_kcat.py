@@ -19,6 +19,12 @@ made). Backward: one N-extended GEMM gives [dy·W | dy·B]; dB = s·dyᵀ·v fro
 v = x·Aᵀ; the adapter's part of dx, (s·dy·B)·A, is a traced rank-r product. A block whose
 projections have dropout or unequal ranks or scales keeps the per-linear ops (lora_fused).
 
+TUNEDECK_LORA_EPILOGUE=triton-wide (triton-wide-mlp: the MLPs only) keeps the groups and runs
+each as one Triton kernel instead (lora_triton): its buffers hold only the frozen weights, x
+is not copied into a wide operand, and the kernel takes every adapter of the group as one K
+step of n·r against the block-diagonal of their Bᵀs, so k and v (N = 512 on the 7B) no longer
+run as GEMMs of their own.
+
 As first built (ff4d0f6) this widened each linear inside its opaque op, copying x and dy into
 the wide operands: 7 % slower than "op" on the 7B preset (docs/benchmarks.md)."""
 
@@ -29,6 +35,7 @@ import sys
 import torch
 from torch import Tensor, nn
 
+from tunedeck.core.train import lora_triton
 from tunedeck.core.train.lora_dropout import dropout_p
 
 MLP = (("gate_proj", "up_proj"), ("down_proj",))
@@ -98,12 +105,14 @@ def widens(block: nn.Module, eligible, attention: bool = True) -> bool:
     )
 
 
-def widen(block: nn.Module) -> None:
-    """Give each group of the block its weight buffer ([[W_1, B_1, 0], [W_2, 0, B_2] ...]) and
-    make the base weights views of it."""
+def widen(block: nn.Module, triton: bool = False) -> None:
+    """Give each group of the block its weight buffer ([[W_1, B_1, 0], [W_2, 0, B_2] ...]; with
+    `triton` only [[W_1], [W_2] ...], the kernel taking the B blocks as its K step) and make
+    the base weights views of it."""
+    block._tunedeck_triton = triton
     for group in groups(block):
         projs = _projs(block, group)
-        r = _ab(projs[0])[0].shape[0]
+        r = 0 if triton else _ab(projs[0])[0].shape[0]
         ws = [p.base_layer.weight for p in projs]
         k = ws[0].shape[1]
         buf = torch.zeros(
@@ -140,7 +149,10 @@ def _blocks(block: nn.Module, group: tuple[str, ...]):
 
 def fill(block: nn.Module) -> None:
     """Copy the block's B blocks into its buffers. Every forward: fused AdamW (the CUDA default)
-    updates B in place without bumping its version counter, so no cheaper test tells when."""
+    updates B in place without bumping its version counter, so no cheaper test tells when.
+    Triton's buffers hold no B."""
+    if block._tunedeck_triton:
+        return
     with torch.no_grad():
         for group in groups(block):
             buf = getattr(block, _buffer_name(group))
@@ -184,7 +196,24 @@ def _group(block: nn.Module, group: tuple[str, ...], x2: Tensor, dt: torch.dtype
     buf = getattr(block, _buffer_name(group))
     bl = _blocks(block, group)
     a = torch.cat([_ab(p)[0] for p in projs]) if len(projs) > 1 else _ab(projs[0])[0]
-    v, s = x2 @ a.to(dt).t(), float(projs[0].scaling["default"])
+    s = float(projs[0].scaling["default"])
+    biases = [p.base_layer.bias for p in projs]
+    if block._tunedeck_triton:  # one kernel: the group's GEMM, bias and adapters
+        bs = torch.cat([b for b, _, _ in bl]) if len(bl) > 1 else bl[0][0]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([_bias(p, dt) for p in projs])
+        return lora_triton.lora_linear_triton(
+            x2,
+            buf if buf.dtype == dt else buf.to(dt),
+            bias,
+            a.to(dt),
+            bs.to(dt),
+            s,
+            lora_triton.MODE,
+            [p.base_layer.weight.shape[0] for p in projs],
+        )[0]
+    v = x2 @ a.to(dt).t()
     y = _Wide.apply(
         torch.cat([x2, v * s], 1),
         v,
@@ -193,15 +222,15 @@ def _group(block: nn.Module, group: tuple[str, ...], x2: Tensor, dt: torch.dtype
         tuple((row, row + b.shape[0], col) for b, row, col in bl),
         *(b.to(dt) for b, _, _ in bl),
     )
-    biases = [p.base_layer.bias for p in projs]
     if any(b is not None for b in biases):
-        y = y + torch.cat(
-            [
-                b.to(dt) if b is not None else y.new_zeros(p.base_layer.weight.shape[0])
-                for p, b in zip(projs, biases)
-            ]
-        )
+        y = y + torch.cat([_bias(p, dt) for p in projs])
     return y
+
+
+def _bias(proj: nn.Module, dt: torch.dtype) -> Tensor:
+    """A projection's bias in dt, zeros where it has none (a group's biases are one vector)."""
+    w, b = proj.base_layer.weight, proj.base_layer.bias
+    return b.to(dt) if b is not None else w.new_zeros(w.shape[0], dtype=dt)
 
 
 def wide_mlp(self, x: Tensor) -> Tensor:

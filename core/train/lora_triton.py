@@ -479,54 +479,91 @@ def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
     return lora_mm(x, w, xp, q, scale, bias, config, "epilogue")[0], xp
 
 
-def lora_forward(x, weight, bias, a, b, scale, config=None, mode=None) -> tuple[Tensor, Tensor]:
-    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ."""
-    return _product(x, weight.t(), a.t(), b.t(), scale, bias, config, mode or MODE)
+def _bt(b: Tensor, sizes) -> Tensor:
+    """Bᵀ, or for a group of projections (`sizes`: each one's rows of the stacked B, one rank
+    r) the block-diagonal (n·r, ΣN) of their Bᵀs, so one K step of n·r adds every adapter."""
+    if sizes is None or len(sizes) == 1:
+        return b.t()
+    return torch.block_diag(*(bi.t() for bi in b.split(list(sizes))))
 
 
-def lora_backward(dy, x, weight, a, b, u, scale, config=None, mode=None) -> tuple[Tensor, ...]:
+def lora_forward(
+    x, weight, bias, a, b, scale, config=None, mode=None, sizes=None
+) -> tuple[Tensor, Tensor]:
+    """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ. With `sizes`, W, bias, A and B stack a
+    group's projections (rows of W and B per projection, r rows of A each) and each
+    projection's output takes only its own adapter."""
+    return _product(x, weight.t(), a.t(), _bt(b, sizes), scale, bias, config, mode or MODE)
+
+
+def lora_backward(
+    dy, x, weight, a, b, u, scale, config=None, mode=None, sizes=None
+) -> tuple[Tensor, ...]:
     """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel; dA = s·(dy·B)ᵀ·x and
-    dB = s·dyᵀ·u over the tokens (cuBLAS)."""
-    dx, g = _product(dy, weight, b, a, scale, None, config, mode or MODE)
-    return dx, (g.t() @ x) * scale, (dy.t() @ u) * scale
+    dB = s·dyᵀ·u over the tokens (cuBLAS; per projection of a group)."""
+    dx, g = _product(dy, weight, _bt(b, sizes).t(), a, scale, None, config, mode or MODE)
+    if sizes is None or len(sizes) == 1:
+        db = (dy.t() @ u) * scale
+    else:
+        r = a.shape[0] // len(sizes)
+        db = (
+            torch.cat([dyi.t() @ ui for dyi, ui in zip(dy.split(list(sizes), 1), u.split(r, 1))])
+            * scale
+        )
+    return dx, (g.t() @ x) * scale, db
 
 
 @torch.library.custom_op("tunedeck::lora_linear_triton", mutates_args=())
 def lora_linear_triton(
-    x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, scale: float, mode: str
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    a: Tensor,
+    b: Tensor,
+    scale: float,
+    mode: str,
+    sizes: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(y, u) of lora_forward, opaque to the compiler (TUNEDECK_LORA_EPILOGUE=triton...)."""
-    return lora_forward(x, weight, bias, a, b, scale, mode=mode)
+    return lora_forward(x, weight, bias, a, b, scale, mode=mode, sizes=sizes)
 
 
 @lora_linear_triton.register_fake
-def _(x, weight, bias, a, b, scale, mode):
+def _(x, weight, bias, a, b, scale, mode, sizes=None):
     return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty(x.shape[0], a.shape[0])
 
 
 @torch.library.custom_op("tunedeck::lora_linear_triton_backward", mutates_args=())
 def lora_linear_triton_backward(
-    dy: Tensor, x: Tensor, weight: Tensor, a: Tensor, b: Tensor, u: Tensor, scale: float, mode: str
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    a: Tensor,
+    b: Tensor,
+    u: Tensor,
+    scale: float,
+    mode: str,
+    sizes: list[int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of lora_linear_triton."""
-    return lora_backward(dy, x, weight, a, b, u, scale, mode=mode)
+    return lora_backward(dy, x, weight, a, b, u, scale, mode=mode, sizes=sizes)
 
 
 @lora_linear_triton_backward.register_fake
-def _(dy, x, weight, a, b, u, scale, mode):
+def _(dy, x, weight, a, b, u, scale, mode, sizes=None):
     return torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
 
 
 def _setup(ctx, inputs, output):
-    x, weight, _bias, a, b, scale, mode = inputs
+    x, weight, _bias, a, b, scale, mode, sizes = inputs
     ctx.save_for_backward(x, weight, a, b, output[1])
-    ctx.scale, ctx.mode = scale, mode
+    ctx.scale, ctx.mode, ctx.sizes = scale, mode, sizes
 
 
 def _backward(ctx, dy, _du):
     x, weight, a, b, u = ctx.saved_tensors
-    dx, da, db = lora_linear_triton_backward(dy, x, weight, a, b, u, ctx.scale, ctx.mode)
-    return dx, None, None, da, db, None, None
+    dx, da, db = lora_linear_triton_backward(dy, x, weight, a, b, u, ctx.scale, ctx.mode, ctx.sizes)
+    return dx, None, None, da, db, None, None, None
 
 
 lora_linear_triton.register_autograd(_backward, setup_context=_setup)
