@@ -14,7 +14,7 @@ source bench/gpu_site.sh
 gpu_site || exit 1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips it; TRITON_MODES adds persistent-loop,epilogue,loop
+if [[ ${TRITON_MICRO:-1} == 1 ]]; then  # TRITON_MICRO=0 skips it; TRITON_MODES adds persistent-loop,epilogue,loop,fp8,wide
   timeout 200 python3 bench/lora_triton.py --modes "${TRITON_MODES:-persistent}" --json "$OUT/triton.json" 2>&1 | grep -v -i "warn"
   echo "gemms: $SECONDS s"
 fi

@@ -26,8 +26,12 @@ TUNEDECK_LORA_EPILOGUE=triton with method.fp8_base), the best of lora_triton.PER
 per product. The quantization of x and dy and the rank-r GEMMs, the same either way, are left
 out.
 
+`--modes ...,wide` times q/k/v and gate/up as groups (TUNEDECK_LORA_EPILOGUE=triton-wide):
+`each` is the sum of the group's projections run one kernel each (`triton`, autotuned), `one`
+the group as one kernel over the stacked weights with the block-diagonal adapter K step.
+
     python3 bench/lora_triton.py [--tokens 8192] [--rank 16] [--iters 20] [--json OUT]
-        [--modes persistent[,persistent-loop,epilogue,loop,fp8]]
+        [--modes persistent[,persistent-loop,epilogue,loop,fp8,wide]]
 """
 
 from __future__ import annotations
@@ -176,6 +180,36 @@ def projection_fp8(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -
 
 
 FP8_WAYS = ("fp8bare", "fp8op", "fp8triton")
+# the groups triton-wide runs as one kernel: (name, input width, each projection's outputs)
+GROUPS = (("qkv", 3584, (3584, 512, 512)), ("gate_up", 3584, (18944, 18944)))
+
+
+def group(n: int, k: int, outs: tuple[int, ...], r: int, iters: int, s: float = 2.0) -> dict:
+    """ms forward + backward of a group's projections one kernel each, and as one kernel."""
+    import torch
+
+    from tunedeck.core.train import lora_triton as lt
+
+    parts = [operands(n, k, m, r) for m in outs]
+    x = parts[0][0]
+    dy = torch.cat([p[1] for p in parts], 1)
+    w, a, b = (torch.cat([p[i] for p in parts]) for i in (2, 3, 4))
+    sizes = list(outs)
+
+    def each():
+        for _, dyi, wi, ai, bi in parts:
+            y, u = lt.lora_forward(x, wi, None, ai, bi, s)
+            lt.lora_backward(dyi, x, wi, ai, bi, u, s)
+
+    def one():
+        y, u = lt.lora_forward(x, w, None, a, b, s, sizes=sizes)
+        return y, lt.lora_backward(dy, x, w, a, b, u, s, sizes=sizes)
+
+    out = {"each": cuda_ms(each, iters), "one": cuda_ms(one, iters)}
+    y, (dx, da, db) = one()
+    y_each = torch.cat([lt.lora_forward(x, p[2], None, p[3], p[4], s)[0] for p in parts], 1)
+    out["err_y"] = round(((y.float() - y_each.float()).norm() / y_each.float().norm()).item(), 5)
+    return out
 
 
 def main() -> None:
@@ -186,7 +220,8 @@ def main() -> None:
 
     modes = args.modes.split(",")
     fp8 = "fp8" in modes
-    modes = [m for m in modes if m != "fp8"]
+    wide = "wide" in modes
+    modes = [m for m in modes if m not in ("fp8", "wide")]
     ways = ["bare", "op", *dict.fromkeys(BARE[m] for m in modes), *modes] if modes else []
     print(torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())
     rows, rows8, tot, tot8 = {}, {}, {}, {}
@@ -215,9 +250,18 @@ def main() -> None:
         )
     if fp8:
         tot8 = layer_totals(rows8, FP8_WAYS, "fp8 layer")
+    groups = {}
+    for name, k, outs in GROUPS if wide else ():
+        groups[name] = row = group(args.tokens, k, outs, args.rank, args.iters)
+        print(
+            f"{name:<8} each {row['each']:.3f} one {row['one']:.3f} (ms fwd+bwd) err y {row['err_y']}"
+        )
     if args.json:
         args.json.write_text(
-            json.dumps({"rows": rows, "layer": tot, "fp8": rows8, "fp8_layer": tot8}, indent=1)
+            json.dumps(
+                {"rows": rows, "layer": tot, "fp8": rows8, "fp8_layer": tot8, "groups": groups},
+                indent=1,
+            )
         )
 
 
