@@ -174,6 +174,9 @@ def test_process_sampler_maps_ranks_and_workers():
         ps = ProcessSampler(rescan_s=0)
         deadline = time.monotonic() + 30
         ranks = []
+        # until the child has exec'd, /proc shows the environment it forked with (no RANK)
+        while proctree.rank_of(p.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert proctree.rank_of(p.pid) == 3 and proctree.rank_of(os.getpid()) is None
         while time.monotonic() < deadline:
             ranks, rows = ps.sample({proctree.rank_of(p.pid): p.pid})
