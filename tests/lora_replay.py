@@ -50,6 +50,28 @@ def loss_and_grads(m, vocab: int = 97, autocast: bool = False):
     return loss.detach(), {k: p.grad for k, p in m.named_parameters() if p.requires_grad}
 
 
+def train_alike(ref, fused, steps: int) -> torch.Tensor:
+    """`steps` fused-AdamW steps of both models (the trainer's optimizer on CUDA, which updates
+    B in place without bumping its version counter), the same loss each step, then the same
+    state dict: peft's keys, values within fp32 rounding. The reference's last loss."""
+    opts = [
+        torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.02, fused=True)
+        for m in (ref, fused)
+    ]
+    for _ in range(steps):
+        losses = []
+        for m, opt in zip((ref, fused), opts):
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss_and_grads(m)[0])
+            opt.step()
+        assert torch.allclose(losses[1], losses[0], rtol=1e-5), losses
+    want, got = ref.state_dict(), fused.state_dict()
+    assert list(got) == list(want)
+    for k in want:  # fp32 sums in another order: compare as vectors
+        assert (got[k] - want[k]).norm() <= 1e-5 * want[k].norm(), k
+    return losses[0]
+
+
 def record_masks(monkeypatch=None) -> list[torch.Tensor]:
     """Every keep-mask the fused layers (lora_fused, qlora_fused) draw, in call order, as
     backward draws it again from the state the forward's draw returned. Without a pytest
