@@ -388,7 +388,7 @@ def lora_mm_persistent(
     row-major or the transpose of a row-major tensor. u = x·p is given, or, with p (K, r),
     computed in the main loop and returned. Without u and p, the bare product. `scales`
     (sx: M values, sw: N values, fp32): x and w are e4m3 and the product is
-    (sx·x)·(w·sw), in `out_dtype` (u's dtype where u is given)."""
+    (sx·x)·(w·sw), in `out_dtype` (u's dtype where u is given, else bf16)."""
     triton, kernel, tuned, tuned_fp8 = _persistent()
     x = x.contiguous()
     m, k = x.shape
@@ -404,7 +404,9 @@ def lora_mm_persistent(
     else:
         r = u.shape[1] if u is not None else 0
         p_t, pm = False, x  # unread
-    y = x.new_empty(m, n, dtype=out_dtype or (u.dtype if u is not None else x.dtype))
+    if out_dtype is None:  # an fp8 product without u comes out in bf16, as _scaled_mm's
+        out_dtype = u.dtype if u is not None else torch.bfloat16 if scales else x.dtype
+    y = x.new_empty(m, n, dtype=out_dtype)
     if q is not None:  # s·q rounded to the input dtype, as the default layer's s·Bᵀ
         q_t, qm = _rows(q)
         qm = qm * scale if scale != 1.0 else qm
