@@ -70,6 +70,28 @@ def check_arithmetic(r, mode):
         assert (got.double() - ref).norm() <= 1e-5 * ref.norm()
 
 
+def test_where_tma_cannot_read_the_layer_runs_cublas_products():
+    """Without TMA (here: the CPU, Triton not interpreting) the default mode computes the same
+    linear and input gradient with cuBLAS's products, for a lone projection and a group."""
+    assert not lora_triton.interpreted()
+    check_arithmetic(6, "persistent")
+    g = torch.Generator().manual_seed(2)
+    n, k, sizes, r, s = 30, 40, [24, 8, 8], 4, 1.5
+    x, dy = torch.randn(n, k, generator=g), torch.randn(n, sum(sizes), generator=g)
+    w = torch.randn(sum(sizes), k, generator=g) / 10
+    a = torch.randn(r * len(sizes), k, generator=g) / 10
+    b = torch.randn(sum(sizes), r, generator=g) / 10
+    y, u = lora_triton.lora_forward(x, w, None, a, b, s, sizes=sizes)
+    dx, da, db = lora_triton.lora_backward(dy, x, w, a, b, u, s, sizes=sizes)
+    rows = list(zip(w.split(sizes), a.split(r), b.split(sizes), dy.split(sizes, 1)))
+    want_y = torch.cat([x @ wi.t() + s * (x @ ai.t()) @ bi.t() for wi, ai, bi, _ in rows], 1)
+    want_dx = sum(dyi @ wi + s * (dyi @ bi) @ ai for wi, ai, bi, dyi in rows)
+    want_da = torch.cat([s * (dyi @ bi).t() @ x for _, _, bi, dyi in rows])
+    want_db = torch.cat([s * dyi.t() @ (x @ ai.t()) for _, ai, _, dyi in rows])
+    for got, want in ((y, want_y), (dx, want_dx), (da, want_da), (db, want_db)):
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
 def test_kernel_without_the_adapter_is_the_bare_product_and_reads_strided_operands():
     _interpreted("check_bare")
 

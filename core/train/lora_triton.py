@@ -11,7 +11,7 @@ gradient (X = dy, W = W, P = B, Q = A, giving dx and dy·B); dA and dB stay cuBL
 tokens. Modes (MODE; bench/lora_triton.py measures each):
 - "persistent", the default: X·P from cuBLAS, then a persistent kernel that reads every operand
   by TMA and takes s·(X·P)·Q as one more K step of r, so no full-size tensor is written for the
-  adapter (GPUs with TMA, rows of 16-byte multiples; "epilogue" elsewhere);
+  adapter (GPUs with TMA, rows of 16-byte multiples; cuBLAS's products elsewhere);
 - "epilogue": the same sum added after the main loop of a tiled kernel with pointer loads;
 - "loop": the tiled kernel accumulates X·P in a second (BM × r) register tile over the same X
   tiles (no rank-r GEMM before it; slower, the compiler stops overlapping the loads).
@@ -462,15 +462,16 @@ SMALL = (32, 32, 32, 4, 1, 4)
 
 
 # how the adapter enters the kernel (bench/lora_triton.py measures each): "persistent" and
-# "persistent-loop" run the persistent TMA kernel wherever TMA can read the operands, the tiled
-# "epilogue" elsewhere
+# "persistent-loop" run the persistent TMA kernel wherever TMA can read the operands (and on
+# the CPU's interpreter), cuBLAS elsewhere; "epilogue" and "loop" the tiled kernel
 MODE = "persistent"
 
 
 def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
     """(x·w + s·(x·p)·q + bias, x·p) the way `mode` says: x·p by cuBLAS first, or in the
     kernel's main loop ("loop" modes)."""
-    if mode.startswith("persistent") and tma_ready(x, w, p.shape[1]):
+    persistent = mode.startswith("persistent")
+    if persistent and (tma_ready(x, w, p.shape[1]) or (not x.is_cuda and interpreted())):
         if mode == "persistent-loop":
             return lora_mm_persistent(x, w, None, q, scale, bias, config, p)
         xp = x @ p
@@ -478,6 +479,9 @@ def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
     if mode == "loop":
         return lora_mm(x, w, p, q, scale, bias, config, "loop")
     xp = x @ p
+    if persistent:  # no TMA: the default layer's cuBLAS products (the tiled kernel lost 5.6 %)
+        c = xp @ (q * scale)
+        return torch.addmm(c if bias is None else c + bias, x, w), xp
     return lora_mm(x, w, xp, q, scale, bias, config, "epilogue")[0], xp
 
 
