@@ -48,6 +48,22 @@ from lora_gemm import cuda_ms, layer_totals, operands, projection_args  # noqa: 
 BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare", "persistent-loop": "pbare"}
 
 
+def sweep(out: dict, key: str, fn, configs, iters: int) -> tuple:
+    """Time fn(config) at each of `configs` (one the GPU cannot hold is reported and skipped);
+    record every time under out["configs"][key] and the best as out[key + "_best"]; the best
+    config."""
+    times = {}
+    for c in configs:
+        try:
+            times[c] = cuda_ms(lambda c=c: fn(c), iters)
+        except Exception as e:  # a config the GPU cannot hold (shared memory)
+            print(f"  config {c}: {type(e).__name__}: {str(e)[:120]}")
+    c = min(times, key=times.get)
+    out["configs"][key] = {str(k): round(v, 4) for k, v in times.items()}
+    out[f"{key}_best"] = [times[c], list(c)]
+    return c
+
+
 def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0) -> dict:
     from tunedeck.core.train import lora_fused as lf
     from tunedeck.core.train import lora_triton as lt
@@ -90,24 +106,11 @@ def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0
         ),
     }
 
-    def best(fn, configs) -> tuple:
-        times = {}
-        for c in configs:
-            try:
-                times[c] = cuda_ms(lambda c=c: fn(c), iters)
-            except Exception as e:  # a config the GPU cannot hold (shared memory)
-                print(f"  config {c}: {type(e).__name__}: {str(e)[:120]}")
-        c = min(times, key=times.get)
-        return times[c], c, times
-
     picked = {}
     for name in dict.fromkeys([*(BARE[mode] for mode in modes), *modes]):
         fwd, bwd, configs = kernels[name]
         for part, fn in (("fwd", fwd), ("bwd", bwd)):
-            ms, c, times = best(fn, configs)
-            picked[f"{part}_{name}"] = c
-            out["configs"][f"{part}_{name}"] = {str(k): round(v, 4) for k, v in times.items()}
-            out[f"{part}_{name}_best"] = [ms, list(c)]
+            picked[f"{part}_{name}"] = sweep(out, f"{part}_{name}", fn, configs, iters)
         if name in BARE.values():
             out[name] = out[f"fwd_{name}_best"][0] + out[f"bwd_{name}_best"][0]
     out["bare"] = cuda_ms(lambda: (x @ w.t(), dy @ w), iters)
@@ -160,15 +163,13 @@ def projection_fp8(n: int, k: int, m: int, r: int, iters: int, s: float = 2.0) -
         return lt.lora_mm_persistent(a8, b8, u_, v, 1.0, bias, c, scales=(sa, sb))[0]
 
     for part, args in (("fwd", fwd_args), ("bwd", bwd_args)):
-        times = {}
-        for c in lt.PERSISTENT_FP8:
-            try:
-                times[c] = cuda_ms(lambda c=c, args=args: kernel(c, *args), iters)
-            except Exception as e:  # a config the GPU cannot hold (shared memory)
-                print(f"  config {c}: {type(e).__name__}: {str(e)[:120]}")
-        c = min(times, key=times.get)
-        out["configs"][f"{part}_fp8triton"] = {str(k): round(v, 4) for k, v in times.items()}
-        out[f"{part}_fp8triton_best"] = [times[c], list(c)]
+        c = sweep(
+            out,
+            f"{part}_fp8triton",
+            lambda c, args=args: kernel(c, *args),
+            lt.PERSISTENT_FP8,
+            iters,
+        )
         for way, fn in (("fp8bare", scaled), ("fp8op", lf.scaled_mm_add)):
             out[f"{part}_{way}"] = cuda_ms(lambda fn=fn, args=args: fn(*args), iters)
         ref, got = lf.scaled_mm_add(*args).float(), kernel(c, *args).float()
@@ -206,7 +207,7 @@ def group(n: int, k: int, outs: tuple[int, ...], r: int, iters: int, s: float = 
         return y, lt.lora_backward(dy, x, w, a, b, u, s, sizes=sizes)
 
     out = {"each": cuda_ms(each, iters), "one": cuda_ms(one, iters)}
-    y, (dx, da, db) = one()
+    y = one()[0]
     y_each = torch.cat([lt.lora_forward(x, p[2], None, p[3], p[4], s)[0] for p in parts], 1)
     out["err_y"] = round(((y.float() - y_each.float()).norm() / y_each.float().norm()).item(), 5)
     return out

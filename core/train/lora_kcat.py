@@ -132,7 +132,8 @@ def widen(block: nn.Module, triton: bool = False) -> None:
         block._tunedeck_eager = hf.eager_attention_forward
         window = WINDOW.get(type(block).__name__)
         block._tunedeck_window = {"sliding_window": window(block)} if window else {}
-    fill(block)
+    if not triton:  # Triton's buffers hold no B
+        fill(block)
 
 
 def _blocks(block: nn.Module, group: tuple[str, ...]):
@@ -149,10 +150,7 @@ def _blocks(block: nn.Module, group: tuple[str, ...]):
 
 def fill(block: nn.Module) -> None:
     """Copy the block's B blocks into its buffers. Every forward: fused AdamW (the CUDA default)
-    updates B in place without bumping its version counter, so no cheaper test tells when.
-    Triton's buffers hold no B."""
-    if block._tunedeck_triton:
-        return
+    updates B in place without bumping its version counter, so no cheaper test tells when."""
     with torch.no_grad():
         for group in groups(block):
             buf = getattr(block, _buffer_name(group))

@@ -382,13 +382,12 @@ def lora_mm_persistent(
     config: tuple[int, ...] | None = None,
     p: Tensor | None = None,
     scales: tuple[Tensor, Tensor] | None = None,
-    out_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(x·w + s·u·q + bias, u), persistent and through TMA: x row-major; w, p and q each
     row-major or the transpose of a row-major tensor. u = x·p is given, or, with p (K, r),
     computed in the main loop and returned. Without u and p, the bare product. `scales`
     (sx: M values, sw: N values, fp32): x and w are e4m3 and the product is
-    (sx·x)·(w·sw), in `out_dtype` (u's dtype where u is given, else bf16)."""
+    (sx·x)·(w·sw), in u's dtype (bf16 without u, as _scaled_mm's)."""
     triton, kernel, tuned, tuned_fp8 = _persistent()
     x = x.contiguous()
     m, k = x.shape
@@ -404,8 +403,7 @@ def lora_mm_persistent(
     else:
         r = u.shape[1] if u is not None else 0
         p_t, pm = False, x  # unread
-    if out_dtype is None:  # an fp8 product without u comes out in bf16, as _scaled_mm's
-        out_dtype = u.dtype if u is not None else torch.bfloat16 if scales else x.dtype
+    out_dtype = u.dtype if u is not None else torch.bfloat16 if scales else x.dtype
     y = x.new_empty(m, n, dtype=out_dtype)
     if q is not None:  # s·q rounded to the input dtype, as the default layer's s·Bᵀ
         q_t, qm = _rows(q)
@@ -457,6 +455,12 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _persistent_runs(x: Tensor, w: Tensor, r: int, adapter_size: int | None = None) -> bool:
+    """Where the persistent kernel runs: a GPU whose TMA can read the operands (tma_ready),
+    or the CPU's interpreter."""
+    return tma_ready(x, w, r, adapter_size) or (not x.is_cuda and interpreted())
+
+
 # small tiles for the CPU's interpreter (the tests' shapes are tens of rows)
 SMALL = (32, 32, 32, 4, 1, 4)
 
@@ -471,7 +475,7 @@ def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
     """(x·w + s·(x·p)·q + bias, x·p) the way `mode` says: x·p by cuBLAS first, or in the
     kernel's main loop ("loop" modes)."""
     persistent = mode.startswith("persistent")
-    if persistent and (tma_ready(x, w, p.shape[1]) or (not x.is_cuda and interpreted())):
+    if persistent and _persistent_runs(x, w, p.shape[1]):
         if mode == "persistent-loop":
             return lora_mm_persistent(x, w, None, q, scale, bias, config, p)
         xp = x @ p
@@ -580,7 +584,7 @@ def scaled_lora_mm(a8, sa, b8, sb, bias, u, v) -> Tensor:
     kernel: the fp8 product's scales applied to the accumulator and u·v taken as one more K
     step, where cuBLAS writes the fp8 product and then reads and writes it again to add u·v.
     cuBLAS's where TMA cannot read the operands."""
-    if tma_ready(a8, b8, u.shape[1], u.element_size()) or (not a8.is_cuda and interpreted()):
+    if _persistent_runs(a8, b8, u.shape[1], u.element_size()):
         return lora_mm_persistent(a8, b8, u, v, 1.0, bias, scales=(sa, sb))[0]
     from tunedeck.core.train.lora_fused import scaled_mm_add
 
