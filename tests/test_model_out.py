@@ -124,6 +124,15 @@ def test_wandb_offline_run_matches_metrics(run):
     assert "tunedeck.core.train" in notes  # the run's command (launch.sh) as notes
 
 
+def test_trackers_finish_before_the_agent_ends(run):
+    """Every tracker has written its files out and stopped its own helpers (W&B's service)
+    before the agent's end: nothing is left for the agent to kill mid-write."""
+    _home, _run_id, run_dir, _metrics = run
+    agent_log = (run_dir / "logs" / "agent.log").read_text()
+    assert "trackers: 0 points dropped" in agent_log
+    assert "left behind" not in agent_log and "Traceback" not in agent_log, agent_log[-3000:]
+
+
 def test_mlflow_file_store_matches_metrics(run):
     pytest.importorskip("mlflow", reason="the trackers extra (mlflow-skinny) is not installed")
     from mlflow.tracking import MlflowClient

@@ -162,6 +162,35 @@ def test_mirror_drops_points_and_survives_a_failing_tracker():
     assert m.sinks == [] and "RuntimeError: no tracking server" in m.failures[0]
 
 
+def test_a_tracker_that_hangs_as_it_closes_never_holds_the_agent(monkeypatch):
+    """Closing (W&B's finish waits on its own service) runs under close()'s time limit."""
+    import tunedeck.core.trackers as trackers
+
+    monkeypatch.setattr(trackers, "CLOSE_TIMEOUT_S", 0.5)
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+        closed = False
+
+        def log(self, step, values): ...
+        def note(self, step, tag, text): ...
+        def close(self, dropped):
+            release.wait(30)
+            self.closed = True
+
+    stuck = Stuck()
+    m = Mirror(lambda: [stuck])
+    m.put("step", {"step": 1, "loss": 1.0})
+    t0 = time.perf_counter()
+    m.close()
+    try:
+        assert time.perf_counter() - t0 < 5
+        assert "still writing after" in m.failures[-1] and not stuck.closed
+    finally:
+        release.set()
+
+
 def test_tracking_folder_is_only_tunedecks(script_run):
     """`tunedeck tb` names the run's own folder (the user's TensorBoard over many runs)."""
     home, run_id, run_dir = script_run

@@ -138,6 +138,13 @@ class Mirror:
                 self._polled()
                 next_poll = time.monotonic() + self._poll_s
             if item is None:
+                # closed here, under close()'s time limit: a tracker's finish waits on its
+                # own service and must never hold the agent's end
+                for sink in list(self.sinks):
+                    try:
+                        sink.close(self.dropped)
+                    except Exception as e:  # noqa: BLE001
+                        self._fail(sink, e, close=False)
                 return
             if not item:
                 continue
@@ -171,10 +178,12 @@ class Mirror:
             except Exception as e:  # noqa: BLE001 - a tracker never stops the run
                 self._fail(sink, e)
 
-    def _fail(self, sink: Sink, e: Exception) -> None:
+    def _fail(self, sink: Sink, e: Exception, close: bool = True) -> None:
         self.failures.append(f"{sink.name}: {type(e).__name__}: {e}")
         log.warning("tracker %s failed and is off: %s", sink.name, e)
         self.sinks.remove(sink)
+        if not close:
+            return
         try:
             sink.close(self.dropped)
         except Exception:  # noqa: BLE001 - already reported
@@ -191,12 +200,6 @@ class Mirror:
         if self._thread.is_alive():
             self.failures.append(f"trackers: still writing after {CLOSE_TIMEOUT_S:.0f} s; left")
             log.warning("%s", self.failures[-1])
-            return
-        for sink in list(self.sinks):
-            try:
-                sink.close(self.dropped)
-            except Exception as e:  # noqa: BLE001
-                self._fail(sink, e)
 
 
 def open_mirror(

@@ -106,8 +106,16 @@ class WandbSink:
         self.run.summary[tag] = text
 
     def close(self, dropped: int) -> None:
+        import wandb
+
         self.run.summary["tracking/dropped_points"] = dropped
         self.run.finish()
+        # finish returns before wandb's service has written the run file out; teardown waits
+        # for the service to exit (the agent would otherwise kill it as a leftover, mid-write)
+        try:
+            wandb.teardown()
+        except SystemExit as e:  # its way of reporting a service that failed
+            raise RuntimeError(f"wandb's service exited with {e.code}") from None
 
 
 class MlflowSink:
