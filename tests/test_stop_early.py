@@ -16,7 +16,9 @@ from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
 
 pytestmark = pytest.mark.slow
 
-GRACE_S = 30
+# a lost stop would train on until the grace runs out; a kept one ends once the ranks have
+# started (torch imported, ~16 s beside another worker on 2 cores) and read it
+GRACE_S = 60
 
 
 @pytest.mark.parametrize("delay_s", [0.1, 1.0, 2.5])
@@ -36,7 +38,7 @@ def test_graceful_stop_right_after_launch_ends_cleanly(td_home, delay_s):
     done = stop_run(td_home, run_id)
     took = time.monotonic() - t0
     assert done["status"] == "stopped", done
-    assert took < GRACE_S / 2, f"the stop took {took:.1f}s: the grace period ran out"
+    assert took < GRACE_S, f"the stop took {took:.1f}s: the grace period ran out"
     run_dir = td_home / "runs" / run_id
     log = (run_dir / "logs" / "agent.log").read_text()
     assert "SIGKILL to the whole run" not in log, log[-2000:]
