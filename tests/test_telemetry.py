@@ -159,6 +159,35 @@ def test_process_list_falls_back_to_older_symbol():
     assert n._proc_fn == "nvmlDeviceGetComputeRunningProcesses_v2"
 
 
+def test_a_rank_read_before_its_exec_is_asked_again():
+    """The agent records which rank each of torchrun's children runs as. A child read before
+    it has exec'd shows its parent's environment (no RANK); that None must not stick."""
+    from tunedeck.core.telemetry import proctree
+
+    # the parent's environment has no RANK; the process takes one only when it execs
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    code = (
+        "import os,sys,time;time.sleep(1.5);"
+        "os.execve(sys.executable,[sys.executable,'-c','import time;time.sleep(60)'],"
+        "dict(os.environ,RANK='2'))"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        known = proctree.ranks_of([p.pid], {})
+        assert known == {p.pid: None}  # not exec'd yet
+        deadline = time.monotonic() + 30
+        while known[p.pid] is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            known = proctree.ranks_of([p.pid], known)
+        assert known == {p.pid: 2}
+        # a rank once read is kept, and a pid that is gone drops out
+        assert proctree.ranks_of([p.pid], {p.pid: 7}) == {p.pid: 7}
+        assert proctree.ranks_of([], known) == {}
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_process_sampler_maps_ranks_and_workers():
     """A real 'rank' process with RANK=3 in its environment and one child (a worker): its rank
     read from /proc as the agent does, its worker found under it."""

@@ -844,10 +844,7 @@ class Agent:
                 table[str(pgid)] = i
                 pgids.append(pgid)
         workers = [p for p in workers if str(p) in table]
-        known = self.rank_of_pid
-        self.rank_of_pid = {
-            pid: known[pid] if pid in known else proctree.rank_of(pid) for pid in workers
-        }
+        self.rank_of_pid = proctree.ranks_of(workers, self.rank_of_pid)
         # rank → pid: this is the one record of it (monitors, telemetry and stacks read it)
         rank_pids = {
             str(r if r is not None else i): pid

@@ -76,3 +76,10 @@ def rank_of(pid: int) -> int | None:
         return int(value) if value is not None else None
     except (psutil.Error, OSError, ValueError):
         return None
+
+
+def ranks_of(pids: list[int], known: dict[int, int | None]) -> dict[int, int | None]:
+    """Each pid's rank: the one read before where there was one, else read now. A worker
+    read between its fork and its exec still shows its parent's environment (no RANK):
+    that None is asked again next time, never kept."""
+    return {pid: known[pid] if known.get(pid) is not None else rank_of(pid) for pid in pids}
