@@ -159,6 +159,17 @@ def test_process_list_falls_back_to_older_symbol():
     assert n._proc_fn == "nvmlDeviceGetComputeRunningProcesses_v2"
 
 
+def test_a_worker_of_unknown_rank_never_hides_a_known_one():
+    """Until a worker has exec'd its rank is unknown; the state still lists it, under a rank
+    no read worker holds, so the monitors find every rank that was read."""
+    from tunedeck.core.telemetry import proctree
+
+    assert proctree.rank_table({101: None, 102: 0, 103: 2}) == {"0": 102, "2": 103, "1": 101}
+    assert proctree.rank_table({101: None, 102: None}) == {"0": 101, "1": 102}
+    assert proctree.rank_table({101: 1, 102: 0}) == {"0": 102, "1": 101}
+    assert proctree.rank_table({}) == {}
+
+
 def test_a_rank_read_before_its_exec_is_asked_again():
     """The agent records which rank each of torchrun's children runs as. A child read before
     it has exec'd shows its parent's environment (no RANK); that None must not stick."""

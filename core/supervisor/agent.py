@@ -846,10 +846,7 @@ class Agent:
         workers = [p for p in workers if str(p) in table]
         self.rank_of_pid = proctree.ranks_of(workers, self.rank_of_pid)
         # rank → pid: this is the one record of it (monitors, telemetry and stacks read it)
-        rank_pids = {
-            str(r if r is not None else i): pid
-            for i, (pid, r) in enumerate(self.rank_of_pid.items())
-        }
+        rank_pids = proctree.rank_table(self.rank_of_pid)
         if (
             workers != st.get("worker_pids")
             or pgids != st.get("pgids")

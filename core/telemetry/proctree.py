@@ -4,6 +4,7 @@ and the rank a process runs as, from the RANK variable torchrun gives it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import psutil
@@ -83,3 +84,14 @@ def ranks_of(pids: list[int], known: dict[int, int | None]) -> dict[int, int | N
     read between its fork and its exec still shows its parent's environment (no RANK):
     that None is asked again next time, never kept."""
     return {pid: known[pid] if known.get(pid) is not None else rank_of(pid) for pid in pids}
+
+
+def rank_table(ranks: dict[int, int | None]) -> dict[str, int]:
+    """rank → pid, as the run's state records it. A worker whose rank is not known yet takes
+    the lowest rank no known worker holds, so it never hides a rank that was read."""
+    table = {str(r): pid for pid, r in ranks.items() if r is not None}
+    free = (i for i in itertools.count() if str(i) not in table)
+    for pid, r in ranks.items():
+        if r is None:
+            table[str(next(free))] = pid
+    return table
