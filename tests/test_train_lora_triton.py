@@ -205,6 +205,31 @@ def check_layers():
     assert lora_fused.layer_epilogue("triton-loop", tiny_peft().base_model, fp8=True) == "op"
 
 
+def test_the_triton_kernel_is_the_default_only_on_hopper(monkeypatch):
+    """Measured faster on Hopper only, so a CPU (and any GPU but compute capability 9.x) keeps
+    the cuBLAS "op" layers unless TUNEDECK_LORA_EPILOGUE asks; an empty variable is unset."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: caps[0])
+    caps = [(9, 0)]
+    cuda = torch.device("cuda", 0)
+    assert lora_fused.default_epilogue(cuda) == "triton"
+    for caps[0] in [(8, 9), (10, 0), (12, 0)]:
+        assert lora_fused.default_epilogue(cuda) == "op", caps
+    assert lora_fused.default_epilogue(torch.device("cpu")) == "op"
+    assert lora_fused.default_epilogue(None) == "op"
+    monkeypatch.setattr(lora_fused.lora_triton, "available", lambda: False)
+    caps[0] = (9, 0)
+    assert lora_fused.default_epilogue(cuda) == "op"
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "")
+    from lora_replay import tiny_peft
+
+    m = tiny_peft()
+    assert lora_fused.fuse_lora(m, torch.device("cpu")) == 14
+    ways = {mod._tunedeck_epilogue for mod in m.modules() if hasattr(mod, "_tunedeck_epilogue")}
+    assert ways == {"op"}
+
+
 def test_fp8_kernel_scales_the_product_and_adds_the_adapter():
     _interpreted("check_fp8_kernel")
 

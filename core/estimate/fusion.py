@@ -21,9 +21,10 @@ def fused_on(device_type: str, fp8: bool = False) -> bool:
     return fp8 or forced == "1" or (forced != "0" and device_type == "cuda")
 
 
-def lora_epilogue() -> str:
-    """How the adapter meets the frozen GEMM (TUNEDECK_LORA_EPILOGUE, a measurement switch)."""
-    return os.environ.get("TUNEDECK_LORA_EPILOGUE", "op")
+def lora_epilogue(default: str = "op") -> str:
+    """How the adapter meets the frozen GEMM: TUNEDECK_LORA_EPILOGUE (a measurement switch),
+    else `default` (the trainer's depends on the GPU: lora_fused.default_epilogue)."""
+    return os.environ.get("TUNEDECK_LORA_EPILOGUE") or default
 
 
 def dropout_fuses(fp8: bool, epilogue: str) -> bool:

@@ -20,10 +20,12 @@ and the other linears as "op"; "triton" runs each linear as one Triton GEMM kern
 the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
 "triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; "triton-wide" runs each group of a
 block's projections, q/k/v and gate/up, as one such kernel, "triton-wide-mlp" only gate/up, the
-other linears as "triton", not yet measured; layers with dropout run "op"). The default is what
-the H200 measured: "op", in bf16 (+3 % tokens/s against "1") and in fp8 (+3.7 %; there "1" and
-"0" add out of place, "after", the kcats and "triton-loop" are "op", and the other Tritons run
-each fp8 product and its adapter as one Triton kernel, not yet measured).
+other linears as "triton", on an H100 no faster than "triton"; layers with dropout run "op").
+In fp8 "1" and "0" add out of place, "after", the kcats and "triton-loop" are "op", and the
+other Tritons run each fp8 product and its adapter as one Triton kernel. The default is what
+was measured (default_epilogue): "triton" on Hopper GPUs (an H100: +2.7 % tokens/s in bf16,
++13.3 % with the fp8 base), "op" elsewhere ("op": +3 % against "1" in bf16 and +3.7 % in fp8,
+on an H200).
 """
 
 from __future__ import annotations
@@ -217,8 +219,8 @@ class _LoraLinearFP8(torch.autograd.Function):
     gradients stay in the input's dtype. Hopper's fp8 GEMMs take only this layout pair
     (row-major A, column-major B), hence the two copies: together the bytes of one bf16 W.
 
-    add: "op" adds the adapter inside the opaque scaled_mm_add, into the fp8 GEMM's own output
-    (the default); "triton" inside one Triton kernel that takes it as one more K step
+    add: "op" adds the adapter inside the opaque scaled_mm_add, into the fp8 GEMM's own output;
+    "triton" (the default on Hopper) inside one Triton kernel that takes it as one more K step
     (lora_triton.scaled_lora_mm); otherwise out of place. Adding it in place outside such an
     op (y.addmm_ on _scaled_mm's result) compiled to all-zero gradients on an H200 (torch
     2.11), though eager and CPU were right; "op" and out of place match eager compiled on the
@@ -406,7 +408,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
     if not fused_on(device.type if device is not None else "", fp8):
         return 0
     n = 0
-    epilogue = lora_epilogue()
+    epilogue = lora_epilogue(default_epilogue(device))
     if epilogue not in EPILOGUES:
         raise ValueError(
             f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"
@@ -436,6 +438,14 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
             triton=epilogue in WIDE_TRITONS,
         )
     return n
+
+
+def default_epilogue(device: torch.device | None) -> str:
+    """ "triton" where it was measured faster, Hopper GPUs (compute capability 9.x, whose TMA
+    the kernel reads through) with Triton installed; "op" everywhere else."""
+    if device is None or device.type != "cuda" or not lora_triton.available():
+        return "op"
+    return "triton" if torch.cuda.get_device_capability(device)[0] == 9 else "op"
 
 
 def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:

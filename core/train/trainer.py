@@ -337,6 +337,9 @@ class Trainer:
             if why:
                 raise ValueError(why)
             fused = fuse_lora(model, d.device, fp8=fp8)  # the adapter inside the frozen GEMMs
+            if fused and d.rank == 0:  # which kernels, for whoever compares runs' speeds
+                ways = {getattr(m, "_tunedeck_epilogue", None) for m in model.modules()}
+                print(f"{fused} LoRA linears fused ({', '.join(sorted(ways - {None}))})")
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
