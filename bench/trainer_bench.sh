@@ -106,8 +106,7 @@ one() {  # one CASE
     # C; in fp8 out of place), out of place, opaque in-place ops (the default off Hopper), the adapter
     # as extra K columns (core/train/lora_kcat.py; kcatmlp: the MLPs only), one Triton kernel a
     # linear (core/train/lora_triton.py, Hopper's default; tritonwide: one a group of q/k/v or
-    # gate/up); the head's loss
-    # math eager instead of compiled (core/train/ce_kernel.py)
+    # gate/up); the head's loss math eager instead of compiled (core/train/ce_kernel.py)
     ours-default-1-bf16-op|ours-default-1-bf16-addmm|ours-default-1-bf16-oop|ours-default-1-bf16-after|ours-default-1-bf16-kcat|ours-default-1-bf16-kcatmlp|ours-default-1-bf16-triton|ours-default-1-bf16-tritonloop|ours-default-1-bf16-tritonwide|ours-default-1-bf16-tritonwidemlp|ours-default-1-bf16-eagerce|ours-default-1-fp8-op|ours-default-1-fp8-addmm|ours-default-1-fp8-triton|ours-default-1-fp8-eagerce)
       # defaults as the trainer's, or as the caller's environment sets them
       local p=--no-fp8 ep=${TUNEDECK_LORA_EPILOGUE:-} ce=${TUNEDECK_FUSED_CE:-1}
