@@ -17,14 +17,14 @@ compiler hands ATen a fresh output, so ATen first copies the full-size C operand
 out-of-place sum); "0" adds out of place; "kcat" runs the gated MLPs and the attention blocks
 with their adapters as extra K columns of the frozen GEMMs (lora_kcat), "kcat-mlp" the MLPs only,
 and the other linears as "op"; "triton" runs each linear as one Triton GEMM kernel that takes
-the adapter as one more K step (lora_triton: +2.9 % on an H100, not yet measured on the H200;
+the adapter as one more K step (lora_triton: +2.7–3.1 % on H100s, not yet measured on the H200;
 "triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; "triton-wide" runs each group of a
 block's projections, q/k/v and gate/up, as one such kernel, "triton-wide-mlp" only gate/up, the
 other linears as "triton", on an H100 no faster than "triton"; layers with dropout run "op").
 In fp8 "1" and "0" add out of place, "after", the kcats and "triton-loop" are "op", and the
 other Tritons run each fp8 product and its adapter as one Triton kernel. The default is what
-was measured (default_epilogue): "triton" on Hopper GPUs (an H100: +2.7 % tokens/s in bf16,
-+13.3 % with the fp8 base), "op" elsewhere ("op": +3 % against "1" in bf16 and +3.7 % in fp8,
+was measured (default_epilogue): "triton" on Hopper GPUs (H100s: +2.7–3.1 % tokens/s in bf16,
++11.9–13.3 % with the fp8 base), "op" elsewhere ("op": +3 % against "1" in bf16 and +3.7 % in fp8,
 on an H200).
 """
 
