@@ -18,6 +18,9 @@ DEFAULT_MFU = 0.35
 # on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-05: the adapter added in place,
 # the loss's chunk math compiled): 17,763 tok/s with bf16 products ≈ 0.54; with
 # method.fp8_base (the frozen products in fp8) 23,441 ≈ 0.71; eager (2026-12-01) 12,328 ≈ 0.37.
+# Those ran the cuBLAS layers ("op"); Hopper's default since is the Triton kernel, +3.1 % in bf16
+# and +11.9 % in fp8 against "op" on one H100 (2026-12-06), so on Hopper these plan a little
+# slow until the H200 is measured with it.
 BUILTIN_COMPILED_MFU = 0.54
 BUILTIN_FP8_MFU = 0.71
 # its fused 4-bit layers (QLoRA), compiled, on one H100 (7B, 4 × 2048, no dropout,
