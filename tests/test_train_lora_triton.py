@@ -208,17 +208,17 @@ def check_layers():
 def test_the_triton_kernel_is_the_default_only_on_hopper(monkeypatch):
     """Measured faster on Hopper only, so a CPU (and any GPU but compute capability 9.x) keeps
     the cuBLAS "op" layers unless TUNEDECK_LORA_EPILOGUE asks; an empty variable is unset."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: caps[0])
-    caps = [(9, 0)]
-    cuda = torch.device("cuda", 0)
-    assert lora_fused.default_epilogue(cuda) == "triton"
-    for caps[0] in [(8, 9), (10, 0), (12, 0)]:
-        assert lora_fused.default_epilogue(cuda) == "op", caps
+
+    def on_gpu(capability: tuple[int, int]) -> str:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+        return lora_fused.default_epilogue(torch.device("cuda", 0))
+
+    assert on_gpu((9, 0)) == "triton"
+    assert [on_gpu(c) for c in [(8, 0), (8, 9), (10, 0), (12, 0)]] == ["op"] * 4
     assert lora_fused.default_epilogue(torch.device("cpu")) == "op"
     assert lora_fused.default_epilogue(None) == "op"
     monkeypatch.setattr(lora_fused.lora_triton, "available", lambda: False)
-    caps[0] = (9, 0)
-    assert lora_fused.default_epilogue(cuda) == "op"
+    assert on_gpu((9, 0)) == "op"
 
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
     monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "")
