@@ -209,9 +209,16 @@ def test_the_triton_kernel_is_the_default_only_on_hopper(monkeypatch):
     """Measured faster on Hopper only, so a CPU (and any GPU but compute capability 9.x) keeps
     the cuBLAS "op" layers unless TUNEDECK_LORA_EPILOGUE asks; an empty variable is unset."""
 
+    from lora_replay import tiny_peft  # peft (and bitsandbytes) before CUDA is faked below
+
+    cuda = torch.device("cuda", 0)
+    if not torch.cuda.is_available():  # a CUDA device named where there is none to ask
+        assert lora_fused.default_epilogue(cuda) == "op"
+
     def on_gpu(capability: tuple[int, int]) -> str:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
-        return lora_fused.default_epilogue(torch.device("cuda", 0))
+        return lora_fused.default_epilogue(cuda)
 
     assert on_gpu((9, 0)) == "triton"
     assert [on_gpu(c) for c in [(8, 0), (8, 9), (10, 0), (12, 0)]] == ["op"] * 4
@@ -219,11 +226,10 @@ def test_the_triton_kernel_is_the_default_only_on_hopper(monkeypatch):
     assert lora_fused.default_epilogue(None) == "op"
     monkeypatch.setattr(lora_fused.lora_triton, "available", lambda: False)
     assert on_gpu((9, 0)) == "op"
+    monkeypatch.undo()
 
     monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
     monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "")
-    from lora_replay import tiny_peft
-
     m = tiny_peft()
     assert lora_fused.fuse_lora(m, torch.device("cpu")) == 14
     ways = {mod._tunedeck_epilogue for mod in m.modules() if hasattr(mod, "_tunedeck_epilogue")}
