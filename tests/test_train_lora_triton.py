@@ -208,7 +208,6 @@ def check_layers():
 def test_the_triton_kernel_is_the_default_only_on_hopper(monkeypatch):
     """Measured faster on Hopper only, so a CPU (and any GPU but compute capability 9.x) keeps
     the cuBLAS "op" layers unless TUNEDECK_LORA_EPILOGUE asks; an empty variable is unset."""
-
     from lora_replay import tiny_peft  # peft (and bitsandbytes) before CUDA is faked below
 
     cuda = torch.device("cuda", 0)

@@ -444,9 +444,9 @@ def default_epilogue(device: torch.device | None) -> str:
     """ "triton" where it was measured faster, Hopper GPUs (compute capability 9.x, whose TMA
     the kernel reads through) with Triton installed; "op" everywhere else, also where no
     GPU is there to ask (the layers can be swapped for a CUDA device before one is used)."""
-    if device is None or device.type != "cuda" or not lora_triton.available():
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
         return "op"
-    if not torch.cuda.is_available():
+    if not lora_triton.available():
         return "op"
     return "triton" if torch.cuda.get_device_capability(device)[0] == 9 else "op"
 
