@@ -186,8 +186,30 @@ def cli(
     if check and proc.returncode != 0:
         raise AssertionError(
             f"tunedeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+            + _run_told(proc.stdout)
         )
     return proc
+
+
+def _run_told(stdout: str) -> str:
+    """For a failed `launch --json --wait`: what the run itself said (its state, the ends of
+    its agent's and torchrun's logs), so that a failure seen once in CI can be read."""
+    try:
+        run_dir = Path(json.loads(stdout.splitlines()[0])["run_dir"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        return ""
+    try:
+        st = json.loads((run_dir / "state.json").read_text())
+        told = [f"--- state.json: {st.get('status')}: {st.get('message')}"]
+    except (OSError, ValueError):
+        told = []
+    for name in ("logs/agent.log", "logs/torchrun-node0.log"):
+        try:
+            lines = (run_dir / name).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        told.append(f"--- {name} (last 40 lines)\n" + "\n".join(lines[-40:]))
+    return "\n" + "\n".join(told)
 
 
 def cli_json(*args: str, home: Path, **kw):

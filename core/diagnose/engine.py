@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from tunedeck.core.diagnose.chain import refine
 from tunedeck.core.diagnose.finding import Finding
 from tunedeck.core.diagnose.loss import LossWatch, loss_findings, loss_record
-from tunedeck.core.diagnose.exits import asked_stop, recorded_exits
+from tunedeck.core.diagnose.exits import asked_stop, handled_port, port_moves, recorded_exits
 from tunedeck.core.diagnose.rules import (
     CHECKPOINT_FULL_CAUSE,
     CHECKPOINT_FULL_FIX,
@@ -82,9 +82,15 @@ class Diagnosis:
     killed it leaves no log line: core/diagnose/exits.py); read at each poll."""
 
     def __init__(
-        self, sources: list[Source], metrics: bool = True, runs: list[Path] | None = None
+        self,
+        sources: list[Source],
+        metrics: bool = True,
+        runs: list[Path] | None = None,
+        moves_of: Path | None = None,
     ) -> None:
         self.runs = list(runs or [])
+        # where a port clash the agent answered is read (the run's moves: exits.port_moves)
+        self.moves_of = [*self.runs, *([moves_of] if moves_of else [])]
         # error.json files are read where torchrun's report names them (_apply_failures)
         self.scanners = [
             FileScanner(s, metrics=metrics and s.kind != "events")
@@ -117,6 +123,7 @@ class Diagnosis:
             watch=self.loss.watch if self.loss is not None else None,
             recorded=[f for r in self.runs for f in recorded_exits(r)]
             + [f for r in self.runs if (f := asked_stop(r)) is not None],
+            moves={k: v for r in self.moves_of for k, v in port_moves(r).items()},
         )
 
 
@@ -202,14 +209,19 @@ def build_findings(
     loss: bool = True,
     watch: LossWatch | None = None,
     recorded: list[Finding] | None = None,
+    moves: dict[int, int] | None = None,
 ) -> list[Finding]:
     """`recorded`: findings from what the run recorded rather than logged (a launcher a
-    signal ended, exits.py); they take part in choosing the root cause like the rest."""
+    signal ended, exits.py); they take part in choosing the root cause like the rest.
+    `moves`: the ports the agent moved the run off (exits.port_moves): their clash is told
+    as handled, never the root cause."""
     found: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
     order: dict[int, int] = {}
 
     def add(f: Finding, seq: int) -> Finding:
+        if moves:
+            f = handled_port(f, moves)
         key = (f.category, f.rank, f.severity)
         if f.category == "loss_anomaly":  # NaN, zero collapse and frozen norm are distinct
             key += (f.summary.split(" ")[0],)

@@ -9,7 +9,9 @@ with what sends such a signal and how to check which one did.
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -207,4 +209,38 @@ def asked_stop(run_dir: str | Path) -> Finding | None:
         source=str(run.stop_request),
         root_cause=True,
         host=state.get("host") if isinstance(state.get("host"), str) else None,
+    )
+
+
+def port_moves(run_dir: str | Path) -> dict[int, int]:
+    """The rendezvous ports the agent moved a single-node run off (state.json `port_moves`,
+    core/supervisor/portmove.py): the taken port and the one the run went on with."""
+    try:
+        state = RunDir(run_dir).read_state() or {}
+    except (OSError, ValueError):
+        return {}
+    moves = state.get("port_moves") if isinstance(state, dict) else None
+    return {
+        int(m["from"]): int(m["to"])
+        for m in moves or []
+        if isinstance(m, dict) and _is_int(m.get("from")) and _is_int(m.get("to"))
+    }
+
+
+def handled_port(f: Finding, moves: dict[int, int]) -> Finding:
+    """A port clash the agent answered by moving the run: what happened, not a failure. It
+    keeps the clash's key (its first summary as ident), so the stored error is replaced."""
+    m = re.search(r"rendezvous port (\d+)", f.summary)
+    if f.category != "port_in_use" or m is None or int(m[1]) not in moves:
+        return f
+    port, new = int(m[1]), moves[int(m[1])]
+    return replace(
+        f,
+        severity="info",  # told, never picked as the root cause (errors only)
+        ident=f.ident or f.summary,
+        summary=f"rendezvous port {port} was taken at start; the run moved to port {new}",
+        cause=f"Another process bound port {port} between the launch's pick and torchrun's "
+        "listen (a busy machine). On one node the port is the run's own, so tunedeck started "
+        f"the same attempt again on port {new}; no rank had started.",
+        fix="Nothing to do. To keep a fixed port, name a free one in cluster.master_port.",
     )

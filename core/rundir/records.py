@@ -197,6 +197,7 @@ class RunState(Record):
     launches: list[Launch] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
     master_port: int | None = None
+    port_moves: list[dict] = field(default_factory=list)  # core/supervisor/portmove
     launcher: dict | None = None  # the process that wrote the run and starts its agent next
     attempt: int = 0
     exit_code: int | None = None

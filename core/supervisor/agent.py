@@ -55,7 +55,7 @@ from tunedeck.core.rundir import RunDir
 from tunedeck.core.rundir.records import run_exit_code
 from tunedeck.core.rundir.checkpoints import resume_point, step_of
 from tunedeck.core.rundir.secrets import read_secrets
-from tunedeck.core.supervisor import adopt, procs, restarts
+from tunedeck.core.supervisor import adopt, portmove, procs, restarts
 from tunedeck.core.supervisor.monitors import DetectorMonitor, MonitorContext, make_monitors
 from tunedeck.core.supervisor.trackfeed import RunDbPoll
 from tunedeck.core.trackers import Mirror, open_mirror
@@ -137,7 +137,8 @@ class Agent:
         self.rundir = RunDir(run_dir)
         self.state: dict[str, Any] = self.rundir.read_state() or {}
         self.spec = load_spec(self.rundir.spec)
-        self.plan = self.rundir.read_plan()  # read once: fixed for the run's life
+        # read once: fixed for the run's life but for a port move (core/supervisor/portmove)
+        self.plan = self.rundir.read_plan()
         self.node_rank = self.spec.cluster.node_rank
         self.proc: subprocess.Popen | AdoptedTorchrun | None = None
         self.wake = False
@@ -163,6 +164,7 @@ class Agent:
         self.alerts = RunAlerts(self.rundir, self.spec)  # core/alerts: sent off this loop
         self.median = MedianRule(self.rundir, self.state.get("sweep"))  # core/stoprule
         self.mirror: Mirror | None = None  # core/trackers: opened with the first events
+        self.log_mark: int | None = None  # torchrun's log size when this agent started it
 
     # -- state --------------------------------------------------------------------------
     def save(self, **changes: Any) -> None:
@@ -490,6 +492,8 @@ class Agent:
                 self.start_torchrun(attempt, where)
             start = True
             rc, how = self.supervise()
+            if rc and not self.stop_mode and self.port_moved():
+                continue  # the same attempt, on another port: it never began
             entry: dict[str, Any] = {"attempt": attempt, "exit_code": rc, "ended": time.time()}
             if how:
                 entry["exit_code_from"] = how
@@ -625,6 +629,7 @@ class Agent:
             launches[-1]["from_step"] = first
         self.save(launches=launches)
         argv, env = self.launch_command(node, attempt, launch_id, where)
+        self.log_mark = portmove.log_size(self.rundir.torchrun_log(self.node_rank))
         out = open(self.rundir.torchrun_log(self.node_rank), "ab")
         try:
             self.proc = subprocess.Popen(
@@ -660,6 +665,28 @@ class Agent:
         self.rank_of_pid = {}
         self.save(**changes)
         log.info("attempt %d: torchrun pid %d: %s", attempt, pid, " ".join(mask_argv(argv)))
+
+    def port_moved(self) -> bool:
+        """torchrun failed to listen on a single-node run's port before any rank started:
+        another process took it after the launch picked it. The run moves to a free port."""
+        node = self.plan["nodes"][self.node_rank]
+        port = portmove.port_of(node)
+        moves = list(self.state.get("port_moves") or [])
+        log_path = self.rundir.torchrun_log(self.node_rank)
+        if (
+            port is None
+            or self.log_mark is None
+            or len(moves) >= portmove.MAX_MOVES
+            or self.state.get("worker_pids")
+            or not portmove.taken_at_start(log_path, self.log_mark, port)
+        ):
+            return False
+        new = portmove.move(self.rundir, self.plan, node, port)
+        moves.append({"from": port, "to": new, "t": time.time()})
+        said = f"port {port} was taken before torchrun listened on it; starting on port {new}"
+        self.save(master_port=new, port_moves=moves, message=said)
+        log.warning("%s", said)
+        return True
 
     def pause_unless_stopped(self, seconds: float) -> bool:
         """Sleep before a restart; True if a stop was asked for meanwhile."""

@@ -161,7 +161,8 @@ class DiagnosisMonitor:
         # not restart every scanner from byte 0
         key = tuple(str(s.path) for s in sources if s.kind != "error_json")
         if key != self.paths:  # a rank or attempt started writing a new file
-            self.diag, self.paths = Diagnosis(sources, metrics=False), key
+            self.diag = Diagnosis(sources, metrics=False, moves_of=self.ctx.run.path)
+            self.paths = key
         found = self.diag.poll(final=final)
         from tunedeck.core.diagnose.chain import causes_first
         from tunedeck.core.diagnose.exits import asked_stop
