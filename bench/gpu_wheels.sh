@@ -6,6 +6,9 @@
 # 13.0 library only (the whole wheel, 43 MB, would not fit the 64 MiB a call carries).
 #   bash bench/gpu_wheels.sh        # here, once per checkout; then run(carry=[".gpu"]) there
 #   bash bench/gpu_wheels.sh --unsloth   # also Unsloth for bench/h200_speed.sh
+#   bash bench/gpu_wheels.sh --speed     # Unsloth in, ms-swift's own stack set aside in
+#                                        # .gpu-aside/: the speed table's carry fits 64 MiB
+#   bash bench/gpu_wheels.sh --all       # the set-aside wheels back into .gpu/
 # bench/h200_recipes.sh and bench/h200_fp8.sh install them on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +62,7 @@ fi
 # Unsloth 2026.10.9 and what it imports that the image and the wheels above lack; its wheel is
 # 28 MB of which 25 MB is a web studio it does not import, so only its package is unpacked
 # (.gpu/unsloth/site/). xformers is left out: Unsloth runs without it (SDPA).
-if [[ ${1:-} == --unsloth && ! -d $D/unsloth/site/unsloth ]]; then
+if [[ ${1:-} == --unsloth || ${1:-} == --speed ]] && [[ ! -d $D/unsloth/site/unsloth ]]; then
   mkdir -p "$D/unsloth"
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$D/unsloth" unsloth_zoo==2026.10.9 \
     tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 shtab==1.13.0 protobuf==7.36.2 \
@@ -70,6 +73,15 @@ if [[ ${1:-} == --unsloth && ! -d $D/unsloth/site/unsloth ]]; then
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" unsloth==2026.10.9
   unpack "$tmp"/unsloth-*.whl "$D/unsloth/site" "" unsloth/ unsloth-2026.10.9.dist-info/
   rm -rf "$tmp"
+fi
+# what only ms-swift imports (26 MB): out of the speed table's carry, back for the recipes'
+SWIFT_ONLY=(modelscope ms_swift cryptography pycryptodome openai nltk rouge cpm_kernels
+  zstandard modelscope_hub)
+if [[ ${1:-} == --speed ]]; then
+  mkdir -p .gpu-aside
+  for w in "${SWIFT_ONLY[@]}"; do mv "$D/$w"-[0-9]*.whl .gpu-aside/ 2>/dev/null || true; done
+elif [[ ${1:-} == --all && -d .gpu-aside ]]; then
+  mv .gpu-aside/*.whl "$D/" 2>/dev/null || true
 fi
 du -sh "$D"
 ls "$D"/*.whl | wc -l

@@ -2,7 +2,8 @@
 # The single-H200 speed table of issue 17, in one device call (repo root on the GPU machine):
 #   bash bench/h200_speed.sh OUTDIR [CASES] [--launch]
 # Wheels (liger-kernel, textual, tomli-w...) and Unsloth come in .gpu/ (`bash bench/gpu_wheels.sh
-# --unsloth`), the anchor as bench/anchor/ (copied from shared/anchors/lora_baseline.py):
+# --speed`: with ms-swift's own wheels set aside, so the carry fits 64 MiB), the anchor as
+# bench/anchor/ (copied from shared/anchors/lora_baseline.py):
 #   run(carry=[".gpu", "bench/anchor"], command="bash bench/h200_speed.sh $OUT")
 # Cases are bench/trainer_bench.sh's (the default: the table of issue 32); --launch also runs
 # the 7B preset through `tunedeck launch` (bench/builtin_7b_launch.py).
