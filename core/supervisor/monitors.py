@@ -130,6 +130,13 @@ def _newest_steps(events: list[dict], keep: int) -> list[dict]:
     return out
 
 
+def _undecided_port(f, spec) -> bool:
+    """A single-node port clash while torchrun still runs: its agent moves the run off it
+    (core/supervisor/portmove.py) or fails it once torchrun has exited, so it is stored then,
+    as handled or as the error, and no alert goes out for a clash already answered."""
+    return f.category == "port_in_use" and f.severity == "error" and spec.cluster.nnodes == 1
+
+
 class DiagnosisMonitor:
     """Log-based findings (crashes, OOM, NCCL, flags...) while the run goes, stored in run.db
     so every viewer sees them as they appear. Polls every few seconds by byte offset."""
@@ -178,6 +185,8 @@ class DiagnosisMonitor:
 
             found = name_interface(found, [self.ctx.run.path])
         for finding in found:
+            if not final and _undecided_port(finding, self.ctx.spec):
+                continue
             if finding.t is None:
                 # the poll that first saw it; a fresh time on every poll would count as a
                 # change of the stored finding every INTERVAL_S (a refined finding, one with an
