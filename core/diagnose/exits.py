@@ -4,7 +4,9 @@ A torchrun killed by SIGKILL (the kernel's OOM killer, a scheduler, someone's `k
 nothing: no line of its log and no rank's says why the run ended. The agent records torchrun's
 exit code in state.json (`exit_code`, and per attempt in `attempts`) the Popen way: a negative
 code is the signal that ended it. That record is the evidence this module turns into a finding,
-with what sends such a signal and how to check which one did.
+with what sends such a signal and how to check which one did. The same records say which
+stop was asked for (`asked_stop`) and which port clashes the agent answered by moving a
+single-node run (`port_moves`, `handled_port`).
 """
 
 from __future__ import annotations

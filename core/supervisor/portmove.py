@@ -14,11 +14,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tunedeck.core.diagnose.rules import RULES
 from tunedeck.core.estimate.resolve import free_port
 from tunedeck.core.rundir import RunDir, write_json_atomic, write_text_private
 
 MAX_MOVES = 3  # a port that is taken again and again is no race: the run fails as it would
-_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use|errno: 98")
+# the diagnosis's own words for a port in use, so the two never disagree on what a clash is
+_TAKEN = next(r.pattern for r in RULES if r.category == "port_in_use")
 _READ_CAP = 1 << 20  # torchrun's own lines before the clash: far less than this
 
 
