@@ -445,10 +445,9 @@ def default_epilogue(device: torch.device | None) -> str:
     the kernel reads through) with Triton installed; "op" everywhere else, also where no
     GPU is there to ask (the layers can be swapped for a CUDA device before one is used)."""
     if device is None or device.type != "cuda" or not torch.cuda.is_available():
-        return "op"
-    if not lora_triton.available():
-        return "op"
-    return "triton" if torch.cuda.get_device_capability(device)[0] == 9 else "op"
+        return "op"  # asked before Triton's import, which a CPU-only machine need not pay
+    on_hopper = torch.cuda.get_device_capability(device)[0] == 9
+    return "triton" if on_hopper and lora_triton.available() else "op"
 
 
 def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:
