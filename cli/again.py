@@ -53,7 +53,11 @@ def register(subparsers) -> None:
             "live run writes the output folder (refused by default; the new run "
             "records the runs it shares it with)",
         )
-        s.add_argument("--json", action="store_true")
+        s.add_argument(
+            "--json",
+            action="store_true",
+            help="print the new run's id as one JSON line; with --wait, the ended run as a second",
+        )
         s.set_defaults(func=cmd_again, make=name)
 
 

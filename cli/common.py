@@ -107,7 +107,9 @@ def toml_literal(v) -> str:
 
 
 def wait(ref: str, quiet: bool = False) -> int:
-    """Until the run ends, its progress on stderr as it changes; 0 only if it succeeded."""
+    """Until the run ends, its progress on stderr as it changes; 0 only if it succeeded.
+    `quiet` (a --json launch) prints nothing on the way and the ended run as one JSON line on
+    stdout, so a script learns why it failed, not only that it did."""
     last = None
     while True:
         run = find_run(ref)
@@ -119,7 +121,9 @@ def wait(ref: str, quiet: bool = False) -> int:
             print(line, file=sys.stderr)
             last = line
         if run.status in TERMINAL:
-            if run.message and not quiet:
+            if quiet:
+                print(json.dumps(run.to_json()), flush=True)
+            elif run.message:
                 print(f"{clean(run.run_id)}: {clean(run.message)}", file=sys.stderr)
             return 0 if run.status == "succeeded" else 1
         time.sleep(0.5)

@@ -39,7 +39,11 @@ def register(sub) -> None:
         help="wait in this home's GPU queue until the run's GPUs are free (run.queue = true); "
         "`tunedeck queue` lists it, `tunedeck stop` cancels it",
     )
-    s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's id and folder as one JSON line; with --wait, the ended run as a second",
+    )
     s.set_defaults(func=cmd_launch)
 
 

@@ -216,6 +216,25 @@ def cli_json(*args: str, home: Path, **kw):
     return json.loads(cli(*args, "--json", home=home, **kw).stdout)
 
 
+def json_docs(text: str) -> list:
+    """Every JSON value a command printed, in order: one for most verbs, two for a launch
+    with --json --wait (the run's id and folder, then the ended run)."""
+    dec, docs, text = json.JSONDecoder(), [], text.strip()
+    i = 0
+    while i < len(text):
+        doc, i = dec.raw_decode(text, i)
+        docs.append(doc)
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return docs
+
+
+def cli_launch(*args: str, home: Path, **kw) -> tuple[dict, dict]:
+    """`tunedeck ARGS --json --wait` that must succeed: (the started line, the ended run)."""
+    started, ended = json_docs(cli(*args, "--json", "--wait", home=home, **kw).stdout)
+    return started, ended
+
+
 def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -247,7 +266,7 @@ def finished_demo(tmp_path_factory, model_cache):
     home = tmp_path_factory.mktemp("demo-home")
     proc = cli("launch", str(DEMO), "--wait", "--json", home=home, check=False, timeout=600)
     assert proc.stdout.strip(), f"launch printed nothing:\n{proc.stderr}"
-    run_id = json.loads(proc.stdout)["run_id"]
+    run_id = json_docs(proc.stdout)[0]["run_id"]
     yield home, run_id, proc
     _stop_leftovers(home)
 

@@ -431,7 +431,7 @@ def test_an_abort_at_exit_after_the_last_step_is_one_finding_with_its_fix():
 def test_a_script_run_that_aborts_at_exit_is_explained_from_its_rank_files(td_home, tmp_path):
     """The same worker as a user's script through `tunedeck launch`: the rank's stderr is its
     own file, so the line names its rank without a prefix."""
-    from conftest import cli_json
+    from conftest import cli_json, json_docs
 
     spec = tmp_path / "abort.toml"
     spec.write_text(f'''name = "exit-abort"
@@ -444,8 +444,12 @@ device = "cpu"
 cpu_procs = 2
 ''')
     launched = cli("launch", str(spec), "--wait", "--json", "--no-preflight", home=td_home, check=False)  # fmt: skip
-    run_id = json.loads(launched.stdout.splitlines()[0])["run_id"]
-    assert cli_json("status", run_id, home=td_home)["status"] == "failed"
+    started, ended = json_docs(launched.stdout)
+    run_id = started["run_id"]
+    # the ended run follows the started line: a script reads why, not only the exit code
+    assert launched.returncode == 1 and ended["run_id"] == run_id
+    assert ended["status"] == cli_json("status", run_id, home=td_home)["status"] == "failed"
+    assert ended["message"], ended
     found = cli_json("diagnose", run_id, home=td_home)
     roots = [f for f in found if f["severity"] == "error" and f["root_cause"]]
     assert [(f["category"], f["rank"]) for f in roots] == [("exit_abort", 1)], found

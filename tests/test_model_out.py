@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEMO, REPO, Tmux, cli, cli_json, wait_for
+from conftest import DEMO, REPO, Tmux, cli, cli_json, cli_launch, wait_for
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -32,16 +32,12 @@ def run(tmp_path_factory, model_cache):
         "tracking.wandb=offline",
         "tracking.mlflow=true",
     ]
-    out = cli_json(
-        "launch",
-        str(DEMO),
-        *[a for s in sets for a in ("--set", s)],
-        "--wait",
-        home=home,
-        timeout=600,
+    out, ended = cli_launch(
+        "launch", str(DEMO), *[a for s in sets for a in ("--set", s)], home=home, timeout=600
     )
     run_id = out["run_id"]
-    assert cli_json("status", run_id, home=home)["status"] == "succeeded"
+    assert ended["run_id"] == run_id and ended["step"] == STEPS, ended
+    assert cli_json("status", run_id, home=home)["status"] == ended["status"] == "succeeded"
     metrics = {r["step"]: r for r in cli_json("metrics", run_id, home=home)}
     assert sorted(metrics) == list(range(1, STEPS + 1))
     return home, run_id, Path(out["run_dir"]), metrics
@@ -300,7 +296,7 @@ cpu_procs = 2
 [swift]
 extra_args = ["--logging_steps", "1", "--report_to", "none"]
 """)
-    run_id = cli_json("launch", str(spec), "--wait", home=td_home, timeout=400)["run_id"]
+    run_id = cli_launch("launch", str(spec), home=td_home, timeout=400)[0]["run_id"]
     run_dir = td_home / "runs" / run_id
     metrics = {r["step"]: r for r in cli_json("metrics", run_id, home=td_home)}
     assert sorted(metrics) == [1, 2]

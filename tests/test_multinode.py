@@ -20,7 +20,7 @@ import pytest
 import tomli_w
 import tomllib
 
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, json_docs, wait_for
 from tests.multinode_hosts import IFACE, make_hosts, unavailable
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,8 @@ def _head_cli(hosts, home: Path, *args: str, timeout: float = 300) -> dict | lis
     assert proc.stdout.strip(), (
         f"tunedeck {args} printed nothing ({proc.returncode}):\n{proc.stderr}"
     )
-    return json.loads(proc.stdout)
+    docs = json_docs(proc.stdout)
+    return docs if "--wait" in args and args[0] == "launch" else docs[0]
 
 
 OUTAGE_S = 30  # ssh-only outage (issue 31's bar): ~4 x the test's cluster.node_silence_s (8 s)
@@ -379,9 +380,12 @@ def test_a_node_that_never_joins_is_named_by_the_join_timeout(hosts, tmp_path):
     home = tmp_path / "head-home"
     spec = _spec(tmp_path / "spec.toml", hosts, steps=50, node1="ghost", join_s=15)
     t0 = time.monotonic()
-    out = _head_cli(hosts, home, "launch", str(spec), "--no-preflight", "--wait", timeout=200)
+    out, ended = _head_cli(
+        hosts, home, "launch", str(spec), "--no-preflight", "--wait", timeout=200
+    )
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     try:
+        assert ended["status"] == "failed", ended
         found = [
             f
             for f in _findings(run_dir)
@@ -509,9 +513,12 @@ def test_ranks_on_loopback_are_named_with_the_interface_to_set(hosts, tmp_path):
     assert check["status"] == "fail" and "lo is loopback (127.0.0.1)" in check["detail"], check
     assert f'cluster.interface = "{IFACE}"' in check["fix"], check
     t0 = time.monotonic()
-    out = _head_cli(hosts, home, "launch", str(path), "--no-preflight", "--wait", timeout=200)
+    out, ended = _head_cli(
+        hosts, home, "launch", str(path), "--no-preflight", "--wait", timeout=200
+    )
     run_id, run_dir = out["run_id"], Path(out["run_dir"])
     try:
+        assert ended["status"] == "failed", ended
         assert _state(run_dir / "state.json")["status"] == "failed"
         print(f"ranks on loopback: the run failed {time.monotonic() - t0:.1f}s after launch")
         net = _state(run_dir / "nodes" / "node1" / "state.json")["net"]

@@ -12,7 +12,7 @@ import pytest
 from textual.app import App
 from textual.widgets import DataTable, Static
 
-from tests.conftest import cli, cli_json, DEMO, screen_host, until, wait_for
+from tests.conftest import cli, cli_json, cli_launch, DEMO, screen_host, until, wait_for
 from tunedeck.core.preflight.base import CheckResult
 from tunedeck.core.spec import load_spec
 from tunedeck.core.telemetry.gpus import GpuFacts
@@ -172,19 +172,12 @@ def test_cli_refuses_a_failing_spec_and_no_preflight_launches_and_is_recorded(td
     assert "fix: set cluster.master_port = " in p.stderr
     assert "--set cluster.master_port=" in p.stderr
     # --no-preflight: the checks are skipped and the run says so
-    out = cli_json(
-        "launch",
-        str(DEMO),
-        "--set",
-        "train.max_steps=3",
-        "--set",
-        HARMLESS_FAIL,
-        "--no-preflight",
-        "--wait",
-        home=td_home,
-    )
+    out, ended = cli_launch(
+        "launch", str(DEMO), "--set", "train.max_steps=3", "--set", HARMLESS_FAIL,
+        "--no-preflight", home=td_home,
+    )  # fmt: skip
     st = state_of(td_home, out["run_id"])
-    assert st["status"] == "succeeded"
+    assert st["status"] == ended["status"] == "succeeded"
     assert st["preflight"]["status"] == "skipped" and st["preflight"]["overridden"]
     assert st["preflight"]["by"] == "cli --no-preflight"
     # a spec that passes is launched and the run keeps the outcome
