@@ -42,7 +42,7 @@ def test_crashed_trainer_is_restarted_and_resumes(td_home, monkeypatch):
     """The whole restart policy with the built-in trainer: rank 1 crashes at step 8 on the
     first attempt; the agent restarts torchrun, the trainer resumes from checkpoint-5, and the
     metrics hold every step exactly once."""
-    from tests.conftest import cli, cli_json
+    from tests.conftest import cli, cli_json, json_docs
 
     monkeypatch.setenv("TUNEDECK_TEST_CRASH_AT_STEP", "8")
     out = cli(
@@ -60,9 +60,10 @@ def test_crashed_trainer_is_restarted_and_resumes(td_home, monkeypatch):
         "run.restart_pause_s=0.5",
         home=td_home,
     )
-    run_id = json.loads(out.stdout)["run_id"]
+    started, ended = json_docs(out.stdout)
+    run_id = started["run_id"]
     st = cli_json("status", run_id, home=td_home)
-    assert st["status"] == "succeeded"
+    assert st["status"] == ended["status"] == "succeeded"
     run_dir = td_home / "runs" / run_id
     state = json.loads((run_dir / "state.json").read_text())
     assert [a["exit_code"] != 0 for a in state["attempts"]] == [True, False]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tunedeck.core.store.store import read_findings
-from tests.conftest import DEMO, cli
+from tests.conftest import DEMO, cli, json_docs
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,7 @@ def test_slow_rank_is_flagged_as_straggler(td_home, monkeypatch):
     # all-reduce, but its forward time (compute_s) does not
     monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "1:0.06")
     out = cli("launch", str(DEMO), "--wait", "--json", "--set", "train.max_steps=60", home=td_home)
-    run_dir = td_home / "runs" / json.loads(out.stdout)["run_id"]
+    run_dir = td_home / "runs" / json_docs(out.stdout)[0]["run_id"]
     steps = {
         r: [
             json.loads(x)
