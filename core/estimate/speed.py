@@ -15,14 +15,13 @@ from tunedeck.core.estimate.arch import ModelArch
 
 DEFAULT_MFU = 0.35
 # tunedeck's built-in trainer with train.compile (the default) on a GPU, by this module's count,
-# on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-05: the adapter added in place,
-# the loss's chunk math compiled): 17,763 tok/s with bf16 products ≈ 0.54; with
-# method.fp8_base (the frozen products in fp8) 23,441 ≈ 0.71; eager (2026-12-01) 12,328 ≈ 0.37.
-# Those ran the cuBLAS layers ("op"); Hopper's default since is the Triton kernel, +3.1 % in bf16
-# and +11.9 % in fp8 against "op" on one H100 (2026-12-06), so on Hopper these plan a little
-# slow until the H200 is measured with it.
-BUILTIN_COMPILED_MFU = 0.54
-BUILTIN_FP8_MFU = 0.71
+# on one H200 for the 7B LoRA preset (docs/benchmarks.md, 2026-12-06: Hopper's default Triton
+# kernel a LoRA linear, in one call beside Unsloth): 18,158 tok/s with bf16 products ≈ 0.55;
+# with method.fp8_base (the frozen products in fp8) 26,500 ≈ 0.80; eager (2026-12-01) 12,328
+# ≈ 0.37. GPUs other than Hopper run cuBLAS's layers ("op"), measured 3 % slower in bf16 and
+# 12 % in fp8 on one H100, so there these plan a little fast.
+BUILTIN_COMPILED_MFU = 0.55
+BUILTIN_FP8_MFU = 0.80
 # its fused 4-bit layers (QLoRA), compiled, on one H100 (7B, 4 × 2048, no dropout,
 # 2026-12-05): 16,416 tok/s ≈ 0.50; each GEMM dequantizes its weight first
 BUILTIN_QLORA_MFU = 0.50
@@ -32,8 +31,9 @@ BUILTIN_QLORA_MFU = 0.50
 DROPOUT_S_PER_ELEMENT = 0.0631 / 9.28e9
 DROPOUT_MEASURED_ON = "H100"
 COMPILE_GAIN = 1.38  # compiled against eager, the same loop and GPU (2026-12-01)
-# fp8 frozen products against bf16, compiled, in one call (23,441 / 17,763, 2026-12-05)
-FP8_GAIN = 1.32
+# fp8 frozen products against bf16, compiled, in one call on one H200 (26,500 / 18,158,
+# 2026-12-06; 1.32 with cuBLAS's layers)
+FP8_GAIN = 1.46
 
 
 def typical_mfu(
