@@ -32,7 +32,7 @@ def worker_group(path: Path) -> str:
 
 def pytest_configure(config):
     """Compile tunedeck's own modules once, before any worker starts. Where
-    PYTHONDONTWRITEBYTECODE is set (as on the machines this suite runs on), every process a
+    PYTHONDONTWRITEBYTECODE is set (as on this project's development machine), every process a
     test starts (the CLI, an agent, each rank, the TUI) would otherwise compile them from
     source: ~0.3 s of CPU a process, ~10 % of a launching test's CPU. The installed
     packages need nothing: pip compiled them."""
