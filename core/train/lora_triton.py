@@ -469,6 +469,9 @@ SMALL = (32, 32, 32, 4, 1, 4)
 # "persistent-loop" run the persistent TMA kernel wherever TMA can read the operands (and on
 # the CPU's interpreter), cuBLAS elsewhere; "epilogue" and "loop" the tiled kernel
 MODE = "persistent"
+# who makes a lone projection's rank-r products beside the persistent kernel: "cublas", or
+# "triton" (lora_rank: dy read once for g and dB); TUNEDECK_LORA_RANK overrides it
+RANK = "cublas"
 
 
 def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
@@ -497,21 +500,46 @@ def _bt(b: Tensor, sizes) -> Tensor:
     return torch.block_diag(*(bi.t() for bi in b.split(list(sizes))))
 
 
+def rank_kernels(x: Tensor, w: Tensor, r: int, mode: str, sizes) -> bool:
+    """Whether a lone projection's rank-r products run lora_rank's kernels (TUNEDECK_LORA_RANK
+    =triton) beside the persistent kernel reading x·w, instead of cuBLAS's."""
+    return (
+        (os.environ.get("TUNEDECK_LORA_RANK") or RANK) == "triton"
+        and mode == "persistent"
+        and (sizes is None or len(sizes) == 1)
+        and _persistent_runs(x, w, r)
+    )
+
+
 def lora_forward(
     x, weight, bias, a, b, scale, config=None, mode=None, sizes=None
 ) -> tuple[Tensor, Tensor]:
     """(y, u): y = x·Wᵀ + bias + s·u·Bᵀ, u = x·Aᵀ. With `sizes`, W, bias, A and B stack a
     group's projections (rows of W and B per projection, r rows of A each) and each
     projection's output takes only its own adapter."""
-    return _product(x, weight.t(), a.t(), _bt(b, sizes), scale, bias, config, mode or MODE)
+    mode = mode or MODE
+    if rank_kernels(x, weight.t(), a.shape[0], mode, sizes):
+        from tunedeck.core.train import lora_rank
+
+        u = lora_rank.rows(x, a)
+        return lora_mm_persistent(x, weight.t(), u, b.t(), scale, bias, config)[0], u
+    return _product(x, weight.t(), a.t(), _bt(b, sizes), scale, bias, config, mode)
 
 
 def lora_backward(
     dy, x, weight, a, b, u, scale, config=None, mode=None, sizes=None
 ) -> tuple[Tensor, ...]:
     """(dx, dA, dB): dx = dy·W + s·(dy·B)·A in one kernel; dA = s·(dy·B)ᵀ·x and
-    dB = s·dyᵀ·u over the tokens (cuBLAS; per projection of a group)."""
-    dx, g = _product(dy, weight, _bt(b, sizes).t(), a, scale, None, config, mode or MODE)
+    dB = s·dyᵀ·u over the tokens (cuBLAS, per projection of a group; or lora_rank's kernels,
+    g = dy·B and dB from one read of dy)."""
+    mode = mode or MODE
+    if rank_kernels(dy, weight, a.shape[0], mode, sizes):
+        from tunedeck.core.train import lora_rank
+
+        g, db = lora_rank.dy_pass(dy, b, u, scale)
+        dx = lora_mm_persistent(dy, weight, g, a, scale, None, config)[0]
+        return dx, lora_rank.tn(g, x, scale), db
+    dx, g = _product(dy, weight, _bt(b, sizes).t(), a, scale, None, config, mode)
     if sizes is None or len(sizes) == 1:
         db = (dy.t() @ u) * scale
     else:

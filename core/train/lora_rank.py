@@ -1,0 +1,220 @@
+"""A LoRA linear's rank-r products as Triton kernels that read each full-size tensor once.
+
+Beside its frozen GEMMs (lora_triton's kernel) a LoRA linear makes four products of rank r per
+micro-batch, each reading a full-size tensor and making r columns of output: bytes, not FLOPs
+(docs/benchmarks.md, "The adapter's 160 ms are bytes"):
+    forward   u = x·Aᵀ                    reads x
+    backward  g = dy·B, dB = s·dyᵀ·u      read dy (twice through cuBLAS)
+              dA = s·gᵀ·x                 reads x
+cuBLAS runs them as four skinny GEMMs. Here:
+- `dy_pass` makes g and dB from one read of dy. Each program owns a block of rows and a few
+  blocks of columns of dy; dB's partial sum for its columns stays in registers over its rows,
+  g's partial for its rows is kept in an fp32 scratch row it alone writes; both partials are
+  summed over the programs afterwards (a fixed order: the same bits every run, unlike atomics).
+- `tn` makes gᵀ·x with the tokens split over programs (split-K), partials summed the same way.
+- `rows` makes x·Aᵀ, a program per block of rows.
+Which runs is `lora_triton.RANK` (TUNEDECK_LORA_RANK: "triton" or "cublas"); bench/lora_rank.py
+times both per projection. TRITON_INTERPRET=1 runs them on the CPU (tests/test_train_lora_rank.py
+checks them against float64).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+# (BM, BN, num_warps, num_stages): the rows and columns of dy (x) a program reads per step
+# (for `rows`: rows and K columns of x); bench/lora_rank.py times the alternatives
+CONFIG = {"dy": (128, 128, 4, 3), "tn": (128, 128, 4, 3), "rows": (64, 128, 4, 3)}
+# on the CPU's interpreter (the tests' shapes are tens of rows)
+SMALL = (16, 16, 4, 1)
+# programs per SM the grids aim at: streaming kernels need several in flight to fill HBM's pipe
+WAVES = 2
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dy_pass(
+        DY, B, U, G, DB,
+        M, N, R,
+        BM: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr,
+    ):  # fmt: skip
+        # program (i, j): rows [i·mper·BM, ...) and column blocks [j·nper, ...) of dy
+        i = tl.program_id(0)
+        j = tl.program_id(1)
+        mper = tl.cdiv(tl.cdiv(M, BM), tl.num_programs(0))
+        nper = tl.cdiv(tl.cdiv(N, BN), tl.num_programs(1))
+        m0 = i * mper * BM
+        m1 = tl.minimum(m0 + mper * BM, M)
+        rr = tl.arange(0, RP)
+        for nb in range(0, nper):
+            rn = (j * nper + nb) * BN + tl.arange(0, BN)
+            nmask = rn < N
+            b = tl.load(
+                B + rn[:, None] * R + rr[None, :],
+                mask=nmask[:, None] & (rr[None, :] < R),
+                other=0.0,
+            )
+            db = tl.zeros((BN, RP), dtype=tl.float32)
+            for m in range(m0, m1, BM):
+                rm = m + tl.arange(0, BM)
+                mmask = rm < m1
+                dy = tl.load(
+                    DY + rm[:, None] * N + rn[None, :],
+                    mask=mmask[:, None] & nmask[None, :],
+                    other=0.0,
+                )
+                u = tl.load(
+                    U + rm[:, None] * R + rr[None, :],
+                    mask=mmask[:, None] & (rr[None, :] < R),
+                    other=0.0,
+                )
+                db = tl.dot(tl.trans(dy), u, db)
+                g = tl.dot(dy, b)
+                gp = G + j * M * RP + rm[:, None] * RP + rr[None, :]
+                if nb > 0:  # this program's own scratch rows: no other program writes them
+                    g += tl.load(gp, mask=mmask[:, None], other=0.0)
+                tl.store(gp, g, mask=mmask[:, None])
+            tl.store(DB + i * N * RP + rn[:, None] * RP + rr[None, :], db, mask=nmask[:, None])
+            # the next column block reads back the g rows just stored, maybe from other threads
+            tl.debug_barrier()
+
+    @triton.jit
+    def tn(
+        G, X, OUT,
+        M, N, R,
+        BM: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr,
+    ):  # fmt: skip
+        # program (i, j): rows [i·mper·BM, ...) of g and x, columns [j·BN, ...) of x
+        i = tl.program_id(0)
+        j = tl.program_id(1)
+        mper = tl.cdiv(tl.cdiv(M, BM), tl.num_programs(0))
+        m0 = i * mper * BM
+        m1 = tl.minimum(m0 + mper * BM, M)
+        rr = tl.arange(0, RP)
+        rn = j * BN + tl.arange(0, BN)
+        nmask = rn < N
+        acc = tl.zeros((RP, BN), dtype=tl.float32)
+        for m in range(m0, m1, BM):
+            rm = m + tl.arange(0, BM)
+            mmask = rm < m1
+            g = tl.load(
+                G + rm[:, None] * R + rr[None, :],
+                mask=mmask[:, None] & (rr[None, :] < R),
+                other=0.0,
+            )
+            x = tl.load(
+                X + rm[:, None] * N + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0
+            )
+            acc = tl.dot(tl.trans(g), x, acc)
+        tl.store(OUT + i * RP * N + rr[:, None] * N + rn[None, :], acc, mask=nmask[None, :])
+
+    @triton.jit
+    def rows(
+        X, A, OUT,
+        M, K, R,
+        BM: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr,
+    ):  # fmt: skip
+        # program i: rows [i·BM, ...) of x·Aᵀ, over all of K
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rr = tl.arange(0, RP)
+        mmask = rm < M
+        acc = tl.zeros((BM, RP), dtype=tl.float32)
+        for k in range(0, K, BK):
+            rk = k + tl.arange(0, BK)
+            kmask = rk < K
+            x = tl.load(
+                X + rm[:, None] * K + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0
+            )
+            a = tl.load(
+                A + rr[:, None] * K + rk[None, :],
+                mask=(rr[:, None] < R) & kmask[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(x, tl.trans(a), acc)
+        tl.store(
+            OUT + rm[:, None] * R + rr[None, :],
+            acc.to(OUT.dtype.element_ty),
+            mask=mmask[:, None] & (rr[None, :] < R),
+        )
+
+    return triton, dy_pass, tn, rows
+
+
+def _config(t: Tensor, config, kernel: str) -> tuple[int, int, int, int]:
+    return config or (CONFIG[kernel] if t.is_cuda else SMALL)
+
+
+def _sms(t: Tensor) -> int:
+    if not t.is_cuda:
+        return 4
+    return torch.cuda.get_device_properties(t.device).multi_processor_count
+
+
+def _rp(triton, r: int) -> int:
+    return max(16, triton.next_power_of_2(r))
+
+
+def dy_pass(dy: Tensor, b: Tensor, u: Tensor, scale: float, config=None) -> tuple[Tensor, Tensor]:
+    """(g, dB) = (dy·B, s·dyᵀ·u) from one read of dy: dy (M, N), B (N, r), u (M, r); g in
+    dy's dtype (fp32 sums rounded once, as cuBLAS's), dB in B's."""
+    triton, kernel, _, _ = _kernels()
+    dy, b, u = dy.contiguous(), b.contiguous(), u.contiguous()
+    m, n = dy.shape
+    r = b.shape[1]
+    bm, bn, warps, stages = _config(dy, config, "dy")
+    rp = _rp(triton, r)
+    mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    # a few column blocks a program (g's scratch is one fp32 row of r per row of dy and
+    # column program), row programs enough to give every SM WAVES of them
+    nper = min(4, nblocks)
+    sj = triton.cdiv(nblocks, nper)
+    si = max(1, min(mblocks, triton.cdiv(WAVES * _sms(dy), sj)))
+    si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))  # no empty row program
+    gs = torch.empty(sj, m, rp, device=dy.device, dtype=torch.float32)
+    dbs = torch.empty(si, n, rp, device=dy.device, dtype=torch.float32)
+    kernel[(si, sj)](
+        dy, b, u, gs, dbs, m, n, r, BM=bm, BN=bn, RP=rp, num_warps=warps, num_stages=stages
+    )
+    g = (gs[0] if sj == 1 else gs.sum(0))[:, :r].to(dy.dtype)
+    db = ((dbs[0] if si == 1 else dbs.sum(0))[:, :r] * scale).to(b.dtype)
+    return g, db
+
+
+def tn(g: Tensor, x: Tensor, scale: float = 1.0, config=None) -> Tensor:
+    """s·gᵀ·x: g (M, r), x (M, N), in x's dtype; the tokens M split over programs."""
+    triton, _, kernel, _ = _kernels()
+    g, x = g.contiguous(), x.contiguous()
+    m, n = x.shape
+    r = g.shape[1]
+    bm, bn, warps, stages = _config(x, config, "tn")
+    rp = _rp(triton, r)
+    mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    si = max(1, min(mblocks, triton.cdiv(WAVES * _sms(x), nblocks)))
+    si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))
+    out = torch.empty(si, rp, n, device=x.device, dtype=torch.float32)
+    kernel[(si, nblocks)](
+        g, x, out, m, n, r, BM=bm, BN=bn, RP=rp, num_warps=warps, num_stages=stages
+    )
+    return ((out[0] if si == 1 else out.sum(0))[:r] * scale).to(x.dtype)
+
+
+def rows(x: Tensor, a: Tensor, config=None) -> Tensor:
+    """x·Aᵀ: x (M, K), A (r, K) row-major, in x's dtype."""
+    triton, _, _, kernel = _kernels()
+    x, a = x.contiguous(), a.contiguous()
+    m, k = x.shape
+    r = a.shape[0]
+    bm, bk, warps, stages = _config(x, config, "rows")
+    out = x.new_empty(m, r)
+    grid = (triton.cdiv(m, bm),)
+    kernel[grid](
+        x, a, out, m, k, r, BM=bm, BK=bk, RP=_rp(triton, r), num_warps=warps, num_stages=stages
+    )
+    return out
