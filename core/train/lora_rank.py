@@ -100,7 +100,8 @@ def _kernels():
         rr = tl.arange(0, RP)
         rn = j * BN + tl.arange(0, BN)
         nmask = rn < N
-        acc = tl.zeros((RP, BN), dtype=tl.float32)
+        # (x·g)ᵀ's tile (BN × RP), as dy_pass's dB: wide rows make the MMA's M, not r
+        acc = tl.zeros((BN, RP), dtype=tl.float32)
         for m in range(m0, m1, BM):
             rm = m + tl.arange(0, BM)
             mmask = rm < m1
@@ -112,8 +113,8 @@ def _kernels():
             x = tl.load(
                 X + rm[:, None] * N + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0
             )
-            acc = tl.dot(tl.trans(g), x, acc)
-        tl.store(OUT + i * RP * N + rr[:, None] * N + rn[None, :], acc, mask=nmask[None, :])
+            acc = tl.dot(tl.trans(x), g, acc)
+        tl.store(OUT + i * RP * N + rr[None, :] * N + rn[:, None], acc, mask=nmask[:, None])
 
     @triton.jit
     def rows(
