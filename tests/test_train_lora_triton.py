@@ -168,7 +168,7 @@ def check_half(mode):
         assert (got.float() - ref.float()).norm() <= 2e-3 * ref.float().norm()
 
 
-@pytest.mark.parametrize("rank", ["cublas", "triton"])
+@pytest.mark.parametrize("rank", ["cublas", "dy", "triton"])
 def test_triton_layers_equal_peft_and_leave_dropout_to_the_op(rank):
     _interpreted("check_layers", rank)
 
@@ -199,7 +199,7 @@ def check_layers(rank="cublas"):
         passes.clear()
         loss, g = loss_and_grads(m)
         assert len(calls) == 14
-        assert len(passes) == (14 if rank == "triton" else 0)
+        assert len(passes) == (0 if rank == "cublas" else 14)
         assert torch.allclose(loss, ref_loss, rtol=1e-5), (compiled, loss, ref_loss)
         g = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
         assert g.keys() == ref_g.keys()
@@ -220,45 +220,49 @@ def test_rank_kernels_make_the_adapters_products_and_gradients(r):
 
 def check_rank(r):
     """lora_rank's kernels against float64, at sizes no tile divides, split over several row
-    and column programs (so dy_pass adds later column blocks into g's scratch rows): u = x·Aᵀ,
-    g = dy·B with dB = s·dyᵀ·u from one pass, dA = s·gᵀ·x; the same bits when run again (the
-    partial sums are added in a fixed order). Then a layer's forward and backward with
-    TUNEDECK_LORA_RANK=triton, beside the persistent kernel, against float64."""
+    and column programs (partial sums added afterwards): u = x·Aᵀ, g = dy·B with
+    dB = s·dyᵀ·u from one pass, dA = s·gᵀ·x; the same bits when run again (the partial sums
+    are added in a fixed order). Then a layer's forward and backward with each
+    TUNEDECK_LORA_RANK choice, beside the persistent kernel, against float64."""
     from tunedeck.core.train import lora_rank
 
     g = torch.Generator().manual_seed(r)
-    n, k, m, s = 75, 44, 132, 1.7  # rows of 16-byte multiples for the persistent kernel
-    x, dy = torch.randn(n, k, generator=g), torch.randn(n, m, generator=g)
-    a, b = torch.randn(r, k, generator=g) / 10, torch.randn(m, r, generator=g) / 10
-    u = lora_rank.rows(x, a)
-    gr, db = lora_rank.dy_pass(dy, b, u, s)
-    da = lora_rank.tn(gr, x, s)
-    xd, dyd, ad, bd = _f64(x, dy, a, b)
-    ud = xd @ ad.t()
-    grd = dyd @ bd
-    for got, ref in ((u, ud), (gr, grd), (db, s * dyd.t() @ ud), (da, s * grd.t() @ xd)):
-        assert got.shape == ref.shape and got.dtype == torch.float32
-        assert (got.double() - ref).norm() <= 1e-6 * ref.norm()
-    again = lora_rank.dy_pass(dy, b, u, s)
-    assert torch.equal(again[0], gr) and torch.equal(again[1], db)
+    k, s = 44, 1.7
+    for n, m in ((75, 132), (150, 20)):  # rows of 16-byte multiples (the persistent kernel)
+        x, dy = torch.randn(n, k, generator=g), torch.randn(n, m, generator=g)
+        a, b = torch.randn(r, k, generator=g) / 10, torch.randn(m, r, generator=g) / 10
+        u = lora_rank.rows(x, a)
+        gr, db = lora_rank.dy_pass(dy, b, u, s)
+        da = lora_rank.tn(gr, x, s)
+        xd, dyd, ad, bd = _f64(x, dy, a, b)
+        ud = xd @ ad.t()
+        grd = dyd @ bd
+        for got, ref in ((u, ud), (gr, grd), (db, s * dyd.t() @ ud), (da, s * grd.t() @ xd)):
+            assert got.shape == ref.shape and got.dtype == torch.float32
+            assert (got.double() - ref).norm() <= 1e-6 * ref.norm(), (n, m)
+        again = lora_rank.dy_pass(dy, b, u, s)
+        assert torch.equal(again[0], gr) and torch.equal(again[1], db)
 
-    w, bias, m2 = torch.randn(m, k, generator=g) / 10, torch.randn(m, generator=g), 52
-    os.environ["TUNEDECK_LORA_RANK"] = "triton"
-    assert lora_triton.rank_kernels(x, w.t(), r, lora_triton.MODE, None)
-    assert not lora_triton.rank_kernels(x, w.t(), r, lora_triton.MODE, [m2, m - m2])
-    y, u = lora_triton.lora_forward(x, w, bias, a, b, s)
-    dx, da, db = lora_triton.lora_backward(dy, x, w, a, b, u, s)
+    w, bias = torch.randn(m, k, generator=g) / 10, torch.randn(m, generator=g)
     wd, biasd = _f64(w, bias)
-    refs = (
-        (y, xd @ wd.t() + biasd + s * ud @ bd.t()),
-        (u, ud),
-        (dx, dyd @ wd + s * grd @ ad),
-        (da, s * grd.t() @ xd),
-        (db, s * dyd.t() @ ud),
-    )
-    for got, ref in refs:
-        assert got.shape == ref.shape
-        assert (got.double() - ref).norm() <= 1e-5 * ref.norm()
+    for rank in ("dy", "triton"):
+        os.environ["TUNEDECK_LORA_RANK"] = rank
+        assert lora_triton.rank_kernels(x, w.t(), r, lora_triton.MODE, None) == rank
+        assert lora_triton.rank_kernels(x, w.t(), r, lora_triton.MODE, [12, m - 12]) is None
+        y, u = lora_triton.lora_forward(x, w, bias, a, b, s)
+        dx, da, db = lora_triton.lora_backward(dy, x, w, a, b, u, s)
+        refs = (
+            (y, xd @ wd.t() + biasd + s * ud @ bd.t()),
+            (u, ud),
+            (dx, dyd @ wd + s * grd @ ad),
+            (da, s * grd.t() @ xd),
+            (db, s * dyd.t() @ ud),
+        )
+        for got, ref in refs:
+            assert got.shape == ref.shape
+            assert (got.double() - ref).norm() <= 1e-5 * ref.norm(), rank
+    os.environ["TUNEDECK_LORA_RANK"] = "cublas"
+    assert lora_triton.rank_kernels(x, w.t(), r, lora_triton.MODE, None) is None
 
 
 def test_the_triton_kernel_is_the_default_only_on_hopper(monkeypatch):

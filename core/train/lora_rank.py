@@ -7,10 +7,10 @@ micro-batch, each reading a full-size tensor and making r columns of output: byt
     backward  g = dy·B, dB = s·dyᵀ·u      read dy (twice through cuBLAS)
               dA = s·gᵀ·x                 reads x
 cuBLAS runs them as four skinny GEMMs. Here:
-- `dy_pass` makes g and dB from one read of dy. Each program owns a block of rows and a few
-  blocks of columns of dy; dB's partial sum for its columns stays in registers over its rows,
-  g's partial for its rows is kept in an fp32 scratch row it alone writes; both partials are
-  summed over the programs afterwards (a fixed order: the same bits every run, unlike atomics).
+- `dy_pass` makes g and dB from one read of dy. Each program streams one block of columns of
+  dy over a range of rows: dB's partial sum for its columns stays in registers, g's partial
+  for each row block goes to an fp32 scratch row; both partials are summed over the programs
+  afterwards (a fixed order: the same bits every run, unlike atomics).
 - `tn` makes gᵀ·x with the tokens split over programs (split-K), partials summed the same way.
 - `rows` makes x·Aᵀ, a program per block of rows.
 Which runs is `lora_triton.RANK` (TUNEDECK_LORA_RANK: "triton" or "cublas"); bench/lora_rank.py
@@ -27,7 +27,7 @@ from torch import Tensor
 
 # (BM, BN, num_warps, num_stages): the rows and columns of dy (x) a program reads per step
 # (for `rows`: rows and K columns of x); bench/lora_rank.py times the alternatives
-CONFIG = {"dy": (128, 128, 4, 3), "tn": (128, 128, 4, 3), "rows": (64, 128, 4, 3)}
+CONFIG = {"dy": (128, 256, 8, 3), "tn": (128, 256, 8, 3), "rows": (32, 256, 4, 3)}
 # on the CPU's interpreter (the tests' shapes are tens of rows)
 SMALL = (16, 16, 4, 1)
 # programs per SM the grids aim at: streaming kernels need several in flight to fill HBM's pipe
@@ -45,45 +45,37 @@ def _kernels():
         M, N, R,
         BM: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr,
     ):  # fmt: skip
-        # program (i, j): rows [i·mper·BM, ...) and column blocks [j·nper, ...) of dy
+        # program (i, j): column block j of dy over rows [i·mper·BM, ...), one long stream of
+        # tiles (a short inner loop would spend its time filling the load pipeline)
         i = tl.program_id(0)
         j = tl.program_id(1)
         mper = tl.cdiv(tl.cdiv(M, BM), tl.num_programs(0))
-        nper = tl.cdiv(tl.cdiv(N, BN), tl.num_programs(1))
         m0 = i * mper * BM
         m1 = tl.minimum(m0 + mper * BM, M)
         rr = tl.arange(0, RP)
-        for nb in range(0, nper):
-            rn = (j * nper + nb) * BN + tl.arange(0, BN)
-            nmask = rn < N
-            b = tl.load(
-                B + rn[:, None] * R + rr[None, :],
-                mask=nmask[:, None] & (rr[None, :] < R),
+        rn = j * BN + tl.arange(0, BN)
+        nmask = rn < N
+        b = tl.load(
+            B + rn[:, None] * R + rr[None, :], mask=nmask[:, None] & (rr[None, :] < R), other=0.0
+        )
+        db = tl.zeros((BN, RP), dtype=tl.float32)
+        for m in range(m0, m1, BM):
+            rm = m + tl.arange(0, BM)
+            mmask = rm < m1
+            dy = tl.load(
+                DY + rm[:, None] * N + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0
+            )
+            u = tl.load(
+                U + rm[:, None] * R + rr[None, :],
+                mask=mmask[:, None] & (rr[None, :] < R),
                 other=0.0,
             )
-            db = tl.zeros((BN, RP), dtype=tl.float32)
-            for m in range(m0, m1, BM):
-                rm = m + tl.arange(0, BM)
-                mmask = rm < m1
-                dy = tl.load(
-                    DY + rm[:, None] * N + rn[None, :],
-                    mask=mmask[:, None] & nmask[None, :],
-                    other=0.0,
-                )
-                u = tl.load(
-                    U + rm[:, None] * R + rr[None, :],
-                    mask=mmask[:, None] & (rr[None, :] < R),
-                    other=0.0,
-                )
-                db = tl.dot(tl.trans(dy), u, db)
-                g = tl.dot(dy, b)
-                gp = G + j * M * RP + rm[:, None] * RP + rr[None, :]
-                if nb > 0:  # this program's own scratch rows: no other program writes them
-                    g += tl.load(gp, mask=mmask[:, None], other=0.0)
-                tl.store(gp, g, mask=mmask[:, None])
-            tl.store(DB + i * N * RP + rn[:, None] * RP + rr[None, :], db, mask=nmask[:, None])
-            # the next column block reads back the g rows just stored, maybe from other threads
-            tl.debug_barrier()
+            db = tl.dot(tl.trans(dy), u, db)
+            # g's partial over this column block, for these rows: summed over j afterwards
+            tl.store(
+                G + j * M * RP + rm[:, None] * RP + rr[None, :], tl.dot(dy, b), mask=mmask[:, None]
+            )
+        tl.store(DB + i * N * RP + rn[:, None] * RP + rr[None, :], db, mask=nmask[:, None])
 
     @triton.jit
     def tn(
@@ -172,11 +164,11 @@ def dy_pass(dy: Tensor, b: Tensor, u: Tensor, scale: float, config=None) -> tupl
     bm, bn, warps, stages = _config(dy, config, "dy")
     rp = _rp(triton, r)
     mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
-    # a few column blocks a program (g's scratch is one fp32 row of r per row of dy and
-    # column program), row programs enough to give every SM WAVES of them
-    nper = min(4, nblocks)
-    sj = triton.cdiv(nblocks, nper)
-    si = max(1, min(mblocks, triton.cdiv(WAVES * _sms(dy), sj)))
+    # a program per column block, row programs enough to give every SM WAVES of them while
+    # each still streams several row blocks (g's scratch is an fp32 row of r per row of dy
+    # and column block)
+    sj = nblocks
+    si = max(1, min(mblocks // 4, triton.cdiv(WAVES * _sms(dy), sj)))
     si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))  # no empty row program
     gs = torch.empty(sj, m, rp, device=dy.device, dtype=torch.float32)
     dbs = torch.empty(si, n, rp, device=dy.device, dtype=torch.float32)

@@ -469,8 +469,9 @@ SMALL = (32, 32, 32, 4, 1, 4)
 # "persistent-loop" run the persistent TMA kernel wherever TMA can read the operands (and on
 # the CPU's interpreter), cuBLAS elsewhere; "epilogue" and "loop" the tiled kernel
 MODE = "persistent"
-# who makes a lone projection's rank-r products beside the persistent kernel: "cublas", or
-# "triton" (lora_rank: dy read once for g and dB); TUNEDECK_LORA_RANK overrides it
+# who makes a lone projection's rank-r products beside the persistent kernel: "cublas", "dy"
+# (lora_rank.dy_pass: dy read once for g and dB) or "triton" (all of lora_rank's kernels);
+# TUNEDECK_LORA_RANK overrides it
 RANK = "cublas"
 
 
@@ -500,15 +501,16 @@ def _bt(b: Tensor, sizes) -> Tensor:
     return torch.block_diag(*(bi.t() for bi in b.split(list(sizes))))
 
 
-def rank_kernels(x: Tensor, w: Tensor, r: int, mode: str, sizes) -> bool:
-    """Whether a lone projection's rank-r products run lora_rank's kernels (TUNEDECK_LORA_RANK
-    =triton) beside the persistent kernel reading x·w, instead of cuBLAS's."""
-    return (
-        (os.environ.get("TUNEDECK_LORA_RANK") or RANK) == "triton"
-        and mode == "persistent"
-        and (sizes is None or len(sizes) == 1)
-        and _persistent_runs(x, w, r)
-    )
+def rank_kernels(x: Tensor, w: Tensor, r: int, mode: str, sizes) -> str | None:
+    """Which of lora_rank's kernels a lone projection's rank-r products run beside the
+    persistent kernel reading x·w (TUNEDECK_LORA_RANK, else RANK): "dy" (g and dB from one
+    read of dy, cuBLAS's x·Aᵀ and gᵀ·x) or "triton" (all three); None: cuBLAS's four."""
+    rank = os.environ.get("TUNEDECK_LORA_RANK") or RANK
+    if rank not in ("dy", "triton") or mode != "persistent":
+        return None
+    if (sizes is None or len(sizes) == 1) and _persistent_runs(x, w, r):
+        return rank
+    return None
 
 
 def lora_forward(
@@ -518,10 +520,11 @@ def lora_forward(
     group's projections (rows of W and B per projection, r rows of A each) and each
     projection's output takes only its own adapter."""
     mode = mode or MODE
-    if rank_kernels(x, weight.t(), a.shape[0], mode, sizes):
+    rank = rank_kernels(x, weight.t(), a.shape[0], mode, sizes)
+    if rank:
         from tunedeck.core.train import lora_rank
 
-        u = lora_rank.rows(x, a)
+        u = lora_rank.rows(x, a) if rank == "triton" else x @ a.t()
         return lora_mm_persistent(x, weight.t(), u, b.t(), scale, bias, config)[0], u
     return _product(x, weight.t(), a.t(), _bt(b, sizes), scale, bias, config, mode)
 
@@ -533,12 +536,14 @@ def lora_backward(
     dB = s·dyᵀ·u over the tokens (cuBLAS, per projection of a group; or lora_rank's kernels,
     g = dy·B and dB from one read of dy)."""
     mode = mode or MODE
-    if rank_kernels(dy, weight, a.shape[0], mode, sizes):
+    rank = rank_kernels(dy, weight, a.shape[0], mode, sizes)
+    if rank:
         from tunedeck.core.train import lora_rank
 
         g, db = lora_rank.dy_pass(dy, b, u, scale)
         dx = lora_mm_persistent(dy, weight, g, a, scale, None, config)[0]
-        return dx, lora_rank.tn(g, x, scale), db
+        da = lora_rank.tn(g, x, scale) if rank == "triton" else (g.t() @ x) * scale
+        return dx, da, db
     dx, g = _product(dy, weight, _bt(b, sizes).t(), a, scale, None, config, mode)
     if sizes is None or len(sizes) == 1:
         db = (dy.t() @ u) * scale
