@@ -470,9 +470,10 @@ SMALL = (32, 32, 32, 4, 1, 4)
 # the CPU's interpreter), cuBLAS elsewhere; "epilogue" and "loop" the tiled kernel
 MODE = "persistent"
 # who makes a lone projection's rank-r products beside the persistent kernel: "cublas", "dy"
-# (lora_rank.dy_pass: dy read once for g and dB) or "triton" (all of lora_rank's kernels);
-# TUNEDECK_LORA_RANK overrides it
-RANK = "cublas"
+# (lora_rank.dy_pass: dy read once for g and dB, cuBLAS's x·Aᵀ and gᵀ·x; the default, 0.5 %
+# faster in the trainer on an H100, docs/benchmarks.md) or "triton" (all of lora_rank's
+# kernels: no faster than "dy"); TUNEDECK_LORA_RANK overrides it
+RANK = "dy"
 
 
 def _product(x, w, p, q, scale, bias, config, mode) -> tuple[Tensor, Tensor]:
