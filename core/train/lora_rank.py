@@ -11,11 +11,12 @@ cuBLAS runs them as four skinny GEMMs. Here:
   dy over a range of rows: dB's partial sum for its columns stays in registers, g's partial
   for each row block goes to an fp32 scratch row; both partials are summed over the programs
   afterwards (a fixed order: the same bits every run, unlike atomics).
-- `tn` makes gᵀ·x with the tokens split over programs (split-K), partials summed the same way.
+- `tn` makes gᵀ·x the same way, without g's part (the tokens split over programs).
 - `rows` makes x·Aᵀ, a program per block of rows.
-Which runs is `lora_triton.RANK` (TUNEDECK_LORA_RANK: "triton" or "cublas"); bench/lora_rank.py
-times both per projection. TRITON_INTERPRET=1 runs them on the CPU (tests/test_train_lora_rank.py
-checks them against float64).
+Which run is `lora_triton.RANK` (TUNEDECK_LORA_RANK: "dy", the default on Hopper, runs
+dy_pass beside cuBLAS's x·Aᵀ and gᵀ·x; "triton" all three; "cublas" none); bench/lora_rank.py
+times them per projection. TRITON_INTERPRET=1 runs them on the CPU
+(tests/test_train_lora_triton.py checks them against float64).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch import Tensor
 
 # (BM, BN, num_warps, num_stages): the rows and columns of dy (x) a program reads per step
 # (for `rows`: rows and K columns of x); bench/lora_rank.py times the alternatives
-CONFIG = {"dy": (128, 256, 8, 3), "tn": (128, 256, 8, 3), "rows": (32, 256, 4, 3)}
+CONFIG = {"dy": (128, 256, 8, 3), "tn": (64, 64, 4, 4), "rows": (32, 256, 4, 3)}
 # on the CPU's interpreter (the tests' shapes are tens of rows)
 SMALL = (16, 16, 4, 1)
 # programs per SM the grids aim at: streaming kernels need several in flight to fill HBM's pipe
@@ -40,13 +41,15 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def dy_pass(
-        DY, B, U, G, DB,
+    def strips(
+        T, S, B, G, OUT,
         M, N, R,
-        BM: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr, WITH_G: tl.constexpr,
     ):  # fmt: skip
-        # program (i, j): column block j of dy over rows [i·mper·BM, ...), one long stream of
-        # tiles (a short inner loop would spend its time filling the load pipeline)
+        # OUT's partial Tᵀ·S for column block j of T (M, N) over rows [i·mper·BM, ...), S
+        # (M, r): one long stream of tiles a program (short inner loops would spend their time
+        # filling the load pipeline). Wide rows of T are the MMA's M, not r. WITH_G (dy_pass:
+        # T = dy, S = u): also T·B's partial over this column block for these rows, to G.
         i = tl.program_id(0)
         j = tl.program_id(1)
         mper = tl.cdiv(tl.cdiv(M, BM), tl.num_programs(0))
@@ -55,58 +58,32 @@ def _kernels():
         rr = tl.arange(0, RP)
         rn = j * BN + tl.arange(0, BN)
         nmask = rn < N
-        b = tl.load(
-            B + rn[:, None] * R + rr[None, :], mask=nmask[:, None] & (rr[None, :] < R), other=0.0
-        )
-        db = tl.zeros((BN, RP), dtype=tl.float32)
-        for m in range(m0, m1, BM):
-            rm = m + tl.arange(0, BM)
-            mmask = rm < m1
-            dy = tl.load(
-                DY + rm[:, None] * N + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0
-            )
-            u = tl.load(
-                U + rm[:, None] * R + rr[None, :],
-                mask=mmask[:, None] & (rr[None, :] < R),
+        if WITH_G:
+            b = tl.load(
+                B + rn[:, None] * R + rr[None, :],
+                mask=nmask[:, None] & (rr[None, :] < R),
                 other=0.0,
             )
-            db = tl.dot(tl.trans(dy), u, db)
-            # g's partial over this column block, for these rows: summed over j afterwards
-            tl.store(
-                G + j * M * RP + rm[:, None] * RP + rr[None, :], tl.dot(dy, b), mask=mmask[:, None]
-            )
-        tl.store(DB + i * N * RP + rn[:, None] * RP + rr[None, :], db, mask=nmask[:, None])
-
-    @triton.jit
-    def tn(
-        G, X, OUT,
-        M, N, R,
-        BM: tl.constexpr, BN: tl.constexpr, RP: tl.constexpr,
-    ):  # fmt: skip
-        # program (i, j): rows [i·mper·BM, ...) of g and x, columns [j·BN, ...) of x
-        i = tl.program_id(0)
-        j = tl.program_id(1)
-        mper = tl.cdiv(tl.cdiv(M, BM), tl.num_programs(0))
-        m0 = i * mper * BM
-        m1 = tl.minimum(m0 + mper * BM, M)
-        rr = tl.arange(0, RP)
-        rn = j * BN + tl.arange(0, BN)
-        nmask = rn < N
-        # (x·g)ᵀ's tile (BN × RP), as dy_pass's dB: wide rows make the MMA's M, not r
         acc = tl.zeros((BN, RP), dtype=tl.float32)
         for m in range(m0, m1, BM):
             rm = m + tl.arange(0, BM)
             mmask = rm < m1
-            g = tl.load(
-                G + rm[:, None] * R + rr[None, :],
+            t = tl.load(
+                T + rm[:, None] * N + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0
+            )
+            sv = tl.load(
+                S + rm[:, None] * R + rr[None, :],
                 mask=mmask[:, None] & (rr[None, :] < R),
                 other=0.0,
             )
-            x = tl.load(
-                X + rm[:, None] * N + rn[None, :], mask=mmask[:, None] & nmask[None, :], other=0.0
-            )
-            acc = tl.dot(tl.trans(x), g, acc)
-        tl.store(OUT + i * RP * N + rr[None, :] * N + rn[:, None], acc, mask=nmask[:, None])
+            acc = tl.dot(tl.trans(t), sv, acc)
+            if WITH_G:  # summed over j afterwards
+                tl.store(
+                    G + j * M * RP + rm[:, None] * RP + rr[None, :],
+                    tl.dot(t, b),
+                    mask=mmask[:, None],
+                )
+        tl.store(OUT + i * N * RP + rn[:, None] * RP + rr[None, :], acc, mask=nmask[:, None])
 
     @triton.jit
     def rows(
@@ -137,7 +114,7 @@ def _kernels():
             mask=mmask[:, None] & (rr[None, :] < R),
         )
 
-    return triton, dy_pass, tn, rows
+    return triton, strips, rows
 
 
 def _config(t: Tensor, config, kernel: str) -> tuple[int, int, int, int]:
@@ -154,53 +131,48 @@ def _rp(triton, r: int) -> int:
     return max(16, triton.next_power_of_2(r))
 
 
+def _strips(t: Tensor, s: Tensor, b: Tensor | None, config, kind: str):
+    """(tᵀ·s (N, r), t·b (M, r) or None), both fp32: t (M, N), s (M, r), b (N, r) or None. A
+    program per column block of t, row programs enough to give every SM WAVES of them while
+    each still streams several row blocks; the partials summed here."""
+    triton, kernel, _ = _kernels()
+    t, s = t.contiguous(), s.contiguous()
+    m, n = t.shape
+    r = s.shape[1]
+    bm, bn, warps, stages = _config(t, config, kind)
+    rp = _rp(triton, r)
+    mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    si = max(1, min(mblocks // 4, triton.cdiv(WAVES * _sms(t), nblocks)))
+    si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))  # no empty row program
+    out = torch.empty(si, n, rp, device=t.device, dtype=torch.float32)
+    # t·b's partials: an fp32 row of r per row of t and column block
+    gs = out if b is None else torch.empty(nblocks, m, rp, device=t.device, dtype=torch.float32)
+    kernel[(si, nblocks)](
+        t, s, s if b is None else b.contiguous(), gs, out, m, n, r,
+        BM=bm, BN=bn, RP=rp, WITH_G=b is not None, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    ts = (out[0] if si == 1 else out.sum(0))[:, :r]
+    if b is None:
+        return ts, None
+    return ts, (gs[0] if nblocks == 1 else gs.sum(0))[:, :r]
+
+
 def dy_pass(dy: Tensor, b: Tensor, u: Tensor, scale: float, config=None) -> tuple[Tensor, Tensor]:
     """(g, dB) = (dy·B, s·dyᵀ·u) from one read of dy: dy (M, N), B (N, r), u (M, r); g in
     dy's dtype (fp32 sums rounded once, as cuBLAS's), dB in B's."""
-    triton, kernel, _, _ = _kernels()
-    dy, b, u = dy.contiguous(), b.contiguous(), u.contiguous()
-    m, n = dy.shape
-    r = b.shape[1]
-    bm, bn, warps, stages = _config(dy, config, "dy")
-    rp = _rp(triton, r)
-    mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
-    # a program per column block, row programs enough to give every SM WAVES of them while
-    # each still streams several row blocks (g's scratch is an fp32 row of r per row of dy
-    # and column block)
-    sj = nblocks
-    si = max(1, min(mblocks // 4, triton.cdiv(WAVES * _sms(dy), sj)))
-    si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))  # no empty row program
-    gs = torch.empty(sj, m, rp, device=dy.device, dtype=torch.float32)
-    dbs = torch.empty(si, n, rp, device=dy.device, dtype=torch.float32)
-    kernel[(si, sj)](
-        dy, b, u, gs, dbs, m, n, r, BM=bm, BN=bn, RP=rp, num_warps=warps, num_stages=stages
-    )
-    g = (gs[0] if sj == 1 else gs.sum(0))[:, :r].to(dy.dtype)
-    db = ((dbs[0] if si == 1 else dbs.sum(0))[:, :r] * scale).to(b.dtype)
-    return g, db
+    db, g = _strips(dy, u, b, config, "dy")
+    return g.to(dy.dtype), (db * scale).to(b.dtype)
 
 
 def tn(g: Tensor, x: Tensor, scale: float = 1.0, config=None) -> Tensor:
     """s·gᵀ·x: g (M, r), x (M, N), in x's dtype; the tokens M split over programs."""
-    triton, _, kernel, _ = _kernels()
-    g, x = g.contiguous(), x.contiguous()
-    m, n = x.shape
-    r = g.shape[1]
-    bm, bn, warps, stages = _config(x, config, "tn")
-    rp = _rp(triton, r)
-    mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
-    si = max(1, min(mblocks, triton.cdiv(WAVES * _sms(x), nblocks)))
-    si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))
-    out = torch.empty(si, rp, n, device=x.device, dtype=torch.float32)
-    kernel[(si, nblocks)](
-        g, x, out, m, n, r, BM=bm, BN=bn, RP=rp, num_warps=warps, num_stages=stages
-    )
-    return ((out[0] if si == 1 else out.sum(0))[:r] * scale).to(x.dtype)
+    xg = _strips(x, g, None, config, "tn")[0]
+    return (xg.t() * scale).to(x.dtype).contiguous()
 
 
 def rows(x: Tensor, a: Tensor, config=None) -> Tensor:
     """x·Aᵀ: x (M, K), A (r, K) row-major, in x's dtype."""
-    triton, _, _, kernel = _kernels()
+    triton, _, kernel = _kernels()
     x, a = x.contiguous(), a.contiguous()
     m, k = x.shape
     r = a.shape[0]
