@@ -521,11 +521,10 @@ def lora_forward(
     group's projections (rows of W and B per projection, r rows of A each) and each
     projection's output takes only its own adapter."""
     mode = mode or MODE
-    rank = rank_kernels(x, weight.t(), a.shape[0], mode, sizes)
-    if rank:
+    if rank_kernels(x, weight.t(), a.shape[0], mode, sizes) == "triton":
         from tunedeck.core.train import lora_rank
 
-        u = lora_rank.rows(x, a) if rank == "triton" else x @ a.t()
+        u = lora_rank.rows(x, a)
         return lora_mm_persistent(x, weight.t(), u, b.t(), scale, bias, config)[0], u
     return _product(x, weight.t(), a.t(), _bt(b, sizes), scale, bias, config, mode)
 
