@@ -502,11 +502,16 @@ def _bt(b: Tensor, sizes) -> Tensor:
     return torch.block_diag(*(bi.t() for bi in b.split(list(sizes))))
 
 
+def rank_setting() -> str:
+    """TUNEDECK_LORA_RANK, else RANK."""
+    return os.environ.get("TUNEDECK_LORA_RANK") or RANK
+
+
 def rank_kernels(x: Tensor, w: Tensor, r: int, mode: str, sizes) -> str | None:
     """Which of lora_rank's kernels a lone projection's rank-r products run beside the
-    persistent kernel reading x·w (TUNEDECK_LORA_RANK, else RANK): "dy" (g and dB from one
-    read of dy, cuBLAS's x·Aᵀ and gᵀ·x) or "triton" (all three); None: cuBLAS's four."""
-    rank = os.environ.get("TUNEDECK_LORA_RANK") or RANK
+    persistent kernel reading x·w (rank_setting()): "dy" (g and dB from one read of dy,
+    cuBLAS's x·Aᵀ and gᵀ·x) or "triton" (all three); None: cuBLAS's four."""
+    rank = rank_setting()
     if rank not in ("dy", "triton") or mode != "persistent":
         return None
     if (sizes is None or len(sizes) == 1) and _persistent_runs(x, w, r):

@@ -58,6 +58,7 @@ from tunedeck.core.rundir.checkpoints import resume_point
 from tunedeck.core.rundir.events import EventWriter
 from tunedeck.core.estimate.speed import peak_tflops
 from tunedeck.core.train.flops import mfu, step_flops
+from tunedeck.core.train import lora_triton
 from tunedeck.core.train.lora_fused import base_numel, fp8_problem, fuse_lora
 from tunedeck.core.train.model import (
     build_model,
@@ -339,7 +340,10 @@ class Trainer:
             fused = fuse_lora(model, d.device, fp8=fp8)  # the adapter inside the frozen GEMMs
             if fused and d.rank == 0:  # which kernels, for whoever compares runs' speeds
                 ways = {getattr(m, "_tunedeck_epilogue", None) for m in model.modules()}
-                print(f"{fused} LoRA linears fused ({', '.join(sorted(ways - {None}))})")
+                named = ", ".join(sorted(ways - {None}))
+                if "triton" in ways and not fp8:
+                    named += f"; rank-r products: {lora_triton.rank_setting()}"
+                print(f"{fused} LoRA linears fused ({named})")
         self.flat = spec.data.packing
         max_len = spec.data.max_length
         # Packed rows: document-aware varlen attention where the GPU runs it (no T×T mask).
