@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The rank-r products of a LoRA linear by core/train/lora_rank.py (TUNEDECK_LORA_RANK=triton)
-# against cuBLAS's, in one device call (carry .gpu; ~5 min with a warm machine):
+# The rank-r products of a LoRA linear by core/train/lora_rank.py (TUNEDECK_LORA_RANK=dy, the
+# default, or triton) against cuBLAS's, in one device call (carry .gpu; ~5 min with a warm machine):
 #   bash bench/h200_rank.sh OUTDIR
 # bench/lora_rank.py (per projection of a 7B layer: each kernel at every config, the whole
 # linear each way), then the 7B preset in bf16 through the trainer bench: all of lora_rank's

@@ -26,6 +26,8 @@ import functools
 import torch
 from torch import Tensor
 
+from tunedeck.core.train.lora_triton import _sms
+
 # (BM, BN, num_warps, num_stages): the rows and columns of dy (x) a program reads per step
 # (for `rows`: rows and K columns of x); bench/lora_rank.py times the alternatives
 CONFIG = {"dy": (128, 256, 8, 3), "tn": (64, 64, 4, 4), "rows": (32, 256, 4, 3)}
@@ -121,12 +123,6 @@ def _config(t: Tensor, config, kernel: str) -> tuple[int, int, int, int]:
     return config or (CONFIG[kernel] if t.is_cuda else SMALL)
 
 
-def _sms(t: Tensor) -> int:
-    if not t.is_cuda:
-        return 4
-    return torch.cuda.get_device_properties(t.device).multi_processor_count
-
-
 def _rp(triton, r: int) -> int:
     return max(16, triton.next_power_of_2(r))
 
@@ -142,7 +138,8 @@ def _strips(t: Tensor, s: Tensor, b: Tensor | None, config, kind: str):
     bm, bn, warps, stages = _config(t, config, kind)
     rp = _rp(triton, r)
     mblocks, nblocks = triton.cdiv(m, bm), triton.cdiv(n, bn)
-    si = max(1, min(mblocks // 4, triton.cdiv(WAVES * _sms(t), nblocks)))
+    sms = _sms(t.device.index) if t.is_cuda else 4
+    si = max(1, min(mblocks // 4, triton.cdiv(WAVES * sms, nblocks)))
     si = triton.cdiv(mblocks, triton.cdiv(mblocks, si))  # no empty row program
     out = torch.empty(si, n, rp, device=t.device, dtype=torch.float32)
     # t·b's partials: an fp32 row of r per row of t and column block

@@ -512,11 +512,9 @@ def rank_kernels(x: Tensor, w: Tensor, r: int, mode: str, sizes) -> str | None:
     persistent kernel reading x·w (rank_setting()): "dy" (g and dB from one read of dy,
     cuBLAS's x·Aᵀ and gᵀ·x) or "triton" (all three); None: cuBLAS's four."""
     rank = rank_setting()
-    if rank not in ("dy", "triton") or mode != "persistent":
-        return None
-    if (sizes is None or len(sizes) == 1) and _persistent_runs(x, w, r):
-        return rank
-    return None
+    lone = sizes is None or len(sizes) == 1
+    runs = rank in ("dy", "triton") and mode == "persistent" and lone and _persistent_runs(x, w, r)
+    return rank if runs else None
 
 
 def lora_forward(
