@@ -108,6 +108,9 @@ def check_bare():
     assert (y.double() - ref).norm() <= 1e-6 * ref.norm()
 
 
+STORES = ((16, 32, 16, 2, 1, 4, 1, False), (16, 32, 16, 2, 1, 4, 2, False))
+
+
 def test_persistent_kernel_reads_both_weight_layouts_and_adds_the_adapter():
     _interpreted("check_persistent")
 
@@ -126,7 +129,8 @@ def check_persistent():
     xd, wd, ad, bd, biasd, dyd, ud, grd = _f64(x, w, a, b, bias, dy, u, gr)
     y_ref, dx_ref = xd @ wd.t() + biasd + s * ud @ bd.t(), dyd @ wd + s * grd @ ad
     mm = lora_triton.lora_mm_persistent
-    for config in (lora_triton.SMALL, (16, 32, 16, 2, 1, 4)):  # tiles cut differently
+    # tiles cut differently; the output stored by TMA, whole and in halves
+    for config in (lora_triton.SMALL, (16, 32, 16, 2, 1, 4), *STORES):
         cases = (
             (mm(x, w.t(), u, b.t(), s, bias, config), (y_ref, None)),
             (mm(dy, w, gr, a, s, None, config), (dx_ref, None)),
@@ -365,6 +369,21 @@ def check_fp8_layers():
         assert g.keys() == ref_g.keys()
         for k in ref_g:
             assert (g[k] - ref_g[k]).norm() <= 1e-4 * ref_g[k].norm(), k
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
+def test_an_unknown_store_setting_is_named_when_layers_fuse(monkeypatch):
+    """TUNEDECK_LORA_GEMM picks the persistent kernel's configs; a name it does not know stops
+    fuse_lora with the variable and the known names, before any forward runs."""
+    from lora_replay import tiny_peft
+
+    monkeypatch.setenv("TUNEDECK_FUSED_LORA", "1")
+    monkeypatch.setenv("TUNEDECK_LORA_EPILOGUE", "triton")
+    monkeypatch.setenv("TUNEDECK_LORA_GEMM", "tma-stores")
+    with pytest.raises(ValueError, match="TUNEDECK_LORA_GEMM='tma-stores': expected one of poi"):
+        lora_fused.fuse_lora(tiny_peft())
+    monkeypatch.setenv("TUNEDECK_LORA_GEMM", "tma")
+    assert lora_fused.fuse_lora(tiny_peft()) == 14
 
 
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")

@@ -413,6 +413,8 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
         raise ValueError(
             f"TUNEDECK_LORA_EPILOGUE={epilogue!r}: expected one of {', '.join(EPILOGUES)}"
         )
+    if epilogue.startswith("triton"):
+        lora_triton.gemm_setting()  # a bad TUNEDECK_LORA_GEMM fails here, not at a first forward
     from tunedeck.core.train.qlora_fused import eligible_4bit, fused_forward_4bit, quant_args
 
     no_dropout = not dropout_fuses(fp8, epilogue)

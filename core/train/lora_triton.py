@@ -47,7 +47,9 @@ def _autotuned(triton, kernel, configs):
     return triton.autotune(
         [
             triton.Config(
-                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])), num_stages=c[4], num_warps=c[5]
+                dict(zip(("BM", "BN", "BK", "GROUP_M"), c[:4])) | _store(c),
+                num_stages=c[4],
+                num_warps=c[5],
             )
             for c in configs
         ],
@@ -62,10 +64,20 @@ def _launch(kernel, tuned, grid, args, flags, config, on_gpu: bool) -> None:
     if config is None and on_gpu:
         tuned[lambda c: grid(c["BM"], c["BN"])](*args, **flags)
         return
-    bm, bn, bk, group_m, stages, warps = config or SMALL
+    bm, bn, bk, group_m, stages, warps = (config or SMALL)[:6]
     kernel[grid(bm, bn)](
-        *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags, num_stages=stages, num_warps=warps
-    )
+        *args, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, **flags, **_store(config or SMALL),
+        num_stages=stages, num_warps=warps,
+    )  # fmt: skip
+
+
+def _store(config) -> dict:
+    """The persistent kernel's output options a config's 7th and 8th entries name: STORE (0: by
+    pointers; 1: one TMA store a tile; 2: two TMA stores of half a tile) and WS (warp-specialized
+    tile loop, which on Hopper cannot be flattened); none for a 6-entry config."""
+    if len(config) < 8:
+        return {}
+    return {"STORE": config[6], "WS": config[7], "FLAT": not config[7]}
 
 
 @functools.cache
@@ -243,6 +255,7 @@ def _persistent():
         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, W_T: tl.constexpr,
         HAS_BIAS: tl.constexpr, ADAPTER: tl.constexpr, Q_T: tl.constexpr,
         LOOP: tl.constexpr, P_T: tl.constexpr, SCALED: tl.constexpr,
+        STORE: tl.constexpr = 0, WS: tl.constexpr = False, FLAT: tl.constexpr = True,
     ):  # fmt: skip
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         if W_T:  # W is Wᵀ of an (N, K) row-major weight
@@ -275,12 +288,18 @@ def _persistent():
                 q_desc = tl.make_tensor_descriptor(
                     Q, shape=[R, N], strides=[N, 1], block_shape=[RP, BN]
                 )
+        if STORE > 0:  # the tile leaves by TMA, asynchronously, while the next one's loads start
+            y_desc = tl.make_tensor_descriptor(
+                Y, shape=[M, N], strides=[N, 1], block_shape=[BM, BN // STORE]
+            )
         grid_m = (M + BM - 1) // BM
         grid_n = (N + BN - 1) // BN
         k_tiles = (K + BK - 1) // BK
         group = GROUP_M * grid_n
         # flatten: Triton pipelines the loads across output tiles, not only within one
-        for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=True):
+        for tile in tl.range(
+            tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=FLAT, warp_specialize=WS
+        ):
             first_m = (tile // group) * GROUP_M
             size_m = min(grid_m - first_m, GROUP_M)
             pid_m = first_m + (tile % group) % size_m
@@ -325,17 +344,25 @@ def _persistent():
                 acc = tl.dot(v, q, acc)
             if HAS_BIAS:
                 acc += tl.load(BIAS + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(
-                Y + rm[:, None] * N + rn[None, :],
-                acc.to(Y.dtype.element_ty),
-                mask=(rm[:, None] < M) & (rn[None, :] < N),
-            )
+            if STORE == 0:
+                tl.store(
+                    Y + rm[:, None] * N + rn[None, :],
+                    acc.to(Y.dtype.element_ty),
+                    mask=(rm[:, None] < M) & (rn[None, :] < N),
+                )
+            elif STORE == 1:
+                y_desc.store([pid_m * BM, pid_n * BN], acc.to(Y.dtype.element_ty))
+            else:  # two halves: half the registers and shared memory the conversion needs
+                halves = tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1))
+                y0, y1 = tl.split(halves)
+                y_desc.store([pid_m * BM, pid_n * BN], y0.to(Y.dtype.element_ty))
+                y_desc.store([pid_m * BM, pid_n * BN + BN // 2], y1.to(Y.dtype.element_ty))
 
     triton.set_allocator(_scratch)  # the descriptors the kernel builds live in global memory
     return (
         triton,
         mm_persistent,
-        _autotuned(triton, mm_persistent, PERSISTENT),
+        {name: _autotuned(triton, mm_persistent, c) for name, c in GEMM_CONFIGS.items()},
         _autotuned(triton, mm_persistent, PERSISTENT_FP8),
     )
 
@@ -349,6 +376,35 @@ PERSISTENT = (
     (128, 128, 128, 8, 3, 8),
     (128, 256, 128, 8, 2, 8),
 )
+# the 16-bit configs by how a tile's output leaves (_store): "pointer", masked stores, the
+# default; "tma", TMA stores whole or in halves (PERSISTENT's configs whose staging still fits
+# Hopper's shared memory); "ws", halves and a warp-specialized tile loop (Triton 3.6 cannot
+# build it at 4 warps). Neither was faster on an H100 (docs/benchmarks.md, "How a tile leaves
+# the kernel"); they stay to be measured again on a later Triton. TUNEDECK_LORA_GEMM picks.
+GEMM_CONFIGS = {
+    "pointer": PERSISTENT,
+    "tma": (
+        (128, 256, 64, 8, 3, 8, 1, False),
+        (128, 128, 64, 8, 4, 8, 1, False),
+        (128, 128, 64, 8, 5, 4, 1, False),
+        (128, 256, 64, 8, 3, 8, 2, False),
+        (128, 128, 64, 8, 4, 8, 2, False),
+        (128, 128, 64, 8, 5, 4, 2, False),
+        (128, 128, 128, 8, 3, 8, 2, False),
+    ),
+    "ws": tuple(c + (2, True) for c in PERSISTENT if c[5] == 8),
+}
+GEMM = "pointer"
+
+
+def gemm_setting() -> str:
+    """TUNEDECK_LORA_GEMM, else GEMM; an unknown name is an error that lists the known ones."""
+    name = os.environ.get("TUNEDECK_LORA_GEMM") or GEMM
+    if name not in GEMM_CONFIGS:
+        raise ValueError(f"TUNEDECK_LORA_GEMM={name!r}: expected one of {', '.join(GEMM_CONFIGS)}")
+    return name
+
+
 # fp8 operands take half the shared memory a K step: longer K tiles, more stages
 PERSISTENT_FP8 = (
     (128, 256, 128, 8, 3, 8),
@@ -426,7 +482,7 @@ def lora_mm_persistent(
         P_T=p_t,
         SCALED=scales is not None,
     )
-    autotuned = tuned if scales is None else tuned_fp8
+    autotuned = tuned[gemm_setting()] if scales is None else tuned_fp8
     _launch(kernel, autotuned, lambda bm, bn: (sms,), args, flags, config, x.is_cuda)
     return y, u_ if u is not None else None
 

@@ -343,6 +343,7 @@ class Trainer:
                 named = ", ".join(sorted(ways - {None}))
                 if "triton" in ways and not fp8:
                     named += f"; rank-r products: {lora_triton.rank_setting()}"
+                    named += f"; tiles stored by: {lora_triton.gemm_setting()}"
                 print(f"{fused} LoRA linears fused ({named})")
         self.flat = spec.data.packing
         max_len = spec.data.max_length
