@@ -17,6 +17,10 @@ Per projection of a Qwen2.5-7B layer (8,192 tokens, r = 16), forward + backward 
 Records each config's ms for each kernel, and prints the relative error of each mode's y and
 dx against `op`'s. CUDA events, median of --iters.
 
+`--modes ...,tma,ws`: the persistent kernel with its output tiles stored by TMA, whole or in
+halves (lora_triton.GEMM_CONFIGS["tma"]), and with the tile loop warp-specialized too ("ws");
+each reported beside `persistent` (masked pointer stores, what "pointer" runs).
+
 `--modes ...,fp8` (or `fp8` alone) also times the fp8 base's two products a projection (x·Wᵀ
 and dy·W, e4m3 with per-row scales, the adapter's s·u·Bᵀ and s·g·A added): `fp8bare` is
 cuBLAS's `_scaled_mm` alone, `fp8op` what the fp8 layer runs by default (lora_fused.
@@ -45,7 +49,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_gemm import cuda_ms, layer_totals, operands, projection_args  # noqa: E402
 
 # the Triton bare GEMM each mode's kernel is timed against
-BARE = {"loop": "tbare", "epilogue": "tbare", "persistent": "pbare", "persistent-loop": "pbare"}
+BARE = {
+    "loop": "tbare",
+    "epilogue": "tbare",
+    "persistent": "pbare",
+    "persistent-loop": "pbare",
+    "tma": "pbare",
+    "ws": "pbare",
+}
+# the layer mode each bench mode runs: tma and ws are the persistent kernel at other configs
+LAYER_MODE = {"tma": "persistent", "ws": "persistent"}
 
 
 def sweep(out: dict, key: str, fn, configs, iters: int) -> tuple:
@@ -105,6 +118,8 @@ def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0
             lt.PERSISTENT,
         ),
     }
+    for name in ("tma", "ws"):  # the persistent kernel, its output stored by TMA (/ and WS)
+        kernels[name] = (*kernels["persistent"][:2], lt.GEMM_CONFIGS[name])
 
     picked = {}
     for name in dict.fromkeys([*(BARE[mode] for mode in modes), *modes]):
@@ -125,8 +140,9 @@ def projection(n: int, k: int, m: int, r: int, iters: int, modes, s: float = 2.0
         cf, cb = picked[f"fwd_{mode}"], picked[f"bwd_{mode}"]
 
         def fused(mode=mode, cf=cf, cb=cb):
-            y = lt.lora_forward(x, w, None, a, b, s, cf, mode)[0]
-            return y, lt.lora_backward(dy, x, w, a, b, u, s, cb, mode)[0]
+            layer = LAYER_MODE.get(mode, mode)
+            y = lt.lora_forward(x, w, None, a, b, s, cf, layer)[0]
+            return y, lt.lora_backward(dy, x, w, a, b, u, s, cb, layer)[0]
 
         out[mode] = cuda_ms(fused, iters)
         y_t, dx_t = (t.float() for t in fused())
@@ -234,7 +250,11 @@ def main() -> None:
             f"{name:<6} "
             + " ".join(f"{w} {row[w]:.3f}" for w in ways)
             + f"  (ms fwd+bwd; cuBLAS {row['tflops_bare']:.0f} TFLOP/s)  kernels "
-            + " ".join(f"{k[:-5]} {v[0]:.3f}" for k, v in row.items() if k.endswith("_best"))
+            + " ".join(
+                f"{k[:-5]} {v[0]:.3f}" + (f" {v[1][6:]}" if len(v[1]) > 6 else "")
+                for k, v in row.items()
+                if k.endswith("_best")
+            )
             + "  err y, dx: "
             + " ".join(f"{m} {row['err_' + m]}" for m in modes)
         )

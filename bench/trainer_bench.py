@@ -180,6 +180,17 @@ KERNEL_KINDS = (  # first match wins; names as cuBLAS, cuDNN, flash and Inductor
     ("attention", ("fmha", "flash", "cudnn", "attention", "sdpa")),
     ("copies", ("memcpy", "direct_copy")),
 )
+# tunedeck's own Triton GEMMs (lora_triton, lora_rank), by their exact names ("rows" alone is
+# too common a word to match inside other kernels' names)
+OWN_PRODUCTS = frozenset(("mm_persistent", "lora_mm", "strips", "rows"))
+
+
+def kernel_kind(name: str) -> str:
+    """The kind a profiled kernel's time counts under (KERNEL_KINDS; "other" if none)."""
+    if name in OWN_PRODUCTS:
+        return "matrix products"
+    low = name.lower()
+    return next((k for k, keys in KERNEL_KINDS if any(x in low for x in keys)), "other")
 
 
 def kernel_summary(avg, wall_s: float) -> str:
@@ -196,8 +207,7 @@ def kernel_summary(avg, wall_s: float) -> str:
     for e in avg:
         if e.device_type != DeviceType.CUDA or e.key in cpu or e.key.startswith("aten::"):
             continue
-        name = e.key.lower()
-        kind = next((k for k, keys in KERNEL_KINDS if any(x in name for x in keys)), "other")
+        kind = kernel_kind(e.key)
         by[kind] = by.get(kind, 0.0) + e.self_device_time_total / 1e3  # µs -> ms
     gpu = sum(by.values())
     lines = [f"step wall {wall_s * 1e3:.1f} ms, GPU busy {gpu:.1f} ms"]

@@ -7,7 +7,7 @@
 # CASES: comma-separated names to run (default: all), from
 #   anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8
 #   ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean
-#   ours-default-1-bf16-{op,addmm,oop,after,kcat,kcatmlp,triton,tritonloop,tritonwide,tritonwidemlp,rank,rankdy,rankcublas,eagerce} ours-default-1-fp8-{op,addmm,triton,eagerce}
+#   ours-default-1-bf16-{op,addmm,oop,after,kcat,kcatmlp,triton,tritonloop,tritonwide,tritonwidemlp,rank,rankdy,rankcublas,gemmtma,gemmws,eagerce} ours-default-1-fp8-{op,addmm,triton,eagerce}
 #   ours-default-1-bf16-profile ours-default-1-fp8-profile ours-default-1-peft ours-padded-1
 #   ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 #   ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
@@ -28,7 +28,7 @@ WARMUP=${1:-3}
 STEPS=${2:-10}
 CASES=${3:-all}
 ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8 ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean ours-default-1-bf16-profile
-ours-default-1-bf16-op ours-default-1-bf16-addmm ours-default-1-bf16-oop ours-default-1-bf16-after ours-default-1-bf16-kcat ours-default-1-bf16-kcatmlp ours-default-1-bf16-triton ours-default-1-bf16-tritonloop ours-default-1-bf16-tritonwide ours-default-1-bf16-tritonwidemlp ours-default-1-bf16-rank ours-default-1-bf16-rankdy ours-default-1-bf16-rankcublas ours-default-1-bf16-eagerce ours-default-1-fp8-op ours-default-1-fp8-addmm ours-default-1-fp8-triton ours-default-1-fp8-eagerce
+ours-default-1-bf16-op ours-default-1-bf16-addmm ours-default-1-bf16-oop ours-default-1-bf16-after ours-default-1-bf16-kcat ours-default-1-bf16-kcatmlp ours-default-1-bf16-triton ours-default-1-bf16-tritonloop ours-default-1-bf16-tritonwide ours-default-1-bf16-tritonwidemlp ours-default-1-bf16-rank ours-default-1-bf16-rankdy ours-default-1-bf16-rankcublas ours-default-1-bf16-gemmtma ours-default-1-bf16-gemmws ours-default-1-bf16-eagerce ours-default-1-fp8-op ours-default-1-fp8-addmm ours-default-1-fp8-triton ours-default-1-fp8-eagerce
 ours-default-1-fp8-profile ours-default-1-peft ours-padded-1
 ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
@@ -107,16 +107,18 @@ one() {  # one CASE
     # as extra K columns (core/train/lora_kcat.py; kcatmlp: the MLPs only), one Triton kernel a
     # linear (core/train/lora_triton.py, Hopper's default; tritonwide: one a group of q/k/v or
     # gate/up; rank: its rank-r products by core/train/lora_rank.py, rankdy: only g and dB (the
-    # default), rankcublas: all by cuBLAS); the head's loss math
+    # default), rankcublas: all by cuBLAS; gemmtma / gemmws: the persistent kernel's tiles stored
+    # by TMA / and its tile loop warp-specialized, TUNEDECK_LORA_GEMM); the head's loss math
     # eager instead of compiled (core/train/ce_kernel.py)
-    ours-default-1-bf16-op|ours-default-1-bf16-addmm|ours-default-1-bf16-oop|ours-default-1-bf16-after|ours-default-1-bf16-kcat|ours-default-1-bf16-kcatmlp|ours-default-1-bf16-triton|ours-default-1-bf16-tritonloop|ours-default-1-bf16-tritonwide|ours-default-1-bf16-tritonwidemlp|ours-default-1-bf16-rank|ours-default-1-bf16-rankdy|ours-default-1-bf16-rankcublas|ours-default-1-bf16-eagerce|ours-default-1-fp8-op|ours-default-1-fp8-addmm|ours-default-1-fp8-triton|ours-default-1-fp8-eagerce)
+    ours-default-1-bf16-op|ours-default-1-bf16-addmm|ours-default-1-bf16-oop|ours-default-1-bf16-after|ours-default-1-bf16-kcat|ours-default-1-bf16-kcatmlp|ours-default-1-bf16-triton|ours-default-1-bf16-tritonloop|ours-default-1-bf16-tritonwide|ours-default-1-bf16-tritonwidemlp|ours-default-1-bf16-rank|ours-default-1-bf16-rankdy|ours-default-1-bf16-rankcublas|ours-default-1-bf16-gemmtma|ours-default-1-bf16-gemmws|ours-default-1-bf16-eagerce|ours-default-1-fp8-op|ours-default-1-fp8-addmm|ours-default-1-fp8-triton|ours-default-1-fp8-eagerce)
       # defaults as the trainer's, or as the caller's environment sets them
       local p=--no-fp8 ep=${TUNEDECK_LORA_EPILOGUE:-} ce=${TUNEDECK_FUSED_CE:-1}
       [[ $c == *fp8* ]] && p=--fp8
       [[ $c == *-op ]] && ep=op; [[ $c == *-addmm ]] && ep=1; [[ $c == *-oop ]] && ep=0; [[ $c == *-after ]] && ep=after; [[ $c == *-kcat ]] && ep=kcat; [[ $c == *-kcatmlp ]] && ep=kcat-mlp; [[ $c == *-triton ]] && ep=triton; [[ $c == *-tritonloop ]] && ep=triton-loop; [[ $c == *-tritonwide ]] && ep=triton-wide; [[ $c == *-tritonwidemlp ]] && ep=triton-wide-mlp
       [[ $c == *-eagerce ]] && ce=0
       local rank=${TUNEDECK_LORA_RANK:-}; [[ $c == *-rank ]] && rank=triton; [[ $c == *-rankdy ]] && rank=dy; [[ $c == *-rankcublas ]] && rank=cublas
-      TUNEDECK_LORA_EPILOGUE=$ep TUNEDECK_FUSED_CE=$ce TUNEDECK_LORA_RANK=$rank trun 1 "$c" $W run --case padded \
+      local gemm=${TUNEDECK_LORA_GEMM:-}; [[ $c == *-gemmtma ]] && gemm=tma; [[ $c == *-gemmws ]] && gemm=ws
+      TUNEDECK_LORA_EPILOGUE=$ep TUNEDECK_FUSED_CE=$ce TUNEDECK_LORA_RANK=$rank TUNEDECK_LORA_GEMM=$gemm trun 1 "$c" $W run --case padded \
         --preset presets/builtin-7b-lora-h200.toml $p "${common[@]}" --out "$OUT/$c" ;;
     # the preset's step under torch.profiler (the step after the warm-up; profile.txt)
     ours-default-1-bf16-profile|ours-default-1-fp8-profile)
