@@ -248,6 +248,31 @@ def cli_launch(*args: str, home: Path, **kw) -> tuple[dict, dict]:
     return started, ended
 
 
+def trainer_torchrun_argv(run: Path, nproc: int = 2) -> list[str]:
+    """torchrun of the built-in trainer on one host, for tests that start it themselves.
+    `--log_dir` beside the run: without it torch makes a torchelastic_* folder in /tmp and
+    never removes it."""
+    from tunedeck.core.estimate.resolve import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "--log_dir",
+        str(run.with_name(run.name + ".torchrun")),
+        "-m",
+        "tunedeck.core.train",
+        "--run-dir",
+        str(run),
+    ]
+
+
 def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

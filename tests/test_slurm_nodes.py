@@ -152,7 +152,12 @@ def test_two_slurm_nodes_train_resume_from_the_heads_checkpoint_and_stop(nodes, 
         ), again
         resumed = again["start_step"]
         assert resumed >= 4 and resumed % 4 == 0
-        head0 = _events(run_dir / "events" / "rank0.jsonl", "start")[-1]
+        # each rank writes its own start once its model is built: rank 0's may come later
+        head0 = wait_for(
+            lambda: (s := _events(run_dir / "events" / "rank0.jsonl", "start"))[1:] and s[-1],
+            60,
+            "the head's ranks to start again",
+        )
         assert head0["restart"] == 1 and head0["start_step"] == resumed
         wait_for(
             lambda: (_cli(hosts, slurm, home, "nodes", run_id)[1]["step"] or 0) >= resumed + 3,

@@ -17,8 +17,7 @@ import pytest
 pytest.importorskip("torch", reason="the train extra is not installed")
 
 from tunedeck.core.demo import ensure_tiny_model, load_tokenizer
-from tunedeck.core.estimate.resolve import free_port
-from tests.conftest import make_run_dir
+from tests.conftest import make_run_dir, trainer_torchrun_argv
 from tunedeck.core.train.data import IGNORE, DataError, encode, read_conversations
 from tunedeck.core.rundir.events import read_events
 
@@ -134,21 +133,7 @@ def _run_dir(tmp_path: Path, **train) -> Path:
 
 def _torchrun(run: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        "-m",
-        "tunedeck.core.train",
-        "--run-dir",
-        str(run),
-    ]
+    argv = trainer_torchrun_argv(run)
     with open(log, "wb") as out:
         return subprocess.Popen(
             argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from tunedeck.core.train.fastpath import (
 )
 from tunedeck.core.train.parallel import CausalLMLoss
 from tunedeck.core.train.trainer import forward_inputs
-from tests.conftest import make_run_dir
+from tests.conftest import make_run_dir, trainer_torchrun_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -420,21 +419,7 @@ def test_layer_compiler_phases_and_graph_cap():
 
 
 def _torchrun(run: Path, env: dict) -> subprocess.CompletedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        "-m",
-        "tunedeck.core.train",
-        "--run-dir",
-        str(run),
-    ]
+    argv = trainer_torchrun_argv(run)
     return subprocess.run(
         argv,
         cwd=REPO,
