@@ -273,6 +273,27 @@ def trainer_torchrun_argv(run: Path, nproc: int = 2) -> list[str]:
     ]
 
 
+def pids_gone(pids) -> bool:
+    """Every one of these processes has exited (a zombie counts: it holds nothing)."""
+    import psutil
+
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            continue
+    return True
+
+
+def agent_gone(run_dir: Path, timeout: float = 60) -> None:
+    """Wait until the run's agent has exited. `--wait` returns once the run's end is recorded;
+    the agent still writes after that (the end's alert record), so a test that walks or copies
+    the run folder waits for this first."""
+    pid = json.loads((run_dir / "state.json").read_text()).get("agent_pid")
+    wait_for(lambda: not pid or pids_gone([pid]), timeout, "the agent's exit")
+
+
 def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -305,6 +326,7 @@ def finished_demo(tmp_path_factory, model_cache):
     proc = cli("launch", str(DEMO), "--wait", "--json", home=home, check=False, timeout=600)
     assert proc.stdout.strip(), f"launch printed nothing:\n{proc.stderr}"
     run_id = json_docs(proc.stdout)[0]["run_id"]
+    agent_gone(home / "runs" / run_id)  # the tests copy and walk its folder
     yield home, run_id, proc
     _stop_leftovers(home)
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tunedeck.core.supervisor import procs
-from tests.conftest import DEMO, cli, cli_json, stop_run, wait_for
+from tests.conftest import DEMO, cli, cli_json, pids_gone, stop_run, wait_for
 
 
 pytestmark = pytest.mark.slow
@@ -52,29 +52,19 @@ def _stored_steps(home, run_id) -> int:
         db.close()
 
 
-def _gone(pids) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.Error:
-            continue
-    return True
-
-
 def _nothing_left(run_id, pids, agent=None):
     """No process of the run is left once its end is recorded; the agent itself writes that
     end and then exits (closing run.db and the trackers), so it is given a few seconds."""
     assert not procs.marked_processes(run_id), "processes of the run survived"
-    assert _gone(pids), [p for p in pids if not _gone([p])]
+    assert pids_gone(pids), [p for p in pids if not pids_gone([p])]
     if agent is not None:
-        wait_for(lambda: _gone([agent]), 15, "the agent's exit after the run's end")
+        wait_for(lambda: pids_gone([agent]), 15, "the agent's exit after the run's end")
 
 
 def _kill_agent(home, run_id) -> dict:
     st = _state(home, run_id)
     os.kill(st["agent_pid"], signal.SIGKILL)
-    wait_for(lambda: _gone([st["agent_pid"]]), 10, "the agent's death")
+    wait_for(lambda: pids_gone([st["agent_pid"]]), 10, "the agent's death")
     return st
 
 
@@ -162,7 +152,7 @@ def test_run_that_ended_unwatched_gets_its_true_status(td_home, monkeypatch):
     wait_for(lambda: _status(td_home, run_id)["step"] >= 3, 120, "steps")
     before = _kill_agent(td_home, run_id)
     wait_for(
-        lambda: _gone([before["torchrun_pid"], *before["worker_pids"]]),
+        lambda: pids_gone([before["torchrun_pid"], *before["worker_pids"]]),
         180,
         "the ranks to finish on their own",
     )

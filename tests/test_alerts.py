@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEMO, cli, cli_json, wait_for
+from conftest import DEMO, agent_gone, cli, cli_json, pids_gone, wait_for
 
 pytest.importorskip("apprise")
 
@@ -132,7 +132,9 @@ def test_stall_nan_and_finish_each_alert_once_across_an_adopting_agent(
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert TOKEN not in ps
         # the agent is lost (SIGKILL); the next command adopts the run
-        os.kill(_state(td_home, run_id)["agent_pid"], signal.SIGKILL)
+        agent = _state(td_home, run_id)["agent_pid"]
+        os.kill(agent, signal.SIGKILL)
+        wait_for(lambda: pids_gone([agent]), 10, "the agent's death")
     finally:
         os.kill(rank1, signal.SIGCONT)
     cli_json("status", run_id, home=td_home)
@@ -149,8 +151,8 @@ def test_stall_nan_and_finish_each_alert_once_across_an_adopting_agent(
     assert sum("loss is nan" in t for t in titles) == 1, titles
     assert sum("stall" in t.lower() or "no step" in t for t in titles) == 1, titles
     assert len(titles) == 3, titles
-    # the user command got the same alerts, as JSON on stdin
-    got = _commands(sink_out)
+    # the user command got the same alerts, as JSON on stdin (its own channel: it may be later)
+    got = wait_for(lambda: len(g := _commands(sink_out)) >= 3 and g, 30, "the command's alerts")
     assert sorted(a["event"] for a in got) == ["finished", "loss_anomaly", "stall"], got
     assert all(a["run_id"] == run_id and a["look"].endswith(run_id) for a in got)
 
@@ -170,6 +172,7 @@ def test_stall_nan_and_finish_each_alert_once_across_an_adopting_agent(
     # the hanging webhook held nothing up: the end was recorded and alerted meanwhile
     assert "url1 json://****" not in end or end["url1 json://****"]["ok"] is False
     # secrets: the token is only in secrets.json (0600)
+    agent_gone(run_dir)  # it may still be waiting on the hanging webhook
     for path in run_dir.rglob("*"):
         if path.is_file() and path.name not in ("secrets.json", "run.db"):
             assert TOKEN not in path.read_text(errors="replace"), path
@@ -207,7 +210,7 @@ def test_a_crash_is_one_alert_naming_the_rank(td_home, tmp_path, hooks, monkeypa
     time.sleep(2)
     (title,) = good.titles()
     assert "failed" in title and "rank 1" in title, title
-    (alert,) = _commands(sink_out)
+    (alert,) = wait_for(lambda: _commands(sink_out), 30, "the command's alert")
     assert alert["event"] == "failed" and alert["cause"] and alert["fix"], alert
     assert alert["look"] == f"tunedeck diagnose {run_id}"
     ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DEMO, REPO, cli, cli_json
+from tests.conftest import DEMO, REPO, cli, cli_json, wait_for
 from tunedeck.core.rundir import ownership
 from tunedeck.core.supervisor import adopt, control, procs, stacks
 from tunedeck.core.views.registry import FOREIGN, Registry, find_run, read_run
@@ -515,7 +515,7 @@ def test_a_stop_before_the_agent_took_the_run_is_carried_out_by_the_agent(td_hom
         env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
     )
     try:
-        time.sleep(1.5)  # the stop has looked at the run by now
+        wait_for(lambda: (run_dir / "stop.json").exists(), 60, "the stop's request")
         said_early = json.loads((run_dir / "state.json").read_text())
         start_agent(run_dir)  # what launch does next
         out, err = stopper.communicate(timeout=120)

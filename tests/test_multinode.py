@@ -226,8 +226,10 @@ def _cleanup(*run_ids: str, agents: tuple[Path, ...] = ()) -> None:
 
 
 def _events(path: Path, kind: str) -> list[dict]:
+    """A rank's events of one kind ("" for all), read while the rank may still be writing:
+    a last line without its newline is not whole yet."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text().split("\n")[:-1]
     except OSError:
         return []
     return [e for e in map(json.loads, filter(None, lines)) if kind in ("", e.get("kind"))]

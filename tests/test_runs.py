@@ -71,7 +71,8 @@ def test_run_survives_sigkill_of_launcher_and_tui(td_home, tmp_path, tmux):
             f"train.max_steps={steps}",
         ],
         cwd=REPO,
-        env=dict(os.environ, TUNEDECK_HOME=str(td_home)),
+        # each step 0.15 s or more: still running after the TUI starts, however fast the host
+        env=dict(os.environ, TUNEDECK_HOME=str(td_home), TUNEDECK_TEST_SLOW_RANK="0:0.15"),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

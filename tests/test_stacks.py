@@ -52,9 +52,16 @@ def test_stacks_show_the_hung_rank_outside_the_collective(td_home, monkeypatch):
             30,
             "both rank pids",
         )
-        res = cli("stacks", run_id, "--json", home=td_home)
-        dumps = {d["rank"]: d for d in json.loads(res.stdout)}
-        assert set(dumps) == {0, 1}
+
+        def settled():  # rank 1 enters its hang, rank 0 its all-reduce, each after its step
+            res = cli("stacks", run_id, "--json", home=td_home)
+            dumps = {d["rank"]: d for d in json.loads(res.stdout)}
+            ranks = set(dumps) == {0, 1}
+            return (
+                ranks and "_test_hang" in dumps[1]["text"] and dumps[0]["in_collective"] and dumps
+            )
+
+        dumps = wait_for(settled, 60, "rank 1 in its hang and rank 0 in the collective", poll=1)
         hung, waiting = dumps[1], dumps[0]
         assert hung["method"] in ("faulthandler", "py-spy")
         assert "_test_hang" in hung["text"] and not hung["in_collective"], hung["text"]

@@ -36,11 +36,11 @@ def test_an_alert_rings_the_bell_and_notifies_the_desktop_once(td_home, tmux, tm
         "--set", "train.max_steps=3", "--set", "train.save_steps=0", home=td_home,
     )  # fmt: skip
     run_id = json.loads(out.stdout.splitlines()[0])["run_id"]
-    ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())
-    assert ledger["alerts"]["end"]["state"] == "recorded"  # no channel: the terminal's only
-
     osc9 = b"\x1b]9;bell-demo: succeeded"
     wait_for(lambda: raw.exists() and osc9 in raw.read_bytes(), 30, "the OSC 9 notification")
+    # the agent records the alert after the run's final status: read it once the TUI rang
+    ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())
+    assert ledger["alerts"]["end"]["state"] == "recorded"  # no channel: the terminal's only
     time.sleep(4.5)  # two more polls: nothing again
     data = raw.read_bytes()
     assert data.count(osc9) == 1, data[-400:]
