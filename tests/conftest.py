@@ -275,15 +275,9 @@ def trainer_torchrun_argv(run: Path, nproc: int = 2) -> list[str]:
 
 def pids_gone(pids) -> bool:
     """Every one of these processes has exited (a zombie counts: it holds nothing)."""
-    import psutil
+    from tunedeck.core.store.state import pid_alive
 
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.Error:
-            continue
-    return True
+    return not any(pid_alive(pid) for pid in pids)
 
 
 def agent_gone(run_dir: Path, timeout: float = 60) -> None:
@@ -291,7 +285,7 @@ def agent_gone(run_dir: Path, timeout: float = 60) -> None:
     the agent still writes after that (the end's alert record), so a test that walks or copies
     the run folder waits for this first."""
     pid = json.loads((run_dir / "state.json").read_text()).get("agent_pid")
-    wait_for(lambda: not pid or pids_gone([pid]), timeout, "the agent's exit")
+    wait_for(lambda: pids_gone([pid]), timeout, "the agent's exit")
 
 
 def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
