@@ -3,7 +3,8 @@
 # and Unsloth, when .gpu/unsloth/ is there, into /tmp/usite (UNSLOTH_PATH: only its case sees it,
 # since it patches transformers at import). Exports PYTHONPATH, and what every device script
 # runs under: multicast off (NVLS, symmetric memory, NVSHMEM), no network, unbuffered output.
-# case_losses prints the trainer-bench cases' step losses side by side.
+# case_losses prints the trainer-bench cases' step losses side by side; clocks_on/clocks_off
+# sample the GPU's clock and power around a part (bench/gpu_clocks.py).
 gpu_site() {
   export PYTHONUNBUFFERED=1 PYTHON=python3
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -28,4 +29,15 @@ case_losses() {  # case_losses EVENTS...: each trainer-bench case's step losses 
   for f in "$@"; do
     python3 -c 'import json,sys; print(sys.argv[1].split("/")[-3], [round(e["loss"], 4) for e in map(json.loads, open(sys.argv[1])) if e.get("kind") == "step"])' "$f"
   done
+}
+
+clocks_on() {  # clocks_on FILE: the GPU's clock, power and temperature sampled until clocks_off
+  python3 bench/gpu_clocks.py sample "$1" &
+  CLOCKS_PID=$!
+}
+
+clocks_off() {  # clocks_off FILE: the sampler stopped, its busy samples' medians printed
+  kill "$CLOCKS_PID" 2>/dev/null
+  wait "$CLOCKS_PID" 2>/dev/null
+  echo "clocks: $(python3 bench/gpu_clocks.py summary "$1")"
 }

@@ -7,6 +7,8 @@
 # (a kernel the compiler cannot build must not take the others with it); "" skips them.
 # GEMM_CASES: the trainer-bench cases, 7B preset in bf16, 3 warm-up + 8 timed steps each, each
 # case's table and log (and a -profile case's profile.txt) copied to OUTDIR as it ends.
+# Each part's SM clock and power are sampled (OUTDIR/*-clocks.jsonl) and summed up after it: a
+# kernel timed alone runs at the boost clock, a whole step may not.
 set -uo pipefail
 OUT=${1:?usage: h200_gemm.sh OUTDIR}
 cd "$(dirname "$0")/.."
@@ -14,17 +16,21 @@ source bench/gpu_site.sh
 gpu_site || exit 1
 mkdir -p "$OUT"
 rm -rf /tmp/gemm  # a warm machine keeps the last call's cases
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv,noheader
 python3 -c 'import torch, triton; print(torch.__version__, "triton", triton.__version__)'
 for modes in ${GEMM_MICRO-persistent,tma ws}; do
+  clocks_on "$OUT/micro-${modes//,/-}-clocks.jsonl"
   timeout 240 python3 bench/lora_triton.py --modes "$modes" --json "$OUT/micro-${modes//,/-}.json" \
     2>&1 | grep -v -i "warn" | tee "$OUT/micro-${modes//,/-}.txt"
+  clocks_off "$OUT/micro-${modes//,/-}-clocks.jsonl"
   echo "$modes: $SECONDS s"
 done
 i=0
 for c in ${GEMM_CASES-ours-default-1-bf16-gemmtma ours-default-1-bf16 unsloth-1}; do
   i=$((i + 1))
+  clocks_on "$OUT/$i-$c-clocks.jsonl"
   CASE_TIMEOUT=200 bash bench/trainer_bench.sh /tmp/gemm/t 3 8 "$c" 2>&1 | tail -3
+  clocks_off "$OUT/$i-$c-clocks.jsonl"
   python3 bench/trainer_bench.py table /tmp/gemm/t --warmup 3 > "$OUT/table-$i.md"
   cp /tmp/gemm/t/"$c"/run.log "$OUT/$i-$c.log" 2>/dev/null
   cp /tmp/gemm/t/"$c"/profile.txt "$OUT/$i-$c-profile.txt" 2>/dev/null  # the -profile cases
