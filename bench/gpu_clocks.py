@@ -34,16 +34,19 @@ def sample(path: Path, every: float, lib=None, count: int | None = None) -> int:
     fresh read of the clocks and power (`lib`: pynvml by default); rounds taken."""
     nvml = Nvml(lib=lib, slow_every=1)
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    before = signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     taken = 0
-    with open(path, "a", encoding="utf-8") as f:
-        while not stop and (count is None or taken < count):
-            for s in nvml.sample():
-                f.write(json.dumps({k: s.get(k) for k in KEEP}) + "\n")
-            f.flush()
-            taken += 1
-            time.sleep(every)
-    nvml.close()
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            while not stop and (count is None or taken < count):
+                for s in nvml.sample():
+                    f.write(json.dumps({k: s.get(k) for k in KEEP}) + "\n")
+                f.flush()
+                taken += 1
+                time.sleep(every)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        nvml.close()
     return taken
 
 

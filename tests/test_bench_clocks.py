@@ -5,6 +5,7 @@ real one); the summary is plain arithmetic over the samples it wrote."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tunedeck.core.telemetry.fake import FakePynvml  # noqa: E402
 def test_each_sample_reads_the_clock_and_power_of_every_gpu(tmp_path):
     out = tmp_path / "clocks.jsonl"
     lib = FakePynvml(gpus=2, util=lambda gpu, t: 100)
+    before = signal.getsignal(signal.SIGTERM)
     assert sample(out, 0.0, lib, count=3) == 3
     rows = read(out)
     assert [r["gpu"] for r in rows] == [0, 1] * 3
@@ -25,6 +27,7 @@ def test_each_sample_reads_the_clock_and_power_of_every_gpu(tmp_path):
     # every sample read the clocks (SM and memory) and the power afresh, not every tenth
     assert lib.calls_by["clocks"] == 2 * 3 * 2 and lib.calls_by["power"] == 2 * 3
     assert lib.inits == 0  # NVML shut down when the sampler ends
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler back
     assert summary(rows, gpu=1)["busy"] == 3
 
 
