@@ -248,8 +248,8 @@ def cli_launch(*args: str, home: Path, **kw) -> tuple[dict, dict]:
     return started, ended
 
 
-def trainer_torchrun_argv(run: Path, nproc: int = 2) -> list[str]:
-    """torchrun of the built-in trainer on one host, for tests that start it themselves.
+def trainer_torchrun_argv(run: Path) -> list[str]:
+    """torchrun of the built-in trainer on two ranks of one host, for tests that start it themselves.
     `--log_dir` beside the run: without it torch makes a torchelastic_* folder in /tmp and
     never removes it."""
     from tunedeck.core.estimate.resolve import free_port
@@ -259,7 +259,7 @@ def trainer_torchrun_argv(run: Path, nproc: int = 2) -> list[str]:
         "-m",
         "torch.distributed.run",
         "--nproc_per_node",
-        str(nproc),
+        "2",
         "--master_addr",
         "127.0.0.1",
         "--master_port",

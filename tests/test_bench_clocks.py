@@ -1,4 +1,4 @@
-"""bench/gpu_clocks.py: the clock and power samples docs/benchmarks.md quotes for a training
+"""bench/gpu_clocks.py: the clock and power samples bench/h200_gemm.sh takes around a training
 step. The sampler runs tunedeck's NVML reader (here on the fake NVML, the GPU machine runs the
 real one); the summary is plain arithmetic over the samples it wrote."""
 
