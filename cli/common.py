@@ -20,6 +20,7 @@ from tunedeck.core.api import (
     make_context,
     run_checks,
     shared_with,
+    wait_settled,
 )
 
 EXIT_USAGE = 2
@@ -121,6 +122,7 @@ def wait(ref: str, quiet: bool = False) -> int:
             print(line, file=sys.stderr)
             last = line
         if run.status in TERMINAL:
+            run = wait_settled(run)
             if quiet:
                 print(json.dumps(run.to_json()), flush=True)
             elif run.message:

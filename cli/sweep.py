@@ -7,16 +7,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import suppress
 
 from tunedeck.cli.common import EXIT_USAGE, add_set, err
 from tunedeck.core.api import (
     TERMINAL,
+    RunNotFound,
     clean,
     create_sweep,
+    find_run,
     fmt_loss,
     parse_grid,
     print_json,
     sweep_rows,
+    wait_settled,
 )
 from tunedeck.core.spec import SpecError
 
@@ -72,8 +76,12 @@ def cmd_sweep(args) -> int:
         print(rec["id"])
     if not args.wait:
         return 0
-    while any(r["status"] not in TERMINAL for r in sweep_rows(rec["id"])):
+    # a point whose run was removed meanwhile is "missing": nothing to wait for
+    while any(r["status"] not in (*TERMINAL, "missing") for r in sweep_rows(rec["id"])):
         time.sleep(1.0)
+    for r in sweep_rows(rec["id"]):
+        with suppress(RunNotFound):
+            wait_settled(find_run(r["run_id"]))
     return show(rec["id"], args.json)
 
 

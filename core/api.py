@@ -33,7 +33,7 @@ from tunedeck.core.views.registry import (
 )
 from tunedeck.core.store.state import TERMINAL
 from tunedeck.core.supervisor.launch import LaunchError, launch, shared_with
-from tunedeck.core.supervisor.control import ForeignRun, request_stop, stop
+from tunedeck.core.supervisor.control import ForeignRun, request_stop, stop, wait_settled
 from tunedeck.core.views.manage import (
     ManageError,
     clone_spec,
@@ -145,6 +145,7 @@ __all__ = [
     "stack_suspects",
     "stack_where",
     "stop",
+    "wait_settled",
     "summary",
     "summary_line",
     "write_json",

@@ -67,14 +67,15 @@ def hooks():
         h.close()
 
 
-SINK = """import json, sys
+SINK = """import json, sys, time
 alert = json.load(sys.stdin)
+time.sleep(float(sys.argv[2]))  # a slow command: the agent's end waits for it
 with open(sys.argv[1], "a") as f:
     f.write(json.dumps(alert) + "\\n")
 """
 
 
-def _spec(tmp: Path, urls: list[str], sink_out: Path) -> Path:
+def _spec(tmp: Path, urls: list[str], sink_out: Path, sink_s: float = 0.0) -> Path:
     """The demo preset with [alerts]: the URLs live in this 0600 file, never in an argv."""
     sink = tmp / "sink.py"
     sink.write_text(SINK)
@@ -82,7 +83,7 @@ def _spec(tmp: Path, urls: list[str], sink_out: Path) -> Path:
         'path = "data/demo_chat.jsonl"', f'path = "{DEMO.parent / "data" / "demo_chat.jsonl"}"'
     )
     text += f"\n[alerts]\nurls = {json.dumps(urls)}\n"
-    text += f"command = {json.dumps([sys.executable, str(sink), str(sink_out)])}\n"
+    text += f"command = {json.dumps([sys.executable, str(sink), str(sink_out), str(sink_s)])}\n"
     path = tmp / "alerting.toml"
     path.write_text(text)
     path.chmod(0o600)
@@ -199,21 +200,23 @@ def test_a_crash_is_one_alert_naming_the_rank(td_home, tmp_path, hooks, monkeypa
     monkeypatch.setenv("TUNEDECK_TEST_CRASH_AT_STEP", "3")  # the last rank raises
     good, _ = hooks
     sink_out = tmp_path / "command.jsonl"
-    spec = _spec(tmp_path, [good.url], sink_out)
+    spec = _spec(tmp_path, [good.url], sink_out, sink_s=2.0)
     out = cli(
         "launch", str(spec), "--json", "--no-preflight", "--wait",
         "--set", "train.max_steps=20", "--set", "train.save_steps=0", home=td_home, check=False,
     )  # fmt: skip
     run_id = json.loads(out.stdout.splitlines()[0])["run_id"]
     assert _state(td_home, run_id)["status"] == "failed"
-    wait_for(lambda: good.titles(), 30, "the crash alert")
+    # --wait returns once the agent has sent the end's alerts, the slow command's included:
+    # a script may archive the folder at once
+    (alert,) = _commands(sink_out)
+    ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())
+    assert all(v["state"] != "pending" for v in ledger["alerts"].values()), ledger
     time.sleep(2)
     (title,) = good.titles()
     assert "failed" in title and "rank 1" in title, title
-    (alert,) = wait_for(lambda: _commands(sink_out), 30, "the command's alert")
     assert alert["event"] == "failed" and alert["cause"] and alert["fix"], alert
     assert alert["look"] == f"tunedeck diagnose {run_id}"
-    ledger = json.loads((td_home / "runs" / run_id / "alerts.json").read_text())
     folded = [k for k, v in ledger["alerts"].items() if v["state"] == "folded into end"]
     assert folded, ledger  # the crash finding travelled with the end's alert
 

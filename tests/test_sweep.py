@@ -6,6 +6,7 @@ agree. The built-in trainer's early stop ends a run whose eval loss stops improv
 from __future__ import annotations
 
 import json
+import threading
 
 from conftest import DEMO, cli, wait_for
 
@@ -74,3 +75,49 @@ def test_early_stop_ends_a_run_whose_eval_loss_stops_improving(td_home):
     end = [e for e in ends if e["kind"] == "end"][-1]
     assert end["reason"] == "early_stop" and "did not improve" in end["early_stop"]
     assert (run_dir / "output" / "checkpoint-6").is_dir()
+
+
+def test_wait_returns_when_a_finished_points_run_is_deleted_meanwhile(td_home, monkeypatch):
+    """`sweep --wait`, one point at a time: the first point's run, deleted from another shell
+    once it has ended, does not keep the wait going; the table says it is missing."""
+    monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")  # the second point outlives the delete
+    got = {}
+    waiting = threading.Thread(
+        target=lambda: got.update(
+            out=cli(
+                "sweep",
+                str(DEMO),
+                "--grid",
+                "train.max_steps=4,40",
+                "--parallel",
+                "1",
+                "--set",
+                "train.save_steps=0",
+                "--set",
+                "cluster.cpu_procs=1",
+                "--wait",
+                home=td_home,
+                timeout=400,
+            )  # fmt: skip
+        )
+    )
+    waiting.start()
+
+    def points() -> dict:
+        runs = td_home / "runs"
+        return {
+            _state(td_home, p.name)["sweep"]["settings"]["train.max_steps"]: p.name
+            for p in (runs.iterdir() if runs.is_dir() else ())
+            if (p / "state.json").is_file()
+        }
+
+    first, second = wait_for(lambda: len(p := points()) == 2 and (p[4], p[40]), 60, "both points")
+    wait_for(lambda: _state(td_home, first)["status"] == "succeeded", 240, "the first point's end")
+    wait_for(lambda: cli("delete", first, home=td_home, check=False).returncode == 0, 60, "delete")
+    assert _state(td_home, second)["status"] not in ("succeeded", "failed", "stopped")
+    waiting.join(300)
+    assert not waiting.is_alive(), "sweep --wait still waits for a deleted point"
+    table = got["out"].stdout.splitlines()
+    (gone,) = [line for line in table if line.endswith(first)]
+    assert "missing" in gone.split()
+    assert _state(td_home, second)["status"] == "succeeded"

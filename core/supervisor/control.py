@@ -31,6 +31,7 @@ import os
 import signal
 import time
 
+from tunedeck.core.alerts.watch import END_WAIT_S
 from tunedeck.core.rundir import ownership, write_json_atomic
 from tunedeck.core.rundir.ownership import ForeignRun
 from tunedeck.core.supervisor import adopt, procs
@@ -181,6 +182,13 @@ def wait_stopped(run: RunInfo, timeout_s: float) -> RunInfo:
             return cur
         time.sleep(0.1)
     return cur
+
+
+def wait_settled(run: RunInfo) -> RunInfo:
+    """An ended run, once its agent has exited: the agent sends the end's alerts after the
+    final status (alerts.json is its last write), so a script that reads or archives the
+    folder after a `--wait` sees it whole. Bounded by the agent's own wait for its alerts."""
+    return wait_stopped(run, END_WAIT_S + 5.0)
 
 
 def stop(
