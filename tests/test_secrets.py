@@ -18,7 +18,7 @@ import pytest
 from tunedeck.core.backends.plan import LaunchPlan, NodeCommand
 from tunedeck.core.rundir import RunDir, write_json_atomic
 from tunedeck.core.spec import RunSpec, is_secret_name, mask_argv, mask_env
-from tests.conftest import REPO, agent_gone
+from tests.conftest import REPO
 
 DEMO_DATA = REPO / "presets" / "data" / "demo_chat.jsonl"
 M = "****"
@@ -383,7 +383,6 @@ def test_another_local_user_cannot_read_any_secret(model_cache):
         )
         run_id = json.loads(proc.stdout.splitlines()[0])["run_id"]
         run = RunDir(home / "runs" / run_id)
-        agent_gone(run.path)  # nothing is being written while the folder is walked
         files = _all_files(run.path)
         assert run.secrets in files and run.agent_log in files and run.db in files
         # what the agent, torchrun and the ranks wrote is private too (umask 077)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import DEMO, REPO, cli, cli_json, stop_run, wait_for
+from conftest import DEMO, REPO, agent_gone, cli, cli_json, stop_run, wait_for
 from tunedeck.core.supervisor import procs
 
 pytestmark = pytest.mark.slow
@@ -200,14 +200,7 @@ def test_a_stop_reaches_a_run_whose_preparation_blocks(td_home, tmp_path):
         assert done["message"].startswith("stopped before start (preparation had not finished"), (
             done
         )
-        pid = _state(td_home, run_id)["agent_pid"]
-        wait_for(
-            lambda: (
-                not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            ),
-            10,
-            "the agent's exit",
-        )
+        agent_gone(td_home / "runs" / run_id, timeout=10)
 
 
 # -- 7: run.db deleted or replaced mid-run ----------------------------------------------------
