@@ -78,29 +78,16 @@ def test_early_stop_ends_a_run_whose_eval_loss_stops_improving(td_home):
 
 
 def test_wait_returns_when_a_finished_points_run_is_deleted_meanwhile(td_home, monkeypatch):
-    """`sweep --wait`, one point at a time: the first point's run, deleted from another shell
-    once it has ended, does not keep the wait going; the table says it is missing."""
+    """`sweep --wait` over a short point and a long one: the short one's run, deleted from
+    another shell once it has ended, does not keep the wait going; the table says it is
+    missing."""
     monkeypatch.setenv("TUNEDECK_TEST_SLOW_RANK", "0:0.25")  # the second point outlives the delete
+    argv = [
+        "sweep", str(DEMO), "--grid", "train.max_steps=4,60", "--parallel", "2",
+        "--set", "train.save_steps=0", "--set", "cluster.cpu_procs=1", "--wait",
+    ]  # fmt: skip
     got = {}
-    waiting = threading.Thread(
-        target=lambda: got.update(
-            out=cli(
-                "sweep",
-                str(DEMO),
-                "--grid",
-                "train.max_steps=4,40",
-                "--parallel",
-                "1",
-                "--set",
-                "train.save_steps=0",
-                "--set",
-                "cluster.cpu_procs=1",
-                "--wait",
-                home=td_home,
-                timeout=400,
-            )  # fmt: skip
-        )
-    )
+    waiting = threading.Thread(target=lambda: got.update(out=cli(*argv, home=td_home, timeout=400)))
     waiting.start()
 
     def points() -> dict:
@@ -111,7 +98,7 @@ def test_wait_returns_when_a_finished_points_run_is_deleted_meanwhile(td_home, m
             if (p / "state.json").is_file()
         }
 
-    first, second = wait_for(lambda: len(p := points()) == 2 and (p[4], p[40]), 60, "both points")
+    first, second = wait_for(lambda: len(p := points()) == 2 and (p[4], p[60]), 60, "both points")
     wait_for(lambda: _state(td_home, first)["status"] == "succeeded", 240, "the first point's end")
     wait_for(lambda: cli("delete", first, home=td_home, check=False).returncode == 0, 60, "delete")
     assert _state(td_home, second)["status"] not in ("succeeded", "failed", "stopped")
