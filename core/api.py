@@ -150,6 +150,7 @@ __all__ = [
     "summary_line",
     "write_json",
     "vllm_for_run",
+    "wait_settled",
 ]
 
 
