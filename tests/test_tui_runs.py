@@ -624,7 +624,15 @@ async def _ready(pilot) -> None:
     # and each run's settings (read after the list shows, in the same worker)
     await until(pilot, lambda: len(screen.facts) == len(RUNS), what="the runs' settings")
     await pilot.pause()
-    await until(pilot, lambda: "tiny-qwen2" in pilot.app.export_screenshot(), what="the detail")
+    # the selected run's detail, laid out at its new height (a loaded machine can take the
+    # screenshot between the new text and the layout that makes room for its second line)
+    detail = screen.query_one("#runs-detail", Static)
+
+    def detail_laid_out() -> bool:
+        text = str(detail.render())
+        return "tiny-qwen2" in text and detail.size.height >= len(text.splitlines())
+
+    await until(pilot, detail_laid_out, what="the detail")
 
     def measured() -> bool:  # the table drew its rows at the widths of the cells it holds
         table = screen.query_one("#runs-table", DataTable)
