@@ -77,11 +77,16 @@ def cmd_sweep(args) -> int:
     if not args.wait:
         return 0
     # a point whose run was removed meanwhile is "missing": nothing to wait for
-    while any(r["status"] not in (*TERMINAL, "missing") for r in sweep_rows(rec["id"])):
+    ended = (*TERMINAL, "missing")
+    while True:
+        rows = sweep_rows(rec["id"])
+        if all(r["status"] in ended for r in rows):
+            break
         time.sleep(1.0)
-    for r in sweep_rows(rec["id"]):
-        with suppress(RunNotFound):
-            wait_settled(find_run(r["run_id"]))
+    for r in rows:
+        if r["status"] != "missing":
+            with suppress(RunNotFound):  # deleted since
+                wait_settled(find_run(r["run_id"]))
     return show(rec["id"], args.json)
 
 

@@ -145,7 +145,6 @@ __all__ = [
     "stack_suspects",
     "stack_where",
     "stop",
-    "wait_settled",
     "summary",
     "summary_line",
     "write_json",
