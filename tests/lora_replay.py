@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 
-def tiny_peft(dropout: float = 0.0, arch: str = "qwen2"):
+def tiny_peft(dropout: float = 0.0, arch: str = "qwen2", r: int = 4):
     """A 2-layer Qwen2 (or Llama, Mistral) with peft LoRA on every linear, B not zero."""
     import transformers
     from peft import LoraConfig, get_peft_model
@@ -19,8 +19,8 @@ def tiny_peft(dropout: float = 0.0, arch: str = "qwen2"):
     return get_peft_model(
         transformers.AutoModelForCausalLM.from_config(cfg),
         LoraConfig(
-            r=4,
-            lora_alpha=8,
+            r=r,
+            lora_alpha=2 * r,
             lora_dropout=dropout,
             target_modules="all-linear",
             init_lora_weights=False,

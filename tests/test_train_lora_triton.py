@@ -450,3 +450,83 @@ def check_wide_layers():
     lora_fused.fuse_lora(mlp_only := tiny_peft())
     assert sum(hasattr(b, "_tunedeck_w_gate_proj") for b in mlp_only.modules()) == 2
     assert not any(hasattr(b, "_tunedeck_w_q_proj") for b in mlp_only.modules())
+
+
+def test_swiglu_kernels_make_the_gated_mlp_and_its_gradients():
+    _interpreted("check_swiglu_kernels")
+
+
+def check_swiglu_kernels():
+    """swiglu_triton: y = down(silu(gate(x))·up(x)), each projection with its adapter, and
+    every gradient (x, A and B of all three), against float64 autograd, at sizes no tile
+    divides; the saved [g | u] is the two projections' outputs."""
+    from tunedeck.core.train import swiglu_triton
+
+    gen = torch.Generator().manual_seed(7)
+    m, k, n, r, s = 70, 48, 56, 8, 1.5
+    t = lambda *shape, sd=0.2: torch.randn(*shape, generator=gen) * sd  # noqa: E731
+    x, w_gu, a_gu, b_gu = t(m, k, sd=1.0), t(2 * n, k), t(2 * r, k), t(2 * n, r)
+    w_d, a_d, b_d, dy = t(k, n), t(r, n), t(k, r), t(m, k, sd=1.0)
+    # rows of 16-byte multiples in 16-bit floats (TMA's rule): not a rank 4 or a width of 50
+    assert swiglu_triton.fits(k, n, r, x)
+    assert not swiglu_triton.fits(k, n, 4, x) and not swiglu_triton.fits(k, 50, r, x)
+    y, gu, u1, u2 = swiglu_triton.mlp_forward(x, w_gu, a_gu, b_gu, w_d, a_d, b_d, s)
+    grads = swiglu_triton.mlp_backward(dy, x, gu, u1, u2, w_gu, a_gu, b_gu, w_d, a_d, b_d, s)
+
+    xd, ag, bg, ad, bd = (v.double().requires_grad_() for v in (x, a_gu, b_gu, a_d, b_d))
+    wg, wd = w_gu.double(), w_d.double()
+    lin = lambda v, w, a, b: v @ w.t() + s * (v @ a.t()) @ b.t()  # noqa: E731
+    g = lin(xd, wg[:n], ag[:r], bg[:n])
+    u = lin(xd, wg[n:], ag[r:], bg[n:])
+    yd = lin(torch.nn.functional.silu(g) * u, wd, ad, bd)
+    yd.backward(dy.double())
+    close = lambda got, ref: (got.double() - ref).norm() <= 1e-5 * ref.norm()  # noqa: E731
+    assert close(y, yd.detach())
+    assert close(gu, torch.cat([g, u], 1).detach())
+    for got, ref, name in zip(grads, (xd, ag, bg, ad, bd), ("x", "A_gu", "B_gu", "A_d", "B_d")):
+        assert got.shape == ref.shape, name
+        assert close(got, ref.grad), name
+
+
+def test_swiglu_layers_run_the_mlp_as_one_op_and_train_as_peft():
+    _interpreted("check_swiglu_layers")
+
+
+def check_swiglu_layers():
+    """TUNEDECK_LORA_EPILOGUE=triton-swiglu: each gated MLP runs as one swiglu_mlp call, eager
+    and compiled, with peft's loss and gradients; fused-AdamW steps give peft's losses and
+    state dict; a rank the kernels cannot take (r=4: 8-byte rows in bf16) runs triton-wide-mlp's
+    path, with the same result."""
+    from lora_replay import loss_and_grads, tiny_peft, train_alike
+    from torch._dynamo.utils import counters
+
+    from tunedeck.core.train import swiglu_triton
+
+    os.environ["TUNEDECK_FUSED_LORA"] = "1"
+    os.environ["TUNEDECK_LORA_EPILOGUE"] = "triton-swiglu"
+    calls = []
+    real = swiglu_triton.mlp_forward
+    swiglu_triton.mlp_forward = lambda *a: calls.append(a[0].shape) or real(*a)
+    for r, runs in ((8, 2), (4, 0)):
+        ref_loss, ref_g = loss_and_grads(tiny_peft(r=r))
+        for compiled in (False, True):
+            m = tiny_peft(r=r)
+            assert lora_fused.fuse_lora(m) == 14
+            mlps = [b for b in m.modules() if hasattr(b, "_tunedeck_w_gate_proj")]
+            assert len(mlps) == 2 and all(b._tunedeck_swiglu == bool(runs) for b in mlps)
+            if compiled:
+                torch._dynamo.reset()
+                counters.clear()
+                m = torch.compile(m, backend="eager")
+            calls.clear()
+            loss, g = loss_and_grads(m)
+            assert len(calls) == runs, (r, calls)
+            # the choice is made once: nothing inside the compiled model breaks its graph
+            assert not compiled or not counters["graph_break"], dict(counters["graph_break"])
+            assert torch.allclose(loss, ref_loss, rtol=1e-5), (r, compiled, loss, ref_loss)
+            g = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
+            for k in ref_g:
+                assert (g[k] - ref_g[k]).norm() <= 1e-5 * ref_g[k].norm(), (r, k)
+    ref, fused = tiny_peft(r=8), tiny_peft(r=8)
+    lora_fused.fuse_lora(fused)
+    train_alike(ref, fused, 2)

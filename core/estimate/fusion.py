@@ -9,7 +9,7 @@ import os
 # the other linears as "op"; the Tritons run each linear as one Triton kernel, the wide ones
 # each group of a block's projections (q/k/v, gate/up) as one and the other linears as "triton"
 KCATS = ("kcat", "kcat-mlp")
-WIDE_TRITONS = ("triton-wide", "triton-wide-mlp")
+WIDE_TRITONS = ("triton-wide", "triton-wide-mlp", "triton-swiglu")
 TRITONS = ("triton", "triton-loop", *WIDE_TRITONS)  # core/train/lora_triton.py's kernels
 EPILOGUES = ("op", "after", *KCATS, *TRITONS, "1", "0")
 

@@ -20,7 +20,9 @@ and the other linears as "op"; "triton" runs each linear as one Triton GEMM kern
 the adapter as one more K step (lora_triton: +2.7–3.1 % on H100s, not yet measured on the H200;
 "triton-loop" also computes x·Aᵀ in that kernel, −13.7 %; "triton-wide" runs each group of a
 block's projections, q/k/v and gate/up, as one such kernel, "triton-wide-mlp" only gate/up, the
-other linears as "triton", on an H100 no faster than "triton"; layers with dropout run "op").
+other linears as "triton", on an H100 no faster than "triton"; "triton-swiglu" runs the gated
+MLPs as triton-wide-mlp does with their SwiGLU inside the GEMMs around it (swiglu_triton);
+layers with dropout run "op").
 In fp8 "1" and "0" add out of place, "after", the kcats and "triton-loop" are "op", and the
 other Tritons run each fp8 product and its adapter as one Triton kernel. The default is what
 was measured (default_epilogue): "triton" on Hopper GPUs (H100s: +2.7–3.1 % tokens/s in bf16,
@@ -438,6 +440,7 @@ def fuse_lora(model: nn.Module, device: torch.device | None = None, fp8: bool = 
             model,
             attention=epilogue in ("kcat", "triton-wide"),
             triton=epilogue in WIDE_TRITONS,
+            swiglu=epilogue == "triton-swiglu",
         )
     return n
 
@@ -469,12 +472,13 @@ def layer_epilogue(epilogue: str, module: nn.Module, fp8: bool) -> str:
     return epilogue
 
 
-def _widen_blocks(model: nn.Module, attention: bool, triton: bool) -> None:
-    """TUNEDECK_LORA_EPILOGUE=kcat(-mlp), triton-wide(-mlp): the blocks lora_kcat can run
-    take its forwards."""
+def _widen_blocks(model: nn.Module, attention: bool, triton: bool, swiglu: bool = False) -> None:
+    """TUNEDECK_LORA_EPILOGUE=kcat(-mlp), triton-wide(-mlp), triton-swiglu: the blocks lora_kcat
+    can run take its forwards; with `swiglu` the MLPs swiglu_triton fits run its op."""
     wide = [m for m in model.modules() if lora_kcat.widens(m, eligible, attention)]
     for block in wide:
         lora_kcat.widen(block, triton)
+        block._tunedeck_swiglu = swiglu and lora_kcat.swiglu_fits(block)
         block._tunedeck_block_forward = block.forward
         forward = (
             lora_kcat.wide_mlp

@@ -35,7 +35,7 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from tunedeck.core.train import lora_triton
+from tunedeck.core.train import lora_triton, swiglu_triton
 from tunedeck.core.train.lora_dropout import dropout_p
 
 MLP = (("gate_proj", "up_proj"), ("down_proj",))
@@ -237,10 +237,46 @@ def wide_mlp(self, x: Tensor) -> Tensor:
         return self._tunedeck_block_forward(x)
     dt, shape = _dtype(self, x), x.shape
     with torch.autocast(x.device.type, enabled=False):
-        y = _group(self, MLP[0], x.reshape(-1, shape[-1]).to(dt), dt)
-        m = y.shape[1] // 2
-        y = _group(self, MLP[1], self.act_fn(y[:, :m]) * y[:, m:], dt)
+        x2 = x.reshape(-1, shape[-1]).to(dt)
+        if getattr(self, "_tunedeck_swiglu", False):
+            y = _swiglu(self, x2, dt)
+        else:
+            y = _group(self, MLP[0], x2, dt)
+            m = y.shape[1] // 2
+            y = _group(self, MLP[1], self.act_fn(y[:, :m]) * y[:, m:], dt)
     return y.view(*shape[:-1], y.shape[-1])
+
+
+def swiglu_fits(block: nn.Module) -> bool:
+    """Whether swiglu_triton can run a widened MLP: SiLU gating, no biases (the kernels add
+    none), sizes and a device its kernels take."""
+    if groups(block) is not MLP:
+        return False
+    act = type(getattr(block, "act_fn", None)).__name__
+    projs = [p for g in MLP for p in _projs(block, g)]
+    w = block.gate_proj.base_layer.weight
+    return (
+        act in ("SiLU", "SiLUActivation")
+        and all(p.base_layer.bias is None for p in projs)
+        and swiglu_triton.fits(w.shape[1], w.shape[0], _ab(block.gate_proj)[0].shape[0], w)
+    )
+
+
+def _swiglu(block: nn.Module, x2: Tensor, dt: torch.dtype) -> Tensor:
+    """The MLP as swiglu_triton's op: SwiGLU inside the GEMMs around it."""
+    (gate, up), (down,) = (_projs(block, g) for g in MLP)
+    w_gu = getattr(block, _buffer_name(MLP[0]))
+    a_d, b_d = _ab(down)
+    return swiglu_triton.swiglu_mlp(
+        x2,
+        w_gu.to(dt),
+        torch.cat([_ab(gate)[0], _ab(up)[0]]).to(dt),
+        torch.cat([_ab(gate)[1], _ab(up)[1]]).to(dt),
+        down.base_layer.weight.to(dt),
+        a_d.to(dt),
+        b_d.to(dt),
+        float(gate.scaling["default"]),
+    )[0]
 
 
 def wide_attention(

@@ -344,6 +344,9 @@ class Trainer:
                 if "triton" in ways and not fp8:
                     named += f"; rank-r products: {lora_triton.rank_setting()}"
                     named += f"; tiles stored by: {lora_triton.gemm_setting()}"
+                swiglu = sum(bool(getattr(m, "_tunedeck_swiglu", False)) for m in model.modules())
+                if swiglu:  # TUNEDECK_LORA_EPILOGUE=triton-swiglu
+                    named += f"; {swiglu} MLPs with SwiGLU in their GEMMs"
                 print(f"{fused} LoRA linears fused ({named})")
         self.flat = spec.data.packing
         max_len = spec.data.max_length
