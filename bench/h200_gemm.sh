@@ -25,6 +25,15 @@ for modes in ${GEMM_MICRO-persistent,tma ws}; do
   clocks_off "$OUT/micro-${modes//,/-}-clocks.jsonl"
   echo "$modes: $SECONDS s"
 done
+# GEMM_LAYER: epilogues for bench/swiglu_layer.py (one compiled 7B layer each, GPU time and
+# gradients against the first); "" (the default) skips it
+if [[ -n ${GEMM_LAYER:-} ]]; then
+  clocks_on "$OUT/layer-clocks.jsonl"
+  timeout 400 python3 bench/swiglu_layer.py --epilogues "$GEMM_LAYER" --json "$OUT/layer.json" \
+    2>&1 | grep -v -i "warn" | tee "$OUT/layer.txt"
+  clocks_off "$OUT/layer-clocks.jsonl"
+  echo "layer: $SECONDS s"
+fi
 i=0
 for c in ${GEMM_CASES-ours-default-1-bf16-gemmtma ours-default-1-bf16 unsloth-1}; do
   i=$((i + 1))

@@ -28,7 +28,7 @@ WARMUP=${1:-3}
 STEPS=${2:-10}
 CASES=${3:-all}
 ALL="anchor-1 anchor-liger-1 anchor-compile-1 unsloth-1 anchor-2 ours-default-1 ours-default-1-fp8 ours-default-1-bf16 ours-default-1-bf16-nolean ours-default-1-fp8-nolean ours-default-1-bf16-profile
-ours-default-1-bf16-op ours-default-1-bf16-addmm ours-default-1-bf16-oop ours-default-1-bf16-after ours-default-1-bf16-kcat ours-default-1-bf16-kcatmlp ours-default-1-bf16-triton ours-default-1-bf16-tritonloop ours-default-1-bf16-tritonwide ours-default-1-bf16-tritonwidemlp ours-default-1-bf16-rank ours-default-1-bf16-rankdy ours-default-1-bf16-rankcublas ours-default-1-bf16-gemmtma ours-default-1-bf16-gemmws ours-default-1-bf16-eagerce ours-default-1-fp8-op ours-default-1-fp8-addmm ours-default-1-fp8-triton ours-default-1-fp8-eagerce
+ours-default-1-bf16-op ours-default-1-bf16-addmm ours-default-1-bf16-oop ours-default-1-bf16-after ours-default-1-bf16-kcat ours-default-1-bf16-kcatmlp ours-default-1-bf16-triton ours-default-1-bf16-tritonloop ours-default-1-bf16-tritonwide ours-default-1-bf16-tritonwidemlp ours-default-1-bf16-swiglu ours-default-1-bf16-rank ours-default-1-bf16-rankdy ours-default-1-bf16-rankcublas ours-default-1-bf16-gemmtma ours-default-1-bf16-gemmws ours-default-1-bf16-eagerce ours-default-1-fp8-op ours-default-1-fp8-addmm ours-default-1-fp8-triton ours-default-1-fp8-eagerce
 ours-default-1-fp8-profile ours-default-1-peft ours-padded-1
 ours-padded-1-eager ours-padded-1-profile ours-padded-1-cudnn ours-padded-1-bs8
 ours-padded-1-nochunk ours-padded-1-chunk1k ours-padded-1-budget9 ours-padded-1-budget8
@@ -106,15 +106,15 @@ one() {  # one CASE
     # C; in fp8 out of place), out of place, opaque in-place ops (the default off Hopper), the adapter
     # as extra K columns (core/train/lora_kcat.py; kcatmlp: the MLPs only), one Triton kernel a
     # linear (core/train/lora_triton.py, Hopper's default; tritonwide: one a group of q/k/v or
-    # gate/up; rank: its rank-r products by core/train/lora_rank.py, rankdy: only g and dB (the
+    # gate/up; swiglu: the MLP's SwiGLU inside its GEMMs, core/train/swiglu_triton.py; rank: its rank-r products by core/train/lora_rank.py, rankdy: only g and dB (the
     # default), rankcublas: all by cuBLAS; gemmtma / gemmws: the persistent kernel's tiles stored
     # by TMA / and its tile loop warp-specialized, TUNEDECK_LORA_GEMM); the head's loss math
     # eager instead of compiled (core/train/ce_kernel.py)
-    ours-default-1-bf16-op|ours-default-1-bf16-addmm|ours-default-1-bf16-oop|ours-default-1-bf16-after|ours-default-1-bf16-kcat|ours-default-1-bf16-kcatmlp|ours-default-1-bf16-triton|ours-default-1-bf16-tritonloop|ours-default-1-bf16-tritonwide|ours-default-1-bf16-tritonwidemlp|ours-default-1-bf16-rank|ours-default-1-bf16-rankdy|ours-default-1-bf16-rankcublas|ours-default-1-bf16-gemmtma|ours-default-1-bf16-gemmws|ours-default-1-bf16-eagerce|ours-default-1-fp8-op|ours-default-1-fp8-addmm|ours-default-1-fp8-triton|ours-default-1-fp8-eagerce)
+    ours-default-1-bf16-op|ours-default-1-bf16-addmm|ours-default-1-bf16-oop|ours-default-1-bf16-after|ours-default-1-bf16-kcat|ours-default-1-bf16-kcatmlp|ours-default-1-bf16-triton|ours-default-1-bf16-tritonloop|ours-default-1-bf16-tritonwide|ours-default-1-bf16-tritonwidemlp|ours-default-1-bf16-swiglu|ours-default-1-bf16-rank|ours-default-1-bf16-rankdy|ours-default-1-bf16-rankcublas|ours-default-1-bf16-gemmtma|ours-default-1-bf16-gemmws|ours-default-1-bf16-eagerce|ours-default-1-fp8-op|ours-default-1-fp8-addmm|ours-default-1-fp8-triton|ours-default-1-fp8-eagerce)
       # defaults as the trainer's, or as the caller's environment sets them
       local p=--no-fp8 ep=${TUNEDECK_LORA_EPILOGUE:-} ce=${TUNEDECK_FUSED_CE:-1}
       [[ $c == *fp8* ]] && p=--fp8
-      [[ $c == *-op ]] && ep=op; [[ $c == *-addmm ]] && ep=1; [[ $c == *-oop ]] && ep=0; [[ $c == *-after ]] && ep=after; [[ $c == *-kcat ]] && ep=kcat; [[ $c == *-kcatmlp ]] && ep=kcat-mlp; [[ $c == *-triton ]] && ep=triton; [[ $c == *-tritonloop ]] && ep=triton-loop; [[ $c == *-tritonwide ]] && ep=triton-wide; [[ $c == *-tritonwidemlp ]] && ep=triton-wide-mlp
+      [[ $c == *-op ]] && ep=op; [[ $c == *-addmm ]] && ep=1; [[ $c == *-oop ]] && ep=0; [[ $c == *-after ]] && ep=after; [[ $c == *-kcat ]] && ep=kcat; [[ $c == *-kcatmlp ]] && ep=kcat-mlp; [[ $c == *-triton ]] && ep=triton; [[ $c == *-tritonloop ]] && ep=triton-loop; [[ $c == *-tritonwide ]] && ep=triton-wide; [[ $c == *-tritonwidemlp ]] && ep=triton-wide-mlp; [[ $c == *-swiglu ]] && ep=triton-swiglu
       [[ $c == *-eagerce ]] && ce=0
       local rank=${TUNEDECK_LORA_RANK:-}; [[ $c == *-rank ]] && rank=triton; [[ $c == *-rankdy ]] && rank=dy; [[ $c == *-rankcublas ]] && rank=cublas
       local gemm=${TUNEDECK_LORA_GEMM:-}; [[ $c == *-gemmtma ]] && gemm=tma; [[ $c == *-gemmws ]] && gemm=ws
