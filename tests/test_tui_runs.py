@@ -617,6 +617,18 @@ async def test_real_compare_screen_opens(home):
 # -- snapshots ---------------------------------------------------------------------------
 
 
+async def _detail_laid_out(pilot, screen) -> None:
+    """Until the selected run's detail is laid out at its new height (a loaded machine can take
+    the screenshot between the new text and the layout that makes room for its second line)."""
+    detail = screen.query_one("#runs-detail", Static)
+
+    def laid_out() -> bool:
+        text = str(detail.render())
+        return "tiny-qwen2" in text and detail.size.height >= len(text.splitlines())
+
+    await until(pilot, laid_out, what="the detail")
+
+
 async def _ready(pilot) -> None:
     screen, table = await loaded(pilot.app, pilot)
     # what is on screen: whole ids (the columns were measured and the rows redrawn)
@@ -624,15 +636,7 @@ async def _ready(pilot) -> None:
     # and each run's settings (read after the list shows, in the same worker)
     await until(pilot, lambda: len(screen.facts) == len(RUNS), what="the runs' settings")
     await pilot.pause()
-    # the selected run's detail, laid out at its new height (a loaded machine can take the
-    # screenshot between the new text and the layout that makes room for its second line)
-    detail = screen.query_one("#runs-detail", Static)
-
-    def detail_laid_out() -> bool:
-        text = str(detail.render())
-        return "tiny-qwen2" in text and detail.size.height >= len(text.splitlines())
-
-    await until(pilot, detail_laid_out, what="the detail")
+    await _detail_laid_out(pilot, screen)
 
     def measured() -> bool:  # the table drew its rows at the widths of the cells it holds
         table = screen.query_one("#runs-table", DataTable)
@@ -660,6 +664,7 @@ def test_snapshot_runs_list_filtered_marked_sorted(home, snap_compare):
         screen.query_one("#runs-filter", Input).cursor_blink = False
         await pilot.press("space", "s", "s", "s", "s", "s", "S", "slash", *"lora")
         await pilot.pause()
+        await _detail_laid_out(pilot, screen)  # the filter may have moved the selection
 
     assert snap_compare(app_for(), terminal_size=(80, 24), run_before=setup)
 
