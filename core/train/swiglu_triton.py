@@ -32,8 +32,8 @@ from tunedeck.core.train import lora_triton
 from tunedeck.core.train.lora_triton import _autotuned, _launch, _scratch, _sms
 
 # (BM, BN, BK, GROUP_M, num_stages, num_warps). Forward: BN is each of gate's and up's column
-# block (two accumulators, the work of one BM × 2·BN tile). Backward: lora_triton's persistent
-# configs, whose epilogue here also holds the g and u tiles.
+# block (two accumulators, the work of one BM × 2·BN tile). Backward: tiles like lora_triton's
+# persistent kernel's, whose epilogue here also holds the g and u tiles.
 FORWARD = (
     (128, 128, 64, 8, 3, 8),
     (128, 128, 64, 8, 4, 8),
