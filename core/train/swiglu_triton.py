@@ -162,8 +162,19 @@ def _kernels():
     )
 
 
-def _rp(triton, r: int) -> int:
-    return max(16, triton.next_power_of_2(r))
+def _run(which: int, operands: tuple, outs: tuple, m: int, n: int, k: int, r: int, config):
+    """Launch _kernels()'s kernel `which` (1: gate_up, 3: down_back) over row-major copies of
+    `operands` (TMA reads rows; dy_pass's g is strided), one program per SM."""
+    from tunedeck.core.train.lora_rank import _rp
+
+    kernels = _kernels()
+    triton, kernel, tuned = kernels[0], kernels[which], kernels[which + 1]
+    on_gpu = outs[0].is_cuda
+    sms = _sms(outs[0].device.index) if on_gpu else 4
+    args = (*(t.contiguous() for t in operands), *outs, m, n, k, r)
+    flags = dict(RP=_rp(triton, r), NUM_SMS=sms)
+    _launch(kernel, tuned, lambda bm, bn: (sms,), args, flags, config, on_gpu)
+    return outs
 
 
 def gate_up_swiglu(
@@ -171,16 +182,9 @@ def gate_up_swiglu(
 ) -> tuple[Tensor, Tensor]:
     """([g | u], silu(g)·u) for g = x·W_gᵀ + u_g·bgᵀ and u = x·W_uᵀ + u_u·buᵀ: x (M, K), w
     (2N, K) = [W_g; W_u], u (M, 2R) = x·[A_g; A_u]ᵀ, bg and bu (N, R) = s·B (row-major)."""
-    triton, kernel, tuned, _, _ = _kernels()
-    m, k = x.shape
-    n, r = bg.shape
-    gu, h = x.new_empty(m, 2 * n), x.new_empty(m, n)
-    sms = _sms(x.device.index) if x.is_cuda else 4
-    x, w, u, bg, bu = (t.contiguous() for t in (x, w, u, bg, bu))  # TMA reads rows
-    args = (x, w, u, bg, bu, gu, h, m, n, k, r)
-    flags = dict(RP=_rp(triton, r), NUM_SMS=sms)
-    _launch(kernel, tuned, lambda bm, bn: (sms,), args, flags, config, x.is_cuda)
-    return gu, h
+    (m, k), (n, r) = x.shape, bg.shape
+    outs = (x.new_empty(m, 2 * n), x.new_empty(m, n))
+    return _run(1, (x, w, u, bg, bu), outs, m, n, k, r, config)
 
 
 def down_swiglu_backward(
@@ -188,16 +192,9 @@ def down_swiglu_backward(
 ) -> tuple[Tensor, Tensor]:
     """([dg | du], h) of SwiGLU's backward at dh = dy·w + g·a: dy (M, K), w (K, N) = W_down,
     g (M, R) = dy·B_down, a (R, N) = s·A_down, gu (M, 2N) = [g | u] of the forward."""
-    triton, _, _, kernel, tuned = _kernels()
-    m, k = dy.shape
-    r, n = a.shape
-    dgu, h = dy.new_empty(m, 2 * n), dy.new_empty(m, n)
-    sms = _sms(dy.device.index) if dy.is_cuda else 4
-    dy, w, g, a, gu = (t.contiguous() for t in (dy, w, g, a, gu))  # dy_pass's g is strided
-    args = (dy, w, g, a, gu, dgu, h, m, n, k, r)
-    flags = dict(RP=_rp(triton, r), NUM_SMS=sms)
-    _launch(kernel, tuned, lambda bm, bn: (sms,), args, flags, config, dy.is_cuda)
-    return dgu, h
+    (m, k), (r, n) = dy.shape, a.shape
+    outs = (dy.new_empty(m, 2 * n), dy.new_empty(m, n))
+    return _run(3, (dy, w, g, a, gu), outs, m, n, k, r, config)
 
 
 def fits(hidden: int, n: int, r: int, weight: Tensor) -> bool:
@@ -302,8 +299,7 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, dy, *_):
-    grads = swiglu_mlp_backward(dy, *ctx.saved_tensors, ctx.scale)
-    dx, da_gu, db_gu, da_d, db_d = grads
+    dx, da_gu, db_gu, da_d, db_d = swiglu_mlp_backward(dy, *ctx.saved_tensors, ctx.scale)
     return dx, None, da_gu, db_gu, None, da_d, db_d, None
 
 
