@@ -288,14 +288,21 @@ def test_the_watcher_decides_from_the_plan_once_and_a_dead_node_reads_lost(tmp_p
     (nd / "state.json").write_text(json.dumps({"status": "running"}))  # as last streamed
     (nd / "link.json").write_text(
         json.dumps(
-            {"node": 1, "connected": True, "started": True, "gone": "the agent of node 1 is gone"}
+            {
+                "node": 1,
+                "connected": True,
+                "started": True,
+                "gone": "the agent of node 1 is gone",
+                "error": "ssh exited with 255",  # the link dropping after it: a consequence
+            }
         )
     )
     w = RunWatcher(run_dir)
     rows = w.poll(history=False).nodes
     assert [r["node"] for r in rows] == [0, 1]
     assert rows[1]["status"] == "lost" and rows[1]["reach"] == "lost"
-    assert "agent of node 1 is gone" in rows[1]["message"]
+    assert rows[1]["message"].startswith("the agent of node 1 is gone"), rows[1]
+    assert "ssh exited with 255" in rows[1]["message"]
     # the plan never changes after launch: the watcher does not read it again
     (run_dir / "plan.json").write_text("{not json")
     assert [r["node"] for r in w.poll(history=False).nodes] == [0, 1]

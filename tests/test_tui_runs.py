@@ -618,8 +618,8 @@ async def test_real_compare_screen_opens(home):
 
 
 async def _detail_laid_out(pilot, screen) -> None:
-    """Until the selected run's detail is laid out at its new height (a loaded machine can take
-    the screenshot between the new text and the layout that makes room for its second line)."""
+    """Until the selected run's detail shows its settings in a laid-out box (its height is fixed,
+    so no later layout moves the list under a screenshot taken now)."""
     detail = screen.query_one("#runs-detail", Static)
 
     def laid_out() -> bool:

@@ -176,7 +176,9 @@ def node_rows(
             row.update(
                 status=status,
                 reach=reach,
-                message=link.get("error") or link.get("gone") or st.get("message"),
+                # a dead agent is the cause; the ssh error that may follow it is a consequence
+                message="; ".join(str(x) for x in (link.get("gone"), link.get("error")) if x)
+                or st.get("message"),
                 drops=link.get("drops", 0),
                 shared_fs=bool(link.get("shared")),
                 last_seen_s=(now - link["last_seen"])

@@ -202,13 +202,15 @@ class RunsScreen(TunedeckScreen):
     # keys that act on the run under the cursor: hidden while it is another user's (foreign:
     # shown read-only, never cloned, resumed or deleted from here)
     RUN_ACTIONS = frozenset({"clone", "resume", "delete"})
+    # the detail has a fixed height: its three lines (settings, why, output) always fit, and
+    # the list keeps its size as the cursor moves between runs with more or fewer lines
     DEFAULT_CSS = """
     RunsScreen #runs-header { height: 1; padding: 0 1; color: $text-muted; }
     RunsScreen #runs-filter { display: none; height: 3; margin: 0 1; }
     RunsScreen #runs-filter.-shown { display: block; }
     RunsScreen #runs-table { height: 1fr; }
     RunsScreen #runs-empty { padding: 1 2; color: $text-muted; }
-    RunsScreen #runs-detail { height: auto; max-height: 3; padding: 0 1;
+    RunsScreen #runs-detail { height: 4; padding: 0 1;
                               border-top: solid $panel; color: $text-muted; }
     """
 
