@@ -21,13 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()
+from layer_shape import add_shape_args, qwen2_config  # noqa: E402
 
 
 def saved(device: str, a, lean: bool) -> dict:
     import torch
     import torch._dynamo
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     from tunedeck.core.train.fastpath import lean_saves
     from tunedeck.core.train.lora_fused import fuse_lora
@@ -35,14 +36,7 @@ def saved(device: str, a, lean: bool) -> dict:
     torch._dynamo.reset()
     lean_saves(lean)
     os.environ["TUNEDECK_FUSED_LORA"] = "1"
-    cfg = Qwen2Config(
-        hidden_size=a.hidden,
-        intermediate_size=a.ffn,
-        num_hidden_layers=1,
-        num_attention_heads=a.heads,
-        num_key_value_heads=a.kv,
-        vocab_size=256,
-    )
+    cfg = qwen2_config(a)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
@@ -88,13 +82,7 @@ def saved(device: str, a, lean: bool) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--ffn", type=int, default=1344)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--kv", type=int, default=2)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=256)
+    add_shape_args(ap, hidden=256, ffn=1344, heads=8, kv=2, rank=16, batch=2, seq=256)
     ap.add_argument("--json")
     a = ap.parse_args()
     res = {"default": saved(a.device, a, False), "lean": saved(a.device, a, True)}

@@ -22,12 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 __import__("checkout").use()
+from layer_shape import SHAPE, add_shape_args, qwen2_config  # noqa: E402
 
 
 def one(a, epilogue: str, grads_out: str) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     from tunedeck.core.train.fastpath import lean_saves
     from tunedeck.core.train.lora_fused import fuse_lora
@@ -37,14 +38,7 @@ def one(a, epilogue: str, grads_out: str) -> dict:
     lean_saves(True)
     # the interpreter's bf16 is not the GPU's: the CPU check runs in fp32
     dt = torch.bfloat16 if a.device == "cuda" else torch.float32
-    cfg = Qwen2Config(
-        hidden_size=a.hidden,
-        intermediate_size=a.ffn,
-        num_hidden_layers=1,
-        num_attention_heads=a.heads,
-        num_key_value_heads=a.kv,
-        vocab_size=256,
-    )
+    cfg = qwen2_config(a)
     torch.manual_seed(0)
     with torch.device(a.device):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
@@ -116,13 +110,7 @@ def one(a, epilogue: str, grads_out: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epilogues", default="triton,triton-wide-mlp,triton-swiglu")
-    ap.add_argument("--hidden", type=int, default=3584)
-    ap.add_argument("--ffn", type=int, default=18944)
-    ap.add_argument("--heads", type=int, default=28)
-    ap.add_argument("--kv", type=int, default=4)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=2048)
+    add_shape_args(ap, hidden=3584, ffn=18944, heads=28, kv=4, rank=16, batch=4, seq=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--profile", action="store_true", help="each epilogue's kernels, one step")
     ap.add_argument("--device", default="cuda")  # cpu: a check under TRITON_INTERPRET=1
@@ -139,7 +127,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for ep in a.epilogues.split(","):
             out = str(Path(tmp) / f"{ep}.pt")
-            shape = ("hidden", "ffn", "heads", "kv", "rank", "batch", "seq", "iters", "device")
+            shape = (*SHAPE, "iters", "device")
             args = [f"--{k}={getattr(a, k)}" for k in shape] + ["--profile"] * a.profile
             p = subprocess.run(
                 [sys.executable, __file__, *args, "--one", f"{ep}:{out}"],
