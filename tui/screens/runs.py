@@ -202,8 +202,8 @@ class RunsScreen(TunedeckScreen):
     # keys that act on the run under the cursor: hidden while it is another user's (foreign:
     # shown read-only, never cloned, resumed or deleted from here)
     RUN_ACTIONS = frozenset({"clone", "resume", "delete"})
-    # the detail has a fixed height: its three lines (settings, why, output) always fit, and
-    # the list keeps its size as the cursor moves between runs with more or fewer lines
+    # the detail has a fixed height, room for its three lines (settings, why, output): the list
+    # keeps its size as the cursor moves between runs with more or fewer of them
     DEFAULT_CSS = """
     RunsScreen #runs-header { height: 1; padding: 0 1; color: $text-muted; }
     RunsScreen #runs-filter { display: none; height: 3; margin: 0 1; }
