@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
 
+from tunedeck.tui.widgets.fit import FitStatic
 from tunedeck.tui.widgets.footer import Footer
 from tunedeck.tui.screens.base import TunedeckScreen
 from tunedeck.tui.widgets.lossplot import PALETTE, ByTokens, LossPlot, RunSource, Trace
@@ -84,7 +85,7 @@ class CompareScreen(TunedeckScreen):
             ],
             id="compare-plot",
         )
-        yield Static("reading…", id="compare-legend")
+        yield FitStatic("reading…", id="compare-legend")
         yield Footer()
 
     @property

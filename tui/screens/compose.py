@@ -38,6 +38,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static
 from textual.worker import get_current_worker
 
+from tunedeck.tui.widgets.fit import FitStatic
 from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core import api
 from tunedeck.core.api import PRESETS_DIR, GpuFacts, pin_port, probe_gpus
@@ -488,7 +489,7 @@ class ComposeScreen(TunedeckScreen):
         yield TitleBar(self._title_text())
         with Horizontal(id="compose-body"):
             with VerticalScroll(id="form"):
-                yield Static("", id="form-problems", markup=False)
+                yield FitStatic("", id="form-problems", markup=False)
                 for gid, title in GROUPS:
                     opts = [o for o in OPTIONS.values() if o.group == gid]
                     if not opts:
@@ -497,7 +498,7 @@ class ComposeScreen(TunedeckScreen):
                     for o in opts:
                         yield FieldRow(o, self.spec)
             with Vertical(id="side"):
-                yield Static(Text("building the preview…", style="dim"), id="side-facts")
+                yield FitStatic(Text("building the preview…", style="dim"), id="side-facts")
                 with VerticalScroll(id="preview-scroll"):
                     yield Static("", id="preview")
         yield Static("", id="field-help", markup=False)

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Static
 from tunedeck.core.api import PRESETS_DIR
 from tunedeck.core.spec import RunSpec, SpecError, load_spec
 from tunedeck.tui.screens.base import TunedeckModal
+from tunedeck.tui.widgets.fit import FitStatic
 
 
 class PresetsLoaded(Message):
@@ -73,7 +74,7 @@ class PresetPicker(TunedeckModal):
             table: DataTable = DataTable(id="presets-table", cursor_type="row")
             table.add_columns("PRESET", "WHAT")
             yield table
-            yield Static("", id="preset-about", markup=False)
+            yield FitStatic("", id="preset-about", markup=False)
 
     def on_mount(self) -> None:
         self.load_presets()

@@ -19,6 +19,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from tunedeck.tui.widgets.fit import FitStatic
 from tunedeck.tui.widgets.footer import Footer
 from tunedeck.core.api import TERMINAL, newest_sweep, sweep_of, sweep_rows
 from tunedeck.tui.format import RUN_STATUS_STYLE, clean, fmt_loss
@@ -81,7 +82,7 @@ class SweepScreen(TunedeckScreen):
     def compose(self) -> ComposeResult:
         yield TitleBar(f"sweep · {self.sweep_id or '…'}")
         yield SweepTable(id="sweep-table", cursor_type="row", zebra_stripes=True)
-        yield Static("reading…", id="sweep-note", markup=False)
+        yield FitStatic("reading…", id="sweep-note", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:

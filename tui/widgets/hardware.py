@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.text import Text
 from textual.widget import Widget
 
+from tunedeck.tui.widgets.fit import relayout
 from tunedeck.tui.widgets.panes import colour_bar, fmt_mib, strip
 
 # Board power when NVML gives no limit (it is not sampled): the bar's full scale.
@@ -385,7 +386,10 @@ class HardwareView(Widget):
         self.nodes = nodes
         lines = len(self._text.plain.splitlines()) if self._text is not None else -1
         self._text = None
-        self.refresh(layout=len(self._render_text().plain.splitlines()) != lines)
+        if len(self._render_text().plain.splitlines()) != lines:
+            relayout(self)
+        else:
+            self.refresh()
 
     def _render_text(self) -> Text:
         width = self.size.width or 80

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tunedeck.core.api import RankNccl
+from tunedeck.tui.widgets.fit import relayout
 
 ISSUES_SHOWN = 20  # per rank; the rest are counted
 
@@ -94,7 +95,7 @@ class NcclView(Widget):
         if ranks is None:
             return
         self.ranks = ranks
-        self.refresh(layout=True)
+        relayout(self)
 
     def render(self) -> Text:
         return nccl_text(self.ranks, self.size.width or 80)

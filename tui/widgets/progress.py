@@ -7,10 +7,10 @@ import time
 
 from rich.markup import escape
 from rich.text import Text
-from textual.widgets import Static
 
 from tunedeck.core.api import Snapshot
 from tunedeck.tui.format import RUN_STATUS_STYLE, fmt_duration, fmt_loss, fmt_rate
+from tunedeck.tui.widgets.fit import FitStatic
 from tunedeck.tui.widgets.panes import colour_bar, fmt_pct
 
 STARVED = 0.10  # a data-wait share worth a colour (the starvation detector warns at ~10 %)
@@ -157,7 +157,7 @@ def _height(markup: str, width: int) -> int:
     )
 
 
-class ProgressView(Static):
+class ProgressView(FitStatic):
     """The progress text; re-rendered only when it changed."""
 
     DEFAULT_CSS = "ProgressView { height: auto; }"
