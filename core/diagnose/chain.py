@@ -534,12 +534,14 @@ def _launcher_tb(lines: list[str]) -> bool:
 # -- exit code 1 everywhere, and no traceback in sight ----------------------------------------
 
 
+def exit_code_only(f: Finding) -> bool:
+    """A rank's failure known from its exit code alone (the launcher's report), with no
+    traceback of the rank's own behind it yet."""
+    return f.category == "rank_crashed" and "exit" in f.summary and " crashed:" not in f.summary
+
+
 def _silent_exit_codes(found: list[Finding], scanners) -> None:
-    generic = [
-        f
-        for f in found
-        if f.category == "rank_crashed" and "exit" in f.summary and " crashed:" not in f.summary
-    ]
+    generic = [f for f in found if exit_code_only(f)]
     if not generic:
         return
     own_tbs = [tb for sc in scanners for tb in sc.tracebacks if not _launcher_tb(tb.lines)]

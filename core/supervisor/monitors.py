@@ -171,7 +171,7 @@ class DiagnosisMonitor:
             self.diag = Diagnosis(sources, metrics=False, moves_of=self.ctx.run.path)
             self.paths = key
         found = self.diag.poll(final=final)
-        from tunedeck.core.diagnose.chain import causes_first
+        from tunedeck.core.diagnose.chain import causes_first, exit_code_only
         from tunedeck.core.diagnose.exits import asked_stop
 
         stop = asked_stop(self.ctx.run.path) if self.ctx.stopping() else None
@@ -186,6 +186,12 @@ class DiagnosisMonitor:
             found = name_interface(found, [self.ctx.run.path])
         for finding in found:
             if not final and _undecided_port(finding, self.ctx.spec):
+                continue
+            if not final and exit_code_only(finding):
+                # a traceback that ends a rank's log is complete only when the log is read
+                # for the last time (the scanner cannot tell its last line before): until
+                # then the launcher's report of the exit stands alone, and a finding stored
+                # from it ("no traceback is in this log") would outlive the real cause
                 continue
             if finding.t is None:
                 # the poll that first saw it; a fresh time on every poll would count as a
