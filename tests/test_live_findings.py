@@ -24,14 +24,20 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 tunedeck.core.train FAILED
 ------------------------------------------------------------
 Failures:
-  <NO_OTHER_FAILURES>
+[1]:
+  time      : 2026-12-08_01:13:29
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 27758)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ------------------------------------------------------------
 Root Cause (first observed failure):
 [0]:
   time      : 2026-12-08_01:13:29
   host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : 1 (pid: 27758)
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 27757)
   error_file: <N/A>
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ============================================================
