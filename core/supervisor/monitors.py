@@ -185,13 +185,11 @@ class DiagnosisMonitor:
 
             found = name_interface(found, [self.ctx.run.path])
         for finding in found:
-            if not final and _undecided_port(finding, self.ctx.spec):
-                continue
-            if not final and exit_code_only(finding):
-                # a traceback that ends a rank's log is complete only when the log is read
-                # for the last time (the scanner cannot tell its last line before): until
-                # then the launcher's report of the exit stands alone, and a finding stored
-                # from it ("no traceback is in this log") would outlive the real cause
+            # stored only once torchrun has exited: a port clash its agent may still answer,
+            # and an exit known from the launcher's report alone (a traceback that ends a
+            # rank's log is closed only by the log's last read; stored before, "no traceback
+            # is in this log" would outlive the real cause)
+            if not final and (_undecided_port(finding, self.ctx.spec) or exit_code_only(finding)):
                 continue
             if finding.t is None:
                 # the poll that first saw it; a fresh time on every poll would count as a

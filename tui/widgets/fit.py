@@ -24,6 +24,6 @@ class FitStatic(Static):
     """A Static whose height follows each update (see the module's note)."""
 
     def update(self, content="", *, layout: bool = True) -> None:
-        super().update(content, layout=layout)
+        super().update(content, layout=False)
         if layout:
-            self.call_after_refresh(self.refresh, layout=True)
+            relayout(self)
